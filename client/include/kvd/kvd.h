@@ -1,0 +1,314 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVD_KVD_H
+#define KVD_KVD_H
+
+/*
+ * libkvd: the client library of the kvd KV-cache daemon.
+ *
+ * An engine process connects to the daemon (kvd_client_connect), registers the shape of its
+ * model (kvd_model_register), opens sequences (kvd_seq_open) and grows them token by token
+ * (kvd_seq_grow). The daemon owns the memory: a grow hands this process the pool chunks
+ * that hold the sequence's new blocks, and the library maps them, so the engine reads and
+ * writes K/V in place (kvd_seq_kv, kvd_seq_block) without copies.
+ *
+ * Memory model. The pool is cut into chunks (kvd_client_chunk_bytes() each); a chunk belongs
+ * to one tenant at a time and is carved into blocks of one model's block size. A block holds
+ * `block_tokens` consecutive token slots:
+ *   - KVD_LAYOUT_PER_LAYER: one layer, all kv heads: K[kv_heads][block_tokens][head_dim]
+ *     followed by V[kv_heads][block_tokens][head_dim];
+ *   - KVD_LAYOUT_PER_HEAD: one (layer, kv head): K[block_tokens][head_dim] followed by
+ *     V[block_tokens][head_dim].
+ * Elements are dtype-sized (f16, bf16: 2 bytes; f32: 4), rows are contiguous, and blocks
+ * start at multiples of 64 bytes inside a chunk. A block is named by (chunk id, index),
+ * never by an address, since every process maps chunks at its own addresses.
+ *
+ * Sequence descriptor. Each sequence has a descriptor that the daemon creates, seals and
+ * rewrites; the library maps it read-only. It is struct kvd_seq_desc followed by three
+ * arrays, one entry per table (a table is a layer with KVD_LAYOUT_PER_LAYER, a
+ * (layer, kv head) with KVD_LAYOUT_PER_HEAD, index layer * kv_heads + kv_head):
+ *   uint32_t tokens[n_tables]                       resident tokens of the table
+ *   uint32_t positions[n_tables][max_tokens]        original position of each resident slot
+ *   struct kvd_block_ref blocks[n_tables][max_blocks]  the table's blocks, in slot order
+ * Slot i of a table lives in block blocks[t][i / block_tokens], row i % block_tokens.
+ * `generation` is even while the descriptor is stable and odd while the daemon rewrites it
+ * (a sequence lock): read it, copy what you need, read it again and retry if it changed or
+ * is odd. The daemon only rewrites a descriptor in answer to this process's own requests in
+ * protocol version 1, so a reader between calls always sees a stable descriptor.
+ *
+ * Errors. Every fallible function returns 0 (or a count) on success and a negative errno
+ * on failure; each documents the values it returns. Errors reported by the daemon are
+ * passed through, and kvd_client_last_error() gives the daemon's message for the last
+ * refused call on that client. The library never logs and never
+ * calls exit().
+ *
+ * Threads. A kvd_client may be used from several threads: calls on one client are
+ * serialised by an internal lock (requests are synchronous round trips). A kvd_seq may be
+ * read (kvd_seq_tokens, kvd_seq_kv, ...) from any thread, but must not be used while
+ * another thread releases it. Reference counting (ref/unref) is atomic.
+ *
+ * fork(). Handles belong to the process that created them. After fork() the child gets
+ * -ECHILD from every call on an inherited handle, and the chunk mappings are not inherited
+ * at all (MADV_DONTFORK), so a child never sees KV memory. All fds are O_CLOEXEC.
+ *
+ * The header compiles as C99 and C++ and uses fixed-width types only.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVD_EXPORT __attribute__((visibility("default")))
+#else
+#define KVD_EXPORT
+#endif
+
+/* Wire protocol versions this library speaks. */
+#define KVD_PROTOCOL_VERSION_MIN 1
+#define KVD_PROTOCOL_VERSION_MAX 1
+
+/* Default socket path of a system-wide daemon. */
+#define KVD_DEFAULT_SOCKET "/run/kvd/kvd.sock"
+
+/* Values of kvd_model_spec.dtype (same numbers as the wire protocol). */
+#define KVD_DTYPE_F16 1
+#define KVD_DTYPE_BF16 2
+#define KVD_DTYPE_F32 3
+
+/* Values of kvd_model_spec.layout. */
+#define KVD_LAYOUT_PER_LAYER 1
+#define KVD_LAYOUT_PER_HEAD 2
+
+/* Magic and version at the start of every sequence descriptor. */
+#define KVD_SEQ_DESC_MAGIC 0x5344564bu /* "KVDS" */
+#define KVD_SEQ_DESC_VERSION 1
+
+typedef struct kvd_client kvd_client;
+typedef struct kvd_seq kvd_seq;
+
+/* The shape of a model's KV cache; everything the daemon needs to lay out its blocks. */
+typedef struct kvd_model_spec {
+	const char *name;      /* for logs and status; may be NULL */
+	uint32_t layers;       /* 1..1024 */
+	uint32_t q_heads;      /* 1..1024, a multiple of kv_heads */
+	uint32_t kv_heads;     /* 1..1024 */
+	uint32_t head_dim;     /* 1..4096 */
+	uint32_t dtype;        /* KVD_DTYPE_* */
+	uint32_t block_tokens; /* 1..65536; a block must fit in one chunk */
+	uint32_t layout;       /* KVD_LAYOUT_* */
+} kvd_model_spec;
+
+/* A block, named by the chunk that holds it and its index in that chunk. */
+struct kvd_block_ref {
+	uint32_t chunk_id;
+	uint32_t index;
+};
+
+/* The head of a sequence descriptor, as the daemon writes it (see the top of this file). */
+struct kvd_seq_desc {
+	uint32_t magic;        /* KVD_SEQ_DESC_MAGIC */
+	uint32_t version;      /* KVD_SEQ_DESC_VERSION */
+	uint64_t generation;   /* sequence lock: odd while being rewritten */
+	uint64_t seq_id;
+	uint32_t layers;
+	uint32_t kv_heads;
+	uint32_t head_dim;
+	uint32_t dtype;
+	uint32_t block_tokens;
+	uint32_t layout;
+	uint32_t n_tables;
+	uint32_t max_tokens;   /* slot capacity of every table */
+	uint32_t max_blocks;   /* entries of every table's block list */
+	uint32_t next_position; /* original position the next grown token will get */
+	uint64_t block_bytes;  /* bytes of one block (K then V) */
+	uint64_t tokens_offset;    /* byte offset of tokens[] from the descriptor start */
+	uint64_t positions_offset; /* byte offset of positions[][] */
+	uint64_t blocks_offset;    /* byte offset of blocks[][] */
+	uint64_t total_bytes;      /* size of the whole descriptor */
+};
+
+/* Events the daemon sends on its own; see kvd_client_next_event(). */
+#define KVD_EVENT_STOPPING 1 /* the daemon is shutting down; the connection will close */
+
+typedef struct kvd_event {
+	uint32_t type; /* KVD_EVENT_* */
+	uint32_t reserved;
+	uint64_t arg;
+} kvd_event;
+
+/* Library version, e.g. "0.1.0". Never NULL. */
+KVD_EXPORT const char *kvd_version(void);
+
+/*
+ * Connects to the daemon at socket_path (NULL: KVD_DEFAULT_SOCKET) and says hello.
+ * tenant names the tenant this process acts for ([A-Za-z0-9_.-], 1..63 characters), or is
+ * NULL for an administrative connection that may only use kvd_status_get,
+ * kvd_budget_set and kvd_tenant_set.
+ * Returns 0 and a new client in *ret, or: -EINVAL (bad argument or tenant name),
+ * -ENAMETOOLONG (socket path too long), -ENOENT/-ECONNREFUSED/-EACCES (no daemon there, or
+ * not allowed), -EPROTONOSUPPORT (no common protocol version), -EUSERS (daemon connection
+ * limit), -ENOMEM, or another error of socket(2)/connect(2).
+ */
+KVD_EXPORT int kvd_client_connect(const char *socket_path, const char *tenant, kvd_client **ret);
+
+/* Reference counting. unref on the last reference closes the connection, unmaps all chunks
+ * and frees every kvd_seq of the client; it returns NULL. Both accept NULL. */
+KVD_EXPORT kvd_client *kvd_client_ref(kvd_client *c);
+KVD_EXPORT kvd_client *kvd_client_unref(kvd_client *c);
+
+/* The daemon's message for the last call on this client that the daemon refused, or "" if
+ * none. Copy it before the next call on the client. */
+KVD_EXPORT const char *kvd_client_last_error(kvd_client *c);
+
+/* Negotiated protocol version (>= 1), or -ECHILD after fork. */
+KVD_EXPORT int kvd_client_protocol_version(kvd_client *c);
+
+/* Bytes of one pool chunk, as the daemon announced at hello. */
+KVD_EXPORT uint64_t kvd_client_chunk_bytes(kvd_client *c);
+
+/*
+ * A file descriptor that becomes readable when the daemon may have sent events; poll it
+ * from the engine's own loop and then call kvd_client_next_event() until it returns 0.
+ * Owned by the client; do not close it. Returns the fd, or -ECHILD after fork.
+ */
+KVD_EXPORT int kvd_client_get_event_fd(kvd_client *c);
+
+/*
+ * Reads what the daemon sent without blocking, acts on what the library handles itself
+ * (requests to unmap chunks) and returns the next event for the engine in *ret.
+ * Returns 1 with an event, 0 when none is pending, or -ECONNRESET (the daemon closed the
+ * connection), -ECHILD (after fork), -EPROTO (the daemon broke the protocol).
+ */
+KVD_EXPORT int kvd_client_next_event(kvd_client *c, kvd_event *ret);
+
+/*
+ * Registers a model shape for this connection. Returns a model id (>= 0) or -EINVAL (shape
+ * out of range, unknown dtype or layout, block larger than a chunk), -EPERM (administrative
+ * connection), -EMFILE (too many models on this connection), -ECONNRESET, -ECHILD.
+ */
+KVD_EXPORT int kvd_model_register(kvd_client *c, const kvd_model_spec *spec);
+
+/*
+ * Opens an empty sequence of a registered model that can hold up to max_tokens tokens per
+ * (layer, kv head), and maps its descriptor. Returns 0 and the sequence in *ret, or
+ * -EINVAL (unknown model, max_tokens 0 or above the daemon's limit), -EMFILE (too many
+ * sequences on this connection), -ENOMEM, -ECONNRESET, -ECHILD.
+ */
+KVD_EXPORT int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret);
+
+/*
+ * Appends n tokens to every (layer, kv head) of the sequence, mapping any chunk the new
+ * blocks live in. The new slots are the last n of each table; their K/V are for the caller
+ * to write. All or nothing: on failure the sequence is unchanged.
+ * Returns 0, or -EINVAL (n is 0), -EFBIG (past max_tokens), -ENOSPC (the node budget or the
+ * pool is exhausted), -EDQUOT (the tenant's max is reached), -E2BIG (one grow would need
+ * more than 253 new chunks: grow in smaller steps), -ENOMEM, -ECONNRESET, -ECHILD.
+ */
+KVD_EXPORT int kvd_seq_grow(kvd_seq *s, uint32_t n);
+
+/*
+ * Releases the sequence: its blocks go back to the daemon, chunks that became empty are
+ * unmapped here, and the handle is freed. Accepts NULL (returns 0). Returns 0, or
+ * -ECONNRESET / -ECHILD (the handle is freed all the same).
+ */
+KVD_EXPORT int kvd_seq_release(kvd_seq *s);
+
+/* The sequence's daemon-wide id. */
+KVD_EXPORT uint64_t kvd_seq_id(const kvd_seq *s);
+
+/* The descriptor as mapped in this process (read-only); see the top of this file. */
+KVD_EXPORT const struct kvd_seq_desc *kvd_seq_descriptor(const kvd_seq *s);
+
+/* Resident tokens of (layer, kv_head), or -EINVAL when either is out of range. */
+KVD_EXPORT int64_t kvd_seq_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_head);
+
+/* Original position of resident slot `slot` of (layer, kv_head), or -EINVAL. */
+KVD_EXPORT int64_t kvd_seq_position(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+		                    uint32_t slot);
+
+/*
+ * Addresses, in this process, of the K row and the V row (head_dim elements each) of
+ * resident slot `slot` of (layer, kv_head). Returns 0, or -EINVAL (out of range, or slot
+ * not resident).
+ */
+KVD_EXPORT int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
+		          void **ret_k, void **ret_v);
+
+/*
+ * Address, in this process, of block `index` of table `table` (see the descriptor), for
+ * engines that work block by block. Returns 0, or -EINVAL (out of range).
+ */
+KVD_EXPORT int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret);
+
+/*
+ * Digest of the sequence's resident K/V, once computed by the daemon through its own
+ * mapping and once here through this process's mapping; equal digests mean both sides see
+ * the same bytes. Either output may be NULL. The traversal is, for each layer, kv head and
+ * resident slot in order, the K row then the V row, hashed with 64-bit FNV-1a over 8-byte
+ * words. Returns 0, or -EINVAL, -ECONNRESET, -ECHILD.
+ */
+KVD_EXPORT int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local);
+
+/*
+ * Administrative requests, allowed on any connection.
+ * kvd_budget_set: sets the node budget in bytes (at most the pool; may be below what is in
+ * use, in which case grants fail until use drops).
+ * kvd_tenant_set: creates or changes a tenant's guaranteed minimum, cap and weight; pass
+ * UINT64_MAX (bytes) or 0 (weight) to leave a value unchanged. A new tenant starts with
+ * min 0, no cap and weight 1.
+ * Return 0, or -EINVAL (out of range, bad name), -EUSERS (too many tenants), -ENOMEM,
+ * -ECONNRESET, -ECHILD.
+ */
+KVD_EXPORT int kvd_budget_set(kvd_client *c, uint64_t bytes);
+KVD_EXPORT int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
+		              uint64_t max_bytes, uint32_t weight);
+
+/*
+ * A snapshot of the daemon's state. Values are read by name, so that new ones never break
+ * old programs:
+ *   node:   "pool_bytes", "budget_bytes", "used_bytes" (chunk bytes held by tenants),
+ *           "block_bytes" (bytes inside granted blocks), "chunk_bytes" (one chunk),
+ *           "chunks_total", "chunks_free", "chunks_draining", "connections",
+ *           "protocol_version", "uptime_ms", "grants_refused", "protocol_errors";
+ *           strings "daemon_version", "backend";
+ *   tenant: "used_bytes", "block_bytes", "min_bytes", "max_bytes" (UINT64_MAX: no cap),
+ *           "weight", "sequences", "connections", "chunks".
+ * kvd_status_get returns 0, or -ENOMEM, -ECONNRESET, -ECHILD. The getters return 0, or
+ * -ENOENT (no such value), -EINVAL (index out of range). Strings live as long as the status.
+ */
+typedef struct kvd_status kvd_status;
+
+KVD_EXPORT int kvd_status_get(kvd_client *c, kvd_status **ret);
+KVD_EXPORT kvd_status *kvd_status_free(kvd_status *st);
+KVD_EXPORT int kvd_status_u64(const kvd_status *st, const char *key, uint64_t *ret);
+KVD_EXPORT int kvd_status_str(const kvd_status *st, const char *key, const char **ret);
+KVD_EXPORT uint32_t kvd_status_tenants(const kvd_status *st);
+KVD_EXPORT int kvd_status_tenant_name(const kvd_status *st, uint32_t index, const char **ret);
+KVD_EXPORT int kvd_status_tenant_u64(const kvd_status *st, uint32_t index, const char *key,
+		                     uint64_t *ret);
+
+/*
+ * Chunks currently mapped by this client: *ret_n gets their number; with ids non-NULL, up
+ * to n ids are written. Returns 0 or -ECHILD.
+ */
+KVD_EXPORT int kvd_client_mapped_chunks(kvd_client *c, uint32_t *ids, uint32_t n,
+		                        uint32_t *ret_n);
+
+/* Cleanup helpers for __attribute__((cleanup)). */
+static inline void kvd_client_unrefp(kvd_client **c) {
+	if (c && *c)
+		kvd_client_unref(*c);
+}
+static inline void kvd_status_freep(kvd_status **st) {
+	if (st && *st)
+		kvd_status_free(*st);
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The host backend: chunks are memfds in ordinary memory. Useful on its own for CPU
+ * inference, and what every test runs on.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "common/macro.h"
+
+static uint64_t host_granularity(void) {
+	return (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static int host_chunk_create(uint32_t id, uint64_t bytes, struct backend_chunk *ret) {
+	_cleanup_(closep) int fd = -EBADF;
+	char name[32];
+	void *addr;
+
+	snprintf(name, sizeof(name), "kvd-chunk-%u", id);
+	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return negative_errno();
+	if (ftruncate(fd, (off_t)bytes) < 0)
+		return negative_errno();
+	/* Clients get this fd: without the size seals one could truncate the memfd and make
+	 * the daemon fault on its own mapping. Writes stay allowed, that is the point. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		return negative_errno();
+	addr = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (addr == MAP_FAILED)
+		return negative_errno();
+	ret->fd = TAKE_FD(fd);
+	ret->addr = addr;
+	ret->bytes = bytes;
+	return 0;
+}
+
+static int host_chunk_scrub(struct backend_chunk *c) {
+	/* Punching the whole range both zeroes the chunk and gives its pages back to the
+	 * system until the next owner touches them. */
+	if (fallocate(c->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)c->bytes) == 0)
+		return 0;
+	memset(c->addr, 0, c->bytes);
+	return 0;
+}
+
+static void host_chunk_destroy(struct backend_chunk *c) {
+	if (c->addr)
+		munmap(c->addr, c->bytes);
+	c->addr = NULL;
+	c->fd = safe_close(c->fd);
+}
+
+const struct backend_ops backend_host_ops = {
+	.name = "host",
+	.granularity = host_granularity,
+	.chunk_create = host_chunk_create,
+	.chunk_scrub = host_chunk_scrub,
+	.chunk_destroy = host_chunk_destroy,
+};

@@ -1,0 +1,315 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/macro.h"
+#include "conn.h"
+#include "log.h"
+#include "server.h"
+
+static void conn_recv_done(struct loop_op *op, int res, bool more);
+static void conn_send_done(struct loop_op *op, int res, bool more);
+
+static void conn_free(struct conn *c) {
+	struct tx *t;
+
+	while ((t = c->tx_head)) {
+		c->tx_head = t->next;
+		for (uint32_t i = 0; i < t->nfds; i++)
+			safe_close(t->fds[i]);
+		free(t->frame);
+		free(t);
+	}
+	if (c->rx)
+		wire_rx_done(c->rx);
+	free(c->rx);
+	free(c->models);
+	safe_close(c->fd);
+	free(c);
+}
+
+/* Frees a closing connection once no operation refers to it any more. */
+static bool conn_maybe_free(struct conn *c) {
+	if (!c->closing || c->inflight > 0)
+		return false;
+	conn_free(c);
+	return true;
+}
+
+static int conn_arm_recv(struct conn *c) {
+	size_t n;
+	int r;
+
+	c->rx_iov.iov_base = wire_rx_space(c->rx, &n);
+	c->rx_iov.iov_len = n;
+	c->rx_msg = (struct msghdr){
+		.msg_iov = &c->rx_iov,
+		.msg_iovlen = 1,
+		.msg_control = c->rx_cmsg,
+		.msg_controllen = sizeof(c->rx_cmsg),
+	};
+	r = loop_recvmsg(c->srv->loop, &c->recv_op, c->fd, &c->rx_msg);
+	if (r < 0)
+		return r;
+	c->inflight++;
+	return 0;
+}
+
+int conn_new(struct server *s, int fd, struct conn **ret) {
+	socklen_t len = sizeof(struct ucred);
+	struct conn *c;
+	int r;
+
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		safe_close(fd);
+		return -ENOMEM;
+	}
+	c->fd = fd;
+	c->srv = s;
+	c->id = ++s->next_conn_id;
+	c->accepted_ms = now_ms();
+	c->recv_op.handler = conn_recv_done;
+	c->send_op.handler = conn_send_done;
+	c->rx = malloc(sizeof(*c->rx));
+	c->models = calloc(s->limits.max_models, sizeof(*c->models));
+	if (!c->rx || !c->models) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	wire_rx_init(c->rx);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &len) < 0) {
+		r = negative_errno();
+		goto fail;
+	}
+	r = conn_arm_recv(c);
+	if (r < 0)
+		goto fail;
+	*ret = c;
+	return 0;
+fail:
+	conn_free(c);
+	return r;
+}
+
+static int conn_arm_send(struct conn *c) {
+	struct tx *t = c->tx_head;
+	int r;
+
+	c->tx_iov.iov_base = t->frame + c->tx_off;
+	c->tx_iov.iov_len = t->size - c->tx_off;
+	c->tx_msg = (struct msghdr){ .msg_iov = &c->tx_iov, .msg_iovlen = 1 };
+	/* fds go with the first byte of the frame only. */
+	if (t->nfds > 0 && c->tx_off == 0) {
+		struct cmsghdr *cm;
+
+		c->tx_msg.msg_control = c->tx_cmsg;
+		c->tx_msg.msg_controllen = CMSG_SPACE(t->nfds * sizeof(int));
+		cm = CMSG_FIRSTHDR(&c->tx_msg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(t->nfds * sizeof(int));
+		memcpy(CMSG_DATA(cm), t->fds, t->nfds * sizeof(int));
+	}
+	r = loop_sendmsg(c->srv->loop, &c->send_op, c->fd, &c->tx_msg);
+	if (r < 0)
+		return r;
+	c->inflight++;
+	return 0;
+}
+
+int conn_send(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds) {
+	struct tx *t;
+	int r;
+
+	if (c->closing)
+		return -ECONNRESET;
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	r = wire_encode(env, nfds, &t->frame, &t->size);
+	if (r < 0) {
+		free(t);
+		return r;
+	}
+	if (c->tx_bytes + t->size > c->srv->limits.max_tx_bytes) {
+		/* A client that does not read what it is sent would make us buffer forever. */
+		free(t->frame);
+		free(t);
+		conn_close(c, "client does not read its replies (send queue full)");
+		return -ENOBUFS;
+	}
+	for (; t->nfds < nfds; t->nfds++) {
+		t->fds[t->nfds] = fcntl(fds[t->nfds], F_DUPFD_CLOEXEC, 3);
+		if (t->fds[t->nfds] < 0) {
+			r = negative_errno();
+			for (uint32_t i = 0; i < t->nfds; i++)
+				safe_close(t->fds[i]);
+			free(t->frame);
+			free(t);
+			return r;
+		}
+	}
+	c->tx_bytes += t->size;
+	if (c->tx_tail)
+		c->tx_tail->next = t;
+	else
+		c->tx_head = t;
+	c->tx_tail = t;
+	if (c->tx_head == t) {
+		c->tx_off = 0;
+		r = conn_arm_send(c);
+		if (r < 0) {
+			conn_close(c, "cannot submit a send");
+			return r;
+		}
+	}
+	return 0;
+}
+
+int conn_reply_status(struct conn *c, uint64_t id, int code, const char *message) {
+	Kvd__V1__Status st = KVD__V1__STATUS__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	st.has_code = true;
+	st.code = code;
+	st.message = (char *)(message ? message : "");
+	env.has_id = true;
+	env.id = id;
+	env.status = &st;
+	return conn_send(c, &env, NULL, 0);
+}
+
+static void conn_send_done(struct loop_op *op, int res, bool more) {
+	struct conn *c = (struct conn *)((char *)op - offsetof(struct conn, send_op));
+	struct tx *t = c->tx_head;
+
+	c->inflight--;
+	if (conn_maybe_free(c))
+		return;
+	if (c->closing)
+		return;
+	if (res < 0) {
+		conn_close(c, res == -EPIPE || res == -ECONNRESET ? "client went away" : "send failed");
+		conn_maybe_free(c);
+		return;
+	}
+	c->tx_off += res;
+	if (c->tx_off == t->size) {
+		c->tx_head = t->next;
+		if (!c->tx_head)
+			c->tx_tail = NULL;
+		c->tx_bytes -= t->size;
+		for (uint32_t i = 0; i < t->nfds; i++)
+			safe_close(t->fds[i]);
+		free(t->frame);
+		free(t);
+		c->tx_off = 0;
+	} else if (c->tx_off > 0 && t->nfds > 0) {
+		/* The fds went with the first part; never send them twice. */
+		for (uint32_t i = 0; i < t->nfds; i++)
+			t->fds[i] = safe_close(t->fds[i]);
+		t->nfds = 0;
+	}
+	if (c->tx_head) {
+		if (conn_arm_send(c) < 0)
+			conn_close(c, "cannot submit a send");
+	} else if (c->close_when_sent)
+		conn_close(c, NULL);
+	conn_maybe_free(c);
+}
+
+static void conn_recv_done(struct loop_op *op, int res, bool more) {
+	struct conn *c = (struct conn *)((char *)op - offsetof(struct conn, recv_op));
+	int fds[WIRE_FDS_MAX];
+	uint32_t nfds;
+	Envelope *env;
+	int r;
+
+	c->inflight--;
+	if (conn_maybe_free(c) || c->closing)
+		return;
+	if (res <= 0) {
+		conn_close(c, res == 0 || res == -ECONNRESET ? NULL : "receive failed");
+		conn_maybe_free(c);
+		return;
+	}
+	r = wire_rx_take_cmsg(c->rx, &c->rx_msg);
+	wire_rx_commit(c->rx, res);
+	if (r < 0) {
+		c->srv->protocol_errors++;
+		conn_close(c, r == -EMFILE ? "too many fds in flight" : "fds lost (control data truncated)");
+		conn_maybe_free(c);
+		return;
+	}
+	while (!c->closing && !c->close_when_sent &&
+	       (r = wire_rx_next(c->rx, &env, fds, &nfds)) != 0) {
+		if (r == -EBADMSG) {
+			/* The framing is intact, but we cannot know what was asked: answer with
+			 * id 0 and count it against the client. */
+			conn_reply_status(c, 0, -EBADMSG, "undecodable message");
+			conn_violation(c, "undecodable message");
+			continue;
+		}
+		if (r < 0) {
+			c->srv->protocol_errors++;
+			conn_reply_status(c, 0, r,
+			                  r == -EMSGSIZE ? "frame larger than 64 KiB" : "bad frame header");
+			c->close_when_sent = true;
+			if (!c->tx_head)
+				conn_close(c, NULL);
+			log_warning("connection %llu (pid %d): %s, disconnecting",
+			            (unsigned long long)c->id, (int)c->cred.pid,
+			            r == -EMSGSIZE ? "frame over the size cap" : "bad frame header");
+			break;
+		}
+		dispatch(c, env, fds, nfds);
+	}
+	if (!c->closing && !c->close_when_sent && conn_arm_recv(c) < 0)
+		conn_close(c, "cannot submit a receive");
+	conn_maybe_free(c);
+}
+
+void conn_violation(struct conn *c, const char *what) {
+	c->srv->protocol_errors++;
+	if (++c->violations < c->srv->limits.max_violations)
+		return;
+	log_warning("connection %llu (pid %d): %u protocol errors (last: %s), disconnecting",
+	            (unsigned long long)c->id, (int)c->cred.pid, c->violations, what);
+	c->close_when_sent = true;
+	if (!c->tx_head)
+		conn_close(c, NULL);
+}
+
+void conn_close(struct conn *c, const char *why) {
+	struct server *s = c->srv;
+
+	if (c->closing)
+		return;
+	if (why)
+		log_info("connection %llu (pid %d, tenant %s): closing: %s", (unsigned long long)c->id,
+		         (int)c->cred.pid, c->tenant ? c->tenant->name : "-", why);
+	c->closing = true;
+	dispatch_disconnect(c);
+	/* Makes the pending receive and send complete, so that the struct can go. */
+	shutdown(c->fd, SHUT_RDWR);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		s->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	s->n_conns--;
+	if (s->stopping && s->n_conns == 0)
+		loop_exit(s->loop);
+}
+
+void conn_destroy(struct conn *c) {
+	conn_close(c, NULL);
+	conn_free(c);
+}

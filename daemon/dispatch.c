@@ -1,0 +1,530 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Request handlers: one function per request type, each validating everything the client
+ * sent before touching any state, and answering every request with exactly one reply.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/layout.h"
+#include "common/macro.h"
+#include "config.h"
+#include "conn.h"
+#include "log.h"
+#include "server.h"
+
+#define PROTOCOL_VERSION 1
+#define WEIGHT_MAX 10000
+
+_printf_(4, 5) static void reply_error(struct conn *c, uint64_t id, int code, const char *fmt, ...) {
+	char msg[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	log_debug("connection %llu: request %llu refused: %s", (unsigned long long)c->id,
+	          (unsigned long long)id, msg);
+	conn_reply_status(c, id, code, msg);
+}
+
+static void reply(struct conn *c, Envelope *env, uint64_t id, const int *fds, uint32_t nfds) {
+	Kvd__V1__Status st = KVD__V1__STATUS__INIT;
+	int r;
+
+	st.has_code = true;
+	st.code = 0;
+	env->has_id = true;
+	env->id = id;
+	env->status = &st;
+	r = conn_send(c, env, fds, nfds);
+	if (r < 0 && r != -ENOBUFS && !c->closing)
+		conn_close(c, "cannot queue a reply");
+}
+
+static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link) {
+	for (struct seq **l = &c->seqs; *l; l = &(*l)->next)
+		if ((*l)->id == id) {
+			if (ret_link)
+				*ret_link = l;
+			return *l;
+		}
+	return NULL;
+}
+
+static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req) {
+	struct server *s = c->srv;
+	Kvd__V1__HelloReply rep = KVD__V1__HELLO_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	uint32_t min = req->has_min_version ? req->min_version : 1;
+	uint32_t max = req->has_max_version ? req->max_version : min;
+	struct tenant *t = NULL;
+	int r;
+
+	if (c->hello) {
+		reply_error(c, id, -EPROTO, "hello was already said");
+		conn_violation(c, "second hello");
+		return;
+	}
+	if (min > PROTOCOL_VERSION || max < PROTOCOL_VERSION || min > max) {
+		reply_error(c, id, -EPROTONOSUPPORT, "protocol versions %u..%u requested, daemon speaks %u",
+		            min, max, PROTOCOL_VERSION);
+		c->close_when_sent = true;
+		return;
+	}
+	if (req->tenant) {
+		r = tenant_get(&s->tenants, req->tenant, &t);
+		if (r < 0) {
+			reply_error(c, id, r, r == -EINVAL ? "invalid tenant name" : "too many tenants (%u)",
+			            s->limits.max_tenants);
+			c->close_when_sent = true;
+			return;
+		}
+		t->connections++;
+	}
+	c->hello = true;
+	c->version = PROTOCOL_VERSION;
+	c->tenant = t;
+	/* Names go into logs: keep them printable. */
+	snprintf(c->process_name, sizeof(c->process_name), "%s", req->process_name ? req->process_name : "");
+	for (char *p = c->process_name; *p; p++)
+		if (*p < 0x20 || *p > 0x7e)
+			*p = '?';
+	log_info("connection %llu: hello from pid %d uid %u ('%s'), tenant %s", (unsigned long long)c->id,
+	         (int)c->cred.pid, (unsigned)c->cred.uid, c->process_name, t ? t->name : "- (admin)");
+
+	rep.has_version = true;
+	rep.version = PROTOCOL_VERSION;
+	rep.has_features = true;
+	rep.features = 0;
+	rep.has_chunk_bytes = true;
+	rep.chunk_bytes = s->pool->chunk_bytes;
+	rep.daemon_version = (char *)KVD_VERSION;
+	rep.has_connection_id = true;
+	rep.connection_id = c->id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_HELLO_REPLY;
+	env.hello_reply = &rep;
+	reply(c, &env, id, NULL, 0);
+}
+
+static void handle_register_model(struct conn *c, uint64_t id, const Kvd__V1__RegisterModel *req) {
+	Kvd__V1__RegisterModelReply rep = KVD__V1__REGISTER_MODEL_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct model *m;
+	const char *why;
+	int r;
+
+	if (c->n_models >= c->srv->limits.max_models) {
+		reply_error(c, id, -EMFILE, "at most %u models per connection", c->srv->limits.max_models);
+		return;
+	}
+	m = &c->models[c->n_models];
+	r = model_from_request(req, c->srv->pool->chunk_bytes, m, &why);
+	if (r < 0) {
+		reply_error(c, id, r, "bad model: %s", why);
+		return;
+	}
+	m->id = ++c->n_models;
+	rep.has_model_id = true;
+	rep.model_id = m->id;
+	rep.has_block_bytes = true;
+	rep.block_bytes = m->block_bytes;
+	rep.has_blocks_per_chunk = true;
+	rep.blocks_per_chunk = c->srv->pool->chunk_bytes / ALIGN_TO(m->block_bytes, LAYOUT_BLOCK_ALIGN);
+	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL_REPLY;
+	env.register_model_reply = &rep;
+	reply(c, &env, id, NULL, 0);
+}
+
+static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen *req) {
+	struct server *s = c->srv;
+	Kvd__V1__SeqOpenReply rep = KVD__V1__SEQ_OPEN_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct seq *q;
+	int r;
+
+	if (!req->has_model_id || req->model_id < 1 || req->model_id > c->n_models) {
+		reply_error(c, id, -EINVAL, "unknown model");
+		return;
+	}
+	if (!req->has_max_tokens || req->max_tokens < 1 || req->max_tokens > s->limits.max_seq_tokens) {
+		reply_error(c, id, -EINVAL, "max_tokens must be 1..%u", s->limits.max_seq_tokens);
+		return;
+	}
+	if (c->n_seqs >= s->limits.max_seqs) {
+		reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
+		return;
+	}
+	r = seq_new(s->next_seq_id + 1, &c->models[req->model_id - 1], c->tenant, req->max_tokens,
+	            s->limits.max_descriptor_bytes, &q);
+	if (r == -EINVAL) {
+		reply_error(c, id, r, "the descriptor for %u tokens would exceed %llu bytes",
+		            req->max_tokens, (unsigned long long)s->limits.max_descriptor_bytes);
+		return;
+	}
+	if (r < 0) {
+		log_error_errno(r, "creating a sequence descriptor failed");
+		reply_error(c, id, r, "cannot create the sequence descriptor");
+		return;
+	}
+	s->next_seq_id++;
+	q->next = c->seqs;
+	c->seqs = q;
+	c->n_seqs++;
+	c->tenant->sequences++;
+
+	rep.has_seq_id = true;
+	rep.seq_id = q->id;
+	rep.has_descriptor_bytes = true;
+	rep.descriptor_bytes = q->desc->total_bytes;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN_REPLY;
+	env.seq_open_reply = &rep;
+	reply(c, &env, id, &q->desc_fd, 1);
+	/* The queued reply holds its own copy of the fd; the daemon keeps only the mapping. */
+	q->desc_fd = safe_close(q->desc_fd);
+}
+
+static void handle_seq_grow(struct conn *c, uint64_t id, const Kvd__V1__SeqGrow *req) {
+	struct server *s = c->srv;
+	struct pool *p = s->pool;
+	struct seq_emptied emptied = { .chunks = s->scratch };
+	Kvd__V1__SeqGrowReply rep = KVD__V1__SEQ_GROW_REPLY__INIT;
+	Kvd__V1__ChunkGrant grants[WIRE_FDS_MAX], *grant_ptrs[WIRE_FDS_MAX];
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	int fds[WIRE_FDS_MAX];
+	struct seq_grants g;
+	struct seq *q;
+	int r;
+
+	q = req->has_seq_id ? find_seq(c, req->seq_id, NULL) : NULL;
+	if (!q) {
+		reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		return;
+	}
+	if (!req->has_tokens) {
+		reply_error(c, id, -EINVAL, "tokens missing");
+		return;
+	}
+	r = seq_grow(q, p, c->id, req->tokens, &g, &emptied);
+	if (r < 0) {
+		server_reclaim(s, &emptied, NULL, NULL);
+		switch (r) {
+		case -EINVAL:
+			reply_error(c, id, r, "cannot grow by 0 tokens");
+			break;
+		case -EFBIG:
+			reply_error(c, id, r, "the sequence holds at most %u tokens", q->desc->max_tokens);
+			break;
+		case -E2BIG:
+			reply_error(c, id, r, "one grow may map at most %u new chunks; grow in smaller steps",
+			            WIRE_FDS_MAX);
+			break;
+		case -EDQUOT:
+			reply_error(c, id, r, "tenant %s reached its max of %llu bytes", c->tenant->name,
+			            (unsigned long long)c->tenant->max_bytes);
+			break;
+		case -ENOSPC:
+			if (p->used_bytes + p->chunk_bytes > p->budget_bytes)
+				reply_error(c, id, r, "node budget exhausted (%llu of %llu bytes in use)",
+				            (unsigned long long)p->used_bytes,
+				            (unsigned long long)p->budget_bytes);
+			else
+				reply_error(c, id, r, "pool exhausted");
+			break;
+		default:
+			reply_error(c, id, r, "grow failed: %s", strerror(-r));
+		}
+		return;
+	}
+	for (uint32_t i = 0; i < g.n; i++) {
+		kvd__v1__chunk_grant__init(&grants[i]);
+		grants[i].has_chunk_id = true;
+		grants[i].chunk_id = g.chunks[i]->id;
+		grants[i].has_bytes = true;
+		grants[i].bytes = p->chunk_bytes;
+		grant_ptrs[i] = &grants[i];
+		fds[i] = g.chunks[i]->mem.fd;
+	}
+	rep.has_tokens = true;
+	rep.tokens = layout_tokens(q->desc)[0];
+	rep.has_generation = true;
+	rep.generation = q->desc->generation;
+	rep.n_grants = g.n;
+	rep.grants = grant_ptrs;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_GROW_REPLY;
+	env.seq_grow_reply = &rep;
+	reply(c, &env, id, fds, g.n);
+}
+
+static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRelease *req) {
+	struct server *s = c->srv;
+	struct seq_emptied emptied = { .chunks = s->scratch };
+	Kvd__V1__SeqReleaseReply rep = KVD__V1__SEQ_RELEASE_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	_cleanup_(freep) uint32_t *ids = NULL;
+	struct seq **link, *q;
+
+	q = req->has_seq_id ? find_seq(c, req->seq_id, &link) : NULL;
+	if (!q) {
+		reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		return;
+	}
+	*link = q->next;
+	c->n_seqs--;
+	c->tenant->sequences--;
+	seq_free(q, s->pool, &emptied);
+	if (emptied.n > 0) {
+		ids = malloc(emptied.n * sizeof(*ids));
+		if (!ids) {
+			/* Fall back to events for the requester too: slower, but nothing leaks. */
+			server_reclaim(s, &emptied, NULL, NULL);
+		} else
+			rep.n_unmap_chunk_ids = server_reclaim(s, &emptied, c, ids);
+	}
+	rep.unmap_chunk_ids = ids;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RELEASE_REPLY;
+	env.seq_release_reply = &rep;
+	reply(c, &env, id, NULL, 0);
+}
+
+static void handle_chunks_unmapped(struct conn *c, uint64_t id, const Kvd__V1__ChunksUnmapped *req) {
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	/* Ids this connection does not hold are ignored: the client loses nothing but its
+	 * own access, and the daemon's state stays consistent. */
+	for (size_t i = 0; i < req->n_chunk_ids; i++) {
+		struct chunk *ch = pool_chunk(c->srv->pool, req->chunk_ids[i]);
+
+		if (ch && ch->state != CHUNK_FREE && ch->owner == c->tenant)
+			pool_chunk_drop_holder(c->srv->pool, ch, c->id);
+	}
+	reply(c, &env, id, NULL, 0);
+}
+
+static void handle_seq_digest(struct conn *c, uint64_t id, const Kvd__V1__SeqDigest *req) {
+	Kvd__V1__SeqDigestReply rep = KVD__V1__SEQ_DIGEST_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct seq *q;
+	int r;
+
+	q = req->has_seq_id ? find_seq(c, req->seq_id, NULL) : NULL;
+	if (!q) {
+		reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		return;
+	}
+	r = seq_digest(q, c->srv->pool, &rep.digest, &rep.bytes);
+	if (r < 0) {
+		log_error_errno(r, "sequence %llu refers to a block not in use", (unsigned long long)q->id);
+		reply_error(c, id, r, "inconsistent sequence");
+		return;
+	}
+	rep.has_digest = rep.has_bytes = true;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_DIGEST_REPLY;
+	env.seq_digest_reply = &rep;
+	reply(c, &env, id, NULL, 0);
+}
+
+static void handle_budget_set(struct conn *c, uint64_t id, const Kvd__V1__BudgetSet *req) {
+	struct pool *p = c->srv->pool;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!req->has_bytes || pool_set_budget(p, req->bytes) < 0) {
+		reply_error(c, id, -EINVAL, "the budget must be at most the pool (%llu bytes)",
+		            (unsigned long long)p->pool_bytes);
+		return;
+	}
+	log_notice("budget set to %llu bytes by pid %d (%llu in use)", (unsigned long long)req->bytes,
+	           (int)c->cred.pid, (unsigned long long)p->used_bytes);
+	reply(c, &env, id, NULL, 0);
+}
+
+static void handle_tenant_set(struct conn *c, uint64_t id, const Kvd__V1__TenantSet *req) {
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct tenant *t;
+	uint64_t min, max;
+	int r;
+
+	if (!req->name || !tenant_name_valid(req->name)) {
+		reply_error(c, id, -EINVAL, "invalid tenant name");
+		return;
+	}
+	if (req->has_weight && (req->weight < 1 || req->weight > WEIGHT_MAX)) {
+		reply_error(c, id, -EINVAL, "weight must be 1..%u", WEIGHT_MAX);
+		return;
+	}
+	t = tenant_find(&c->srv->tenants, req->name);
+	min = req->has_min_bytes ? req->min_bytes : t ? t->min_bytes : 0;
+	max = req->has_max_bytes ? req->max_bytes : t ? t->max_bytes : TENANT_NO_CAP;
+	if (min > max) {
+		reply_error(c, id, -EINVAL, "min above max");
+		return;
+	}
+	if (min != 0 && min > c->srv->pool->pool_bytes) {
+		reply_error(c, id, -EINVAL, "min above the pool");
+		return;
+	}
+	r = tenant_get(&c->srv->tenants, req->name, &t);
+	if (r < 0) {
+		reply_error(c, id, r, "too many tenants (%u)", c->srv->limits.max_tenants);
+		return;
+	}
+	t->min_bytes = min;
+	t->max_bytes = max;
+	if (req->has_weight)
+		t->weight = req->weight;
+	log_notice("tenant %s set by pid %d: min %llu, max %llu, weight %u", t->name, (int)c->cred.pid,
+	           (unsigned long long)t->min_bytes, (unsigned long long)t->max_bytes, t->weight);
+	reply(c, &env, id, NULL, 0);
+}
+
+static void handle_status(struct conn *c, uint64_t id) {
+	struct server *s = c->srv;
+	struct pool *p = s->pool;
+	Kvd__V1__StatusReply rep = KVD__V1__STATUS_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	uint32_t n = s->tenants.n;
+	_cleanup_(freep) Kvd__V1__TenantStatus *ts = calloc(MAX(n, 1u), sizeof(*ts));
+	_cleanup_(freep) Kvd__V1__TenantStatus **tp = calloc(MAX(n, 1u), sizeof(*tp));
+
+	if (!ts || !tp) {
+		reply_error(c, id, -ENOMEM, "out of memory");
+		return;
+	}
+	rep.daemon_version = (char *)KVD_VERSION;
+	rep.backend = (char *)p->ops->name;
+#define SET(field, value)                                                                     \
+	do {                                                                                  \
+		rep.has_##field = true;                                                       \
+		rep.field = (value);                                                          \
+	} while (0)
+	SET(protocol_version, PROTOCOL_VERSION);
+	SET(pool_bytes, p->pool_bytes);
+	SET(budget_bytes, p->budget_bytes);
+	SET(used_bytes, p->used_bytes);
+	SET(block_bytes, p->block_bytes);
+	SET(chunk_bytes, p->chunk_bytes);
+	SET(chunks_total, p->n_chunks);
+	SET(chunks_free, p->chunks_free);
+	SET(chunks_draining, p->chunks_draining);
+	SET(connections, s->n_conns);
+	SET(uptime_ms, now_ms() - s->start_ms);
+	SET(grants_refused, p->grants_refused);
+	SET(protocol_errors, s->protocol_errors);
+#undef SET
+	for (uint32_t i = 0; i < n; i++) {
+		const struct tenant *t = s->tenants.tenants[i];
+
+		kvd__v1__tenant_status__init(&ts[i]);
+		ts[i].name = (char *)t->name;
+		ts[i].has_used_bytes = ts[i].has_block_bytes = ts[i].has_min_bytes = true;
+		ts[i].has_max_bytes = ts[i].has_weight = ts[i].has_sequences = true;
+		ts[i].has_connections = ts[i].has_chunks = true;
+		ts[i].used_bytes = t->used_bytes;
+		ts[i].block_bytes = t->block_bytes;
+		ts[i].min_bytes = t->min_bytes;
+		ts[i].max_bytes = t->max_bytes;
+		ts[i].weight = t->weight;
+		ts[i].sequences = t->sequences;
+		ts[i].connections = t->connections;
+		ts[i].chunks = t->chunks;
+		tp[i] = &ts[i];
+	}
+	rep.n_tenants = n;
+	rep.tenants = tp;
+	env.body_case = KVD__V1__ENVELOPE__BODY_STATUS_REPLY;
+	env.status_reply = &rep;
+	reply(c, &env, id, NULL, 0);
+}
+
+void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
+	uint64_t id = env->has_id ? env->id : 0;
+	bool needs_tenant = false;
+
+	if (nfds > 0) {
+		for (uint32_t i = 0; i < nfds; i++)
+			safe_close(fds[i]);
+		reply_error(c, id, -EBADMSG, "requests carry no fds in protocol %u", PROTOCOL_VERSION);
+		conn_violation(c, "unexpected fds");
+		return;
+	}
+	if (id == 0) {
+		reply_error(c, 0, -EINVAL, "request without an id");
+		conn_violation(c, "request without an id");
+		return;
+	}
+	if (!c->hello && env->body_case != KVD__V1__ENVELOPE__BODY_HELLO) {
+		reply_error(c, id, -EPROTO, "say hello first");
+		conn_violation(c, "request before hello");
+		return;
+	}
+	switch (env->body_case) {
+	case KVD__V1__ENVELOPE__BODY_REGISTER_MODEL:
+	case KVD__V1__ENVELOPE__BODY_SEQ_OPEN:
+	case KVD__V1__ENVELOPE__BODY_SEQ_GROW:
+	case KVD__V1__ENVELOPE__BODY_SEQ_RELEASE:
+	case KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED:
+	case KVD__V1__ENVELOPE__BODY_SEQ_DIGEST:
+		needs_tenant = true;
+		break;
+	default:
+		break;
+	}
+	if (needs_tenant && !c->tenant) {
+		reply_error(c, id, -EPERM, "this request needs a tenant; say which in hello");
+		return;
+	}
+
+	switch (env->body_case) {
+	case KVD__V1__ENVELOPE__BODY_HELLO:
+		return handle_hello(c, id, env->hello);
+	case KVD__V1__ENVELOPE__BODY_REGISTER_MODEL:
+		return handle_register_model(c, id, env->register_model);
+	case KVD__V1__ENVELOPE__BODY_SEQ_OPEN:
+		return handle_seq_open(c, id, env->seq_open);
+	case KVD__V1__ENVELOPE__BODY_SEQ_GROW:
+		return handle_seq_grow(c, id, env->seq_grow);
+	case KVD__V1__ENVELOPE__BODY_SEQ_RELEASE:
+		return handle_seq_release(c, id, env->seq_release);
+	case KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED:
+		return handle_chunks_unmapped(c, id, env->chunks_unmapped);
+	case KVD__V1__ENVELOPE__BODY_SEQ_DIGEST:
+		return handle_seq_digest(c, id, env->seq_digest);
+	case KVD__V1__ENVELOPE__BODY_BUDGET_SET:
+		return handle_budget_set(c, id, env->budget_set);
+	case KVD__V1__ENVELOPE__BODY_TENANT_SET:
+		return handle_tenant_set(c, id, env->tenant_set);
+	case KVD__V1__ENVELOPE__BODY_STATUS_REQUEST:
+		return handle_status(c, id);
+	default:
+		/* A newer client's request, or a reply sent the wrong way: not a reason to
+		 * disconnect, since additions must never break old peers. */
+		reply_error(c, id, -EOPNOTSUPP, "unknown request");
+		return;
+	}
+}
+
+void dispatch_disconnect(struct conn *c) {
+	struct server *s = c->srv;
+	struct pool *p = s->pool;
+	struct seq_emptied emptied = { .chunks = s->scratch };
+
+	/* First forget that this connection maps anything, so that no chunk waits for an
+	 * answer from it and no unmap request is queued to it. */
+	for (uint32_t i = 0; i < p->n_chunks; i++)
+		if (p->chunks[i].n_holders > 0)
+			pool_chunk_drop_holder(p, &p->chunks[i], c->id);
+	while (c->seqs) {
+		struct seq *q = c->seqs;
+
+		c->seqs = q->next;
+		seq_free(q, p, &emptied);
+		c->tenant->sequences--;
+	}
+	c->n_seqs = 0;
+	server_reclaim(s, &emptied, NULL, NULL);
+	if (c->tenant)
+		c->tenant->connections--;
+}

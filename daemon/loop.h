@@ -1,0 +1,41 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * The daemon's one event loop, on io_uring. This is the only file that knows io_uring:
+ * everything else submits operations described by a struct loop_op embedded in the object
+ * that owns the operation, and gets its handler called with the result (a byte count, an
+ * fd, or a negative errno) when it completes. Buffers, msghdrs and the owner itself must
+ * stay alive until the handler ran: owners count their operations in flight and free
+ * themselves only when none is left (see conn.c).
+ *
+ * Single-threaded: the loop, every handler and every submission run on one thread.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+struct loop;
+struct loop_op;
+
+/* res: the operation's result; more: a multishot operation will complete again. */
+typedef void (*loop_handler)(struct loop_op *op, int res, bool more);
+
+struct loop_op {
+	loop_handler handler;
+};
+
+int loop_new(struct loop **ret);
+struct loop *loop_free(struct loop *l);
+
+int loop_accept(struct loop *l, struct loop_op *op, int fd);  /* multishot */
+int loop_recvmsg(struct loop *l, struct loop_op *op, int fd, struct msghdr *msg);
+int loop_sendmsg(struct loop *l, struct loop_op *op, int fd, const struct msghdr *msg);
+int loop_read(struct loop *l, struct loop_op *op, int fd, void *buf, unsigned n);
+/* Completes with -ETIME after ms milliseconds. */
+int loop_timeout(struct loop *l, struct loop_op *op, uint64_t ms);
+
+/* Runs until loop_exit(); returns 0 or a negative errno from io_uring itself. */
+int loop_run(struct loop *l);
+void loop_exit(struct loop *l);

@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/layout.h"
+#include "common/macro.h"
+#include "log.h"
+#include "pool.h"
+
+int pool_new(const struct backend_ops *ops, uint64_t pool_bytes, uint64_t chunk_bytes,
+             uint64_t budget_bytes, struct pool **ret) {
+	uint64_t gran = ops->granularity();
+	struct pool *p;
+
+	if (chunk_bytes == 0 || chunk_bytes % gran != 0 || pool_bytes < chunk_bytes ||
+	    budget_bytes > pool_bytes || pool_bytes / chunk_bytes > UINT32_MAX)
+		return -EINVAL;
+
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	p->ops = ops;
+	p->chunk_bytes = chunk_bytes;
+	p->n_chunks = pool_bytes / chunk_bytes;
+	/* Whole chunks only: the remainder of an uneven pool size is never used. */
+	p->pool_bytes = (uint64_t)p->n_chunks * chunk_bytes;
+	p->budget_bytes = MIN(budget_bytes, p->pool_bytes);
+	p->chunks = calloc(p->n_chunks, sizeof(*p->chunks));
+	if (!p->chunks) {
+		free(p);
+		return -ENOMEM;
+	}
+	/* Lowest ids first off the free list; memfds are created on first use. */
+	for (uint32_t i = p->n_chunks; i-- > 0;) {
+		struct chunk *c = &p->chunks[i];
+
+		c->id = i;
+		c->mem.fd = -EBADF;
+		c->next = p->free_list;
+		p->free_list = c;
+	}
+	p->chunks_free = p->n_chunks;
+	*ret = p;
+	return 0;
+}
+
+struct pool *pool_free(struct pool *p) {
+	if (!p)
+		return NULL;
+	for (uint32_t i = 0; i < p->n_chunks; i++) {
+		struct chunk *c = &p->chunks[i];
+
+		if (c->mem.fd >= 0)
+			p->ops->chunk_destroy(&c->mem);
+		free(c->used);
+		free(c->holders);
+	}
+	free(p->chunks);
+	free(p);
+	return NULL;
+}
+
+int pool_set_budget(struct pool *p, uint64_t bytes) {
+	if (bytes > p->pool_bytes)
+		return -EINVAL;
+	p->budget_bytes = bytes;
+	return 0;
+}
+
+struct chunk *pool_chunk(struct pool *p, uint32_t id) {
+	return id < p->n_chunks ? &p->chunks[id] : NULL;
+}
+
+static void partial_add(struct tenant *t, struct chunk *c) {
+	c->prev = NULL;
+	c->next = t->partial;
+	if (t->partial)
+		t->partial->prev = c;
+	t->partial = c;
+	c->partial = true;
+}
+
+static void partial_remove(struct tenant *t, struct chunk *c) {
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		t->partial = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	c->next = c->prev = NULL;
+	c->partial = false;
+}
+
+/* Takes a free chunk for t, carved for block_bytes. */
+static int chunk_acquire(struct pool *p, struct tenant *t, uint64_t block_bytes,
+                         struct chunk **ret) {
+	struct chunk *c = p->free_list;
+	uint64_t stride = ALIGN_TO(block_bytes, LAYOUT_BLOCK_ALIGN);
+	uint32_t n_blocks, words;
+	int r;
+
+	if (p->used_bytes + p->chunk_bytes > p->budget_bytes || !c)
+		return -ENOSPC;
+	if (t->max_bytes != TENANT_NO_CAP && t->used_bytes + p->chunk_bytes > t->max_bytes)
+		return -EDQUOT;
+
+	if (c->mem.fd < 0) {
+		r = p->ops->chunk_create(c->id, p->chunk_bytes, &c->mem);
+		if (r < 0)
+			return log_error_errno(r, "creating chunk %u failed", c->id);
+	}
+	n_blocks = p->chunk_bytes / stride;
+	words = DIV_ROUND_UP(n_blocks, 64);
+	free(c->used);
+	c->used = calloc(words, sizeof(uint64_t));
+	if (!c->used)
+		return -ENOMEM;
+
+	p->free_list = c->next;
+	p->chunks_free--;
+	c->next = NULL;
+	c->state = CHUNK_OWNED;
+	c->owner = t;
+	c->block_bytes = block_bytes;
+	c->stride = stride;
+	c->n_blocks = n_blocks;
+	c->used_blocks = 0;
+	c->hint = 0;
+	p->used_bytes += p->chunk_bytes;
+	t->used_bytes += p->chunk_bytes;
+	t->chunks++;
+	partial_add(t, c);
+	*ret = c;
+	return 0;
+}
+
+/* Puts a chunk back in the pool, zeroed, and stops charging its last owner. */
+static void chunk_release(struct pool *p, struct chunk *c) {
+	struct tenant *t = c->owner;
+	int r;
+
+	if (c->partial)
+		partial_remove(t, c);
+	if (c->state == CHUNK_DRAINING)
+		p->chunks_draining--;
+	r = p->ops->chunk_scrub(&c->mem);
+	if (r < 0) {
+		/* A chunk that cannot be zeroed must never reach another tenant. */
+		log_error_errno(r, "scrubbing chunk %u failed, retiring it", c->id);
+		p->ops->chunk_destroy(&c->mem);
+	}
+	p->used_bytes -= p->chunk_bytes;
+	t->used_bytes -= p->chunk_bytes;
+	t->chunks--;
+	c->state = CHUNK_FREE;
+	c->owner = NULL;
+	c->n_holders = 0;
+	c->next = p->free_list;
+	p->free_list = c;
+	p->chunks_free++;
+}
+
+int pool_block_alloc(struct pool *p, struct tenant *t, uint64_t block_bytes,
+                     struct chunk **ret_chunk, uint32_t *ret_index) {
+	struct chunk *c;
+	uint32_t w, bit, index;
+	int r;
+
+	for (c = t->partial; c; c = c->next)
+		if (c->block_bytes == block_bytes)
+			break;
+	if (!c) {
+		r = chunk_acquire(p, t, block_bytes, &c);
+		if (r < 0) {
+			p->grants_refused++;
+			return r;
+		}
+	}
+
+	for (w = c->hint; c->used[w] == UINT64_MAX; w++)
+		;
+	bit = __builtin_ctzll(~c->used[w]);
+	index = w * 64 + bit;
+	c->used[w] |= UINT64_C(1) << bit;
+	c->hint = w;
+	c->used_blocks++;
+	if (c->used_blocks == c->n_blocks)
+		partial_remove(t, c);
+	p->block_bytes += block_bytes;
+	t->block_bytes += block_bytes;
+	*ret_chunk = c;
+	*ret_index = index;
+	return 0;
+}
+
+bool pool_block_free(struct pool *p, struct chunk *c, uint32_t index) {
+	struct tenant *t = c->owner;
+	uint32_t w = index / 64;
+
+	c->used[w] &= ~(UINT64_C(1) << (index % 64));
+	c->hint = MIN(c->hint, w);
+	c->used_blocks--;
+	p->block_bytes -= c->block_bytes;
+	t->block_bytes -= c->block_bytes;
+	if (c->used_blocks == 0)
+		return true;
+	if (!c->partial)
+		partial_add(t, c);
+	return false;
+}
+
+uint32_t pool_chunk_reclaim(struct pool *p, struct chunk *c) {
+	if (c->n_holders == 0) {
+		chunk_release(p, c);
+		return 0;
+	}
+	/* No new blocks come from a draining chunk: a holder that has not yet processed its
+	 * unmap request would otherwise unmap memory it was just given. */
+	if (c->partial)
+		partial_remove(c->owner, c);
+	c->state = CHUNK_DRAINING;
+	p->chunks_draining++;
+	return c->n_holders;
+}
+
+void *pool_block_addr(struct pool *p, struct kvd_block_ref ref) {
+	struct chunk *c = pool_chunk(p, ref.chunk_id);
+
+	if (!c || c->state != CHUNK_OWNED || ref.index >= c->n_blocks ||
+	    !(c->used[ref.index / 64] & (UINT64_C(1) << (ref.index % 64))))
+		return NULL;
+	return (char *)c->mem.addr + (uint64_t)ref.index * c->stride;
+}
+
+bool chunk_has_holder(const struct chunk *c, uint64_t conn_id) {
+	for (uint32_t i = 0; i < c->n_holders; i++)
+		if (c->holders[i] == conn_id)
+			return true;
+	return false;
+}
+
+int chunk_add_holder(struct chunk *c, uint64_t conn_id) {
+	if (c->n_holders == c->cap_holders) {
+		uint32_t cap = MAX(4u, c->cap_holders * 2);
+		uint64_t *h = realloc(c->holders, cap * sizeof(*h));
+
+		if (!h)
+			return -ENOMEM;
+		c->holders = h;
+		c->cap_holders = cap;
+	}
+	c->holders[c->n_holders++] = conn_id;
+	return 0;
+}
+
+bool pool_chunk_drop_holder(struct pool *p, struct chunk *c, uint64_t conn_id) {
+	for (uint32_t i = 0; i < c->n_holders; i++) {
+		if (c->holders[i] != conn_id)
+			continue;
+		c->holders[i] = c->holders[--c->n_holders];
+		if (c->state == CHUNK_DRAINING && c->n_holders == 0)
+			chunk_release(p, c);
+		return true;
+	}
+	return false;
+}

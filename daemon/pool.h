@@ -1,0 +1,98 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * The pool: the node's KV memory, cut into chunks by the backend, and the budget that
+ * bounds how much of it tenants hold.
+ *
+ * A chunk is FREE (in the pool, zeroed), OWNED (held by one tenant and carved into blocks
+ * of one block size) or DRAINING (empty, but some connection of its last owner still has
+ * it mapped; it comes back only when every holder says it unmapped it, or disconnects).
+ * The budget counts the bytes of OWNED and DRAINING chunks: that is what the device
+ * really spends. Block bytes are counted too, so fragmentation is visible.
+ *
+ * Invariants: an OWNED chunk has at least one block in use (a chunk whose last block is
+ * freed is reclaimed at once); only connections of the owner are holders; a chunk is
+ * scrubbed on its way back to FREE, so whoever gets it next reads zeros.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "kvd/kvd.h"
+#include "tenant.h"
+
+enum chunk_state {
+	CHUNK_FREE,
+	CHUNK_OWNED,
+	CHUNK_DRAINING,
+};
+
+struct chunk {
+	uint32_t id;
+	enum chunk_state state;
+	struct backend_chunk mem;     /* fd -EBADF until first used */
+	struct tenant *owner;         /* NULL when FREE */
+	uint64_t block_bytes;         /* block size it is carved for */
+	uint64_t stride;              /* block_bytes rounded up to LAYOUT_BLOCK_ALIGN */
+	uint32_t n_blocks, used_blocks;
+	uint64_t *used;               /* bitmap of blocks in use */
+	uint32_t hint;                /* first bitmap word that may have a free block */
+	uint64_t *holders;            /* ids of the connections that have it mapped */
+	uint32_t n_holders, cap_holders;
+	struct chunk *next, *prev;    /* free list, or the owner's partial list */
+	bool partial;
+	uint64_t grant_serial;        /* last grow that granted it (see seq_grow) */
+};
+
+struct pool {
+	const struct backend_ops *ops;
+	uint64_t pool_bytes, chunk_bytes, budget_bytes;
+	uint32_t n_chunks;
+	struct chunk *chunks;
+	struct chunk *free_list;
+	uint32_t chunks_free, chunks_draining;
+	uint64_t used_bytes, block_bytes;
+	uint64_t grants_refused;
+};
+
+/* Returns 0, or -EINVAL (sizes not multiples of the backend granularity, pool smaller
+ * than a chunk, budget above the pool), -ENOMEM. */
+int pool_new(const struct backend_ops *ops, uint64_t pool_bytes, uint64_t chunk_bytes,
+             uint64_t budget_bytes, struct pool **ret);
+struct pool *pool_free(struct pool *p);
+
+/* Sets the budget; may be below what is in use. Returns 0 or -EINVAL (above the pool). */
+int pool_set_budget(struct pool *p, uint64_t bytes);
+
+/*
+ * Allocates one block of block_bytes for tenant t, from a chunk t owns or a new one.
+ * Returns 0 and the block in *ret_chunk and *ret_index, or -ENOSPC (node budget or pool exhausted), -EDQUOT
+ * (t's max reached), or a backend error creating the chunk.
+ */
+int pool_block_alloc(struct pool *p, struct tenant *t, uint64_t block_bytes,
+                     struct chunk **ret_chunk, uint32_t *ret_index);
+
+/* Frees a block. Returns true when it was the chunk's last one: the caller must then
+ * reclaim the chunk with pool_chunk_reclaim(). */
+bool pool_block_free(struct pool *p, struct chunk *c, uint32_t index);
+
+/*
+ * Starts giving back an empty chunk: with no holder it is FREE at once (returns 0);
+ * otherwise it becomes DRAINING and the number of holders is returned, each of which must
+ * be asked to unmap it.
+ */
+uint32_t pool_chunk_reclaim(struct pool *p, struct chunk *c);
+
+/* Chunk by id, or NULL when out of range. */
+struct chunk *pool_chunk(struct pool *p, uint32_t id);
+
+/* Address of a block in the daemon's own mapping, or NULL when ref is not a block in use. */
+void *pool_block_addr(struct pool *p, struct kvd_block_ref ref);
+
+bool chunk_has_holder(const struct chunk *c, uint64_t conn_id);
+int chunk_add_holder(struct chunk *c, uint64_t conn_id);
+/* Removes a holder; a DRAINING chunk left without holders goes back to FREE. Returns
+ * whether conn_id was a holder. */
+bool pool_chunk_drop_holder(struct pool *p, struct chunk *c, uint64_t conn_id);

@@ -1,0 +1,213 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/layout.h"
+#include "common/macro.h"
+#include "seq.h"
+#include "wire.h"
+
+static uint32_t *desc_tokens(struct kvd_seq_desc *d) {
+	return (uint32_t *)layout_tokens(d);
+}
+
+static uint32_t *desc_positions(struct kvd_seq_desc *d, uint32_t t) {
+	return (uint32_t *)layout_positions(d, t);
+}
+
+static struct kvd_block_ref *desc_blocks(struct kvd_seq_desc *d, uint32_t t) {
+	return (struct kvd_block_ref *)layout_blocks(d, t);
+}
+
+/* Sequence lock around every rewrite: odd while writing (see kvd.h). Single writer. */
+static void desc_write_begin(struct kvd_seq_desc *d) {
+	__atomic_store_n(&d->generation, d->generation + 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static void desc_write_end(struct kvd_seq_desc *d) {
+	__atomic_store_n(&d->generation, d->generation + 1, __ATOMIC_RELEASE);
+}
+
+int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_tokens,
+            uint64_t desc_max, struct seq **ret) {
+	_cleanup_(closep) int fd = -EBADF;
+	uint64_t tokens_off, positions_off, blocks_off, total, x;
+	uint32_t max_blocks;
+	struct kvd_seq_desc *d;
+	struct seq *s;
+	char name[40];
+
+	if (max_tokens == 0)
+		return -EINVAL;
+	max_blocks = DIV_ROUND_UP(max_tokens, m->block_tokens);
+	tokens_off = ALIGN_TO(sizeof(struct kvd_seq_desc), 64);
+	positions_off = ALIGN_TO(tokens_off + 4ull * m->n_tables, 64);
+	/* n_tables <= 2^20 and max_tokens < 2^32: the products fit in 64 bits. */
+	x = 4ull * m->n_tables * max_tokens;
+	blocks_off = ALIGN_TO(positions_off + x, 64);
+	x = sizeof(struct kvd_block_ref) * (uint64_t)m->n_tables * max_blocks;
+	total = ALIGN_TO(blocks_off + x, (uint64_t)sysconf(_SC_PAGESIZE));
+	if (total > desc_max)
+		return -EINVAL;
+
+	snprintf(name, sizeof(name), "kvd-seq-%llu", (unsigned long long)id);
+	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return negative_errno();
+	if (ftruncate(fd, (off_t)total) < 0)
+		return negative_errno();
+	d = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (d == MAP_FAILED)
+		return negative_errno();
+	/* The client may map it, but only read-only: FUTURE_WRITE forbids new writable
+	 * mappings while ours stays writable. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0) {
+		int r = negative_errno();
+
+		munmap(d, total);
+		return r;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		munmap(d, total);
+		return -ENOMEM;
+	}
+	*d = (struct kvd_seq_desc){
+		.magic = KVD_SEQ_DESC_MAGIC,
+		.version = KVD_SEQ_DESC_VERSION,
+		.seq_id = id,
+		.layers = m->layers,
+		.kv_heads = m->kv_heads,
+		.head_dim = m->head_dim,
+		.dtype = m->dtype,
+		.block_tokens = m->block_tokens,
+		.layout = m->layout,
+		.n_tables = m->n_tables,
+		.max_tokens = max_tokens,
+		.max_blocks = max_blocks,
+		.block_bytes = m->block_bytes,
+		.tokens_offset = tokens_off,
+		.positions_offset = positions_off,
+		.blocks_offset = blocks_off,
+		.total_bytes = total,
+	};
+	s->id = id;
+	s->model = m;
+	s->tenant = t;
+	s->desc = d;
+	s->desc_fd = TAKE_FD(fd);
+	*ret = s;
+	return 0;
+}
+
+/* Frees the blocks of refs; chunks this empties go to *emptied. */
+static void free_blocks(struct pool *p, const struct kvd_block_ref *refs, uint64_t n,
+                        struct seq_emptied *emptied) {
+	for (uint64_t i = 0; i < n; i++) {
+		struct chunk *c = pool_chunk(p, refs[i].chunk_id);
+
+		if (pool_block_free(p, c, refs[i].index))
+			emptied->chunks[emptied->n++] = c;
+	}
+}
+
+int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
+             struct seq_grants *grants, struct seq_emptied *emptied) {
+	static uint64_t grow_serial;
+	struct kvd_seq_desc *d = s->desc;
+	uint32_t tokens = desc_tokens(d)[0], per, old_blocks;
+	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
+	uint64_t total, done = 0;
+	int r;
+
+	grants->n = 0;
+	if (n == 0)
+		return -EINVAL;
+	if (n > d->max_tokens - tokens)
+		return -EFBIG;
+	old_blocks = DIV_ROUND_UP(tokens, d->block_tokens);
+	per = DIV_ROUND_UP(tokens + (uint64_t)n, d->block_tokens) - old_blocks;
+	total = (uint64_t)per * d->n_tables;
+	if (total > 0) {
+		refs = malloc(total * sizeof(*refs));
+		if (!refs)
+			return -ENOMEM;
+	}
+
+	/* Chunks handed out by this grow are marked with its serial, so that each is granted
+	 * once however many of its blocks the grow takes. */
+	grow_serial++;
+	for (; done < total; done++) {
+		struct chunk *c;
+		uint32_t index;
+
+		r = pool_block_alloc(p, s->tenant, s->model->block_bytes, &c, &index);
+		if (r < 0)
+			goto rollback;
+		refs[done] = (struct kvd_block_ref){ .chunk_id = c->id, .index = index };
+		if (c->grant_serial == grow_serial || chunk_has_holder(c, conn_id))
+			continue;
+		c->grant_serial = grow_serial;
+		if (grants->n == ELEMENTSOF(grants->chunks)) {
+			r = -E2BIG;
+			done++;
+			goto rollback;
+		}
+		grants->chunks[grants->n++] = c;
+	}
+	/* Becoming a holder is the last step that can fail; nothing is visible before it. */
+	for (uint32_t i = 0; i < grants->n; i++) {
+		r = chunk_add_holder(grants->chunks[i], conn_id);
+		if (r < 0) {
+			while (i-- > 0)
+				pool_chunk_drop_holder(p, grants->chunks[i], conn_id);
+			goto rollback;
+		}
+	}
+
+	desc_write_begin(d);
+	for (uint32_t t = 0; t < d->n_tables; t++) {
+		uint32_t *pos = desc_positions(d, t);
+
+		memcpy(desc_blocks(d, t) + old_blocks, refs + (uint64_t)t * per, per * sizeof(*refs));
+		for (uint32_t i = 0; i < n; i++)
+			pos[tokens + i] = d->next_position + i;
+		desc_tokens(d)[t] = tokens + n;
+	}
+	d->next_position += n;
+	desc_write_end(d);
+	return 0;
+
+rollback:
+	grants->n = 0;
+	free_blocks(p, refs, done, emptied);
+	return r;
+}
+
+void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied) {
+	struct kvd_seq_desc *d;
+
+	if (!s)
+		return;
+	d = s->desc;
+	for (uint32_t t = 0; t < d->n_tables; t++)
+		free_blocks(p, desc_blocks(d, t), DIV_ROUND_UP(desc_tokens(d)[t], d->block_tokens),
+		            emptied);
+	munmap(d, d->total_bytes);
+	safe_close(s->desc_fd);
+	free(s);
+}
+
+static const void *daemon_block_addr(void *userdata, struct kvd_block_ref ref) {
+	return pool_block_addr(userdata, ref);
+}
+
+int seq_digest(const struct seq *s, struct pool *p, uint64_t *ret_digest, uint64_t *ret_bytes) {
+	return layout_digest(s->desc, daemon_block_addr, p, ret_digest, ret_bytes);
+}

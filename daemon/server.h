@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * The server: the listening socket, the connections, the pool and the tenants, driven by
+ * one loop. It owns every piece of daemon state; handlers reach it through their conn.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/signalfd.h>
+
+#include "loop.h"
+#include "pool.h"
+#include "seq.h"
+#include "tenant.h"
+
+struct conn;
+
+/* Limits on what clients control; each has a flag in main.c. */
+struct server_limits {
+	uint32_t max_connections;
+	uint32_t max_tenants;
+	uint32_t max_models;          /* per connection */
+	uint32_t max_seqs;            /* per connection */
+	uint32_t max_seq_tokens;
+	uint64_t max_descriptor_bytes;
+	uint64_t hello_timeout_ms;
+	uint64_t max_tx_bytes;        /* queued replies and events per connection */
+	uint32_t max_violations;      /* protocol errors before a disconnect */
+};
+
+struct server {
+	struct loop *loop;
+	struct pool *pool;
+	struct tenant_table tenants;
+	struct server_limits limits;
+	const char *socket_path;
+
+	int listen_fd;
+	struct loop_op accept_op;
+	int signal_fd;
+	struct loop_op signal_op;
+	struct signalfd_siginfo siginfo;
+	struct loop_op tick_op;
+	uint64_t tick_ms;
+
+	struct conn *conns;
+	uint32_t n_conns;
+	uint64_t next_conn_id;
+	uint64_t next_seq_id;
+	struct chunk **scratch;       /* room for every chunk: see struct seq_emptied */
+
+	uint64_t start_ms;
+	uint64_t protocol_errors;
+	bool stopping;
+	uint64_t stop_ms;
+};
+
+int server_new(struct pool *pool, const struct server_limits *limits, const char *socket_path,
+               struct server **ret);
+struct server *server_free(struct server *s);
+
+/* Runs the loop until a stop signal; returns the exit status. */
+int server_run(struct server *s);
+
+uint64_t now_ms(void);
+
+struct conn *server_find_conn(struct server *s, uint64_t id);
+
+/*
+ * Gives back chunks whose last block was freed: free at once when nobody maps them, else
+ * every holder is asked to unmap; `requester`, when not NULL, collects the ids it holds
+ * into ret_ids (room for n_chunks) instead of getting an event. Returns how many ids it put
+ * in ret_ids.
+ */
+uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct conn *requester,
+                        uint32_t *ret_ids);
+
+/* Starts a clean stop: clients are told, then disconnected. */
+void server_stop(struct server *s);

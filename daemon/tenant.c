@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tenant.h"
+
+bool tenant_name_valid(const char *name) {
+	size_t n = name ? strlen(name) : 0;
+
+	if (n == 0 || n > TENANT_NAME_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = name[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '_' || c == '.' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+int tenant_table_init(struct tenant_table *t, uint32_t max) {
+	t->tenants = calloc(max, sizeof(*t->tenants));
+	if (!t->tenants)
+		return -ENOMEM;
+	t->n = 0;
+	t->max = max;
+	t->next_id = 1;
+	return 0;
+}
+
+void tenant_table_done(struct tenant_table *t) {
+	for (uint32_t i = 0; i < t->n; i++)
+		free(t->tenants[i]);
+	free(t->tenants);
+	t->tenants = NULL;
+	t->n = 0;
+}
+
+struct tenant *tenant_find(const struct tenant_table *t, const char *name) {
+	for (uint32_t i = 0; i < t->n; i++)
+		if (strcmp(t->tenants[i]->name, name) == 0)
+			return t->tenants[i];
+	return NULL;
+}
+
+int tenant_get(struct tenant_table *t, const char *name, struct tenant **ret) {
+	struct tenant *x;
+
+	if (!tenant_name_valid(name))
+		return -EINVAL;
+	x = tenant_find(t, name);
+	if (x) {
+		*ret = x;
+		return 0;
+	}
+	if (t->n >= t->max)
+		return -EUSERS;
+	x = calloc(1, sizeof(*x));
+	if (!x)
+		return -ENOMEM;
+	x->id = t->next_id++;
+	strcpy(x->name, name);
+	x->max_bytes = TENANT_NO_CAP;
+	x->weight = 1;
+	t->tenants[t->n++] = x;
+	*ret = x;
+	return 0;
+}

@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * Tenants: the parties the node budget is shared between. A tenant comes into being when a
+ * process first says hello as it or when an operator sets it, and outlives its connections
+ * so that its settings stay. The table is bounded (--max-tenants).
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define TENANT_NAME_MAX 63
+#define TENANT_NO_CAP UINT64_MAX
+
+struct chunk;
+
+struct tenant {
+	uint32_t id;                  /* never reused while the daemon runs */
+	char name[TENANT_NAME_MAX + 1];
+	uint64_t min_bytes;           /* guaranteed share (reported; enforced with eviction) */
+	uint64_t max_bytes;           /* cap on used_bytes, TENANT_NO_CAP for none */
+	uint32_t weight;
+	uint64_t used_bytes;          /* bytes of the chunks it holds, draining ones included */
+	uint64_t block_bytes;         /* bytes of its granted blocks */
+	uint32_t chunks;
+	uint32_t sequences;
+	uint32_t connections;
+	struct chunk *partial;        /* owned chunks with at least one free block */
+};
+
+struct tenant_table {
+	struct tenant **tenants;
+	uint32_t n, max;
+	uint32_t next_id;
+};
+
+/* Whether name is a valid tenant name: [A-Za-z0-9_.-], 1..TENANT_NAME_MAX characters. */
+bool tenant_name_valid(const char *name);
+
+int tenant_table_init(struct tenant_table *t, uint32_t max);
+void tenant_table_done(struct tenant_table *t);
+struct tenant *tenant_find(const struct tenant_table *t, const char *name);
+/* Finds or creates; returns 0, or -EINVAL (bad name), -EUSERS (table full), -ENOMEM. */
+int tenant_get(struct tenant_table *t, const char *name, struct tenant **ret);
