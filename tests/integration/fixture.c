@@ -1,0 +1,289 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fixture.h"
+#include "test.h"
+
+static void sleep_ms(int ms) {
+	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+pid_t fixture_fork(void) {
+	pid_t parent = getpid(), pid = fork();
+
+	ASSERT_OK(pid);
+	/* A failed assertion exits the test at once: take every helper process with it, so
+	 * that nothing outlives the test and keeps meson waiting on its output. */
+	if (pid == 0 && (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent))
+		_exit(1);
+	return pid;
+}
+
+void fixture_start(struct fixture *f, const char *const *args) {
+	const char *daemon = getenv("KVD_DAEMON");
+	const char *argv[64];
+	size_t n = 0;
+
+	if (!daemon)
+		test_fail(__FILE__, __LINE__, "KVD_DAEMON is not set (run the tests through meson)");
+	snprintf(f->dir, sizeof(f->dir), "/tmp/kvd-test-XXXXXX");
+	ASSERT_TRUE(mkdtemp(f->dir));
+	snprintf(f->socket, sizeof(f->socket), "%s/kvd.sock", f->dir);
+
+	argv[n++] = daemon;
+	argv[n++] = "--socket";
+	argv[n++] = f->socket;
+	for (; args && *args && n < sizeof(argv) / sizeof(argv[0]) - 1; args++)
+		argv[n++] = *args;
+	argv[n] = NULL;
+
+	f->pid = fixture_fork();
+	if (f->pid == 0) {
+		execv(daemon, (char *const *)argv);
+		_exit(127);
+	}
+	/* Ready means accepting: poll by connecting, and notice a daemon that died. */
+	for (int i = 0; i < 500; i++) {
+		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), status;
+
+		strcpy(sa.sun_path, f->socket);
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+			close(fd);
+			return;
+		}
+		close(fd);
+		if (waitpid(f->pid, &status, WNOHANG) == f->pid)
+			test_fail(__FILE__, __LINE__, "the daemon exited during start-up (status %d)", status);
+		sleep_ms(10);
+	}
+	test_fail(__FILE__, __LINE__, "the daemon did not listen within 5 s");
+}
+
+int fixture_stop(struct fixture *f) {
+	int status;
+
+	kill(f->pid, SIGTERM);
+	ASSERT_EQ(waitpid(f->pid, &status, 0), f->pid);
+	unlink(f->socket);
+	rmdir(f->dir);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+kvd_client *fixture_connect(struct fixture *f, const char *tenant) {
+	kvd_client *c = NULL;
+
+	ASSERT_OK(kvd_client_connect(f->socket, tenant, &c));
+	return c;
+}
+
+uint64_t fixture_status(struct fixture *f, const char *tenant, const char *key) {
+	__attribute__((cleanup(kvd_client_unrefp))) kvd_client *c = fixture_connect(f, NULL);
+	kvd_status *st = NULL;
+	uint64_t v = UINT64_MAX;
+
+	ASSERT_OK(kvd_status_get(c, &st));
+	if (!tenant)
+		ASSERT_OK(kvd_status_u64(st, key, &v));
+	else
+		for (uint32_t i = 0; i < kvd_status_tenants(st); i++) {
+			const char *name;
+
+			ASSERT_OK(kvd_status_tenant_name(st, i, &name));
+			if (strcmp(name, tenant) == 0)
+				ASSERT_OK(kvd_status_tenant_u64(st, i, key, &v));
+		}
+	kvd_status_free(st);
+	return v;
+}
+
+bool fixture_wait_status(struct fixture *f, const char *tenant, const char *key, uint64_t want) {
+	for (int i = 0; i < 500; i++) {
+		if (fixture_status(f, tenant, key) == want)
+			return true;
+		sleep_ms(10);
+	}
+	return false;
+}
+
+int raw_connect(struct fixture *f) {
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ASSERT_OK(fd);
+	strcpy(sa.sun_path, f->socket);
+	ASSERT_OK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)));
+	return fd;
+}
+
+int raw_send_bytes(int fd, const void *p, size_t n) {
+	ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+
+	if (k < 0)
+		return -errno;
+	return k == (ssize_t)n ? 0 : -EIO;
+}
+
+int raw_send(int fd, const Envelope *env) {
+	uint8_t *frame;
+	size_t size;
+	int r;
+
+	r = wire_encode(env, 0, &frame, &size);
+	if (r < 0)
+		return r;
+	r = raw_send_bytes(fd, frame, size);
+	free(frame);
+	return r;
+}
+
+int raw_recv(int fd, struct wire_rx *rx, int timeout_ms, Envelope **ret) {
+	int fds[WIRE_FDS_MAX];
+	uint32_t nfds;
+
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		uint8_t cmsg[WIRE_CMSG_SPACE];
+		struct iovec iov;
+		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cmsg,
+			              .msg_controllen = sizeof(cmsg) };
+		ssize_t n;
+		int r;
+
+		r = wire_rx_next(rx, ret, fds, &nfds);
+		if (r != 0) {
+			for (uint32_t i = 0; r > 0 && i < nfds; i++)
+				close(fds[i]);
+			return r;
+		}
+		r = poll(&p, 1, timeout_ms);
+		if (r == 0)
+			return -ETIMEDOUT;
+		if (r < 0)
+			return -errno;
+		iov.iov_base = wire_rx_space(rx, &iov.iov_len);
+		n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+		if (n < 0)
+			return errno == ECONNRESET ? 0 : -errno;
+		if (n == 0)
+			return 0;
+		wire_rx_take_cmsg(rx, &msg);
+		wire_rx_commit(rx, (size_t)n);
+	}
+}
+
+int raw_hello(int fd, struct wire_rx *rx, const char *tenant, uint32_t min, uint32_t max) {
+	Kvd__V1__Hello h = KVD__V1__HELLO__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *rep;
+
+	h.has_min_version = h.has_max_version = true;
+	h.min_version = min;
+	h.max_version = max;
+	h.tenant = (char *)tenant;
+	env.has_id = true;
+	env.id = 1;
+	env.body_case = KVD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	ASSERT_OK(raw_send(fd, &env));
+	ASSERT_EQ(raw_recv(fd, rx, 5000, &rep), 1);
+	ASSERT_EQ(rep->id, 1u);
+	ASSERT_TRUE(rep->status);
+	return rep->status->code;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+size_t mapped_chunk_inodes(pid_t pid, uint64_t *inodes, size_t max) {
+	char path[64], line[512];
+	size_t n = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	f = fopen(path, "re");
+	ASSERT_TRUE(f);
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long ino;
+		bool seen = false;
+
+		/* addr perms offset dev inode path */
+		if (!strstr(line, "/memfd:kvd-chunk-") ||
+		    sscanf(line, "%*s %*s %*s %*s %llu", &ino) != 1)
+			continue;
+		for (size_t i = 0; i < n; i++)
+			seen = seen || inodes[i] == ino;
+		if (!seen && n < max)
+			inodes[n++] = ino;
+	}
+	fclose(f);
+	qsort(inodes, n, sizeof(*inodes), cmp_u64);
+	return n;
+}
+
+static uint8_t pattern(uint32_t tag, uint32_t l, uint32_t h, uint64_t pos, uint64_t i, int v) {
+	uint64_t x = ((uint64_t)tag << 48) ^ ((uint64_t)l << 40) ^ ((uint64_t)h << 32) ^ (pos << 12) ^
+	             (i << 1) ^ (uint64_t)v;
+
+	x *= UINT64_C(0x9e3779b97f4a7c15);
+	return (uint8_t)(x >> 56);
+}
+
+static uint64_t walk_seq(kvd_seq *s, uint32_t tag, bool write) {
+	const struct kvd_seq_desc *d = kvd_seq_descriptor(s);
+	uint64_t row = (uint64_t)d->head_dim * (d->dtype == KVD_DTYPE_F32 ? 4 : 2), bad = 0;
+
+	for (uint32_t l = 0; l < d->layers; l++)
+		for (uint32_t h = 0; h < d->kv_heads; h++) {
+			int64_t n = kvd_seq_tokens(s, l, h);
+
+			ASSERT_OK(n);
+			for (uint32_t slot = 0; slot < (uint64_t)n; slot++) {
+				int64_t pos = kvd_seq_position(s, l, h, slot);
+				uint8_t *kv[2];
+
+				ASSERT_OK(pos);
+				ASSERT_OK(kvd_seq_kv(s, l, h, slot, (void **)&kv[0], (void **)&kv[1]));
+				for (int v = 0; v < 2; v++)
+					for (uint64_t i = 0; i < row; i++) {
+						uint8_t want = pattern(tag, l, h, (uint64_t)pos, i, v);
+
+						if (write)
+							kv[v][i] = want;
+						else
+							bad += kv[v][i] != want;
+					}
+			}
+		}
+	return bad;
+}
+
+void fill_seq(kvd_seq *s, uint32_t tag) {
+	walk_seq(s, tag, true);
+}
+
+uint64_t check_seq(kvd_seq *s, uint32_t tag) {
+	return walk_seq(s, tag, false);
+}
+
+void assert_digests_agree(kvd_seq *s) {
+	uint64_t daemon = 0, local = 1;
+
+	ASSERT_OK(kvd_seq_digest(s, &daemon, &local));
+	ASSERT_EQ(daemon, local);
+}

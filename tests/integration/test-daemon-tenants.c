@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Several tenants at once against a real daemon: what a client writes through its mapping
+ * is what the daemon reads, no process ever maps a chunk of another tenant, and a chunk
+ * that changes owner reads as zeros.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fixture.h"
+#include "test.h"
+
+#define TENANTS 3
+#define MAX_INODES 200
+
+static const kvd_model_spec shapes[TENANTS] = {
+	{ "a", 4, 8, 2, 64, KVD_DTYPE_F16, 16, KVD_LAYOUT_PER_LAYER },
+	{ "b", 3, 8, 4, 32, KVD_DTYPE_BF16, 32, KVD_LAYOUT_PER_HEAD },
+	{ "c", 2, 4, 4, 64, KVD_DTYPE_F32, 16, KVD_LAYOUT_PER_HEAD },
+};
+
+/* One tenant's process: fills two sequences, proves the daemon sees the bytes, reports
+ * its chunk inodes, and holds everything until the parent has compared all of them. */
+static void tenant_main(struct fixture *f, int i, int report_fd, int go_fd) {
+	char name[16];
+	kvd_client *c;
+	kvd_seq *s[2];
+	uint64_t inodes[MAX_INODES];
+	size_t n;
+	char go;
+	int m;
+
+	snprintf(name, sizeof(name), "tenant-%d", i);
+	c = fixture_connect(f, name);
+	m = kvd_model_register(c, &shapes[i]);
+	ASSERT_OK(m);
+	for (int k = 0; k < 2; k++) {
+		ASSERT_OK(kvd_seq_open(c, m, 1024, &s[k]));
+		for (int step = 0; step < 8; step++)
+			ASSERT_OK(kvd_seq_grow(s[k], 64));
+		fill_seq(s[k], i * 2 + k);
+	}
+	for (int k = 0; k < 2; k++) {
+		ASSERT_EQ(check_seq(s[k], i * 2 + k), 0u);
+		assert_digests_agree(s[k]);
+	}
+	n = mapped_chunk_inodes(getpid(), inodes, MAX_INODES);
+	ASSERT_GT(n, 0u);
+	/* One write per report, below PIPE_BUF, so that reports never interleave. */
+	{
+		uint64_t msg[2 + MAX_INODES] = { (uint64_t)i, n };
+		size_t len = (2 + n) * sizeof(uint64_t);
+
+		memcpy(msg + 2, inodes, n * sizeof(*inodes));
+		ASSERT_LE(len, (size_t)PIPE_BUF);
+		ASSERT_EQ(write(report_fd, msg, len), (ssize_t)len);
+	}
+	ASSERT_EQ(read(go_fd, &go, 1), 1);
+	for (int k = 0; k < 2; k++)
+		ASSERT_OK(kvd_seq_release(s[k]));
+	ASSERT_EQ(mapped_chunk_inodes(getpid(), inodes, MAX_INODES), 0u);
+	kvd_client_unref(c);
+	_exit(0);
+}
+
+TEST(tenants_share_nothing) {
+	static const char *const args[] = { "--pool-size", "64MiB", "--chunk-size", "1MiB", NULL };
+	uint64_t inodes[TENANTS][MAX_INODES];
+	size_t n[TENANTS];
+	struct fixture f;
+	int report[2], go[2];
+	pid_t pids[TENANTS];
+
+	fixture_start(&f, args);
+	ASSERT_OK(pipe(report));
+	ASSERT_OK(pipe(go));
+	for (int i = 0; i < TENANTS; i++) {
+		pids[i] = fixture_fork();
+		if (pids[i] == 0)
+			tenant_main(&f, i, report[1], go[0]);
+	}
+	/* Reports arrive in any order; each is the tenant's index, a count, then that many
+	 * inodes. */
+	for (int k = 0; k < TENANTS; k++) {
+		uint64_t head[2];
+		int i;
+
+		ASSERT_EQ(read(report[0], head, sizeof(head)), (ssize_t)sizeof(head));
+		ASSERT_LT(head[0], (uint64_t)TENANTS);
+		i = (int)head[0];
+		n[i] = head[1];
+		ASSERT_LE(n[i], (size_t)MAX_INODES);
+		ASSERT_EQ(read(report[0], inodes[i], n[i] * sizeof(uint64_t)), (ssize_t)(n[i] * sizeof(uint64_t)));
+	}
+	/* Everyone holds their memory now. */
+	for (int i = 0; i < TENANTS; i++)
+		for (int j = i + 1; j < TENANTS; j++)
+			for (size_t a = 0; a < n[i]; a++)
+				for (size_t b = 0; b < n[j]; b++)
+					ASSERT_NE(inodes[i][a], inodes[j][b]);
+	/* The tenants, plus the administrative connection asking. */
+	ASSERT_EQ(fixture_status(&f, NULL, "connections"), (uint64_t)TENANTS + 1);
+	for (int i = 0; i < TENANTS; i++) {
+		char name[16];
+
+		snprintf(name, sizeof(name), "tenant-%d", i);
+		ASSERT_EQ(fixture_status(&f, name, "sequences"), 2u);
+		/* A process maps exactly the chunks its tenant holds (one process per tenant). */
+		ASSERT_EQ(fixture_status(&f, name, "chunks"), (uint64_t)n[i]);
+		ASSERT_EQ(fixture_status(&f, name, "used_bytes"), (uint64_t)n[i] << 20);
+	}
+	ASSERT_EQ(mapped_chunk_inodes(getpid(), inodes[0], MAX_INODES), 0u);
+
+	ASSERT_EQ(write(go[1], "ggg", TENANTS), TENANTS);
+	for (int i = 0; i < TENANTS; i++) {
+		int status;
+
+		ASSERT_EQ(waitpid(pids[i], &status, 0), pids[i]);
+		ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	}
+	ASSERT_EQ(fixture_status(&f, NULL, "used_bytes"), 0u);
+	ASSERT_EQ(fixture_status(&f, NULL, "block_bytes"), 0u);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(reassigned_chunk_reads_zero) {
+	/* One chunk in the whole pool: whoever gets memory gets that chunk. */
+	static const char *const args[] = { "--pool-size", "1MiB", "--chunk-size", "1MiB", NULL };
+	static const kvd_model_spec m = { "z", 2, 2, 2, 64, KVD_DTYPE_F16, 16, KVD_LAYOUT_PER_LAYER };
+	uint64_t ino_a, ino_b;
+	struct fixture f;
+	kvd_client *a, *b;
+	kvd_seq *sa, *sb;
+	int ma, mb;
+
+	fixture_start(&f, args);
+	a = fixture_connect(&f, "alice");
+	b = fixture_connect(&f, "bob");
+	ma = kvd_model_register(a, &m);
+	mb = kvd_model_register(b, &m);
+	ASSERT_OK(ma);
+	ASSERT_OK(mb);
+
+	ASSERT_OK(kvd_seq_open(a, ma, 4096, &sa));
+	ASSERT_OK(kvd_seq_grow(sa, 100));
+	ASSERT_EQ(mapped_chunk_inodes(getpid(), &ino_a, 1), 1u);
+	/* Dirty every byte of the chunk, not only the resident slots. */
+	{
+		void *k, *v;
+
+		/* Slot 0 of a fresh chunk is the start of its block 0, the chunk's first byte. */
+		ASSERT_OK(kvd_seq_kv(sa, 0, 0, 0, &k, &v));
+		memset(k, 0xab, kvd_client_chunk_bytes(a));
+	}
+
+	ASSERT_OK(kvd_seq_open(b, mb, 4096, &sb));
+	ASSERT_EQ(kvd_seq_grow(sb, 16), -ENOSPC);
+
+	ASSERT_OK(kvd_seq_release(sa));
+	/* alice unmapped it, and the daemon has it back. */
+	ASSERT_EQ(mapped_chunk_inodes(getpid(), &ino_b, 1), 0u);
+	ASSERT_EQ(fixture_status(&f, NULL, "chunks_free"), 1u);
+
+	/* bob fills the whole chunk: 1024 tokens x 2 layers of 8 KiB blocks of 16 tokens. */
+	ASSERT_OK(kvd_seq_grow(sb, 1024));
+	ASSERT_EQ(mapped_chunk_inodes(getpid(), &ino_b, 1), 1u);
+	ASSERT_EQ(ino_a, ino_b);
+	{
+		const struct kvd_seq_desc *d = kvd_seq_descriptor(sb);
+		uint8_t *k, *v;
+		uint64_t row = d->head_dim * 2;
+
+		for (uint32_t l = 0; l < d->layers; l++)
+			for (uint32_t h = 0; h < d->kv_heads; h++)
+				for (uint32_t slot = 0; slot < 1024; slot++) {
+					ASSERT_OK(kvd_seq_kv(sb, l, h, slot, (void **)&k, (void **)&v));
+					for (uint64_t i = 0; i < row; i++)
+						ASSERT_TRUE(k[i] == 0 && v[i] == 0);
+				}
+	}
+	ASSERT_OK(kvd_seq_release(sb));
+	kvd_client_unref(a);
+	kvd_client_unref(b);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
