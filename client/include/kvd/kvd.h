@@ -38,8 +38,10 @@
  * Errors. Every fallible function returns 0 (or a count) on success and a negative errno
  * on failure; each documents the values it returns. Errors reported by the daemon are
  * passed through, and kvd_client_last_error() gives the daemon's message for the last
- * refused call on that client. The library never logs and never
- * calls exit().
+ * refused call on that client. Any call that talks to the daemon may also return -EPROTO
+ * (the daemon broke the protocol) or -EMFILE (fds the daemon sent could not be received);
+ * the connection is closed then, and later calls return -ECONNRESET. NULL handles give
+ * -EINVAL. The library never logs and never calls exit().
  *
  * Threads. A kvd_client may be used from several threads: calls on one client are
  * serialised by an internal lock (requests are synchronous round trips). A kvd_seq may be
@@ -47,8 +49,11 @@
  * another thread releases it. Reference counting (ref/unref) is atomic.
  *
  * fork(). Handles belong to the process that created them. After fork() the child gets
- * -ECHILD from every call on an inherited handle, and the chunk mappings are not inherited
- * at all (MADV_DONTFORK), so a child never sees KV memory. All fds are O_CLOEXEC.
+ * -ECHILD from every call on an inherited handle (getters that cannot return an error
+ * return "", 0 or NULL instead, as documented), and the chunk and descriptor mappings are
+ * not inherited at all (MADV_DONTFORK), so a child never sees KV memory. The child may
+ * still release and unref what it inherited: that only frees memory and closes its copies
+ * of the fds, and never touches the parent's connection. All fds are O_CLOEXEC.
  *
  * The header compiles as C99 and C++ and uses fixed-width types only.
  */
@@ -154,19 +159,21 @@ KVD_EXPORT const char *kvd_version(void);
  */
 KVD_EXPORT int kvd_client_connect(const char *socket_path, const char *tenant, kvd_client **ret);
 
-/* Reference counting. unref on the last reference closes the connection, unmaps all chunks
- * and frees every kvd_seq of the client; it returns NULL. Both accept NULL. */
+/* Reference counting. Every kvd_seq holds a reference on its client, so the connection
+ * stays open until the last kvd_seq is released too. unref on the last reference closes
+ * the connection (the daemon then drops whatever it still held for it) and unmaps all
+ * chunks; it returns NULL. Both accept NULL. */
 KVD_EXPORT kvd_client *kvd_client_ref(kvd_client *c);
 KVD_EXPORT kvd_client *kvd_client_unref(kvd_client *c);
 
 /* The daemon's message for the last call on this client that the daemon refused, or "" if
- * none. Copy it before the next call on the client. */
+ * none (and after fork). Copy it before the next call on the client. */
 KVD_EXPORT const char *kvd_client_last_error(kvd_client *c);
 
 /* Negotiated protocol version (>= 1), or -ECHILD after fork. */
 KVD_EXPORT int kvd_client_protocol_version(kvd_client *c);
 
-/* Bytes of one pool chunk, as the daemon announced at hello. */
+/* Bytes of one pool chunk, as the daemon announced at hello; 0 after fork. */
 KVD_EXPORT uint64_t kvd_client_chunk_bytes(kvd_client *c);
 
 /*
@@ -202,7 +209,10 @@ KVD_EXPORT int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kv
 /*
  * Appends n tokens to every (layer, kv head) of the sequence, mapping any chunk the new
  * blocks live in. The new slots are the last n of each table; their K/V are for the caller
- * to write. All or nothing: on failure the sequence is unchanged.
+ * to write. All or nothing: when the daemon refuses, the sequence is unchanged. (If the
+ * daemon granted the tokens but a chunk cannot be mapped here, the error of mmap(2), e.g.
+ * -ENOMEM, is returned and the tokens are resident but kvd_seq_kv refuses the slots in
+ * that chunk: release the sequence.)
  * Returns 0, or -EINVAL (n is 0), -EFBIG (past max_tokens), -ENOSPC (the node budget or the
  * pool is exhausted), -EDQUOT (the tenant's max is reached), -E2BIG (one grow would need
  * more than 253 new chunks: grow in smaller steps), -ENOMEM, -ECONNRESET, -ECHILD.
@@ -216,30 +226,32 @@ KVD_EXPORT int kvd_seq_grow(kvd_seq *s, uint32_t n);
  */
 KVD_EXPORT int kvd_seq_release(kvd_seq *s);
 
-/* The sequence's daemon-wide id. */
+/* The sequence's daemon-wide id; 0 after fork. */
 KVD_EXPORT uint64_t kvd_seq_id(const kvd_seq *s);
 
-/* The descriptor as mapped in this process (read-only); see the top of this file. */
+/* The descriptor as mapped in this process (read-only); see the top of this file. NULL
+ * after fork, since the child does not have the mapping. */
 KVD_EXPORT const struct kvd_seq_desc *kvd_seq_descriptor(const kvd_seq *s);
 
-/* Resident tokens of (layer, kv_head), or -EINVAL when either is out of range. */
+/* Resident tokens of (layer, kv_head), or -EINVAL when either is out of range, -ECHILD. */
 KVD_EXPORT int64_t kvd_seq_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_head);
 
-/* Original position of resident slot `slot` of (layer, kv_head), or -EINVAL. */
+/* Original position of resident slot `slot` of (layer, kv_head), or -EINVAL, -ECHILD. */
 KVD_EXPORT int64_t kvd_seq_position(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 		                    uint32_t slot);
 
 /*
  * Addresses, in this process, of the K row and the V row (head_dim elements each) of
- * resident slot `slot` of (layer, kv_head). Returns 0, or -EINVAL (out of range, or slot
- * not resident).
+ * resident slot `slot` of (layer, kv_head). Either output may be NULL. Returns 0, or
+ * -EINVAL (out of range, slot not resident, or its chunk not mapped here), -ECHILD.
  */
 KVD_EXPORT int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
 		          void **ret_k, void **ret_v);
 
 /*
  * Address, in this process, of block `index` of table `table` (see the descriptor), for
- * engines that work block by block. Returns 0, or -EINVAL (out of range).
+ * engines that work block by block. Only blocks that hold resident slots count. Returns 0,
+ * or -EINVAL (out of range, or its chunk not mapped here), -ECHILD.
  */
 KVD_EXPORT int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret);
 
@@ -248,7 +260,7 @@ KVD_EXPORT int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, v
  * mapping and once here through this process's mapping; equal digests mean both sides see
  * the same bytes. Either output may be NULL. The traversal is, for each layer, kv head and
  * resident slot in order, the K row then the V row, hashed with 64-bit FNV-1a over 8-byte
- * words. Returns 0, or -EINVAL, -ECONNRESET, -ECHILD.
+ * words. Returns 0, or -EINVAL (a block's chunk is not mapped here), -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local);
 
@@ -292,7 +304,8 @@ KVD_EXPORT int kvd_status_tenant_u64(const kvd_status *st, uint32_t index, const
 
 /*
  * Chunks currently mapped by this client: *ret_n gets their number; with ids non-NULL, up
- * to n ids are written. Returns 0 or -ECHILD.
+ * to n ids are written, in increasing order. Either pointer may be NULL. Returns 0 or
+ * -ECHILD.
  */
 KVD_EXPORT int kvd_client_mapped_chunks(kvd_client *c, uint32_t *ids, uint32_t n,
 		                        uint32_t *ret_n);

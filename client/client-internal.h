@@ -1,0 +1,170 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * Internals shared by client.c (connection, transport, chunks, events, administration) and
+ * seq.c (models, sequences and their descriptors). Not installed.
+ *
+ * Locking: everything that talks to the daemon or changes the client runs under c->lock
+ * (client_lock/client_unlock). The chunk table is the exception on the reading side: its
+ * pages never move or go away before the client does, and a slot's address is published
+ * last with release ordering, so that the descriptor accessors look chunks up without the
+ * lock while another thread grows a sequence.
+ *
+ * fork(): every handle records the pid that created it. The pid is cached, and the cache
+ * is reset in children by a pthread_atfork() handler, so that the -ECHILD check on the hot
+ * accessors costs a load and a compare instead of a system call.
+ */
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "kvd/kvd.h"
+#include "wire.h"
+
+#define TENANT_NAME_MAX 63u
+/* Chunk ids are small integers handed out by the daemon; more than this is a broken peer. */
+#define CHUNK_IDS_MAX (UINT32_C(1) << 20)
+#define CHUNK_PAGE_IDS 1024u
+#define CHUNK_PAGES (CHUNK_IDS_MAX / CHUNK_PAGE_IDS)
+/* Models whose shape we remember to cross-check descriptors; ids past this go unchecked. */
+#define MODELS_MAX 1024u
+#define EVENTS_MAX 64u
+#define LAST_ERROR_MAX 256u
+/* Matches any reply body, for requests that have no reply message of their own. */
+#define BODY_ANY (-1)
+
+/*
+ * Test hook: when the environment variable KVD_TEST_STOP_AT (read once, at connect) names
+ * one of these points, the client raise()s SIGSTOP there, so that integration tests can
+ * kill or inspect a client at an exact step of a request without sleeping:
+ *   "grow-sent"        the SeqGrow request is sent, its reply not read yet;
+ *   "grow-mapped"      the chunks a grow granted are mapped, kvd_seq_grow has not returned;
+ *   "release-replied"  the SeqReleaseReply is read, nothing is unmapped or reported yet.
+ */
+enum stop_at {
+	STOP_NONE,
+	STOP_GROW_SENT,
+	STOP_GROW_MAPPED,
+	STOP_RELEASE_REPLIED,
+};
+
+struct chunk_slot {
+	void *addr; /* NULL: not mapped; published last, with release ordering */
+	uint64_t bytes;
+};
+
+struct model {
+	bool known;
+	uint32_t layers, kv_heads, head_dim, dtype, block_tokens, layout;
+	uint64_t block_bytes; /* 0: the daemon did not say */
+};
+
+struct kvd_client {
+	unsigned n_ref;
+	pid_t pid;
+	pthread_mutex_t lock;
+	int fd;
+	int epoll_fd;
+	int event_fd;
+	bool event_fd_signalled;
+	bool dead; /* the connection is gone: requests fail with -ECONNRESET */
+	enum stop_at stop_at;
+
+	uint32_t version;
+	uint64_t chunk_bytes;
+	uint64_t connection_id;
+	uint64_t next_id;
+
+	struct wire_rx *rx; /* ~400 KiB: too big for a stack or an embedded member */
+
+	struct model *models;
+	uint32_t n_models;
+
+	struct chunk_slot *chunk_pages[CHUNK_PAGES];
+	uint32_t n_mapped;
+
+	kvd_event events[EVENTS_MAX];
+	uint32_t events_head, n_events;
+
+	char last_error[LAST_ERROR_MAX];
+};
+
+struct kvd_seq {
+	kvd_client *client; /* a reference */
+	pid_t pid;
+	uint64_t id;
+	const struct kvd_seq_desc *desc;
+	size_t desc_bytes;
+	uint64_t block_stride; /* distance between consecutive blocks of a chunk */
+};
+
+/* 0 while unknown (at start and in a fresh fork() child). */
+extern pid_t client_pid_cache;
+/* False if the atfork handler could not be installed: then the cache is never used. */
+extern bool client_pid_cache_usable;
+
+static inline pid_t client_self_pid(void) {
+	pid_t p;
+
+	if (!client_pid_cache_usable)
+		return getpid();
+	p = __atomic_load_n(&client_pid_cache, __ATOMIC_RELAXED);
+	if (p == 0) {
+		p = getpid();
+		__atomic_store_n(&client_pid_cache, p, __ATOMIC_RELAXED);
+	}
+	return p;
+}
+
+static inline bool client_forked(const kvd_client *c) {
+	return c->pid != client_self_pid();
+}
+
+static inline bool seq_forked(const kvd_seq *s) {
+	return s->pid != client_self_pid();
+}
+
+/* Lock-free chunk lookup: the address of chunk id and its size, or NULL if not mapped. */
+static inline void *chunk_addr(const kvd_client *c, uint32_t id, uint64_t *ret_bytes) {
+	struct chunk_slot *page;
+	void *addr;
+
+	if (id >= CHUNK_IDS_MAX)
+		return NULL;
+	page = __atomic_load_n(&c->chunk_pages[id / CHUNK_PAGE_IDS], __ATOMIC_ACQUIRE);
+	if (!page)
+		return NULL;
+	addr = __atomic_load_n(&page[id % CHUNK_PAGE_IDS].addr, __ATOMIC_ACQUIRE);
+	if (addr && ret_bytes)
+		*ret_bytes = page[id % CHUNK_PAGE_IDS].bytes;
+	return addr;
+}
+
+void close_fds(int *fds, uint32_t n);
+
+/* Maps a granted chunk, taking ownership of fd; unmaps chunk id if mapped. Both under the
+ * lock. */
+int chunk_map(kvd_client *c, const Kvd__V1__ChunkGrant *grant, int fd);
+void chunk_unmap(kvd_client *c, uint32_t id);
+
+void client_lock(kvd_client *c);
+/* Also handles the frames already buffered and updates the event fd (see client.c). */
+void client_unlock(kvd_client *c);
+
+/* Sends a request with a fresh id, under the lock, without waiting for its reply. */
+int client_request(kvd_client *c, Envelope *env, uint64_t *ret_id);
+
+/*
+ * One round trip under the lock: sends env, waits for its reply and checks its status and
+ * body (`want`, a KVD__V1__ENVELOPE__BODY_* value, or BODY_ANY). A refusal returns the
+ * daemon's code and keeps its message for kvd_client_last_error(). With ret_nfds, the
+ * reply's fds go to fds[] and belong to the caller; without, they are closed. With
+ * stop_after_send, raises SIGSTOP in between (test hook). *ret_reply is valid until the
+ * next read on the client, that is until the next client_call() or client_unlock().
+ */
+int client_call(kvd_client *c, Envelope *env, int want, bool stop_after_send,
+		Envelope **ret_reply, int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds);

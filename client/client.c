@@ -1,0 +1,889 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libkvd, the connection: transport, chunk table, events, administration and status (see
+ * kvd/kvd.h for the API, proto/kvd.proto for the wire schema, client-internal.h for what is
+ * shared with seq.c).
+ *
+ * Requests are synchronous round trips under the client's lock: send an Envelope with a
+ * fresh id, then read frames until the reply with that id arrives. Frames with id 0 are
+ * daemon events and are handled on the way, whoever reads them; replies with another id are
+ * answers to fire-and-forget ChunksUnmapped requests and are dropped. Before the lock is
+ * released, frames that already sit complete in the receive buffer are handled too, because
+ * the socket's poll state (the event fd) does not see bytes the library has already read.
+ */
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "client-internal.h"
+#include "common/macro.h"
+#include "config.h"
+#include "kvd/kvd.h"
+#include "wire.h"
+
+enum rx_mode {
+	RX_BUFFERED, /* only frames already received */
+	RX_NONBLOCK, /* and whatever the socket holds now */
+	RX_BLOCK,    /* until the awaited reply arrives */
+};
+
+/* ---- pid cache for the fork checks ---- */
+
+pid_t client_pid_cache;
+bool client_pid_cache_usable;
+static pthread_once_t pid_once = PTHREAD_ONCE_INIT;
+
+static void pid_cache_reset(void) {
+	__atomic_store_n(&client_pid_cache, 0, __ATOMIC_RELAXED);
+}
+
+static void pid_cache_setup(void) {
+	/* Without the atfork handler a cached pid could survive into a child: then ask the
+	 * kernel every time. */
+	client_pid_cache_usable = pthread_atfork(NULL, NULL, pid_cache_reset) == 0;
+}
+
+void close_fds(int *fds, uint32_t n) {
+	for (uint32_t i = 0; i < n; i++)
+		fds[i] = safe_close(fds[i]);
+}
+
+/* ---- chunk table ---- */
+
+static struct chunk_slot *chunk_slot(const kvd_client *c, uint32_t id) {
+	struct chunk_slot *page;
+
+	if (id >= CHUNK_IDS_MAX)
+		return NULL;
+	page = __atomic_load_n(&c->chunk_pages[id / CHUNK_PAGE_IDS], __ATOMIC_ACQUIRE);
+	return page ? &page[id % CHUNK_PAGE_IDS] : NULL;
+}
+
+/* Like chunk_slot(), but allocates the page; called with the lock held. */
+static int chunk_slot_make(kvd_client *c, uint32_t id, struct chunk_slot **ret) {
+	struct chunk_slot **pagep = &c->chunk_pages[id / CHUNK_PAGE_IDS];
+
+	if (!*pagep) {
+		struct chunk_slot *page = calloc(CHUNK_PAGE_IDS, sizeof(*page));
+
+		if (!page)
+			return -ENOMEM;
+		/* Lock-free readers may look at the page as soon as it is published. */
+		__atomic_store_n(pagep, page, __ATOMIC_RELEASE);
+	}
+	*ret = &(*pagep)[id % CHUNK_PAGE_IDS];
+	return 0;
+}
+
+/* Unmaps chunk id if it is mapped here; called with the lock held. */
+void chunk_unmap(kvd_client *c, uint32_t id) {
+	struct chunk_slot *slot = chunk_slot(c, id);
+	void *addr;
+
+	if (!slot || !slot->addr)
+		return;
+	addr = slot->addr;
+	__atomic_store_n(&slot->addr, NULL, __ATOMIC_RELEASE);
+	/* bytes stays: a reader still holding the old address must not see it change. */
+	munmap(addr, slot->bytes);
+	c->n_mapped--;
+}
+
+/* Maps a granted chunk and takes ownership of fd. Called with the lock held. */
+int chunk_map(kvd_client *c, const Kvd__V1__ChunkGrant *grant, int fd_in) {
+	_cleanup_(closep) int fd = fd_in;
+	struct chunk_slot *slot;
+	struct stat st;
+	void *p;
+	int r;
+
+	if (!grant->has_chunk_id || grant->chunk_id >= CHUNK_IDS_MAX || !grant->has_bytes ||
+	    grant->bytes == 0 || grant->bytes > SIZE_MAX)
+		return -EPROTO;
+	r = chunk_slot_make(c, grant->chunk_id, &slot);
+	if (r < 0)
+		return r;
+	/* The daemon sends a chunk once per connection, so a second grant is a broken peer. */
+	if (slot->addr)
+		return -EPROTO;
+	/* A file shorter than the grant would fault on access instead of failing here. */
+	if (fstat(fd, &st) < 0)
+		return negative_errno();
+	if (S_ISREG(st.st_mode) && (uint64_t)st.st_size < grant->bytes)
+		return -EPROTO;
+
+	p = mmap(NULL, grant->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return negative_errno();
+	/* KV memory must not leak into fork() children (see kvd.h). */
+	if (madvise(p, grant->bytes, MADV_DONTFORK) < 0) {
+		r = negative_errno();
+		munmap(p, grant->bytes);
+		return r;
+	}
+	slot->bytes = grant->bytes;
+	__atomic_store_n(&slot->addr, p, __ATOMIC_RELEASE);
+	c->n_mapped++;
+	return 0;
+}
+
+/* ---- events ---- */
+
+/* The event fd is readable exactly while the queue is not empty. Called with the lock. */
+static void client_update_event_fd(kvd_client *c) {
+	uint64_t v = 1;
+
+	if (c->n_events > 0 && !c->event_fd_signalled) {
+		if (write(c->event_fd, &v, sizeof(v)) == sizeof(v))
+			c->event_fd_signalled = true;
+	} else if (c->n_events == 0 && c->event_fd_signalled) {
+		/* Non-blocking: EAGAIN only if somebody else drained it, which is fine. */
+		(void)!read(c->event_fd, &v, sizeof(v));
+		c->event_fd_signalled = false;
+	}
+}
+
+static void client_queue_event(kvd_client *c, uint32_t type, uint64_t arg) {
+	/* STOPPING is all v1 queues, and once is enough; past the bound events are dropped. */
+	for (uint32_t i = 0; i < c->n_events; i++)
+		if (c->events[(c->events_head + i) % EVENTS_MAX].type == type)
+			return;
+	if (c->n_events >= EVENTS_MAX)
+		return;
+	c->events[(c->events_head + c->n_events) % EVENTS_MAX] = (kvd_event){
+		.type = type,
+		.arg = arg,
+	};
+	c->n_events++;
+}
+
+/* ---- transport ---- */
+
+/* The connection is unusable: shut it down so that the daemon drops our sequences now. The
+ * fd itself stays open until the last unref, so that the event fd's epoll set stays valid
+ * and reports the hangup. */
+static int client_fail(kvd_client *c, int r) {
+	if (!c->dead) {
+		c->dead = true;
+		shutdown(c->fd, SHUT_RDWR);
+	}
+	return r;
+}
+
+static int client_send(kvd_client *c, const Envelope *env) {
+	_cleanup_(freep) uint8_t *frame = NULL;
+	size_t size, done = 0;
+	int r;
+
+	if (c->dead)
+		return -ECONNRESET;
+	r = wire_encode(env, 0, &frame, &size);
+	if (r == -EMSGSIZE)
+		return -EINVAL; /* only caller-supplied strings or lists can make it this big */
+	if (r < 0)
+		return r;
+
+	while (done < size) {
+		ssize_t n = send(c->fd, frame + done, size - done, MSG_NOSIGNAL);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EPIPE || errno == ECONNRESET)
+				return client_fail(c, -ECONNRESET);
+			r = negative_errno();
+			/* Half a frame on the stream cannot be taken back. */
+			return done > 0 ? client_fail(c, r) : r;
+		}
+		done += n;
+	}
+	return 0;
+}
+
+/* Sends a request with a fresh id. */
+int client_request(kvd_client *c, Envelope *env, uint64_t *ret_id) {
+	if (++c->next_id == 0)
+		c->next_id = 1;
+	env->has_id = true;
+	env->id = c->next_id;
+	*ret_id = c->next_id;
+	return client_send(c, env);
+}
+
+/* One recvmsg(). Returns 1 after receiving bytes, 0 if nothing is there (non-blocking),
+ * or a negative errno (the client is then dead). */
+static int client_recv(kvd_client *c, bool wait) {
+	union {
+		struct cmsghdr align;
+		uint8_t buf[WIRE_CMSG_SPACE];
+	} control;
+	struct iovec iov;
+	struct msghdr msg = {
+		.msg_iov = &iov,
+		.msg_iovlen = 1,
+		.msg_control = &control,
+		.msg_controllen = sizeof(control),
+	};
+	ssize_t n;
+	int r;
+
+	iov.iov_base = wire_rx_space(c->rx, &iov.iov_len);
+	if (iov.iov_len == 0)
+		return client_fail(c, -EPROTO); /* cannot happen with a sane wire_rx */
+
+	do
+		n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | (wait ? 0 : MSG_DONTWAIT));
+	while (n < 0 && errno == EINTR);
+	if (n < 0) {
+		if (!wait && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return 0;
+		if (errno == ECONNRESET || errno == EPIPE)
+			return client_fail(c, -ECONNRESET);
+		return client_fail(c, negative_errno());
+	}
+	/* fds come before the bytes they belong to, and must be queued even with EOF. */
+	r = wire_rx_take_cmsg(c->rx, &msg);
+	if (r < 0)
+		/* fds were lost (most likely RLIMIT_NOFILE), so frames and fds no longer pair. */
+		return client_fail(c, -EMFILE);
+	if (n == 0)
+		return client_fail(c, -ECONNRESET);
+	wire_rx_commit(c->rx, n);
+	return 1;
+}
+
+static void client_handle_event(kvd_client *c, const Kvd__V1__Event *ev) {
+	if (!ev->has_type)
+		return;
+	switch (ev->type) {
+	case KVD__V1__EVENT_TYPE__EVENT_CHUNKS_UNMAP: {
+		Kvd__V1__ChunksUnmapped done = KVD__V1__CHUNKS_UNMAPPED__INIT;
+		Envelope env = KVD__V1__ENVELOPE__INIT;
+		uint64_t id;
+
+		for (size_t i = 0; i < ev->n_chunk_ids; i++)
+			chunk_unmap(c, ev->chunk_ids[i]);
+		/* Ids we never mapped are reported too: they are not mapped here, which is all
+		 * the daemon needs to hear. The reply is dropped when it arrives. */
+		done.n_chunk_ids = ev->n_chunk_ids;
+		done.chunk_ids = ev->chunk_ids;
+		env.body_case = KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED;
+		env.chunks_unmapped = &done;
+		(void)client_request(c, &env, &id);
+		break;
+	}
+	case KVD__V1__EVENT_TYPE__EVENT_STOPPING:
+		client_queue_event(c, KVD_EVENT_STOPPING, 0);
+		break;
+	default:
+		/* Unknown events are newer than us; ignoring them is the compatibility rule. */
+		break;
+	}
+}
+
+/*
+ * Reads frames, handling events and dropping stray replies, until the reply with id
+ * `awaiting` (never 0) arrives: returns 1 with it in *ret_env (valid until the next read)
+ * and its fds, owned by the caller, in fds[0..*ret_nfds). Returns 0 when the mode allows no
+ * more reading, or a negative errno.
+ */
+static int client_read(kvd_client *c, enum rx_mode mode, uint64_t awaiting, Envelope **ret_env,
+		       int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds) {
+	for (;;) {
+		Envelope *env;
+		uint32_t nfds;
+		int r;
+
+		r = wire_rx_next(c->rx, &env, fds, &nfds);
+		if (r < 0)
+			/* Even -EBADMSG, which wire_rx could skip: if that frame was our reply we
+			 * would wait forever. */
+			return client_fail(c, -EPROTO);
+		if (r > 0) {
+			if (!env->has_id || env->id == 0) {
+				close_fds(fds, nfds);
+				if (env->body_case == KVD__V1__ENVELOPE__BODY_EVENT)
+					client_handle_event(c, env->event);
+				continue;
+			}
+			if (awaiting != 0 && env->id == awaiting) {
+				*ret_env = env;
+				*ret_nfds = nfds;
+				return 1;
+			}
+			close_fds(fds, nfds);
+			continue;
+		}
+		if (mode == RX_BUFFERED)
+			return 0;
+		if (c->dead)
+			return -ECONNRESET;
+		r = client_recv(c, mode == RX_BLOCK);
+		if (r <= 0)
+			return r;
+	}
+}
+
+void client_lock(kvd_client *c) {
+	pthread_mutex_lock(&c->lock);
+}
+
+/* Handles the complete frames still buffered, so that what they hold shows up on the event
+ * fd, then unlocks. */
+void client_unlock(kvd_client *c) {
+	int fds[WIRE_FDS_MAX];
+	Envelope *env;
+	uint32_t nfds;
+
+	(void)client_read(c, RX_BUFFERED, 0, &env, fds, &nfds);
+	client_update_event_fd(c);
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void client_set_error(kvd_client *c, const char *message) {
+	size_t n = message ? strnlen(message, LAST_ERROR_MAX - 1) : 0;
+
+	memcpy(c->last_error, message ? message : "", n);
+	c->last_error[n] = '\0';
+}
+
+/* See client-internal.h. */
+int client_call(kvd_client *c, Envelope *env, int want, bool stop_after_send,
+		Envelope **ret_reply, int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds) {
+	Envelope *reply;
+	uint32_t nfds;
+	uint64_t id;
+	int r, code = 0;
+
+	r = client_request(c, env, &id);
+	if (r < 0)
+		return r;
+	if (stop_after_send)
+		raise(SIGSTOP);
+	r = client_read(c, RX_BLOCK, id, &reply, fds, &nfds);
+	if (r < 0)
+		return r;
+
+	if (reply->status && reply->status->has_code)
+		code = reply->status->code;
+	if (code != 0) {
+		close_fds(fds, nfds);
+		client_set_error(c, reply->status->message);
+		return code < 0 ? code : -EPROTO;
+	}
+	if (want != BODY_ANY && (int)reply->body_case != want) {
+		close_fds(fds, nfds);
+		return -EPROTO;
+	}
+	if (ret_nfds)
+		*ret_nfds = nfds;
+	else
+		close_fds(fds, nfds);
+	if (ret_reply)
+		*ret_reply = reply;
+	return 0;
+}
+
+/* ---- connection ---- */
+
+/* [A-Za-z0-9_.-]; not isalnum(), which follows the locale. */
+static bool tenant_char_valid(char ch) {
+	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+	       ch == '_' || ch == '.' || ch == '-';
+}
+
+static bool tenant_name_valid(const char *s) {
+	size_t n = 0;
+
+	for (; s[n]; n++)
+		if (n >= TENANT_NAME_MAX || !tenant_char_valid(s[n]))
+			return false;
+	return n > 0;
+}
+
+static enum stop_at stop_at_from_env(void) {
+	const char *e = secure_getenv("KVD_TEST_STOP_AT");
+
+	if (!e)
+		return STOP_NONE;
+	if (strcmp(e, "grow-sent") == 0)
+		return STOP_GROW_SENT;
+	if (strcmp(e, "grow-mapped") == 0)
+		return STOP_GROW_MAPPED;
+	if (strcmp(e, "release-replied") == 0)
+		return STOP_RELEASE_REPLIED;
+	return STOP_NONE;
+}
+
+static void client_free(kvd_client *c) {
+	bool child = client_forked(c);
+
+	for (uint32_t p = 0; p < CHUNK_PAGES; p++) {
+		struct chunk_slot *page = c->chunk_pages[p];
+
+		if (!page)
+			continue;
+		/* In a fork() child the chunks are not mapped (MADV_DONTFORK) and their
+		 * addresses may hold the child's own mappings by now: leave them alone. */
+		for (uint32_t i = 0; !child && i < CHUNK_PAGE_IDS; i++)
+			if (page[i].addr)
+				munmap(page[i].addr, page[i].bytes);
+		free(page);
+	}
+	if (c->rx) {
+		wire_rx_done(c->rx);
+		free(c->rx);
+	}
+	safe_close(c->epoll_fd);
+	safe_close(c->event_fd);
+	/* Closing the socket is how the daemon learns to drop this connection's sequences. */
+	safe_close(c->fd);
+	free(c->models);
+	/* A child may have inherited the mutex locked by another thread: do not touch it. */
+	if (!child)
+		pthread_mutex_destroy(&c->lock);
+	free(c);
+}
+
+static int client_new(kvd_client **ret) {
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	struct epoll_event ev = { .events = EPOLLIN };
+
+	pthread_once(&pid_once, pid_cache_setup);
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->n_ref = 1;
+	c->pid = client_self_pid();
+	c->fd = c->epoll_fd = c->event_fd = -EBADF;
+	c->dead = true; /* until the hello is through */
+	if (pthread_mutex_init(&c->lock, NULL) != 0) {
+		free(TAKE_PTR(c));
+		return -ENOMEM;
+	}
+	c->rx = malloc(sizeof(*c->rx));
+	if (!c->rx)
+		return -ENOMEM;
+	wire_rx_init(c->rx);
+	c->stop_at = stop_at_from_env();
+
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->fd < 0)
+		return negative_errno();
+	c->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+	if (c->epoll_fd < 0)
+		return negative_errno();
+	c->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (c->event_fd < 0)
+		return negative_errno();
+	if (epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, c->fd, &ev) < 0 ||
+	    epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, c->event_fd, &ev) < 0)
+		return negative_errno();
+
+	*ret = TAKE_PTR(c);
+	return 0;
+}
+
+static int client_hello(kvd_client *c, const char *tenant) {
+	Kvd__V1__Hello hello = KVD__V1__HELLO__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	const Kvd__V1__HelloReply *hr;
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	hello.has_min_version = true;
+	hello.min_version = KVD_PROTOCOL_VERSION_MIN;
+	hello.has_max_version = true;
+	hello.max_version = KVD_PROTOCOL_VERSION_MAX;
+	hello.has_features = true;
+	hello.features = 0;
+	hello.tenant = (char *)tenant;
+	hello.process_name = program_invocation_short_name;
+	hello.has_pid = true;
+	hello.pid = (uint32_t)c->pid;
+	env.body_case = KVD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &hello;
+
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_HELLO_REPLY, false, &reply, fds, NULL);
+	if (r < 0)
+		return r;
+	hr = reply->hello_reply;
+	if (!hr->has_version || hr->version < KVD_PROTOCOL_VERSION_MIN ||
+	    hr->version > KVD_PROTOCOL_VERSION_MAX)
+		return -EPROTO;
+	c->version = hr->version;
+	c->chunk_bytes = hr->has_chunk_bytes ? hr->chunk_bytes : 0;
+	c->connection_id = hr->has_connection_id ? hr->connection_id : 0;
+	return 0;
+}
+
+const char *kvd_version(void) {
+	return KVD_VERSION;
+}
+
+int kvd_client_connect(const char *socket_path, const char *tenant, kvd_client **ret) {
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t len;
+	int r;
+
+	if (!ret)
+		return -EINVAL;
+	if (!socket_path)
+		socket_path = KVD_DEFAULT_SOCKET;
+	len = strlen(socket_path);
+	if (len == 0)
+		return -EINVAL;
+	if (len >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	if (tenant && !tenant_name_valid(tenant))
+		return -EINVAL;
+	memcpy(sa.sun_path, socket_path, len);
+
+	r = client_new(&c);
+	if (r < 0)
+		return r;
+	len += offsetof(struct sockaddr_un, sun_path) + 1;
+	if (connect(c->fd, (struct sockaddr *)&sa, len) < 0)
+		return negative_errno();
+	c->dead = false;
+	r = client_hello(c, tenant);
+	if (r < 0)
+		return r;
+
+	*ret = TAKE_PTR(c);
+	return 0;
+}
+
+kvd_client *kvd_client_ref(kvd_client *c) {
+	if (c)
+		__atomic_add_fetch(&c->n_ref, 1, __ATOMIC_RELAXED);
+	return c;
+}
+
+kvd_client *kvd_client_unref(kvd_client *c) {
+	if (!c)
+		return NULL;
+	/* Acquire-release, so that the freeing thread sees every other thread's last use. */
+	if (__atomic_sub_fetch(&c->n_ref, 1, __ATOMIC_ACQ_REL) == 0)
+		client_free(c);
+	return NULL;
+}
+
+const char *kvd_client_last_error(kvd_client *c) {
+	if (!c || client_forked(c))
+		return "";
+	return c->last_error;
+}
+
+int kvd_client_protocol_version(kvd_client *c) {
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	return (int)c->version;
+}
+
+uint64_t kvd_client_chunk_bytes(kvd_client *c) {
+	if (!c || client_forked(c))
+		return 0;
+	return c->chunk_bytes;
+}
+
+int kvd_client_get_event_fd(kvd_client *c) {
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	return c->epoll_fd;
+}
+
+int kvd_client_next_event(kvd_client *c, kvd_event *ret) {
+	int fds[WIRE_FDS_MAX];
+	Envelope *env;
+	uint32_t nfds;
+	int r;
+
+	if (!c || !ret)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+
+	client_lock(c);
+	/* No request is outstanding under the lock, so every reply read here is a stray one. */
+	r = client_read(c, RX_NONBLOCK, 0, &env, fds, &nfds);
+	/* Events that arrived before a hangup are still delivered, the hangup after them. */
+	if (c->n_events > 0) {
+		*ret = c->events[c->events_head];
+		c->events_head = (c->events_head + 1) % EVENTS_MAX;
+		c->n_events--;
+		r = 1;
+	}
+	client_unlock(c);
+	return r;
+}
+
+int kvd_client_mapped_chunks(kvd_client *c, uint32_t *ids, uint32_t n, uint32_t *ret_n) {
+	uint32_t k = 0;
+
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+
+	client_lock(c);
+	for (uint32_t p = 0; ids && k < n && p < CHUNK_PAGES; p++) {
+		const struct chunk_slot *page = c->chunk_pages[p];
+
+		for (uint32_t i = 0; page && k < n && i < CHUNK_PAGE_IDS; i++)
+			if (page[i].addr)
+				ids[k++] = p * CHUNK_PAGE_IDS + i;
+	}
+	if (ret_n)
+		*ret_n = c->n_mapped;
+	client_unlock(c);
+	return 0;
+}
+
+/* ---- administration ---- */
+
+/* A request whose reply carries nothing but a status. */
+static int client_simple_call(kvd_client *c, Envelope *env) {
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	client_lock(c);
+	r = client_call(c, env, BODY_ANY, false, NULL, fds, NULL);
+	client_unlock(c);
+	return r;
+}
+
+int kvd_budget_set(kvd_client *c, uint64_t bytes) {
+	Kvd__V1__BudgetSet req = KVD__V1__BUDGET_SET__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	req.has_bytes = true;
+	req.bytes = bytes;
+	env.body_case = KVD__V1__ENVELOPE__BODY_BUDGET_SET;
+	env.budget_set = &req;
+	return client_simple_call(c, &env);
+}
+
+int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
+		   uint64_t max_bytes, uint32_t weight) {
+	Kvd__V1__TenantSet req = KVD__V1__TENANT_SET__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!c || !tenant || !tenant_name_valid(tenant))
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	req.name = (char *)tenant;
+	req.has_min_bytes = min_bytes != UINT64_MAX;
+	req.min_bytes = min_bytes;
+	req.has_max_bytes = max_bytes != UINT64_MAX;
+	req.max_bytes = max_bytes;
+	req.has_weight = weight != 0;
+	req.weight = weight;
+	env.body_case = KVD__V1__ENVELOPE__BODY_TENANT_SET;
+	env.tenant_set = &req;
+	return client_simple_call(c, &env);
+}
+
+/* ---- status ---- */
+
+/* The names kvd.h lists, in the order of the values arrays below. */
+static const char *const node_keys[] = {
+	"pool_bytes",     "budget_bytes",     "used_bytes",  "block_bytes", "chunk_bytes",
+	"chunks_total",   "chunks_free",      "chunks_draining", "connections", "protocol_version",
+	"uptime_ms",      "grants_refused",   "protocol_errors",
+};
+#define NODE_KEYS ELEMENTSOF(node_keys)
+
+static const char *const tenant_keys[] = {
+	"used_bytes", "block_bytes", "min_bytes", "max_bytes",
+	"weight",     "sequences",   "connections", "chunks",
+};
+#define TENANT_KEYS ELEMENTSOF(tenant_keys)
+
+struct status_values {
+	uint64_t v[NODE_KEYS > TENANT_KEYS ? NODE_KEYS : TENANT_KEYS];
+	uint32_t present; /* bit i: v[i] was sent */
+};
+
+struct status_tenant {
+	char *name;
+	struct status_values values;
+};
+
+struct kvd_status {
+	struct status_values node;
+	char *daemon_version;
+	char *backend;
+	uint32_t n_tenants;
+	struct status_tenant *tenants;
+};
+
+static void status_set(struct status_values *sv, unsigned i, bool present, uint64_t v) {
+	if (!present)
+		return;
+	sv->v[i] = v;
+	sv->present |= UINT32_C(1) << i;
+}
+
+static int status_get(const struct status_values *sv, const char *const *keys, size_t n_keys,
+		      const char *key, uint64_t *ret) {
+	for (size_t i = 0; i < n_keys; i++) {
+		if (strcmp(keys[i], key) != 0)
+			continue;
+		if (!(sv->present & (UINT32_C(1) << i)))
+			return -ENOENT;
+		*ret = sv->v[i];
+		return 0;
+	}
+	return -ENOENT;
+}
+
+/* Copies a reply into a status that outlives the receive buffer. */
+static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
+	struct status_values *n = &st->node;
+
+	if (rep->daemon_version && !(st->daemon_version = strdup(rep->daemon_version)))
+		return -ENOMEM;
+	if (rep->backend && !(st->backend = strdup(rep->backend)))
+		return -ENOMEM;
+	status_set(n, 0, rep->has_pool_bytes, rep->pool_bytes);
+	status_set(n, 1, rep->has_budget_bytes, rep->budget_bytes);
+	status_set(n, 2, rep->has_used_bytes, rep->used_bytes);
+	status_set(n, 3, rep->has_block_bytes, rep->block_bytes);
+	status_set(n, 4, rep->has_chunk_bytes, rep->chunk_bytes);
+	status_set(n, 5, rep->has_chunks_total, rep->chunks_total);
+	status_set(n, 6, rep->has_chunks_free, rep->chunks_free);
+	status_set(n, 7, rep->has_chunks_draining, rep->chunks_draining);
+	status_set(n, 8, rep->has_connections, rep->connections);
+	status_set(n, 9, rep->has_protocol_version, rep->protocol_version);
+	status_set(n, 10, rep->has_uptime_ms, rep->uptime_ms);
+	status_set(n, 11, rep->has_grants_refused, rep->grants_refused);
+	status_set(n, 12, rep->has_protocol_errors, rep->protocol_errors);
+
+	if (rep->n_tenants == 0)
+		return 0;
+	/* A 64 KiB message holds far fewer than UINT32_MAX tenants. */
+	st->tenants = calloc(rep->n_tenants, sizeof(*st->tenants));
+	if (!st->tenants)
+		return -ENOMEM;
+	st->n_tenants = rep->n_tenants;
+	for (size_t i = 0; i < rep->n_tenants; i++) {
+		const Kvd__V1__TenantStatus *ts = rep->tenants[i];
+		struct status_values *tv = &st->tenants[i].values;
+
+		st->tenants[i].name = strdup(ts->name ? ts->name : "");
+		if (!st->tenants[i].name)
+			return -ENOMEM;
+		status_set(tv, 0, ts->has_used_bytes, ts->used_bytes);
+		status_set(tv, 1, ts->has_block_bytes, ts->block_bytes);
+		status_set(tv, 2, ts->has_min_bytes, ts->min_bytes);
+		status_set(tv, 3, ts->has_max_bytes, ts->max_bytes);
+		status_set(tv, 4, ts->has_weight, ts->weight);
+		status_set(tv, 5, ts->has_sequences, ts->sequences);
+		status_set(tv, 6, ts->has_connections, ts->connections);
+		status_set(tv, 7, ts->has_chunks, ts->chunks);
+	}
+	return 0;
+}
+
+kvd_status *kvd_status_free(kvd_status *st) {
+	if (!st)
+		return NULL;
+	for (uint32_t i = 0; i < st->n_tenants; i++)
+		free(st->tenants[i].name);
+	free(st->tenants);
+	free(st->daemon_version);
+	free(st->backend);
+	free(st);
+	return NULL;
+}
+
+int kvd_status_get(kvd_client *c, kvd_status **ret) {
+	Kvd__V1__StatusRequest req = KVD__V1__STATUS_REQUEST__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	if (!c || !ret)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	st = calloc(1, sizeof(*st));
+	if (!st)
+		return -ENOMEM;
+	env.body_case = KVD__V1__ENVELOPE__BODY_STATUS_REQUEST;
+	env.status_request = &req;
+
+	client_lock(c);
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_STATUS_REPLY, false, &reply, fds, NULL);
+	if (r >= 0)
+		r = status_copy(reply->status_reply, st);
+	client_unlock(c);
+	if (r < 0)
+		return r;
+
+	*ret = TAKE_PTR(st);
+	return 0;
+}
+
+int kvd_status_u64(const kvd_status *st, const char *key, uint64_t *ret) {
+	if (!st || !key || !ret)
+		return -EINVAL;
+	return status_get(&st->node, node_keys, NODE_KEYS, key, ret);
+}
+
+int kvd_status_str(const kvd_status *st, const char *key, const char **ret) {
+	const char *v = NULL;
+
+	if (!st || !key || !ret)
+		return -EINVAL;
+	if (strcmp(key, "daemon_version") == 0)
+		v = st->daemon_version;
+	else if (strcmp(key, "backend") == 0)
+		v = st->backend;
+	if (!v)
+		return -ENOENT;
+	*ret = v;
+	return 0;
+}
+
+uint32_t kvd_status_tenants(const kvd_status *st) {
+	return st ? st->n_tenants : 0;
+}
+
+int kvd_status_tenant_name(const kvd_status *st, uint32_t index, const char **ret) {
+	if (!st || !ret || index >= st->n_tenants)
+		return -EINVAL;
+	*ret = st->tenants[index].name;
+	return 0;
+}
+
+int kvd_status_tenant_u64(const kvd_status *st, uint32_t index, const char *key,
+			  uint64_t *ret) {
+	if (!st || !key || !ret || index >= st->n_tenants)
+		return -EINVAL;
+	return status_get(&st->tenants[index].values, tenant_keys, TENANT_KEYS, key, ret);
+}

@@ -1,0 +1,547 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libkvd, the sequences: model registration, opening, growing and releasing sequences, and
+ * reading their descriptors (see the top of kvd/kvd.h for the layout).
+ *
+ * The daemon writes descriptors; we only map them read-only. Their geometry is checked once
+ * when the sequence opens, and every count or index read afterwards is checked against it
+ * before it is used, so that a broken descriptor yields -EINVAL, not a wild pointer.
+ */
+
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "client-internal.h"
+#include "common/layout.h"
+#include "common/macro.h"
+#include "kvd/kvd.h"
+#include "wire.h"
+
+/* Address of a block in this process, or NULL when its chunk is not mapped here or the
+ * block does not fit in it. */
+static const void *seq_block_addr(const kvd_seq *s, struct kvd_block_ref ref) {
+	uint64_t bytes = 0, need = s->desc->block_bytes;
+	char *base = chunk_addr(s->client, ref.chunk_id, &bytes);
+
+	if (!base || bytes < need || ref.index > (bytes - need) / s->block_stride)
+		return NULL;
+	return base + (uint64_t)ref.index * s->block_stride;
+}
+
+static int model_remember(kvd_client *c, uint32_t id, const kvd_model_spec *spec,
+			  uint64_t block_bytes) {
+	if (id >= MODELS_MAX)
+		return 0;
+	if (id >= c->n_models) {
+		uint32_t n = MIN(MAX(id + 1, 2 * c->n_models), MODELS_MAX);
+		struct model *m = realloc(c->models, n * sizeof(*m));
+
+		/* Only a cross-check is lost without the entry. */
+		if (!m)
+			return 0;
+		memset(m + c->n_models, 0, (n - c->n_models) * sizeof(*m));
+		c->models = m;
+		c->n_models = n;
+	}
+	c->models[id] = (struct model){
+		.known = true,
+		.layers = spec->layers,
+		.kv_heads = spec->kv_heads,
+		.head_dim = spec->head_dim,
+		.dtype = spec->dtype,
+		.block_tokens = spec->block_tokens,
+		.layout = spec->layout,
+		.block_bytes = block_bytes,
+	};
+	return 0;
+}
+
+int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
+	Kvd__V1__RegisterModel req = KVD__V1__REGISTER_MODEL__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	const Kvd__V1__RegisterModelReply *rep;
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	if (!c || !spec)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	/* The obvious mistakes; the daemon checks the limits. */
+	if (spec->layers == 0 || spec->q_heads == 0 || spec->kv_heads == 0 || spec->head_dim == 0 ||
+	    spec->block_tokens == 0 || layout_dtype_bytes(spec->dtype) == 0 ||
+	    (spec->layout != KVD_LAYOUT_PER_LAYER && spec->layout != KVD_LAYOUT_PER_HEAD))
+		return -EINVAL;
+
+	req.name = (char *)spec->name;
+	req.has_layers = req.has_q_heads = req.has_kv_heads = req.has_head_dim = true;
+	req.layers = spec->layers;
+	req.q_heads = spec->q_heads;
+	req.kv_heads = spec->kv_heads;
+	req.head_dim = spec->head_dim;
+	req.has_dtype = true;
+	req.dtype = (Kvd__V1__Dtype)spec->dtype;
+	req.has_block_tokens = true;
+	req.block_tokens = spec->block_tokens;
+	req.has_layout = true;
+	req.layout = (Kvd__V1__Layout)spec->layout;
+	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL;
+	env.register_model = &req;
+
+	client_lock(c);
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_REGISTER_MODEL_REPLY, false, &reply, fds,
+			NULL);
+	if (r >= 0) {
+		rep = reply->register_model_reply;
+		if (!rep->has_model_id || rep->model_id > INT_MAX)
+			r = -EPROTO;
+		else {
+			model_remember(c, rep->model_id, spec,
+				       rep->has_block_bytes ? rep->block_bytes : 0);
+			r = (int)rep->model_id;
+		}
+	}
+	client_unlock(c);
+	return r;
+}
+
+/* Checks that an array of n entries of `entry` bytes at off fits in a descriptor of size
+ * bytes, aligned for its 4-byte members. */
+static bool desc_array_fits(uint64_t off, uint64_t n, uint64_t entry, uint64_t size) {
+	uint64_t len;
+
+	if (off < sizeof(struct kvd_seq_desc) || off % 4 != 0 || off > size)
+		return false;
+	if (mul_u64(n, entry, &len) < 0)
+		return false;
+	return len <= size - off;
+}
+
+/*
+ * Checks the geometry of a freshly mapped descriptor once, so that the accessors can trust
+ * it afterwards: the daemon only rewrites the counts and tables, never the geometry.
+ */
+static int desc_check(const struct kvd_seq_desc *d, uint64_t size, uint64_t seq_id,
+		      const struct model *m) {
+	uint64_t n_tables, block_bytes;
+
+	if (d->magic != KVD_SEQ_DESC_MAGIC || d->version != KVD_SEQ_DESC_VERSION)
+		return -EPROTO;
+	if (d->total_bytes != size || d->seq_id != seq_id)
+		return -EPROTO;
+	if (d->layers == 0 || d->kv_heads == 0 || d->head_dim == 0 || d->block_tokens == 0 ||
+	    d->max_tokens == 0 || layout_dtype_bytes(d->dtype) == 0)
+		return -EPROTO;
+	if (d->layout == KVD_LAYOUT_PER_LAYER)
+		n_tables = d->layers;
+	else if (d->layout == KVD_LAYOUT_PER_HEAD)
+		n_tables = (uint64_t)d->layers * d->kv_heads;
+	else
+		return -EPROTO;
+	if (d->n_tables != n_tables)
+		return -EPROTO;
+	if (d->max_blocks < DIV_ROUND_UP((uint64_t)d->max_tokens, d->block_tokens))
+		return -EPROTO;
+	/* K then V of block_tokens rows, for every head of the block: the offsets in layout.h
+	 * are only right for exactly this size. */
+	if (mul_u64(2 * layout_row_bytes(d), d->block_tokens, &block_bytes) < 0 ||
+	    mul_u64(block_bytes, d->layout == KVD_LAYOUT_PER_LAYER ? d->kv_heads : 1,
+		    &block_bytes) < 0 ||
+	    d->block_bytes != block_bytes)
+		return -EPROTO;
+	/* n_tables is a u32 now, so neither product overflows. */
+	if (!desc_array_fits(d->tokens_offset, n_tables, 4, size) ||
+	    !desc_array_fits(d->positions_offset, n_tables * d->max_tokens, 4, size) ||
+	    !desc_array_fits(d->blocks_offset, n_tables * d->max_blocks, 8, size))
+		return -EPROTO;
+	if (m && m->known &&
+	    (m->layers != d->layers || m->kv_heads != d->kv_heads || m->head_dim != d->head_dim ||
+	     m->dtype != d->dtype || m->block_tokens != d->block_tokens || m->layout != d->layout ||
+	     (m->block_bytes != 0 && m->block_bytes != d->block_bytes)))
+		return -EPROTO;
+	return 0;
+}
+
+/* Maps and checks the descriptor; takes ownership of fd. */
+static int seq_map_desc(kvd_seq *s, int fd_in, uint64_t announced, const struct model *m) {
+	_cleanup_(closep) int fd = fd_in;
+	struct stat st;
+	void *p;
+	int r;
+
+	if (fstat(fd, &st) < 0)
+		return negative_errno();
+	if (st.st_size < (off_t)sizeof(struct kvd_seq_desc) || (uint64_t)st.st_size > SIZE_MAX ||
+	    (announced != 0 && announced != (uint64_t)st.st_size))
+		return -EPROTO;
+	p = mmap(NULL, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return negative_errno();
+	s->desc = p;
+	s->desc_bytes = st.st_size;
+	/* Like the chunks, so that fork() children hold nothing of the parent's sequences and
+	 * unref there never needs to unmap. */
+	if (madvise(p, st.st_size, MADV_DONTFORK) < 0)
+		return negative_errno();
+	r = desc_check(s->desc, st.st_size, s->id, m);
+	if (r < 0)
+		return r;
+	s->block_stride = ALIGN_TO(s->desc->block_bytes, LAYOUT_BLOCK_ALIGN);
+	return 0;
+}
+
+static kvd_seq *seq_free(kvd_seq *s) {
+	if (!s)
+		return NULL;
+	if (s->desc && !seq_forked(s))
+		munmap((void *)s->desc, s->desc_bytes);
+	kvd_client_unref(s->client);
+	free(s);
+	return NULL;
+}
+
+static void seq_freep(kvd_seq **s) {
+	seq_free(*s);
+}
+
+int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
+	Kvd__V1__SeqOpen req = KVD__V1__SEQ_OPEN__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	_cleanup_(seq_freep) kvd_seq *s = NULL;
+	const Kvd__V1__SeqOpenReply *rep;
+	int fds[WIRE_FDS_MAX];
+	bool opened = false;
+	uint32_t nfds = 0;
+	int r;
+
+	if (!c || !ret || model_id < 0 || max_tokens == 0)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->client = kvd_client_ref(c);
+	s->pid = c->pid;
+
+	req.has_model_id = true;
+	req.model_id = (uint32_t)model_id;
+	req.has_max_tokens = true;
+	req.max_tokens = max_tokens;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN;
+	env.seq_open = &req;
+
+	client_lock(c);
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_SEQ_OPEN_REPLY, false, &reply, fds, &nfds);
+	if (r >= 0) {
+		rep = reply->seq_open_reply;
+		opened = rep->has_seq_id;
+		s->id = rep->seq_id;
+		if (nfds != 1 || !rep->has_seq_id) {
+			close_fds(fds, nfds);
+			r = -EPROTO;
+		} else {
+			const struct model *m = NULL;
+
+			if ((uint32_t)model_id < c->n_models)
+				m = &c->models[model_id];
+			r = seq_map_desc(s, fds[0],
+					 rep->has_descriptor_bytes ? rep->descriptor_bytes : 0, m);
+		}
+	}
+	/* A sequence the daemon opened but we cannot use would live as long as the connection;
+	 * release it right away. */
+	if (r < 0 && opened) {
+		Kvd__V1__SeqRelease rel = KVD__V1__SEQ_RELEASE__INIT;
+		uint64_t id;
+
+		rel.has_seq_id = true;
+		rel.seq_id = s->id;
+		env = (Envelope)KVD__V1__ENVELOPE__INIT;
+		env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RELEASE;
+		env.seq_release = &rel;
+		(void)client_request(c, &env, &id);
+	}
+	client_unlock(c);
+	if (r < 0)
+		return r;
+
+	*ret = TAKE_PTR(s);
+	return 0;
+}
+
+static int seq_grow_locked(kvd_seq *s, uint32_t n) {
+	kvd_client *c = s->client;
+	Kvd__V1__SeqGrow req = KVD__V1__SEQ_GROW__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	const Kvd__V1__SeqGrowReply *rep;
+	int fds[WIRE_FDS_MAX];
+	uint32_t nfds = 0;
+	int r;
+
+	req.has_seq_id = true;
+	req.seq_id = s->id;
+	req.has_tokens = true;
+	req.tokens = n;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_GROW;
+	env.seq_grow = &req;
+
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_SEQ_GROW_REPLY,
+			c->stop_at == STOP_GROW_SENT, &reply, fds, &nfds);
+	if (r < 0)
+		return r;
+	rep = reply->seq_grow_reply;
+	if (rep->n_grants != nfds) {
+		close_fds(fds, nfds);
+		return -EPROTO;
+	}
+	/*
+	 * The daemon has granted everything by now. A chunk that fails to map stays unmapped
+	 * (kvd_seq_kv refuses its blocks) and the error is returned, but the others are still
+	 * mapped, because the daemon will not send them again.
+	 */
+	for (size_t i = 0; i < rep->n_grants; i++) {
+		int k = chunk_map(c, rep->grants[i], TAKE_FD(fds[i]));
+
+		if (k < 0 && r >= 0)
+			r = k;
+	}
+	if (r < 0)
+		return r;
+	if (c->stop_at == STOP_GROW_MAPPED)
+		raise(SIGSTOP);
+	return 0;
+}
+
+int kvd_seq_grow(kvd_seq *s, uint32_t n) {
+	int r;
+
+	if (!s || n == 0)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	client_lock(s->client);
+	r = seq_grow_locked(s, n);
+	client_unlock(s->client);
+	return r;
+}
+
+static int seq_release_locked(kvd_seq *s) {
+	kvd_client *c = s->client;
+	Kvd__V1__SeqRelease req = KVD__V1__SEQ_RELEASE__INIT;
+	Kvd__V1__ChunksUnmapped done = KVD__V1__CHUNKS_UNMAPPED__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	const Kvd__V1__SeqReleaseReply *rep;
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	req.has_seq_id = true;
+	req.seq_id = s->id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RELEASE;
+	env.seq_release = &req;
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_SEQ_RELEASE_REPLY, false, &reply, fds,
+			NULL);
+	if (r < 0)
+		return r;
+	rep = reply->seq_release_reply;
+	if (rep->n_unmap_chunk_ids == 0)
+		return 0;
+
+	if (c->stop_at == STOP_RELEASE_REPLIED)
+		raise(SIGSTOP);
+	for (size_t i = 0; i < rep->n_unmap_chunk_ids; i++)
+		chunk_unmap(c, rep->unmap_chunk_ids[i]);
+
+	/* The ids can point into the reply: the request is encoded before the next read
+	 * reuses the receive buffer. Waited for, so that the chunks are the daemon's again
+	 * when release returns. */
+	done.n_chunk_ids = rep->n_unmap_chunk_ids;
+	done.chunk_ids = rep->unmap_chunk_ids;
+	env = (Envelope)KVD__V1__ENVELOPE__INIT;
+	env.body_case = KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED;
+	env.chunks_unmapped = &done;
+	return client_call(c, &env, BODY_ANY, false, NULL, fds, NULL);
+}
+
+int kvd_seq_release(kvd_seq *s) {
+	kvd_client *c;
+	int r;
+
+	if (!s)
+		return 0;
+	c = s->client;
+	if (seq_forked(s)) {
+		seq_free(s);
+		return -ECHILD;
+	}
+	client_lock(c);
+	r = seq_release_locked(s);
+	/* Unmapped under the lock, since the client may go away with the sequence's ref. */
+	munmap((void *)s->desc, s->desc_bytes);
+	s->desc = NULL;
+	client_unlock(c);
+	seq_free(s);
+	return r;
+}
+
+uint64_t kvd_seq_id(const kvd_seq *s) {
+	if (!s || seq_forked(s))
+		return 0;
+	return s->id;
+}
+
+const struct kvd_seq_desc *kvd_seq_descriptor(const kvd_seq *s) {
+	if (!s || seq_forked(s))
+		return NULL;
+	return s->desc;
+}
+
+/* Resident tokens of (layer, kv_head) and its table, checked against the geometry. */
+static int64_t seq_table_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+				uint32_t *ret_table) {
+	const struct kvd_seq_desc *d = s->desc;
+	uint32_t t, n;
+
+	if (layer >= d->layers || kv_head >= d->kv_heads)
+		return -EINVAL;
+	t = layout_table(d, layer, kv_head);
+	n = __atomic_load_n(&layout_tokens(d)[t], __ATOMIC_RELAXED);
+	if (n > d->max_tokens)
+		return -EINVAL;
+	if (ret_table)
+		*ret_table = t;
+	return n;
+}
+
+int64_t kvd_seq_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_head) {
+	if (!s)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	return seq_table_tokens(s, layer, kv_head, NULL);
+}
+
+int64_t kvd_seq_position(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+			 uint32_t slot) {
+	uint32_t t;
+	int64_t n;
+
+	if (!s)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	n = seq_table_tokens(s, layer, kv_head, &t);
+	if (n < 0)
+		return n;
+	if (slot >= n)
+		return -EINVAL;
+	return layout_positions(s->desc, t)[slot];
+}
+
+int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
+	       void **ret_k, void **ret_v) {
+	const struct kvd_seq_desc *d;
+	const char *b;
+	uint32_t t, row;
+	int64_t n;
+
+	if (!s)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	d = s->desc;
+	n = seq_table_tokens(s, layer, kv_head, &t);
+	if (n < 0)
+		return (int)n;
+	if (slot >= n)
+		return -EINVAL;
+	/* slot < max_tokens, so the block index is below max_blocks (checked at open). */
+	b = seq_block_addr(s, layout_blocks(d, t)[slot / d->block_tokens]);
+	if (!b)
+		return -EINVAL;
+	row = slot % d->block_tokens;
+	if (ret_k)
+		*ret_k = (void *)(b + layout_k_offset(d, kv_head, row));
+	if (ret_v)
+		*ret_v = (void *)(b + layout_v_offset(d, kv_head, row));
+	return 0;
+}
+
+int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret) {
+	const struct kvd_seq_desc *d;
+	const void *b;
+	uint32_t n;
+
+	if (!s || !ret)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	d = s->desc;
+	if (table >= d->n_tables)
+		return -EINVAL;
+	n = __atomic_load_n(&layout_tokens(d)[table], __ATOMIC_RELAXED);
+	/* Only blocks that hold resident slots are meaningful. */
+	if (n > d->max_tokens || index >= DIV_ROUND_UP((uint64_t)n, d->block_tokens))
+		return -EINVAL;
+	b = seq_block_addr(s, layout_blocks(d, table)[index]);
+	if (!b)
+		return -EINVAL;
+	*ret = (void *)b;
+	return 0;
+}
+
+static const void *digest_block_addr(void *userdata, struct kvd_block_ref ref) {
+	return seq_block_addr(userdata, ref);
+}
+
+static int seq_digest_locked(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local) {
+	const struct kvd_seq_desc *d = s->desc;
+	int r;
+
+	if (ret_daemon) {
+		Kvd__V1__SeqDigest req = KVD__V1__SEQ_DIGEST__INIT;
+		Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+		int fds[WIRE_FDS_MAX];
+
+		req.has_seq_id = true;
+		req.seq_id = s->id;
+		env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_DIGEST;
+		env.seq_digest = &req;
+		r = client_call(s->client, &env, KVD__V1__ENVELOPE__BODY_SEQ_DIGEST_REPLY, false,
+				&reply, fds, NULL);
+		if (r < 0)
+			return r;
+		if (!reply->seq_digest_reply->has_digest)
+			return -EPROTO;
+		*ret_daemon = reply->seq_digest_reply->digest;
+	}
+	if (ret_local) {
+		/* layout_digest() trusts the counts; block indices then stay below max_blocks. */
+		for (uint32_t t = 0; t < d->n_tables; t++)
+			if (layout_tokens(d)[t] > d->max_tokens)
+				return -EINVAL;
+		r = layout_digest(d, digest_block_addr, (void *)s, ret_local, NULL);
+		if (r < 0)
+			return -EINVAL; /* a block whose chunk is not mapped here */
+	}
+	return 0;
+}
+
+int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local) {
+	int r;
+
+	if (!s)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	client_lock(s->client);
+	r = seq_digest_locked(s, ret_daemon, ret_local);
+	client_unlock(s->client);
+	return r;
+}
