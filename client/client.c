@@ -181,6 +181,8 @@ static int client_fail(kvd_client *c, int r) {
 	return r;
 }
 
+static int client_peer_gone(kvd_client *c);
+
 static int client_send(kvd_client *c, const Envelope *env) {
 	_cleanup_(freep) uint8_t *frame = NULL;
 	size_t size, done = 0;
@@ -201,7 +203,7 @@ static int client_send(kvd_client *c, const Envelope *env) {
 			if (errno == EINTR)
 				continue;
 			if (errno == EPIPE || errno == ECONNRESET)
-				return client_fail(c, -ECONNRESET);
+				return client_peer_gone(c);
 			r = negative_errno();
 			/* Half a frame on the stream cannot be taken back. */
 			return done > 0 ? client_fail(c, r) : r;
@@ -263,6 +265,40 @@ static int client_recv(kvd_client *c, bool wait) {
 	return 1;
 }
 
+static void client_set_error(kvd_client *c, const char *message);
+
+static int client_close_reason(kvd_client *c, const Kvd__V1__Status *st) {
+	client_set_error(c, st->message);
+	return client_fail(c, st->code);
+}
+
+/*
+ * The daemon hung up while we were sending. It may have said why first (a connection it
+ * refused gets a status frame with id 0): returns that error if it did, else -ECONNRESET.
+ */
+static int client_peer_gone(kvd_client *c) {
+	int fds[WIRE_FDS_MAX];
+	uint32_t nfds;
+
+	for (;;) {
+		Envelope *env;
+		int r = wire_rx_next(c->rx, &env, fds, &nfds);
+
+		if (r < 0)
+			break;
+		if (r > 0) {
+			close_fds(fds, nfds);
+			if ((!env->has_id || env->id == 0) && env->body_case == KVD__V1__ENVELOPE__BODY__NOT_SET &&
+			    env->status && env->status->code < 0)
+				return client_close_reason(c, env->status);
+			continue;
+		}
+		if (client_recv(c, false) <= 0)
+			break;
+	}
+	return client_fail(c, -ECONNRESET);
+}
+
 static void client_handle_event(kvd_client *c, const Kvd__V1__Event *ev) {
 	if (!ev->has_type)
 		return;
@@ -315,6 +351,10 @@ static int client_read(kvd_client *c, enum rx_mode mode, uint64_t awaiting, Enve
 				close_fds(fds, nfds);
 				if (env->body_case == KVD__V1__ENVELOPE__BODY_EVENT)
 					client_handle_event(c, env->event);
+				else if (env->status && env->status->code < 0)
+					/* Why the daemon is about to close the connection (a refusal,
+					 * a broken frame): that is the error to report. */
+					return client_close_reason(c, env->status);
 				continue;
 			}
 			if (awaiting != 0 && env->id == awaiting) {
