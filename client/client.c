@@ -735,9 +735,9 @@ int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
 	if (client_forked(c))
 		return -ECHILD;
 	req.name = (char *)tenant;
-	req.has_min_bytes = min_bytes != UINT64_MAX;
+	req.has_min_bytes = min_bytes != KVD_TENANT_KEEP;
 	req.min_bytes = min_bytes;
-	req.has_max_bytes = max_bytes != UINT64_MAX;
+	req.has_max_bytes = max_bytes != KVD_TENANT_KEEP;
 	req.max_bytes = max_bytes;
 	req.has_weight = weight != 0;
 	req.weight = weight;

@@ -77,7 +77,7 @@ static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret
 	errno = 0;
 	v = strtoull(s, &end, 10);
 	if (errno || end == s || *end || *s == '-' || v < min || v > UINT32_MAX) {
-		fprintf(stderr, "kvd: %s: invalid number '%s' (%u..%u)\n", opt, s, min, UINT32_MAX);
+		fprintf(stderr, "kvd: --%s: invalid number '%s' (%u..%u)\n", opt, s, min, UINT32_MAX);
 		return -EINVAL;
 	}
 	*ret = (uint32_t)v;
@@ -86,7 +86,7 @@ static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret
 
 static int parse_size_arg(const char *opt, const char *s, uint64_t *ret) {
 	if (size_parse(s, ret) < 0) {
-		fprintf(stderr, "kvd: %s: invalid size '%s'\n", opt, s);
+		fprintf(stderr, "kvd: --%s: invalid size '%s'\n", opt, s);
 		return -EINVAL;
 	}
 	return 0;

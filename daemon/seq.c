@@ -175,7 +175,10 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 	for (uint32_t t = 0; t < d->n_tables; t++) {
 		uint32_t *pos = desc_positions(d, t);
 
-		memcpy(desc_blocks(d, t) + old_blocks, refs + (uint64_t)t * per, per * sizeof(*refs));
+		/* A grow that stays inside the last blocks takes none, and refs is NULL. */
+		if (per > 0)
+			memcpy(desc_blocks(d, t) + old_blocks, refs + (uint64_t)t * per,
+			       per * sizeof(*refs));
 		for (uint32_t i = 0; i < n; i++)
 			pos[tokens + i] = d->next_position + i;
 		desc_tokens(d)[t] = tokens + n;

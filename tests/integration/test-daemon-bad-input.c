@@ -254,9 +254,9 @@ TEST(sizes_that_overflow) {
 	ASSERT_EQ(kvd_budget_set(c, UINT64_MAX), -EINVAL);
 	ASSERT_EQ(kvd_budget_set(c, (16u << 20) + 1), -EINVAL);
 	ASSERT_EQ(kvd_tenant_set(c, "sizes", 2 << 20, 1 << 20, 0), -EINVAL);
-	ASSERT_EQ(kvd_tenant_set(c, "sizes", UINT64_MAX - 1, UINT64_MAX, 0), -EINVAL);
-	ASSERT_EQ(kvd_tenant_set(c, "sizes", UINT64_MAX, UINT64_MAX, 100000), -EINVAL);
-	ASSERT_EQ(kvd_tenant_set(c, "", UINT64_MAX, UINT64_MAX, 1), -EINVAL);
+	ASSERT_EQ(kvd_tenant_set(c, "sizes", UINT64_MAX / 2, KVD_TENANT_NO_CAP, 0), -EINVAL);
+	ASSERT_EQ(kvd_tenant_set(c, "sizes", KVD_TENANT_KEEP, KVD_TENANT_KEEP, 100000), -EINVAL);
+	ASSERT_EQ(kvd_tenant_set(c, "", KVD_TENANT_KEEP, KVD_TENANT_KEEP, 1), -EINVAL);
 	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	assert_alive();

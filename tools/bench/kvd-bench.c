@@ -891,10 +891,14 @@ static void help(void) {
 	       "  --step S         Tokens per grow call, a prefill chunk (default: 16)\n"
 	       "  --verify         Re-read every byte and compare daemon and client digests\n"
 	       "                   (default: off)\n"
-	       "  --model SPEC     Shape of the next tenant, repeatable; SPEC is\n"
+	       "  --model SPEC     Shape of the next tenant, from bench-0 on (the first --model\n"
+	       "                   sets bench-0, the second bench-1...),\n"
+	       "                   repeatable; SPEC is\n"
 	       "                   layers,q_heads,kv_heads,head_dim,dtype,block_tokens,layout\n"
 	       "                   with dtype f16|bf16|f32 and layout per_layer|per_head\n"
-	       "                   (default: %s, %s, %s,\n"
+	       "                   (default: bench-0 %s,\n"
+	       "                   bench-1 %s,\n"
+	       "                   bench-2 %s,\n"
 	       "                   then the same again with one more layer per round)\n"
 	       "  --hold SECONDS   Keep the sequences this long before releasing them, e.g. to\n"
 	       "                   look at `kvdctl status` (default: 0)\n"
@@ -1006,5 +1010,8 @@ int main(int argc, char **argv) {
 
 	/* A child that dies must not kill the parent while it writes its report. */
 	signal(SIGPIPE, SIG_IGN);
+	/* Errors go to stderr between result lines; line buffering keeps them in order when
+	 * both streams go to one file. */
+	setvbuf(stdout, NULL, _IOLBF, 0);
 	return run_load();
 }

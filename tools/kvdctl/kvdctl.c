@@ -27,18 +27,11 @@ enum {
 	EXIT_USAGE = 2,
 };
 
-/*
- * kvd_tenant_set() reads UINT64_MAX as "leave unchanged", so it cannot clear a cap with
- * the value that status reports for "no cap". The largest other value is a cap no pool
- * can reach, so it is what `--max none` sends, and status shows it as "no cap" too.
- */
-#define NO_CAP_SET (UINT64_MAX - 1)
-
 static const char *arg_socket;
 static int arg_json;
 
 static int is_no_cap(uint64_t v) {
-	return v >= NO_CAP_SET;
+	return v == KVD_TENANT_NO_CAP;
 }
 
 static void help(void) {
@@ -119,6 +112,35 @@ static int parse_size_arg(const char *what, const char *s, uint64_t *ret) {
 	return 0;
 }
 
+/*
+ * Tenant indices sorted by name: the daemon lists tenants in its own table order, which
+ * changes as tenants come and go, and people (and diffs of --json) want a stable order.
+ */
+static const kvd_status *sort_status;
+
+static int cmp_tenant(const void *a, const void *b) {
+	const char *x = "", *y = "";
+
+	(void)kvd_status_tenant_name(sort_status, *(const uint32_t *)a, &x);
+	(void)kvd_status_tenant_name(sort_status, *(const uint32_t *)b, &y);
+	return strcmp(x, y);
+}
+
+static int tenant_order(const kvd_status *st, uint32_t **ret) {
+	uint32_t n = kvd_status_tenants(st), *order;
+
+	order = calloc(n ? n : 1, sizeof(*order));
+	if (!order)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		order[i] = i;
+	sort_status = st;
+	qsort(order, n, sizeof(*order), cmp_tenant);
+	sort_status = NULL;
+	*ret = order;
+	return 0;
+}
+
 /* ---- JSON ---- */
 
 static void json_string(FILE *f, const char *s) {
@@ -174,9 +196,14 @@ static const char *const tenant_keys[] = {
  * invented; any other getter failure is a real error.
  */
 static int status_json_write(FILE *f, const kvd_status *st) {
+	_cleanup_(freep) uint32_t *order = NULL;
 	const char *sep = "";
 	uint32_t n;
 	int r;
+
+	r = tenant_order(st, &order);
+	if (r < 0)
+		return r;
 
 	fprintf(f, "{\n");
 	{
@@ -211,13 +238,14 @@ static int status_json_write(FILE *f, const kvd_status *st) {
 
 	n = kvd_status_tenants(st);
 	fprintf(f, ",\n  \"tenants\": [");
-	for (uint32_t t = 0; t < n; t++) {
+	for (uint32_t j = 0; j < n; j++) {
+		uint32_t t = order[j];
 		const char *name;
 
 		r = kvd_status_tenant_name(st, t, &name);
 		if (r < 0)
 			return r;
-		fprintf(f, "%s\n    {\n      \"name\": ", t ? "," : "");
+		fprintf(f, "%s\n    {\n      \"name\": ", j ? "," : "");
 		json_string(f, name);
 		for (size_t i = 0; i < ELEMENTSOF(tenant_keys); i++) {
 			uint64_t v;
@@ -400,6 +428,7 @@ static int tenant_row(const kvd_status *st, uint32_t t, uint64_t budget, char (*
 
 static int status_table(const kvd_status *st) {
 	_cleanup_(freep) char (*cells)[COL_MAX_][CELL_MAX] = NULL;
+	_cleanup_(freep) uint32_t *order = NULL;
 	size_t width[COL_MAX_];
 	uint32_t n = kvd_status_tenants(st);
 	uint64_t pool = 0, budget = 0, v;
@@ -410,11 +439,14 @@ static int status_table(const kvd_status *st) {
 	(void)get_u64(st, "budget_bytes", &budget);
 
 	/* Rows first, so that a status the daemon cannot describe fails before any output. */
+	r = tenant_order(st, &order);
+	if (r < 0)
+		return r;
 	cells = calloc(n ? n : 1, sizeof(*cells));
 	if (!cells)
 		return -ENOMEM;
 	for (uint32_t t = 0; t < n; t++) {
-		r = tenant_row(st, t, budget, cells[t]);
+		r = tenant_row(st, order[t], budget, cells[t]);
 		if (r < 0)
 			return r;
 	}
@@ -595,7 +627,7 @@ static int cmd_tenant(int argc, char **argv) {
 		{},
 	};
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
-	uint64_t min = UINT64_MAX, max = UINT64_MAX;
+	uint64_t min = KVD_TENANT_KEEP, max = KVD_TENANT_KEEP;
 	uint32_t weight = 0;
 	const char *name;
 	char what[128];
@@ -607,16 +639,16 @@ static int cmd_tenant(int argc, char **argv) {
 		case 'm':
 			if (parse_size_arg("--min", optarg, &min) < 0)
 				return EXIT_USAGE;
-			if (min == UINT64_MAX)
+			if (min >= KVD_TENANT_KEEP)
 				return usage_error("--min: too large");
 			break;
 		case 'M':
 			if (strcmp(optarg, "none") == 0)
-				max = NO_CAP_SET;
+				max = KVD_TENANT_NO_CAP;
 			else if (parse_size_arg("--max", optarg, &max) < 0)
 				return EXIT_USAGE;
-			else if (max == UINT64_MAX)
-				max = NO_CAP_SET;
+			else if (max >= KVD_TENANT_KEEP)
+				return usage_error("--max: too large (use none for no cap)");
 			break;
 		case 'w': {
 			unsigned long long w;

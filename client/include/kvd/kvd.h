@@ -135,6 +135,10 @@ struct kvd_seq_desc {
 	uint64_t total_bytes;      /* size of the whole descriptor */
 };
 
+/* kvd_tenant_set() values: leave unchanged; no cap (also how status reports no cap). */
+#define KVD_TENANT_KEEP (UINT64_MAX - 1)
+#define KVD_TENANT_NO_CAP UINT64_MAX
+
 /* Events the daemon sends on its own; see kvd_client_next_event(). */
 #define KVD_EVENT_STOPPING 1 /* the daemon is shutting down; the connection will close */
 
@@ -268,9 +272,10 @@ KVD_EXPORT int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_lo
  * Administrative requests, allowed on any connection.
  * kvd_budget_set: sets the node budget in bytes (at most the pool; may be below what is in
  * use, in which case grants fail until use drops).
- * kvd_tenant_set: creates or changes a tenant's guaranteed minimum, cap and weight; pass
- * UINT64_MAX (bytes) or 0 (weight) to leave a value unchanged. A new tenant starts with
- * min 0, no cap and weight 1.
+ * kvd_tenant_set: creates or changes a tenant's guaranteed minimum, cap and weight (1..10000);
+ * pass KVD_TENANT_KEEP (bytes) or 0 (weight) to leave a value unchanged, and
+ * KVD_TENANT_NO_CAP as max_bytes to lift the cap. A new tenant starts with min 0, no cap
+ * and weight 1. The min may not exceed the max nor the pool.
  * Return 0, or -EINVAL (out of range, bad name), -EUSERS (too many tenants), -ENOMEM,
  * -ECONNRESET, -ECHILD.
  */

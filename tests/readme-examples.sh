@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Compiles and links every ```c block of the README against the public header and the
+# built libkvd, as a user would, so that the README's examples cannot rot.
+# Usage: readme-examples.sh README.md INCLUDE_DIR LIBKVD
+set -euo pipefail
+
+if [ "$#" -ne 3 ]; then
+	echo "usage: $0 README.md INCLUDE_DIR LIBKVD" >&2
+	exit 2
+fi
+readme=$1
+include=$2
+libkvd=$3
+cc=${CC:-cc}
+
+for f in "$readme" "$libkvd"; do
+	[ -f "$f" ] || { echo "readme-examples: $f: no such file" >&2; exit 1; }
+done
+[ -f "$include/kvd/kvd.h" ] || { echo "readme-examples: $include/kvd/kvd.h: no such file" >&2; exit 1; }
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# One file per block, named after the README line the block starts on, so that a failure
+# points at the right place. Only blocks opened with exactly ```c are examples.
+awk -v dir="$tmp" '
+	!inside && /^```c[ \t]*$/ { inside = 1; n++; file = sprintf("%s/line-%d.c", dir, NR + 1); next }
+	inside && /^```[ \t]*$/ { inside = 0; close(file); next }
+	inside { print > file }
+	END { if (inside) { print "readme-examples: unterminated ```c block" > "/dev/stderr"; exit 1 } }
+' "$readme"
+
+shopt -s nullglob
+examples=("$tmp"/line-*.c)
+if [ "${#examples[@]}" -eq 0 ]; then
+	echo "readme-examples: no \`\`\`c block in $readme" >&2
+	exit 1
+fi
+
+failed=0
+for src in "${examples[@]}"; do
+	name=$(basename "$src" .c)
+	where="$readme:${name#line-}"
+	if "$cc" -std=c99 -Wall -Wextra -pedantic -Werror -I"$include" "$src" "$libkvd" \
+		-o "$tmp/$name" 2>"$tmp/$name.log"; then
+		echo "ok: the block at $where"
+	else
+		echo "FAIL: the block at $where:" >&2
+		cat "$tmp/$name.log" >&2
+		failed=1
+	fi
+done
+exit "$failed"
