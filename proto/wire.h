@@ -21,7 +21,9 @@
 #define WIRE_HEADER_BYTES 8
 #define WIRE_PAYLOAD_MAX (64u * 1024u)
 #define WIRE_FDS_MAX 253u /* SCM_MAX_FD */
-/* protobuf-c allocates per field; a 64 KiB message decodes into well under 4x its size. */
+/* protobuf-c allocates per field: a well-formed 64 KiB message decodes into well under 4x
+ * its size. A hostile one built to need more (thousands of empty submessages) runs out of
+ * arena and fails to decode with -EBADMSG, which is the bound working. */
 #define WIRE_ARENA_BYTES (4u * WIRE_PAYLOAD_MAX)
 
 typedef Kvd__V1__Envelope Envelope;

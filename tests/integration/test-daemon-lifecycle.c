@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -146,4 +148,45 @@ TEST(second_daemon_refuses_live_socket) {
 	/* The first one is unharmed. */
 	ASSERT_EQ(fixture_status(&f, NULL, "pool_bytes"), 8u << 20);
 	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* Receives one sd_notify datagram within 5 s into buf; returns its length. */
+static ssize_t notify_recv(int fd, char *buf, size_t n) {
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	ssize_t k;
+
+	ASSERT_EQ(poll(&p, 1, 5000), 1);
+	k = recv(fd, buf, n - 1, 0);
+	ASSERT_GT(k, 0);
+	buf[k] = 0;
+	return k;
+}
+
+TEST(notifies_systemd) {
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct fixture f;
+	char buf[512];
+	int fd, status;
+
+	/* Play the service manager: a datagram socket named by NOTIFY_SOCKET. */
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	ASSERT_OK(fd);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "/tmp/kvd-notify-%d", (int)getpid());
+	unlink(sa.sun_path);
+	ASSERT_OK(bind(fd, (struct sockaddr *)&sa, sizeof(sa)));
+	ASSERT_OK(setenv("NOTIFY_SOCKET", sa.sun_path, 1));
+	fixture_start(&f, small_pool);
+	unsetenv("NOTIFY_SOCKET");
+
+	notify_recv(fd, buf, sizeof(buf));
+	ASSERT_TRUE(strstr(buf, "READY=1"));
+	ASSERT_TRUE(strstr(buf, "STATUS="));
+	ASSERT_OK(kill(f.pid, SIGTERM));
+	notify_recv(fd, buf, sizeof(buf));
+	ASSERT_TRUE(strstr(buf, "STOPPING=1"));
+	ASSERT_EQ(waitpid(f.pid, &status, 0), f.pid);
+	ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	close(fd);
+	unlink(sa.sun_path);
+	rmdir(f.dir);
 }
