@@ -516,6 +516,10 @@ void dispatch_disconnect(struct conn *c) {
 	for (uint32_t i = 0; i < p->n_chunks; i++)
 		if (p->chunks[i].n_holders > 0)
 			pool_chunk_drop_holder(p, &p->chunks[i], c->id);
+	if (c->n_seqs > 0)
+		log_info("connection %llu (pid %d, tenant %s) went away with %u open sequences; "
+		         "their blocks are back", (unsigned long long)c->id, (int)c->cred.pid,
+		         c->tenant->name, c->n_seqs);
 	while (c->seqs) {
 		struct seq *q = c->seqs;
 
