@@ -18,6 +18,14 @@ static void conn_send_done(struct loop_op *op, int res, bool more);
 static void conn_free(struct conn *c) {
 	struct tx *t;
 
+	if (c->closing) {
+		if (c->closed_prev)
+			c->closed_prev->closed_next = c->closed_next;
+		else
+			c->srv->closed = c->closed_next;
+		if (c->closed_next)
+			c->closed_next->closed_prev = c->closed_prev;
+	}
 	while ((t = c->tx_head)) {
 		c->tx_head = t->next;
 		for (uint32_t i = 0; i < t->nfds; i++)
@@ -305,6 +313,12 @@ void conn_close(struct conn *c, const char *why) {
 	if (c->next)
 		c->next->prev = c->prev;
 	s->n_conns--;
+	/* Its pending operations still refer to it; listed so that a stop which ends the
+	 * loop before they complete can still free it. */
+	c->closed_next = s->closed;
+	if (s->closed)
+		s->closed->closed_prev = c;
+	s->closed = c;
 	if (s->stopping && s->n_conns == 0)
 		loop_exit(s->loop);
 }

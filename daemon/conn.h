@@ -32,6 +32,9 @@ struct conn {
 	int fd;
 	struct server *srv;
 	struct conn *next, *prev;
+	/* On server.closed once closed. Separate links, so that a walk of server.conns that
+	 * closes the connection it is about to visit still finds the live ones after it. */
+	struct conn *closed_next, *closed_prev;
 
 	struct ucred cred;            /* SO_PEERCRED at accept */
 	uint64_t accepted_ms;

@@ -205,6 +205,8 @@ struct server *server_free(struct server *s) {
 	s->loop = loop_free(s->loop);
 	while (s->conns)
 		conn_destroy(s->conns);
+	while (s->closed)
+		conn_destroy(s->closed);
 	if (s->listen_fd >= 0)
 		unlink(s->socket_path);
 	safe_close(s->listen_fd);

@@ -47,6 +47,9 @@ struct server {
 
 	struct conn *conns;
 	uint32_t n_conns;
+	/* Closed, but an operation still refers to them: freed when it completes, or by
+	 * server_free() when the loop stopped first. */
+	struct conn *closed;
 	uint64_t next_conn_id;
 	uint64_t next_seq_id;
 	struct chunk **scratch;       /* room for every chunk: see struct seq_emptied */

@@ -41,7 +41,9 @@ failed=0
 for src in "${examples[@]}"; do
 	name=$(basename "$src" .c)
 	where="$readme:${name#line-}"
-	if "$cc" -std=c99 -Wall -Wextra -pedantic -Werror -I"$include" "$src" "$libkvd" \
+	# $cc and $CFLAGS may hold several words (a launcher, sanitizer flags).
+	# shellcheck disable=SC2086
+	if $cc ${CFLAGS:-} -std=c99 -Wall -Wextra -pedantic -Werror -I"$include" "$src" "$libkvd" \
 		-o "$tmp/$name" 2>"$tmp/$name.log"; then
 		echo "ok: the block at $where"
 	else

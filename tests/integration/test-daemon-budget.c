@@ -216,6 +216,9 @@ TEST(status_json_matches_load) {
 	ASSERT_EQ(json_u64(json, "budget_bytes"), 8 * MiB);
 	free(json);
 
+	ASSERT_OK(kvd_seq_release(sx));
+	for (int i = 0; i < 2; i++)
+		ASSERT_OK(kvd_seq_release(sy[i]));
 	kvd_client_unref(x);
 	kvd_client_unref(y);
 	ASSERT_EQ(fixture_stop(&f), 0);
