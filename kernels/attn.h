@@ -49,7 +49,15 @@ static inline uint32_t kvd_attn_kv_head(const struct kvd_attn_in *in, uint32_t h
 /*
  * A_h for query head h into probs[w][L] (row-major, fp32); entries a row may not see are 0.
  * _ref is the plain-C reference: an obvious loop nest. The other is the optimised path.
- * Both return 0 or -EINVAL.
+ * Both return 0 or -EINVAL; kvd_attn_head also -ENOMEM (its scratch).
  */
 int kvd_attn_head_ref(const struct kvd_attn_in *in, uint32_t h, float *probs);
 int kvd_attn_head(const struct kvd_attn_in *in, uint32_t h, float *probs);
+
+/*
+ * kvd_attn_head with caller-provided scratch, for loops over heads that should not
+ * allocate: scratch holds kvd_attn_scratch_floats(in) floats (64-byte alignment helps).
+ * Same results and errors as kvd_attn_head.
+ */
+size_t kvd_attn_scratch_floats(const struct kvd_attn_in *in);
+int kvd_attn_head_buf(const struct kvd_attn_in *in, uint32_t h, float *probs, float *scratch);

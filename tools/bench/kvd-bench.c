@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvd-bench: load generator and end-to-end checker for kvd.
+ * kvd-bench: load generator and end-to-end checker for kvd; `kvd-bench score` (score.c)
+ * times the scoring kernels and policies next to the machine's ceilings.
  *
  * `load` forks one client process per tenant. Each registers its own model shape and
  * layout, opens sequences, grows them round-robin in prefill-sized steps and writes a
@@ -30,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "common/digest.h"
 #include "common/layout.h"
 #include "common/macro.h"
@@ -883,6 +885,7 @@ static void help(void) {
 	for (unsigned i = 0; i < ELEMENTSOF(default_shapes); i++)
 		shape_format(&default_shapes[i], s[i], sizeof(s[i]));
 	printf("Usage: kvd-bench load [OPTIONS]\n"
+	       "       kvd-bench score [OPTIONS]   (see kvd-bench score --help)\n"
 	       "\n"
 	       "Load generator and end-to-end checker for kvd: forks one client process per\n"
 	       "tenant (bench-0, bench-1, ...); each registers its own model shape, opens\n"
@@ -946,6 +949,10 @@ int main(int argc, char **argv) {
 	int load = 0, opt;
 	uint32_t v;
 
+	/* score has options of its own (--tokens is a list there): it must come first. */
+	if (argc > 1 && strcmp(argv[1], "score") == 0)
+		return bench_score(argc - 1, argv + 1);
+
 	arg_socket = getenv("KVD_SOCKET");
 	if (!arg_socket || !*arg_socket)
 		arg_socket = KVD_DEFAULT_SOCKET;
@@ -954,8 +961,10 @@ int main(int argc, char **argv) {
 	while ((opt = getopt_long(argc, argv, "-h", options, NULL)) >= 0)
 		switch (opt) {
 		case 1:
+			if (strcmp(optarg, "score") == 0)
+				return usage_error("'score' must come first: kvd-bench score [OPTIONS]");
 			if (strcmp(optarg, "load") != 0 || load)
-				return usage_error("unknown command '%s' (only 'load' exists)", optarg);
+				return usage_error("unknown command '%s' (commands: load, score)", optarg);
 			load = 1;
 			break;
 		case OPT_SOCKET:
@@ -1007,7 +1016,7 @@ int main(int argc, char **argv) {
 			return usage_error("bad option");
 		}
 	if (!load)
-		return usage_error("missing command: load");
+		return usage_error("missing command: load or score");
 	if (arg_n_models > arg_tenants)
 		return usage_error("%u --model options for %u tenants", arg_n_models, arg_tenants);
 	if ((uint64_t)arg_seqs * DIV_ROUND_UP(arg_tokens, arg_step) > GROWS_PER_TENANT_MAX)

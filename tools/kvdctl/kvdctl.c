@@ -20,6 +20,7 @@
 #include "common/size.h"
 #include "config.h"
 #include "kvd/kvd.h"
+#include "score-cmd.h"
 
 enum {
 	EXIT_OK = 0,
@@ -46,6 +47,9 @@ static void help(void) {
 	       "                             Create or change a tenant; options left out keep\n"
 	       "                             their value (a new tenant starts with min 0,\n"
 	       "                             no cap, weight 1)\n"
+	       "  score --policy P --q F --k F [--v F] [--wo F] --capacity N --window W [...]\n"
+	       "                             Score captured .npy tensors offline and print the\n"
+	       "                             kept positions (see 'kvdctl score --help')\n"
 	       "\n"
 	       "Options:\n"
 	       "  --socket PATH   Daemon socket (default: $KVD_SOCKET if set, else %s)\n"
@@ -703,6 +707,7 @@ int main(int argc, char **argv) {
 		{ "status", cmd_status },
 		{ "budget", cmd_budget },
 		{ "tenant", cmd_tenant },
+		{ "score", cmd_score },
 	};
 	int opt;
 
@@ -727,7 +732,7 @@ int main(int argc, char **argv) {
 			return usage_error("bad option");
 		}
 	if (optind >= argc)
-		return usage_error("missing command (status, budget, tenant)");
+		return usage_error("missing command (status, budget, tenant, score)");
 
 	for (size_t i = 0; i < ELEMENTSOF(commands); i++)
 		if (strcmp(argv[optind], commands[i].name) == 0)

@@ -1,0 +1,331 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The policy table (see policy.h): every policy becomes prefix scores per row (the
+ * baselines from baselines.h, the output-aware ones from score.h), per-row budgets (uniform,
+ * PyramidKV's, AdaKV's, or one layer-wide top-k), and a selection (select.h) to which the
+ * window is appended.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "baselines.h"
+#include "policy.h"
+#include "score.h"
+#include "select.h"
+
+static const char *const policy_names[_KVD_POLICY_MAX] = {
+	[KVD_POLICY_FULL] = "full",
+	[KVD_POLICY_STREAMINGLLM] = "streamingllm",
+	[KVD_POLICY_H2O] = "h2o",
+	[KVD_POLICY_SNAPKV] = "snapkv",
+	[KVD_POLICY_PYRAMIDKV] = "pyramidkv",
+	[KVD_POLICY_ADAKV] = "adakv",
+	[KVD_POLICY_TOVA] = "tova",
+	[KVD_POLICY_KNORM] = "knorm",
+	[KVD_POLICY_KEYDIFF] = "keydiff",
+	[KVD_POLICY_EXPECTED_ATTENTION] = "expected_attention",
+	[KVD_POLICY_RESTKV] = "restkv",
+	[KVD_POLICY_LAPROX] = "laprox",
+	[KVD_POLICY_KVD] = "kvd",
+};
+
+const char *kvd_policy_to_string(enum kvd_policy p) {
+	return (int)p >= 0 && p < _KVD_POLICY_MAX ? policy_names[p] : NULL;
+}
+
+enum kvd_policy kvd_policy_from_string(const char *s) {
+	for (int p = 0; s && p < _KVD_POLICY_MAX; p++)
+		if (strcmp(s, policy_names[p]) == 0)
+			return (enum kvd_policy)p;
+	return _KVD_POLICY_INVALID;
+}
+
+static const char *const granularity_names[_KVD_GRANULARITY_MAX] = {
+	[KVD_GRANULARITY_HEAD] = "head",
+	[KVD_GRANULARITY_LAYER] = "layer",
+};
+
+const char *kvd_granularity_to_string(enum kvd_granularity g) {
+	return (int)g >= 0 && g < _KVD_GRANULARITY_MAX ? granularity_names[g] : NULL;
+}
+
+enum kvd_granularity kvd_granularity_from_string(const char *s) {
+	for (int g = 0; s && g < _KVD_GRANULARITY_MAX; g++)
+		if (strcmp(s, granularity_names[g]) == 0)
+			return (enum kvd_granularity)g;
+	return _KVD_GRANULARITY_INVALID;
+}
+
+/* The baseline behind a policy, or _KVD_BASELINE_INVALID for the others. */
+static enum kvd_baseline baseline_of(enum kvd_policy p) {
+	switch (p) {
+	case KVD_POLICY_STREAMINGLLM:
+		return KVD_BASELINE_STREAMINGLLM;
+	case KVD_POLICY_H2O:
+		return KVD_BASELINE_H2O;
+	case KVD_POLICY_SNAPKV:
+		return KVD_BASELINE_SNAPKV;
+	case KVD_POLICY_PYRAMIDKV:
+		return KVD_BASELINE_PYRAMIDKV;
+	case KVD_POLICY_ADAKV:
+		return KVD_BASELINE_ADAKV;
+	case KVD_POLICY_TOVA:
+		return KVD_BASELINE_TOVA;
+	case KVD_POLICY_KNORM:
+		return KVD_BASELINE_KNORM;
+	case KVD_POLICY_KEYDIFF:
+		return KVD_BASELINE_KEYDIFF;
+	case KVD_POLICY_EXPECTED_ATTENTION:
+		return KVD_BASELINE_EXPECTED_ATTENTION;
+	default:
+		return _KVD_BASELINE_INVALID;
+	}
+}
+
+void kvd_policy_params_default(enum kvd_policy policy, struct kvd_policy_params *p) {
+	enum kvd_baseline b = baseline_of(policy);
+
+	*p = (struct kvd_policy_params){
+		.policy = policy,
+		.temporal = KVD_TEMPORAL_EMA,
+		.alpha = KVD_TEMPORAL_EMA_ALPHA,
+		.pooling = KVD_POOL_ADAPTIVE,
+		.kernel = KVD_POOL_KERNEL,
+		.aws_scale = KVD_AWS_SCALE,
+		.laprox_joint = 1,
+		.layer_weight = 1.0f,
+		.n_layers = 1,
+		.beta = KVD_PYRAMIDKV_BETA,
+	};
+	kvd_restkv_opts_default(&p->restkv);
+	if (b >= 0) {
+		struct kvd_baseline_params bp;
+
+		kvd_baseline_params_init(b, &bp);
+		p->temporal = bp.temporal, p->alpha = bp.alpha, p->pooling = bp.pool;
+		p->kernel = bp.kernel;
+	} else if (policy == KVD_POLICY_LAPROX || policy == KVD_POLICY_FULL)
+		p->pooling = KVD_POOL_NONE;
+}
+
+struct kvd_keep *kvd_keep_free(struct kvd_keep *k) {
+	if (k) {
+		free(k->off);
+		free(k->pos);
+		free(k);
+	}
+	return NULL;
+}
+
+/* Prefix scores from a baseline: scores[rows][L], the first L - w columns used. */
+static int baseline_scores(enum kvd_baseline b, const struct kvd_policy_params *p,
+			   const struct kvd_attn_in *in, float *scores) {
+	struct kvd_baseline_params bp;
+
+	kvd_baseline_params_init(b, &bp);
+	bp.threads = p->threads;
+	bp.per_query_head = p->per_query_head;
+	if (b == KVD_BASELINE_SNAPKV || b == KVD_BASELINE_PYRAMIDKV || b == KVD_BASELINE_ADAKV) {
+		bp.temporal = p->temporal, bp.alpha = p->alpha;
+		bp.pool = p->pooling, bp.kernel = p->kernel;
+	}
+	if (b == KVD_BASELINE_EXPECTED_ATTENTION) {
+		if (p->eq_q) {
+			bp.eq_q = p->eq_q, bp.eq_rows = p->eq_rows;
+			bp.eq_row_stride = in->dim, bp.eq_head_stride = (size_t)p->eq_rows * in->dim;
+		} else {
+			/* Offline there may be no pre-RoPE queries: the window's stand in. */
+			bp.eq_q = in->q, bp.eq_rows = in->window;
+			bp.eq_row_stride = in->q_row_stride, bp.eq_head_stride = in->q_head_stride;
+		}
+	}
+	return p->reference ? kvd_baseline_scores_ref(b, &bp, in, scores) :
+			      kvd_baseline_scores(b, &bp, in, scores);
+}
+
+static int own_scores(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
+		      const float *gram, const float *gram_group, float *scores) {
+	struct kvd_score_params sp;
+
+	kvd_score_params_default(p->policy == KVD_POLICY_LAPROX ? KVD_SCORE_LAPROX : KVD_SCORE_RESTKV,
+				 &sp);
+	sp.restkv = p->restkv;
+	sp.restkv.temporal = p->temporal, sp.restkv.alpha = p->alpha;
+	sp.per_query_head = p->per_query_head;
+	sp.laprox_joint = p->laprox_joint;
+	sp.pooling = p->pooling, sp.kernel = p->kernel, sp.aws_scale = p->aws_scale;
+	sp.aws_topk = p->capacity - in->window;
+	/* N1: one (sequence, layer) per call; it decides nothing inside one layer, but makes
+	 * the scores the shares a node-wide ranking compares. */
+	sp.normalize = p->policy != KVD_POLICY_RESTKV;
+	sp.layer_weight = p->layer_weight;
+	sp.threads = p->threads;
+	if (p->policy == KVD_POLICY_LAPROX && sp.laprox_joint && !sp.per_query_head && gram &&
+	    !gram_group)
+		return -EINVAL;
+	return p->reference ? kvd_score_layer_ref(in, gram, gram_group, &sp, scores) :
+			      kvd_score_layer(in, gram, gram_group, &sp, scores);
+}
+
+static int params_check(const struct kvd_policy_params *p, const struct kvd_attn_in *in) {
+	if (!p || kvd_attn_in_check(in) < 0 || (int)p->policy < 0 || p->policy >= _KVD_POLICY_MAX ||
+	    (int)p->granularity < 0 || p->granularity >= _KVD_GRANULARITY_MAX ||
+	    p->capacity < in->window)
+		return -EINVAL;
+	if (p->policy == KVD_POLICY_PYRAMIDKV && (p->n_layers == 0 || p->layer >= p->n_layers))
+		return -EINVAL;
+	return 0;
+}
+
+static struct kvd_keep *keep_new(uint32_t rows, size_t total) {
+	struct kvd_keep *k = calloc(1, sizeof(*k));
+
+	if (!k)
+		return NULL;
+	k->rows = rows;
+	k->off = calloc(rows + 1, sizeof(uint32_t));
+	k->pos = malloc((total ? total : 1) * sizeof(uint32_t));
+	if (!k->off || !k->pos)
+		return kvd_keep_free(k);
+	return k;
+}
+
+int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
+		    const float *gram, const float *gram_group, struct kvd_keep **ret) {
+	enum kvd_baseline b;
+	uint32_t L, w, n, B, srows, rows, *budget = NULL, *sel = NULL;
+	size_t stride, total = 0;
+	float *scores = NULL;
+	struct kvd_keep *k = NULL;
+	int r;
+
+	if (params_check(p, in) < 0 || !ret)
+		return -EINVAL;
+	b = baseline_of(p->policy);
+	L = in->len, w = in->window, n = L - w, B = p->capacity - w;
+	srows = p->per_query_head ? in->heads : in->kv_heads;
+	rows = p->granularity == KVD_GRANULARITY_LAYER ? 1 : srows;
+
+	if (p->policy == KVD_POLICY_FULL || L <= p->capacity) {
+		k = keep_new(rows, (size_t)rows * L);
+		if (!k)
+			return -ENOMEM;
+		for (uint32_t row = 0; row < rows; row++) {
+			for (uint32_t i = 0; i < L; i++)
+				k->pos[(size_t)row * L + i] = i;
+			k->off[row + 1] = (row + 1) * L;
+		}
+		*ret = k;
+		return 0;
+	}
+	if (b < 0 && !in->v)
+		return -EINVAL;
+	if (B == 0 && p->policy != KVD_POLICY_PYRAMIDKV) {
+		/* No prefix budget: the window alone, nothing to score. */
+		k = keep_new(rows, (size_t)rows * w);
+		if (!k)
+			return -ENOMEM;
+		for (uint32_t row = 0; row < rows; row++) {
+			for (uint32_t i = 0; i < w; i++)
+				k->pos[(size_t)row * w + i] = n + i;
+			k->off[row + 1] = (row + 1) * w;
+		}
+		*ret = k;
+		return 0;
+	}
+
+	stride = b >= 0 ? L : n;
+	r = -ENOMEM;
+	scores = malloc(((size_t)srows * stride + 1) * sizeof(float));
+	budget = calloc(srows, sizeof(uint32_t));
+	if (!scores || !budget)
+		goto out;
+	r = b >= 0 ? baseline_scores(b, p, in, scores) : own_scores(p, in, gram, gram_group, scores);
+	if (r < 0)
+		goto out;
+
+	if (rows == 1 && srows > 1) {
+		/* One row for the layer: the rows' scores summed per token, in row order. */
+		for (uint32_t row = 1; row < srows; row++)
+			for (uint32_t i = 0; i < n; i++)
+				scores[i] += scores[(size_t)row * stride + i];
+	}
+	for (uint32_t row = 0; row < rows; row++)
+		budget[row] = B;
+	if (p->policy == KVD_POLICY_PYRAMIDKV) {
+		uint32_t *all = calloc(p->n_layers, sizeof(uint32_t));
+
+		if (!all)
+			goto out;
+		r = kvd_pyramidkv_budgets(p->capacity, w, L, p->n_layers, p->beta, all);
+		for (uint32_t row = 0; r >= 0 && row < rows; row++)
+			budget[row] = all[p->layer];
+		free(all);
+		if (r < 0)
+			goto out;
+	} else if (p->policy == KVD_POLICY_ADAKV && rows > 1) {
+		r = (p->reference ? kvd_adakv_budgets_ref : kvd_adakv_budgets)(
+			scores, stride, rows, n, B, KVD_ADAKV_FLOOR_ALPHA, 0, budget);
+		if (r < 0)
+			goto out;
+	}
+	for (uint32_t row = 0; row < rows; row++) {
+		if (budget[row] > n)
+			budget[row] = n;
+		total += budget[row] + w;
+	}
+	if ((p->policy == KVD_POLICY_LAPROX || p->policy == KVD_POLICY_KVD) && rows > 1)
+		/* Layer-wide ranking: at most the same number of tokens in all as uniform budgets. */
+		total = (size_t)rows * (B + w);
+	k = keep_new(rows, total);
+	sel = malloc(((size_t)rows * n + 1) * sizeof(uint32_t));
+	if (!k || !sel) {
+		r = -ENOMEM;
+		goto out;
+	}
+
+	if ((p->policy == KVD_POLICY_LAPROX || p->policy == KVD_POLICY_KVD) && rows > 1) {
+		const float **rp = calloc(rows, sizeof(*rp));
+		uint32_t *lens = calloc(rows, sizeof(uint32_t));
+
+		if (!rp || !lens) {
+			free(rp), free(lens);
+			r = -ENOMEM;
+			goto out;
+		}
+		for (uint32_t row = 0; row < rows; row++)
+			rp[row] = scores + (size_t)row * stride, lens[row] = n;
+		r = (p->reference ? kvd_topk_rows_ref : kvd_topk_rows)(
+			rp, lens, rows, (uint64_t)rows * B, p->threads, budget, sel);
+		free(rp), free(lens);
+		if (r < 0)
+			goto out;
+	}
+
+	for (uint32_t row = 0, done = 0; row < rows; row++) {
+		uint32_t *dst = k->pos + k->off[row];
+
+		if ((p->policy == KVD_POLICY_LAPROX || p->policy == KVD_POLICY_KVD) && rows > 1) {
+			memcpy(dst, sel + done, budget[row] * sizeof(uint32_t));
+			done += budget[row];
+		} else {
+			r = (p->reference ? kvd_topk_ref : kvd_topk)(scores + (size_t)row * stride, n,
+								       budget[row], dst);
+			if (r < 0)
+				goto out;
+		}
+		for (uint32_t i = 0; i < w; i++)
+			dst[budget[row] + i] = n + i;
+		k->off[row + 1] = k->off[row] + budget[row] + w;
+	}
+	*ret = k;
+	k = NULL;
+	r = 0;
+out:
+	kvd_keep_free(k);
+	free(sel);
+	free(budget);
+	free(scores);
+	return r;
+}

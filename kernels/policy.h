@@ -1,0 +1,145 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * Eviction policies by name (DESIGN §5): each maps one layer's window queries, K and V
+ * (and W_o's Gram matrices where it needs them) to the positions each head keeps. This is
+ * the table behind `kvdctl score --policy` and the quality harness; the daemon's rounds
+ * use the same scoring (score.h) with cross-round smoothing and node-wide selection on top.
+ *
+ * Budget. capacity counts tokens per row (kv head, query head, or layer) INCLUDING the
+ * window, like ReST-KV's max_capacity_prompt: a row keeps capacity - w prefix tokens
+ * ([0, L-w)) and then all w window tokens, always. When L <= capacity nothing is evicted.
+ * Kept positions are returned ascending per row.
+ *
+ * Rows. granularity HEAD gives one row per kv head (the cache is GQA-native; per-query
+ * quantities are aggregated over the group as each policy's kernel documents), or per
+ * query head with per_query_head (the published ReST-KV layout, §1.7). LAYER gives one row
+ * for the whole layer: the rows' prefix scores summed per token (the triangle bound for
+ * the output-aware costs), and capacity tokens kept for all heads alike.
+ *
+ * The policies (what "keep" means for each; sources in ALGORITHMS.md):
+ *   full               every token.
+ *   streamingllm       the first n_sink (4) tokens and the most recent ones (§5.1, ReST's
+ *                      harness: 4 + (capacity - 4)); the window is among the most recent.
+ *   h2o                heavy hitters by attention accumulated over the given window
+ *                      queries (baselines.h), plus the window.
+ *   snapkv, pyramidkv  window-summed, avg-pooled (k 5) attention, per-row top; PyramidKV's
+ *                      budget for layer `layer` of `n_layers` (beta 20) replaces
+ *                      capacity - w (§1.6).
+ *   adakv              mean, max-pooled (k 7) attention, per-head budgets from the layer's
+ *                      flattened top-k with the 0.2 floor (§1.6, §5.5).
+ *   tova               the last query's attention averaged over all heads (one decision
+ *                      for the layer), plus the window.
+ *   knorm, keydiff     lowest key norm; most distinctive key (§5.7, 5.8), plus the window.
+ *   expected_attention kvpress's expected attention with the window queries as the query
+ *                      statistics (only post-RoPE queries are available offline; see
+ *                      eq_q), sinks, plus the window.
+ *   restkv             ReST-KV as published: output-reconstruction cost with the window EMA,
+ *                      adaptive window pooling, per-row top-(capacity - w) (§1).
+ *   laprox             LaProx-style CR costs (GQA-joint within a group), N1 shares, one
+ *                      top-k over all rows of the layer: rows keep different numbers of
+ *                      tokens, rows * (capacity - w) prefix tokens in all (§2.2).
+ *   kvd                the default: ReST-KV costs with both smoothings (EMA + AWS), summed
+ *                      over the GQA group, N1 shares, and the same layer-wide top-k as
+ *                      laprox (§7.1, §7.5).
+ * The output-aware policies (restkv, laprox, kvd) use W_o when gram is given and the
+ * value-space norm otherwise.
+ *
+ * Selection follows select.h's order (NaN lowest, ties to the lower position), so the
+ * result is deterministic and no input crashes it.
+ */
+
+#include <errno.h>
+#include <stdint.h>
+
+#include "attn.h"
+#include "restkv.h"
+#include "smooth.h"
+
+enum kvd_policy {
+	KVD_POLICY_FULL,
+	KVD_POLICY_STREAMINGLLM,
+	KVD_POLICY_H2O,
+	KVD_POLICY_SNAPKV,
+	KVD_POLICY_PYRAMIDKV,
+	KVD_POLICY_ADAKV,
+	KVD_POLICY_TOVA,
+	KVD_POLICY_KNORM,
+	KVD_POLICY_KEYDIFF,
+	KVD_POLICY_EXPECTED_ATTENTION,
+	KVD_POLICY_RESTKV,
+	KVD_POLICY_LAPROX,
+	KVD_POLICY_KVD,
+	_KVD_POLICY_MAX,
+	_KVD_POLICY_INVALID = -EINVAL,
+};
+
+/* DESIGN §5's names ("full", ..., "expected_attention", "restkv", "laprox", "kvd"). */
+const char *kvd_policy_to_string(enum kvd_policy p);
+enum kvd_policy kvd_policy_from_string(const char *s);
+
+enum kvd_granularity {
+	KVD_GRANULARITY_HEAD,
+	KVD_GRANULARITY_LAYER,
+	_KVD_GRANULARITY_MAX,
+	_KVD_GRANULARITY_INVALID = -EINVAL,
+};
+
+const char *kvd_granularity_to_string(enum kvd_granularity g);
+enum kvd_granularity kvd_granularity_from_string(const char *s);
+
+struct kvd_policy_params {
+	enum kvd_policy policy;
+	uint32_t capacity;               /* tokens per row, window included */
+	enum kvd_granularity granularity;
+	uint32_t per_query_head;         /* HEAD rows are query heads */
+	/* Window smoothing and pooling, where the policy has them. */
+	enum kvd_temporal_mode temporal;
+	float alpha;
+	enum kvd_pool_mode pooling;
+	uint32_t kernel;
+	double aws_scale;
+	/* ReST-KV cost (restkv, kvd): metric, tau, use_norm; temporal/alpha above. */
+	struct kvd_restkv_opts restkv;
+	/* LaProx: the joint GQA form (else the diagonal sum); N2 layer weight. */
+	uint32_t laprox_joint;
+	float layer_weight;
+	/* PyramidKV: this layer's index and the model's layer count; beta. */
+	uint32_t layer, n_layers, beta;
+	/* ExpectedAttention: pre-RoPE query statistics ([H][eq_rows][d], in->dtype), or NULL
+	 * to use the window queries themselves. */
+	const void *eq_q;
+	uint32_t eq_rows;
+	uint32_t threads;                /* 0: the online CPUs */
+	uint32_t reference;              /* run the plain-C reference kernels */
+};
+
+/*
+ * The published defaults of policy (capacity left 0: set it). restkv/kvd: after, EMA 0.3,
+ * tau 1, adaptive pooling k 5, scale 2000; snapkv/pyramidkv: sum, avg k 5; adakv: mean,
+ * max k 7; laprox: joint, no pooling; layer weight 1; n_layers 1, beta 20.
+ */
+void kvd_policy_params_default(enum kvd_policy policy, struct kvd_policy_params *p);
+
+/* Kept positions: row r keeps pos[off[r]] .. pos[off[r+1]-1], ascending. */
+struct kvd_keep {
+	uint32_t rows;
+	uint32_t *off; /* [rows + 1] */
+	uint32_t *pos;
+};
+
+/* Frees k and its arrays; NULL is fine. Returns NULL. */
+struct kvd_keep *kvd_keep_free(struct kvd_keep *k);
+
+/*
+ * Runs policy p on one layer: in (q, k, v; v may be NULL for policies that do not read it:
+ * full, streamingllm, h2o, snapkv, pyramidkv, adakv, tova, knorm, keydiff), gram
+ * ([H][d][d] G_h, or NULL), gram_group ([Hkv][g*d][g*d], or NULL: needed only for laprox's
+ * joint form with W_o). On success *ret holds the keep sets; free it with kvd_keep_free().
+ *
+ * Returns 0, -EINVAL (bad in or params: capacity < w, an invalid policy or option, a
+ * missing v or gram_group where needed), -ENOMEM or -EAGAIN (threads).
+ */
+int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
+		    const float *gram, const float *gram_group, struct kvd_keep **ret);

@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * Helpers shared by the kernel tests: a seeded generator, random tensors in any kernel
+ * dtype, the atol + |ref|*rtol comparison, and a loop over the SIMD paths this CPU can
+ * run, so that one test checks AVX-512, AVX2 and the generic path against the reference.
+ * Header-only, static functions (each test is its own program).
+ */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "simd.h"
+#include "test.h"
+
+/* splitmix64: small, seedable, the same sequence everywhere. */
+static inline uint64_t kt_next(uint64_t *s) {
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static inline float kt_uniform(uint64_t *s) {
+	return (float)((kt_next(s) >> 40) * (1.0 / (1ull << 23))) - 1.0f;
+}
+
+static inline uint16_t kt_f32_to_bf16(float f) {
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* Round to nearest even binary16; values here are small and normal, or inf/NaN. */
+static inline uint16_t kt_f32_to_f16(float f) {
+	uint32_t u, sign, e;
+	int32_t exp;
+
+	memcpy(&u, &f, 4);
+	sign = (u >> 16) & 0x8000;
+	if (isnan(f))
+		return (uint16_t)(sign | 0x7e00);
+	exp = (int32_t)((u >> 23) & 0xff) - 127 + 15;
+	if (exp >= 31)
+		return (uint16_t)(sign | 0x7c00);
+	if (exp <= 0)
+		return (uint16_t)sign;
+	e = ((uint32_t)exp << 10) | ((u >> 13) & 0x3ff);
+	if ((u & 0x1fff) > 0x1000 || ((u & 0x1fff) == 0x1000 && (e & 1)))
+		e++;
+	return (uint16_t)(sign | e);
+}
+
+/* Stores f as element i of a dtype array. */
+static inline void kt_store(void *base, uint32_t dtype, size_t i, float f) {
+	if (dtype == KVD_KERNEL_F32)
+		((float *)base)[i] = f;
+	else if (dtype == KVD_KERNEL_F16)
+		((uint16_t *)base)[i] = kt_f32_to_f16(f);
+	else
+		((uint16_t *)base)[i] = kt_f32_to_bf16(f);
+}
+
+/* n random elements in [-amp, amp), as dtype; free() the result. */
+static inline void *kt_random(uint64_t *s, uint32_t dtype, size_t n, float amp) {
+	void *p = malloc(n * kvd_dtype_size(dtype) + 1);
+
+	ASSERT_NOT_NULL(p);
+	for (size_t i = 0; i < n; i++)
+		kt_store(p, dtype, i, amp * kt_uniform(s));
+	return p;
+}
+
+static inline float *kt_floats(size_t n) {
+	float *p = calloc(n ? n : 1, sizeof(float));
+
+	ASSERT_NOT_NULL(p);
+	return p;
+}
+
+/*
+ * Whether got matches ref within atol + |ref|*rtol everywhere (NaN matches NaN, inf the
+ * same inf); prints the first mismatch under the given label.
+ */
+static inline int kt_close(const char *what, const float *ref, const float *got, size_t n,
+			   double atol, double rtol) {
+	for (size_t i = 0; i < n; i++) {
+		double r = ref[i], g = got[i];
+
+		if (isnan(r) && isnan(g))
+			continue;
+		if (isinf(r) || isinf(g)) {
+			if (r == g)
+				continue;
+		} else if (fabs(g - r) <= atol + fabs(r) * rtol)
+			continue;
+		fprintf(stderr, "%s: element %zu: ref %.9g, got %.9g (atol %g, rtol %g)\n", what, i,
+			r, g, atol, rtol);
+		return 0;
+	}
+	return 1;
+}
+
+static const char *const kt_paths[] = { "avx512", "avx2", "generic" };
+
+/* Runs body once per SIMD path the CPU supports, with that path forced. */
+#define KT_FOREACH_PATH(path_name)                                                            \
+	for (size_t _kp = 0; _kp < sizeof(kt_paths) / sizeof(kt_paths[0]); _kp++)            \
+		for (const char *path_name = kt_paths[_kp]; path_name;                        \
+		     path_name = (kvd_simd_override(NULL), NULL))                             \
+			if (kvd_simd_get(path_name) &&                                        \
+			    (kvd_simd_override(kvd_simd_get(path_name)), 1))
