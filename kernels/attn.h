@@ -61,3 +61,13 @@ int kvd_attn_head(const struct kvd_attn_in *in, uint32_t h, float *probs);
  */
 size_t kvd_attn_scratch_floats(const struct kvd_attn_in *in);
 int kvd_attn_head_buf(const struct kvd_attn_in *in, uint32_t h, float *probs, float *scratch);
+
+/*
+ * A_h of the nh query heads h0 .. h0+nh-1, which must read the same kv head (at most
+ * H/Hkv of them), into probs[nh][w][L] (the map of head h0 + j at probs + j * w * L): the
+ * keys are read and converted once for all of them, so a whole GQA group costs little more
+ * than one head in memory traffic. Each map is exactly what kvd_attn_head_buf writes for
+ * its head; scratch as there. Returns 0 or -EINVAL.
+ */
+int kvd_attn_heads_buf(const struct kvd_attn_in *in, uint32_t h0, uint32_t nh, float *probs,
+		       float *scratch);

@@ -30,7 +30,7 @@ struct job {
 	const struct kvd_baseline_params *p;
 	const struct kvd_attn_in *in;
 	const struct kvd_simd_ops *ops;
-	float *rows;   /* per work item: [items][L] */
+	float *rows;   /* [H][L], or [Hkv][L] for the per-kv-head baselines */
 	float *vnorm;  /* ExpectedAttention: [Hkv][L] or NULL */
 	double *rope;  /* ExpectedAttention: cbar[d/2], sbar[d/2] */
 	uint32_t items;
@@ -175,11 +175,16 @@ static size_t h2o_scratch(const struct kvd_attn_in *in, uint32_t block) {
 	return 3 * (size_t)in->len + (size_t)v.window * in->len + kvd_attn_scratch_floats(&v);
 }
 
-static int tova_item(struct job *j, uint32_t h, float *scratch) {
+/* TOVA, per kv head: only the last window row matters, so the attention runs on that one
+ * query of each of the g query heads that read the kv head, together, so that the keys are
+ * read and converted once for all g (the rows of consecutive heads are consecutive). */
+static int tova_item(struct job *j, uint32_t kv, float *scratch) {
+	const struct kvd_attn_in *in = j->in;
+	uint32_t g = in->heads / in->kv_heads;
 	struct kvd_attn_in last;
 
-	kvd_bl_window_rows(j->in, j->in->window - 1, j->in->window, &last);
-	return kvd_attn_head_buf(&last, h, j->rows + (size_t)h * j->in->len, scratch);
+	kvd_bl_window_rows(in, in->window - 1, in->window, &last);
+	return kvd_attn_heads_buf(&last, kv * g, g, j->rows + (size_t)kv * g * in->len, scratch);
 }
 
 /* ---- per-key items: one kv head each ---- */
@@ -407,6 +412,7 @@ int kvd_baseline_scores(enum kvd_baseline b, const struct kvd_baseline_params *p
 
 		kvd_bl_window_rows(in, in->window - 1, in->window, &last);
 		j.fn = tova_item, j.scratch_floats = kvd_attn_scratch_floats(&last);
+		j.items = in->kv_heads;
 		break;
 	}
 	case KVD_BASELINE_KNORM:
@@ -420,7 +426,8 @@ int kvd_baseline_scores(enum kvd_baseline b, const struct kvd_baseline_params *p
 		break;
 	}
 
-	j.rows = malloc((size_t)j.items * in->len * sizeof(float));
+	j.rows = malloc((size_t)(kvd_bl_per_kv_head(b) ? in->kv_heads : in->heads) * in->len *
+			sizeof(float));
 	if (!j.rows)
 		return -ENOMEM;
 	if (b == KVD_BASELINE_EXPECTED_ATTENTION) {

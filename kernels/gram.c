@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dtype.h"
 #include "gram.h"
@@ -34,4 +35,19 @@ int kvd_gram(const struct kvd_wo *wo, uint32_t h0, uint32_t nh, float *g) {
 	ops->gemm(n, n, C, xt, C, x, n, g, n, 0);
 	free(x);
 	return 0;
+}
+
+void kvd_gram_fold(uint32_t d, const float *g, size_t ld, float scale, float *u) {
+	/* u = scale g^T first (simd.h's transpose, W x W blocks in registers), so that the sums
+	 * below read both operands along rows. */
+	kvd_simd()->to_f32_t(g, KVD_KERNEL_F32, ld, d, d, scale, u, d);
+	for (uint32_t a = 0; a < d; a++) {
+		float *row = u + (size_t)a * d;
+		const float *ga = g + a * ld;
+
+		memset(row, 0, a * sizeof(float));
+		row[a] = scale * ga[a];
+		for (uint32_t b = a + 1; b < d; b++)
+			row[b] += scale * ga[b];
+	}
 }

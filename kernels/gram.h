@@ -39,3 +39,13 @@ int kvd_wo_check(const struct kvd_wo *wo);
  */
 int kvd_gram_ref(const struct kvd_wo *wo, uint32_t h0, uint32_t nh, float *g);
 int kvd_gram(const struct kvd_wo *wo, uint32_t h0, uint32_t nh, float *g);
+
+/*
+ * The fold of the d x d block at g (row stride ld) into an upper triangle, times scale:
+ * u[a][b] = scale * (g[a][b] + g[b][a]) for a < b, scale * g[a][a] on the diagonal, 0
+ * below. Then x u x^T = scale * x g x^T for every x, with half the products (simd.h's
+ * quad_upper); for a cross block G_hh' also x G_h'h x^T = x G_hh' x^T, so one fold serves
+ * both. scale multiplies each term before the sum: exact for a power of two, such as the
+ * 1 and 2 the kernels use.
+ */
+void kvd_gram_fold(uint32_t d, const float *g, size_t ld, float scale, float *u);

@@ -1,20 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The optimised ReST-KV cost (see restkv.h for the contract). Values are converted to fp32
- * in tiles of TOK_TILE tokens; v G v^T of a tile (the d^2 per-token term that dominates
- * when no cached vgv is given) is a block-triangular gemm against G's folded upper
- * triangle, about half of d^2, plus a dot per row; in "before" mode the
- * per-query outputs are O = A V (a gemm over all L keys) and the cross terms of a tile are
- * (O G) V_tile^T, another gemm, aggregated over the window tile by tile through
- * smooth.h's temporal kernel so that no w x L score matrix is ever stored.
+ * The optimised ReST-KV cost (see restkv.h for the contract), for the query heads that
+ * read one kv head at once (GQA), so that each value tile is read and converted once for
+ * all of them rather than once per head. Values are converted to fp32 in tiles of TOK_TILE
+ * tokens: row-major where the outputs o = A V are accumulated (one gemm for all the heads),
+ * transposed (d x tile, a token per column) where the per-token terms are formed, so that
+ * (o G) . v is one gemm for all the heads and v G v^T (the d^2 term that dominates when no
+ * cached vgv is given) is simd.h's quad_upper against G folded into its upper triangle:
+ * d(d+1)/2 multiply-adds per token, vectorised across tokens. In "before" mode the
+ * per-query cross terms (O G) V_tile^T are a gemm per head, aggregated over the window tile
+ * by tile through smooth.h's temporal kernel so that no w x L score matrix is ever stored.
  */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "dtype.h"
+#include "gram.h"
 #include "restkv.h"
 #include "simd.h"
+#include "vtile.h"
 
 #define TOK_TILE 64u
 
@@ -23,55 +28,6 @@ static int opts_ok(const struct kvd_restkv_opts *o) {
 	    o->temporal >= _KVD_TEMPORAL_MAX || !(o->tau > 0) || !isfinite(o->tau))
 		return 0;
 	return o->temporal != KVD_TEMPORAL_EMA || (o->alpha > 0 && o->alpha <= 1);
-}
-
-static const char *vrow_at(const struct kvd_attn_in *in, uint32_t g, uint32_t i) {
-	return (const char *)in->v +
-	       (g * in->v_head_stride + (size_t)i * in->v_row_stride) * kvd_dtype_size(in->dtype);
-}
-
-/* Rows i0 .. i0+nt-1 of kv head g as fp32 into vt[nt][d]: one call when the rows are
- * contiguous, since per-row calls cost as much as the conversion itself at d = 128. */
-static void load_tile(const struct kvd_simd_ops *ops, const struct kvd_attn_in *in, uint32_t g,
-		      uint32_t i0, uint32_t nt, float *vt) {
-	if (in->v_row_stride == in->dim) {
-		ops->to_f32(vrow_at(in, g, i0), in->dtype, (size_t)nt * in->dim, 1.0f, vt);
-		return;
-	}
-	for (uint32_t r = 0; r < nt; r++)
-		ops->to_f32(vrow_at(in, g, i0 + r), in->dtype, in->dim, 1.0f, vt + (size_t)r * in->dim);
-}
-
-/* Columns per chunk of the triangular product below. */
-#define TRI_CHUNK 32u
-
-/*
- * gu = the upper triangle of G with the off-diagonal pairs folded in (G_ab + G_ba above
- * the diagonal, G_aa on it, 0 below), so that v G v^T = v gu v^T with half the products.
- */
-static void gram_upper(uint32_t d, const float *gram, float *gu) {
-	for (uint32_t a = 0; a < d; a++)
-		for (uint32_t b = 0; b < d; b++)
-			gu[(size_t)a * d + b] = b < a ? 0 :
-						b == a ? gram[(size_t)a * d + a] :
-							 gram[(size_t)a * d + b] + gram[(size_t)b * d + a];
-}
-
-/*
- * vgv[r] = vt_r G vt_r^T for a loaded tile (gu from gram_upper(), or NULL for the identity);
- * ut is [nt][d] scratch. Column chunk j of vt gu only needs the rows a < j + TRI_CHUNK of gu,
- * so each chunk's gemm stops there: about (d/2 + TRI_CHUNK/2) d instead of d^2 per token.
- */
-static void tile_vgv(const struct kvd_simd_ops *ops, uint32_t nt, uint32_t d, const float *vt,
-		     const float *gu, float *ut, float *vgv) {
-	if (gu)
-		for (uint32_t j = 0; j < d; j += TRI_CHUNK) {
-			uint32_t nc = d - j < TRI_CHUNK ? d - j : TRI_CHUNK;
-
-			ops->gemm(nt, nc, j + nc, vt, d, gu + j, d, ut + j, d, 0);
-		}
-	for (uint32_t r = 0; r < nt; r++)
-		vgv[r] = ops->dot(d, gu ? ut + (size_t)r * d : vt + (size_t)r * d, vt + (size_t)r * d);
 }
 
 /* og = o G (G the identity when gram is NULL). */
@@ -88,11 +44,14 @@ static inline float clamped_root(float sq) {
 	return sqrtf(sq > 0 ? sq : 0);
 }
 
-/* (o - v) G (o - v)^T without expanding it: the cancellation guard of restkv.h. x, y [d]. */
-static float direct_sq(const struct kvd_simd_ops *ops, uint32_t d, const float *o, const float *v,
-		       const float *gram, float *x, float *y) {
+/*
+ * (o - v_k) G (o - v_k)^T without expanding it, v_k column k of a transposed tile: the
+ * cancellation guard of restkv.h. x, y [d] scratch.
+ */
+static float direct_sq(const struct kvd_simd_ops *ops, uint32_t d, const float *o, const float *vt,
+		       uint32_t k, const float *gram, float *x, float *y) {
 	for (uint32_t j = 0; j < d; j++)
-		x[j] = o[j] - v[j];
+		x[j] = o[j] - vt[(size_t)j * TOK_TILE + k];
 	if (!gram)
 		return ops->dot(d, x, x);
 	ops->gemm(1, d, d, x, d, gram, d, y, d, 0);
@@ -103,153 +62,195 @@ int kvd_restkv_vgv(const struct kvd_attn_in *in, uint32_t h, const float *gram, 
 		   float *vgv) {
 	const struct kvd_simd_ops *ops = kvd_simd();
 	uint32_t d, g;
-	float *vt;
+	float *vt, *gu;
 
 	if (kvd_attn_in_check(in) < 0 || !in->v || h >= in->heads || n > in->len || (n && !vgv))
 		return -EINVAL;
 	d = in->dim, g = kvd_attn_kv_head(in, h);
-	vt = malloc(((size_t)2 * TOK_TILE * d + (size_t)d * d) * sizeof(float));
+	vt = malloc(((size_t)TOK_TILE * d + (size_t)d * d) * sizeof(float));
 	if (!vt)
 		return -ENOMEM;
-	if (gram)
-		gram_upper(d, gram, vt + (size_t)2 * TOK_TILE * d);
+	gu = gram ? vt + (size_t)TOK_TILE * d : NULL;
+	if (gu)
+		kvd_gram_fold(d, gram, d, 1.0f, gu);
 	for (uint32_t i0 = 0; i0 < n; i0 += TOK_TILE) {
 		uint32_t nt = n - i0 < TOK_TILE ? n - i0 : TOK_TILE;
 
-		load_tile(ops, in, g, i0, nt, vt);
-		tile_vgv(ops, nt, d, vt, gram ? vt + (size_t)2 * TOK_TILE * d : NULL,
-			 vt + (size_t)TOK_TILE * d, vgv + i0);
+		kvd_vtile_t(ops, in, g, i0, nt, vt, TOK_TILE);
+		kvd_vtile_quad(ops, d, nt, vt, TOK_TILE, gu, vgv + i0);
 	}
 	free(vt);
 	return 0;
 }
 
-static int head_after(const struct kvd_simd_ops *ops, const struct kvd_attn_in *in, uint32_t g,
-		      const float *probs, const float *gram, const float *gu, const float *vgv,
-		      const struct kvd_restkv_opts *o, float *cost, float *buf) {
+/*
+ * "after" for the nh heads of kv head g: each head's aggregated attention a (held in its cost
+ * row until it becomes the cost), the outputs o = a V of all the heads in one pass over
+ * row-major tiles, then one pass over transposed tiles for the per-token terms.
+ */
+static int heads_after(const struct kvd_simd_ops *ops, const struct kvd_attn_in *in, uint32_t g,
+		       uint32_t nh, const float *probs, const float *gram, const float *gu,
+		       const float *vgv, const struct kvd_restkv_opts *o, float *cost, float *buf) {
 	uint32_t w = in->window, L = in->len, d = in->dim, n = L - w;
-	float *vt = buf, *ut = vt + (size_t)TOK_TILE * d, *ov = ut + (size_t)TOK_TILE * d,
-	      *og = ov + d, *x = og + d, *y = x + d, *tv = y + d, ogo;
+	size_t wl = (size_t)w * L;
+	float *vt = buf, *ov = vt + (size_t)TOK_TILE * d, *og = ov + (size_t)nh * d,
+	      *ogo = og + (size_t)nh * d, *dots = ogo + nh, *tv = dots + (size_t)nh * TOK_TILE,
+	      *x = tv + TOK_TILE, *y = x + d;
 	int r;
 
-	/* cost holds the aggregated attention a_i until it is replaced by the cost. */
-	r = kvd_temporal_agg(o->temporal, o->alpha, probs, w, L, n, cost);
-	if (r < 0)
-		return r;
-	for (uint32_t j = 0; j < d; j++)
-		ov[j] = 0;
-	for (uint32_t i0 = 0; i0 < n; i0 += TOK_TILE) {
-		uint32_t nt = n - i0 < TOK_TILE ? n - i0 : TOK_TILE;
-
-		load_tile(ops, in, g, i0, nt, vt);
-		ops->gemm(1, d, nt, cost + i0, nt, vt, d, ov, d, 1);
-	}
-	times_gram(ops, 1, d, ov, gram, og);
-	ogo = ops->dot(d, og, ov);
-	for (uint32_t i0 = 0; i0 < n; i0 += TOK_TILE) {
-		uint32_t nt = n - i0 < TOK_TILE ? n - i0 : TOK_TILE;
-
-		load_tile(ops, in, g, i0, nt, vt);
-		if (!vgv)
-			tile_vgv(ops, nt, d, vt, gu, ut, tv);
-		for (uint32_t k = 0; k < nt; k++) {
-			const float *v = vt + (size_t)k * d;
-			float a = cost[i0 + k], sq, norm;
-
-			if (a >= KVD_RESTKV_A_DIRECT)
-				sq = direct_sq(ops, d, ov, v, gram, x, y);
-			else
-				sq = ogo - 2 * ops->dot(d, og, v) + (vgv ? vgv[i0 + k] : tv[k]);
-			norm = clamped_root(sq);
-			cost[i0 + k] = kvd_restkv_cost(a, o->tau == 1 ? norm : powf(norm, o->tau));
-		}
-	}
-	return 0;
-}
-
-static int head_before(const struct kvd_simd_ops *ops, const struct kvd_attn_in *in, uint32_t g,
-		       const float *probs, const float *gram, const float *gu, const float *vgv,
-		       const struct kvd_restkv_opts *o, float *cost, float *buf) {
-	uint32_t w = in->window, L = in->len, d = in->dim, n = L - w;
-	float *vt = buf, *ut = vt + (size_t)TOK_TILE * d, *tv = ut + (size_t)TOK_TILE * d,
-	      *O = tv + TOK_TILE, *Y = O + (size_t)w * d, *ogo = Y + (size_t)w * d,
-	      *onorm = ogo + w, *vtt = onorm + w, *cross = vtt + (size_t)d * TOK_TILE,
-	      *x = cross + (size_t)w * TOK_TILE, *y = x + d;
-	int r;
-
-	/* O = A V over every key (the true per-query outputs), then Y = O G. */
-	for (uint32_t i0 = 0; i0 < L; i0 += TOK_TILE) {
-		uint32_t nt = L - i0 < TOK_TILE ? L - i0 : TOK_TILE;
-
-		load_tile(ops, in, g, i0, nt, vt);
-		ops->gemm(w, d, nt, probs + i0, L, vt, d, O, d, i0 > 0);
-	}
-	times_gram(ops, w, d, O, gram, Y);
-	for (uint32_t t = 0; t < w; t++) {
-		ogo[t] = ops->dot(d, Y + (size_t)t * d, O + (size_t)t * d);
-		onorm[t] = o->use_norm && ogo[t] > 0 ? 1.0f / sqrtf(ogo[t]) : 1.0f;
-	}
-	for (uint32_t i0 = 0; i0 < n; i0 += TOK_TILE) {
-		uint32_t nt = n - i0 < TOK_TILE ? n - i0 : TOK_TILE;
-
-		load_tile(ops, in, g, i0, nt, vt);
-		if (!vgv)
-			tile_vgv(ops, nt, d, vt, gu, ut, tv);
-		else
-			for (uint32_t k = 0; k < nt; k++)
-				tv[k] = vgv[i0 + k];
-		for (uint32_t k = 0; k < nt; k++)
-			for (uint32_t j = 0; j < d; j++)
-				vtt[(size_t)j * TOK_TILE + k] = vt[(size_t)k * d + j];
-		ops->gemm(w, nt, d, Y, d, vtt, TOK_TILE, cross, TOK_TILE, 0);
-		/* The per-query scores overwrite the cross terms, then fold over the window. */
-		for (uint32_t t = 0; t < w; t++) {
-			const float *p = probs + (size_t)t * L + i0;
-			float *c = cross + (size_t)t * TOK_TILE;
-
-			for (uint32_t k = 0; k < nt; k++) {
-				float sq = p[k] >= KVD_RESTKV_A_DIRECT ?
-						   direct_sq(ops, d, O + (size_t)t * d, vt + (size_t)k * d,
-							     gram, x, y) :
-						   ogo[t] - 2 * c[k] + tv[k];
-
-				c[k] = kvd_restkv_cost(p[k], clamped_root(sq) * onorm[t]);
-			}
-		}
-		r = kvd_temporal_agg(o->temporal, o->alpha, cross, w, TOK_TILE, nt, cost + i0);
+	for (uint32_t j = 0; j < nh; j++) {
+		r = kvd_temporal_agg(o->temporal, o->alpha, probs + j * wl, w, L, n,
+				     cost + (size_t)j * n);
 		if (r < 0)
 			return r;
 	}
+	memset(ov, 0, (size_t)nh * d * sizeof(float));
+	for (uint32_t i0 = 0; i0 < n; i0 += TOK_TILE) {
+		uint32_t nt = n - i0 < TOK_TILE ? n - i0 : TOK_TILE;
+
+		kvd_vtile(ops, in, g, i0, nt, vt);
+		ops->gemm(nh, d, nt, cost + i0, n, vt, d, ov, d, 1);
+	}
+	for (uint32_t j = 0; j < nh; j++) {
+		times_gram(ops, 1, d, ov + (size_t)j * d, gram ? gram + (size_t)j * d * d : NULL,
+			   og + (size_t)j * d);
+		ogo[j] = ops->dot(d, og + (size_t)j * d, ov + (size_t)j * d);
+	}
+	for (uint32_t i0 = 0; i0 < n; i0 += TOK_TILE) {
+		uint32_t nt = n - i0 < TOK_TILE ? n - i0 : TOK_TILE;
+
+		kvd_vtile_t(ops, in, g, i0, nt, vt, TOK_TILE);
+		ops->gemm(nh, nt, d, og, d, vt, TOK_TILE, dots, TOK_TILE, 0);
+		for (uint32_t j = 0; j < nh; j++) {
+			const float *gj = gram ? gram + (size_t)j * d * d : NULL;
+			float *c = cost + (size_t)j * n + i0;
+
+			if (!vgv)
+				kvd_vtile_quad(ops, d, nt, vt, TOK_TILE,
+					       gu ? gu + (size_t)j * d * d : NULL, tv);
+			for (uint32_t k = 0; k < nt; k++) {
+				float a = c[k], sq, norm;
+
+				if (a >= KVD_RESTKV_A_DIRECT)
+					sq = direct_sq(ops, d, ov + (size_t)j * d, vt, k, gj, x, y);
+				else
+					sq = ogo[j] - 2 * dots[(size_t)j * TOK_TILE + k] +
+					     (vgv ? vgv[(size_t)j * n + i0 + k] : tv[k]);
+				norm = clamped_root(sq);
+				c[k] = kvd_restkv_cost(a, o->tau == 1 ? norm : powf(norm, o->tau));
+			}
+		}
+	}
 	return 0;
 }
 
-int kvd_restkv_head(const struct kvd_attn_in *in, uint32_t h, const float *probs,
-		    const float *gram, const float *vgv, const struct kvd_restkv_opts *o,
-		    float *cost) {
+/*
+ * "before" for the nh heads of kv head g: each head's per-query outputs O = A V over every
+ * key (one pass over row-major tiles), then per transposed tile and head the cross terms
+ * (O G) V_tile^T, the per-query scores and their fold over the window.
+ */
+static int heads_before(const struct kvd_simd_ops *ops, const struct kvd_attn_in *in, uint32_t g,
+			uint32_t nh, const float *probs, const float *gram, const float *gu,
+			const float *vgv, const struct kvd_restkv_opts *o, float *cost, float *buf) {
+	uint32_t w = in->window, L = in->len, d = in->dim, n = L - w;
+	size_t wd = (size_t)w * d, wl = (size_t)w * L;
+	float *vt = buf, *O = vt + (size_t)TOK_TILE * d, *Y = O + nh * wd, *ogo = Y + nh * wd,
+	      *onorm = ogo + (size_t)nh * w, *cross = onorm + (size_t)nh * w,
+	      *tv = cross + (size_t)w * TOK_TILE, *x = tv + TOK_TILE, *y = x + d;
+	int r;
+
+	for (uint32_t i0 = 0; i0 < L; i0 += TOK_TILE) {
+		uint32_t nt = L - i0 < TOK_TILE ? L - i0 : TOK_TILE;
+
+		kvd_vtile(ops, in, g, i0, nt, vt);
+		for (uint32_t j = 0; j < nh; j++)
+			ops->gemm(w, d, nt, probs + j * wl + i0, L, vt, d, O + j * wd, d, i0 > 0);
+	}
+	for (uint32_t j = 0; j < nh; j++) {
+		times_gram(ops, w, d, O + j * wd, gram ? gram + (size_t)j * d * d : NULL,
+			   Y + j * wd);
+		for (uint32_t t = 0; t < w; t++) {
+			float *q = ogo + (size_t)j * w + t;
+
+			*q = ops->dot(d, Y + j * wd + (size_t)t * d, O + j * wd + (size_t)t * d);
+			onorm[(size_t)j * w + t] = o->use_norm && *q > 0 ? 1.0f / sqrtf(*q) : 1.0f;
+		}
+	}
+	for (uint32_t i0 = 0; i0 < n; i0 += TOK_TILE) {
+		uint32_t nt = n - i0 < TOK_TILE ? n - i0 : TOK_TILE;
+
+		kvd_vtile_t(ops, in, g, i0, nt, vt, TOK_TILE);
+		for (uint32_t j = 0; j < nh; j++) {
+			const float *gj = gram ? gram + (size_t)j * d * d : NULL, *Oj = O + j * wd;
+			const float *ogoj = ogo + (size_t)j * w, *onj = onorm + (size_t)j * w;
+
+			if (!vgv)
+				kvd_vtile_quad(ops, d, nt, vt, TOK_TILE,
+					       gu ? gu + (size_t)j * d * d : NULL, tv);
+			else
+				memcpy(tv, vgv + (size_t)j * n + i0, nt * sizeof(float));
+			ops->gemm(w, nt, d, Y + j * wd, d, vt, TOK_TILE, cross, TOK_TILE, 0);
+			/* The per-query scores overwrite the cross terms, then fold over the window. */
+			for (uint32_t t = 0; t < w; t++) {
+				const float *p = probs + j * wl + (size_t)t * L + i0;
+				float *c = cross + (size_t)t * TOK_TILE;
+
+				for (uint32_t k = 0; k < nt; k++) {
+					float sq = p[k] >= KVD_RESTKV_A_DIRECT ?
+							   direct_sq(ops, d, Oj + (size_t)t * d, vt, k,
+								     gj, x, y) :
+							   ogoj[t] - 2 * c[k] + tv[k];
+
+					c[k] = kvd_restkv_cost(p[k], clamped_root(sq) * onj[t]);
+				}
+			}
+			r = kvd_temporal_agg(o->temporal, o->alpha, cross, w, TOK_TILE, nt,
+					     cost + (size_t)j * n + i0);
+			if (r < 0)
+				return r;
+		}
+	}
+	return 0;
+}
+
+int kvd_restkv_heads(const struct kvd_attn_in *in, uint32_t h0, uint32_t nh, const float *probs,
+		     const float *gram, const float *vgv, const struct kvd_restkv_opts *o,
+		     float *cost) {
 	const struct kvd_simd_ops *ops = kvd_simd();
 	uint32_t d, w;
 	size_t need;
 	float *buf, *gu;
 	int r;
 
-	if (kvd_attn_in_check(in) < 0 || !in->v || h >= in->heads || !probs || !cost || !opts_ok(o))
+	if (kvd_attn_in_check(in) < 0 || !in->v || nh == 0 || h0 >= in->heads ||
+	    nh > in->heads - h0 || kvd_attn_kv_head(in, h0) != kvd_attn_kv_head(in, h0 + nh - 1) ||
+	    !probs || !cost || !opts_ok(o))
 		return -EINVAL;
 	d = in->dim, w = in->window;
 	/* The larger of the two modes' scratch (see their pointer carving). */
-	need = (size_t)3 * TOK_TILE * d + TOK_TILE + 2 * (size_t)w * d + 2 * w +
-	       (size_t)w * TOK_TILE + 4 * (size_t)d;
-	/* Plus gu, d x d, at the end (only needed when v G v^T is computed here). */
-	buf = malloc((need + (size_t)d * d) * sizeof(float));
+	need = (size_t)TOK_TILE * d + 2 * TOK_TILE + 2 * (size_t)d +
+	       (o->metric == KVD_RESTKV_AFTER ?
+			(size_t)nh * (2 * d + 1 + TOK_TILE) :
+			(size_t)nh * (2 * (size_t)w * d + 2 * w) + (size_t)w * TOK_TILE);
+	/* Plus the heads' folded G, nh d x d, at the end (only when v G v^T is computed here). */
+	buf = malloc((need + (gram && !vgv ? (size_t)nh * d * d : 0)) * sizeof(float));
 	if (!buf)
 		return -ENOMEM;
 	gu = gram && !vgv ? buf + need : NULL;
-	if (gu)
-		gram_upper(d, gram, gu);
+	for (uint32_t j = 0; gu && j < nh; j++)
+		kvd_gram_fold(d, gram + (size_t)j * d * d, d, 1.0f, gu + (size_t)j * d * d);
 	if (o->metric == KVD_RESTKV_AFTER)
-		r = head_after(ops, in, kvd_attn_kv_head(in, h), probs, gram, gu, vgv, o, cost, buf);
-	else
-		r = head_before(ops, in, kvd_attn_kv_head(in, h), probs, gram, gu, vgv, o, cost,
+		r = heads_after(ops, in, kvd_attn_kv_head(in, h0), nh, probs, gram, gu, vgv, o, cost,
 				buf);
+	else
+		r = heads_before(ops, in, kvd_attn_kv_head(in, h0), nh, probs, gram, gu, vgv, o,
+				 cost, buf);
 	free(buf);
 	return r;
+}
+
+int kvd_restkv_head(const struct kvd_attn_in *in, uint32_t h, const float *probs,
+		    const float *gram, const float *vgv, const struct kvd_restkv_opts *o,
+		    float *cost) {
+	return kvd_restkv_heads(in, h, 1, probs, gram, vgv, o, cost);
 }

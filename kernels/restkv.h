@@ -116,6 +116,17 @@ int kvd_restkv_head(const struct kvd_attn_in *in, uint32_t h, const float *probs
 		    const float *gram, const float *vgv, const struct kvd_restkv_opts *o,
 		    float *cost);
 
+/*
+ * kvd_restkv_head for the nh query heads h0 .. h0+nh-1, which must read the same kv head
+ * (at most H/Hkv of them), at once: the values are read and converted once for all of
+ * them. probs is [nh][w][L] (kvd_attn_heads_buf()), gram [nh][d][d] (G of those heads, in
+ * order) or NULL, vgv [nh][L - w] or NULL, cost [nh][L - w]. Each cost row is exactly what
+ * kvd_restkv_head gives for its head. Same errors.
+ */
+int kvd_restkv_heads(const struct kvd_attn_in *in, uint32_t h0, uint32_t nh, const float *probs,
+		     const float *gram, const float *vgv, const struct kvd_restkv_opts *o,
+		     float *cost);
+
 /* The clamped odds a/(1-a) of the cost (exposed for tests; NaN stays NaN). Costs of
  * tokens with a > KVD_RESTKV_A_MAX are +inf whatever this returns (sinks, above). */
 static inline float kvd_restkv_odds(float a) {

@@ -2,9 +2,11 @@
 /*
  * The per-layer scoring pipeline (see score.h). One implementation of the steps, run
  * either with the reference kernels on the caller's thread or with the optimised kernels
- * on a few pthreads that take work items (heads, or kv groups) from a shared counter.
- * Each item writes only its own rows, and the GQA sums run afterwards in head order, so
- * the result does not depend on the number of threads or on scheduling.
+ * on a few pthreads that take work items from a shared counter. An item is a kv head with
+ * the g query heads that read it, so that the optimised attention and ReST-KV kernels read
+ * and convert its keys and values once for all g (GQA). Each item writes only its own rows,
+ * and the GQA sums run afterwards in head order, so the result does not depend on the
+ * number of threads or on scheduling.
  */
 #include <errno.h>
 #include <math.h>
@@ -12,14 +14,18 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "laprox.h"
 #include "score.h"
 
+/* The kernels of one path. Work items are kv heads: attn and restkv take the g query heads
+ * of one at once; the per-head kernels run on each in turn. */
 struct kset {
-	int (*attn)(const struct kvd_attn_in *in, uint32_t h, float *probs, float *scratch);
-	int (*restkv)(const struct kvd_attn_in *in, uint32_t h, const float *probs,
+	int (*attn)(const struct kvd_attn_in *in, uint32_t h0, uint32_t nh, float *probs,
+		    float *scratch);
+	int (*restkv)(const struct kvd_attn_in *in, uint32_t h0, uint32_t nh, const float *probs,
 		      const float *gram, const float *vgv, const struct kvd_restkv_opts *o,
 		      float *cost);
 	int (*laprox)(const struct kvd_attn_in *in, uint32_t h, const float *probs,
@@ -32,13 +38,37 @@ struct kset {
 		    uint32_t n, float *out);
 };
 
-static int attn_ref(const struct kvd_attn_in *in, uint32_t h, float *probs, float *scratch) {
-	return kvd_attn_head_ref(in, h, probs);
+/* The reference kernels are per head: these run them on the nh heads one after the other. */
+static int attn_ref(const struct kvd_attn_in *in, uint32_t h0, uint32_t nh, float *probs,
+		    float *scratch) {
+	for (uint32_t j = 0; j < nh; j++) {
+		int r = kvd_attn_head_ref(in, h0 + j, probs + (size_t)j * in->window * in->len);
+
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+static int restkv_ref(const struct kvd_attn_in *in, uint32_t h0, uint32_t nh, const float *probs,
+		      const float *gram, const float *vgv, const struct kvd_restkv_opts *o,
+		      float *cost) {
+	size_t n = in->len - in->window, dd = (size_t)in->dim * in->dim;
+
+	for (uint32_t j = 0; j < nh; j++) {
+		int r = kvd_restkv_head_ref(in, h0 + j, probs + (size_t)j * in->window * in->len,
+					    gram ? gram + j * dd : NULL, vgv ? vgv + j * n : NULL, o,
+					    cost + j * n);
+
+		if (r < 0)
+			return r;
+	}
+	return 0;
 }
 
 static const struct kset kernels_ref = {
 	.attn = attn_ref,
-	.restkv = kvd_restkv_head_ref,
+	.restkv = restkv_ref,
 	.laprox = kvd_laprox_head_ref,
 	.laprox_group = kvd_laprox_group_ref,
 	.aws = kvd_aws_params_ref,
@@ -46,8 +76,8 @@ static const struct kset kernels_ref = {
 };
 
 static const struct kset kernels_opt = {
-	.attn = kvd_attn_head_buf,
-	.restkv = kvd_restkv_head,
+	.attn = kvd_attn_heads_buf,
+	.restkv = kvd_restkv_heads,
 	.laprox = kvd_laprox_head,
 	.laprox_group = kvd_laprox_group,
 	.aws = kvd_aws_params,
@@ -100,9 +130,9 @@ struct job {
 	const float *gram, *gram_group;
 	const struct kvd_score_params *p;
 	const struct kset *k;
-	int joint;       /* items are kv groups (LaProx joint) rather than query heads */
-	uint32_t items;
-	float *rows;     /* [items][n]: per query head, or per group when joint */
+	int joint;       /* one cost row per kv head (LaProx joint) rather than per query head */
+	uint32_t items;  /* kv heads */
+	float *rows;     /* [H][n], or [Hkv][n] when joint */
 	atomic_uint next;
 	atomic_int error;
 };
@@ -140,65 +170,86 @@ static int pool(const struct job *j, const float *probs, uint32_t heads_in_probs
 			  cost, n, out);
 }
 
+/* One kv head: the attention of its g query heads, their costs, and the pooled rows. */
 static int run_item(struct job *j, uint32_t item, float **P, float *scratch, float *cost) {
 	const struct kvd_attn_in *in = j->in;
 	const struct kvd_score_params *p = j->p;
 	uint32_t n = in->len - in->window, d = in->dim;
-	uint32_t g = in->heads / in->kv_heads;
-	float *row = j->rows + (size_t)item * n;
+	uint32_t g = in->heads / in->kv_heads, h0 = item * g;
+	float *rows = j->rows + (size_t)item * (j->joint ? 1 : g) * n;
 	int r;
 
+	r = j->k->attn(in, h0, g, P[0], scratch);
+	if (r < 0)
+		return r;
 	if (j->joint) {
-		for (uint32_t a = 0; a < g; a++) {
-			r = j->k->attn(in, item * g + a, P[a], scratch);
-			if (r < 0)
-				return r;
-		}
 		r = j->k->laprox_group(in, item, (const float *const *)P,
 				       j->gram_group ? j->gram_group + (size_t)item * g * d * g * d :
 						       NULL,
 				       cost);
 		if (r < 0)
 			return r;
-		return pool(j, NULL, g, (const float *const *)P, cost, row);
+		return pool(j, NULL, g, (const float *const *)P, cost, rows);
 	}
-
-	r = j->k->attn(in, item, P[0], scratch);
-	if (r < 0)
-		return r;
 	if (p->kind == KVD_SCORE_RESTKV)
-		r = j->k->restkv(in, item, P[0], j->gram ? j->gram + (size_t)item * d * d : NULL, NULL,
+		r = j->k->restkv(in, h0, g, P[0], j->gram ? j->gram + (size_t)h0 * d * d : NULL, NULL,
 				 &p->restkv, cost);
 	else
-		r = j->k->laprox(in, item, P[0], j->gram ? j->gram + (size_t)item * d * d : NULL, NULL,
-				 cost);
-	if (r < 0)
-		return r;
-	return pool(j, P[0], 1, NULL, cost, row);
+		for (uint32_t a = 0; r >= 0 && a < g; a++)
+			r = j->k->laprox(in, h0 + a, P[a],
+					 j->gram ? j->gram + (size_t)(h0 + a) * d * d : NULL, NULL,
+					 cost + (size_t)a * n);
+	for (uint32_t a = 0; r >= 0 && a < g; a++)
+		r = pool(j, P[a], 1, NULL, cost + (size_t)a * n, rows + (size_t)a * n);
+	return r;
+}
+
+/* Transparent huge pages: 2 MiB. */
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/*
+ * The large per-call buffers (a worker's g attention maps: 64 MiB at 128k tokens) are
+ * touched once per call, and faulting them in 4 KiB pages took about 6% of a ReST-KV layer
+ * at 128k tokens: aligned to huge pages and advised for them, they fault 512 times less
+ * often. The advice is only a hint; without it the buffers work the same.
+ */
+static float *alloc_big(size_t floats) {
+	size_t bytes = floats * sizeof(float);
+	void *p;
+
+	if (bytes < HUGE_PAGE)
+		return malloc(bytes);
+	if (posix_memalign(&p, HUGE_PAGE, bytes) != 0)
+		return NULL;
+#ifdef MADV_HUGEPAGE
+	madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+	return p;
 }
 
 static void *worker(void *arg) {
 	struct job *j = arg;
 	const struct kvd_attn_in *in = j->in;
-	uint32_t nP = j->joint ? in->heads / in->kv_heads : 1, n = in->len - in->window;
+	uint32_t g = in->heads / in->kv_heads, n = in->len - in->window;
 	size_t wl = (size_t)in->window * in->len;
 	float *P[64] = {}, *mem;
 	int r = 0;
 
-	/* nP attention maps, the attention scratch, one cost row. */
-	mem = malloc((nP * wl + kvd_attn_scratch_floats(in) + n + 1) * sizeof(float));
+	/* The g attention maps (consecutive: P[a] = P[0] + a * w * L), the attention scratch,
+	 * g cost rows. */
+	mem = alloc_big(g * wl + kvd_attn_scratch_floats(in) + (size_t)g * n + 1);
 	if (!mem) {
 		atomic_store(&j->error, -ENOMEM);
 		return NULL;
 	}
-	for (uint32_t a = 0; a < nP; a++)
+	for (uint32_t a = 0; a < g; a++)
 		P[a] = mem + a * wl;
 	for (;;) {
 		uint32_t item = atomic_fetch_add(&j->next, 1);
 
 		if (item >= j->items || atomic_load(&j->error) < 0)
 			break;
-		r = run_item(j, item, P, mem + nP * wl, mem + nP * wl + kvd_attn_scratch_floats(in));
+		r = run_item(j, item, P, mem + g * wl, mem + g * wl + kvd_attn_scratch_floats(in));
 		if (r < 0) {
 			int zero = 0;
 
@@ -227,11 +278,11 @@ static int score_layer(const struct kset *k, uint32_t threads, const struct kvd_
 	if (g > 64)
 		return -EINVAL;
 	j.joint = p->kind == KVD_SCORE_LAPROX && p->laprox_joint && !p->per_query_head;
-	j.items = j.joint ? in->kv_heads : in->heads;
-	if (j.items == rows)
+	j.items = in->kv_heads;
+	if (j.joint || rows == in->heads)
 		j.rows = scores;
 	else {
-		tmp = malloc(((size_t)j.items * n + 1) * sizeof(float));
+		tmp = alloc_big((size_t)in->heads * n + 1);
 		if (!tmp)
 			return -ENOMEM;
 		j.rows = tmp;

@@ -7,7 +7,8 @@
  * every head of one layer, threaded across heads. policy.h turns the scores into keep
  * sets; the daemon calls the same function per (sequence, layer) in a round.
  *
- * Steps, for each query head h (a work item; items are shared by `threads` threads):
+ * Steps, for each query head h (work items are kv heads, each with the g query heads that
+ * read it; items are shared by `threads` threads):
  *   1. A_h = window attention (attn.h);
  *   2. the cost of each prefix token i < L - w: ReST-KV (restkv.h, with its options) or
  *      the LaProx-style diagonal cost (laprox.h);
@@ -21,7 +22,7 @@
  * that each head's AWS shift follows its own attention drift.
  *
  * LaProx with laprox_joint and kv-head rows uses the exact GQA-joint cost of the group
- * instead (one work item per kv head, all g attention maps at once); its adaptive pooling
+ * instead (all g attention maps at once); its adaptive pooling
  * uses the mean of the g heads' t_h (kvd_aws_from_t()), since the joint row has no single
  * head.
  *

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* The AVX2 path of simd.h: 8 lanes, a 6x2-vector (6x16) gemm micro-tile (16 ymm registers). */
 #if defined(__x86_64__) || defined(__i386__)
-#pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
 #define SIMD_W 8

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* The AVX-512 path of simd.h: 16 lanes, a 4x4-vector (4x64) gemm micro-tile. */
 #if defined(__x86_64__) || defined(__i386__)
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx2,fma,f16c")
 #include <immintrin.h>
 
 #define SIMD_W 16

@@ -1,18 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The optimised smoothing kernels. Temporal aggregation and pooling are O(w*n) and O(k*n)
- * streaming loops, negligible next to the O(w*L*d) window attention that feeds them, so
- * they are one clean implementation each: row-major over column blocks (cache-friendly,
- * auto-vectorisable), and pooling split into an unclamped interior and clamped edges. Their
- * per-element operation order is the reference's, so they agree with it to the bit unless
- * the compiler contracts a*b+c. The AWS top-K, the one super-linear step of the reference
- * (a sort per row), is an O(L) radix selection here.
+ * streaming loops: row-major over column blocks (cache-friendly), the EMA step on simd.h's
+ * axpby, and pooling split into an unclamped interior and clamped edges. Their per-element
+ * operation order is the reference's, so they agree with it to the bit unless the compiler
+ * contracts a*b+c (the EMA's axpby does, on the FMA paths). The AWS top-K, the one
+ * super-linear step of the reference (a sort per row), is one vector pass per row here
+ * while a band around the previous row's K-th largest holds the row's own, else three
+ * (a histogram, then two scans): they read each of the w rows of L entries, which costs as
+ * much as the softmax that made them, so the passes are simd.h's rank ops.
  */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd.h"
 #include "smooth.h"
 
 /* Columns per block: the accumulator block stays in L1 while the w rows stream past. */
@@ -20,6 +23,7 @@
 
 int kvd_temporal_agg(enum kvd_temporal_mode mode, float alpha, const float *probs, uint32_t w,
 		     size_t stride, uint32_t n, float *agg) {
+	const struct kvd_simd_ops *ops = kvd_simd();
 	float beta = 1 - alpha;
 
 	if (w == 0 || stride < n || (n > 0 && (!probs || !agg)) || (int)mode < 0 ||
@@ -41,8 +45,7 @@ int kvd_temporal_agg(enum kvd_temporal_mode mode, float alpha, const float *prob
 			const float *restrict x = probs + (size_t)t * stride + c0;
 
 			if (mode == KVD_TEMPORAL_EMA)
-				for (uint32_t i = 0; i < nc; i++)
-					acc[i] = alpha * x[i] + beta * acc[i];
+				ops->axpby(nc, alpha, x, beta, acc);
 			else
 				for (uint32_t i = 0; i < nc; i++)
 					acc[i] += x[i];
@@ -137,79 +140,130 @@ int kvd_pool_row(enum kvd_pool_mode mode, uint32_t kernel, int32_t shift, const 
 	return 0;
 }
 
-/*
- * An unsigned key whose order is the ranking order of kvd_aws_params(): larger value,
- * larger key; -0 and +0 one key; NaN the smallest key of all (0, which no number maps to).
- */
-static uint32_t rank_key(float v) {
-	uint32_t u;
+/* The top bits of the keys that the histogram of row_topk_position_sum() counts. */
+#define TOPK_BUCKET_BITS 12u
+#define TOPK_BUCKETS (1u << TOPK_BUCKET_BITS)
+/* The least half-width of the band that row_topk_position_sum() tries first: 2^19 keys,
+ * 1/16 of an octave (a key step is an ulp). */
+#define TOPK_GUESS_HALF (1u << 19)
 
-	if (isnan(v))
-		return 0;
-	if (v == 0)
-		v = 0;
-	memcpy(&u, &v, sizeof(u));
-	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+/*
+ * What the rows of one head tell the next: the last row's K-th largest key, and the
+ * half-width of the band around it to try first, which grows to twice the largest step
+ * the K-th largest has made between rows so far (0: no row seen yet).
+ */
+struct topk_guess {
+	uint32_t kth, half;
+};
+
+/*
+ * The sum of pos[i] over the K largest of key[0..n), ties toward lower i, 0 < K <= n, every
+ * key within [lo, hi]; returns the K-th largest key T in *kth. An MSB-first radix selection
+ * of T, 8 bits at a time below the top bits that lo and hi (so every key) share: each pass
+ * counts the digits, adds the positions of the keys whose digit is above T's, and keeps
+ * the keys whose digit is T's (in order, in place), so the passes shrink. The keys left at
+ * the end all equal T, and the first of them that are needed are taken.
+ */
+static uint64_t select_sum(uint32_t *key, uint32_t *pos, uint32_t n, uint32_t K, uint32_t lo,
+			   uint32_t hi, uint32_t *kth) {
+	uint32_t prefix = lo, need = K;
+	uint64_t sum = 0;
+	int shift = 24;
+
+	while (shift >= 0 && lo >> shift == hi >> shift)
+		shift -= 8;
+	for (; shift >= 0; shift -= 8) {
+		uint32_t hist[256] = { 0 }, b = 255, m = 0;
+
+		for (uint32_t i = 0; i < n; i++)
+			hist[(key[i] >> shift) & 0xff]++;
+		for (; b > 0 && hist[b] < need; b--)
+			need -= hist[b];
+		/* Branch-free: every key is written at m, which only those with digit b advance. */
+		for (uint32_t i = 0; i < n; i++) {
+			uint32_t digit = (key[i] >> shift) & 0xff;
+
+			sum += digit > b ? pos[i] : 0;
+			key[m] = key[i];
+			pos[m] = pos[i];
+			m += digit == b;
+		}
+		n = m;
+		prefix = (prefix & ~(0xffu << shift)) | b << shift;
+	}
+	for (uint32_t i = 0; i < need; i++)
+		sum += pos[i];
+	*kth = prefix;
+	return sum;
 }
 
 /*
- * The sum of the positions of the K largest keys (ties toward lower positions), K <= L:
- * an MSB-first radix selection of the K-th largest key T, then one pass taking every key
- * above T and the first (lowest-position) keys equal to T.
+ * The sum of the positions of the K largest entries of row[0..L) in the ranking order
+ * of kvd_aws_params(), 0 < K <= L, updating the guess. Vector passes (simd.h's rank ops)
+ * do the work: a scan sums the positions above a band of keys and collects the keys inside
+ * it (a small share of the row), among which select_sum() finishes. The band comes first
+ * from the guess: the rows of one head rank much alike, so it mostly holds this row's K-th
+ * largest too, which the scan's counts prove. Else a histogram of the keys' top
+ * TOPK_BUCKET_BITS bits finds the bucket that holds it, for a second scan. hist holds
+ * TOPK_BUCKETS, key and pos L each.
  */
-static uint64_t topk_position_sum(const uint32_t *key, uint32_t L, uint32_t K) {
-	uint32_t prefix = 0, mask = 0, need = K;
+static uint64_t row_topk_position_sum(const struct kvd_simd_ops *ops, const float *row,
+				      uint32_t L, uint32_t K, struct topk_guess *guess,
+				      uint32_t *hist, uint32_t *key, uint32_t *pos) {
+	const uint32_t shift = 32 - TOPK_BUCKET_BITS;
+	uint32_t need = K, b = TOPK_BUCKETS - 1, lo, hi, n = 0, above = K, kth, step;
 	uint64_t sum = 0;
 
-	for (int shift = 24; shift >= 0; shift -= 8) {
-		uint32_t hist[256] = { 0 };
-		int b;
-
-		for (uint32_t i = 0; i < L; i++)
-			if ((key[i] & mask) == prefix)
-				hist[(key[i] >> shift) & 0xff]++;
-		for (b = 255; b > 0 && hist[b] < need; b--)
+	if (guess->half) {
+		lo = guess->kth > guess->half ? guess->kth - guess->half : 0;
+		hi = guess->kth < UINT32_MAX - guess->half ? guess->kth + guess->half : UINT32_MAX;
+		sum = ops->rank_scan(row, L, lo, hi, key, pos, &n, &above);
+	}
+	if (above < K && K - above <= n)
+		sum += select_sum(key, pos, n, K - above, lo, hi, &kth);
+	else {
+		memset(hist, 0, TOPK_BUCKETS * sizeof(*hist));
+		ops->rank_hist(row, L, shift, hist);
+		for (; hist[b] < need; b--)
 			need -= hist[b];
-		prefix |= (uint32_t)b << shift;
-		mask |= 0xffu << shift;
+		lo = b << shift, hi = lo | ((1u << shift) - 1);
+		sum = ops->rank_scan(row, L, lo, hi, key, pos, &n, &above);
+		sum += select_sum(key, pos, n, need, lo, hi, &kth);
 	}
-	/* Now exactly K - need keys are > prefix, and need of those == prefix are taken. */
-	for (uint32_t i = 0; i < L; i++) {
-		if (key[i] > prefix)
-			sum += i;
-		else if (key[i] == prefix && need > 0) {
-			sum += i;
-			need--;
-		}
-	}
+	step = kth > guess->kth ? kth - guess->kth : guess->kth - kth;
+	if (!guess->half)
+		guess->half = TOPK_GUESS_HALF;
+	else if (step > guess->half / 2)
+		guess->half = step < UINT32_MAX / 2 ? 2 * step : UINT32_MAX;
+	guess->kth = kth;
 	return sum;
 }
 
 int kvd_aws_params(const float *probs, uint32_t w, size_t stride, uint32_t L, uint32_t topk,
 		   uint32_t k_min, double scale, struct kvd_aws *ret) {
-	uint32_t half = w / 2, K = topk < L ? topk : L, *key;
+	const struct kvd_simd_ops *ops = kvd_simd();
+	uint32_t half = w / 2, K = topk < L ? topk : L, *buf;
+	struct topk_guess guess = { 0, 0 };
 	int64_t diff = 0;
 	double t = 0;
 
 	if (!probs || !ret || w == 0 || L == 0 || stride < L || topk == 0 || k_min % 2 == 0 ||
 	    !isfinite(scale) || !(scale > 0))
 		return -EINVAL;
-	key = malloc((size_t)L * sizeof(*key));
-	if (!key)
+	/* The histogram, then the keys and positions of the band. */
+	buf = malloc((TOPK_BUCKETS + 2 * (size_t)L) * sizeof(*buf));
+	if (!buf)
 		return -ENOMEM;
 	for (uint32_t r = 0; r < 2 * half; r++) {
-		const float *row = probs + (size_t)r * stride;
-		uint64_t sum;
+		uint64_t sum = row_topk_position_sum(ops, probs + (size_t)r * stride, L, K, &guess,
+						     buf, buf + TOPK_BUCKETS, buf + TOPK_BUCKETS + L);
 
-		for (uint32_t i = 0; i < L; i++)
-			key[i] = rank_key(row[i]);
-		sum = topk_position_sum(key, L, K);
 		if (r < half)
 			diff += (int64_t)sum;
 		else
 			diff -= (int64_t)sum;
 	}
-	free(key);
+	free(buf);
 	if (half > 0)
 		t = (double)diff / ((double)half * K);
 	return kvd_aws_from_t(t, k_min, scale, ret);

@@ -19,13 +19,14 @@
  *
  * Each kernel has a plain-C reference (_ref, smooth_ref.c: obvious loops, a sort for the
  * top-K) and a second path (smooth.c) with the same signature and semantics, compared by
- * tests/kernels/test-smooth.c. Temporal aggregation (O(w*n)) and pooling (O(k*n)) are
- * negligible next to the O(w*L*d) attention that feeds them, so their second path is one
- * clean implementation rather than a tuned one: row-major over column blocks for the
- * temporal fold, an unclamped interior plus clamped edges for pooling, in the reference's
- * per-element operation order (the results agree to the bit unless a compiler contracts
- * a*b+c into an fma). The AWS parameters, whose reference sorts every row
- * (O(w*L log L)), use an O(L) radix selection per row; both agree exactly.
+ * tests/kernels/test-smooth.c. Temporal aggregation (O(w*n)) and pooling (O(k*n)) take
+ * one clean implementation each: row-major over column blocks for the temporal fold, an
+ * unclamped interior plus clamped edges for pooling, in the reference's per-element
+ * operation order (the results agree to the bit unless a compiler contracts a*b+c into an
+ * fma). The AWS parameters, whose reference sorts every row (O(w*L log L)), use one vector
+ * pass per row (the positions above a band of values that holds the K-th largest, and a
+ * selection inside the band), two more when the band taken from the previous row misses;
+ * both agree exactly.
  *
  * Non-finite inputs follow IEEE arithmetic, as the PyTorch originals do: a NaN in a column
  * makes that column's temporal aggregate NaN, and average or max pooling spreads a NaN or
@@ -149,7 +150,7 @@ int kvd_pool_row(enum kvd_pool_mode mode, uint32_t kernel, int32_t shift, const 
  * of scale. w < 2 gives t_h = 0 (no pairs).
  *
  * probs: [w][L], row t at probs + t * stride (kvd_attn_head() output: stride = L).
- * The _ref path sorts each row; the optimised path uses an O(L) radix selection per row.
+ * The _ref path sorts each row; the optimised path makes one to three vector passes per row.
  *
  * Returns 0, or -EINVAL for NULL pointers, w == 0, L == 0, stride < L, topk == 0, an even or
  * zero k_min, or a scale that is not finite and > 0; -ERANGE if k_h would not fit in 31 bits

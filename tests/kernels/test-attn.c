@@ -1,5 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* The optimised window attention against the reference: every dtype, SIMD path and shape. */
+/*
+ * The optimised window attention against the reference: every dtype, SIMD path and shape;
+ * a GQA group at once against its heads one by one.
+ */
+#include <errno.h>
 #include <math.h>
 
 #include "attn.h"
@@ -32,7 +36,10 @@ static void check(const struct shape *s, uint32_t dtype, const char *path, uint6
 	size_t qhead = qrow * s->window + (strided ? 5 : 0), khead = krow * s->len + (strided ? 5 : 0);
 	void *q = kt_random(&seed, dtype, qhead * s->heads, 2.0f);
 	void *k = kt_random(&seed, dtype, khead * s->kv_heads, 2.0f);
-	float *ref = kt_floats((size_t)s->window * s->len), *got = kt_floats((size_t)s->window * s->len);
+	size_t wl = (size_t)s->window * s->len;
+	uint32_t g = s->heads / s->kv_heads;
+	float *ref = kt_floats(wl), *got = kt_floats(wl), *all = kt_floats(s->heads * wl);
+	float *grp = kt_floats(g * wl), *scratch;
 	char what[160];
 
 	in.q = q, in.k = k, in.v = k;
@@ -45,8 +52,20 @@ static void check(const struct shape *s, uint32_t dtype, const char *path, uint6
 			 dtype, s->heads, s->kv_heads, s->window, s->len, s->dim, h,
 			 strided ? " strided" : "");
 		ASSERT_TRUE(kt_close(what, ref, got, (size_t)s->window * s->len, 1e-7, 2e-5));
+		memcpy(all + h * wl, got, wl * sizeof(float));
 	}
-	free(q), free(k), free(ref), free(got);
+	/* A GQA group at once, and any run of its heads, gives each head's map to the bit. */
+	scratch = kt_floats(kvd_attn_scratch_floats(&in));
+	for (uint32_t kv = 0; kv < s->kv_heads; kv++)
+		for (uint32_t nh = 1; nh <= g; nh++) {
+			uint32_t h0 = kv * g + g - nh;
+
+			ASSERT_OK(kvd_attn_heads_buf(&in, h0, nh, grp, scratch));
+			ASSERT_EQ(memcmp(grp, all + h0 * wl, nh * wl * sizeof(float)), 0);
+		}
+	if (g < s->heads)
+		ASSERT_ERRNO(kvd_attn_heads_buf(&in, g - 1, 2, grp, scratch), -EINVAL);
+	free(q), free(k), free(ref), free(got), free(all), free(grp), free(scratch);
 }
 
 TEST(attn_matches_reference) {

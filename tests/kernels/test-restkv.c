@@ -258,6 +258,63 @@ TEST(optimised_matches_reference) {
 			}
 }
 
+/* The heads of a GQA group at once (values converted once) give each head's costs exactly. */
+TEST(heads_match_one_by_one) {
+	static const struct {
+		uint32_t H, Hkv, w, L, d, C;
+	} shapes[] = {
+		{ 4, 2, 5, 133, 17, 20 }, { 8, 2, 16, 300, 32, 48 }, { 3, 1, 7, 7, 8, 8 },
+	};
+
+	KT_FOREACH_PATH(path)
+		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+			uint32_t H = shapes[s].H, Hkv = shapes[s].Hkv, g = H / Hkv, d = shapes[s].d;
+			uint32_t n = shapes[s].L - shapes[s].w;
+			size_t wl = (size_t)shapes[s].w * shapes[s].L, dd = (size_t)d * d;
+			float *one = kt_floats((size_t)H * n), *grp = kt_floats((size_t)g * n);
+			float *vgv = kt_floats((size_t)H * n);
+			struct kvd_restkv_opts o;
+			struct fix f;
+
+			fix_init(&f, KVD_KERNEL_BF16, H, Hkv, shapes[s].w, shapes[s].L, d, shapes[s].C,
+				 700 + s, 2.0f);
+			for (int mode = 0; mode < 16; mode++) {
+				const float *gram = mode & 1 ? NULL : f.gram;
+
+				kvd_restkv_opts_default(&o);
+				o.metric = mode & 2 ? KVD_RESTKV_BEFORE : KVD_RESTKV_AFTER;
+				o.temporal = mode & 4 ? KVD_TEMPORAL_MEAN : KVD_TEMPORAL_EMA;
+				for (uint32_t h = 0; h < H; h++) {
+					ASSERT_OK(kvd_restkv_vgv(&f.in, h, gram ? gram + h * dd : NULL, n,
+								 vgv + (size_t)h * n));
+					ASSERT_OK(kvd_restkv_head(&f.in, h, f.probs + h * wl,
+								  gram ? gram + h * dd : NULL,
+								  mode & 8 ? vgv + (size_t)h * n : NULL, &o,
+								  one + (size_t)h * n));
+				}
+				for (uint32_t kv = 0; kv < Hkv; kv++) {
+					uint32_t h0 = kv * g;
+
+					ASSERT_OK(kvd_restkv_heads(&f.in, h0, g, f.probs + h0 * wl,
+								   gram ? gram + h0 * dd : NULL,
+								   mode & 8 ? vgv + (size_t)h0 * n : NULL,
+								   &o, grp));
+					if (memcmp(grp, one + (size_t)h0 * n, (size_t)g * n * sizeof(float))) {
+						fprintf(stderr, "%s shape %zu mode %d kv %u differs\n", path,
+							s, mode, kv);
+						ASSERT_TRUE(0);
+					}
+				}
+			}
+			/* Heads of two kv heads at once are refused. */
+			if (g < H)
+				ASSERT_ERRNO(kvd_restkv_heads(&f.in, g - 1, 2, f.probs, NULL, NULL, &o, grp),
+					     -EINVAL);
+			free(one), free(grp), free(vgv);
+			fix_done(&f);
+		}
+}
+
 TEST(odds_clamp) {
 	struct fix f;
 	uint32_t L = 50, w = 4, d = 8, n = L - w;

@@ -422,53 +422,98 @@ TEST(aws_params_rejects) {
 TEST(random_equivalence) {
 	static const uint32_t sizes[][2] = { { 1, 1 }, { 2, 7 }, { 8, 100 }, { 32, 1000 },
 					      { 5, 4099 }, { 32, 5000 } };
-	uint64_t seed = 0x5eed;
 
-	for (size_t c = 0; c < sizeof(sizes) / sizeof(sizes[0]); c++) {
-		uint32_t w = sizes[c][0], L = sizes[c][1], n = L > w ? L - w : L;
-		size_t stride = L + 3;
-		float *probs = kt_floats(w * stride), *a = kt_floats(L), *b = kt_floats(L);
+	KT_FOREACH_PATH(path)
+		for (size_t c = 0; c < sizeof(sizes) / sizeof(sizes[0]); c++) {
+			uint64_t seed = 0x5eed + c;
+			uint32_t w = sizes[c][0], L = sizes[c][1], n = L > w ? L - w : L;
+			size_t stride = L + 3;
+			float *probs = kt_floats(w * stride), *a = kt_floats(L), *b = kt_floats(L);
 
-		for (size_t i = 0; i < w * stride; i++) {
-			float u = kt_uniform(&seed);
+			for (size_t i = 0; i < w * stride; i++) {
+				float u = kt_uniform(&seed);
 
-			/* Quantised values make ties common; a few NaN and inf. */
-			probs[i] = c % 2 ? floorf((u + 1) * 8) / 16 : (u + 1) / 2;
-			if (kt_next(&seed) % 97 == 0)
-				probs[i] = kt_next(&seed) % 2 ? NAN : INFINITY;
-		}
-		for (int m = 0; m < _KVD_TEMPORAL_MAX; m++) {
-			ASSERT_OK(kvd_temporal_agg_ref(m, 0.3f, probs, w, stride, n, a));
-			ASSERT_OK(kvd_temporal_agg(m, 0.3f, probs, w, stride, n, b));
-			ASSERT_TRUE(kt_close("temporal", a, b, n, 1e-7, 1e-5));
-		}
-		for (int m = 0; m < _KVD_POOL_MAX; m++) {
-			static const uint32_t ks[] = { 1, 3, 5, 7, 21, 129 };
+				/* Quantised values make ties common; a few NaN and inf. */
+				probs[i] = c % 2 ? floorf((u + 1) * 8) / 16 : (u + 1) / 2;
+				if (kt_next(&seed) % 97 == 0)
+					probs[i] = kt_next(&seed) % 2 ? NAN : INFINITY;
+			}
+			for (int m = 0; m < _KVD_TEMPORAL_MAX; m++) {
+				ASSERT_OK(kvd_temporal_agg_ref(m, 0.3f, probs, w, stride, n, a));
+				ASSERT_OK(kvd_temporal_agg(m, 0.3f, probs, w, stride, n, b));
+				ASSERT_TRUE(kt_close("temporal", a, b, n, 1e-7, 1e-5));
+			}
+			for (int m = 0; m < _KVD_POOL_MAX; m++) {
+				static const uint32_t ks[] = { 1, 3, 5, 7, 21, 129 };
 
-			for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++) {
-				int32_t shifts[] = { 0, 1, -1, (int32_t)ks[ki] / 2, -(int32_t)ks[ki] / 2,
-						     (int32_t)ks[ki] / 2 + 3 };
+				for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++) {
+					int32_t shifts[] = { 0, 1, -1, (int32_t)ks[ki] / 2, -(int32_t)ks[ki] / 2,
+							     (int32_t)ks[ki] / 2 + 3 };
 
-				for (size_t si = 0; si < 6; si++) {
-					int32_t s = m == KVD_POOL_ADAPTIVE ? shifts[si] : 0;
+					for (size_t si = 0; si < 6; si++) {
+						int32_t s = m == KVD_POOL_ADAPTIVE ? shifts[si] : 0;
 
-					if (m != KVD_POOL_ADAPTIVE && si > 0)
-						break;
-					ASSERT_OK(kvd_pool_row_ref(m, ks[ki], s, probs, L, a));
-					ASSERT_OK(kvd_pool_row(m, ks[ki], s, probs, L, b));
-					ASSERT_TRUE(kt_close("pool", a, b, L, 0, 0));
+						if (m != KVD_POOL_ADAPTIVE && si > 0)
+							break;
+						ASSERT_OK(kvd_pool_row_ref(m, ks[ki], s, probs, L, a));
+						ASSERT_OK(kvd_pool_row(m, ks[ki], s, probs, L, b));
+						ASSERT_TRUE(kt_close("pool", a, b, L, 0, 0));
+					}
 				}
 			}
-		}
-		for (uint32_t k = 1; k <= L; k = k * 3 + 1) {
-			struct kvd_aws x, y;
+			for (uint32_t k = 1; k <= L; k = k * 3 + 1) {
+				struct kvd_aws x, y;
 
-			ASSERT_OK(kvd_aws_params_ref(probs, w, stride, L, k, 5, 2.5, &x));
-			ASSERT_OK(kvd_aws_params(probs, w, stride, L, k, 5, 2.5, &y));
-			ASSERT_TRUE(x.t == y.t && x.kernel == y.kernel && x.shift == y.shift);
+				ASSERT_OK(kvd_aws_params_ref(probs, w, stride, L, k, 5, 2.5, &x));
+				ASSERT_OK(kvd_aws_params(probs, w, stride, L, k, 5, 2.5, &y));
+				ASSERT_TRUE(x.t == y.t && x.kernel == y.kernel && x.shift == y.shift);
+			}
+			free(probs);
+			free(a);
+			free(b);
 		}
-		free(probs);
-		free(a);
-		free(b);
-	}
+}
+
+/*
+ * The optimised top-K first tries a band around the previous row's K-th largest: rows whose
+ * K-th largest jumps (the band misses), creeps (the band must widen) or stays; negative
+ * values, both zeros, infinities and NaN; a row longer than the scan's 65536-entry chunks.
+ */
+TEST(aws_rows_that_move) {
+	static const uint32_t sizes[][2] = { { 8, 3000 }, { 32, 300 }, { 4, 70000 } };
+
+	KT_FOREACH_PATH(path)
+		for (size_t c = 0; c < sizeof(sizes) / sizeof(sizes[0]); c++) {
+			uint32_t w = sizes[c][0], L = sizes[c][1];
+			uint64_t seed = 0xa5 + c;
+			float *probs = kt_floats((size_t)w * L);
+
+			for (uint32_t r = 0; r < w; r++) {
+				/* Jumps by 1000x on every third row, creeps by 2% on the others. */
+				float scale = (r % 3 == 1 ? 1000.0f : 1.0f) * (1.0f + 0.02f * (float)r);
+
+				for (uint32_t i = 0; i < L; i++) {
+					float u = kt_uniform(&seed), *x = probs + (size_t)r * L + i;
+
+					*x = scale * (c == 1 ? floorf(u * 8) / 8 : u);
+					switch (kt_next(&seed) % 211) {
+					case 0: *x = NAN; break;
+					case 1: *x = -0.0f; break;
+					case 2: *x = 0.0f; break;
+					case 3: *x = INFINITY; break;
+					case 4: *x = -INFINITY; break;
+					}
+				}
+			}
+			for (uint32_t k = 1; k <= L; k = k * 7 + 3) {
+				struct kvd_aws x, y;
+
+				ASSERT_OK(kvd_aws_params_ref(probs, w, L, L, k, 5, 0.5, &x));
+				ASSERT_OK(kvd_aws_params(probs, w, L, L, k, 5, 0.5, &y));
+				if (!(x.t == y.t && x.kernel == y.kernel && x.shift == y.shift))
+					test_fail(__FILE__, __LINE__, "%s w %u L %u K %u: t %.17g, expected %.17g",
+						  path, w, L, k, y.t, x.t);
+			}
+			free(probs);
+		}
 }

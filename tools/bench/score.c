@@ -8,10 +8,11 @@
  *
  * Each entry states its FLOP and byte model (ALGORITHMS.md §6): FLOPs are the useful
  * multiply-adds times two of one cold round (nothing cached across rounds: v G v^T is
- * computed in the round); bytes are the inputs read once at their dtype plus the fp32
- * attention maps written once. An entry is compute-bound when its FLOP per byte exceeds
- * the machine balance (peak / bandwidth), else memory-bound, and its ratio is to that
- * ceiling. The models are lower bounds on the work; a kernel that does more shows a lower
+ * computed in the round), where a quadratic form x G x^T with a symmetric d x d G counts
+ * d(d+1)/2 + d, its upper triangle and then a dot, since the lower half repeats the upper;
+ * bytes are the inputs read once at their dtype plus the fp32 attention maps written once.
+ * An entry is compute-bound when its FLOP per byte exceeds the machine balance
+ * (peak / bandwidth), else memory-bound, and its ratio is to that ceiling. The models are lower bounds on the work; a kernel that does more shows a lower
  * ratio, never a higher one.
  *
  * Adding a policy to kernels/policy.h adds it here (the table is walked by enum); its
@@ -536,7 +537,7 @@ static int layer_init(struct layer *l, uint32_t tokens, uint32_t dtype, unsigned
 	const uint32_t H = SHAPE_HEADS, Hkv = SHAPE_KV_HEADS, d = SHAPE_DIM, w = SHAPE_WINDOW;
 	uint32_t prefix = tokens - w, n_blocks = DIV_ROUND_UP(tokens, BLOCK_TOKENS);
 	uint64_t s = UINT64_C(0x6b76642d73636f72) ^ tokens;
-	size_t probs_floats = (size_t)w * tokens;
+	size_t probs_floats = (size_t)H / Hkv * w * tokens;
 
 	memset(l, 0, sizeof(*l));
 	l->tokens = tokens;
@@ -642,6 +643,8 @@ static struct model policy_model(enum kvd_policy p, const struct layer *l) {
 	       d = SHAPE_DIM, w = SHAPE_WINDOW, L = l->tokens, P = L - w, g = H / Hkv;
 	struct model m = attn_model(l);
 	double v_bytes = Hkv * L * d * es;
+	/* One quadratic form x G x^T, G symmetric (or symmetrised: x M x^T = x (M + M^T)/2 x^T). */
+	double quad = d * (d + 1) / 2 + d;
 
 	switch (p) {
 	case KVD_POLICY_FULL:
@@ -664,23 +667,24 @@ static struct model policy_model(enum kvd_policy p, const struct layer *l) {
 		/* Normalised keys, their mean, a cosine each: about two passes of d. */
 		return (struct model){ 6 * Hkv * L * d, Hkv * L * d * es };
 	case KVD_POLICY_EXPECTED_ATTENTION:
-		/* Query covariance (w*H*d^2), k Sigma k^T per query head (H*L*d^2, §6), mean and
-		 * ||v||: reads Q, K, V. */
-		return (struct model){ 2 * (w * H * d * d + H * L * d * d + H * L * d + Hkv * L * d),
+		/* Query covariance (its upper triangle, w*H*d(d+1)/2), k Sigma k^T per query head
+		 * (H*L quadratic forms, §6), mean and ||v||: reads Q, K, V. */
+		return (struct model){ 2 * (w * H * d * (d + 1) / 2 + H * L * quad + H * L * d +
+					    Hkv * L * d),
 				       H * w * d * es + 2 * Hkv * L * d * es };
 	case KVD_POLICY_RESTKV:
 	case KVD_POLICY_KVD:
-		/* Gram form per query head (§6): v G_h v^T (d^2 per token, cold), o = A V over
-		 * the prefix (d per token), o G_h (d^2), (o G_h) . v (d per token), the EMA
-		 * (w per token); reads V and the H Gram matrices too. */
-		m.flops += 2 * (H * P * d * d + 2 * H * P * d + H * d * d + H * w * P);
+		/* Gram form per query head (§6): v G_h v^T (one quadratic form per token, cold),
+		 * o = A V over the prefix (d per token), o G_h (d^2), (o G_h) . v (d per token),
+		 * the EMA (w per token); reads V and the H Gram matrices too. */
+		m.flops += 2 * (H * P * quad + 2 * H * P * d + H * d * d + H * w * P);
 		m.bytes += v_bytes + H * d * d * 4;
 		return m;
 	case KVD_POLICY_LAPROX:
 		/* GQA-joint CR cost (§2.2, §6) per kv head: the g(g+1)/2 column products of the
-		 * maps (w per token each) and v G_hh' v^T for the blocks h' >= h (d^2 each, cold);
-		 * reads V and the group Gram matrices. */
-		m.flops += 2 * (Hkv * P * g * (g + 1) / 2 * (w + d * d + d));
+		 * maps (w per token each) and v G_hh' v^T for the blocks h' >= h (one quadratic
+		 * form each, cold); reads V and the group Gram matrices. */
+		m.flops += 2 * (Hkv * P * g * (g + 1) / 2 * (w + quad));
 		m.bytes += v_bytes + Hkv * g * d * g * d * 4;
 		return m;
 	default:
@@ -691,13 +695,20 @@ static struct model policy_model(enum kvd_policy p, const struct layer *l) {
 
 /* ---- Entries ---- */
 
+/* Threads over kv heads, each computing the maps of its g query heads, as the pipelines do. */
 static void attn_thread(void *p, unsigned tid, unsigned n) {
 	struct layer *l = p;
+	const uint32_t g = SHAPE_HEADS / SHAPE_KV_HEADS;
+	size_t wl = (size_t)SHAPE_WINDOW * l->tokens;
 
-	for (uint32_t h = tid; h < SHAPE_HEADS; h += n) {
-		int r = l->ref ? kvd_attn_head_ref(&l->in, h, l->probs[tid]) :
-				 kvd_attn_head_buf(&l->in, h, l->probs[tid], l->scratch[tid]);
+	for (uint32_t kv = tid; kv < SHAPE_KV_HEADS; kv += n) {
+		int r = 0;
 
+		if (l->ref)
+			for (uint32_t a = 0; r >= 0 && a < g; a++)
+				r = kvd_attn_head_ref(&l->in, kv * g + a, l->probs[tid] + a * wl);
+		else
+			r = kvd_attn_heads_buf(&l->in, kv * g, g, l->probs[tid], l->scratch[tid]);
 		if (r < 0)
 			l->error = r;
 	}
