@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 
 #include "backend.h"
+#include "common/number.h"
 #include "common/size.h"
 #include "config.h"
 #include "kvd/kvd.h"
@@ -71,16 +72,10 @@ static void help(void) {
 }
 
 static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret) {
-	unsigned long long v;
-	char *end;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s || *end || *s == '-' || v < min || v > UINT32_MAX) {
+	if (number_parse_u32(s, min, UINT32_MAX, ret) < 0) {
 		fprintf(stderr, "kvd: --%s: invalid number '%s' (%u..%u)\n", opt, s, min, UINT32_MAX);
 		return -EINVAL;
 	}
-	*ret = (uint32_t)v;
 	return 0;
 }
 

@@ -35,6 +35,7 @@
 #include "common/digest.h"
 #include "common/layout.h"
 #include "common/macro.h"
+#include "common/number.h"
 #include "common/size.h"
 #include "config.h"
 #include "kvd/kvd.h"
@@ -115,20 +116,6 @@ static struct shape shape_of_tenant(unsigned i) {
 	return s;
 }
 
-static int parse_u32(const char *s, uint32_t min, uint32_t max, uint32_t *ret) {
-	unsigned long long v;
-	char *end;
-
-	if (!s || *s < '0' || *s > '9')
-		return -EINVAL;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno != 0 || *end || v < min || v > max)
-		return -ERANGE;
-	*ret = (uint32_t)v;
-	return 0;
-}
-
 /* SPEC = layers,q_heads,kv_heads,head_dim,dtype,block_tokens,layout. Range checks beyond
  * the basic ones are the daemon's, so that its own message says what is wrong. */
 static int shape_parse(const char *spec, struct shape *ret) {
@@ -146,11 +133,11 @@ static int shape_parse(const char *spec, struct shape *ret) {
 	}
 	if (n != ELEMENTSOF(field))
 		return -EINVAL;
-	if (parse_u32(field[0], 1, UINT32_MAX, &s.layers) < 0 ||
-	    parse_u32(field[1], 1, UINT32_MAX, &s.q_heads) < 0 ||
-	    parse_u32(field[2], 1, UINT32_MAX, &s.kv_heads) < 0 ||
-	    parse_u32(field[3], 1, UINT32_MAX, &s.head_dim) < 0 ||
-	    parse_u32(field[5], 1, UINT32_MAX, &s.block_tokens) < 0)
+	if (number_parse_u32(field[0], 1, UINT32_MAX, &s.layers) < 0 ||
+	    number_parse_u32(field[1], 1, UINT32_MAX, &s.q_heads) < 0 ||
+	    number_parse_u32(field[2], 1, UINT32_MAX, &s.kv_heads) < 0 ||
+	    number_parse_u32(field[3], 1, UINT32_MAX, &s.head_dim) < 0 ||
+	    number_parse_u32(field[5], 1, UINT32_MAX, &s.block_tokens) < 0)
 		return -EINVAL;
 	if (strcmp(field[4], "f16") == 0)
 		s.dtype = KVD_DTYPE_F16;
@@ -971,22 +958,22 @@ int main(int argc, char **argv) {
 			arg_socket = optarg;
 			break;
 		case OPT_TENANTS:
-			if (parse_u32(optarg, 1, TENANTS_MAX, &v) < 0)
+			if (number_parse_u32(optarg, 1, TENANTS_MAX, &v) < 0)
 				return usage_error("--tenants: '%s' is not in 1..%u", optarg, TENANTS_MAX);
 			arg_tenants = v;
 			break;
 		case OPT_SEQS:
-			if (parse_u32(optarg, 1, SEQS_MAX, &v) < 0)
+			if (number_parse_u32(optarg, 1, SEQS_MAX, &v) < 0)
 				return usage_error("--seqs: '%s' is not in 1..%u", optarg, SEQS_MAX);
 			arg_seqs = v;
 			break;
 		case OPT_TOKENS:
-			if (parse_u32(optarg, 1, TOKENS_MAX, &v) < 0)
+			if (number_parse_u32(optarg, 1, TOKENS_MAX, &v) < 0)
 				return usage_error("--tokens: '%s' is not in 1..%u", optarg, TOKENS_MAX);
 			arg_tokens = v;
 			break;
 		case OPT_STEP:
-			if (parse_u32(optarg, 1, TOKENS_MAX, &v) < 0)
+			if (number_parse_u32(optarg, 1, TOKENS_MAX, &v) < 0)
 				return usage_error("--step: '%s' is not in 1..%u", optarg, TOKENS_MAX);
 			arg_step = v;
 			break;
@@ -1002,7 +989,7 @@ int main(int argc, char **argv) {
 			arg_n_models++;
 			break;
 		case OPT_HOLD:
-			if (parse_u32(optarg, 0, HOLD_MAX, &v) < 0)
+			if (number_parse_u32(optarg, 0, HOLD_MAX, &v) < 0)
 				return usage_error("--hold: '%s' is not in 0..%u", optarg, HOLD_MAX);
 			arg_hold = v;
 			break;

@@ -38,6 +38,7 @@
 #include "attn.h"
 #include "bench.h"
 #include "common/macro.h"
+#include "common/number.h"
 #include "dtype.h"
 #include "policy.h"
 #include "select.h"
@@ -1038,20 +1039,6 @@ static _printf_(1, 2) int usage_error(const char *fmt, ...) {
 	return 2;
 }
 
-static int parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *ret) {
-	unsigned long long v;
-	char *end;
-
-	if (!s || *s < '0' || *s > '9')
-		return -EINVAL;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno != 0 || *end || v < min || v > max)
-		return -ERANGE;
-	*ret = v;
-	return 0;
-}
-
 static int parse_tokens(const char *s) {
 	_cleanup_(freep) char *copy = strdup(s);
 	char *p, *save = NULL;
@@ -1062,7 +1049,7 @@ static int parse_tokens(const char *s) {
 	for (p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
 		uint64_t v;
 
-		if (n == SIZES_MAX || parse_uint(p, TOKENS_MIN, TOKENS_MAX, &v) < 0)
+		if (n == SIZES_MAX || number_parse_u64(p, TOKENS_MIN, TOKENS_MAX, &v) < 0)
 			return -EINVAL;
 		arg_tokens[n++] = (uint32_t)v;
 	}
@@ -1127,12 +1114,12 @@ int bench_score(int argc, char **argv) {
 			arg_policies = optarg;
 			break;
 		case OPT_REPS:
-			if (parse_uint(optarg, 1, REPS_MAX, &v) < 0)
+			if (number_parse_u64(optarg, 1, REPS_MAX, &v) < 0)
 				return usage_error("--reps: '%s' is not in 1..%u", optarg, REPS_MAX);
 			arg_reps = (unsigned)v;
 			break;
 		case OPT_THREADS:
-			if (parse_uint(optarg, 1, THREADS_MAX, &v) < 0)
+			if (number_parse_u64(optarg, 1, THREADS_MAX, &v) < 0)
 				return usage_error("--threads: '%s' is not in 1..%u", optarg, THREADS_MAX);
 			arg_threads = (unsigned)v;
 			break;
@@ -1153,18 +1140,18 @@ int bench_score(int argc, char **argv) {
 				return usage_error("--dtype: '%s' is not f16, bf16 or f32", optarg);
 			break;
 		case OPT_CAPACITY:
-			if (parse_uint(optarg, SHAPE_WINDOW + 1, TOKENS_MAX, &v) < 0)
+			if (number_parse_u64(optarg, SHAPE_WINDOW + 1, TOKENS_MAX, &v) < 0)
 				return usage_error("--capacity: '%s' is not in %u..%u", optarg,
 						   SHAPE_WINDOW + 1, TOKENS_MAX);
 			arg_capacity = (uint32_t)v;
 			break;
 		case OPT_COPY_MIB:
-			if (parse_uint(optarg, 1, 1u << 20, &v) < 0)
+			if (number_parse_u64(optarg, 1, 1u << 20, &v) < 0)
 				return usage_error("--copy-mib: '%s' is not in 1..%u", optarg, 1u << 20);
 			arg_copy_mib = v;
 			break;
 		case OPT_FMA_MS:
-			if (parse_uint(optarg, 1, 60000, &v) < 0)
+			if (number_parse_u64(optarg, 1, 60000, &v) < 0)
 				return usage_error("--fma-ms: '%s' is not in 1..60000", optarg);
 			arg_fma_ms = (unsigned)v;
 			break;

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "common/macro.h"
+#include "common/number.h"
 #include "common/size.h"
 #include "config.h"
 #include "kvd/kvd.h"
@@ -654,19 +655,11 @@ static int cmd_tenant(int argc, char **argv) {
 			else if (max >= KVD_TENANT_KEEP)
 				return usage_error("--max: too large (use none for no cap)");
 			break;
-		case 'w': {
-			unsigned long long w;
-			char *end;
-
-			errno = 0;
-			w = strtoull(optarg, &end, 10);
-			if (errno != 0 || end == optarg || *end || optarg[0] == '-' || w < 1 ||
-			    w > UINT32_MAX)
-				return usage_error("--weight: '%s' is not a number in 1..%u", optarg,
+		case 'w':
+			if (number_parse_u32(optarg, 1, UINT32_MAX, &weight) < 0)
+				return usage_error("--weight: '%s' must be a number in 1..%u", optarg,
 						   UINT32_MAX);
-			weight = (uint32_t)w;
 			break;
-		}
 		case 's':
 			arg_socket = optarg;
 			break;

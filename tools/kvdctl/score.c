@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "common/macro.h"
+#include "common/number.h"
 #include "dtype.h"
 #include "gram.h"
 #include "npy.h"
@@ -106,14 +107,8 @@ static _printf_(1, 2) int fail(const char *fmt, ...) {
 }
 
 static int parse_u32(const char *opt, const char *s, uint32_t *ret) {
-	unsigned long long v;
-	char *end;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno != 0 || end == s || *end || s[0] == '-' || v > UINT32_MAX)
+	if (number_parse_u32(s, 0, UINT32_MAX, ret) < 0)
 		return usage("%s: '%s' is not a number in 0..%u", opt, s, UINT32_MAX);
-	*ret = (uint32_t)v;
 	return 0;
 }
 
