@@ -8,12 +8,16 @@
  * once, where it is handled.
  */
 
+#include <stdint.h>
 #include <syslog.h>
 
 #include "common/macro.h"
 
 void log_setup(void);
 void log_set_max_level(int level);
+/* Each call site may log `burst` lines per `interval_ms` (default 10 per 5 s); the first
+ * line after a quiet spell counts what was dropped. */
+void log_set_ratelimit(uint64_t interval_ms, unsigned burst);
 _printf_(2, 3) void log_full(int level, const char *fmt, ...);
 _printf_(3, 4) int log_full_errno(int level, int error, const char *fmt, ...);
 
