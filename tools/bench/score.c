@@ -36,6 +36,7 @@
 #endif
 
 #include "attn.h"
+#include "baselines.h"
 #include "bench.h"
 #include "common/macro.h"
 #include "common/number.h"
@@ -52,6 +53,14 @@
 
 /* The reference runs by default only up to this many tokens: it is slow. */
 #define REF_TOKENS_DEFAULT 4096
+
+/* H2O over every prompt query is quadratic: about L/(2w) times the window attention
+ * (64x at 4096). On 2 cores that is ~0.25 s per layer at 4096 and ~4 s at 16384 (four
+ * runs per row), but ~16 s at 32768 and ~4 min at 131072, so larger sizes print a
+ * skipped row with an estimate instead. Its reference (~23 s per run at 4096) runs by
+ * default only up to H2O_PROMPT_REF_TOKENS, and at other sizes only with --ref. */
+#define H2O_PROMPT_TOKENS_MAX 16384
+#define H2O_PROMPT_REF_TOKENS 1024
 
 /* The layer shape: Llama-3.1-8B. */
 #define SHAPE_HEADS 32
@@ -401,6 +410,10 @@ struct layer {
 	/* Selection inputs: per-head prefix scores; one layer's per-token scores. */
 	float *scores;            /* [H][L - w] */
 	float *token_scores;      /* [L] */
+	/* h2o-prompt: a query at every prompt position, its scores. */
+	struct kvd_attn_in in_prompt;
+	void *q_prompt;           /* [H][L][d] */
+	float *prompt_scores;     /* [Hkv][L] */
 	/* Node-wide eviction: EVICT_LAYERS layers of blocks, one group per layer. */
 	uint32_t n_units, *unit_bytes, *group_start, *group_max_units;
 	float *unit_value;
@@ -480,6 +493,8 @@ static void layer_free(struct layer *l) {
 	free(l->gram_group);
 	free(l->scores);
 	free(l->token_scores);
+	free(l->q_prompt);
+	free(l->prompt_scores);
 	free(l->unit_bytes);
 	free(l->group_start);
 	free(l->group_max_units);
@@ -534,7 +549,31 @@ static int layer_gram(struct layer *l, uint64_t *s) {
 	return 0;
 }
 
-static int layer_init(struct layer *l, uint32_t tokens, uint32_t dtype, unsigned threads) {
+/*
+ * The prompt's queries for h2o-prompt, [H][L][d] at the window queries' amplitude, whose
+ * last w rows are the window queries: then its last block is what h2o observes.
+ */
+static int layer_prompt(struct layer *l, uint64_t *s) {
+	const uint32_t H = SHAPE_HEADS, d = SHAPE_DIM, w = SHAPE_WINDOW, L = l->tokens;
+	size_t es = kvd_dtype_size(l->dtype);
+
+	l->q_prompt = random_tensor(s, l->dtype, (size_t)H * L * d, 1.0f);
+	l->prompt_scores = malloc((size_t)SHAPE_KV_HEADS * L * sizeof(float));
+	if (!l->q_prompt || !l->prompt_scores)
+		return -ENOMEM;
+	for (uint32_t h = 0; h < H; h++)
+		memcpy((char *)l->q_prompt + ((size_t)h * L + L - w) * d * es,
+		       (const char *)l->q + (size_t)h * w * d * es, (size_t)w * d * es);
+	l->in_prompt = l->in;
+	l->in_prompt.q = l->q_prompt;
+	l->in_prompt.window = L;
+	kvd_attn_in_contiguous(&l->in_prompt);
+	return 0;
+}
+
+/* prompt: set up h2o-prompt's queries too (H*L*d elements: only where it runs). */
+static int layer_init(struct layer *l, uint32_t tokens, uint32_t dtype, unsigned threads,
+		      int prompt) {
 	const uint32_t H = SHAPE_HEADS, Hkv = SHAPE_KV_HEADS, d = SHAPE_DIM, w = SHAPE_WINDOW;
 	uint32_t prefix = tokens - w, n_blocks = DIV_ROUND_UP(tokens, BLOCK_TOKENS);
 	uint64_t s = UINT64_C(0x6b76642d73636f72) ^ tokens;
@@ -598,6 +637,9 @@ static int layer_init(struct layer *l, uint32_t tokens, uint32_t dtype, unsigned
 	/* A floor of 20% of each layer's blocks (AdaKV's alpha). */
 	for (uint32_t g = 0; g < EVICT_LAYERS; g++)
 		l->group_max_units[g] = n_blocks - n_blocks / 5;
+	/* Last from the stream, so that the other tensors do not depend on it. */
+	if (prompt && layer_prompt(l, &s) < 0)
+		return -ENOMEM;
 
 	for (unsigned t = 0; t < threads; t++) {
 		l->probs[t] = malloc(probs_floats * sizeof(float));
@@ -636,6 +678,20 @@ static struct model attn_model(const struct layer *l) {
 	return (struct model){
 		.flops = 2 * H * d * visible_keys(l),
 		.bytes = H * w * d * es + Hkv * L * d * es + H * w * L * 4,
+	};
+}
+
+/* H2O over the whole prompt: Q K^T over the causal triangle, L(L+1)/2 keys per query head
+ * (softmax and the column sums, a few per element, not counted, as for attn); reads Q
+ * [H][L][d] and K once and writes the [Hkv][L] scores. The maps live in per-thread blocks
+ * of h2o_block rows that stay in cache, so they are not counted as traffic. */
+static struct model h2o_prompt_model(const struct layer *l) {
+	double es = (double)kvd_dtype_size(l->dtype), H = SHAPE_HEADS, Hkv = SHAPE_KV_HEADS,
+	       d = SHAPE_DIM, L = l->tokens;
+
+	return (struct model){
+		.flops = 2 * H * d * L * (L + 1) / 2,
+		.bytes = H * L * d * es + Hkv * L * d * es + Hkv * L * 4,
 	};
 }
 
@@ -719,6 +775,18 @@ static int run_attn(struct layer *l) {
 	return par_run(l->threads, attn_thread, l);
 }
 
+/* H2O as published (baselines.h): every prompt query, accumulated causally in blocks of
+ * h2o_block rows, threads over query heads. Scores only: its top-k is the topk entry's. */
+static int run_h2o_prompt(struct layer *l) {
+	struct kvd_baseline_params p;
+
+	kvd_baseline_params_init(KVD_BASELINE_H2O, &p);
+	p.threads = l->threads;
+	return (l->ref ? kvd_baseline_scores_ref : kvd_baseline_scores)(KVD_BASELINE_H2O, &p,
+									&l->in_prompt,
+									l->prompt_scores);
+}
+
 /* The per-head selection a ReST-KV layer ends with: top-(capacity - w) of each row. */
 static void topk_thread(void *p, unsigned tid, unsigned n) {
 	struct layer *l = p;
@@ -795,16 +863,27 @@ struct kernel_entry {
 	const char *name;
 	int (*run)(struct layer *l);
 	struct model (*model)(const struct layer *l);
-	unsigned per; /* the run covers this many layers */
+	unsigned per;        /* the run covers this many layers */
+	uint32_t max_tokens; /* 0, or skipped above this many tokens (quadratic entries) */
+	uint32_t ref_tokens; /* 0, or its reference runs by default only up to this many */
 };
 
 static const struct kernel_entry kernel_entries[] = {
-	{ "attn", run_attn, attn_model, 1 },
-	{ "topk", run_topk, topk_model, 1 },
-	{ "topk-layer", run_topk_layer, topk_model, 1 },
-	{ "blocks", run_blocks, blocks_model, 1 },
-	{ "evict", run_evict, evict_model, EVICT_LAYERS },
+	{ "attn", run_attn, attn_model, 1, 0, 0 },
+	{ "h2o-prompt", run_h2o_prompt, h2o_prompt_model, 1, H2O_PROMPT_TOKENS_MAX,
+	  H2O_PROMPT_REF_TOKENS },
+	{ "topk", run_topk, topk_model, 1, 0, 0 },
+	{ "topk-layer", run_topk_layer, topk_model, 1, 0, 0 },
+	{ "blocks", run_blocks, blocks_model, 1, 0, 0 },
+	{ "evict", run_evict, evict_model, EVICT_LAYERS, 0, 0 },
 };
+
+/* Per kernel entry and path (opt, ref): the GFLOP/s of its latest timed size in this run,
+ * the rate a skipped size's time is estimated at. */
+static struct {
+	uint32_t tokens;
+	double gflops;
+} entry_rate[ELEMENTSOF(kernel_entries)][2];
 
 static int run_policy(struct layer *l, enum kvd_policy policy) {
 	struct kvd_policy_params p;
@@ -907,6 +986,21 @@ static int time_entry(struct layer *l, int (*run)(struct layer *, const void *),
 	return 0;
 }
 
+/* Kernel entry i does not run at this size: says so, with the time it would take at the
+ * rate of its latest timed size, or at the FMA peak (a lower bound) if none was timed. */
+static void print_skipped(const struct layer *l, size_t i, int ref, const struct ceilings *c) {
+	const struct kernel_entry *e = &kernel_entries[i];
+	double flops = e->model(l).flops / 1e9;
+
+	printf("%7u  %-19s %-4s  skipped: quadratic, ", l->tokens, e->name, ref ? "ref" : "opt");
+	if (entry_rate[i][ref].gflops > 0)
+		printf("~%.1f s/layer at its %u-token rate", flops / entry_rate[i][ref].gflops,
+		       entry_rate[i][ref].tokens);
+	else
+		printf(">= %.1f s/layer at the FMA peak", flops / c->peak);
+	printf(" (runs up to %u tokens)\n", e->max_tokens);
+}
+
 static int run_kernel_entry(struct layer *l, const void *arg) {
 	return ((const struct kernel_entry *)arg)->run(l);
 }
@@ -920,7 +1014,8 @@ static int bench_size(uint32_t tokens, const struct ceilings *c) {
 	double t[REPS_MAX];
 	int failed = 0, r;
 
-	r = layer_init(&l, tokens, arg_dtype, arg_threads);
+	r = layer_init(&l, tokens, arg_dtype, arg_threads,
+		       tokens <= H2O_PROMPT_TOKENS_MAX && name_selected("h2o-prompt"));
 	if (r < 0) {
 		fprintf(stderr, "kvd-bench: %u tokens: cannot set up the layer: %s\n", tokens, strerror(-r));
 		layer_free(&l);
@@ -935,9 +1030,23 @@ static int bench_size(uint32_t tokens, const struct ceilings *c) {
 
 			if (!name_selected(e->name))
 				continue;
+			if (ref && arg_ref < 0 && e->ref_tokens && tokens > e->ref_tokens)
+				continue;
+			if (e->max_tokens && tokens > e->max_tokens) {
+				print_skipped(&l, i, ref, c);
+				continue;
+			}
 			r = time_entry(&l, run_kernel_entry, e, arg_reps, t);
 			print_row(&l, e->name, ref, t, arg_reps, e->per, e->model(&l), c, r);
 			failed |= r < 0;
+			if (r >= 0) {
+				double best = t[0];
+
+				for (unsigned k = 1; k < arg_reps; k++)
+					best = MIN(best, t[k]);
+				entry_rate[i][ref].tokens = tokens;
+				entry_rate[i][ref].gflops = e->model(&l).flops / (best / e->per) / 1e9;
+			}
 		}
 		for (int p = 0; p < _KVD_POLICY_MAX; p++) {
 			enum kvd_policy policy = (enum kvd_policy)p;
@@ -1004,9 +1113,13 @@ static void help(void) {
 	       "model, and the ratio to this machine's ceiling for the bound that applies (an\n"
 	       "FMA loop and a memory stream on all threads, measured first).\n"
 	       "\n"
-	       "Kernel entries: attn (window attention over all heads), topk (per-head top-k),\n"
-	       "topk-layer (one top-k over all heads), blocks (block sums + needle guard), evict\n"
-	       "(greedy by value per byte over %u layers of %u-token blocks, per layer).\n"
+	       "Kernel entries: attn (window attention over all heads), h2o-prompt (H2O over\n"
+	       "every prompt query, causal, in blocks; the h2o policy sees only the window's),\n"
+	       "topk (per-head top-k), topk-layer (one top-k over all heads), blocks (block sums\n"
+	       "+ needle guard), evict (greedy by value per byte over %u layers of %u-token\n"
+	       "blocks, per layer). h2o-prompt is quadratic in the tokens: above %u it prints a\n"
+	       "skipped row with its estimated time instead, and its reference runs only up to\n"
+	       "%u tokens unless --ref is given.\n"
 	       "\n"
 	       "Options:\n"
 	       "  --tokens LIST     Resident tokens per layer, comma-separated, %u..%u\n"
@@ -1025,7 +1138,7 @@ static void help(void) {
 	       "  --fma-ms N        Duration of each FMA ceiling run (default: 200)\n"
 	       "  -h --help         Show this help and exit\n",
 	       SHAPE_HEADS, SHAPE_KV_HEADS, SHAPE_DIM, SHAPE_C, SHAPE_WINDOW, EVICT_LAYERS, BLOCK_TOKENS,
-	       TOKENS_MIN, TOKENS_MAX, REF_TOKENS_DEFAULT);
+	       H2O_PROMPT_TOKENS_MAX, H2O_PROMPT_REF_TOKENS, TOKENS_MIN, TOKENS_MAX, REF_TOKENS_DEFAULT);
 }
 
 static _printf_(1, 2) int usage_error(const char *fmt, ...) {

@@ -50,6 +50,8 @@ static void help(void) {
 	       "Policy:\n"
 	       "  --policy P          full, streamingllm, h2o, snapkv, pyramidkv, adakv, tova, knorm,\n"
 	       "                      keydiff, expected_attention, restkv, laprox, kvd (required)\n"
+	       "                      h2o sums the attention of the --q (window) queries only; not\n"
+	       "                      prompt-wide H2O: the window is kept, so --window L keeps all\n"
 	       "  --capacity N        Tokens kept per head (or layer), window included (required)\n"
 	       "  --window W          Observation window; must equal q's second dimension (required)\n"
 	       "  --granularity G     head (one keep set per kv head) or layer (default: head)\n"
