@@ -699,13 +699,22 @@ int kvd_client_mapped_chunks(kvd_client *c, uint32_t *ids, uint32_t n, uint32_t 
 
 /* ---- administration ---- */
 
-/* A request whose reply carries nothing but a status. */
+/*
+ * A request whose reply carries nothing but a status. Code 0 with a message means done
+ * with a caveat (a live change the daemon could not save): returns 1 and keeps the message
+ * for kvd_client_last_error().
+ */
 static int client_simple_call(kvd_client *c, Envelope *env) {
 	int fds[WIRE_FDS_MAX];
+	Envelope *reply;
 	int r;
 
 	client_lock(c);
-	r = client_call(c, env, BODY_ANY, false, NULL, fds, NULL);
+	r = client_call(c, env, BODY_ANY, false, &reply, fds, NULL);
+	if (r >= 0 && reply->status && reply->status->message && *reply->status->message) {
+		client_set_error(c, reply->status->message);
+		r = 1;
+	}
 	client_unlock(c);
 	return r;
 }
@@ -746,6 +755,33 @@ int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
 	return client_simple_call(c, &env);
 }
 
+int kvd_budget_reset(kvd_client *c) {
+	Kvd__V1__BudgetReset req = KVD__V1__BUDGET_RESET__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	env.body_case = KVD__V1__ENVELOPE__BODY_BUDGET_RESET;
+	env.budget_reset = &req;
+	return client_simple_call(c, &env);
+}
+
+int kvd_tenant_reset(kvd_client *c, const char *tenant) {
+	Kvd__V1__TenantReset req = KVD__V1__TENANT_RESET__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!c || !tenant || !tenant_name_valid(tenant))
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	req.name = (char *)tenant;
+	env.body_case = KVD__V1__ENVELOPE__BODY_TENANT_RESET;
+	env.tenant_reset = &req;
+	return client_simple_call(c, &env);
+}
+
 /* ---- status ---- */
 
 /* The names kvd.h lists, in the order of the values arrays below. */
@@ -762,6 +798,12 @@ static const char *const tenant_keys[] = {
 };
 #define TENANT_KEYS ELEMENTSOF(tenant_keys)
 
+/* The strings kvd_status_tenant_str() knows, in the order of status_tenant.str. */
+static const char *const tenant_str_keys[] = {
+	"min_source", "max_source", "weight_source", "policy",
+};
+#define TENANT_STR_KEYS ELEMENTSOF(tenant_str_keys)
+
 struct status_values {
 	uint64_t v[NODE_KEYS > TENANT_KEYS ? NODE_KEYS : TENANT_KEYS];
 	uint32_t present; /* bit i: v[i] was sent */
@@ -770,12 +812,15 @@ struct status_values {
 struct status_tenant {
 	char *name;
 	struct status_values values;
+	char *str[TENANT_STR_KEYS]; /* NULL: not sent */
 };
 
 struct kvd_status {
 	struct status_values node;
 	char *daemon_version;
 	char *backend;
+	char *budget_source;
+	char *state_error;
 	uint32_t n_tenants;
 	struct status_tenant *tenants;
 };
@@ -807,6 +852,10 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 	if (rep->daemon_version && !(st->daemon_version = strdup(rep->daemon_version)))
 		return -ENOMEM;
 	if (rep->backend && !(st->backend = strdup(rep->backend)))
+		return -ENOMEM;
+	if (rep->budget_source && !(st->budget_source = strdup(rep->budget_source)))
+		return -ENOMEM;
+	if (rep->state_error && !(st->state_error = strdup(rep->state_error)))
 		return -ENOMEM;
 	status_set(n, 0, rep->has_pool_bytes, rep->pool_bytes);
 	status_set(n, 1, rep->has_budget_bytes, rep->budget_bytes);
@@ -844,6 +893,14 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 		status_set(tv, 5, ts->has_sequences, ts->sequences);
 		status_set(tv, 6, ts->has_connections, ts->connections);
 		status_set(tv, 7, ts->has_chunks, ts->chunks);
+
+		const char *const strs[TENANT_STR_KEYS] = {
+			ts->min_source, ts->max_source, ts->weight_source, ts->policy,
+		};
+
+		for (size_t k = 0; k < TENANT_STR_KEYS; k++)
+			if (strs[k] && !(st->tenants[i].str[k] = strdup(strs[k])))
+				return -ENOMEM;
 	}
 	return 0;
 }
@@ -851,11 +908,16 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 kvd_status *kvd_status_free(kvd_status *st) {
 	if (!st)
 		return NULL;
-	for (uint32_t i = 0; i < st->n_tenants; i++)
+	for (uint32_t i = 0; i < st->n_tenants; i++) {
 		free(st->tenants[i].name);
+		for (size_t k = 0; k < TENANT_STR_KEYS; k++)
+			free(st->tenants[i].str[k]);
+	}
 	free(st->tenants);
 	free(st->daemon_version);
 	free(st->backend);
+	free(st->budget_source);
+	free(st->state_error);
 	free(st);
 	return NULL;
 }
@@ -904,6 +966,10 @@ int kvd_status_str(const kvd_status *st, const char *key, const char **ret) {
 		v = st->daemon_version;
 	else if (strcmp(key, "backend") == 0)
 		v = st->backend;
+	else if (strcmp(key, "budget_source") == 0)
+		v = st->budget_source;
+	else if (strcmp(key, "state_error") == 0)
+		v = st->state_error;
 	if (!v)
 		return -ENOENT;
 	*ret = v;
@@ -926,4 +992,18 @@ int kvd_status_tenant_u64(const kvd_status *st, uint32_t index, const char *key,
 	if (!st || !key || !ret || index >= st->n_tenants)
 		return -EINVAL;
 	return status_get(&st->tenants[index].values, tenant_keys, TENANT_KEYS, key, ret);
+}
+
+int kvd_status_tenant_str(const kvd_status *st, uint32_t index, const char *key,
+			  const char **ret) {
+	if (!st || !key || !ret || index >= st->n_tenants)
+		return -EINVAL;
+	for (size_t k = 0; k < TENANT_STR_KEYS; k++)
+		if (strcmp(tenant_str_keys[k], key) == 0) {
+			if (!st->tenants[index].str[k])
+				return -ENOENT;
+			*ret = st->tenants[index].str[k];
+			return 0;
+		}
+	return -ENOENT;
 }

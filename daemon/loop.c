@@ -84,6 +84,18 @@ int loop_sendmsg(struct loop *l, struct loop_op *op, int fd, const struct msghdr
 	return 0;
 }
 
+int loop_recv(struct loop *l, struct loop_op *op, int fd, void *buf, size_t n) {
+	PREP(l, op, sqe);
+	io_uring_prep_recv(sqe, fd, buf, n, 0);
+	return 0;
+}
+
+int loop_send(struct loop *l, struct loop_op *op, int fd, const void *buf, size_t n) {
+	PREP(l, op, sqe);
+	io_uring_prep_send(sqe, fd, buf, n, MSG_NOSIGNAL);
+	return 0;
+}
+
 int loop_read(struct loop *l, struct loop_op *op, int fd, void *buf, unsigned n) {
 	PREP(l, op, sqe);
 	io_uring_prep_read(sqe, fd, buf, n, 0);

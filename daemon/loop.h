@@ -13,6 +13,7 @@
  */
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
@@ -33,6 +34,9 @@ int loop_accept(struct loop *l, struct loop_op *op, int fd);  /* multishot */
 int loop_recvmsg(struct loop *l, struct loop_op *op, int fd, struct msghdr *msg);
 int loop_sendmsg(struct loop *l, struct loop_op *op, int fd, const struct msghdr *msg);
 int loop_read(struct loop *l, struct loop_op *op, int fd, void *buf, unsigned n);
+/* Plain stream reads and writes on a socket, for byte protocols with no fds (metrics). */
+int loop_recv(struct loop *l, struct loop_op *op, int fd, void *buf, size_t n);
+int loop_send(struct loop *l, struct loop_op *op, int fd, const void *buf, size_t n);
 /* Completes with -ETIME after ms milliseconds. */
 int loop_timeout(struct loop *l, struct loop_op *op, uint64_t ms);
 

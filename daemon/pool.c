@@ -130,6 +130,7 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint64_t block_bytes,
 	p->used_bytes += p->chunk_bytes;
 	t->used_bytes += p->chunk_bytes;
 	t->chunks++;
+	p->grants++;
 	partial_add(t, c);
 	*ret = c;
 	return 0;
@@ -174,6 +175,15 @@ int pool_block_alloc(struct pool *p, struct tenant *t, uint64_t block_bytes,
 		r = chunk_acquire(p, t, block_bytes, &c);
 		if (r < 0) {
 			p->grants_refused++;
+			/* The same tests, in the same order, as chunk_acquire's. */
+			if (r == -EDQUOT)
+				p->refused[POOL_REFUSED_TENANT_MAX]++;
+			else if (r == -ENOSPC && p->used_bytes + p->chunk_bytes > p->budget_bytes)
+				p->refused[POOL_REFUSED_BUDGET]++;
+			else if (r == -ENOSPC)
+				p->refused[POOL_REFUSED_POOL]++;
+			else
+				p->refused[POOL_REFUSED_ERROR]++;
 			return r;
 		}
 	}

@@ -46,6 +46,15 @@ struct chunk {
 	uint64_t grant_serial;        /* last grow that granted it (see seq_grow) */
 };
 
+/* Why a grant of a new chunk was refused; counted for the metrics endpoint. */
+enum pool_refusal {
+	POOL_REFUSED_BUDGET,          /* the node budget is spent */
+	POOL_REFUSED_POOL,            /* no free chunk left within the budget */
+	POOL_REFUSED_TENANT_MAX,      /* the tenant's cap */
+	POOL_REFUSED_ERROR,           /* the backend or memory failed */
+	_POOL_REFUSED_MAX,
+};
+
 struct pool {
 	const struct backend_ops *ops;
 	uint64_t pool_bytes, chunk_bytes, budget_bytes;
@@ -55,6 +64,8 @@ struct pool {
 	uint32_t chunks_free, chunks_draining;
 	uint64_t used_bytes, block_bytes;
 	uint64_t grants_refused;
+	uint64_t grants;              /* chunks handed to a tenant from the free list */
+	uint64_t refused[_POOL_REFUSED_MAX]; /* grants_refused, by reason */
 };
 
 /* Returns 0, or -EINVAL (sizes not multiples of the backend granularity, pool smaller

@@ -13,7 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "common/macro.h"
+#include "common/size.h"
 #include "conn.h"
 #include "log.h"
 #include "server.h"
@@ -79,7 +81,17 @@ static void on_accept(struct loop_op *op, int res, bool more) {
 static void on_signal(struct loop_op *op, int res, bool more) {
 	struct server *s = container_of(op, struct server, signal_op);
 
-	if (res == (int)sizeof(s->siginfo)) {
+	if (res == (int)sizeof(s->siginfo) && s->siginfo.ssi_signo == SIGHUP) {
+		struct timespec ts;
+
+		/* Tells a service manager that waits for the reload (Type=notify-reload); the time
+		 * must not read earlier than its request, so no rounding to milliseconds. */
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu",
+		           (unsigned long long)ts.tv_sec * 1000000 + (unsigned long long)ts.tv_nsec / 1000);
+		admin_reload(s->admin);
+		sd_notify(0, "READY=1");
+	} else if (res == (int)sizeof(s->siginfo)) {
 		log_info("received %s, stopping", strsignal((int)s->siginfo.ssi_signo));
 		server_stop(s);
 		return;
@@ -88,10 +100,52 @@ static void on_signal(struct loop_op *op, int res, bool more) {
 		log_error("cannot re-arm the signal read");
 }
 
+/* STATUS= for the service manager: one line, what an operator wants at a glance. */
+static void format_status(struct server *s, char *buf, size_t n) {
+	char used[32], budget[32];
+
+	if (s->stopping) {
+		snprintf(buf, n, "stopping: %u connection%s left", s->n_conns,
+		         s->n_conns == 1 ? "" : "s");
+		return;
+	}
+	size_format(s->pool->used_bytes, used, sizeof(used));
+	size_format(s->pool->budget_bytes, budget, sizeof(budget));
+	snprintf(buf, n, "serving %s: %u connection%s, %s of %s budget used", s->socket_path,
+	         s->n_conns, s->n_conns == 1 ? "" : "s", used, budget);
+	/* A newline in the socket's path would end the assignment and start another. */
+	for (char *p = buf; *p; p++)
+		if ((unsigned char)*p < ' ' || *p == 0x7f)
+			*p = '?';
+}
+
+/*
+ * Once per tick: WATCHDOG=1 when the service manager watches us (the tick is then at most
+ * half its interval, so a loop that stops turning stops pinging), and STATUS= when it
+ * changed, in one datagram.
+ */
+static void notify_tick(struct server *s) {
+	char status[sizeof(s->notify_status)], msg[sizeof(status) + 32];
+	bool changed;
+
+	format_status(s, status, sizeof(status));
+	changed = strcmp(status, s->notify_status) != 0;
+	if (!changed && !s->watchdog_usec)
+		return;
+	snprintf(msg, sizeof(msg), "%s%s%s", s->watchdog_usec ? "WATCHDOG=1" : "",
+	         s->watchdog_usec && changed ? "\n" : "", changed ? "STATUS=" : "");
+	if (changed) {
+		strncat(msg, status, sizeof(msg) - strlen(msg) - 1);
+		memcpy(s->notify_status, status, sizeof(status));
+	}
+	sd_notify(0, msg);
+}
+
 static void on_tick(struct loop_op *op, int res, bool more) {
 	struct server *s = container_of(op, struct server, tick_op);
 	uint64_t now = now_ms();
 
+	notify_tick(s);
 	if (s->stopping) {
 		if (now - s->stop_ms >= STOP_GRACE_MS) {
 			log_warning("%u clients did not drain in time, exiting anyway", s->n_conns);
@@ -107,6 +161,8 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 			}
 		}
 	}
+	if (s->http)
+		http_tick(s->http, now, s->limits.hello_timeout_ms);
 	if (loop_timeout(s->loop, &s->tick_op, s->tick_ms) < 0)
 		log_error("cannot re-arm the timer");
 }
@@ -145,6 +201,66 @@ static int listen_socket(const char *path, int *ret) {
 	return 0;
 }
 
+/*
+ * Takes the listening socket a service manager passed (kvd.socket, systemd-socket-activate):
+ * exactly one, an AF_UNIX stream socket already listening. Returns 1 when it did, 0 when
+ * none was passed (the caller binds its own), or a logged error.
+ */
+static int inherit_socket(struct server *s) {
+	struct sockaddr_un sa = {};
+	socklen_t len = sizeof(sa);
+	int n, r, fd = SD_LISTEN_FDS_START;
+
+	n = sd_listen_fds(1);
+	if (n < 0)
+		return log_error_errno(n, "cannot read the sockets passed by the service manager");
+	if (n == 0)
+		return 0;
+	if (n > 1) {
+		log_error("the service manager passed %d sockets, expected one", n);
+		for (int i = 0; i < n; i++)
+			safe_close(SD_LISTEN_FDS_START + i);
+		return -EINVAL;
+	}
+	r = sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0);
+	if (r <= 0) {
+		if (r < 0)
+			log_error_errno(r, "cannot inspect the socket passed by the service manager");
+		else
+			log_error("the socket passed by the service manager is not a listening "
+			          "AF_UNIX stream socket");
+		safe_close(fd);
+		return r < 0 ? r : -ENOTSOCK;
+	}
+	if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+		r = log_error_errno(negative_errno(), "getsockname on the passed socket failed");
+		safe_close(fd);
+		return r;
+	}
+	/* Not always NUL-terminated; an abstract name starts with one and is shown with '@'. */
+	len = len > offsetof(struct sockaddr_un, sun_path) ?
+	      MIN(len - offsetof(struct sockaddr_un, sun_path), sizeof(s->inherited_path) - 1) : 0;
+	if (len > 0 && sa.sun_path[0] == 0)
+		snprintf(s->inherited_path, sizeof(s->inherited_path), "@%.*s", (int)len - 1,
+		         sa.sun_path + 1);
+	else if (len > 0)
+		snprintf(s->inherited_path, sizeof(s->inherited_path), "%.*s", (int)len, sa.sun_path);
+	else
+		snprintf(s->inherited_path, sizeof(s->inherited_path), "(unnamed)");
+	if (strcmp(s->inherited_path, s->socket_path) != 0)
+		log_notice("using the socket passed by the service manager, %s, instead of --socket %s",
+		           s->inherited_path, s->socket_path);
+	else
+		log_info("using the socket passed by the service manager, %s", s->inherited_path);
+	s->socket_path = s->inherited_path;
+	s->listen_fd = fd;
+	return 1;
+}
+
+static int render_metrics(void *userdata, char **ret, size_t *ret_size) {
+	return metrics_render(userdata, ret, ret_size);
+}
+
 int server_new(struct pool *pool, const struct server_limits *limits, const char *socket_path,
                struct server **ret) {
 	struct server *s;
@@ -163,6 +279,13 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	s->signal_op.handler = on_signal;
 	s->tick_op.handler = on_tick;
 	s->tick_ms = MIN(MAX(limits->hello_timeout_ms / 4, 50), 1000);
+	r = sd_watchdog_enabled(0, &s->watchdog_usec);
+	if (r < 0)
+		log_warning_errno(r, "cannot read the service manager's watchdog settings, ignoring");
+	if (r > 0)
+		s->tick_ms = MIN(s->tick_ms, MAX(s->watchdog_usec / 2000, 1));
+	else
+		s->watchdog_usec = 0;
 
 	r = tenant_table_init(&s->tenants, limits->max_tenants);
 	if (r < 0)
@@ -177,19 +300,33 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 		log_error_errno(r, "cannot set up io_uring");
 		goto fail;
 	}
-	r = listen_socket(socket_path, &s->listen_fd);
-	if (r < 0) {
-		log_error_errno(r, "cannot listen on %s", socket_path);
+	r = inherit_socket(s);
+	if (r < 0)
 		goto fail;
+	if (r == 0) {
+		r = listen_socket(socket_path, &s->listen_fd);
+		if (r < 0) {
+			log_error_errno(r, "cannot listen on %s", socket_path);
+			goto fail;
+		}
+		s->socket_owned = true;
 	}
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	s->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
 	if (s->signal_fd < 0) {
 		r = log_error_errno(negative_errno(), "signalfd failed");
 		goto fail;
+	}
+	if (limits->metrics_listen && *limits->metrics_listen) {
+		r = http_new(s->loop, limits->metrics_listen, render_metrics, s, &s->http);
+		if (r < 0) {
+			log_error_errno(r, "cannot serve metrics on %s", limits->metrics_listen);
+			goto fail;
+		}
 	}
 	*ret = s;
 	return 0;
@@ -203,11 +340,13 @@ struct server *server_free(struct server *s) {
 		return NULL;
 	/* The ring goes first, so that the kernel holds no buffer of the connections. */
 	s->loop = loop_free(s->loop);
+	s->http = http_free(s->http);
 	while (s->conns)
 		conn_destroy(s->conns);
 	while (s->closed)
 		conn_destroy(s->closed);
-	if (s->listen_fd >= 0)
+	/* A socket file the service manager made is its own: it outlives us. */
+	if (s->listen_fd >= 0 && s->socket_owned)
 		unlink(s->socket_path);
 	safe_close(s->listen_fd);
 	safe_close(s->signal_fd);
@@ -301,7 +440,7 @@ void server_stop(struct server *s) {
 }
 
 int server_run(struct server *s) {
-	char status[256];
+	char status[sizeof(s->notify_status) + 32];
 	int r;
 
 	r = loop_accept(s->loop, &s->accept_op, s->listen_fd);
@@ -309,12 +448,19 @@ int server_run(struct server *s) {
 		r = loop_read(s->loop, &s->signal_op, s->signal_fd, &s->siginfo, sizeof(s->siginfo));
 	if (r >= 0)
 		r = loop_timeout(s->loop, &s->tick_op, s->tick_ms);
+	if (r >= 0 && s->http)
+		r = http_start(s->http);
 	if (r < 0)
 		return log_error_errno(r, "cannot start the event loop");
+	if (s->http)
+		log_info("serving metrics on %s", s->limits.metrics_listen);
 
-	snprintf(status, sizeof(status), "READY=1\nSTATUS=serving %s, pool %llu MiB",
-	         s->socket_path, (unsigned long long)(s->pool->pool_bytes >> 20));
+	format_status(s, s->notify_status, sizeof(s->notify_status));
+	snprintf(status, sizeof(status), "READY=1\nSTATUS=%s", s->notify_status);
 	sd_notify(0, status);
+	if (s->watchdog_usec)
+		log_info("watchdog: %llu ms, pinged every %llu ms",
+		         (unsigned long long)(s->watchdog_usec / 1000), (unsigned long long)s->tick_ms);
 	log_info("listening on %s (backend %s, pool %llu MiB in %u chunks of %llu KiB, budget %llu MiB)",
 	         s->socket_path, s->pool->ops->name, (unsigned long long)(s->pool->pool_bytes >> 20),
 	         s->pool->n_chunks, (unsigned long long)(s->pool->chunk_bytes >> 10),

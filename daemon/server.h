@@ -10,14 +10,17 @@
 #include <stdint.h>
 #include <sys/signalfd.h>
 
+#include "http.h"
 #include "loop.h"
+#include "metrics.h"
 #include "pool.h"
 #include "seq.h"
 #include "tenant.h"
 
+struct admin;
 struct conn;
 
-/* Limits on what clients control; each has a flag in main.c. */
+/* Limits on what clients control; most are settings (settings.c), see admin_limits(). */
 struct server_limits {
 	uint32_t max_connections;
 	uint32_t max_tenants;
@@ -28,6 +31,7 @@ struct server_limits {
 	uint64_t hello_timeout_ms;
 	uint64_t max_tx_bytes;        /* queued replies and events per connection */
 	uint32_t max_violations;      /* protocol errors before a disconnect */
+	const char *metrics_listen;   /* --metrics-listen: NULL or "" for no metrics endpoint */
 };
 
 struct server {
@@ -35,7 +39,9 @@ struct server {
 	struct pool *pool;
 	struct tenant_table tenants;
 	struct server_limits limits;
-	const char *socket_path;
+	const char *socket_path;      /* the inherited socket's path when socket-activated */
+	char inherited_path[108];     /* sizeof(sun_path) */
+	bool socket_owned;            /* we bound it, so the file is ours to unlink */
 
 	int listen_fd;
 	struct loop_op accept_op;
@@ -44,6 +50,8 @@ struct server {
 	struct signalfd_siginfo siginfo;
 	struct loop_op tick_op;
 	uint64_t tick_ms;
+	uint64_t watchdog_usec;       /* the service manager's watchdog interval, 0: none */
+	char notify_status[256];      /* the STATUS= last sent to the service manager */
 
 	struct conn *conns;
 	uint32_t n_conns;
@@ -56,6 +64,9 @@ struct server {
 
 	uint64_t start_ms;
 	uint64_t protocol_errors;
+	struct metrics metrics;
+	struct http *http;            /* the metrics endpoint, NULL when off */
+	struct admin *admin;          /* settings and live state (admin.h); set by main() */
 	bool stopping;
 	uint64_t stop_ms;
 };

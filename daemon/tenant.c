@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "policy.h"
 #include "tenant.h"
 
 bool tenant_name_valid(const char *name) {
@@ -31,8 +32,11 @@ int tenant_table_init(struct tenant_table *t, uint32_t max) {
 }
 
 void tenant_table_done(struct tenant_table *t) {
-	for (uint32_t i = 0; i < t->n; i++)
+	for (uint32_t i = 0; i < t->n; i++) {
+		free(t->tenants[i]->allow_users);
+		free(t->tenants[i]->allow_groups);
 		free(t->tenants[i]);
+	}
 	free(t->tenants);
 	t->tenants = NULL;
 	t->n = 0;
@@ -64,6 +68,7 @@ int tenant_get(struct tenant_table *t, const char *name, struct tenant **ret) {
 	strcpy(x->name, name);
 	x->max_bytes = TENANT_NO_CAP;
 	x->weight = 1;
+	x->policy = KVD_POLICY_KVD;
 	t->tenants[t->n++] = x;
 	*ret = x;
 	return 0;

@@ -21,6 +21,11 @@ struct tenant {
 	uint64_t min_bytes;           /* guaranteed share (reported; enforced with eviction) */
 	uint64_t max_bytes;           /* cap on used_bytes, TENANT_NO_CAP for none */
 	uint32_t weight;
+	int policy;                   /* enum kvd_policy (stored; used with eviction) */
+	/* Where min, max and weight come from: enum setting_source (see admin.h). */
+	uint8_t min_source, max_source, weight_source;
+	char *allow_users;            /* from the config file: stored and reported only */
+	char *allow_groups;
 	uint64_t used_bytes;          /* bytes of the chunks it holds, draining ones included */
 	uint64_t block_bytes;         /* bytes of its granted blocks */
 	uint32_t chunks;

@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: MIT */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,26 +34,62 @@ pid_t fixture_fork(void) {
 	return pid;
 }
 
+void fixture_write_config(struct fixture *f, const char *text) {
+	FILE *c = fopen(f->config, "we");
+
+	ASSERT_TRUE(c);
+	ASSERT_EQ(fputs(text, c) >= 0, true);
+	ASSERT_EQ(fclose(c), 0);
+}
+
+void fixture_setup(struct fixture *f, const char *config, bool log) {
+	snprintf(f->dir, sizeof(f->dir), "/tmp/kvd-test-XXXXXX");
+	ASSERT_TRUE(mkdtemp(f->dir));
+	snprintf(f->socket, sizeof(f->socket), "%s/kvd.sock", f->dir);
+	snprintf(f->state_dir, sizeof(f->state_dir), "%s/state", f->dir);
+	if (config) {
+		snprintf(f->config, sizeof(f->config), "%s/kvd.conf", f->dir);
+		fixture_write_config(f, config);
+	} else
+		snprintf(f->config, sizeof(f->config), "/dev/null");
+	if (log)
+		snprintf(f->log, sizeof(f->log), "%s/kvd.log", f->dir);
+	else
+		f->log[0] = '\0';
+	f->pid = 0;
+}
+
 void fixture_start(struct fixture *f, const char *const *args) {
+	fixture_setup(f, NULL, false);
+	fixture_launch(f, args);
+}
+
+void fixture_launch(struct fixture *f, const char *const *args) {
 	const char *daemon = getenv("KVD_DAEMON");
 	const char *argv[64];
 	size_t n = 0;
 
 	if (!daemon)
 		test_fail(__FILE__, __LINE__, "KVD_DAEMON is not set (run the tests through meson)");
-	snprintf(f->dir, sizeof(f->dir), "/tmp/kvd-test-XXXXXX");
-	ASSERT_TRUE(mkdtemp(f->dir));
-	snprintf(f->socket, sizeof(f->socket), "%s/kvd.sock", f->dir);
-
 	argv[n++] = daemon;
 	argv[n++] = "--socket";
 	argv[n++] = f->socket;
+	argv[n++] = "--config";
+	argv[n++] = f->config;
+	argv[n++] = "--state-dir";
+	argv[n++] = f->state_dir;
 	for (; args && *args && n < sizeof(argv) / sizeof(argv[0]) - 1; args++)
 		argv[n++] = *args;
 	argv[n] = NULL;
 
 	f->pid = fixture_fork();
 	if (f->pid == 0) {
+		if (f->log[0]) {
+			int fd = open(f->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+
+			if (fd < 0 || dup2(fd, STDERR_FILENO) < 0)
+				_exit(126);
+		}
 		execv(daemon, (char *const *)argv);
 		_exit(127);
 	}
@@ -73,14 +111,69 @@ void fixture_start(struct fixture *f, const char *const *args) {
 	test_fail(__FILE__, __LINE__, "the daemon did not listen within 5 s");
 }
 
-int fixture_stop(struct fixture *f) {
+int fixture_halt(struct fixture *f) {
 	int status;
 
 	kill(f->pid, SIGTERM);
 	ASSERT_EQ(waitpid(f->pid, &status, 0), f->pid);
-	unlink(f->socket);
-	rmdir(f->dir);
+	f->pid = 0;
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* Removes the entries of dir, one level down into directories, then dir itself. */
+static void remove_tree(const char *dir, int depth) {
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	char path[512];
+
+	while (d && (de = readdir(d))) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+		if (unlink(path) < 0 && errno == EISDIR && depth > 0)
+			remove_tree(path, depth - 1);
+	}
+	if (d)
+		closedir(d);
+	rmdir(dir);
+}
+
+void fixture_cleanup(struct fixture *f) {
+	remove_tree(f->dir, 1);
+}
+
+int fixture_stop(struct fixture *f) {
+	int status = fixture_halt(f);
+
+	fixture_cleanup(f);
+	return status;
+}
+
+unsigned fixture_log_count(struct fixture *f, const char *needle) {
+	char buf[65536];
+	unsigned count = 0;
+	size_t k;
+	FILE *l;
+
+	ASSERT_TRUE(f->log[0]);
+	l = fopen(f->log, "re");
+	if (!l)
+		return 0;
+	k = fread(buf, 1, sizeof(buf) - 1, l);
+	buf[k] = 0;
+	fclose(l);
+	for (const char *p = buf; (p = strstr(p, needle)); p += strlen(needle))
+		count++;
+	return count;
+}
+
+bool fixture_wait_log(struct fixture *f, const char *needle, unsigned count) {
+	for (int i = 0; i < 500; i++) {
+		if (fixture_log_count(f, needle) >= count)
+			return true;
+		sleep_ms(10);
+	}
+	return false;
 }
 
 kvd_client *fixture_connect(struct fixture *f, const char *tenant) {
@@ -108,6 +201,32 @@ uint64_t fixture_status(struct fixture *f, const char *tenant, const char *key) 
 		}
 	kvd_status_free(st);
 	return v;
+}
+
+const char *fixture_status_str(struct fixture *f, const char *tenant, const char *key, char *buf,
+                               size_t n) {
+	__attribute__((cleanup(kvd_client_unrefp))) kvd_client *c = fixture_connect(f, NULL);
+	const char *v = NULL;
+	kvd_status *st = NULL;
+	int r = -ENOENT;
+
+	ASSERT_OK(kvd_status_get(c, &st));
+	if (!tenant)
+		r = kvd_status_str(st, key, &v);
+	else
+		for (uint32_t i = 0; i < kvd_status_tenants(st); i++) {
+			const char *name;
+
+			ASSERT_OK(kvd_status_tenant_name(st, i, &name));
+			if (strcmp(name, tenant) == 0)
+				r = kvd_status_tenant_str(st, i, key, &v);
+		}
+	if (r != -ENOENT)
+		ASSERT_OK(r);
+	if (v)
+		snprintf(buf, n, "%s", v);
+	kvd_status_free(st);
+	return v ? buf : NULL;
 }
 
 bool fixture_wait_status(struct fixture *f, const char *tenant, const char *key, uint64_t want) {

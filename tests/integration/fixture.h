@@ -18,6 +18,9 @@ struct fixture {
 	pid_t pid;
 	char dir[64];
 	char socket[128];
+	char config[128];             /* --config: dir/kvd.conf, or /dev/null when none given */
+	char state_dir[128];          /* --state-dir: dir/state (made by the daemon when needed) */
+	char log[128];                /* the daemon's stderr (dir/kvd.log), or "" for the test's */
 };
 
 /* fork() whose child dies with the test process. */
@@ -26,11 +29,35 @@ pid_t fixture_fork(void);
 /*
  * Starts the daemon with --socket in a fresh directory plus the NULL-terminated extra
  * arguments, and returns once the socket accepts connections. Fails the test otherwise.
+ * The daemon reads no config file (--config /dev/null) and keeps its live state in the
+ * directory (--state-dir), so that nothing of the machine's leaks in or out.
  */
 void fixture_start(struct fixture *f, const char *const *args);
 
-/* Sends SIGTERM and waits; returns the daemon's exit status (or 128+signal). */
+/*
+ * fixture_start() in two steps, for tests of the config file and of restarts: setup makes
+ * the directory, writes config (when not NULL) to dir/kvd.conf and, with log, sends the
+ * daemon's stderr to dir/kvd.log; launch starts the daemon with --socket, --config and
+ * --state-dir, then args (which may override them), and can run again after fixture_halt().
+ */
+void fixture_setup(struct fixture *f, const char *config, bool log);
+void fixture_launch(struct fixture *f, const char *const *args);
+/* Replaces the config file (fixture_setup with a config). */
+void fixture_write_config(struct fixture *f, const char *text);
+
+/* Sends SIGTERM and waits; returns the daemon's exit status (or 128+signal), and removes
+ * the directory. */
 int fixture_stop(struct fixture *f);
+/* The same, but the directory stays, for a fixture_launch() on the same state. */
+int fixture_halt(struct fixture *f);
+/* Removes the directory and what the fixture and the daemon put there. */
+void fixture_cleanup(struct fixture *f);
+
+/* Waits, up to a few seconds, until the daemon's log (fixture_setup with log) holds needle
+ * at least count times; returns whether it did. */
+bool fixture_wait_log(struct fixture *f, const char *needle, unsigned count);
+/* How many times the daemon's log holds needle. */
+unsigned fixture_log_count(struct fixture *f, const char *needle);
 
 /* Connects as a tenant (NULL: administrative), failing the test on error. */
 kvd_client *fixture_connect(struct fixture *f, const char *tenant);
@@ -38,6 +65,11 @@ kvd_client *fixture_connect(struct fixture *f, const char *tenant);
 /* A node value from kvd_status ("used_bytes", ...), or a tenant's value when tenant is
  * not NULL (UINT64_MAX when the tenant is unknown). Fails the test on error. */
 uint64_t fixture_status(struct fixture *f, const char *tenant, const char *key);
+
+/* A node string ("budget_source"), or a tenant's ("max_source") when tenant is not NULL,
+ * copied into buf; NULL when the daemon did not send it. Fails the test on other errors. */
+const char *fixture_status_str(struct fixture *f, const char *tenant, const char *key, char *buf,
+                               size_t n);
 
 /* Waits, up to a few seconds, until fixture_status(f, tenant, key) == want; returns
  * whether it got there. For state the daemon reaches asynchronously (a peer's hang-up). */

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * kvdctl: the operator's command line for a running kvd. It shows what the daemon holds
- * (status, for people or as JSON), sets the node budget and sets per-tenant guarantees,
- * caps and weights. It talks to the daemon only through the public libkvd API, over an
- * administrative connection (no tenant), so it exercises the same ABI that engines use.
+ * (status, tenants, budget get, top; for people or as JSON), sets and resets the node budget
+ * and per-tenant guarantees, caps and weights. It talks to the daemon only through the
+ * public libkvd API, over an administrative connection (no tenant), so it exercises the same
+ * ABI that engines use. `score` (score.c) works offline, `top` lives in top.c and what the
+ * commands share in util.c (kvdctl.h).
  *
  * Exit codes: 0 success, 1 the request failed (daemon unreachable or refused), 2 usage.
  */
@@ -11,7 +13,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,88 +21,70 @@
 #include "common/number.h"
 #include "common/size.h"
 #include "config.h"
-#include "kvd/kvd.h"
+#include "kvdctl.h"
 #include "score-cmd.h"
 
-enum {
-	EXIT_OK = 0,
-	EXIT_FAIL = 1,
-	EXIT_USAGE = 2,
-};
-
-static const char *arg_socket;
-static int arg_json;
-
-static int is_no_cap(uint64_t v) {
-	return v == KVD_TENANT_NO_CAP;
-}
-
-static void help(void) {
-	printf("Usage: kvdctl [OPTIONS] COMMAND [ARGS]\n"
+void help(void) {
+	printf("Usage: kvdctl [--socket PATH] COMMAND [ARGS]\n"
 	       "\n"
 	       "Inspect and steer a running kvd KV-cache daemon.\n"
 	       "\n"
 	       "Commands:\n"
-	       "  status [--json]            Show pool, budget, usage and tenants\n"
-	       "  budget set SIZE            Set the node-wide budget (e.g. 768MiB, 2G)\n"
+	       "  status [--json]          Daemon, pool, budget and usage, then the tenant table\n"
+	       "  tenants [--json]         The tenant table alone\n"
+	       "  budget get [--json]      The node budget and where it comes from, the pool\n"
+	       "                           and what tenants use\n"
+	       "  budget set SIZE          Set the node budget live (e.g. 768MiB, 2G; at most the\n"
+	       "                           pool). Kept across daemon restarts until reset\n"
+	       "  budget reset             Drop the live budget: back to kvd's --budget, the\n"
+	       "                           config file's value, or the pool size\n"
 	       "  tenant set NAME [--min SIZE] [--max SIZE|none] [--weight N]\n"
-	       "                             Create or change a tenant; options left out keep\n"
-	       "                             their value (a new tenant starts with min 0,\n"
-	       "                             no cap, weight 1)\n"
+	       "                           Create or change a tenant live; options left out keep\n"
+	       "                           their value (a new tenant starts with min 0, no cap,\n"
+	       "                           weight 1). Kept across daemon restarts until reset\n"
+	       "  tenant reset NAME        Drop the tenant's live min, max and weight: back to\n"
+	       "                           the config file's values (or the defaults)\n"
+	       "  top [--interval SECONDS] [--once] [--json]\n"
+	       "                           Per-tenant usage, share of the budget and rates,\n"
+	       "                           redrawn in place until Ctrl-C\n"
 	       "  score --policy P --q F --k F [--v F] [--wo F] --capacity N --window W [...]\n"
-	       "                             Score captured .npy tensors offline and print the\n"
-	       "                             kept positions (see 'kvdctl score --help')\n"
+	       "                           Score captured .npy tensors offline (no daemon) and\n"
+	       "                           print the kept positions (see 'kvdctl score --help')\n"
 	       "\n"
 	       "Options:\n"
-	       "  --socket PATH   Daemon socket (default: $KVD_SOCKET if set, else %s)\n"
-	       "  --json          With status: print JSON for scripts (default: a table)\n"
-	       "  --min SIZE      With tenant set: guaranteed minimum (default: unchanged)\n"
-	       "  --max SIZE|none With tenant set: cap, or none for no cap (default: unchanged)\n"
-	       "  --weight N      With tenant set: eviction weight, at least 1; the daemon sets\n"
-	       "                  the upper bound (default: unchanged)\n"
-	       "  -h --help       Show this help and exit\n"
-	       "  --version       Show the version and exit\n"
+	       "  --socket PATH       Daemon socket, before or after the command (default:\n"
+	       "                      $KVD_SOCKET if set, else %s)\n"
+	       "  --json              With status, tenants, budget get and top --once: print one\n"
+	       "                      JSON object for scripts (default: text for people)\n"
+	       "  --min SIZE          With tenant set: guaranteed minimum (default: unchanged)\n"
+	       "  --max SIZE|none     With tenant set: cap, or none for no cap (default:\n"
+	       "                      unchanged)\n"
+	       "  --weight N          With tenant set: eviction weight, at least 1; the daemon\n"
+	       "                      sets the upper bound (default: unchanged)\n"
+	       "  --interval SECONDS  With top: time between refreshes, 0.1 to 3600, fractions\n"
+	       "                      allowed (default: 2)\n"
+	       "  --once              With top: sample twice, SECONDS apart, print one frame\n"
+	       "                      without clearing the screen and exit (default: refresh\n"
+	       "                      until interrupted)\n"
+	       "  -h --help           Show this help and exit\n"
+	       "  --version           Show the versions of kvdctl and libkvd and exit\n"
 	       "\n"
+	       "Tables: USED counts the chunks a tenant holds (what the budget limits), BLOCKS\n"
+	       "the bytes inside its granted blocks; %%BUDGET is USED as a share of the node\n"
+	       "budget; MAX is - for no cap. After MIN, MAX and WEIGHT, * marks a value set live\n"
+	       "with kvdctl, + one from the config file and ^ one from kvd's command line; no\n"
+	       "mark, the default. A - where a value belongs means the daemon does not report it\n"
+	       "(an older kvd).\n"
+	       "top: USED/s is the change of USED per second. EVICTED/s is the daemon's count of\n"
+	       "evicted bytes per second, - until the daemon reports it; GRANTS/s and REFUSED/s\n"
+	       "(per tenant) appear once the daemon counts them. No rate is ever estimated.\n"
+	       "\n"
+	       "JSON: sizes in bytes; max_bytes is null for no cap; values the daemon does not\n"
+	       "report are left out; in top, rates that cannot be computed are null.\n"
 	       "Sizes take the suffixes K, M, G, T (binary; KiB, MiB... also accepted).\n"
-	       "In JSON, max_bytes is null when a tenant has no cap.\n"
-	       "Exit status: 0 on success, 1 when the daemon is unreachable or refuses, 2 on\n"
-	       "usage errors.\n",
+	       "Exit status: 0 on success, 1 when the daemon is unreachable or refuses (its\n"
+	       "message goes to stderr), 2 on usage errors.\n",
 	       KVD_DEFAULT_SOCKET);
-}
-
-static _printf_(1, 2) int usage_error(const char *fmt, ...) {
-	va_list ap;
-
-	fputs("kvdctl: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputs("\nTry 'kvdctl --help'.\n", stderr);
-	return EXIT_USAGE;
-}
-
-/* Prints "kvdctl: WHAT: strerror[: daemon message]" and returns EXIT_FAIL. */
-static int request_error(kvd_client *c, int r, const char *what) {
-	const char *msg = c ? kvd_client_last_error(c) : "";
-
-	if (msg && *msg)
-		fprintf(stderr, "kvdctl: %s: %s: %s\n", what, strerror(-r), msg);
-	else
-		fprintf(stderr, "kvdctl: %s: %s\n", what, strerror(-r));
-	return EXIT_FAIL;
-}
-
-static int connect_admin(kvd_client **ret) {
-	int r;
-
-	r = kvd_client_connect(arg_socket, NULL, ret);
-	if (r < 0) {
-		fprintf(stderr, "kvdctl: cannot connect to kvd at %s: %s\n", arg_socket, strerror(-r));
-		if (r == -ENOENT || r == -ECONNREFUSED)
-			fprintf(stderr, "kvdctl: is the daemon running? (--socket or $KVD_SOCKET)\n");
-		return EXIT_FAIL;
-	}
-	return EXIT_OK;
 }
 
 /* Parses a size argument; prints a usage error and returns -EINVAL when it is not one. */
@@ -118,437 +101,25 @@ static int parse_size_arg(const char *what, const char *s, uint64_t *ret) {
 }
 
 /*
- * Tenant indices sorted by name: the daemon lists tenants in its own table order, which
- * changes as tenants come and go, and people (and diffs of --json) want a stable order.
+ * Parses the options every daemon command takes (--socket, --help, and --json where
+ * json_ok) and leaves optind at the first operand. Returns -1 to go on, or the exit code.
  */
-static const kvd_status *sort_status;
-
-static int cmp_tenant(const void *a, const void *b) {
-	const char *x = "", *y = "";
-
-	(void)kvd_status_tenant_name(sort_status, *(const uint32_t *)a, &x);
-	(void)kvd_status_tenant_name(sort_status, *(const uint32_t *)b, &y);
-	return strcmp(x, y);
-}
-
-static int tenant_order(const kvd_status *st, uint32_t **ret) {
-	uint32_t n = kvd_status_tenants(st), *order;
-
-	order = calloc(n ? n : 1, sizeof(*order));
-	if (!order)
-		return -ENOMEM;
-	for (uint32_t i = 0; i < n; i++)
-		order[i] = i;
-	sort_status = st;
-	qsort(order, n, sizeof(*order), cmp_tenant);
-	sort_status = NULL;
-	*ret = order;
-	return 0;
-}
-
-/* ---- JSON ---- */
-
-static void json_string(FILE *f, const char *s) {
-	fputc('"', f);
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		switch (*p) {
-		case '"':
-			fputs("\\\"", f);
-			break;
-		case '\\':
-			fputs("\\\\", f);
-			break;
-		case '\b':
-			fputs("\\b", f);
-			break;
-		case '\f':
-			fputs("\\f", f);
-			break;
-		case '\n':
-			fputs("\\n", f);
-			break;
-		case '\r':
-			fputs("\\r", f);
-			break;
-		case '\t':
-			fputs("\\t", f);
-			break;
-		default:
-			/* Bytes >= 0x80 pass through: the daemon sends UTF-8 (protobuf strings). */
-			if (*p < 0x20 || *p == 0x7f)
-				fprintf(f, "\\u%04x", *p);
-			else
-				fputc(*p, f);
-		}
-	}
-	fputc('"', f);
-}
-
-static const char *const node_keys[] = {
-	"pool_bytes",     "budget_bytes",     "used_bytes",      "block_bytes",
-	"chunk_bytes",    "chunks_total",     "chunks_free",     "chunks_draining",
-	"connections",    "protocol_version", "uptime_ms",       "grants_refused",
-	"protocol_errors",
-};
-
-static const char *const tenant_keys[] = {
-	"used_bytes", "block_bytes", "min_bytes",   "max_bytes",
-	"weight",     "sequences",   "connections", "chunks",
-};
-
-/*
- * Values the daemon does not send (an older or newer daemon) are left out rather than
- * invented; any other getter failure is a real error.
- */
-static int status_json_write(FILE *f, const kvd_status *st) {
-	_cleanup_(freep) uint32_t *order = NULL;
-	const char *sep = "";
-	uint32_t n;
-	int r;
-
-	r = tenant_order(st, &order);
-	if (r < 0)
-		return r;
-
-	fprintf(f, "{\n");
-	{
-		const char *const str_keys[] = { "daemon_version", "backend" };
-
-		for (size_t i = 0; i < ELEMENTSOF(str_keys); i++) {
-			const char *v;
-
-			r = kvd_status_str(st, str_keys[i], &v);
-			if (r == -ENOENT)
-				continue;
-			if (r < 0)
-				return r;
-			fprintf(f, "%s  \"%s\": ", sep, str_keys[i]);
-			json_string(f, v);
-			sep = ",\n";
-		}
-	}
-	for (size_t i = 0; i < ELEMENTSOF(node_keys); i++) {
-		uint64_t v;
-
-		r = kvd_status_u64(st, node_keys[i], &v);
-		if (r == -ENOENT)
-			continue;
-		if (r < 0)
-			return r;
-		fprintf(f, "%s  \"%s\": %" PRIu64, sep, node_keys[i], v);
-		sep = ",\n";
-	}
-	fprintf(f, "%s  \"library_version\": ", sep);
-	json_string(f, kvd_version());
-
-	n = kvd_status_tenants(st);
-	fprintf(f, ",\n  \"tenants\": [");
-	for (uint32_t j = 0; j < n; j++) {
-		uint32_t t = order[j];
-		const char *name;
-
-		r = kvd_status_tenant_name(st, t, &name);
-		if (r < 0)
-			return r;
-		fprintf(f, "%s\n    {\n      \"name\": ", j ? "," : "");
-		json_string(f, name);
-		for (size_t i = 0; i < ELEMENTSOF(tenant_keys); i++) {
-			uint64_t v;
-
-			r = kvd_status_tenant_u64(st, t, tenant_keys[i], &v);
-			if (r == -ENOENT)
-				continue;
-			if (r < 0)
-				return r;
-			/* "No cap" is UINT64_MAX on the wire, which JSON numbers (doubles in
-			 * most parsers) cannot hold exactly; null says it plainly. */
-			if (strcmp(tenant_keys[i], "max_bytes") == 0 && is_no_cap(v))
-				fprintf(f, ",\n      \"%s\": null", tenant_keys[i]);
-			else
-				fprintf(f, ",\n      \"%s\": %" PRIu64, tenant_keys[i], v);
-		}
-		fprintf(f, "\n    }");
-	}
-	fprintf(f, "%s]\n}\n", n ? "\n  " : "");
-	return 0;
-}
-
-/* Built in memory first, so that a failure never leaves half a JSON document on stdout. */
-static int status_json(const kvd_status *st) {
-	_cleanup_(freep) char *buf = NULL;
-	size_t size = 0;
-	FILE *f;
-	int r;
-
-	f = open_memstream(&buf, &size);
-	if (!f)
-		return negative_errno();
-	r = status_json_write(f, st);
-	if (fclose(f) != 0 && r >= 0)
-		r = -ENOMEM;
-	if (r < 0)
-		return r;
-	fwrite(buf, 1, size, stdout);
-	return 0;
-}
-
-/* ---- Human output ---- */
-
-/* Returns 0, or 1 when the daemon did not send the value, or a negative errno. */
-static int get_u64(const kvd_status *st, const char *key, uint64_t *ret) {
-	int r = kvd_status_u64(st, key, ret);
-
-	if (r == -ENOENT)
-		return 1;
-	return r;
-}
-
-static int get_tenant_u64(const kvd_status *st, uint32_t t, const char *key, uint64_t *ret) {
-	int r = kvd_status_tenant_u64(st, t, key, ret);
-
-	if (r == -ENOENT)
-		return 1;
-	return r;
-}
-
-static char *fmt_size(const kvd_status *st, const char *key, char *buf, size_t n) {
-	uint64_t v;
-
-	if (get_u64(st, key, &v) != 0)
-		snprintf(buf, n, "?");
-	else
-		size_format(v, buf, n);
-	return buf;
-}
-
-static char *fmt_percent(uint64_t part, uint64_t whole, char *buf, size_t n) {
-	if (whole == 0)
-		snprintf(buf, n, "-");
-	else
-		snprintf(buf, n, "%.1f%%", 100.0 * (double)part / (double)whole);
-	return buf;
-}
-
-static void fmt_uptime(uint64_t ms, char *buf, size_t n) {
-	uint64_t s = ms / 1000;
-
-	if (s < 60)
-		snprintf(buf, n, "%.1fs", (double)ms / 1000.0);
-	else if (s < 3600)
-		snprintf(buf, n, "%" PRIu64 "m %" PRIu64 "s", s / 60, s % 60);
-	else if (s < 86400)
-		snprintf(buf, n, "%" PRIu64 "h %" PRIu64 "m", s / 3600, s / 60 % 60);
-	else
-		snprintf(buf, n, "%" PRIu64 "d %" PRIu64 "h", s / 86400, s / 3600 % 24);
-}
-
-enum {
-	COL_NAME,
-	COL_USED,
-	COL_PCT,
-	COL_BLOCKS,
-	COL_MIN,
-	COL_MAX,
-	COL_WEIGHT,
-	COL_SEQS,
-	COL_CONNS,
-	COL_MAX_,
-};
-
-#define CELL_MAX 64
-
-static const char *const col_title[COL_MAX_] = {
-	"TENANT", "USED", "%BUDGET", "BLOCKS", "MIN", "MAX", "WEIGHT", "SEQS", "CONNS",
-};
-
-static int tenant_row(const kvd_status *st, uint32_t t, uint64_t budget, char (*cells)[CELL_MAX]) {
-	const char *name;
-	uint64_t v;
-	int r;
-
-	r = kvd_status_tenant_name(st, t, &name);
-	if (r < 0)
-		return r;
-	snprintf(cells[COL_NAME], CELL_MAX, "%s", name);
-
-	r = get_tenant_u64(st, t, "used_bytes", &v);
-	if (r < 0)
-		return r;
-	if (r > 0) {
-		snprintf(cells[COL_USED], CELL_MAX, "?");
-		snprintf(cells[COL_PCT], CELL_MAX, "?");
-	} else {
-		size_format(v, cells[COL_USED], CELL_MAX);
-		fmt_percent(v, budget, cells[COL_PCT], CELL_MAX);
-	}
-
-	r = get_tenant_u64(st, t, "block_bytes", &v);
-	if (r < 0)
-		return r;
-	if (r > 0)
-		snprintf(cells[COL_BLOCKS], CELL_MAX, "?");
-	else
-		size_format(v, cells[COL_BLOCKS], CELL_MAX);
-
-	r = get_tenant_u64(st, t, "min_bytes", &v);
-	if (r < 0)
-		return r;
-	if (r > 0)
-		snprintf(cells[COL_MIN], CELL_MAX, "?");
-	else
-		size_format(v, cells[COL_MIN], CELL_MAX);
-
-	r = get_tenant_u64(st, t, "max_bytes", &v);
-	if (r < 0)
-		return r;
-	if (r > 0)
-		snprintf(cells[COL_MAX], CELL_MAX, "?");
-	else if (is_no_cap(v))
-		snprintf(cells[COL_MAX], CELL_MAX, "-");
-	else
-		size_format(v, cells[COL_MAX], CELL_MAX);
-
-	{
-		static const struct {
-			int col;
-			const char *key;
-		} counts[] = {
-			{ COL_WEIGHT, "weight" },
-			{ COL_SEQS, "sequences" },
-			{ COL_CONNS, "connections" },
-		};
-
-		for (size_t i = 0; i < ELEMENTSOF(counts); i++) {
-			r = get_tenant_u64(st, t, counts[i].key, &v);
-			if (r < 0)
-				return r;
-			if (r > 0)
-				snprintf(cells[counts[i].col], CELL_MAX, "?");
-			else
-				snprintf(cells[counts[i].col], CELL_MAX, "%" PRIu64, v);
-		}
-	}
-	return 0;
-}
-
-static int status_table(const kvd_status *st) {
-	_cleanup_(freep) char (*cells)[COL_MAX_][CELL_MAX] = NULL;
-	_cleanup_(freep) uint32_t *order = NULL;
-	size_t width[COL_MAX_];
-	uint32_t n = kvd_status_tenants(st);
-	uint64_t pool = 0, budget = 0, v;
-	char a[CELL_MAX], b[CELL_MAX];
-	int r;
-
-	(void)get_u64(st, "pool_bytes", &pool);
-	(void)get_u64(st, "budget_bytes", &budget);
-
-	/* Rows first, so that a status the daemon cannot describe fails before any output. */
-	r = tenant_order(st, &order);
-	if (r < 0)
-		return r;
-	cells = calloc(n ? n : 1, sizeof(*cells));
-	if (!cells)
-		return -ENOMEM;
-	for (uint32_t t = 0; t < n; t++) {
-		r = tenant_row(st, order[t], budget, cells[t]);
-		if (r < 0)
-			return r;
-	}
-
-	{
-		const char *version = "?", *backend = "?";
-
-		(void)kvd_status_str(st, "daemon_version", &version);
-		(void)kvd_status_str(st, "backend", &backend);
-		printf("kvd %s, protocol ", version);
-		if (get_u64(st, "protocol_version", &v) == 0)
-			printf("%" PRIu64, v);
-		else
-			printf("?");
-		printf(", backend %s", backend);
-		if (get_u64(st, "uptime_ms", &v) == 0) {
-			fmt_uptime(v, a, sizeof(a));
-			printf(", up %s", a);
-		}
-		printf("\n");
-	}
-	printf("  %-13s %s\n", "socket", arg_socket);
-	printf("  %-13s %s\n", "pool", fmt_size(st, "pool_bytes", a, sizeof(a)));
-	printf("  %-13s %-11s %s of pool\n", "budget", fmt_size(st, "budget_bytes", a, sizeof(a)),
-	       fmt_percent(budget, pool, b, sizeof(b)));
-	if (get_u64(st, "used_bytes", &v) == 0)
-		printf("  %-13s %-11s %s of budget (chunks held by tenants)\n", "used",
-		       size_format(v, a, sizeof(a)), fmt_percent(v, budget, b, sizeof(b)));
-	else
-		printf("  %-13s ?\n", "used");
-	if (get_u64(st, "block_bytes", &v) == 0)
-		printf("  %-13s %-11s %s of budget (inside granted blocks)\n", "in blocks",
-		       size_format(v, a, sizeof(a)), fmt_percent(v, budget, b, sizeof(b)));
-	else
-		printf("  %-13s ?\n", "in blocks");
-	printf("  %-13s %s\n", "chunk size", fmt_size(st, "chunk_bytes", a, sizeof(a)));
-	{
-		uint64_t total = 0, freec = 0, draining = 0;
-
-		if (get_u64(st, "chunks_total", &total) == 0 && get_u64(st, "chunks_free", &freec) == 0 &&
-		    get_u64(st, "chunks_draining", &draining) == 0)
-			printf("  %-13s %" PRIu64 " total, %" PRIu64 " free, %" PRIu64 " draining\n",
-			       "chunks", total, freec, draining);
-		else
-			printf("  %-13s ?\n", "chunks");
-	}
-	if (get_u64(st, "connections", &v) == 0)
-		printf("  %-13s %" PRIu64 "\n", "connections", v);
-	{
-		uint64_t refused, perr;
-
-		if (get_u64(st, "grants_refused", &refused) == 0 &&
-		    get_u64(st, "protocol_errors", &perr) == 0)
-			printf("  %-13s %" PRIu64 " grants refused, %" PRIu64 " protocol errors\n",
-			       "errors", refused, perr);
-	}
-	printf("\n");
-
-	if (n == 0) {
-		printf("No tenants.\n");
-		return 0;
-	}
-
-	for (int c = 0; c < COL_MAX_; c++) {
-		width[c] = strlen(col_title[c]);
-		for (uint32_t t = 0; t < n; t++)
-			width[c] = MAX(width[c], strlen(cells[t][c]));
-	}
-	for (int c = 0; c < COL_MAX_; c++)
-		printf(c == 0 ? "%-*s" : "  %*s", (int)width[c], col_title[c]);
-	printf("\n");
-	for (uint32_t t = 0; t < n; t++) {
-		for (int c = 0; c < COL_MAX_; c++)
-			printf(c == 0 ? "%-*s" : "  %*s", (int)width[c], cells[t][c]);
-		printf("\n");
-	}
-	return 0;
-}
-
-/* ---- Commands ---- */
-
-static int cmd_status(int argc, char **argv) {
+static int parse_common(int argc, char **argv, const char *cmd, int json_ok, int *ret_json) {
 	static const struct option options[] = {
 		{ "json", no_argument, NULL, 'j' },
 		{ "socket", required_argument, NULL, 's' },
 		{ "help", no_argument, NULL, 'h' },
 		{},
 	};
-	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
-	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
-	int opt, r;
+	int opt;
 
 	optind = 0;
 	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
 		switch (opt) {
 		case 'j':
-			arg_json = 1;
+			if (!json_ok)
+				return usage_error("%s: --json is not an option of this command", cmd);
+			*ret_json = 1;
 			break;
 		case 's':
 			arg_socket = optarg;
@@ -557,69 +128,386 @@ static int cmd_status(int argc, char **argv) {
 			help();
 			return EXIT_OK;
 		default:
-			return usage_error("status: bad option");
+			return usage_error("%s: bad option", cmd);
 		}
-	if (optind < argc)
-		return usage_error("status: unexpected argument '%s'", argv[optind]);
+	return -1;
+}
 
-	r = connect_admin(&c);
+/* Connects, gets a status snapshot and reports errors; returns EXIT_OK or EXIT_FAIL. */
+static int get_status(kvd_client **ret_c, kvd_status **ret_st) {
+	int r;
+
+	r = connect_admin(ret_c);
 	if (r != EXIT_OK)
 		return r;
-	r = kvd_status_get(c, &st);
+	r = kvd_status_get(*ret_c, ret_st);
 	if (r < 0)
-		return request_error(c, r, "status");
-
-	r = arg_json ? status_json(st) : status_table(st);
-	if (r < 0) {
-		fprintf(stderr, "kvdctl: status: cannot read the daemon's answer: %s\n", strerror(-r));
-		return EXIT_FAIL;
-	}
-	if (fflush(stdout) != 0) {
-		fprintf(stderr, "kvdctl: writing the status failed: %m\n");
-		return EXIT_FAIL;
-	}
+		return request_error(*ret_c, r, "status");
 	return EXIT_OK;
 }
 
-static int cmd_budget(int argc, char **argv) {
-	static const struct option options[] = {
-		{ "socket", required_argument, NULL, 's' },
-		{ "help", no_argument, NULL, 'h' },
-		{},
-	};
-	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
-	uint64_t bytes;
-	char buf[32], what[64];
-	int opt, r;
+/* Emits with write() and reports a failure; returns the exit code. */
+static int emit(const char *what, int (*write)(FILE *f, const void *st), const kvd_status *st) {
+	int r = output_emit(write, st);
 
-	optind = 0;
-	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
-		switch (opt) {
-		case 's':
-			arg_socket = optarg;
-			break;
-		case 'h':
-			help();
-			return EXIT_OK;
-		default:
-			return usage_error("budget: bad option");
+	if (r < 0) {
+		fprintf(stderr, "kvdctl: %s: cannot read the daemon's answer: %s\n", what,
+			strerror(-r));
+		return EXIT_FAIL;
+	}
+	return output_flush();
+}
+
+/* ---- status ---- */
+
+static const char *const node_u64_keys[] = {
+	"pool_bytes",     "budget_bytes",     "used_bytes",      "block_bytes",
+	"chunk_bytes",    "chunks_total",     "chunks_free",     "chunks_draining",
+	"connections",    "protocol_version", "uptime_ms",       "grants_refused",
+	"protocol_errors",
+};
+
+static const char *const node_str_keys[] = {
+	"daemon_version",
+	"backend",
+	"budget_source",
+	"state_error",
+};
+
+static int status_json_write(FILE *f, const void *userdata) {
+	const kvd_status *st = userdata;
+	int r;
+
+	fprintf(f, "{\n");
+	r = node_json_write(f, st, node_u64_keys, ELEMENTSOF(node_u64_keys), node_str_keys,
+			    ELEMENTSOF(node_str_keys));
+	if (r < 0)
+		return r;
+	fprintf(f, ",\n  ");
+	r = tenants_json_write(f, st, 2);
+	if (r < 0)
+		return r;
+	fprintf(f, "\n}\n");
+	return 0;
+}
+
+static char *fmt_size(const kvd_status *st, const char *key, char *buf, size_t n) {
+	uint64_t v;
+
+	if (status_u64(st, key, &v) != 0)
+		snprintf(buf, n, "-");
+	else
+		size_format(v, buf, n);
+	return buf;
+}
+
+static const char *budget_source(const kvd_status *st) {
+	const char *s;
+
+	return status_str(st, "budget_source", &s) == 0 && *s ? s : "-";
+}
+
+/* When the daemon says it cannot save live changes: a line "<indent><label> <why>". */
+static void state_error_line(FILE *f, const kvd_status *st, const char *indent, int width,
+			     const char *label) {
+	const char *why;
+
+	if (status_str(st, "state_error", &why) == 0 && *why)
+		fprintf(f, "%s%-*s not saved, lost on restart: %s\n", indent, width, label, why);
+}
+
+static int status_table_write(FILE *f, const void *userdata) {
+	const kvd_status *st = userdata;
+	uint64_t pool = 0, budget = 0, v;
+	char a[CELL_MAX], b[CELL_MAX];
+
+	(void)status_u64(st, "pool_bytes", &pool);
+	(void)status_u64(st, "budget_bytes", &budget);
+
+	{
+		const char *version = "?", *backend = "?";
+
+		(void)status_str(st, "daemon_version", &version);
+		(void)status_str(st, "backend", &backend);
+		fprintf(f, "kvd %s, protocol ", version);
+		if (status_u64(st, "protocol_version", &v) == 0)
+			fprintf(f, "%" PRIu64, v);
+		else
+			fprintf(f, "?");
+		fprintf(f, ", backend %s", backend);
+		if (status_u64(st, "uptime_ms", &v) == 0) {
+			fmt_uptime(v, a, sizeof(a));
+			fprintf(f, ", up %s", a);
 		}
-	if (optind >= argc || strcmp(argv[optind], "set") != 0)
-		return usage_error("budget: expected 'budget set SIZE'");
-	if (argc - optind != 2)
-		return usage_error("budget set: expected exactly one SIZE");
-	if (parse_size_arg("budget set", argv[optind + 1], &bytes) < 0)
-		return EXIT_USAGE;
+		fprintf(f, "\n");
+	}
+	fprintf(f, "  %-13s %s\n", "socket", arg_socket);
+	fprintf(f, "  %-13s %s\n", "pool", fmt_size(st, "pool_bytes", a, sizeof(a)));
+	fprintf(f, "  %-13s %-11s %s of pool (source: %s)\n", "budget",
+		fmt_size(st, "budget_bytes", a, sizeof(a)), fmt_percent(budget, pool, b, sizeof(b)),
+		budget_source(st));
+	state_error_line(f, st, "  ", 13, "live state");
+	if (status_u64(st, "used_bytes", &v) == 0)
+		fprintf(f, "  %-13s %-11s %s of budget (chunks held by tenants)\n", "used",
+			size_format(v, a, sizeof(a)), fmt_percent(v, budget, b, sizeof(b)));
+	else
+		fprintf(f, "  %-13s -\n", "used");
+	if (status_u64(st, "block_bytes", &v) == 0)
+		fprintf(f, "  %-13s %-11s %s of budget (inside granted blocks)\n", "in blocks",
+			size_format(v, a, sizeof(a)), fmt_percent(v, budget, b, sizeof(b)));
+	else
+		fprintf(f, "  %-13s -\n", "in blocks");
+	fprintf(f, "  %-13s %s\n", "chunk size", fmt_size(st, "chunk_bytes", a, sizeof(a)));
+	{
+		uint64_t total = 0, freec = 0, draining = 0;
 
-	r = connect_admin(&c);
+		if (status_u64(st, "chunks_total", &total) == 0 &&
+		    status_u64(st, "chunks_free", &freec) == 0 &&
+		    status_u64(st, "chunks_draining", &draining) == 0)
+			fprintf(f, "  %-13s %" PRIu64 " total, %" PRIu64 " free, %" PRIu64 " draining\n",
+				"chunks", total, freec, draining);
+		else
+			fprintf(f, "  %-13s -\n", "chunks");
+	}
+	if (status_u64(st, "connections", &v) == 0)
+		fprintf(f, "  %-13s %" PRIu64 "\n", "connections", v);
+	{
+		uint64_t refused, perr;
+
+		if (status_u64(st, "grants_refused", &refused) == 0 &&
+		    status_u64(st, "protocol_errors", &perr) == 0)
+			fprintf(f, "  %-13s %" PRIu64 " grants refused, %" PRIu64 " protocol errors\n",
+				"errors", refused, perr);
+	}
+	fprintf(f, "\n");
+	return tenants_table_write(f, st);
+}
+
+static int cmd_status(int argc, char **argv) {
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
+	int json = 0, r;
+
+	r = parse_common(argc, argv, "status", 1, &json);
+	if (r >= 0)
+		return r;
+	if (optind < argc)
+		return usage_error("status: unexpected argument '%s'", argv[optind]);
+
+	r = get_status(&c, &st);
 	if (r != EXIT_OK)
 		return r;
-	snprintf(what, sizeof(what), "budget set %s", size_format(bytes, buf, sizeof(buf)));
-	r = kvd_budget_set(c, bytes);
+	return emit("status", json ? status_json_write : status_table_write, st);
+}
+
+/* ---- tenants ---- */
+
+static int tenants_json(FILE *f, const void *userdata) {
+	const kvd_status *st = userdata;
+	uint64_t budget;
+	int r;
+
+	fprintf(f, "{\n");
+	r = status_u64(st, "budget_bytes", &budget);
 	if (r < 0)
+		return r;
+	if (r == 0)
+		fprintf(f, "  \"budget_bytes\": %" PRIu64 ",\n", budget);
+	fprintf(f, "  ");
+	r = tenants_json_write(f, st, 2);
+	if (r < 0)
+		return r;
+	fprintf(f, "\n}\n");
+	return 0;
+}
+
+static int tenants_table(FILE *f, const void *userdata) {
+	return tenants_table_write(f, userdata);
+}
+
+static int cmd_tenants(int argc, char **argv) {
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
+	int json = 0, r;
+
+	r = parse_common(argc, argv, "tenants", 1, &json);
+	if (r >= 0)
+		return r;
+	if (optind < argc)
+		return usage_error("tenants: unexpected argument '%s'", argv[optind]);
+
+	r = get_status(&c, &st);
+	if (r != EXIT_OK)
+		return r;
+	return emit("tenants", json ? tenants_json : tenants_table, st);
+}
+
+/* ---- budget ---- */
+
+static int budget_json(FILE *f, const void *userdata) {
+	static const char *const u64_keys[] = { "budget_bytes", "pool_bytes", "used_bytes" };
+	static const char *const str_keys[] = { "budget_source", "state_error" };
+	int r;
+
+	fprintf(f, "{\n");
+	r = node_json_write(f, userdata, u64_keys, ELEMENTSOF(u64_keys), str_keys,
+			    ELEMENTSOF(str_keys));
+	if (r < 0)
+		return r;
+	fprintf(f, "\n}\n");
+	return 0;
+}
+
+static int budget_table(FILE *f, const void *userdata) {
+	const kvd_status *st = userdata;
+	uint64_t pool = 0, budget = 0, used;
+	char a[CELL_MAX], b[CELL_MAX];
+	const char *source = budget_source(st);
+
+	(void)status_u64(st, "pool_bytes", &pool);
+	(void)status_u64(st, "budget_bytes", &budget);
+	fprintf(f, "%-7s %-11s %s of pool\n", "budget", fmt_size(st, "budget_bytes", a, sizeof(a)),
+		fmt_percent(budget, pool, b, sizeof(b)));
+	fprintf(f, "%-7s %s%s\n", "source", source,
+		strcmp(source, "live") == 0 ? " (set with kvdctl: kept across daemon restarts until "
+					      "'kvdctl budget reset')" :
+		strcmp(source, "config") == 0 ? " (the config file)" :
+		strcmp(source, "flag") == 0   ? " (kvd's command line)" : "");
+	state_error_line(f, st, "", 7, "state");
+	fprintf(f, "%-7s %s\n", "pool", fmt_size(st, "pool_bytes", a, sizeof(a)));
+	if (status_u64(st, "used_bytes", &used) == 0)
+		fprintf(f, "%-7s %-11s %s of budget\n", "used", size_format(used, a, sizeof(a)),
+			fmt_percent(used, budget, b, sizeof(b)));
+	else
+		fprintf(f, "%-7s -\n", "used");
+	return 0;
+}
+
+/* After a change, says what the budget is now; a failed look-up only loses that detail. */
+static void budget_report(kvd_client *c, const char *done) {
+	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
+	uint64_t v;
+	char buf[CELL_MAX];
+
+	if (kvd_status_get(c, &st) < 0 || status_u64(st, "budget_bytes", &v) != 0) {
+		printf("%s\n", done);
+		return;
+	}
+	printf("%s: budget %s (%" PRIu64 " bytes, source: %s)\n", done,
+	       size_format(v, buf, sizeof(buf)), v, budget_source(st));
+}
+
+static int cmd_budget(int argc, char **argv) {
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
+	const char *sub;
+	uint64_t bytes;
+	char buf[CELL_MAX], what[CELL_MAX + 16];
+	int json = 0, r;
+
+	r = parse_common(argc, argv, "budget", 1, &json);
+	if (r >= 0)
+		return r;
+	if (optind >= argc)
+		return usage_error("budget: expected 'get', 'set SIZE' or 'reset'");
+	sub = argv[optind];
+
+	if (strcmp(sub, "get") == 0) {
+		if (argc - optind != 1)
+			return usage_error("budget get: unexpected argument '%s'", argv[optind + 1]);
+		r = get_status(&c, &st);
+		if (r != EXIT_OK)
+			return r;
+		return emit("budget get", json ? budget_json : budget_table, st);
+	}
+	if (json)
+		return usage_error("budget %s: --json is an option of 'budget get' only", sub);
+
+	if (strcmp(sub, "set") == 0) {
+		if (argc - optind != 2)
+			return usage_error("budget set: expected exactly one SIZE");
+		if (parse_size_arg("budget set", argv[optind + 1], &bytes) < 0)
+			return EXIT_USAGE;
+		r = connect_admin(&c);
+		if (r != EXIT_OK)
+			return r;
+		snprintf(what, sizeof(what), "budget set %s", size_format(bytes, buf, sizeof(buf)));
+		r = kvd_budget_set(c, bytes);
+		if (r < 0)
+			return request_error(c, r, what);
+		change_warning(c, r, what);
+		budget_report(c, "budget set");
+		return output_flush();
+	}
+	if (strcmp(sub, "reset") == 0) {
+		if (argc - optind != 1)
+			return usage_error("budget reset: unexpected argument '%s'", argv[optind + 1]);
+		r = connect_admin(&c);
+		if (r != EXIT_OK)
+			return r;
+		r = kvd_budget_reset(c);
+		if (r < 0)
+			return request_error(c, r, "budget reset");
+		change_warning(c, r, "budget reset");
+		budget_report(c, "budget reset");
+		return output_flush();
+	}
+	return usage_error("budget: unknown subcommand '%s' (get, set SIZE, reset)", sub);
+}
+
+/* ---- tenant ---- */
+
+/* After a change, says what the tenant's values are now (with their sources, where the
+ * daemon reports them); a failed look-up only loses that detail. */
+static void tenant_report(kvd_client *c, const char *name, const char *done) {
+	static const struct {
+		const char *label, *key, *source;
+		int size;
+	} fields[] = {
+		{ "min", "min_bytes", "min_source", 1 },
+		{ "max", "max_bytes", "max_source", 1 },
+		{ "weight", "weight", "weight_source", 0 },
+	};
+	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
+	uint32_t t;
+
+	printf("tenant %s %s", name, done);
+	if (kvd_status_get(c, &st) < 0 || tenant_find(st, name, &t) < 0) {
+		printf("\n");
+		return;
+	}
+	for (size_t i = 0; i < ELEMENTSOF(fields); i++) {
+		const char *source;
+		char buf[CELL_MAX];
+		uint64_t v;
+
+		if (status_tenant_u64(st, t, fields[i].key, &v) != 0)
+			snprintf(buf, sizeof(buf), "-");
+		else if (!fields[i].size)
+			snprintf(buf, sizeof(buf), "%" PRIu64, v);
+		else if (v == KVD_TENANT_NO_CAP)
+			snprintf(buf, sizeof(buf), "none");
+		else
+			size_format(v, buf, sizeof(buf));
+		printf("%s %s %s", i ? "," : ":", fields[i].label, buf);
+		if (status_tenant_str(st, t, fields[i].source, &source) == 0)
+			printf(" (%s)", source);
+	}
+	printf("\n");
+}
+
+/* request_error(), with words for what libkvd refuses before asking the daemon. */
+static int tenant_error(kvd_client *c, int r, const char *what) {
+	if (*kvd_client_last_error(c))
 		return request_error(c, r, what);
-	printf("budget set to %s (%" PRIu64 " bytes)\n", buf, bytes);
-	return EXIT_OK;
+	if (r == -EINVAL)
+		fprintf(stderr, "kvdctl: %s: %s: a tenant name is 1..63 of A-Z a-z 0-9 _ . -\n", what,
+			strerror(-r));
+	else if (r == -ENOENT)
+		fprintf(stderr, "kvdctl: %s: no such tenant\n", what);
+	else
+		return request_error(c, r, what);
+	return EXIT_FAIL;
 }
 
 static int cmd_tenant(int argc, char **argv) {
@@ -634,9 +522,9 @@ static int cmd_tenant(int argc, char **argv) {
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	uint64_t min = KVD_TENANT_KEEP, max = KVD_TENANT_KEEP;
 	uint32_t weight = 0;
-	const char *name;
+	const char *sub, *name;
 	char what[128];
-	int opt, r;
+	int opt, r, values = 0;
 
 	optind = 0;
 	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
@@ -646,6 +534,7 @@ static int cmd_tenant(int argc, char **argv) {
 				return EXIT_USAGE;
 			if (min >= KVD_TENANT_KEEP)
 				return usage_error("--min: too large");
+			values = 1;
 			break;
 		case 'M':
 			if (strcmp(optarg, "none") == 0)
@@ -654,11 +543,13 @@ static int cmd_tenant(int argc, char **argv) {
 				return EXIT_USAGE;
 			else if (max >= KVD_TENANT_KEEP)
 				return usage_error("--max: too large (use none for no cap)");
+			values = 1;
 			break;
 		case 'w':
 			if (number_parse_u32(optarg, 1, UINT32_MAX, &weight) < 0)
 				return usage_error("--weight: '%s' must be a number in 1..%u", optarg,
 						   UINT32_MAX);
+			values = 1;
 			break;
 		case 's':
 			arg_socket = optarg;
@@ -669,11 +560,32 @@ static int cmd_tenant(int argc, char **argv) {
 		default:
 			return usage_error("tenant: bad option");
 		}
-	if (optind >= argc || strcmp(argv[optind], "set") != 0)
-		return usage_error("tenant: expected 'tenant set NAME [--min SIZE] [--max SIZE|none] [--weight N]'");
+	if (optind >= argc)
+		return usage_error("tenant: expected 'set NAME [--min SIZE] [--max SIZE|none] "
+				   "[--weight N]' or 'reset NAME'");
+	sub = argv[optind];
+	if (strcmp(sub, "set") != 0 && strcmp(sub, "reset") != 0)
+		return usage_error("tenant: unknown subcommand '%s' (set, reset)", sub);
 	if (argc - optind != 2)
-		return usage_error("tenant set: expected exactly one NAME");
+		return usage_error("tenant %s: expected exactly one NAME", sub);
 	name = argv[optind + 1];
+
+	if (strcmp(sub, "reset") == 0) {
+		if (values)
+			return usage_error("tenant reset: --min, --max and --weight belong to "
+					   "'tenant set'");
+		snprintf(what, sizeof(what), "tenant reset %s", name);
+		r = connect_admin(&c);
+		if (r != EXIT_OK)
+			return r;
+		r = kvd_tenant_reset(c, name);
+		if (r < 0)
+			return tenant_error(c, r, what);
+		change_warning(c, r, what);
+		tenant_report(c, name, "reset");
+		return output_flush();
+	}
+
 	/* With no option this still does something: it creates the tenant with the defaults. */
 	r = connect_admin(&c);
 	if (r != EXIT_OK)
@@ -681,9 +593,10 @@ static int cmd_tenant(int argc, char **argv) {
 	snprintf(what, sizeof(what), "tenant set %s", name);
 	r = kvd_tenant_set(c, name, min, max, weight);
 	if (r < 0)
-		return request_error(c, r, what);
-	printf("tenant %s set\n", name);
-	return EXIT_OK;
+		return tenant_error(c, r, what);
+	change_warning(c, r, what);
+	tenant_report(c, name, "set");
+	return output_flush();
 }
 
 int main(int argc, char **argv) {
@@ -697,10 +610,8 @@ int main(int argc, char **argv) {
 		const char *name;
 		int (*run)(int argc, char **argv);
 	} commands[] = {
-		{ "status", cmd_status },
-		{ "budget", cmd_budget },
-		{ "tenant", cmd_tenant },
-		{ "score", cmd_score },
+		{ "status", cmd_status }, { "tenants", cmd_tenants }, { "budget", cmd_budget },
+		{ "tenant", cmd_tenant }, { "top", cmd_top },	      { "score", cmd_score },
 	};
 	int opt;
 
@@ -725,7 +636,7 @@ int main(int argc, char **argv) {
 			return usage_error("bad option");
 		}
 	if (optind >= argc)
-		return usage_error("missing command (status, budget, tenant, score)");
+		return usage_error("missing command (status, tenants, budget, tenant, top, score)");
 
 	for (size_t i = 0; i < ELEMENTSOF(commands); i++)
 		if (strcmp(argv[optind], commands[i].name) == 0)

@@ -276,12 +276,27 @@ KVD_EXPORT int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_lo
  * pass KVD_TENANT_KEEP (bytes) or 0 (weight) to leave a value unchanged, and
  * KVD_TENANT_NO_CAP as max_bytes to lift the cap. A new tenant starts with min 0, no cap
  * and weight 1. The min may not exceed the max nor the pool.
- * Return 0, or -EINVAL (out of range, bad name), -EUSERS (too many tenants), -ENOMEM,
+ * Both are live changes (see below). Return 0; 1 when the daemon applied the change but
+ * could not save it, so that it will not survive a restart (kvd_client_last_error() says
+ * why); or -EINVAL (out of range, bad name), -EUSERS (too many tenants), -ENOMEM,
  * -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_budget_set(kvd_client *c, uint64_t bytes);
 KVD_EXPORT int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
 		              uint64_t max_bytes, uint32_t weight);
+
+/*
+ * Live settings are kept across daemon restarts (in the daemon's state directory) and win
+ * over the config file until reset.
+ * kvd_budget_reset: the budget goes back to the daemon's --budget, the config file's value,
+ * or the pool size.
+ * kvd_tenant_reset: the tenant's min, max and weight go back to the config file's (or the
+ * defaults); the tenant stays known.
+ * Return 0; 1 as for kvd_budget_set; or -ENOENT (kvd_tenant_reset: unknown tenant),
+ * -EINVAL, -ECONNRESET, -ECHILD.
+ */
+KVD_EXPORT int kvd_budget_reset(kvd_client *c);
+KVD_EXPORT int kvd_tenant_reset(kvd_client *c, const char *tenant);
 
 /*
  * A snapshot of the daemon's state. Values are read by name, so that new ones never break
@@ -290,9 +305,13 @@ KVD_EXPORT int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_by
  *           "block_bytes" (bytes inside granted blocks), "chunk_bytes" (one chunk),
  *           "chunks_total", "chunks_free", "chunks_draining", "connections",
  *           "protocol_version", "uptime_ms", "grants_refused", "protocol_errors";
- *           strings "daemon_version", "backend";
+ *           strings "daemon_version", "backend", "budget_source": where the budget
+ *           comes from, "default", "config", "flag" (kvd --budget) or "live" (set with
+ *           kvdctl, kept in the state file), and "state_error": why live changes cannot
+ *           be saved (present only while they cannot);
  *   tenant: "used_bytes", "block_bytes", "min_bytes", "max_bytes" (UINT64_MAX: no cap),
- *           "weight", "sequences", "connections", "chunks".
+ *           "weight", "sequences", "connections", "chunks"; strings "min_source",
+ *           "max_source", "weight_source" ("default", "config" or "live"), "policy".
  * kvd_status_get returns 0, or -ENOMEM, -ECONNRESET, -ECHILD. The getters return 0, or
  * -ENOENT (no such value), -EINVAL (index out of range). Strings live as long as the status.
  */
@@ -306,6 +325,8 @@ KVD_EXPORT uint32_t kvd_status_tenants(const kvd_status *st);
 KVD_EXPORT int kvd_status_tenant_name(const kvd_status *st, uint32_t index, const char **ret);
 KVD_EXPORT int kvd_status_tenant_u64(const kvd_status *st, uint32_t index, const char *key,
 		                     uint64_t *ret);
+KVD_EXPORT int kvd_status_tenant_str(const kvd_status *st, uint32_t index, const char *key,
+		                     const char **ret);
 
 /*
  * Chunks currently mapped by this client: *ret_n gets their number; with ids non-NULL, up

@@ -1,0 +1,279 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/macro.h"
+#include "config.h"
+#include "metrics.h"
+#include "server.h"
+
+static const char *const request_names[_METRICS_REQUEST_MAX] = {
+	[METRICS_REQUEST_HELLO] = "hello",
+	[METRICS_REQUEST_REGISTER_MODEL] = "register_model",
+	[METRICS_REQUEST_SEQ_OPEN] = "seq_open",
+	[METRICS_REQUEST_SEQ_GROW] = "seq_grow",
+	[METRICS_REQUEST_SEQ_RELEASE] = "seq_release",
+	[METRICS_REQUEST_CHUNKS_UNMAPPED] = "chunks_unmapped",
+	[METRICS_REQUEST_SEQ_DIGEST] = "seq_digest",
+	[METRICS_REQUEST_BUDGET_SET] = "budget_set",
+	[METRICS_REQUEST_TENANT_SET] = "tenant_set",
+	[METRICS_REQUEST_STATUS] = "status",
+	[METRICS_REQUEST_OTHER] = "other",
+};
+
+/*
+ * Bucket bounds in nanoseconds, and as `le` labels spelled as Go's client library spells
+ * them (strconv 'g'), so that queries by le match other exporters' series.
+ */
+static const struct {
+	uint64_t ns;
+	const char *le;
+} latency_buckets[METRICS_LATENCY_BUCKETS] = {
+	{ 10000, "1e-05" },       { 25000, "2.5e-05" },    { 50000, "5e-05" },
+	{ 100000, "0.0001" },     { 250000, "0.00025" },   { 500000, "0.0005" },
+	{ 1000000, "0.001" },     { 2500000, "0.0025" },   { 5000000, "0.005" },
+	{ 10000000, "0.01" },     { 25000000, "0.025" },   { 50000000, "0.05" },
+	{ 100000000, "0.1" },     { 250000000, "0.25" },   { 500000000, "0.5" },
+	{ 1000000000, "1" },
+};
+
+static const char *const refusal_names[_POOL_REFUSED_MAX] = {
+	[POOL_REFUSED_BUDGET] = "budget",
+	[POOL_REFUSED_POOL] = "pool",
+	[POOL_REFUSED_TENANT_MAX] = "tenant_max",
+	[POOL_REFUSED_ERROR] = "error",
+};
+
+void metrics_observe_request(struct metrics *m, enum metrics_request type, uint64_t ns) {
+	struct metrics_histogram *h;
+	unsigned i;
+
+	if (type < 0 || type >= _METRICS_REQUEST_MAX)
+		type = METRICS_REQUEST_OTHER;
+	h = &m->requests[type];
+	/* Most requests take microseconds: a forward scan stops in the first buckets. */
+	for (i = 0; i < METRICS_LATENCY_BUCKETS && ns > latency_buckets[i].ns; i++)
+		;
+	h->buckets[i]++;
+	h->count++;
+	h->sum_ns += ns;
+}
+
+const char *metrics_request_name(enum metrics_request type) {
+	if (type < 0 || type >= _METRICS_REQUEST_MAX)
+		return NULL;
+	return request_names[type];
+}
+
+void metrics_write_label_value(FILE *f, const char *value) {
+	for (const char *p = value; *p; p++)
+		switch (*p) {
+		case '\\':
+			fputs("\\\\", f);
+			break;
+		case '"':
+			fputs("\\\"", f);
+			break;
+		case '\n':
+			fputs("\\n", f);
+			break;
+		default:
+			fputc(*p, f);
+		}
+}
+
+static void family(FILE *f, const char *name, const char *type, const char *help) {
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void sample_u64(FILE *f, const char *name, uint64_t v) {
+	fprintf(f, "%s %" PRIu64 "\n", name, v);
+}
+
+static void gauge(FILE *f, const char *name, const char *help, uint64_t v) {
+	family(f, name, "gauge", help);
+	sample_u64(f, name, v);
+}
+
+static void counter(FILE *f, const char *name, const char *help, uint64_t v) {
+	family(f, name, "counter", help);
+	sample_u64(f, name, v);
+}
+
+/* Seconds from nanoseconds, exactly: an integer part and nine decimals. */
+static void write_seconds(FILE *f, uint64_t ns) {
+	fprintf(f, "%" PRIu64 ".%09" PRIu64, ns / 1000000000, ns % 1000000000);
+}
+
+static void render_requests(FILE *f, const struct metrics *m) {
+	family(f, "kvd_requests_total", "counter", "Requests handled, by type.");
+	for (unsigned t = 0; t < _METRICS_REQUEST_MAX; t++)
+		fprintf(f, "kvd_requests_total{type=\"%s\"} %" PRIu64 "\n", request_names[t],
+		        m->requests[t].count);
+
+	family(f, "kvd_request_duration_seconds", "histogram",
+	       "Time the daemon took to handle a request, from decoded to reply queued, by type.");
+	for (unsigned t = 0; t < _METRICS_REQUEST_MAX; t++) {
+		const struct metrics_histogram *h = &m->requests[t];
+		const char *type = request_names[t];
+		uint64_t cumulative = 0;
+
+		for (unsigned i = 0; i < METRICS_LATENCY_BUCKETS; i++) {
+			cumulative += h->buckets[i];
+			fprintf(f, "kvd_request_duration_seconds_bucket{type=\"%s\",le=\"%s\"} %" PRIu64 "\n",
+			        type, latency_buckets[i].le, cumulative);
+		}
+		cumulative += h->buckets[METRICS_LATENCY_BUCKETS];
+		fprintf(f, "kvd_request_duration_seconds_bucket{type=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
+		        type, cumulative);
+		fprintf(f, "kvd_request_duration_seconds_sum{type=\"%s\"} ", type);
+		write_seconds(f, h->sum_ns);
+		fprintf(f, "\nkvd_request_duration_seconds_count{type=\"%s\"} %" PRIu64 "\n", type,
+		        h->count);
+	}
+}
+
+/* What is shown of each tenant, one family each. */
+enum tenant_field {
+	TENANT_USED,
+	TENANT_BLOCK,
+	TENANT_MIN,
+	TENANT_MAX,
+	TENANT_WEIGHT,
+	TENANT_CHUNKS,
+	TENANT_SEQUENCES,
+	TENANT_CONNECTIONS,
+	_TENANT_FIELD_MAX,
+};
+
+static void render_tenants(FILE *f, const struct tenant_table *tt) {
+	static const struct {
+		const char *name, *help;
+	} fields[_TENANT_FIELD_MAX] = {
+		[TENANT_USED] = { "kvd_tenant_used_bytes",
+		                  "Bytes of the chunks the tenant holds, draining ones included." },
+		[TENANT_BLOCK] = { "kvd_tenant_block_bytes", "Bytes inside the tenant's granted blocks." },
+		[TENANT_MIN] = { "kvd_tenant_min_bytes",
+		                 "The tenant's guaranteed share (shown; not yet acted on)." },
+		[TENANT_MAX] = { "kvd_tenant_max_bytes",
+		                 "Cap on the tenant's used bytes; +Inf when it has none." },
+		[TENANT_WEIGHT] = { "kvd_tenant_weight", "The tenant's weight (shown; not yet acted on)." },
+		[TENANT_CHUNKS] = { "kvd_tenant_chunks", "Chunks the tenant holds, draining ones included." },
+		[TENANT_SEQUENCES] = { "kvd_tenant_sequences", "Sequences the tenant has open." },
+		[TENANT_CONNECTIONS] = { "kvd_tenant_connections", "Connections open as the tenant." },
+	};
+
+	/* A family without samples says nothing; the format allows it, scrapers skip it. */
+	if (tt->n == 0)
+		return;
+	for (unsigned k = 0; k < _TENANT_FIELD_MAX; k++) {
+		family(f, fields[k].name, "gauge", fields[k].help);
+		for (uint32_t i = 0; i < tt->n; i++) {
+			const struct tenant *t = tt->tenants[i];
+			uint64_t v = 0;
+
+			fprintf(f, "%s{tenant=\"", fields[k].name);
+			metrics_write_label_value(f, t->name);
+			fputs("\"} ", f);
+			switch (k) {
+			case TENANT_USED:
+				v = t->used_bytes;
+				break;
+			case TENANT_BLOCK:
+				v = t->block_bytes;
+				break;
+			case TENANT_MIN:
+				v = t->min_bytes;
+				break;
+			case TENANT_MAX:
+				if (t->max_bytes == TENANT_NO_CAP) {
+					fputs("+Inf\n", f);
+					continue;
+				}
+				v = t->max_bytes;
+				break;
+			case TENANT_WEIGHT:
+				v = t->weight;
+				break;
+			case TENANT_CHUNKS:
+				v = t->chunks;
+				break;
+			case TENANT_SEQUENCES:
+				v = t->sequences;
+				break;
+			case TENANT_CONNECTIONS:
+				v = t->connections;
+				break;
+			}
+			fprintf(f, "%" PRIu64 "\n", v);
+		}
+	}
+}
+
+int metrics_render(struct server *s, char **ret, size_t *ret_size) {
+	const struct pool *p = s->pool;
+	uint32_t owned = p->n_chunks - p->chunks_free - p->chunks_draining;
+	_cleanup_(freep) char *buf = NULL;
+	size_t size = 0;
+	bool failed;
+	FILE *f;
+
+	f = open_memstream(&buf, &size);
+	if (!f)
+		return -ENOMEM;
+
+	family(f, "kvd_build_info", "gauge", "The daemon's version and memory backend; always 1.");
+	fputs("kvd_build_info{version=\"", f);
+	metrics_write_label_value(f, KVD_VERSION);
+	fputs("\",backend=\"", f);
+	metrics_write_label_value(f, p->ops->name);
+	fputs("\"} 1\n", f);
+
+	gauge(f, "kvd_pool_bytes", "Capacity of the pool, in whole chunks.", p->pool_bytes);
+	gauge(f, "kvd_budget_bytes", "Node budget: the most that all tenants may hold together.",
+	      p->budget_bytes);
+	gauge(f, "kvd_used_bytes",
+	      "Bytes of the chunks tenants hold, draining ones included: what the budget limits.",
+	      p->used_bytes);
+	gauge(f, "kvd_block_bytes",
+	      "Bytes inside granted blocks; the difference to used bytes is fragmentation.",
+	      p->block_bytes);
+	gauge(f, "kvd_chunk_bytes", "Size of one chunk, the unit of allocation and sharing.",
+	      p->chunk_bytes);
+	family(f, "kvd_chunks", "gauge",
+	       "Chunks by state: free (in the pool), owned (held by a tenant), draining (empty, "
+	       "still mapped by a client).");
+	fprintf(f, "kvd_chunks{state=\"free\"} %" PRIu32 "\n", p->chunks_free);
+	fprintf(f, "kvd_chunks{state=\"owned\"} %" PRIu32 "\n", owned);
+	fprintf(f, "kvd_chunks{state=\"draining\"} %" PRIu32 "\n", p->chunks_draining);
+
+	gauge(f, "kvd_connections", "Client connections open now.", s->n_conns);
+	counter(f, "kvd_connections_accepted_total", "Client connections accepted since the start.",
+	        s->next_conn_id);
+	gauge(f, "kvd_tenants", "Tenants the daemon knows.", s->tenants.n);
+	counter(f, "kvd_grants_total", "Chunks granted to tenants from the pool.", p->grants);
+	family(f, "kvd_grants_refused_total", "counter",
+	       "Chunk grants refused, by reason: budget (node budget spent), pool (no free chunk), "
+	       "tenant_max (the tenant's cap), error (backend or memory failure).");
+	for (unsigned i = 0; i < _POOL_REFUSED_MAX; i++)
+		fprintf(f, "kvd_grants_refused_total{reason=\"%s\"} %" PRIu64 "\n", refusal_names[i],
+		        p->refused[i]);
+	counter(f, "kvd_protocol_errors_total",
+	        "Protocol errors by clients: bad frames, undecodable or misplaced requests, no hello "
+	        "in time.",
+	        s->protocol_errors);
+
+	render_requests(f, &s->metrics);
+	render_tenants(f, &s->tenants);
+
+	/* open_memstream only fails writes for want of memory. */
+	failed = ferror(f);
+	if (fclose(f) != 0 || failed)
+		return -ENOMEM;
+	*ret = TAKE_PTR(buf);
+	*ret_size = size;
+	return 0;
+}

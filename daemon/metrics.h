@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * Metrics in the Prometheus text exposition format, version 0.0.4, served by http.c.
+ *
+ * Most values are read where they already live (the pool, the tenants, the server) when a
+ * scrape renders them, so they cost nothing between scrapes and always agree with
+ * kvd_status. Only what no other module keeps is counted here: requests by type and how long
+ * the daemon took to handle each, as one histogram per type.
+ *
+ * Single-threaded like the rest of the daemon: plain integers, updated and read on the
+ * loop's thread.
+ */
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+
+struct server;
+
+/* Request types, the `type` label of kvd_requests_total and kvd_request_duration_seconds. */
+enum metrics_request {
+	METRICS_REQUEST_HELLO,
+	METRICS_REQUEST_REGISTER_MODEL,
+	METRICS_REQUEST_SEQ_OPEN,
+	METRICS_REQUEST_SEQ_GROW,
+	METRICS_REQUEST_SEQ_RELEASE,
+	METRICS_REQUEST_CHUNKS_UNMAPPED,
+	METRICS_REQUEST_SEQ_DIGEST,
+	METRICS_REQUEST_BUDGET_SET,
+	METRICS_REQUEST_TENANT_SET,
+	METRICS_REQUEST_STATUS,
+	METRICS_REQUEST_OTHER,        /* unknown to this daemon, or a reply sent the wrong way */
+	_METRICS_REQUEST_MAX,
+	_METRICS_REQUEST_INVALID = -EINVAL,
+};
+
+/* Upper bounds from 10 us to 1 s; a last bucket, +Inf, takes the rest. */
+#define METRICS_LATENCY_BUCKETS 16
+
+struct metrics_histogram {
+	uint64_t buckets[METRICS_LATENCY_BUCKETS + 1]; /* per bucket, not cumulative */
+	uint64_t count;
+	uint64_t sum_ns;
+};
+
+struct metrics {
+	struct metrics_histogram requests[_METRICS_REQUEST_MAX];
+};
+
+/* CLOCK_MONOTONIC in nanoseconds: a vDSO call, cheap enough for every request. */
+static inline uint64_t metrics_now_ns(void) {
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
+}
+
+/* Counts one request of `type` that took ns nanoseconds to handle. */
+void metrics_observe_request(struct metrics *m, enum metrics_request type, uint64_t ns);
+
+/* The label value of a request type ("seq_grow"), or NULL when out of range. */
+const char *metrics_request_name(enum metrics_request type);
+
+/* Writes value to f as the inside of a quoted label value: \, " and newline escaped. */
+void metrics_write_label_value(FILE *f, const char *value);
+
+/*
+ * Renders every metric of s. Returns 0 with the text (NUL-terminated, ret_size bytes
+ * without the NUL) in *ret, for the caller to free(), or -ENOMEM.
+ */
+int metrics_render(struct server *s, char **ret, size_t *ret_size);

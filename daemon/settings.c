@@ -1,0 +1,795 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The settings tables, and what reads them: the command line, the config file, --help and
+ * the checks across values. See settings.h.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <syslog.h>
+
+#include "backend.h"
+#include "common/macro.h"
+#include "common/number.h"
+#include "common/size.h"
+#include "config.h"
+#include "http.h"
+#include "kvd/kvd.h"
+#include "policy.h"
+#include "settings.h"
+
+/* The smallest chunk: below it, the per-chunk bookkeeping outweighs what it manages. */
+#define CHUNK_SIZE_MIN (UINT64_C(64) << 10)
+#define WEIGHT_MAX 10000
+/* Where --help starts the text of an option, and how wide it is. */
+#define HELP_COLUMN 26
+#define HELP_WIDTH 90
+
+static const char *const source_names[_SOURCE_MAX] = {
+	[SOURCE_DEFAULT] = "default",
+	[SOURCE_CONFIG] = "config",
+	[SOURCE_FLAG] = "flag",
+	[SOURCE_LIVE] = "live",
+};
+
+const char *setting_source_to_string(enum setting_source s) {
+	return (int)s >= 0 && s < _SOURCE_MAX ? source_names[s] : NULL;
+}
+
+const char *settings_backend_to_string(int v) {
+	static const char *const names[_SETTINGS_BACKEND_MAX] = {
+		[SETTINGS_BACKEND_HOST] = "host",
+		[SETTINGS_BACKEND_AUTO] = "auto",
+	};
+
+	return v >= 0 && v < _SETTINGS_BACKEND_MAX ? names[v] : NULL;
+}
+
+static const char *log_level_name(int v) {
+	static const char *const names[] = {
+		[LOG_ERR] = "err", [LOG_WARNING] = "warning", [LOG_NOTICE] = "notice",
+		[LOG_INFO] = "info", [LOG_DEBUG] = "debug",
+	};
+
+	return v >= 0 && v < (int)ELEMENTSOF(names) ? names[v] : NULL;
+}
+
+static const char *policy_name(int v) {
+	return kvd_policy_to_string((enum kvd_policy)v);
+}
+
+static char *mfree_str(char *p) {
+	free(p);
+	return NULL;
+}
+
+/* Replaces the string in *dst with a copy of src. Returns 0 or -ENOMEM (*dst unchanged). */
+static int strdup_to(char **dst, const char *src) {
+	char *copy = strdup(src);
+
+	if (!copy)
+		return -ENOMEM;
+	free(*dst);
+	*dst = copy;
+	return 0;
+}
+
+#define NODE(field) offsetof(struct settings, field)
+#define TENANT(field) offsetof(struct settings_tenant, field)
+
+/*
+ * The node's settings, in --help's order. Each is a flag and, unless SETTING_FLAG_ONLY, a
+ * key of [kvd]; SETTING_RUNTIME ones change on SIGHUP, the others need a restart (the pool,
+ * the socket, and the tables sized at start).
+ */
+static const struct setting node_table[] = {
+	{ "backend", SETTING_ENUM, 0, "NAME", "host", NULL,
+	  "memory backend; auto picks host, the only one built so far", NODE(backend),
+	  .enum_name = settings_backend_to_string, .enum_n = _SETTINGS_BACKEND_MAX },
+	{ "socket", SETTING_STRING, 0, "PATH", KVD_DEFAULT_SOCKET, NULL,
+	  "listening socket", NODE(socket), 1, 0 },
+	{ "pool-size", SETTING_SIZE, 0, "SIZE", "1GiB", NULL,
+	  "pool capacity, whole chunks", NODE(pool_size) },
+	{ "chunk-size", SETTING_SIZE, 0, "SIZE", "4MiB", NULL,
+	  "unit of allocation and sharing, a multiple of the page size", NODE(chunk_size) },
+	{ "budget", SETTING_SIZE, SETTING_RUNTIME, "SIZE", NULL, "the pool size",
+	  "node budget, at most the pool; kvdctl budget set changes it live", NODE(budget) },
+	{ "max-connections", SETTING_U32, SETTING_RUNTIME, "N", "256", NULL,
+	  "client connections in total", NODE(max_connections), 1, UINT32_MAX },
+	{ "max-tenants", SETTING_U32, 0, "N", "64", NULL,
+	  "tenants known at once", NODE(max_tenants), 1, UINT32_MAX },
+	{ "max-models", SETTING_U32, 0, "N", "16", NULL,
+	  "models per connection", NODE(max_models), 1, UINT32_MAX },
+	{ "max-seqs", SETTING_U32, SETTING_RUNTIME, "N", "4096", NULL,
+	  "open sequences per connection", NODE(max_seqs), 1, UINT32_MAX },
+	{ "max-seq-tokens", SETTING_U32, SETTING_RUNTIME, "N", "1048576", NULL,
+	  "tokens one sequence may hold per (layer, kv head)", NODE(max_seq_tokens), 1, UINT32_MAX },
+	{ "hello-timeout", SETTING_MS, SETTING_RUNTIME, "MS", "5000", NULL,
+	  "time a new connection has to say hello", NODE(hello_timeout_ms), 1, UINT32_MAX },
+	{ "log-level", SETTING_ENUM, SETTING_RUNTIME, "LEVEL", "info", NULL,
+	  "least important messages logged", NODE(log_level),
+	  .enum_name = log_level_name, .enum_n = LOG_DEBUG + 1 },
+	{ "state-dir", SETTING_STRING, 0, "DIR", "/var/lib/kvd", NULL,
+	  "where live changes (kvdctl budget set, tenant set) are kept across restarts",
+	  NODE(state_dir), 1, PATH_MAX - 16 },
+	{ "metrics-listen", SETTING_STRING, 0, "ADDR", "", "",
+	  "Prometheus endpoint: 127.0.0.1:PORT, [::1]:PORT or unix:PATH; off by default",
+	  NODE(metrics_listen), 0, 0, .check = http_address_check },
+	{ "config", SETTING_STRING, SETTING_FLAG_ONLY, "FILE", SETTINGS_DEFAULT_CONFIG, NULL,
+	  "config file; a missing default one is fine, a missing named one is an error",
+	  NODE(config), 1, PATH_MAX },
+	{ "check-config", SETTING_STRING, SETTING_FLAG_ONLY | SETTING_OPTIONAL, "FILE", NULL, "",
+	  "check the config file (FILE, or --config's) with the other flags, print every error "
+	  "with its file:line, and exit 0 (good) or 2",
+	  NODE(check_config), 0, PATH_MAX },
+};
+
+/* The keys of a [tenant NAME] section. */
+static const struct setting tenant_table[] = {
+	[SETTINGS_TENANT_MIN] = { "min", SETTING_SIZE, 0, "SIZE", "0", NULL,
+	  "guaranteed share (stored and shown; eviction will act on it)", TENANT(min_bytes) },
+	[SETTINGS_TENANT_MAX] = { "max", SETTING_SIZE, SETTING_NONE, "SIZE|none", "none", NULL,
+	  "cap on the chunks the tenant holds", TENANT(max_bytes) },
+	[SETTINGS_TENANT_WEIGHT] = { "weight", SETTING_U32, 0, "N", "1", NULL,
+	  "scales the tenant's scores in eviction rounds, 1..10000 (stored; used with eviction)",
+	  TENANT(weight), 1, WEIGHT_MAX },
+	[SETTINGS_TENANT_POLICY] = { "policy", SETTING_ENUM, 0, "NAME", "kvd", NULL,
+	  "eviction policy", TENANT(policy),
+	  .enum_name = policy_name, .enum_n = _KVD_POLICY_MAX },
+	[SETTINGS_TENANT_ALLOW_USERS] = { "allow-users", SETTING_LIST, 0, "NAMES", NULL, "none",
+	  "users whose processes may act as the tenant (stored and shown by --check-config; "
+	  "enforced by a later change); repeat the key to add names, an empty value clears the "
+	  "list",
+	  TENANT(allow_users) },
+	[SETTINGS_TENANT_ALLOW_GROUPS] = { "allow-groups", SETTING_LIST, 0, "NAMES", NULL, "none",
+	  "the same for groups", TENANT(allow_groups) },
+};
+
+_Static_assert(ELEMENTSOF(node_table) <= SETTINGS_MAX, "raise SETTINGS_MAX");
+_Static_assert(ELEMENTSOF(tenant_table) == _SETTINGS_TENANT_KEY_MAX, "one entry per key");
+
+const struct setting *settings_table(size_t *ret_n) {
+	*ret_n = ELEMENTSOF(node_table);
+	return node_table;
+}
+
+const struct setting *settings_tenant_table(size_t *ret_n) {
+	*ret_n = ELEMENTSOF(tenant_table);
+	return tenant_table;
+}
+
+static int table_index(const struct setting *table, size_t n, const char *name) {
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(table[i].name, name) == 0)
+			return (int)i;
+	return -ENOENT;
+}
+
+int settings_index(const char *name) {
+	return table_index(node_table, ELEMENTSOF(node_table), name);
+}
+
+#define FIELD(base, e, type) ((type *)((char *)(base) + (e)->offset))
+#define CFIELD(base, e, type) ((const type *)((const char *)(base) + (e)->offset))
+
+/* [A-Za-z0-9._-], not starting with '-': user and group names, and numeric ids. */
+static bool list_name_valid(const char *s, size_t n) {
+	if (n == 0 || n >= SETTINGS_LIST_NAME_MAX || s[0] == '-')
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+		      (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '.' || s[i] == '-'))
+			return false;
+	return true;
+}
+
+/* Adds the names of value (separated by blanks or commas) to the list in *list. */
+static int list_append(char **list, const char *value, char *why, size_t why_n) {
+	static const char seps[] = " \t,";
+	size_t count = 0, len = *list ? strlen(*list) : 0;
+	char *next;
+
+	if (!*value) {
+		/* An empty assignment clears the list, as in systemd's files. */
+		*list = mfree_str(*list);
+		return 0;
+	}
+	for (const char *p = *list; p && *p; p += strcspn(p, " "), p += strspn(p, " "))
+		count++;
+	next = malloc(len + strlen(value) + 2);
+	if (!next)
+		return -ENOMEM;
+	memcpy(next, *list ? *list : "", len + 1);
+	for (const char *p = value + strspn(value, seps); *p; p += strspn(p, seps)) {
+		size_t n = strcspn(p, seps);
+
+		if (!list_name_valid(p, n)) {
+			snprintf(why, why_n, "'%.*s' is not a user or group name", (int)MIN(n, 64u), p);
+			free(next);
+			return -EINVAL;
+		}
+		if (++count > SETTINGS_LIST_MAX) {
+			snprintf(why, why_n, "more than %d names", SETTINGS_LIST_MAX);
+			free(next);
+			return -EINVAL;
+		}
+		if (len > 0)
+			next[len++] = ' ';
+		memcpy(next + len, p, n);
+		len += n;
+		next[len] = '\0';
+		p += n;
+	}
+	free(*list);
+	*list = next;
+	if (len == 0)
+		*list = mfree_str(*list); /* only separators: still no names */
+	return 0;
+}
+
+/* The names of an enum entry, "a, b, c", into buf. */
+static void enum_names(const struct setting *e, char *buf, size_t n) {
+	size_t k = 0;
+
+	buf[0] = '\0';
+	for (int v = 0; v < e->enum_n && k < n; v++)
+		if (e->enum_name(v))
+			k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? ", " : "", e->enum_name(v));
+}
+
+/* Parses value into entry e of the struct at base. On error, why says what is wrong. */
+static int parse_value(const struct setting *e, void *base, const char *value, char *why,
+                       size_t why_n) {
+	uint64_t max = e->max ? e->max : UINT64_MAX, v;
+	const char *reason = NULL;
+	size_t len;
+	int r;
+
+	switch (e->type) {
+	case SETTING_SIZE:
+		if ((e->flags & SETTING_NONE) && strcasecmp(value, "none") == 0)
+			v = UINT64_MAX;
+		else if (size_parse(value, &v) < 0) {
+			snprintf(why, why_n, "'%s' is not a size (a number with an optional K, M, G or "
+			         "T suffix%s)", value, e->flags & SETTING_NONE ? ", or none" : "");
+			return -EINVAL;
+		} else if (v < e->min || v > max) {
+			snprintf(why, why_n, "%s is out of range", value);
+			return -ERANGE;
+		}
+		*FIELD(base, e, uint64_t) = v;
+		return 0;
+	case SETTING_U32:
+	case SETTING_MS:
+		if (number_parse_u64(value, e->min, MIN(max, UINT32_MAX), &v) < 0) {
+			snprintf(why, why_n, "'%s' is not a number in %" PRIu64 "..%" PRIu64, value,
+			         e->min, MIN(max, UINT32_MAX));
+			return -EINVAL;
+		}
+		if (e->type == SETTING_U32)
+			*FIELD(base, e, uint32_t) = (uint32_t)v;
+		else
+			*FIELD(base, e, uint64_t) = v;
+		return 0;
+	case SETTING_STRING:
+		len = strlen(value);
+		if (len < e->min) {
+			snprintf(why, why_n, "must not be empty");
+			return -EINVAL;
+		}
+		if (e->max && len > e->max) {
+			snprintf(why, why_n, "longer than %" PRIu64 " characters", e->max);
+			return -EINVAL;
+		}
+		if (e->check && e->check(value, &reason) < 0) {
+			snprintf(why, why_n, "'%s': %s", value, reason ? reason : "invalid");
+			return -EINVAL;
+		}
+		r = strdup_to(FIELD(base, e, char *), value);
+		if (r < 0)
+			snprintf(why, why_n, "out of memory");
+		return r;
+	case SETTING_ENUM: {
+		char names[256];
+
+		for (int i = 0; i < e->enum_n; i++)
+			if (e->enum_name(i) && strcmp(e->enum_name(i), value) == 0) {
+				*FIELD(base, e, int) = i;
+				return 0;
+			}
+		enum_names(e, names, sizeof(names));
+		snprintf(why, why_n, "unknown %s '%s' (%s)", e->name, value, names);
+		return -EINVAL;
+	}
+	case SETTING_LIST:
+		r = list_append(FIELD(base, e, char *), value, why, why_n);
+		if (r == -ENOMEM)
+			snprintf(why, why_n, "out of memory");
+		return r;
+	default:
+		snprintf(why, why_n, "bad table entry");
+		return -EINVAL;
+	}
+}
+
+static void free_strings(const struct setting *table, size_t n, void *base) {
+	for (size_t i = 0; i < n; i++)
+		if (table[i].type == SETTING_STRING || table[i].type == SETTING_LIST)
+			*FIELD(base, &table[i], char *) = mfree_str(*FIELD(base, &table[i], char *));
+}
+
+/* Sets every entry of table to its default. */
+static int init_defaults(const struct setting *table, size_t n, void *base) {
+	char why[256];
+
+	for (size_t i = 0; i < n; i++) {
+		const struct setting *e = &table[i];
+
+		if (e->def) {
+			int r = parse_value(e, base, e->def, why, sizeof(why));
+
+			if (r < 0)
+				return r == -ENOMEM ? r : -EINVAL;
+		} else if (e->type == SETTING_SIZE)
+			*FIELD(base, e, uint64_t) = SETTINGS_UNSET;
+	}
+	return 0;
+}
+
+int settings_init(struct settings *s) {
+	int r;
+
+	*s = (struct settings){};
+	r = init_defaults(node_table, ELEMENTSOF(node_table), s);
+	if (r < 0)
+		settings_done(s);
+	return r;
+}
+
+static void tenant_done(struct settings_tenant *t) {
+	free_strings(tenant_table, ELEMENTSOF(tenant_table), t);
+}
+
+void settings_done(struct settings *s) {
+	free_strings(node_table, ELEMENTSOF(node_table), s);
+	for (uint32_t i = 0; i < s->n_tenants; i++)
+		tenant_done(&s->tenants[i]);
+	free(s->tenants);
+	free(s->path);
+	*s = (struct settings){};
+}
+
+/* ---- the command line ---- */
+
+static void help_wrap(FILE *f, const char *lead, const char *text) {
+	int col = fprintf(f, "%s", lead);
+
+	/* Leads too long for the column get their text on the next line. */
+	if (col >= HELP_COLUMN - 1) {
+		fputc('\n', f);
+		col = 0;
+	}
+	for (const char *p = text; *p;) {
+		size_t word = strcspn(p, " ");
+
+		if (col <= HELP_COLUMN - 1) {
+			col += fprintf(f, "%*s", HELP_COLUMN - col, "");
+		} else if (col + 1 + (int)word > HELP_WIDTH) {
+			col = fprintf(f, "\n%*s", HELP_COLUMN, "") - 1;
+		} else {
+			fputc(' ', f);
+			col++;
+		}
+		col += fprintf(f, "%.*s", (int)word, p);
+		p += word;
+		p += strspn(p, " ");
+	}
+	fputc('\n', f);
+}
+
+/* The help text of e: its own, the names of an enum, and the default. */
+static void help_entry(FILE *f, const struct setting *e, const char *lead) {
+	char text[1024], names[256];
+	size_t k = (size_t)snprintf(text, sizeof(text), "%s", e->help);
+
+	if (e->type == SETTING_ENUM) {
+		enum_names(e, names, sizeof(names));
+		k += (size_t)snprintf(text + k, sizeof(text) - k, " (%s)", names);
+	}
+	if (k < sizeof(text) && (e->def_help ? *e->def_help : e->def != NULL))
+		snprintf(text + k, sizeof(text) - k, " [%s]", e->def_help ? e->def_help : e->def);
+	help_wrap(f, lead, text);
+}
+
+void settings_help(FILE *f) {
+	char lead[64];
+
+	fprintf(f, "Usage: kvd [OPTIONS]\n"
+	        "\n"
+	        "The kvd KV-cache daemon: owns a pool of KV memory and shares it with inference\n"
+	        "processes through a Unix socket, within one node-wide budget.\n"
+	        "\n");
+	for (size_t i = 0; i < ELEMENTSOF(node_table); i++) {
+		const struct setting *e = &node_table[i];
+
+		snprintf(lead, sizeof(lead), "  --%s%s%s%s%s", e->name,
+		         e->flags & SETTING_OPTIONAL ? "[=" : " ", e->metavar,
+		         e->flags & SETTING_OPTIONAL ? "]" : "", e->flags & SETTING_RUNTIME ? " *" : "");
+		help_entry(f, e, lead);
+	}
+	help_wrap(f, "  -h, --help", "show this help and exit");
+	help_wrap(f, "  --version", "show the version and exit");
+	fprintf(f, "\n"
+	        "Config file (--config): INI, like systemd's. Every option but --config and\n"
+	        "--check-config is also a key of its [kvd] section (pool-size = 8GiB); options\n"
+	        "given here win over the file. Each tenant is a [tenant NAME] section, with:\n");
+	for (size_t i = 0; i < ELEMENTSOF(tenant_table); i++) {
+		snprintf(lead, sizeof(lead), "  %s = %s", tenant_table[i].name, tenant_table[i].metavar);
+		help_entry(f, &tenant_table[i], lead);
+	}
+	fprintf(f, "\n"
+	        "kvdctl budget set and tenant set change the budget and tenants live; those changes\n"
+	        "are kept in STATE-DIR/state and win over the file until kvdctl resets them.\n"
+	        "Precedence: options > live changes > config file > defaults.\n"
+	        "SIGHUP reloads the file without dropping anyone: the budget, the tenants and the\n"
+	        "options marked * change at once; a change to the others needs a restart.\n"
+	        "\n"
+	        "SIZE takes K, M, G, T suffixes (binary: KiB, MiB, GiB, TiB).\n"
+	        "Exit status: 0 after a clean stop (SIGTERM, SIGINT) or a good --check-config;\n"
+	        "1 when the pool, socket or event loop cannot be set up or fails; 2 for a bad\n"
+	        "command line or config file.\n");
+}
+
+int settings_parse_argv(struct settings *flags, int argc, char *argv[]) {
+	enum { ARG_HELP = 'h', ARG_VERSION = 0x100, ARG_FIRST };
+	struct option options[ELEMENTSOF(node_table) + 3] = {};
+	int c, check = settings_index("check-config");
+	char why[512];
+	size_t n = 0;
+
+	for (size_t i = 0; i < ELEMENTSOF(node_table); i++)
+		options[n++] = (struct option){
+			node_table[i].name,
+			node_table[i].flags & SETTING_OPTIONAL ? optional_argument : required_argument,
+			NULL, ARG_FIRST + (int)i,
+		};
+	options[n++] = (struct option){ "help", no_argument, NULL, ARG_HELP };
+	options[n++] = (struct option){ "version", no_argument, NULL, ARG_VERSION };
+	/* From the start, also when called again (the unit tests do). */
+	optind = 0;
+
+	while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+		const struct setting *e;
+		int r;
+
+		switch (c) {
+		case ARG_HELP:
+			settings_help(stdout);
+			return 0;
+		case ARG_VERSION:
+			printf("kvd %s (protocol %d)\n", KVD_VERSION, KVD_PROTOCOL_VERSION_MAX);
+			return 0;
+		default:
+			if (c < ARG_FIRST || c >= ARG_FIRST + (int)ELEMENTSOF(node_table))
+				return -EINVAL; /* getopt_long said what */
+			e = &node_table[c - ARG_FIRST];
+			r = parse_value(e, flags, optarg ? optarg : "", why, sizeof(why));
+			if (r < 0) {
+				fprintf(stderr, "kvd: --%s: %s\n", e->name, why);
+				return r == -ENOMEM ? r : -EINVAL;
+			}
+			flags->source[c - ARG_FIRST] = SOURCE_FLAG;
+		}
+	}
+	/* "--check-config FILE", as people type it: FILE is the one argument kvd takes. */
+	if (flags->check_config && !*flags->check_config && optind < argc) {
+		if (strdup_to(&flags->check_config, argv[optind++]) < 0)
+			return -ENOMEM;
+		flags->source[check] = SOURCE_FLAG;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvd: unexpected argument '%s'\n", argv[optind]);
+		return -EINVAL;
+	}
+	return 1;
+}
+
+/* ---- the config file ---- */
+
+struct load {
+	struct settings *s;
+	int tenant;                   /* index of the current [tenant] section, -1 in [kvd] */
+};
+
+static int tenant_add(struct settings *s, const char *name, unsigned line, int *ret) {
+	struct settings_tenant *t;
+	int r;
+
+	for (uint32_t i = 0; i < s->n_tenants; i++)
+		if (strcmp(s->tenants[i].name, name) == 0) {
+			*ret = (int)i;
+			return 0;
+		}
+	/* The file's size bounds the count; max-tenants is checked once it is known. */
+	t = realloc(s->tenants, (s->n_tenants + 1) * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	s->tenants = t;
+	t = &s->tenants[s->n_tenants];
+	*t = (struct settings_tenant){ .line = line };
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	r = init_defaults(tenant_table, ELEMENTSOF(tenant_table), t);
+	if (r < 0) {
+		tenant_done(t);
+		return r;
+	}
+	*ret = (int)s->n_tenants++;
+	return 0;
+}
+
+static bool on_section(struct inifile_ctx *ctx, const char *name) {
+	struct load *l = ctx->userdata;
+	const char *tenant;
+	int r;
+
+	if (strcmp(name, "kvd") == 0) {
+		l->tenant = -1;
+		return true;
+	}
+	if (strncmp(name, "tenant", 6) != 0 || (name[6] != ' ' && name[6] != '\t')) {
+		inifile_ctx_error(ctx, "unknown section [%s] (expected [kvd] or [tenant NAME])", name);
+		return false;
+	}
+	tenant = name + 6 + strspn(name + 6, " \t");
+	if (!tenant_name_valid(tenant)) {
+		inifile_ctx_error(ctx, "invalid tenant name '%s' (1..%d of A-Z a-z 0-9 _ . -)", tenant,
+		                  TENANT_NAME_MAX);
+		return false;
+	}
+	r = tenant_add(l->s, tenant, ctx->line, &l->tenant);
+	if (r < 0) {
+		inifile_ctx_error(ctx, "out of memory");
+		return false;
+	}
+	return true;
+}
+
+static void on_key(struct inifile_ctx *ctx, const char *section, const char *key,
+                   const char *value) {
+	struct load *l = ctx->userdata;
+	const struct setting *table = l->tenant < 0 ? node_table : tenant_table;
+	size_t n = l->tenant < 0 ? ELEMENTSOF(node_table) : ELEMENTSOF(tenant_table);
+	void *base = l->tenant < 0 ? (void *)l->s : (void *)&l->s->tenants[l->tenant];
+	char why[512];
+	int i;
+
+	if (!section) {
+		inifile_ctx_error(ctx, "'%s' is outside a section: put it under [kvd]", key);
+		return;
+	}
+	i = table_index(table, n, key);
+	if (i < 0 || (table[i].flags & SETTING_FLAG_ONLY)) {
+		inifile_ctx_error(ctx, "unknown key '%s' in [%s]", key, section);
+		return;
+	}
+	if (parse_value(&table[i], base, value, why, sizeof(why)) < 0) {
+		inifile_ctx_error(ctx, "%s: %s", key, why);
+		return;
+	}
+	if (l->tenant < 0) {
+		l->s->source[i] = SOURCE_CONFIG;
+		l->s->line[i] = ctx->line;
+	} else {
+		l->s->tenants[l->tenant].source[i] = SOURCE_CONFIG;
+		l->s->tenants[l->tenant].key_line[i] = ctx->line;
+	}
+}
+
+static int copy_value(const struct setting *e, void *dst, const void *src) {
+	switch (e->type) {
+	case SETTING_SIZE:
+	case SETTING_MS:
+		*FIELD(dst, e, uint64_t) = *CFIELD(src, e, uint64_t);
+		return 0;
+	case SETTING_U32:
+		*FIELD(dst, e, uint32_t) = *CFIELD(src, e, uint32_t);
+		return 0;
+	case SETTING_ENUM:
+		*FIELD(dst, e, int) = *CFIELD(src, e, int);
+		return 0;
+	case SETTING_STRING:
+	case SETTING_LIST:
+		if (!*CFIELD(src, e, char *)) {
+			*FIELD(dst, e, char *) = mfree_str(*FIELD(dst, e, char *));
+			return 0;
+		}
+		return strdup_to(FIELD(dst, e, char *), *CFIELD(src, e, char *));
+	default:
+		return -EINVAL;
+	}
+}
+
+int settings_load(struct settings *s, const struct settings *flags, const char *path,
+                  struct inifile_errors *e) {
+	static const struct inifile_ops ops = { .section = on_section, .key = on_key };
+	int config = settings_index("config");
+	struct load l = { .s = s, .tenant = -1 };
+	unsigned before = inifile_errors_count(e);
+	bool named = true;
+	int r;
+
+	if (!path && flags->check_config && *flags->check_config)
+		path = flags->check_config;
+	if (!path) {
+		path = flags->config;
+		named = flags->source[config] == SOURCE_FLAG;
+	}
+	r = inifile_parse(path, named, SETTINGS_FILE_MAX, &ops, &l, e);
+	if (r == -ENOMEM)
+		return r;
+	if (r >= 0 && strdup_to(&s->path, path) < 0)
+		return -ENOMEM;
+
+	for (size_t i = 0; i < ELEMENTSOF(node_table); i++) {
+		if (flags->source[i] != SOURCE_FLAG)
+			continue;
+		if (copy_value(&node_table[i], s, flags) < 0)
+			return -ENOMEM;
+		s->source[i] = SOURCE_FLAG;
+		s->line[i] = 0;
+	}
+	/* Values that do not fit together would only add noise to a file that does not parse. */
+	if (inifile_errors_count(e) == before)
+		settings_check(s, e);
+	return inifile_errors_count(e) == before ? 0 : -EINVAL;
+}
+
+void settings_where(const struct settings *s, size_t i, char *buf, size_t n) {
+	switch (s->source[i]) {
+	case SOURCE_CONFIG:
+		snprintf(buf, n, "%s:%u: %s", s->path ? s->path : "?", s->line[i], node_table[i].name);
+		break;
+	case SOURCE_FLAG:
+		snprintf(buf, n, "--%s", node_table[i].name);
+		break;
+	default:
+		snprintf(buf, n, "the default %s", node_table[i].name);
+	}
+}
+
+/* An error about entry i: at its line when it comes from the file. */
+_printf_(4, 5) static void check_error(const struct settings *s, struct inifile_errors *e,
+                                       size_t i, const char *fmt, ...) {
+	char what[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	if (s->source[i] == SOURCE_CONFIG)
+		inifile_error(e, s->path ? s->path : "?", s->line[i], "%s %s", node_table[i].name, what);
+	else if (s->source[i] == SOURCE_FLAG)
+		inifile_error(e, "kvd", 0, "--%s %s", node_table[i].name, what);
+	else
+		inifile_error(e, "kvd", 0, "the default %s %s", node_table[i].name, what);
+}
+
+void settings_check(const struct settings *s, struct inifile_errors *e) {
+	const struct backend_ops *ops = backend_find(settings_backend_to_string(s->backend));
+	int chunk = settings_index("chunk-size"), pool = settings_index("pool-size");
+	int budget = settings_index("budget");
+	uint64_t granularity = ops ? ops->granularity() : 4096;
+	char b[32];
+
+	if (s->chunk_size % granularity != 0 || s->chunk_size < CHUNK_SIZE_MIN)
+		check_error(s, e, chunk, "must be at least 64KiB and a multiple of %" PRIu64 " bytes",
+		            granularity);
+	else if (s->pool_size < s->chunk_size)
+		check_error(s, e, pool, "must hold at least one chunk (%s)",
+		            size_format(s->chunk_size, b, sizeof(b)));
+	else if (s->pool_size / s->chunk_size > UINT32_MAX)
+		check_error(s, e, pool, "holds more than %" PRIu32 " chunks", UINT32_MAX);
+	if (s->budget != SETTINGS_UNSET && s->budget > s->pool_size)
+		check_error(s, e, budget, "must be at most pool-size (%s)",
+		            size_format(s->pool_size, b, sizeof(b)));
+
+	for (uint32_t i = 0; i < s->n_tenants; i++) {
+		const struct settings_tenant *t = &s->tenants[i];
+		const char *path = s->path ? s->path : "?";
+
+		if (i == s->max_tenants)
+			inifile_error(e, path, t->line, "tenant %s: more tenants than max-tenants (%"
+			              PRIu32 ")", t->name, s->max_tenants);
+		if (t->min_bytes > t->max_bytes)
+			inifile_error(e, path, t->key_line[SETTINGS_TENANT_MIN] ?: t->line,
+			              "tenant %s: min above max", t->name);
+		else if (t->min_bytes > s->pool_size)
+			inifile_error(e, path, t->key_line[SETTINGS_TENANT_MIN] ?: t->line,
+			              "tenant %s: min above pool-size (%s)", t->name,
+			              size_format(s->pool_size, b, sizeof(b)));
+	}
+}
+
+/* ---- comparing and printing ---- */
+
+bool settings_equal(const struct settings *a, const struct settings *b, size_t i) {
+	const struct setting *e = &node_table[i];
+
+	switch (e->type) {
+	case SETTING_SIZE:
+	case SETTING_MS:
+		return *CFIELD(a, e, uint64_t) == *CFIELD(b, e, uint64_t);
+	case SETTING_U32:
+		return *CFIELD(a, e, uint32_t) == *CFIELD(b, e, uint32_t);
+	case SETTING_ENUM:
+		return *CFIELD(a, e, int) == *CFIELD(b, e, int);
+	case SETTING_STRING:
+	case SETTING_LIST: {
+		const char *x = *CFIELD(a, e, char *), *y = *CFIELD(b, e, char *);
+
+		return x == y || (x && y && strcmp(x, y) == 0);
+	}
+	default:
+		return false;
+	}
+}
+
+void settings_swap(struct settings *a, struct settings *b, size_t i) {
+	const struct setting *e = &node_table[i];
+	size_t n = e->type == SETTING_SIZE || e->type == SETTING_MS ? sizeof(uint64_t) :
+	           e->type == SETTING_U32 ? sizeof(uint32_t) :
+	           e->type == SETTING_ENUM ? sizeof(int) : sizeof(char *);
+	char tmp[sizeof(uint64_t) > sizeof(char *) ? sizeof(uint64_t) : sizeof(char *)];
+	uint8_t source = a->source[i];
+	unsigned line = a->line[i];
+
+	memcpy(tmp, FIELD(a, e, char), n);
+	memcpy(FIELD(a, e, char), FIELD(b, e, char), n);
+	memcpy(FIELD(b, e, char), tmp, n);
+	a->source[i] = b->source[i];
+	a->line[i] = b->line[i];
+	b->source[i] = source;
+	b->line[i] = line;
+}
+
+void settings_format(const struct settings *s, size_t i, char *buf, size_t n) {
+	const struct setting *e = &node_table[i];
+	const char *str;
+
+	switch (e->type) {
+	case SETTING_SIZE:
+		if (*CFIELD(s, e, uint64_t) == SETTINGS_UNSET)
+			snprintf(buf, n, "%s", e->def_help ? e->def_help : "none");
+		else
+			size_format(*CFIELD(s, e, uint64_t), buf, n);
+		break;
+	case SETTING_MS:
+		snprintf(buf, n, "%" PRIu64 " ms", *CFIELD(s, e, uint64_t));
+		break;
+	case SETTING_U32:
+		snprintf(buf, n, "%" PRIu32, *CFIELD(s, e, uint32_t));
+		break;
+	case SETTING_ENUM:
+		str = e->enum_name(*CFIELD(s, e, int));
+		snprintf(buf, n, "%s", str ? str : "?");
+		break;
+	default:
+		str = *CFIELD(s, e, char *);
+		if (!str || !*str)
+			str = e->def_help && *e->def_help ? e->def_help : "(none)";
+		snprintf(buf, n, "%s", str);
+	}
+}
+
+const struct settings_tenant *settings_tenant_find(const struct settings *s, const char *name) {
+	for (uint32_t i = 0; i < s->n_tenants; i++)
+		if (strcmp(s->tenants[i].name, name) == 0)
+			return &s->tenants[i];
+	return NULL;
+}

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Checks systemd/ the way systemd reads it, without systemd as PID 1:
+#  - systemd-analyze verify on the units, failing on ANY output: verify exits 0 on unknown
+#    keys and typos, and only says so (PLATFORM.md §4);
+#  - systemd-analyze security --offline=yes on kvd.service: the overall exposure at most
+#    THRESHOLD (tenths: 6 is "0.6"), and no failed check but the ones the unit leaves out
+#    on purpose, so that dropping any hardening line fails here with its name;
+#  - the units meson installs have every @placeholder@ filled in;
+#  - systemd-sysusers and systemd-tmpfiles --root=TMP create the users, groups and
+#    directories.
+# Usage: check-units.sh TEST_UNIT_DIR INSTALL_UNIT_DIR SYSUSERS_CONF TMPFILES_CONF THRESHOLD
+# TEST_UNIT_DIR holds the units generated with ExecStart= pointing at the built daemon, so
+# that verify can check the binary; INSTALL_UNIT_DIR the ones `meson install` installs.
+set -euo pipefail
+
+if [ "$#" -ne 5 ]; then
+	echo "usage: $0 TEST_UNIT_DIR INSTALL_UNIT_DIR SYSUSERS_CONF TMPFILES_CONF THRESHOLD" >&2
+	exit 2
+fi
+# sysusers and tmpfiles read a relative path under --root: make them absolute.
+units=$(realpath "$1") installed=$(realpath "$2") sysusers=$(realpath "$3")
+tmpfiles=$(realpath "$4") threshold=$5
+
+for tool in systemd-analyze systemd-sysusers systemd-tmpfiles; do
+	if ! command -v "$tool" >/dev/null; then
+		echo "SKIP: $tool is not installed"
+		exit 77
+	fi
+done
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+bad() {
+	echo "FAIL: $*" >&2
+	fail=1
+}
+
+# 1. verify: silent, and exit 0. It reads units relative to the working directory, and the
+# two units must be checked together (kvd.service requires kvd.socket).
+out=$(cd "$units" && systemd-analyze verify ./kvd.socket ./kvd.service 2>&1) ||
+	bad "verify exited $?"
+if [ -n "$out" ]; then
+	bad "systemd-analyze verify said something:"
+	printf '%s\n' "$out" >&2
+else
+	echo "verify: no output"
+fi
+
+# verify must still catch what we rely on it to catch: a typo in a key, here.
+sed 's/^WatchdogSec=/WatchdogSecs=/' "$units/kvd.service" >"$tmp/kvd.service"
+cp "$units/kvd.socket" "$tmp/kvd.socket"
+out=$(cd "$tmp" && systemd-analyze verify ./kvd.socket ./kvd.service 2>&1) || true
+if ! grep -q "Unknown key.*WatchdogSecs" <<<"$out"; then
+	bad "verify did not report a misspelt key (its output: $out)"
+fi
+rm -f "$tmp/kvd.service" "$tmp/kvd.socket"
+
+# 2. security. The checks kvd.service fails on purpose (a GPU daemon needs them so, see the
+# comments in kvd.service.in); any other failed check is hardening that went missing.
+allowed=(
+	'RootDirectory=/RootImage='          # runs from the host's root: needs libcuda
+	'PrivateDevices='                    # its /dev has no /dev/nvidia*
+	'DeviceAllow='                       # the NVIDIA classes (and char-rtc, ProtectClock's)
+	'MemoryDenyWriteExecute='            # libcuda may JIT; to be tested on a GPU host
+	'RestrictAddressFamilies=~AF_UNIX'   # clients connect over AF_UNIX
+	'ProcSubset='                        # would hide /proc/driver/nvidia
+	'PrivateUsers='                      # device node ownership
+)
+report=$(systemd-analyze security --offline=yes "$units/kvd.service" 2>&1) || {
+	bad "systemd-analyze security failed"
+	printf '%s\n' "$report" >&2
+}
+while IFS= read -r line; do
+	name=$(awk '{print $2}' <<<"$line")
+	ok=0
+	for a in "${allowed[@]}"; do
+		[ "$name" = "$a" ] && ok=1
+	done
+	[ "$ok" = 1 ] || bad "security: $line"
+done < <(grep '^✗' <<<"$report" || true)
+overall=$(grep -o 'Overall exposure level for kvd.service: [0-9.]* [A-Z]*' <<<"$report" || true)
+echo "security: ${overall:-no overall exposure level}"
+[ -n "$overall" ] || bad "security printed no overall exposure level"
+if ! systemd-analyze security --offline=yes --threshold="$threshold" "$units/kvd.service" \
+	>/dev/null 2>&1; then
+	bad "security: exposure above the threshold $threshold (tenths): $overall"
+fi
+
+# 3. The installed units: no placeholder left, ExecStart= an absolute path to kvd.
+for f in "$installed/kvd.service" "$installed/kvd.socket"; do
+	[ -f "$f" ] || { bad "$f was not generated"; continue; }
+	if grep -n '@[A-Za-z_]*@' "$f" >&2; then
+		bad "$f has a placeholder left"
+	fi
+done
+grep -q '^ExecStart=/[^ ]*/kvd\b' "$installed/kvd.service" ||
+	bad "the installed kvd.service has no ExecStart=/.../kvd"
+
+# 4. sysusers and tmpfiles into an empty root.
+root=$tmp/root
+mkdir -p "$root/etc"
+if ! out=$(systemd-sysusers --root="$root" "$sysusers" 2>&1) || [ ! -f "$root/etc/group" ]; then
+	bad "systemd-sysusers failed: $out"
+	exit 1
+fi
+user=$(grep '^kvd:' "$root/etc/passwd" || true)
+[ -n "$user" ] || bad "sysusers created no user kvd"
+[ "$(cut -d: -f6 <<<"$user")" = /var/lib/kvd ] || bad "kvd's home is not /var/lib/kvd: $user"
+case $(cut -d: -f7 <<<"$user") in
+*nologin | /bin/false) ;;
+*) bad "kvd has a login shell: $user" ;;
+esac
+gid() { awk -F: -v g="$1" '$1 == g { print $3 }' "$root/etc/group"; }
+for g in kvd kvd-clients kvd-admin video; do
+	[ -n "$(gid "$g")" ] || bad "sysusers created no group $g"
+done
+[ "$(cut -d: -f4 <<<"$user")" = "$(gid kvd)" ] || bad "kvd's primary group is not kvd"
+awk -F: '$1 == "video" { n = split($4, m, ","); for (i = 1; i <= n; i++) if (m[i] == "kvd") f = 1 }
+	END { exit !f }' "$root/etc/group" || bad "kvd is not a member of video"
+groups=$(grep -E '^(kvd|kvd-clients|kvd-admin|video):' "$root/etc/group" | tr '\n' ' ')
+echo "sysusers: $(cut -d: -f1,3,4,6,7 <<<"$user"); groups $groups"
+
+out=$(systemd-tmpfiles --root="$root" --create "$tmpfiles" 2>&1) ||
+	bad "systemd-tmpfiles failed: $out"
+check_dir() { # path mode uid gid
+	local got
+	got=$(stat -c '%a %u %g' "$root$1" 2>/dev/null) || { bad "tmpfiles did not create $1"; return; }
+	[ "$got" = "$2 $3 $4" ] || bad "$1 is '$got' (mode uid gid), want '$2 $3 $4'"
+	echo "tmpfiles: $1 $got"
+}
+check_dir /run/kvd 755 0 0
+check_dir /etc/kvd 2775 0 "$(gid kvd-admin)"
+
+exit "$fail"

@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: MIT */
+/* The metrics module's pieces: listen addresses, label escaping and latency buckets. */
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http.h"
+#include "metrics.h"
+#include "test.h"
+
+static int parse(const char *s, struct http_address *a) {
+	const char *why = NULL;
+	int r = http_address_parse(s, a, &why);
+
+	if (r < 0)
+		ASSERT_TRUE(why && *why);
+	return r;
+}
+
+TEST(address_loopback_only) {
+	struct http_address a;
+
+	ASSERT_OK(parse("127.0.0.1:9100", &a));
+	ASSERT_EQ(a.sa.sa_family, AF_INET);
+	ASSERT_EQ(ntohs(a.in.sin_port), 9100);
+	ASSERT_EQ(ntohl(a.in.sin_addr.s_addr), INADDR_LOOPBACK);
+	ASSERT_EQ(a.len, sizeof(a.in));
+	ASSERT_OK(parse("127.1.2.3:1", &a));
+	ASSERT_OK(parse("[::1]:65535", &a));
+	ASSERT_EQ(a.sa.sa_family, AF_INET6);
+	ASSERT_EQ(ntohs(a.in6.sin6_port), 65535);
+	ASSERT_OK(parse("unix:/run/kvd/metrics.sock", &a));
+	ASSERT_EQ(a.sa.sa_family, AF_UNIX);
+	ASSERT_STREQ(a.un.sun_path, "/run/kvd/metrics.sock");
+
+	static const char *const bad[] = {
+		"", "0.0.0.0:9100", "10.0.0.1:9100", "128.0.0.1:9100", "[::]:9100", "[::2]:1",
+		"[::ffff:127.0.0.1]:1", "[127.0.0.1]:1", "::1:9100", "127.0.0.1", "127.0.0.1:",
+		"127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:+80", "127.0.0.1:80x",
+		"localhost:9100", "[::1]", "[::1]9100", "[::1:9100", "unix:", "127.0.0.1 :80",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		if (parse(bad[i], &a) != -EINVAL)
+			test_fail(__FILE__, __LINE__, "'%s' was accepted", bad[i]);
+
+	char longpath[200] = "unix:/";
+	memset(longpath + 6, 'x', sizeof(longpath) - 7);
+	longpath[sizeof(longpath) - 1] = '\0';
+	ASSERT_EQ(parse(longpath, &a), -EINVAL);
+
+	/* As a setting, empty means off. */
+	const char *why = NULL;
+	ASSERT_OK(http_address_check("", &why));
+	ASSERT_OK(http_address_check("unix:/x", &why));
+	ASSERT_EQ(http_address_check("0.0.0.0:1", &why), -EINVAL);
+	ASSERT_TRUE(strstr(why, "loopback"));
+}
+
+TEST(label_values_escaped) {
+	char *out = NULL;
+	size_t n = 0;
+	FILE *f = open_memstream(&out, &n);
+
+	ASSERT_TRUE(f);
+	metrics_write_label_value(f, "a\"b\\c\nd.e-f_g");
+	ASSERT_EQ(fclose(f), 0);
+	ASSERT_STREQ(out, "a\\\"b\\\\c\\nd.e-f_g");
+	free(out);
+}
+
+TEST(latency_buckets) {
+	struct metrics m = {};
+	struct metrics_histogram *h = &m.requests[METRICS_REQUEST_SEQ_GROW];
+
+	/* le is "less than or equal": a bound's own value goes into its bucket. */
+	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 0);
+	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 10000);
+	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 10001);
+	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 1000000000);
+	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 1000000001);
+	ASSERT_EQ(h->buckets[0], 2u);
+	ASSERT_EQ(h->buckets[1], 1u);
+	ASSERT_EQ(h->buckets[METRICS_LATENCY_BUCKETS - 1], 1u);
+	ASSERT_EQ(h->buckets[METRICS_LATENCY_BUCKETS], 1u);
+	ASSERT_EQ(h->count, 5u);
+	ASSERT_EQ(h->sum_ns, 2000020002u);
+
+	/* Out-of-range types are counted, as "other". */
+	metrics_observe_request(&m, _METRICS_REQUEST_MAX, 1);
+	metrics_observe_request(&m, _METRICS_REQUEST_INVALID, 1);
+	ASSERT_EQ(m.requests[METRICS_REQUEST_OTHER].count, 2u);
+	ASSERT_STREQ(metrics_request_name(METRICS_REQUEST_SEQ_GROW), "seq_grow");
+	ASSERT_STREQ(metrics_request_name(METRICS_REQUEST_OTHER), "other");
+	ASSERT_TRUE(metrics_request_name(_METRICS_REQUEST_MAX) == NULL);
+}
