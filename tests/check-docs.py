@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""
+Checks that the man pages say what the code does, reading the code's own answers:
+
+kvd.8.scd       every long option `kvd --help` prints has an entry (*--name*), each entry
+                names an option that exists, and each entry carries the default --help
+                prints ("Default: X.") and "(reloadable)" exactly when --help marks the
+                option with * (SIGHUP applies it);
+kvd.conf.5.scd  every key of the [kvd] section has an entry (*name* = ...) with the same
+                default and "(reloadable)" mark, and every key of [tenant NAME] sections
+                (the list --help prints) has one with its default; no entry names a key
+                that does not exist. Which options are keys is asked of kvd itself: a
+                file with every option as a key goes through --check-config, and the
+                options it calls unknown keys are the command-line-only ones;
+kvdctl.8.scd    every command of `kvdctl --help` (status, budget get, ...) has an entry
+                (*budget get* ...), and every option of `kvdctl --help` and `kvdctl score
+                --help` appears as *--name*; no entry names a command or option that does
+                not exist;
+libkvd.3.scd    every function kvd/kvd.h exports (KVD_EXPORT) and its cleanup helpers are
+                named.
+
+Usage: check-docs.py KVD KVDCTL KVD_8_SCD KVD_CONF_5_SCD KVDCTL_8_SCD KVD_H LIBKVD_3_SCD
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+    print(f"FAIL: {msg}", file=sys.stderr)
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    return p.returncode, p.stdout, p.stderr
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def entries(scd, term_re):
+    """Definition-list entries of an scd page: {key: (term line, body)}, where the term is a
+    line matching term_re at column 0 and the body the tab-indented lines that follow."""
+    out = {}
+    lines = scd.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(term_re, line)
+        if not m:
+            continue
+        body = []
+        for nxt in lines[i + 1:]:
+            if not nxt.startswith("\t"):
+                break
+            body.append(nxt.strip())
+        key = m.group(1)
+        if key in out:
+            fail(f"two entries for {key!r}")
+        out[key] = (line, " ".join(body))
+    return out
+
+
+def section(scd, page, title):
+    """The text of the section '# title' of an scd page, up to the next section."""
+    m = re.search(rf"^# {re.escape(title)}\n(.*?)(?=^# |\Z)", scd, re.M | re.S)
+    if not m:
+        fail(f"{page}: no section '# {title}'")
+        return ""
+    return m.group(1)
+
+
+def help_entries(text):
+    """The option entries of --help: [(lead, text)], continuation lines joined."""
+    out = []
+    for line in text.splitlines():
+        if re.match(r"^  \S", line):
+            m = re.match(r"^  (\S.*?)(?:\s{2,}(\S.*))?$", line)
+            out.append([m.group(1), m.group(2) or ""])
+        elif re.match(r"^\s{3,}\S", line) and out:
+            out[-1][1] = (out[-1][1] + " " + line.strip()).strip()
+        else:
+            out.append(None)  # a blank line or prose ends the entry before it
+    return [e for e in out if e]
+
+
+def default_of(text):
+    m = re.search(r"\[([^\[\]]*)\]$", text)
+    return m.group(1) if m else None
+
+
+def check_default(page, name, body, default):
+    if default is None:
+        return
+    if f"Default: {default}." not in body:
+        fail(f"{page}: {name}: the default is '{default}' (--help), the page says "
+             f"'{(re.search(r'Default: [^.]*', body) or [None])[0]}'")
+
+
+def main():
+    if len(sys.argv) != 8:
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        return 2
+    kvd, kvdctl, kvd8, kvdconf5, kvdctl8, kvd_h, libkvd3 = sys.argv[1:]
+
+    # ---- kvd --help ----
+    rc, out, err = run([kvd, "--help"])
+    if rc != 0:
+        fail(f"kvd --help exited {rc}: {err}")
+        return 1
+    head, _, rest = out.partition("Each tenant is a [tenant NAME] section, with:\n")
+    if not rest:
+        fail("kvd --help no longer lists the tenant keys after "
+             "'Each tenant is a [tenant NAME] section, with:'")
+    options = {}  # name -> (reloadable, default)
+    for lead, text in help_entries(head):
+        m = re.match(r"^(?:-h, )?--([a-z][a-z0-9-]*)(\[=[A-Z|]+\]| [A-Z|]+)?( \*)?$", lead)
+        if not m:
+            continue
+        options[m.group(1)] = (bool(m.group(3)), default_of(text))
+    tenant_keys = {}  # name -> default
+    for lead, text in help_entries(rest):
+        m = re.match(r"^([a-z][a-z-]*) = \S+$", lead)
+        if not m:
+            break
+        tenant_keys[m.group(1)] = default_of(text)
+    for must in ("pool-size", "budget", "config", "check-config", "help", "version"):
+        if must not in options:
+            fail(f"parsing kvd --help found no --{must}: options {sorted(options)}")
+    for must in ("min", "max", "weight"):
+        if must not in tenant_keys:
+            fail(f"parsing kvd --help found no tenant key {must}: {sorted(tenant_keys)}")
+    if failures:
+        return 1
+    print(f"kvd --help: {len(options)} options, {len(tenant_keys)} tenant keys")
+
+    # Which options are keys of [kvd]: kvd's own parser says.
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = os.path.join(tmp, "all.conf")
+        with open(conf, "w") as f:
+            f.write("[kvd]\n" + "".join(f"{name} = x\n" for name in options))
+        rc, out, err = run([kvd, "--check-config", conf])
+    not_keys = set(re.findall(r"unknown key '([a-z0-9-]+)' in \[kvd\]", out + err))
+    keys = {n: v for n, v in options.items() if n not in not_keys}
+    if rc != 2 or not not_keys or "pool-size" not in keys:
+        fail(f"kvd --check-config on every option as a key: exit {rc}, unknown keys "
+             f"{sorted(not_keys)}:\n{out}{err}")
+        return 1
+    print(f"keys of [kvd]: {len(keys)}; command line only: {', '.join(sorted(not_keys))}")
+
+    # ---- kvd.8 ----
+    scd = section(read(kvd8), "kvd.8.scd", "OPTIONS")
+    doc = entries(scd, r"^\*(?:-h\*, \*)?--([a-z][a-z0-9-]*)\*")
+    for name, (reloadable, default) in options.items():
+        if name not in doc:
+            fail(f"kvd.8.scd: no entry for --{name}")
+            continue
+        term, body = doc[name]
+        if reloadable != ("(reloadable)" in term):
+            fail(f"kvd.8.scd: --{name} is {'' if reloadable else 'not '}reloadable "
+                 f"(--help), the page says otherwise: {term!r}")
+        check_default("kvd.8.scd", f"--{name}", body, default)
+    for name in doc:
+        if name not in options:
+            fail(f"kvd.8.scd: an entry for --{name}, which kvd --help does not list")
+
+    # ---- kvd.conf.5 ----
+    scd = read(kvdconf5)
+    kvd_part = section(scd, "kvd.conf.5.scd", "THE [kvd] SECTION")
+    tenant_part = section(scd, "kvd.conf.5.scd", "TENANT SECTIONS")
+    doc = entries(kvd_part, r"^\*([a-z][a-z0-9-]*)\* = ")
+    for name, (reloadable, default) in keys.items():
+        if name not in doc:
+            fail(f"kvd.conf.5.scd: no entry for the [kvd] key {name}")
+            continue
+        term, body = doc[name]
+        if reloadable != ("(reloadable)" in term):
+            fail(f"kvd.conf.5.scd: {name} is {'' if reloadable else 'not '}reloadable "
+                 f"(--help), the page says otherwise: {term!r}")
+        check_default("kvd.conf.5.scd", name, body, default)
+    for name in doc:
+        if name not in keys:
+            fail(f"kvd.conf.5.scd: an entry for {name}, which is not a key of [kvd]")
+    doc = entries(tenant_part, r"^\*([a-z][a-z0-9-]*)\* = ")
+    for name, default in tenant_keys.items():
+        if name not in doc:
+            fail(f"kvd.conf.5.scd: no entry for the tenant key {name}")
+            continue
+        check_default("kvd.conf.5.scd", f"[tenant] {name}", doc[name][1], default)
+    for name in doc:
+        if name not in tenant_keys:
+            fail(f"kvd.conf.5.scd: an entry for the tenant key {name}, which kvd --help "
+                 "does not list")
+
+    # ---- kvdctl.8 ----
+    rc, out, err = run([kvdctl, "--help"])
+    rc2, score_out, err2 = run([kvdctl, "score", "--help"])
+    if rc != 0 or rc2 != 0:
+        fail(f"kvdctl --help exited {rc}, kvdctl score --help {rc2}: {err}{err2}")
+        return 1
+    commands_part = out.partition("Commands:\n")[2].partition("\n\n")[0]
+    commands = []
+    for line in commands_part.splitlines():
+        m = re.match(r"^  ([a-z]+)(?: ([a-z]+)\b)?", line)
+        if m:
+            commands.append(" ".join(w for w in m.groups() if w))
+    ctl_options = set(re.findall(r"^  (?:-h )?--([a-z][a-z0-9-]*)", out + score_out, re.M))
+    if len(commands) < 5 or "budget get" not in commands or "score" not in commands:
+        fail(f"parsing kvdctl --help found the commands {commands}")
+        return 1
+    print(f"kvdctl --help: commands {', '.join(commands)}; {len(ctl_options)} options")
+    scd = read(kvdctl8)
+    doc_commands = entries(section(scd, "kvdctl.8.scd", "COMMANDS"),
+                           r"^\*([a-z]+(?: [a-z]+)?)\*")
+    for cmd in commands:
+        if cmd not in doc_commands:
+            fail(f"kvdctl.8.scd: no entry for the command '{cmd}'")
+    for cmd in doc_commands:
+        if cmd not in commands:
+            fail(f"kvdctl.8.scd: an entry for '{cmd}', which kvdctl --help does not list")
+    doc_options = set(re.findall(r"\*--([a-z][a-z0-9-]*)\*", scd))
+    for opt in sorted(ctl_options - doc_options):
+        fail(f"kvdctl.8.scd: --{opt} (kvdctl --help or kvdctl score --help) is not documented")
+    for opt in sorted(doc_options - ctl_options):
+        fail(f"kvdctl.8.scd: names --{opt}, which neither kvdctl --help nor kvdctl score "
+             "--help lists")
+
+    # ---- libkvd.3 ----
+    header = read(kvd_h)
+    functions = re.findall(r"^KVD_EXPORT\b[^(]*?\b(kvd_[a-z0-9_]+)\s*\(", header, re.M)
+    functions += re.findall(r"^static inline void (kvd_[a-z0-9_]+)\s*\(", header, re.M)
+    if len(functions) < 20:
+        fail(f"kvd.h: found only the functions {functions}")
+    scd = read(libkvd3)
+    for fn in functions:
+        if not re.search(rf"\*{fn}\*", scd):
+            fail(f"libkvd.3.scd: does not name {fn}, which kvd/kvd.h exports")
+    print(f"kvd.h: {len(functions)} functions")
+
+    if failures:
+        print(f"{len(failures)} mismatches between the man pages and the code", file=sys.stderr)
+        return 1
+    print("the man pages match the code")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
