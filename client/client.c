@@ -788,7 +788,8 @@ int kvd_tenant_reset(kvd_client *c, const char *tenant) {
 static const char *const node_keys[] = {
 	"pool_bytes",     "budget_bytes",     "used_bytes",  "block_bytes", "chunk_bytes",
 	"chunks_total",   "chunks_free",      "chunks_draining", "connections", "protocol_version",
-	"uptime_ms",      "grants_refused",   "protocol_errors",
+	"uptime_ms",      "grants_refused",   "protocol_errors", "access_refused",
+	"uid_connections_refused",
 };
 #define NODE_KEYS ELEMENTSOF(node_keys)
 
@@ -870,6 +871,8 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 	status_set(n, 10, rep->has_uptime_ms, rep->uptime_ms);
 	status_set(n, 11, rep->has_grants_refused, rep->grants_refused);
 	status_set(n, 12, rep->has_protocol_errors, rep->protocol_errors);
+	status_set(n, 13, rep->has_access_refused, rep->access_refused);
+	status_set(n, 14, rep->has_uid_connections_refused, rep->uid_connections_refused);
 
 	if (rep->n_tenants == 0)
 		return 0;

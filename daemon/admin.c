@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "access.h"
 #include "admin.h"
 #include "common/macro.h"
 #include "common/size.h"
@@ -15,6 +16,7 @@
 void admin_limits(const struct settings *s, struct server_limits *ret) {
 	*ret = (struct server_limits){
 		.max_connections = s->max_connections,
+		.max_connections_per_uid = s->max_connections_per_uid,
 		.max_tenants = s->max_tenants,
 		.max_models = s->max_models,
 		.max_seqs = s->max_seqs,
@@ -24,6 +26,7 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.max_tx_bytes = UINT64_C(4) << 20,
 		.max_violations = 8,
 		.metrics_listen = s->metrics_listen,
+		.socket_group = s->socket_group,
 	};
 }
 
@@ -189,6 +192,7 @@ int admin_new(struct server *s, struct settings *cfg, const struct settings *fla
 	a->flags = flags;
 	a->cfg = *cfg;
 	*cfg = (struct settings){};
+	access_resolve(&a->cfg);
 	r = state_new(a->cfg.state_dir, a->cfg.max_tenants, &a->state);
 	if (r < 0)
 		goto fail;
@@ -318,6 +322,7 @@ void admin_reload(struct admin *a) {
 	old = a->cfg;
 	a->cfg = next;
 	next = (struct settings){};
+	access_resolve(&a->cfg);
 	for (size_t i = 0; i < n; i++)
 		if ((table[i].flags & SETTING_RUNTIME) && !settings_equal(&old, &a->cfg, i)) {
 			settings_format(&old, i, was, sizeof(was));
@@ -327,6 +332,7 @@ void admin_reload(struct admin *a) {
 			           "; the live budget stays until kvdctl budget reset" : "");
 		}
 	s->limits.max_connections = a->cfg.max_connections;
+	s->limits.max_connections_per_uid = a->cfg.max_connections_per_uid;
 	s->limits.max_seqs = a->cfg.max_seqs;
 	s->limits.max_seq_tokens = a->cfg.max_seq_tokens;
 	/* Checked on the tick, so it is as precise as the tick set at start. */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "access.h"
 #include "admin.h"
 #include "common/layout.h"
 #include "common/macro.h"
@@ -94,6 +95,19 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 		            min, max, PROTOCOL_VERSION);
 		c->close_when_sent = true;
 		return;
+	}
+	if (req->tenant && tenant_name_valid(req->tenant)) {
+		char why[256];
+
+		r = access_tenant(&s->admin->cfg, c->fd, &c->cred, req->tenant, why, sizeof(why));
+		if (r < 0) {
+			s->access_refused++;
+			log_warning("connection %llu: pid %d uid %u refused: %s", (unsigned long long)c->id,
+			            (int)c->cred.pid, (unsigned)c->cred.uid, why);
+			reply_error(c, id, r, "%s", why);
+			c->close_when_sent = true;
+			return;
+		}
 	}
 	if (req->tenant) {
 		r = tenant_get(&s->tenants, req->tenant, &t);
@@ -210,7 +224,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 static void handle_seq_grow(struct conn *c, uint64_t id, const Kvd__V1__SeqGrow *req) {
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
-	struct seq_emptied emptied = { .chunks = s->scratch };
+	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
 	Kvd__V1__SeqGrowReply rep = KVD__V1__SEQ_GROW_REPLY__INIT;
 	Kvd__V1__ChunkGrant grants[WIRE_FDS_MAX], *grant_ptrs[WIRE_FDS_MAX];
 	Envelope env = KVD__V1__ENVELOPE__INIT;
@@ -281,7 +295,7 @@ static void handle_seq_grow(struct conn *c, uint64_t id, const Kvd__V1__SeqGrow 
 
 static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRelease *req) {
 	struct server *s = c->srv;
-	struct seq_emptied emptied = { .chunks = s->scratch };
+	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
 	Kvd__V1__SeqReleaseReply rep = KVD__V1__SEQ_RELEASE_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	_cleanup_(freep) uint32_t *ids = NULL;
@@ -472,6 +486,8 @@ static void handle_status(struct conn *c, uint64_t id) {
 	SET(uptime_ms, now_ms() - s->start_ms);
 	SET(grants_refused, p->grants_refused);
 	SET(protocol_errors, s->protocol_errors);
+	SET(access_refused, s->access_refused);
+	SET(uid_connections_refused, s->uid_connections_refused);
 #undef SET
 	rep.budget_source = (char *)admin_budget_source(s->admin);
 	rep.state_error = (char *)admin_state_error(s->admin);
@@ -540,6 +556,24 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 	if (needs_tenant && !c->tenant) {
 		reply_error(c, id, -EPERM, "this request needs a tenant; say which in hello");
 		return;
+	}
+	switch (env->body_case) {
+	case KVD__V1__ENVELOPE__BODY_BUDGET_SET:
+	case KVD__V1__ENVELOPE__BODY_BUDGET_RESET:
+	case KVD__V1__ENVELOPE__BODY_TENANT_SET:
+	case KVD__V1__ENVELOPE__BODY_TENANT_RESET:
+		if (!access_admin(&c->srv->admin->cfg, c->fd, &c->cred)) {
+			c->srv->access_refused++;
+			log_warning("connection %llu: pid %d uid %u refused an admin request: not root "
+			            "nor in admin-group %s", (unsigned long long)c->id, (int)c->cred.pid,
+			            (unsigned)c->cred.uid, c->srv->admin->cfg.admin_group);
+			reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may change "
+			            "the budget and tenants", c->srv->admin->cfg.admin_group);
+			return;
+		}
+		break;
+	default:
+		break;
 	}
 
 	switch (env->body_case) {
@@ -616,7 +650,7 @@ void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
 void dispatch_disconnect(struct conn *c) {
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
-	struct seq_emptied emptied = { .chunks = s->scratch };
+	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
 
 	/* First forget that this connection maps anything, so that no chunk waits for an
 	 * answer from it and no unmap request is queued to it. */

@@ -116,24 +116,35 @@ void loop_exit(struct loop *l) {
 	l->exit = true;
 }
 
+int loop_turn(struct loop *l, bool wait) {
+	struct io_uring_cqe *cqe;
+	int r, n = 0;
+
+	/* Even without waiting, enter the kernel: with DEFER_TASKRUN, completions are posted
+	 * only when the ring asks for events. */
+	r = wait ? io_uring_submit_and_wait(&l->ring, 1) : io_uring_submit_and_get_events(&l->ring);
+	if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
+		return r;
+	while (!l->exit && io_uring_peek_cqe(&l->ring, &cqe) == 0) {
+		struct loop_op *op = io_uring_cqe_get_data(cqe);
+		int res = cqe->res;
+		bool more = cqe->flags & IORING_CQE_F_MORE;
+
+		/* Mark the entry seen before the handler runs: handlers submit new work. */
+		io_uring_cqe_seen(&l->ring, cqe);
+		if (op)
+			op->handler(op, res, more);
+		n++;
+	}
+	return n;
+}
+
 int loop_run(struct loop *l) {
 	while (!l->exit) {
-		struct io_uring_cqe *cqe;
-		int r;
+		int r = loop_turn(l, true);
 
-		r = io_uring_submit_and_wait(&l->ring, 1);
-		if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
+		if (r < 0)
 			return r;
-		while (!l->exit && io_uring_peek_cqe(&l->ring, &cqe) == 0) {
-			struct loop_op *op = io_uring_cqe_get_data(cqe);
-			int res = cqe->res;
-			bool more = cqe->flags & IORING_CQE_F_MORE;
-
-			/* Mark the entry seen before the handler runs: handlers submit new work. */
-			io_uring_cqe_seen(&l->ring, cqe);
-			if (op)
-				op->handler(op, res, more);
-		}
 	}
 	return 0;
 }

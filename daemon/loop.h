@@ -42,4 +42,11 @@ int loop_timeout(struct loop *l, struct loop_op *op, uint64_t ms);
 
 /* Runs until loop_exit(); returns 0 or a negative errno from io_uring itself. */
 int loop_run(struct loop *l);
+/*
+ * One turn of loop_run(): submits what is queued, then runs the handler of every operation
+ * that completed, first waiting for one when wait is true. Returns how many handlers ran, or
+ * a negative errno from io_uring itself. The daemon only calls loop_run(); the dispatcher's
+ * fuzz target (tests/fuzz/fuzz-dispatch.c) turns the loop itself, without waiting.
+ */
+int loop_turn(struct loop *l, bool wait);
 void loop_exit(struct loop *l);

@@ -265,6 +265,13 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	        "Protocol errors by clients: bad frames, undecodable or misplaced requests, no hello "
 	        "in time.",
 	        s->protocol_errors);
+	counter(f, "kvd_access_refused_total",
+	        "Hellos and admin requests refused for want of rights (allow-users, allow-groups, "
+	        "tenant-create, admin-group).",
+	        s->access_refused);
+	counter(f, "kvd_uid_connections_refused_total",
+	        "Connections refused because their user had max-connections-per-uid.",
+	        s->uid_connections_refused);
 
 	render_requests(f, &s->metrics);
 	render_tenants(f, &s->tenants);

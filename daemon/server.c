@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <grp.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 
 #include "admin.h"
 #include "common/macro.h"
+#include "common/number.h"
 #include "common/size.h"
 #include "conn.h"
 #include "log.h"
@@ -55,7 +57,21 @@ static void on_accept(struct loop_op *op, int res, bool more) {
 	int r;
 
 	if (res >= 0) {
-		if (s->stopping || s->n_conns >= s->limits.max_connections) {
+		struct ucred cred = {};
+		socklen_t len = sizeof(cred);
+		uint32_t same_uid = 0;
+
+		/* The per-user limit: a user cannot take every connection from the others. */
+		if (getsockopt(res, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+			for (struct conn *o = s->conns; o; o = o->next)
+				same_uid += o->cred.uid == cred.uid;
+		if (!s->stopping && s->n_conns < s->limits.max_connections &&
+		    same_uid >= s->limits.max_connections_per_uid) {
+			s->uid_connections_refused++;
+			refuse(res, -EUSERS, "connection limit of this user reached (max-connections-per-uid)");
+			log_warning("refusing a connection of uid %u: its limit of %u reached",
+			            (unsigned)cred.uid, s->limits.max_connections_per_uid);
+		} else if (s->stopping || s->n_conns >= s->limits.max_connections) {
 			refuse(res, s->stopping ? -ESHUTDOWN : -EUSERS,
 			       s->stopping ? "the daemon is stopping" : "connection limit reached");
 			if (!s->stopping)
@@ -167,7 +183,24 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 		log_error("cannot re-arm the timer");
 }
 
-static int listen_socket(const char *path, int *ret) {
+/* The gid of socket-group, a name or a number. */
+static int socket_gid(const char *group, gid_t *ret) {
+	const struct group *g;
+	uint64_t v;
+
+	if (number_parse_u64(group, 0, UINT32_MAX - 1, &v) >= 0) {
+		*ret = (gid_t)v;
+		return 0;
+	}
+	errno = 0;
+	g = getgrnam(group);
+	if (!g)
+		return errno > 0 ? -errno : -ENOENT;
+	*ret = g->gr_gid;
+	return 0;
+}
+
+static int listen_socket(const char *path, const char *group, int *ret) {
 	_cleanup_(closep) int fd = -EBADF, probe = -EBADF;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	mode_t old;
@@ -195,6 +228,18 @@ static int listen_socket(const char *path, int *ret) {
 	umask(old);
 	if (r < 0)
 		return negative_errno();
+	if (group && *group) {
+		gid_t gid;
+
+		r = socket_gid(group, &gid);
+		if (r < 0)
+			return log_error_errno(r, "socket-group %s does not exist", group);
+		/* Not fchown: on a socket it changes nothing on the file. lchown, so that a link
+		 * put in its place is not followed; bind() already made it 0660. */
+		if (lchown(path, (uid_t)-1, gid) < 0)
+			return log_error_errno(negative_errno(), "cannot give %s to group %s", path,
+			                       group);
+	}
 	if (listen(fd, SOMAXCONN) < 0)
 		return negative_errno();
 	*ret = TAKE_FD(fd);
@@ -304,7 +349,7 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	if (r < 0)
 		goto fail;
 	if (r == 0) {
-		r = listen_socket(socket_path, &s->listen_fd);
+		r = listen_socket(socket_path, limits->socket_group, &s->listen_fd);
 		if (r < 0) {
 			log_error_errno(r, "cannot listen on %s", socket_path);
 			goto fail;
@@ -365,8 +410,14 @@ struct conn *server_find_conn(struct server *s, uint64_t id) {
 
 uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct conn *requester,
                         uint32_t *ret_ids) {
-	uint32_t n_ids = 0;
+	uint32_t n_ids = 0, used = s->scratch_used;
 
+	/* An unmap request that cannot be queued closes its connection, and closing frees its
+	 * sequences, whose emptied chunks are reclaimed through here before this walk goes on:
+	 * that list must start after this one in s->scratch, not overwrite it. Both fit: a
+	 * chunk joins a list when its last block is freed, and nothing is allocated until the
+	 * outermost reclaim returns, so no chunk is on two lists. */
+	s->scratch_used = (uint32_t)(emptied->chunks - s->scratch) + emptied->n;
 	for (uint32_t i = 0; i < emptied->n; i++) {
 		struct chunk *ch = emptied->chunks[i];
 		uint32_t id = ch->id;
@@ -408,6 +459,7 @@ uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct co
 				conn_close(c, "cannot queue an unmap request");
 		}
 	}
+	s->scratch_used = used;
 	emptied->n = 0;
 	return n_ids;
 }

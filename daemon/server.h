@@ -23,6 +23,7 @@ struct conn;
 /* Limits on what clients control; most are settings (settings.c), see admin_limits(). */
 struct server_limits {
 	uint32_t max_connections;
+	uint32_t max_connections_per_uid;
 	uint32_t max_tenants;
 	uint32_t max_models;          /* per connection */
 	uint32_t max_seqs;            /* per connection */
@@ -32,6 +33,7 @@ struct server_limits {
 	uint64_t max_tx_bytes;        /* queued replies and events per connection */
 	uint32_t max_violations;      /* protocol errors before a disconnect */
 	const char *metrics_listen;   /* --metrics-listen: NULL or "" for no metrics endpoint */
+	const char *socket_group;     /* --socket-group: NULL or "" for the daemon's group */
 };
 
 struct server {
@@ -61,9 +63,14 @@ struct server {
 	uint64_t next_conn_id;
 	uint64_t next_seq_id;
 	struct chunk **scratch;       /* room for every chunk: see struct seq_emptied */
+	/* Entries of scratch that lists being reclaimed hold: a list starts after them (see
+	 * server_reclaim()). */
+	uint32_t scratch_used;
 
 	uint64_t start_ms;
 	uint64_t protocol_errors;
+	uint64_t access_refused;      /* hellos and admin requests refused (access.h) */
+	uint64_t uid_connections_refused; /* connections over max-connections-per-uid */
 	struct metrics metrics;
 	struct http *http;            /* the metrics endpoint, NULL when off */
 	struct admin *admin;          /* settings and live state (admin.h); set by main() */

@@ -51,6 +51,16 @@ const char *settings_backend_to_string(int v) {
 	return v >= 0 && v < _SETTINGS_BACKEND_MAX ? names[v] : NULL;
 }
 
+const char *settings_tenant_create_to_string(int v) {
+	static const char *const names[_SETTINGS_TENANT_CREATE_MAX] = {
+		[SETTINGS_TENANT_CREATE_ANY] = "any",
+		[SETTINGS_TENANT_CREATE_ADMIN] = "admin",
+		[SETTINGS_TENANT_CREATE_NONE] = "none",
+	};
+
+	return v >= 0 && v < _SETTINGS_TENANT_CREATE_MAX ? names[v] : NULL;
+}
+
 static const char *log_level_name(int v) {
 	static const char *const names[] = {
 		[LOG_ERR] = "err", [LOG_WARNING] = "warning", [LOG_NOTICE] = "notice",
@@ -94,6 +104,18 @@ static const struct setting node_table[] = {
 	  .enum_name = settings_backend_to_string, .enum_n = _SETTINGS_BACKEND_MAX },
 	{ "socket", SETTING_STRING, 0, "PATH", KVD_DEFAULT_SOCKET, NULL,
 	  "listening socket", NODE(socket), 1, 0 },
+	{ "socket-group", SETTING_STRING, 0, "GROUP", "", "",
+	  "group (name or number) that owns the socket kvd binds, mode 0660; empty: kvd's own "
+	  "group", NODE(socket_group), 0, SETTINGS_LIST_NAME_MAX - 1 },
+	{ "admin-group", SETTING_STRING, SETTING_RUNTIME, "GROUP", "kvd-admin", NULL,
+	  "group (name or number) whose members may change the budget and tenants, besides root; "
+	  "a group that does not exist leaves it to root", NODE(admin_group), 1,
+	  SETTINGS_LIST_NAME_MAX - 1 },
+	{ "tenant-create", SETTING_ENUM, SETTING_RUNTIME, "WHO", "any", NULL,
+	  "who may act as a tenant the config file does not declare: any peer, admin (root and "
+	  "admin-group) or none (root only); production configs should say none",
+	  NODE(tenant_create), .enum_name = settings_tenant_create_to_string,
+	  .enum_n = _SETTINGS_TENANT_CREATE_MAX },
 	{ "pool-size", SETTING_SIZE, 0, "SIZE", "1GiB", NULL,
 	  "pool capacity, whole chunks", NODE(pool_size) },
 	{ "chunk-size", SETTING_SIZE, 0, "SIZE", "4MiB", NULL,
@@ -102,6 +124,9 @@ static const struct setting node_table[] = {
 	  "node budget, at most the pool; kvdctl budget set changes it live", NODE(budget) },
 	{ "max-connections", SETTING_U32, SETTING_RUNTIME, "N", "256", NULL,
 	  "client connections in total", NODE(max_connections), 1, UINT32_MAX },
+	{ "max-connections-per-uid", SETTING_U32, SETTING_RUNTIME, "N", "64", NULL,
+	  "client connections of one user (root included)", NODE(max_connections_per_uid), 1,
+	  UINT32_MAX },
 	{ "max-tenants", SETTING_U32, 0, "N", "64", NULL,
 	  "tenants known at once", NODE(max_tenants), 1, UINT32_MAX },
 	{ "max-models", SETTING_U32, 0, "N", "16", NULL,
@@ -143,12 +168,12 @@ static const struct setting tenant_table[] = {
 	  "eviction policy", TENANT(policy),
 	  .enum_name = policy_name, .enum_n = _KVD_POLICY_MAX },
 	[SETTINGS_TENANT_ALLOW_USERS] = { "allow-users", SETTING_LIST, 0, "NAMES", NULL, "none",
-	  "users whose processes may act as the tenant (stored and shown by --check-config; "
-	  "enforced by a later change); repeat the key to add names, an empty value clears the "
-	  "list",
+	  "users (names or numbers) whose processes may act as the tenant, besides root; with "
+	  "neither list, anyone who may connect; repeat the key to add names, an empty value "
+	  "clears the list",
 	  TENANT(allow_users) },
 	[SETTINGS_TENANT_ALLOW_GROUPS] = { "allow-groups", SETTING_LIST, 0, "NAMES", NULL, "none",
-	  "the same for groups", TENANT(allow_groups) },
+	  "the same for groups: the peer's primary or supplementary groups", TENANT(allow_groups) },
 };
 
 _Static_assert(ELEMENTSOF(node_table) <= SETTINGS_MAX, "raise SETTINGS_MAX");

@@ -103,6 +103,16 @@ enum settings_backend {
 
 const char *settings_backend_to_string(int v);
 
+/* tenant-create: who may act as a tenant the config file does not declare (access.h). */
+enum settings_tenant_create {
+	SETTINGS_TENANT_CREATE_ANY,
+	SETTINGS_TENANT_CREATE_ADMIN,
+	SETTINGS_TENANT_CREATE_NONE,
+	_SETTINGS_TENANT_CREATE_MAX,
+};
+
+const char *settings_tenant_create_to_string(int v);
+
 /* The entries of the tenant table, by index. */
 enum settings_tenant_key {
 	SETTINGS_TENANT_MIN,
@@ -121,8 +131,12 @@ struct settings_tenant {
 	uint64_t max_bytes;           /* TENANT_NO_CAP: none */
 	uint32_t weight;
 	int policy;                   /* enum kvd_policy */
-	char *allow_users;            /* stored and reported; enforced by a later change */
+	char *allow_users;            /* as written; enforced at hello (access.h) */
 	char *allow_groups;
+	/* The lists resolved to ids by access_resolve(), at start and on every reload. */
+	uint32_t n_allow_uids, n_allow_gids;
+	uint32_t allow_uids[SETTINGS_LIST_MAX];
+	uint32_t allow_gids[SETTINGS_LIST_MAX];
 	uint8_t source[_SETTINGS_TENANT_KEY_MAX]; /* per entry of the tenant table */
 	unsigned key_line[_SETTINGS_TENANT_KEY_MAX];
 };
@@ -131,10 +145,14 @@ struct settings {
 	/* One field per entry of the node table. */
 	int backend;                  /* enum settings_backend */
 	char *socket;
+	char *socket_group;           /* "": the daemon's group */
+	char *admin_group;
+	int tenant_create;            /* enum settings_tenant_create */
 	uint64_t pool_size;
 	uint64_t chunk_size;
 	uint64_t budget;              /* SETTINGS_UNSET: the pool */
 	uint32_t max_connections;
+	uint32_t max_connections_per_uid;
 	uint32_t max_tenants;
 	uint32_t max_models;
 	uint32_t max_seqs;
@@ -151,6 +169,9 @@ struct settings {
 	char *path;                   /* the config file read; NULL: none (missing default) */
 	struct settings_tenant *tenants;
 	uint32_t n_tenants;
+	/* admin-group resolved by access_resolve(); has_admin_gid false: root only. */
+	bool has_admin_gid;
+	uint32_t admin_gid;
 };
 
 /* The tables. */

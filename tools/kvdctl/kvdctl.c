@@ -164,7 +164,7 @@ static const char *const node_u64_keys[] = {
 	"pool_bytes",     "budget_bytes",     "used_bytes",      "block_bytes",
 	"chunk_bytes",    "chunks_total",     "chunks_free",     "chunks_draining",
 	"connections",    "protocol_version", "uptime_ms",       "grants_refused",
-	"protocol_errors",
+	"protocol_errors",  "access_refused",   "uid_connections_refused",
 };
 
 static const char *const node_str_keys[] = {

@@ -304,7 +304,9 @@ KVD_EXPORT int kvd_tenant_reset(kvd_client *c, const char *tenant);
  *   node:   "pool_bytes", "budget_bytes", "used_bytes" (chunk bytes held by tenants),
  *           "block_bytes" (bytes inside granted blocks), "chunk_bytes" (one chunk),
  *           "chunks_total", "chunks_free", "chunks_draining", "connections",
- *           "protocol_version", "uptime_ms", "grants_refused", "protocol_errors";
+ *           "protocol_version", "uptime_ms", "grants_refused", "protocol_errors",
+ *           "access_refused" (hellos and admin requests refused for want of rights),
+ *           "uid_connections_refused" (connections over kvd's max-connections-per-uid);
  *           strings "daemon_version", "backend", "budget_source": where the budget
  *           comes from, "default", "config", "flag" (kvd --budget) or "live" (set with
  *           kvdctl, kept in the state file), and "state_error": why live changes cannot

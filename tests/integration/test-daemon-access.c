@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Access control (README "Security model"): the socket is 0660 and group socket-group, a
+ * tenant with allow-users or allow-groups only for those peers, tenant-create for the
+ * others, admin requests only for root and admin-group, max-connections-per-uid. The
+ * clients are children that drop root for unused uids and gids (the groups are numbers,
+ * so that nothing of the machine's /etc/group is needed); the test needs root.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fixture.h"
+#include "test.h"
+
+#define SOCK_GID 4242u                /* socket-group */
+#define ADMIN_GID 4243u               /* admin-group */
+#define BETA_GID 4244u                /* allow-groups of tenant beta */
+#define USER_A 12345u                 /* allow-users of tenant alpha */
+#define NOBODY 65534u
+
+static const char config[] =
+	"[kvd]\n"
+	"pool-size = 16MiB\n"
+	"socket-group = 4242\n"
+	"admin-group = 4243\n"
+	"tenant-create = none\n"
+	"max-connections-per-uid = 3\n"
+	"\n"
+	"[tenant alpha]\n"
+	"allow-users = 12345\n"
+	"\n"
+	"[tenant beta]\n"
+	"allow-groups = 4244\n"
+	"\n"
+	"[tenant open]\n";
+
+enum op {
+	OP_TENANT,                    /* hello as tenant */
+	OP_BUDGET,                    /* an admin connection, then budget set */
+	OP_TENANT_SET,                /* an admin connection, then tenant set */
+	OP_STATUS,                    /* an admin connection, then status */
+	OP_CONNECTIONS,               /* 4 connections as tenant open at once: the 4th's result */
+};
+
+/*
+ * Runs op in a child as uid/gid with the given supplementary groups; returns the libkvd
+ * result (0 or -errno), or fails the test when the child could not drop root.
+ */
+static int run_as(struct fixture *f, uid_t uid, gid_t gid, const gid_t *groups, size_t n,
+                  enum op op, const char *tenant) {
+	int status;
+	pid_t pid = fixture_fork();
+
+	if (pid == 0) {
+		kvd_client *c[4] = {};
+		kvd_status *st = NULL;
+		int r;
+
+		if (setgroups(n, groups) < 0 || setgid(gid) < 0 || setuid(uid) < 0 || getuid() != uid)
+			_exit(200);
+		switch (op) {
+		case OP_TENANT:
+			r = kvd_client_connect(f->socket, tenant, &c[0]);
+			break;
+		case OP_BUDGET:
+		case OP_TENANT_SET:
+		case OP_STATUS:
+			r = kvd_client_connect(f->socket, NULL, &c[0]);
+			if (r < 0)
+				_exit(201);
+			r = op == OP_BUDGET ? kvd_budget_set(c[0], UINT64_C(8) << 20) :
+			    op == OP_TENANT_SET ? kvd_tenant_set(c[0], tenant, 0, KVD_TENANT_KEEP, 2) :
+			    kvd_status_get(c[0], &st);
+			kvd_status_free(st);
+			break;
+		default:
+			for (unsigned i = 0; i < 3; i++)
+				if (kvd_client_connect(f->socket, tenant, &c[i]) < 0)
+					_exit(202);
+			r = kvd_client_connect(f->socket, tenant, &c[3]);
+			break;
+		}
+		for (unsigned i = 0; i < 4; i++)
+			kvd_client_unref(c[i]);
+		/* r is 0 or -errno; 1 (applied, not saved) counts as applied. */
+		_exit(r >= 0 ? 0 : r < -199 ? 199 : -r);
+	}
+	ASSERT_EQ(waitpid(pid, &status, 0), pid);
+	ASSERT_TRUE(WIFEXITED(status));
+	if (WEXITSTATUS(status) >= 200)
+		test_fail(__FILE__, __LINE__, "child as uid %u failed (%d)", (unsigned)uid,
+		          WEXITSTATUS(status));
+	return -WEXITSTATUS(status);
+}
+
+static void start(struct fixture *f) {
+	fixture_setup(f, config, true);
+	/* The temporary directory is 0700: let the children reach the socket in it. */
+	ASSERT_OK(chmod(f->dir, 0711));
+	fixture_launch(f, NULL);
+}
+
+TEST(socket_is_group_owned_and_not_world_writable) {
+	static const gid_t sock[] = { SOCK_GID };
+	struct fixture f;
+	struct stat st;
+
+	if (geteuid() != 0)
+		TEST_SKIP("needs root to run clients as other users");
+	start(&f);
+	ASSERT_OK(stat(f.socket, &st));
+	ASSERT_EQ(st.st_mode & 07777, 0660u);
+	ASSERT_EQ(st.st_gid, SOCK_GID);
+	/* Not in the socket's group: no connection at all. */
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, NULL, 0, OP_TENANT, "open"), -EACCES);
+	/* In it: status is open to everyone. */
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, sock, 1, OP_STATUS, NULL), 0);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(tenants_by_user_and_group) {
+	static const gid_t sock[] = { SOCK_GID }, beta[] = { SOCK_GID, BETA_GID };
+	struct fixture f;
+
+	if (geteuid() != 0)
+		TEST_SKIP("needs root to run clients as other users");
+	start(&f);
+	/* By user. */
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_TENANT, "alpha"), 0);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_TENANT, "beta"), -EACCES);
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, sock, 1, OP_TENANT, "alpha"), -EACCES);
+	/* By a supplementary group, and by the primary group. */
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, beta, 2, OP_TENANT, "beta"), 0);
+	ASSERT_EQ(run_as(&f, NOBODY, BETA_GID, sock, 1, OP_TENANT, "beta"), 0);
+	/* A declared tenant without lists: anyone who may connect. */
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_TENANT, "open"), 0);
+	/* tenant-create = none: a tenant the file does not declare, root only. */
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_TENANT, "adhoc"), -EACCES);
+	ASSERT_EQ(fixture_status(&f, "adhoc", "connections"), UINT64_MAX);
+	/* Root may act as anyone. */
+	kvd_client_unref(fixture_connect(&f, "alpha"));
+	kvd_client_unref(fixture_connect(&f, "adhoc"));
+	ASSERT_EQ(fixture_status(&f, NULL, "access_refused"), 3u);
+	ASSERT_TRUE(fixture_wait_log(&f, "uid 12345 is not allowed to act as tenant beta", 1));
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(admin_requests_need_root_or_admin_group) {
+	static const gid_t sock[] = { SOCK_GID }, admin[] = { SOCK_GID, ADMIN_GID };
+	struct fixture f;
+
+	if (geteuid() != 0)
+		TEST_SKIP("needs root to run clients as other users");
+	start(&f);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_BUDGET, NULL), -EPERM);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_TENANT_SET, "alpha"), -EPERM);
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), UINT64_C(16) << 20);
+	ASSERT_EQ(fixture_status(&f, "alpha", "weight"), 1u);
+	ASSERT_EQ(fixture_status(&f, NULL, "access_refused"), 2u);
+
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, admin, 2, OP_BUDGET, NULL), 0);
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, admin, 2, OP_TENANT_SET, "alpha"), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), UINT64_C(8) << 20);
+	ASSERT_EQ(fixture_status(&f, "alpha", "weight"), 2u);
+
+	/* Root, in no admin group. */
+	{
+		__attribute__((cleanup(kvd_client_unrefp))) kvd_client *c = fixture_connect(&f, NULL);
+
+		ASSERT_TRUE(kvd_budget_reset(c) >= 0);
+	}
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), UINT64_C(16) << 20);
+	ASSERT_EQ(fixture_status(&f, NULL, "access_refused"), 2u);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(reload_changes_who_may_act) {
+	static const gid_t sock[] = { SOCK_GID };
+	struct fixture f;
+
+	if (geteuid() != 0)
+		TEST_SKIP("needs root to run clients as other users");
+	start(&f);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_TENANT, "alpha"), 0);
+	fixture_write_config(&f, "[kvd]\npool-size = 16MiB\nsocket-group = 4242\n"
+	                     "tenant-create = none\n[tenant alpha]\nallow-users = 65534\n");
+	ASSERT_OK(kill(f.pid, SIGHUP));
+	ASSERT_TRUE(fixture_wait_log(&f, "reloaded", 1));
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_TENANT, "alpha"), -EACCES);
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, sock, 1, OP_TENANT, "alpha"), 0);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(connections_per_uid) {
+	static const gid_t sock[] = { SOCK_GID };
+	struct fixture f;
+
+	if (geteuid() != 0)
+		TEST_SKIP("needs root to run clients as other users");
+	start(&f);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_CONNECTIONS, "open"), -EUSERS);
+	ASSERT_EQ(fixture_status(&f, NULL, "uid_connections_refused"), 1u);
+	/* Another user is not held back by the first. */
+	ASSERT_TRUE(fixture_wait_status(&f, "open", "connections", 0));
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, sock, 1, OP_TENANT, "open"), 0);
+	ASSERT_TRUE(fixture_wait_log(&f, "refusing a connection of uid 12345", 1));
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
