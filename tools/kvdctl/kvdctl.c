@@ -283,21 +283,28 @@ static int status_table_write(FILE *f, const void *userdata) {
 	return tenants_table_write(f, st);
 }
 
-static int cmd_status(int argc, char **argv) {
+/* A command that prints the daemon's status: as a table, or as JSON with --json. */
+static int show_status(int argc, char **argv, const char *name,
+		       int (*json_write)(FILE *f, const void *st),
+		       int (*table_write)(FILE *f, const void *st)) {
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
 	int json = 0, r;
 
-	r = parse_common(argc, argv, "status", 1, &json);
+	r = parse_common(argc, argv, name, 1, &json);
 	if (r >= 0)
 		return r;
 	if (optind < argc)
-		return usage_error("status: unexpected argument '%s'", argv[optind]);
+		return usage_error("%s: unexpected argument '%s'", name, argv[optind]);
 
 	r = get_status(&c, &st);
 	if (r != EXIT_OK)
 		return r;
-	return emit("status", json ? status_json_write : status_table_write, st);
+	return emit(name, json ? json_write : table_write, st);
+}
+
+static int cmd_status(int argc, char **argv) {
+	return show_status(argc, argv, "status", status_json_write, status_table_write);
 }
 
 /* ---- tenants ---- */
@@ -326,20 +333,7 @@ static int tenants_table(FILE *f, const void *userdata) {
 }
 
 static int cmd_tenants(int argc, char **argv) {
-	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
-	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
-	int json = 0, r;
-
-	r = parse_common(argc, argv, "tenants", 1, &json);
-	if (r >= 0)
-		return r;
-	if (optind < argc)
-		return usage_error("tenants: unexpected argument '%s'", argv[optind]);
-
-	r = get_status(&c, &st);
-	if (r != EXIT_OK)
-		return r;
-	return emit("tenants", json ? tenants_json : tenants_table, st);
+	return show_status(argc, argv, "tenants", tenants_json, tenants_table);
 }
 
 /* ---- budget ---- */
