@@ -406,3 +406,19 @@ void assert_digests_agree(kvd_seq *s) {
 	ASSERT_OK(kvd_seq_digest(s, &daemon, &local));
 	ASSERT_EQ(daemon, local);
 }
+
+int fixture_run_daemon(const char *args, char *out, size_t n) {
+	char cmd[1024];
+	size_t k;
+	FILE *p;
+	int status;
+
+	snprintf(cmd, sizeof(cmd), "%s %s 2>&1", getenv("KVD_DAEMON"), args);
+	p = popen(cmd, "re");
+	ASSERT_TRUE(p);
+	k = fread(out, 1, n - 1, p);
+	out[k] = 0;
+	status = pclose(p);
+	ASSERT_TRUE(WIFEXITED(status));
+	return WEXITSTATUS(status);
+}

@@ -26,6 +26,10 @@ struct fixture {
 /* fork() whose child dies with the test process. */
 pid_t fixture_fork(void);
 
+/* Runs $KVD_DAEMON with args (a shell word list) to completion; returns its exit status,
+ * with its stdout and stderr in out (n bytes at most, NUL-terminated). */
+int fixture_run_daemon(const char *args, char *out, size_t n);
+
 /*
  * Starts the daemon with --socket in a fresh directory plus the NULL-terminated extra
  * arguments, and returns once the socket accepts connections. Fails the test otherwise.

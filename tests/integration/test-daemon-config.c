@@ -21,24 +21,6 @@
 
 static const kvd_model_spec shape = { "c", 2, 2, 2, 32, KVD_DTYPE_F16, 16, KVD_LAYOUT_PER_HEAD };
 
-/* Runs the daemon with args (a shell word list); returns its exit status, with its
- * stdout+stderr in out. */
-static int run_daemon(const char *args, char *out, size_t n) {
-	char cmd[1024];
-	size_t k;
-	FILE *p;
-	int status;
-
-	snprintf(cmd, sizeof(cmd), "%s %s 2>&1", getenv("KVD_DAEMON"), args);
-	p = popen(cmd, "re");
-	ASSERT_TRUE(p);
-	k = fread(out, 1, n - 1, p);
-	out[k] = 0;
-	status = pclose(p);
-	ASSERT_TRUE(WIFEXITED(status));
-	return WEXITSTATUS(status);
-}
-
 static void assert_contains(const char *text, const char *needle) {
 	if (!strstr(text, needle))
 		test_fail(__FILE__, __LINE__, "'%s' not found in:\n%s", needle, text);
@@ -137,16 +119,16 @@ TEST(check_config) {
 	fputs("[kvd]\npool-size = 16MiB\nchunk-size = 1MiB\n[tenant t]\nmax = 2MiB\nweight = 2\n", file);
 	fclose(file);
 	snprintf(args, sizeof(args), "--check-config %s", path);
-	ASSERT_EQ(run_daemon(args, out, sizeof(out)), 0);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
 	assert_contains(out, "OK");
 	assert_contains(out, "tenant t: min 0 B, max 2.0 MiB, weight 2, policy kvd");
 	snprintf(args, sizeof(args), "--check-config=%s", path);
-	ASSERT_EQ(run_daemon(args, out, sizeof(out)), 0);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
 	snprintf(args, sizeof(args), "--config %s --check-config", path);
-	ASSERT_EQ(run_daemon(args, out, sizeof(out)), 0);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
 	/* The flags are checked with the file: a budget above the file's pool. */
 	snprintf(args, sizeof(args), "--check-config %s --budget 32MiB", path);
-	ASSERT_EQ(run_daemon(args, out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
 	assert_contains(out, "--budget must be at most pool-size (16.0 MiB)");
 
 	/* Every error, each with its line. */
@@ -166,7 +148,7 @@ TEST(check_config) {
 	      file);
 	fclose(file);
 	snprintf(args, sizeof(args), "--check-config %s", path);
-	ASSERT_EQ(run_daemon(args, out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
 	snprintf(args, sizeof(args), "%s:2: pool-size: '12XB' is not a size", path);
 	assert_contains(out, args);
 	snprintf(args, sizeof(args), "%s:3: unknown key 'nope' in [kvd]", path);
@@ -186,16 +168,16 @@ TEST(check_config) {
 
 	/* The daemon itself refuses to start on that file, with the same errors. */
 	snprintf(args, sizeof(args), "--config %s --socket %s/kvd.sock", path, dir);
-	ASSERT_EQ(run_daemon(args, out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
 	snprintf(args, sizeof(args), "%s:3: unknown key 'nope' in [kvd]", path);
 	assert_contains(out, args);
 
 	/* A named file must exist; the default one need not. */
 	snprintf(args, sizeof(args), "--check-config %s/missing.conf", dir);
-	ASSERT_EQ(run_daemon(args, out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
 	assert_contains(out, "missing.conf: cannot open: No such file or directory");
 	snprintf(args, sizeof(args), "--config %s/missing.conf --socket %s/kvd.sock", dir, dir);
-	ASSERT_EQ(run_daemon(args, out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
 	unlink(path);
 	rmdir(dir);
 }

@@ -90,23 +90,6 @@ TEST(handles_do_not_survive_fork) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
-/* Runs the daemon with args; returns its exit status and its stdout+stderr in out. */
-static int run_daemon(const char *args, char *out, size_t n) {
-	char cmd[512];
-	size_t k;
-	FILE *p;
-	int status;
-
-	snprintf(cmd, sizeof(cmd), "%s %s 2>&1", getenv("KVD_DAEMON"), args);
-	p = popen(cmd, "re");
-	ASSERT_TRUE(p);
-	k = fread(out, 1, n - 1, p);
-	out[k] = 0;
-	status = pclose(p);
-	ASSERT_TRUE(WIFEXITED(status));
-	return WEXITSTATUS(status);
-}
-
 TEST(command_line) {
 	static const char *const flags[] = {
 		"--backend", "--socket", "--pool-size", "--chunk-size", "--budget",
@@ -115,25 +98,25 @@ TEST(command_line) {
 	};
 	char out[8192];
 
-	ASSERT_EQ(run_daemon("--help", out, sizeof(out)), 0);
+	ASSERT_EQ(fixture_run_daemon("--help", out, sizeof(out)), 0);
 	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
 		if (!strstr(out, flags[i]))
 			test_fail(__FILE__, __LINE__, "--help does not mention %s", flags[i]);
-	ASSERT_EQ(run_daemon("--version", out, sizeof(out)), 0);
+	ASSERT_EQ(fixture_run_daemon("--version", out, sizeof(out)), 0);
 	ASSERT_TRUE(strncmp(out, "kvd ", 4) == 0);
 
 	/* Usage errors exit 2 and say what is wrong. */
-	ASSERT_EQ(run_daemon("--pool-size 12XB", out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon("--pool-size 12XB", out, sizeof(out)), 2);
 	ASSERT_TRUE(strstr(out, "--pool-size"));
-	ASSERT_EQ(run_daemon("--backend tpu", out, sizeof(out)), 2);
-	ASSERT_EQ(run_daemon("--chunk-size 1000", out, sizeof(out)), 2);
-	ASSERT_EQ(run_daemon("--pool-size 1MiB --chunk-size 4MiB", out, sizeof(out)), 2);
-	ASSERT_EQ(run_daemon("--pool-size 8MiB --budget 9MiB", out, sizeof(out)), 2);
-	ASSERT_EQ(run_daemon("--max-seqs 0", out, sizeof(out)), 2);
-	ASSERT_EQ(run_daemon("--no-such-flag", out, sizeof(out)), 2);
-	ASSERT_EQ(run_daemon("stray", out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon("--backend tpu", out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon("--chunk-size 1000", out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon("--pool-size 1MiB --chunk-size 4MiB", out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon("--pool-size 8MiB --budget 9MiB", out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon("--max-seqs 0", out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon("--no-such-flag", out, sizeof(out)), 2);
+	ASSERT_EQ(fixture_run_daemon("stray", out, sizeof(out)), 2);
 	/* A socket that cannot be set up is a runtime failure, with a one-line reason. */
-	ASSERT_EQ(run_daemon("--socket /nonexistent/dir/kvd.sock --pool-size 8MiB", out, sizeof(out)), 1);
+	ASSERT_EQ(fixture_run_daemon("--socket /nonexistent/dir/kvd.sock --pool-size 8MiB", out, sizeof(out)), 1);
 	ASSERT_TRUE(strstr(out, "/nonexistent/dir/kvd.sock"));
 }
 
@@ -143,7 +126,7 @@ TEST(second_daemon_refuses_live_socket) {
 
 	fixture_start(&f, small_pool);
 	snprintf(args, sizeof(args), "--socket %s --pool-size 8MiB", f.socket);
-	ASSERT_EQ(run_daemon(args, out, sizeof(out)), 1);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 1);
 	ASSERT_TRUE(strstr(out, "in use"));
 	/* The first one is unharmed. */
 	ASSERT_EQ(fixture_status(&f, NULL, "pool_bytes"), 8u << 20);
