@@ -20,6 +20,7 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.max_tenants = s->max_tenants,
 		.max_models = s->max_models,
 		.max_seqs = s->max_seqs,
+		.max_seqs_per_tenant = s->max_seqs_per_tenant,
 		.max_seq_tokens = s->max_seq_tokens,
 		.max_descriptor_bytes = UINT64_C(64) << 20,
 		.hello_timeout_ms = s->hello_timeout_ms,
@@ -334,6 +335,7 @@ void admin_reload(struct admin *a) {
 	s->limits.max_connections = a->cfg.max_connections;
 	s->limits.max_connections_per_uid = a->cfg.max_connections_per_uid;
 	s->limits.max_seqs = a->cfg.max_seqs;
+	s->limits.max_seqs_per_tenant = a->cfg.max_seqs_per_tenant;
 	s->limits.max_seq_tokens = a->cfg.max_seq_tokens;
 	/* Checked on the tick, so it is as precise as the tick set at start. */
 	s->limits.hello_timeout_ms = a->cfg.hello_timeout_ms;

@@ -192,6 +192,12 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 		reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
 		return;
 	}
+	/* One tenant's many processes must not exhaust the daemon's descriptors together. */
+	if (c->tenant->sequences >= s->limits.max_seqs_per_tenant) {
+		reply_error(c, id, -EMFILE, "at most %u sequences per tenant (max-seqs-per-tenant)",
+		            s->limits.max_seqs_per_tenant);
+		return;
+	}
 	r = seq_new(s->next_seq_id + 1, &c->models[req->model_id - 1], c->tenant, req->max_tokens,
 	            s->limits.max_descriptor_bytes, &q);
 	if (r == -EINVAL) {

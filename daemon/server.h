@@ -27,6 +27,7 @@ struct server_limits {
 	uint32_t max_tenants;
 	uint32_t max_models;          /* per connection */
 	uint32_t max_seqs;            /* per connection */
+	uint32_t max_seqs_per_tenant;
 	uint32_t max_seq_tokens;
 	uint64_t max_descriptor_bytes;
 	uint64_t hello_timeout_ms;

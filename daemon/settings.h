@@ -156,6 +156,7 @@ struct settings {
 	uint32_t max_tenants;
 	uint32_t max_models;
 	uint32_t max_seqs;
+	uint32_t max_seqs_per_tenant;
 	uint32_t max_seq_tokens;
 	uint64_t hello_timeout_ms;
 	int log_level;                /* LOG_ERR..LOG_DEBUG */

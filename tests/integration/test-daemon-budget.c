@@ -223,3 +223,40 @@ TEST(status_json_matches_load) {
 	kvd_client_unref(y);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+TEST(sequences_per_tenant_bounded) {
+	static const char *const args[] = { "--pool-size", "16MiB", "--chunk-size", "1MiB",
+		                            "--max-seqs-per-tenant", "3", NULL };
+	struct fixture f;
+	kvd_client *a, *b, *other;
+	kvd_seq *s[4], *o;
+	int ma, mb, mo;
+
+	fixture_start(&f, args);
+	/* Two processes' worth of connections of one tenant share the limit. */
+	a = fixture_connect(&f, "many");
+	b = fixture_connect(&f, "many");
+	other = fixture_connect(&f, "other");
+	ma = kvd_model_register(a, &one_chunk);
+	mb = kvd_model_register(b, &one_chunk);
+	mo = kvd_model_register(other, &one_chunk);
+	ASSERT_OK(ma);
+	ASSERT_OK(mb);
+	ASSERT_OK(mo);
+	ASSERT_OK(kvd_seq_open(a, ma, 16, &s[0]));
+	ASSERT_OK(kvd_seq_open(a, ma, 16, &s[1]));
+	ASSERT_OK(kvd_seq_open(b, mb, 16, &s[2]));
+	ASSERT_EQ(kvd_seq_open(b, mb, 16, &s[3]), -EMFILE);
+	ASSERT_TRUE(strstr(kvd_client_last_error(b), "max-seqs-per-tenant"));
+	/* Another tenant is not limited by it, and a release makes room. */
+	ASSERT_OK(kvd_seq_open(other, mo, 16, &o));
+	ASSERT_OK(kvd_seq_release(s[0]));
+	ASSERT_OK(kvd_seq_open(b, mb, 16, &s[3]));
+	for (int i = 1; i < 4; i++)
+		ASSERT_OK(kvd_seq_release(s[i]));
+	ASSERT_OK(kvd_seq_release(o));
+	kvd_client_unref(a);
+	kvd_client_unref(b);
+	kvd_client_unref(other);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
