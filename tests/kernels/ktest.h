@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn.h"
 #include "dtype.h"
+#include "gram.h"
 #include "simd.h"
 #include "test.h"
 
@@ -117,3 +119,51 @@ static const char *const kt_paths[] = { "avx512", "avx2", "generic" };
 		     path_name = (kvd_simd_override(NULL), NULL))                             \
 			if (kvd_simd_get(path_name) &&                                        \
 			    (kvd_simd_override(kvd_simd_get(path_name)), 1))
+
+/*
+ * One layer of seeded random tensors (q [H][w][d] of amplitude qamp, k and v [Hkv][L][d],
+ * wo [C][H*d]) with its per-head Gram matrices gram [H][d][d], the GQA group blocks
+ * ggram [Hkv][g*d][g*d] and the reference attention probs [H][w][L]: the fixture of the
+ * ReST-KV and LaProx tests.
+ */
+struct kt_layer {
+	struct kvd_attn_in in;
+	struct kvd_wo wo;
+	void *q, *k, *v;
+	float *w, *gram, *ggram, *probs;
+};
+
+static inline void kt_layer_init(struct kt_layer *f, uint32_t dtype, uint32_t H, uint32_t Hkv,
+				 uint32_t w, uint32_t L, uint32_t d, uint32_t C, uint64_t seed,
+				 float qamp) {
+	uint32_t g = H / Hkv;
+
+	*f = (struct kt_layer){ 0 };
+	f->q = kt_random(&seed, dtype, (size_t)H * w * d, qamp);
+	f->k = kt_random(&seed, dtype, (size_t)Hkv * L * d, 1.0f);
+	f->v = kt_random(&seed, dtype, (size_t)Hkv * L * d, 1.0f);
+	f->w = kt_random(&seed, KVD_KERNEL_F32, (size_t)C * H * d, 0.3f);
+	f->in = (struct kvd_attn_in){
+		.dtype = dtype, .heads = H, .kv_heads = Hkv, .window = w, .len = L, .dim = d,
+		.scale = 1.0f / sqrtf((float)d), .q = f->q, .k = f->k, .v = f->v,
+	};
+	kvd_attn_in_contiguous(&f->in);
+	f->wo = (struct kvd_wo){
+		.dtype = KVD_KERNEL_F32, .c_out = C, .heads = H, .dim = d, .w = f->w,
+		.row_stride = (size_t)H * d,
+	};
+	f->gram = kt_floats((size_t)H * d * d);
+	f->ggram = kt_floats((size_t)Hkv * g * d * g * d);
+	for (uint32_t h = 0; h < H; h++)
+		ASSERT_OK(kvd_gram_ref(&f->wo, h, 1, f->gram + (size_t)h * d * d));
+	for (uint32_t kv = 0; kv < Hkv; kv++)
+		ASSERT_OK(kvd_gram_ref(&f->wo, kv * g, g, f->ggram + (size_t)kv * g * d * g * d));
+	f->probs = kt_floats((size_t)H * w * L);
+	for (uint32_t h = 0; h < H; h++)
+		ASSERT_OK(kvd_attn_head_ref(&f->in, h, f->probs + (size_t)h * w * L));
+}
+
+static inline void kt_layer_done(struct kt_layer *f) {
+	free(f->q), free(f->k), free(f->v), free(f->w), free(f->gram), free(f->ggram);
+	free(f->probs);
+}

@@ -10,49 +10,14 @@
 #include "ktest.h"
 #include "laprox.h"
 
-struct fix {
-	struct kvd_attn_in in;
-	struct kvd_wo wo;
-	void *q, *k, *v;
-	float *w, *gram, *ggram, *probs; /* gram [H][d][d], ggram [Hkv][g*d][g*d] */
-};
-
-static void fix_init(struct fix *f, uint32_t dtype, uint32_t H, uint32_t Hkv, uint32_t w,
+/* LaProx's layers: queries of amplitude 3, for peaky attention. */
+static void fix_init(struct kt_layer *f, uint32_t dtype, uint32_t H, uint32_t Hkv, uint32_t w,
 		     uint32_t L, uint32_t d, uint32_t C, uint64_t seed) {
-	uint32_t g = H / Hkv;
-
-	*f = (struct fix){};
-	f->q = kt_random(&seed, dtype, (size_t)H * w * d, 3.0f);
-	f->k = kt_random(&seed, dtype, (size_t)Hkv * L * d, 1.0f);
-	f->v = kt_random(&seed, dtype, (size_t)Hkv * L * d, 1.0f);
-	f->w = kt_random(&seed, KVD_KERNEL_F32, (size_t)C * H * d, 0.3f);
-	f->in = (struct kvd_attn_in){
-		.dtype = dtype, .heads = H, .kv_heads = Hkv, .window = w, .len = L, .dim = d,
-		.scale = 1.0f / sqrtf((float)d), .q = f->q, .k = f->k, .v = f->v,
-	};
-	kvd_attn_in_contiguous(&f->in);
-	f->wo = (struct kvd_wo){
-		.dtype = KVD_KERNEL_F32, .c_out = C, .heads = H, .dim = d, .w = f->w,
-		.row_stride = (size_t)H * d,
-	};
-	f->gram = kt_floats((size_t)H * d * d);
-	f->ggram = kt_floats((size_t)Hkv * g * d * g * d);
-	for (uint32_t h = 0; h < H; h++)
-		ASSERT_OK(kvd_gram_ref(&f->wo, h, 1, f->gram + (size_t)h * d * d));
-	for (uint32_t kv = 0; kv < Hkv; kv++)
-		ASSERT_OK(kvd_gram_ref(&f->wo, kv * g, g, f->ggram + (size_t)kv * g * d * g * d));
-	f->probs = kt_floats((size_t)H * w * L);
-	for (uint32_t h = 0; h < H; h++)
-		ASSERT_OK(kvd_attn_head_ref(&f->in, h, f->probs + (size_t)h * w * L));
-}
-
-static void fix_done(struct fix *f) {
-	free(f->q), free(f->k), free(f->v), free(f->w), free(f->gram), free(f->ggram);
-	free(f->probs);
+	kt_layer_init(f, dtype, H, Hkv, w, L, d, C, seed, 3.0f);
 }
 
 /* (v_i W_o^h)[c], directly; use_wo 0: the head's block of the concatenation (v itself). */
-static double vproj(const struct fix *f, uint32_t h, uint32_t i, uint32_t c) {
+static double vproj(const struct kt_layer *f, uint32_t h, uint32_t i, uint32_t c) {
 	uint32_t d = f->in.dim, g = kvd_attn_kv_head(&f->in, h);
 	double y = 0;
 
@@ -62,18 +27,18 @@ static double vproj(const struct fix *f, uint32_t h, uint32_t i, uint32_t c) {
 	return y;
 }
 
-static double vval(const struct fix *f, uint32_t h, uint32_t i, uint32_t a) {
+static double vval(const struct kt_layer *f, uint32_t h, uint32_t i, uint32_t a) {
 	uint32_t g = kvd_attn_kv_head(&f->in, h);
 
 	return kvd_load(f->v, f->in.dtype, ((size_t)g * f->in.len + i) * f->in.dim + a);
 }
 
-static double col(const struct fix *f, uint32_t h, uint32_t t, uint32_t i) {
+static double col(const struct kt_layer *f, uint32_t h, uint32_t t, uint32_t i) {
 	return f->probs[((size_t)h * f->in.window + t) * f->in.len + i];
 }
 
 TEST(diagonal_matches_direct) {
-	struct fix f;
+	struct kt_layer f;
 	uint32_t n;
 
 	fix_init(&f, KVD_KERNEL_F32, 4, 2, 6, 60, 8, 20, 3);
@@ -102,11 +67,11 @@ TEST(diagonal_matches_direct) {
 			}
 			free(ref), free(opt);
 		}
-	fix_done(&f);
+	kt_layer_done(&f);
 }
 
 TEST(joint_matches_frobenius) {
-	struct fix f;
+	struct kt_layer f;
 	uint32_t n, H = 6, Hkv = 2, g = 3, w = 5, d = 8, C = 20;
 
 	fix_init(&f, KVD_KERNEL_F32, H, Hkv, w, 50, d, C, 4);
@@ -154,7 +119,7 @@ TEST(joint_matches_frobenius) {
 			}
 			free(ref), free(opt), free(diag);
 		}
-	fix_done(&f);
+	kt_layer_done(&f);
 }
 
 TEST(optimised_matches_reference) {
@@ -169,7 +134,7 @@ TEST(optimised_matches_reference) {
 	KT_FOREACH_PATH(path)
 		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
 			for (size_t t = 0; t < 3; t++) {
-				struct fix f;
+				struct kt_layer f;
 				uint32_t n = shapes[s].L - shapes[s].w, d = shapes[s].d;
 				uint32_t g = shapes[s].H / shapes[s].Hkv, wl = shapes[s].w * shapes[s].L;
 				float *ref = kt_floats(n), *opt = kt_floats(n);
@@ -201,7 +166,7 @@ TEST(optimised_matches_reference) {
 						ASSERT_TRUE(kt_close(what, ref, opt, n, 1e-7, 1e-4));
 					}
 				free(ref), free(opt);
-				fix_done(&f);
+				kt_layer_done(&f);
 			}
 }
 

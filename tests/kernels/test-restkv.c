@@ -10,43 +10,7 @@
 #include "ktest.h"
 #include "restkv.h"
 
-struct fix {
-	struct kvd_attn_in in;
-	struct kvd_wo wo;
-	void *q, *k, *v;
-	float *w, *gram, *probs; /* probs: [H][w][L] from the reference attention */
-	uint32_t C;
-};
-
-static void fix_init(struct fix *f, uint32_t dtype, uint32_t H, uint32_t Hkv, uint32_t w,
-		     uint32_t L, uint32_t d, uint32_t C, uint64_t seed, float qamp) {
-	*f = (struct fix){ .C = C };
-	f->q = kt_random(&seed, dtype, (size_t)H * w * d, qamp);
-	f->k = kt_random(&seed, dtype, (size_t)Hkv * L * d, 1.0f);
-	f->v = kt_random(&seed, dtype, (size_t)Hkv * L * d, 1.0f);
-	f->w = kt_random(&seed, KVD_KERNEL_F32, (size_t)C * H * d, 0.3f);
-	f->in = (struct kvd_attn_in){
-		.dtype = dtype, .heads = H, .kv_heads = Hkv, .window = w, .len = L, .dim = d,
-		.scale = 1.0f / sqrtf((float)d), .q = f->q, .k = f->k, .v = f->v,
-	};
-	kvd_attn_in_contiguous(&f->in);
-	f->wo = (struct kvd_wo){
-		.dtype = KVD_KERNEL_F32, .c_out = C, .heads = H, .dim = d, .w = f->w,
-		.row_stride = (size_t)H * d,
-	};
-	f->gram = kt_floats((size_t)H * d * d);
-	for (uint32_t h = 0; h < H; h++)
-		ASSERT_OK(kvd_gram_ref(&f->wo, h, 1, f->gram + (size_t)h * d * d));
-	f->probs = kt_floats((size_t)H * w * L);
-	for (uint32_t h = 0; h < H; h++)
-		ASSERT_OK(kvd_attn_head_ref(&f->in, h, f->probs + (size_t)h * w * L));
-}
-
-static void fix_done(struct fix *f) {
-	free(f->q), free(f->k), free(f->v), free(f->w), free(f->gram), free(f->probs);
-}
-
-static double vget(const struct fix *f, uint32_t h, uint32_t i, uint32_t j) {
+static double vget(const struct kt_layer *f, uint32_t h, uint32_t i, uint32_t j) {
 	uint32_t g = kvd_attn_kv_head(&f->in, h);
 	size_t off = ((size_t)g * f->in.len + i) * f->in.dim + j;
 
@@ -54,7 +18,7 @@ static double vget(const struct fix *f, uint32_t h, uint32_t i, uint32_t j) {
 }
 
 /* ||x W_o^h||, directly: W_o^h[a][c] = wo[c][h*d + a]; use_wo 0 gives ||x||. */
-static double proj_norm(const struct fix *f, uint32_t h, const double *x, int use_wo) {
+static double proj_norm(const struct kt_layer *f, uint32_t h, const double *x, int use_wo) {
 	uint32_t d = f->in.dim;
 	double s = 0;
 
@@ -63,7 +27,7 @@ static double proj_norm(const struct fix *f, uint32_t h, const double *x, int us
 			s += x[a] * x[a];
 		return sqrt(s);
 	}
-	for (uint32_t c = 0; c < f->C; c++) {
+	for (uint32_t c = 0; c < f->wo.c_out; c++) {
 		double y = 0;
 
 		for (uint32_t a = 0; a < d; a++)
@@ -80,7 +44,7 @@ static double odds(double a) {
 }
 
 /* ALGORITHMS.md §1.4 "after", by the book: EMA recursion, o over the prefix, projection. */
-static void naive_after(const struct fix *f, uint32_t h, float alpha, float tau, int use_wo,
+static void naive_after(const struct kt_layer *f, uint32_t h, float alpha, float tau, int use_wo,
 			double *out) {
 	uint32_t w = f->in.window, L = f->in.len, n = L - w, d = f->in.dim;
 	const float *P = f->probs + (size_t)h * w * L;
@@ -106,7 +70,7 @@ static void naive_after(const struct fix *f, uint32_t h, float alpha, float tau,
 }
 
 /* "before", by the book: per query t its own output over all keys, then the EMA over t. */
-static void naive_before(const struct fix *f, uint32_t h, float alpha, int use_wo, int use_norm,
+static void naive_before(const struct kt_layer *f, uint32_t h, float alpha, int use_wo, int use_norm,
 			 double *out) {
 	uint32_t w = f->in.window, L = f->in.len, n = L - w, d = f->in.dim;
 	const float *P = f->probs + (size_t)h * w * L;
@@ -155,9 +119,9 @@ static int close_d(const char *what, const double *ref, const float *got, size_t
 }
 
 TEST(gram_form_matches_direct_projection) {
-	struct fix f;
+	struct kt_layer f;
 
-	fix_init(&f, KVD_KERNEL_F32, 4, 2, 8, 90, 16, 40, 11, 3.0f);
+	kt_layer_init(&f, KVD_KERNEL_F32, 4, 2, 8, 90, 16, 40, 11, 3.0f);
 	for (uint32_t h = 0; h < 4; h++)
 		for (int use_wo = 0; use_wo < 2; use_wo++)
 			for (int ti = 0; ti < 2; ti++) {
@@ -179,13 +143,13 @@ TEST(gram_form_matches_direct_projection) {
 				ASSERT_TRUE(close_d("after opt", direct, opt, n, 1e-9, 1e-4));
 				free(ref), free(opt), free(direct);
 			}
-	fix_done(&f);
+	kt_layer_done(&f);
 }
 
 TEST(before_matches_per_query_brute_force) {
-	struct fix f;
+	struct kt_layer f;
 
-	fix_init(&f, KVD_KERNEL_F32, 2, 1, 6, 70, 8, 24, 12, 3.0f);
+	kt_layer_init(&f, KVD_KERNEL_F32, 2, 1, 6, 70, 8, 24, 12, 3.0f);
 	for (uint32_t h = 0; h < 2; h++)
 		for (int use_wo = 0; use_wo < 2; use_wo++)
 			for (int use_norm = 0; use_norm < 2; use_norm++) {
@@ -208,7 +172,7 @@ TEST(before_matches_per_query_brute_force) {
 				ASSERT_TRUE(close_d("before opt", direct, opt, n, 1e-9, 1e-4));
 				free(ref), free(opt), free(direct);
 			}
-	fix_done(&f);
+	kt_layer_done(&f);
 }
 
 TEST(optimised_matches_reference) {
@@ -223,10 +187,10 @@ TEST(optimised_matches_reference) {
 	KT_FOREACH_PATH(path)
 		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
 			for (size_t t = 0; t < sizeof(dtypes) / sizeof(dtypes[0]); t++) {
-				struct fix f;
+				struct kt_layer f;
 				uint32_t n = shapes[s].L - shapes[s].w, d = shapes[s].d;
 
-				fix_init(&f, dtypes[t], shapes[s].H, shapes[s].Hkv, shapes[s].w,
+				kt_layer_init(&f, dtypes[t], shapes[s].H, shapes[s].Hkv, shapes[s].w,
 					 shapes[s].L, d, shapes[s].C, 100 + s * 3 + t, 2.0f);
 				for (uint32_t h = 0; h < shapes[s].H; h++)
 					for (int mode = 0; mode < 8; mode++) {
@@ -254,7 +218,7 @@ TEST(optimised_matches_reference) {
 						ASSERT_TRUE(kt_close("vgv", opt, vgv, n, 1e-6, 1e-4));
 						free(ref), free(opt), free(vgv);
 					}
-				fix_done(&f);
+				kt_layer_done(&f);
 			}
 }
 
@@ -274,9 +238,9 @@ TEST(heads_match_one_by_one) {
 			float *one = kt_floats((size_t)H * n), *grp = kt_floats((size_t)g * n);
 			float *vgv = kt_floats((size_t)H * n);
 			struct kvd_restkv_opts o;
-			struct fix f;
+			struct kt_layer f;
 
-			fix_init(&f, KVD_KERNEL_BF16, H, Hkv, shapes[s].w, shapes[s].L, d, shapes[s].C,
+			kt_layer_init(&f, KVD_KERNEL_BF16, H, Hkv, shapes[s].w, shapes[s].L, d, shapes[s].C,
 				 700 + s, 2.0f);
 			for (int mode = 0; mode < 16; mode++) {
 				const float *gram = mode & 1 ? NULL : f.gram;
@@ -311,12 +275,12 @@ TEST(heads_match_one_by_one) {
 				ASSERT_ERRNO(kvd_restkv_heads(&f.in, g - 1, 2, f.probs, NULL, NULL, &o, grp),
 					     -EINVAL);
 			free(one), free(grp), free(vgv);
-			fix_done(&f);
+			kt_layer_done(&f);
 		}
 }
 
 TEST(odds_clamp) {
-	struct fix f;
+	struct kt_layer f;
 	uint32_t L = 50, w = 4, d = 8, n = L - w;
 	float *q, *k, *cost = kt_floats(n);
 	struct kvd_restkv_opts o;
@@ -329,7 +293,7 @@ TEST(odds_clamp) {
 
 	/* A sink: every window query puts all its weight on token 3, so a_3 rounds to 1 in
 	 * fp32; published fp16 would give +inf. Here the cost is finite and ranks first. */
-	fix_init(&f, KVD_KERNEL_F32, 1, 1, w, L, d, 12, 5, 1.0f);
+	kt_layer_init(&f, KVD_KERNEL_F32, 1, 1, w, L, d, 12, 5, 1.0f);
 	q = f.q, k = f.k;
 	for (uint32_t j = 0; j < d; j++) {
 		k[3 * d + j] = j == 0 ? 100.0f : 0.0f;
@@ -355,14 +319,14 @@ TEST(odds_clamp) {
 	ASSERT_TRUE(kvd_restkv_cost(1.0f, 0.0f) == INFINITY);
 	ASSERT_TRUE(kvd_restkv_cost(0.5f, 2.0f) == 2.0f);
 	free(cost);
-	fix_done(&f);
+	kt_layer_done(&f);
 }
 
 TEST(nonfinite_inputs) {
-	struct fix f;
+	struct kt_layer f;
 	uint32_t n;
 
-	fix_init(&f, KVD_KERNEL_F32, 2, 1, 4, 40, 8, 10, 9, 1.0f);
+	kt_layer_init(&f, KVD_KERNEL_F32, 2, 1, 4, 40, 8, 10, 9, 1.0f);
 	n = f.in.len - f.in.window;
 	((float *)f.v)[5 * 8 + 2] = NAN;
 	((float *)f.v)[7 * 8 + 1] = INFINITY;
@@ -379,15 +343,15 @@ TEST(nonfinite_inputs) {
 				ASSERT_EQ(isnan(ref[i]) != 0, isnan(opt[i]) != 0);
 			free(ref), free(opt);
 		}
-	fix_done(&f);
+	kt_layer_done(&f);
 }
 
 TEST(bad_arguments) {
-	struct fix f;
+	struct kt_layer f;
 	struct kvd_restkv_opts o;
 	float cost[64];
 
-	fix_init(&f, KVD_KERNEL_F32, 2, 1, 4, 40, 8, 10, 9, 1.0f);
+	kt_layer_init(&f, KVD_KERNEL_F32, 2, 1, 4, 40, 8, 10, 9, 1.0f);
 	kvd_restkv_opts_default(&o);
 	ASSERT_ERRNO(kvd_restkv_head(&f.in, 2, f.probs, NULL, NULL, &o, cost), -EINVAL);
 	ASSERT_ERRNO(kvd_restkv_head(&f.in, 0, NULL, NULL, NULL, &o, cost), -EINVAL);
@@ -403,7 +367,7 @@ TEST(bad_arguments) {
 	ASSERT_STREQ(kvd_restkv_metric_to_string(KVD_RESTKV_BEFORE), "before");
 	ASSERT_EQ((int)kvd_restkv_metric_from_string("after"), (int)KVD_RESTKV_AFTER);
 	ASSERT_EQ((int)kvd_restkv_metric_from_string("x"), -EINVAL);
-	fix_done(&f);
+	kt_layer_done(&f);
 }
 
 TEST(gram_matches_reference) {
