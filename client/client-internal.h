@@ -59,8 +59,11 @@ struct chunk_slot {
 
 struct model {
 	bool known;
-	uint32_t layers, kv_heads, head_dim, dtype, block_tokens, layout;
+	uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_tokens, layout;
 	uint64_t block_bytes; /* 0: the daemon did not say */
+	uint32_t unit;        /* KVD_UNIT_*; NONE: registered without eviction */
+	uint32_t window;      /* observation window, with the default applied */
+	uint64_t obs_bytes;   /* observation buffer size from the daemon; 0: none */
 };
 
 struct kvd_client {
@@ -100,6 +103,15 @@ struct kvd_seq {
 	const struct kvd_seq_desc *desc;
 	size_t desc_bytes;
 	uint64_t block_stride; /* distance between consecutive blocks of a chunk */
+
+	/* The observation buffer (models with eviction; obs NULL otherwise). The daemon can
+	 * write the header too, so its geometry is checked once at open and kept here. */
+	void *obs;
+	size_t obs_bytes;
+	uint32_t obs_layers;
+	uint64_t *obs_stamps;
+	char *obs_q;
+	uint64_t obs_layer_bytes;
 };
 
 /* 0 while unknown (at start and in a fresh fork() child). */
@@ -168,3 +180,7 @@ int client_request(kvd_client *c, Envelope *env, uint64_t *ret_id);
  */
 int client_call(kvd_client *c, Envelope *env, int want, bool stop_after_send,
 		Envelope **ret_reply, int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds);
+
+/* client_call() for a request that carries send_fd (the daemon receives a copy; send_fd
+ * stays the caller's) and whose reply is a status only. */
+int client_call_fd(kvd_client *c, Envelope *env, int send_fd);

@@ -155,10 +155,15 @@ static void client_update_event_fd(kvd_client *c) {
 }
 
 static void client_queue_event(kvd_client *c, uint32_t type, uint64_t arg) {
-	/* STOPPING is all v1 queues, and once is enough; past the bound events are dropped. */
-	for (uint32_t i = 0; i < c->n_events; i++)
-		if (c->events[(c->events_head + i) % EVENTS_MAX].type == type)
+	/* An event says "look again": a second one for the same thing (STOPPING twice, the same
+	 * sequence changed twice) says nothing new. Past the bound events are dropped; for
+	 * SEQ_CHANGED that is safe, since the generation tells a reader what changed. */
+	for (uint32_t i = 0; i < c->n_events; i++) {
+		const kvd_event *e = &c->events[(c->events_head + i) % EVENTS_MAX];
+
+		if (e->type == type && e->arg == arg)
 			return;
+	}
 	if (c->n_events >= EVENTS_MAX)
 		return;
 	c->events[(c->events_head + c->n_events) % EVENTS_MAX] = (kvd_event){
@@ -183,22 +188,44 @@ static int client_fail(kvd_client *c, int r) {
 
 static int client_peer_gone(kvd_client *c);
 
-static int client_send(kvd_client *c, const Envelope *env) {
+/* Sends a frame; with send_fd >= 0, the frame carries that fd (the peer gets a copy). */
+static int client_send(kvd_client *c, const Envelope *env, int send_fd) {
 	_cleanup_(freep) uint8_t *frame = NULL;
 	size_t size, done = 0;
 	int r;
 
 	if (c->dead)
 		return -ECONNRESET;
-	r = wire_encode(env, 0, &frame, &size);
+	r = wire_encode(env, send_fd >= 0 ? 1 : 0, &frame, &size);
 	if (r == -EMSGSIZE)
 		return -EINVAL; /* only caller-supplied strings or lists can make it this big */
 	if (r < 0)
 		return r;
 
 	while (done < size) {
-		ssize_t n = send(c->fd, frame + done, size - done, MSG_NOSIGNAL);
+		union {
+			struct cmsghdr align;
+			uint8_t buf[CMSG_SPACE(sizeof(int))];
+		} control;
+		struct iovec iov = { .iov_base = frame + done, .iov_len = size - done };
+		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+		ssize_t n;
 
+		/* The fd travels with the frame's first byte, which is where the receiver's FIFO
+		 * expects it (wire.h); once a byte is out, so is the fd. */
+		if (send_fd >= 0 && done == 0) {
+			struct cmsghdr *cm;
+
+			memset(&control, 0, sizeof(control));
+			msg.msg_control = control.buf;
+			msg.msg_controllen = sizeof(control.buf);
+			cm = CMSG_FIRSTHDR(&msg);
+			cm->cmsg_level = SOL_SOCKET;
+			cm->cmsg_type = SCM_RIGHTS;
+			cm->cmsg_len = CMSG_LEN(sizeof(int));
+			memcpy(CMSG_DATA(cm), &send_fd, sizeof(int));
+		}
+		n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -213,14 +240,18 @@ static int client_send(kvd_client *c, const Envelope *env) {
 	return 0;
 }
 
-/* Sends a request with a fresh id. */
-int client_request(kvd_client *c, Envelope *env, uint64_t *ret_id) {
+static int client_request_fd(kvd_client *c, Envelope *env, int send_fd, uint64_t *ret_id) {
 	if (++c->next_id == 0)
 		c->next_id = 1;
 	env->has_id = true;
 	env->id = c->next_id;
 	*ret_id = c->next_id;
-	return client_send(c, env);
+	return client_send(c, env, send_fd);
+}
+
+/* Sends a request with a fresh id. */
+int client_request(kvd_client *c, Envelope *env, uint64_t *ret_id) {
+	return client_request_fd(c, env, -EBADF, ret_id);
 }
 
 /* One recvmsg(). Returns 1 after receiving bytes, 0 if nothing is there (non-blocking),
@@ -322,6 +353,10 @@ static void client_handle_event(kvd_client *c, const Kvd__V1__Event *ev) {
 	case KVD__V1__EVENT_TYPE__EVENT_STOPPING:
 		client_queue_event(c, KVD_EVENT_STOPPING, 0);
 		break;
+	case KVD__V1__EVENT_TYPE__EVENT_SEQ_CHANGED:
+		if (ev->has_seq_id)
+			client_queue_event(c, KVD_EVENT_SEQ_CHANGED, ev->seq_id);
+		break;
 	default:
 		/* Unknown events are newer than us; ignoring them is the compatibility rule. */
 		break;
@@ -398,19 +433,22 @@ static void client_set_error(kvd_client *c, const char *message) {
 	c->last_error[n] = '\0';
 }
 
-/* See client-internal.h. */
-int client_call(kvd_client *c, Envelope *env, int want, bool stop_after_send,
-		Envelope **ret_reply, int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds) {
+/* client_call(), sending send_fd with the request when it is >= 0. */
+static int client_transact(kvd_client *c, Envelope *env, int send_fd, int want,
+			   bool stop_after_send, Envelope **ret_reply, int fds[static WIRE_FDS_MAX],
+			   uint32_t *ret_nfds) {
 	Envelope *reply;
 	uint32_t nfds;
 	uint64_t id;
 	int r, code = 0;
 
-	r = client_request(c, env, &id);
+	r = client_request_fd(c, env, send_fd, &id);
 	if (r < 0)
 		return r;
 	if (stop_after_send)
 		raise(SIGSTOP);
+	/* No timeout: some replies come only after work that takes long (kvd_evict waits for
+	 * an eviction round), and a daemon that hangs up ends the wait anyway. */
 	r = client_read(c, RX_BLOCK, id, &reply, fds, &nfds);
 	if (r < 0)
 		return r;
@@ -433,6 +471,18 @@ int client_call(kvd_client *c, Envelope *env, int want, bool stop_after_send,
 	if (ret_reply)
 		*ret_reply = reply;
 	return 0;
+}
+
+/* See client-internal.h. */
+int client_call(kvd_client *c, Envelope *env, int want, bool stop_after_send,
+		Envelope **ret_reply, int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds) {
+	return client_transact(c, env, -EBADF, want, stop_after_send, ret_reply, fds, ret_nfds);
+}
+
+int client_call_fd(kvd_client *c, Envelope *env, int send_fd) {
+	int fds[WIRE_FDS_MAX];
+
+	return client_transact(c, env, send_fd, BODY_ANY, false, NULL, fds, NULL);
 }
 
 /* ---- connection ---- */
@@ -789,13 +839,14 @@ static const char *const node_keys[] = {
 	"pool_bytes",     "budget_bytes",     "used_bytes",  "block_bytes", "chunk_bytes",
 	"chunks_total",   "chunks_free",      "chunks_draining", "connections", "protocol_version",
 	"uptime_ms",      "grants_refused",   "protocol_errors", "access_refused",
-	"uid_connections_refused",
+	"uid_connections_refused", "rounds_total", "last_round_us",
 };
 #define NODE_KEYS ELEMENTSOF(node_keys)
 
 static const char *const tenant_keys[] = {
 	"used_bytes", "block_bytes", "min_bytes", "max_bytes",
 	"weight",     "sequences",   "connections", "chunks",
+	"evicted_bytes", "evicted_tokens", "rounds",
 };
 #define TENANT_KEYS ELEMENTSOF(tenant_keys)
 
@@ -805,8 +856,22 @@ static const char *const tenant_str_keys[] = {
 };
 #define TENANT_STR_KEYS ELEMENTSOF(tenant_str_keys)
 
+/* The numbers kvd_evictions_u64() knows, in the order of the values array. */
+static const char *const round_keys[] = {
+	"id",         "start_ms",     "duration_us", "score_us", "select_us",
+	"compact_us", "target_bytes", "freed_bytes", "sequences", "units",
+};
+#define ROUND_KEYS ELEMENTSOF(round_keys)
+
+/* Room for the longest of the key lists above; at most 32, the bits of `present`. */
+#define VALUES_MAX 24u
+_Static_assert(NODE_KEYS <= VALUES_MAX && TENANT_KEYS <= VALUES_MAX && ROUND_KEYS <= VALUES_MAX &&
+		       VALUES_MAX <= 32,
+	       "a key list outgrew struct status_values");
+
+/* Numbers read by name (status, evictions): values[i] belongs to the i-th key of a list. */
 struct status_values {
-	uint64_t v[NODE_KEYS > TENANT_KEYS ? NODE_KEYS : TENANT_KEYS];
+	uint64_t v[VALUES_MAX];
 	uint32_t present; /* bit i: v[i] was sent */
 };
 
@@ -873,6 +938,8 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 	status_set(n, 12, rep->has_protocol_errors, rep->protocol_errors);
 	status_set(n, 13, rep->has_access_refused, rep->access_refused);
 	status_set(n, 14, rep->has_uid_connections_refused, rep->uid_connections_refused);
+	status_set(n, 15, rep->has_rounds_total, rep->rounds_total);
+	status_set(n, 16, rep->has_last_round_us, rep->last_round_us);
 
 	if (rep->n_tenants == 0)
 		return 0;
@@ -896,6 +963,9 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 		status_set(tv, 5, ts->has_sequences, ts->sequences);
 		status_set(tv, 6, ts->has_connections, ts->connections);
 		status_set(tv, 7, ts->has_chunks, ts->chunks);
+		status_set(tv, 8, ts->has_evicted_bytes, ts->evicted_bytes);
+		status_set(tv, 9, ts->has_evicted_tokens, ts->evicted_tokens);
+		status_set(tv, 10, ts->has_rounds, ts->rounds);
 
 		const char *const strs[TENANT_STR_KEYS] = {
 			ts->min_source, ts->max_source, ts->weight_source, ts->policy,
@@ -1009,4 +1079,214 @@ int kvd_status_tenant_str(const kvd_status *st, uint32_t index, const char *key,
 			return 0;
 		}
 	return -ENOENT;
+}
+
+/* ---- eviction ---- */
+
+int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed) {
+	Kvd__V1__Evict req = KVD__V1__EVICT__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	if (!c || (tenant && !tenant_name_valid(tenant)))
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	req.tenant = (char *)tenant;
+	req.has_bytes = bytes != 0;
+	req.bytes = bytes;
+	env.body_case = KVD__V1__ENVELOPE__BODY_EVICT;
+	env.evict = &req;
+
+	/* The daemon answers when the round is done; the lock is held until then, like for
+	 * any other round trip. */
+	client_lock(c);
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_EVICT_REPLY, false, &reply, fds, NULL);
+	if (r >= 0 && ret_freed)
+		*ret_freed = reply->evict_reply->has_freed_bytes ? reply->evict_reply->freed_bytes : 0;
+	client_unlock(c);
+	return r;
+}
+
+struct round_tenant {
+	char *name;
+	uint64_t freed_bytes, evicted_tokens;
+};
+
+struct eviction_round {
+	struct status_values values;
+	bool has_predicted_error;
+	double predicted_error;
+	char *trigger; /* NULL: not sent */
+	char *error;   /* NULL: the round did not fail */
+	uint32_t n_tenants;
+	struct round_tenant *tenants;
+};
+
+struct kvd_evictions {
+	uint32_t n_rounds;
+	struct eviction_round *rounds;
+};
+
+static int round_copy(const Kvd__V1__Round *in, struct eviction_round *out) {
+	struct status_values *v = &out->values;
+
+	status_set(v, 0, in->has_id, in->id);
+	status_set(v, 1, in->has_start_ms, in->start_ms);
+	status_set(v, 2, in->has_duration_us, in->duration_us);
+	status_set(v, 3, in->has_score_us, in->score_us);
+	status_set(v, 4, in->has_select_us, in->select_us);
+	status_set(v, 5, in->has_compact_us, in->compact_us);
+	status_set(v, 6, in->has_target_bytes, in->target_bytes);
+	status_set(v, 7, in->has_freed_bytes, in->freed_bytes);
+	status_set(v, 8, in->has_sequences, in->sequences);
+	status_set(v, 9, in->has_units, in->units);
+	out->has_predicted_error = in->has_predicted_error;
+	out->predicted_error = in->predicted_error;
+	if (in->trigger && !(out->trigger = strdup(in->trigger)))
+		return -ENOMEM;
+	if (in->error && !(out->error = strdup(in->error)))
+		return -ENOMEM;
+
+	if (in->n_tenants == 0)
+		return 0;
+	/* Bounded by the 64 KiB message, like the status's tenants. */
+	out->tenants = calloc(in->n_tenants, sizeof(*out->tenants));
+	if (!out->tenants)
+		return -ENOMEM;
+	out->n_tenants = in->n_tenants;
+	for (size_t i = 0; i < in->n_tenants; i++) {
+		const Kvd__V1__RoundTenant *t = in->tenants[i];
+
+		out->tenants[i].name = strdup(t->name ? t->name : "");
+		if (!out->tenants[i].name)
+			return -ENOMEM;
+		out->tenants[i].freed_bytes = t->has_freed_bytes ? t->freed_bytes : 0;
+		out->tenants[i].evicted_tokens = t->has_evicted_tokens ? t->evicted_tokens : 0;
+	}
+	return 0;
+}
+
+/* Copies a reply into an object that outlives the receive buffer. */
+static int evictions_copy(const Kvd__V1__EvictionsReply *rep, kvd_evictions *e) {
+	if (rep->n_rounds == 0)
+		return 0;
+	e->rounds = calloc(rep->n_rounds, sizeof(*e->rounds));
+	if (!e->rounds)
+		return -ENOMEM;
+	e->n_rounds = rep->n_rounds;
+	for (size_t i = 0; i < rep->n_rounds; i++) {
+		int r = round_copy(rep->rounds[i], &e->rounds[i]);
+
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+kvd_evictions *kvd_evictions_free(kvd_evictions *e) {
+	if (!e)
+		return NULL;
+	for (uint32_t i = 0; i < e->n_rounds; i++) {
+		struct eviction_round *rd = &e->rounds[i];
+
+		for (uint32_t t = 0; t < rd->n_tenants; t++)
+			free(rd->tenants[t].name);
+		free(rd->tenants);
+		free(rd->trigger);
+		free(rd->error);
+	}
+	free(e->rounds);
+	free(e);
+	return NULL;
+}
+
+int kvd_evictions_get(kvd_client *c, kvd_evictions **ret) {
+	Kvd__V1__EvictionsRequest req = KVD__V1__EVICTIONS_REQUEST__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	_cleanup_(kvd_evictions_freep) kvd_evictions *e = NULL;
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	if (!c || !ret)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	env.body_case = KVD__V1__ENVELOPE__BODY_EVICTIONS_REQUEST;
+	env.evictions_request = &req;
+
+	client_lock(c);
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_EVICTIONS_REPLY, false, &reply, fds,
+			NULL);
+	if (r >= 0)
+		r = evictions_copy(reply->evictions_reply, e);
+	client_unlock(c);
+	if (r < 0)
+		return r;
+
+	*ret = TAKE_PTR(e);
+	return 0;
+}
+
+uint32_t kvd_evictions_count(const kvd_evictions *e) {
+	return e ? e->n_rounds : 0;
+}
+
+int kvd_evictions_u64(const kvd_evictions *e, uint32_t round, const char *key, uint64_t *ret) {
+	if (!e || !key || !ret || round >= e->n_rounds)
+		return -EINVAL;
+	return status_get(&e->rounds[round].values, round_keys, ROUND_KEYS, key, ret);
+}
+
+int kvd_evictions_double(const kvd_evictions *e, uint32_t round, const char *key,
+			 double *ret) {
+	if (!e || !key || !ret || round >= e->n_rounds)
+		return -EINVAL;
+	if (strcmp(key, "predicted_error") != 0 || !e->rounds[round].has_predicted_error)
+		return -ENOENT;
+	*ret = e->rounds[round].predicted_error;
+	return 0;
+}
+
+int kvd_evictions_str(const kvd_evictions *e, uint32_t round, const char *key,
+		      const char **ret) {
+	const char *v = NULL;
+
+	if (!e || !key || !ret || round >= e->n_rounds)
+		return -EINVAL;
+	if (strcmp(key, "trigger") == 0)
+		v = e->rounds[round].trigger;
+	else if (strcmp(key, "error") == 0)
+		v = e->rounds[round].error;
+	if (!v)
+		return -ENOENT;
+	*ret = v;
+	return 0;
+}
+
+uint32_t kvd_evictions_tenants(const kvd_evictions *e, uint32_t round) {
+	if (!e || round >= e->n_rounds)
+		return 0;
+	return e->rounds[round].n_tenants;
+}
+
+int kvd_evictions_tenant(const kvd_evictions *e, uint32_t round, uint32_t index,
+			 const char **ret_name, uint64_t *ret_freed_bytes,
+			 uint64_t *ret_evicted_tokens) {
+	const struct round_tenant *t;
+
+	if (!e || round >= e->n_rounds || index >= e->rounds[round].n_tenants)
+		return -EINVAL;
+	t = &e->rounds[round].tenants[index];
+	if (ret_name)
+		*ret_name = t->name;
+	if (ret_freed_bytes)
+		*ret_freed_bytes = t->freed_bytes;
+	if (ret_evicted_tokens)
+		*ret_evicted_tokens = t->evicted_tokens;
+	return 0;
 }

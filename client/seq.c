@@ -6,9 +6,15 @@
  * The daemon writes descriptors; we only map them read-only. Their geometry is checked once
  * when the sequence opens, and every count or index read afterwards is checked against it
  * before it is used, so that a broken descriptor yields -EINVAL, not a wild pointer.
+ *
+ * Models with eviction also get an observation buffer per sequence, which the daemon
+ * creates and both sides may write: the engine its query windows and their stamps, the
+ * daemon anything at all. Its geometry is checked once at open and copied into the kvd_seq,
+ * so nothing read from the buffer later can send a write elsewhere.
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -34,39 +40,69 @@ static const void *seq_block_addr(const kvd_seq *s, struct kvd_block_ref ref) {
 	return base + (uint64_t)ref.index * s->block_stride;
 }
 
-static int model_remember(kvd_client *c, uint32_t id, const kvd_model_spec *spec,
-			  uint64_t block_bytes) {
+/* kvd_eviction_spec defaults and bounds (kvd.h). */
+#define WINDOW_DEFAULT 32u
+#define WINDOW_MAX 256u
+#define SINKS_DEFAULT 4u
+#define SINKS_MAX 1024u
+/* W_o goes through a memfd the size of the matrix; a larger one is a caller's mistake. */
+#define OUTPUT_PROJ_MAX_BYTES (UINT64_C(1) << 30)
+#define HIDDEN_MAX 65536u
+
+static void model_remember(kvd_client *c, uint32_t id, const struct model *m) {
 	if (id >= MODELS_MAX)
-		return 0;
+		return;
 	if (id >= c->n_models) {
 		uint32_t n = MIN(MAX(id + 1, 2 * c->n_models), MODELS_MAX);
-		struct model *m = realloc(c->models, n * sizeof(*m));
+		struct model *p = realloc(c->models, n * sizeof(*p));
 
-		/* Only a cross-check is lost without the entry. */
-		if (!m)
-			return 0;
-		memset(m + c->n_models, 0, (n - c->n_models) * sizeof(*m));
-		c->models = m;
+		/* Only the cross-checks (and kvd_model_output_proj) are lost without the entry. */
+		if (!p)
+			return;
+		memset(p + c->n_models, 0, (n - c->n_models) * sizeof(*p));
+		c->models = p;
 		c->n_models = n;
 	}
-	c->models[id] = (struct model){
-		.known = true,
-		.layers = spec->layers,
-		.kv_heads = spec->kv_heads,
-		.head_dim = spec->head_dim,
-		.dtype = spec->dtype,
-		.block_tokens = spec->block_tokens,
-		.layout = spec->layout,
-		.block_bytes = block_bytes,
-	};
+	c->models[id] = *m;
+}
+
+/* The model's entry, or NULL when the library does not know it. Under the lock. */
+static const struct model *model_find(const kvd_client *c, int model_id) {
+	if (model_id < 0 || (uint32_t)model_id >= c->n_models || !c->models[model_id].known)
+		return NULL;
+	return &c->models[model_id];
+}
+
+/* Fills in the eviction settings of m from ev (NULL: none), applying the defaults. */
+static int eviction_settings(const kvd_model_spec *spec, const kvd_eviction_spec *ev,
+			     struct model *m, uint32_t *ret_sinks) {
+	m->unit = KVD_UNIT_NONE;
+	if (!ev)
+		return 0;
+	if (ev->reserved != 0)
+		return -EINVAL;
+	if (ev->unit == KVD_UNIT_NONE)
+		return 0;
+	if (ev->unit > KVD_UNIT_BLOCK)
+		return -EINVAL;
+	if (ev->unit == KVD_UNIT_HEAD_TOKEN && spec->layout != KVD_LAYOUT_PER_HEAD)
+		return -EINVAL;
+	m->window = ev->window == 0 ? WINDOW_DEFAULT : ev->window;
+	*ret_sinks = ev->sinks == KVD_SINKS_DEFAULT ? SINKS_DEFAULT : ev->sinks;
+	if (m->window > WINDOW_MAX || *ret_sinks > SINKS_MAX)
+		return -EINVAL;
+	m->unit = ev->unit;
 	return 0;
 }
 
-int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
+static int model_register(kvd_client *c, const kvd_model_spec *spec,
+			  const kvd_eviction_spec *ev) {
 	Kvd__V1__RegisterModel req = KVD__V1__REGISTER_MODEL__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	const Kvd__V1__RegisterModelReply *rep;
+	struct model m = {};
 	int fds[WIRE_FDS_MAX];
+	uint32_t sinks = 0;
 	int r;
 
 	if (!c || !spec)
@@ -78,6 +114,9 @@ int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
 	    spec->block_tokens == 0 || layout_dtype_bytes(spec->dtype) == 0 ||
 	    (spec->layout != KVD_LAYOUT_PER_LAYER && spec->layout != KVD_LAYOUT_PER_HEAD))
 		return -EINVAL;
+	r = eviction_settings(spec, ev, &m, &sinks);
+	if (r < 0)
+		return r;
 
 	req.name = (char *)spec->name;
 	req.has_layers = req.has_q_heads = req.has_kv_heads = req.has_head_dim = true;
@@ -91,6 +130,13 @@ int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
 	req.block_tokens = spec->block_tokens;
 	req.has_layout = true;
 	req.layout = (Kvd__V1__Layout)spec->layout;
+	/* Absent for KVD_UNIT_NONE: then the daemon never rewrites the model's sequences. */
+	if (m.unit != KVD_UNIT_NONE) {
+		req.has_eviction_unit = req.has_window = req.has_sinks = true;
+		req.eviction_unit = (Kvd__V1__EvictionUnit)m.unit;
+		req.window = m.window;
+		req.sinks = sinks;
+	}
 	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL;
 	env.register_model = &req;
 
@@ -99,11 +145,23 @@ int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
 			NULL);
 	if (r >= 0) {
 		rep = reply->register_model_reply;
-		if (!rep->has_model_id || rep->model_id > INT_MAX)
+		m.obs_bytes = rep->has_observation_bytes ? rep->observation_bytes : 0;
+		/* An observation buffer belongs to eviction only. (A daemon that predates
+		 * eviction ignores the fields and sends none: the model then simply has none.) */
+		if (!rep->has_model_id || rep->model_id > INT_MAX ||
+		    (m.unit == KVD_UNIT_NONE && m.obs_bytes != 0))
 			r = -EPROTO;
 		else {
-			model_remember(c, rep->model_id, spec,
-				       rep->has_block_bytes ? rep->block_bytes : 0);
+			m.known = true;
+			m.layers = spec->layers;
+			m.q_heads = spec->q_heads;
+			m.kv_heads = spec->kv_heads;
+			m.head_dim = spec->head_dim;
+			m.dtype = spec->dtype;
+			m.block_tokens = spec->block_tokens;
+			m.layout = spec->layout;
+			m.block_bytes = rep->has_block_bytes ? rep->block_bytes : 0;
+			model_remember(c, rep->model_id, &m);
 			r = (int)rep->model_id;
 		}
 	}
@@ -111,16 +169,104 @@ int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
 	return r;
 }
 
-/* Checks that an array of n entries of `entry` bytes at off fits in a descriptor of size
- * bytes, aligned for its 4-byte members. */
-static bool desc_array_fits(uint64_t off, uint64_t n, uint64_t entry, uint64_t size) {
+int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
+	return model_register(c, spec, NULL);
+}
+
+int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec *spec,
+				 const kvd_eviction_spec *ev) {
+	return model_register(c, spec, ev);
+}
+
+/* A sealed memfd holding the n bytes at p. */
+static int sealed_memfd(const char *name, const void *p, uint64_t n, int *ret_fd) {
+	_cleanup_(closep) int fd = -EBADF;
+	uint64_t done = 0;
+
+	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return negative_errno();
+	while (done < n) {
+		ssize_t k = write(fd, (const char *)p + done, MIN(n - done, (uint64_t)SSIZE_MAX));
+
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			return negative_errno();
+		}
+		done += k;
+	}
+	/* The daemon reads it after we return; sealed, it cannot change under the daemon. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		return negative_errno();
+	*ret_fd = TAKE_FD(fd);
+	return 0;
+}
+
+int kvd_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uint32_t dtype,
+			  uint32_t hidden, const void *wo) {
+	Kvd__V1__ModelOutputProj req = KVD__V1__MODEL_OUTPUT_PROJ__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	_cleanup_(closep) int fd = -EBADF;
+	const struct model *m;
+	uint64_t bytes = 0;
+	int r;
+
+	if (!c || !wo || hidden == 0 || hidden > HIDDEN_MAX || layout_dtype_bytes(dtype) == 0)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+
+	client_lock(c);
+	m = model_find(c, model_id);
+	if (!m || layer >= m->layers)
+		r = -EINVAL;
+	else if (mul_u64((uint64_t)hidden * m->q_heads, m->head_dim, &bytes) < 0 ||
+		 mul_u64(bytes, layout_dtype_bytes(dtype), &bytes) < 0 || bytes > OUTPUT_PROJ_MAX_BYTES)
+		r = -EFBIG;
+	else
+		r = 0;
+	client_unlock(c);
+	if (r < 0)
+		return r;
+
+	/* Copied without the lock: up to a GiB, which other threads need not wait for. */
+	r = sealed_memfd("kvd-output-proj", wo, bytes, &fd);
+	if (r < 0)
+		return r;
+
+	req.has_model_id = true;
+	req.model_id = (uint32_t)model_id;
+	req.has_layer = true;
+	req.layer = layer;
+	req.has_dtype = true;
+	req.dtype = (Kvd__V1__Dtype)dtype;
+	req.has_hidden = true;
+	req.hidden = hidden;
+	env.body_case = KVD__V1__ENVELOPE__BODY_MODEL_OUTPUT_PROJ;
+	env.model_output_proj = &req;
+
+	client_lock(c);
+	r = client_call_fd(c, &env, fd);
+	client_unlock(c);
+	return r;
+}
+
+/* Checks that an array of n entries of `entry` bytes at off fits in a region of size bytes
+ * after its header of head bytes. */
+static bool array_fits(uint64_t off, uint64_t n, uint64_t entry, uint64_t head, uint64_t size) {
 	uint64_t len;
 
-	if (off < sizeof(struct kvd_seq_desc) || off % 4 != 0 || off > size)
+	if (off < head || off > size)
 		return false;
 	if (mul_u64(n, entry, &len) < 0)
 		return false;
 	return len <= size - off;
+}
+
+/* array_fits() for a descriptor array, aligned for its 4-byte members. */
+static bool desc_array_fits(uint64_t off, uint64_t n, uint64_t entry, uint64_t size) {
+	return off % 4 == 0 && array_fits(off, n, entry, sizeof(struct kvd_seq_desc), size);
 }
 
 /*
@@ -196,11 +342,88 @@ static int seq_map_desc(kvd_seq *s, int fd_in, uint64_t announced, const struct 
 	return 0;
 }
 
+/*
+ * Checks a copy of the observation buffer's header against the buffer's size and the model
+ * (m, when known): the layer windows must fit whole, the stamps too, aligned, and neither
+ * may overlap the other, since the engine writes both.
+ */
+static int obs_check(const struct kvd_obs_header *h, uint64_t size, const struct model *m) {
+	uint64_t elem = layout_dtype_bytes(h->dtype), window_bytes, stamps_end, q_end;
+
+	if (h->magic != KVD_OBS_MAGIC || h->version != KVD_OBS_VERSION || h->total_bytes != size)
+		return -EPROTO;
+	if (h->layers == 0 || h->q_heads == 0 || h->window == 0 || h->head_dim == 0 || elem == 0)
+		return -EPROTO;
+	if (m && (m->layers != h->layers || m->q_heads != h->q_heads || m->window != h->window ||
+		  m->head_dim != h->head_dim || m->dtype != h->dtype))
+		return -EPROTO;
+	if (mul_u64((uint64_t)h->q_heads * h->window, h->head_dim, &window_bytes) < 0 ||
+	    mul_u64(window_bytes, elem, &window_bytes) < 0 || h->layer_bytes < window_bytes)
+		return -EPROTO;
+	if (h->stamps_offset % 8 != 0 || h->q_offset % elem != 0 ||
+	    !array_fits(h->stamps_offset, h->layers, 8, sizeof(*h), size) ||
+	    !array_fits(h->q_offset, h->layers, h->layer_bytes, sizeof(*h), size))
+		return -EPROTO;
+	/* Both ends are at most size now, so neither sum overflows. */
+	stamps_end = h->stamps_offset + (uint64_t)h->layers * 8;
+	q_end = h->q_offset + (uint64_t)h->layers * h->layer_bytes;
+	if (h->stamps_offset < q_end && h->q_offset < stamps_end)
+		return -EPROTO;
+	return 0;
+}
+
+/* Maps the observation buffer writable and checks it; takes ownership of fd. */
+static int seq_map_obs(kvd_seq *s, int fd_in, uint64_t announced, const struct model *m) {
+	_cleanup_(closep) int fd = fd_in;
+	struct kvd_obs_header h;
+	struct stat st;
+	int seals, r;
+	void *p;
+
+	if (fstat(fd, &st) < 0)
+		return negative_errno();
+	if (announced < sizeof(h) || announced > SIZE_MAX || (uint64_t)st.st_size != announced)
+		return -EPROTO;
+	/* We write into it: a file the daemon could shrink would turn writes into SIGBUS. */
+	seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+		return -EPROTO;
+	p = mmap(NULL, announced, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return negative_errno();
+	s->obs = p;
+	s->obs_bytes = announced;
+	/* Like the descriptor: a fork() child holds nothing of the parent's sequences. */
+	if (madvise(p, announced, MADV_DONTFORK) < 0)
+		return negative_errno();
+	/* A copy: the daemon may write the header while, or after, we check it. */
+	memcpy(&h, p, sizeof(h));
+	r = obs_check(&h, announced, m);
+	if (r < 0)
+		return r;
+	s->obs_layers = h.layers;
+	s->obs_stamps = (uint64_t *)((char *)p + h.stamps_offset);
+	s->obs_q = (char *)p + h.q_offset;
+	s->obs_layer_bytes = h.layer_bytes;
+	return 0;
+}
+
+/* Unmaps what the sequence has mapped; not in a fork() child, which has none of it. */
+static void seq_unmap(kvd_seq *s) {
+	if (seq_forked(s))
+		return;
+	if (s->desc)
+		munmap((void *)s->desc, s->desc_bytes);
+	if (s->obs)
+		munmap(s->obs, s->obs_bytes);
+	s->desc = NULL;
+	s->obs = NULL;
+}
+
 static kvd_seq *seq_free(kvd_seq *s) {
 	if (!s)
 		return NULL;
-	if (s->desc && !seq_forked(s))
-		munmap((void *)s->desc, s->desc_bytes);
+	seq_unmap(s);
 	kvd_client_unref(s->client);
 	free(s);
 	return NULL;
@@ -240,19 +463,25 @@ int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret
 	client_lock(c);
 	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_SEQ_OPEN_REPLY, false, &reply, fds, &nfds);
 	if (r >= 0) {
+		const struct model *m = model_find(c, model_id);
+		uint64_t obs_bytes;
+
 		rep = reply->seq_open_reply;
 		opened = rep->has_seq_id;
 		s->id = rep->seq_id;
-		if (nfds != 1 || !rep->has_seq_id) {
+		obs_bytes = rep->has_observation_bytes ? rep->observation_bytes : 0;
+		/* The descriptor's fd, then the observation buffer's when there is one. */
+		if (nfds != (obs_bytes ? 2u : 1u) || !rep->has_seq_id ||
+		    (m && m->obs_bytes != obs_bytes)) {
 			close_fds(fds, nfds);
 			r = -EPROTO;
 		} else {
-			const struct model *m = NULL;
-
-			if ((uint32_t)model_id < c->n_models)
-				m = &c->models[model_id];
 			r = seq_map_desc(s, fds[0],
 					 rep->has_descriptor_bytes ? rep->descriptor_bytes : 0, m);
+			if (obs_bytes != 0 && r >= 0)
+				r = seq_map_obs(s, fds[1], obs_bytes, m);
+			else if (obs_bytes != 0)
+				safe_close(fds[1]);
 		}
 	}
 	/* A sequence the daemon opened but we cannot use would live as long as the connection;
@@ -383,11 +612,100 @@ int kvd_seq_release(kvd_seq *s) {
 	client_lock(c);
 	r = seq_release_locked(s);
 	/* Unmapped under the lock, since the client may go away with the sequence's ref. */
-	munmap((void *)s->desc, s->desc_bytes);
-	s->desc = NULL;
+	seq_unmap(s);
 	client_unlock(c);
 	seq_free(s);
 	return r;
+}
+
+/* A round trip about the sequence whose reply is a status only. */
+static int seq_simple_call(kvd_seq *s, Envelope *env) {
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	client_lock(s->client);
+	r = client_call(s->client, env, BODY_ANY, false, NULL, fds, NULL);
+	client_unlock(s->client);
+	return r;
+}
+
+int kvd_seq_pin(kvd_seq *s) {
+	Kvd__V1__SeqPin req = KVD__V1__SEQ_PIN__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!s)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	req.has_seq_id = true;
+	req.seq_id = s->id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_PIN;
+	env.seq_pin = &req;
+	return seq_simple_call(s, &env);
+}
+
+int kvd_seq_unpin(kvd_seq *s) {
+	Kvd__V1__SeqUnpin req = KVD__V1__SEQ_UNPIN__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!s)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	req.has_seq_id = true;
+	req.seq_id = s->id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_UNPIN;
+	env.seq_unpin = &req;
+	return seq_simple_call(s, &env);
+}
+
+/* Whether layer's window can be used: 0, or -EINVAL, -ECHILD, -EOPNOTSUPP. */
+static int seq_obs_check_layer(const kvd_seq *s, uint32_t layer) {
+	if (!s)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	if (!s->obs)
+		return -EOPNOTSUPP;
+	if (layer >= s->obs_layers)
+		return -EINVAL;
+	return 0;
+}
+
+int kvd_seq_observation(kvd_seq *s, uint32_t layer, void **ret_q) {
+	int r;
+
+	if (!ret_q)
+		return -EINVAL;
+	r = seq_obs_check_layer(s, layer);
+	if (r < 0)
+		return r;
+	/*
+	 * The caller is about to rewrite the window: withdraw its stamp first (0: no window),
+	 * and order that before the writes, so that a daemon that reads the stamp before and
+	 * after copying a window never takes a half-written one for the stamped one.
+	 */
+	__atomic_store_n(&s->obs_stamps[layer], 0, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	*ret_q = s->obs_q + (uint64_t)layer * s->obs_layer_bytes;
+	return 0;
+}
+
+int kvd_seq_observe(kvd_seq *s, uint32_t layer) {
+	uint32_t next;
+	int r;
+
+	r = seq_obs_check_layer(s, layer);
+	if (r < 0)
+		return r;
+	/* Acquire, like every read of what the daemon writes while we run. */
+	next = __atomic_load_n(&s->desc->next_position, __ATOMIC_ACQUIRE);
+	/* An empty sequence has no last position for a window to end at. */
+	if (next == 0)
+		return -EINVAL;
+	/* Release: the window's bytes reach the daemon before the stamp that vouches for them. */
+	__atomic_store_n(&s->obs_stamps[layer], (uint64_t)next, __ATOMIC_RELEASE);
+	return 0;
 }
 
 uint64_t kvd_seq_id(const kvd_seq *s) {

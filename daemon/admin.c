@@ -13,6 +13,17 @@
 #include "policy.h"
 #include "server.h"
 
+/* The eviction settings, all of which change on a reload. */
+static void admin_eviction_limits(const struct settings *s, struct server_limits *ret) {
+	ret->high_watermark = s->high_watermark;
+	ret->low_watermark = s->low_watermark;
+	ret->eviction_floor = s->eviction_floor;
+	ret->round_threads = s->round_threads;
+	ret->grant_wait_ms = s->grant_wait_ms;
+	ret->round_interval_ms = s->round_interval_ms;
+	ret->max_observation_bytes = s->max_observation_bytes;
+}
+
 void admin_limits(const struct settings *s, struct server_limits *ret) {
 	*ret = (struct server_limits){
 		.max_connections = s->max_connections,
@@ -29,6 +40,7 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.metrics_listen = s->metrics_listen,
 		.socket_group = s->socket_group,
 	};
+	admin_eviction_limits(s, ret);
 }
 
 static const char *config_name(const struct admin *a) {
@@ -339,6 +351,7 @@ void admin_reload(struct admin *a) {
 	s->limits.max_seq_tokens = a->cfg.max_seq_tokens;
 	/* Checked on the tick, so it is as precise as the tick set at start. */
 	s->limits.hello_timeout_ms = a->cfg.hello_timeout_ms;
+	admin_eviction_limits(&a->cfg, &s->limits);
 	log_set_max_level(a->cfg.log_level);
 	apply_budget(a);
 	for (uint32_t i = 0; i < a->cfg.n_tenants; i++) {

@@ -9,6 +9,7 @@
 
 #include "common/macro.h"
 #include "conn.h"
+#include "observe.h"
 #include "log.h"
 #include "server.h"
 
@@ -36,6 +37,8 @@ static void conn_free(struct conn *c) {
 	if (c->rx)
 		wire_rx_done(c->rx);
 	free(c->rx);
+	for (uint32_t i = 0; c->models && i < c->n_models; i++)
+		grams_free(&c->models[i]);
 	free(c->models);
 	safe_close(c->fd);
 	free(c);

@@ -88,5 +88,12 @@ void conn_destroy(struct conn *c);
 
 /* Defined in dispatch.c: handles one decoded request. fds are owned by the callee. */
 void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds);
+/*
+ * Defined in dispatch.c: grows sequence seq_id of c by tokens and replies to request id;
+ * when the budget cannot meet it and wait_until_ms (CLOCK_MONOTONIC ms) is in the future,
+ * parks it for an eviction round instead (evict.h) and replies later.
+ */
+void dispatch_grow(struct conn *c, uint64_t id, uint64_t seq_id, uint32_t tokens,
+                   uint64_t wait_until_ms);
 /* Defined in dispatch.c: drops the session state of a closing connection. */
 void dispatch_disconnect(struct conn *c);

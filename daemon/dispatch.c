@@ -15,7 +15,9 @@
 #include "common/macro.h"
 #include "config.h"
 #include "conn.h"
+#include "evict.h"
 #include "log.h"
+#include "observe.h"
 #include "policy.h"
 #include "server.h"
 
@@ -74,6 +76,13 @@ static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link)
 			return *l;
 		}
 	return NULL;
+}
+
+/* Frees a sequence with what eviction attached to it. */
+static void drop_seq(struct seq *q, struct pool *p, struct seq_emptied *emptied) {
+	q->obs = obs_unref(q->obs);
+	q->pending = plan_free(q->pending);
+	seq_free(q, p, emptied);
 }
 
 static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req) {
@@ -156,7 +165,8 @@ static void handle_register_model(struct conn *c, uint64_t id, const Kvd__V1__Re
 		return;
 	}
 	m = &c->models[c->n_models];
-	r = model_from_request(req, c->srv->pool->chunk_bytes, m, &why);
+	r = model_from_request(req, c->srv->pool->chunk_bytes, c->srv->limits.max_observation_bytes, m,
+	                       &why);
 	if (r < 0) {
 		reply_error(c, id, r, "bad model: %s", why);
 		return;
@@ -168,6 +178,10 @@ static void handle_register_model(struct conn *c, uint64_t id, const Kvd__V1__Re
 	rep.block_bytes = m->block_bytes;
 	rep.has_blocks_per_chunk = true;
 	rep.blocks_per_chunk = c->srv->pool->chunk_bytes / ALIGN_TO(m->block_bytes, LAYOUT_BLOCK_ALIGN);
+	if (m->obs_bytes) {
+		rep.has_observation_bytes = true;
+		rep.observation_bytes = m->obs_bytes;
+	}
 	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL_REPLY;
 	env.register_model_reply = &rep;
 	reply(c, &env, id, NULL, 0);
@@ -210,6 +224,18 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 		reply_error(c, id, r, "cannot create the sequence descriptor");
 		return;
 	}
+	q->conn_id = c->id;
+	if (q->model->unit != KVD_UNIT_NONE) {
+		r = obs_new(q->model, q->id, &q->obs, &q->obs_fd);
+		if (r < 0) {
+			struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
+
+			log_error_errno(r, "creating an observation buffer failed");
+			seq_free(q, s->pool, &none);
+			reply_error(c, id, r, "cannot create the observation buffer");
+			return;
+		}
+	}
 	s->next_seq_id++;
 	q->next = c->seqs;
 	c->seqs = q;
@@ -220,14 +246,24 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 	rep.seq_id = q->id;
 	rep.has_descriptor_bytes = true;
 	rep.descriptor_bytes = q->desc->total_bytes;
+	if (q->obs) {
+		rep.has_observation_bytes = true;
+		rep.observation_bytes = q->obs->geo.total_bytes;
+	}
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN_REPLY;
 	env.seq_open_reply = &rep;
-	reply(c, &env, id, &q->desc_fd, 1);
-	/* The queued reply holds its own copy of the fd; the daemon keeps only the mapping. */
+	{
+		int fds[2] = { q->desc_fd, q->obs_fd };
+
+		reply(c, &env, id, fds, q->obs ? 2 : 1);
+	}
+	/* The queued reply holds its own copies of the fds; the daemon keeps the mappings. */
 	q->desc_fd = safe_close(q->desc_fd);
+	q->obs_fd = safe_close(q->obs_fd);
 }
 
-static void handle_seq_grow(struct conn *c, uint64_t id, const Kvd__V1__SeqGrow *req) {
+void dispatch_grow(struct conn *c, uint64_t id, uint64_t seq_id, uint32_t tokens,
+                   uint64_t wait_until_ms) {
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
@@ -239,18 +275,18 @@ static void handle_seq_grow(struct conn *c, uint64_t id, const Kvd__V1__SeqGrow 
 	struct seq *q;
 	int r;
 
-	q = req->has_seq_id ? find_seq(c, req->seq_id, NULL) : NULL;
+	q = find_seq(c, seq_id, NULL);
 	if (!q) {
 		reply_error(c, id, -ENOENT, "no such sequence on this connection");
 		return;
 	}
-	if (!req->has_tokens) {
-		reply_error(c, id, -EINVAL, "tokens missing");
-		return;
-	}
-	r = seq_grow(q, p, c->id, req->tokens, &g, &emptied);
+	r = seq_grow(q, p, c->id, tokens, &g, &emptied);
 	if (r < 0) {
 		server_reclaim(s, &emptied, NULL, NULL);
+		/* Memory an eviction round may free: wait for it rather than fail. */
+		if ((r == -ENOSPC || r == -EDQUOT) && wait_until_ms > now_ms() &&
+		    evict_wait_grant(s->evictor, c, id, seq_id, tokens, wait_until_ms) == 0)
+			return;
 		switch (r) {
 		case -EINVAL:
 			reply_error(c, id, r, "cannot grow by 0 tokens");
@@ -297,6 +333,21 @@ static void handle_seq_grow(struct conn *c, uint64_t id, const Kvd__V1__SeqGrow 
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_GROW_REPLY;
 	env.seq_grow_reply = &rep;
 	reply(c, &env, id, fds, g.n);
+	evict_kick(s->evictor, ROUND_WATERMARK);
+}
+
+static void handle_seq_grow(struct conn *c, uint64_t id, const Kvd__V1__SeqGrow *req) {
+	uint64_t wait = c->srv->limits.grant_wait_ms;
+
+	if (!req->has_seq_id || !find_seq(c, req->seq_id, NULL)) {
+		reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		return;
+	}
+	if (!req->has_tokens) {
+		reply_error(c, id, -EINVAL, "tokens missing");
+		return;
+	}
+	dispatch_grow(c, id, req->seq_id, req->tokens, wait ? now_ms() + wait : 0);
 }
 
 static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRelease *req) {
@@ -315,7 +366,7 @@ static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRe
 	*link = q->next;
 	c->n_seqs--;
 	c->tenant->sequences--;
-	seq_free(q, s->pool, &emptied);
+	drop_seq(q, s->pool, &emptied);
 	if (emptied.n > 0) {
 		ids = malloc(emptied.n * sizeof(*ids));
 		if (!ids) {
@@ -382,6 +433,8 @@ static void handle_budget_set(struct conn *c, uint64_t id, const Kvd__V1__Budget
 		log_notice("budget set to %llu bytes by pid %d (%llu in use)", (unsigned long long)req->bytes,
 		           (int)c->cred.pid, (unsigned long long)p->used_bytes);
 	reply_live(c, id, r, why);
+	if (r >= 0 && p->used_bytes > p->budget_bytes)
+		evict_kick(c->srv->evictor, ROUND_BUDGET);
 }
 
 static void handle_budget_reset(struct conn *c, uint64_t id) {
@@ -459,6 +512,111 @@ static void handle_tenant_reset(struct conn *c, uint64_t id, const Kvd__V1__Tena
 	reply_live(c, id, r, why);
 }
 
+static void handle_model_output_proj(struct conn *c, uint64_t id, const Kvd__V1__ModelOutputProj *req,
+                                     int fd) {
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct model *m;
+	const char *why = "bad request";
+	int r;
+
+	if (!req->has_model_id || req->model_id < 1 || req->model_id > c->n_models) {
+		reply_error(c, id, -EINVAL, "unknown model");
+		return;
+	}
+	m = &c->models[req->model_id - 1];
+	if (fd < 0 || !req->has_layer || !req->has_dtype || !req->has_hidden) {
+		reply_error(c, id, -EINVAL, "layer, dtype, hidden and one memfd are needed");
+		return;
+	}
+	r = grams_set_layer(m, req->layer, fd, req->dtype, req->hidden, &why);
+	if (r == -EFBIG) {
+		reply_error(c, id, r, "the model's Gram matrices would exceed %llu bytes",
+		            (unsigned long long)GRAMS_MODEL_MAX);
+		return;
+	}
+	if (r < 0) {
+		reply_error(c, id, r, "bad output projection: %s", r == -EINVAL ? why : strerror(-r));
+		return;
+	}
+	reply(c, &env, id, NULL, 0);
+}
+
+#define SEQ_PINS_MAX 255
+
+static void handle_seq_pin(struct conn *c, uint64_t id, const Kvd__V1__SeqPin *req) {
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct seq *q = req->has_seq_id ? find_seq(c, req->seq_id, NULL) : NULL;
+
+	if (!q) {
+		reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		return;
+	}
+	if (q->pins == SEQ_PINS_MAX) {
+		reply_error(c, id, -EBUSY, "pinned %u times already", SEQ_PINS_MAX);
+		return;
+	}
+	q->pins++;
+	reply(c, &env, id, NULL, 0);
+}
+
+static void handle_seq_unpin(struct conn *c, uint64_t id, const Kvd__V1__SeqUnpin *req) {
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct seq *q = req->has_seq_id ? find_seq(c, req->seq_id, NULL) : NULL;
+
+	if (!q) {
+		reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		return;
+	}
+	if (q->pins == 0) {
+		reply_error(c, id, -EINVAL, "the sequence is not pinned");
+		return;
+	}
+	/* The plan applies before the reply, so that the engine sees the new tables once
+	 * its unpin returns. */
+	if (--q->pins == 0)
+		evict_apply_pending(c->srv->evictor, q);
+	reply(c, &env, id, NULL, 0);
+}
+
+static void handle_evict(struct conn *c, uint64_t id, const Kvd__V1__Evict *req) {
+	struct tenant *t = NULL;
+	int r;
+
+	if (req->tenant) {
+		t = tenant_find(&c->srv->tenants, req->tenant);
+		if (!t) {
+			reply_error(c, id, -ENOENT, "no tenant %s", req->tenant);
+			return;
+		}
+	}
+	/* A tenant may always give up its own memory; anything else is the operator's. */
+	if ((!t || t != c->tenant) && !access_admin(&c->srv->admin->cfg, c->fd, &c->cred)) {
+		c->srv->access_refused++;
+		reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may evict from "
+		            "other tenants", c->srv->admin->cfg.admin_group);
+		return;
+	}
+	r = evict_request(c->srv->evictor, c, id, t, req->has_bytes ? req->bytes : 0);
+	if (r < 0)
+		reply_error(c, id, r, r == -EBUSY ? "too many eviction requests waiting (%u)" : "out of memory",
+		            EVICT_WAITERS_MAX);
+}
+
+static void handle_evictions(struct conn *c, uint64_t id) {
+	Kvd__V1__EvictionsReply rep = KVD__V1__EVICTIONS_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (evict_history(c->srv->evictor, &rep) < 0) {
+		evict_history_free(&rep);
+		reply_error(c, id, -ENOMEM, "out of memory");
+		return;
+	}
+	env.body_case = KVD__V1__ENVELOPE__BODY_EVICTIONS_REPLY;
+	env.evictions_reply = &rep;
+	reply(c, &env, id, NULL, 0);
+	evict_history_free(&rep);
+}
+
 static void handle_status(struct conn *c, uint64_t id) {
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
@@ -494,6 +652,8 @@ static void handle_status(struct conn *c, uint64_t id) {
 	SET(protocol_errors, s->protocol_errors);
 	SET(access_refused, s->access_refused);
 	SET(uid_connections_refused, s->uid_connections_refused);
+	SET(rounds_total, evict_rounds_total(s->evictor));
+	SET(last_round_us, evict_last_round_us(s->evictor));
 #undef SET
 	rep.budget_source = (char *)admin_budget_source(s->admin);
 	rep.state_error = (char *)admin_state_error(s->admin);
@@ -517,6 +677,10 @@ static void handle_status(struct conn *c, uint64_t id) {
 		ts[i].max_source = (char *)setting_source_to_string(t->max_source);
 		ts[i].weight_source = (char *)setting_source_to_string(t->weight_source);
 		ts[i].policy = (char *)kvd_policy_to_string(t->policy);
+		ts[i].has_evicted_bytes = ts[i].has_evicted_tokens = ts[i].has_rounds = true;
+		ts[i].evicted_bytes = t->evicted_bytes;
+		ts[i].evicted_tokens = t->evicted_tokens;
+		ts[i].rounds = t->rounds;
 		tp[i] = &ts[i];
 	}
 	rep.n_tenants = n;
@@ -530,11 +694,27 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 	uint64_t id = env->has_id ? env->id : 0;
 	bool needs_tenant = false;
 
-	if (nfds > 0) {
+	/* Only an output projection travels with an fd, exactly one. */
+	if (nfds > 0 && !(nfds == 1 && env->body_case == KVD__V1__ENVELOPE__BODY_MODEL_OUTPUT_PROJ)) {
 		for (uint32_t i = 0; i < nfds; i++)
 			safe_close(fds[i]);
-		reply_error(c, id, -EBADMSG, "requests carry no fds in protocol %u", PROTOCOL_VERSION);
+		reply_error(c, id, -EBADMSG, "this request carries no fds");
 		conn_violation(c, "unexpected fds");
+		return;
+	}
+	if (env->body_case == KVD__V1__ENVELOPE__BODY_MODEL_OUTPUT_PROJ) {
+		_cleanup_(closep) int fd = nfds == 1 ? fds[0] : -EBADF;
+
+		if (!c->hello || !c->tenant) {
+			reply_error(c, id, -EPERM, "this request needs a tenant; say which in hello");
+			return;
+		}
+		if (id == 0) {
+			reply_error(c, 0, -EINVAL, "request without an id");
+			conn_violation(c, "request without an id");
+			return;
+		}
+		handle_model_output_proj(c, id, env->model_output_proj, fd);
 		return;
 	}
 	if (id == 0) {
@@ -554,6 +734,8 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 	case KVD__V1__ENVELOPE__BODY_SEQ_RELEASE:
 	case KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED:
 	case KVD__V1__ENVELOPE__BODY_SEQ_DIGEST:
+	case KVD__V1__ENVELOPE__BODY_SEQ_PIN:
+	case KVD__V1__ENVELOPE__BODY_SEQ_UNPIN:
 		needs_tenant = true;
 		break;
 	default:
@@ -607,6 +789,14 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 		return handle_budget_reset(c, id);
 	case KVD__V1__ENVELOPE__BODY_TENANT_RESET:
 		return handle_tenant_reset(c, id, env->tenant_reset);
+	case KVD__V1__ENVELOPE__BODY_SEQ_PIN:
+		return handle_seq_pin(c, id, env->seq_pin);
+	case KVD__V1__ENVELOPE__BODY_SEQ_UNPIN:
+		return handle_seq_unpin(c, id, env->seq_unpin);
+	case KVD__V1__ENVELOPE__BODY_EVICT:
+		return handle_evict(c, id, env->evict);
+	case KVD__V1__ENVELOPE__BODY_EVICTIONS_REQUEST:
+		return handle_evictions(c, id);
 	default:
 		/* A newer client's request, or a reply sent the wrong way: not a reason to
 		 * disconnect, since additions must never break old peers. */
@@ -671,7 +861,7 @@ void dispatch_disconnect(struct conn *c) {
 		struct seq *q = c->seqs;
 
 		c->seqs = q->next;
-		seq_free(q, p, &emptied);
+		drop_seq(q, p, &emptied);
 		c->tenant->sequences--;
 	}
 	c->n_seqs = 0;

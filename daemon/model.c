@@ -11,10 +11,39 @@
 #define MODEL_HEADS_MAX 1024
 #define MODEL_HEAD_DIM_MAX 4096
 #define MODEL_BLOCK_TOKENS_MAX 65536
+#define MODEL_WINDOW_DEFAULT 32
+#define MODEL_WINDOW_MAX 256
+#define MODEL_SINKS_DEFAULT 4
+#define MODEL_SINKS_MAX 1024
 
-int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes, struct model *m,
-                       const char **ret_why) {
-	uint64_t bytes;
+uint64_t model_obs_bytes(uint32_t layers, uint32_t q_heads, uint32_t window, uint32_t head_dim,
+                         uint32_t dtype, struct kvd_obs_header *ret) {
+	struct kvd_obs_header h = {
+		.magic = KVD_OBS_MAGIC,
+		.version = KVD_OBS_VERSION,
+		.layers = layers,
+		.q_heads = q_heads,
+		.window = window,
+		.head_dim = head_dim,
+		.dtype = dtype,
+	};
+
+	/* layers, heads <= 1024, window <= 256, head_dim <= 4096, 4 bytes: below 2^52. */
+	h.stamps_offset = ALIGN_TO(sizeof(h), 64);
+	h.q_offset = ALIGN_TO(h.stamps_offset + 8ull * layers, 64);
+	h.layer_bytes = (uint64_t)q_heads * window * head_dim * layout_dtype_bytes(dtype);
+	h.total_bytes = ALIGN_TO(h.q_offset + h.layer_bytes * layers, 4096);
+	if (ret)
+		*ret = h;
+	return h.total_bytes;
+}
+
+int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
+                       uint64_t max_obs_bytes, struct model *m, const char **ret_why) {
+	uint32_t unit = req->has_eviction_unit ? req->eviction_unit : KVD_UNIT_NONE;
+	uint32_t window = req->has_window ? req->window : MODEL_WINDOW_DEFAULT;
+	uint32_t sinks = req->has_sinks ? req->sinks : MODEL_SINKS_DEFAULT;
+	uint64_t bytes, obs = 0;
 
 #define REQUIRE(cond, why)                                                                    \
 	do {                                                                                  \
@@ -42,6 +71,16 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes, 
 	                 req->layout == KVD__V1__LAYOUT__LAYOUT_PER_HEAD),
 	        "unknown layout");
 	REQUIRE(!req->name || strlen(req->name) <= MODEL_NAME_MAX, "name longer than 63 bytes");
+	REQUIRE(unit <= KVD_UNIT_BLOCK, "unknown eviction unit");
+	REQUIRE(unit != KVD_UNIT_HEAD_TOKEN || req->layout == KVD__V1__LAYOUT__LAYOUT_PER_HEAD,
+	        "head-token eviction needs the per-head layout");
+	REQUIRE(window >= 1 && window <= MODEL_WINDOW_MAX, "window must be 1..256");
+	REQUIRE(sinks <= MODEL_SINKS_MAX, "sinks must be 0..1024");
+	if (unit != KVD_UNIT_NONE) {
+		obs = model_obs_bytes(req->layers, req->q_heads, window, req->head_dim, req->dtype, NULL);
+		REQUIRE(obs <= max_obs_bytes,
+		        "its observation buffer would exceed the daemon's max-observation-bytes");
+	}
 
 	/* The limits above keep this below 2^53, but say so in code rather than in a proof. */
 	bytes = 2 * (uint64_t)req->block_tokens * req->head_dim * layout_dtype_bytes(req->dtype);
@@ -61,5 +100,9 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes, 
 	m->layout = req->layout;
 	m->block_bytes = bytes;
 	m->n_tables = m->layout == KVD_LAYOUT_PER_HEAD ? m->layers * m->kv_heads : m->layers;
+	m->unit = unit;
+	m->window = window;
+	m->sinks = sinks;
+	m->obs_bytes = obs;
 	return 0;
 }

@@ -9,8 +9,11 @@
 #include <stdint.h>
 
 #include "kvd.pb-c.h"
+#include "kvd/kvd.h"
 
 #define MODEL_NAME_MAX 63
+
+struct grams;
 
 struct model {
 	uint32_t id;
@@ -18,11 +21,20 @@ struct model {
 	uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_tokens, layout;
 	uint64_t block_bytes;  /* K and V of one block */
 	uint32_t n_tables;     /* layers, or layers * kv_heads with the per-head layout */
+	/* Eviction: KVD_UNIT_* (NONE: never evicted), window w, sinks. */
+	uint32_t unit, window, sinks;
+	uint64_t obs_bytes;    /* observation buffer size, 0 without eviction */
+	struct grams *grams;   /* from the output projections (observe.h); NULL until set */
 };
 
 /*
- * Validates a registration against the limits below and the chunk size, and fills *m.
- * Returns 0 or -EINVAL with a reason in *ret_why.
+ * Validates a registration against the limits in model.c, the chunk size and the largest
+ * observation buffer, and fills *m (grams NULL). Returns 0 or -EINVAL with a reason in
+ * *ret_why.
  */
-int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes, struct model *m,
-                       const char **ret_why);
+int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
+                       uint64_t max_obs_bytes, struct model *m, const char **ret_why);
+
+/* Size of an observation buffer for the shape, and its header in *ret (may be NULL). */
+uint64_t model_obs_bytes(uint32_t layers, uint32_t q_heads, uint32_t window, uint32_t head_dim,
+                         uint32_t dtype, struct kvd_obs_header *ret);

@@ -275,3 +275,24 @@ bool pool_chunk_drop_holder(struct pool *p, struct chunk *c, uint64_t conn_id) {
 	}
 	return false;
 }
+
+int pool_block_alloc_in(struct pool *p, struct chunk *c, uint32_t *ret_index) {
+	uint32_t w, bit;
+
+	if (c->state != CHUNK_OWNED || c->used_blocks == c->n_blocks)
+		return -ENOSPC;
+	/* Words below the hint are full, and a free block exists: the scan stops inside the
+	 * bitmap, at a bit below n_blocks. */
+	for (w = c->hint; c->used[w] == UINT64_MAX; w++)
+		;
+	bit = __builtin_ctzll(~c->used[w]);
+	c->used[w] |= UINT64_C(1) << bit;
+	c->hint = w;
+	c->used_blocks++;
+	if (c->used_blocks == c->n_blocks)
+		partial_remove(c->owner, c);
+	p->block_bytes += c->block_bytes;
+	c->owner->block_bytes += c->block_bytes;
+	*ret_index = w * 64 + bit;
+	return 0;
+}

@@ -107,3 +107,11 @@ int chunk_add_holder(struct chunk *c, uint64_t conn_id);
 /* Removes a holder; a DRAINING chunk left without holders goes back to FREE. Returns
  * whether conn_id was a holder. */
 bool pool_chunk_drop_holder(struct pool *p, struct chunk *c, uint64_t conn_id);
+
+/*
+ * Allocates a free block of chunk c for its owner, as pool_block_alloc does, for callers
+ * that must choose the chunk themselves (compaction moves blocks into chunks that a given
+ * connection already holds). Returns 0 and the block's index in *ret_index, or -ENOSPC
+ * (c is not OWNED, or has no free block).
+ */
+int pool_block_alloc_in(struct pool *p, struct chunk *c, uint32_t *ret_index);

@@ -12,28 +12,6 @@
 #include "seq.h"
 #include "wire.h"
 
-static uint32_t *desc_tokens(struct kvd_seq_desc *d) {
-	return (uint32_t *)layout_tokens(d);
-}
-
-static uint32_t *desc_positions(struct kvd_seq_desc *d, uint32_t t) {
-	return (uint32_t *)layout_positions(d, t);
-}
-
-static struct kvd_block_ref *desc_blocks(struct kvd_seq_desc *d, uint32_t t) {
-	return (struct kvd_block_ref *)layout_blocks(d, t);
-}
-
-/* Sequence lock around every rewrite: odd while writing (see kvd.h). Single writer. */
-static void desc_write_begin(struct kvd_seq_desc *d) {
-	__atomic_store_n(&d->generation, d->generation + 1, __ATOMIC_RELAXED);
-	__atomic_thread_fence(__ATOMIC_RELEASE);
-}
-
-static void desc_write_end(struct kvd_seq_desc *d) {
-	__atomic_store_n(&d->generation, d->generation + 1, __ATOMIC_RELEASE);
-}
-
 int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_tokens,
             uint64_t desc_max, struct seq **ret) {
 	_cleanup_(closep) int fd = -EBADF;
@@ -102,6 +80,7 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 	s->tenant = t;
 	s->desc = d;
 	s->desc_fd = TAKE_FD(fd);
+	s->obs_fd = -EBADF;
 	*ret = s;
 	return 0;
 }
@@ -121,19 +100,23 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
              struct seq_grants *grants, struct seq_emptied *emptied) {
 	static uint64_t grow_serial;
 	struct kvd_seq_desc *d = s->desc;
-	uint32_t tokens = desc_tokens(d)[0], per, old_blocks;
+	uint32_t bt = d->block_tokens;
 	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
-	uint64_t total, done = 0;
+	uint64_t total = 0, done = 0;
 	int r;
 
 	grants->n = 0;
 	if (n == 0)
 		return -EINVAL;
-	if (n > d->max_tokens - tokens)
-		return -EFBIG;
-	old_blocks = DIV_ROUND_UP(tokens, d->block_tokens);
-	per = DIV_ROUND_UP(tokens + (uint64_t)n, d->block_tokens) - old_blocks;
-	total = (uint64_t)per * d->n_tables;
+	/* After an eviction the tables may hold different numbers of tokens: each grows from
+	 * its own count, so each may need a different number of blocks. */
+	for (uint32_t t = 0; t < d->n_tables; t++) {
+		uint32_t tokens = desc_tokens(d)[t];
+
+		if (n > d->max_tokens - tokens)
+			return -EFBIG;
+		total += DIV_ROUND_UP(tokens + (uint64_t)n, bt) - DIV_ROUND_UP(tokens, bt);
+	}
 	if (total > 0) {
 		refs = malloc(total * sizeof(*refs));
 		if (!refs)
@@ -172,13 +155,16 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 	}
 
 	desc_write_begin(d);
+	done = 0;
 	for (uint32_t t = 0; t < d->n_tables; t++) {
-		uint32_t *pos = desc_positions(d, t);
+		uint32_t *pos = desc_positions(d, t), tokens = desc_tokens(d)[t];
+		uint32_t old_blocks = DIV_ROUND_UP(tokens, bt);
+		uint32_t per = DIV_ROUND_UP(tokens + (uint64_t)n, bt) - old_blocks;
 
-		/* A grow that stays inside the last blocks takes none, and refs is NULL. */
+		/* A grow that stays inside the last blocks takes none, and refs may be NULL. */
 		if (per > 0)
-			memcpy(desc_blocks(d, t) + old_blocks, refs + (uint64_t)t * per,
-			       per * sizeof(*refs));
+			memcpy(desc_blocks(d, t) + old_blocks, refs + done, per * sizeof(*refs));
+		done += per;
 		for (uint32_t i = 0; i < n; i++)
 			pos[tokens + i] = d->next_position + i;
 		desc_tokens(d)[t] = tokens + n;
@@ -202,8 +188,16 @@ void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied) {
 	for (uint32_t t = 0; t < d->n_tables; t++)
 		free_blocks(p, desc_blocks(d, t), DIV_ROUND_UP(desc_tokens(d)[t], d->block_tokens),
 		            emptied);
+	/* One smooth[] entry per table; read n_tables before the descriptor goes. */
+	if (s->smooth) {
+		for (uint32_t t = 0; t < d->n_tables; t++)
+			free(s->smooth[t]);
+		free(s->smooth);
+	}
+	free(s->smooth_cap);
 	munmap(d, d->total_bytes);
 	safe_close(s->desc_fd);
+	safe_close(s->obs_fd);
 	free(s);
 }
 

@@ -9,17 +9,36 @@
 
 #include <stdint.h>
 
+#include "common/layout.h"
 #include "kvd/kvd.h"
 #include "model.h"
 #include "pool.h"
+
+struct obs;
+struct plan;
 
 struct seq {
 	uint64_t id;
 	const struct model *model;
 	struct tenant *tenant;
+	uint64_t conn_id;             /* the owning connection */
 	int desc_fd;                  /* kept until the open reply took a copy */
 	struct kvd_seq_desc *desc;    /* the daemon's writable mapping */
 	struct seq *next;             /* in the owning connection's list */
+
+	/* Eviction (model->unit != KVD_UNIT_NONE). */
+	struct obs *obs;              /* observation buffer, shared with rounds (observe.h) */
+	int obs_fd;                   /* kept until the open reply took a copy */
+	uint32_t pins;                /* kvd_seq_pin nesting */
+	uint64_t epoch;               /* bumped by every compaction: plans name the epoch they
+	                               * were made for */
+	/* Smoothed per-slot costs, one array per table (max_tokens floats, allocated at the
+	 * first round; NULL before, and for tables that share another's: see round.h). */
+	float **smooth;
+	uint32_t *smooth_cap;         /* floats allocated in each smooth[] array */
+	struct plan *pending;         /* a plan made while pinned, applied at the last unpin */
+	/* Statistics for status. */
+	uint64_t evicted_tokens, evicted_bytes;
 };
 
 /* Chunks a grow handed to a connection that had not mapped them yet. */
@@ -42,11 +61,12 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
             uint64_t desc_max, struct seq **ret);
 
 /*
- * Appends n tokens to every table, taking blocks from the pool for the tenant. Chunks that
- * conn_id does not hold yet are listed in *grants and conn_id is made their holder.
- * All or nothing. Returns 0, or -EINVAL (n is 0), -EFBIG (past max_tokens), -E2BIG (more
- * new chunks than one frame can carry), -ENOSPC, -EDQUOT, -ENOMEM; on failure the chunks
- * the attempt emptied are in *emptied.
+ * Appends n tokens to every table, each from its own token count (tables may differ after
+ * an eviction), taking blocks from the pool for the tenant; the new slots get positions
+ * next_position onwards. Chunks that conn_id does not hold yet are listed in *grants and
+ * conn_id is made their holder. All or nothing. Returns 0, or -EINVAL (n is 0), -EFBIG
+ * (some table would pass max_tokens), -E2BIG (more new chunks than one frame can carry),
+ * -ENOSPC, -EDQUOT, -ENOMEM; on failure the chunks the attempt emptied are in *emptied.
  */
 int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
              struct seq_grants *grants, struct seq_emptied *emptied);
@@ -57,3 +77,27 @@ void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied);
 
 /* Digest of the resident K/V through the daemon's mapping (see kvd_seq_digest). */
 int seq_digest(const struct seq *s, struct pool *p, uint64_t *ret_digest, uint64_t *ret_bytes);
+
+/* Writable views of the descriptor's arrays, for the modules that rewrite tables. */
+static inline uint32_t *desc_tokens(struct kvd_seq_desc *d) {
+	return (uint32_t *)layout_tokens(d);
+}
+
+static inline uint32_t *desc_positions(struct kvd_seq_desc *d, uint32_t t) {
+	return (uint32_t *)layout_positions(d, t);
+}
+
+static inline struct kvd_block_ref *desc_blocks(struct kvd_seq_desc *d, uint32_t t) {
+	return (struct kvd_block_ref *)layout_blocks(d, t);
+}
+
+/* Sequence lock around every rewrite: odd while writing (see kvd.h). Single writer: the
+ * event loop. */
+static inline void desc_write_begin(struct kvd_seq_desc *d) {
+	__atomic_store_n(&d->generation, d->generation + 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static inline void desc_write_end(struct kvd_seq_desc *d) {
+	__atomic_store_n(&d->generation, d->generation + 1, __ATOMIC_RELEASE);
+}

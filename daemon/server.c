@@ -19,6 +19,7 @@
 #include "common/number.h"
 #include "common/size.h"
 #include "conn.h"
+#include "evict.h"
 #include "log.h"
 #include "server.h"
 #include "wire.h"
@@ -179,6 +180,8 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 	}
 	if (s->http)
 		http_tick(s->http, now, s->limits.hello_timeout_ms);
+	if (!s->stopping)
+		evict_tick(s->evictor);
 	if (loop_timeout(s->loop, &s->tick_op, s->tick_ms) < 0)
 		log_error("cannot re-arm the timer");
 }
@@ -340,6 +343,9 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 		r = -ENOMEM;
 		goto fail;
 	}
+	r = evictor_new(s, &s->evictor);
+	if (r < 0)
+		goto fail;
 	r = loop_new(&s->loop);
 	if (r < 0) {
 		log_error_errno(r, "cannot set up io_uring");
@@ -395,6 +401,8 @@ struct server *server_free(struct server *s) {
 		unlink(s->socket_path);
 	safe_close(s->listen_fd);
 	safe_close(s->signal_fd);
+	/* After the connections: a running round holds references, not pointers, to them. */
+	s->evictor = evictor_free(s->evictor);
 	tenant_table_done(&s->tenants);
 	free(s->scratch);
 	free(s);

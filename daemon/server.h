@@ -19,6 +19,7 @@
 
 struct admin;
 struct conn;
+struct evictor;
 
 /* Limits on what clients control; most are settings (settings.c), see admin_limits(). */
 struct server_limits {
@@ -35,6 +36,13 @@ struct server_limits {
 	uint32_t max_violations;      /* protocol errors before a disconnect */
 	const char *metrics_listen;   /* --metrics-listen: NULL or "" for no metrics endpoint */
 	const char *socket_group;     /* --socket-group: NULL or "" for the daemon's group */
+	/* Eviction (evict.h). */
+	uint32_t high_watermark, low_watermark; /* percent of the budget */
+	uint32_t eviction_floor;      /* percent of a (sequence, layer) never taken */
+	uint32_t round_threads;       /* 0: the online CPUs */
+	uint64_t grant_wait_ms;
+	uint64_t round_interval_ms;   /* 0: off */
+	uint64_t max_observation_bytes;
 };
 
 struct server {
@@ -75,6 +83,7 @@ struct server {
 	struct metrics metrics;
 	struct http *http;            /* the metrics endpoint, NULL when off */
 	struct admin *admin;          /* settings and live state (admin.h); set by main() */
+	struct evictor *evictor;      /* eviction rounds (evict.h) */
 	bool stopping;
 	uint64_t stop_ms;
 };

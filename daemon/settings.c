@@ -140,6 +140,26 @@ static const struct setting node_table[] = {
 	  "tokens one sequence may hold per (layer, kv head)", NODE(max_seq_tokens), 1, UINT32_MAX },
 	{ "hello-timeout", SETTING_MS, SETTING_RUNTIME, "MS", "5000", NULL,
 	  "time a new connection has to say hello", NODE(hello_timeout_ms), 1, UINT32_MAX },
+	{ "high-watermark", SETTING_U32, SETTING_RUNTIME, "PERCENT", "95", NULL,
+	  "use of the budget, in percent, above which an eviction round starts",
+	  NODE(high_watermark), 1, 100 },
+	{ "low-watermark", SETTING_U32, SETTING_RUNTIME, "PERCENT", "85", NULL,
+	  "use of the budget, in percent, that a round evicts down to", NODE(low_watermark), 0,
+	  100 },
+	{ "grant-wait", SETTING_MS, SETTING_RUNTIME, "MS", "2000", NULL,
+	  "how long a grow the budget cannot meet waits for an eviction round before it is "
+	  "refused; 0: refuse at once", NODE(grant_wait_ms), 0, 60000 },
+	{ "round-interval", SETTING_MS, SETTING_RUNTIME, "MS", "0", NULL,
+	  "a round every MS even without memory pressure, to keep the smoothed costs fresh; "
+	  "0: off", NODE(round_interval_ms), 0, UINT32_MAX },
+	{ "round-threads", SETTING_U32, SETTING_RUNTIME, "N", "0", "the online CPUs",
+	  "threads a round scores with", NODE(round_threads), 0, 1024 },
+	{ "eviction-floor", SETTING_U32, SETTING_RUNTIME, "PERCENT", "10", NULL,
+	  "share of a (sequence, layer)'s tokens a round never takes, so that no layer is emptied",
+	  NODE(eviction_floor), 0, 100 },
+	{ "max-observation-bytes", SETTING_SIZE, SETTING_RUNTIME, "SIZE", "64MiB", NULL,
+	  "largest observation buffer of one sequence (layers x q heads x window x head dim)",
+	  NODE(max_observation_bytes) },
 	{ "log-level", SETTING_ENUM, SETTING_RUNTIME, "LEVEL", "info", NULL,
 	  "least important messages logged", NODE(log_level),
 	  .enum_name = log_level_name, .enum_n = LOG_DEBUG + 1 },
@@ -723,6 +743,9 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 		            size_format(s->chunk_size, b, sizeof(b)));
 	else if (s->pool_size / s->chunk_size > UINT32_MAX)
 		check_error(s, e, pool, "holds more than %" PRIu32 " chunks", UINT32_MAX);
+	if (s->low_watermark > s->high_watermark)
+		check_error(s, e, settings_index("low-watermark"), "must be at most high-watermark (%u)",
+		            s->high_watermark);
 	if (s->budget != SETTINGS_UNSET && s->budget > s->pool_size)
 		check_error(s, e, budget, "must be at most pool-size (%s)",
 		            size_format(s->pool_size, b, sizeof(b)));

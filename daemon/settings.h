@@ -159,6 +159,12 @@ struct settings {
 	uint32_t max_seqs_per_tenant;
 	uint32_t max_seq_tokens;
 	uint64_t hello_timeout_ms;
+	uint32_t high_watermark, low_watermark; /* percent of the budget */
+	uint64_t grant_wait_ms;
+	uint64_t round_interval_ms;   /* 0: off */
+	uint32_t round_threads;       /* 0: the online CPUs */
+	uint32_t eviction_floor;      /* percent */
+	uint64_t max_observation_bytes;
 	int log_level;                /* LOG_ERR..LOG_DEBUG */
 	char *state_dir;
 	char *metrics_listen;         /* "": off */

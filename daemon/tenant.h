@@ -31,6 +31,8 @@ struct tenant {
 	uint32_t chunks;
 	uint32_t sequences;
 	uint32_t connections;
+	/* Eviction, all rounds together: block bytes and token slots taken, rounds that took. */
+	uint64_t evicted_bytes, evicted_tokens, rounds;
 	struct chunk *partial;        /* owned chunks with at least one free block */
 };
 

@@ -6,6 +6,7 @@
  * window is appended.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -168,10 +169,10 @@ static int own_scores(const struct kvd_policy_params *p, const struct kvd_attn_i
 			      kvd_score_layer(in, gram, gram_group, &sp, scores);
 }
 
+/* The checks both entry points share; the capacity is kvd_policy_keep's alone. */
 static int params_check(const struct kvd_policy_params *p, const struct kvd_attn_in *in) {
 	if (!p || kvd_attn_in_check(in) < 0 || (int)p->policy < 0 || p->policy >= _KVD_POLICY_MAX ||
-	    (int)p->granularity < 0 || p->granularity >= _KVD_GRANULARITY_MAX ||
-	    p->capacity < in->window)
+	    (int)p->granularity < 0 || p->granularity >= _KVD_GRANULARITY_MAX)
 		return -EINVAL;
 	if (p->policy == KVD_POLICY_PYRAMIDKV && (p->n_layers == 0 || p->layer >= p->n_layers))
 		return -EINVAL;
@@ -200,11 +201,11 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
 	struct kvd_keep *k = NULL;
 	int r;
 
-	if (params_check(p, in) < 0 || !ret)
+	if (params_check(p, in) < 0 || p->capacity < in->window || !ret)
 		return -EINVAL;
 	b = baseline_of(p->policy);
 	L = in->len, w = in->window, n = L - w, B = p->capacity - w;
-	srows = p->per_query_head ? in->heads : in->kv_heads;
+	srows = kvd_policy_score_rows(p, in);
 	rows = p->granularity == KVD_GRANULARITY_LAYER ? 1 : srows;
 
 	if (p->policy == KVD_POLICY_FULL || L <= p->capacity) {
@@ -327,5 +328,126 @@ out:
 	free(sel);
 	free(budget);
 	free(scores);
+	return r;
+}
+
+uint32_t kvd_policy_score_rows(const struct kvd_policy_params *p, const struct kvd_attn_in *in) {
+	return p->per_query_head ? in->heads : in->kv_heads;
+}
+
+/*
+ * A key whose unsigned order is select.h's order, ascending: the score's bits made monotonic
+ * in the high half (NaN 0, below -inf's 0x007fffff; -0.0 as +0.0), the complemented position
+ * in the low half, so that of equal scores the higher position ranks lower.
+ */
+static uint64_t rank_key(float f, uint32_t i) {
+	uint32_t u = 0;
+
+	if (!isnan(f)) {
+		if (f == 0)
+			f = 0.0f;
+		memcpy(&u, &f, sizeof(u));
+		u = u >> 31 ? ~u : u | 0x80000000u;
+	}
+	return (uint64_t)u << 32 | (uint32_t)~i;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * N3: the ranks within each row of src[rows][stride] (its first n columns) into
+ * dst[rows][n], rank r (0 lowest) as r + 1, scaled so that the layer sums to lambda.
+ * A sort per row: O(n log n), and the keys make it deterministic whatever qsort does.
+ */
+static int rank_shares(const float *src, size_t stride, uint32_t rows, uint32_t n, float lambda,
+		       float *dst) {
+	uint64_t *key = malloc((size_t)n * sizeof(uint64_t));
+	/* Ranks 1..n sum to n(n + 1)/2 per row. */
+	double unit = lambda / ((double)rows * n * (n + 1.0) / 2);
+
+	if (!key)
+		return -ENOMEM;
+	for (uint32_t row = 0; row < rows; row++) {
+		const float *s = src + (size_t)row * stride;
+		float *d = dst + (size_t)row * n;
+
+		for (uint32_t i = 0; i < n; i++)
+			key[i] = rank_key(s[i], i);
+		qsort(key, n, sizeof(*key), cmp_u64);
+		for (uint32_t r = 0; r < n; r++)
+			d[(uint32_t)~key[r]] = (float)((r + 1.0) * unit);
+	}
+	free(key);
+	return 0;
+}
+
+/*
+ * N1 shares of c[n], one (sequence, layer), times lambda, in place. A NaN or infinite cost
+ * says nothing about the token (bad K/V, attn.h), and a negative one is rounding below a
+ * norm or a PSD form: they count as 0, so that the shares stay finite and sum to lambda.
+ */
+static void cost_shares(float *c, size_t n, float lambda) {
+	double sum = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (!(c[i] > 0) || isinf(c[i]))
+			c[i] = 0;
+		sum += c[i];
+	}
+	for (size_t i = 0; i < n; i++)
+		c[i] = sum > 0 ? (float)(lambda * (c[i] / sum)) : (float)((double)lambda / (double)n);
+}
+
+int kvd_policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
+		      const float *gram, const float *gram_group, float *scores) {
+	enum kvd_baseline b;
+	uint32_t n, rows;
+	size_t total;
+	float *all;
+	int r;
+
+	if (params_check(p, in) < 0 || !isfinite(p->layer_weight) || p->layer_weight < 0)
+		return -EINVAL;
+	n = in->len - in->window, rows = kvd_policy_score_rows(p, in), total = (size_t)rows * n;
+	if (n == 0)
+		return 0;
+	if (!scores)
+		return -EINVAL;
+	b = baseline_of(p->policy);
+
+	if (p->policy == KVD_POLICY_FULL) {
+		float share = (float)((double)p->layer_weight / (double)total);
+
+		for (size_t i = 0; i < total; i++)
+			scores[i] = share;
+		return 0;
+	}
+	if (b < 0) {
+		struct kvd_policy_params q = *p;
+
+		/* A round need not have a per-row capacity, but adaptive pooling needs a top-K:
+		 * half the prefix stands in. The weight is applied once, after the cleaning. */
+		if (q.capacity <= in->window)
+			q.capacity = in->window + (n + 1) / 2;
+		q.layer_weight = 1.0f;
+		r = own_scores(&q, in, gram, gram_group, scores);
+		if (r < 0)
+			return r;
+		cost_shares(scores, total, p->layer_weight);
+		return 0;
+	}
+
+	/* Baselines score every position ([rows][L], the window +inf): rank the prefix only. */
+	all = malloc((size_t)rows * in->len * sizeof(float));
+	if (!all)
+		return -ENOMEM;
+	r = baseline_scores(b, p, in, all);
+	if (r >= 0)
+		r = rank_shares(all, in->len, rows, n, p->layer_weight, scores);
+	free(all);
 	return r;
 }

@@ -143,3 +143,37 @@ struct kvd_keep *kvd_keep_free(struct kvd_keep *k);
  */
 int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
 		    const float *gram, const float *gram_group, struct kvd_keep **ret);
+
+/*
+ * Node-wide comparable prefix values of one layer for policy p->policy, the input of the
+ * daemon's eviction rounds (one call per (sequence, layer)): scores[rows][L - w] (row stride
+ * L - w; rows = kvd_policy_score_rows(): kv heads, or query heads with per_query_head), where
+ * a higher value means more valuable to keep, every value is finite and >= 0, and the
+ * values of the whole layer sum to p->layer_weight. They are shares of the (sequence, layer)
+ * (ALGORITHMS.md §7.1, N1/N2), so that one global ranking can compare them across layers,
+ * sequences and models:
+ *  - restkv, laprox, kvd: the output-aware costs (kvd_score_layer(), with the options of
+ *    kvd_policy_keep()) as N1 shares of the whole layer times layer_weight; restkv's per-row
+ *    costs are normalised over the whole layer too. Non-finite and negative costs count as
+ *    0; a layer whose costs are all 0 gets equal values (no information to tell tokens apart).
+ *  - the baselines (streamingllm, h2o, snapkv, pyramidkv, adakv, tova, knorm, keydiff,
+ *    expected_attention): their scores only order tokens and live on incomparable scales,
+ *    so they become N3 rank shares: within each row the token of rank r (0 = the lowest by
+ *    select.h's order: NaN lowest, +inf, i.e. protected, highest, ties to the lower position)
+ *    gets r + 1, and the layer's values are scaled to sum to layer_weight.
+ *  - full: every value equal, layer_weight / (rows * (L - w)).
+ * The rows are always heads: granularity is only checked, not used. capacity may be
+ * anything: it only sets the AWS top-K of adaptive pooling, capacity - w when capacity > w,
+ * else (L - w)/2 rounded up. When L == w there is no prefix: nothing is written (scores may
+ * be NULL) and the call returns 0.
+ *
+ * in, gram and gram_group are as for kvd_policy_keep(). Returns 0, -EINVAL (bad in or params:
+ * an invalid policy, granularity or option, a layer_weight not finite and >= 0, a missing
+ * v or gram_group where needed, NULL scores), -ENOMEM, or -EAGAIN (threads).
+ */
+int kvd_policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
+		      const float *gram, const float *gram_group, float *scores);
+
+/* The rows kvd_policy_scores() writes for p and in: in->heads with per_query_head, else
+ * in->kv_heads. */
+uint32_t kvd_policy_score_rows(const struct kvd_policy_params *p, const struct kvd_attn_in *in);

@@ -52,6 +52,7 @@
 #include "fuzz.h"
 #include "log.h"
 #include "pool.h"
+#include "evict.h"
 #include "server.h"
 #include "settings.h"
 #include "wire.h"
@@ -501,6 +502,7 @@ static void setup(uint8_t config) {
 	FUZZ_CHECK(tenant_table_init(&s->tenants, limits.max_tenants) == 0);
 	s->scratch = calloc(h.pool->n_chunks, sizeof(*s->scratch));
 	FUZZ_CHECK(s->scratch);
+	FUZZ_CHECK(evictor_new(s, &s->evictor) == 0);
 	FUZZ_CHECK(loop_new(&s->loop) == 0);
 	h.srv = s;
 	FUZZ_CHECK(admin_new(s, &cfg, &h.flags, &h.admin) == 0);

@@ -363,9 +363,16 @@ static uint8_t pattern(uint32_t tag, uint32_t l, uint32_t h, uint64_t pos, uint6
 	return (uint8_t)(x >> 56);
 }
 
-static uint64_t walk_seq(kvd_seq *s, uint32_t tag, bool write) {
+/*
+ * Visits every resident slot of s whose original position is at least from: writes the
+ * pattern, or counts the bytes that differ from it. The top byte of each element has its
+ * 0x44 bits cleared, so that K and V hold finite numbers whatever the dtype and the
+ * daemon's scoring sees real attention rather than NaN.
+ */
+static uint64_t walk_seq(kvd_seq *s, uint32_t tag, bool write, uint64_t from) {
 	const struct kvd_seq_desc *d = kvd_seq_descriptor(s);
-	uint64_t row = (uint64_t)d->head_dim * (d->dtype == KVD_DTYPE_F32 ? 4 : 2), bad = 0;
+	uint32_t elem = d->dtype == KVD_DTYPE_F32 ? 4 : 2;
+	uint64_t row = (uint64_t)d->head_dim * elem, bad = 0;
 
 	for (uint32_t l = 0; l < d->layers; l++)
 		for (uint32_t h = 0; h < d->kv_heads; h++) {
@@ -377,11 +384,15 @@ static uint64_t walk_seq(kvd_seq *s, uint32_t tag, bool write) {
 				uint8_t *kv[2];
 
 				ASSERT_OK(pos);
+				if ((uint64_t)pos < from)
+					continue;
 				ASSERT_OK(kvd_seq_kv(s, l, h, slot, (void **)&kv[0], (void **)&kv[1]));
 				for (int v = 0; v < 2; v++)
 					for (uint64_t i = 0; i < row; i++) {
 						uint8_t want = pattern(tag, l, h, (uint64_t)pos, i, v);
 
+						if (i % elem == elem - 1)
+							want &= 0xbb;
 						if (write)
 							kv[v][i] = want;
 						else
@@ -393,11 +404,15 @@ static uint64_t walk_seq(kvd_seq *s, uint32_t tag, bool write) {
 }
 
 void fill_seq(kvd_seq *s, uint32_t tag) {
-	walk_seq(s, tag, true);
+	walk_seq(s, tag, true, 0);
+}
+
+void fill_seq_from(kvd_seq *s, uint32_t tag, uint64_t from) {
+	walk_seq(s, tag, true, from);
 }
 
 uint64_t check_seq(kvd_seq *s, uint32_t tag) {
-	return walk_seq(s, tag, false);
+	return walk_seq(s, tag, false, 0);
 }
 
 void assert_digests_agree(kvd_seq *s) {

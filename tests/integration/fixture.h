@@ -98,6 +98,8 @@ size_t mapped_chunk_inodes(pid_t pid, uint64_t *inodes, size_t max);
 /* Writes into every resident K/V byte of s a value derived from (tag, layer, kv head,
  * original position, byte, K or V). */
 void fill_seq(kvd_seq *s, uint32_t tag);
+/* fill_seq() for the slots whose original position is at least from (what a grow added). */
+void fill_seq_from(kvd_seq *s, uint32_t tag, uint64_t from);
 /* Counts the resident bytes of s that differ from fill_seq(s, tag). */
 uint64_t check_seq(kvd_seq *s, uint32_t tag);
 /* Asserts that the daemon's and this process's digests of s agree. */

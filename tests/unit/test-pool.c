@@ -491,14 +491,14 @@ static Kvd__V1__RegisterModel model_req(uint32_t layers, uint32_t q, uint32_t kv
 static void model_make(struct model *m, Kvd__V1__RegisterModel req, uint64_t chunk) {
 	const char *why = NULL;
 
-	ASSERT_OK(model_from_request(&req, chunk, m, &why));
+	ASSERT_OK(model_from_request(&req, chunk, UINT64_MAX, m, &why));
 }
 
 static void model_refused(Kvd__V1__RegisterModel req, uint64_t chunk, const char *why_want) {
 	struct model m;
 	const char *why = NULL;
 
-	ASSERT_ERRNO(model_from_request(&req, chunk, &m, &why), -EINVAL);
+	ASSERT_ERRNO(model_from_request(&req, chunk, UINT64_MAX, &m, &why), -EINVAL);
 	ASSERT_NOT_NULL(why);
 	ASSERT_TRUE(strstr(why, why_want) != NULL);
 }

@@ -9,3 +9,18 @@
  * "score"; it returns the process exit status (0, 1 if a run failed, 2 on usage errors).
  */
 int bench_score(int argc, char **argv);
+
+/*
+ * `kvd-bench evict` (evict.c) times the node-wide eviction selection (kvd_evict_greedy())
+ * over 1M and 10M units next to the issue's target. argv[0] is "evict"; it returns the
+ * process exit status (0, 1 if a run failed, 2 on usage errors).
+ */
+int bench_evict(int argc, char **argv);
+
+/*
+ * The full-round benchmark against a running daemon (round.c): `kvd-bench evict --socket
+ * PATH` calls it after the selection figures with the daemon's socket and the evict command
+ * line (argv[0] "evict"; getopt has been through it: set optind = 0 to parse it again).
+ * Returns the process exit status like bench_evict().
+ */
+int bench_evict_round(const char *socket, int argc, char **argv);

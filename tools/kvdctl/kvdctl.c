@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * kvdctl: the operator's command line for a running kvd. It shows what the daemon holds
- * (status, tenants, budget get, top; for people or as JSON), sets and resets the node budget
- * and per-tenant guarantees, caps and weights. It talks to the daemon only through the
+ * (status, tenants, budget get, top, evictions; for people or as JSON), sets and resets the
+ * node budget and per-tenant guarantees, caps and weights, and runs eviction rounds on
+ * demand (evict). It talks to the daemon only through the
  * public libkvd API, over an administrative connection (no tenant), so it exercises the same
  * ABI that engines use. `score` (score.c) works offline, `top` lives in top.c and what the
  * commands share in util.c (kvdctl.h).
@@ -13,6 +14,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +49,13 @@ void help(void) {
 	       "  top [--interval SECONDS] [--once] [--json]\n"
 	       "                           Per-tenant usage, share of the budget and rates,\n"
 	       "                           redrawn in place until Ctrl-C\n"
+	       "  evict [--tenant NAME] [--bytes SIZE]\n"
+	       "                           Run an eviction round now and wait for it: free SIZE\n"
+	       "                           (default: down to the low watermark) from NAME\n"
+	       "                           (default: ranked across all tenants)\n"
+	       "  evictions [--json]       The daemon's recent eviction rounds, oldest first:\n"
+	       "                           what started them, how long they took, what they\n"
+	       "                           freed and from whom\n"
 	       "  score --policy P --q F --k F [--v F] [--wo F] --capacity N --window W [...]\n"
 	       "                           Score captured .npy tensors offline (no daemon) and\n"
 	       "                           print the kept positions (see 'kvdctl score --help')\n"
@@ -55,7 +64,8 @@ void help(void) {
 	       "  --socket PATH       Daemon socket, before or after the command (default:\n"
 	       "                      $KVD_SOCKET if set, else %s)\n"
 	       "  --json              With status, tenants, budget get and top --once: print one\n"
-	       "                      JSON object for scripts (default: text for people)\n"
+	       "                      JSON object for scripts; with evictions, one array\n"
+	       "                      (default: text for people)\n"
 	       "  --min SIZE          With tenant set: guaranteed minimum (default: unchanged)\n"
 	       "  --max SIZE|none     With tenant set: cap, or none for no cap (default:\n"
 	       "                      unchanged)\n"
@@ -66,6 +76,10 @@ void help(void) {
 	       "  --once              With top: sample twice, SECONDS apart, print one frame\n"
 	       "                      without clearing the screen and exit (default: refresh\n"
 	       "                      until interrupted)\n"
+	       "  --tenant NAME       With evict: the tenant to evict from (default: all,\n"
+	       "                      ranked by the daemon's policy)\n"
+	       "  --bytes SIZE        With evict: how much to free (default: down to the\n"
+	       "                      daemon's low watermark)\n"
 	       "  -h --help           Show this help and exit\n"
 	       "  --version           Show the versions of kvdctl and libkvd and exit\n"
 	       "\n"
@@ -74,10 +88,16 @@ void help(void) {
 	       "budget; MAX is - for no cap. After MIN, MAX and WEIGHT, * marks a value set live\n"
 	       "with kvdctl, + one from the config file and ^ one from kvd's command line; no\n"
 	       "mark, the default. A - where a value belongs means the daemon does not report it\n"
-	       "(an older kvd).\n"
-	       "top: USED/s is the change of USED per second. EVICTED/s is the daemon's count of\n"
-	       "evicted bytes per second, - until the daemon reports it; GRANTS/s and REFUSED/s\n"
-	       "(per tenant) appear once the daemon counts them. No rate is ever estimated.\n"
+	       "(an older kvd). EVICTED (with a kvd that evicts): block bytes evicted from the\n"
+	       "tenant so far, then the token slots (t) and the rounds (r) that took them.\n"
+	       "top: USED/s is the change of USED per second. EVICTED/s is the block bytes\n"
+	       "evicted from the tenant per second, - while the daemon does not report them;\n"
+	       "GRANTS/s and REFUSED/s (per tenant) appear once the daemon counts them. No rate\n"
+	       "is ever estimated.\n"
+	       "evictions: TOOK is the whole round, SCORE, SELECT and COMPACT its phases; TARGET\n"
+	       "what it set out to free and FREED the chunk bytes it gave back; SEQS the\n"
+	       "sequences it scored, UNITS the units it ranked, PREDICTED the summed cost of what\n"
+	       "it evicted; then per tenant the block bytes and token slots taken.\n"
 	       "\n"
 	       "JSON: sizes in bytes; max_bytes is null for no cap; values the daemon does not\n"
 	       "report are left out; in top, rates that cannot be computed are null.\n"
@@ -164,7 +184,7 @@ static const char *const node_u64_keys[] = {
 	"pool_bytes",     "budget_bytes",     "used_bytes",      "block_bytes",
 	"chunk_bytes",    "chunks_total",     "chunks_free",     "chunks_draining",
 	"connections",    "protocol_version", "uptime_ms",       "grants_refused",
-	"protocol_errors",  "access_refused",   "uid_connections_refused",
+	"protocol_errors",  "access_refused",   "uid_connections_refused", "rounds_total",
 };
 
 static const char *const node_str_keys[] = {
@@ -176,6 +196,7 @@ static const char *const node_str_keys[] = {
 
 static int status_json_write(FILE *f, const void *userdata) {
 	const kvd_status *st = userdata;
+	uint64_t v;
 	int r;
 
 	fprintf(f, "{\n");
@@ -183,6 +204,11 @@ static int status_json_write(FILE *f, const void *userdata) {
 			    ELEMENTSOF(node_str_keys));
 	if (r < 0)
 		return r;
+	r = status_u64(st, "last_round_us", &v);
+	if (r < 0)
+		return r;
+	if (r == 0)
+		fprintf(f, ",\n  \"last_round_ms\": %.3f", (double)v / 1000.0);
 	fprintf(f, ",\n  ");
 	r = tenants_json_write(f, st, 2);
 	if (r < 0)
@@ -278,6 +304,14 @@ static int status_table_write(FILE *f, const void *userdata) {
 		    status_u64(st, "protocol_errors", &perr) == 0)
 			fprintf(f, "  %-13s %" PRIu64 " grants refused, %" PRIu64 " protocol errors\n",
 				"errors", refused, perr);
+	}
+	if (status_u64(st, "rounds_total", &v) == 0) {
+		uint64_t us;
+
+		fprintf(f, "  %-13s %" PRIu64 " round%s", "eviction", v, v == 1 ? "" : "s");
+		if (v > 0 && status_u64(st, "last_round_us", &us) == 0)
+			fprintf(f, ", the last took %.1f ms", (double)us / 1000.0);
+		fprintf(f, "\n");
 	}
 	fprintf(f, "\n");
 	return tenants_table_write(f, st);
@@ -593,6 +627,391 @@ static int cmd_tenant(int argc, char **argv) {
 	return output_flush();
 }
 
+/* ---- evict ---- */
+
+static int cmd_evict(int argc, char **argv) {
+	static const struct option options[] = {
+		{ "tenant", required_argument, NULL, 't' },
+		{ "bytes", required_argument, NULL, 'b' },
+		{ "socket", required_argument, NULL, 's' },
+		{ "help", no_argument, NULL, 'h' },
+		{},
+	};
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	const char *tenant = NULL;
+	uint64_t bytes = 0, freed = 0;
+	char what[128], a[CELL_MAX], b[CELL_MAX];
+	int opt, r;
+
+	optind = 0;
+	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
+		switch (opt) {
+		case 't':
+			tenant = optarg;
+			break;
+		case 'b':
+			if (parse_size_arg("--bytes", optarg, &bytes) < 0)
+				return EXIT_USAGE;
+			/* 0 would mean the default to the library; say so rather than guess. */
+			if (bytes == 0)
+				return usage_error("--bytes: must be more than 0 (leave it out to evict "
+						   "down to the low watermark)");
+			break;
+		case 's':
+			arg_socket = optarg;
+			break;
+		case 'h':
+			help();
+			return EXIT_OK;
+		default:
+			return usage_error("evict: bad option");
+		}
+	if (optind < argc)
+		return usage_error("evict: unexpected argument '%s'", argv[optind]);
+
+	r = connect_admin(&c);
+	if (r != EXIT_OK)
+		return r;
+	snprintf(what, sizeof(what), "evict%s%s", tenant ? " --tenant " : "", tenant ? tenant : "");
+	r = kvd_evict(c, tenant, bytes, &freed);
+	if (r < 0)
+		return tenant ? tenant_error(c, r, what) : request_error(c, r, what);
+	printf("freed %s", size_format(freed, a, sizeof(a)));
+	if (bytes)
+		printf(" of %s requested", size_format(bytes, b, sizeof(b)));
+	else
+		printf(" (down to the low watermark)");
+	if (tenant)
+		printf(" from tenant %s", tenant);
+	printf("\n");
+	return output_flush();
+}
+
+/* ---- evictions ---- */
+
+/* What the evictions writers need: the rounds, and the daemon's uptime for their age. */
+struct evictions_view {
+	const kvd_evictions *e;
+	uint64_t uptime_ms;
+	int have_uptime;
+};
+
+static int round_u64(const kvd_evictions *e, uint32_t i, const char *key, uint64_t *ret) {
+	int r = kvd_evictions_u64(e, i, key, ret);
+
+	return r == -ENOENT ? 1 : r;
+}
+
+/* A duration in microseconds as milliseconds ("12.3ms"), or "-" when not sent. */
+static int cell_ms(const kvd_evictions *e, uint32_t i, const char *key, char *cell) {
+	uint64_t v;
+	int r;
+
+	r = round_u64(e, i, key, &v);
+	if (r < 0)
+		return r;
+	if (r > 0)
+		snprintf(cell, CELL_MAX, "-");
+	else
+		snprintf(cell, CELL_MAX, "%.2fms", (double)v / 1000.0);
+	return 0;
+}
+
+static int cell_round_size(const kvd_evictions *e, uint32_t i, const char *key, char *cell) {
+	uint64_t v;
+	int r;
+
+	r = round_u64(e, i, key, &v);
+	if (r < 0)
+		return r;
+	if (r > 0)
+		snprintf(cell, CELL_MAX, "-");
+	else
+		size_format(v, cell, CELL_MAX);
+	return 0;
+}
+
+static int cell_round_count(const kvd_evictions *e, uint32_t i, const char *key, char *cell) {
+	uint64_t v;
+	int r;
+
+	r = round_u64(e, i, key, &v);
+	if (r < 0)
+		return r;
+	if (r > 0)
+		snprintf(cell, CELL_MAX, "-");
+	else
+		snprintf(cell, CELL_MAX, "%" PRIu64, v);
+	return 0;
+}
+
+enum {
+	EV_ID,
+	EV_TRIGGER,
+	EV_STARTED,
+	EV_TOOK,
+	EV_SCORE,
+	EV_SELECT,
+	EV_COMPACT,
+	EV_TARGET,
+	EV_FREED,
+	EV_SEQS,
+	EV_UNITS,
+	EV_PREDICTED,
+	EV_COLS,
+};
+
+static const char *const ev_title[EV_COLS] = {
+	"ID",     "TRIGGER", "STARTED", "TOOK", "SCORE", "SELECT",
+	"COMPACT", "TARGET", "FREED",   "SEQS", "UNITS", "PREDICTED",
+};
+static const unsigned char ev_left[EV_COLS] = { [EV_TRIGGER] = 1 };
+
+/* "failed: why; " then "llama -64.0 MiB (4096 tokens), ...", or "-" for neither. */
+static int round_tenants_text(const kvd_evictions *e, uint32_t i, char **ret) {
+	_cleanup_(freep) char *buf = NULL;
+	uint32_t n = kvd_evictions_tenants(e, i);
+	const char *err;
+	size_t size = 0;
+	FILE *f;
+	int r;
+
+	f = open_memstream(&buf, &size);
+	if (!f)
+		return negative_errno();
+	if (kvd_evictions_str(e, i, "error", &err) == 0)
+		fprintf(f, "failed: %s%s", err, n ? "; " : "");
+	for (uint32_t t = 0; t < n; t++) {
+		const char *name;
+		uint64_t bytes, tokens;
+		char sz[CELL_MAX];
+
+		r = kvd_evictions_tenant(e, i, t, &name, &bytes, &tokens);
+		if (r < 0) {
+			fclose(f);
+			return r;
+		}
+		fprintf(f, "%s%s -%s (%" PRIu64 " tokens)", t ? ", " : "", name,
+			size_format(bytes, sz, sizeof(sz)), tokens);
+	}
+	if (fclose(f) != 0)
+		return -ENOMEM;
+	if (size == 0) {
+		free(buf);
+		buf = strdup("-");
+		if (!buf)
+			return -ENOMEM;
+	}
+	*ret = TAKE_PTR(buf);
+	return 0;
+}
+
+static int round_row(const struct evictions_view *v, uint32_t i, char (*cells)[CELL_MAX]) {
+	const kvd_evictions *e = v->e;
+	const char *s;
+	uint64_t start;
+	double x;
+	int r;
+
+	if ((r = cell_round_count(e, i, "id", cells[EV_ID])) < 0)
+		return r;
+	r = kvd_evictions_str(e, i, "trigger", &s);
+	if (r < 0 && r != -ENOENT)
+		return r;
+	snprintf(cells[EV_TRIGGER], CELL_MAX, "%s", r == 0 && *s ? s : "-");
+
+	/* How long ago, by the daemon's clock; without its uptime, when after its start. */
+	r = round_u64(e, i, "start_ms", &start);
+	if (r < 0)
+		return r;
+	if (r > 0)
+		snprintf(cells[EV_STARTED], CELL_MAX, "-");
+	else if (v->have_uptime && v->uptime_ms >= start) {
+		char up[32];
+
+		fmt_uptime(v->uptime_ms - start, up, sizeof(up));
+		snprintf(cells[EV_STARTED], CELL_MAX, "%s ago", up);
+	} else {
+		char up[32];
+
+		fmt_uptime(start, up, sizeof(up));
+		snprintf(cells[EV_STARTED], CELL_MAX, "up %s", up);
+	}
+
+	if ((r = cell_ms(e, i, "duration_us", cells[EV_TOOK])) < 0 ||
+	    (r = cell_ms(e, i, "score_us", cells[EV_SCORE])) < 0 ||
+	    (r = cell_ms(e, i, "select_us", cells[EV_SELECT])) < 0 ||
+	    (r = cell_ms(e, i, "compact_us", cells[EV_COMPACT])) < 0 ||
+	    (r = cell_round_size(e, i, "target_bytes", cells[EV_TARGET])) < 0 ||
+	    (r = cell_round_size(e, i, "freed_bytes", cells[EV_FREED])) < 0 ||
+	    (r = cell_round_count(e, i, "sequences", cells[EV_SEQS])) < 0 ||
+	    (r = cell_round_count(e, i, "units", cells[EV_UNITS])) < 0)
+		return r;
+
+	r = kvd_evictions_double(e, i, "predicted_error", &x);
+	if (r < 0 && r != -ENOENT)
+		return r;
+	if (r == 0)
+		snprintf(cells[EV_PREDICTED], CELL_MAX, "%.4g", x);
+	else
+		snprintf(cells[EV_PREDICTED], CELL_MAX, "-");
+	return 0;
+}
+
+static void free_strv(char **v, uint32_t n) {
+	for (uint32_t i = 0; v && i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+static int evictions_table(FILE *f, const void *userdata) {
+	const struct evictions_view *v = userdata;
+	_cleanup_(freep) char (*cells)[CELL_MAX] = NULL;
+	uint32_t n = kvd_evictions_count(v->e), done = 0;
+	char **tail = NULL;
+	int r = 0;
+
+	if (n == 0) {
+		fprintf(f, "No eviction rounds.\n");
+		return 0;
+	}
+	cells = calloc((size_t)n * EV_COLS, sizeof(*cells));
+	tail = calloc(n, sizeof(*tail));
+	if (!cells || !tail) {
+		free(tail);
+		return -ENOMEM;
+	}
+	for (; done < n; done++) {
+		r = round_row(v, done, cells + (size_t)done * EV_COLS);
+		if (r < 0)
+			break;
+		r = round_tenants_text(v->e, done, &tail[done]);
+		if (r < 0)
+			break;
+	}
+	if (r >= 0)
+		table_print(f, &(struct table){
+					.n_cols = EV_COLS,
+					.n_rows = n,
+					.titles = ev_title,
+					.left = ev_left,
+					.cells = cells,
+					.tail_title = "TENANTS",
+					.tail = tail,
+				});
+	free_strv(tail, n);
+	return r;
+}
+
+/* Finite doubles as numbers, anything else as null (JSON has no NaN). */
+static void json_double(FILE *f, double x) {
+	if (isfinite(x))
+		fprintf(f, "%.17g", x);
+	else
+		fputs("null", f);
+}
+
+static int evictions_json(FILE *f, const void *userdata) {
+	static const char *const u64_keys[] = {
+		"id",         "start_ms",     "duration_us", "score_us",  "select_us",
+		"compact_us", "target_bytes", "freed_bytes", "sequences", "units",
+	};
+	static const char *const str_keys[] = { "trigger", "error" };
+	const struct evictions_view *v = userdata;
+	const kvd_evictions *e = v->e;
+	uint32_t n = kvd_evictions_count(e);
+
+	fputc('[', f);
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t n_tenants = kvd_evictions_tenants(e, i);
+		const char *sep = "";
+		double x;
+		int r;
+
+		fprintf(f, "%s\n  {", i ? "," : "");
+		for (size_t k = 0; k < ELEMENTSOF(u64_keys); k++) {
+			uint64_t val;
+
+			r = round_u64(e, i, u64_keys[k], &val);
+			if (r < 0)
+				return r;
+			if (r > 0)
+				continue;
+			fprintf(f, "%s\n    \"%s\": %" PRIu64, sep, u64_keys[k], val);
+			sep = ",";
+		}
+		for (size_t k = 0; k < ELEMENTSOF(str_keys); k++) {
+			const char *s;
+
+			r = kvd_evictions_str(e, i, str_keys[k], &s);
+			if (r == -ENOENT)
+				continue;
+			if (r < 0)
+				return r;
+			fprintf(f, "%s\n    \"%s\": ", sep, str_keys[k]);
+			json_string(f, s);
+			sep = ",";
+		}
+		r = kvd_evictions_double(e, i, "predicted_error", &x);
+		if (r < 0 && r != -ENOENT)
+			return r;
+		if (r == 0) {
+			fprintf(f, "%s\n    \"predicted_error\": ", sep);
+			json_double(f, x);
+			sep = ",";
+		}
+		fprintf(f, "%s\n    \"tenants\": [", sep);
+		for (uint32_t t = 0; t < n_tenants; t++) {
+			const char *name;
+			uint64_t bytes, tokens;
+
+			r = kvd_evictions_tenant(e, i, t, &name, &bytes, &tokens);
+			if (r < 0)
+				return r;
+			fprintf(f, "%s\n      { \"name\": ", t ? "," : "");
+			json_string(f, name);
+			fprintf(f, ", \"freed_bytes\": %" PRIu64 ", \"evicted_tokens\": %" PRIu64 " }",
+				bytes, tokens);
+		}
+		fprintf(f, "%s]\n  }", n_tenants ? "\n    " : "");
+	}
+	fprintf(f, "%s]\n", n ? "\n" : "");
+	return 0;
+}
+
+static int cmd_evictions(int argc, char **argv) {
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	_cleanup_(kvd_evictions_freep) kvd_evictions *e = NULL;
+	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
+	struct evictions_view v = {};
+	int json = 0, r;
+
+	r = parse_common(argc, argv, "evictions", 1, &json);
+	if (r >= 0)
+		return r;
+	if (optind < argc)
+		return usage_error("evictions: unexpected argument '%s'", argv[optind]);
+
+	r = connect_admin(&c);
+	if (r != EXIT_OK)
+		return r;
+	r = kvd_evictions_get(c, &e);
+	if (r < 0)
+		return request_error(c, r, "evictions");
+	v.e = e;
+	/* Only for the age column: without it the table says when after the daemon's start. */
+	if (!json && kvd_status_get(c, &st) >= 0 && status_u64(st, "uptime_ms", &v.uptime_ms) == 0)
+		v.have_uptime = 1;
+
+	r = output_emit(json ? evictions_json : evictions_table, &v);
+	if (r < 0) {
+		fprintf(stderr, "kvdctl: evictions: cannot read the daemon's answer: %s\n",
+			strerror(-r));
+		return EXIT_FAIL;
+	}
+	return output_flush();
+}
+
 int main(int argc, char **argv) {
 	static const struct option options[] = {
 		{ "socket", required_argument, NULL, 's' },
@@ -606,6 +1025,7 @@ int main(int argc, char **argv) {
 	} commands[] = {
 		{ "status", cmd_status }, { "tenants", cmd_tenants }, { "budget", cmd_budget },
 		{ "tenant", cmd_tenant }, { "top", cmd_top },	      { "score", cmd_score },
+		{ "evict", cmd_evict },	  { "evictions", cmd_evictions },
 	};
 	int opt;
 
@@ -630,7 +1050,8 @@ int main(int argc, char **argv) {
 			return usage_error("bad option");
 		}
 	if (optind >= argc)
-		return usage_error("missing command (status, tenants, budget, tenant, top, score)");
+		return usage_error("missing command (status, tenants, budget, tenant, top, evict, "
+				   "evictions, score)");
 
 	for (size_t i = 0; i < ELEMENTSOF(commands); i++)
 		if (strcmp(argv[optind], commands[i].name) == 0)

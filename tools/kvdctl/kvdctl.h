@@ -50,6 +50,9 @@ int status_str(const kvd_status *st, const char *key, const char **ret);
 int status_tenant_u64(const kvd_status *st, uint32_t t, const char *key, uint64_t *ret);
 int status_tenant_str(const kvd_status *st, uint32_t t, const char *key, const char **ret);
 
+/* Whether any tenant of the status reports key (a newer daemon's value). */
+int tenants_report(const kvd_status *st, const char *key);
+
 /* Tenant indices sorted by name (free() the array): the daemon lists tenants in its own
  * table order, which changes as tenants come and go. */
 int tenant_order(const kvd_status *st, uint32_t **ret);
@@ -69,7 +72,8 @@ void fmt_uptime(uint64_t ms, char *buf, size_t n);
 /*
  * A table for people: one title per column, n_rows * n_cols cells (row-major), the columns
  * whose left flag is set left-aligned (column 0 always), the others right-aligned, two
- * blanks between columns, no trailing blanks.
+ * blanks between columns, no trailing blanks. With tail, a last column of strings of any
+ * length follows, left-aligned, for what does not fit in a cell.
  */
 struct table {
 	size_t n_cols;
@@ -77,6 +81,8 @@ struct table {
 	const char *const *titles;
 	const unsigned char *left; /* n_cols flags, or NULL */
 	char (*cells)[CELL_MAX];
+	const char *tail_title;
+	char *const *tail;         /* n_rows strings, or NULL for no tail column */
 };
 
 void table_print(FILE *f, const struct table *t);

@@ -122,17 +122,6 @@ static int rate(const struct frame *fr, const char *tenant, const char *key, int
 	return 0;
 }
 
-/* Whether any tenant of the sample reports key. */
-static int tenants_report(const kvd_status *st, const char *key) {
-	uint32_t n = kvd_status_tenants(st);
-	uint64_t v;
-
-	for (uint32_t t = 0; t < n; t++)
-		if (status_tenant_u64(st, t, key, &v) == 0)
-			return 1;
-	return 0;
-}
-
 /* "+1.5 MiB", "-512 B", "0 B". */
 static void fmt_size_rate(double v, char *buf, size_t n) {
 	char s[32];
@@ -291,18 +280,25 @@ static int top_text(FILE *f, const void *userdata) {
 	else
 		fprintf(f, "connections -");
 	{
-		static const char *const counters[] = { "grants", "grants_refused", "evicted_bytes" };
-		static const char *const labels[] = { "grants", "grants refused", "evicted" };
+		static const struct {
+			const char *key, *label;
+			int size;
+		} counters[] = {
+			{ "grants", "grants", 0 },
+			{ "grants_refused", "grants refused", 0 },
+			{ "evicted_bytes", "evicted", 1 },
+			{ "rounds_total", "eviction rounds", 0 },
+		};
 
 		for (size_t i = 0; i < ELEMENTSOF(counters); i++) {
-			if (status_u64(st, counters[i], &v) != 0)
+			if (status_u64(st, counters[i].key, &v) != 0)
 				continue;
-			if (i == 2)
-				fprintf(f, ", %s %s", labels[i], size_format(v, a, sizeof(a)));
+			if (counters[i].size)
+				fprintf(f, ", %s %s", counters[i].label, size_format(v, a, sizeof(a)));
 			else
-				fprintf(f, ", %s %" PRIu64, labels[i], v);
-			if (rate(fr, NULL, counters[i], 0, &x) == 0) {
-				if (i == 2)
+				fprintf(f, ", %s %" PRIu64, counters[i].label, v);
+			if (rate(fr, NULL, counters[i].key, 0, &x) == 0) {
+				if (counters[i].size)
 					fprintf(f, " (%s/s)", size_format((uint64_t)llround(x), a, sizeof(a)));
 				else
 					fprintf(f, " (%.1f/s)", x);
@@ -376,6 +372,7 @@ static int top_json(FILE *f, const void *userdata) {
 	static const char *const node_u64[] = {
 		"pool_bytes",  "budget_bytes",   "used_bytes",     "block_bytes",     "connections",
 		"uptime_ms",   "grants",         "grants_refused", "protocol_errors", "evicted_bytes",
+		"rounds_total", "last_round_us",
 	};
 	static const char *const node_str[] = {
 		"daemon_version",
@@ -386,6 +383,7 @@ static int top_json(FILE *f, const void *userdata) {
 	static const char *const tenant_u64[] = {
 		"used_bytes", "block_bytes", "min_bytes",      "max_bytes",     "weight",
 		"sequences",  "connections", "grants",         "grants_refused", "evicted_bytes",
+		"evicted_tokens", "rounds",
 	};
 	const struct frame *fr = userdata;
 	const kvd_status *st = fr->cur->st;
@@ -410,6 +408,7 @@ static int top_json(FILE *f, const void *userdata) {
 	json_rate(f, fr, NULL, "grants", 0, "grants_per_s", 2);
 	json_rate(f, fr, NULL, "grants_refused", 0, "grants_refused_per_s", 2);
 	json_rate(f, fr, NULL, "evicted_bytes", 0, "evicted_bytes_per_s", 2);
+	json_rate(f, fr, NULL, "rounds_total", 0, "rounds_per_s", 2);
 
 	fprintf(f, ",\n  \"tenants\": [");
 	for (uint32_t j = 0; j < n; j++) {

@@ -149,6 +149,7 @@ void fmt_uptime(uint64_t ms, char *buf, size_t n) {
 
 void table_print(FILE *f, const struct table *t) {
 	size_t width[32] = { 0 };
+	int tail = t->tail != NULL;
 
 	for (size_t c = 0; c < t->n_cols && c < ELEMENTSOF(width); c++) {
 		width[c] = strlen(t->titles[c]);
@@ -167,11 +168,13 @@ void table_print(FILE *f, const struct table *t) {
 				fputs("  ", f);
 			if (!left)
 				fprintf(f, "%*s", (int)width[c], s);
-			else if (c + 1 == t->n_cols)
+			else if (c + 1 == t->n_cols && !tail)
 				fputs(s, f);
 			else
 				fprintf(f, "%-*s", (int)width[c], s);
 		}
+		if (tail)
+			fprintf(f, "  %s", r == 0 ? t->tail_title : t->tail[r - 1]);
 		fputc('\n', f);
 	}
 }
@@ -189,15 +192,18 @@ enum {
 	COL_POLICY,
 	COL_SEQS,
 	COL_CONNS,
+	COL_EVICTED, /* last: left out for a daemon that does not evict */
 	COL_MAX_,
 };
 
 static const char *const col_title[COL_MAX_] = {
 	"TENANT", "USED", "%BUDGET", "BLOCKS", "MIN", "MAX", "WEIGHT", "POLICY", "SEQS", "CONNS",
+	"EVICTED",
 };
 /* The same titles with room for the source marker. */
 static const char *const col_title_marked[COL_MAX_] = {
 	"TENANT", "USED", "%BUDGET", "BLOCKS", "MIN ", "MAX ", "WEIGHT ", "POLICY", "SEQS", "CONNS",
+	"EVICTED",
 };
 static const unsigned char col_left[COL_MAX_] = { [COL_NAME] = 1, [COL_POLICY] = 1 };
 
@@ -269,10 +275,38 @@ static int cell_count(const kvd_status *st, uint32_t t, const char *key, char *c
 	return 0;
 }
 
-/* Fills one row; with marked, adds the source markers and sets a bit per source seen
- * (1 << its index in sources[], or 1 << SOURCE_UNKNOWN) in *seen. */
+/* "64.0 MiB 4096t 3r": bytes, token slots and rounds evicted; "?" for a part not sent. */
+static int cell_evicted(const kvd_status *st, uint32_t t, char *cell) {
+	static const char *const keys[] = { "evicted_bytes", "evicted_tokens", "rounds" };
+	static const char *const units[] = { "", "t", "r" };
+	size_t len = 0;
+
+	for (size_t i = 0; i < ELEMENTSOF(keys); i++) {
+		char part[CELL_MAX];
+		uint64_t v;
+		int r;
+
+		r = status_tenant_u64(st, t, keys[i], &v);
+		if (r < 0)
+			return r;
+		if (r > 0)
+			snprintf(part, sizeof(part), "?");
+		else if (i == 0)
+			size_format(v, part, sizeof(part));
+		else
+			snprintf(part, sizeof(part), "%" PRIu64 "%s", v, units[i]);
+		len += snprintf(cell + len, CELL_MAX - len, "%s%s", i ? " " : "", part);
+		if (len >= CELL_MAX)
+			break;
+	}
+	return 0;
+}
+
+/* Fills one row (with COL_EVICTED when evicted is set); with marked, adds the source markers
+ * and sets a bit per source seen (1 << its index in sources[], or 1 << SOURCE_UNKNOWN) in
+ * *seen. */
 static int tenant_row(const kvd_status *st, uint32_t t, uint64_t budget, int marked,
-		      char (*cells)[CELL_MAX], unsigned *seen) {
+		      int evicted, char (*cells)[CELL_MAX], unsigned *seen) {
 	const char *name, *s;
 	uint64_t v;
 	int r;
@@ -304,6 +338,8 @@ static int tenant_row(const kvd_status *st, uint32_t t, uint64_t budget, int mar
 	if (r < 0)
 		return r;
 	snprintf(cells[COL_POLICY], CELL_MAX, "%s", r > 0 || !*s ? "-" : s);
+	if (evicted && (r = cell_evicted(st, t, cells[COL_EVICTED])) < 0)
+		return r;
 
 	if (!marked)
 		return 0;
@@ -328,6 +364,16 @@ static int tenant_row(const kvd_status *st, uint32_t t, uint64_t budget, int mar
 	return 0;
 }
 
+int tenants_report(const kvd_status *st, const char *key) {
+	uint32_t n = kvd_status_tenants(st);
+	uint64_t v;
+
+	for (uint32_t t = 0; t < n; t++)
+		if (status_tenant_u64(st, t, key, &v) == 0)
+			return 1;
+	return 0;
+}
+
 /* Whether the daemon says where any tenant's values come from (newer daemons do). */
 static int reports_sources(const kvd_status *st) {
 	uint32_t n = kvd_status_tenants(st);
@@ -348,7 +394,8 @@ int tenants_table_write(FILE *f, const kvd_status *st) {
 	uint32_t n = kvd_status_tenants(st);
 	uint64_t budget = 0;
 	unsigned seen = 0;
-	int marked, r;
+	int marked, evicted, r;
+	size_t n_cols;
 
 	if (n == 0) {
 		fprintf(f, "No tenants.\n");
@@ -364,14 +411,18 @@ int tenants_table_write(FILE *f, const kvd_status *st) {
 	if (!cells)
 		return -ENOMEM;
 	marked = reports_sources(st);
+	/* The column appears with a daemon that evicts, which reports evicted bytes. */
+	evicted = tenants_report(st, "evicted_bytes");
+	n_cols = evicted ? COL_MAX_ : COL_EVICTED;
 	for (uint32_t i = 0; i < n; i++) {
-		r = tenant_row(st, order[i], budget, marked, cells + (size_t)i * COL_MAX_, &seen);
+		r = tenant_row(st, order[i], budget, marked, evicted, cells + (size_t)i * n_cols,
+			       &seen);
 		if (r < 0)
 			return r;
 	}
 
 	table_print(f, &(struct table){
-				.n_cols = COL_MAX_,
+				.n_cols = n_cols,
 				.n_rows = n,
 				.titles = marked ? col_title_marked : col_title,
 				.left = col_left,
@@ -438,6 +489,7 @@ void json_string(FILE *f, const char *s) {
 static const char *const tenant_u64_keys[] = {
 	"used_bytes", "block_bytes", "min_bytes",   "max_bytes",
 	"weight",     "sequences",   "connections", "chunks",
+	"evicted_bytes", "evicted_tokens", "rounds",
 };
 
 static const char *const tenant_str_keys[] = {

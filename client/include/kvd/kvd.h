@@ -32,8 +32,12 @@
  * Slot i of a table lives in block blocks[t][i / block_tokens], row i % block_tokens.
  * `generation` is even while the descriptor is stable and odd while the daemon rewrites it
  * (a sequence lock): read it, copy what you need, read it again and retry if it changed or
- * is odd. The daemon only rewrites a descriptor in answer to this process's own requests in
- * protocol version 1, so a reader between calls always sees a stable descriptor.
+ * is odd. The daemon rewrites a descriptor in answer to this process's own requests and,
+ * for models registered with eviction (kvd_model_register_evictable), when an eviction
+ * round compacts an unpinned sequence; a pinned sequence (kvd_seq_pin) and every sequence
+ * of a model without eviction stay stable between this process's calls.
+ * Per-table token counts. seq_grow appends to every table; with KVD_UNIT_HEAD_TOKEN,
+ * tables of one layer may hold different numbers of tokens after an eviction.
  *
  * Errors. Every fallible function returns 0 (or a count) on success and a negative errno
  * on failure; each documents the values it returns. Errors reported by the daemon are
@@ -140,7 +144,59 @@ struct kvd_seq_desc {
 #define KVD_TENANT_NO_CAP UINT64_MAX
 
 /* Events the daemon sends on its own; see kvd_client_next_event(). */
-#define KVD_EVENT_STOPPING 1 /* the daemon is shutting down; the connection will close */
+#define KVD_EVENT_STOPPING 1    /* the daemon is shutting down; the connection will close */
+#define KVD_EVENT_SEQ_CHANGED 2 /* arg: a sequence id; an eviction rewrote its descriptor */
+
+/* Values of kvd_eviction_spec.unit: what one eviction frees (DESIGN.md section 5). */
+#define KVD_UNIT_NONE 0        /* never evict this model's sequences */
+#define KVD_UNIT_HEAD_TOKEN 1  /* a token of one (layer, kv head); needs KVD_LAYOUT_PER_HEAD */
+#define KVD_UNIT_LAYER_TOKEN 2 /* a token of one layer, all kv heads */
+#define KVD_UNIT_BLOCK 3       /* a full block of one table */
+
+/*
+ * How the daemon may evict a model's KV. With a unit other than KVD_UNIT_NONE the daemon
+ * may rewrite the descriptors of the model's sequences whenever they are not pinned
+ * (kvd_seq_pin): tokens disappear from tables, the survivors keep their order and their
+ * original positions but move to lower slots, and the generation changes. Engines read the
+ * descriptor (or call kvd_seq_tokens & co.) after pinning, and get a KVD_EVENT_SEQ_CHANGED
+ * event after each rewrite. Protected, never evicted: positions below `sinks`, each table's
+ * last `window` slots, the slots of its open (partially filled) tail block.
+ */
+typedef struct kvd_eviction_spec {
+	uint32_t unit;         /* KVD_UNIT_* */
+	uint32_t window;       /* observation window w, 1..256 (0: 32) */
+	uint32_t sinks;        /* leading positions kept, 0..1024 (KVD_SINKS_DEFAULT: 4) */
+	uint32_t reserved;     /* 0 */
+} kvd_eviction_spec;
+
+#define KVD_SINKS_DEFAULT UINT32_MAX
+
+/* Magic and version at the start of every observation buffer. */
+#define KVD_OBS_MAGIC 0x4f44564bu /* "KVDO" */
+#define KVD_OBS_VERSION 1
+
+/*
+ * The observation buffer of a sequence whose model has eviction on: the daemon creates it,
+ * the owning process maps it writable. stamp[l] (uint64_t, at stamps_offset) tells which
+ * window layer l holds: 0 for none, else the position just past the window's last query;
+ * the queries are q[layer][q_heads][window][head_dim] of the model's dtype at q_offset,
+ * post-RoPE, oldest first, layer_bytes per layer. kvd_seq_observation() and
+ * kvd_seq_observe() write and stamp it.
+ */
+struct kvd_obs_header {
+	uint32_t magic;        /* KVD_OBS_MAGIC */
+	uint32_t version;      /* KVD_OBS_VERSION */
+	uint32_t layers;
+	uint32_t q_heads;
+	uint32_t window;
+	uint32_t head_dim;
+	uint32_t dtype;
+	uint32_t reserved;
+	uint64_t stamps_offset;
+	uint64_t q_offset;
+	uint64_t layer_bytes;
+	uint64_t total_bytes;
+};
 
 typedef struct kvd_event {
 	uint32_t type; /* KVD_EVENT_* */
@@ -203,6 +259,27 @@ KVD_EXPORT int kvd_client_next_event(kvd_client *c, kvd_event *ret);
 KVD_EXPORT int kvd_model_register(kvd_client *c, const kvd_model_spec *spec);
 
 /*
+ * kvd_model_register with eviction: ev (NULL is KVD_UNIT_NONE) says how the daemon may evict
+ * the model's sequences. Returns a model id, or the errors of kvd_model_register (-EINVAL
+ * also for a bad ev: unknown unit, KVD_UNIT_HEAD_TOKEN without KVD_LAYOUT_PER_HEAD, window or
+ * sinks out of range, reserved not 0).
+ */
+KVD_EXPORT int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec *spec,
+		                            const kvd_eviction_spec *ev);
+
+/*
+ * Gives the daemon layer `layer`'s output projection, so that costs are measured in the
+ * model's output space rather than in value space: wo[hidden][q_heads * head_dim] of dtype
+ * (KVD_DTYPE_*), row-major, as in an o_proj weight. The library copies it into a sealed
+ * memfd; the daemon derives what it needs and keeps nothing else. Call it once per layer
+ * after registration; calling it again replaces the layer's. Returns 0, or -EINVAL (unknown
+ * model, layer out of range, hidden not 1..65536, bad dtype), -EFBIG (over the daemon's
+ * limit), -ENOMEM, -ECONNRESET, -ECHILD.
+ */
+KVD_EXPORT int kvd_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uint32_t dtype,
+		                     uint32_t hidden, const void *wo);
+
+/*
  * Opens an empty sequence of a registered model that can hold up to max_tokens tokens per
  * (layer, kv head), and maps its descriptor. Returns 0 and the sequence in *ret, or
  * -EINVAL (unknown model, max_tokens 0 or above the daemon's limit), -EMFILE (too many
@@ -229,6 +306,25 @@ KVD_EXPORT int kvd_seq_grow(kvd_seq *s, uint32_t n);
  * -ECONNRESET / -ECHILD (the handle is freed all the same).
  */
 KVD_EXPORT int kvd_seq_release(kvd_seq *s);
+
+/*
+ * Pins the sequence around a step that reads its KV: while pinned, the daemon does not
+ * rewrite it (an eviction plan waits). kvd_seq_unpin applies a waiting plan before it
+ * returns. Pins nest (up to 255). Both return 0, or -ENOENT (released), -EBUSY (nesting
+ * limit), -EINVAL (unpin without pin), -ECONNRESET, -ECHILD.
+ */
+KVD_EXPORT int kvd_seq_pin(kvd_seq *s);
+KVD_EXPORT int kvd_seq_unpin(kvd_seq *s);
+
+/*
+ * The observation window of `layer` in this process: *ret_q receives the address of
+ * q[q_heads][window][head_dim] (model dtype) to write the last `window` post-RoPE queries
+ * of the layer into, oldest first. kvd_seq_observe then publishes them as the window that
+ * ends at the sequence's current last position. Both return 0, or -EINVAL (layer out of
+ * range), -EOPNOTSUPP (the model has no eviction), -ECHILD. No system call.
+ */
+KVD_EXPORT int kvd_seq_observation(kvd_seq *s, uint32_t layer, void **ret_q);
+KVD_EXPORT int kvd_seq_observe(kvd_seq *s, uint32_t layer);
 
 /* The sequence's daemon-wide id; 0 after fork. */
 KVD_EXPORT uint64_t kvd_seq_id(const kvd_seq *s);
@@ -306,13 +402,16 @@ KVD_EXPORT int kvd_tenant_reset(kvd_client *c, const char *tenant);
  *           "chunks_total", "chunks_free", "chunks_draining", "connections",
  *           "protocol_version", "uptime_ms", "grants_refused", "protocol_errors",
  *           "access_refused" (hellos and admin requests refused for want of rights),
- *           "uid_connections_refused" (connections over kvd's max-connections-per-uid);
+ *           "uid_connections_refused" (connections over kvd's max-connections-per-uid),
+ *           "rounds_total" (eviction rounds run), "last_round_us" (the last one's duration);
  *           strings "daemon_version", "backend", "budget_source": where the budget
  *           comes from, "default", "config", "flag" (kvd --budget) or "live" (set with
  *           kvdctl, kept in the state file), and "state_error": why live changes cannot
  *           be saved (present only while they cannot);
  *   tenant: "used_bytes", "block_bytes", "min_bytes", "max_bytes" (UINT64_MAX: no cap),
- *           "weight", "sequences", "connections", "chunks"; strings "min_source",
+ *           "weight", "sequences", "connections", "chunks", "evicted_bytes" (block bytes
+ *           evicted from it), "evicted_tokens" (token slots, summed over tables),
+ *           "rounds" (rounds that evicted from it); strings "min_source",
  *           "max_source", "weight_source" ("default", "config" or "live"), "policy".
  * kvd_status_get returns 0, or -ENOMEM, -ECONNRESET, -ECHILD. The getters return 0, or
  * -ENOENT (no such value), -EINVAL (index out of range). Strings live as long as the status.
@@ -331,6 +430,38 @@ KVD_EXPORT int kvd_status_tenant_str(const kvd_status *st, uint32_t index, const
 		                     const char **ret);
 
 /*
+ * Runs an eviction round now and waits for it: frees `bytes` (0: down to the daemon's low
+ * watermark) from `tenant` (NULL: ranked across all tenants). An administrative connection
+ * may name any tenant; a tenant's connection only its own. *ret_freed (may be NULL)
+ * receives the chunk bytes the round gave back. Returns 0, or -EPERM, -ENOENT (unknown
+ * tenant), -EBUSY (too many rounds waiting), -ECONNRESET, -ECHILD.
+ */
+KVD_EXPORT int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed);
+
+/*
+ * The daemon's recent eviction rounds, oldest first. Values by name, like kvd_status:
+ *   u64: "id", "start_ms", "duration_us", "score_us", "select_us", "compact_us",
+ *        "target_bytes", "freed_bytes", "sequences", "units";
+ *   double: "predicted_error";  str: "trigger", "error" (only when the round failed);
+ *   per tenant (kvd_evictions_tenant): name, freed bytes and evicted tokens.
+ */
+typedef struct kvd_evictions kvd_evictions;
+
+KVD_EXPORT int kvd_evictions_get(kvd_client *c, kvd_evictions **ret);
+KVD_EXPORT kvd_evictions *kvd_evictions_free(kvd_evictions *e);
+KVD_EXPORT uint32_t kvd_evictions_count(const kvd_evictions *e);
+KVD_EXPORT int kvd_evictions_u64(const kvd_evictions *e, uint32_t round, const char *key,
+		                 uint64_t *ret);
+KVD_EXPORT int kvd_evictions_double(const kvd_evictions *e, uint32_t round, const char *key,
+		                    double *ret);
+KVD_EXPORT int kvd_evictions_str(const kvd_evictions *e, uint32_t round, const char *key,
+		                 const char **ret);
+KVD_EXPORT uint32_t kvd_evictions_tenants(const kvd_evictions *e, uint32_t round);
+KVD_EXPORT int kvd_evictions_tenant(const kvd_evictions *e, uint32_t round, uint32_t index,
+		                    const char **ret_name, uint64_t *ret_freed_bytes,
+		                    uint64_t *ret_evicted_tokens);
+
+/*
  * Chunks currently mapped by this client: *ret_n gets their number; with ids non-NULL, up
  * to n ids are written, in increasing order. Either pointer may be NULL. Returns 0 or
  * -ECHILD.
@@ -346,6 +477,10 @@ static inline void kvd_client_unrefp(kvd_client **c) {
 static inline void kvd_status_freep(kvd_status **st) {
 	if (st && *st)
 		kvd_status_free(*st);
+}
+static inline void kvd_evictions_freep(kvd_evictions **e) {
+	if (e && *e)
+		kvd_evictions_free(*e);
 }
 
 #ifdef __cplusplus

@@ -1,0 +1,879 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/layout.h"
+#include "common/macro.h"
+#include "compact.h"
+#include "conn.h"
+#include "evict.h"
+#include "log.h"
+#include "server.h"
+
+#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+
+/* A pressure round that freed nothing is not repeated sooner than this. */
+#define EVICT_IDLE_MS 1000
+
+struct evict_waiter {
+	uint64_t conn_id, id;
+	uint32_t tenant_id;           /* 0: all */
+	uint64_t bytes;
+};
+
+struct grant_waiter {
+	uint64_t conn_id, id, seq_id;
+	uint32_t tokens;
+	uint64_t deadline_ms;
+};
+
+struct record_tenant {
+	char name[TENANT_NAME_MAX + 1];
+	uint64_t freed_bytes, evicted_tokens;
+};
+
+struct record {
+	uint64_t id;
+	enum round_trigger trigger;
+	uint64_t start_ms, duration_us, score_us, select_us, compact_us;
+	uint64_t target, freed;
+	uint32_t sequences;
+	uint64_t units;
+	double predicted_error;
+	int error;
+	struct record_tenant *tenants;
+	uint32_t n_tenants;
+};
+
+struct evictor {
+	struct server *srv;
+	struct round *running;
+	pthread_t thread;
+	int efd;
+	struct loop_op efd_op;
+	uint64_t efd_buf;
+	bool efd_armed;
+	const char *gate;             /* KVD_TEST_ROUND_GATE */
+
+	/* The Evict request the running round answers, if it runs for one. */
+	bool running_request;
+	struct evict_waiter running_waiter;
+	struct evict_waiter waiters[EVICT_WAITERS_MAX];
+	uint32_t n_waiters;
+	struct grant_waiter *grants;
+	uint32_t n_grants;
+
+	bool budget_lowered;          /* a budget set below use is waiting for a round */
+	uint64_t idle_until_ms;       /* no pressure round before this */
+	uint64_t last_interval_ms;
+
+	uint64_t next_id, rounds_total, last_round_us;
+	struct record history[EVICT_HISTORY];
+	uint32_t history_n, history_head;
+};
+
+struct plan *plan_free(struct plan *p) {
+	if (p) {
+		free(p->drop_off);
+		free(p->drop_slots);
+		free(p);
+	}
+	return NULL;
+}
+
+static uint64_t now_us(void) {
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static struct seq *find_seq(struct server *s, uint64_t conn_id, uint64_t seq_id) {
+	struct conn *c = server_find_conn(s, conn_id);
+
+	if (!c || c->closing)
+		return NULL;
+	for (struct seq *q = c->seqs; q; q = q->next)
+		if (q->id == seq_id)
+			return q;
+	return NULL;
+}
+
+static uint32_t tenant_index(const struct server *s, const struct tenant *t) {
+	for (uint32_t i = 0; i < s->tenants.n; i++)
+		if (s->tenants.tenants[i] == t)
+			return i;
+	return UINT32_MAX;
+}
+
+/* ---- snapshot ---- */
+
+/* Slots of table t whose original position is below pos (positions ascend). */
+static uint32_t slots_below(const struct kvd_seq_desc *d, uint32_t t, uint64_t pos) {
+	const uint32_t *p = layout_positions(d, t);
+	uint32_t lo = 0, hi = layout_tokens(d)[t];
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (p[mid] < pos)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struct round_seq *q) {
+	const struct model *m = sq->model;
+	const struct kvd_seq_desc *d = sq->desc;
+	uint64_t nb = 0;
+
+	*q = (struct round_seq){
+		.conn_id = sq->conn_id,
+		.seq_id = sq->id,
+		.epoch = sq->epoch,
+		.tenant = tenant,
+		.layers = m->layers,
+		.q_heads = m->q_heads,
+		.kv_heads = m->kv_heads,
+		.head_dim = m->head_dim,
+		.dtype = m->dtype,
+		.block_tokens = m->block_tokens,
+		.layout = m->layout,
+		.unit = m->unit,
+		.window = m->window,
+		.n_tables = m->n_tables,
+		.block_bytes = m->block_bytes,
+	};
+	q->rows = m->unit == KVD_UNIT_LAYER_TOKEN ? m->layers : m->n_tables;
+	q->tokens = malloc(m->n_tables * sizeof(uint32_t));
+	q->sink_slots = malloc(m->n_tables * sizeof(uint32_t));
+	q->window_end = malloc(m->n_tables * sizeof(uint32_t));
+	q->block_off = malloc((m->n_tables + 1) * sizeof(uint64_t));
+	q->grams = calloc(m->layers, sizeof(*q->grams));
+	q->smooth_in = sq->smooth ? calloc(q->rows, sizeof(float *)) : NULL;
+	if (!q->tokens || !q->sink_slots || !q->window_end || !q->block_off || !q->grams ||
+	    (sq->smooth && !q->smooth_in))
+		return -ENOMEM;
+	for (uint32_t t = 0; t < m->n_tables; t++) {
+		uint32_t l = m->layout == KVD_LAYOUT_PER_HEAD ? t / m->kv_heads : t;
+		uint64_t stamp = obs_stamp(sq->obs, l);
+
+		q->tokens[t] = layout_tokens(d)[t];
+		q->sink_slots[t] = slots_below(d, t, m->sinks);
+		q->window_end[t] = stamp ? slots_below(d, t, stamp) : 0;
+		q->block_off[t] = nb;
+		nb += DIV_ROUND_UP(q->tokens[t], m->block_tokens);
+	}
+	q->block_off[m->n_tables] = nb;
+	q->block_addr = malloc(MAX(nb, 1u) * sizeof(*q->block_addr));
+	if (!q->block_addr)
+		return -ENOMEM;
+	for (uint32_t t = 0; t < m->n_tables; t++) {
+		const struct kvd_block_ref *refs = layout_blocks(d, t);
+
+		for (uint64_t b = 0; b < q->block_off[t + 1] - q->block_off[t]; b++) {
+			const uint8_t *a = pool_block_addr(s->pool, refs[b]);
+
+			if (!a)
+				return -EFAULT;
+			q->block_addr[q->block_off[t] + b] = a;
+		}
+	}
+	for (uint32_t rw = 0; sq->smooth && rw < q->rows; rw++) {
+		uint32_t t = round_table_of_row(q, rw), n = q->tokens[t], have = MIN(n, sq->smooth_cap[t]);
+
+		q->smooth_in[rw] = malloc(MAX(n, 1u) * sizeof(float));
+		if (!q->smooth_in[rw])
+			return -ENOMEM;
+		if (have > 0)
+			memcpy(q->smooth_in[rw], sq->smooth[t], have * sizeof(float));
+		for (uint32_t i = have; i < n; i++)
+			q->smooth_in[rw][i] = ROUND_UNSCORED;
+	}
+	for (uint32_t l = 0; m->grams && l < m->layers; l++)
+		q->grams[l] = gram_layer_ref(m->grams->layer[l]);
+	q->obs = obs_ref(sq->obs);
+	return 0;
+}
+
+static int snapshot(struct evictor *e, struct round *r) {
+	struct server *s = e->srv;
+	uint32_t n = 0;
+
+	r->n_tenants = s->tenants.n;
+	r->tenants = calloc(MAX(r->n_tenants, 1u), sizeof(*r->tenants));
+	if (!r->tenants)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < r->n_tenants; i++) {
+		const struct tenant *t = s->tenants.tenants[i];
+
+		r->tenants[i] = (struct round_tenant){
+			.id = t->id,
+			.used = t->used_bytes,
+			.min = t->min_bytes,
+			.max = t->max_bytes,
+			.weight = t->weight,
+			.policy = t->policy,
+		};
+		memcpy(r->tenants[i].name, t->name, sizeof(t->name));
+	}
+	for (struct conn *c = s->conns; c; c = c->next)
+		for (struct seq *q = c->seqs; q; q = q->next)
+			n += q->model->unit != KVD_UNIT_NONE && !q->pending;
+	r->seqs = calloc(MAX(n, 1u), sizeof(*r->seqs));
+	if (!r->seqs)
+		return -ENOMEM;
+	for (struct conn *c = s->conns; c; c = c->next)
+		for (struct seq *q = c->seqs; q; q = q->next) {
+			int k;
+
+			/* A sequence whose plan waits for its unpin is left alone until then. */
+			if (q->model->unit == KVD_UNIT_NONE || q->pending)
+				continue;
+			k = snapshot_seq(s, q, tenant_index(s, q->tenant), &r->seqs[r->n_seqs]);
+			r->n_seqs++;
+			if (k < 0)
+				return k;
+		}
+	return 0;
+}
+
+/* ---- applying ---- */
+
+/* Grows q's smoothed arrays to its current tokens, new slots unscored. */
+static int smooth_fit(struct seq *q) {
+	const struct kvd_seq_desc *d = q->desc;
+
+	if (!q->smooth) {
+		q->smooth = calloc(d->n_tables, sizeof(float *));
+		q->smooth_cap = calloc(d->n_tables, sizeof(uint32_t));
+		if (!q->smooth || !q->smooth_cap)
+			return -ENOMEM;
+	}
+	for (uint32_t t = 0; t < d->n_tables; t++) {
+		uint32_t n = layout_tokens(d)[t];
+		float *a;
+
+		if (q->smooth_cap[t] >= n)
+			continue;
+		a = realloc(q->smooth[t], n * sizeof(float));
+		if (!a)
+			return -ENOMEM;
+		for (uint32_t i = q->smooth_cap[t]; i < n; i++)
+			a[i] = ROUND_UNSCORED;
+		q->smooth[t] = a;
+		q->smooth_cap[t] = n;
+	}
+	return 0;
+}
+
+/* Bytes of one slot of one table: the rows of every kv head it covers, K and V. */
+static uint64_t slot_bytes(const struct model *m) {
+	uint64_t row = 2ull * m->head_dim * layout_dtype_bytes(m->dtype);
+
+	return m->layout == KVD_LAYOUT_PER_LAYER ? row * m->kv_heads : row;
+}
+
+/*
+ * Drops what a plan names from q, now. Chunks emptied go to *emptied. Returns the token
+ * slots dropped, or a negative errno (nothing changed).
+ */
+static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *drop_off,
+                           const uint32_t *drop_slots, struct seq_emptied *emptied) {
+	const struct model *m = q->model;
+	_cleanup_(freep) struct compact_drop *drops = calloc(m->n_tables, sizeof(*drops));
+	uint32_t n = 0;
+	uint64_t slots = 0, blocks;
+	int k;
+
+	if (!drops)
+		return -ENOMEM;
+	/* The smoothed costs move with their slots. */
+	k = smooth_fit(q);
+	if (k < 0)
+		return k;
+	for (uint32_t t = 0; t < m->n_tables; t++) {
+		uint32_t c = drop_off[t + 1] - drop_off[t];
+
+		if (c == 0)
+			continue;
+		drops[n++] = (struct compact_drop){ .table = t, .n = c, .slots = drop_slots + drop_off[t] };
+		slots += c;
+	}
+	k = seq_compact(q, e->srv->pool, drops, n, q->smooth, emptied, &blocks);
+	if (k < 0)
+		return k;
+	q->evicted_tokens += slots;
+	q->evicted_bytes += slots * slot_bytes(m);
+	q->tenant->evicted_tokens += slots;
+	q->tenant->evicted_bytes += slots * slot_bytes(m);
+	return (int64_t)slots;
+}
+
+static void send_changed(struct server *s, struct seq *q) {
+	Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct conn *c = server_find_conn(s, q->conn_id);
+
+	if (!c || c->closing)
+		return;
+	ev.has_type = true;
+	ev.type = KVD__V1__EVENT_TYPE__EVENT_SEQ_CHANGED;
+	ev.has_seq_id = true;
+	ev.seq_id = q->id;
+	ev.has_generation = true;
+	ev.generation = q->desc->generation;
+	env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
+	env.event = &ev;
+	if (conn_send(c, &env, NULL, 0) < 0 && !c->closing)
+		conn_close(c, "cannot queue an event");
+}
+
+/*
+ * Packs the blocks of tenant t's unpinned evictable sequences so that chunks come free,
+ * reclaims what emptied, and tells the owners of every sequence rewritten since `before`
+ * (their epochs). Returns the chunk bytes given back.
+ */
+static uint64_t settle_tenant(struct evictor *e, struct tenant *t, struct seq_emptied *emptied) {
+	struct server *s = e->srv;
+	_cleanup_(freep) struct seq **seqs = NULL;
+	_cleanup_(freep) uint64_t *epochs = NULL;
+	uint32_t n = 0, i = 0;
+	uint64_t freed;
+
+	for (struct conn *c = s->conns; c; c = c->next)
+		if (c->tenant == t && !c->closing)
+			n += c->n_seqs;
+	seqs = calloc(MAX(n, 1u), sizeof(*seqs));
+	epochs = malloc(MAX(n, 1u) * sizeof(*epochs));
+	if (seqs && epochs) {
+		for (struct conn *c = s->conns; c; c = c->next)
+			if (c->tenant == t && !c->closing)
+				for (struct seq *q = c->seqs; q; q = q->next)
+					if (q->model->unit != KVD_UNIT_NONE && q->pins == 0) {
+						epochs[i] = q->epoch;
+						seqs[i++] = q;
+					}
+		if (compact_chunks(s->pool, t, seqs, i, emptied) < 0)
+			log_warning("tenant %s: packing its blocks failed: out of memory", t->name);
+	}
+	freed = (uint64_t)emptied->n * s->pool->chunk_bytes;
+	server_reclaim(s, emptied, NULL, NULL);
+	for (uint32_t j = 0; j < i; j++)
+		if (seqs[j]->epoch != epochs[j])
+			send_changed(s, seqs[j]);
+	return freed;
+}
+
+static void retry_grants(struct evictor *e, bool final);
+
+void evict_apply_pending(struct evictor *e, struct seq *q) {
+	struct server *s = e->srv;
+	struct plan *p = q->pending;
+	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
+	uint64_t before;
+	int64_t k;
+
+	if (!p)
+		return;
+	q->pending = NULL;
+	if (p->epoch == q->epoch) {
+		before = q->epoch;
+		k = apply_drops(e, q, p->drop_off, p->drop_slots, &emptied);
+		if (k < 0)
+			log_warning("sequence %llu: its eviction plan could not be applied: %s",
+			            (unsigned long long)q->id, strerror((int)-k));
+		(void)settle_tenant(e, q->tenant, &emptied);
+		/* settle_tenant only tells about what it moved itself. */
+		if (q->epoch != before)
+			send_changed(s, q);
+		if (!e->running) {
+			e->idle_until_ms = 0;
+			retry_grants(e, false);
+		}
+	}
+	plan_free(p);
+}
+
+static void record_round(struct evictor *e, const struct round *r, uint64_t compact_us,
+                         uint64_t freed, uint64_t duration_us) {
+	struct record *rec = &e->history[(e->history_head + e->history_n) % EVICT_HISTORY];
+	uint32_t n = 0;
+
+	if (e->history_n == EVICT_HISTORY) {
+		rec = &e->history[e->history_head];
+		e->history_head = (e->history_head + 1) % EVICT_HISTORY;
+	} else
+		e->history_n++;
+	free(rec->tenants);
+	*rec = (struct record){
+		.id = r->id,
+		.trigger = r->trigger,
+		.start_ms = r->start_ms,
+		.duration_us = duration_us,
+		.score_us = r->score_us,
+		.select_us = r->select_us,
+		.compact_us = compact_us,
+		.target = r->target,
+		.freed = freed,
+		.sequences = r->n_seqs,
+		.units = r->units,
+		.predicted_error = r->predicted_error,
+		.error = r->error,
+	};
+	for (uint32_t i = 0; i < r->n_tenants; i++)
+		n += r->tenants[i].freed_bytes > 0;
+	rec->tenants = n ? calloc(n, sizeof(*rec->tenants)) : NULL;
+	for (uint32_t i = 0; rec->tenants && i < r->n_tenants; i++)
+		if (r->tenants[i].freed_bytes > 0) {
+			struct record_tenant *rt = &rec->tenants[rec->n_tenants++];
+
+			memcpy(rt->name, r->tenants[i].name, sizeof(rt->name));
+			rt->freed_bytes = r->tenants[i].freed_bytes;
+			rt->evicted_tokens = r->tenants[i].evicted_tokens;
+		}
+	e->rounds_total++;
+	e->last_round_us = duration_us;
+}
+
+/* Applies a finished round on the loop; returns the chunk bytes it gave back. */
+static uint64_t apply_round(struct evictor *e, struct round *r) {
+	struct server *s = e->srv;
+	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
+	_cleanup_(freep) bool *touched = calloc(MAX(r->n_tenants, 1u), sizeof(bool));
+	uint64_t freed = 0;
+
+	if (!touched)
+		return 0;
+	for (uint32_t i = 0; i < r->n_seqs; i++) {
+		struct round_seq *rq = &r->seqs[i];
+		struct seq *q;
+		int64_t k;
+
+		/* The sequence may be gone, or compacted since the snapshot (a plan waiting
+		 * for its unpin was applied): then this round's view of it is stale. */
+		q = find_seq(s, rq->conn_id, rq->seq_id);
+		if (!q || q->epoch != rq->epoch || !rq->smooth_out)
+			continue;
+		if (smooth_fit(q) < 0)
+			continue;
+		for (uint32_t rw = 0; rw < rq->rows; rw++) {
+			uint32_t t = round_table_of_row(rq, rw), n = MIN(rq->tokens[t], q->smooth_cap[t]);
+
+			memcpy(q->smooth[t], rq->smooth_out[rw], n * sizeof(float));
+		}
+		if (!rq->drop_off)
+			continue;
+		if (q->pins > 0) {
+			struct plan *p = calloc(1, sizeof(*p));
+
+			if (!p)
+				continue;
+			p->epoch = q->epoch;
+			p->n_tables = rq->n_tables;
+			p->drop_off = TAKE_PTR(rq->drop_off);
+			p->drop_slots = TAKE_PTR(rq->drop_slots);
+			q->pending = p;
+			continue;
+		}
+		k = apply_drops(e, q, rq->drop_off, rq->drop_slots, &emptied);
+		if (k < 0) {
+			log_warning("sequence %llu: eviction not applied: %s", (unsigned long long)q->id,
+			            strerror((int)-k));
+			continue;
+		}
+		send_changed(s, q);
+		touched[rq->tenant] = true;
+	}
+	for (uint32_t i = 0; i < r->n_tenants; i++)
+		if (touched[i]) {
+			s->tenants.tenants[i]->rounds++;
+			freed += settle_tenant(e, s->tenants.tenants[i], &emptied);
+		}
+	if (emptied.n > 0) {
+		freed += (uint64_t)emptied.n * s->pool->chunk_bytes;
+		server_reclaim(s, &emptied, NULL, NULL);
+	}
+	return freed;
+}
+
+/* ---- replies ---- */
+
+static void reply_evict(struct evictor *e, const struct evict_waiter *w, const struct round *r,
+                        uint64_t freed) {
+	Kvd__V1__EvictReply rep = KVD__V1__EVICT_REPLY__INIT;
+	Kvd__V1__Status st = KVD__V1__STATUS__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct conn *c = server_find_conn(e->srv, w->conn_id);
+
+	if (!c || c->closing)
+		return;
+	if (r->error < 0) {
+		conn_reply_status(c, w->id, r->error, "the eviction round failed");
+		return;
+	}
+	rep.has_round_id = rep.has_target_bytes = rep.has_freed_bytes = true;
+	rep.round_id = r->id;
+	rep.target_bytes = r->target;
+	rep.freed_bytes = freed;
+	st.has_code = true;
+	env.has_id = true;
+	env.id = w->id;
+	env.status = &st;
+	env.body_case = KVD__V1__ENVELOPE__BODY_EVICT_REPLY;
+	env.evict_reply = &rep;
+	if (conn_send(c, &env, NULL, 0) < 0 && !c->closing)
+		conn_close(c, "cannot queue a reply");
+}
+
+/* Retries parked grows; those that still fail wait on, until their deadline. */
+static void retry_grants(struct evictor *e, bool final) {
+	uint64_t now = now_ms();
+	uint32_t n = e->n_grants;
+	struct grant_waiter *list = e->grants;
+
+	/* dispatch_grow() may park a grow again: give it a fresh list to do so. */
+	e->grants = NULL;
+	e->n_grants = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct grant_waiter *g = &list[i];
+		struct conn *c = server_find_conn(e->srv, g->conn_id);
+
+		if (c && !c->closing)
+			dispatch_grow(c, g->id, g->seq_id, g->tokens,
+			              final || now >= g->deadline_ms ? 0 : g->deadline_ms);
+	}
+	free(list);
+}
+
+/* ---- scheduling ---- */
+
+static void *round_thread(void *userdata) {
+	struct evictor *e = userdata;
+	uint64_t one = 1;
+
+	round_run(e->running);
+	if (e->gate) {
+		int fd = open(e->gate, O_RDONLY | O_CLOEXEC);
+		char b;
+
+		if (fd >= 0) {
+			(void)!read(fd, &b, 1);
+			close(fd);
+		}
+	}
+	(void)!write(e->efd, &one, sizeof(one));
+	return NULL;
+}
+
+static void on_round_done(struct loop_op *op, int res, bool more);
+
+static int arm(struct evictor *e) {
+	int k;
+
+	if (e->efd_armed)
+		return 0;
+	k = loop_read(e->srv->loop, &e->efd_op, e->efd, &e->efd_buf, sizeof(e->efd_buf));
+	if (k >= 0)
+		e->efd_armed = true;
+	return k;
+}
+
+/* Bytes that waiting grows need, roughly: a chunk each. */
+static uint64_t grants_need(const struct evictor *e) {
+	return (uint64_t)e->n_grants * e->srv->pool->chunk_bytes;
+}
+
+static bool evictable_exists(const struct server *s) {
+	for (const struct conn *c = s->conns; c; c = c->next)
+		for (const struct seq *q = c->seqs; q; q = q->next)
+			if (q->model->unit != KVD_UNIT_NONE)
+				return true;
+	return false;
+}
+
+static void start_round(struct evictor *e, enum round_trigger why, uint64_t target, int only) {
+	struct server *s = e->srv;
+	struct round *r;
+	int k;
+
+	r = calloc(1, sizeof(*r));
+	if (!r) {
+		log_error("cannot start an eviction round: out of memory");
+		return;
+	}
+	r->id = ++e->next_id;
+	r->trigger = why;
+	r->start_ms = now_ms() - s->start_ms;
+	r->target = target;
+	r->only = only;
+	r->floor_pct = s->limits.eviction_floor;
+	r->threads = s->limits.round_threads;
+	k = snapshot(e, r);
+	if (k >= 0)
+		k = arm(e);
+	if (k >= 0) {
+		e->running = r;
+		k = -pthread_create(&e->thread, NULL, round_thread, e);
+		if (k < 0)
+			e->running = NULL;
+	}
+	if (k < 0) {
+		log_error_errno(k, "cannot start an eviction round");
+		r->error = k;
+		record_round(e, r, 0, 0, 0);
+		if (e->running_request) {
+			reply_evict(e, &e->running_waiter, r, 0);
+			e->running_request = false;
+		}
+		round_free(r);
+		return;
+	}
+	log_debug("eviction round %llu (%s): %u sequences, target %llu bytes", (unsigned long long)r->id,
+	          round_trigger_to_string(why), r->n_seqs, (unsigned long long)target);
+}
+
+void evict_kick(struct evictor *e, enum round_trigger why) {
+	struct server *s = e->srv;
+	struct pool *p = s->pool;
+	uint64_t now = now_ms(), high, low, target = 0;
+
+	if (why == ROUND_BUDGET)
+		e->budget_lowered = true;
+	if (e->running || s->stopping)
+		return;
+	if (e->n_waiters > 0) {
+		struct evict_waiter w = e->waiters[0];
+		int only = -1;
+
+		memmove(e->waiters, e->waiters + 1, --e->n_waiters * sizeof(*e->waiters));
+		if (w.tenant_id)
+			for (uint32_t i = 0; i < s->tenants.n; i++)
+				if (s->tenants.tenants[i]->id == w.tenant_id)
+					only = (int)i;
+		target = w.bytes;
+		if (target == 0) {
+			low = p->budget_bytes / 100 * s->limits.low_watermark;
+			target = p->used_bytes > low ? p->used_bytes - low : 0;
+		}
+		e->running_request = true;
+		e->running_waiter = w;
+		start_round(e, ROUND_EVICT, target, only);
+		return;
+	}
+	if (!evictable_exists(s))
+		return;
+	high = p->budget_bytes / 100 * s->limits.high_watermark;
+	low = p->budget_bytes / 100 * s->limits.low_watermark;
+	if (e->n_grants > 0)
+		why = ROUND_GRANT;
+	else if (e->budget_lowered && p->used_bytes > p->budget_bytes)
+		why = ROUND_BUDGET;
+	else if (p->used_bytes > high)
+		why = ROUND_WATERMARK;
+	else if (s->limits.round_interval_ms && now - e->last_interval_ms >= s->limits.round_interval_ms)
+		why = ROUND_INTERVAL;
+	else
+		return;
+	if (why != ROUND_INTERVAL && now < e->idle_until_ms)
+		return;
+	if (why == ROUND_INTERVAL)
+		e->last_interval_ms = now;
+	else
+		target = MAX(p->used_bytes > low ? p->used_bytes - low : 0, grants_need(e));
+	e->budget_lowered = false;
+	start_round(e, why, target, -1);
+}
+
+static void on_round_done(struct loop_op *op, int res, bool more) {
+	struct evictor *e = container_of(op, struct evictor, efd_op);
+	struct round *r = e->running;
+	uint64_t t0 = now_us(), freed = 0;
+
+	(void)more;
+	e->efd_armed = false;
+	if (!r)
+		return;
+	if (res < 0 && res != -EINTR)
+		log_warning("reading the round's eventfd failed: %s", strerror(-res));
+	pthread_join(e->thread, NULL);
+	e->running = NULL;
+	if (r->error < 0)
+		log_warning("eviction round %llu failed: %s", (unsigned long long)r->id, strerror(-r->error));
+	else
+		freed = apply_round(e, r);
+	record_round(e, r, now_us() - t0, freed, r->score_us + r->select_us + (now_us() - t0));
+	log_debug("eviction round %llu: %llu bytes of chunks given back, %llu units, score %llu us, "
+	          "select %llu us", (unsigned long long)r->id, (unsigned long long)freed,
+	          (unsigned long long)r->units, (unsigned long long)r->score_us,
+	          (unsigned long long)r->select_us);
+	if (e->running_request) {
+		e->running_request = false;
+		reply_evict(e, &e->running_waiter, r, freed);
+	}
+	/* Nothing given back: do not spin on pressure nothing can relieve. */
+	e->idle_until_ms = freed == 0 && r->trigger != ROUND_EVICT ? now_ms() + EVICT_IDLE_MS : 0;
+	round_free(r);
+	/* Grows still short of memory wait on, for a plan waiting for an unpin or the next
+	 * round, until their deadline. */
+	retry_grants(e, false);
+	evict_kick(e, ROUND_WATERMARK);
+}
+
+int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes) {
+	if (e->n_waiters == EVICT_WAITERS_MAX)
+		return -EBUSY;
+	e->waiters[e->n_waiters++] = (struct evict_waiter){
+		.conn_id = c->id,
+		.id = id,
+		.tenant_id = t ? t->id : 0,
+		.bytes = bytes,
+	};
+	evict_kick(e, ROUND_EVICT);
+	return 0;
+}
+
+int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, uint64_t seq_id,
+                     uint32_t tokens, uint64_t deadline_ms) {
+	struct server *s = e->srv;
+	struct grant_waiter *g;
+
+	if (e->n_grants >= GRANT_WAITERS_MAX || s->stopping || !evictable_exists(s))
+		return -EAGAIN;
+	g = realloc(e->grants, (e->n_grants + 1) * sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	e->grants = g;
+	e->grants[e->n_grants++] = (struct grant_waiter){
+		.conn_id = c->id,
+		.id = id,
+		.seq_id = seq_id,
+		.tokens = tokens,
+		.deadline_ms = deadline_ms,
+	};
+	/* After a round that freed nothing, even a new grow waits for the idle time: the
+	 * same round would run again. */
+	evict_kick(e, ROUND_GRANT);
+	return 0;
+}
+
+/* Grows whose deadline passed get their refusal, on the tick. */
+void evict_tick(struct evictor *e) {
+	uint64_t now = now_ms();
+	bool due = false;
+
+	for (uint32_t i = 0; i < e->n_grants; i++)
+		due = due || now >= e->grants[i].deadline_ms;
+	if (due && !e->running)
+		retry_grants(e, true);
+	evict_kick(e, ROUND_WATERMARK);
+}
+
+int evictor_new(struct server *s, struct evictor **ret) {
+	struct evictor *e = calloc(1, sizeof(*e));
+
+	if (!e)
+		return -ENOMEM;
+	e->srv = s;
+	e->efd = eventfd(0, EFD_CLOEXEC);
+	if (e->efd < 0) {
+		int k = negative_errno();
+
+		free(e);
+		return k;
+	}
+	e->efd_op.handler = on_round_done;
+	e->gate = getenv("KVD_TEST_ROUND_GATE");
+	e->last_interval_ms = now_ms();
+	*ret = e;
+	return 0;
+}
+
+struct evictor *evictor_free(struct evictor *e) {
+	if (!e)
+		return NULL;
+	if (e->running) {
+		pthread_join(e->thread, NULL);
+		round_free(e->running);
+	}
+	for (uint32_t i = 0; i < EVICT_HISTORY; i++)
+		free(e->history[i].tenants);
+	free(e->grants);
+	safe_close(e->efd);
+	free(e);
+	return NULL;
+}
+
+uint64_t evict_rounds_total(const struct evictor *e) {
+	return e->rounds_total;
+}
+
+uint64_t evict_last_round_us(const struct evictor *e) {
+	return e->last_round_us;
+}
+
+int evict_history(const struct evictor *e, Kvd__V1__EvictionsReply *rep) {
+	uint32_t n = e->history_n;
+
+	rep->n_rounds = 0;
+	rep->rounds = calloc(MAX(n, 1u), sizeof(*rep->rounds));
+	if (!rep->rounds)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct record *rec = &e->history[(e->history_head + i) % EVICT_HISTORY];
+		Kvd__V1__Round *r = calloc(1, sizeof(*r) + rec->n_tenants * (sizeof(Kvd__V1__RoundTenant) +
+		                                                               sizeof(void *)));
+		Kvd__V1__RoundTenant *ts;
+
+		if (!r)
+			return -ENOMEM;
+		rep->rounds[rep->n_rounds++] = r;
+		kvd__v1__round__init(r);
+		ts = (Kvd__V1__RoundTenant *)(r + 1);
+		r->tenants = (Kvd__V1__RoundTenant **)(ts + rec->n_tenants);
+		r->has_id = r->has_start_ms = r->has_duration_us = r->has_score_us = true;
+		r->has_select_us = r->has_compact_us = r->has_target_bytes = r->has_freed_bytes = true;
+		r->has_sequences = r->has_units = r->has_predicted_error = true;
+		r->id = rec->id;
+		r->trigger = (char *)round_trigger_to_string(rec->trigger);
+		r->start_ms = rec->start_ms;
+		r->duration_us = rec->duration_us;
+		r->score_us = rec->score_us;
+		r->select_us = rec->select_us;
+		r->compact_us = rec->compact_us;
+		r->target_bytes = rec->target;
+		r->freed_bytes = rec->freed;
+		r->sequences = rec->sequences;
+		r->units = rec->units;
+		r->predicted_error = rec->predicted_error;
+		if (rec->error < 0)
+			r->error = strerror(-rec->error);
+		for (uint32_t j = 0; j < rec->n_tenants; j++) {
+			kvd__v1__round_tenant__init(&ts[j]);
+			ts[j].name = (char *)rec->tenants[j].name;
+			ts[j].has_freed_bytes = ts[j].has_evicted_tokens = true;
+			ts[j].freed_bytes = rec->tenants[j].freed_bytes;
+			ts[j].evicted_tokens = rec->tenants[j].evicted_tokens;
+			r->tenants[j] = &ts[j];
+		}
+		r->n_tenants = rec->n_tenants;
+	}
+	return 0;
+}
+
+void evict_history_free(Kvd__V1__EvictionsReply *rep) {
+	for (size_t i = 0; i < rep->n_rounds; i++)
+		free(rep->rounds[i]);
+	free(rep->rounds);
+	rep->rounds = NULL;
+	rep->n_rounds = 0;
+}

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * The eviction scheduler, on the event loop: when to run a round, the snapshot it scores,
+ * what happens with its result. At most one round runs at a time, on a worker thread
+ * (round.h); the loop never waits for it.
+ *
+ * Triggers: use above high-watermark percent of the budget, a grow the budget cannot
+ * meet (it waits up to grant-wait for rounds, then is refused), a budget set below use,
+ * an Evict request (kvdctl evict: its reply waits for its own round), and every
+ * round-interval. Pressure rounds free down to low-watermark percent of the budget (and
+ * at least what waiting grows need); one that frees nothing is not repeated for a second,
+ * unless something changes.
+ *
+ * Applying a round: each sequence that still exists and was not compacted since the
+ * snapshot takes its smoothed costs; if the round evicts from it, it is compacted at once
+ * (compact.h), or at its last unpin when pinned. Then the blocks of each tenant touched
+ * are packed so that chunks come free, emptied chunks are reclaimed (their holders asked
+ * to unmap them), and each owner gets an EVENT_SEQ_CHANGED per sequence rewritten.
+ *
+ * Test hook: with KVD_TEST_ROUND_GATE=PATH in the environment, the worker opens PATH
+ * (a FIFO) and reads one byte after scoring and selecting, before the loop learns the
+ * round is done, so that a test can disconnect, unpin or release in between without
+ * relying on timing.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvd.pb-c.h"
+#include "round.h"
+
+struct server;
+struct conn;
+struct seq;
+struct evictor;
+
+/* A plan made while the sequence was pinned: applied at its last unpin if the sequence is
+ * still at epoch. */
+struct plan {
+	uint64_t epoch;
+	uint32_t n_tables;
+	uint32_t *drop_off, *drop_slots;
+};
+
+struct plan *plan_free(struct plan *p);
+
+/* Rounds kept for kvdctl evictions. */
+#define EVICT_HISTORY 64
+/* Evict requests waiting for their round, and grows waiting for memory, at most. */
+#define EVICT_WAITERS_MAX 64
+#define GRANT_WAITERS_MAX 1024
+
+int evictor_new(struct server *s, struct evictor **ret);
+/* Waits for a running round (its result is dropped). */
+struct evictor *evictor_free(struct evictor *e);
+
+/* Checks the triggers and starts a round if one is due and none runs. Cheap; called on
+ * every tick and after every grant. */
+void evict_kick(struct evictor *e, enum round_trigger why);
+
+/*
+ * Queues an Evict request of connection c (request id): bytes 0 means down to the low
+ * watermark; tenant NULL means ranked across all. The reply comes when its round is done.
+ * Returns 0, or -EBUSY (too many waiting), -ENOMEM.
+ */
+int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes);
+
+/*
+ * Parks a grow that the budget could not meet until a round makes room or deadline_ms
+ * passes; dispatch_grow() retries it after each round (and once more, to refuse it, at the
+ * deadline). Returns 0 when parked, or -EAGAIN (too many waiting, stopping, or nothing
+ * anywhere is evictable) or -ENOMEM: then refuse it now.
+ */
+int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, uint64_t seq_id,
+                     uint32_t tokens, uint64_t deadline_ms);
+
+/* Refuses parked grows whose deadline passed, and checks the triggers; on every tick. */
+void evict_tick(struct evictor *e);
+
+/* Applies q's pending plan if it is still valid (at the last unpin), then frees it. */
+void evict_apply_pending(struct evictor *e, struct seq *q);
+
+/* Statistics and history for status and EvictionsReply. */
+uint64_t evict_rounds_total(const struct evictor *e);
+uint64_t evict_last_round_us(const struct evictor *e);
+/* Fills rep with the history; the strings and arrays live in e until the next round.
+ * Returns 0 or -ENOMEM; free with evict_history_free(). */
+int evict_history(const struct evictor *e, Kvd__V1__EvictionsReply *rep);
+void evict_history_free(Kvd__V1__EvictionsReply *rep);

@@ -1,0 +1,611 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/layout.h"
+#include "common/macro.h"
+#include "policy.h"
+#include "round.h"
+#include "select.h"
+
+static const char *const trigger_names[_ROUND_TRIGGER_MAX] = {
+	[ROUND_WATERMARK] = "watermark",
+	[ROUND_GRANT] = "grant",
+	[ROUND_BUDGET] = "budget",
+	[ROUND_EVICT] = "evict",
+	[ROUND_INTERVAL] = "interval",
+};
+
+const char *round_trigger_to_string(enum round_trigger t) {
+	return t < _ROUND_TRIGGER_MAX ? trigger_names[t] : NULL;
+}
+
+static uint64_t now_us(void) {
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/* Layer-token units on the per-head layout: one row per layer over its aligned tables. */
+static bool rows_are_layers(const struct round_seq *q) {
+	return q->unit == KVD_UNIT_LAYER_TOKEN;
+}
+
+uint32_t round_row_of_table(const struct round_seq *q, uint32_t t) {
+	if (rows_are_layers(q) && q->layout == KVD_LAYOUT_PER_HEAD)
+		return t / q->kv_heads;
+	return t;
+}
+
+uint32_t round_table_of_row(const struct round_seq *q, uint32_t row) {
+	if (rows_are_layers(q) && q->layout == KVD_LAYOUT_PER_HEAD)
+		return row * q->kv_heads;
+	return row;
+}
+
+/* The table of (layer, kv head), and where the head's rows start inside its blocks. */
+static uint32_t table_of(const struct round_seq *q, uint32_t l, uint32_t kh) {
+	return q->layout == KVD_LAYOUT_PER_HEAD ? l * q->kv_heads + kh : l;
+}
+
+/* Copies the K and V rows of slots [0, n) of (layer, kv head) into k and v, contiguous. */
+static void gather(const struct round_seq *q, uint32_t l, uint32_t kh, uint32_t n, uint8_t *k,
+                   uint8_t *v) {
+	uint32_t t = table_of(q, l, kh), bt = q->block_tokens;
+	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
+	uint64_t head_off = q->layout == KVD_LAYOUT_PER_HEAD ? 0 : (uint64_t)kh * bt * row;
+	const uint8_t *const *blocks = q->block_addr + q->block_off[t];
+
+	for (uint32_t b = 0; (uint64_t)b * bt < n; b++) {
+		uint32_t rows = MIN(bt, n - b * bt);
+
+		memcpy(k + (uint64_t)b * bt * row, blocks[b] + head_off, rows * row);
+		memcpy(v + (uint64_t)b * bt * row, blocks[b] + q->block_bytes / 2 + head_off, rows * row);
+	}
+}
+
+/* Work buffers of one round, sized for its largest layer. */
+struct scratch {
+	uint8_t *k, *v;
+	float *scores;
+};
+
+/*
+ * Scores kv heads [kh0, kh0 + nkv) of layer l (their tables all hold the same slots when
+ * nkv > 1) and folds the costs into the rows' S. Returns 0 or a negative errno.
+ */
+static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_t kh0, uint32_t nkv,
+                       float share, struct scratch *sc) {
+	const struct round_tenant *rt = &r->tenants[q->tenant];
+	uint32_t t0 = table_of(q, l, kh0), g = q->q_heads / q->kv_heads, w = q->window;
+	uint32_t n = q->tokens[t0], end = q->window_end[t0];
+	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
+	struct kvd_policy_params p;
+	struct kvd_attn_in in;
+	int policy = rt->policy;
+	uint32_t L, prefix;
+	int k;
+
+	if (end > w) {
+		L = end;
+	} else {
+		/* No window for this layer: recency ranks it, over everything resident. */
+		policy = KVD_POLICY_STREAMINGLLM;
+		L = n;
+	}
+	if (L <= w)
+		return 0;
+	prefix = L - w;
+	for (uint32_t j = 0; j < nkv; j++)
+		gather(q, l, kh0 + j, L, sc->k + (uint64_t)j * L * row, sc->v + (uint64_t)j * L * row);
+
+	in = (struct kvd_attn_in){
+		.dtype = q->dtype,
+		.heads = nkv * g,
+		.kv_heads = nkv,
+		.window = w,
+		.len = L,
+		.dim = q->head_dim,
+		.scale = 1.0f / sqrtf((float)q->head_dim),
+		.q = (const uint8_t *)obs_queries(q->obs, l) + (uint64_t)kh0 * g * w * row,
+		.k = sc->k,
+		.v = sc->v,
+	};
+	kvd_attn_in_contiguous(&in);
+	kvd_policy_params_default(policy, &p);
+	/* What the adaptive pooling expects to keep: half the prefix, since a round's
+	 * outcome for this layer is not known before the global selection. */
+	p.capacity = w + (prefix + 1) / 2;
+	p.laprox_joint = 0;
+	p.layer = l;
+	p.n_layers = q->layers;
+	p.threads = r->threads;
+	k = kvd_policy_scores(&p, &in,
+	                      q->grams && q->grams[l] ? q->grams[l]->g + (uint64_t)kh0 * g * q->head_dim *
+	                                                                        q->head_dim
+	                                              : NULL,
+	                      NULL, sc->scores);
+	if (k < 0)
+		return k;
+
+	/* One row per call: a layer's row sums its kv heads (the triangle bound, §7.1), a
+	 * table's row is its one head. */
+	for (uint32_t j = 1; j < nkv; j++)
+		for (uint32_t i = 0; i < prefix; i++)
+			sc->scores[i] += sc->scores[(uint64_t)j * prefix + i];
+	{
+		uint32_t rw = round_row_of_table(q, t0);
+		float *S = q->smooth_out[rw];
+		const float *S0 = q->smooth_in ? q->smooth_in[rw] : NULL;
+
+		for (uint32_t i = 0; i < prefix; i++) {
+			float x = share * sc->scores[i];
+
+			S[i] = S0 && S0[i] >= 0 ? (1 - ROUND_BETA) * S0[i] + ROUND_BETA * x : x;
+		}
+	}
+	return 0;
+}
+
+static int score_seq(struct round *r, struct round_seq *q, struct scratch *sc) {
+	bool aligned = q->layout == KVD_LAYOUT_PER_LAYER || rows_are_layers(q);
+	int k;
+
+	for (uint32_t rw = 0; rw < q->rows; rw++) {
+		uint32_t n = q->tokens[round_table_of_row(q, rw)];
+		const float *S0 = q->smooth_in ? q->smooth_in[rw] : NULL;
+
+		q->smooth_out[rw] = malloc(MAX(n, 1u) * sizeof(float));
+		if (!q->smooth_out[rw])
+			return -ENOMEM;
+		/* Slots a layer does not score this round keep what they had. */
+		for (uint32_t i = 0; i < n; i++)
+			q->smooth_out[rw][i] = S0 ? S0[i] : ROUND_UNSCORED;
+	}
+	for (uint32_t l = 0; l < q->layers; l++) {
+		if (aligned) {
+			k = score_heads(r, q, l, 0, q->kv_heads, 1.0f, sc);
+			if (k < 0)
+				return k;
+			continue;
+		}
+		for (uint32_t kh = 0; kh < q->kv_heads; kh++) {
+			/* Each head's call is normalised alone: weigh it so that the layer's
+			 * shares still sum to one. */
+			k = score_heads(r, q, l, kh, 1, 1.0f / (float)q->kv_heads, sc);
+			if (k < 0)
+				return k;
+		}
+	}
+	return 0;
+}
+
+/* ---- selection ---- */
+
+struct units {
+	uint64_t n, cap;
+	float *value;
+	uint32_t *bytes;
+	uint8_t *state;               /* UNIT_* */
+	uint32_t *slot;               /* first slot of the unit in its row */
+	uint32_t *group;              /* per unit */
+	/* Per group: its sequence and row, its unit range, how many it may still give. */
+	uint32_t n_groups;
+	uint32_t *g_seq, *g_row, *g_start, *g_max;
+	uint32_t *s_group;            /* per sequence: its first group (one per row) */
+	float *raw;                   /* S without the weight, for the predicted error */
+};
+
+enum {
+	UNIT_CANDIDATE,
+	UNIT_EXCLUDED,
+	UNIT_SELECTED,
+};
+
+static void units_done(struct units *u) {
+	free(u->value);
+	free(u->bytes);
+	free(u->state);
+	free(u->slot);
+	free(u->group);
+	free(u->g_seq);
+	free(u->g_row);
+	free(u->g_start);
+	free(u->g_max);
+	free(u->s_group);
+	free(u->raw);
+}
+
+static uint32_t unit_bytes(const struct round_seq *q) {
+	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype) * 2;
+
+	switch (q->unit) {
+	case KVD_UNIT_HEAD_TOKEN:
+		return (uint32_t)row;
+	case KVD_UNIT_LAYER_TOKEN:
+		return (uint32_t)(row * q->kv_heads);
+	default:
+		return (uint32_t)q->block_bytes;
+	}
+}
+
+/* Slots of a row that a round may take: after the sinks, before the protected end. */
+static void row_range(const struct round_seq *q, uint32_t rw, uint32_t *ret_lo, uint32_t *ret_hi) {
+	uint32_t t = round_table_of_row(q, rw), n = q->tokens[t], end = q->window_end[t];
+	uint32_t hi = end > q->window ? end - q->window : (n > q->window ? n - q->window : 0);
+
+	/* The open tail block is the engine's to fill. */
+	hi = MIN(hi, n - n % q->block_tokens);
+	*ret_lo = MIN(q->sink_slots[t], hi);
+	*ret_hi = hi;
+}
+
+static int units_build(struct round *r, struct units *u) {
+	uint64_t n = 0, groups = 0;
+
+	for (uint32_t s = 0; s < r->n_seqs; s++) {
+		const struct round_seq *q = &r->seqs[s];
+
+		if (!q->smooth_out)
+			continue;
+		groups += q->rows;
+		for (uint32_t rw = 0; rw < q->rows; rw++) {
+			uint32_t lo, hi;
+
+			row_range(q, rw, &lo, &hi);
+			n += hi - lo;
+		}
+	}
+	if (n > UINT32_MAX || groups > UINT32_MAX)
+		return -E2BIG;
+	u->cap = n;
+	u->value = malloc(MAX(n, 1u) * sizeof(float));
+	u->raw = malloc(MAX(n, 1u) * sizeof(float));
+	u->bytes = malloc(MAX(n, 1u) * sizeof(uint32_t));
+	u->state = calloc(MAX(n, 1u), 1);
+	u->slot = malloc(MAX(n, 1u) * sizeof(uint32_t));
+	u->group = malloc(MAX(n, 1u) * sizeof(uint32_t));
+	u->g_seq = malloc(MAX(groups, 1u) * sizeof(uint32_t));
+	u->g_row = malloc(MAX(groups, 1u) * sizeof(uint32_t));
+	u->g_start = malloc((groups + 1) * sizeof(uint32_t));
+	u->g_max = malloc(MAX(groups, 1u) * sizeof(uint32_t));
+	u->s_group = malloc(MAX(r->n_seqs, 1u) * sizeof(uint32_t));
+	if (!u->s_group || !u->value || !u->raw || !u->bytes || !u->state || !u->slot || !u->group || !u->g_seq ||
+	    !u->g_row || !u->g_start || !u->g_max)
+		return -ENOMEM;
+
+	for (uint32_t s = 0; s < r->n_seqs; s++) {
+		const struct round_seq *q = &r->seqs[s];
+		const struct round_tenant *rt = &r->tenants[q->tenant];
+		uint32_t bytes = unit_bytes(q), bt = q->block_tokens;
+
+		u->s_group[s] = u->n_groups;
+		if (!q->smooth_out)
+			continue;
+		for (uint32_t rw = 0; rw < q->rows; rw++) {
+			uint32_t t = round_table_of_row(q, rw), tokens = q->tokens[t], lo, hi, g = u->n_groups++;
+			/* The floor: a row keeps at least floor_pct of its tokens. */
+			uint64_t keep = ((uint64_t)tokens * r->floor_pct + 99) / 100;
+			uint32_t may = tokens > keep ? (uint32_t)(tokens - keep) : 0;
+			const float *S = q->smooth_out[rw];
+
+			row_range(q, rw, &lo, &hi);
+			u->g_seq[g] = s;
+			u->g_row[g] = rw;
+			u->g_start[g] = (uint32_t)u->n;
+			if (q->unit == KVD_UNIT_BLOCK) {
+				uint32_t b0 = DIV_ROUND_UP(lo, bt), b1 = hi / bt, n_tok = b1 * bt;
+				_cleanup_(freep) float *blocks = malloc(MAX(b1, 1u) * sizeof(float));
+				_cleanup_(freep) uint8_t *needle = malloc(MAX(b1, 1u));
+
+				if (!blocks || !needle)
+					return -ENOMEM;
+				if (n_tok > 0 && kvd_block_scores(S, n_tok, bt, KVD_NEEDLE_PPM_DEFAULT, blocks,
+				                                  needle) < 0)
+					return -EINVAL;
+				for (uint32_t b = b0; b < b1; b++) {
+					bool scored = true;
+
+					for (uint32_t i = b * bt; i < (b + 1) * bt; i++)
+						scored = scored && S[i] >= 0;
+					if (!scored || needle[b])
+						continue;
+					u->raw[u->n] = blocks[b];
+					u->value[u->n] = blocks[b] * (float)rt->weight;
+					u->bytes[u->n] = bytes;
+					u->slot[u->n] = b * bt;
+					u->group[u->n] = g;
+					u->n++;
+				}
+				u->g_max[g] = may / bt;
+			} else {
+				for (uint32_t i = lo; i < hi; i++) {
+					if (S[i] < 0)
+						continue;
+					u->raw[u->n] = S[i];
+					u->value[u->n] = S[i] * (float)rt->weight;
+					u->bytes[u->n] = bytes;
+					u->slot[u->n] = i;
+					u->group[u->n] = g;
+					u->n++;
+				}
+				u->g_max[g] = may;
+			}
+		}
+	}
+	u->g_start[u->n_groups] = (uint32_t)u->n;
+	return 0;
+}
+
+static float unit_density(const struct units *u, uint32_t i) {
+	return kvd_density(u->value[i], u->bytes[i]);
+}
+
+/* Orders unit ids by density, then by id: the greedy's own order (select.h). */
+static int cmp_density(const void *a, const void *b, void *userdata) {
+	const struct units *u = userdata;
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	float dx = unit_density(u, x), dy = unit_density(u, y);
+
+	if (isnan(dx) != isnan(dy))
+		return isnan(dx) ? -1 : 1;
+	if (dx != dy && !isnan(dx))
+		return dx < dy ? -1 : 1;
+	return x > y ? -1 : x < y;
+}
+
+/*
+ * One greedy pass over the candidates of the tenants allowed by `allowed` (NULL: all),
+ * taking up to target bytes, each tenant at most allowance[tenant] bytes. Accepted units
+ * become UNIT_SELECTED; their bytes are added to *taken. Returns 0 or a negative errno.
+ */
+static int select_pass(struct round *r, struct units *u, const bool *allowed, uint64_t *allowance,
+                       uint64_t target, uint64_t *taken) {
+	_cleanup_(freep) uint8_t *pinned = malloc(MAX(u->n, 1u));
+	_cleanup_(freep) uint32_t *ids = malloc(MAX(u->n, 1u) * sizeof(uint32_t));
+	_cleanup_(freep) uint64_t *got = calloc(r->n_tenants, sizeof(uint64_t));
+	_cleanup_(freep) bool *over = calloc(r->n_tenants, sizeof(bool));
+	uint64_t done = 0;
+
+	if (!pinned || !ids || !got || !over)
+		return -ENOMEM;
+	/* Each round of this loop either meets the target or closes a tenant for good. */
+	for (uint32_t pass = 0; pass <= r->n_tenants && done < target; pass++) {
+		struct kvd_evict_in in = {
+			.n = (uint32_t)u->n,
+			.value = u->value,
+			.bytes = u->bytes,
+			.pinned = pinned,
+			.n_groups = u->n_groups,
+			.group_start = u->g_start,
+			.group_max_units = u->g_max,
+			.target = target - done,
+		};
+		uint32_t n_ids;
+		uint64_t freed;
+		bool trimmed = false;
+		int k;
+
+		for (uint64_t i = 0; i < u->n; i++) {
+			uint32_t tn = r->seqs[u->g_seq[u->group[i]]].tenant;
+
+			pinned[i] = u->state[i] != UNIT_CANDIDATE || (allowed && !allowed[tn]) ||
+			            allowance[tn] == 0;
+		}
+		k = kvd_evict_greedy(&in, ids, &n_ids, &freed);
+		if (k < 0)
+			return k;
+		if (n_ids == 0)
+			break;
+		memset(got, 0, r->n_tenants * sizeof(uint64_t));
+		for (uint32_t j = 0; j < n_ids; j++)
+			got[r->seqs[u->g_seq[u->group[ids[j]]]].tenant] += u->bytes[ids[j]];
+		for (uint32_t tn = 0; tn < r->n_tenants; tn++)
+			over[tn] = got[tn] > allowance[tn];
+		/* A tenant past its allowance keeps its cheapest units up to it, and is done. */
+		qsort_r(ids, n_ids, sizeof(*ids), cmp_density, u);
+		for (uint32_t j = 0; j < n_ids; j++) {
+			uint32_t id = ids[j], g = u->group[id], tn = r->seqs[u->g_seq[g]].tenant;
+
+			if (over[tn] && u->bytes[id] > allowance[tn]) {
+				trimmed = true;
+				continue;
+			}
+			u->state[id] = UNIT_SELECTED;
+			u->g_max[g]--;
+			allowance[tn] -= u->bytes[id];
+			done += u->bytes[id];
+		}
+		for (uint32_t tn = 0; tn < r->n_tenants; tn++)
+			if (over[tn])
+				allowance[tn] = 0;
+		if (!trimmed)
+			break;
+	}
+	*taken += done;
+	return 0;
+}
+
+static int select_units(struct round *r, struct units *u) {
+	_cleanup_(freep) uint64_t *allowance = calloc(MAX(r->n_tenants, 1u), sizeof(uint64_t));
+	_cleanup_(freep) bool *allowed = calloc(MAX(r->n_tenants, 1u), sizeof(bool));
+	uint64_t taken = 0;
+	int k;
+
+	if (!allowance || !allowed)
+		return -ENOMEM;
+	/* First, each tenant over its cap gives up the excess, from its own units. */
+	for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
+		const struct round_tenant *rt = &r->tenants[tn];
+		uint64_t excess, got = 0;
+
+		if (rt->max == TENANT_NO_CAP || rt->used <= rt->max)
+			continue;
+		excess = rt->used - rt->max;
+		memset(allowed, 0, r->n_tenants * sizeof(bool));
+		allowed[tn] = true;
+		allowance[tn] = excess;
+		k = select_pass(r, u, allowed, allowance, excess, &got);
+		if (k < 0)
+			return k;
+		taken += got;
+	}
+	if (taken >= r->target)
+		return 0;
+	/* Then the rest, ranked across tenants, none below its guaranteed minimum. */
+	for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
+		const struct round_tenant *rt = &r->tenants[tn];
+
+		allowed[tn] = r->only < 0 || (uint32_t)r->only == tn;
+		allowance[tn] = rt->used > rt->min ? rt->used - rt->min : 0;
+	}
+	for (uint64_t i = 0; i < u->n; i++)
+		if (u->state[i] == UNIT_SELECTED) {
+			uint32_t tn = r->seqs[u->g_seq[u->group[i]]].tenant;
+
+			allowance[tn] -= MIN(allowance[tn], (uint64_t)u->bytes[i]);
+		}
+	return select_pass(r, u, allowed, allowance, r->target - taken, &taken);
+}
+
+/* Turns the selected units into each sequence's per-table drop lists. */
+static int units_plan(struct round *r, const struct units *u) {
+	_cleanup_(freep) uint64_t *count = calloc(MAX(r->n_seqs, 1u), sizeof(uint64_t));
+
+	if (!count)
+		return -ENOMEM;
+	for (uint64_t i = 0; i < u->n; i++)
+		if (u->state[i] == UNIT_SELECTED) {
+			uint32_t s = u->g_seq[u->group[i]];
+			struct round_seq *q = &r->seqs[s];
+			struct round_tenant *rt = &r->tenants[q->tenant];
+
+			count[s]++;
+			q->dropped_units++;
+			rt->freed_bytes += u->bytes[i];
+			r->selected_bytes += u->bytes[i];
+			r->predicted_error += u->raw[i];
+		}
+	for (uint32_t s = 0; s < r->n_seqs; s++) {
+		struct round_seq *q = &r->seqs[s];
+		struct round_tenant *rt = &r->tenants[q->tenant];
+		uint32_t per = q->unit == KVD_UNIT_BLOCK ? q->block_tokens : 1;
+		uint32_t tables = rows_are_layers(q) && q->layout == KVD_LAYOUT_PER_HEAD ? q->kv_heads : 1;
+		uint32_t at = 0;
+
+		if (count[s] == 0)
+			continue;
+		q->drop_off = calloc(q->n_tables + 1, sizeof(uint32_t));
+		q->drop_slots = malloc(count[s] * per * tables * sizeof(uint32_t));
+		if (!q->drop_off || !q->drop_slots)
+			return -ENOMEM;
+		/* Table order, so that drop_off is a prefix sum; a layer row's tables all
+		 * drop its slots. */
+		for (uint32_t t = 0; t < q->n_tables; t++) {
+			uint32_t g = u->s_group[s] + round_row_of_table(q, t);
+
+			q->drop_off[t] = at;
+			for (uint32_t i = u->g_start[g]; i < u->g_start[g + 1]; i++)
+				if (u->state[i] == UNIT_SELECTED)
+					for (uint32_t j = 0; j < per; j++)
+						q->drop_slots[at++] = u->slot[i] + j;
+			rt->evicted_tokens += at - q->drop_off[t];
+		}
+		q->drop_off[q->n_tables] = at;
+	}
+	return 0;
+}
+
+void round_run(struct round *r) {
+	struct scratch sc = {};
+	struct units u = {};
+	uint64_t t0 = now_us(), kv = 0, sc_n = 0;
+	int k = 0;
+
+	/* Buffers for the largest layer of the round. */
+	for (uint32_t s = 0; s < r->n_seqs; s++) {
+		const struct round_seq *q = &r->seqs[s];
+		uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
+
+		for (uint32_t t = 0; t < q->n_tables; t++) {
+			uint64_t heads = q->layout == KVD_LAYOUT_PER_LAYER || rows_are_layers(q) ? q->kv_heads : 1;
+
+			kv = MAX(kv, heads * q->tokens[t] * row);
+			sc_n = MAX(sc_n, heads * q->tokens[t]);
+		}
+	}
+	sc.k = malloc(MAX(kv, 1u));
+	sc.v = malloc(MAX(kv, 1u));
+	sc.scores = malloc(MAX(sc_n, 1u) * sizeof(float));
+	if (!sc.k || !sc.v || !sc.scores)
+		k = -ENOMEM;
+	for (uint32_t s = 0; s < r->n_seqs && k >= 0; s++) {
+		struct round_seq *q = &r->seqs[s];
+
+		q->smooth_out = calloc(q->rows, sizeof(float *));
+		if (!q->smooth_out)
+			k = -ENOMEM;
+		else
+			k = score_seq(r, q, &sc);
+	}
+	free(sc.k);
+	free(sc.v);
+	free(sc.scores);
+	r->score_us = now_us() - t0;
+	if (k < 0) {
+		r->error = k;
+		return;
+	}
+
+	t0 = now_us();
+	k = units_build(r, &u);
+	if (k >= 0) {
+		r->units = u.n;
+		k = select_units(r, &u);
+	}
+	if (k >= 0)
+		k = units_plan(r, &u);
+	units_done(&u);
+	r->select_us = now_us() - t0;
+	if (k < 0)
+		r->error = k;
+}
+
+static void round_seq_done(struct round_seq *q) {
+	free(q->tokens);
+	free(q->sink_slots);
+	free(q->window_end);
+	free(q->block_off);
+	free(q->block_addr);
+	obs_unref(q->obs);
+	if (q->grams) {
+		for (uint32_t l = 0; l < q->layers; l++)
+			gram_layer_unref(q->grams[l]);
+		free(q->grams);
+	}
+	for (uint32_t rw = 0; rw < q->rows; rw++) {
+		if (q->smooth_in)
+			free(q->smooth_in[rw]);
+		if (q->smooth_out)
+			free(q->smooth_out[rw]);
+	}
+	free(q->smooth_in);
+	free(q->smooth_out);
+	free(q->drop_off);
+	free(q->drop_slots);
+}
+
+struct round *round_free(struct round *r) {
+	if (!r)
+		return NULL;
+	for (uint32_t s = 0; s < r->n_seqs; s++)
+		round_seq_done(&r->seqs[s]);
+	free(r->seqs);
+	free(r->tenants);
+	free(r);
+	return NULL;
+}

@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * The computing half of an eviction round (DESIGN.md §5, ALGORITHMS.md §7): from a
+ * snapshot of the sequences it ranks, score every (sequence, layer) against its window,
+ * smooth across rounds, and select globally what to evict. It runs on a worker thread and
+ * touches nothing but the round: evict.c takes the snapshot and applies the result on the
+ * loop, where the sequences may meanwhile have grown, been pinned, or gone.
+ *
+ * Units and rows. A sequence's costs live in rows: one per table for KVD_UNIT_HEAD_TOKEN and
+ * KVD_UNIT_BLOCK, one per layer for KVD_UNIT_LAYER_TOKEN (with the per-head layout a layer's
+ * tables then stay aligned: they always lose the same slots). A row holds one smoothed cost
+ * per slot; a unit is a slot of a row (token units) or a full block of it (block units).
+ *
+ * Costs. Per layer, kvd_policy_scores() (kernels/policy.h) with the tenant's policy gives
+ * N1 shares of the layer (rank shares for the baselines), over the slots that precede the
+ * window the engine last published for that layer; a layer without a window is scored by
+ * recency (streamingllm) so that a tenant cannot shield its cache by publishing nothing.
+ * The round's cost x then enters the cross-round EMA S <- (1 - beta) S + beta x (the first
+ * observation initialises S), and a unit's value is its S (summed over a block's slots)
+ * times the tenant's weight.
+ *
+ * Protected, never units: slots whose original position is below the model's sinks, the
+ * last `window` slots scored and every slot after them, the slots of the open tail block,
+ * slots that were never scored, and blocks the needle guard pins (block units). Floors:
+ * each row gives up at most (100 - floor)% of its tokens.
+ *
+ * Selection (kvd_evict_greedy, lowest value per byte first): a tenant over its cap loses
+ * the excess first, from its own units; then the rest of the target is taken across the
+ * ranked tenants, none going below its guaranteed minimum (a tenant at its minimum loses
+ * nothing). Units are bytes of K/V (block bytes); whether chunks come free is up to
+ * compaction.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "observe.h"
+#include "tenant.h"
+
+#define ROUND_BETA 0.5f               /* cross-round EMA weight of the new round */
+#define ROUND_UNSCORED (-1.0f)        /* S of a slot never scored */
+
+enum round_trigger {
+	ROUND_WATERMARK,
+	ROUND_GRANT,
+	ROUND_BUDGET,
+	ROUND_EVICT,
+	ROUND_INTERVAL,
+	_ROUND_TRIGGER_MAX,
+};
+
+const char *round_trigger_to_string(enum round_trigger t);
+
+struct round_tenant {
+	uint32_t id;                  /* tenant id (tenants are never freed while running) */
+	char name[TENANT_NAME_MAX + 1];
+	uint64_t used, min, max;      /* bytes, at the snapshot */
+	uint32_t weight;
+	int policy;                   /* enum kvd_policy */
+	/* Results. */
+	uint64_t freed_bytes, evicted_tokens;
+};
+
+struct round_seq {
+	uint64_t conn_id, seq_id, epoch;
+	uint32_t tenant;              /* index into round.tenants */
+	/* The model's geometry. */
+	uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_tokens, layout, unit;
+	uint32_t window, n_tables, rows;
+	uint64_t block_bytes;
+	/* Per table, at the snapshot: resident slots, slots below the sinks, slots before the
+	 * end of the layer's published window (0: none), and the first entry of its blocks
+	 * in block_addr (the daemon's address of each block in use, in slot order). */
+	uint32_t *tokens, *sink_slots, *window_end;
+	uint64_t *block_off;
+	const uint8_t **block_addr;
+	struct obs *obs;              /* a reference; NULL when the model has no eviction */
+	struct gram_layer **grams;    /* [layers], references or NULL */
+	/* Per row: S before (NULL entries: none yet), and after the round ([tokens of the
+	 * row's table] floats, ROUND_UNSCORED where not scored). */
+	float **smooth_in, **smooth_out;
+	/* Results: per table, the slots to drop (ascending): drop_slots + drop_off[t], count
+	 * drop_off[t + 1] - drop_off[t]. */
+	uint32_t *drop_off, *drop_slots;
+	uint64_t dropped_units;
+};
+
+struct round {
+	uint64_t id;
+	enum round_trigger trigger;
+	uint64_t start_ms;
+	uint64_t target;              /* bytes of units to evict */
+	int only;                     /* index of the one tenant to evict from, or -1 */
+	uint32_t floor_pct, threads;
+	struct round_tenant *tenants;
+	uint32_t n_tenants;
+	struct round_seq *seqs;
+	uint32_t n_seqs;
+	/* Results. */
+	int error;                    /* 0 or why the round failed (nothing is applied) */
+	uint64_t score_us, select_us;
+	uint64_t units, selected_bytes;
+	double predicted_error;       /* sum of the evicted units' S, unweighted */
+};
+
+/* Scores, smooths and selects: fills the results of r. Runs on any thread. */
+void round_run(struct round *r);
+
+/* Row of table t, and the first table of row `row`, for the sequence's unit. */
+uint32_t round_row_of_table(const struct round_seq *q, uint32_t t);
+uint32_t round_table_of_row(const struct round_seq *q, uint32_t row);
+
+/* Frees a round and drops its references. Accepts NULL. */
+struct round *round_free(struct round *r);

@@ -1,0 +1,494 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Global eviction end to end: engines grow past the node budget and the daemon's rounds
+ * hold it, ranking every tenant's tokens together; weights, guaranteed minimums, caps,
+ * pins and protected tokens are honoured; survivors stay bit-exact at their original
+ * positions; rounds racing a disconnect or an unpin are forced with the daemon's round
+ * gate (KVD_TEST_ROUND_GATE), not timing.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/macro.h"
+#include "fixture.h"
+#include "test.h"
+
+#define LAYERS 2
+#define Q_HEADS 4
+#define KV_HEADS 2
+#define HEAD_DIM 32
+#define BLOCK_TOKENS 16
+#define WINDOW 8
+#define SINKS 4
+#define MAX_SEQS 4
+
+/* K and V of one token of one layer (all kv heads), f16. */
+#define TOKEN_LAYER_BYTES (2u * KV_HEADS * HEAD_DIM * 2)
+
+struct eng {
+	kvd_client *c;
+	int model;
+	kvd_seq *s[MAX_SEQS];
+	uint32_t n, tag, grown, changed;
+	uint64_t rng;
+};
+
+static uint16_t rand_f16(struct eng *e) {
+	static const uint16_t v[] = { 0x3c00, 0xbc00, 0x3800, 0xb800, 0x3400, 0x0000, 0x4000, 0xc000 };
+
+	e->rng = e->rng * 6364136223846793005ull + 1442695040888963407ull;
+	return v[(e->rng >> 33) % 8];
+}
+
+static void eng_start(struct fixture *f, struct eng *e, const char *tenant, uint32_t unit,
+                      uint32_t layout, uint32_t n, uint32_t tag) {
+	kvd_model_spec spec = {
+		.name = "evict-test",
+		.layers = LAYERS,
+		.q_heads = Q_HEADS,
+		.kv_heads = KV_HEADS,
+		.head_dim = HEAD_DIM,
+		.dtype = KVD_DTYPE_F16,
+		.block_tokens = BLOCK_TOKENS,
+		.layout = layout,
+	};
+	kvd_eviction_spec ev = { .unit = unit, .window = WINDOW, .sinks = SINKS };
+
+	*e = (struct eng){ .n = n, .tag = tag, .rng = tag };
+	e->c = fixture_connect(f, tenant);
+	e->model = kvd_model_register_evictable(e->c, &spec, &ev);
+	ASSERT_OK(e->model);
+	for (uint32_t i = 0; i < n; i++)
+		ASSERT_OK(kvd_seq_open(e->c, e->model, 1 << 16, &e->s[i]));
+}
+
+static void eng_drain(struct eng *e) {
+	kvd_event ev;
+	int r;
+
+	while ((r = kvd_client_next_event(e->c, &ev)) > 0)
+		e->changed += ev.type == KVD_EVENT_SEQ_CHANGED;
+	ASSERT_OK(r);
+}
+
+/*
+ * One step of sequence i, as an engine does it: grow (which may wait for a round), then
+ * pin for the forward step: write the new K/V and a window per layer; unpin.
+ */
+static int eng_step(struct eng *e, uint32_t i, uint32_t tokens) {
+	kvd_seq *s = e->s[i];
+	uint64_t from = kvd_seq_descriptor(s)->next_position;
+	int r;
+
+	r = kvd_seq_grow(s, tokens);
+	ASSERT_OK(kvd_seq_pin(s));
+	if (r == 0) {
+		fill_seq_from(s, e->tag, from);
+		for (uint32_t l = 0; l < LAYERS; l++) {
+			uint16_t *q;
+
+			ASSERT_OK(kvd_seq_observation(s, l, (void **)&q));
+			for (uint32_t j = 0; j < Q_HEADS * WINDOW * HEAD_DIM; j++)
+				q[j] = rand_f16(e);
+			ASSERT_OK(kvd_seq_observe(s, l));
+		}
+	}
+	ASSERT_OK(kvd_seq_unpin(s));
+	eng_drain(e);
+	return r;
+}
+
+/* Grows every sequence by `tokens` in steps of `step`, round robin; all must succeed. */
+static void eng_grow(struct eng *e, uint32_t tokens, uint32_t step) {
+	for (uint32_t done = 0; done < tokens; done += step)
+		for (uint32_t i = 0; i < e->n; i++)
+			ASSERT_OK(eng_step(e, i, step));
+	e->grown += tokens;
+}
+
+static uint64_t eng_resident(struct eng *e) {
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < e->n; i++) {
+		ASSERT_OK(kvd_seq_pin(e->s[i]));
+		for (uint32_t l = 0; l < LAYERS; l++)
+			n += (uint64_t)kvd_seq_tokens(e->s[i], l, 0);
+		ASSERT_OK(kvd_seq_unpin(e->s[i]));
+	}
+	return n;
+}
+
+/* Survivors bit-exact at their original positions, positions ascending, protected kept. */
+static void eng_check(struct eng *e) {
+	for (uint32_t i = 0; i < e->n; i++) {
+		kvd_seq *s = e->s[i];
+		const struct kvd_seq_desc *d = kvd_seq_descriptor(s);
+
+		/* Pinned, so that no round rewrites the tables while they are read. */
+		ASSERT_OK(kvd_seq_pin(s));
+		ASSERT_EQ(check_seq(s, e->tag), 0u);
+		assert_digests_agree(s);
+		for (uint32_t l = 0; l < LAYERS; l++)
+			for (uint32_t h = 0; h < KV_HEADS; h++) {
+				int64_t n = kvd_seq_tokens(s, l, h);
+				int64_t prev = -1;
+
+				ASSERT_OK(n);
+				for (int64_t j = 0; j < n; j++) {
+					int64_t pos = kvd_seq_position(s, l, h, (uint32_t)j);
+
+					ASSERT_TRUE(pos > prev);
+					/* The sinks are the first slots... */
+					if (j < SINKS && (uint64_t)j < d->next_position)
+						ASSERT_EQ(pos, j);
+					prev = pos;
+				}
+				/* ...and the last window is whole. */
+				ASSERT_TRUE(n >= WINDOW);
+				ASSERT_EQ(kvd_seq_position(s, l, h, (uint32_t)(n - 1)), (int64_t)d->next_position - 1);
+				ASSERT_EQ(kvd_seq_position(s, l, h, (uint32_t)(n - WINDOW)),
+				          (int64_t)d->next_position - WINDOW);
+			}
+		ASSERT_OK(kvd_seq_unpin(s));
+	}
+}
+
+static void eng_stop(struct eng *e) {
+	for (uint32_t i = 0; i < e->n; i++)
+		ASSERT_OK(kvd_seq_release(e->s[i]));
+	kvd_client_unref(e->c);
+}
+
+#define POOL "--pool-size=64MiB"
+#define CHUNK "--chunk-size=256KiB"
+
+/* Two tenants grow 4 MiB each into a 4 MiB budget: rounds hold it, nobody fails. */
+TEST(budget_held_under_load) {
+	struct fixture f;
+	struct eng a, b;
+	uint64_t budget = 4u << 20;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--budget=4MiB", "--grant-wait=5000",
+	                                          NULL });
+	eng_start(&f, &a, "alpha", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 1);
+	eng_start(&f, &b, "beta", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 1);
+	/* 2 tenants x 2 sequences x 4096 tokens x 2 layers x 256 bytes = 8 MiB of K/V. */
+	for (uint32_t k = 0; k < 16; k++) {
+		eng_grow(&a, 256, 128);
+		eng_grow(&b, 256, 128);
+		ASSERT_TRUE(fixture_status(&f, NULL, "used_bytes") <= budget);
+	}
+	eng_check(&a);
+	eng_check(&b);
+	ASSERT_TRUE(fixture_status(&f, NULL, "rounds_total") > 0);
+	ASSERT_TRUE(fixture_status(&f, "alpha", "evicted_tokens") > 0);
+	ASSERT_TRUE(fixture_status(&f, "beta", "evicted_tokens") > 0);
+	ASSERT_TRUE(eng_resident(&a) < 2ull * LAYERS * a.grown);
+	eng_stop(&a);
+	eng_stop(&b);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* Equal load, weight 2 against weight 1: the heavier tenant keeps more. */
+TEST(weight_keeps_more) {
+	struct fixture f;
+	struct eng a, b;
+	kvd_client *admin;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--budget=2MiB", "--grant-wait=5000",
+	                                          NULL });
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_tenant_set(admin, "heavy", KVD_TENANT_KEEP, KVD_TENANT_KEEP, 2));
+	ASSERT_OK(kvd_tenant_set(admin, "light", KVD_TENANT_KEEP, KVD_TENANT_KEEP, 1));
+	eng_start(&f, &a, "heavy", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 7);
+	eng_start(&f, &b, "light", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 7);
+	for (uint32_t k = 0; k < 16; k++) {
+		eng_grow(&a, 256, 256);
+		eng_grow(&b, 256, 256);
+	}
+	eng_check(&a);
+	eng_check(&b);
+	ASSERT_TRUE(fixture_status(&f, "light", "evicted_tokens") >
+	            fixture_status(&f, "heavy", "evicted_tokens"));
+	ASSERT_TRUE(eng_resident(&a) > eng_resident(&b));
+	eng_stop(&a);
+	eng_stop(&b);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* A tenant within its guaranteed minimum loses nothing while another grows past the budget. */
+TEST(minimum_guaranteed) {
+	struct fixture f;
+	struct eng a, b;
+	kvd_client *admin;
+	uint64_t before;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--budget=3MiB", "--grant-wait=5000",
+	                                          NULL });
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_tenant_set(admin, "kept", 2u << 20, KVD_TENANT_KEEP, 0));
+	eng_start(&f, &a, "kept", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 3);
+	eng_start(&f, &b, "greedy", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 4);
+	eng_grow(&a, 2048, 256);
+	before = eng_resident(&a);
+	ASSERT_TRUE(fixture_status(&f, "kept", "used_bytes") <= 2u << 20);
+	eng_grow(&b, 8192, 256);
+	ASSERT_EQ(fixture_status(&f, "kept", "evicted_tokens"), 0u);
+	ASSERT_EQ(eng_resident(&a), before);
+	ASSERT_TRUE(fixture_status(&f, "greedy", "evicted_tokens") > 0);
+	eng_check(&a);
+	eng_check(&b);
+	eng_stop(&a);
+	eng_stop(&b);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* A tenant over its cap gives up the excess first, and only it. */
+TEST(cap_evicts_first) {
+	struct fixture f;
+	struct eng a, b;
+	kvd_client *admin;
+	uint64_t freed = 0, used;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	admin = fixture_connect(&f, NULL);
+	eng_start(&f, &a, "capped", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 5);
+	eng_start(&f, &b, "free", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 6);
+	eng_grow(&a, 2048, 512);
+	eng_grow(&b, 2048, 512);
+	used = fixture_status(&f, "capped", "used_bytes");
+	ASSERT_OK(kvd_tenant_set(admin, "capped", KVD_TENANT_KEEP, used / 2, 0));
+	ASSERT_OK(kvd_evict(admin, NULL, used / 2, &freed));
+	eng_drain(&a);
+	ASSERT_TRUE(fixture_status(&f, "capped", "evicted_tokens") > 0);
+	ASSERT_EQ(fixture_status(&f, "free", "evicted_tokens"), 0u);
+	ASSERT_TRUE(freed > 0);
+	eng_check(&a);
+	eng_check(&b);
+	eng_stop(&a);
+	eng_stop(&b);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* A pinned sequence is not rewritten; its plan applies at the unpin. */
+TEST(pinned_untouched_until_unpinned) {
+	struct fixture f;
+	struct eng a;
+	uint64_t gen, freed = 0;
+	int64_t before;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	eng_start(&f, &a, "pinned", KVD_UNIT_HEAD_TOKEN, KVD_LAYOUT_PER_HEAD, 1, 8);
+	eng_grow(&a, 2048, 512);
+	ASSERT_OK(kvd_seq_pin(a.s[0]));
+	gen = __atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE);
+	before = kvd_seq_tokens(a.s[0], 0, 0);
+	ASSERT_OK(kvd_evict(a.c, "pinned", 256u << 10, &freed));
+	ASSERT_EQ(__atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE), gen);
+	ASSERT_EQ(kvd_seq_tokens(a.s[0], 0, 0), before);
+	ASSERT_EQ(check_seq(a.s[0], a.tag), 0u);
+	ASSERT_OK(kvd_seq_unpin(a.s[0]));
+	ASSERT_TRUE(__atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE) != gen);
+	ASSERT_TRUE(fixture_status(&f, "pinned", "evicted_tokens") > 0);
+	/* Per-head units: the heads of a layer may now hold different numbers of tokens. */
+	eng_check(&a);
+	/* And the sequence still grows, each table from its own length. */
+	eng_grow(&a, 64, 32);
+	eng_check(&a);
+	eng_stop(&a);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* The round gate: a FIFO the daemon's round worker reads one byte from before it finishes. */
+static void gate_make(struct fixture *f, char *path, size_t n) {
+	snprintf(path, n, "/tmp/kvd-evict-gate-%d", (int)getpid());
+	unlink(path);
+	ASSERT_OK(mkfifo(path, 0600));
+	setenv("KVD_TEST_ROUND_GATE", path, 1);
+	fixture_start(f, (const char *const[]){ POOL, CHUNK, NULL });
+	unsetenv("KVD_TEST_ROUND_GATE");
+}
+
+/* Returns once the round worker waits at the gate: its snapshot is taken, its selection
+ * made, and the loop has not seen the result yet. */
+static int gate_wait(const char *path) {
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+
+	ASSERT_OK(fd);
+	return fd;
+}
+
+/* Lets the waiting round finish. */
+static void gate_release(int fd) {
+	ASSERT_EQ(write(fd, "x", 1), 1);
+	close(fd);
+}
+
+/* Runs kvd_evict in a child (it blocks until the round is done); returns its pid. */
+static pid_t evict_async(struct fixture *f, const char *tenant, uint64_t bytes) {
+	pid_t pid = fixture_fork();
+
+	if (pid == 0) {
+		kvd_client *c;
+
+		if (kvd_client_connect(f->socket, NULL, &c) < 0)
+			_exit(3);
+		_exit(kvd_evict(c, tenant, bytes, NULL) < 0 ? 1 : 0);
+	}
+	return pid;
+}
+
+static int wait_exit(pid_t pid) {
+	int status;
+
+	ASSERT_EQ(waitpid(pid, &status, 0), pid);
+	ASSERT_TRUE(WIFEXITED(status));
+	return WEXITSTATUS(status);
+}
+
+/* The owner disconnects while the round scores its sequences: nothing is applied to what
+ * is gone, every chunk comes back, another tenant is unaffected. */
+TEST(round_races_disconnect) {
+	struct fixture f;
+	struct eng a, b;
+	char gate[64];
+	pid_t pid;
+	int fd;
+
+	gate_make(&f, gate, sizeof(gate));
+	eng_start(&f, &a, "leaving", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 9);
+	eng_start(&f, &b, "staying", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 10);
+	eng_grow(&a, 1024, 512);
+	eng_grow(&b, 1024, 512);
+	pid = evict_async(&f, "leaving", 128u << 10);
+	fd = gate_wait(gate);
+	/* The round has its plan for "leaving": the owner goes away before it lands. */
+	for (uint32_t i = 0; i < a.n; i++)
+		kvd_seq_release(a.s[i]);
+	kvd_client_unref(a.c);
+	ASSERT_TRUE(fixture_wait_status(&f, "leaving", "used_bytes", 0));
+	gate_release(fd);
+	ASSERT_EQ(wait_exit(pid), 0);
+	ASSERT_EQ(fixture_status(&f, "leaving", "evicted_tokens"), 0u);
+	ASSERT_EQ(fixture_status(&f, "staying", "evicted_tokens"), 0u);
+	eng_check(&b);
+	eng_stop(&b);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));
+	ASSERT_EQ(fixture_status(&f, NULL, "chunks_free"), fixture_status(&f, NULL, "chunks_total"));
+	unlink(gate);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* The engine pins while the round runs: the plan waits for the unpin. And the other way
+ * round: pinned at the snapshot, unpinned before the round ends, applied at once. */
+TEST(round_races_unpin) {
+	struct fixture f;
+	struct eng a;
+	char gate[64];
+	uint64_t gen;
+	pid_t pid;
+	int fd;
+
+	gate_make(&f, gate, sizeof(gate));
+	eng_start(&f, &a, "racer", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 11);
+	eng_grow(&a, 2048, 512);
+
+	/* Unpinned at the snapshot, pinned when the round ends: the plan waits. */
+	pid = evict_async(&f, "racer", 128u << 10);
+	fd = gate_wait(gate);
+	ASSERT_OK(kvd_seq_pin(a.s[0]));
+	gen = __atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE);
+	gate_release(fd);
+	ASSERT_EQ(wait_exit(pid), 0);
+	ASSERT_EQ(__atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE), gen);
+	ASSERT_EQ(fixture_status(&f, "racer", "evicted_tokens"), 0u);
+	ASSERT_OK(kvd_seq_unpin(a.s[0]));
+	ASSERT_TRUE(fixture_status(&f, "racer", "evicted_tokens") > 0);
+	eng_check(&a);
+
+	/* Pinned at the snapshot, unpinned before the round ends: applied when it ends. */
+	ASSERT_OK(kvd_seq_pin(a.s[0]));
+	pid = evict_async(&f, "racer", 128u << 10);
+	fd = gate_wait(gate);
+	gen = __atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE);
+	ASSERT_OK(kvd_seq_unpin(a.s[0]));
+	gate_release(fd);
+	ASSERT_EQ(wait_exit(pid), 0);
+	eng_drain(&a);
+	ASSERT_TRUE(__atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE) != gen);
+	eng_check(&a);
+	eng_stop(&a);
+	unlink(gate);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* Lowering the budget below use starts a round that brings use under it. */
+TEST(budget_set_below_use) {
+	struct fixture f;
+	struct eng a;
+	kvd_client *admin;
+	uint64_t used;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	admin = fixture_connect(&f, NULL);
+	eng_start(&f, &a, "shrunk", KVD_UNIT_BLOCK, KVD_LAYOUT_PER_LAYER, 2, 12);
+	eng_grow(&a, 4096, 512);
+	used = fixture_status(&f, NULL, "used_bytes");
+	ASSERT_OK(kvd_budget_set(admin, used / 2));
+	for (int i = 0; i < 100 && fixture_status(&f, NULL, "used_bytes") > used / 2; i++) {
+		eng_drain(&a);
+		usleep(20000);
+	}
+	ASSERT_TRUE(fixture_status(&f, NULL, "used_bytes") <= used / 2);
+	eng_check(&a);
+	eng_stop(&a);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* Every policy name runs through the same rounds, end to end. */
+TEST(every_policy_end_to_end) {
+	static const char *const policies[] = {
+		"full", "streamingllm", "h2o", "snapkv", "pyramidkv", "adakv", "tova", "knorm",
+		"keydiff", "expected_attention", "restkv", "laprox", "kvd",
+	};
+	char config[2048] = "";
+	struct fixture f;
+
+	for (size_t i = 0; i < ELEMENTSOF(policies); i++) {
+		size_t n = strlen(config);
+
+		snprintf(config + n, sizeof(config) - n, "[tenant p-%s]\npolicy = %s\n", policies[i],
+		         policies[i]);
+	}
+	fixture_setup(&f, config, false);
+	fixture_launch(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	for (size_t i = 0; i < ELEMENTSOF(policies); i++) {
+		char tenant[64];
+		struct eng a;
+		uint64_t freed = 0;
+
+		snprintf(tenant, sizeof(tenant), "p-%s", policies[i]);
+		eng_start(&f, &a, tenant, KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 13);
+		eng_grow(&a, 1024, 512);
+		ASSERT_OK(kvd_evict(a.c, tenant, 64u << 10, &freed));
+		eng_drain(&a);
+		if (fixture_status(&f, tenant, "evicted_tokens") == 0) {
+			fprintf(stderr, "policy %s evicted nothing\n", policies[i]);
+			ASSERT_TRUE(false);
+		}
+		eng_check(&a);
+		eng_stop(&a);
+	}
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
