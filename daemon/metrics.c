@@ -2,11 +2,13 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "common/macro.h"
 #include "config.h"
+#include "evict.h"
 #include "metrics.h"
 #include "server.h"
 
@@ -149,6 +151,20 @@ enum tenant_field {
 	_TENANT_FIELD_MAX,
 };
 
+/* One per-tenant counter family, from the uint64_t at offset in struct tenant. */
+static void tenant_counter(FILE *f, const struct tenant_table *tt, const char *name,
+                           const char *help, size_t offset) {
+	family(f, name, "counter", help);
+	for (uint32_t i = 0; i < tt->n; i++) {
+		uint64_t v;
+
+		memcpy(&v, (const char *)tt->tenants[i] + offset, sizeof(v));
+		fprintf(f, "%s{tenant=\"", name);
+		metrics_write_label_value(f, tt->tenants[i]->name);
+		fprintf(f, "\"} %" PRIu64 "\n", v);
+	}
+}
+
 static void render_tenants(FILE *f, const struct tenant_table *tt) {
 	static const struct {
 		const char *name, *help;
@@ -157,10 +173,11 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 		                  "Bytes of the chunks the tenant holds, draining ones included." },
 		[TENANT_BLOCK] = { "kvd_tenant_block_bytes", "Bytes inside the tenant's granted blocks." },
 		[TENANT_MIN] = { "kvd_tenant_min_bytes",
-		                 "The tenant's guaranteed share (shown; not yet acted on)." },
+		                 "The tenant's guaranteed share: eviction never takes it below." },
 		[TENANT_MAX] = { "kvd_tenant_max_bytes",
 		                 "Cap on the tenant's used bytes; +Inf when it has none." },
-		[TENANT_WEIGHT] = { "kvd_tenant_weight", "The tenant's weight (shown; not yet acted on)." },
+		[TENANT_WEIGHT] = { "kvd_tenant_weight",
+		                    "The tenant's weight: eviction values its tokens this many times." },
 		[TENANT_CHUNKS] = { "kvd_tenant_chunks", "Chunks the tenant holds, draining ones included." },
 		[TENANT_SEQUENCES] = { "kvd_tenant_sequences", "Sequences the tenant has open." },
 		[TENANT_CONNECTIONS] = { "kvd_tenant_connections", "Connections open as the tenant." },
@@ -211,6 +228,12 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 			fprintf(f, "%" PRIu64 "\n", v);
 		}
 	}
+	tenant_counter(f, tt, "kvd_tenant_evicted_bytes_total",
+	               "Bytes of K/V eviction rounds took from the tenant.",
+	               offsetof(struct tenant, evicted_bytes));
+	tenant_counter(f, tt, "kvd_tenant_evicted_tokens_total",
+	               "Token slots eviction rounds took from the tenant, summed over its tables.",
+	               offsetof(struct tenant, evicted_tokens));
 }
 
 int metrics_render(struct server *s, char **ret, size_t *ret_size) {
@@ -272,6 +295,12 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	counter(f, "kvd_uid_connections_refused_total",
 	        "Connections refused because their user had max-connections-per-uid.",
 	        s->uid_connections_refused);
+
+	counter(f, "kvd_eviction_rounds_total", "Eviction rounds run, failed ones included.",
+	        evict_rounds_total(s->evictor));
+	family(f, "kvd_eviction_last_round_seconds", "gauge",
+	       "Duration of the last eviction round: scoring, selection and compaction.");
+	fprintf(f, "kvd_eviction_last_round_seconds %.6f\n", evict_last_round_us(s->evictor) / 1e6);
 
 	render_requests(f, &s->metrics);
 	render_tenants(f, &s->tenants);
