@@ -2,8 +2,9 @@
 #pragma once
 
 /*
- * Internals shared by client.c (connection, transport, chunks, events, administration) and
- * seq.c (models, sequences and their descriptors). Not installed.
+ * Internals shared by client.c (connection, transport, chunks, events, administration,
+ * eviction requests) and seq.c (models, sequences, their descriptors and observation
+ * buffers). Not installed.
  *
  * Locking: everything that talks to the daemon or changes the client runs under c->lock
  * (client_lock/client_unlock). The chunk table is the exception on the reading side: its
@@ -30,7 +31,8 @@
 #define CHUNK_IDS_MAX (UINT32_C(1) << 20)
 #define CHUNK_PAGE_IDS 1024u
 #define CHUNK_PAGES (CHUNK_IDS_MAX / CHUNK_PAGE_IDS)
-/* Models whose shape we remember to cross-check descriptors; ids past this go unchecked. */
+/* Models whose shape we remember to cross-check descriptors and observation buffers; ids
+ * past this go unchecked, and kvd_model_output_proj() refuses them. */
 #define MODELS_MAX 1024u
 #define EVENTS_MAX 64u
 #define LAST_ERROR_MAX 256u

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * libkvd, the connection: transport, chunk table, events, administration and status (see
- * kvd/kvd.h for the API, proto/kvd.proto for the wire schema, client-internal.h for what is
- * shared with seq.c).
+ * libkvd, the connection: transport, chunk table, events, administration, status and
+ * eviction rounds (see kvd/kvd.h for the API, proto/kvd.proto for the wire schema,
+ * client-internal.h for what is shared with seq.c).
  *
  * Requests are synchronous round trips under the client's lock: send an Envelope with a
  * fresh id, then read frames until the reply with that id arrives. Frames with id 0 are
@@ -164,7 +164,8 @@ static void client_queue_event(kvd_client *c, uint32_t type, uint64_t arg) {
 		if (e->type == type && e->arg == arg)
 			return;
 	}
-	if (c->n_events >= EVENTS_MAX)
+	/* The last slot is kept for STOPPING: many sequence changes must not hide a stop. */
+	if (c->n_events >= EVENTS_MAX || (c->n_events == EVENTS_MAX - 1 && type != KVD_EVENT_STOPPING))
 		return;
 	c->events[(c->events_head + c->n_events) % EVENTS_MAX] = (kvd_event){
 		.type = type,

@@ -194,9 +194,11 @@ static int sealed_memfd(const char *name, const void *p, uint64_t n, int *ret_fd
 				continue;
 			return negative_errno();
 		}
+		if (k == 0)
+			return -EIO; /* cannot happen on a memfd; guards the loop */
 		done += k;
 	}
-	/* The daemon reads it after we return; sealed, it cannot change under the daemon. */
+	/* Sealed, the bytes the daemon checks are the bytes it uses, whatever we do next. */
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
 		return negative_errno();
 	*ret_fd = TAKE_FD(fd);

@@ -387,7 +387,7 @@ static int select_pass(struct round *r, struct units *u, const bool *allowed, ui
 		};
 		uint32_t n_ids;
 		uint64_t freed;
-		bool trimmed = false;
+		bool trimmed = false, any_over = false;
 		int k;
 
 		for (uint64_t i = 0; i < u->n; i++) {
@@ -404,10 +404,14 @@ static int select_pass(struct round *r, struct units *u, const bool *allowed, ui
 		memset(got, 0, r->n_tenants * sizeof(uint64_t));
 		for (uint32_t j = 0; j < n_ids; j++)
 			got[r->seqs[u->g_seq[u->group[ids[j]]]].tenant] += u->bytes[ids[j]];
-		for (uint32_t tn = 0; tn < r->n_tenants; tn++)
+		for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
 			over[tn] = got[tn] > allowance[tn];
-		/* A tenant past its allowance keeps its cheapest units up to it, and is done. */
-		qsort_r(ids, n_ids, sizeof(*ids), cmp_density, u);
+			any_over = any_over || over[tn];
+		}
+		/* A tenant past its allowance keeps its cheapest units up to it, and is done:
+		 * only then does the order matter (a sort of the selected units, not of all). */
+		if (any_over)
+			qsort_r(ids, n_ids, sizeof(*ids), cmp_density, u);
 		for (uint32_t j = 0; j < n_ids; j++) {
 			uint32_t id = ids[j], g = u->group[id], tn = r->seqs[u->g_seq[g]].tenant;
 

@@ -273,8 +273,9 @@ KVD_EXPORT int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec 
  * (KVD_DTYPE_*), row-major, as in an o_proj weight. The library copies it into a sealed
  * memfd; the daemon derives what it needs and keeps nothing else. Call it once per layer
  * after registration; calling it again replaces the layer's. Returns 0, or -EINVAL (unknown
- * model, layer out of range, hidden not 1..65536, bad dtype), -EFBIG (over the daemon's
- * limit), -ENOMEM, -ECONNRESET, -ECHILD.
+ * model, layer out of range, hidden not 1..65536, bad dtype), -EFBIG (over 1 GiB, or the
+ * model's Gram state over the daemon's limit), -ENOMEM, an error of memfd_create(2) or
+ * write(2) (e.g. -EMFILE), -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uint32_t dtype,
 		                     uint32_t hidden, const void *wo);
@@ -319,9 +320,11 @@ KVD_EXPORT int kvd_seq_unpin(kvd_seq *s);
 /*
  * The observation window of `layer` in this process: *ret_q receives the address of
  * q[q_heads][window][head_dim] (model dtype) to write the last `window` post-RoPE queries
- * of the layer into, oldest first. kvd_seq_observe then publishes them as the window that
- * ends at the sequence's current last position. Both return 0, or -EINVAL (layer out of
- * range), -EOPNOTSUPP (the model has no eviction), -ECHILD. No system call.
+ * of the layer into, oldest first; it also withdraws the layer's published window, so that
+ * a round never reads one half written: call it before every rewrite. kvd_seq_observe then
+ * publishes them as the window that ends at the sequence's current last position. Both
+ * return 0, or -EINVAL (layer out of range; kvd_seq_observe: the sequence is empty),
+ * -EOPNOTSUPP (the model has no eviction), -ECHILD. No system call.
  */
 KVD_EXPORT int kvd_seq_observation(kvd_seq *s, uint32_t layer, void **ret_q);
 KVD_EXPORT int kvd_seq_observe(kvd_seq *s, uint32_t layer);
@@ -433,8 +436,10 @@ KVD_EXPORT int kvd_status_tenant_str(const kvd_status *st, uint32_t index, const
  * Runs an eviction round now and waits for it: frees `bytes` (0: down to the daemon's low
  * watermark) from `tenant` (NULL: ranked across all tenants). An administrative connection
  * may name any tenant; a tenant's connection only its own. *ret_freed (may be NULL)
- * receives the chunk bytes the round gave back. Returns 0, or -EPERM, -ENOENT (unknown
- * tenant), -EBUSY (too many rounds waiting), -ECONNRESET, -ECHILD.
+ * receives the chunk bytes the round gave back. The call holds the client's lock until the
+ * round is done, so other calls on the same client wait for it. Returns 0, or -EINVAL (bad
+ * tenant name), -EPERM, -ENOENT (unknown tenant), -EBUSY (too many rounds waiting), or the
+ * round's error, -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed);
 
@@ -447,6 +452,9 @@ KVD_EXPORT int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint
  */
 typedef struct kvd_evictions kvd_evictions;
 
+/* kvd_evictions_get returns 0, or -ENOMEM, -ECONNRESET, -ECHILD; the getters return 0, or
+ * -ENOENT (no such value), -EINVAL (index out of range); kvd_evictions_tenant's outputs
+ * may be NULL. */
 KVD_EXPORT int kvd_evictions_get(kvd_client *c, kvd_evictions **ret);
 KVD_EXPORT kvd_evictions *kvd_evictions_free(kvd_evictions *e);
 KVD_EXPORT uint32_t kvd_evictions_count(const kvd_evictions *e);
