@@ -492,3 +492,37 @@ TEST(every_policy_end_to_end) {
 	}
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+/* Every unit on every layout it allows: evicted, compacted, still growing, bit-exact. */
+TEST(every_unit_and_layout) {
+	static const struct {
+		uint32_t unit, layout;
+	} cases[] = {
+		{ KVD_UNIT_HEAD_TOKEN, KVD_LAYOUT_PER_HEAD },
+		{ KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_HEAD },
+		{ KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER },
+		{ KVD_UNIT_BLOCK, KVD_LAYOUT_PER_HEAD },
+		{ KVD_UNIT_BLOCK, KVD_LAYOUT_PER_LAYER },
+	};
+	struct fixture f;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+		char tenant[32];
+		struct eng a;
+		uint64_t freed = 0;
+
+		snprintf(tenant, sizeof(tenant), "unit-%zu", i);
+		eng_start(&f, &a, tenant, cases[i].unit, cases[i].layout, 2, 20 + (uint32_t)i);
+		eng_grow(&a, 1024, 256);
+		ASSERT_OK(kvd_evict(a.c, tenant, 128u << 10, &freed));
+		eng_drain(&a);
+		ASSERT_TRUE(fixture_status(&f, tenant, "evicted_tokens") > 0);
+		ASSERT_TRUE(a.changed > 0);
+		eng_check(&a);
+		eng_grow(&a, 256, 128);
+		eng_check(&a);
+		eng_stop(&a);
+	}
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
