@@ -105,12 +105,13 @@ struct report {
 	uint64_t tenant_used_bytes; /* the tenant's chunk bytes then, from status */
 	uint64_t bytes_written, bytes_verified;
 	uint64_t write_ns, verify_ns;
+	uint64_t windows, observe_ns; /* --observe: windows published, time spent making them */
 	uint64_t grow_start_ns, grow_end_ns; /* CLOCK_MONOTONIC, shared by all processes */
 	uint64_t mismatched_bytes, digests_compared, digest_mismatches;
 	uint64_t n_grow_lat, n_release_lat; /* samples (ns) that follow the report */
 	/* With --unit. */
 	uint64_t resident_slots;    /* resident slots at the end, summed over tables and sequences */
-	uint64_t evicted_bytes, evicted_tokens, rounds; /* the tenant's, from status */
+	uint64_t evicted_bytes, evicted_tokens, rounds; /* the tenant's during the run, from status */
 	uint64_t grows_waited;      /* grows refused at least once, then granted (--over-budget) */
 	uint64_t grows_failed;      /* grows still refused after GROW_WAIT_NS */
 	uint64_t wait_ns;           /* time spent waiting for those */
@@ -327,6 +328,7 @@ static inline float unit_float(uint64_t h) {
 /* The needle positions of one (sequence, layer), ascending (--observe). */
 struct needles {
 	uint32_t *pos;
+	float *keys; /* [cap][kv_heads][head_dim]: each needle's K rows, times its c (below) */
 	uint32_t n, cap;
 };
 
@@ -341,7 +343,8 @@ struct child {
 	unsigned char *expect; /* one row */
 	uint64_t *grow_lat, *release_lat;
 	struct needles *needles; /* [seqs][layers], with --observe */
-	float *qrow, *krow;      /* head_dim floats each, with --observe */
+	float *qrow;             /* head_dim floats, with --observe */
+	uint64_t evict_base[3];  /* evicted_bytes, evicted_tokens, rounds at the start */
 	struct report rep;
 };
 
@@ -538,10 +541,14 @@ static int needle_is(const struct child *ch, uint32_t seq, uint32_t layer, uint3
 	return (row_seed(ch->index, seq, layer, UINT32_MAX, position, 2) & NEEDLE_MASK) == 0;
 }
 
-/* Records the needles among positions p0 .. p0+n-1 of sequence i. */
+/* Records the needles among positions p0 .. p0+n-1 of sequence i, with their K rows
+ * times c (the pattern, as row_fill() writes it). */
 static int needles_add(struct child *ch, uint32_t i, uint32_t p0, uint32_t n) {
-	for (uint32_t l = 0; l < ch->shape.layers; l++) {
-		struct needles *nd = &ch->needles[(size_t)i * ch->shape.layers + l];
+	const struct shape *sh = &ch->shape;
+	size_t row = (size_t)sh->kv_heads * sh->head_dim;
+
+	for (uint32_t l = 0; l < sh->layers; l++) {
+		struct needles *nd = &ch->needles[(size_t)i * sh->layers + l];
 
 		for (uint32_t p = p0; p < p0 + n; p++) {
 			if (!needle_is(ch, i, l, p))
@@ -549,11 +556,27 @@ static int needles_add(struct child *ch, uint32_t i, uint32_t p0, uint32_t n) {
 			if (nd->n == nd->cap) {
 				uint32_t cap = nd->cap ? 2 * nd->cap : 16;
 				uint32_t *pos = realloc(nd->pos, cap * sizeof(uint32_t));
+				float *keys;
 
 				if (!pos)
 					return child_fail(ch, -ENOMEM, "allocating needles");
 				nd->pos = pos;
+				keys = realloc(nd->keys, cap * row * sizeof(float));
+				if (!keys)
+					return child_fail(ch, -ENOMEM, "allocating needles");
+				nd->keys = keys;
 				nd->cap = cap;
+			}
+			for (uint32_t h = 0; h < sh->kv_heads; h++) {
+				float *k = nd->keys + nd->n * row + (size_t)h * sh->head_dim, norm2 = 0.0f, c;
+
+				row_fill(ch, ch->expect, i, l, h, p, 0);
+				kvd_row_to_f32(ch->expect, sh->dtype, sh->head_dim, k);
+				for (uint32_t e = 0; e < sh->head_dim; e++)
+					norm2 += k[e] * k[e];
+				c = QUERY_LOGIT * sqrtf((float)sh->head_dim) / norm2;
+				for (uint32_t e = 0; e < sh->head_dim; e++)
+					k[e] *= c;
 			}
 			nd->pos[nd->n++] = p;
 		}
@@ -576,33 +599,30 @@ static uint32_t needles_below(const struct needles *nd, uint32_t p) {
 	return lo;
 }
 
-/* The query of position p, query head qh, layer l of sequence i, into ch->qrow. */
-static void query_row(struct child *ch, uint32_t i, uint32_t l, uint32_t qh, uint32_t p) {
+/* The query of position p and query head qh in the layer whose needles are nd and whose
+ * seed is layer_seed, into ch->qrow. */
+static void query_row(struct child *ch, const struct needles *nd, uint64_t layer_seed, uint32_t qh,
+		      uint32_t p) {
 	const struct shape *sh = &ch->shape;
-	const struct needles *nd = &ch->needles[(size_t)i * sh->layers + l];
 	uint32_t group = sh->kv_heads && sh->q_heads >= sh->kv_heads ? sh->q_heads / sh->kv_heads : 1;
 	uint32_t kv_head = MIN(qh / group, sh->kv_heads - 1), below = needles_below(nd, p);
-	uint64_t seed = row_seed(ch->index, i, l, qh, p, 3);
-	float *q = ch->qrow, *k = ch->krow;
+	uint64_t seed = mix64(layer_seed ^ ((uint64_t)p << 32 | qh)), x = seed | 1;
+	float *q = ch->qrow;
 
-	/* Four 16-bit uniforms per hash. */
+	/* xorshift64, four 16-bit uniforms a step. */
 	for (uint32_t e = 0; e < sh->head_dim; e += 4) {
-		uint64_t h = mix64(seed ^ ((uint64_t)e * UINT64_C(0x9e3779b97f4a7c15)));
-
-		for (uint32_t x = 0; x < 4 && e + x < sh->head_dim; x++)
-			q[e + x] = QUERY_NOISE * ((float)((h >> (16 * x)) & 0xffff) * (2.0f / 65536.0f) - 1.0f);
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		for (uint32_t b = 0; b < 4 && e + b < sh->head_dim; b++)
+			q[e + b] = QUERY_NOISE * ((float)((x >> (16 * b)) & 0xffff) * (2.0f / 65536.0f) - 1.0f);
 	}
 	for (uint32_t j = 0; j < QUERY_NEEDLES && below > 0; j++) {
-		uint32_t pos = nd->pos[mix64(seed ^ ((uint64_t)(j + 1) << 32)) % below];
-		float norm2 = 0.0f, c;
+		uint32_t at = (uint32_t)(mix64(seed + j + 1) % below);
+		const float *k = nd->keys + ((size_t)at * sh->kv_heads + kv_head) * sh->head_dim;
 
-		row_fill(ch, ch->expect, i, l, kv_head, pos, 0);
-		kvd_row_to_f32(ch->expect, sh->dtype, sh->head_dim, k);
 		for (uint32_t e = 0; e < sh->head_dim; e++)
-			norm2 += k[e] * k[e];
-		c = QUERY_LOGIT * sqrtf((float)sh->head_dim) / norm2;
-		for (uint32_t e = 0; e < sh->head_dim; e++)
-			q[e] += c * k[e];
+			q[e] += k[e];
 	}
 }
 
@@ -620,6 +640,9 @@ static int child_observe(struct child *ch, uint32_t i, uint32_t end) {
 		void *q;
 		int r;
 
+		const struct needles *nd = &ch->needles[(size_t)i * sh->layers + l];
+		uint64_t layer_seed = row_seed(ch->index, i, l, UINT32_MAX, UINT32_MAX, 3);
+
 		r = kvd_seq_observation(s, l, &q);
 		if (r < 0)
 			return child_fail(ch, r, "kvd_seq_observation(seq %u, layer %u)", i, l);
@@ -628,15 +651,16 @@ static int child_observe(struct child *ch, uint32_t i, uint32_t end) {
 			for (uint32_t j = 0; j < arg_window; j++) {
 				unsigned char *row = window + ((size_t)qh * arg_window + j) * sh->head_dim * es;
 
-				query_row(ch, i, l, qh, end - arg_window + j);
+				query_row(ch, nd, layer_seed, qh, end - arg_window + j);
 				for (uint32_t e = 0; e < sh->head_dim; e++)
 					store_f32(row, sh->dtype, e, ch->qrow[e]);
 			}
 		r = kvd_seq_observe(s, l);
 		if (r < 0)
 			return child_fail(ch, r, "kvd_seq_observe(seq %u, layer %u)", i, l);
+		ch->rep.windows++;
 	}
-	ch->rep.write_ns += now_ns() - t0;
+	ch->rep.observe_ns += now_ns() - t0;
 	return 0;
 }
 
@@ -762,8 +786,13 @@ static int child_verify(struct child *ch, uint32_t i, uint32_t grown) {
 	return child_events(ch);
 }
 
-/* The tenant's chunk bytes and, with eviction, what was evicted from it, from status. */
-static int child_tenant_usage(struct child *ch) {
+/*
+ * The tenant's chunk bytes (ret_used, may be NULL) and, with eviction, its lifetime counters
+ * evicted_bytes, evicted_tokens and rounds (ret_evict), from status. With missing_ok, a
+ * tenant that status does not list (yet) reads as zeros.
+ */
+static int child_tenant_status(struct child *ch, int missing_ok, uint64_t *ret_used, uint64_t ret_evict[3]) {
+	static const char *const evict_keys[] = { "evicted_bytes", "evicted_tokens", "rounds" };
 	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
 	uint32_t n;
 	int r;
@@ -773,8 +802,6 @@ static int child_tenant_usage(struct child *ch) {
 		return child_fail(ch, r, "kvd_status_get");
 	n = kvd_status_tenants(st);
 	for (uint32_t t = 0; t < n; t++) {
-		static const char *const evict_keys[] = { "evicted_bytes", "evicted_tokens", "rounds" };
-		uint64_t *evict_values[] = { &ch->rep.evicted_bytes, &ch->rep.evicted_tokens, &ch->rep.rounds };
 		const char *name;
 
 		r = kvd_status_tenant_name(st, t, &name);
@@ -782,17 +809,35 @@ static int child_tenant_usage(struct child *ch) {
 			return child_fail(ch, r, "kvd_status_tenant_name(%u)", t);
 		if (strcmp(name, ch->tenant) != 0)
 			continue;
-		r = kvd_status_tenant_u64(st, t, "used_bytes", &ch->rep.tenant_used_bytes);
-		if (r < 0)
-			return child_fail(ch, r, "kvd_status_tenant_u64(%s, used_bytes)", ch->tenant);
+		if (ret_used) {
+			r = kvd_status_tenant_u64(st, t, "used_bytes", ret_used);
+			if (r < 0)
+				return child_fail(ch, r, "kvd_status_tenant_u64(%s, used_bytes)", ch->tenant);
+		}
 		for (size_t x = 0; arg_unit != KVD_UNIT_NONE && x < ELEMENTSOF(evict_keys); x++) {
-			r = kvd_status_tenant_u64(st, t, evict_keys[x], evict_values[x]);
+			r = kvd_status_tenant_u64(st, t, evict_keys[x], &ret_evict[x]);
 			if (r < 0)
 				return child_fail(ch, r, "kvd_status_tenant_u64(%s, %s)", ch->tenant, evict_keys[x]);
 		}
 		return 0;
 	}
+	if (missing_ok)
+		return 0;
 	return child_fail(ch, -ENOENT, "status lists no tenant %s", ch->tenant);
+}
+
+/* The tenant's usage at the end, and what was evicted from it during the run. */
+static int child_tenant_usage(struct child *ch) {
+	uint64_t ev[3] = {};
+	int r;
+
+	r = child_tenant_status(ch, 0, &ch->rep.tenant_used_bytes, ev);
+	if (r < 0)
+		return r;
+	ch->rep.evicted_bytes = ev[0] - ch->evict_base[0];
+	ch->rep.evicted_tokens = ev[1] - ch->evict_base[1];
+	ch->rep.rounds = ev[2] - ch->evict_base[2];
+	return 0;
 }
 
 static int child_setup(struct child *ch) {
@@ -804,6 +849,12 @@ static int child_setup(struct child *ch) {
 	r = kvd_client_connect(arg_socket, ch->tenant, &ch->client);
 	if (r < 0)
 		return child_fail(ch, r, "connect to %s as %s", arg_socket, ch->tenant);
+	/* The counters are the tenant's since the daemon started: report this run's part. */
+	if (arg_unit != KVD_UNIT_NONE) {
+		r = child_tenant_status(ch, 1, NULL, ch->evict_base);
+		if (r < 0)
+			return r;
+	}
 
 	snprintf(model, sizeof(model), "%s-model", ch->tenant);
 	spec = (kvd_model_spec){
@@ -1019,10 +1070,9 @@ static int child_main(unsigned index, int out_fd, int go_fd) {
 	if (arg_observe) {
 		ch.needles = calloc((size_t)arg_seqs * ch.shape.layers, sizeof(*ch.needles));
 		ch.qrow = calloc(ch.shape.head_dim, sizeof(float));
-		ch.krow = calloc(ch.shape.head_dim, sizeof(float));
 	}
 	if (!ch.seqs || !ch.grow_lat || !ch.release_lat || !ch.expect ||
-	    (arg_observe && (!ch.needles || !ch.qrow || !ch.krow)))
+	    (arg_observe && (!ch.needles || !ch.qrow)))
 		child_fail(&ch, -ENOMEM, "allocating");
 	else
 		child_setup(&ch);
@@ -1059,11 +1109,12 @@ static int child_main(unsigned index, int out_fd, int go_fd) {
 		r = write_all(out_fd, ch.grow_lat, ch.rep.n_grow_lat * sizeof(uint64_t));
 	if (r >= 0)
 		r = write_all(out_fd, ch.release_lat, ch.rep.n_release_lat * sizeof(uint64_t));
-	for (size_t x = 0; ch.needles && x < (size_t)arg_seqs * ch.shape.layers; x++)
+	for (size_t x = 0; ch.needles && x < (size_t)arg_seqs * ch.shape.layers; x++) {
 		free(ch.needles[x].pos);
+		free(ch.needles[x].keys);
+	}
 	free(ch.needles);
 	free(ch.qrow);
-	free(ch.krow);
 	free(ch.seqs);
 	free(ch.grow_lat);
 	free(ch.release_lat);
@@ -1349,7 +1400,7 @@ static int run_load(void) {
 	_cleanup_(freep) uint64_t *grow_all = NULL, *release_all = NULL;
 	uint64_t n_grow = 0, n_release = 0, start = UINT64_MAX, end = 0;
 	uint64_t seqs = 0, tokens = 0, kv_bytes = 0, written = 0, verified = 0, write_ns = 0,
-		 verify_ns = 0, mismatched = 0, digests = 0, digest_bad = 0;
+		 verify_ns = 0, mismatched = 0, digests = 0, digest_bad = 0, windows = 0, observe_ns = 0;
 	unsigned errors = 0;
 	int go[2], shape_width = 5;
 	char buf[64];
@@ -1501,6 +1552,8 @@ static int run_load(void) {
 		verified += rep->bytes_verified;
 		write_ns += rep->write_ns;
 		verify_ns += rep->verify_ns;
+		windows += rep->windows;
+		observe_ns += rep->observe_ns;
 		mismatched += rep->mismatched_bytes;
 		digests += rep->digests_compared;
 		digest_bad += rep->digest_mismatches;
@@ -1552,6 +1605,9 @@ static int run_load(void) {
 	       n_release);
 	printf("write: %s at %.0f MiB/s per process\n", size_format(written, buf, sizeof(buf)),
 	       mib_per_s(written, write_ns));
+	if (arg_observe)
+		printf("observe: %" PRIu64 " windows of %u queries per q head, %.1f us each (all tenants' time)\n",
+		       windows, arg_window, windows ? (double)observe_ns / 1e3 / (double)windows : 0.0);
 	if (arg_verify) {
 		printf("verify read: %s at %.0f MiB/s per process, %" PRIu64 " digests compared\n",
 		       size_format(verified, buf, sizeof(buf)), mib_per_s(verified, verify_ns), digests);

@@ -303,12 +303,14 @@ static int round_report(struct round *b, uint64_t last_id, double call_ms) {
 			printf("  tenant %s: freed %s, evicted %" PRIu64 " tokens\n", name,
 			       size_format(tb, x, sizeof(x)), tt);
 	}
+	/* Per microsecond is per second in millions. */
 	if (score > 0)
 		printf("throughput: %" PRIu64 " tokens (x %u layers x %u kv heads) scored in %.3f ms: "
-		       "%.1f M tokens/s, %.1f M (token, layer, kv head)/s; the whole round %.1f M tokens/s\n",
-		       tokens, b->spec.layers, b->spec.kv_heads, (double)score / 1e3, (double)tokens / (double)score,
+		       "%.0f tokens/s, %.2f M (token, layer, kv head)/s; the whole round %.0f tokens/s\n",
+		       tokens, b->spec.layers, b->spec.kv_heads, (double)score / 1e3,
+		       1e6 * (double)tokens / (double)score,
 		       (double)tokens * b->spec.layers * b->spec.kv_heads / (double)score,
-		       duration ? (double)tokens / (double)duration : 0.0);
+		       duration ? 1e6 * (double)tokens / (double)duration : 0.0);
 	if (kvd_evictions_str(e, round, "error", &s) >= 0) {
 		fprintf(stderr, "kvd-bench evict: round #%" PRIu64 " failed: %s\n", id, s);
 		return -EIO;
