@@ -20,6 +20,7 @@
 #include "observe.h"
 #include "policy.h"
 #include "server.h"
+#include "upload.h"
 
 #define PROTOCOL_VERSION 1
 #define WEIGHT_MAX 10000
@@ -514,9 +515,9 @@ static void handle_tenant_reset(struct conn *c, uint64_t id, const Kvd__V1__Tena
 
 static void handle_model_output_proj(struct conn *c, uint64_t id, const Kvd__V1__ModelOutputProj *req,
                                      int fd) {
-	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct wo_map wo;
 	struct model *m;
-	const char *why = "bad request";
+	const char *why = NULL;
 	int r;
 
 	if (!req->has_model_id || req->model_id < 1 || req->model_id > c->n_models) {
@@ -528,17 +529,17 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Kvd__V1_
 		reply_error(c, id, -EINVAL, "layer, dtype, hidden and one memfd are needed");
 		return;
 	}
-	r = grams_set_layer(m, req->layer, fd, req->dtype, req->hidden, &why);
-	if (r == -EFBIG) {
-		reply_error(c, id, r, "the model's Gram matrices would exceed %llu bytes",
-		            (unsigned long long)GRAMS_MODEL_MAX);
-		return;
-	}
+	r = grams_check(m, req->layer, fd, req->dtype, req->hidden, &wo, &why);
 	if (r < 0) {
-		reply_error(c, id, r, "bad output projection: %s", r == -EINVAL ? why : strerror(-r));
+		reply_error(c, id, r, "bad output projection: %s", why ? why : strerror(-r));
 		return;
 	}
-	reply(c, &env, id, NULL, 0);
+	/* The reply comes from the uploader, once the Gram matrices are computed. */
+	r = upload_start(c->srv->uploader, c, id, req->model_id, req->layer, &wo);
+	if (r == -EBUSY)
+		reply_error(c, id, r, "too many uploads computing (%u); retry", UPLOADS_MAX);
+	else if (r < 0)
+		reply_error(c, id, r, "cannot start computing: %s", strerror(-r));
 }
 
 #define SEQ_PINS_MAX 255

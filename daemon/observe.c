@@ -90,13 +90,12 @@ struct gram_layer *gram_layer_unref(struct gram_layer *g) {
 	return NULL;
 }
 
-int grams_set_layer(struct model *m, uint32_t layer, int fd, uint32_t dtype, uint32_t hidden,
-                    const char **ret_why) {
+int grams_check(const struct model *m, uint32_t layer, int fd, uint32_t dtype, uint32_t hidden,
+                struct wo_map *ret, const char **ret_why) {
 	uint64_t per_layer = (uint64_t)m->q_heads * m->head_dim * m->head_dim, bytes;
-	struct gram_layer *g;
 	struct stat st;
 	void *map;
-	int seals, r;
+	int seals;
 
 	if (layer >= m->layers) {
 		*ret_why = "layer out of range";
@@ -110,8 +109,10 @@ int grams_set_layer(struct model *m, uint32_t layer, int fd, uint32_t dtype, uin
 		*ret_why = "hidden must be 1..65536";
 		return -EINVAL;
 	}
-	if (per_layer * 4 * m->layers > GRAMS_MODEL_MAX)
+	if (per_layer * 4 * m->layers > GRAMS_MODEL_MAX) {
+		*ret_why = "the model's Gram matrices would exceed the daemon's limit";
 		return -EFBIG;
+	}
 	/* Without the write seal the client could change W_o while we read it; without the
 	 * others, truncate it under our mapping (SIGBUS). */
 	seals = fcntl(fd, F_GET_SEALS);
@@ -127,6 +128,57 @@ int grams_set_layer(struct model *m, uint32_t layer, int fd, uint32_t dtype, uin
 		*ret_why = "the memfd's size is not hidden x q_heads x head_dim elements";
 		return -EINVAL;
 	}
+	map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED)
+		return negative_errno();
+	*ret = (struct wo_map){
+		.map = map,
+		.bytes = bytes,
+		.dtype = dtype,
+		.hidden = hidden,
+		.q_heads = m->q_heads,
+		.head_dim = m->head_dim,
+	};
+	return 0;
+}
+
+int gram_layer_compute(const struct wo_map *wo, struct gram_layer **ret) {
+	uint64_t dd = (uint64_t)wo->head_dim * wo->head_dim, per_layer = wo->q_heads * dd;
+	struct gram_layer *g;
+	int r = 0;
+
+	g = malloc(sizeof(*g) + per_layer * sizeof(float));
+	if (!g)
+		return -ENOMEM;
+	g->refs = 1;
+	g->floats = per_layer;
+	for (uint32_t h = 0; h < wo->q_heads && r >= 0; h++) {
+		struct kvd_wo v = {
+			.dtype = wo->dtype,
+			.c_out = wo->hidden,
+			.heads = wo->q_heads,
+			.dim = wo->head_dim,
+			.w = wo->map,
+			.row_stride = (size_t)wo->q_heads * wo->head_dim,
+		};
+
+		r = kvd_gram(&v, h, 1, g->g + h * dd);
+	}
+	if (r < 0) {
+		free(g);
+		return r;
+	}
+	*ret = g;
+	return 0;
+}
+
+void wo_map_done(struct wo_map *wo) {
+	if (wo->map)
+		munmap(wo->map, wo->bytes);
+	wo->map = NULL;
+}
+
+int grams_install(struct model *m, uint32_t layer, struct gram_layer *g) {
 	if (!m->grams) {
 		m->grams = calloc(1, sizeof(*m->grams));
 		if (!m->grams)
@@ -138,35 +190,6 @@ int grams_set_layer(struct model *m, uint32_t layer, int fd, uint32_t dtype, uin
 			m->grams = NULL;
 			return -ENOMEM;
 		}
-	}
-	g = malloc(sizeof(*g) + per_layer * sizeof(float));
-	if (!g)
-		return -ENOMEM;
-	g->refs = 1;
-	g->floats = per_layer;
-	map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
-	if (map == MAP_FAILED) {
-		free(g);
-		return negative_errno();
-	}
-	r = 0;
-	for (uint32_t h = 0; h < m->q_heads && r >= 0; h++) {
-		struct kvd_wo wo = {
-			.dtype = dtype,
-			.c_out = hidden,
-			.heads = m->q_heads,
-			.dim = m->head_dim,
-			.w = map,
-			.row_stride = (size_t)m->q_heads * m->head_dim,
-		};
-
-		r = kvd_gram(&wo, h, 1, g->g + (uint64_t)h * m->head_dim * m->head_dim);
-	}
-	munmap(map, bytes);
-	if (r < 0) {
-		free(g);
-		*ret_why = "cannot compute the Gram matrices";
-		return r;
 	}
 	gram_layer_unref(m->grams->layer[layer]);
 	m->grams->layer[layer] = g;

@@ -59,14 +59,31 @@ struct gram_layer *gram_layer_unref(struct gram_layer *g);
 /* Largest Gram state of one model (all layers), a bound on what a client makes us keep. */
 #define GRAMS_MODEL_MAX (UINT64_C(1) << 30)
 
+/* A client's output projection, mapped read-only: wo[hidden][q_heads * head_dim]. */
+struct wo_map {
+	void *map;
+	uint64_t bytes;
+	uint32_t dtype, hidden, q_heads, head_dim;
+};
+
 /*
- * Sets layer `layer` of m from an output projection in fd: a memfd sealed with
- * F_SEAL_WRITE, F_SEAL_SHRINK and F_SEAL_GROW holding wo[hidden][q_heads * head_dim] of
- * dtype (KVD_DTYPE_*). Replaces what the layer had (rounds holding the old one keep it).
- * Returns 0, or -EINVAL (bad layer, dtype, hidden, seals or size; *ret_why says which),
- * -EFBIG (the model's Gram state would pass GRAMS_MODEL_MAX), -ENOMEM, -errno.
+ * Checks an upload for layer `layer` of m: fd must be a memfd sealed with F_SEAL_WRITE,
+ * F_SEAL_SHRINK and F_SEAL_GROW holding wo[hidden][q_heads * head_dim] of dtype
+ * (KVD_DTYPE_*), and maps it into *ret. Returns 0, or -EINVAL (bad layer, dtype, hidden,
+ * seals or size), -EFBIG (the model's Gram state would pass GRAMS_MODEL_MAX), -errno;
+ * *ret_why says which.
  */
-int grams_set_layer(struct model *m, uint32_t layer, int fd, uint32_t dtype, uint32_t hidden,
-                    const char **ret_why);
+int grams_check(const struct model *m, uint32_t layer, int fd, uint32_t dtype, uint32_t hidden,
+                struct wo_map *ret, const char **ret_why);
+void wo_map_done(struct wo_map *wo);
+
+/* Computes the layer's Gram matrices from wo: pure, so it runs on any thread (upload.h).
+ * Returns 0 or -ENOMEM. */
+int gram_layer_compute(const struct wo_map *wo, struct gram_layer **ret);
+
+/* Makes g (a reference the caller gives away) layer `layer`'s; rounds holding the old
+ * one keep it. Returns 0 or -ENOMEM (g is not taken). */
+int grams_install(struct model *m, uint32_t layer, struct gram_layer *g);
+
 /* Frees m's Gram state (layers still referenced by a round live on). */
 void grams_free(struct model *m);

@@ -20,6 +20,7 @@
 #include "common/size.h"
 #include "conn.h"
 #include "evict.h"
+#include "upload.h"
 #include "log.h"
 #include "server.h"
 #include "wire.h"
@@ -346,6 +347,9 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	r = evictor_new(s, &s->evictor);
 	if (r < 0)
 		goto fail;
+	r = uploader_new(s, &s->uploader);
+	if (r < 0)
+		goto fail;
 	r = loop_new(&s->loop);
 	if (r < 0) {
 		log_error_errno(r, "cannot set up io_uring");
@@ -403,6 +407,7 @@ struct server *server_free(struct server *s) {
 	safe_close(s->signal_fd);
 	/* After the connections: a running round holds references, not pointers, to them. */
 	s->evictor = evictor_free(s->evictor);
+	s->uploader = uploader_free(s->uploader);
 	tenant_table_done(&s->tenants);
 	free(s->scratch);
 	free(s);

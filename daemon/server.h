@@ -20,6 +20,7 @@
 struct admin;
 struct conn;
 struct evictor;
+struct uploader;
 
 /* Limits on what clients control; most are settings (settings.c), see admin_limits(). */
 struct server_limits {
@@ -84,6 +85,7 @@ struct server {
 	struct http *http;            /* the metrics endpoint, NULL when off */
 	struct admin *admin;          /* settings and live state (admin.h); set by main() */
 	struct evictor *evictor;      /* eviction rounds (evict.h) */
+	struct uploader *uploader;    /* output projection uploads (upload.h) */
 	bool stopping;
 	uint64_t stop_ms;
 };

@@ -54,6 +54,7 @@
 #include "pool.h"
 #include "evict.h"
 #include "server.h"
+#include "upload.h"
 #include "settings.h"
 #include "wire.h"
 
@@ -503,6 +504,7 @@ static void setup(uint8_t config) {
 	s->scratch = calloc(h.pool->n_chunks, sizeof(*s->scratch));
 	FUZZ_CHECK(s->scratch);
 	FUZZ_CHECK(evictor_new(s, &s->evictor) == 0);
+	FUZZ_CHECK(uploader_new(s, &s->uploader) == 0);
 	FUZZ_CHECK(loop_new(&s->loop) == 0);
 	h.srv = s;
 	FUZZ_CHECK(admin_new(s, &cfg, &h.flags, &h.admin) == 0);

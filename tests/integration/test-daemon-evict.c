@@ -65,6 +65,15 @@ static void eng_start(struct fixture *f, struct eng *e, const char *tenant, uint
 	e->c = fixture_connect(f, tenant);
 	e->model = kvd_model_register_evictable(e->c, &spec, &ev);
 	ASSERT_OK(e->model);
+	/* An output projection per layer, so that the output-aware costs use its Gram
+	 * matrices: small random f16, hidden = q_heads * head_dim. */
+	for (uint32_t l = 0; l < LAYERS; l++) {
+		static uint16_t wo[Q_HEADS * HEAD_DIM * Q_HEADS * HEAD_DIM];
+
+		for (size_t j = 0; j < ELEMENTSOF(wo); j++)
+			wo[j] = rand_f16(e);
+		ASSERT_OK(kvd_model_output_proj(e->c, e->model, l, KVD_DTYPE_F16, Q_HEADS * HEAD_DIM, wo));
+	}
 	for (uint32_t i = 0; i < n; i++)
 		ASSERT_OK(kvd_seq_open(e->c, e->model, 1 << 16, &e->s[i]));
 }

@@ -274,8 +274,9 @@ KVD_EXPORT int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec 
  * memfd; the daemon derives what it needs and keeps nothing else. Call it once per layer
  * after registration; calling it again replaces the layer's. Returns 0, or -EINVAL (unknown
  * model, layer out of range, hidden not 1..65536, bad dtype), -EFBIG (over 1 GiB, or the
- * model's Gram state over the daemon's limit), -ENOMEM, an error of memfd_create(2) or
- * write(2) (e.g. -EMFILE), -ECONNRESET, -ECHILD.
+ * model's Gram state over the daemon's limit), -EBUSY (the daemon is computing too many
+ * uploads: retry), -ENOMEM, an error of memfd_create(2) or write(2) (e.g. -EMFILE),
+ * -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uint32_t dtype,
 		                     uint32_t hidden, const void *wo);
