@@ -364,7 +364,7 @@ static int cmp_density(const void *a, const void *b, void *userdata) {
  * become UNIT_SELECTED; their bytes are added to *taken. Returns 0 or a negative errno.
  */
 static int select_pass(struct round *r, struct units *u, const bool *allowed, uint64_t *allowance,
-                       uint64_t target, uint64_t *taken) {
+                       uint64_t target, uint64_t *taken, void *scratch, size_t scratch_bytes) {
 	_cleanup_(freep) uint8_t *pinned = malloc(MAX(u->n, 1u));
 	_cleanup_(freep) uint32_t *ids = malloc(MAX(u->n, 1u) * sizeof(uint32_t));
 	_cleanup_(freep) uint64_t *got = calloc(r->n_tenants, sizeof(uint64_t));
@@ -396,7 +396,7 @@ static int select_pass(struct round *r, struct units *u, const bool *allowed, ui
 			pinned[i] = u->state[i] != UNIT_CANDIDATE || (allowed && !allowed[tn]) ||
 			            allowance[tn] == 0;
 		}
-		k = kvd_evict_greedy(&in, ids, &n_ids, &freed);
+		k = kvd_evict_greedy_buf(&in, scratch, scratch_bytes, ids, &n_ids, &freed);
 		if (k < 0)
 			return k;
 		if (n_ids == 0)
@@ -437,10 +437,13 @@ static int select_pass(struct round *r, struct units *u, const bool *allowed, ui
 static int select_units(struct round *r, struct units *u) {
 	_cleanup_(freep) uint64_t *allowance = calloc(MAX(r->n_tenants, 1u), sizeof(uint64_t));
 	_cleanup_(freep) bool *allowed = calloc(MAX(r->n_tenants, 1u), sizeof(bool));
+	/* One scratch for every pass of the round: its pages fault in once. */
+	size_t scratch_bytes = kvd_evict_greedy_scratch_bytes((uint32_t)u->n);
+	_cleanup_(freep) void *scratch = malloc(scratch_bytes);
 	uint64_t taken = 0;
 	int k;
 
-	if (!allowance || !allowed)
+	if (!allowance || !allowed || !scratch)
 		return -ENOMEM;
 	/* First, each tenant over its cap gives up the excess, from its own units. */
 	for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
@@ -453,7 +456,7 @@ static int select_units(struct round *r, struct units *u) {
 		memset(allowed, 0, r->n_tenants * sizeof(bool));
 		allowed[tn] = true;
 		allowance[tn] = excess;
-		k = select_pass(r, u, allowed, allowance, excess, &got);
+		k = select_pass(r, u, allowed, allowance, excess, &got, scratch, scratch_bytes);
 		if (k < 0)
 			return k;
 		taken += got;
@@ -473,7 +476,7 @@ static int select_units(struct round *r, struct units *u) {
 
 			allowance[tn] -= MIN(allowance[tn], (uint64_t)u->bytes[i]);
 		}
-	return select_pass(r, u, allowed, allowance, r->target - taken, &taken);
+	return select_pass(r, u, allowed, allowance, r->target - taken, &taken, scratch, scratch_bytes);
 }
 
 /* Turns the selected units into each sequence's per-table drop lists. */

@@ -11,9 +11,11 @@
  * of the tie rule. The passes re-read the scores instead of copying candidates, so that
  * nothing is allocated: a per-head row is small and stays in cache between passes.
  *
- * Greedy eviction is a weighted quick selection (weights = bytes) on 64-bit composites
- * (key << 32 | ~index), distinct for distinct units, so that the answer is one unit and
- * does not depend on pivots; pivots only change the time it takes.
+ * Greedy eviction is a weighted radix selection (weights = bytes) on 64-bit composites
+ * (key << 32 | ~index), distinct for distinct units, so that the answer is one unit: a
+ * histogram of bytes on the top 16 bits of the key finds the bucket of the last unit to
+ * go, and only that bucket's units, and those of the groups whose limits bind, are
+ * looked at more closely (see the section below).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -21,6 +23,15 @@
 #include <string.h>
 
 #include "select.h"
+#include "simd.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* The eviction passes also come in AVX-512, taken when kvd_simd() chose that path; the
+ * attribute compiles only these functions for it (gcc and clang alike). */
+#define EVICT_AVX512 1
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#endif
 
 /* ---- The order key ---- */
 
@@ -326,116 +337,617 @@ int kvd_block_scores(const float *tok, uint32_t n_tok, uint32_t block_tokens, ui
 
 /* ---- Greedy eviction by value per byte ---- */
 
-struct witem {
-	uint64_t c; /* composite: eviction order is ascending c */
-	uint64_t w; /* bytes */
+/*
+ * The greedy's result, restated so that it needs no sort. Let c(i) = key << 32 | ~i be a
+ * unit's composite: ascending c is the eviction order. A group's limit binds at its cut,
+ * the first of its units (by c) that does not fit; the group gives up exactly its units
+ * below the cut, whatever the others do. The greedy then takes, among the units below
+ * their group's cut, those up to T, the first at which the running bytes reach the target.
+ *
+ * Pass 1 keeps 2 bytes per unit, the top 16 bits of its key (its bucket: sign, exponent
+ * and 7 mantissa bits of the density), and sums the bytes per bucket. The bucket that
+ * holds T follows from that histogram; cuts can only move T up, and only a group whose
+ * units up to T's bucket do not fit has a cut that matters, so the groups are checked
+ * against that bucket, only those that fail are cut exactly, and a cut unit leaves the
+ * histogram (its bucket becomes BKT_NONE). If the bucket moved, the groups are checked
+ * again against the new one; after GROUP_PASSES_MAX passes, against all their units.
+ * Finally T is selected among the units of its bucket only, a few per thousand on a
+ * spread of densities, and everything up to it is written out in one pass.
+ *
+ * Full keys are recomputed from value and bytes where needed (in a cut's bucket and in
+ * T's) instead of being stored: the arithmetic is the same, so are the keys; a selection
+ * in one bucket keeps the low 16 bits in bkt meanwhile. The passes
+ * over all units also come in AVX-512, taken when kvd_simd() chose that path (KVD_SIMD
+ * or kvd_simd_override() select the plain ones); both compute the same bits.
+ */
+
+#define EVICT_BUCKETS 65536u
+#define BKT_TOP 0xff80u  /* +inf's bucket: no density has a higher one */
+#define BKT_NONE 0xffffu /* not evictable: pinned, 0 bytes, or at or past its group's cut */
+#define GROUP_PASSES_MAX 4
+#define EVICT_SCRATCH_ALIGN 64
+/* list_select sorts the composites of this many units at most, instead of more levels. */
+#define LIST_SORT_MAX 32
+
+_Static_assert(BKT_TOP == 0xff800000u >> 16, "BKT_TOP is +inf's bucket");
+
+struct evict {
+	const struct kvd_evict_in *in;
+	uint64_t *hist; /* [EVICT_BUCKETS] bytes per bucket of the units that may go */
+	uint16_t *bkt;  /* [n] their buckets */
+	int avx512;     /* take the AVX-512 passes */
 };
+
+/*
+ * score_key(kvd_density(v, b)), faster: dividing by a power of two is multiplying by its
+ * reciprocal, which is exact (2046 - e is the reciprocal's exponent field for b's e), so
+ * the product rounds to the same float. b == 0 goes that way too, and its key is unused.
+ */
+static inline uint32_t density_key(float v, uint32_t b) {
+	double db = (double)b, d;
+
+	if (b & (b - 1))
+		d = (double)v / db;
+	else {
+		uint64_t u;
+		double inv;
+
+		memcpy(&u, &db, sizeof(u));
+		u = (UINT64_C(2046) << 52) - u;
+		memcpy(&inv, &u, sizeof(inv));
+		d = (double)v * inv;
+	}
+	return score_key((float)d);
+}
+
+static inline uint32_t unit_key(const struct kvd_evict_in *in, uint32_t i) {
+	return density_key(in->value[i], in->bytes[i]);
+}
 
 static inline uint64_t unit_composite(const struct kvd_evict_in *in, uint32_t i) {
 	/* On equal keys the higher index has the lower ~index, so it goes first. */
-	return (uint64_t)score_key(kvd_density(in->value[i], in->bytes[i])) << 32 | (uint32_t)~i;
-}
-
-static inline int unit_evictable(const struct kvd_evict_in *in, uint32_t i) {
-	return in->bytes[i] > 0 && !(in->pinned && in->pinned[i]);
-}
-
-static inline void witem_swap(struct witem *a, struct witem *b) {
-	struct witem t = *a;
-
-	*a = *b;
-	*b = t;
-}
-
-static int witem_cmp(const void *pa, const void *pb) {
-	const struct witem *a = pa, *b = pb;
-
-	return a->c < b->c ? -1 : a->c > b->c;
-}
-
-/* splitmix64's finaliser, for pivot positions an input cannot line up with easily. */
-static inline uint64_t mix64(uint64_t x) {
-	x ^= x >> 30;
-	x *= UINT64_C(0xbf58476d1ce4e5b9);
-	x ^= x >> 27;
-	x *= UINT64_C(0x94d049bb133111eb);
-	return x ^ (x >> 31);
+	return (uint64_t)unit_key(in, i) << 32 | (uint32_t)~i;
 }
 
 /*
- * Weighted selection: returns the position p of the first item, in ascending c, at which
- * the running weight (each item's w, or 1 if unit) reaches need, and partitions a[] so
- * that a[0..p) are the items below it and a(p..n) those above. Requires 1 <= need <= the
- * total weight. Expected O(n); a pathological run of bad pivots falls back to a sort.
+ * The passes over all units, plain first. bkt_fill: pass 1 over [from, to), the buckets
+ * and the bytes per bucket. Units that cannot go add to BKT_NONE's, which is never read.
  */
-static size_t wselect(struct witem *a, size_t n, uint64_t need, int unit) {
-	size_t lo = 0, hi = n;
-	uint64_t seed = n;
+static void bkt_fill(struct evict *e, uint32_t from, uint32_t to) {
+	const struct kvd_evict_in *in = e->in;
 
-	for (unsigned depth = 0;; depth++) {
-		size_t len = hi - lo, i, piv[3];
-		uint64_t wl = 0, wp;
+	for (uint32_t i = from; i < to; i++) {
+		uint32_t w = in->bytes[i], k = BKT_NONE;
 
-		if (len <= 16 || depth > 96) {
-			if (len <= 16)
-				for (size_t x = lo + 1; x < hi; x++)
-					for (size_t y = x; y > lo && a[y - 1].c > a[y].c; y--)
-						witem_swap(&a[y - 1], &a[y]);
-			else
-				qsort(a + lo, len, sizeof(*a), witem_cmp);
-			for (i = lo; i < hi - 1; i++) {
-				wp = unit ? 1 : a[i].w;
-				if (need <= wp)
-					break;
-				need -= wp;
-			}
-			return i;
-		}
-
-		/* Median of three positions drawn from a deterministic stream. */
-		for (int s = 0; s < 3; s++) {
-			seed = mix64(seed + UINT64_C(0x9e3779b97f4a7c15));
-			piv[s] = lo + (size_t)(seed % len);
-		}
-		if (a[piv[0]].c > a[piv[1]].c) {
-			size_t t = piv[0];
-			piv[0] = piv[1];
-			piv[1] = t;
-		}
-		if (a[piv[1]].c > a[piv[2]].c)
-			piv[1] = a[piv[0]].c > a[piv[2]].c ? piv[0] : piv[2];
-		witem_swap(&a[piv[1]], &a[hi - 1]);
-
-		uint64_t pv = a[hi - 1].c;
-
-		for (i = lo; i < hi - 1 && a[i].c < pv; i++)
-			wl += unit ? 1 : a[i].w;
-		for (size_t j = i + 1; j < hi - 1; j++)
-			if (a[j].c < pv) {
-				witem_swap(&a[i], &a[j]);
-				wl += unit ? 1 : a[i].w;
-				i++;
-			}
-		witem_swap(&a[i], &a[hi - 1]);
-		wp = unit ? 1 : a[i].w;
-		if (need <= wl)
-			hi = i;
-		else if (need <= wl + wp)
-			return i;
-		else {
-			need -= wl + wp;
-			lo = i + 1;
-		}
+		if (w && !(in->pinned && in->pinned[i]))
+			k = density_key(in->value[i], w) >> 16;
+		e->bkt[i] = (uint16_t)k;
+		e->hist[k] += w;
 	}
 }
 
-int kvd_evict_greedy(const struct kvd_evict_in *in, uint32_t *ret_ids, uint32_t *ret_n_ids,
-		     uint64_t *ret_freed) {
-	struct witem *it = NULL;
-	uint64_t *cut = NULL, total = 0, last = 0, freed = 0;
-	uint32_t n_groups, m = 0, n_ids = 0;
-	int take = 1;
+/* The units of [from, to) in buckets up to bmax, and (if bytes) their bytes in *ret_bytes. */
+static uint32_t bkt_count(const struct evict *e, const uint32_t *bytes, uint32_t from,
+			  uint32_t to, uint32_t bmax, uint64_t *ret_bytes) {
+	uint64_t sum = 0;
+	uint32_t cnt = 0;
 
+	if (!bytes)
+		for (uint32_t i = from; i < to; i++)
+			cnt += e->bkt[i] <= bmax;
+	else
+		for (uint32_t i = from; i < to; i++) {
+			uint32_t in_b = e->bkt[i] <= bmax;
+
+			cnt += in_b;
+			sum += in_b ? bytes[i] : 0;
+		}
+	*ret_bytes += sum;
+	return cnt;
+}
+
+/* Appends the units of [from, to) in bucket b to list; returns how many. */
+static uint32_t bkt_find(const struct evict *e, uint32_t from, uint32_t to, uint32_t b,
+			 uint32_t *list) {
+	uint32_t m = 0;
+
+	for (uint32_t i = from; i < to; i++)
+		if (e->bkt[i] == b)
+			list[m++] = i;
+	return m;
+}
+
+/* Writes the units of [from, to) in buckets up to b to out, ascending; returns how many.
+ * out may be written up to out[to - from - 1] whatever the count. */
+static uint32_t bkt_output(const struct evict *e, uint32_t from, uint32_t to, uint32_t b,
+			   uint32_t *out) {
+	uint32_t m = 0;
+
+	/* m <= i - from: the store is in bounds, and needs no branch. */
+	for (uint32_t i = from; i < to; i++) {
+		out[m] = i;
+		m += e->bkt[i] <= b;
+	}
+	return m;
+}
+
+/* Stores the low 16 bits of the keys of the units list[m] in their bkt. */
+static void list_low16(struct evict *e, const uint32_t *list, uint32_t m) {
+	for (uint32_t j = 0; j < m; j++)
+		e->bkt[list[j]] = (uint16_t)unit_key(e->in, list[j]);
+}
+
+/* The units of [from, to) at or past cut (in bucket cb) leave: BKT_NONE, out of hist. */
+static void bkt_cut(struct evict *e, uint32_t from, uint32_t to, uint32_t cb, uint64_t cut) {
+	for (uint32_t i = from; i < to; i++) {
+		uint32_t k = e->bkt[i], drop = k > cb;
+
+		/* Which go is data-dependent: no branch but for the cut's bucket. */
+		if (k == cb)
+			drop = unit_composite(e->in, i) >= cut;
+		e->hist[k] -= drop ? e->in->bytes[i] : 0;
+		e->bkt[i] = (uint16_t)(drop ? BKT_NONE : k);
+	}
+}
+
+#ifdef EVICT_AVX512
+/*
+ * The keys of 16 units of values v and sizes w as density_key() makes them: the density
+ * in double (a multiply by the exact reciprocal, or a division in the lanes whose size is
+ * no power of two), rounded to float, then score_key's mapping.
+ */
+TARGET_AVX512 static inline __m512i density_keys16(__m512 v, __m512i w) {
+	const __m512i one = _mm512_set1_epi32(1), top = _mm512_set1_epi32((int)0x80000000u);
+	const __m512i inf = _mm512_set1_epi32(0x7f800000), abs = _mm512_set1_epi32(0x7fffffff);
+	const __m512i recip = _mm512_set1_epi64((long long)(UINT64_C(2046) << 52));
+	__m512i u, a, m;
+	__mmask16 odd = _mm512_test_epi32_mask(w, _mm512_sub_epi32(w, one));
+	__m512d wlo = _mm512_cvtepu32_pd(_mm512_castsi512_si256(w));
+	__m512d whi = _mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(w, 1));
+	__m512d vlo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+	__m512d vhi = _mm512_cvtps_pd(
+		_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+	__m512d rlo = _mm512_castsi512_pd(_mm512_sub_epi64(recip, _mm512_castpd_si512(wlo)));
+	__m512d rhi = _mm512_castsi512_pd(_mm512_sub_epi64(recip, _mm512_castpd_si512(whi)));
+	__m512d qlo = _mm512_mul_pd(vlo, rlo), qhi = _mm512_mul_pd(vhi, rhi);
+
+	if (odd) {
+		qlo = _mm512_mask_div_pd(qlo, (__mmask8)odd, vlo, wlo);
+		qhi = _mm512_mask_div_pd(qhi, (__mmask8)(odd >> 8), vhi, whi);
+	}
+	u = _mm512_castpd_si512(_mm512_insertf64x4(
+		_mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(qlo))),
+		_mm256_castps_pd(_mm512_cvtpd_ps(qhi)), 1));
+	/* -0.0 to +0.0; negatives flipped, positives lifted; NaN to 0. */
+	a = _mm512_and_si512(u, abs);
+	u = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(a, a), u);
+	m = _mm512_srli_epi32(_mm512_srai_epi32(u, 31), 1);
+	return _mm512_maskz_mov_epi32(_mm512_cmple_epu32_mask(a, inf),
+				      _mm512_xor_si512(_mm512_xor_si512(u, m), top));
+}
+
+/* The keys of units i..i+15. */
+TARGET_AVX512 static inline __m512i keys16_avx512(const struct kvd_evict_in *in, uint32_t i) {
+	return density_keys16(_mm512_loadu_ps(in->value + i), _mm512_loadu_si512(in->bytes + i));
+}
+
+/* The keys of the 16 units list[0..16). */
+TARGET_AVX512 static inline __m512i list_keys16_avx512(const struct kvd_evict_in *in,
+						       const uint32_t *list) {
+	__m512i idx = _mm512_loadu_si512(list);
+
+	return density_keys16(_mm512_i32gather_ps(idx, in->value, 4),
+			      _mm512_i32gather_epi32(idx, (const int *)in->bytes, 4));
+}
+
+/* The lanes of idx (unit indices) with keys k whose composite exceeds c. */
+TARGET_AVX512 static inline __mmask16 after16_avx512(__m512i k, __m512i idx, uint64_t c) {
+	__m512i ck = _mm512_set1_epi32((int)(uint32_t)(c >> 32));
+	__m512i ci = _mm512_set1_epi32((int)~(uint32_t)c);
+
+	/* ~i > ~ci when i < ci. */
+	return _mm512_cmpgt_epu32_mask(k, ck) |
+	       (_mm512_cmpeq_epi32_mask(k, ck) & _mm512_cmplt_epu32_mask(idx, ci));
+}
+
+#define IOTA16 _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+
+/* bkt_fill over the whole 16s of [0, n); returns where the rest starts. */
+TARGET_AVX512 static uint32_t bkt_fill_avx512(struct evict *e, uint32_t n) {
+	const struct kvd_evict_in *in = e->in;
+	const __m512i none = _mm512_set1_epi32(BKT_NONE);
+	uint32_t i;
+
+	for (i = 0; n - i >= 16; i += 16) {
+		__m512i w = _mm512_loadu_si512(in->bytes + i), k = keys16_avx512(in, i);
+		__mmask16 ev = _mm512_test_epi32_mask(w, w);
+		uint32_t kk[16];
+
+		if (in->pinned)
+			ev &= (__mmask16)~_mm_test_epi8_mask(
+				_mm_loadu_si128((const __m128i *)(in->pinned + i)),
+				_mm_set1_epi8(-1));
+		k = _mm512_mask_blend_epi32(ev, none, _mm512_srli_epi32(k, 16));
+		_mm256_storeu_si256((__m256i *)(e->bkt + i), _mm512_cvtepi32_epi16(k));
+		_mm512_storeu_si512(kk, k);
+		for (unsigned j = 0; j < 16; j++)
+			e->hist[kk[j]] += in->bytes[i + j];
+	}
+	return i;
+}
+
+TARGET_AVX512 static uint32_t bkt_count_avx512(const struct evict *e, const uint32_t *bytes,
+					       uint32_t from, uint32_t to, uint32_t bmax,
+					       uint64_t *ret_bytes) {
+	const __m256i lim = _mm256_set1_epi16((short)bmax);
+	__m512i sum = _mm512_setzero_si512();
+	uint32_t cnt = 0, i;
+
+	for (i = from; to - i >= 16; i += 16) {
+		__mmask16 in_b = _mm256_cmple_epu16_mask(
+			_mm256_loadu_si256((const __m256i *)(e->bkt + i)), lim);
+
+		cnt += (uint32_t)__builtin_popcount(in_b);
+		if (bytes && in_b) {
+			__m512i w = _mm512_loadu_si512(bytes + i);
+			__m512i lo = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(w));
+			__m512i hi = _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(w, 1));
+
+			sum = _mm512_mask_add_epi64(sum, (__mmask8)in_b, sum, lo);
+			sum = _mm512_mask_add_epi64(sum, (__mmask8)(in_b >> 8), sum, hi);
+		}
+	}
+	*ret_bytes += (uint64_t)_mm512_reduce_add_epi64(sum);
+	return cnt + bkt_count(e, bytes, i, to, bmax, ret_bytes);
+}
+
+TARGET_AVX512 static uint32_t bkt_find_avx512(const struct evict *e, uint32_t from, uint32_t to,
+					      uint32_t b, uint32_t *list) {
+	const __m512i key = _mm512_set1_epi16((short)b);
+	uint32_t m = 0, i;
+
+	for (i = from; to - i >= 32; i += 32) {
+		__mmask32 eq = _mm512_cmpeq_epi16_mask(_mm512_loadu_si512(e->bkt + i), key);
+
+		for (; eq; eq &= eq - 1)
+			list[m++] = i + (uint32_t)__builtin_ctz(eq);
+	}
+	return m + bkt_find(e, i, to, b, list + m);
+}
+
+TARGET_AVX512 static uint32_t bkt_output_avx512(const struct evict *e, uint32_t from, uint32_t to,
+						uint32_t b, uint32_t *out) {
+	const __m256i lim = _mm256_set1_epi16((short)b);
+	__m512i idx = _mm512_add_epi32(_mm512_set1_epi32((int)from), IOTA16);
+	uint32_t m = 0, i;
+
+	/* A whole vector is stored at out + m <= out + i - from: in bounds (see bkt_output).
+	 * Compressing in a register: the memory form is slow on some CPUs. */
+	for (i = from; to - i >= 16; i += 16) {
+		__mmask16 take = _mm256_cmple_epu16_mask(
+			_mm256_loadu_si256((const __m256i *)(e->bkt + i)), lim);
+
+		_mm512_storeu_si512(out + m, _mm512_maskz_compress_epi32(take, idx));
+		m += (uint32_t)__builtin_popcount(take);
+		idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16));
+	}
+	return m + bkt_output(e, i, to, b, out + m);
+}
+
+TARGET_AVX512 static void list_low16_avx512(struct evict *e, const uint32_t *list, uint32_t m) {
+	uint32_t j;
+
+	for (j = 0; m - j >= 16; j += 16) {
+		uint32_t k[16];
+
+		/* The list ascends (list_select's survivors keep their order): 16 that span 16
+		 * indices are a run of units, loaded without a gather. */
+		if (list[j + 15] - list[j] == 15) {
+			__m512i keys = keys16_avx512(e->in, list[j]);
+
+			_mm256_storeu_si256((__m256i *)(e->bkt + list[j]),
+					    _mm512_cvtepi32_epi16(keys));
+			continue;
+		}
+		_mm512_storeu_si512(k, list_keys16_avx512(e->in, list + j));
+		for (unsigned x = 0; x < 16; x++)
+			e->bkt[list[j + x]] = (uint16_t)k[x];
+	}
+	list_low16(e, list + j, m - j);
+}
+
+TARGET_AVX512 static void bkt_cut_avx512(struct evict *e, uint32_t from, uint32_t to, uint32_t cb,
+					 uint64_t cut) {
+	const __m256i lim = _mm256_set1_epi16((short)cb);
+	const __m256i none = _mm256_set1_epi16((short)BKT_NONE);
+	__m512i idx = _mm512_add_epi32(_mm512_set1_epi32((int)from), IOTA16);
+	uint32_t i, kd;
+
+	for (i = from; to - i >= 16; i += 16) {
+		__m256i k = _mm256_loadu_si256((const __m256i *)(e->bkt + i));
+		__mmask16 at = _mm256_cmpeq_epi16_mask(k, lim), drop;
+
+		drop = _mm256_cmpgt_epu16_mask(k, lim) & _mm256_cmpneq_epi16_mask(k, none);
+		/* At or past cut is after cut - 1 (no unit's composite is 0: index < 2^32 - 1). */
+		if (at)
+			drop |= at & after16_avx512(keys16_avx512(e->in, i), idx, cut - 1);
+		idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16));
+		if (!drop)
+			continue;
+		/* Often all go from one bucket (equal keys): one add, not a chain of them. */
+		kd = e->bkt[i + (uint32_t)__builtin_ctz(drop)];
+		if (!_mm256_mask_cmpneq_epi16_mask(drop, k, _mm256_set1_epi16((short)kd))) {
+			__m512i w = _mm512_maskz_loadu_epi32(drop, e->in->bytes + i);
+			__m512i lo = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(w));
+			__m512i hi = _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(w, 1));
+
+			e->hist[kd] -= (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(lo, hi));
+		} else
+			for (__mmask16 d = drop; d; d &= d - 1) {
+				uint32_t j = i + (uint32_t)__builtin_ctz(d);
+
+				e->hist[e->bkt[j]] -= e->in->bytes[j];
+			}
+		_mm256_mask_storeu_epi16(e->bkt + i, drop, none);
+	}
+	bkt_cut(e, i, to, cb, cut);
+}
+#endif
+
+static uint32_t evict_count(const struct evict *e, const uint32_t *bytes, uint32_t from,
+			    uint32_t to, uint32_t bmax, uint64_t *ret_bytes) {
+#ifdef EVICT_AVX512
+	if (e->avx512)
+		return bkt_count_avx512(e, bytes, from, to, bmax, ret_bytes);
+#endif
+	return bkt_count(e, bytes, from, to, bmax, ret_bytes);
+}
+
+static uint32_t evict_find(const struct evict *e, uint32_t from, uint32_t to, uint32_t b,
+			   uint32_t *list) {
+#ifdef EVICT_AVX512
+	if (e->avx512)
+		return bkt_find_avx512(e, from, to, b, list);
+#endif
+	return bkt_find(e, from, to, b, list);
+}
+
+static uint32_t evict_output(const struct evict *e, uint32_t from, uint32_t to, uint32_t b,
+			     uint32_t *out) {
+#ifdef EVICT_AVX512
+	if (e->avx512)
+		return bkt_output_avx512(e, from, to, b, out);
+#endif
+	return bkt_output(e, from, to, b, out);
+}
+
+static void evict_low16(struct evict *e, const uint32_t *list, uint32_t m) {
+#ifdef EVICT_AVX512
+	if (e->avx512) {
+		list_low16_avx512(e, list, m);
+		return;
+	}
+#endif
+	list_low16(e, list, m);
+}
+
+static void evict_cut(struct evict *e, uint32_t from, uint32_t to, uint32_t cb, uint64_t cut) {
+#ifdef EVICT_AVX512
+	if (e->avx512) {
+		bkt_cut_avx512(e, from, to, cb, cut);
+		return;
+	}
+#endif
+	bkt_cut(e, from, to, cb, cut);
+}
+
+/*
+ * The bucket in which the running bytes of hist reach target (>= 1), with *ret_below the
+ * bytes of the buckets under it; BKT_TOP + 1 and the total if they never do.
+ */
+static uint32_t hist_cross(const uint64_t *hist, uint64_t target, uint64_t *ret_below) {
+	uint64_t acc = 0;
+	uint32_t b;
+
+	for (b = 0; b <= BKT_TOP; b++) {
+		if (hist[b] >= target - acc)
+			break;
+		acc += hist[b];
+	}
+	*ret_below = acc;
+	return b;
+}
+
+/* Lists from this long are counted in four histograms (see list_hist). */
+#define LIST_HIST4_MIN 1024
+
+/*
+ * Fills hist[256] with the weights (bytes, or 1 if unit) of the units list[m] by the digit
+ * bkt >> shift & 0xff; returns their total. A long list is counted in four histograms: an
+ * add to a bin waits for the previous one to it, and on equal keys all go to one bin.
+ */
+static uint64_t list_hist(const struct evict *e, const uint32_t *list, uint32_t m,
+			  unsigned shift, int unit, uint64_t *hist) {
+	const uint32_t *bytes = e->in->bytes;
+	uint64_t h4[4][256], total = 0;
+	uint32_t j = 0;
+
+	memset(hist, 0, 256 * sizeof(*hist));
+	if (m >= LIST_HIST4_MIN) {
+		memset(h4, 0, sizeof(h4));
+		for (; m - j >= 4; j += 4)
+			for (unsigned x = 0; x < 4; x++) {
+				uint32_t i = list[j + x];
+
+				h4[x][e->bkt[i] >> shift & 0xff] += unit ? 1 : bytes[i];
+			}
+		for (unsigned d = 0; d < 256; d++)
+			hist[d] = h4[0][d] + h4[1][d] + h4[2][d] + h4[3][d];
+	}
+	for (; j < m; j++)
+		hist[e->bkt[list[j]] >> shift & 0xff] += unit ? 1 : bytes[list[j]];
+	for (unsigned d = 0; d < 256; d++)
+		total += hist[d];
+	return total;
+}
+
+/*
+ * Weighted selection on the units list[m] (in ascending index order; permuted on
+ * return, the same set): returns the composite of T, the unit at which the running
+ * weight (bytes, or 1 per unit if unit) in eviction order reaches need, 1 <= need <= the
+ * total, and (if ret_through) the running weight up to T included. b: the bucket of all
+ * the units, or BKT_NONE if they have several. If drop (with one bucket only), the units
+ * of the list after T leave bkt (BKT_NONE; hist is not updated).
+ *
+ * A radix selection on the key, 8 bits a level; each level moves the units still in the
+ * running to the front of list, in order. The top two levels read bkt. Then the key's low
+ * 16 bits are computed once and kept in bkt for the two others (and put back at the end).
+ * Equal keys go by index, the highest first. Once few units are left, their composites
+ * are sorted instead.
+ */
+static uint64_t list_select(struct evict *e, uint32_t *list, uint32_t m, uint32_t b,
+			    uint64_t need, int unit, int drop, uint64_t *ret_through) {
+	const struct kvd_evict_in *in = e->in;
+	uint64_t hist[256], c[LIST_SORT_MAX], start = need, t = 0;
+	uint32_t key = b <= BKT_TOP ? b << 16 : 0, m_low = 0, m_all = m, tb;
+
+	for (unsigned level = b <= BKT_TOP ? 2 : 0; level < 4 && m > LIST_SORT_MAX; level++) {
+		unsigned shift = level % 2 ? 0 : 8;
+		uint64_t acc = 0, total;
+		uint32_t d, w = 0;
+
+		if (level == 2) {
+			evict_low16(e, list, m);
+			m_low = m;
+		}
+		total = list_hist(e, list, m, shift, unit, hist);
+		for (d = 0; acc + hist[d] < need; d++)
+			acc += hist[d];
+		need -= acc;
+		key |= d << (24 - 8 * level);
+		/* Weights are never 0: all in d means all stay, in order. */
+		if (hist[d] == total)
+			continue;
+		/* Swapping whether or not i stays: list[w] is then one that goes, or i itself;
+		 * which stay is data-dependent, and a branch would mispredict. */
+		for (uint32_t j = 0; j < m; j++) {
+			uint32_t i = list[j];
+
+			list[j] = list[w];
+			list[w] = i;
+			w += (e->bkt[i] >> shift & 0xff) == d;
+		}
+		m = w;
+	}
+	if (m > LIST_SORT_MAX) {
+		/* All m have this key: the highest index goes first. */
+		uint32_t j = m - 1;
+
+		for (; j > 0 && need > (unit ? 1 : in->bytes[list[j]]); j--)
+			need -= unit ? 1 : in->bytes[list[j]];
+		t = (uint64_t)key << 32 | (uint32_t)~list[j];
+	} else {
+		uint32_t j;
+
+		for (j = 0; j < m; j++) {
+			uint64_t x = unit_composite(in, list[j]);
+			uint32_t y = j;
+
+			for (; y > 0 && c[y - 1] > x; y--)
+				c[y] = c[y - 1];
+			c[y] = x;
+		}
+		for (j = 0; j + 1 < m && need > (unit ? 1 : in->bytes[~(uint32_t)c[j]]); j++)
+			need -= unit ? 1 : in->bytes[~(uint32_t)c[j]];
+		t = c[j];
+	}
+	if (ret_through)
+		*ret_through = start - need + (unit ? 1 : in->bytes[~(uint32_t)t]);
+
+	/*
+	 * The buckets back, or with drop, BKT_NONE for the units after T. Those with low bits
+	 * in bkt are in T's bucket, their composites at hand. With drop, all are in bucket b:
+	 * either they all have low bits, or they are few and were sorted.
+	 */
+	tb = (uint32_t)(t >> 48);
+	for (uint32_t j = 0; j < m_low; j++) {
+		uint32_t i = list[j];
+		int after = ((uint64_t)(tb << 16 | e->bkt[i]) << 32 | (uint32_t)~i) > t;
+
+		e->bkt[i] = (uint16_t)(drop && after ? BKT_NONE : tb);
+	}
+	for (uint32_t j = m_low; drop && j < m_all; j++)
+		if (unit_composite(in, list[j]) > t)
+			e->bkt[list[j]] = BKT_NONE;
+	return t;
+}
+
+/*
+ * Checks group [from, to) with limits mu units and mb bytes against bucket bmax: if its
+ * units up to bmax fit, nothing changes and 0 is returned. Otherwise its cut, which lies
+ * at or below bmax, is found exactly; its units from the cut on leave (see bkt_cut);
+ * returns 1. list has room for to - from units.
+ */
+static int group_cut(struct evict *e, uint32_t from, uint32_t to, uint64_t mu, uint64_t mb,
+		     uint32_t bmax, uint32_t *list) {
+	uint64_t bsum = 0, cut = UINT64_MAX;
+	uint32_t cnt, m;
+
+	cnt = evict_count(e, mb == UINT64_MAX ? NULL : e->in->bytes, from, to, bmax, &bsum);
+	if (cnt <= mu && bsum <= mb)
+		return 0;
+	if (bsum > mb) {
+		m = evict_output(e, from, to, bmax, list);
+		cut = list_select(e, list, m, BKT_NONE, mb + 1, 0, 0, NULL);
+	}
+	if (cnt > mu) {
+		uint64_t cu;
+
+		/* Again: list_select permuted the list. */
+		m = evict_output(e, from, to, bmax, list);
+		cu = list_select(e, list, m, BKT_NONE, mu + 1, 1, 0, NULL);
+		if (cu < cut)
+			cut = cu;
+	}
+	evict_cut(e, from, to, (uint32_t)(cut >> 48), cut);
+	return 1;
+}
+
+/* Applies every group's limits up to bucket bmax (see group_cut). Returns whether any
+ * group was cut. list: room for n units. */
+static int groups_cut(struct evict *e, uint32_t bmax, uint32_t *list) {
+	const struct kvd_evict_in *in = e->in;
+	int changed = 0;
+
+	for (uint32_t g = 0; g < in->n_groups; g++) {
+		uint32_t from = in->group_start[g], to = in->group_start[g + 1];
+		uint64_t mu = in->group_max_units ? in->group_max_units[g] : UINT64_MAX;
+		uint64_t mb = in->group_max_bytes ? in->group_max_bytes[g] : UINT64_MAX;
+
+		/* Limits no group this size can reach. */
+		if (mu >= to - from)
+			mu = UINT64_MAX;
+		if (mb >= (uint64_t)(to - from) * UINT32_MAX)
+			mb = UINT64_MAX;
+		if (mu == UINT64_MAX && mb == UINT64_MAX)
+			continue;
+		changed |= group_cut(e, from, to, mu, mb, bmax, list);
+	}
+	return changed;
+}
+
+size_t kvd_evict_greedy_scratch_bytes(uint32_t n) {
+	size_t fixed = EVICT_SCRATCH_ALIGN + EVICT_BUCKETS * sizeof(uint64_t);
+
+	/* Only where size_t is 32 bits: a size no allocation can meet. */
+	if (n > (SIZE_MAX - fixed) / sizeof(uint16_t))
+		return SIZE_MAX;
+	return fixed + (size_t)n * sizeof(uint16_t);
+}
+
+/* kvd_evict_greedy's -EINVAL cases. */
+static int evict_check(const struct kvd_evict_in *in, const uint32_t *ret_ids,
+		       const uint32_t *ret_n_ids, const uint64_t *ret_freed) {
 	if (!in || !ret_n_ids || !ret_freed || (in->n > 0 && (!in->value || !in->bytes || !ret_ids)))
 		return -EINVAL;
 	if (in->n_groups > 0) {
@@ -445,77 +957,91 @@ int kvd_evict_greedy(const struct kvd_evict_in *in, uint32_t *ret_ids, uint32_t 
 			if (in->group_start[g] > in->group_start[g + 1])
 				return -EINVAL;
 	}
-	n_groups = in->n_groups ? in->n_groups : 1;
-	it = malloc((in->n ? in->n : 1) * sizeof(*it));
-	cut = malloc(n_groups * sizeof(*cut));
-	if (!it || !cut) {
-		free(it);
-		free(cut);
-		return -ENOMEM;
+	return 0;
+}
+
+int kvd_evict_greedy_buf(const struct kvd_evict_in *in, void *scratch, size_t scratch_bytes,
+			 uint32_t *ret_ids, uint32_t *ret_n_ids, uint64_t *ret_freed) {
+	struct evict e = { .in = in };
+	uint64_t below, freed;
+	uint32_t n, b, first = 0;
+	uintptr_t base;
+	int r;
+
+	r = evict_check(in, ret_ids, ret_n_ids, ret_freed);
+	if (r < 0)
+		return r;
+	if (!scratch || scratch_bytes < kvd_evict_greedy_scratch_bytes(in->n))
+		return -ENOBUFS;
+	n = in->n;
+	if (n == 0 || in->target == 0) {
+		*ret_n_ids = 0;
+		*ret_freed = 0;
+		return 0;
 	}
 
-	/*
-	 * Per group: gather its evictable units, and where a limit binds, cut them at the
-	 * end of the longest prefix of the group's order that fits. Items from the cut on
-	 * are dropped from it[]; cut[g] is the composite of the first dropped one.
-	 */
-	for (uint32_t g = 0; g < n_groups; g++) {
-		uint32_t from = in->n_groups ? in->group_start[g] : 0;
-		uint32_t to = in->n_groups ? in->group_start[g + 1] : in->n, start = m;
-		uint64_t gw = 0;
-		size_t keep_n;
+	base = ((uintptr_t)scratch + EVICT_SCRATCH_ALIGN - 1) &
+	       ~(uintptr_t)(EVICT_SCRATCH_ALIGN - 1);
+	e.hist = (uint64_t *)base;
+	e.bkt = (uint16_t *)(e.hist + EVICT_BUCKETS);
+	memset(e.hist, 0, EVICT_BUCKETS * sizeof(uint64_t));
+#ifdef EVICT_AVX512
+	e.avx512 = kvd_simd() == &kvd_simd_avx512;
+	if (e.avx512)
+		first = bkt_fill_avx512(&e, n);
+#endif
+	bkt_fill(&e, first, n);
 
-		for (uint32_t i = from; i < to; i++)
-			if (unit_evictable(in, i)) {
-				it[m++] = (struct witem){ unit_composite(in, i), in->bytes[i] };
-				gw += in->bytes[i];
-			}
-		keep_n = m - start;
-		cut[g] = UINT64_MAX; /* above every composite: keys stop at +inf's */
-		if (in->n_groups && in->group_max_bytes && gw > in->group_max_bytes[g]) {
-			keep_n = wselect(it + start, keep_n, in->group_max_bytes[g] + 1, 0);
-			cut[g] = it[start + keep_n].c;
+	/* The limits: ret_ids is the groups' scratch list until the output. */
+	b = hist_cross(e.hist, in->target, &below);
+	if (in->n_groups > 0 && (in->group_max_units || in->group_max_bytes))
+		for (unsigned pass = 0;; pass++) {
+			uint32_t bmax = pass == GROUP_PASSES_MAX || b > BKT_TOP ? BKT_TOP : b;
+
+			if (!groups_cut(&e, bmax, ret_ids))
+				break;
+			b = hist_cross(e.hist, in->target, &below);
+			/* Groups not cut fit up to bmax; the others were cut exactly. */
+			if (b <= bmax || bmax == BKT_TOP)
+				break;
 		}
-		if (in->n_groups && in->group_max_units && keep_n > in->group_max_units[g]) {
-			keep_n = wselect(it + start, keep_n, (uint64_t)in->group_max_units[g] + 1, 1);
-			cut[g] = it[start + keep_n].c;
-		}
-		if (keep_n != m - start) {
-			gw = 0;
-			for (size_t x = start; x < start + keep_n; x++)
-				gw += it[x].w;
-		}
-		m = start + (uint32_t)keep_n;
-		total += gw;
+
+	if (b > BKT_TOP) {
+		/* Everything that may go goes. */
+		b = BKT_TOP;
+		freed = below;
+	} else {
+		/* T among the units of bucket b; those after it leave. */
+		uint32_t m = evict_find(&e, 0, n, b, ret_ids);
+		uint64_t through;
+
+		list_select(&e, ret_ids, m, b, in->target - below, 0, 1, &through);
+		freed = below + through;
 	}
-
-	/* The global cut: the first unit at which the running bytes reach the target. */
-	if (in->target == 0 || total == 0)
-		take = 0;
-	else if (total <= in->target)
-		last = UINT64_MAX;
-	else
-		last = it[wselect(it, m, in->target, 0)].c;
-
-	for (uint32_t g = 0; take && g < n_groups; g++) {
-		uint32_t from = in->n_groups ? in->group_start[g] : 0;
-		uint32_t to = in->n_groups ? in->group_start[g + 1] : in->n;
-
-		for (uint32_t i = from; i < to; i++) {
-			uint64_t c;
-
-			if (!unit_evictable(in, i))
-				continue;
-			c = unit_composite(in, i);
-			if (c < cut[g] && c <= last) {
-				ret_ids[n_ids++] = i;
-				freed += in->bytes[i];
-			}
-		}
-	}
-	free(it);
-	free(cut);
-	*ret_n_ids = n_ids;
+	*ret_n_ids = evict_output(&e, 0, n, b, ret_ids);
 	*ret_freed = freed;
 	return 0;
+}
+
+int kvd_evict_greedy(const struct kvd_evict_in *in, uint32_t *ret_ids, uint32_t *ret_n_ids,
+		     uint64_t *ret_freed) {
+	size_t size;
+	void *scratch;
+	int r;
+
+	r = evict_check(in, ret_ids, ret_n_ids, ret_freed);
+	if (r < 0)
+		return r;
+	if (in->n == 0 || in->target == 0) {
+		*ret_n_ids = 0;
+		*ret_freed = 0;
+		return 0;
+	}
+	size = kvd_evict_greedy_scratch_bytes(in->n);
+	scratch = malloc(size);
+	if (!scratch)
+		return -ENOMEM;
+	r = kvd_evict_greedy_buf(in, scratch, size, ret_ids, ret_n_ids, ret_freed);
+	free(scratch);
+	return r;
 }

@@ -96,14 +96,30 @@ struct kvd_evict_in {
 
 /*
  * Chooses the units to evict for in: ret_ids[n] receives their indices in ascending
- * order, *ret_n_ids their number and *ret_freed their bytes (less than in->target when
- * the evictable units hold less). Returns 0, -EINVAL (NULL pointers, bad group_start) or
- * -ENOMEM (the optimised path needs 16 bytes per unit of scratch).
+ * order (what follows them is undefined: all n entries may be written), *ret_n_ids their
+ * number and *ret_freed their bytes (less than in->target when the evictable units hold
+ * less). Returns 0, -EINVAL (NULL pointers, bad group_start) or -ENOMEM: the optimised
+ * path allocates kvd_evict_greedy_scratch_bytes(in->n) of scratch (2 bytes per unit and
+ * 512 KiB) per call, the reference about 28 bytes per unit.
  */
 int kvd_evict_greedy(const struct kvd_evict_in *in, uint32_t *ret_ids, uint32_t *ret_n_ids,
 		     uint64_t *ret_freed);
 int kvd_evict_greedy_ref(const struct kvd_evict_in *in, uint32_t *ret_ids, uint32_t *ret_n_ids,
 			 uint64_t *ret_freed);
+
+/*
+ * kvd_evict_greedy in the caller's scratch, for a caller that selects round after round:
+ * it keeps one buffer of kvd_evict_greedy_scratch_bytes(n) for the most units it will
+ * pass, touched once so that no call pays its page faults, and nothing is allocated.
+ * scratch needs no particular alignment and no initial contents, and is overwritten.
+ * One scratch serves one call at a time. The result is kvd_evict_greedy's.
+ *
+ * Returns 0, -EINVAL as kvd_evict_greedy, or -ENOBUFS if scratch is NULL or
+ * scratch_bytes is less than kvd_evict_greedy_scratch_bytes(in->n).
+ */
+size_t kvd_evict_greedy_scratch_bytes(uint32_t n);
+int kvd_evict_greedy_buf(const struct kvd_evict_in *in, void *scratch, size_t scratch_bytes,
+			 uint32_t *ret_ids, uint32_t *ret_n_ids, uint64_t *ret_freed);
 
 /*
  * The density kvd_evict_greedy ranks by: value / bytes, computed in double and rounded

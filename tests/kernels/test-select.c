@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "select.h"
+#include "simd.h"
 #include "test.h"
 
 /* ---- Helpers ---- */
@@ -388,18 +389,30 @@ static void brute_evict(const struct kvd_evict_in *in, uint8_t *chosen, uint64_t
 	free(seen);
 }
 
-/* Runs both paths (and the brute force if asked), which must agree exactly. */
+/*
+ * Runs both paths (and the brute force if asked), which must agree exactly. The optimised
+ * path runs twice: allocating, and in a scratch of the exact size, misaligned and dirty.
+ */
 static void check_evict_case(const struct kvd_evict_in *in, int brute) {
 	uint32_t *a = xcalloc(in->n, sizeof(uint32_t)), *b = xcalloc(in->n, sizeof(uint32_t));
-	uint32_t na = 0, nb = 0, last_max = 0;
-	uint64_t fa = 0, fb = 0, sum = 0;
+	uint32_t *d = xcalloc(in->n, sizeof(uint32_t));
+	size_t size = kvd_evict_greedy_scratch_bytes(in->n);
+	uint8_t *scratch = xcalloc(size + 1, 1);
+	uint32_t na = 0, nb = 0, nd = 0, last_max = 0;
+	uint64_t fa = 0, fb = 0, fd = 0, sum = 0;
 
 	ASSERT_OK(kvd_evict_greedy_ref(in, a, &na, &fa));
 	ASSERT_OK(kvd_evict_greedy(in, b, &nb, &fb));
+	memset(scratch, 0xa5, size + 1);
+	memset(d, 0xa5, in->n * sizeof(uint32_t));
+	ASSERT_OK(kvd_evict_greedy_buf(in, scratch + 1, size, d, &nd, &fd));
 	ASSERT_EQ(na, nb);
 	ASSERT_EQ(fa, fb);
+	ASSERT_EQ(na, nd);
+	ASSERT_EQ(fa, fd);
 	for (uint32_t i = 0; i < na; i++) {
 		ASSERT_EQ(a[i], b[i]);
+		ASSERT_EQ(a[i], d[i]);
 		if (i > 0)
 			ASSERT_LT(a[i - 1], a[i]);
 		ASSERT_GT(in->bytes[a[i]], 0u);
@@ -430,6 +443,8 @@ static void check_evict_case(const struct kvd_evict_in *in, int brute) {
 	}
 	free(a);
 	free(b);
+	free(d);
+	free(scratch);
 }
 
 struct evict_case {
@@ -655,6 +670,285 @@ TEST(evict_errors) {
 	ASSERT_EQ(n_ids, 0u);
 	ASSERT_OK(kvd_evict_greedy_ref(&in, NULL, &n_ids, &freed));
 	ASSERT_EQ(n_ids, 0u);
+}
+
+/* The SIMD paths of the optimised eviction this machine runs, by kvd_simd_get() name. */
+static const char *const evict_paths[] = { "generic", "avx2", "avx512" };
+
+/* Every random case again on each SIMD path, smaller: both must match the reference. */
+TEST(evict_simd_paths_match_reference) {
+	static const uint32_t sizes[] = { 1, 15, 16, 17, 33, 100, 1000, 4099, 50000 };
+
+	for (size_t p = 0; p < sizeof(evict_paths) / sizeof(evict_paths[0]); p++) {
+		const struct kvd_simd_ops *ops = kvd_simd_get(evict_paths[p]);
+		uint64_t s = 31 + p;
+
+		if (!ops)
+			continue;
+		kvd_simd_override(ops);
+		for (int trial = 0; trial < 300; trial++) {
+			struct evict_case c;
+
+			random_evict_case(&s, 1 + rng_below(&s, 40), trial % DIST_MAX, &c);
+			check_evict_case(&c.in, 1);
+			evict_case_free(&c);
+		}
+		for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++)
+			for (int dist = 0; dist < DIST_MAX; dist++) {
+				struct evict_case c;
+
+				random_evict_case(&s, sizes[si], dist, &c);
+				check_evict_case(&c.in, 0);
+				evict_case_free(&c);
+			}
+		kvd_simd_override(NULL);
+	}
+}
+
+/* The float of bits u. */
+static float float_of_bits(uint32_t u) {
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/*
+ * The whole order, on any float and any size: the units are ranked by the test's own
+ * comparator, and every prefix of that ranking (its bytes as the target) must be what
+ * both paths evict. Values are raw bits (subnormals, NaNs, infinities, signed zeros),
+ * sizes powers of two and not, up to 2^32 - 1, so that the densities' rounding is
+ * checked unit by unit on each SIMD path.
+ */
+TEST(evict_every_prefix_of_the_order) {
+	enum { N = 70 };
+	float value[N];
+	uint32_t bytes[N], rank[N], n_rank;
+	uint8_t pinned[N];
+	uint64_t s = 4242;
+
+	for (size_t p = 0; p < sizeof(evict_paths) / sizeof(evict_paths[0]); p++) {
+		const struct kvd_simd_ops *ops = kvd_simd_get(evict_paths[p]);
+
+		if (!ops)
+			continue;
+		kvd_simd_override(ops);
+		for (int trial = 0; trial < 30; trial++) {
+			struct kvd_evict_in in = { .n = N, .value = value, .bytes = bytes };
+			uint64_t acc = 0;
+
+			for (uint32_t i = 0; i < N; i++) {
+				uint64_t r = rng_next(&s);
+
+				/* Half raw bits, half a few values: ties across sizes. */
+				value[i] = r & 1 ? float_of_bits((uint32_t)(r >> 32))
+						 : (float)((r >> 8) % 5) - 1.0f;
+				switch ((r >> 1) % 6) {
+				case 0:
+					bytes[i] = 1u << ((r >> 16) % 32);
+					break;
+				case 1:
+					bytes[i] = (uint32_t)(r >> 24);
+					break;
+				case 2:
+					bytes[i] = UINT32_MAX - (uint32_t)((r >> 16) % 3);
+					break;
+				case 3:
+					bytes[i] = (uint32_t)((r >> 16) % 4); /* 0 too */
+					break;
+				default:
+					bytes[i] = 4096u << ((r >> 16) % 2);
+				}
+				pinned[i] = (r >> 4) % 8 == 0;
+			}
+			in.pinned = trial % 2 ? pinned : NULL;
+			/* The ranking, by insertion: evictable units in eviction order. */
+			n_rank = 0;
+			for (uint32_t i = 0; i < N; i++) {
+				uint32_t j = n_rank;
+				float di;
+
+				if (bytes[i] == 0 || (in.pinned && pinned[i]))
+					continue;
+				di = kvd_density(value[i], bytes[i]);
+				for (; j > 0; j--) {
+					uint32_t r = rank[j - 1];
+					float dr = kvd_density(value[r], bytes[r]);
+
+					if (!evicts_before(di, i, dr, r))
+						break;
+					rank[j] = r;
+				}
+				rank[j] = i;
+				n_rank++;
+			}
+			for (uint32_t k = 0; k <= n_rank; k++) {
+				uint32_t ids[N], n_ids, m = 0;
+				uint64_t freed;
+
+				in.target = acc ? acc : 1;
+				ASSERT_OK(kvd_evict_greedy(&in, ids, &n_ids, &freed));
+				if (acc == 0)
+					ASSERT_LE(n_ids, 1u);
+				else {
+					ASSERT_EQ(n_ids, k);
+					ASSERT_EQ(freed, acc);
+					for (uint32_t i = 0; i < N; i++)
+						for (uint32_t j = 0; j < k; j++)
+							if (rank[j] == i)
+								ASSERT_EQ(ids[m++], i);
+				}
+				if (k % 8 == 0)
+					check_evict_case(&in, 0);
+				if (k < n_rank)
+					acc += bytes[rank[k]];
+			}
+		}
+		kvd_simd_override(NULL);
+	}
+}
+
+/*
+ * Cuts that move the threshold again and again: group g holds equal units of density
+ * 2^g / 4096 and may give up one, and the target asks for one unit of each group. Each
+ * cut moves the threshold up to the next group's bucket, past the passes that follow it
+ * (then every group is checked against all its units).
+ */
+TEST(evict_group_cascade) {
+	enum { GROUPS = 12, PER = 16, N = GROUPS * PER };
+	float value[N];
+	uint32_t bytes[N], start[GROUPS + 1], max_units[GROUPS], ids[N], n_ids;
+	uint64_t max_bytes[GROUPS], freed;
+	struct kvd_evict_in in = { .n = N, .value = value, .bytes = bytes, .n_groups = GROUPS,
+				   .group_start = start, .target = GROUPS * 4096 };
+
+	for (uint32_t g = 0; g <= GROUPS; g++)
+		start[g] = g * PER;
+	for (uint32_t i = 0; i < N; i++) {
+		value[i] = (float)(1u << (i / PER));
+		bytes[i] = 4096;
+	}
+	for (uint32_t g = 0; g < GROUPS; g++) {
+		max_units[g] = 1;
+		max_bytes[g] = 4096 + 4095;
+	}
+	for (int limit = 0; limit < 3; limit++) {
+		in.group_max_units = limit != 1 ? max_units : NULL;
+		in.group_max_bytes = limit != 0 ? max_bytes : NULL;
+		ASSERT_OK(kvd_evict_greedy(&in, ids, &n_ids, &freed));
+		ASSERT_EQ(n_ids, (uint32_t)GROUPS);
+		ASSERT_EQ(freed, in.target);
+		/* Equal densities: each group's highest index goes first. */
+		for (uint32_t g = 0; g < GROUPS; g++)
+			ASSERT_EQ(ids[g], g * PER + PER - 1);
+		check_evict_case(&in, 1);
+		/* One unit short of the last group, then more than all there is. */
+		in.target -= 4096;
+		check_evict_case(&in, 1);
+		in.target = UINT64_MAX;
+		check_evict_case(&in, 1);
+		in.target = GROUPS * 4096;
+	}
+}
+
+/*
+ * Many units in few buckets: densities a few ulps apart (one bucket holds all), with
+ * ties within and across sizes, and a few large groups whose limits bind inside that
+ * bucket; the selections then work on long lists and resolve every bit of the key.
+ */
+TEST(evict_one_crowded_bucket) {
+	uint32_t n = 200003;
+	uint64_t s = 8080, total = 0;
+
+	for (int trial = 0; trial < 8; trial++) {
+		struct evict_case c = { 0 };
+		uint32_t g = 1 + (uint32_t)trial % 4;
+
+		c.value = xcalloc(n, sizeof(float));
+		c.bytes = xcalloc(n, sizeof(uint32_t));
+		total = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			uint32_t big = rng_below(&s, 4) == 0;
+
+			/* 1 + k ulps over 4 KiB, or twice that over 8 KiB: the same density. */
+			c.value[i] = (1.0f + (float)rng_below(&s, 1 + (uint32_t)trial * 40) *
+						     FLT_EPSILON) * (big ? 2.0f : 1.0f);
+			c.bytes[i] = big ? 8192 : 4096;
+			total += c.bytes[i];
+		}
+		if (trial % 2) {
+			c.pinned = xcalloc(n, 1);
+			for (uint32_t i = 0; i < n; i++)
+				c.pinned[i] = rng_below(&s, 50) == 0;
+		}
+		c.start = xcalloc(g + 1, sizeof(uint32_t));
+		c.max_units = xcalloc(g, sizeof(uint32_t));
+		c.max_bytes = xcalloc(g, sizeof(uint64_t));
+		for (uint32_t x = 0; x <= g; x++)
+			c.start[x] = (uint32_t)((uint64_t)n * x / g);
+		for (uint32_t x = 0; x < g; x++) {
+			uint32_t len = c.start[x + 1] - c.start[x];
+
+			c.max_units[x] = x % 2 ? UINT32_MAX : rng_below(&s, len);
+			c.max_bytes[x] = x % 3 == 1 ? UINT64_MAX
+						    : (uint64_t)rng_below(&s, len) * 5000;
+		}
+		c.in = (struct kvd_evict_in){ .n = n, .value = c.value, .bytes = c.bytes,
+					      .pinned = c.pinned, .n_groups = g,
+					      .group_start = c.start,
+					      .group_max_units = trial < 4 ? c.max_units : NULL,
+					      .group_max_bytes = c.max_bytes,
+					      .target = (uint64_t)(rng_unit(&s) * (double)total) };
+		check_evict_case(&c.in, 0);
+		evict_case_free(&c);
+	}
+}
+
+TEST(evict_buf_scratch) {
+	const float value[] = { 3, 1, 2, NAN };
+	const uint32_t bytes[] = { 100, 100, 100, 100 };
+	struct kvd_evict_in in = { .n = 4, .value = value, .bytes = bytes, .target = 150 };
+	size_t size = kvd_evict_greedy_scratch_bytes(4);
+	uint8_t *scratch = xcalloc(size, 1);
+	uint32_t ids[4], n_ids;
+	uint64_t freed, s = 12;
+
+	/* 2 bytes a unit on top of a fixed part. */
+	ASSERT_GE(size, 4 * sizeof(uint16_t));
+	ASSERT_EQ(kvd_evict_greedy_scratch_bytes(1000) - kvd_evict_greedy_scratch_bytes(0), 2000u);
+	ASSERT_ERRNO(kvd_evict_greedy_buf(&in, NULL, size, ids, &n_ids, &freed), -ENOBUFS);
+	ASSERT_ERRNO(kvd_evict_greedy_buf(&in, scratch, size - 1, ids, &n_ids, &freed), -ENOBUFS);
+	ASSERT_ERRNO(kvd_evict_greedy_buf(NULL, scratch, size, ids, &n_ids, &freed), -EINVAL);
+	ASSERT_ERRNO(kvd_evict_greedy_buf(&in, scratch, size, NULL, &n_ids, &freed), -EINVAL);
+	ASSERT_OK(kvd_evict_greedy_buf(&in, scratch, size, ids, &n_ids, &freed));
+	ASSERT_EQ(n_ids, 2u);
+	ASSERT_EQ(ids[0], 1u);
+	ASSERT_EQ(ids[1], 3u);
+	ASSERT_EQ(freed, 200u);
+	free(scratch);
+
+	/* One scratch for rounds of different sizes, left as the last round left it. */
+	size = kvd_evict_greedy_scratch_bytes(60000);
+	scratch = xcalloc(size + 8, 1);
+	for (int round = 0; round < 12; round++) {
+		struct evict_case c;
+		uint32_t *want = NULL, *got = NULL, n_want, n_got;
+		uint64_t f_want, f_got;
+
+		random_evict_case(&s, 1 + rng_below(&s, 60000), round % DIST_MAX, &c);
+		want = xcalloc(c.in.n, sizeof(uint32_t));
+		got = xcalloc(c.in.n, sizeof(uint32_t));
+		ASSERT_OK(kvd_evict_greedy_ref(&c.in, want, &n_want, &f_want));
+		ASSERT_OK(kvd_evict_greedy_buf(&c.in, scratch + round % 8, size, got, &n_got,
+					       &f_got));
+		ASSERT_EQ(n_want, n_got);
+		ASSERT_EQ(f_want, f_got);
+		ASSERT_EQ(memcmp(want, got, n_want * sizeof(uint32_t)), 0);
+		free(want);
+		free(got);
+		evict_case_free(&c);
+	}
+	free(scratch);
 }
 
 /* ---- Blocks and the needle guard ---- */

@@ -11,6 +11,11 @@
  * the bytes. The reference (a full sort) runs at sizes up to REF_UNITS_MAX and must choose
  * the same units.
  *
+ * Two calls are timed: kvd_evict_greedy(), which allocates its scratch per call (and pays
+ * its page faults), and kvd_evict_greedy_buf() in a scratch allocated and faulted in
+ * once, ahead of the timings, as the daemon keeps it across rounds. Both must choose the
+ * same units.
+ *
  * With --socket, the full-round benchmark against a running daemon (round.c) follows.
  * This is a benchmark, not a test: nothing here asserts on timings.
  */
@@ -19,6 +24,7 @@
 #include <inttypes.h>
 #include <sched.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +65,9 @@ struct units {
 	uint8_t *pinned;
 	uint32_t *group_start, *group_max_units;
 	uint64_t total;
-	uint32_t *ids, *ids_ref;
+	uint32_t *ids, *ids_buf, *ids_ref;
+	void *scratch; /* kvd_evict_greedy_buf()'s, faulted in */
+	size_t scratch_bytes;
 };
 
 static void units_done(struct units *u) {
@@ -69,7 +77,9 @@ static void units_done(struct units *u) {
 	free(u->group_start);
 	free(u->group_max_units);
 	free(u->ids);
+	free(u->ids_buf);
 	free(u->ids_ref);
+	free(u->scratch);
 }
 
 static double now_s(void) {
@@ -100,9 +110,14 @@ static int units_init(struct units *u, uint32_t n) {
 	u->group_start = malloc(((size_t)u->n_groups + 1) * sizeof(uint32_t));
 	u->group_max_units = malloc((u->n_groups ? u->n_groups : 1) * sizeof(uint32_t));
 	u->ids = malloc(n * sizeof(uint32_t));
+	u->ids_buf = malloc(n * sizeof(uint32_t));
+	u->scratch_bytes = kvd_evict_greedy_scratch_bytes(n);
+	u->scratch = malloc(u->scratch_bytes);
 	if (!u->value || !u->bytes || !u->pinned || !u->group_start || !u->group_max_units ||
-	    !u->ids)
+	    !u->ids || !u->ids_buf || !u->scratch)
 		return -ENOMEM;
+	/* What the daemon does once: later rounds find the pages mapped. */
+	memset(u->scratch, 0, u->scratch_bytes);
 	for (uint32_t i = 0; i < n; i++) {
 		uint64_t r = rng_next(&s);
 
@@ -135,27 +150,46 @@ static int cmp_double(const void *a, const void *b) {
 	return (x > y) - (x < y);
 }
 
+/* The calls timed, on u's units into ids. */
+typedef int (*greedy_fn)(const struct units *u, const struct kvd_evict_in *in, uint32_t *ids,
+			 uint32_t *ret_n_ids, uint64_t *ret_freed);
+
+static int greedy_alloc(const struct units *u, const struct kvd_evict_in *in, uint32_t *ids,
+			uint32_t *ret_n_ids, uint64_t *ret_freed) {
+	(void)u;
+	return kvd_evict_greedy(in, ids, ret_n_ids, ret_freed);
+}
+
+static int greedy_buf(const struct units *u, const struct kvd_evict_in *in, uint32_t *ids,
+		      uint32_t *ret_n_ids, uint64_t *ret_freed) {
+	return kvd_evict_greedy_buf(in, u->scratch, u->scratch_bytes, ids, ret_n_ids, ret_freed);
+}
+
+static int greedy_ref(const struct units *u, const struct kvd_evict_in *in, uint32_t *ids,
+		      uint32_t *ret_n_ids, uint64_t *ret_freed) {
+	(void)u;
+	return kvd_evict_greedy_ref(in, ids, ret_n_ids, ret_freed);
+}
+
 /*
  * Runs greedy on u arg_reps times after one warm-up (when there is more than one), and
  * returns the median time in *ret_s and the last run's result.
  */
-static int time_greedy(int (*greedy)(const struct kvd_evict_in *, uint32_t *, uint32_t *,
-				     uint64_t *),
-		       const struct units *u, uint32_t *ids, double *ret_s, uint32_t *ret_n_ids,
-		       uint64_t *ret_freed) {
+static int time_greedy(greedy_fn greedy, const struct units *u, uint32_t *ids, double *ret_s,
+		       uint32_t *ret_n_ids, uint64_t *ret_freed) {
 	struct kvd_evict_in in = units_in(u);
 	double t[REPS_MAX];
 	int r;
 
 	if (arg_reps > 1) {
-		r = greedy(&in, ids, ret_n_ids, ret_freed);
+		r = greedy(u, &in, ids, ret_n_ids, ret_freed);
 		if (r < 0)
 			return r;
 	}
 	for (unsigned k = 0; k < arg_reps; k++) {
 		double t0 = now_s();
 
-		r = greedy(&in, ids, ret_n_ids, ret_freed);
+		r = greedy(u, &in, ids, ret_n_ids, ret_freed);
 		t[k] = now_s() - t0;
 		if (r < 0)
 			return r;
@@ -165,11 +199,22 @@ static int time_greedy(int (*greedy)(const struct kvd_evict_in *, uint32_t *, ui
 	return 0;
 }
 
+/* Prints one row of the table: call's median s for n units, and what it chose. */
+static void print_row(const struct units *u, const char *call, double s, uint32_t n_ids,
+		      uint64_t freed) {
+	double budget_ms = TARGET_MS * u->n / TARGET_UNITS;
+	uint64_t target = units_in(u).target;
+
+	printf("%10u %8u %-7s %10.3f %8.2f %10u %10.3f %8.3f %7.3f  %s\n", u->n, u->n_groups, call,
+	       s * 1e3, s * 1e9 / u->n, n_ids, (double)freed / (double)target, budget_ms,
+	       s * 1e3 / budget_ms, s * 1e3 <= budget_ms ? "PASS" : "over target");
+}
+
 static int bench_units(uint32_t n) {
 	_cleanup_(units_done) struct units u = {};
-	uint32_t n_ids, n_ids_ref;
-	uint64_t freed, freed_ref, target;
-	double s, s_ref, budget_ms;
+	uint32_t n_ids, n_ids_buf, n_ids_ref;
+	uint64_t freed, freed_buf, freed_ref;
+	double s, s_buf, s_ref;
 	int r, same;
 
 	r = units_init(&u, n);
@@ -177,16 +222,26 @@ static int bench_units(uint32_t n) {
 		fprintf(stderr, "kvd-bench evict: %u units: %s\n", n, strerror(-r));
 		return r;
 	}
-	target = units_in(&u).target;
-	r = time_greedy(kvd_evict_greedy, &u, u.ids, &s, &n_ids, &freed);
+	r = time_greedy(greedy_alloc, &u, u.ids, &s, &n_ids, &freed);
 	if (r < 0) {
 		fprintf(stderr, "kvd-bench evict: kvd_evict_greedy(%u units): %s\n", n, strerror(-r));
 		return r;
 	}
-	budget_ms = TARGET_MS * n / TARGET_UNITS;
-	printf("%10u %8u %10.3f %8.2f %10u %10.3f %8.3f %7.3f  %s\n", n, u.n_groups, s * 1e3,
-	       s * 1e9 / n, n_ids, (double)freed / (double)target, budget_ms, s * 1e3 / budget_ms,
-	       s * 1e3 <= budget_ms ? "PASS" : "over target");
+	print_row(&u, "greedy", s, n_ids, freed);
+	r = time_greedy(greedy_buf, &u, u.ids_buf, &s_buf, &n_ids_buf, &freed_buf);
+	if (r < 0) {
+		fprintf(stderr, "kvd-bench evict: kvd_evict_greedy_buf(%u units): %s\n", n,
+			strerror(-r));
+		return r;
+	}
+	print_row(&u, "buf", s_buf, n_ids_buf, freed_buf);
+	if (n_ids != n_ids_buf || freed != freed_buf ||
+	    memcmp(u.ids, u.ids_buf, n_ids * sizeof(uint32_t)) != 0) {
+		fprintf(stderr, "kvd-bench evict: %u units: kvd_evict_greedy and "
+				"kvd_evict_greedy_buf chose different units (%u and %u)\n",
+			n, n_ids, n_ids_buf);
+		return -EIO;
+	}
 	if (n > REF_UNITS_MAX)
 		return 0;
 
@@ -195,7 +250,7 @@ static int bench_units(uint32_t n) {
 		fprintf(stderr, "kvd-bench evict: %u units: %s\n", n, strerror(ENOMEM));
 		return -ENOMEM;
 	}
-	r = time_greedy(kvd_evict_greedy_ref, &u, u.ids_ref, &s_ref, &n_ids_ref, &freed_ref);
+	r = time_greedy(greedy_ref, &u, u.ids_ref, &s_ref, &n_ids_ref, &freed_ref);
 	if (r < 0) {
 		fprintf(stderr, "kvd-bench evict: kvd_evict_greedy_ref(%u units): %s\n", n,
 			strerror(-r));
@@ -203,8 +258,9 @@ static int bench_units(uint32_t n) {
 	}
 	same = n_ids == n_ids_ref && freed == freed_ref &&
 	       memcmp(u.ids, u.ids_ref, n_ids * sizeof(uint32_t)) == 0;
-	printf("%10s %8s %10.3f %8.2f   reference (sort): the optimised path is %.1fx faster; %s\n",
-	       "", "", s_ref * 1e3, s_ref * 1e9 / n, s_ref / s, same ? "same units" : "DIFFERENT units");
+	printf("%10s %8s %-7s %10.3f %8.2f   the optimised path is %.1fx faster (buf: %.1fx); "
+	       "%s\n", "", "", "ref", s_ref * 1e3, s_ref * 1e9 / n, s_ref / s, s_ref / s_buf,
+	       same ? "same units" : "DIFFERENT units");
 	if (!same) {
 		fprintf(stderr, "kvd-bench evict: %u units: the optimised path and the reference "
 				"chose different units (%u and %u)\n", n, n_ids, n_ids_ref);
@@ -224,9 +280,12 @@ static void help(void) {
 	       "seeded random values and sizes of 256 B, 4 KiB or 64 KiB (head-token,\n"
 	       "layer-token and block units); %u.%u%% are pinned; each group (a (sequence,\n"
 	       "layer)) may give up at most %u%% of its units; each round frees %u%% of all the\n"
-	       "bytes. Prints per size the median time, ns per unit, units evicted, bytes freed\n"
-	       "over the target, and the time over the target scaled to the size (5 ns per\n"
-	       "unit). The reference (a sort) runs up to %u units and must agree.\n"
+	       "bytes. Prints per size and call the median time, ns per unit, units evicted,\n"
+	       "bytes freed over the target, and the time over the target scaled to the size\n"
+	       "(5 ns per unit). Calls: kvd_evict_greedy() (allocates its scratch per call),\n"
+	       "kvd_evict_greedy_buf() (in a scratch allocated and faulted in once, as the\n"
+	       "daemon keeps it); they must agree. The reference (a sort) runs up to %u units\n"
+	       "and must agree too.\n"
 	       "\n"
 	       "Options:\n"
 	       "  --units LIST   Units per round, comma-separated, 1..%u\n"
@@ -285,15 +344,23 @@ static int pin_to_one_cpu(void) {
 }
 
 int bench_evict(int argc, char **argv) {
-	enum { OPT_UNITS = 0x100, OPT_GROUPS, OPT_REPS, OPT_SOCKET };
+	enum { OPT_UNITS = 0x100, OPT_GROUPS, OPT_REPS, OPT_SOCKET, OPT_ROUND };
+	/* The full round's options (round.c parses them again) are listed here so that they
+	 * are not mistaken for abbreviations of ours (--unit for --units). */
 	static const struct option options[] = {
 		{ "units", required_argument, NULL, OPT_UNITS },
 		{ "groups", required_argument, NULL, OPT_GROUPS },
 		{ "reps", required_argument, NULL, OPT_REPS },
 		{ "socket", required_argument, NULL, OPT_SOCKET },
+		{ "tokens", required_argument, NULL, OPT_ROUND },
+		{ "seqs", required_argument, NULL, OPT_ROUND },
+		{ "layers", required_argument, NULL, OPT_ROUND },
+		{ "unit", required_argument, NULL, OPT_ROUND },
+		{ "bytes", required_argument, NULL, OPT_ROUND },
 		{ "help", no_argument, NULL, 'h' },
 		{},
 	};
+	bool round_options = false;
 	cpu_set_t saved;
 	int opt, failed = 0, cpu, have_saved;
 	char where[32] = "not pinned";
@@ -319,14 +386,23 @@ int bench_evict(int argc, char **argv) {
 		case OPT_SOCKET:
 			arg_socket = optarg;
 			break;
-		case 'h':
+		case OPT_ROUND:
+			round_options = true;
+			break;
+		case 'h': {
+			char *round_help[] = { (char *)"evict", (char *)"--help", NULL };
+
 			help();
-			return EXIT_SUCCESS;
+			putchar('\n');
+			return bench_evict_round(NULL, 2, round_help);
+		}
 		default:
 			return usage_error("bad option");
 		}
 	if (optind < argc)
 		return usage_error("unexpected argument '%s'", argv[optind]);
+	if (round_options && !arg_socket)
+		return usage_error("--tokens, --seqs, --layers, --unit and --bytes need --socket");
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	/* Only the selection is pinned: the full round (--socket) gets the CPUs back. */
@@ -339,13 +415,15 @@ int bench_evict(int argc, char **argv) {
 	       "the bytes; median of %u rep%s\n",
 	       where, PINNED_PERMILLE / 10, PINNED_PERMILLE % 10,
 	       GROUP_EVICT_PERMILLE / 10, TARGET_PERMILLE / 10, arg_reps, arg_reps == 1 ? "" : "s");
-	printf("\n%10s %8s %10s %8s %10s %10s %8s %7s  %s\n", "UNITS", "GROUPS", "MS", "NS/UNIT",
-	       "EVICTED", "FREED/TGT", "TGT_MS", "RATIO", "TARGET");
+	printf("\n%10s %8s %-7s %10s %8s %10s %10s %8s %7s  %s\n", "UNITS", "GROUPS", "CALL", "MS",
+	       "NS/UNIT", "EVICTED", "FREED/TGT", "TGT_MS", "RATIO", "TARGET");
 	for (unsigned i = 0; i < arg_n_units; i++)
 		failed |= bench_units(arg_units[i]) < 0;
-	printf("\nMS is the median; FREED/TGT the bytes freed over the bytes asked for; TGT_MS the "
-	       "issue's target\n(10M units in %.0f ms on one core) scaled to the size, RATIO = "
-	       "MS / TGT_MS, PASS when <= 1.\n",
+	printf("\nCALL: greedy is kvd_evict_greedy() (scratch allocated per call), buf "
+	       "kvd_evict_greedy_buf()\n(scratch kept and faulted in, as the daemon does), ref "
+	       "the reference (a sort).\nMS is the median; FREED/TGT the bytes freed over the "
+	       "bytes asked for; TGT_MS the issue's target\n(10M units in %.0f ms on one core) "
+	       "scaled to the size, RATIO = MS / TGT_MS, PASS when <= 1.\n",
 	       TARGET_MS);
 	if (have_saved)
 		sched_setaffinity(0, sizeof(saved), &saved);
