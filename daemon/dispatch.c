@@ -80,10 +80,12 @@ static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link)
 }
 
 /* Frees a sequence with what eviction attached to it. */
-static void drop_seq(struct seq *q, struct pool *p, struct seq_emptied *emptied) {
+static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptied) {
+	if (q->model->unit != KVD_UNIT_NONE)
+		s->evictable_seqs--;
 	q->obs = obs_unref(q->obs);
 	q->pending = plan_free(q->pending);
-	seq_free(q, p, emptied);
+	seq_free(q, s->pool, emptied);
 }
 
 static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req) {
@@ -242,6 +244,8 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 	c->seqs = q;
 	c->n_seqs++;
 	c->tenant->sequences++;
+	if (q->model->unit != KVD_UNIT_NONE)
+		s->evictable_seqs++;
 
 	rep.has_seq_id = true;
 	rep.seq_id = q->id;
@@ -367,7 +371,7 @@ static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRe
 	*link = q->next;
 	c->n_seqs--;
 	c->tenant->sequences--;
-	drop_seq(q, s->pool, &emptied);
+	drop_seq(s, q, &emptied);
 	if (emptied.n > 0) {
 		ids = malloc(emptied.n * sizeof(*ids));
 		if (!ids) {
@@ -862,7 +866,7 @@ void dispatch_disconnect(struct conn *c) {
 		struct seq *q = c->seqs;
 
 		c->seqs = q->next;
-		drop_seq(q, p, &emptied);
+		drop_seq(s, q, &emptied);
 		c->tenant->sequences--;
 	}
 	c->n_seqs = 0;

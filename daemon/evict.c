@@ -594,11 +594,7 @@ static uint64_t grants_need(const struct evictor *e) {
 }
 
 static bool evictable_exists(const struct server *s) {
-	for (const struct conn *c = s->conns; c; c = c->next)
-		for (const struct seq *q = c->seqs; q; q = q->next)
-			if (q->model->unit != KVD_UNIT_NONE)
-				return true;
-	return false;
+	return s->evictable_seqs > 0;
 }
 
 static void start_round(struct evictor *e, enum round_trigger why, uint64_t target, int only) {

@@ -72,6 +72,7 @@ struct server {
 	struct conn *closed;
 	uint64_t next_conn_id;
 	uint64_t next_seq_id;
+	uint32_t evictable_seqs;      /* open sequences of models with an eviction unit */
 	struct chunk **scratch;       /* room for every chunk: see struct seq_emptied */
 	/* Entries of scratch that lists being reclaimed hold: a list starts after them (see
 	 * server_reclaim()). */
