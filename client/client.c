@@ -884,6 +884,10 @@ struct status_tenant {
 
 struct kvd_status {
 	struct status_values node;
+	/* Refusals by limit, as the daemon names them ("refused_" + name for kvd_status_u64). */
+	uint32_t n_refused;
+	char **refused_names;
+	uint64_t *refused;
 	char *daemon_version;
 	char *backend;
 	char *budget_source;
@@ -941,6 +945,22 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 	status_set(n, 14, rep->has_uid_connections_refused, rep->uid_connections_refused);
 	status_set(n, 15, rep->has_rounds_total, rep->rounds_total);
 	status_set(n, 16, rep->has_last_round_us, rep->last_round_us);
+	if (rep->n_refused > 0) {
+		/* Bounded by the 64 KiB frame like everything else in the reply. */
+		st->refused_names = calloc(rep->n_refused, sizeof(char *));
+		st->refused = calloc(rep->n_refused, sizeof(uint64_t));
+		if (!st->refused_names || !st->refused)
+			return -ENOMEM;
+		for (size_t i = 0; i < rep->n_refused; i++) {
+			const Kvd__V1__Counter *k = rep->refused[i];
+
+			st->refused_names[i] = strdup(k->name ? k->name : "");
+			if (!st->refused_names[i])
+				return -ENOMEM;
+			st->refused[i] = k->has_value ? k->value : 0;
+			st->n_refused++;
+		}
+	}
 
 	if (rep->n_tenants == 0)
 		return 0;
@@ -982,6 +1002,10 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 kvd_status *kvd_status_free(kvd_status *st) {
 	if (!st)
 		return NULL;
+	for (uint32_t i = 0; i < st->n_refused; i++)
+		free(st->refused_names[i]);
+	free(st->refused_names);
+	free(st->refused);
 	for (uint32_t i = 0; i < st->n_tenants; i++) {
 		free(st->tenants[i].name);
 		for (size_t k = 0; k < TENANT_STR_KEYS; k++)
@@ -1028,7 +1052,28 @@ int kvd_status_get(kvd_client *c, kvd_status **ret) {
 int kvd_status_u64(const kvd_status *st, const char *key, uint64_t *ret) {
 	if (!st || !key || !ret)
 		return -EINVAL;
+	if (strncmp(key, "refused_", 8) == 0)
+		for (uint32_t i = 0; i < st->n_refused; i++)
+			if (strcmp(st->refused_names[i], key + 8) == 0) {
+				*ret = st->refused[i];
+				return 0;
+			}
 	return status_get(&st->node, node_keys, NODE_KEYS, key, ret);
+}
+
+uint32_t kvd_status_refusals(const kvd_status *st) {
+	return st ? st->n_refused : 0;
+}
+
+int kvd_status_refusal(const kvd_status *st, uint32_t index, const char **ret_name,
+		       uint64_t *ret_value) {
+	if (!st || index >= st->n_refused)
+		return -EINVAL;
+	if (ret_name)
+		*ret_name = st->refused_names[index];
+	if (ret_value)
+		*ret_value = st->refused[index];
+	return 0;
 }
 
 int kvd_status_str(const kvd_status *st, const char *key, const char **ret) {

@@ -30,6 +30,8 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.max_connections_per_uid = s->max_connections_per_uid,
 		.max_tenants = s->max_tenants,
 		.max_models = s->max_models,
+		.max_models_per_tenant = s->max_models_per_tenant,
+		.max_outstanding = s->max_outstanding,
 		.max_seqs = s->max_seqs,
 		.max_seqs_per_tenant = s->max_seqs_per_tenant,
 		.max_seq_tokens = s->max_seq_tokens,
@@ -347,6 +349,8 @@ void admin_reload(struct admin *a) {
 	s->limits.max_connections = a->cfg.max_connections;
 	s->limits.max_connections_per_uid = a->cfg.max_connections_per_uid;
 	s->limits.max_seqs = a->cfg.max_seqs;
+	s->limits.max_models_per_tenant = a->cfg.max_models_per_tenant;
+	s->limits.max_outstanding = a->cfg.max_outstanding;
 	s->limits.max_seqs_per_tenant = a->cfg.max_seqs_per_tenant;
 	s->limits.max_seq_tokens = a->cfg.max_seq_tokens;
 	/* Checked on the tick, so it is as precise as the tick set at start. */

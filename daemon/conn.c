@@ -152,6 +152,7 @@ int conn_send(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds
 		/* A client that does not read what it is sent would make us buffer forever. */
 		free(t->frame);
 		free(t);
+		c->srv->refused[LIMIT_SEND_QUEUE]++;
 		conn_close(c, "client does not read its replies (send queue full)");
 		return -ENOBUFS;
 	}
@@ -269,6 +270,8 @@ static void conn_recv_done(struct loop_op *op, int res, bool more) {
 		}
 		if (r < 0) {
 			c->srv->protocol_errors++;
+			if (r == -EMSGSIZE)
+				c->srv->refused[LIMIT_FRAME]++;
 			conn_reply_status(c, 0, r,
 			                  r == -EMSGSIZE ? "frame larger than 64 KiB" : "bad frame header");
 			c->close_when_sent = true;

@@ -48,6 +48,7 @@ struct conn {
 	uint32_t n_models;
 	struct seq *seqs;
 	uint32_t n_seqs;
+	uint32_t outstanding;         /* requests whose reply waits (evict.h, upload.h) */
 
 	unsigned inflight;
 	bool closing;

@@ -123,6 +123,8 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 	}
 	if (req->tenant) {
 		r = tenant_get(&s->tenants, req->tenant, &t);
+		if (r == -EUSERS)
+			s->refused[LIMIT_TENANTS]++;
 		if (r < 0) {
 			reply_error(c, id, r, r == -EINVAL ? "invalid tenant name" : "too many tenants (%u)",
 			            s->limits.max_tenants);
@@ -164,17 +166,27 @@ static void handle_register_model(struct conn *c, uint64_t id, const Kvd__V1__Re
 	int r;
 
 	if (c->n_models >= c->srv->limits.max_models) {
+		c->srv->refused[LIMIT_MODELS]++;
 		reply_error(c, id, -EMFILE, "at most %u models per connection", c->srv->limits.max_models);
+		return;
+	}
+	if (c->tenant->models >= c->srv->limits.max_models_per_tenant) {
+		c->srv->refused[LIMIT_MODELS_PER_TENANT]++;
+		reply_error(c, id, -EMFILE, "at most %u models per tenant (max-models-per-tenant)",
+		            c->srv->limits.max_models_per_tenant);
 		return;
 	}
 	m = &c->models[c->n_models];
 	r = model_from_request(req, c->srv->pool->chunk_bytes, c->srv->limits.max_observation_bytes, m,
 	                       &why);
+	if (r == -EFBIG)
+		c->srv->refused[LIMIT_OBSERVATION]++;
 	if (r < 0) {
 		reply_error(c, id, r, "bad model: %s", why);
 		return;
 	}
 	m->id = ++c->n_models;
+	c->tenant->models++;
 	rep.has_model_id = true;
 	rep.model_id = m->id;
 	rep.has_block_bytes = true;
@@ -202,15 +214,19 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 		return;
 	}
 	if (!req->has_max_tokens || req->max_tokens < 1 || req->max_tokens > s->limits.max_seq_tokens) {
+		if (req->has_max_tokens && req->max_tokens > s->limits.max_seq_tokens)
+			s->refused[LIMIT_SEQ_TOKENS]++;
 		reply_error(c, id, -EINVAL, "max_tokens must be 1..%u", s->limits.max_seq_tokens);
 		return;
 	}
 	if (c->n_seqs >= s->limits.max_seqs) {
+		s->refused[LIMIT_SEQS]++;
 		reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
 		return;
 	}
 	/* One tenant's many processes must not exhaust the daemon's descriptors together. */
 	if (c->tenant->sequences >= s->limits.max_seqs_per_tenant) {
+		s->refused[LIMIT_SEQS_PER_TENANT]++;
 		reply_error(c, id, -EMFILE, "at most %u sequences per tenant (max-seqs-per-tenant)",
 		            s->limits.max_seqs_per_tenant);
 		return;
@@ -218,6 +234,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 	r = seq_new(s->next_seq_id + 1, &c->models[req->model_id - 1], c->tenant, req->max_tokens,
 	            s->limits.max_descriptor_bytes, &q);
 	if (r == -EINVAL) {
+		s->refused[LIMIT_DESCRIPTOR]++;
 		reply_error(c, id, r, "the descriptor for %u tokens would exceed %llu bytes",
 		            req->max_tokens, (unsigned long long)s->limits.max_descriptor_bytes);
 		return;
@@ -289,9 +306,14 @@ void dispatch_grow(struct conn *c, uint64_t id, uint64_t seq_id, uint32_t tokens
 	if (r < 0) {
 		server_reclaim(s, &emptied, NULL, NULL);
 		/* Memory an eviction round may free: wait for it rather than fail. */
-		if ((r == -ENOSPC || r == -EDQUOT) && wait_until_ms > now_ms() &&
-		    evict_wait_grant(s->evictor, c, id, seq_id, tokens, wait_until_ms) == 0)
-			return;
+		if ((r == -ENOSPC || r == -EDQUOT) && wait_until_ms > now_ms()) {
+			if (c->outstanding >= s->limits.max_outstanding)
+				s->refused[LIMIT_OUTSTANDING]++;
+			else if (evict_wait_grant(s->evictor, c, id, seq_id, tokens, wait_until_ms) == 0) {
+				c->outstanding++;
+				return;
+			}
+		}
 		switch (r) {
 		case -EINVAL:
 			reply_error(c, id, r, "cannot grow by 0 tokens");
@@ -482,6 +504,8 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Kvd__V1__Tenant
 	}
 	r = tenant_get(&c->srv->tenants, req->name, &t);
 	if (r < 0) {
+		if (r == -EUSERS)
+			c->srv->refused[LIMIT_TENANTS]++;
 		reply_error(c, id, r, "too many tenants (%u)", c->srv->limits.max_tenants);
 		return;
 	}
@@ -538,9 +562,20 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Kvd__V1_
 		reply_error(c, id, r, "bad output projection: %s", why ? why : strerror(-r));
 		return;
 	}
+	if (c->outstanding >= c->srv->limits.max_outstanding) {
+		wo_map_done(&wo);
+		c->srv->refused[LIMIT_OUTSTANDING]++;
+		reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
+		            c->outstanding);
+		return;
+	}
 	/* The reply comes from the uploader, once the Gram matrices are computed. */
 	r = upload_start(c->srv->uploader, c, id, req->model_id, req->layer, &wo);
 	if (r == -EBUSY)
+		c->srv->refused[LIMIT_UPLOADS]++;
+	if (r >= 0)
+		c->outstanding++;
+	else if (r == -EBUSY)
 		reply_error(c, id, r, "too many uploads computing (%u); retry", UPLOADS_MAX);
 	else if (r < 0)
 		reply_error(c, id, r, "cannot start computing: %s", strerror(-r));
@@ -601,8 +636,18 @@ static void handle_evict(struct conn *c, uint64_t id, const Kvd__V1__Evict *req)
 		            "other tenants", c->srv->admin->cfg.admin_group);
 		return;
 	}
+	if (c->outstanding >= c->srv->limits.max_outstanding) {
+		c->srv->refused[LIMIT_OUTSTANDING]++;
+		reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
+		            c->outstanding);
+		return;
+	}
 	r = evict_request(c->srv->evictor, c, id, t, req->has_bytes ? req->bytes : 0);
-	if (r < 0)
+	if (r == -EBUSY)
+		c->srv->refused[LIMIT_EVICT_REQUESTS]++;
+	if (r >= 0)
+		c->outstanding++;
+	else
 		reply_error(c, id, r, r == -EBUSY ? "too many eviction requests waiting (%u)" : "out of memory",
 		            EVICT_WAITERS_MAX);
 }
@@ -630,6 +675,7 @@ static void handle_status(struct conn *c, uint64_t id) {
 	uint32_t n = s->tenants.n;
 	_cleanup_(freep) Kvd__V1__TenantStatus *ts = calloc(MAX(n, 1u), sizeof(*ts));
 	_cleanup_(freep) Kvd__V1__TenantStatus **tp = calloc(MAX(n, 1u), sizeof(*tp));
+	Kvd__V1__Counter refused[_LIMIT_MAX], *refused_ptrs[_LIMIT_MAX];
 
 	if (!ts || !tp) {
 		reply_error(c, id, -ENOMEM, "out of memory");
@@ -660,6 +706,15 @@ static void handle_status(struct conn *c, uint64_t id) {
 	SET(rounds_total, evict_rounds_total(s->evictor));
 	SET(last_round_us, evict_last_round_us(s->evictor));
 #undef SET
+	for (unsigned i = 0; i < _LIMIT_MAX; i++) {
+		kvd__v1__counter__init(&refused[i]);
+		refused[i].name = (char *)server_limit_to_string(i);
+		refused[i].has_value = true;
+		refused[i].value = s->refused[i];
+		refused_ptrs[i] = &refused[i];
+	}
+	rep.n_refused = _LIMIT_MAX;
+	rep.refused = refused_ptrs;
 	rep.budget_source = (char *)admin_budget_source(s->admin);
 	rep.state_error = (char *)admin_state_error(s->admin);
 	for (uint32_t i = 0; i < n; i++) {
@@ -871,6 +926,8 @@ void dispatch_disconnect(struct conn *c) {
 	}
 	c->n_seqs = 0;
 	server_reclaim(s, &emptied, NULL, NULL);
-	if (c->tenant)
+	if (c->tenant) {
 		c->tenant->connections--;
+		c->tenant->models -= c->n_models;
+	}
 }

@@ -517,6 +517,7 @@ static void reply_evict(struct evictor *e, const struct evict_waiter *w, const s
 
 	if (!c || c->closing)
 		return;
+	c->outstanding--;
 	if (r->error < 0) {
 		conn_reply_status(c, w->id, r->error, "the eviction round failed");
 		return;
@@ -548,9 +549,10 @@ static void retry_grants(struct evictor *e, bool final) {
 		struct grant_waiter *g = &list[i];
 		struct conn *c = server_find_conn(e->srv, g->conn_id);
 
-		if (c && !c->closing)
-			dispatch_grow(c, g->id, g->seq_id, g->tokens,
-			              final || now >= g->deadline_ms ? 0 : g->deadline_ms);
+		if (!c || c->closing)
+			continue;
+		c->outstanding--;
+		dispatch_grow(c, g->id, g->seq_id, g->tokens, final || now >= g->deadline_ms ? 0 : g->deadline_ms);
 	}
 	free(list);
 }
@@ -743,7 +745,11 @@ int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, uint64_t se
 	struct server *s = e->srv;
 	struct grant_waiter *g;
 
-	if (e->n_grants >= GRANT_WAITERS_MAX || s->stopping || !evictable_exists(s))
+	if (e->n_grants >= GRANT_WAITERS_MAX) {
+		s->refused[LIMIT_GRANT_WAITERS]++;
+		return -EAGAIN;
+	}
+	if (s->stopping || !evictable_exists(s))
 		return -EAGAIN;
 	g = realloc(e->grants, (e->n_grants + 1) * sizeof(*g));
 	if (!g)

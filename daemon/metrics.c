@@ -296,6 +296,11 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	        "Connections refused because their user had max-connections-per-uid.",
 	        s->uid_connections_refused);
 
+	family(f, "kvd_refused_total", "counter",
+	       "Connections and requests refused at a limit, by limit (see kvd(8), LIMITS).");
+	for (unsigned i = 0; i < _LIMIT_MAX; i++)
+		fprintf(f, "kvd_refused_total{limit=\"%s\"} %" PRIu64 "\n", server_limit_to_string(i),
+		        s->refused[i]);
 	counter(f, "kvd_eviction_rounds_total", "Eviction rounds run, failed ones included.",
 	        evict_rounds_total(s->evictor));
 	family(f, "kvd_eviction_last_round_seconds", "gauge",

@@ -78,8 +78,10 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
 	REQUIRE(sinks <= MODEL_SINKS_MAX, "sinks must be 0..1024");
 	if (unit != KVD_UNIT_NONE) {
 		obs = model_obs_bytes(req->layers, req->q_heads, window, req->head_dim, req->dtype, NULL);
-		REQUIRE(obs <= max_obs_bytes,
-		        "its observation buffer would exceed the daemon's max-observation-bytes");
+		if (obs > max_obs_bytes) {
+			*ret_why = "its observation buffer would exceed the daemon's max-observation-bytes";
+			return -EFBIG;
+		}
 	}
 
 	/* The limits above keep this below 2^53, but say so in code rather than in a proof. */

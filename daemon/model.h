@@ -29,8 +29,8 @@ struct model {
 
 /*
  * Validates a registration against the limits in model.c, the chunk size and the largest
- * observation buffer, and fills *m (grams NULL). Returns 0 or -EINVAL with a reason in
- * *ret_why.
+ * observation buffer, and fills *m (grams NULL). Returns 0, or -EINVAL or -EFBIG (the
+ * observation buffer is too large) with a reason in *ret_why.
  */
 int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
                        uint64_t max_obs_bytes, struct model *m, const char **ret_why);

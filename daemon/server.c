@@ -27,6 +27,29 @@
 
 #define STOP_GRACE_MS 2000
 
+static const char *const limit_names[_LIMIT_MAX] = {
+	[LIMIT_CONNECTIONS] = "connections",
+	[LIMIT_CONNECTIONS_PER_UID] = "connections_per_uid",
+	[LIMIT_TENANTS] = "tenants",
+	[LIMIT_MODELS] = "models",
+	[LIMIT_MODELS_PER_TENANT] = "models_per_tenant",
+	[LIMIT_SEQS] = "seqs",
+	[LIMIT_SEQS_PER_TENANT] = "seqs_per_tenant",
+	[LIMIT_SEQ_TOKENS] = "seq_tokens",
+	[LIMIT_DESCRIPTOR] = "descriptor",
+	[LIMIT_FRAME] = "frame",
+	[LIMIT_SEND_QUEUE] = "send_queue",
+	[LIMIT_OUTSTANDING] = "outstanding",
+	[LIMIT_OBSERVATION] = "observation",
+	[LIMIT_UPLOADS] = "uploads",
+	[LIMIT_EVICT_REQUESTS] = "evict_requests",
+	[LIMIT_GRANT_WAITERS] = "grant_waiters",
+};
+
+const char *server_limit_to_string(enum server_limit l) {
+	return l < _LIMIT_MAX ? limit_names[l] : NULL;
+}
+
 uint64_t now_ms(void) {
 	struct timespec ts;
 
@@ -70,15 +93,18 @@ static void on_accept(struct loop_op *op, int res, bool more) {
 		if (!s->stopping && s->n_conns < s->limits.max_connections &&
 		    same_uid >= s->limits.max_connections_per_uid) {
 			s->uid_connections_refused++;
+			s->refused[LIMIT_CONNECTIONS_PER_UID]++;
 			refuse(res, -EUSERS, "connection limit of this user reached (max-connections-per-uid)");
 			log_warning("refusing a connection of uid %u: its limit of %u reached",
 			            (unsigned)cred.uid, s->limits.max_connections_per_uid);
 		} else if (s->stopping || s->n_conns >= s->limits.max_connections) {
 			refuse(res, s->stopping ? -ESHUTDOWN : -EUSERS,
 			       s->stopping ? "the daemon is stopping" : "connection limit reached");
-			if (!s->stopping)
+			if (!s->stopping) {
+				s->refused[LIMIT_CONNECTIONS]++;
 				log_warning("refusing a connection: limit of %u reached",
 				            s->limits.max_connections);
+			}
 		} else if ((r = conn_new(s, res, &c)) < 0) {
 			log_error_errno(r, "setting up a connection failed, ignoring");
 		} else {

@@ -22,12 +22,38 @@ struct conn;
 struct evictor;
 struct uploader;
 
+/* The limits whose refusals are counted (status "refused", metrics kvd_refused_total). */
+enum server_limit {
+	LIMIT_CONNECTIONS,            /* max-connections */
+	LIMIT_CONNECTIONS_PER_UID,    /* max-connections-per-uid */
+	LIMIT_TENANTS,                /* max-tenants */
+	LIMIT_MODELS,                 /* max-models, per connection */
+	LIMIT_MODELS_PER_TENANT,      /* max-models-per-tenant */
+	LIMIT_SEQS,                   /* max-seqs, per connection */
+	LIMIT_SEQS_PER_TENANT,        /* max-seqs-per-tenant */
+	LIMIT_SEQ_TOKENS,             /* max-seq-tokens */
+	LIMIT_DESCRIPTOR,             /* a descriptor over 64 MiB */
+	LIMIT_FRAME,                  /* a frame over 64 KiB */
+	LIMIT_SEND_QUEUE,             /* a client that does not read its replies */
+	LIMIT_OUTSTANDING,            /* max-outstanding, per connection */
+	LIMIT_OBSERVATION,            /* max-observation-bytes */
+	LIMIT_UPLOADS,                /* output projections computing at once */
+	LIMIT_EVICT_REQUESTS,         /* Evict requests waiting */
+	LIMIT_GRANT_WAITERS,          /* grows waiting for a round, node-wide */
+	_LIMIT_MAX,
+};
+
+/* The names status and metrics use ("connections", "models_per_tenant", ...). */
+const char *server_limit_to_string(enum server_limit l);
+
 /* Limits on what clients control; most are settings (settings.c), see admin_limits(). */
 struct server_limits {
 	uint32_t max_connections;
 	uint32_t max_connections_per_uid;
 	uint32_t max_tenants;
 	uint32_t max_models;          /* per connection */
+	uint32_t max_models_per_tenant;
+	uint32_t max_outstanding;     /* replies a connection may be waiting for */
 	uint32_t max_seqs;            /* per connection */
 	uint32_t max_seqs_per_tenant;
 	uint32_t max_seq_tokens;
@@ -82,6 +108,7 @@ struct server {
 	uint64_t protocol_errors;
 	uint64_t access_refused;      /* hellos and admin requests refused (access.h) */
 	uint64_t uid_connections_refused; /* connections over max-connections-per-uid */
+	uint64_t refused[_LIMIT_MAX];     /* refusals at each limit */
 	struct metrics metrics;
 	struct http *http;            /* the metrics endpoint, NULL when off */
 	struct admin *admin;          /* settings and live state (admin.h); set by main() */

@@ -131,6 +131,12 @@ static const struct setting node_table[] = {
 	  "tenants known at once", NODE(max_tenants), 1, UINT32_MAX },
 	{ "max-models", SETTING_U32, 0, "N", "16", NULL,
 	  "models per connection", NODE(max_models), 1, UINT32_MAX },
+	{ "max-models-per-tenant", SETTING_U32, SETTING_RUNTIME, "N", "64", NULL,
+	  "models registered by one tenant, all its connections together",
+	  NODE(max_models_per_tenant), 1, UINT32_MAX },
+	{ "max-outstanding", SETTING_U32, SETTING_RUNTIME, "N", "16", NULL,
+	  "replies one connection may be waiting for at once: grows waiting for eviction, "
+	  "eviction requests, output projections being computed", NODE(max_outstanding), 1, 1024 },
 	{ "max-seqs", SETTING_U32, SETTING_RUNTIME, "N", "4096", NULL,
 	  "open sequences per connection", NODE(max_seqs), 1, UINT32_MAX },
 	{ "max-seqs-per-tenant", SETTING_U32, SETTING_RUNTIME, "N", "16384", NULL,

@@ -155,6 +155,8 @@ struct settings {
 	uint32_t max_connections_per_uid;
 	uint32_t max_tenants;
 	uint32_t max_models;
+	uint32_t max_models_per_tenant;
+	uint32_t max_outstanding;
 	uint32_t max_seqs;
 	uint32_t max_seqs_per_tenant;
 	uint32_t max_seq_tokens;

@@ -30,6 +30,7 @@ struct tenant {
 	uint64_t block_bytes;         /* bytes of its granted blocks */
 	uint32_t chunks;
 	uint32_t sequences;
+	uint32_t models;              /* registered, all its connections together */
 	uint32_t connections;
 	/* Eviction, all rounds together: block bytes and token slots taken, rounds that took. */
 	uint64_t evicted_bytes, evicted_tokens, rounds;

@@ -73,7 +73,10 @@ static void finish(struct uploader *u, struct job *j) {
 	struct conn *c = server_find_conn(u->srv, j->conn_id);
 	int r = j->error;
 
-	if (!c || c->closing || j->model_id > c->n_models)
+	if (!c || c->closing)
+		return;
+	c->outstanding--;
+	if (j->model_id > c->n_models)
 		return;
 	if (r >= 0) {
 		r = grams_install(&c->models[j->model_id - 1], j->layer, j->result);

@@ -15,6 +15,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,6 +210,18 @@ static int status_json_write(FILE *f, const void *userdata) {
 		return r;
 	if (r == 0)
 		fprintf(f, ",\n  \"last_round_ms\": %.3f", (double)v / 1000.0);
+	/* Refusals at each limit, by the daemon's names: an object, so new limits add keys. */
+	fprintf(f, ",\n  \"refused\": {");
+	for (uint32_t i = 0; i < kvd_status_refusals(st); i++) {
+		const char *name;
+
+		if (kvd_status_refusal(st, i, &name, &v) < 0)
+			return -EPROTO;
+		fprintf(f, "%s\n    ", i ? "," : "");
+		json_string(f, name);
+		fprintf(f, ": %" PRIu64, v);
+	}
+	fprintf(f, "%s}", kvd_status_refusals(st) ? "\n  " : "");
 	fprintf(f, ",\n  ");
 	r = tenants_json_write(f, st, 2);
 	if (r < 0)
@@ -304,6 +317,23 @@ static int status_table_write(FILE *f, const void *userdata) {
 		    status_u64(st, "protocol_errors", &perr) == 0)
 			fprintf(f, "  %-13s %" PRIu64 " grants refused, %" PRIu64 " protocol errors\n",
 				"errors", refused, perr);
+	}
+	{
+		/* Only the limits that refused something, so that a quiet node shows nothing. */
+		bool any = false;
+
+		for (uint32_t i = 0; i < kvd_status_refusals(st); i++) {
+			const char *name;
+
+			if (kvd_status_refusal(st, i, &name, &v) < 0 || v == 0)
+				continue;
+			if (!any)
+				fprintf(f, "  %-13s ", "limits hit");
+			fprintf(f, "%s%s %" PRIu64, any ? ", " : "", name, v);
+			any = true;
+		}
+		if (any)
+			fprintf(f, "\n");
 	}
 	if (status_u64(st, "rounds_total", &v) == 0) {
 		uint64_t us;

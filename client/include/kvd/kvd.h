@@ -254,7 +254,8 @@ KVD_EXPORT int kvd_client_next_event(kvd_client *c, kvd_event *ret);
 /*
  * Registers a model shape for this connection. Returns a model id (>= 0) or -EINVAL (shape
  * out of range, unknown dtype or layout, block larger than a chunk), -EPERM (administrative
- * connection), -EMFILE (too many models on this connection), -ECONNRESET, -ECHILD.
+ * connection), -EMFILE (too many models on this connection or of this tenant), -ECONNRESET,
+ * -ECHILD.
  */
 KVD_EXPORT int kvd_model_register(kvd_client *c, const kvd_model_spec *spec);
 
@@ -262,7 +263,8 @@ KVD_EXPORT int kvd_model_register(kvd_client *c, const kvd_model_spec *spec);
  * kvd_model_register with eviction: ev (NULL is KVD_UNIT_NONE) says how the daemon may evict
  * the model's sequences. Returns a model id, or the errors of kvd_model_register (-EINVAL
  * also for a bad ev: unknown unit, KVD_UNIT_HEAD_TOKEN without KVD_LAYOUT_PER_HEAD, window or
- * sinks out of range, reserved not 0).
+ * sinks out of range, reserved not 0), or -EFBIG (its observation buffer would exceed the
+ * daemon's max-observation-bytes).
  */
 KVD_EXPORT int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec *spec,
 		                            const kvd_eviction_spec *ev);
@@ -275,7 +277,7 @@ KVD_EXPORT int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec 
  * after registration; calling it again replaces the layer's. Returns 0, or -EINVAL (unknown
  * model, layer out of range, hidden not 1..65536, bad dtype), -EFBIG (over 1 GiB, or the
  * model's Gram state over the daemon's limit), -EBUSY (the daemon is computing too many
- * uploads: retry), -ENOMEM, an error of memfd_create(2) or write(2) (e.g. -EMFILE),
+ * uploads, or this connection has max-outstanding replies waiting: retry), -ENOMEM, an error of memfd_create(2) or write(2) (e.g. -EMFILE),
  * -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uint32_t dtype,
@@ -407,7 +409,12 @@ KVD_EXPORT int kvd_tenant_reset(kvd_client *c, const char *tenant);
  *           "protocol_version", "uptime_ms", "grants_refused", "protocol_errors",
  *           "access_refused" (hellos and admin requests refused for want of rights),
  *           "uid_connections_refused" (connections over kvd's max-connections-per-uid),
- *           "rounds_total" (eviction rounds run), "last_round_us" (the last one's duration);
+ *           "rounds_total" (eviction rounds run), "last_round_us" (the last one's duration),
+ *           "refused_LIMIT" for each limit the daemon counts refusals at (LIMIT one of
+ *           "connections", "connections_per_uid", "tenants", "models",
+ *           "models_per_tenant", "seqs", "seqs_per_tenant", "seq_tokens", "descriptor",
+ *           "frame", "send_queue", "outstanding", "observation", "uploads",
+ *           "evict_requests", "grant_waiters"; kvd_status_refusal() lists them all);
  *           strings "daemon_version", "backend", "budget_source": where the budget
  *           comes from, "default", "config", "flag" (kvd --budget) or "live" (set with
  *           kvdctl, kept in the state file), and "state_error": why live changes cannot
@@ -432,6 +439,11 @@ KVD_EXPORT int kvd_status_tenant_u64(const kvd_status *st, uint32_t index, const
 		                     uint64_t *ret);
 KVD_EXPORT int kvd_status_tenant_str(const kvd_status *st, uint32_t index, const char *key,
 		                     const char **ret);
+/* The refusal counters by limit, in the daemon's order: their number, and the name and value
+ * of one (either output may be NULL; -EINVAL when index is out of range). */
+KVD_EXPORT uint32_t kvd_status_refusals(const kvd_status *st);
+KVD_EXPORT int kvd_status_refusal(const kvd_status *st, uint32_t index, const char **ret_name,
+		                  uint64_t *ret_value);
 
 /*
  * Runs an eviction round now and waits for it: frees `bytes` (0: down to the daemon's low
@@ -439,7 +451,8 @@ KVD_EXPORT int kvd_status_tenant_str(const kvd_status *st, uint32_t index, const
  * may name any tenant; a tenant's connection only its own. *ret_freed (may be NULL)
  * receives the chunk bytes the round gave back. The call holds the client's lock until the
  * round is done, so other calls on the same client wait for it. Returns 0, or -EINVAL (bad
- * tenant name), -EPERM, -ENOENT (unknown tenant), -EBUSY (too many rounds waiting), or the
+ * tenant name), -EPERM, -ENOENT (unknown tenant), -EBUSY (too many rounds waiting, or
+ * max-outstanding on this connection), or the
  * round's error, -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed);

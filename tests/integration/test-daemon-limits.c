@@ -1,0 +1,187 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Every limit a client can run into says so clearly and is counted: status's refused_NAME
+ * (kvd_status_u64) goes up by exactly one per refusal, and the other limits' counters stay.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fixture.h"
+#include "test.h"
+
+static const kvd_model_spec small = {
+	.name = "limits",
+	.layers = 2,
+	.q_heads = 4,
+	.kv_heads = 2,
+	.head_dim = 16,
+	.dtype = KVD_DTYPE_F16,
+	.block_tokens = 16,
+	.layout = KVD_LAYOUT_PER_HEAD,
+};
+
+static uint64_t refused(struct fixture *f, const char *limit) {
+	char key[64];
+
+	snprintf(key, sizeof(key), "refused_%s", limit);
+	return fixture_status(f, NULL, key);
+}
+
+/* Every counter the daemon keeps, all zero on a fresh daemon, listed by the library. */
+TEST(every_limit_listed) {
+	static const char *const names[] = {
+		"connections", "connections_per_uid", "tenants", "models", "models_per_tenant",
+		"seqs", "seqs_per_tenant", "seq_tokens", "descriptor", "frame", "send_queue",
+		"outstanding", "observation", "uploads", "evict_requests", "grant_waiters",
+	};
+	struct fixture f;
+	kvd_client *c;
+	kvd_status *st;
+
+	fixture_start(&f, NULL);
+	c = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_status_get(c, &st));
+	ASSERT_EQ(kvd_status_refusals(st), (uint32_t)(sizeof(names) / sizeof(names[0])));
+	for (uint32_t i = 0; i < kvd_status_refusals(st); i++) {
+		const char *name;
+		uint64_t v = 1;
+
+		ASSERT_OK(kvd_status_refusal(st, i, &name, &v));
+		ASSERT_STREQ(name, names[i]);
+		ASSERT_EQ(v, 0u);
+	}
+	ASSERT_ERRNO(kvd_status_refusal(st, kvd_status_refusals(st), NULL, NULL), -EINVAL);
+	kvd_status_free(st);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(models_per_connection_and_tenant) {
+	struct fixture f;
+	kvd_client *a, *b;
+
+	fixture_start(&f, (const char *const[]){ "--max-models=2", "--max-models-per-tenant=3", NULL });
+	a = fixture_connect(&f, "t");
+	b = fixture_connect(&f, "t");
+	ASSERT_OK(kvd_model_register(a, &small));
+	ASSERT_OK(kvd_model_register(a, &small));
+	ASSERT_ERRNO(kvd_model_register(a, &small), -EMFILE);
+	ASSERT_TRUE(strstr(kvd_client_last_error(a), "per connection"));
+	ASSERT_EQ(refused(&f, "models"), 1u);
+	ASSERT_OK(kvd_model_register(b, &small));
+	ASSERT_ERRNO(kvd_model_register(b, &small), -EMFILE);
+	ASSERT_TRUE(strstr(kvd_client_last_error(b), "max-models-per-tenant"));
+	ASSERT_EQ(refused(&f, "models_per_tenant"), 1u);
+	/* A connection's models go with it. */
+	kvd_client_unref(a);
+	ASSERT_TRUE(fixture_wait_status(&f, "t", "connections", 1));
+	ASSERT_OK(kvd_model_register(b, &small));
+	kvd_client_unref(b);
+	ASSERT_EQ(refused(&f, "models"), 1u);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(sequences_and_tokens) {
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *s[3];
+	int m;
+
+	fixture_start(&f, (const char *const[]){ "--max-seqs=2", "--max-seq-tokens=1000", NULL });
+	c = fixture_connect(&f, "t");
+	m = kvd_model_register(c, &small);
+	ASSERT_OK(m);
+	ASSERT_ERRNO(kvd_seq_open(c, m, 1001, &s[0]), -EINVAL);
+	ASSERT_EQ(refused(&f, "seq_tokens"), 1u);
+	ASSERT_OK(kvd_seq_open(c, m, 1000, &s[0]));
+	ASSERT_OK(kvd_seq_open(c, m, 10, &s[1]));
+	ASSERT_ERRNO(kvd_seq_open(c, m, 10, &s[2]), -EMFILE);
+	ASSERT_EQ(refused(&f, "seqs"), 1u);
+	ASSERT_OK(kvd_seq_release(s[0]));
+	ASSERT_OK(kvd_seq_release(s[1]));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(observation_buffer) {
+	kvd_eviction_spec ev = { .unit = KVD_UNIT_HEAD_TOKEN, .window = 256 };
+	struct fixture f;
+	kvd_client *c;
+
+	/* 2 layers x 4 heads x 256 x 16 x 2 bytes = 64 KiB of queries: over 16 KiB. */
+	fixture_start(&f, (const char *const[]){ "--max-observation-bytes=16KiB", NULL });
+	c = fixture_connect(&f, "t");
+	ASSERT_ERRNO(kvd_model_register_evictable(c, &small, &ev), -EFBIG);
+	ASSERT_TRUE(strstr(kvd_client_last_error(c), "max-observation-bytes"));
+	ASSERT_EQ(refused(&f, "observation"), 1u);
+	ev.window = 8;
+	ASSERT_OK(kvd_model_register_evictable(c, &small, &ev));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* Replies a connection waits for are bounded: with max-outstanding 1, a second eviction
+ * request while the first waits for its round (held at the round gate) is refused. */
+TEST(outstanding_replies) {
+	Kvd__V1__Evict req = KVD__V1__EVICT__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *rep;
+	struct wire_rx *rx = calloc(1, sizeof(*rx));
+	struct fixture f;
+	char gate[64];
+	int fd, g;
+
+	ASSERT_TRUE(rx);
+	snprintf(gate, sizeof(gate), "/tmp/kvd-limits-gate-%d", (int)getpid());
+	unlink(gate);
+	ASSERT_OK(mkfifo(gate, 0600));
+	setenv("KVD_TEST_ROUND_GATE", gate, 1);
+	fixture_start(&f, (const char *const[]){ "--max-outstanding=1", NULL });
+	unsetenv("KVD_TEST_ROUND_GATE");
+	fd = raw_connect(&f);
+	wire_rx_init(rx);
+	ASSERT_EQ(raw_hello(fd, rx, NULL, 1, 1), 0);
+	req.has_bytes = true;
+	req.bytes = 1 << 20;
+	env.has_id = true;
+	env.body_case = KVD__V1__ENVELOPE__BODY_EVICT;
+	env.evict = &req;
+	env.id = 2;
+	ASSERT_OK(raw_send(fd, &env));
+	g = open(gate, O_WRONLY | O_CLOEXEC); /* the round waits at the gate now */
+	ASSERT_OK(g);
+	env.id = 3;
+	ASSERT_OK(raw_send(fd, &env));
+	ASSERT_EQ(raw_recv(fd, rx, 5000, &rep), 1);
+	ASSERT_EQ(rep->id, 3u);
+	ASSERT_EQ(rep->status->code, -EBUSY);
+	ASSERT_TRUE(strstr(rep->status->message, "max-outstanding"));
+	ASSERT_EQ(write(g, "x", 1), 1);
+	close(g);
+	ASSERT_EQ(raw_recv(fd, rx, 5000, &rep), 1);
+	ASSERT_EQ(rep->id, 2u);
+	ASSERT_EQ(rep->status->code, 0);
+	ASSERT_EQ(refused(&f, "outstanding"), 1u);
+	close(fd);
+	free(rx);
+	unlink(gate);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* A frame over the cap: the connection goes, the counter says why. */
+TEST(frame_over_the_cap) {
+	uint8_t header[8] = { 0, 0, 2, 0, 0, 0, 0, 0 }; /* 128 KiB */
+	struct fixture f;
+	int fd;
+
+	fixture_start(&f, NULL);
+	fd = raw_connect(&f);
+	ASSERT_OK(raw_send_bytes(fd, header, sizeof(header)));
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "refused_frame", 1));
+	close(fd);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
