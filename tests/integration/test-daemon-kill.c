@@ -1,14 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Clients killed with SIGKILL at named points (libkvd stops itself there when
- * KVD_TEST_STOP_AT names the point, so no timing is involved): their chunks come back and
- * the other tenants go on as if nothing happened.
+ * KVD_TEST_STOP_AT names the point, so no timing is involved), while pinned, or while an
+ * eviction round that ranked their tokens waits at the round gate: their chunks come back
+ * and the other tenants go on as if nothing happened.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -192,4 +196,101 @@ TEST(shared_chunk_drains_when_holder_answers) {
 
 TEST(shared_chunk_freed_when_holder_dies) {
 	shared_chunk(true);
+}
+
+/* An eviction-enabled victim that grows, pins its sequence (a forward step in flight)
+ * and stops there. */
+static void pinned_victim_main(struct fixture *f) {
+	kvd_eviction_spec ev = { .unit = KVD_UNIT_HEAD_TOKEN, .window = 8 };
+	kvd_client *c;
+	kvd_seq *s;
+	int m;
+
+	c = fixture_connect(f, "victim");
+	m = kvd_model_register_evictable(c, &shape, &ev);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_seq_open(c, m, 4096, &s));
+	ASSERT_OK(kvd_seq_grow(s, 1000));
+	fill_seq(s, 7);
+	ASSERT_OK(kvd_seq_pin(s));
+	raise(SIGSTOP);
+	_exit(0);
+}
+
+/*
+ * The victim dies while pinned; with mid_round, also while an eviction round that ranked
+ * its tokens waits at the round gate (KVD_TEST_ROUND_GATE), so the round lands after the
+ * death. Either way its chunks come back and the bystander is untouched.
+ */
+static void kill_pinned(bool mid_round) {
+	char gate[64], dir[] = "/tmp/kvd-kill-XXXXXX";
+	struct fixture f;
+	kvd_client *other;
+	kvd_seq *s;
+	pid_t pid, evictor = -1;
+	int status, m, g = -EBADF;
+
+	ASSERT_TRUE(mkdtemp(dir));
+	snprintf(gate, sizeof(gate), "%s/gate", dir);
+	ASSERT_OK(mkfifo(gate, 0600));
+	if (mid_round)
+		setenv("KVD_TEST_ROUND_GATE", gate, 1);
+	fixture_start(&f, daemon_args);
+	unsetenv("KVD_TEST_ROUND_GATE");
+	other = fixture_connect(&f, "bystander");
+	m = kvd_model_register(other, &shape);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_seq_open(other, m, 4096, &s));
+	ASSERT_OK(kvd_seq_grow(s, 500));
+	fill_seq(s, 1);
+
+	pid = fixture_fork();
+	if (pid == 0)
+		pinned_victim_main(&f);
+	ASSERT_EQ(waitpid(pid, &status, WUNTRACED), pid);
+	ASSERT_TRUE(WIFSTOPPED(status));
+	ASSERT_GT(fixture_status(&f, "victim", "used_bytes"), 0u);
+	if (mid_round) {
+		evictor = fixture_fork();
+		if (evictor == 0) {
+			kvd_client *c;
+
+			if (kvd_client_connect(f.socket, NULL, &c) < 0)
+				_exit(3);
+			_exit(kvd_evict(c, "victim", 1 << 20, NULL) < 0 ? 1 : 0);
+		}
+		/* Opening the FIFO returns once the round waits at the gate. */
+		g = open(gate, O_WRONLY | O_CLOEXEC);
+		ASSERT_OK(g);
+	}
+	ASSERT_OK(kill(pid, SIGKILL));
+	ASSERT_EQ(waitpid(pid, &status, 0), pid);
+	ASSERT_TRUE(fixture_wait_status(&f, "victim", "connections", 0));
+	if (mid_round) {
+		ASSERT_EQ(write(g, "x", 1), 1);
+		close(g);
+		ASSERT_EQ(waitpid(evictor, &status, 0), evictor);
+		ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+		ASSERT_EQ(fixture_status(&f, "victim", "evicted_tokens"), 0u);
+	}
+	ASSERT_EQ(fixture_status(&f, "victim", "used_bytes"), 0u);
+	ASSERT_EQ(fixture_status(&f, "victim", "sequences"), 0u);
+	ASSERT_EQ(fixture_status(&f, NULL, "chunks_draining"), 0u);
+	ASSERT_EQ(fixture_status(&f, NULL, "used_bytes"), fixture_status(&f, "bystander", "used_bytes"));
+	ASSERT_EQ(check_seq(s, 1), 0u);
+	assert_digests_agree(s);
+	ASSERT_OK(kvd_seq_release(s));
+	kvd_client_unref(other);
+	ASSERT_EQ(fixture_status(&f, NULL, "chunks_free"), fixture_status(&f, NULL, "chunks_total"));
+	unlink(gate);
+	rmdir(dir);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(kill_while_pinned) {
+	kill_pinned(false);
+}
+
+TEST(kill_mid_round) {
+	kill_pinned(true);
 }
