@@ -52,6 +52,43 @@ static uint32_t resolve_list(const char *tenant, const char *list, bool group, u
 	return n;
 }
 
+/* Names of list (space-separated) that resolve to nobody, each as one line on f. */
+static unsigned check_list(FILE *f, const char *what, const char *list, bool group) {
+	char name[SETTINGS_LIST_NAME_MAX];
+	unsigned bad = 0;
+	uint32_t id;
+
+	for (const char *p = list; p && *p; p += strspn(p, " ")) {
+		size_t len = strcspn(p, " ");
+
+		snprintf(name, sizeof(name), "%.*s", (int)len, p);
+		p += len;
+		if (!resolve_id(name, group, &id)) {
+			fprintf(f, "warning: %s: %s '%s' does not exist on this machine\n", what,
+			        group ? "group" : "user", name);
+			bad++;
+		}
+	}
+	return bad;
+}
+
+unsigned access_check_names(const struct settings *s, FILE *f) {
+	char what[TENANT_NAME_MAX + 32];
+	unsigned bad = 0;
+
+	for (uint32_t i = 0; i < s->n_tenants; i++) {
+		const struct settings_tenant *t = &s->tenants[i];
+
+		snprintf(what, sizeof(what), "tenant %s: allow-users", t->name);
+		bad += check_list(f, what, t->allow_users, false);
+		snprintf(what, sizeof(what), "tenant %s: allow-groups", t->name);
+		bad += check_list(f, what, t->allow_groups, true);
+	}
+	bad += check_list(f, "admin-group", s->admin_group, true);
+	bad += check_list(f, "socket-group", s->socket_group, true);
+	return bad;
+}
+
 void access_resolve(struct settings *s) {
 	for (uint32_t i = 0; i < s->n_tenants; i++) {
 		struct settings_tenant *t = &s->tenants[i];

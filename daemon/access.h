@@ -26,12 +26,20 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <sys/socket.h>
 
 #include "settings.h"
 
 /* Resolves the tenants' allow lists and admin-group of s in place; logs names unknown. */
 void access_resolve(struct settings *s);
+
+/*
+ * For --check-config: writes a line to f for every name of the allow lists, admin-group and
+ * socket-group that names no user or group on this machine (it would grant nothing, or
+ * fail at start); returns how many.
+ */
+unsigned access_check_names(const struct settings *s, FILE *f);
 
 /* Whether the peer (cred, on socket fd) is root or in s's admin-group. */
 bool access_admin(const struct settings *s, int fd, const struct ucred *cred);

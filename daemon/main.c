@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "access.h"
 #include "admin.h"
 #include "backend.h"
 #include "common/macro.h"
@@ -59,6 +60,9 @@ static int check_config(const struct settings *s, const struct inifile_errors *e
 		       t->allow_users ? ", allow-users " : "", t->allow_users ? t->allow_users : "",
 		       t->allow_groups ? ", allow-groups " : "", t->allow_groups ? t->allow_groups : "");
 	}
+	/* A name nobody has is not an error (the user may come later), but it grants nothing
+	 * now, and an operator checking a file wants to know. */
+	(void)access_check_names(s, stdout);
 	return EXIT_SUCCESS;
 }
 

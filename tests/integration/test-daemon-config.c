@@ -126,6 +126,23 @@ TEST(check_config) {
 	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
 	snprintf(args, sizeof(args), "--config %s --check-config", path);
 	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
+	/* Names that resolve to nobody are reported, without failing the check. */
+	file = fopen(path, "we");
+	ASSERT_TRUE(file);
+	fputs("[kvd]\nadmin-group = kvd-no-such-group\n[tenant t]\nallow-users = root kvd-no-such-user\n"
+	      "allow-groups = 0 kvd-no-such-group\n", file);
+	fclose(file);
+	snprintf(args, sizeof(args), "--check-config %s", path);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
+	assert_contains(out, "warning: tenant t: allow-users: user 'kvd-no-such-user' does not exist");
+	assert_contains(out, "warning: tenant t: allow-groups: group 'kvd-no-such-group' does not exist");
+	assert_contains(out, "warning: admin-group: group 'kvd-no-such-group' does not exist");
+	ASSERT_TRUE(!strstr(out, "'root'"));
+	file = fopen(path, "we");
+	ASSERT_TRUE(file);
+	fputs("[kvd]\npool-size = 16MiB\nchunk-size = 1MiB\n[tenant t]\nmax = 2MiB\nweight = 2\n", file);
+	fclose(file);
+
 	/* The flags are checked with the file: a budget above the file's pool. */
 	snprintf(args, sizeof(args), "--check-config %s --budget 32MiB", path);
 	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
