@@ -77,6 +77,12 @@ struct kvd_client {
 	int event_fd;
 	bool event_fd_signalled;
 	bool dead; /* the connection is gone: requests fail with -ECONNRESET */
+	/* Which connection this is: kvd_client_reconnect() bumps it, and sequences of an
+	 * earlier one are stale. */
+	uint64_t epoch;
+	char socket_path[108];     /* sizeof(sun_path), for kvd_client_reconnect() */
+	char tenant[TENANT_NAME_MAX + 1];
+	bool has_tenant;
 	enum stop_at stop_at;
 
 	uint32_t version;
@@ -101,6 +107,7 @@ struct kvd_client {
 struct kvd_seq {
 	kvd_client *client; /* a reference */
 	pid_t pid;
+	uint64_t epoch;     /* the client's connection it was opened on */
 	uint64_t id;
 	const struct kvd_seq_desc *desc;
 	size_t desc_bytes;
@@ -140,6 +147,11 @@ static inline bool client_forked(const kvd_client *c) {
 
 static inline bool seq_forked(const kvd_seq *s) {
 	return s->pid != client_self_pid();
+}
+
+/* Whether s belongs to a connection kvd_client_reconnect() replaced. */
+static inline bool seq_stale(const kvd_seq *s) {
+	return s->epoch != __atomic_load_n(&s->client->epoch, __ATOMIC_RELAXED);
 }
 
 /* Lock-free chunk lookup: the address of chunk id and its size, or NULL if not mapped. */

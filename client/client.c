@@ -164,8 +164,10 @@ static void client_queue_event(kvd_client *c, uint32_t type, uint64_t arg) {
 		if (e->type == type && e->arg == arg)
 			return;
 	}
-	/* The last slot is kept for STOPPING: many sequence changes must not hide a stop. */
-	if (c->n_events >= EVENTS_MAX || (c->n_events == EVENTS_MAX - 1 && type != KVD_EVENT_STOPPING))
+	/* The last slot is kept for STOPPING and DISCONNECTED: many sequence changes must not
+	 * hide the end of the connection. */
+	if (c->n_events >= EVENTS_MAX || (c->n_events == EVENTS_MAX - 1 && type != KVD_EVENT_STOPPING &&
+	                                  type != KVD_EVENT_DISCONNECTED))
 		return;
 	c->events[(c->events_head + c->n_events) % EVENTS_MAX] = (kvd_event){
 		.type = type,
@@ -183,11 +185,14 @@ static int client_fail(kvd_client *c, int r) {
 	if (!c->dead) {
 		c->dead = true;
 		shutdown(c->fd, SHUT_RDWR);
+		/* The engine learns of the loss from its event loop, before -ECONNRESET. */
+		client_queue_event(c, KVD_EVENT_DISCONNECTED, c->epoch);
 	}
 	return r;
 }
 
 static int client_peer_gone(kvd_client *c);
+static int client_dial(kvd_client *c);
 
 /* Sends a frame; with send_fd >= 0, the frame carries that fd (the peer gets a copy). */
 static int client_send(kvd_client *c, const Envelope *env, int send_fd) {
@@ -646,16 +651,108 @@ int kvd_client_connect(const char *socket_path, const char *tenant, kvd_client *
 	r = client_new(&c);
 	if (r < 0)
 		return r;
-	len += offsetof(struct sockaddr_un, sun_path) + 1;
-	if (connect(c->fd, (struct sockaddr *)&sa, len) < 0)
-		return negative_errno();
-	c->dead = false;
-	r = client_hello(c, tenant);
+	memcpy(c->socket_path, socket_path, strlen(socket_path) + 1);
+	if (tenant) {
+		c->has_tenant = true;
+		memcpy(c->tenant, tenant, strlen(tenant) + 1);
+	}
+	r = client_dial(c);
 	if (r < 0)
 		return r;
 
 	*ret = TAKE_PTR(c);
 	return 0;
+}
+
+/* Connects c->fd (a fresh socket) to the daemon and says hello. */
+static int client_dial(kvd_client *c) {
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t len = strlen(c->socket_path);
+
+	memcpy(sa.sun_path, c->socket_path, len);
+	len += offsetof(struct sockaddr_un, sun_path) + 1;
+	if (connect(c->fd, (struct sockaddr *)&sa, (socklen_t)len) < 0)
+		return negative_errno();
+	c->dead = false;
+	return client_hello(c, c->has_tenant ? c->tenant : NULL);
+}
+
+/* Drops what belonged to the lost connection: its chunks, models and stray input. */
+static void client_forget(kvd_client *c) {
+	for (uint32_t p = 0; p < CHUNK_PAGES; p++) {
+		struct chunk_slot *page = c->chunk_pages[p];
+
+		for (uint32_t i = 0; page && i < CHUNK_PAGE_IDS; i++)
+			if (page[i].addr) {
+				void *addr = page[i].addr;
+
+				__atomic_store_n(&page[i].addr, NULL, __ATOMIC_RELEASE);
+				munmap(addr, page[i].bytes);
+			}
+	}
+	c->n_mapped = 0;
+	/* n_models is the table's size; the old ids mean nothing to the new daemon. */
+	for (uint32_t i = 0; i < c->n_models; i++)
+		c->models[i] = (struct model){};
+	wire_rx_done(c->rx);
+	wire_rx_init(c->rx);
+}
+
+int kvd_client_reconnect(kvd_client *c, uint32_t timeout_ms) {
+	struct epoll_event ev = { .events = EPOLLIN };
+	uint64_t deadline;
+	struct timespec ts;
+	int r;
+
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	client_lock(c);
+	if (!c->dead) {
+		client_unlock(c);
+		return -EISCONN;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	deadline = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000 + timeout_ms;
+	for (;;) {
+		uint64_t now;
+
+		/* A new socket for every try: a failed connect() leaves one unusable. */
+		epoll_ctl(c->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+		safe_close(c->fd);
+		c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (c->fd < 0) {
+			r = negative_errno();
+			break;
+		}
+		if (epoll_ctl(c->epoll_fd, EPOLL_CTL_ADD, c->fd, &ev) < 0) {
+			r = negative_errno();
+			break;
+		}
+		client_forget(c);
+		r = client_dial(c);
+		/* Only "not there (yet)" is worth waiting for; a refusal is final. */
+		if (r >= 0 || (r != -ECONNREFUSED && r != -ENOENT && r != -ECONNRESET && r != -EPIPE &&
+		               r != -ESHUTDOWN))
+			break;
+		c->dead = true;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+		if (now >= deadline) {
+			r = -ETIMEDOUT;
+			break;
+		}
+		usleep((useconds_t)MIN(deadline - now, 50u) * 1000);
+	}
+	if (r >= 0) {
+		c->epoch++;
+		/* A DISCONNECTED still queued is about the old connection: keep it, the engine
+		 * may want to see it; nothing else queued refers to live state any more. */
+	} else
+		client_fail(c, r);
+	client_unlock(c);
+	return r;
 }
 
 kvd_client *kvd_client_ref(kvd_client *c) {

@@ -453,6 +453,7 @@ int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret
 	if (!s)
 		return -ENOMEM;
 	s->client = kvd_client_ref(c);
+	s->epoch = c->epoch;
 	s->pid = c->pid;
 
 	req.has_model_id = true;
@@ -557,6 +558,8 @@ int kvd_seq_grow(kvd_seq *s, uint32_t n) {
 		return -EINVAL;
 	if (seq_forked(s))
 		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
 	client_lock(s->client);
 	r = seq_grow_locked(s, n);
 	client_unlock(s->client);
@@ -611,6 +614,11 @@ int kvd_seq_release(kvd_seq *s) {
 		seq_free(s);
 		return -ECHILD;
 	}
+	/* The daemon that knew it is gone: only our side is left to free. */
+	if (seq_stale(s)) {
+		seq_free(s);
+		return 0;
+	}
 	client_lock(c);
 	r = seq_release_locked(s);
 	/* Unmapped under the lock, since the client may go away with the sequence's ref. */
@@ -639,6 +647,8 @@ int kvd_seq_pin(kvd_seq *s) {
 		return -EINVAL;
 	if (seq_forked(s))
 		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
 	req.has_seq_id = true;
 	req.seq_id = s->id;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_PIN;
@@ -654,6 +664,8 @@ int kvd_seq_unpin(kvd_seq *s) {
 		return -EINVAL;
 	if (seq_forked(s))
 		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
 	req.has_seq_id = true;
 	req.seq_id = s->id;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_UNPIN;
@@ -667,6 +679,8 @@ static int seq_obs_check_layer(const kvd_seq *s, uint32_t layer) {
 		return -EINVAL;
 	if (seq_forked(s))
 		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
 	if (!s->obs)
 		return -EOPNOTSUPP;
 	if (layer >= s->obs_layers)
@@ -744,6 +758,8 @@ int64_t kvd_seq_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_head) {
 		return -EINVAL;
 	if (seq_forked(s))
 		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
 	return seq_table_tokens(s, layer, kv_head, NULL);
 }
 
@@ -756,6 +772,8 @@ int64_t kvd_seq_position(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 		return -EINVAL;
 	if (seq_forked(s))
 		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
 	n = seq_table_tokens(s, layer, kv_head, &t);
 	if (n < 0)
 		return n;
@@ -775,6 +793,8 @@ int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot
 		return -EINVAL;
 	if (seq_forked(s))
 		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
 	d = s->desc;
 	n = seq_table_tokens(s, layer, kv_head, &t);
 	if (n < 0)
@@ -802,6 +822,8 @@ int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret) 
 		return -EINVAL;
 	if (seq_forked(s))
 		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
 	d = s->desc;
 	if (table >= d->n_tables)
 		return -EINVAL;
@@ -860,6 +882,8 @@ int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local) {
 		return -EINVAL;
 	if (seq_forked(s))
 		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
 	client_lock(s->client);
 	r = seq_digest_locked(s, ret_daemon, ret_local);
 	client_unlock(s->client);

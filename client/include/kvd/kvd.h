@@ -146,6 +146,8 @@ struct kvd_seq_desc {
 /* Events the daemon sends on its own; see kvd_client_next_event(). */
 #define KVD_EVENT_STOPPING 1    /* the daemon is shutting down; the connection will close */
 #define KVD_EVENT_SEQ_CHANGED 2 /* arg: a sequence id; an eviction rewrote its descriptor */
+#define KVD_EVENT_DISCONNECTED 3 /* the connection to the daemon is lost; see
+                                  * kvd_client_reconnect() */
 
 /* Values of kvd_eviction_spec.unit: what one eviction frees (DESIGN.md section 5). */
 #define KVD_UNIT_NONE 0        /* never evict this model's sequences */
@@ -218,6 +220,19 @@ KVD_EXPORT const char *kvd_version(void);
  * limit), -ENOMEM, or another error of socket(2)/connect(2).
  */
 KVD_EXPORT int kvd_client_connect(const char *socket_path, const char *tenant, kvd_client **ret);
+
+/*
+ * After the daemon went away (a KVD_EVENT_DISCONNECTED event, or -ECONNRESET from a call),
+ * connects the same handle again, as the same tenant, to the same socket path, trying for up
+ * to timeout_ms while the daemon is not back. What the lost connection had is gone on both
+ * sides: models must be registered again (new ids; their output projections too) and
+ * sequences reopened; the old kvd_seq handles return -ESTALE from every call but
+ * kvd_seq_release, which frees them. No other thread may use the client or its sequences
+ * during the call. Returns 0, or -EISCONN (the connection is alive), -ETIMEDOUT (the daemon
+ * did not come back in time), an error of kvd_client_connect (a refusal is not retried),
+ * -ECHILD.
+ */
+KVD_EXPORT int kvd_client_reconnect(kvd_client *c, uint32_t timeout_ms);
 
 /* Reference counting. Every kvd_seq holds a reference on its client, so the connection
  * stays open until the last kvd_seq is released too. unref on the last reference closes
