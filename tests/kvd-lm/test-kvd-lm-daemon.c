@@ -1,0 +1,513 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvd-lm with its KV cache in a real daemon (integration suite).
+ *
+ * With a budget that never runs short, the kvd cache must give bit for bit the logits of
+ * the private full cache: the same keys in the same order go through the same arithmetic,
+ * only read from daemon blocks of 16 tokens instead of one private array. Checked through
+ * the library (every prefill logit and 16 greedy decode steps, for --unit head and layer)
+ * and through the kvd-lm command line (--print-logits output byte for byte).
+ *
+ * With a budget far below the context, eviction rounds take tokens per (layer, kv head)
+ * while the engine runs: generation must still finish, the daemon must stay within its
+ * budget and report evicted tokens, the tables the engine attends over must keep the
+ * protected tokens (sinks, the last window) with ascending positions, and both sides must
+ * see the same bytes (digests). And one decode step after eviction must give the logits of
+ * attention over exactly the resident slots by their original positions, recomputed here
+ * in double by plain loops from the daemon's K/V.
+ *
+ * Environment (set by meson): KVD_DAEMON, KVD_LM (the kvd-lm binary), KVD_LM_DATA.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "common/macro.h"
+#include "fixture.h"
+#include "forward.h"
+#include "model.h"
+#include "test.h"
+
+#define POOL "--pool-size=64MiB"
+#define CHUNK "--chunk-size=256KiB"
+#define GREEDY_STEPS 16
+#define WINDOW 32u
+#define SINKS 4u
+#define THREADS 2u
+
+static struct kvdlm_model *model;
+static char model_path[512], input_path[512];
+
+static void cleanup(void) {
+	model = kvdlm_model_free(model);
+}
+
+int test_setup(void) {
+	const char *dir = getenv("KVD_LM_DATA");
+	char err[KVDLM_ERROR_MAX];
+	int r;
+
+	if (!dir || !getenv("KVD_LM")) {
+		fprintf(stderr, "KVD_LM_DATA or KVD_LM is not set (run the tests through meson)\n");
+		return -EINVAL;
+	}
+	snprintf(model_path, sizeof(model_path), "%s/random.kvdlm", dir);
+	snprintf(input_path, sizeof(input_path), "%s/random-input.txt", dir);
+	r = kvdlm_model_load(model_path, &model, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "%s\n", err);
+		return r;
+	}
+	atexit(cleanup);
+	return 0;
+}
+
+/* BOS + the reference input repeated `times`, in *ret; returns the token count. */
+static uint32_t prompt_tokens(uint32_t times, uint32_t **ret) {
+	char text[4096];
+	FILE *f = fopen(input_path, "re");
+	size_t n;
+	uint32_t *t, k = 0;
+
+	ASSERT_NOT_NULL(f);
+	n = fread(text, 1, sizeof(text), f);
+	fclose(f);
+	ASSERT_TRUE(n > 0 && n < sizeof(text));
+	t = malloc((1 + n * times) * sizeof(uint32_t));
+	ASSERT_NOT_NULL(t);
+	t[k++] = KVDLM_BOS;
+	for (uint32_t i = 0; i < times; i++)
+		for (size_t j = 0; j < n; j++)
+			t[k++] = (uint8_t)text[j];
+	*ret = t;
+	return k;
+}
+
+/*
+ * Prefill (all logits into prefill[n][vocab]) then `steps` greedy decode steps (their
+ * logits into decode[steps][vocab]); returns the generated tokens in out[steps].
+ */
+static void generate(struct kvdlm_cache *c, const uint32_t *tokens, uint32_t n, uint32_t chunk,
+                     uint32_t steps, float *prefill, float *decode, uint32_t *out) {
+	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
+	float *last = prefill + (size_t)(n - 1) * KVDLM_VOCAB;
+
+	ASSERT_OK(kvdlm_session_new(model, c, &(struct kvdlm_session_opts){ THREADS, chunk }, &s));
+	ASSERT_OK(kvdlm_prefill(s, tokens, n, KVDLM_LOGITS_ALL, prefill));
+	for (uint32_t i = 0; i < steps; i++) {
+		out[i] = kvdlm_argmax(i ? decode + (size_t)(i - 1) * KVDLM_VOCAB : last, KVDLM_VOCAB);
+		ASSERT_OK(kvdlm_decode(s, out[i], decode + (size_t)i * KVDLM_VOCAB));
+	}
+}
+
+/* Every table's positions ascend, sinks and the last window are there, the digests agree. */
+static void check_tables(struct kvdlm_cache *c) {
+	kvd_seq *s = kvdlm_cache_seq(c);
+	const struct kvd_seq_desc *d = kvd_seq_descriptor(s);
+
+	ASSERT_OK(kvd_seq_pin(s));
+	for (uint32_t l = 0; l < model->cfg.layers; l++)
+		for (uint32_t h = 0; h < model->cfg.kv_heads; h++) {
+			int64_t n = kvd_seq_tokens(s, l, h), prev = -1;
+
+			ASSERT_TRUE(n >= WINDOW);
+			for (int64_t j = 0; j < n; j++) {
+				int64_t pos = kvd_seq_position(s, l, h, (uint32_t)j);
+
+				ASSERT_TRUE(pos > prev);
+				if (j < SINKS)
+					ASSERT_EQ(pos, j);
+				prev = pos;
+			}
+			ASSERT_EQ(kvd_seq_position(s, l, h, (uint32_t)(n - WINDOW)),
+			          (int64_t)d->next_position - WINDOW);
+			ASSERT_EQ(prev, (int64_t)d->next_position - 1);
+		}
+	assert_digests_agree(s);
+	ASSERT_OK(kvd_seq_unpin(s));
+}
+
+static void same_as_full(uint32_t unit, uint32_t chunk) {
+	struct fixture f;
+	_cleanup_(freep) uint32_t *tokens = NULL;
+	_cleanup_(freep) float *pf = NULL, *pk = NULL, *df = NULL, *dk = NULL;
+	uint32_t n = prompt_tokens(3, &tokens), of[GREEDY_STEPS], ok[GREEDY_STEPS];
+	size_t pn = (size_t)n * KVDLM_VOCAB, dn = (size_t)GREEDY_STEPS * KVDLM_VOCAB;
+	struct kvdlm_cache_stats st;
+	struct kvdlm_kvd_model km;
+	kvd_client *c;
+
+	pf = malloc(pn * sizeof(float));
+	pk = malloc(pn * sizeof(float));
+	df = malloc(dn * sizeof(float));
+	dk = malloc(dn * sizeof(float));
+	ASSERT_TRUE(pf && pk && df && dk);
+	{
+		_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *full = NULL;
+
+		ASSERT_OK(kvdlm_cache_full_new(&model->cfg, n + GREEDY_STEPS, &full));
+		generate(full, tokens, n, chunk, GREEDY_STEPS, pf, df, of);
+	}
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	c = fixture_connect(&f, "lm");
+	ASSERT_OK(kvdlm_kvd_register(c, model, "kvd-lm-test", unit, WINDOW, &km));
+	{
+		_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *kc = NULL;
+
+		ASSERT_OK(kvdlm_cache_kvd_new(&km, &model->cfg, n + GREEDY_STEPS, &kc));
+		generate(kc, tokens, n, chunk, GREEDY_STEPS, pk, dk, ok);
+		ASSERT_OK(kvdlm_cache_stats(kc, &st));
+		ASSERT_EQ(st.positions, (uint64_t)n + GREEDY_STEPS);
+		ASSERT_EQ(st.resident, st.positions * model->cfg.layers * model->cfg.kv_heads);
+		ASSERT_EQ(st.changed, 0u);
+		check_tables(kc);
+	}
+	ASSERT_TRUE(memcmp(pf, pk, pn * sizeof(float)) == 0);
+	ASSERT_TRUE(memcmp(df, dk, dn * sizeof(float)) == 0);
+	ASSERT_TRUE(memcmp(of, ok, sizeof(of)) == 0);
+	ASSERT_EQ(fixture_status(&f, "lm", "evicted_tokens"), 0u);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(same_as_full_unit_head) {
+	same_as_full(KVD_UNIT_HEAD_TOKEN, KVDLM_CHUNK_DEFAULT);
+}
+
+/* Chunks that end inside daemon blocks, and another unit. */
+TEST(same_as_full_unit_layer_chunk_7) {
+	same_as_full(KVD_UNIT_LAYER_TOKEN, 7);
+}
+
+/* Runs command (a shell line), its stdout into out[n]; returns the exit status. */
+static int run_capture(const char *command, char *out, size_t n) {
+	FILE *p = popen(command, "re");
+	size_t k;
+	int status;
+
+	ASSERT_NOT_NULL(p);
+	k = fread(out, 1, n - 1, p);
+	out[k] = 0;
+	status = pclose(p);
+	ASSERT_TRUE(WIFEXITED(status));
+	return WEXITSTATUS(status);
+}
+
+/* The command line: the same --print-logits output with and without the daemon. */
+TEST(cli_same_output) {
+	static char a[1 << 20], b[1 << 20];
+	char cmd[2048];
+	struct fixture f;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	snprintf(cmd, sizeof(cmd),
+	         "'%s' --model '%s' --prompt-file '%s' --max-new %d --no-stop --threads %u --chunk 40 "
+	         "--print-logits --no-daemon",
+	         getenv("KVD_LM"), model_path, input_path, GREEDY_STEPS, THREADS);
+	ASSERT_EQ(run_capture(cmd, a, sizeof(a)), 0);
+	snprintf(cmd, sizeof(cmd),
+	         "'%s' --model '%s' --prompt-file '%s' --max-new %d --no-stop --threads %u --chunk 40 "
+	         "--print-logits --socket '%s' --tenant cli --unit head",
+	         getenv("KVD_LM"), model_path, input_path, GREEDY_STEPS, THREADS, f.socket);
+	ASSERT_EQ(run_capture(cmd, b, sizeof(b)), 0);
+	ASSERT_TRUE(strlen(a) > 0);
+	ASSERT_STREQ(a, b);
+	/* One line per generated token, then the text. */
+	ASSERT_TRUE(strncmp(a, "logits 105 78 ", 14) == 0);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* Usage errors exit 2, and a missing daemon 1. */
+TEST(cli_exit_codes) {
+	char out[4096], cmd[2048];
+
+	snprintf(cmd, sizeof(cmd), "'%s' --help", getenv("KVD_LM"));
+	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 0);
+	ASSERT_NOT_NULL(strstr(out, "--no-daemon"));
+	snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --threads 0 2>/dev/null", getenv("KVD_LM"), model_path);
+	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 2);
+	snprintf(cmd, sizeof(cmd), "'%s' --prompt x 2>/dev/null", getenv("KVD_LM"));
+	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 2);
+	snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --unit token 2>/dev/null", getenv("KVD_LM"), model_path);
+	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 2);
+	snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --no-daemon --socket /x 2>/dev/null", getenv("KVD_LM"),
+	         model_path);
+	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 2);
+	snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --socket /nonexistent/kvd.sock 2>/dev/null",
+	         getenv("KVD_LM"), model_path);
+	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 1);
+	snprintf(cmd, sizeof(cmd), "'%s' --model /nonexistent.kvdlm --no-daemon 2>/dev/null", getenv("KVD_LM"));
+	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 1);
+}
+
+/*
+ * A 3,000-token prompt of the random model holds 1.5 MiB of K/V (4 tables x 128 bytes a
+ * token); the budget is 512 KiB. Rounds must evict, per (layer, kv head), while the engine
+ * prefills and decodes.
+ */
+TEST(evicts_within_budget) {
+	const uint64_t budget = 512u << 10;
+	struct fixture f;
+	_cleanup_(freep) uint32_t *tokens = NULL;
+	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *kc = NULL;
+	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
+	uint32_t n = prompt_tokens(29, &tokens), steps = 48;
+	float lg[KVDLM_VOCAB];
+	struct kvdlm_cache_stats st;
+	struct kvdlm_kvd_model km;
+	kvd_client *c;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--budget=512KiB", "--grant-wait=10000", NULL });
+	c = fixture_connect(&f, "small");
+	ASSERT_OK(kvdlm_kvd_register(c, model, "kvd-lm-test", KVD_UNIT_HEAD_TOKEN, WINDOW, &km));
+	ASSERT_OK(kvdlm_cache_kvd_new(&km, &model->cfg, n + steps, &kc));
+	ASSERT_OK(kvdlm_session_new(model, kc, &(struct kvdlm_session_opts){ THREADS, 0 }, &s));
+	for (uint32_t i = 0; i < n; i += KVDLM_CHUNK_DEFAULT) {
+		uint32_t k = MIN(KVDLM_CHUNK_DEFAULT, n - i);
+
+		ASSERT_OK(kvdlm_prefill(s, tokens + i, k, KVDLM_LOGITS_LAST, lg));
+		ASSERT_TRUE(fixture_status(&f, NULL, "used_bytes") <= budget);
+	}
+	for (uint32_t i = 0; i < steps; i++) {
+		uint32_t t = kvdlm_argmax(lg, KVDLM_VOCAB);
+
+		for (uint32_t j = 0; j < KVDLM_VOCAB; j++)
+			ASSERT_TRUE(isfinite(lg[j]));
+		ASSERT_OK(kvdlm_decode(s, t, lg));
+	}
+	ASSERT_TRUE(fixture_status(&f, NULL, "used_bytes") <= budget);
+	ASSERT_TRUE(fixture_status(&f, NULL, "rounds_total") > 0);
+	ASSERT_TRUE(fixture_status(&f, "small", "evicted_tokens") > 0);
+	ASSERT_OK(kvdlm_cache_stats(kc, &st));
+	printf("%" PRIu64 " positions, %" PRIu64 " of %" PRIu64 " table tokens resident (%u..%u per table), "
+	       "%" PRIu64 " rewrites seen, daemon: %" PRIu64 " evicted\n",
+	       st.positions, st.resident, st.positions * st.tables, st.resident_min, st.resident_max, st.changed,
+	       fixture_status(&f, "small", "evicted_tokens"));
+	ASSERT_EQ(st.positions, (uint64_t)n + steps);
+	ASSERT_TRUE(st.resident < st.positions * st.tables);
+	check_tables(kc);
+	s = kvdlm_session_free(s);
+	kc = kvdlm_cache_free(kc);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* ---- a reference step over what the daemon kept ---- */
+
+static void ref_rmsnorm(const double *x, const float *w, uint32_t n, double *y) {
+	double ss = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		ss += x[i] * x[i];
+	ss = 1.0 / sqrt(ss / n + model->cfg.norm_eps);
+	for (uint32_t i = 0; i < n; i++)
+		y[i] = x[i] * ss * w[i];
+}
+
+/* y[rows] = W[rows][cols] x */
+static void ref_matvec(const float *w, uint32_t rows, uint32_t cols, const double *x, double *y) {
+	for (uint32_t r = 0; r < rows; r++) {
+		double a = 0;
+
+		for (uint32_t c = 0; c < cols; c++)
+			a += (double)w[(size_t)r * cols + c] * x[c];
+		y[r] = a;
+	}
+}
+
+/* RoPE as the spec says: the angle in fp32, the rotation in double. */
+static void ref_rope(double *x, uint32_t pos) {
+	uint32_t hd = model->cfg.head_dim, half = hd / 2;
+
+	for (uint32_t i = 0; i < half; i++) {
+		float inv = (float)pow((double)model->cfg.rope_theta, -2.0 * i / hd);
+		float ang = (float)pos * inv;
+		double c = cos((double)ang), sn = sin((double)ang), a = x[i], b = x[i + half];
+
+		x[i] = a * c - b * sn;
+		x[i + half] = b * c + a * sn;
+	}
+}
+
+/*
+ * The logits after `token` at position `pos`, computed in double by plain loops from the
+ * K/V the pinned sequence s holds: every table is read with its own resident positions,
+ * and the token's own K and V rows (written by the engine) are checked on the way.
+ */
+static void ref_step(kvd_seq *s, uint32_t token, uint32_t pos, double *logits) {
+	const struct kvdlm_config *c = &model->cfg;
+	uint32_t dim = c->dim, hd = c->head_dim, qd = c->q_heads * hd, kd = c->kv_heads * hd;
+	uint32_t g = c->q_heads / c->kv_heads;
+	_cleanup_(freep) double *buf = calloc(3 * (size_t)dim + 2 * qd + 2 * (size_t)kd + 2 * (size_t)c->ffn, sizeof(double));
+	double *h = buf, *a = h + dim, *q = a + dim, *k = q + qd, *v = k + kd, *o = v + kd, *t = o + qd;
+	double *gate = t + dim, *up = gate + c->ffn;
+
+	ASSERT_NOT_NULL(buf);
+	for (uint32_t i = 0; i < dim; i++)
+		h[i] = model->tok_emb[(size_t)token * dim + i];
+	for (uint32_t l = 0; l < c->layers; l++) {
+		const struct kvdlm_layer *L = &model->layers[l];
+
+		ref_rmsnorm(h, L->attn_norm, dim, a);
+		ref_matvec(L->wq, qd, dim, a, q);
+		ref_matvec(L->wk, kd, dim, a, k);
+		ref_matvec(L->wv, kd, dim, a, v);
+		for (uint32_t hh = 0; hh < c->q_heads; hh++)
+			ref_rope(q + hh * hd, pos);
+		for (uint32_t kh = 0; kh < c->kv_heads; kh++)
+			ref_rope(k + kh * hd, pos);
+		for (uint32_t hh = 0; hh < c->q_heads; hh++) {
+			uint32_t kh = hh / g;
+			int64_t n = kvd_seq_tokens(s, l, kh);
+			double mx = -INFINITY, sum = 0;
+			_cleanup_(freep) double *p = malloc((size_t)n * sizeof(double));
+
+			ASSERT_TRUE(n > 0 && n <= 65536 && p);
+			for (int64_t j = 0; j < n; j++) {
+				int64_t pj = kvd_seq_position(s, l, kh, (uint32_t)j);
+				float *kr, *vr;
+				double d = 0;
+
+				ASSERT_OK(kvd_seq_kv(s, l, kh, (uint32_t)j, (void **)&kr, (void **)&vr));
+				ASSERT_TRUE(pj <= pos);
+				if (pj == pos)
+					for (uint32_t i = 0; i < hd; i++) {
+						ASSERT_TRUE(fabs(kr[i] - k[kh * hd + i]) <= 1e-4 * (1 + fabs(k[kh * hd + i])));
+						ASSERT_TRUE(fabs(vr[i] - v[kh * hd + i]) <= 1e-4 * (1 + fabs(v[kh * hd + i])));
+					}
+				for (uint32_t i = 0; i < hd; i++)
+					d += q[hh * hd + i] * kr[i];
+				p[j] = d / sqrt((double)hd);
+				mx = fmax(mx, p[j]);
+			}
+			for (int64_t j = 0; j < n; j++)
+				sum += p[j] = exp(p[j] - mx);
+			for (uint32_t i = 0; i < hd; i++)
+				o[hh * hd + i] = 0;
+			for (int64_t j = 0; j < n; j++) {
+				float *vr;
+
+				ASSERT_OK(kvd_seq_kv(s, l, kh, (uint32_t)j, NULL, (void **)&vr));
+				for (uint32_t i = 0; i < hd; i++)
+					o[hh * hd + i] += p[j] / sum * vr[i];
+			}
+		}
+		ref_matvec(L->wo, dim, qd, o, t);
+		for (uint32_t i = 0; i < dim; i++)
+			h[i] += t[i];
+		ref_rmsnorm(h, L->ffn_norm, dim, a);
+		ref_matvec(L->w_gate, c->ffn, dim, a, gate);
+		ref_matvec(L->w_up, c->ffn, dim, a, up);
+		for (uint32_t i = 0; i < c->ffn; i++)
+			gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i];
+		ref_matvec(L->w_down, dim, c->ffn, gate, t);
+		for (uint32_t i = 0; i < dim; i++)
+			h[i] += t[i];
+	}
+	ref_rmsnorm(h, model->final_norm, dim, a);
+	ref_matvec(model->lm_head, c->vocab, dim, a, logits);
+}
+
+/*
+ * After rounds evicted per (layer, kv head), one decode step's logits must be those of
+ * attention over exactly the resident slots, by their original positions: recomputed
+ * here in double from the daemon's K/V. The budget is raised first so that nothing
+ * changes the tables around the checked step (their sizes are compared to make sure).
+ */
+TEST(evicted_attention_by_position) {
+	struct fixture f;
+	_cleanup_(freep) uint32_t *tokens = NULL;
+	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *kc = NULL;
+	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
+	uint32_t n = prompt_tokens(20, &tokens), tables = model->cfg.layers * model->cfg.kv_heads;
+	int64_t before[64];
+	float lg[KVDLM_VOCAB];
+	double want[KVDLM_VOCAB], err = 0, scale = 1;
+	struct kvdlm_kvd_model km;
+	kvd_client *c, *admin;
+	kvd_seq *seq;
+	uint32_t tok, pos;
+	bool uneven = false;
+
+	ASSERT_TRUE(tables <= ELEMENTSOF(before));
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--budget=384KiB", "--grant-wait=10000", NULL });
+	c = fixture_connect(&f, "check");
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvdlm_kvd_register(c, model, "kvd-lm-test", KVD_UNIT_HEAD_TOKEN, WINDOW, &km));
+	ASSERT_OK(kvdlm_cache_kvd_new(&km, &model->cfg, n + 4, &kc));
+	ASSERT_OK(kvdlm_session_new(model, kc, &(struct kvdlm_session_opts){ THREADS, 0 }, &s));
+	seq = kvdlm_cache_seq(kc);
+	ASSERT_OK(kvdlm_prefill(s, tokens, n, KVDLM_LOGITS_LAST, lg));
+	ASSERT_TRUE(fixture_status(&f, "check", "evicted_tokens") > 0);
+
+	ASSERT_OK(kvd_budget_set(admin, 64u << 20));
+	/* Two steps flush whatever plan was waiting for an unpin. */
+	for (int i = 0; i < 2; i++) {
+		tok = kvdlm_argmax(lg, KVDLM_VOCAB);
+		ASSERT_OK(kvdlm_decode(s, tok, lg));
+	}
+	ASSERT_OK(kvd_seq_pin(seq));
+	for (uint32_t t = 0; t < tables; t++) {
+		before[t] = kvd_seq_tokens(seq, t / model->cfg.kv_heads, t % model->cfg.kv_heads);
+		uneven = uneven || before[t] != before[0];
+	}
+	ASSERT_OK(kvd_seq_unpin(seq));
+	tok = kvdlm_argmax(lg, KVDLM_VOCAB);
+	pos = kvdlm_session_position(s);
+	ASSERT_OK(kvdlm_decode(s, tok, lg));
+	ASSERT_OK(kvd_seq_pin(seq));
+	for (uint32_t t = 0; t < tables; t++)
+		ASSERT_EQ(kvd_seq_tokens(seq, t / model->cfg.kv_heads, t % model->cfg.kv_heads), before[t] + 1);
+	ref_step(seq, tok, pos, want);
+	ASSERT_OK(kvd_seq_unpin(seq));
+	for (uint32_t i = 0; i < KVDLM_VOCAB; i++) {
+		err = fmax(err, fabs(lg[i] - want[i]));
+		scale = fmax(scale, fabs(want[i]));
+	}
+	printf("step at position %u over %" PRId64 "..%" PRId64 " resident tokens per table%s: max |error| / %.3g "
+	       "= %.3g\n",
+	       pos, before[0] + 1, before[tables - 1] + 1, uneven ? " (tables differ)" : "", scale, err / scale);
+	ASSERT_TRUE(err / scale <= 1e-4);
+	ASSERT_TRUE(before[0] + 1 < (int64_t)pos);
+	s = kvdlm_session_free(s);
+	kc = kvdlm_cache_free(kc);
+	kvd_client_unref(admin);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* The command line under the same pressure: it finishes and says what was evicted. */
+TEST(cli_evicts) {
+	char cmd[2048], path[128], out[4096];
+	_cleanup_(freep) uint32_t *tokens = NULL;
+	uint32_t n = prompt_tokens(29, &tokens);
+	struct fixture f;
+	FILE *p;
+
+	snprintf(path, sizeof(path), "/tmp/test-kvd-lm-prompt-%d.txt", (int)getpid());
+	p = fopen(path, "we");
+	ASSERT_NOT_NULL(p);
+	for (uint32_t i = 1; i < n; i++)
+		fputc((int)tokens[i], p);
+	ASSERT_EQ(fclose(p), 0);
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--budget=512KiB", "--grant-wait=10000", NULL });
+	snprintf(cmd, sizeof(cmd),
+	         "'%s' --model '%s' --prompt-file '%s' --max-new 48 --no-stop --threads %u --socket '%s' "
+	         "--tenant cli --stats 2>&1 >/dev/null",
+	         getenv("KVD_LM"), model_path, path, THREADS, f.socket);
+	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 0);
+	unlink(path);
+	printf("%s", out);
+	ASSERT_NOT_NULL(strstr(out, "tokens/s"));
+	ASSERT_NOT_NULL(strstr(out, "the daemon evicted"));
+	ASSERT_TRUE(fixture_status(&f, "cli", "evicted_tokens") > 0);
+	ASSERT_TRUE(fixture_status(&f, "cli", "evicted_tokens") != UINT64_MAX);
+	ASSERT_TRUE(fixture_status(&f, NULL, "used_bytes") <= 512u << 10);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}

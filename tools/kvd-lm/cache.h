@@ -1,0 +1,144 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * The KV cache of a kvd-lm sequence, behind one interface with two implementations:
+ *
+ *   - full: a private cache that keeps every token of every (layer, kv head), fp32, in this
+ *     process. The reference: attention sees the whole context.
+ *   - kvd: the sequence's K/V live in kvd blocks through libkvd (KVD_LAYOUT_PER_HEAD, f32,
+ *     16 tokens a block). The daemon may evict tokens between steps, per (layer, kv head)
+ *     with KVD_UNIT_HEAD_TOKEN, so tables hold different numbers of tokens; survivors keep
+ *     their original positions, which attention masks and RoPE use.
+ *
+ * A forward step (forward.c) goes:
+ *
+ *   kvdlm_cache_begin(c, n, &pos0)   append n tokens at positions pos0 .. pos0+n-1
+ *                                    (kvd: grow, which may wait for an eviction round,
+ *                                    then pin, so that nothing moves until _end)
+ *   for each layer:
+ *       kvdlm_cache_view(c, layer, kv_head)   where each table's slots are; the caller
+ *                                             writes K (after RoPE) and V of its new tokens
+ *                                             into the slots from first_new on, then
+ *                                             attends over them by position
+ *       kvdlm_cache_observe(c, layer, q, ...) the layer's new post-RoPE queries (kvd: the
+ *                                             observation window the daemon scores with)
+ *   kvdlm_cache_end(c)               kvd: unpin, then drain the client's events
+ *
+ * Views are valid from _begin to _end. Both implementations keep positions ascending
+ * within a table. A cache serves one sequence and is used from one thread at a time; views
+ * may be read and their new slots written from any thread in between.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvd/kvd.h"
+#include "model.h"
+
+/* Tokens per kvd block. */
+#define KVDLM_KVD_BLOCK_TOKENS 16u
+/* The private cache's largest max_tokens (1M tokens per table). */
+#define KVDLM_FULL_MAX_TOKENS (1u << 20)
+
+struct kvdlm_cache;
+
+/* Where a table's slots are during a step. */
+struct kvdlm_kv_view {
+	uint32_t n;            /* resident slots */
+	uint32_t block_tokens; /* slots per block: slot j is row j % block_tokens of block j / block_tokens */
+	uint32_t first_new;    /* slots from here on hold this step's tokens, at pos[j] - pos0 */
+	const uint32_t *pos;   /* [n]: original positions, ascending */
+	float *const *k;       /* [DIV_ROUND_UP(n, block_tokens)]: each block's K rows, [block_tokens][head_dim] */
+	float *const *v;       /* the same for V */
+};
+
+/* Tokens in a cache so far. */
+struct kvdlm_cache_stats {
+	uint64_t positions;     /* tokens appended: the next position */
+	uint64_t resident;      /* tokens resident, summed over tables */
+	uint32_t tables;        /* layers * kv_heads */
+	uint32_t resident_min;  /* the emptiest table's tokens */
+	uint32_t resident_max;
+	uint64_t changed;       /* KVD_EVENT_SEQ_CHANGED events seen for the sequence (kvd) */
+};
+
+/*
+ * A private full cache for up to max_tokens tokens (1..KVDLM_FULL_MAX_TOKENS). Returns 0, or
+ * -EINVAL, -ENOMEM.
+ */
+int kvdlm_cache_full_new(const struct kvdlm_config *cfg, uint32_t max_tokens, struct kvdlm_cache **ret);
+
+/* A model registered with a daemon, for kvdlm_cache_kvd_new(). */
+struct kvdlm_kvd_model {
+	kvd_client *client; /* borrowed: must outlive every cache made from this */
+	int model_id;
+	uint32_t unit;      /* KVD_UNIT_* */
+	uint32_t window;    /* observation window */
+	uint32_t observe;   /* whether the daemon takes observations (not with KVD_UNIT_NONE) */
+};
+
+/*
+ * Registers m with the daemon behind client: per-head layout, f32, KVDLM_KVD_BLOCK_TOKENS
+ * tokens a block, eviction unit `unit` (KVD_UNIT_*) with `window` (1..256) and the default
+ * sinks; then uploads every layer's wo (kvd_model_output_proj) unless unit is
+ * KVD_UNIT_NONE, retrying while the daemon answers -EBUSY. Returns 0 and *ret, or the
+ * errors of kvd_model_register_evictable() and kvd_model_output_proj() (the daemon's message
+ * in kvd_client_last_error()).
+ */
+int kvdlm_kvd_register(kvd_client *client, const struct kvdlm_model *m, const char *name,
+                       uint32_t unit, uint32_t window, struct kvdlm_kvd_model *ret);
+
+/*
+ * A cache whose K/V live in one new kvd sequence of km, of up to max_tokens tokens per
+ * table. Returns 0, or the errors of kvd_seq_open(), -ENOMEM.
+ */
+int kvdlm_cache_kvd_new(const struct kvdlm_kvd_model *km, const struct kvdlm_config *cfg,
+                        uint32_t max_tokens, struct kvdlm_cache **ret);
+
+/* Frees c (kvd: releases the sequence); accepts NULL; returns NULL. */
+struct kvdlm_cache *kvdlm_cache_free(struct kvdlm_cache *c);
+
+static inline void kvdlm_cache_freep(struct kvdlm_cache **c) {
+	if (c && *c)
+		kvdlm_cache_free(*c);
+}
+
+/*
+ * Starts a step that appends n >= 1 tokens; *ret_pos0 gets the first one's position.
+ * All or nothing, except that with kvd a failure after the grow (of kvd_seq_pin(), or
+ * -EPROTO for a descriptor that breaks kvd.h) leaves granted slots that were never written:
+ * free the cache then. Returns 0, or -EINVAL (n 0, or a step already begun), -EFBIG (past
+ * max_tokens), kvd: the errors of kvd_seq_grow() (-ENOSPC, -EDQUOT, ...), kvd_seq_pin(),
+ * kvd_seq_block(), -EPROTO.
+ */
+int kvdlm_cache_begin(struct kvdlm_cache *c, uint32_t n, uint32_t *ret_pos0);
+
+/* The view of (layer, kv_head) during a step; NULL out of range or outside a step. */
+const struct kvdlm_kv_view *kvdlm_cache_view(const struct kvdlm_cache *c, uint32_t layer,
+                                             uint32_t kv_head);
+
+/*
+ * The step's n post-RoPE queries of layer, row i (all q heads, [q_heads][head_dim]) at
+ * q + i * ldq. The full cache ignores them; kvd keeps the last `window` and publishes them
+ * once the sequence holds at least `window` tokens. Returns 0, or -EINVAL, or the errors
+ * of kvd_seq_observation()/kvd_seq_observe().
+ */
+int kvdlm_cache_observe(struct kvdlm_cache *c, uint32_t layer, const float *q, size_t ldq, uint32_t n);
+
+/*
+ * Ends the step (kvd: unpins, which applies an eviction plan that waited, then reads the
+ * client's events). Returns 0, or -EINVAL (no step), the errors of kvd_seq_unpin() and
+ * kvd_client_next_event() (-ECONNRESET when the daemon went away).
+ */
+int kvdlm_cache_end(struct kvdlm_cache *c);
+
+/* The next position (tokens appended so far). */
+uint32_t kvdlm_cache_position(const struct kvdlm_cache *c);
+
+/* Fills *ret. kvd: the tables are read pinned, so that no round rewrites them meanwhile.
+ * Returns 0, or the errors of kvd_seq_pin()/kvd_seq_unpin(). */
+int kvdlm_cache_stats(struct kvdlm_cache *c, struct kvdlm_cache_stats *ret);
+
+/* The kvd sequence of a kvd cache, NULL for the full cache. */
+kvd_seq *kvdlm_cache_seq(const struct kvdlm_cache *c);

@@ -1,0 +1,328 @@
+/* SPDX-License-Identifier: MIT */
+/* Loading and checking .kvdlm weights; see model.h. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/macro.h"
+#include "model.h"
+
+static const char kvdlm_magic[8] = { 'K', 'V', 'D', 'L', 'M', 0, 0, 0 };
+#define KVDLM_VERSION 1u
+/* The header CRC covers bytes 0..67; it sits at 68. */
+#define HEADER_CRC_SPAN 68u
+
+/* ---- CRC-32 ---- */
+
+/* Slicing by 8: a 100 MB model is checked in well under a second. */
+static uint32_t crc_table[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void) {
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+
+		for (int k = 0; k < 8; k++)
+			c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+		crc_table[0][i] = c;
+	}
+	for (uint32_t i = 0; i < 256; i++)
+		for (int t = 1; t < 8; t++)
+			crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+}
+
+uint32_t kvdlm_crc32(uint32_t crc, const void *p, size_t n) {
+	const uint8_t *b = p;
+
+	pthread_once(&crc_once, crc_init);
+	crc = ~crc;
+	for (; n >= 8; n -= 8, b += 8) {
+		uint32_t lo = crc ^ ((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+		                     (uint32_t)b[3] << 24);
+
+		crc = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
+		      crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^ crc_table[3][b[4]] ^
+		      crc_table[2][b[5]] ^ crc_table[1][b[6]] ^ crc_table[0][b[7]];
+	}
+	while (n--)
+		crc = crc_table[0][(crc ^ *b++) & 0xff] ^ (crc >> 8);
+	return ~crc;
+}
+
+/* ---- the header ---- */
+
+static uint32_t le32(const uint8_t *p) {
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t le64(const uint8_t *p) {
+	return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
+
+static float lef32(const uint8_t *p) {
+	uint32_t u = le32(p);
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+_printf_(4, 5) static int fail(char *err, size_t errlen, int r, const char *fmt, ...) {
+	va_list ap;
+
+	if (err && errlen > 0) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return r;
+}
+
+/* fp32 elements of the payload of cfg, or 0 when they overflow (never for a checked shape). */
+static uint64_t config_elements(const struct kvdlm_config *c) {
+	uint64_t qd = (uint64_t)c->q_heads * c->head_dim, kd = (uint64_t)c->kv_heads * c->head_dim;
+	uint64_t layer = 2 * (uint64_t)c->dim + 2 * qd * c->dim + 2 * kd * c->dim +
+	                 3 * (uint64_t)c->ffn * c->dim;
+
+	/* With the bounds of config_check every term is below 2^52: no overflow. */
+	return 2 * (uint64_t)c->vocab * c->dim + (uint64_t)c->layers * layer + c->dim;
+}
+
+static int config_check(const struct kvdlm_config *c, const char *name, char *err, size_t errlen) {
+	static const struct {
+		const char *field;
+		size_t off;
+		uint32_t max;
+	} fields[] = {
+		{ "vocab", offsetof(struct kvdlm_config, vocab), KVDLM_VOCAB },
+		{ "dim", offsetof(struct kvdlm_config, dim), KVDLM_DIM_MAX },
+		{ "layers", offsetof(struct kvdlm_config, layers), KVDLM_LAYERS_MAX },
+		{ "q_heads", offsetof(struct kvdlm_config, q_heads), KVDLM_HEADS_MAX },
+		{ "kv_heads", offsetof(struct kvdlm_config, kv_heads), KVDLM_HEADS_MAX },
+		{ "head_dim", offsetof(struct kvdlm_config, head_dim), KVDLM_HEAD_DIM_MAX },
+		{ "ffn", offsetof(struct kvdlm_config, ffn), KVDLM_FFN_MAX },
+		{ "max_positions", offsetof(struct kvdlm_config, max_positions), UINT32_MAX },
+	};
+
+	for (size_t i = 0; i < ELEMENTSOF(fields); i++) {
+		uint32_t v;
+
+		memcpy(&v, (const char *)c + fields[i].off, sizeof(v));
+		if (v < 1)
+			return fail(err, errlen, -EINVAL, "%s: %s is 0, must be >= 1", name, fields[i].field);
+		if (v > fields[i].max)
+			return fail(err, errlen, -EINVAL, "%s: %s is %u, at most %u is supported", name,
+			            fields[i].field, v, fields[i].max);
+	}
+	if (c->q_heads % c->kv_heads)
+		return fail(err, errlen, -EINVAL, "%s: q_heads %u is not a multiple of kv_heads %u", name,
+		            c->q_heads, c->kv_heads);
+	if (c->head_dim % 2)
+		return fail(err, errlen, -EINVAL, "%s: head_dim %u is odd", name, c->head_dim);
+	if (c->vocab != KVDLM_VOCAB)
+		return fail(err, errlen, -EINVAL, "%s: vocab is %u, must be %u", name, c->vocab, KVDLM_VOCAB);
+	if (!(isfinite(c->rope_theta) && c->rope_theta > 0))
+		return fail(err, errlen, -EINVAL, "%s: rope_theta %g is not a positive number", name,
+		            (double)c->rope_theta);
+	if (!(isfinite(c->norm_eps) && c->norm_eps > 0))
+		return fail(err, errlen, -EINVAL, "%s: norm_eps %g is not a positive number", name,
+		            (double)c->norm_eps);
+	return 0;
+}
+
+/*
+ * Checks header h of file `name` in the order kvdlm.py does; on success fills *cfg, the
+ * payload bytes and the payload CRC.
+ */
+static int header_parse(const uint8_t *h, const char *name, struct kvdlm_config *cfg,
+                        uint64_t *ret_payload, uint32_t *ret_crc, char *err, size_t errlen) {
+	uint32_t version = le32(h + 8), hbytes = le32(h + 12), stored = le32(h + 68), got;
+	uint64_t payload, want;
+	int r;
+
+	if (memcmp(h, kvdlm_magic, sizeof(kvdlm_magic)) != 0)
+		return fail(err, errlen, -EBADMSG, "%s: bad magic, not a .kvdlm file", name);
+	if (version != KVDLM_VERSION)
+		return fail(err, errlen, -EOPNOTSUPP, "%s: version %u, only %u is known", name, version,
+		            KVDLM_VERSION);
+	if (hbytes != KVDLM_HEADER_BYTES)
+		return fail(err, errlen, -EBADMSG, "%s: header bytes %u, expected %u", name, hbytes,
+		            KVDLM_HEADER_BYTES);
+	got = kvdlm_crc32(0, h, HEADER_CRC_SPAN);
+	if (got != stored)
+		return fail(err, errlen, -EBADMSG,
+		            "%s: header CRC-32 mismatch (stored %08x, computed %08x)", name, stored, got);
+	*cfg = (struct kvdlm_config){
+		.vocab = le32(h + 16),
+		.dim = le32(h + 20),
+		.layers = le32(h + 24),
+		.q_heads = le32(h + 28),
+		.kv_heads = le32(h + 32),
+		.head_dim = le32(h + 36),
+		.ffn = le32(h + 40),
+		.max_positions = le32(h + 44),
+		.rope_theta = lef32(h + 48),
+		.norm_eps = lef32(h + 52),
+	};
+	r = config_check(cfg, name, err, errlen);
+	if (r < 0)
+		return r;
+	payload = le64(h + 56);
+	want = 4 * config_elements(cfg);
+	if (payload != want)
+		return fail(err, errlen, -EINVAL,
+		            "%s: payload bytes %llu do not match the shape (%llu expected)", name,
+		            (unsigned long long)payload, (unsigned long long)want);
+	*ret_payload = payload;
+	*ret_crc = le32(h + 64);
+	return 0;
+}
+
+/* ---- loading ---- */
+
+/* Reads exactly n bytes at offset off; -EBADMSG when the file ends first. */
+static int read_full(int fd, void *buf, size_t n, uint64_t off) {
+	uint8_t *p = buf;
+
+	while (n > 0) {
+		ssize_t k = pread(fd, p, MIN(n, (size_t)1 << 30), (off_t)off);
+
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			return negative_errno();
+		}
+		if (k == 0)
+			return -EBADMSG;
+		p += k;
+		off += (uint64_t)k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+/* Points the model's tensors into its payload, in file order. */
+static void model_views(struct kvdlm_model *m) {
+	const struct kvdlm_config *c = &m->cfg;
+	size_t qd = (size_t)c->q_heads * c->head_dim, kd = (size_t)c->kv_heads * c->head_dim;
+	const float *p = m->payload_;
+
+	m->tok_emb = p;
+	p += (size_t)c->vocab * c->dim;
+	for (uint32_t l = 0; l < c->layers; l++) {
+		struct kvdlm_layer *L = &m->layers[l];
+
+		L->attn_norm = p;
+		p += c->dim;
+		L->wq = p;
+		p += qd * c->dim;
+		L->wk = p;
+		p += kd * c->dim;
+		L->wv = p;
+		p += kd * c->dim;
+		L->wo = p;
+		p += (size_t)c->dim * qd;
+		L->ffn_norm = p;
+		p += c->dim;
+		L->w_gate = p;
+		p += (size_t)c->ffn * c->dim;
+		L->w_up = p;
+		p += (size_t)c->ffn * c->dim;
+		L->w_down = p;
+		p += (size_t)c->dim * c->ffn;
+	}
+	m->final_norm = p;
+	p += c->dim;
+	m->lm_head = p;
+}
+
+struct kvdlm_model *kvdlm_model_free(struct kvdlm_model *m) {
+	if (!m)
+		return NULL;
+	free(m->layers);
+	free(m->payload_);
+	free(m);
+	return NULL;
+}
+
+int kvdlm_model_load(const char *path, struct kvdlm_model **ret, char *err, size_t errlen) {
+	_cleanup_(kvdlm_model_freep) struct kvdlm_model *m = NULL;
+	_cleanup_(closep) int fd = -EBADF;
+	uint8_t h[KVDLM_HEADER_BYTES];
+	uint64_t payload = 0;
+	uint32_t crc = 0, got;
+	struct stat st;
+	int r;
+
+	if (!path || !ret)
+		return fail(err, errlen, -EINVAL, "no model file given");
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		r = negative_errno();
+		return fail(err, errlen, r, "%s: %s", path, strerror(-r));
+	}
+	if (fstat(fd, &st) < 0) {
+		r = negative_errno();
+		return fail(err, errlen, r, "%s: %s", path, strerror(-r));
+	}
+	if (S_ISDIR(st.st_mode))
+		return fail(err, errlen, -EISDIR, "%s: is a directory", path);
+	if (!S_ISREG(st.st_mode))
+		return fail(err, errlen, -EINVAL, "%s: not a regular file", path);
+	if ((uint64_t)st.st_size < KVDLM_HEADER_BYTES)
+		return fail(err, errlen, -EBADMSG, "%s: %llu bytes, shorter than the %u-byte header",
+		            path, (unsigned long long)st.st_size, KVDLM_HEADER_BYTES);
+	r = read_full(fd, h, sizeof(h), 0);
+	if (r < 0)
+		return fail(err, errlen, r, "%s: reading the header: %s", path, strerror(-r));
+
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+	r = header_parse(h, path, &m->cfg, &payload, &crc, err, errlen);
+	if (r < 0)
+		return r;
+	/* The size is checked before anything of the payload's size is allocated. */
+	if ((uint64_t)st.st_size != KVDLM_HEADER_BYTES + payload)
+		return fail(err, errlen, -EBADMSG, "%s: file size %llu is not header + payload (%llu)",
+		            path, (unsigned long long)st.st_size,
+		            (unsigned long long)(KVDLM_HEADER_BYTES + payload));
+	if (payload > SIZE_MAX / 2)
+		return fail(err, errlen, -ENOMEM, "%s: payload of %llu bytes does not fit in memory",
+		            path, (unsigned long long)payload);
+	m->params = payload / 4;
+	m->layers = calloc(m->cfg.layers, sizeof(*m->layers));
+	if (!m->layers || posix_memalign((void **)&m->payload_, 64, (size_t)payload) != 0)
+		return fail(err, errlen, -ENOMEM, "%s: out of memory for %llu bytes of weights", path,
+		            (unsigned long long)payload);
+	r = read_full(fd, m->payload_, (size_t)payload, KVDLM_HEADER_BYTES);
+	if (r == -EBADMSG)
+		return fail(err, errlen, r, "%s: truncated while reading the payload", path);
+	if (r < 0)
+		return fail(err, errlen, r, "%s: reading the payload: %s", path, strerror(-r));
+	got = kvdlm_crc32(0, m->payload_, (size_t)payload);
+	if (got != crc)
+		return fail(err, errlen, -EBADMSG,
+		            "%s: payload CRC-32 mismatch (stored %08x, computed %08x)", path, crc, got);
+	/* fp32 little-endian in the file; this code runs on little-endian hosts only. */
+	_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "little-endian host expected");
+	model_views(m);
+	*ret = TAKE_PTR(m);
+	return 0;
+}
+
+size_t kvdlm_tokenize(const void *text, size_t n, uint32_t *out) {
+	const uint8_t *b = text;
+
+	out[0] = KVDLM_BOS;
+	for (size_t i = 0; i < n; i++)
+		out[i + 1] = b[i];
+	return n + 1;
+}
