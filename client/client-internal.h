@@ -23,6 +23,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "common/ring.h"
 #include "kvd/kvd.h"
 #include "wire.h"
 
@@ -36,6 +37,10 @@
 #define MODELS_MAX 1024u
 #define EVENTS_MAX 64u
 #define LAST_ERROR_MAX 256u
+/* How long a call spins for the daemon's answer before it sleeps, by default and at most
+ * (kvd_client_set_spin, KVD_SPIN_US). */
+#define SPIN_US_DEFAULT 50u
+#define SPIN_US_MAX 1000000u
 /* Matches any reply body, for requests that have no reply message of their own. */
 #define BODY_ANY (-1)
 
@@ -68,10 +73,33 @@ struct model {
 	uint64_t obs_bytes;   /* observation buffer size from the daemon; 0: none */
 };
 
+struct client_ring;
+
 struct kvd_client {
 	unsigned n_ref;
 	pid_t pid;
 	pthread_mutex_t lock;
+	/* The per-step rings (ring.c): replaced under the write side of ring_lock, used under
+	 * its read side; NULL when the daemon offers none. */
+	pthread_rwlock_t ring_lock;
+	struct client_ring *ring;
+	int want_ring;             /* kvd_client_set_ring(); atomic */
+	uint64_t spin_ns;          /* kvd_client_set_spin(); atomic */
+	bool no_ring;              /* KVD_NO_RING=1 at connect: not even offered */
+	/* Requests sent without waiting for their reply (answers to unmap requests, a release
+	 * after a failed open), and how many of the first ones a completed round trip covers:
+	 * the daemon handles a socket's requests in order, but not the socket's and the rings'
+	 * in order with each other, so a ring request waits until they are equal (see
+	 * client_ring_barrier()). Written under the lock, read without it: atomics. */
+	uint64_t unwaited, unwaited_done;
+	/* The first error of mapping a chunk an EVENT_CHUNKS_GRANT brought, for the ring
+	 * request that waits for it. */
+	int grant_error;
+	/* Frames read from the socket so far (under the lock), and how many of them were
+	 * handled to the end when the lock was last released (atomic): a ring request compares
+	 * the latter with the rings' frames word, so that it never goes on while another
+	 * thread is still mapping the chunks a frame before it granted. */
+	uint64_t frames_read, frames_done;
 	int fd;
 	int epoll_fd;
 	int event_fd;
@@ -198,3 +226,53 @@ int client_call(kvd_client *c, Envelope *env, int want, bool stop_after_send,
 /* client_call() for a request that carries send_fd (the daemon receives a copy; send_fd
  * stays the caller's) and whose reply is a status only. */
 int client_call_fd(kvd_client *c, Envelope *env, int send_fd);
+
+/* ---- the rings (ring.c) ---- */
+
+/* A ring request's answer. */
+struct ring_done {
+	struct ring_cqe cqe;
+	char msg[LAST_ERROR_MAX]; /* the refusal's text, "" when the daemon sent none */
+	uint32_t frames;          /* the rings' frames word when it came (ring.h, "Socket") */
+};
+
+/* Maps the region of a HelloReply (taking both fds; efd is -EBADF without the eventfd
+ * doorbell) and checks it. Returns 0, or -EPROTO (not what the daemon announced), -ENOMEM,
+ * -errno. */
+int client_ring_map(int memfd, int efd, uint64_t bytes, uint32_t doorbell, struct client_ring **ret);
+/* With forked, in a fork() child: frees memory only. */
+struct client_ring *client_ring_free(struct client_ring *r, bool forked);
+/* Every request in flight or to come fails with why (a negative errno); called when the
+ * connection is lost. */
+void client_ring_break(struct client_ring *r, int why);
+
+/*
+ * Submits req (user_data is filled in) and waits for its completion, without the client's
+ * lock. With stop_after_submit, raises SIGSTOP in between (test hook). Returns 0 with the
+ * answer in *ret, -EAGAIN when the ring is not to be used (none, turned off, or every slot
+ * in flight: use the socket), or -ECONNRESET, -EPROTO (the connection is lost: the caller
+ * fails the client).
+ */
+int client_ring_call(kvd_client *c, const struct ring_sqe *req, bool stop_after_submit,
+                     struct ring_done *ret);
+
+/*
+ * What a ring request returns: the daemon's result, with its message kept for
+ * kvd_client_last_error(), once the frames the daemon sent before it (grants, unmap
+ * requests; ring.h, "Socket") are read and handled, and the daemon has the answers to the
+ * unmap requests among them, as on the socket (client_sync()); with stop_before_sync,
+ * SIGSTOP before those are read (test hook). Takes the client's lock when there is
+ * anything to read or a message to keep.
+ */
+int client_ring_finish(kvd_client *c, const struct ring_done *d, bool stop_before_sync);
+/* A lost connection found by a ring request: fails the client, under its lock. */
+int client_ring_lost(kvd_client *c, int r);
+/* Before a ring request: waits, with a round trip, until the daemon has handled the
+ * requests sent on the socket without waiting (see kvd_client.unwaited). Returns 0 or the
+ * round trip's error. */
+int client_ring_barrier(kvd_client *c);
+/* Reads and handles what the socket holds, if the lock is free right now; for a ring
+ * request that waits (it holds the rings' read lock, so it must not wait for the lock). */
+void client_ring_serve(kvd_client *c);
+/* Sends a request whose reply nobody waits for (it is dropped when it comes). */
+int client_request_unwaited(kvd_client *c, Envelope *env);

@@ -28,6 +28,7 @@
 
 #include "client-internal.h"
 #include "common/macro.h"
+#include "common/number.h"
 #include "config.h"
 #include "kvd/kvd.h"
 #include "wire.h"
@@ -185,6 +186,9 @@ static int client_fail(kvd_client *c, int r) {
 	if (!c->dead) {
 		c->dead = true;
 		shutdown(c->fd, SHUT_RDWR);
+		/* Ring requests in flight would wait for a daemon that is not there. */
+		if (c->ring)
+			client_ring_break(c->ring, -ECONNRESET);
 		/* The engine learns of the loss from its event loop, before -ECONNRESET. */
 		client_queue_event(c, KVD_EVENT_DISCONNECTED, c->epoch);
 	}
@@ -260,6 +264,15 @@ int client_request(kvd_client *c, Envelope *env, uint64_t *ret_id) {
 	return client_request_fd(c, env, -EBADF, ret_id);
 }
 
+int client_request_unwaited(kvd_client *c, Envelope *env) {
+	uint64_t id;
+	int r = client_request(c, env, &id);
+
+	if (r >= 0)
+		__atomic_store_n(&c->unwaited, c->unwaited + 1, __ATOMIC_RELAXED);
+	return r;
+}
+
 /* One recvmsg(). Returns 1 after receiving bytes, 0 if nothing is there (non-blocking),
  * or a negative errno (the client is then dead). */
 static int client_recv(kvd_client *c, bool wait) {
@@ -274,6 +287,9 @@ static int client_recv(kvd_client *c, bool wait) {
 		.msg_control = &control,
 		.msg_controllen = sizeof(control),
 	};
+	uint64_t spin = wait ? __atomic_load_n(&c->spin_ns, __ATOMIC_RELAXED) : 0;
+	struct ring_spin spinner = {};
+	bool spinning = spin > 0;
 	ssize_t n;
 	int r;
 
@@ -281,9 +297,26 @@ static int client_recv(kvd_client *c, bool wait) {
 	if (iov.iov_len == 0)
 		return client_fail(c, -EPROTO); /* cannot happen with a sane wire_rx */
 
-	do
-		n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | (wait ? 0 : MSG_DONTWAIT));
-	while (n < 0 && errno == EINTR);
+	/* A reply that comes while we spin costs no sleep and no wake-up (kvd_client_set_spin). */
+	if (spinning)
+		ring_spin_start(&spinner, ring_now_ns());
+	for (;;) {
+		uint64_t now;
+
+		msg.msg_controllen = sizeof(control);
+		n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | (wait && !spinning ? 0 : MSG_DONTWAIT));
+		if (n >= 0)
+			break;
+		if (errno == EINTR)
+			continue;
+		if (!spinning || (errno != EAGAIN && errno != EWOULDBLOCK))
+			break;
+		now = ring_now_ns();
+		if (now - spinner.start >= spin)
+			spinning = false;
+		else
+			ring_spin_step(&spinner, now);
+	}
 	if (n < 0) {
 		if (!wait && (errno == EAGAIN || errno == EWOULDBLOCK))
 			return 0;
@@ -336,14 +369,35 @@ static int client_peer_gone(kvd_client *c) {
 	return client_fail(c, -ECONNRESET);
 }
 
-static void client_handle_event(kvd_client *c, const Kvd__V1__Event *ev) {
+/* Handles an event; takes its fds. Returns 0, or a negative errno when the daemon broke
+ * the protocol (the client is failed then). */
+static int client_handle_event(kvd_client *c, const Kvd__V1__Event *ev, int *fds, uint32_t nfds) {
+	if (ev->has_type && ev->type == KVD__V1__EVENT_TYPE__EVENT_CHUNKS_GRANT) {
+		int r = 0;
+
+		if (ev->n_grants != nfds) {
+			close_fds(fds, nfds);
+			return client_fail(c, -EPROTO);
+		}
+		/* As for a SeqGrowReply: a chunk that cannot be mapped stays unmapped, and the
+		 * ring request waiting for it returns the error (client_ring_finish()). */
+		for (size_t i = 0; i < ev->n_grants; i++) {
+			int k = chunk_map(c, ev->grants[i], TAKE_FD(fds[i]));
+
+			if (k == -EPROTO)
+				r = k;
+			else if (k < 0 && c->grant_error == 0)
+				c->grant_error = k;
+		}
+		return r < 0 ? client_fail(c, r) : 0;
+	}
+	close_fds(fds, nfds);
 	if (!ev->has_type)
-		return;
+		return 0;
 	switch (ev->type) {
 	case KVD__V1__EVENT_TYPE__EVENT_CHUNKS_UNMAP: {
 		Kvd__V1__ChunksUnmapped done = KVD__V1__CHUNKS_UNMAPPED__INIT;
 		Envelope env = KVD__V1__ENVELOPE__INIT;
-		uint64_t id;
 
 		for (size_t i = 0; i < ev->n_chunk_ids; i++)
 			chunk_unmap(c, ev->chunk_ids[i]);
@@ -353,7 +407,7 @@ static void client_handle_event(kvd_client *c, const Kvd__V1__Event *ev) {
 		done.chunk_ids = ev->chunk_ids;
 		env.body_case = KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED;
 		env.chunks_unmapped = &done;
-		(void)client_request(c, &env, &id);
+		(void)client_request_unwaited(c, &env);
 		break;
 	}
 	case KVD__V1__EVENT_TYPE__EVENT_STOPPING:
@@ -367,6 +421,7 @@ static void client_handle_event(kvd_client *c, const Kvd__V1__Event *ev) {
 		/* Unknown events are newer than us; ignoring them is the compatibility rule. */
 		break;
 	}
+	return 0;
 }
 
 /*
@@ -388,11 +443,16 @@ static int client_read(kvd_client *c, enum rx_mode mode, uint64_t awaiting, Enve
 			 * would wait forever. */
 			return client_fail(c, -EPROTO);
 		if (r > 0) {
+			c->frames_read++;
 			if (!env->has_id || env->id == 0) {
+				if (env->body_case == KVD__V1__ENVELOPE__BODY_EVENT) {
+					r = client_handle_event(c, env->event, fds, nfds);
+					if (r < 0)
+						return r;
+					continue;
+				}
 				close_fds(fds, nfds);
-				if (env->body_case == KVD__V1__ENVELOPE__BODY_EVENT)
-					client_handle_event(c, env->event);
-				else if (env->status && env->status->code < 0)
+				if (env->status && env->status->code < 0)
 					/* Why the daemon is about to close the connection (a refusal,
 					 * a broken frame): that is the error to report. */
 					return client_close_reason(c, env->status);
@@ -429,6 +489,8 @@ void client_unlock(kvd_client *c) {
 
 	(void)client_read(c, RX_BUFFERED, 0, &env, fds, &nfds);
 	client_update_event_fd(c);
+	/* Everything read is handled by now: replies by the calls that waited for them. */
+	__atomic_store_n(&c->frames_done, c->frames_read, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -443,6 +505,7 @@ static void client_set_error(kvd_client *c, const char *message) {
 static int client_transact(kvd_client *c, Envelope *env, int send_fd, int want,
 			   bool stop_after_send, Envelope **ret_reply, int fds[static WIRE_FDS_MAX],
 			   uint32_t *ret_nfds) {
+	uint64_t unwaited = c->unwaited;
 	Envelope *reply;
 	uint32_t nfds;
 	uint64_t id;
@@ -458,6 +521,8 @@ static int client_transact(kvd_client *c, Envelope *env, int send_fd, int want,
 	r = client_read(c, RX_BLOCK, id, &reply, fds, &nfds);
 	if (r < 0)
 		return r;
+	/* The daemon handled everything sent before this request. */
+	__atomic_store_n(&c->unwaited_done, unwaited, __ATOMIC_RELAXED);
 
 	if (reply->status && reply->status->has_code)
 		code = reply->status->code;
@@ -489,6 +554,114 @@ int client_call_fd(kvd_client *c, Envelope *env, int send_fd) {
 	int fds[WIRE_FDS_MAX];
 
 	return client_transact(c, env, send_fd, BODY_ANY, false, NULL, fds, NULL);
+}
+
+/* ---- the rings' follow-ups (ring.c does the rings themselves) ---- */
+
+/*
+ * A round trip (an empty ChunksUnmapped, which every daemon answers with a status) while
+ * requests sent without waiting are not known to be handled: since the daemon handles a
+ * socket's requests in order, its reply covers every request sent before it. Unmap
+ * requests read on the way are answered, so one more round trip at most covers those
+ * answers too. Under the lock.
+ */
+static int client_sync(kvd_client *c) {
+	for (int i = 0; i < 2 && c->unwaited != c->unwaited_done; i++) {
+		Kvd__V1__ChunksUnmapped none = KVD__V1__CHUNKS_UNMAPPED__INIT;
+		Envelope env = KVD__V1__ENVELOPE__INIT;
+		int fds[WIRE_FDS_MAX];
+		int r;
+
+		env.body_case = KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED;
+		env.chunks_unmapped = &none;
+		r = client_call(c, &env, BODY_ANY, false, NULL, fds, NULL);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+int client_ring_barrier(kvd_client *c) {
+	int r;
+
+	if (__atomic_load_n(&c->unwaited, __ATOMIC_RELAXED) ==
+	    __atomic_load_n(&c->unwaited_done, __ATOMIC_RELAXED))
+		return 0;
+	client_lock(c);
+	r = client_sync(c);
+	client_unlock(c);
+	return r;
+}
+
+/* Whether fewer than `frames` (the rings' frames word, mod 2^32) were handled. */
+static bool client_frames_behind(uint64_t done, uint32_t frames) {
+	return (int32_t)(frames - (uint32_t)done) > 0;
+}
+
+/* Reads and handles frames until `frames` of them were read in all. Under the lock, when no
+ * request waits for its reply: a reply read here is a stray one. */
+static int client_catch_up(kvd_client *c, uint32_t frames) {
+	while (client_frames_behind(c->frames_read, frames)) {
+		int fds[WIRE_FDS_MAX];
+		Envelope *env;
+		uint32_t nfds;
+		int r;
+
+		r = client_read(c, RX_BUFFERED, 0, &env, fds, &nfds);
+		if (r < 0)
+			return r;
+		if (client_frames_behind(c->frames_read, frames) && (r = client_recv(c, true)) < 0)
+			return r;
+	}
+	return 0;
+}
+
+int client_ring_finish(kvd_client *c, const struct ring_done *d, bool stop_before_sync) {
+	bool behind = client_frames_behind(__atomic_load_n(&c->frames_done, __ATOMIC_ACQUIRE),
+	                                   d->frames);
+	int r = d->cqe.res > 0 ? -EPROTO : d->cqe.res;
+
+	/* The common case: nothing to read, no message to keep, no system call. */
+	if (!behind && r == 0)
+		return 0;
+	if (stop_before_sync && behind)
+		raise(SIGSTOP);
+	client_lock(c);
+	if (behind) {
+		int k = client_catch_up(c, d->frames);
+
+		if (k >= 0)
+			k = client_sync(c);
+		if (r >= 0)
+			r = k;
+		/* A chunk a grant could not map (see kvd_seq_grow). */
+		if (r >= 0 && c->grant_error < 0)
+			r = c->grant_error;
+		c->grant_error = 0;
+	}
+	if (d->cqe.res < 0)
+		client_set_error(c, (d->cqe.flags & RING_CQE_F_MESSAGE) ? d->msg : "");
+	client_unlock(c);
+	return r;
+}
+
+void client_ring_serve(kvd_client *c) {
+	int fds[WIRE_FDS_MAX];
+	Envelope *env;
+	uint32_t nfds;
+
+	if (pthread_mutex_trylock(&c->lock) != 0)
+		return;
+	/* No request is outstanding under the lock: every reply read here is a stray one. */
+	(void)client_read(c, RX_NONBLOCK, 0, &env, fds, &nfds);
+	client_unlock(c);
+}
+
+int client_ring_lost(kvd_client *c, int r) {
+	client_lock(c);
+	r = client_fail(c, r);
+	client_unlock(c);
+	return r;
 }
 
 /* ---- connection ---- */
@@ -541,20 +714,34 @@ static void client_free(kvd_client *c) {
 		wire_rx_done(c->rx);
 		free(c->rx);
 	}
+	c->ring = client_ring_free(c->ring, child);
 	safe_close(c->epoll_fd);
 	safe_close(c->event_fd);
 	/* Closing the socket is how the daemon learns to drop this connection's sequences. */
 	safe_close(c->fd);
 	free(c->models);
 	/* A child may have inherited the mutex locked by another thread: do not touch it. */
-	if (!child)
+	if (!child) {
 		pthread_mutex_destroy(&c->lock);
+		pthread_rwlock_destroy(&c->ring_lock);
+	}
 	free(c);
+}
+
+/* KVD_SPIN_US, when it is a number in range; else the default. */
+static uint64_t spin_ns_from_env(void) {
+	const char *e = secure_getenv("KVD_SPIN_US");
+	uint32_t us;
+
+	if (!e || number_parse_u32(e, 0, SPIN_US_MAX, &us) < 0)
+		us = SPIN_US_DEFAULT;
+	return (uint64_t)us * 1000;
 }
 
 static int client_new(kvd_client **ret) {
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	struct epoll_event ev = { .events = EPOLLIN };
+	const char *e;
 
 	pthread_once(&pid_once, pid_cache_setup);
 
@@ -569,6 +756,14 @@ static int client_new(kvd_client **ret) {
 		free(TAKE_PTR(c));
 		return -ENOMEM;
 	}
+	if (pthread_rwlock_init(&c->ring_lock, NULL) != 0) {
+		pthread_mutex_destroy(&c->lock);
+		free(TAKE_PTR(c));
+		return -ENOMEM;
+	}
+	c->spin_ns = spin_ns_from_env();
+	c->no_ring = (e = secure_getenv("KVD_NO_RING")) && strcmp(e, "1") == 0;
+	c->want_ring = !c->no_ring;
 	c->rx = malloc(sizeof(*c->rx));
 	if (!c->rx)
 		return -ENOMEM;
@@ -592,11 +787,25 @@ static int client_new(kvd_client **ret) {
 	return 0;
 }
 
+/* Replaces the client's rings (NULL: none) once no request uses the old ones. Under the
+ * client's lock, or before anyone else can see the client. */
+static void client_ring_install(kvd_client *c, struct client_ring *ring) {
+	struct client_ring *old;
+
+	pthread_rwlock_wrlock(&c->ring_lock);
+	old = c->ring;
+	c->ring = ring;
+	pthread_rwlock_unlock(&c->ring_lock);
+	client_ring_free(old, false);
+}
+
 static int client_hello(kvd_client *c, const char *tenant) {
 	Kvd__V1__Hello hello = KVD__V1__HELLO__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	const Kvd__V1__HelloReply *hr;
+	struct client_ring *ring;
 	int fds[WIRE_FDS_MAX];
+	uint32_t nfds = 0;
 	int r;
 
 	hello.has_min_version = true;
@@ -604,7 +813,7 @@ static int client_hello(kvd_client *c, const char *tenant) {
 	hello.has_max_version = true;
 	hello.max_version = KVD_PROTOCOL_VERSION_MAX;
 	hello.has_features = true;
-	hello.features = 0;
+	hello.features = c->no_ring ? 0 : RING_FEATURE;
 	hello.tenant = (char *)tenant;
 	hello.process_name = program_invocation_short_name;
 	hello.has_pid = true;
@@ -612,16 +821,33 @@ static int client_hello(kvd_client *c, const char *tenant) {
 	env.body_case = KVD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &hello;
 
-	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_HELLO_REPLY, false, &reply, fds, NULL);
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_HELLO_REPLY, false, &reply, fds, &nfds);
 	if (r < 0)
 		return r;
 	hr = reply->hello_reply;
 	if (!hr->has_version || hr->version < KVD_PROTOCOL_VERSION_MIN ||
-	    hr->version > KVD_PROTOCOL_VERSION_MAX)
+	    hr->version > KVD_PROTOCOL_VERSION_MAX) {
+		close_fds(fds, nfds);
 		return -EPROTO;
+	}
 	c->version = hr->version;
 	c->chunk_bytes = hr->has_chunk_bytes ? hr->chunk_bytes : 0;
 	c->connection_id = hr->has_connection_id ? hr->connection_id : 0;
+	if (!hr->has_features || !(hr->features & RING_FEATURE)) {
+		close_fds(fds, nfds);
+		return 0;
+	}
+	/* The rings' memfd, then the eventfd with that doorbell. */
+	if (!hr->has_ring_bytes || !hr->has_ring_doorbell ||
+	    nfds != (hr->ring_doorbell == KVD__V1__RING_DOORBELL__RING_DOORBELL_EVENTFD ? 2u : 1u)) {
+		close_fds(fds, nfds);
+		return -EPROTO;
+	}
+	r = client_ring_map(fds[0], nfds > 1 ? fds[1] : -EBADF, hr->ring_bytes, hr->ring_doorbell,
+	                    &ring);
+	if (r < 0)
+		return r;
+	client_ring_install(c, ring);
 	return 0;
 }
 
@@ -691,6 +917,11 @@ static void client_forget(kvd_client *c) {
 			}
 	}
 	c->n_mapped = 0;
+	/* The counts the rings compare with are the lost connection's. */
+	c->frames_read = 0;
+	__atomic_store_n(&c->frames_done, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->unwaited, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->unwaited_done, 0, __ATOMIC_RELAXED);
 	/* n_models is the table's size; the old ids mean nothing to the new daemon. */
 	for (uint32_t i = 0; i < c->n_models; i++)
 		c->models[i] = (struct model){};
@@ -715,6 +946,9 @@ int kvd_client_reconnect(kvd_client *c, uint32_t timeout_ms) {
 	}
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	deadline = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000 + timeout_ms;
+	/* The lost connection's rings go first: ring requests read the socket's fd too. Those
+	 * still in flight fail at once, since the rings are broken. */
+	client_ring_install(c, NULL);
 	for (;;) {
 		uint64_t now;
 
@@ -788,6 +1022,44 @@ uint64_t kvd_client_chunk_bytes(kvd_client *c) {
 	if (!c || client_forked(c))
 		return 0;
 	return c->chunk_bytes;
+}
+
+int kvd_client_set_ring(kvd_client *c, int enable) {
+	int r = 0;
+
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	pthread_rwlock_rdlock(&c->ring_lock);
+	if (enable && !c->ring)
+		r = -EOPNOTSUPP;
+	else
+		__atomic_store_n(&c->want_ring, !!enable, __ATOMIC_RELAXED);
+	pthread_rwlock_unlock(&c->ring_lock);
+	return r;
+}
+
+int kvd_client_get_ring(kvd_client *c) {
+	int r;
+
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	pthread_rwlock_rdlock(&c->ring_lock);
+	r = c->ring && __atomic_load_n(&c->want_ring, __ATOMIC_RELAXED);
+	pthread_rwlock_unlock(&c->ring_lock);
+	return r;
+}
+
+int kvd_client_set_spin(kvd_client *c, uint32_t spin_us) {
+	if (!c || spin_us > SPIN_US_MAX)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	__atomic_store_n(&c->spin_ns, (uint64_t)spin_us * 1000, __ATOMIC_RELAXED);
+	return 0;
 }
 
 int kvd_client_get_event_fd(kvd_client *c) {

@@ -491,14 +491,13 @@ int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret
 	 * release it right away. */
 	if (r < 0 && opened) {
 		Kvd__V1__SeqRelease rel = KVD__V1__SEQ_RELEASE__INIT;
-		uint64_t id;
 
 		rel.has_seq_id = true;
 		rel.seq_id = s->id;
 		env = (Envelope)KVD__V1__ENVELOPE__INIT;
 		env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RELEASE;
 		env.seq_release = &rel;
-		(void)client_request(c, &env, &id);
+		(void)client_request_unwaited(c, &env);
 	}
 	client_unlock(c);
 	if (r < 0)
@@ -551,7 +550,32 @@ static int seq_grow_locked(kvd_seq *s, uint32_t n) {
 	return 0;
 }
 
+/*
+ * A per-step request through the client's rings. Returns what the request returns, or
+ * -EAGAIN when it must go on the socket instead (no rings, turned off, or all in use).
+ */
+static int seq_ring_call(kvd_seq *s, uint8_t op, uint32_t arg, bool stop_after_submit,
+			 bool stop_before_sync) {
+	struct ring_sqe req = { .op = op, .arg = arg, .seq_id = s->id };
+	struct ring_done done;
+	int r;
+
+	/* What went on the socket before goes first, as it would on the socket alone. */
+	if (__atomic_load_n(&s->client->want_ring, __ATOMIC_RELAXED)) {
+		r = client_ring_barrier(s->client);
+		if (r < 0)
+			return r;
+	}
+	r = client_ring_call(s->client, &req, stop_after_submit, &done);
+	if (r == -EAGAIN)
+		return r;
+	if (r < 0)
+		return client_ring_lost(s->client, r);
+	return client_ring_finish(s->client, &done, stop_before_sync);
+}
+
 int kvd_seq_grow(kvd_seq *s, uint32_t n) {
+	kvd_client *c;
 	int r;
 
 	if (!s || n == 0)
@@ -560,6 +584,13 @@ int kvd_seq_grow(kvd_seq *s, uint32_t n) {
 		return -ECHILD;
 	if (seq_stale(s))
 		return -ESTALE;
+	c = s->client;
+	r = seq_ring_call(s, RING_OP_GROW, n, c->stop_at == STOP_GROW_SENT, false);
+	if (r != -EAGAIN) {
+		if (r >= 0 && c->stop_at == STOP_GROW_MAPPED)
+			raise(SIGSTOP);
+		return r;
+	}
 	client_lock(s->client);
 	r = seq_grow_locked(s, n);
 	client_unlock(s->client);
@@ -619,6 +650,11 @@ int kvd_seq_release(kvd_seq *s) {
 		seq_free(s);
 		return 0;
 	}
+	r = seq_ring_call(s, RING_OP_RELEASE, 0, false, c->stop_at == STOP_RELEASE_REPLIED);
+	if (r != -EAGAIN) {
+		seq_free(s);
+		return r;
+	}
 	client_lock(c);
 	r = seq_release_locked(s);
 	/* Unmapped under the lock, since the client may go away with the sequence's ref. */
@@ -642,6 +678,7 @@ static int seq_simple_call(kvd_seq *s, Envelope *env) {
 int kvd_seq_pin(kvd_seq *s) {
 	Kvd__V1__SeqPin req = KVD__V1__SEQ_PIN__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
+	int r;
 
 	if (!s)
 		return -EINVAL;
@@ -649,6 +686,9 @@ int kvd_seq_pin(kvd_seq *s) {
 		return -ECHILD;
 	if (seq_stale(s))
 		return -ESTALE;
+	r = seq_ring_call(s, RING_OP_PIN, 0, false, false);
+	if (r != -EAGAIN)
+		return r;
 	req.has_seq_id = true;
 	req.seq_id = s->id;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_PIN;
@@ -659,6 +699,7 @@ int kvd_seq_pin(kvd_seq *s) {
 int kvd_seq_unpin(kvd_seq *s) {
 	Kvd__V1__SeqUnpin req = KVD__V1__SEQ_UNPIN__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
+	int r;
 
 	if (!s)
 		return -EINVAL;
@@ -666,6 +707,9 @@ int kvd_seq_unpin(kvd_seq *s) {
 		return -ECHILD;
 	if (seq_stale(s))
 		return -ESTALE;
+	r = seq_ring_call(s, RING_OP_UNPIN, 0, false, false);
+	if (r != -EAGAIN)
+		return r;
 	req.has_seq_id = true;
 	req.seq_id = s->id;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_UNPIN;

@@ -41,6 +41,9 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.max_violations = 8,
 		.metrics_listen = s->metrics_listen,
 		.socket_group = s->socket_group,
+		.ring_entries = s->ring_entries,
+		.ring_doorbell = s->ring_doorbell,
+		.poll_us = s->poll_us,
 	};
 	admin_eviction_limits(s, ret);
 }

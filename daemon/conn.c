@@ -8,13 +8,16 @@
 #include <unistd.h>
 
 #include "common/macro.h"
+#include "common/ring.h"
 #include "conn.h"
 #include "observe.h"
 #include "log.h"
+#include "ring.h"
 #include "server.h"
 
 static void conn_recv_done(struct loop_op *op, int res, bool more);
 static void conn_send_done(struct loop_op *op, int res, bool more);
+static void conn_unhot(struct conn *c);
 
 static void conn_free(struct conn *c) {
 	struct tx *t;
@@ -37,6 +40,7 @@ static void conn_free(struct conn *c) {
 	if (c->rx)
 		wire_rx_done(c->rx);
 	free(c->rx);
+	ring_free(c->ring);
 	for (uint32_t i = 0; c->models && i < c->n_models; i++)
 		grams_free(&c->models[i]);
 	free(c->models);
@@ -45,7 +49,7 @@ static void conn_free(struct conn *c) {
 }
 
 /* Frees a closing connection once no operation refers to it any more. */
-static bool conn_maybe_free(struct conn *c) {
+bool conn_maybe_free(struct conn *c) {
 	if (!c->closing || c->inflight > 0)
 		return false;
 	conn_free(c);
@@ -134,7 +138,32 @@ static int conn_arm_send(struct conn *c) {
 	return 0;
 }
 
+/* One non-blocking sendmsg() of buf, fds with it. Returns the bytes sent or -errno. */
+static ssize_t conn_send_now(struct conn *c, const uint8_t *buf, size_t n, const int *fds,
+                             uint32_t nfds) {
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = n };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	ssize_t k;
+
+	if (nfds > 0) {
+		struct cmsghdr *cm;
+
+		msg.msg_control = c->tx_cmsg;
+		msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+		cm = CMSG_FIRSTHDR(&msg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
+	}
+	do
+		k = sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (k < 0 && errno == EINTR);
+	return k < 0 ? negative_errno() : k;
+}
+
 int conn_send(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds) {
+	size_t sent = 0;
 	struct tx *t;
 	int r;
 
@@ -147,6 +176,32 @@ int conn_send(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds
 	if (r < 0) {
 		free(t);
 		return r;
+	}
+	c->frames++;
+	/* With nothing queued, the frame goes out at once: a round through io_uring would add
+	 * two of its turns to the reply's latency, while a client spins for it. What does not
+	 * fit in the socket waits in the queue, as does everything behind it. */
+	if (!c->tx_head) {
+		ssize_t k = conn_send_now(c, t->frame, t->size, fds, nfds);
+
+		if (k < 0 && k != -EAGAIN) {
+			free(t->frame);
+			free(t);
+			conn_close(c, k == -EPIPE || k == -ECONNRESET ? "client went away" : "send failed");
+			return -ECONNRESET;
+		}
+		if (k > 0)
+			sent = (size_t)k;
+		if (sent == t->size) {
+			free(t->frame);
+			free(t);
+			if (c->ring)
+				ring_sent(c->ring);
+			return 0;
+		}
+		/* The fds went with the first byte. */
+		if (sent > 0)
+			nfds = 0;
 	}
 	if (c->tx_bytes + t->size > c->srv->limits.max_tx_bytes) {
 		/* A client that does not read what it is sent would make us buffer forever. */
@@ -174,13 +229,15 @@ int conn_send(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds
 		c->tx_head = t;
 	c->tx_tail = t;
 	if (c->tx_head == t) {
-		c->tx_off = 0;
+		c->tx_off = sent;
 		r = conn_arm_send(c);
 		if (r < 0) {
 			conn_close(c, "cannot submit a send");
 			return r;
 		}
 	}
+	if (c->ring)
+		ring_sent(c->ring);
 	return 0;
 }
 
@@ -236,19 +293,16 @@ static void conn_send_done(struct loop_op *op, int res, bool more) {
 	conn_maybe_free(c);
 }
 
-static void conn_recv_done(struct loop_op *op, int res, bool more) {
-	struct conn *c = (struct conn *)((char *)op - offsetof(struct conn, recv_op));
+/* Handles res bytes received into rx (or the end of the stream, or an error): decodes and
+ * dispatches every complete frame. */
+static void conn_received(struct conn *c, int res) {
 	int fds[WIRE_FDS_MAX];
 	uint32_t nfds;
 	Envelope *env;
 	int r;
 
-	c->inflight--;
-	if (conn_maybe_free(c) || c->closing)
-		return;
 	if (res <= 0) {
 		conn_close(c, res == 0 || res == -ECONNRESET ? NULL : "receive failed");
-		conn_maybe_free(c);
 		return;
 	}
 	r = wire_rx_take_cmsg(c->rx, &c->rx_msg);
@@ -256,7 +310,6 @@ static void conn_recv_done(struct loop_op *op, int res, bool more) {
 	if (r < 0) {
 		c->srv->protocol_errors++;
 		conn_close(c, r == -EMFILE ? "too many fds in flight" : "fds lost (control data truncated)");
-		conn_maybe_free(c);
 		return;
 	}
 	while (!c->closing && !c->close_when_sent &&
@@ -284,9 +337,87 @@ static void conn_recv_done(struct loop_op *op, int res, bool more) {
 		}
 		dispatch(c, env, fds, nfds);
 	}
+}
+
+/* Stops reading c directly (see conn_poll()). */
+static void conn_unhot(struct conn *c) {
+	if (c->hot_ns == 0)
+		return;
+	c->hot_ns = 0;
+	c->srv->n_hot--;
+}
+
+/*
+ * After a request: reads on. While the loop spins (a poller, server.c), the connection
+ * turns hot and the poller reads it itself (conn_poll()); else, and past CONN_HOT_MAX hot
+ * connections, a receive goes to io_uring.
+ */
+static void conn_read_on(struct conn *c) {
+	struct server *s = c->srv;
+
+	if (c->closing || c->close_when_sent) {
+		conn_unhot(c);
+		/* Its last frames may have gone out at once (conn_send()): then it is done. */
+		if (!c->closing && !c->tx_head)
+			conn_close(c, NULL);
+		return;
+	}
+	if (s->poller.spin_ns > 0 && (c->hot_ns || s->n_hot < CONN_HOT_MAX)) {
+		if (c->hot_ns == 0)
+			s->n_hot++;
+		c->hot_ns = ring_now_ns();
+		return;
+	}
+	/* Never both: the poller's reads would take the data an armed receive was woken for. */
+	conn_unhot(c);
+	if (conn_arm_recv(c) < 0)
+		conn_close(c, "cannot submit a receive");
+}
+
+static void conn_recv_done(struct loop_op *op, int res, bool more) {
+	struct conn *c = (struct conn *)((char *)op - offsetof(struct conn, recv_op));
+
+	c->inflight--;
+	if (conn_maybe_free(c) || c->closing)
+		return;
+	conn_received(c, res);
+	conn_read_on(c);
+	conn_maybe_free(c);
+}
+
+int conn_poll(struct conn *c, uint64_t now_ns) {
+	ssize_t n;
+
+	if (c->hot_ns == 0)
+		return 0;
+	if (c->closing || c->close_when_sent) {
+		conn_unhot(c);
+		return 0;
+	}
+	c->rx_iov.iov_base = wire_rx_space(c->rx, &c->rx_iov.iov_len);
+	c->rx_msg = (struct msghdr){
+		.msg_iov = &c->rx_iov,
+		.msg_iovlen = 1,
+		.msg_control = c->rx_cmsg,
+		.msg_controllen = sizeof(c->rx_cmsg),
+	};
+	n = recvmsg(c->fd, &c->rx_msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+		if (now_ns - c->hot_ns >= CONN_HOT_NS)
+			conn_cool(c);
+		return 0;
+	}
+	conn_received(c, n < 0 ? negative_errno() : (int)n);
+	conn_read_on(c);
+	return 1;
+}
+
+void conn_cool(struct conn *c) {
+	if (c->hot_ns == 0)
+		return;
+	conn_unhot(c);
 	if (!c->closing && !c->close_when_sent && conn_arm_recv(c) < 0)
 		conn_close(c, "cannot submit a receive");
-	conn_maybe_free(c);
 }
 
 void conn_violation(struct conn *c, const char *what) {
@@ -309,9 +440,13 @@ void conn_close(struct conn *c, const char *why) {
 		log_info("connection %llu (pid %d, tenant %s): closing: %s", (unsigned long long)c->id,
 		         (int)c->cred.pid, c->tenant ? c->tenant->name : "-", why);
 	c->closing = true;
+	/* A hot connection has no receive in flight: the server's sweep frees it. */
+	conn_unhot(c);
 	dispatch_disconnect(c);
 	/* Makes the pending receive and send complete, so that the struct can go. */
 	shutdown(c->fd, SHUT_RDWR);
+	if (c->ring)
+		ring_close(c->ring);
 	if (c->prev)
 		c->prev->next = c->next;
 	else

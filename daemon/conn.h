@@ -17,6 +17,7 @@
 #include "seq.h"
 #include "wire.h"
 
+struct ring;
 struct server;
 
 struct tx {
@@ -49,8 +50,11 @@ struct conn {
 	struct seq *seqs;
 	uint32_t n_seqs;
 	uint32_t outstanding;         /* requests whose reply waits (evict.h, upload.h) */
+	struct ring *ring;            /* the per-step rings (ring.h), NULL without */
+	uint64_t frames;              /* frames conn_send() took so far */
 
 	unsigned inflight;
+	uint64_t hot_ns;              /* read by the poller since then (conn_poll()); 0: not */
 	bool closing;
 	bool close_when_sent;
 
@@ -84,17 +88,37 @@ void conn_violation(struct conn *c, const char *what);
 
 void conn_close(struct conn *c, const char *why);
 
+/* Frees c if it is closing and none of its operations is in flight any more; returns
+ * whether it did. Handlers of c's operations call it after counting theirs done, and the
+ * server's poller for closed connections that have none (hot ones, see conn_poll()). */
+bool conn_maybe_free(struct conn *c);
+
+/*
+ * While the loop spins (loop.h's poller), a connection that sent a request is "hot": no
+ * receive waits in io_uring for it, and the poller reads its socket itself, which spares
+ * the next request the detour through io_uring's task work (about a microsecond and a
+ * half). It cools down, a receive armed again, after CONN_HOT_NS without a request, before
+ * the loop sleeps (conn_cool()), or when closed. At most CONN_HOT_MAX are hot, since each
+ * costs the spinning loop a system call per turn.
+ */
+#define CONN_HOT_NS (UINT64_C(20) * 1000)
+#define CONN_HOT_MAX 8u
+/* Reads a hot connection once; returns 1 if it got anything (or lost the connection). */
+int conn_poll(struct conn *c, uint64_t now_ns);
+void conn_cool(struct conn *c);
+
 /* Closes and frees at once; only once the loop is gone and no operation can complete. */
 void conn_destroy(struct conn *c);
 
 /* Defined in dispatch.c: handles one decoded request. fds are owned by the callee. */
 void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds);
 /*
- * Defined in dispatch.c: grows sequence seq_id of c by tokens and replies to request id;
+ * Defined in dispatch.c: grows sequence seq_id of c by tokens and answers request id, on
+ * the socket or, with ring, as the completion of the ring submission whose user_data is id;
  * when the budget cannot meet it and wait_until_ms (CLOCK_MONOTONIC ms) is in the future,
- * parks it for an eviction round instead (evict.h) and replies later.
+ * parks it for an eviction round instead (evict.h) and answers later.
  */
-void dispatch_grow(struct conn *c, uint64_t id, uint64_t seq_id, uint32_t tokens,
+void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
                    uint64_t wait_until_ms);
 /* Defined in dispatch.c: drops the session state of a closing connection. */
 void dispatch_disconnect(struct conn *c);

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "observe.h"
 #include "policy.h"
+#include "ring.h"
 #include "server.h"
 #include "upload.h"
 
@@ -67,6 +68,58 @@ static void reply_live(struct conn *c, uint64_t id, int r, const char *why) {
 	r = conn_reply_status(c, id, 0, why);
 	if (r < 0 && r != -ENOBUFS && !c->closing)
 		conn_close(c, "cannot queue a reply");
+}
+
+/*
+ * The per-step operations (grow, pin, unpin, release) come on the socket or through the
+ * ring (ring.h), and the same code serves both: a step returns 0 or a negative errno with the
+ * refusal's text in `why`, and the caller packages the answer as the request came.
+ */
+#define WHY_MAX RING_MSG_BYTES
+
+_printf_(3, 4) static int refuse(char why[static WHY_MAX], int code, const char *fmt, ...) {
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, WHY_MAX, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+/* Answers a step with nothing but its result: a status on the socket (id), a completion on
+ * the ring (id is the submission's user_data). */
+static void reply_step(struct conn *c, bool ring, uint64_t id, int r, const char *why) {
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (ring) {
+		if (r < 0)
+			log_debug("connection %llu: ring request refused: %s", (unsigned long long)c->id,
+			          why);
+		ring_complete(c->ring, id, r, 0, 0, r < 0 ? why : NULL);
+	} else if (r < 0)
+		reply_error(c, id, r, "%s", why);
+	else
+		reply(c, &env, id, NULL, 0);
+}
+
+/* Sends a ring connection the chunks it must unmap, as EVENT_CHUNKS_UNMAP: a release
+ * through the ring has no reply to carry them. Batched to stay well inside a frame. */
+#define UNMAP_BATCH 4096u
+
+static void send_unmap(struct conn *c, uint32_t *ids, uint32_t n) {
+	for (uint32_t i = 0; i < n && !c->closing; i += UNMAP_BATCH) {
+		Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
+		Envelope env = KVD__V1__ENVELOPE__INIT;
+
+		ev.has_type = true;
+		ev.type = KVD__V1__EVENT_TYPE__EVENT_CHUNKS_UNMAP;
+		ev.n_chunk_ids = MIN(n - i, UNMAP_BATCH);
+		ev.chunk_ids = ids + i;
+		env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
+		env.event = &ev;
+		if (conn_send(c, &env, NULL, 0) < 0 && !c->closing)
+			conn_close(c, "cannot queue an unmap request");
+	}
 }
 
 static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link) {
@@ -144,10 +197,17 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 	log_info("connection %llu: hello from pid %d uid %u ('%s'), tenant %s", (unsigned long long)c->id,
 	         (int)c->cred.pid, (unsigned)c->cred.uid, c->process_name, t ? t->name : "- (admin)");
 
+	/* The rings are for a tenant's per-step requests; without them, the socket serves. */
+	if (t && req->has_features && (req->features & RING_FEATURE) && s->limits.ring_entries > 0) {
+		r = ring_new(c, s->limits.ring_entries, s->ring_doorbell, &c->ring);
+		if (r < 0)
+			log_warning_errno(r, "connection %llu: cannot set up its rings, it has the socket "
+			                  "only", (unsigned long long)c->id);
+	}
 	rep.has_version = true;
 	rep.version = PROTOCOL_VERSION;
 	rep.has_features = true;
-	rep.features = 0;
+	rep.features = c->ring ? RING_FEATURE : 0;
 	rep.has_chunk_bytes = true;
 	rep.chunk_bytes = s->pool->chunk_bytes;
 	rep.daemon_version = (char *)KVD_VERSION;
@@ -155,7 +215,17 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 	rep.connection_id = c->id;
 	env.body_case = KVD__V1__ENVELOPE__BODY_HELLO_REPLY;
 	env.hello_reply = &rep;
-	reply(c, &env, id, NULL, 0);
+	if (c->ring) {
+		int fds[2] = { c->ring->memfd, c->ring->efd };
+
+		rep.has_ring_bytes = rep.has_ring_doorbell = true;
+		rep.ring_bytes = c->ring->geo.total_bytes;
+		rep.ring_doorbell = (Kvd__V1__RingDoorbell)c->ring->geo.doorbell;
+		reply(c, &env, id, fds, c->ring->efd >= 0 ? 2 : 1);
+		/* The queued reply holds its own copy; the daemon keeps the mapping. */
+		c->ring->memfd = safe_close(c->ring->memfd);
+	} else
+		reply(c, &env, id, NULL, 0);
 }
 
 static void handle_register_model(struct conn *c, uint64_t id, const Kvd__V1__RegisterModel *req) {
@@ -284,7 +354,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 	q->obs_fd = safe_close(q->obs_fd);
 }
 
-void dispatch_grow(struct conn *c, uint64_t id, uint64_t seq_id, uint32_t tokens,
+void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
                    uint64_t wait_until_ms) {
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
@@ -293,13 +363,15 @@ void dispatch_grow(struct conn *c, uint64_t id, uint64_t seq_id, uint32_t tokens
 	Kvd__V1__ChunkGrant grants[WIRE_FDS_MAX], *grant_ptrs[WIRE_FDS_MAX];
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	int fds[WIRE_FDS_MAX];
+	char why[WHY_MAX];
 	struct seq_grants g;
 	struct seq *q;
 	int r;
 
 	q = find_seq(c, seq_id, NULL);
 	if (!q) {
-		reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		r = refuse(why, -ENOENT, "no such sequence on this connection");
+		reply_step(c, ring, id, r, why);
 		return;
 	}
 	r = seq_grow(q, p, c->id, tokens, &g, &emptied);
@@ -309,37 +381,37 @@ void dispatch_grow(struct conn *c, uint64_t id, uint64_t seq_id, uint32_t tokens
 		if ((r == -ENOSPC || r == -EDQUOT) && wait_until_ms > now_ms()) {
 			if (c->outstanding >= s->limits.max_outstanding)
 				s->refused[LIMIT_OUTSTANDING]++;
-			else if (evict_wait_grant(s->evictor, c, id, seq_id, tokens, wait_until_ms) == 0) {
+			else if (evict_wait_grant(s->evictor, c, id, ring, seq_id, tokens, wait_until_ms) == 0) {
 				c->outstanding++;
 				return;
 			}
 		}
 		switch (r) {
 		case -EINVAL:
-			reply_error(c, id, r, "cannot grow by 0 tokens");
+			refuse(why, r, "cannot grow by 0 tokens");
 			break;
 		case -EFBIG:
-			reply_error(c, id, r, "the sequence holds at most %u tokens", q->desc->max_tokens);
+			refuse(why, r, "the sequence holds at most %u tokens", q->desc->max_tokens);
 			break;
 		case -E2BIG:
-			reply_error(c, id, r, "one grow may map at most %u new chunks; grow in smaller steps",
-			            WIRE_FDS_MAX);
+			refuse(why, r, "one grow may map at most %u new chunks; grow in smaller steps",
+			       WIRE_FDS_MAX);
 			break;
 		case -EDQUOT:
-			reply_error(c, id, r, "tenant %s reached its max of %llu bytes", c->tenant->name,
-			            (unsigned long long)c->tenant->max_bytes);
+			refuse(why, r, "tenant %s reached its max of %llu bytes", c->tenant->name,
+			       (unsigned long long)c->tenant->max_bytes);
 			break;
 		case -ENOSPC:
 			if (p->used_bytes + p->chunk_bytes > p->budget_bytes)
-				reply_error(c, id, r, "node budget exhausted (%llu of %llu bytes in use)",
-				            (unsigned long long)p->used_bytes,
-				            (unsigned long long)p->budget_bytes);
+				refuse(why, r, "node budget exhausted (%llu of %llu bytes in use)",
+				       (unsigned long long)p->used_bytes, (unsigned long long)p->budget_bytes);
 			else
-				reply_error(c, id, r, "pool exhausted");
+				refuse(why, r, "pool exhausted");
 			break;
 		default:
-			reply_error(c, id, r, "grow failed: %s", strerror(-r));
+			refuse(why, r, "grow failed: %s", strerror(-r));
 		}
+		reply_step(c, ring, id, r, why);
 		return;
 	}
 	for (uint32_t i = 0; i < g.n; i++) {
@@ -351,15 +423,33 @@ void dispatch_grow(struct conn *c, uint64_t id, uint64_t seq_id, uint32_t tokens
 		grant_ptrs[i] = &grants[i];
 		fds[i] = g.chunks[i]->mem.fd;
 	}
-	rep.has_tokens = true;
-	rep.tokens = layout_tokens(q->desc)[0];
-	rep.has_generation = true;
-	rep.generation = q->desc->generation;
-	rep.n_grants = g.n;
-	rep.grants = grant_ptrs;
-	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_GROW_REPLY;
-	env.seq_grow_reply = &rep;
-	reply(c, &env, id, fds, g.n);
+	if (ring) {
+		/* fds cannot travel in a ring: the new chunks go on the socket, ahead of the
+		 * completion (ring.h, "Socket"). */
+		if (g.n > 0) {
+			Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
+
+			ev.has_type = true;
+			ev.type = KVD__V1__EVENT_TYPE__EVENT_CHUNKS_GRANT;
+			ev.n_grants = g.n;
+			ev.grants = grant_ptrs;
+			env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
+			env.event = &ev;
+			if (conn_send(c, &env, fds, g.n) < 0 && !c->closing)
+				conn_close(c, "cannot queue a grant");
+		}
+		ring_complete(c->ring, id, 0, q->desc->generation, layout_tokens(q->desc)[0], NULL);
+	} else {
+		rep.has_tokens = true;
+		rep.tokens = layout_tokens(q->desc)[0];
+		rep.has_generation = true;
+		rep.generation = q->desc->generation;
+		rep.n_grants = g.n;
+		rep.grants = grant_ptrs;
+		env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_GROW_REPLY;
+		env.seq_grow_reply = &rep;
+		reply(c, &env, id, fds, g.n);
+	}
 	evict_kick(s->evictor, ROUND_WATERMARK);
 }
 
@@ -374,22 +464,24 @@ static void handle_seq_grow(struct conn *c, uint64_t id, const Kvd__V1__SeqGrow 
 		reply_error(c, id, -EINVAL, "tokens missing");
 		return;
 	}
-	dispatch_grow(c, id, req->seq_id, req->tokens, wait ? now_ms() + wait : 0);
+	dispatch_grow(c, id, false, req->seq_id, req->tokens, wait ? now_ms() + wait : 0);
 }
 
-static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRelease *req) {
+/*
+ * Releases sequence seq_id. The chunks this connection must unmap go to *ret_ids (allocated;
+ * *ret_n of them); when there was no memory for the list, every holder, this connection
+ * included, is asked through events instead.
+ */
+static int step_release(struct conn *c, uint64_t seq_id, uint32_t **ret_ids, uint32_t *ret_n,
+                        char why[static WHY_MAX]) {
 	struct server *s = c->srv;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
-	Kvd__V1__SeqReleaseReply rep = KVD__V1__SEQ_RELEASE_REPLY__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-	_cleanup_(freep) uint32_t *ids = NULL;
 	struct seq **link, *q;
+	uint32_t *ids = NULL, n = 0;
 
-	q = req->has_seq_id ? find_seq(c, req->seq_id, &link) : NULL;
-	if (!q) {
-		reply_error(c, id, -ENOENT, "no such sequence on this connection");
-		return;
-	}
+	q = find_seq(c, seq_id, &link);
+	if (!q)
+		return refuse(why, -ENOENT, "no such sequence on this connection");
 	*link = q->next;
 	c->n_seqs--;
 	c->tenant->sequences--;
@@ -400,8 +492,27 @@ static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRe
 			/* Fall back to events for the requester too: slower, but nothing leaks. */
 			server_reclaim(s, &emptied, NULL, NULL);
 		} else
-			rep.n_unmap_chunk_ids = server_reclaim(s, &emptied, c, ids);
+			n = server_reclaim(s, &emptied, c, ids);
 	}
+	*ret_ids = ids;
+	*ret_n = n;
+	return 0;
+}
+
+static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRelease *req) {
+	Kvd__V1__SeqReleaseReply rep = KVD__V1__SEQ_RELEASE_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	_cleanup_(freep) uint32_t *ids = NULL;
+	char why[WHY_MAX];
+	uint32_t n;
+	int r;
+
+	r = step_release(c, req->has_seq_id ? req->seq_id : 0, &ids, &n, why);
+	if (r < 0) {
+		reply_error(c, id, r, "%s", why);
+		return;
+	}
+	rep.n_unmap_chunk_ids = n;
 	rep.unmap_chunk_ids = ids;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RELEASE_REPLY;
 	env.seq_release_reply = &rep;
@@ -583,39 +694,41 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Kvd__V1_
 
 #define SEQ_PINS_MAX 255
 
-static void handle_seq_pin(struct conn *c, uint64_t id, const Kvd__V1__SeqPin *req) {
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-	struct seq *q = req->has_seq_id ? find_seq(c, req->seq_id, NULL) : NULL;
+static int step_pin(struct conn *c, uint64_t seq_id, char why[static WHY_MAX]) {
+	struct seq *q = find_seq(c, seq_id, NULL);
 
-	if (!q) {
-		reply_error(c, id, -ENOENT, "no such sequence on this connection");
-		return;
-	}
-	if (q->pins == SEQ_PINS_MAX) {
-		reply_error(c, id, -EBUSY, "pinned %u times already", SEQ_PINS_MAX);
-		return;
-	}
+	if (!q)
+		return refuse(why, -ENOENT, "no such sequence on this connection");
+	if (q->pins == SEQ_PINS_MAX)
+		return refuse(why, -EBUSY, "pinned %u times already", SEQ_PINS_MAX);
 	q->pins++;
-	reply(c, &env, id, NULL, 0);
+	return 0;
 }
 
-static void handle_seq_unpin(struct conn *c, uint64_t id, const Kvd__V1__SeqUnpin *req) {
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-	struct seq *q = req->has_seq_id ? find_seq(c, req->seq_id, NULL) : NULL;
+static int step_unpin(struct conn *c, uint64_t seq_id, char why[static WHY_MAX]) {
+	struct seq *q = find_seq(c, seq_id, NULL);
 
-	if (!q) {
-		reply_error(c, id, -ENOENT, "no such sequence on this connection");
-		return;
-	}
-	if (q->pins == 0) {
-		reply_error(c, id, -EINVAL, "the sequence is not pinned");
-		return;
-	}
-	/* The plan applies before the reply, so that the engine sees the new tables once
+	if (!q)
+		return refuse(why, -ENOENT, "no such sequence on this connection");
+	if (q->pins == 0)
+		return refuse(why, -EINVAL, "the sequence is not pinned");
+	/* The plan applies before the answer, so that the engine sees the new tables once
 	 * its unpin returns. */
 	if (--q->pins == 0)
 		evict_apply_pending(c->srv->evictor, q);
-	reply(c, &env, id, NULL, 0);
+	return 0;
+}
+
+static void handle_seq_pin(struct conn *c, uint64_t id, const Kvd__V1__SeqPin *req) {
+	char why[WHY_MAX];
+
+	reply_step(c, false, id, step_pin(c, req->has_seq_id ? req->seq_id : 0, why), why);
+}
+
+static void handle_seq_unpin(struct conn *c, uint64_t id, const Kvd__V1__SeqUnpin *req) {
+	char why[WHY_MAX];
+
+	reply_step(c, false, id, step_unpin(c, req->has_seq_id ? req->seq_id : 0, why), why);
 }
 
 static void handle_evict(struct conn *c, uint64_t id, const Kvd__V1__Evict *req) {
@@ -901,6 +1014,48 @@ void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
 	dispatch_request(c, env, fds, nfds);
 	/* c may be closing now, but it is freed only after its receive handler returns. */
 	metrics_observe_request(&s->metrics, request_type(env->body_case), metrics_now_ns() - start);
+}
+
+void dispatch_ring(struct conn *c, const struct ring_sqe *sqe) {
+	struct server *s = c->srv;
+	uint64_t start = metrics_now_ns(), wait = s->limits.grant_wait_ms;
+	enum metrics_request type = METRICS_REQUEST_OTHER;
+	_cleanup_(freep) uint32_t *ids = NULL;
+	char why[WHY_MAX];
+	uint32_t n = 0;
+	int r;
+
+	/* Reserved fields are 0 today, so that a later version can tell what a client means. */
+	if (sqe->flags != 0 || sqe->reserved != 0 || sqe->reserved2 != 0 ||
+	    (sqe->op != RING_OP_GROW && sqe->arg != 0)) {
+		r = refuse(why, -EINVAL, "reserved fields of a ring submission must be 0");
+		reply_step(c, true, sqe->user_data, r, why);
+		goto done;
+	}
+	switch (sqe->op) {
+	case RING_OP_GROW:
+		type = METRICS_REQUEST_SEQ_GROW;
+		dispatch_grow(c, sqe->user_data, true, sqe->seq_id, sqe->arg, wait ? now_ms() + wait : 0);
+		break;
+	case RING_OP_PIN:
+		reply_step(c, true, sqe->user_data, step_pin(c, sqe->seq_id, why), why);
+		break;
+	case RING_OP_UNPIN:
+		reply_step(c, true, sqe->user_data, step_unpin(c, sqe->seq_id, why), why);
+		break;
+	case RING_OP_RELEASE:
+		type = METRICS_REQUEST_SEQ_RELEASE;
+		r = step_release(c, sqe->seq_id, &ids, &n, why);
+		/* Ahead of the completion, like a grow's chunks (ring.h, "Socket"). */
+		send_unmap(c, ids, n);
+		reply_step(c, true, sqe->user_data, r, why);
+		break;
+	default:
+		r = refuse(why, -EOPNOTSUPP, "unknown ring operation %u", sqe->op);
+		reply_step(c, true, sqe->user_data, r, why);
+	}
+done:
+	metrics_observe_request(&s->metrics, type, metrics_now_ns() - start);
 }
 
 void dispatch_disconnect(struct conn *c) {

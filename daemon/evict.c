@@ -19,7 +19,7 @@
 
 #define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
-/* A pressure round that freed nothing is not repeated sooner than this. */
+/* A pressure round that found nothing to evict is not repeated sooner than this. */
 #define EVICT_IDLE_MS 1000
 
 struct evict_waiter {
@@ -31,6 +31,7 @@ struct evict_waiter {
 struct grant_waiter {
 	uint64_t conn_id, id, seq_id;
 	uint32_t tokens;
+	bool ring;                    /* id is a ring submission's user_data */
 	uint64_t deadline_ms;
 };
 
@@ -346,8 +347,8 @@ static void send_changed(struct server *s, struct seq *q) {
 static uint64_t settle_tenant(struct evictor *e, struct tenant *t, struct seq_emptied *emptied) {
 	struct server *s = e->srv;
 	_cleanup_(freep) struct seq **seqs = NULL;
-	_cleanup_(freep) uint64_t *epochs = NULL;
-	uint32_t n = 0, i = 0;
+	_cleanup_(freep) uint64_t *epochs = NULL, *ids = NULL;
+	uint32_t n = 0, i = 0, changed = 0;
 	uint64_t freed;
 
 	for (struct conn *c = s->conns; c; c = c->next)
@@ -355,7 +356,10 @@ static uint64_t settle_tenant(struct evictor *e, struct tenant *t, struct seq_em
 			n += c->n_seqs;
 	seqs = calloc(MAX(n, 1u), sizeof(*seqs));
 	epochs = malloc(MAX(n, 1u) * sizeof(*epochs));
-	if (seqs && epochs) {
+	/* (connection, sequence) pairs: sending may close a connection and free its
+	 * sequences, so those rewritten are found again by id afterwards. */
+	ids = malloc(MAX(n, 1u) * 2 * sizeof(*ids));
+	if (seqs && epochs && ids) {
 		for (struct conn *c = s->conns; c; c = c->next)
 			if (c->tenant == t && !c->closing)
 				for (struct seq *q = c->seqs; q; q = q->next)
@@ -365,12 +369,21 @@ static uint64_t settle_tenant(struct evictor *e, struct tenant *t, struct seq_em
 					}
 		if (compact_chunks(s->pool, t, seqs, i, emptied) < 0)
 			log_warning("tenant %s: packing its blocks failed: out of memory", t->name);
+		for (uint32_t j = 0; j < i; j++)
+			if (seqs[j]->epoch != epochs[j]) {
+				ids[2 * changed] = seqs[j]->conn_id;
+				ids[2 * changed + 1] = seqs[j]->id;
+				changed++;
+			}
 	}
 	freed = (uint64_t)emptied->n * s->pool->chunk_bytes;
 	server_reclaim(s, emptied, NULL, NULL);
-	for (uint32_t j = 0; j < i; j++)
-		if (seqs[j]->epoch != epochs[j])
-			send_changed(s, seqs[j]);
+	for (uint32_t j = 0; j < changed; j++) {
+		struct seq *q = find_seq(s, ids[2 * j], ids[2 * j + 1]);
+
+		if (q)
+			send_changed(s, q);
+	}
 	return freed;
 }
 
@@ -387,14 +400,18 @@ void evict_apply_pending(struct evictor *e, struct seq *q) {
 		return;
 	q->pending = NULL;
 	if (p->epoch == q->epoch) {
+		uint64_t conn_id = q->conn_id, seq_id = q->id;
+
 		before = q->epoch;
 		k = apply_drops(e, q, p->drop_off, p->drop_slots, &emptied);
 		if (k < 0)
 			log_warning("sequence %llu: its eviction plan could not be applied: %s",
 			            (unsigned long long)q->id, strerror((int)-k));
 		(void)settle_tenant(e, q->tenant, &emptied);
-		/* settle_tenant only tells about what it moved itself. */
-		if (q->epoch != before)
+		/* settle_tenant only tells about what it moved itself; and its sends may have
+		 * closed q's connection, so q is looked up again. */
+		q = find_seq(s, conn_id, seq_id);
+		if (q && q->epoch != before)
 			send_changed(s, q);
 		if (!e->running) {
 			e->idle_until_ms = 0;
@@ -469,7 +486,9 @@ static uint64_t apply_round(struct evictor *e, struct round *r) {
 		for (uint32_t rw = 0; rw < rq->rows; rw++) {
 			uint32_t t = round_table_of_row(rq, rw), n = MIN(rq->tokens[t], q->smooth_cap[t]);
 
-			memcpy(q->smooth[t], rq->smooth_out[rw], n * sizeof(float));
+			/* A table without slots may have no array at all (NULL): nothing to copy. */
+			if (n > 0)
+				memcpy(q->smooth[t], rq->smooth_out[rw], n * sizeof(float));
 		}
 		if (!rq->drop_off)
 			continue;
@@ -552,7 +571,8 @@ static void retry_grants(struct evictor *e, bool final) {
 		if (!c || c->closing)
 			continue;
 		c->outstanding--;
-		dispatch_grow(c, g->id, g->seq_id, g->tokens, final || now >= g->deadline_ms ? 0 : g->deadline_ms);
+		dispatch_grow(c, g->id, g->ring, g->seq_id, g->tokens,
+		              final || now >= g->deadline_ms ? 0 : g->deadline_ms);
 	}
 	free(list);
 }
@@ -718,8 +738,11 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 		e->running_request = false;
 		reply_evict(e, &e->running_waiter, r, freed);
 	}
-	/* Nothing given back: do not spin on pressure nothing can relieve. */
-	e->idle_until_ms = freed == 0 && r->trigger != ROUND_EVICT ? now_ms() + EVICT_IDLE_MS : 0;
+	/* Nothing evictable: do not spin on pressure nothing can relieve. A round that evicted
+	 * without emptying a chunk still made room inside the tenants' chunks (their grows
+	 * take those blocks first), so the next round may follow at once. */
+	e->idle_until_ms = r->selected_bytes == 0 && r->trigger != ROUND_EVICT ?
+	                           now_ms() + EVICT_IDLE_MS : 0;
 	round_free(r);
 	/* Grows still short of memory wait on, for a plan waiting for an unpin or the next
 	 * round, until their deadline. */
@@ -740,7 +763,7 @@ int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant 
 	return 0;
 }
 
-int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, uint64_t seq_id,
+int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, bool ring, uint64_t seq_id,
                      uint32_t tokens, uint64_t deadline_ms) {
 	struct server *s = e->srv;
 	struct grant_waiter *g;
@@ -760,9 +783,10 @@ int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, uint64_t se
 		.id = id,
 		.seq_id = seq_id,
 		.tokens = tokens,
+		.ring = ring,
 		.deadline_ms = deadline_ms,
 	};
-	/* After a round that freed nothing, even a new grow waits for the idle time: the
+	/* After a round that found nothing, even a new grow waits for the idle time: the
 	 * same round would run again. */
 	evict_kick(e, ROUND_GRANT);
 	return 0;
@@ -813,6 +837,10 @@ struct evictor *evictor_free(struct evictor *e) {
 	safe_close(e->efd);
 	free(e);
 	return NULL;
+}
+
+bool evict_running(const struct evictor *e) {
+	return e->running;
 }
 
 uint64_t evict_rounds_total(const struct evictor *e) {

@@ -10,8 +10,8 @@
  * meet (it waits up to grant-wait for rounds, then is refused), a budget set below use,
  * an Evict request (kvdctl evict: its reply waits for its own round), and every
  * round-interval. Pressure rounds free down to low-watermark percent of the budget (and
- * at least what waiting grows need); one that frees nothing is not repeated for a second,
- * unless something changes.
+ * at least what waiting grows need); one that finds nothing to evict is not repeated for
+ * a second, unless something changes.
  *
  * Applying a round: each sequence that still exists and was not compacted since the
  * snapshot takes its smoothed costs; if the round evicts from it, it is compacted at once
@@ -70,10 +70,11 @@ int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant 
 /*
  * Parks a grow that the budget could not meet until a round makes room or deadline_ms
  * passes; dispatch_grow() retries it after each round (and once more, to refuse it, at the
- * deadline). Returns 0 when parked, or -EAGAIN (too many waiting, stopping, or nothing
- * anywhere is evictable) or -ENOMEM: then refuse it now.
+ * deadline), answering it on the socket or, with ring, on the connection's ring. Returns 0
+ * when parked, or -EAGAIN (too many waiting, stopping, or nothing anywhere is evictable) or
+ * -ENOMEM: then refuse it now.
  */
-int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, uint64_t seq_id,
+int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, bool ring, uint64_t seq_id,
                      uint32_t tokens, uint64_t deadline_ms);
 
 /* Refuses parked grows whose deadline passed, and checks the triggers; on every tick. */
@@ -81,6 +82,9 @@ void evict_tick(struct evictor *e);
 
 /* Applies q's pending plan if it is still valid (at the last unpin), then frees it. */
 void evict_apply_pending(struct evictor *e, struct seq *q);
+
+/* Whether a round is computing on worker threads now. */
+bool evict_running(const struct evictor *e);
 
 /* Statistics and history for status and EvictionsReply. */
 uint64_t evict_rounds_total(const struct evictor *e);

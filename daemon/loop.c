@@ -5,38 +5,54 @@
 #include <string.h>
 
 #include "common/macro.h"
+#include "common/ring.h"
 #include "loop.h"
 
 #define LOOP_ENTRIES 256
+/* liburing 2.3 knows neither the opcode (Linux 6.7) nor the futex2 flags. */
+#define LOOP_OP_FUTEX_WAIT 51
+#define LOOP_FUTEX2_SIZE_U32 0x02
+#define LOOP_FUTEX_BITSET_MATCH_ANY 0xffffffffu
+/* Without IORING_SETUP_TASKRUN_FLAG (kernels before 6.1, where the loop also goes without
+ * DEFER_TASKRUN), the spinning loop cannot tell whether io_uring has completions for it
+ * without entering the kernel, which costs more than a ring's whole round trip: while the
+ * poller finds work it enters at most this often, and once the poller has been idle this
+ * long, on every turn. */
+#define LOOP_SPIN_ENTER_NS 2000
 
 struct loop {
 	struct io_uring ring;
 	bool exit;
+	bool taskrun_flag;            /* the kernel flags pending completions (see loop_pending()) */
+	const struct loop_poller *poller;
 	/* The kernel copies timespecs only at submission on old kernels; keep them stable. */
 	struct __kernel_timespec timeouts[8];
 	unsigned next_timeout;
 };
 
 int loop_new(struct loop **ret) {
-	struct io_uring_params p = {
-		.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+	static const unsigned flags[] = {
+		IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
+		/* Kernels before 6.1 lack DEFER_TASKRUN; the loop works without it. */
+		0,
 	};
+	struct io_uring_params p;
 	struct loop *l;
-	int r;
+	int r = -EINVAL;
 
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
-	r = io_uring_queue_init_params(LOOP_ENTRIES, &l->ring, &p);
-	if (r == -EINVAL) {
-		/* Kernels before 6.1 lack DEFER_TASKRUN; the loop works without it. */
+	for (size_t i = 0; i < ELEMENTSOF(flags) && r == -EINVAL; i++) {
 		memset(&p, 0, sizeof(p));
+		p.flags = flags[i];
 		r = io_uring_queue_init_params(LOOP_ENTRIES, &l->ring, &p);
 	}
 	if (r < 0) {
 		free(l);
 		return r;
 	}
+	l->taskrun_flag = p.flags & IORING_SETUP_TASKRUN_FLAG;
 	*ret = l;
 	return 0;
 }
@@ -112,6 +128,36 @@ int loop_timeout(struct loop *l, struct loop_op *op, uint64_t ms) {
 	return 0;
 }
 
+int loop_futex_wait(struct loop *l, struct loop_op *op, uint32_t *word, uint32_t val) {
+	PREP(l, op, sqe);
+	/* Shared, not FUTEX2_PRIVATE: the word is in a memfd mapped by the client too. */
+	io_uring_prep_rw(LOOP_OP_FUTEX_WAIT, sqe, LOOP_FUTEX2_SIZE_U32, word, 0, val);
+	sqe->addr3 = LOOP_FUTEX_BITSET_MATCH_ANY;
+	return 0;
+}
+
+int loop_cancel(struct loop *l, struct loop_op *op) {
+	/* The cancellation's own completion carries no op: loop_turn() skips it. */
+	PREP(l, NULL, sqe);
+	io_uring_prep_cancel(sqe, op, 0);
+	return 0;
+}
+
+bool loop_has_futex_wait(struct loop *l) {
+	struct io_uring_probe *p = io_uring_get_probe_ring(&l->ring);
+	bool ok;
+
+	if (!p)
+		return false;
+	ok = p->last_op >= LOOP_OP_FUTEX_WAIT && io_uring_opcode_supported(p, LOOP_OP_FUTEX_WAIT);
+	io_uring_free_probe(p);
+	return ok;
+}
+
+void loop_set_poller(struct loop *l, const struct loop_poller *p) {
+	l->poller = p;
+}
+
 void loop_exit(struct loop *l) {
 	l->exit = true;
 }
@@ -139,7 +185,69 @@ int loop_turn(struct loop *l, bool wait) {
 	return n;
 }
 
+/* Whether entering io_uring would find something: submissions to make, completions posted,
+ * or (with the flag) work the kernel deferred until we enter, such as a receive whose data
+ * came. Memory loads only, so that the spinning loop enters the kernel only when useful. */
+static bool loop_pending(struct loop *l) {
+	return io_uring_sq_ready(&l->ring) > 0 || io_uring_cq_ready(&l->ring) > 0 ||
+	       (IO_URING_READ_ONCE(*l->ring.sq.kflags) & IORING_SQ_TASKRUN);
+}
+
+/* loop_run() with a poller: spin, then sleep (see loop_poller). */
+static int loop_run_polling(struct loop *l) {
+	const struct loop_poller *p = l->poller;
+	uint64_t idle_since = ring_now_ns(), entered = 0, polled = 0;
+	struct ring_spin spin;
+
+	ring_spin_start(&spin, idle_since);
+	while (!l->exit) {
+		uint64_t now = ring_now_ns();
+		bool busy = false;
+		int r;
+
+		/* Submissions the poller queued (replies, events) go out at once. */
+		if (l->taskrun_flag ? loop_pending(l) :
+		    io_uring_sq_ready(&l->ring) > 0 || now - entered >= LOOP_SPIN_ENTER_NS ||
+		    now - polled >= LOOP_SPIN_ENTER_NS) {
+			r = loop_turn(l, false);
+			if (r < 0)
+				return r;
+			entered = now;
+			busy = r > 0;
+		}
+		if (l->exit)
+			break;
+		if (p->poll(p->userdata)) {
+			polled = now;
+			busy = true;
+		}
+		if (busy) {
+			idle_since = now;
+			ring_spin_start(&spin, now);
+			continue;
+		}
+		if (now - idle_since < p->spin_ns) {
+			ring_spin_step(&spin, now);
+			continue;
+		}
+		if (!p->sleep(p->userdata, true)) {
+			idle_since = now;
+			ring_spin_start(&spin, now);
+			continue;
+		}
+		r = loop_turn(l, true);
+		p->sleep(p->userdata, false);
+		if (r < 0)
+			return r;
+		idle_since = entered = ring_now_ns();
+		ring_spin_start(&spin, idle_since);
+	}
+	return 0;
+}
+
 int loop_run(struct loop *l) {
+	if (l->poller)
+		return loop_run_polling(l);
 	while (!l->exit) {
 		int r = loop_turn(l, true);
 

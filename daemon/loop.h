@@ -39,6 +39,33 @@ int loop_recv(struct loop *l, struct loop_op *op, int fd, void *buf, size_t n);
 int loop_send(struct loop *l, struct loop_op *op, int fd, const void *buf, size_t n);
 /* Completes with -ETIME after ms milliseconds. */
 int loop_timeout(struct loop *l, struct loop_op *op, uint64_t ms);
+/*
+ * Completes when *word, a u32 in memory shared with another process, is woken with
+ * FUTEX_WAKE (res 0), or at once with -EAGAIN when it does not hold val when the kernel looks.
+ * Needs IORING_OP_FUTEX_WAIT (Linux 6.7): see loop_has_futex_wait().
+ */
+int loop_futex_wait(struct loop *l, struct loop_op *op, uint32_t *word, uint32_t val);
+/* Cancels op, which then completes with -ECANCELED (unless it completes first). */
+int loop_cancel(struct loop *l, struct loop_op *op);
+/* Whether the kernel runs loop_futex_wait(). */
+bool loop_has_futex_wait(struct loop *l);
+
+/*
+ * Work the loop looks for outside io_uring (the connections' rings, ring.h). With a poller,
+ * loop_run() does not sleep as soon as nothing completes: it calls poll() and checks
+ * io_uring without waiting, over and over, until spin_ns passed without work; then it calls
+ * sleep(userdata, true), which arms whatever must wake the loop and returns false if work
+ * came in meanwhile, sleeps in io_uring, and calls sleep(userdata, false) once awake.
+ */
+struct loop_poller {
+	uint64_t spin_ns;                       /* read on every turn: it may change */
+	bool (*poll)(void *userdata);           /* returns whether it did any work */
+	bool (*sleep)(void *userdata, bool sleeping);
+	void *userdata;
+};
+
+/* Installs p (NULL: none); p must outlive the loop's use of it. */
+void loop_set_poller(struct loop *l, const struct loop_poller *p);
 
 /* Runs until loop_exit(); returns 0 or a negative errno from io_uring itself. */
 int loop_run(struct loop *l);

@@ -17,11 +17,13 @@
 #include "admin.h"
 #include "common/macro.h"
 #include "common/number.h"
+#include "common/ring.h"
 #include "common/size.h"
 #include "conn.h"
 #include "evict.h"
 #include "upload.h"
 #include "log.h"
+#include "ring.h"
 #include "server.h"
 #include "wire.h"
 
@@ -44,6 +46,7 @@ static const char *const limit_names[_LIMIT_MAX] = {
 	[LIMIT_UPLOADS] = "uploads",
 	[LIMIT_EVICT_REQUESTS] = "evict_requests",
 	[LIMIT_GRANT_WAITERS] = "grant_waiters",
+	[LIMIT_RING_COMPLETIONS] = "ring_completions",
 };
 
 const char *server_limit_to_string(enum server_limit l) {
@@ -332,6 +335,98 @@ static int inherit_socket(struct server *s) {
 	return 1;
 }
 
+/* The poller (loop.h): takes the submissions of every connection's rings, and reads the
+ * hot connections' sockets (conn.h). */
+static bool server_poll(void *userdata) {
+	struct server *s = userdata;
+	uint64_t now = s->n_hot > 0 ? ring_now_ns() : 0;
+	bool busy = false;
+
+	/* While a round computes, its worker threads want every CPU: the loop does not spin
+	 * then, and requests that come meanwhile wake it. */
+	s->poller.spin_ns = evict_running(s->evictor) ? 0 : (uint64_t)s->limits.poll_us * 1000;
+
+	/* A request may close connections (this one, or holders of a chunk it gave back), but
+	 * none is freed before the sweep below, so their links stay valid. */
+	for (struct conn *c = s->conns, *next; c; c = next) {
+		int r;
+
+		next = c->next;
+		if (c->hot_ns)
+			busy |= conn_poll(c, now) != 0;
+		if (!c->ring || c->closing || c->close_when_sent)
+			continue;
+		r = ring_poll(c->ring);
+		if (r == -EPROTO) {
+			s->protocol_errors++;
+			log_warning("connection %llu (pid %d): its ring's indices are corrupted, "
+			            "disconnecting", (unsigned long long)c->id, (int)c->cred.pid);
+			conn_close(c, NULL);
+		}
+		busy |= r != 0;
+	}
+	/* Closed connections without an operation in flight (hot ones had no receive armed)
+	 * have no completion to free them: they go here, outside every handler. */
+	for (struct conn *c = s->closed, *next; c; c = next) {
+		next = c->closed_next;
+		conn_maybe_free(c);
+	}
+	return busy;
+}
+
+/* Before the loop sleeps: hot connections get their receive back, every ring is told and
+ * its doorbell armed; after, untold. */
+static bool server_sleep(void *userdata, bool sleeping) {
+	struct server *s = userdata;
+	bool ok = true;
+
+	if (sleeping)
+		for (struct conn *c = s->conns, *next; c; c = next) {
+			next = c->next;
+			conn_cool(c);
+		}
+	for (struct conn *c = s->conns; c; c = c->next) {
+		if (!c->ring)
+			continue;
+		if (sleeping)
+			ok &= ring_sleep_prepare(c->ring);
+		else
+			ring_sleep_done(c->ring);
+	}
+	if (!ok)
+		for (struct conn *c = s->conns; c; c = c->next)
+			if (c->ring)
+				ring_sleep_done(c->ring);
+	return ok;
+}
+
+/* Which doorbell the rings get: --ring-doorbell, with auto resolved against the kernel. */
+static int server_setup_rings(struct server *s) {
+	bool futex = loop_has_futex_wait(s->loop);
+
+	switch (s->limits.ring_doorbell) {
+	case RING_BELL_FUTEX:
+		if (!futex)
+			return log_error_errno(-EOPNOTSUPP, "--ring-doorbell=futex: this kernel has no "
+			                       "IORING_OP_FUTEX_WAIT (Linux 6.7)");
+		s->ring_doorbell = RING_DOORBELL_FUTEX;
+		break;
+	case RING_BELL_EVENTFD:
+		s->ring_doorbell = RING_DOORBELL_EVENTFD;
+		break;
+	default:
+		s->ring_doorbell = futex ? RING_DOORBELL_FUTEX : RING_DOORBELL_EVENTFD;
+	}
+	s->poller = (struct loop_poller){
+		.spin_ns = (uint64_t)s->limits.poll_us * 1000,
+		.poll = server_poll,
+		.sleep = server_sleep,
+		.userdata = s,
+	};
+	loop_set_poller(s->loop, &s->poller);
+	return 0;
+}
+
 static int render_metrics(void *userdata, char **ret, size_t *ret_size) {
 	return metrics_render(userdata, ret, ret_size);
 }
@@ -381,6 +476,9 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 		log_error_errno(r, "cannot set up io_uring");
 		goto fail;
 	}
+	r = server_setup_rings(s);
+	if (r < 0)
+		goto fail;
 	r = inherit_socket(s);
 	if (r < 0)
 		goto fail;
@@ -527,6 +625,9 @@ void server_stop(struct server *s) {
 			continue;
 		}
 		c->close_when_sent = true;
+		/* Sent at once, with nothing queued before it (conn_send()). */
+		if (!c->tx_head)
+			conn_close(c, NULL);
 	}
 }
 
@@ -556,6 +657,12 @@ int server_run(struct server *s) {
 	         s->socket_path, s->pool->ops->name, (unsigned long long)(s->pool->pool_bytes >> 20),
 	         s->pool->n_chunks, (unsigned long long)(s->pool->chunk_bytes >> 10),
 	         (unsigned long long)(s->pool->budget_bytes >> 20));
+	if (s->limits.ring_entries > 0)
+		log_info("rings of %u entries, %s doorbell, polling %u us before sleeping",
+		         s->limits.ring_entries,
+		         s->ring_doorbell == RING_DOORBELL_FUTEX ? "futex" : "eventfd", s->limits.poll_us);
+	else
+		log_info("no rings (--ring-entries=0), polling %u us before sleeping", s->limits.poll_us);
 	r = loop_run(s->loop);
 	if (r < 0)
 		return log_error_errno(r, "event loop failed");

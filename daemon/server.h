@@ -40,6 +40,7 @@ enum server_limit {
 	LIMIT_UPLOADS,                /* output projections computing at once */
 	LIMIT_EVICT_REQUESTS,         /* Evict requests waiting */
 	LIMIT_GRANT_WAITERS,          /* grows waiting for a round, node-wide */
+	LIMIT_RING_COMPLETIONS,       /* a client that leaves its completion ring full (ring.h) */
 	_LIMIT_MAX,
 };
 
@@ -70,6 +71,10 @@ struct server_limits {
 	uint64_t grant_wait_ms;
 	uint64_t round_interval_ms;   /* 0: off */
 	uint64_t max_observation_bytes;
+	/* The per-step rings (ring.h). */
+	uint32_t ring_entries;        /* of each ring; 0: no rings, clients use the socket */
+	int ring_doorbell;            /* enum ring_doorbell */
+	uint32_t poll_us;             /* the loop spins this long before it sleeps */
 };
 
 struct server {
@@ -116,6 +121,9 @@ struct server {
 	struct uploader *uploader;    /* output projection uploads (upload.h) */
 	bool stopping;
 	uint64_t stop_ms;
+	uint32_t ring_doorbell;       /* RING_DOORBELL_*: limits.ring_doorbell, resolved at start */
+	uint32_t n_hot;               /* connections the poller reads itself (conn.h) */
+	struct loop_poller poller;    /* the rings, and the spin before sleeping (loop.h) */
 };
 
 int server_new(struct pool *pool, const struct server_limits *limits, const char *socket_path,

@@ -22,6 +22,7 @@
 #include "http.h"
 #include "kvd/kvd.h"
 #include "policy.h"
+#include "ring.h"
 #include "settings.h"
 
 /* The smallest chunk: below it, the per-chunk bookkeeping outweighs what it manages. */
@@ -166,6 +167,17 @@ static const struct setting node_table[] = {
 	{ "max-observation-bytes", SETTING_SIZE, SETTING_RUNTIME, "SIZE", "64MiB", NULL,
 	  "largest observation buffer of one sequence (layers x q heads x window x head dim)",
 	  NODE(max_observation_bytes) },
+	{ "poll-us", SETTING_U32, 0, "US", "50", NULL,
+	  "how long the event loop keeps looking at the rings and sockets once idle, before it "
+	  "sleeps; clients whose requests come within it make no system call; 0: sleep at once",
+	  NODE(poll_us), 0, 1000000 },
+	{ "ring-entries", SETTING_U32, 0, "N", "64", NULL,
+	  "entries of each connection's submission and completion rings, a power of two from 2 "
+	  "to 4096; 0: no rings, clients use the socket", NODE(ring_entries), 0, RING_ENTRIES_MAX },
+	{ "ring-doorbell", SETTING_ENUM, 0, "KIND", "auto", NULL,
+	  "how a client wakes the daemon asleep on its rings: futex (needs IORING_OP_FUTEX_WAIT, "
+	  "Linux 6.7), eventfd, or auto, futex when the kernel has it", NODE(ring_doorbell),
+	  .enum_name = ring_doorbell_to_string, .enum_n = _RING_BELL_MAX },
 	{ "log-level", SETTING_ENUM, SETTING_RUNTIME, "LEVEL", "info", NULL,
 	  "least important messages logged", NODE(log_level),
 	  .enum_name = log_level_name, .enum_n = LOG_DEBUG + 1 },
@@ -752,6 +764,9 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 	if (s->low_watermark > s->high_watermark)
 		check_error(s, e, settings_index("low-watermark"), "must be at most high-watermark (%u)",
 		            s->high_watermark);
+	if (s->ring_entries != 0 && !ring_entries_valid(s->ring_entries))
+		check_error(s, e, settings_index("ring-entries"), "must be 0 or a power of two from %u "
+		            "to %u", RING_ENTRIES_MIN, RING_ENTRIES_MAX);
 	if (s->budget != SETTINGS_UNSET && s->budget > s->pool_size)
 		check_error(s, e, budget, "must be at most pool-size (%s)",
 		            size_format(s->pool_size, b, sizeof(b)));

@@ -45,7 +45,7 @@
 #define SETTINGS_LIST_MAX 64
 #define SETTINGS_LIST_NAME_MAX 64
 /* Entries in the node table (a bound for the per-entry arrays below). */
-#define SETTINGS_MAX 32
+#define SETTINGS_MAX 40
 /* Budget and sizes that are not set: the budget is then the pool. */
 #define SETTINGS_UNSET UINT64_MAX
 
@@ -167,6 +167,9 @@ struct settings {
 	uint32_t round_threads;       /* 0: the online CPUs */
 	uint32_t eviction_floor;      /* percent */
 	uint64_t max_observation_bytes;
+	uint32_t poll_us;
+	uint32_t ring_entries;        /* 0: no rings */
+	int ring_doorbell;            /* enum ring_doorbell */
 	int log_level;                /* LOG_ERR..LOG_DEBUG */
 	char *state_dir;
 	char *metrics_listen;         /* "": off */

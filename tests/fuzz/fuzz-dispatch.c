@@ -491,6 +491,8 @@ static void setup(uint8_t config) {
 	if (h.small_buffers)
 		limits.max_tx_bytes = 2048;
 	limits.metrics_listen = NULL;
+	/* The rings have a target of their own, fuzz-ring.c. */
+	limits.ring_entries = 0;
 
 	/* What server_new() does, less the sockets, signals and timer. */
 	s = calloc(1, sizeof(*s));

@@ -909,6 +909,132 @@ static void npys(void) {
 	}
 }
 
+/* ---- rings (fuzz-ring.c) ---- */
+
+static struct buf ring_in;
+
+static void ring_sqe(uint8_t op, uint8_t seq_index, uint8_t arg) {
+	put8(&ring_in, 1);
+	put8(&ring_in, op);
+	put8(&ring_in, seq_index);
+	put8(&ring_in, arg);
+}
+
+static void ring_op(uint8_t op) {
+	put8(&ring_in, op);
+}
+
+static void ring_op32(uint8_t op, uint32_t v) {
+	put8(&ring_in, op);
+	put32(&ring_in, v);
+}
+
+static void ring_read(uint8_t n) {
+	put8(&ring_in, 4);
+	put8(&ring_in, n);
+}
+
+static void ring_save(const char *name) {
+	save("ring", name, ring_in.d, ring_in.n);
+	ring_in.n = 0;
+}
+
+static void rings(void) {
+	static const uint8_t garbage[32] = { 0x02, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff,
+		                             0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+		                             0x2a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+		                             0x07, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00 };
+
+	/* Every operation once, answered and read (op 1 = grow, 2 pin, 3 unpin, 4 release). */
+	put8(&ring_in, 0x02);
+	ring_sqe(1, 0, 40);
+	ring_sqe(2, 0, 0);
+	ring_sqe(3, 0, 0);
+	ring_sqe(3, 0, 0);
+	ring_sqe(2, 1, 0);
+	ring_sqe(4, 2, 0);
+	ring_sqe(1, 3, 1);
+	ring_sqe(5, 0, 0);
+	ring_op(2);
+	ring_op(7);
+	ring_read(16);
+	ring_save("every-op");
+
+	/* Rings of two entries, around and around. */
+	put8(&ring_in, 0x00);
+	for (int i = 0; i < 40; i++) {
+		ring_sqe(i % 3 == 0 ? 1 : 2, (uint8_t)(i % 3), 3);
+		ring_op(2);
+		ring_read(1);
+	}
+	ring_save("wrap-around");
+
+	/* A completion ring left full: the rest waits until it is read. */
+	put8(&ring_in, 0x01);
+	for (int k = 0; k < 2; k++) {
+		for (int i = 0; i < 4; i++)
+			ring_sqe(2, 0, 0);
+		ring_op(2);
+	}
+	ring_read(4);
+	ring_op(2);
+	ring_read(8);
+	ring_save("full-ring");
+
+	/* Grows that need chunks (granted on the socket), releases that empty them (unmaps on
+	 * the socket), in a small pool with small socket buffers, both doorbells. */
+	for (int k = 0; k < 2; k++) {
+		put8(&ring_in, k ? 0x1e : 0x1a);
+		for (int i = 0; i < 6; i++)
+			ring_sqe(1, (uint8_t)(i % 3), 255);
+		ring_op(2);
+		ring_op(8);
+		ring_read(16);
+		ring_sqe(4, 0, 0);
+		ring_sqe(4, 1, 0);
+		ring_op(2);
+		ring_op(7);
+		ring_read(16);
+		ring_sqe(1, 2, 200);
+		ring_op(2);
+		ring_op(8);
+		ring_op(7);
+		ring_read(16);
+		ring_save(k ? "grants-unmaps-eventfd" : "grants-unmaps");
+	}
+
+	/* Garbage and lies: raw entries, tails and heads no producer writes, a scribbled
+	 * header and wake words, then a fresh connection. */
+	put8(&ring_in, 0x03);
+	ring_op(0);
+	put(&ring_in, garbage, sizeof(garbage));
+	ring_op(2);
+	ring_read(4);
+	ring_op32(3, 5);
+	ring_op32(3, 0x80000000u);
+	ring_op(9);
+	ring_sqe(2, 0, 0);
+	ring_op(2);
+	ring_read(1);
+	ring_op32(5, 1000);
+	for (int i = 0; i < 20; i++)
+		ring_sqe(2, 0, 0);
+	ring_op(2);
+	ring_op(6);
+	put16(&ring_in, 0);
+	put8(&ring_in, 32);
+	put(&ring_in, garbage, sizeof(garbage));
+	ring_op(6);
+	put16(&ring_in, 384);
+	put8(&ring_in, 4);
+	put32(&ring_in, 1);
+	ring_op(8);
+	ring_sqe(3, 1, 0);
+	ring_op(2);
+	ring_read(8);
+	ring_save("garbage");
+}
+
 int main(int argc, char *argv[]) {
 	if (argc != 2) {
 		fprintf(stderr, "usage: %s CORPUS-DIR (tests/fuzz/corpus)\n", argv[0]);
@@ -920,6 +1046,7 @@ int main(int argc, char *argv[]) {
 	frames();
 	sequences();
 	npys();
+	rings();
 	printf("%u files written to %s\n", written, out_dir);
 	return 0;
 }

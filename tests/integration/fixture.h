@@ -34,7 +34,8 @@ int fixture_run_daemon(const char *args, char *out, size_t n);
  * Starts the daemon with --socket in a fresh directory plus the NULL-terminated extra
  * arguments, and returns once the socket accepts connections. Fails the test otherwise.
  * The daemon reads no config file (--config /dev/null) and keeps its live state in the
- * directory (--state-dir), so that nothing of the machine's leaks in or out.
+ * directory (--state-dir), so that nothing of the machine's leaks in or out, and sleeps as
+ * soon as it is idle (--poll-us=0) unless args say otherwise.
  */
 void fixture_start(struct fixture *f, const char *const *args);
 

@@ -24,3 +24,27 @@ int bench_evict(int argc, char **argv);
  * Returns the process exit status like bench_evict().
  */
 int bench_evict_round(const char *socket, int argc, char **argv);
+
+/*
+ * `kvd-bench soak` (soak.c): many client processes of several tenants do random valid and
+ * invalid operations against a running daemon for a set time, then check that nothing
+ * leaked and nothing was corrupted. argv[0] is "soak"; it returns the process exit status
+ * (0 when every check passed, 1 when one failed, 2 on usage errors).
+ */
+int bench_soak(int argc, char **argv);
+
+/*
+ * `kvd-bench ipc` (ipc.c): a per-step request's latency over the socket and through the
+ * rings against the raw floors under each, and pin/unpin throughput with 1, 4 and 16
+ * clients, against kvd daemons it starts. argv[0] is "ipc"; it returns the process exit
+ * status (0, 1 if a measurement failed, 2 on usage errors).
+ */
+int bench_ipc(int argc, char **argv);
+
+/*
+ * `kvd-bench quality` (quality.c): the accuracy of every eviction policy on the kvd-lm
+ * tasks, through a kvd daemon it starts, written as CSV, a markdown table and plots.
+ * argv[0] is "quality"; it returns the process exit status (0, 1 if a run failed, 2 on
+ * usage errors).
+ */
+int bench_quality(int argc, char **argv);

@@ -21,6 +21,11 @@ import sys
 import zlib
 from dataclasses import dataclass, asdict
 
+if __name__ == "__main__":
+    import os
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # see train.py
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import torch
 import torch.nn.functional as F
 

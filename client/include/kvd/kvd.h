@@ -47,10 +47,18 @@
  * the connection is closed then, and later calls return -ECONNRESET. NULL handles give
  * -EINVAL. The library never logs and never calls exit().
  *
- * Threads. A kvd_client may be used from several threads: calls on one client are
- * serialised by an internal lock (requests are synchronous round trips). A kvd_seq may be
- * read (kvd_seq_tokens, kvd_seq_kv, ...) from any thread, but must not be used while
- * another thread releases it. Reference counting (ref/unref) is atomic.
+ * Threads. A kvd_client may be used from several threads. Calls that go over the socket
+ * are serialised by an internal lock (requests are synchronous round trips). The per-step
+ * calls (kvd_seq_grow, kvd_seq_pin, kvd_seq_unpin, kvd_seq_release) go through
+ * shared-memory rings when the daemon offers them (see kvd_client_set_ring): they do not
+ * take that lock, only a short one that serialises their submissions, so requests of several
+ * threads are in flight together and each returns when its own answer comes, in whatever
+ * order the daemon answers (a grow that waits for an eviction round does not hold up a
+ * pin on another thread). Up to the daemon's ring size may be in flight; past that, and for
+ * a ring request whose answer needs the socket (new chunks to map, chunks to unmap), the
+ * call also takes the lock. A kvd_seq may be read (kvd_seq_tokens, kvd_seq_kv, ...) from
+ * any thread, but must not be used while another thread releases it. Reference counting
+ * (ref/unref) is atomic.
  *
  * fork(). Handles belong to the process that created them. After fork() the child gets
  * -ECHILD from every call on an inherited handle (getters that cannot return an error
@@ -233,6 +241,35 @@ KVD_EXPORT int kvd_client_connect(const char *socket_path, const char *tenant, k
  * -ECHILD.
  */
 KVD_EXPORT int kvd_client_reconnect(kvd_client *c, uint32_t timeout_ms);
+
+/*
+ * The per-step rings. A daemon that offers them (kvd.8, --ring-entries) gives each
+ * connection a pair of shared-memory rings at hello, and kvd_seq_grow, kvd_seq_pin,
+ * kvd_seq_unpin and kvd_seq_release then go through them: no system call while the daemon
+ * is awake (it polls for --poll-us after its last work), a futex or eventfd wake-up when it
+ * is asleep. Everything else stays on the socket, and so do the fds: a grow that needs chunks
+ * this process has not mapped, or a release that empties chunks, reads them from the
+ * socket before it returns. The environment variable KVD_NO_RING=1, set when the client
+ * connects, keeps that client on the socket.
+ * kvd_client_set_ring(c, 0) sends the per-step calls over the socket from now on, and
+ * kvd_client_set_ring(c, 1) through the rings again. Returns 0, or -EOPNOTSUPP (enable, but
+ * this connection has no rings: an older daemon, --ring-entries=0 or KVD_NO_RING),
+ * -EINVAL, -ECHILD.
+ * kvd_client_get_ring returns 1 while the per-step calls use the rings, 0 while they use
+ * the socket, or -EINVAL, -ECHILD.
+ */
+KVD_EXPORT int kvd_client_set_ring(kvd_client *c, int enable);
+KVD_EXPORT int kvd_client_get_ring(kvd_client *c);
+
+/*
+ * How long a call waits for the daemon's answer spinning before it sleeps, in microseconds:
+ * an answer that comes within it costs no sleep and no wake-up (tens of microseconds on a
+ * virtual machine), at the price of this thread's CPU meanwhile (it yields the CPU after
+ * 2 us, then at doubling intervals, so that a daemon on the same CPU runs). 0 sleeps at once.
+ * The default is 50, or KVD_SPIN_US from the environment when the client connects. Applies
+ * to the rings and the socket. Returns 0, or -EINVAL (above 1000000), -ECHILD.
+ */
+KVD_EXPORT int kvd_client_set_spin(kvd_client *c, uint32_t spin_us);
 
 /* Reference counting. Every kvd_seq holds a reference on its client, so the connection
  * stays open until the last kvd_seq is released too. unref on the last reference closes
@@ -429,7 +466,8 @@ KVD_EXPORT int kvd_tenant_reset(kvd_client *c, const char *tenant);
  *           "connections", "connections_per_uid", "tenants", "models",
  *           "models_per_tenant", "seqs", "seqs_per_tenant", "seq_tokens", "descriptor",
  *           "frame", "send_queue", "outstanding", "observation", "uploads",
- *           "evict_requests", "grant_waiters"; kvd_status_refusal() lists them all);
+ *           "evict_requests", "grant_waiters", "ring_completions"; kvd_status_refusal()
+ *           lists them all);
  *           strings "daemon_version", "backend", "budget_source": where the budget
  *           comes from, "default", "config", "flag" (kvd --budget) or "live" (set with
  *           kvdctl, kept in the state file), and "state_error": why live changes cannot

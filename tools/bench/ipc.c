@@ -1,0 +1,775 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvd-bench ipc: what one per-step request costs over the socket and through the rings,
+ * next to the floors under each, in one run (DESIGN.md section 4, PLATFORM.md section 3).
+ *
+ * Floors, between two processes and without kvd: a raw Unix-socket round trip of MSG_BYTES
+ * each way, and a raw round trip on a pair of shared-memory rings with kvd's own layout and
+ * doorbell protocol (proto/common/ring.h) but no libkvd and no daemon. Then one kvd
+ * operation through libkvd, against a kvd this program starts: kvd_seq_pin and
+ * kvd_seq_unpin, alternately, each timed on its own, over the socket
+ * (kvd_client_set_ring(c, 0)) and through the rings. Floor and kvd are measured under the
+ * same conditions:
+ *   - waiting: "spin", both sides spin and never sleep (kvd --poll-us 1000000, a client spin
+ *     of 1 s, and the floors alike); "spin-sleep", both spin for --poll-us (server) and
+ *     --spin-us (client) and then sleep, kvd's defaults; "sleep", neither spins, so that
+ *     every request pays the wake-ups (and also through the eventfd doorbell);
+ *   - placement: the server (the daemon, or the floor's server process) on the first CPU
+ *     this program may use, the client on the same one ("same-core") or on the second
+ *     ("cross-core").
+ * Every spin is ring.h's (pauses, and sched_yield() after RING_SPIN_PAUSE_NS, then at
+ * doubling intervals), on every path alike, so that on one core the spinner lets its peer
+ * run. The ratios kvd / floor, of medians and of p99s, are
+ * printed against the targets: 2 for the rings, 1.5 for the socket.
+ *
+ * Then throughput: 1, 4 and 16 client processes, each with its own connection, doing pin
+ * and unpin back to back for --seconds, through the rings and over the socket, with the
+ * daemon's polling at --poll-us and no process pinned to a CPU.
+ *
+ * This is a benchmark, not a test: nothing asserts on timings.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "common/macro.h"
+#include "common/number.h"
+#include "common/ring.h"
+#include "kvd/kvd.h"
+
+#define MSG_BYTES 32
+#define ITERATIONS_MAX 10000000u
+#define SECONDS_MAX 3600.0
+/* "Never sleep": the longest spin both kvd and libkvd take. */
+#define SPIN_FOREVER_US 1000000u
+#define FLOOR_ENTRIES 64u
+#define FLOOR_OP_STOP 0xff
+#define RING_TARGET 2.0
+#define SOCKET_TARGET 1.5
+#define DAEMON_START_MS 5000
+
+static const char *arg_kvd;
+static uint32_t arg_iterations = 20000;
+static double arg_seconds = 2.0;
+static uint32_t arg_spin_us = 50;
+static uint32_t arg_poll_us = 50;
+static bool arg_json;
+
+static const unsigned throughput_clients[] = { 1, 4, 16 };
+
+/* A small model: pin and unpin do not depend on its size. */
+static const kvd_model_spec shape = { "ipc", 1, 1, 1, 8, KVD_DTYPE_F16, 16, KVD_LAYOUT_PER_LAYER };
+
+struct strategy {
+	const char *name;
+	uint32_t client_spin_us, server_spin_us;
+};
+
+struct stats {
+	double median_us, p99_us;
+};
+
+/* One line of the latency table. */
+struct row {
+	const struct strategy *wait;
+	const char *placement;
+	struct stats socket_floor, socket_kvd, ring_floor, ring_kvd;
+	bool eventfd;                 /* the "sleep" rows also measure the eventfd doorbell */
+	struct stats ring_eventfd_kvd;
+};
+
+static cpu_set_t all_cpus;
+static int cpus[2];
+static int n_cpus;
+
+static _printf_(1, 2) int fail(const char *fmt, ...) {
+	va_list ap;
+
+	fputs("kvd-bench ipc: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return -EIO;
+}
+
+/* Runs the calling process on cpu, or on every CPU it may use when cpu < 0. */
+static void pin_cpu(int cpu) {
+	cpu_set_t set;
+
+	if (cpu < 0)
+		set = all_cpus;
+	else {
+		CPU_ZERO(&set);
+		CPU_SET(cpu, &set);
+	}
+	(void)sched_setaffinity(0, sizeof(set), &set);
+}
+
+/* A child that dies with us. */
+static pid_t fork_child(void) {
+	pid_t parent = getpid(), pid = fork();
+
+	if (pid == 0 && (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent))
+		_exit(1);
+	return pid;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static struct stats stats_of(uint64_t *ns, uint32_t n) {
+	qsort(ns, n, sizeof(*ns), cmp_u64);
+	return (struct stats){
+		.median_us = ns[n / 2] / 1000.0,
+		.p99_us = ns[MIN((uint64_t)n * 99 / 100, (uint64_t)n - 1)] / 1000.0,
+	};
+}
+
+static uint32_t warmup(void) {
+	return MAX(arg_iterations / 10, 100u);
+}
+
+/* ---- the socket floor ---- */
+
+/* Reads n bytes, spinning on non-blocking reads for spin_ns first, as libkvd waits for a
+ * reply. Returns 1, 0 at end of file, or -errno. */
+static int recv_wait(int fd, void *buf, size_t n, uint64_t spin_ns) {
+	struct ring_spin spin;
+	size_t got = 0;
+
+	ring_spin_start(&spin, ring_now_ns());
+	while (got < n) {
+		uint64_t now = ring_now_ns();
+		ssize_t k = recv(fd, (char *)buf + got, n - got,
+		                 now - spin.start < spin_ns ? MSG_DONTWAIT : 0);
+
+		if (k > 0)
+			got += (size_t)k;
+		else if (k == 0)
+			return 0;
+		else if (errno == EAGAIN || errno == EWOULDBLOCK)
+			ring_spin_step(&spin, now);
+		else if (errno != EINTR)
+			return -errno;
+	}
+	return 1;
+}
+
+static int send_all(int fd, const void *buf, size_t n) {
+	size_t done = 0;
+
+	while (done < n) {
+		ssize_t k = send(fd, (const char *)buf + done, n - done, MSG_NOSIGNAL);
+
+		if (k < 0 && errno != EINTR)
+			return -errno;
+		if (k > 0)
+			done += (size_t)k;
+	}
+	return 0;
+}
+
+static int floor_socket(const struct strategy *st, int client_cpu, struct stats *ret) {
+	_cleanup_(freep) uint64_t *ns = calloc(arg_iterations, sizeof(uint64_t));
+	uint32_t total = warmup() + arg_iterations;
+	char msg[MSG_BYTES] = "kvd-bench ipc";
+	int sv[2], r = 0;
+	pid_t pid;
+
+	if (!ns)
+		return -ENOMEM;
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+		return -errno;
+	pid = fork_child();
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		close(sv[0]);
+		pin_cpu(cpus[0]);
+		while (recv_wait(sv[1], msg, sizeof(msg), (uint64_t)st->server_spin_us * 1000) > 0)
+			if (send_all(sv[1], msg, sizeof(msg)) < 0)
+				break;
+		_exit(0);
+	}
+	close(sv[1]);
+	pin_cpu(client_cpu);
+	for (uint32_t i = 0; i < total && r >= 0; i++) {
+		uint64_t t0 = ring_now_ns();
+
+		r = send_all(sv[0], msg, sizeof(msg));
+		if (r >= 0)
+			r = recv_wait(sv[0], msg, sizeof(msg), (uint64_t)st->client_spin_us * 1000) > 0 ? 0 : -EPIPE;
+		if (i >= total - arg_iterations)
+			ns[i - (total - arg_iterations)] = ring_now_ns() - t0;
+	}
+	pin_cpu(-1);
+	close(sv[0]);
+	waitpid(pid, NULL, 0);
+	if (r < 0)
+		return fail("socket floor: %s", strerror(-r));
+	*ret = stats_of(ns, arg_iterations);
+	return 0;
+}
+
+/* ---- the ring floor ---- */
+
+/* Spins for spin_ns, then sleeps, until the word at *index differs from seen; the announce,
+ * look again, sleep sequence of ring.h. */
+static void floor_wait(struct ring_word *index, struct ring_word *wake, uint32_t seen,
+                       uint64_t spin_ns) {
+	struct ring_spin spin;
+
+	ring_spin_start(&spin, ring_now_ns());
+	while (ring_load_acquire(index) == seen) {
+		uint64_t now = ring_now_ns();
+
+		if (now - spin.start < spin_ns) {
+			ring_spin_step(&spin, now);
+			continue;
+		}
+		ring_sleep_announce(wake);
+		if (ring_load_acquire(index) == seen)
+			(void)ring_futex_wait(wake, 1, UINT64_C(1000000000));
+		/* Like the daemon once awake: the producer need not ring any more. */
+		if (__atomic_load_n(&wake->v, __ATOMIC_RELAXED) != 0)
+			__atomic_store_n(&wake->v, 0, __ATOMIC_RELAXED);
+	}
+}
+
+/* The floor's server: echoes every submission as a completion. */
+static void floor_ring_server(struct ring_shared *sh, const struct ring_geometry *g,
+                              uint64_t spin_ns) {
+	uint32_t head = 0, tail = 0;
+
+	for (;;) {
+		uint32_t end;
+
+		floor_wait(&sh->sq_tail, &sh->sq_wake, head, spin_ns);
+		end = ring_load_acquire(&sh->sq_tail);
+		for (; head != end; head++) {
+			const struct ring_sqe *e = ring_sqe_at(sh, g, head);
+			struct ring_cqe *c = ring_cqe_at(sh, g, tail++);
+
+			if (e->op == FLOOR_OP_STOP)
+				_exit(0);
+			*c = (struct ring_cqe){ .user_data = e->user_data };
+		}
+		ring_store_release(&sh->sq_head, head);
+		ring_store_release(&sh->cq_tail, tail);
+		if (ring_wake_needed(&sh->cq_wake))
+			(void)ring_futex_wake(&sh->cq_wake);
+	}
+}
+
+static void floor_ring_submit(struct ring_shared *sh, const struct ring_geometry *g,
+                              uint32_t *sq_tail, uint8_t op, uint64_t user_data) {
+	*ring_sqe_at(sh, g, *sq_tail) = (struct ring_sqe){ .op = op, .user_data = user_data };
+	ring_store_release(&sh->sq_tail, ++*sq_tail);
+	if (ring_wake_needed(&sh->sq_wake))
+		(void)ring_futex_wake(&sh->sq_wake);
+}
+
+static int floor_ring(const struct strategy *st, int client_cpu, struct stats *ret) {
+	_cleanup_(freep) uint64_t *ns = calloc(arg_iterations, sizeof(uint64_t));
+	uint32_t total = warmup() + arg_iterations, sq_tail = 0, cq_head = 0;
+	struct ring_shared *sh;
+	struct ring_geometry g;
+	pid_t pid;
+
+	if (!ns)
+		return -ENOMEM;
+	if (ring_layout(FLOOR_ENTRIES, RING_DOORBELL_FUTEX, &g) < 0)
+		return -EINVAL;
+	/* Anonymous shared memory is what a memfd mapping is to the futex: a shared page. */
+	sh = mmap(NULL, g.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (sh == MAP_FAILED)
+		return -errno;
+	sh->geo = g;
+	pid = fork_child();
+	if (pid < 0) {
+		munmap(sh, g.total_bytes);
+		return -errno;
+	}
+	if (pid == 0) {
+		pin_cpu(cpus[0]);
+		floor_ring_server(sh, &g, (uint64_t)st->server_spin_us * 1000);
+	}
+	pin_cpu(client_cpu);
+	for (uint32_t i = 0; i < total; i++) {
+		uint64_t t0 = ring_now_ns();
+
+		floor_ring_submit(sh, &g, &sq_tail, 1, i);
+		floor_wait(&sh->cq_tail, &sh->cq_wake, cq_head, (uint64_t)st->client_spin_us * 1000);
+		ring_store_release(&sh->cq_head, ++cq_head);
+		if (i >= total - arg_iterations)
+			ns[i - (total - arg_iterations)] = ring_now_ns() - t0;
+	}
+	pin_cpu(-1);
+	floor_ring_submit(sh, &g, &sq_tail, FLOOR_OP_STOP, 0);
+	waitpid(pid, NULL, 0);
+	munmap(sh, g.total_bytes);
+	*ret = stats_of(ns, arg_iterations);
+	return 0;
+}
+
+/* ---- kvd ---- */
+
+struct daemon {
+	pid_t pid;
+	char dir[64];
+	char socket[128];
+	char state[128];
+};
+
+static void daemon_stop(struct daemon *d) {
+	char path[192];
+
+	if (d->pid > 0) {
+		kill(d->pid, SIGTERM);
+		waitpid(d->pid, NULL, 0);
+		d->pid = 0;
+	}
+	unlink(d->socket);
+	snprintf(path, sizeof(path), "%s/state", d->state);
+	unlink(path);
+	rmdir(d->state);
+	rmdir(d->dir);
+}
+
+/* Starts kvd on a socket of its own, on cpu (< 0: anywhere), and waits until it answers. */
+static int daemon_start(struct daemon *d, uint32_t poll_us, const char *doorbell, int cpu) {
+	char poll[16];
+
+	*d = (struct daemon){};
+	snprintf(d->dir, sizeof(d->dir), "/tmp/kvd-bench-ipc-XXXXXX");
+	if (!mkdtemp(d->dir))
+		return fail("mkdtemp: %s", strerror(errno));
+	snprintf(d->socket, sizeof(d->socket), "%s/kvd.sock", d->dir);
+	snprintf(d->state, sizeof(d->state), "%s/state", d->dir);
+	snprintf(poll, sizeof(poll), "%" PRIu32, poll_us);
+	d->pid = fork_child();
+	if (d->pid < 0)
+		return fail("fork: %s", strerror(errno));
+	if (d->pid == 0) {
+		const char *argv[] = { arg_kvd, "--socket", d->socket, "--config", "/dev/null",
+			               "--state-dir", d->state, "--pool-size", "64MiB", "--chunk-size",
+			               "1MiB", "--poll-us", poll, "--ring-doorbell", doorbell,
+			               "--log-level", "warning", NULL };
+
+		pin_cpu(cpu);
+		if (strchr(arg_kvd, '/'))
+			execv(arg_kvd, (char **)argv);
+		else
+			execvp(arg_kvd, (char **)argv);
+		fprintf(stderr, "kvd-bench ipc: cannot run %s: %s\n", arg_kvd, strerror(errno));
+		_exit(127);
+	}
+	for (unsigned ms = 0; ms < DAEMON_START_MS; ms += 10) {
+		kvd_client *c;
+		int status;
+
+		if (kvd_client_connect(d->socket, NULL, &c) >= 0) {
+			kvd_client_unref(c);
+			return 0;
+		}
+		if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+			d->pid = 0;
+			daemon_stop(d);
+			return fail("%s exited with status %d (see --kvd)", arg_kvd,
+			            WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+		}
+		usleep(10000);
+	}
+	daemon_stop(d);
+	return fail("%s did not answer on %s", arg_kvd, d->socket);
+}
+
+/* A client with one open sequence, on the rings or the socket, spinning spin_us. */
+static int kvd_open(const char *socket, bool ring, uint32_t spin_us, kvd_client **ret_c,
+                    kvd_seq **ret_s) {
+	kvd_client *c;
+	int m, r;
+
+	r = kvd_client_connect(socket, "ipc", &c);
+	if (r < 0)
+		return fail("connect: %s", strerror(-r));
+	r = kvd_client_set_ring(c, ring);
+	if (r >= 0)
+		r = kvd_client_set_spin(c, spin_us);
+	if (r >= 0)
+		r = m = kvd_model_register(c, &shape);
+	if (r >= 0)
+		r = kvd_seq_open(c, m, 16, ret_s);
+	if (r < 0) {
+		kvd_client_unref(c);
+		return fail("setting up a %s client: %s", ring ? "ring" : "socket", strerror(-r));
+	}
+	*ret_c = c;
+	return 0;
+}
+
+static int kvd_latency(const char *socket, bool ring, uint32_t spin_us, int client_cpu,
+                       struct stats *ret) {
+	_cleanup_(freep) uint64_t *ns = calloc(arg_iterations, sizeof(uint64_t));
+	uint32_t total = warmup() + arg_iterations;
+	kvd_client *c;
+	kvd_seq *s;
+	int r = 0;
+
+	if (!ns)
+		return -ENOMEM;
+	r = kvd_open(socket, ring, spin_us, &c, &s);
+	if (r < 0)
+		return r;
+	pin_cpu(client_cpu);
+	for (uint32_t i = 0; i < total && r >= 0; i++) {
+		uint64_t t0 = ring_now_ns();
+
+		r = i % 2 ? kvd_seq_unpin(s) : kvd_seq_pin(s);
+		if (i >= total - arg_iterations)
+			ns[i - (total - arg_iterations)] = ring_now_ns() - t0;
+	}
+	pin_cpu(-1);
+	if (r < 0)
+		fail("kvd %s: %s", ring ? "ring" : "socket", strerror(-r));
+	(void)kvd_seq_release(s);
+	kvd_client_unref(c);
+	if (r < 0)
+		return r;
+	*ret = stats_of(ns, arg_iterations);
+	return 0;
+}
+
+static int measure_row(struct row *row, int client_cpu) {
+	const struct strategy *st = row->wait;
+	struct daemon d;
+	int r;
+
+	r = floor_socket(st, client_cpu, &row->socket_floor);
+	if (r >= 0)
+		r = floor_ring(st, client_cpu, &row->ring_floor);
+	if (r < 0)
+		return r;
+	r = daemon_start(&d, st->server_spin_us, "auto", cpus[0]);
+	if (r < 0)
+		return r;
+	r = kvd_latency(d.socket, false, st->client_spin_us, client_cpu, &row->socket_kvd);
+	if (r >= 0)
+		r = kvd_latency(d.socket, true, st->client_spin_us, client_cpu, &row->ring_kvd);
+	daemon_stop(&d);
+	if (r < 0 || !row->eventfd)
+		return r;
+	r = daemon_start(&d, st->server_spin_us, "eventfd", cpus[0]);
+	if (r < 0)
+		return r;
+	r = kvd_latency(d.socket, true, st->client_spin_us, client_cpu, &row->ring_eventfd_kvd);
+	daemon_stop(&d);
+	return r;
+}
+
+/* ---- throughput ---- */
+
+/* One client process: pin and unpin back to back once go_fd closes, for --seconds; writes
+ * 'R' when ready, then the count of operations. */
+static void throughput_child(const char *socket, bool ring, int report_fd, int go_fd) {
+	uint64_t ops = 0, end;
+	kvd_client *c;
+	kvd_seq *s;
+	char b;
+
+	if (kvd_open(socket, ring, arg_spin_us, &c, &s) < 0)
+		_exit(1);
+	if (write(report_fd, "R", 1) != 1 || read(go_fd, &b, 1) != 0)
+		_exit(1);
+	end = ring_now_ns() + (uint64_t)(arg_seconds * 1e9);
+	while (ring_now_ns() < end) {
+		if (kvd_seq_pin(s) < 0 || kvd_seq_unpin(s) < 0)
+			_exit(1);
+		ops += 2;
+	}
+	if (write(report_fd, &ops, sizeof(ops)) != sizeof(ops))
+		_exit(1);
+	_exit(0);
+}
+
+static int throughput(const char *socket, bool ring, unsigned clients, double *ret_ops) {
+	int report[2], go[2], r = 0;
+	pid_t pids[16];
+	uint64_t sum = 0;
+	unsigned started = 0;
+
+	if (pipe2(report, O_CLOEXEC) < 0 || pipe2(go, O_CLOEXEC) < 0)
+		return fail("pipe: %s", strerror(errno));
+	for (; started < clients; started++) {
+		pids[started] = fork_child();
+		if (pids[started] < 0) {
+			r = fail("fork: %s", strerror(errno));
+			break;
+		}
+		if (pids[started] == 0) {
+			close(report[0]);
+			close(go[1]);
+			throughput_child(socket, ring, report[1], go[0]);
+		}
+	}
+	close(report[1]);
+	close(go[0]);
+	for (unsigned i = 0; i < started && r >= 0; i++) {
+		char b;
+
+		if (read(report[0], &b, 1) != 1)
+			r = fail("a throughput client failed to set up");
+	}
+	/* Every client starts at once, when the pipe closes. */
+	close(go[1]);
+	for (unsigned i = 0; i < started && r >= 0; i++) {
+		uint64_t ops;
+
+		if (read(report[0], &ops, sizeof(ops)) != sizeof(ops))
+			r = fail("a throughput client failed");
+		else
+			sum += ops;
+	}
+	close(report[0]);
+	for (unsigned i = 0; i < started; i++)
+		waitpid(pids[i], NULL, 0);
+	*ret_ops = sum / arg_seconds;
+	return r;
+}
+
+/* ---- output ---- */
+
+static double ratio(double kvd, double floor) {
+	return floor > 0 ? kvd / floor : 0;
+}
+
+static void print_pair(const char *path, const struct stats *fl, const struct stats *kv,
+                       double target) {
+	double rm = ratio(kv->median_us, fl->median_us), rp = ratio(kv->p99_us, fl->p99_us);
+
+	printf("  %-14s floor %8.2f / %8.2f   kvd %8.2f / %8.2f   ratio %5.2f / %5.2f   %s %.1f\n",
+	       path, fl->median_us, fl->p99_us, kv->median_us, kv->p99_us, rm, rp,
+	       rm <= target ? "within" : "OVER", target);
+}
+
+static void print_text(const struct row *rows, unsigned n_rows, const double *tput) {
+	printf("kvd-bench ipc: %d CPUs; %" PRIu32 " round trips per figure (median / p99, us); "
+	       "server on CPU %d, client on CPU %d (same-core) or %d (cross-core)\n",
+	       n_cpus, arg_iterations, cpus[0], cpus[0], cpus[1]);
+	for (unsigned i = 0; i < n_rows; i++) {
+		const struct row *r = &rows[i];
+
+		printf("%s, %s (client spins %" PRIu32 " us, server %" PRIu32 " us):\n", r->wait->name,
+		       r->placement, r->wait->client_spin_us, r->wait->server_spin_us);
+		print_pair("socket", &r->socket_floor, &r->socket_kvd, SOCKET_TARGET);
+		print_pair("ring", &r->ring_floor, &r->ring_kvd, RING_TARGET);
+		if (r->eventfd)
+			print_pair("ring (eventfd)", &r->ring_floor, &r->ring_eventfd_kvd, RING_TARGET);
+	}
+	printf("throughput, pin and unpin back to back (ops/s, %.1f s, --poll-us %" PRIu32
+	       ", client spin %" PRIu32 " us, unpinned):\n", arg_seconds, arg_poll_us, arg_spin_us);
+	printf("  %-8s %12s %12s\n", "clients", "ring", "socket");
+	for (unsigned i = 0; i < ELEMENTSOF(throughput_clients); i++)
+		printf("  %-8u %12.0f %12.0f\n", throughput_clients[i], tput[2 * i], tput[2 * i + 1]);
+}
+
+static void json_pair(const char *path, const struct stats *fl, const struct stats *kv,
+                      double target) {
+	double rm = ratio(kv->median_us, fl->median_us), rp = ratio(kv->p99_us, fl->p99_us);
+
+	printf(",\n      \"%s_floor_median_us\": %.3f, \"%s_floor_p99_us\": %.3f", path, fl->median_us,
+	       path, fl->p99_us);
+	printf(",\n      \"%s_kvd_median_us\": %.3f, \"%s_kvd_p99_us\": %.3f", path, kv->median_us,
+	       path, kv->p99_us);
+	printf(",\n      \"%s_ratio_median\": %.3f, \"%s_ratio_p99\": %.3f, \"%s_ratio_met\": %s", path,
+	       rm, path, rp, path, rm <= target ? "true" : "false");
+}
+
+static void print_json(const struct row *rows, unsigned n_rows, const double *tput) {
+	printf("{\n  \"cpus\": %d,\n  \"iterations\": %" PRIu32 ",\n  \"message_bytes\": %d,\n"
+	       "  \"server_cpu\": %d,\n  \"client_cpus\": {\"same-core\": %d, \"cross-core\": %d},\n"
+	       "  \"ring_ratio_target\": %.1f,\n  \"socket_ratio_target\": %.1f,\n  \"latency\": [",
+	       n_cpus, arg_iterations, MSG_BYTES, cpus[0], cpus[0], cpus[1], RING_TARGET, SOCKET_TARGET);
+	for (unsigned i = 0; i < n_rows; i++) {
+		const struct row *r = &rows[i];
+
+		printf("%s\n    {\"wait\": \"%s\", \"placement\": \"%s\", \"client_spin_us\": %" PRIu32
+		       ", \"server_spin_us\": %" PRIu32, i ? "," : "", r->wait->name, r->placement,
+		       r->wait->client_spin_us, r->wait->server_spin_us);
+		json_pair("socket", &r->socket_floor, &r->socket_kvd, SOCKET_TARGET);
+		json_pair("ring", &r->ring_floor, &r->ring_kvd, RING_TARGET);
+		if (r->eventfd)
+			json_pair("ring_eventfd", &r->ring_floor, &r->ring_eventfd_kvd, RING_TARGET);
+		printf("}");
+	}
+	printf("\n  ],\n  \"throughput_seconds\": %.3f,\n  \"throughput\": [", arg_seconds);
+	for (unsigned i = 0; i < ELEMENTSOF(throughput_clients); i++)
+		printf("%s\n    {\"clients\": %u, \"ring_ops_per_s\": %.0f, \"socket_ops_per_s\": %.0f}",
+		       i ? "," : "", throughput_clients[i], tput[2 * i], tput[2 * i + 1]);
+	printf("\n  ]\n}\n");
+}
+
+/* ---- options ---- */
+
+static void help(void) {
+	printf("Usage: kvd-bench ipc [OPTIONS]\n"
+	       "\n"
+	       "The cost of one per-step kvd request (pin, unpin) over the socket and through\n"
+	       "the shared-memory rings, next to a raw Unix-socket round trip and a raw ring\n"
+	       "round trip between two processes, each spinning, spinning then sleeping, and\n"
+	       "sleeping, on one core and across two; then pin/unpin throughput with 1, 4 and\n"
+	       "16 clients. Starts its own kvd daemons on temporary sockets.\n"
+	       "\n"
+	       "Options:\n"
+	       "  --kvd PATH        The kvd binary (default: $KVD_DAEMON if set, else kvd from PATH)\n"
+	       "  --iterations N    Round trips per figure, 100..%u (default: 20000)\n"
+	       "  --seconds S       Length of each throughput run, 0.05..%.0f (default: 2)\n"
+	       "  --spin-us US      The client's spin before sleeping, in spin-sleep rows and\n"
+	       "                    for throughput (default: 50, libkvd's)\n"
+	       "  --poll-us US      The server's spin before sleeping, likewise (default: 50,\n"
+	       "                    kvd's)\n"
+	       "  --json            Print JSON instead of tables; ratio fields are named\n"
+	       "                    ring_ratio_* and socket_ratio_*\n"
+	       "  -h --help         Show this help and exit\n"
+	       "\n"
+	       "Exit status: 0 when every figure was measured, 1 on errors, 2 on usage errors.\n",
+	       ITERATIONS_MAX, SECONDS_MAX);
+}
+
+static _printf_(1, 2) int usage_error(const char *fmt, ...) {
+	va_list ap;
+
+	fputs("kvd-bench ipc: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputs("\nTry 'kvd-bench ipc --help'.\n", stderr);
+	return 2;
+}
+
+int bench_ipc(int argc, char **argv) {
+	enum { OPT_KVD = 0x100, OPT_ITERATIONS, OPT_SECONDS, OPT_SPIN_US, OPT_POLL_US, OPT_JSON };
+	static const struct option options[] = {
+		{ "kvd", required_argument, NULL, OPT_KVD },
+		{ "iterations", required_argument, NULL, OPT_ITERATIONS },
+		{ "seconds", required_argument, NULL, OPT_SECONDS },
+		{ "spin-us", required_argument, NULL, OPT_SPIN_US },
+		{ "poll-us", required_argument, NULL, OPT_POLL_US },
+		{ "json", no_argument, NULL, OPT_JSON },
+		{ "help", no_argument, NULL, 'h' },
+		{},
+	};
+	struct strategy waits[] = {
+		{ "spin", SPIN_FOREVER_US, SPIN_FOREVER_US },
+		{ "spin-sleep", 0, 0 },
+		{ "sleep", 0, 0 },
+	};
+	struct row rows[2 * ELEMENTSOF(waits)];
+	double tput[2 * ELEMENTSOF(throughput_clients)] = {};
+	unsigned n_rows = 0;
+	char *end;
+	int opt, r = 0;
+
+	arg_kvd = getenv("KVD_DAEMON");
+	if (!arg_kvd || !*arg_kvd)
+		arg_kvd = "kvd";
+	optind = 0;
+	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
+		switch (opt) {
+		case 'h':
+			help();
+			return 0;
+		case OPT_KVD:
+			arg_kvd = optarg;
+			break;
+		case OPT_ITERATIONS:
+			if (number_parse_u32(optarg, 100, ITERATIONS_MAX, &arg_iterations) < 0)
+				return usage_error("--iterations: '%s' is not in 100..%u", optarg,
+				                   ITERATIONS_MAX);
+			break;
+		case OPT_SECONDS:
+			arg_seconds = strtod(optarg, &end);
+			if (*end || !(arg_seconds >= 0.05 && arg_seconds <= SECONDS_MAX))
+				return usage_error("--seconds: '%s' is not in 0.05..%.0f", optarg,
+				                   SECONDS_MAX);
+			break;
+		case OPT_SPIN_US:
+			if (number_parse_u32(optarg, 0, SPIN_FOREVER_US, &arg_spin_us) < 0)
+				return usage_error("--spin-us: '%s' is not in 0..%u", optarg, SPIN_FOREVER_US);
+			break;
+		case OPT_POLL_US:
+			if (number_parse_u32(optarg, 0, SPIN_FOREVER_US, &arg_poll_us) < 0)
+				return usage_error("--poll-us: '%s' is not in 0..%u", optarg, SPIN_FOREVER_US);
+			break;
+		case OPT_JSON:
+			arg_json = true;
+			break;
+		default:
+			return usage_error("bad option");
+		}
+	if (optind < argc)
+		return usage_error("unexpected argument '%s'", argv[optind]);
+	waits[1].client_spin_us = arg_spin_us;
+	waits[1].server_spin_us = arg_poll_us;
+
+	if (sched_getaffinity(0, sizeof(all_cpus), &all_cpus) < 0) {
+		fail("sched_getaffinity: %s", strerror(errno));
+		return 1;
+	}
+	for (int i = 0; i < CPU_SETSIZE && n_cpus < 2; i++)
+		if (CPU_ISSET(i, &all_cpus))
+			cpus[n_cpus++] = i;
+	n_cpus = CPU_COUNT(&all_cpus);
+	if (n_cpus < 2)
+		cpus[1] = cpus[0];
+
+	for (unsigned w = 0; w < ELEMENTSOF(waits) && r >= 0; w++)
+		for (int place = 0; place < (n_cpus < 2 ? 1 : 2) && r >= 0; place++) {
+			struct row *row = &rows[n_rows++];
+
+			*row = (struct row){
+				.wait = &waits[w],
+				.placement = place ? "cross-core" : "same-core",
+				.eventfd = w == 2,
+			};
+			r = measure_row(row, cpus[place]);
+		}
+	if (r >= 0) {
+		struct daemon d;
+
+		r = daemon_start(&d, arg_poll_us, "auto", -1);
+		for (unsigned i = 0; r >= 0 && i < ELEMENTSOF(throughput_clients); i++) {
+			r = throughput(d.socket, true, throughput_clients[i], &tput[2 * i]);
+			if (r >= 0)
+				r = throughput(d.socket, false, throughput_clients[i], &tput[2 * i + 1]);
+		}
+		if (d.pid > 0)
+			daemon_stop(&d);
+	}
+	if (r < 0)
+		return 1;
+	if (arg_json)
+		print_json(rows, n_rows, tput);
+	else
+		print_text(rows, n_rows, tput);
+	return 0;
+}
