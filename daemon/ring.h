@@ -20,7 +20,10 @@
  * with the futex doorbell, arms an IORING_OP_FUTEX_WAIT on the ring's sq_wake word; with the
  * eventfd doorbell a read of the connection's eventfd is always armed. Either completion
  * only wakes the loop. Both count as operations of the connection (conn.h, inflight), and
- * closing the connection fires them (ring_close()) so that it can be freed.
+ * closing the connection cancels them (ring_close()) so that it can be freed.
+ *
+ * The socket: every frame the connection is sent is counted in the rings' frames word
+ * (ring_sent()), before the completions that follow it are published (ring.h, "Socket").
  */
 
 #include <stdbool.h>
