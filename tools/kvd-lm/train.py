@@ -17,7 +17,9 @@ the time there is: "copies" (a text span that comes back at a random distance, o
 characters repeated with a random period) and "drills" (needles with random keys and
 values and no filler, then several questions, each followed by its answer). Training
 starts with a warm-up on periodic random letters only (sample_periodic) until induction
-heads show in the loss (--warm-until), at most --warm-max of the time.
+heads show in the loss (--warm-until), at most --warm-max of the time; then the mix takes
+over over --warm-ramp steps (switching at once undid the induction heads), and periodic
+copies stay in it (--copy-frac x --copy-random).
 
 Loss: next-token cross-entropy over every token, plus --answer-weight times the mean
 cross-entropy of the answer tokens (" " + answer + "\n") of task and drill samples.
@@ -157,12 +159,12 @@ class Data:
         self.task_names = list(mix)
         self.task_weights = [float(mix[t]) for t in self.task_names]
 
-    def sample(self, length, warm=False):
+    def sample(self, length, warm=0.0):
         """(tokens, answer_spans): one training sequence of about length tokens; the spans
-        [a, b) are the positions of answer tokens (extra loss weight). warm: a warm-up
-        sample (sample_periodic)."""
+        [a, b) are the positions of answer tokens (extra loss weight). warm: the chance of a
+        warm-up sample (sample_periodic) instead of the mix."""
         r = self.rng
-        if warm:
+        if warm and r.random() < warm:
             return self.sample_periodic(length), []
         x = r.random()
         if x < self.text_frac:
@@ -170,6 +172,8 @@ class Data:
             return [kvdlm.BOS] + list(self.text[off:off + length - 1]), []
         x -= self.text_frac
         if x < self.copy_frac:
+            if r.random() < self.copy_random:
+                return self.sample_periodic(length), []
             return self.sample_copy(length), []
         x -= self.copy_frac
         if x < self.drill_frac:
@@ -190,18 +194,10 @@ class Data:
         return [kvdlm.BOS] + (span * (length // len(span) + 1))[:length - 1]
 
     def sample_copy(self, length):
-        """Induction aid: a span that comes back. Half of them: text in which one span
-        comes back once at a random distance (a fixed distance would be learnt as a
-        fixed-offset head, not as copying); the other half: a span of random letters and
-        digits of random length repeated over and over, so that nearly every token can
-        only be predicted by copying (the densest signal for induction heads)."""
+        """Induction aid: plain text in which one span comes back once at a random
+        distance (a fixed distance would be learnt as a fixed-offset head, not as copying)."""
         r = self.rng
         n = length - 1
-        if r.random() < self.copy_random:
-            k = r.randint(4, 48)
-            span = list(r.choices(b"abcdefghijklmnopqrstuvwxyz0123456789 ", k=k))
-            lead = self.text_span(r.randint(0, n // 4))
-            return [kvdlm.BOS] + (lead + span * (n // k + 1))[:n]
         k = r.randint(8, n // 2)                # the span
         gap = r.randint(0, n - 2 * k)           # text between the two copies
         lead = r.randint(0, n - 2 * k - gap)    # text before the first
@@ -235,7 +231,7 @@ class Data:
             spans.append((a, len(toks)))
         return toks, spans
 
-    def batch(self, length, count, warm=False):
+    def batch(self, length, count, warm=0.0):
         """tokens [B,T], targets [B,T] (-100 where none), answer mask [B,T] (bool)."""
         seqs = [self.sample(length, warm) for _ in range(count)]
         T = max(len(s) for s, _ in seqs) - 1
@@ -374,11 +370,18 @@ def train(args):
     while state["elapsed"] < budget and (not args.max_steps or state["step"] < args.max_steps):
         t0 = time.time()
         p = state["elapsed"] / budget
-        warm = state.setdefault("warm", True)
-        if warm and (p >= args.warm_max or (state["step"] >= 100 and ema and ema["lm"] < args.warm_until)):
-            state["warm"] = warm = False
-            log(f"warm-up done at step {state['step']} (lm loss ema {ema['lm']:.3f})")
-        length = args.warm_length if warm else rng.choice(lengths_at(curriculum, p))
+        if state.setdefault("warm_end", None) is None and (
+                p >= args.warm_max or (state["step"] >= 100 and ema is not None
+                                     and ema["lm"] < args.warm_until)):
+            state["warm_end"] = state["step"]
+            log(f"warm-up done at step {state['step']} (lm loss ema "
+                f"{ema['lm'] if ema else float('nan'):.3f})")
+            save_ckpt(os.path.join(args.out, "warm.pt"), model, opt, state, rng, args)
+        if state["warm_end"] is None:
+            warm, length = 1.0, args.warm_length
+        else:   # then the mix takes over gradually (an abrupt switch undid the induction heads)
+            warm = max(0.0, 1.0 - (state["step"] - state["warm_end"]) / args.warm_ramp)
+            length = rng.choice(lengths_at(curriculum, p))
         count = max(1, args.batch_tokens // length)
         micro = max(1, min(count, args.micro_tokens // length))
         lr = lr_at(args, state["step"], p)
@@ -489,14 +492,16 @@ def main():
     t.add_argument("--q-chunk", type=int, default=256)
     t.add_argument("--answer-weight", type=float, default=4.0)
     t.add_argument("--text-frac", type=float, default=0.1, help="share of plain text")
-    t.add_argument("--copy-frac", type=float, default=0.15, help="share of repeated text")
+    t.add_argument("--copy-frac", type=float, default=0.3, help="share of copies")
     t.add_argument("--copy-random", type=float, default=0.6,
-                   help="share of copies whose span is random characters, not text")
+                   help="share of copies that are periodic random letters, not text")
     t.add_argument("--drill-frac", type=float, default=0.2, help="share of needle drills")
     t.add_argument("--warm-until", type=float, default=1.0,
                    help="warm up on periodic copies (sample_periodic) until the loss is below this")
     t.add_argument("--warm-max", type=float, default=0.25, help="but at most this share of the time")
     t.add_argument("--warm-length", type=int, default=128)
+    t.add_argument("--warm-ramp", type=int, default=400,
+                   help="steps over which the warm-up samples give way to the mix")
     t.add_argument("--task-mix", default="niah:0.35,multikey:0.35,multivalue:0.1,vt:0.1,cwe:0.1")
     t.add_argument("--curriculum", default="0:256/384/512,0.45:512/1024/2048,0.75:1024/2048/4096",
                    help="START:LEN/LEN/...,...: lengths drawn from by fraction of time spent")
