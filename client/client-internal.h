@@ -71,6 +71,7 @@ struct model {
 	uint32_t unit;        /* KVD_UNIT_*; NONE: registered without eviction */
 	uint32_t window;      /* observation window, with the default applied */
 	uint64_t obs_bytes;   /* observation buffer size from the daemon; 0: none */
+	uint32_t compensation; /* KVD_COMPENSATION_* */
 };
 
 struct client_ring;
@@ -115,6 +116,11 @@ struct kvd_client {
 
 	uint32_t version;
 	uint64_t chunk_bytes;
+	/* The pool's memory, from the HelloReply: KVD_MEMORY_HOST (chunks are mmap()ed) or
+	 * KVD_MEMORY_CUDA (chunks are imported into cuda's range, cuda-import.h). */
+	uint32_t memory;
+	struct client_cuda *cuda;
+	uint8_t device_uuid[16];   /* KVD_MEMORY_CUDA: the daemon's GPU, WIRE_DEVICE_UUID_BYTES */
 	uint64_t connection_id;
 	uint64_t next_id;
 

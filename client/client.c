@@ -30,6 +30,7 @@
 #include "common/macro.h"
 #include "common/number.h"
 #include "config.h"
+#include "cuda-import.h"
 #include "kvd/kvd.h"
 #include "wire.h"
 
@@ -87,6 +88,14 @@ static int chunk_slot_make(kvd_client *c, uint32_t id, struct chunk_slot **ret) 
 	return 0;
 }
 
+/* Gives a chunk's mapping back, in the way the pool's memory was mapped. */
+static void chunk_mapping_drop(kvd_client *c, void *addr, uint64_t bytes) {
+	if (c->cuda)
+		client_cuda_unmap(c->cuda, addr, bytes);
+	else
+		munmap(addr, bytes);
+}
+
 /* Unmaps chunk id if it is mapped here; called with the lock held. */
 void chunk_unmap(kvd_client *c, uint32_t id) {
 	struct chunk_slot *slot = chunk_slot(c, id);
@@ -97,8 +106,27 @@ void chunk_unmap(kvd_client *c, uint32_t id) {
 	addr = slot->addr;
 	__atomic_store_n(&slot->addr, NULL, __ATOMIC_RELEASE);
 	/* bytes stays: a reader still holding the old address must not see it change. */
-	munmap(addr, slot->bytes);
+	chunk_mapping_drop(c, addr, slot->bytes);
 	c->n_mapped--;
+}
+
+/* Imports a MEMORY_CUDA chunk into the pool's range; fd stays the caller's. */
+static int chunk_map_device(kvd_client *c, const Kvd__V1__ChunkGrant *grant, int fd,
+                            struct chunk_slot *slot) {
+	void *p;
+	int r;
+
+	/* A grant of another memory or GPU than the hello announced is a broken peer. */
+	if (!c->cuda || !grant->has_device_uuid || grant->device_uuid.len != WIRE_DEVICE_UUID_BYTES ||
+	    memcmp(grant->device_uuid.data, c->device_uuid, WIRE_DEVICE_UUID_BYTES) != 0)
+		return -EPROTO;
+	r = client_cuda_map(c->cuda, grant->chunk_id, fd, grant->bytes, &p);
+	if (r < 0)
+		return r;
+	slot->bytes = grant->bytes;
+	__atomic_store_n(&slot->addr, p, __ATOMIC_RELEASE);
+	c->n_mapped++;
+	return 0;
 }
 
 /* Maps a granted chunk and takes ownership of fd. Called with the lock held. */
@@ -118,6 +146,10 @@ int chunk_map(kvd_client *c, const Kvd__V1__ChunkGrant *grant, int fd_in) {
 	/* The daemon sends a chunk once per connection, so a second grant is a broken peer. */
 	if (slot->addr)
 		return -EPROTO;
+	if ((grant->has_memory ? (uint32_t)grant->memory : KVD_MEMORY_HOST) != c->memory)
+		return -EPROTO;
+	if (c->memory == KVD_MEMORY_CUDA)
+		return chunk_map_device(c, grant, fd, slot);
 	/* A file shorter than the grant would fault on access instead of failing here. */
 	if (fstat(fd, &st) < 0)
 		return negative_errno();
@@ -707,9 +739,10 @@ static void client_free(kvd_client *c) {
 		 * addresses may hold the child's own mappings by now: leave them alone. */
 		for (uint32_t i = 0; !child && i < CHUNK_PAGE_IDS; i++)
 			if (page[i].addr)
-				munmap(page[i].addr, page[i].bytes);
+				chunk_mapping_drop(c, page[i].addr, page[i].bytes);
 		free(page);
 	}
+	c->cuda = client_cuda_free(c->cuda, child);
 	if (c->rx) {
 		wire_rx_done(c->rx);
 		free(c->rx);
@@ -814,6 +847,9 @@ static int client_hello(kvd_client *c, const char *tenant) {
 	hello.max_version = KVD_PROTOCOL_VERSION_MAX;
 	hello.has_features = true;
 	hello.features = c->no_ring ? 0 : RING_FEATURE;
+#ifdef KVD_HAVE_CUDA
+	hello.features |= WIRE_FEATURE_DEVICE_CHUNKS;
+#endif
 	hello.tenant = (char *)tenant;
 	hello.process_name = program_invocation_short_name;
 	hello.has_pid = true;
@@ -833,6 +869,24 @@ static int client_hello(kvd_client *c, const char *tenant) {
 	c->version = hr->version;
 	c->chunk_bytes = hr->has_chunk_bytes ? hr->chunk_bytes : 0;
 	c->connection_id = hr->has_connection_id ? hr->connection_id : 0;
+	c->memory = hr->has_memory ? (uint32_t)hr->memory : KVD_MEMORY_HOST;
+	if (c->memory == KVD_MEMORY_CUDA && c->has_tenant) {
+		if (!hr->has_device_uuid || hr->device_uuid.len != WIRE_DEVICE_UUID_BYTES ||
+		    !hr->has_pool_bytes) {
+			close_fds(fds, nfds);
+			return -EPROTO;
+		}
+		memcpy(c->device_uuid, hr->device_uuid.data, WIRE_DEVICE_UUID_BYTES);
+		r = client_cuda_new(c->device_uuid, WIRE_DEVICE_UUID_BYTES, hr->pool_bytes,
+		                    c->chunk_bytes, &c->cuda);
+		if (r < 0) {
+			close_fds(fds, nfds);
+			return r;
+		}
+	} else if (c->memory != KVD_MEMORY_HOST && c->memory != KVD_MEMORY_CUDA) {
+		close_fds(fds, nfds);
+		return -EPROTO;
+	}
 	if (!hr->has_features || !(hr->features & RING_FEATURE)) {
 		close_fds(fds, nfds);
 		return 0;
@@ -913,10 +967,13 @@ static void client_forget(kvd_client *c) {
 				void *addr = page[i].addr;
 
 				__atomic_store_n(&page[i].addr, NULL, __ATOMIC_RELEASE);
-				munmap(addr, page[i].bytes);
+				chunk_mapping_drop(c, addr, page[i].bytes);
 			}
 	}
 	c->n_mapped = 0;
+	/* The next daemon may pool another GPU, or host memory. */
+	c->cuda = client_cuda_free(c->cuda, false);
+	c->memory = KVD_MEMORY_HOST;
 	/* The counts the rings compare with are the lost connection's. */
 	c->frames_read = 0;
 	__atomic_store_n(&c->frames_done, 0, __ATOMIC_RELAXED);
@@ -1022,6 +1079,23 @@ uint64_t kvd_client_chunk_bytes(kvd_client *c) {
 	if (!c || client_forked(c))
 		return 0;
 	return c->chunk_bytes;
+}
+
+int kvd_client_memory(kvd_client *c, int32_t *ret_device) {
+	int32_t device;
+	int memory;
+
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	client_lock(c);
+	memory = (int)c->memory;
+	device = c->cuda ? client_cuda_device(c->cuda) : -1;
+	client_unlock(c);
+	if (ret_device)
+		*ret_device = device;
+	return memory;
 }
 
 int kvd_client_set_ring(kvd_client *c, int enable) {

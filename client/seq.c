@@ -96,7 +96,7 @@ static int eviction_settings(const kvd_model_spec *spec, const kvd_eviction_spec
 }
 
 static int model_register(kvd_client *c, const kvd_model_spec *spec,
-			  const kvd_eviction_spec *ev) {
+			  const kvd_eviction_spec *ev, uint32_t compensation) {
 	Kvd__V1__RegisterModel req = KVD__V1__REGISTER_MODEL__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	const Kvd__V1__RegisterModelReply *rep;
@@ -117,6 +117,11 @@ static int model_register(kvd_client *c, const kvd_model_spec *spec,
 	r = eviction_settings(spec, ev, &m, &sinks);
 	if (r < 0)
 		return r;
+	/* Moments summarise what eviction takes: without eviction there is nothing to keep. */
+	if (compensation > KVD_COMPENSATION_MOMENTS ||
+	    (compensation != KVD_COMPENSATION_NONE && m.unit == KVD_UNIT_NONE))
+		return -EINVAL;
+	m.compensation = compensation;
 
 	req.name = (char *)spec->name;
 	req.has_layers = req.has_q_heads = req.has_kv_heads = req.has_head_dim = true;
@@ -137,6 +142,10 @@ static int model_register(kvd_client *c, const kvd_model_spec *spec,
 		req.window = m.window;
 		req.sinks = sinks;
 	}
+	if (compensation != KVD_COMPENSATION_NONE) {
+		req.has_compensation = true;
+		req.compensation = (Kvd__V1__Compensation)compensation;
+	}
 	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL;
 	env.register_model = &req;
 
@@ -151,6 +160,10 @@ static int model_register(kvd_client *c, const kvd_model_spec *spec,
 		if (!rep->has_model_id || rep->model_id > INT_MAX ||
 		    (m.unit == KVD_UNIT_NONE && m.obs_bytes != 0))
 			r = -EPROTO;
+		else if (compensation != KVD_COMPENSATION_NONE && !rep->has_moments_bytes)
+			/* A daemon that predates compensation ignored the field: the model it
+			 * registered keeps nothing, which is not what was asked for. */
+			r = -EOPNOTSUPP;
 		else {
 			m.known = true;
 			m.layers = spec->layers;
@@ -170,12 +183,17 @@ static int model_register(kvd_client *c, const kvd_model_spec *spec,
 }
 
 int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
-	return model_register(c, spec, NULL);
+	return model_register(c, spec, NULL, KVD_COMPENSATION_NONE);
 }
 
 int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec *spec,
 				 const kvd_eviction_spec *ev) {
-	return model_register(c, spec, ev);
+	return model_register(c, spec, ev, KVD_COMPENSATION_NONE);
+}
+
+int kvd_model_register_compensated(kvd_client *c, const kvd_model_spec *spec,
+				   const kvd_eviction_spec *ev, uint32_t compensation) {
+	return model_register(c, spec, ev, compensation);
 }
 
 /* A sealed memfd holding the n bytes at p. */
@@ -307,6 +325,16 @@ static int desc_check(const struct kvd_seq_desc *d, uint64_t size, uint64_t seq_
 	if (!desc_array_fits(d->tokens_offset, n_tables, 4, size) ||
 	    !desc_array_fits(d->positions_offset, n_tables * d->max_tokens, 4, size) ||
 	    !desc_array_fits(d->blocks_offset, n_tables * d->max_blocks, 8, size))
+		return -EPROTO;
+	if (d->compensation == KVD_COMPENSATION_MOMENTS) {
+		if (d->moments_bytes != KVD_MOMENTS_BYTES(d->head_dim) ||
+		    !array_fits(d->moments_offset, (uint64_t)d->layers * d->kv_heads,
+				sizeof(struct kvd_block_ref), sizeof(struct kvd_seq_desc), size) ||
+		    d->moments_offset % 4 != 0)
+			return -EPROTO;
+	} else if (d->compensation != KVD_COMPENSATION_NONE)
+		return -EPROTO;
+	if (m && m->known && m->compensation != d->compensation)
 		return -EPROTO;
 	if (m && m->known &&
 	    (m->layers != d->layers || m->kv_heads != d->kv_heads || m->head_dim != d->head_dim ||
@@ -882,6 +910,41 @@ int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret) 
 	return 0;
 }
 
+int kvd_seq_moments(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+		    const struct kvd_moments_header **ret) {
+	const struct kvd_seq_desc *d;
+	struct kvd_block_ref ref;
+	uint64_t bytes = 0, stride;
+	uint32_t n;
+	char *base;
+
+	if (!s || !ret)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
+	d = s->desc;
+	if (d->compensation != KVD_COMPENSATION_MOMENTS)
+		return -EOPNOTSUPP;
+	if (layer >= d->layers || kv_head >= d->kv_heads)
+		return -EINVAL;
+	n = __atomic_load_n(&d->moments_blocks, __ATOMIC_ACQUIRE);
+	if (n == 0)
+		return -ENODATA;
+	if (n != d->layers * d->kv_heads)
+		return -EINVAL;
+	ref = ((const struct kvd_block_ref *)((const char *)d + d->moments_offset))[layer * d->kv_heads +
+										     kv_head];
+	/* Moments blocks live in chunks carved for their own size (pool.h). */
+	stride = ALIGN_TO(d->moments_bytes, LAYOUT_BLOCK_ALIGN);
+	base = chunk_addr(s->client, ref.chunk_id, &bytes);
+	if (!base || bytes < d->moments_bytes || ref.index > (bytes - d->moments_bytes) / stride)
+		return -EINVAL;
+	*ret = (const struct kvd_moments_header *)(base + (uint64_t)ref.index * stride);
+	return 0;
+}
+
 static const void *digest_block_addr(void *userdata, struct kvd_block_ref ref) {
 	return seq_block_addr(userdata, ref);
 }
@@ -908,6 +971,9 @@ static int seq_digest_locked(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_loc
 		*ret_daemon = reply->seq_digest_reply->digest;
 	}
 	if (ret_local) {
+		/* Device pointers: the CPU cannot read the blocks. */
+		if (s->client->memory == KVD_MEMORY_CUDA)
+			return -EOPNOTSUPP;
 		/* layout_digest() trusts the counts; block indices then stay below max_blocks. */
 		for (uint32_t t = 0; t < d->n_tables; t++)
 			if (layout_tokens(d)[t] > d->max_tokens)

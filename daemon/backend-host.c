@@ -51,6 +51,12 @@ static int host_chunk_scrub(struct backend_chunk *c) {
 	return 0;
 }
 
+static int host_chunk_read(const struct backend_chunk *c, uint64_t offset, void *dst,
+                           uint64_t bytes) {
+	memcpy(dst, (const char *)c->addr + offset, bytes);
+	return 0;
+}
+
 static void host_chunk_destroy(struct backend_chunk *c) {
 	if (c->addr)
 		munmap(c->addr, c->bytes);
@@ -60,8 +66,11 @@ static void host_chunk_destroy(struct backend_chunk *c) {
 
 const struct backend_ops backend_host_ops = {
 	.name = "host",
+	.memory = BACKEND_MEMORY_HOST,
+	.host_access = true,
 	.granularity = host_granularity,
 	.chunk_create = host_chunk_create,
 	.chunk_scrub = host_chunk_scrub,
+	.chunk_read = host_chunk_read,
 	.chunk_destroy = host_chunk_destroy,
 };

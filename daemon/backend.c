@@ -1,11 +1,88 @@
 /* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "backend-cuda.h"
+
+/* Ordinals beyond this are typos, not GPUs. */
+#define DEVICE_ORDINAL_MAX 255
 
 const struct backend_ops *backend_find(const char *name) {
-	/* Only the host backend exists so far; "auto" resolves to it. */
 	if (strcmp(name, "host") == 0 || strcmp(name, "auto") == 0)
 		return &backend_host_ops;
+#ifdef KVD_HAVE_CUDA
+	if (strcmp(name, "cuda") == 0)
+		return &backend_cuda_ops;
+#endif
 	return NULL;
+}
+
+int backend_devices_check(const char *value, const char **ret_why) {
+	static const char seps[] = " \t,";
+	unsigned n = 0;
+
+	if (strcmp(value, "all") == 0)
+		return 0;
+	for (const char *p = value + strspn(value, seps); *p; p += strspn(p, seps)) {
+		char *end;
+		long v = strtol(p, &end, 10);
+
+		if (end == p || (*end && !strchr(seps, *end)) || v < 0 || v > DEVICE_ORDINAL_MAX) {
+			*ret_why = "must be all, or device numbers (0 to 255) separated by spaces or commas";
+			return -EINVAL;
+		}
+		p = end;
+		n++;
+	}
+	if (n == 0) {
+		*ret_why = "must be all or name at least one device";
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int backend_open(const char *name, const char *devices, const struct backend_ops **ret,
+                 char *why, size_t why_n) {
+	char cuda_why[256];
+
+	if (strcmp(name, "host") == 0) {
+		snprintf(why, why_n, "host (memfd chunks), as configured");
+		*ret = &backend_host_ops;
+		return 0;
+	}
+#ifdef KVD_HAVE_CUDA
+	if (backend_cuda_open(devices, cuda_why, sizeof(cuda_why)) >= 0) {
+		snprintf(why, why_n, "%s", cuda_why);
+		*ret = &backend_cuda_ops;
+		return 0;
+	}
+#else
+	(void)devices;
+	snprintf(cuda_why, sizeof(cuda_why), "this kvd was built without the cuda backend "
+	         "(no CUDA headers at build time)");
+#endif
+	if (strcmp(name, "cuda") == 0) {
+		snprintf(why, why_n, "backend cuda unusable: %s", cuda_why);
+		return -ENODEV;
+	}
+	snprintf(why, why_n, "no usable GPU (%s): falling back to host (memfd chunks)", cuda_why);
+	*ret = &backend_host_ops;
+	return 0;
+}
+
+const struct backend_device *backend_device(void) {
+#ifdef KVD_HAVE_CUDA
+	return backend_cuda_device();
+#else
+	return NULL;
+#endif
+}
+
+void backend_close(void) {
+#ifdef KVD_HAVE_CUDA
+	backend_cuda_close();
+#endif
 }

@@ -8,26 +8,77 @@
  * by the daemon itself so that it can read and move K/V.
  */
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct backend_chunk {
 	int fd;        /* the exportable handle; -EBADF when not created */
-	void *addr;    /* the daemon's own mapping */
+	void *addr;    /* the daemon's own mapping (a device address on cuda) */
 	uint64_t bytes;
+	uint64_t handle; /* cuda: the CUmemGenericAllocationHandle; 0 on host */
+};
+
+/* What clients are told a chunk's memory is (kvd.proto MemoryKind: same values). */
+enum backend_memory {
+	BACKEND_MEMORY_HOST = 1,
+	BACKEND_MEMORY_CUDA = 2,
 };
 
 struct backend_ops {
 	const char *name;
+	enum backend_memory memory;
+	/* Whether the CPU can dereference backend_chunk.addr. The CPU paths that read or
+	 * move K/V (scoring, compaction, digests) need it; a device pool refuses them. */
+	bool host_access;
 	/* Granularity chunk sizes must be a multiple of. */
 	uint64_t (*granularity)(void);
 	/* Creates chunk `id` of `bytes` bytes, zero-filled. */
 	int (*chunk_create)(uint32_t id, uint64_t bytes, struct backend_chunk *ret);
 	/* Zeroes the chunk before it can change owner; returns 0 or -errno. */
 	int (*chunk_scrub)(struct backend_chunk *c);
+	/* Copies bytes at offset of the chunk into dst, for the CPU paths that read K/V when
+	 * host_access is false (digests). Returns 0 or -errno. */
+	int (*chunk_read)(const struct backend_chunk *c, uint64_t offset, void *dst, uint64_t bytes);
 	void (*chunk_destroy)(struct backend_chunk *c);
 };
 
-extern const struct backend_ops backend_host_ops;
+/* The GPU a device backend opened. */
+struct backend_device {
+	int ordinal;                  /* as the driver numbers them (CUDA_VISIBLE_DEVICES applies) */
+	uint8_t uuid[16];             /* what clients match their own devices against */
+	char name[96];
+	uint64_t free_bytes, total_bytes; /* when it was opened */
+};
 
-/* Looks a backend up by name ("host"); "auto" picks the best one available. */
+extern const struct backend_ops backend_host_ops;
+#ifdef KVD_HAVE_CUDA
+extern const struct backend_ops backend_cuda_ops;
+#endif
+
+/*
+ * Looks a backend up by name, for the settings checks: "host", "cuda" (NULL when built
+ * without it) or "auto" (host: what auto becomes is only known once the driver is asked).
+ * The cuda backend's granularity is the page size until it is opened.
+ */
 const struct backend_ops *backend_find(const char *name);
+
+/*
+ * Opens the backend the settings name: "host" always works; "cuda" loads the driver and
+ * takes the first usable device of `devices` ("all", or ordinals separated by spaces or
+ * commas), or fails; "auto" tries cuda and falls back to host. Returns 0 with the backend in
+ * *ret and, in why, a sentence saying what was chosen and why (for auto's fallback, what
+ * made the GPU unusable); or -ENODEV (cuda asked for but not usable, why says why).
+ */
+int backend_open(const char *name, const char *devices, const struct backend_ops **ret,
+                 char *why, size_t why_n);
+
+/* The device the open backend uses, or NULL (host). */
+const struct backend_device *backend_device(void);
+
+/* Releases what backend_open took (the CUDA context and stream); after every chunk is
+ * destroyed. */
+void backend_close(void);
+
+/* Whether a --devices value is "all" or a list of ordinals; for settings checks. */
+int backend_devices_check(const char *value, const char **ret_why);

@@ -144,6 +144,7 @@ static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptie
 static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req) {
 	struct server *s = c->srv;
 	Kvd__V1__HelloReply rep = KVD__V1__HELLO_REPLY__INIT;
+	const struct backend_device *dev = backend_device();
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	uint32_t min = req->has_min_version ? req->min_version : 1;
 	uint32_t max = req->has_max_version ? req->max_version : min;
@@ -173,6 +174,17 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 			c->close_when_sent = true;
 			return;
 		}
+	}
+	/* A client that does not know device chunks would mmap() a cuMem fd and fail, or
+	 * worse, at its first grant; it is told now. Administrative connections get no
+	 * chunks and stay welcome. */
+	if (req->tenant && s->pool->ops->memory != BACKEND_MEMORY_HOST &&
+	    !(req->has_features && (req->features & WIRE_FEATURE_DEVICE_CHUNKS))) {
+		reply_error(c, id, -EPROTONOSUPPORT, "the pool is GPU memory (backend %s) and this "
+		            "client cannot import device chunks (a libkvd built with CUDA is needed)",
+		            s->pool->ops->name);
+		c->close_when_sent = true;
+		return;
 	}
 	if (req->tenant) {
 		r = tenant_get(&s->tenants, req->tenant, &t);
@@ -210,6 +222,14 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 	rep.features = c->ring ? RING_FEATURE : 0;
 	rep.has_chunk_bytes = true;
 	rep.chunk_bytes = s->pool->chunk_bytes;
+	rep.has_memory = rep.has_pool_bytes = true;
+	rep.memory = (Kvd__V1__MemoryKind)s->pool->ops->memory;
+	rep.pool_bytes = s->pool->pool_bytes;
+	if (dev) {
+		rep.has_device_uuid = true;
+		rep.device_uuid.len = sizeof(dev->uuid);
+		rep.device_uuid.data = (uint8_t *)dev->uuid;
+	}
 	rep.daemon_version = (char *)KVD_VERSION;
 	rep.has_connection_id = true;
 	rep.connection_id = c->id;
@@ -255,6 +275,13 @@ static void handle_register_model(struct conn *c, uint64_t id, const Kvd__V1__Re
 		reply_error(c, id, r, "bad model: %s", why);
 		return;
 	}
+	/* Rounds score and compact K/V with the CPU, which cannot read device memory; until
+	 * they run on the device, a GPU pool serves models without eviction only. */
+	if (m->unit != KVD_UNIT_NONE && !c->srv->pool->ops->host_access) {
+		reply_error(c, id, -EOPNOTSUPP, "eviction is not available on the %s backend yet; "
+		            "register the model without an eviction unit", c->srv->pool->ops->name);
+		return;
+	}
 	m->id = ++c->n_models;
 	c->tenant->models++;
 	rep.has_model_id = true;
@@ -266,6 +293,10 @@ static void handle_register_model(struct conn *c, uint64_t id, const Kvd__V1__Re
 	if (m->obs_bytes) {
 		rep.has_observation_bytes = true;
 		rep.observation_bytes = m->obs_bytes;
+	}
+	if (m->moments_bytes) {
+		rep.has_moments_bytes = true;
+		rep.moments_bytes = m->moments_bytes;
 	}
 	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL_REPLY;
 	env.register_model_reply = &rep;
@@ -361,6 +392,7 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
 	Kvd__V1__SeqGrowReply rep = KVD__V1__SEQ_GROW_REPLY__INIT;
 	Kvd__V1__ChunkGrant grants[WIRE_FDS_MAX], *grant_ptrs[WIRE_FDS_MAX];
+	const struct backend_device *dev = backend_device();
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	int fds[WIRE_FDS_MAX];
 	char why[WHY_MAX];
@@ -420,6 +452,13 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 		grants[i].chunk_id = g.chunks[i]->id;
 		grants[i].has_bytes = true;
 		grants[i].bytes = p->chunk_bytes;
+		grants[i].has_memory = true;
+		grants[i].memory = (Kvd__V1__MemoryKind)p->ops->memory;
+		if (dev) {
+			grants[i].has_device_uuid = true;
+			grants[i].device_uuid.len = sizeof(dev->uuid);
+			grants[i].device_uuid.data = (uint8_t *)dev->uuid;
+		}
 		grant_ptrs[i] = &grants[i];
 		fds[i] = g.chunks[i]->mem.fd;
 	}
@@ -533,6 +572,46 @@ static void handle_chunks_unmapped(struct conn *c, uint64_t id, const Kvd__V1__C
 	reply(c, &env, id, NULL, 0);
 }
 
+/* A digest of device memory reads each block through a host copy, kept while the traversal
+ * stays in the same block. */
+struct digest_copy {
+	struct pool *pool;
+	uint8_t *buf;
+	struct kvd_block_ref ref;
+	bool have;
+	int error;
+};
+
+static const void *digest_copy_block(void *userdata, struct kvd_block_ref ref) {
+	struct digest_copy *dc = userdata;
+	int r;
+
+	if (dc->have && dc->ref.chunk_id == ref.chunk_id && dc->ref.index == ref.index)
+		return dc->buf;
+	dc->have = false;
+	r = pool_block_read(dc->pool, ref, dc->buf);
+	if (r < 0) {
+		dc->error = r;
+		return NULL;
+	}
+	dc->ref = ref;
+	dc->have = true;
+	return dc->buf;
+}
+
+static int seq_digest_copied(struct seq *q, struct pool *p, uint64_t *ret_digest,
+                             uint64_t *ret_bytes) {
+	_cleanup_(freep) uint8_t *buf = malloc(MAX(q->desc->block_bytes, 1u));
+	struct digest_copy dc = { .pool = p };
+	int r;
+
+	if (!buf)
+		return -ENOMEM;
+	dc.buf = buf;
+	r = layout_digest(q->desc, digest_copy_block, &dc, ret_digest, ret_bytes);
+	return dc.error < 0 ? dc.error : r;
+}
+
 static void handle_seq_digest(struct conn *c, uint64_t id, const Kvd__V1__SeqDigest *req) {
 	Kvd__V1__SeqDigestReply rep = KVD__V1__SEQ_DIGEST_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
@@ -544,7 +623,12 @@ static void handle_seq_digest(struct conn *c, uint64_t id, const Kvd__V1__SeqDig
 		reply_error(c, id, -ENOENT, "no such sequence on this connection");
 		return;
 	}
-	r = seq_digest(q, c->srv->pool, &rep.digest, &rep.bytes);
+	/* Device memory is read through copies, block by block: a digest is for tests and
+	 * diagnostics (and proves that the daemon sees what the engine wrote). */
+	if (c->srv->pool->ops->host_access)
+		r = seq_digest(q, c->srv->pool, &rep.digest, &rep.bytes);
+	else
+		r = seq_digest_copied(q, c->srv->pool, &rep.digest, &rep.bytes);
 	if (r < 0) {
 		log_error_errno(r, "sequence %llu refers to a block not in use", (unsigned long long)q->id);
 		reply_error(c, id, r, "inconsistent sequence");

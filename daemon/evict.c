@@ -15,6 +15,7 @@
 #include "conn.h"
 #include "evict.h"
 #include "log.h"
+#include "moments.h"
 #include "server.h"
 
 #define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
@@ -84,6 +85,8 @@ struct plan *plan_free(struct plan *p) {
 	if (p) {
 		free(p->drop_off);
 		free(p->drop_slots);
+		free(p->fold);
+		free(p->fold_count);
 		free(p);
 	}
 	return NULL;
@@ -115,6 +118,37 @@ static uint32_t tenant_index(const struct server *s, const struct tenant *t) {
 }
 
 /* ---- snapshot ---- */
+
+/* The moments block of (layer, kv head) h of q, as a kernel view; its count in the header. */
+static struct kvd_moments_header *moments_at(struct pool *p, const struct seq *q, uint32_t h,
+                                             struct kvd_moments *ret) {
+	struct kvd_moments_header *hdr = pool_block_addr(p, desc_moments(q->desc)[h]);
+
+	kvd_moments_view(ret, q->model->head_dim, (float *)((char *)hdr + KVD_MOMENTS_HEADER_BYTES));
+	ret->count = hdr->count;
+	return hdr;
+}
+
+/* kvd-mi's inputs: each (layer, kv head)'s key mean and count, copied at the snapshot. */
+static int snapshot_moments(struct server *s, struct seq *sq, struct round_seq *q) {
+	uint32_t heads = sq->model->layers * sq->model->kv_heads, d = sq->model->head_dim;
+
+	q->compensation = sq->model->compensation;
+	if (q->compensation != KVD_COMPENSATION_MOMENTS || sq->desc->moments_blocks == 0)
+		return 0;
+	q->mi_mean_k = malloc((uint64_t)heads * d * sizeof(float));
+	q->mi_count = malloc(heads * sizeof(uint64_t));
+	if (!q->mi_mean_k || !q->mi_count)
+		return -ENOMEM;
+	for (uint32_t h = 0; h < heads; h++) {
+		struct kvd_moments m;
+
+		moments_at(s->pool, sq, h, &m);
+		memcpy(q->mi_mean_k + (uint64_t)h * d, m.mean_k, d * sizeof(float));
+		q->mi_count[h] = m.count;
+	}
+	return 0;
+}
 
 /* Slots of table t whose original position is below pos (positions ascend). */
 static uint32_t slots_below(const struct kvd_seq_desc *d, uint32_t t, uint64_t pos) {
@@ -203,7 +237,7 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 	for (uint32_t l = 0; m->grams && l < m->layers; l++)
 		q->grams[l] = gram_layer_ref(m->grams->layer[l]);
 	q->obs = obs_ref(sq->obs);
-	return 0;
+	return snapshot_moments(s, sq, q);
 }
 
 static int snapshot(struct evictor *e, struct round *r) {
@@ -285,11 +319,37 @@ static uint64_t slot_bytes(const struct model *m) {
 }
 
 /*
- * Drops what a plan names from q, now. Chunks emptied go to *emptied. Returns the token
- * slots dropped, or a negative errno (nothing changed).
+ * Merges the round's summaries of what q drops into q's moments blocks. Runs with the
+ * compaction that drops them: a plan that is not applied leaves the moments alone.
+ */
+static void fold_moments(struct evictor *e, struct seq *q, const float *fold, const uint64_t *count) {
+	uint32_t heads = q->model->layers * q->model->kv_heads, d = q->model->head_dim;
+
+	if (!fold || q->desc->moments_blocks == 0)
+		return;
+	for (uint32_t h = 0; h < heads; h++) {
+		struct kvd_moments m, b;
+		struct kvd_moments_header *hdr;
+
+		if (count[h] == 0)
+			continue;
+		hdr = moments_at(e->srv->pool, q, h, &m);
+		kvd_moments_view(&b, d, (float *)fold + (uint64_t)h * kvd_moments_floats(d));
+		b.count = count[h];
+		/* Only a count past 2^64 tokens could refuse: the moments stay as they were. */
+		if (kvd_moments_merge(&m, &b) == 0)
+			hdr->count = m.count;
+	}
+}
+
+/*
+ * Drops what a plan names from q, now, folding fold (the round's summaries of the drops,
+ * or NULL) into its moments. Chunks emptied go to *emptied. Returns the token slots
+ * dropped, or a negative errno (nothing changed).
  */
 static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *drop_off,
-                           const uint32_t *drop_slots, struct seq_emptied *emptied) {
+                           const uint32_t *drop_slots, const float *fold, const uint64_t *fold_count,
+                           struct seq_emptied *emptied) {
 	const struct model *m = q->model;
 	_cleanup_(freep) struct compact_drop *drops = calloc(m->n_tables, sizeof(*drops));
 	uint32_t n = 0;
@@ -313,6 +373,7 @@ static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *dro
 	k = seq_compact(q, e->srv->pool, drops, n, q->smooth, emptied, &blocks);
 	if (k < 0)
 		return k;
+	fold_moments(e, q, fold, fold_count);
 	q->evicted_tokens += slots;
 	q->evicted_bytes += slots * slot_bytes(m);
 	q->tenant->evicted_tokens += slots;
@@ -403,7 +464,7 @@ void evict_apply_pending(struct evictor *e, struct seq *q) {
 		uint64_t conn_id = q->conn_id, seq_id = q->id;
 
 		before = q->epoch;
-		k = apply_drops(e, q, p->drop_off, p->drop_slots, &emptied);
+		k = apply_drops(e, q, p->drop_off, p->drop_slots, p->fold, p->fold_count, &emptied);
 		if (k < 0)
 			log_warning("sequence %llu: its eviction plan could not be applied: %s",
 			            (unsigned long long)q->id, strerror((int)-k));
@@ -501,10 +562,12 @@ static uint64_t apply_round(struct evictor *e, struct round *r) {
 			p->n_tables = rq->n_tables;
 			p->drop_off = TAKE_PTR(rq->drop_off);
 			p->drop_slots = TAKE_PTR(rq->drop_slots);
+			p->fold = TAKE_PTR(rq->fold);
+			p->fold_count = TAKE_PTR(rq->fold_count);
 			q->pending = p;
 			continue;
 		}
-		k = apply_drops(e, q, rq->drop_off, rq->drop_slots, &emptied);
+		k = apply_drops(e, q, rq->drop_off, rq->drop_slots, rq->fold, rq->fold_count, &emptied);
 		if (k < 0) {
 			log_warning("sequence %llu: eviction not applied: %s", (unsigned long long)q->id,
 			            strerror((int)-k));
@@ -729,7 +792,8 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 		log_warning("eviction round %llu failed: %s", (unsigned long long)r->id, strerror(-r->error));
 	else
 		freed = apply_round(e, r);
-	record_round(e, r, now_us() - t0, freed, r->score_us + r->select_us + (now_us() - t0));
+	record_round(e, r, now_us() - t0, freed,
+	             r->score_us + r->select_us + r->fold_us + (now_us() - t0));
 	log_debug("eviction round %llu: %llu bytes of chunks given back, %llu units, score %llu us, "
 	          "select %llu us", (unsigned long long)r->id, (unsigned long long)freed,
 	          (unsigned long long)r->units, (unsigned long long)r->score_us,

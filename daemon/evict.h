@@ -42,6 +42,8 @@ struct plan {
 	uint64_t epoch;
 	uint32_t n_tables;
 	uint32_t *drop_off, *drop_slots;
+	float *fold;                  /* the round's summaries of the drops (round.h) */
+	uint64_t *fold_count;
 };
 
 struct plan *plan_free(struct plan *p);

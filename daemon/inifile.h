@@ -19,8 +19,9 @@
 
 #include "common/macro.h"
 
-/* Errors kept per parse; later ones are counted, not kept. */
-#define INIFILE_ERRORS_MAX 32
+/* Errors kept per parse; later ones are counted, not kept. Above the number of [kvd]
+ * keys, so that a file with every key wrong still names each (tests/check-docs.py). */
+#define INIFILE_ERRORS_MAX 64
 
 struct inifile_errors {
 	char *msg[INIFILE_ERRORS_MAX];   /* "FILE:LINE: what", or "FILE: what" */

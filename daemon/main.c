@@ -80,8 +80,11 @@ static void raise_fd_limit(void) {
 int main(int argc, char *argv[]) {
 	_cleanup_(settings_done) struct settings cfg = {};
 	struct inifile_errors errors = {};
+	const struct backend_device *dev;
 	const struct backend_ops *ops;
 	struct server_limits limits;
+	uint64_t pool_bytes;
+	char why[512];
 	struct admin *admin = NULL;
 	struct server *srv = NULL;
 	struct pool *pool = NULL;
@@ -118,14 +121,38 @@ int main(int argc, char *argv[]) {
 	log_set_max_level(cfg.log_level);
 	raise_fd_limit();
 
-	ops = backend_find(settings_backend_to_string(cfg.backend));
-	r = pool_new(ops, cfg.pool_size, cfg.chunk_size, MIN(cfg.budget, cfg.pool_size), &pool);
+	r = backend_open(settings_backend_to_string(cfg.backend), cfg.devices, &ops, why, sizeof(why));
+	if (r < 0) {
+		log_error("%s", why);
+		goto finish;
+	}
+	log_info("backend %s: %s", settings_backend_to_string(cfg.backend), why);
+	pool_bytes = cfg.pool_size;
+	dev = backend_device();
+	if (cfg.pool_percent != 0 && dev) {
+		pool_bytes = dev->free_bytes / 100 * cfg.pool_percent / cfg.chunk_size * cfg.chunk_size;
+		if (pool_bytes == 0) {
+			r = -EINVAL;
+			log_error("pool-percent %u of the GPU's %llu MiB free is less than one chunk",
+			          cfg.pool_percent, (unsigned long long)(dev->free_bytes >> 20));
+			goto finish;
+		}
+		log_info("pool-percent %u: a pool of %llu MiB", cfg.pool_percent,
+		         (unsigned long long)(pool_bytes >> 20));
+	} else if (cfg.pool_percent != 0)
+		log_notice("pool-percent applies to a GPU pool only: using pool-size");
+	if (cfg.chunk_size % ops->granularity() != 0) {
+		r = -EINVAL;
+		log_error("chunk-size %llu is not a multiple of the %s backend's granularity (%llu)",
+		          (unsigned long long)cfg.chunk_size, ops->name,
+		          (unsigned long long)ops->granularity());
+		goto finish;
+	}
+	r = pool_new(ops, pool_bytes, cfg.chunk_size, MIN(cfg.budget, pool_bytes), &pool);
 	if (r < 0) {
 		log_error_errno(r, "cannot set up the pool");
 		goto finish;
 	}
-	if (cfg.backend == SETTINGS_BACKEND_AUTO)
-		log_info("backend auto: using %s", ops->name);
 	admin_limits(&cfg, &limits);
 	r = server_new(pool, &limits, cfg.socket, &srv);
 	if (r < 0)
@@ -142,6 +169,7 @@ finish:
 	server_free(srv);
 	admin_free(admin);
 	pool_free(pool);
+	backend_close();
 	settings_done(&arg_flags);
 	return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }

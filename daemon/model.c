@@ -43,6 +43,7 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
 	uint32_t unit = req->has_eviction_unit ? req->eviction_unit : KVD_UNIT_NONE;
 	uint32_t window = req->has_window ? req->window : MODEL_WINDOW_DEFAULT;
 	uint32_t sinks = req->has_sinks ? req->sinks : MODEL_SINKS_DEFAULT;
+	uint32_t compensation = req->has_compensation ? req->compensation : KVD_COMPENSATION_NONE;
 	uint64_t bytes, obs = 0;
 
 #define REQUIRE(cond, why)                                                                    \
@@ -76,6 +77,12 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
 	        "head-token eviction needs the per-head layout");
 	REQUIRE(window >= 1 && window <= MODEL_WINDOW_MAX, "window must be 1..256");
 	REQUIRE(sinks <= MODEL_SINKS_MAX, "sinks must be 0..1024");
+	REQUIRE(compensation <= KVD_COMPENSATION_MOMENTS, "unknown compensation");
+	REQUIRE(compensation == KVD_COMPENSATION_NONE || unit != KVD_UNIT_NONE,
+	        "compensation needs an eviction unit");
+	/* A moments block is one (layer, kv head)'s summary: it cannot span chunks. */
+	REQUIRE(compensation == KVD_COMPENSATION_NONE || KVD_MOMENTS_BYTES(req->head_dim) <= chunk_bytes,
+	        "the moments of one head must fit in one chunk");
 	if (unit != KVD_UNIT_NONE) {
 		obs = model_obs_bytes(req->layers, req->q_heads, window, req->head_dim, req->dtype, NULL);
 		if (obs > max_obs_bytes) {
@@ -106,5 +113,7 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
 	m->window = window;
 	m->sinks = sinks;
 	m->obs_bytes = obs;
+	m->compensation = compensation;
+	m->moments_bytes = compensation == KVD_COMPENSATION_MOMENTS ? KVD_MOMENTS_BYTES(m->head_dim) : 0;
 	return 0;
 }

@@ -24,6 +24,9 @@ struct model {
 	/* Eviction: KVD_UNIT_* (NONE: never evicted), window w, sinks. */
 	uint32_t unit, window, sinks;
 	uint64_t obs_bytes;    /* observation buffer size, 0 without eviction */
+	/* KVD_COMPENSATION_*; with moments, the size of one (layer, kv head)'s block. */
+	uint32_t compensation;
+	uint64_t moments_bytes;
 	struct grams *grams;   /* from the output projections (observe.h); NULL until set */
 };
 

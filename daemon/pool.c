@@ -243,6 +243,14 @@ void *pool_block_addr(struct pool *p, struct kvd_block_ref ref) {
 	return (char *)c->mem.addr + (uint64_t)ref.index * c->stride;
 }
 
+int pool_block_read(struct pool *p, struct kvd_block_ref ref, void *dst) {
+	struct chunk *c = pool_chunk(p, ref.chunk_id);
+
+	if (!pool_block_addr(p, ref))
+		return -EFAULT;
+	return p->ops->chunk_read(&c->mem, (uint64_t)ref.index * c->stride, dst, c->block_bytes);
+}
+
 bool chunk_has_holder(const struct chunk *c, uint64_t conn_id) {
 	for (uint32_t i = 0; i < c->n_holders; i++)
 		if (c->holders[i] == conn_id)

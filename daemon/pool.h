@@ -102,6 +102,11 @@ struct chunk *pool_chunk(struct pool *p, uint32_t id);
 /* Address of a block in the daemon's own mapping, or NULL when ref is not a block in use. */
 void *pool_block_addr(struct pool *p, struct kvd_block_ref ref);
 
+/* Copies a block in use (its chunk's block_bytes) into dst, through the backend: for
+ * readers on the CPU when the daemon's mapping is device memory. Returns 0, -EFAULT (ref is
+ * not a block in use), or the backend's -errno. */
+int pool_block_read(struct pool *p, struct kvd_block_ref ref, void *dst);
+
 bool chunk_has_holder(const struct chunk *c, uint64_t conn_id);
 int chunk_add_holder(struct chunk *c, uint64_t conn_id);
 /* Removes a holder; a DRAINING chunk left without holders goes back to FREE. Returns

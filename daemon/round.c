@@ -7,6 +7,7 @@
 
 #include "common/layout.h"
 #include "common/macro.h"
+#include "moments.h"
 #include "policy.h"
 #include "round.h"
 #include "select.h"
@@ -124,6 +125,12 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	p.layer = l;
 	p.n_layers = q->layers;
 	p.threads = r->threads;
+	if (policy == KVD_POLICY_KVD_MI && q->mi_mean_k) {
+		uint64_t first = (uint64_t)l * q->kv_heads + kh0;
+
+		p.mi_mean_k = q->mi_mean_k + first * q->head_dim;
+		p.mi_count = q->mi_count + first;
+	}
 	k = kvd_policy_scores(&p, &in,
 	                      q->grams && q->grams[l] ? q->grams[l]->g + (uint64_t)kh0 * g * q->head_dim *
 	                                                                        q->head_dim
@@ -527,6 +534,57 @@ static int units_plan(struct round *r, const struct units *u) {
 	return 0;
 }
 
+/* ---- compensation ---- */
+
+/*
+ * Summarises the K/V of the slots q drops, per (layer, kv head), into q->fold: read now,
+ * on the worker, from the same blocks the round scored, so that evict.c only merges.
+ */
+static int fold_seq(struct round_seq *q) {
+	uint32_t d = q->head_dim, bt = q->block_tokens, heads = q->layers * q->kv_heads;
+	uint64_t row = (uint64_t)d * layout_dtype_bytes(q->dtype), max = 0;
+	size_t per = kvd_moments_floats(d);
+	_cleanup_(freep) uint8_t *k = NULL, *v = NULL;
+
+	for (uint32_t t = 0; t < q->n_tables; t++)
+		max = MAX(max, (uint64_t)(q->drop_off[t + 1] - q->drop_off[t]));
+	k = malloc(MAX(max * row, 1u));
+	v = malloc(MAX(max * row, 1u));
+	q->fold = calloc(heads * per, sizeof(float));
+	q->fold_count = calloc(heads, sizeof(uint64_t));
+	if (!k || !v || !q->fold || !q->fold_count)
+		return -ENOMEM;
+	for (uint32_t t = 0; t < q->n_tables; t++) {
+		const uint32_t *slots = q->drop_slots + q->drop_off[t];
+		uint32_t n = q->drop_off[t + 1] - q->drop_off[t];
+		const uint8_t *const *blocks = q->block_addr + q->block_off[t];
+		/* A per-layer table holds every kv head of its layer; a per-head one, one. */
+		uint32_t kh0 = q->layout == KVD_LAYOUT_PER_HEAD ? t % q->kv_heads : 0;
+		uint32_t nkv = q->layout == KVD_LAYOUT_PER_HEAD ? 1 : q->kv_heads;
+		uint32_t l = q->layout == KVD_LAYOUT_PER_HEAD ? t / q->kv_heads : t;
+
+		for (uint32_t j = 0; n > 0 && j < nkv; j++) {
+			uint32_t h = l * q->kv_heads + kh0 + j;
+			uint64_t head_off = q->layout == KVD_LAYOUT_PER_HEAD ? 0 : (uint64_t)j * bt * row;
+			struct kvd_moments m;
+			int r;
+
+			for (uint32_t i = 0; i < n; i++) {
+				const uint8_t *b = blocks[slots[i] / bt] + head_off + (slots[i] % bt) * row;
+
+				memcpy(k + i * row, b, row);
+				memcpy(v + i * row, b + q->block_bytes / 2, row);
+			}
+			kvd_moments_view(&m, d, q->fold + h * per);
+			r = kvd_moments_batch(k, d, v, d, q->dtype, n, &m);
+			if (r < 0)
+				return r;
+			q->fold_count[h] = m.count;
+		}
+	}
+	return 0;
+}
+
 void round_run(struct round *r) {
 	struct scratch sc = {};
 	struct units u = {};
@@ -578,6 +636,12 @@ void round_run(struct round *r) {
 		k = units_plan(r, &u);
 	units_done(&u);
 	r->select_us = now_us() - t0;
+
+	t0 = now_us();
+	for (uint32_t s = 0; s < r->n_seqs && k >= 0; s++)
+		if (r->seqs[s].compensation == KVD_COMPENSATION_MOMENTS && r->seqs[s].drop_off)
+			k = fold_seq(&r->seqs[s]);
+	r->fold_us = now_us() - t0;
 	if (k < 0)
 		r->error = k;
 }
@@ -604,6 +668,10 @@ static void round_seq_done(struct round_seq *q) {
 	free(q->smooth_out);
 	free(q->drop_off);
 	free(q->drop_slots);
+	free(q->mi_mean_k);
+	free(q->mi_count);
+	free(q->fold);
+	free(q->fold_count);
 }
 
 struct round *round_free(struct round *r) {

@@ -31,6 +31,12 @@
  * ranked tenants, none going below its guaranteed minimum (a tenant at its minimum loses
  * nothing). Units are bytes of K/V (block bytes); whether chunks come free is up to
  * compaction.
+ *
+ * Compensation (models registered with moments): the K/V of every slot a round drops are
+ * summarised per (layer, kv head) on the worker (kvd_moments_batch), and evict.c merges
+ * those summaries into the sequence's moments blocks when it compacts, so that no token
+ * leaves the pool unaccounted for. kvd-mi reads the moments' key means as they were at the
+ * snapshot.
  */
 
 #include <stdbool.h>
@@ -78,6 +84,11 @@ struct round_seq {
 	const uint8_t **block_addr;
 	struct obs *obs;              /* a reference; NULL when the model has no eviction */
 	struct gram_layer **grams;    /* [layers], references or NULL */
+	/* With moments: per (layer, kv head), the summary's key mean ([head_dim] each) and
+	 * token count at the snapshot (NULL without, or before the first grow). */
+	uint32_t compensation;
+	float *mi_mean_k;
+	uint64_t *mi_count;
 	/* Per row: S before (NULL entries: none yet), and after the round ([tokens of the
 	 * row's table] floats, ROUND_UNSCORED where not scored). */
 	float **smooth_in, **smooth_out;
@@ -85,6 +96,10 @@ struct round_seq {
 	 * drop_off[t + 1] - drop_off[t]. */
 	uint32_t *drop_off, *drop_slots;
 	uint64_t dropped_units;
+	/* With moments and drops: per (layer, kv head), the summary of its dropped K/V
+	 * (kvd_moments_floats(head_dim) floats each, count in fold_count: 0 for none). */
+	float *fold;
+	uint64_t *fold_count;
 };
 
 struct round {
@@ -100,7 +115,7 @@ struct round {
 	uint32_t n_seqs;
 	/* Results. */
 	int error;                    /* 0 or why the round failed (nothing is applied) */
-	uint64_t score_us, select_us;
+	uint64_t score_us, select_us, fold_us;
 	uint64_t units, selected_bytes;
 	double predicted_error;       /* sum of the evicted units' S, unweighted */
 };

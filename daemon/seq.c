@@ -15,7 +15,7 @@
 int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_tokens,
             uint64_t desc_max, struct seq **ret) {
 	_cleanup_(closep) int fd = -EBADF;
-	uint64_t tokens_off, positions_off, blocks_off, total, x;
+	uint64_t tokens_off, positions_off, blocks_off, moments_off = 0, total, x;
 	uint32_t max_blocks;
 	struct kvd_seq_desc *d;
 	struct seq *s;
@@ -30,7 +30,12 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 	x = 4ull * m->n_tables * max_tokens;
 	blocks_off = ALIGN_TO(positions_off + x, 64);
 	x = sizeof(struct kvd_block_ref) * (uint64_t)m->n_tables * max_blocks;
-	total = ALIGN_TO(blocks_off + x, (uint64_t)sysconf(_SC_PAGESIZE));
+	total = blocks_off + x;
+	if (m->compensation == KVD_COMPENSATION_MOMENTS) {
+		moments_off = ALIGN_TO(total, 64);
+		total = moments_off + sizeof(struct kvd_block_ref) * (uint64_t)m->layers * m->kv_heads;
+	}
+	total = ALIGN_TO(total, (uint64_t)sysconf(_SC_PAGESIZE));
 	if (total > desc_max)
 		return -EINVAL;
 
@@ -74,6 +79,9 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 		.positions_offset = positions_off,
 		.blocks_offset = blocks_off,
 		.total_bytes = total,
+		.compensation = m->compensation,
+		.moments_offset = moments_off,
+		.moments_bytes = m->moments_bytes,
 	};
 	s->id = id;
 	s->model = m;
@@ -102,7 +110,10 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 	struct kvd_seq_desc *d = s->desc;
 	uint32_t bt = d->block_tokens;
 	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
-	uint64_t total = 0, done = 0;
+	/* The moments blocks come with the first grow, so that their chunks reach the client
+	 * the way every chunk does; they are the first `moments` of refs. */
+	uint32_t moments = d->compensation && d->moments_blocks == 0 ? d->layers * d->kv_heads : 0;
+	uint64_t total = moments, done = 0;
 	int r;
 
 	grants->n = 0;
@@ -130,7 +141,8 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		struct chunk *c;
 		uint32_t index;
 
-		r = pool_block_alloc(p, s->tenant, s->model->block_bytes, &c, &index);
+		r = pool_block_alloc(p, s->tenant, done < moments ? d->moments_bytes : s->model->block_bytes,
+		                     &c, &index);
 		if (r < 0)
 			goto rollback;
 		refs[done] = (struct kvd_block_ref){ .chunk_id = c->id, .index = index };
@@ -154,8 +166,19 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		}
 	}
 
+	/* A block may come from a chunk the tenant already used: the empty summary is 0. */
+	for (uint32_t i = 0; i < moments; i++) {
+		struct kvd_moments_header *h = pool_block_addr(p, refs[i]);
+
+		memset(h, 0, d->moments_bytes);
+		h->head_dim = d->head_dim;
+	}
 	desc_write_begin(d);
-	done = 0;
+	if (moments > 0) {
+		memcpy(desc_moments(d), refs, moments * sizeof(*refs));
+		d->moments_blocks = moments;
+	}
+	done = moments;
 	for (uint32_t t = 0; t < d->n_tables; t++) {
 		uint32_t *pos = desc_positions(d, t), tokens = desc_tokens(d)[t];
 		uint32_t old_blocks = DIV_ROUND_UP(tokens, bt);
@@ -188,6 +211,7 @@ void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied) {
 	for (uint32_t t = 0; t < d->n_tables; t++)
 		free_blocks(p, desc_blocks(d, t), DIV_ROUND_UP(desc_tokens(d)[t], d->block_tokens),
 		            emptied);
+	free_blocks(p, desc_moments(d), d->moments_blocks, emptied);
 	/* One smooth[] entry per table; read n_tables before the descriptor goes. */
 	if (s->smooth) {
 		for (uint32_t t = 0; t < d->n_tables; t++)

@@ -63,7 +63,8 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 /*
  * Appends n tokens to every table, each from its own token count (tables may differ after
  * an eviction), taking blocks from the pool for the tenant; the new slots get positions
- * next_position onwards. Chunks that conn_id does not hold yet are listed in *grants and
+ * next_position onwards; the first grow of a model with moments also allocates the
+ * sequence's moments blocks (empty summaries). Chunks that conn_id does not hold yet are listed in *grants and
  * conn_id is made their holder. All or nothing. Returns 0, or -EINVAL (n is 0), -EFBIG
  * (some table would pass max_tokens), -E2BIG (more new chunks than one frame can carry),
  * -ENOSPC, -EDQUOT, -ENOMEM; on failure the chunks the attempt emptied are in *emptied.
@@ -89,6 +90,11 @@ static inline uint32_t *desc_positions(struct kvd_seq_desc *d, uint32_t t) {
 
 static inline struct kvd_block_ref *desc_blocks(struct kvd_seq_desc *d, uint32_t t) {
 	return (struct kvd_block_ref *)layout_blocks(d, t);
+}
+
+/* The moments blocks, [layers][kv_heads] (models with compensation; see kvd.h). */
+static inline struct kvd_block_ref *desc_moments(struct kvd_seq_desc *d) {
+	return (struct kvd_block_ref *)((char *)d + d->moments_offset);
 }
 
 /* Sequence lock around every rewrite: odd while writing (see kvd.h). Single writer: the

@@ -47,6 +47,7 @@ const char *settings_backend_to_string(int v) {
 	static const char *const names[_SETTINGS_BACKEND_MAX] = {
 		[SETTINGS_BACKEND_HOST] = "host",
 		[SETTINGS_BACKEND_AUTO] = "auto",
+		[SETTINGS_BACKEND_CUDA] = "cuda",
 	};
 
 	return v >= 0 && v < _SETTINGS_BACKEND_MAX ? names[v] : NULL;
@@ -100,9 +101,16 @@ static int strdup_to(char **dst, const char *src) {
  * the socket, and the tables sized at start).
  */
 static const struct setting node_table[] = {
-	{ "backend", SETTING_ENUM, 0, "NAME", "host", NULL,
-	  "memory backend; auto picks host, the only one built so far", NODE(backend),
+	{ "backend", SETTING_ENUM, 0, "NAME", "auto", NULL,
+	  "memory backend: cuda (GPU memory, driver loaded at start), host (memfd chunks) or auto, "
+	  "cuda when a GPU is usable and host otherwise, saying why", NODE(backend),
 	  .enum_name = settings_backend_to_string, .enum_n = _SETTINGS_BACKEND_MAX },
+	{ "devices", SETTING_STRING, 0, "LIST", "all", NULL,
+	  "cuda: the GPUs to pool, as the driver numbers them (0 1, or all); this version pools "
+	  "the first usable one", NODE(devices), 1, 1023, .check = backend_devices_check },
+	{ "pool-percent", SETTING_U32, 0, "PERCENT", "0", NULL,
+	  "cuda: size the pool as this percent of the GPU's free memory at start, whole chunks; "
+	  "0: pool-size", NODE(pool_percent), 0, 100 },
 	{ "socket", SETTING_STRING, 0, "PATH", KVD_DEFAULT_SOCKET, NULL,
 	  "listening socket", NODE(socket), 1, 0 },
 	{ "socket-group", SETTING_STRING, 0, "GROUP", "", "",
@@ -767,7 +775,11 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 	if (s->ring_entries != 0 && !ring_entries_valid(s->ring_entries))
 		check_error(s, e, settings_index("ring-entries"), "must be 0 or a power of two from %u "
 		            "to %u", RING_ENTRIES_MIN, RING_ENTRIES_MAX);
-	if (s->budget != SETTINGS_UNSET && s->budget > s->pool_size)
+	/* A pool sized from free GPU memory is only known at start, where the budget is
+	 * capped to it and a reload checks against it (admin.c). */
+	if (s->pool_percent != 0 && s->backend == SETTINGS_BACKEND_HOST)
+		check_error(s, e, settings_index("pool-percent"), "needs the cuda or auto backend");
+	else if (s->budget != SETTINGS_UNSET && s->budget > s->pool_size && s->pool_percent == 0)
 		check_error(s, e, budget, "must be at most pool-size (%s)",
 		            size_format(s->pool_size, b, sizeof(b)));
 
@@ -781,7 +793,7 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 		if (t->min_bytes > t->max_bytes)
 			inifile_error(e, path, t->key_line[SETTINGS_TENANT_MIN] ?: t->line,
 			              "tenant %s: min above max", t->name);
-		else if (t->min_bytes > s->pool_size)
+		else if (t->min_bytes > s->pool_size && s->pool_percent == 0)
 			inifile_error(e, path, t->key_line[SETTINGS_TENANT_MIN] ?: t->line,
 			              "tenant %s: min above pool-size (%s)", t->name,
 			              size_format(s->pool_size, b, sizeof(b)));

@@ -98,6 +98,7 @@ struct setting {
 enum settings_backend {
 	SETTINGS_BACKEND_HOST,
 	SETTINGS_BACKEND_AUTO,
+	SETTINGS_BACKEND_CUDA,
 	_SETTINGS_BACKEND_MAX,
 };
 
@@ -144,6 +145,8 @@ struct settings_tenant {
 struct settings {
 	/* One field per entry of the node table. */
 	int backend;                  /* enum settings_backend */
+	char *devices;                /* cuda: "all" or ordinals (backend_devices_check) */
+	uint32_t pool_percent;        /* cuda: pool as a percent of free device memory; 0: pool_size */
 	char *socket;
 	char *socket_group;           /* "": the daemon's group */
 	char *admin_group;

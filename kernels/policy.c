@@ -7,10 +7,12 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "baselines.h"
+#include "moments.h"
 #include "policy.h"
 #include "score.h"
 #include "select.h"
@@ -29,6 +31,7 @@ static const char *const policy_names[_KVD_POLICY_MAX] = {
 	[KVD_POLICY_RESTKV] = "restkv",
 	[KVD_POLICY_LAPROX] = "laprox",
 	[KVD_POLICY_KVD] = "kvd",
+	[KVD_POLICY_KVD_MI] = "kvd-mi",
 };
 
 const char *kvd_policy_to_string(enum kvd_policy p) {
@@ -98,6 +101,7 @@ void kvd_policy_params_default(enum kvd_policy policy, struct kvd_policy_params 
 		.layer_weight = 1.0f,
 		.n_layers = 1,
 		.beta = KVD_PYRAMIDKV_BETA,
+		.mi_eta = KVD_MI_ETA,
 	};
 	kvd_restkv_opts_default(&p->restkv);
 	if (b >= 0) {
@@ -169,12 +173,53 @@ static int own_scores(const struct kvd_policy_params *p, const struct kvd_attn_i
 			      kvd_score_layer(in, gram, gram_group, &sp, scores);
 }
 
+/* Policies whose rows share one layer-wide top-k (policy.h). */
+static bool layerwide(enum kvd_policy p) {
+	return p == KVD_POLICY_LAPROX || p == KVD_POLICY_KVD || p == KVD_POLICY_KVD_MI;
+}
+
+/*
+ * kvd-mi: scores[rows][stride] (prefix columns) times 1 + mi_eta * misfit, per kv head whose
+ * summary holds tokens; a no-op for the other policies and without summaries.
+ */
+static int mi_modulate(const struct kvd_policy_params *p, const struct kvd_attn_in *in, float *scores,
+		       size_t stride) {
+	uint32_t n = in->len - in->window, g = in->heads / in->kv_heads;
+	uint32_t per = p->per_query_head ? g : 1;
+	float *misfit;
+
+	if (p->policy != KVD_POLICY_KVD_MI || !p->mi_mean_k || !p->mi_count || n == 0)
+		return 0;
+	misfit = malloc((size_t)n * sizeof(float));
+	if (!misfit)
+		return -ENOMEM;
+	for (uint32_t kv = 0; kv < in->kv_heads; kv++) {
+		const float *mean = p->mi_mean_k + (size_t)kv * in->dim;
+		int r;
+
+		if (p->mi_count[kv] == 0)
+			continue;
+		r = (p->reference ? kvd_moments_misfit_ref : kvd_moments_misfit)(in, kv, mean, misfit);
+		if (r < 0) {
+			free(misfit);
+			return r;
+		}
+		for (uint32_t row = kv * per; row < (kv + 1) * per; row++)
+			for (uint32_t i = 0; i < n; i++)
+				scores[row * stride + i] *= 1.0f + p->mi_eta * misfit[i];
+	}
+	free(misfit);
+	return 0;
+}
+
 /* The checks both entry points share; the capacity is kvd_policy_keep's alone. */
 static int params_check(const struct kvd_policy_params *p, const struct kvd_attn_in *in) {
 	if (!p || kvd_attn_in_check(in) < 0 || (int)p->policy < 0 || p->policy >= _KVD_POLICY_MAX ||
 	    (int)p->granularity < 0 || p->granularity >= _KVD_GRANULARITY_MAX)
 		return -EINVAL;
 	if (p->policy == KVD_POLICY_PYRAMIDKV && (p->n_layers == 0 || p->layer >= p->n_layers))
+		return -EINVAL;
+	if (p->policy == KVD_POLICY_KVD_MI && (!isfinite(p->mi_eta) || p->mi_eta < 0))
 		return -EINVAL;
 	return 0;
 }
@@ -243,6 +288,8 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
 	if (!scores || !budget)
 		goto out;
 	r = b >= 0 ? baseline_scores(b, p, in, scores) : own_scores(p, in, gram, gram_group, scores);
+	if (r >= 0)
+		r = mi_modulate(p, in, scores, stride);
 	if (r < 0)
 		goto out;
 
@@ -276,7 +323,7 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
 			budget[row] = n;
 		total += budget[row] + w;
 	}
-	if ((p->policy == KVD_POLICY_LAPROX || p->policy == KVD_POLICY_KVD) && rows > 1)
+	if (layerwide(p->policy) && rows > 1)
 		/* Layer-wide ranking: at most the same number of tokens in all as uniform budgets. */
 		total = (size_t)rows * (B + w);
 	k = keep_new(rows, total);
@@ -286,7 +333,7 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
 		goto out;
 	}
 
-	if ((p->policy == KVD_POLICY_LAPROX || p->policy == KVD_POLICY_KVD) && rows > 1) {
+	if (layerwide(p->policy) && rows > 1) {
 		const float **rp = calloc(rows, sizeof(*rp));
 		uint32_t *lens = calloc(rows, sizeof(uint32_t));
 
@@ -307,7 +354,7 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
 	for (uint32_t row = 0, done = 0; row < rows; row++) {
 		uint32_t *dst = k->pos + k->off[row];
 
-		if ((p->policy == KVD_POLICY_LAPROX || p->policy == KVD_POLICY_KVD) && rows > 1) {
+		if (layerwide(p->policy) && rows > 1) {
 			memcpy(dst, sel + done, budget[row] * sizeof(uint32_t));
 			done += budget[row];
 		} else {
@@ -435,6 +482,8 @@ int kvd_policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_i
 			q.capacity = in->window + (n + 1) / 2;
 		q.layer_weight = 1.0f;
 		r = own_scores(&q, in, gram, gram_group, scores);
+		if (r >= 0)
+			r = mi_modulate(&q, in, scores, n);
 		if (r < 0)
 			return r;
 		cost_shares(scores, total, p->layer_weight);

@@ -43,6 +43,11 @@
  *   kvd                the default: ReST-KV costs with both smoothings (EMA + AWS), summed
  *                      over the GQA group, N1 shares, and the same layer-wide top-k as
  *                      laprox (§7.1, §7.5).
+ *   kvd-mi             kvd with moment-informed costs (§4.4): each token's cost times
+ *                      1 + mi_eta * its misfit (moments.h) against its kv head's summary of
+ *                      what was evicted before (mi_mean_k, mi_count); heads with an empty
+ *                      summary, and every head without one (mi_mean_k NULL, as offline),
+ *                      keep kvd's costs.
  * The output-aware policies (restkv, laprox, kvd) use W_o when gram is given and the
  * value-space norm otherwise.
  *
@@ -71,11 +76,13 @@ enum kvd_policy {
 	KVD_POLICY_RESTKV,
 	KVD_POLICY_LAPROX,
 	KVD_POLICY_KVD,
+	KVD_POLICY_KVD_MI,
 	_KVD_POLICY_MAX,
 	_KVD_POLICY_INVALID = -EINVAL,
 };
 
-/* DESIGN §5's names ("full", ..., "expected_attention", "restkv", "laprox", "kvd"). */
+/* DESIGN §5's names ("full", ..., "expected_attention", "restkv", "laprox", "kvd",
+ * "kvd-mi"). */
 const char *kvd_policy_to_string(enum kvd_policy p);
 enum kvd_policy kvd_policy_from_string(const char *s);
 
@@ -111,15 +118,23 @@ struct kvd_policy_params {
 	 * to use the window queries themselves. */
 	const void *eq_q;
 	uint32_t eq_rows;
+	/* kvd-mi: per kv head, the key mean ([Hkv][d] fp32) and the token count of the
+	 * summary of what was evicted (NULL: none); the misfit's weight. */
+	const float *mi_mean_k;
+	const uint64_t *mi_count;
+	float mi_eta;
 	uint32_t threads;                /* 0: the online CPUs */
 	uint32_t reference;              /* run the plain-C reference kernels */
 };
 
 /*
- * The published defaults of policy (capacity left 0: set it). restkv/kvd: after, EMA 0.3,
+ * The published defaults of policy (capacity left 0: set it). restkv/kvd/kvd-mi: after, EMA 0.3,
  * tau 1, adaptive pooling k 5, scale 2000; snapkv/pyramidkv: sum, avg k 5; adakv: mean,
- * max k 7; laprox: joint, no pooling; layer weight 1; n_layers 1, beta 20.
+ * max k 7; laprox: joint, no pooling; layer weight 1; n_layers 1, beta 20; kvd-mi: no summary,
+ * mi_eta KVD_MI_ETA.
  */
+#define KVD_MI_ETA 1.0f
+
 void kvd_policy_params_default(enum kvd_policy policy, struct kvd_policy_params *p);
 
 /* Kept positions: row r keeps pos[off[r]] .. pos[off[r+1]-1], ascending. */
@@ -152,7 +167,7 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
  * values of the whole layer sum to p->layer_weight. They are shares of the (sequence, layer)
  * (ALGORITHMS.md §7.1, N1/N2), so that one global ranking can compare them across layers,
  * sequences and models:
- *  - restkv, laprox, kvd: the output-aware costs (kvd_score_layer(), with the options of
+ *  - restkv, laprox, kvd, kvd-mi: the output-aware costs (kvd-mi's with the misfit factor) (kvd_score_layer(), with the options of
  *    kvd_policy_keep()) as N1 shares of the whole layer times layer_weight; restkv's per-row
  *    costs are normalised over the whole layer too. Non-finite and negative costs count as
  *    0; a layer whose costs are all 0 gets equal values (no information to tell tokens apart).

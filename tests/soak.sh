@@ -35,7 +35,7 @@ trap 'exit 1' INT TERM
 # JOURNAL_STREAM makes the daemon prefix each line with its priority: <3> is an error.
 # The admin group is ours, so that the soak may change the budget and the tenants.
 JOURNAL_STREAM=soak ${SOAK_WRAPPER:-} "$daemon" --socket "$dir/kvd.sock" --config /dev/null \
-	--state-dir "$dir/state" --pool-size 64MiB --budget 16MiB --chunk-size 256KiB \
+	--state-dir "$dir/state" --backend host --pool-size 64MiB --budget 16MiB --chunk-size 256KiB \
 	--grant-wait 200 --admin-group "$(id -g)" 2>"$dir/kvd.log" &
 pid=$!
 

@@ -82,6 +82,8 @@ void fixture_launch(struct fixture *f, const char *const *args) {
 	 * between requests takes CPU from the other test's, and tests timed against eviction
 	 * rounds then see them run late. Tests of the polling itself ask for it in args. */
 	argv[n++] = "--poll-us=0";
+	/* What the suite tests is the host backend, GPU or not (the gpu suite tests cuda). */
+	argv[n++] = "--backend=host";
 	for (; args && *args && n < sizeof(argv) / sizeof(argv[0]) - 1; args++)
 		argv[n++] = *args;
 	argv[n] = NULL;

@@ -473,7 +473,7 @@ TEST(budget_set_below_use) {
 TEST(every_policy_end_to_end) {
 	static const char *const policies[] = {
 		"full", "streamingllm", "h2o", "snapkv", "pyramidkv", "adakv", "tova", "knorm",
-		"keydiff", "expected_attention", "restkv", "laprox", "kvd",
+		"keydiff", "expected_attention", "restkv", "laprox", "kvd", "kvd-mi",
 	};
 	char config[2048] = "";
 	struct fixture f;

@@ -21,7 +21,8 @@
 #define WEIGHT 0.7f
 
 static int output_aware(enum kvd_policy p) {
-	return p == KVD_POLICY_RESTKV || p == KVD_POLICY_LAPROX || p == KVD_POLICY_KVD;
+	return p == KVD_POLICY_RESTKV || p == KVD_POLICY_LAPROX || p == KVD_POLICY_KVD ||
+	       p == KVD_POLICY_KVD_MI;
 }
 
 /* Finite, >= 0, and the layer sums to lambda within 1e-4 relative. */

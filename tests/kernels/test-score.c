@@ -197,7 +197,7 @@ TEST(every_policy) {
 				uint32_t rows = gran ? 1 : pqh ? 8 : 2;
 				char what[128];
 				int layerwide = pol == KVD_POLICY_LAPROX || pol == KVD_POLICY_KVD ||
-						pol == KVD_POLICY_ADAKV;
+						pol == KVD_POLICY_KVD_MI || pol == KVD_POLICY_ADAKV;
 
 				kvd_policy_params_default((enum kvd_policy)pol, &p);
 				p.capacity = 40;
@@ -243,7 +243,8 @@ TEST(policy_keeps_everything_when_short) {
 	ASSERT_ERRNO(kvd_policy_keep(&p, &f.in, f.gram, NULL, &k), -EINVAL);
 	ASSERT_STREQ(kvd_policy_to_string(KVD_POLICY_EXPECTED_ATTENTION), "expected_attention");
 	ASSERT_EQ((int)kvd_policy_from_string("kvd"), (int)KVD_POLICY_KVD);
-	ASSERT_EQ((int)kvd_policy_from_string("kvd-mi"), -EINVAL);
+	ASSERT_EQ((int)kvd_policy_from_string("kvd-mi"), (int)KVD_POLICY_KVD_MI);
+	ASSERT_EQ((int)kvd_policy_from_string("kvd+moments"), -EINVAL);
 	ASSERT_EQ((int)kvd_granularity_from_string("layer"), (int)KVD_GRANULARITY_LAYER);
 	fix_done(&f);
 }
@@ -253,7 +254,7 @@ TEST(layerwide_budget) {
 	struct fix f;
 
 	fix_init(&f, KVD_KERNEL_F32, 8, 4, 8, 120, 16, 8);
-	for (int pol = KVD_POLICY_LAPROX; pol <= KVD_POLICY_KVD; pol++) {
+	for (int pol = KVD_POLICY_LAPROX; pol <= KVD_POLICY_KVD_MI; pol++) {
 		struct kvd_policy_params p;
 		struct kvd_keep *k = NULL;
 
@@ -283,7 +284,7 @@ TEST(nonfinite_inputs_never_crash) {
 				struct kvd_policy_params p;
 				struct kvd_keep *k = NULL;
 				int layerwide = pol == KVD_POLICY_LAPROX || pol == KVD_POLICY_KVD ||
-						pol == KVD_POLICY_ADAKV;
+						pol == KVD_POLICY_KVD_MI || pol == KVD_POLICY_ADAKV;
 
 				kvd_policy_params_default((enum kvd_policy)pol, &p);
 				p.capacity = 20;

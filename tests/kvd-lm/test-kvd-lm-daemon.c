@@ -16,6 +16,10 @@
  * attention over exactly the resident slots by their original positions, recomputed here
  * in double by plain loops from the daemon's K/V.
  *
+ * With compensation (MomentKV moments), the same: bit for bit the full cache's logits while
+ * nothing is evicted, and after eviction the reference step adds each table's moments as
+ * one more softmax entry, in both forms, from the moments the daemon folded.
+ *
  * Environment (set by meson): KVD_DAEMON, KVD_LM (the kvd-lm binary), KVD_LM_DATA.
  */
 #include <inttypes.h>
@@ -132,7 +136,7 @@ static void check_tables(struct kvdlm_cache *c) {
 	ASSERT_OK(kvd_seq_unpin(s));
 }
 
-static void same_as_full(uint32_t unit, uint32_t chunk) {
+static void same_as_full(uint32_t unit, uint32_t chunk, uint32_t compensation) {
 	struct fixture f;
 	_cleanup_(freep) uint32_t *tokens = NULL;
 	_cleanup_(freep) float *pf = NULL, *pk = NULL, *df = NULL, *dk = NULL;
@@ -156,7 +160,7 @@ static void same_as_full(uint32_t unit, uint32_t chunk) {
 
 	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
 	c = fixture_connect(&f, "lm");
-	ASSERT_OK(kvdlm_kvd_register(c, model, "kvd-lm-test", unit, WINDOW, &km));
+	ASSERT_OK(kvdlm_kvd_register_compensated(c, model, "kvd-lm-test", unit, WINDOW, compensation, &km));
 	{
 		_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *kc = NULL;
 
@@ -177,12 +181,17 @@ static void same_as_full(uint32_t unit, uint32_t chunk) {
 }
 
 TEST(same_as_full_unit_head) {
-	same_as_full(KVD_UNIT_HEAD_TOKEN, KVDLM_CHUNK_DEFAULT);
+	same_as_full(KVD_UNIT_HEAD_TOKEN, KVDLM_CHUNK_DEFAULT, KVD_COMPENSATION_NONE);
 }
 
 /* Chunks that end inside daemon blocks, and another unit. */
 TEST(same_as_full_unit_layer_chunk_7) {
-	same_as_full(KVD_UNIT_LAYER_TOKEN, 7);
+	same_as_full(KVD_UNIT_LAYER_TOKEN, 7, KVD_COMPENSATION_NONE);
+}
+
+/* Moments that hold nothing add nothing: still bit for bit. */
+TEST(same_as_full_moments) {
+	same_as_full(KVD_UNIT_HEAD_TOKEN, KVDLM_CHUNK_DEFAULT, KVD_COMPENSATION_MOMENTS);
 }
 
 /* Runs command (a shell line), its stdout into out[n]; returns the exit status. */
@@ -237,6 +246,16 @@ TEST(cli_exit_codes) {
 	snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --unit token 2>/dev/null", getenv("KVD_LM"), model_path);
 	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 2);
 	snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --no-daemon --socket /x 2>/dev/null", getenv("KVD_LM"),
+	         model_path);
+	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 2);
+	/* Moments summarise evictions: they need the daemon and a unit. */
+	snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --no-daemon --compensation moments 2>/dev/null",
+	         getenv("KVD_LM"), model_path);
+	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 2);
+	snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --unit none --compensation moments-mass 2>/dev/null",
+	         getenv("KVD_LM"), model_path);
+	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 2);
+	snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --compensation latent 2>/dev/null", getenv("KVD_LM"),
 	         model_path);
 	ASSERT_EQ(run_capture(cmd, out, sizeof(out)), 2);
 	snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --socket /nonexistent/kvd.sock 2>/dev/null",
@@ -336,11 +355,40 @@ static void ref_rope(double *x, uint32_t pos) {
 }
 
 /*
+ * The moments entry of (layer, kv head) for query q[hd] (double), as the README's
+ * "Compensation" says; false when the sequence has no moments there or they are empty.
+ */
+static bool ref_moments(kvd_seq *s, uint32_t l, uint32_t kh, const double *q, bool mass,
+                        double *ret_logit, double *ret_value) {
+	const struct kvd_moments_header *m;
+	uint32_t hd = model->cfg.head_dim;
+	const float *mk, *mv, *var, *cov;
+	double z = 0, extra = 0, sc = 1 / sqrt((double)hd);
+
+	if (kvd_seq_moments(s, l, kh, &m) < 0 || m->count == 0)
+		return false;
+	mk = (const float *)((const char *)m + KVD_MOMENTS_HEADER_BYTES);
+	mv = mk + hd, var = mv + hd, cov = var + hd;
+	for (uint32_t a = 0; a < hd; a++) {
+		double c = 0;
+
+		z += q[a] * mk[a];
+		extra += var[a] * q[a] * q[a];
+		for (uint32_t b = 0; b < hd; b++)
+			c += (double)cov[(size_t)a * hd + b] * q[b];
+		ret_value[a] = mv[a] + sc * c;
+	}
+	*ret_logit = sc * z + log((double)m->count) + (mass ? sc * sc * extra / 2 : 0);
+	return true;
+}
+
+/*
  * The logits after `token` at position `pos`, computed in double by plain loops from the
  * K/V the pinned sequence s holds: every table is read with its own resident positions,
- * and the token's own K and V rows (written by the engine) are checked on the way.
+ * and the token's own K and V rows (written by the engine) are checked on the way; with
+ * moments, each table's entry joins the softmax (mass: the mass-corrected form).
  */
-static void ref_step(kvd_seq *s, uint32_t token, uint32_t pos, double *logits) {
+static void ref_step(kvd_seq *s, uint32_t token, uint32_t pos, bool mass, double *logits) {
 	const struct kvdlm_config *c = &model->cfg;
 	uint32_t dim = c->dim, hd = c->head_dim, qd = c->q_heads * hd, kd = c->kv_heads * hd;
 	uint32_t g = c->q_heads / c->kv_heads;
@@ -365,10 +413,13 @@ static void ref_step(kvd_seq *s, uint32_t token, uint32_t pos, double *logits) {
 		for (uint32_t hh = 0; hh < c->q_heads; hh++) {
 			uint32_t kh = hh / g;
 			int64_t n = kvd_seq_tokens(s, l, kh);
-			double mx = -INFINITY, sum = 0;
+			double mx = -INFINITY, sum = 0, mz = -INFINITY;
 			_cleanup_(freep) double *p = malloc((size_t)n * sizeof(double));
+			_cleanup_(freep) double *mval = malloc(hd * sizeof(double));
+			bool has_m;
 
-			ASSERT_TRUE(n > 0 && n <= 65536 && p);
+			ASSERT_TRUE(n > 0 && n <= 65536 && p && mval);
+			has_m = ref_moments(s, l, kh, q + hh * hd, mass, &mz, mval);
 			for (int64_t j = 0; j < n; j++) {
 				int64_t pj = kvd_seq_position(s, l, kh, (uint32_t)j);
 				float *kr, *vr;
@@ -386,10 +437,13 @@ static void ref_step(kvd_seq *s, uint32_t token, uint32_t pos, double *logits) {
 				p[j] = d / sqrt((double)hd);
 				mx = fmax(mx, p[j]);
 			}
+			mx = fmax(mx, mz);
 			for (int64_t j = 0; j < n; j++)
 				sum += p[j] = exp(p[j] - mx);
+			if (has_m)
+				sum += mz = exp(mz - mx);
 			for (uint32_t i = 0; i < hd; i++)
-				o[hh * hd + i] = 0;
+				o[hh * hd + i] = has_m ? mz / sum * mval[i] : 0;
 			for (int64_t j = 0; j < n; j++) {
 				float *vr;
 
@@ -420,7 +474,7 @@ static void ref_step(kvd_seq *s, uint32_t token, uint32_t pos, double *logits) {
  * here in double from the daemon's K/V. The budget is raised first so that nothing
  * changes the tables around the checked step (their sizes are compared to make sure).
  */
-TEST(evicted_attention_by_position) {
+static void evicted_attention(uint32_t compensation, enum kvd_moments_form form) {
 	struct fixture f;
 	_cleanup_(freep) uint32_t *tokens = NULL;
 	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *kc = NULL;
@@ -436,10 +490,16 @@ TEST(evicted_attention_by_position) {
 	bool uneven = false;
 
 	ASSERT_TRUE(tables <= ELEMENTSOF(before));
-	fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--budget=384KiB", "--grant-wait=10000", NULL });
+	/* The moments blocks have a size of their own, so they take a chunk of their own: the
+	 * budget grows by one, so that K/V get the same room. */
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK,
+	                                         compensation ? "--budget=640KiB" : "--budget=384KiB",
+	                                         "--grant-wait=10000", NULL });
 	c = fixture_connect(&f, "check");
 	admin = fixture_connect(&f, NULL);
-	ASSERT_OK(kvdlm_kvd_register(c, model, "kvd-lm-test", KVD_UNIT_HEAD_TOKEN, WINDOW, &km));
+	ASSERT_OK(kvdlm_kvd_register_compensated(c, model, "kvd-lm-test", KVD_UNIT_HEAD_TOKEN, WINDOW,
+	                                         compensation, &km));
+	km.form = form;
 	ASSERT_OK(kvdlm_cache_kvd_new(&km, &model->cfg, n + 4, &kc));
 	ASSERT_OK(kvdlm_session_new(model, kc, &(struct kvdlm_session_opts){ THREADS, 0 }, &s));
 	seq = kvdlm_cache_seq(kc);
@@ -464,15 +524,23 @@ TEST(evicted_attention_by_position) {
 	ASSERT_OK(kvd_seq_pin(seq));
 	for (uint32_t t = 0; t < tables; t++)
 		ASSERT_EQ(kvd_seq_tokens(seq, t / model->cfg.kv_heads, t % model->cfg.kv_heads), before[t] + 1);
-	ref_step(seq, tok, pos, want);
+	ref_step(seq, tok, pos, form == KVD_MOMENTS_MASS, want);
+	if (compensation != KVD_COMPENSATION_NONE) {
+		const struct kvd_moments_header *m;
+
+		/* The correction was there to check: the daemon folded what it evicted. */
+		ASSERT_OK(kvd_seq_moments(seq, 0, 0, &m));
+		ASSERT_EQ(m->count, (uint64_t)pos - (uint64_t)before[0]);
+	}
 	ASSERT_OK(kvd_seq_unpin(seq));
 	for (uint32_t i = 0; i < KVDLM_VOCAB; i++) {
 		err = fmax(err, fabs(lg[i] - want[i]));
 		scale = fmax(scale, fabs(want[i]));
 	}
-	printf("step at position %u over %" PRId64 "..%" PRId64 " resident tokens per table%s: max |error| / %.3g "
-	       "= %.3g\n",
-	       pos, before[0] + 1, before[tables - 1] + 1, uneven ? " (tables differ)" : "", scale, err / scale);
+	printf("step at position %u over %" PRId64 "..%" PRId64 " resident tokens per table%s, compensation %u "
+	       "form %d: max |error| / %.3g = %.3g\n",
+	       pos, before[0] + 1, before[tables - 1] + 1, uneven ? " (tables differ)" : "", compensation,
+	       (int)form, scale, err / scale);
 	ASSERT_TRUE(err / scale <= 1e-4);
 	ASSERT_TRUE(before[0] + 1 < (int64_t)pos);
 	s = kvdlm_session_free(s);
@@ -480,6 +548,18 @@ TEST(evicted_attention_by_position) {
 	kvd_client_unref(admin);
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(evicted_attention_by_position) {
+	evicted_attention(KVD_COMPENSATION_NONE, KVD_MOMENTS_PLAIN);
+}
+
+TEST(evicted_attention_with_moments) {
+	evicted_attention(KVD_COMPENSATION_MOMENTS, KVD_MOMENTS_PLAIN);
+}
+
+TEST(evicted_attention_with_moments_mass) {
+	evicted_attention(KVD_COMPENSATION_MOMENTS, KVD_MOMENTS_MASS);
 }
 
 /* The command line under the same pressure: it finishes and says what was evicted. */

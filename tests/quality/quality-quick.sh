@@ -9,14 +9,14 @@
 # the model, the tasks and the scoring are wired right, not what any policy achieves.
 #
 # Environment: KVD_DAEMON, KVD_BENCH, KVD_LM_MODEL, KVD_LM_HAYSTACK (set by meson);
-# QUALITY_KEEP (keep the output directory and print its path). Exits 77 (skipped) when the
-# trained model is not there.
+# QUALITY_KEEP (keep the output directory and print its path).
 
 set -u
 
-# The trained model's full-cache accuracy on niah at 1024 tokens, the --quick subset, as
-# its trainer measured it on the tuning seeds: see tools/kvd-lm/README.md.
-THRESHOLD=0.5
+# The --quick subset is niah at 1024 tokens. The trained model answered 16 of 16 tuning
+# samples of it at its last checkpoint (tools/kvd-lm/README.md, "Training"); 0.8 leaves
+# room for a hard sample or two among the 6 reporting ones, and none for a broken pipeline.
+THRESHOLD=0.8
 
 daemon=${KVD_DAEMON:?KVD_DAEMON is not set (run the test through meson)}
 bench=${KVD_BENCH:?KVD_BENCH is not set (run the test through meson)}
@@ -24,8 +24,8 @@ model=${KVD_LM_MODEL:?KVD_LM_MODEL is not set (run the test through meson)}
 haystack=${KVD_LM_HAYSTACK:?KVD_LM_HAYSTACK is not set (run the test through meson)}
 
 if [ ! -f "$model" ]; then
-	echo "quality-quick.sh: no trained model at $model: skipping"
-	exit 77
+	echo "quality-quick.sh: no trained model at $model" >&2
+	exit 1
 fi
 
 out=$(mktemp -d /tmp/kvd-quality-test-XXXXXX) || exit 1
@@ -49,7 +49,7 @@ fi
 csv=$out/results.csv
 status=0
 for p in full streamingllm h2o snapkv pyramidkv adakv tova knorm keydiff expected_attention \
-	restkv laprox kvd; do
+	restkv laprox kvd kvd-mi kvd+moments kvd-mi+moments kvd+moments-mass; do
 	if ! awk -F, -v p="$p" 'NR > 1 && $1 == p && $6 > 0 { found = 1 } END { exit !found }' "$csv"; then
 		echo "quality-quick.sh: policy $p has no sample in $csv" >&2
 		status=1

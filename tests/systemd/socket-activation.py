@@ -29,7 +29,8 @@ import time
 
 DAEMON = os.environ.get("KVD_DAEMON")
 KVDCTL = os.environ.get("KVDCTL")
-SMALL = ["--pool-size", "8MiB", "--chunk-size", "1MiB"]
+# The host backend, also on a machine with a GPU, where auto would pick cuda.
+SMALL = ["--backend", "host", "--pool-size", "8MiB", "--chunk-size", "1MiB"]
 WATCHDOG_USEC = 200000
 # What the sanitizer runtimes read: systemd-socket-activate passes on only what it is told.
 PASS_ENV = ["ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "MALLOC_PERTURB_"]

@@ -139,7 +139,7 @@ def main():
         script = ('trace=$1; shift; exec 20<&"$0"; exec 3<&20 20<&-; '
                   'export LISTEN_FDS=1 LISTEN_PID=$$; exec strace -D -f -c -o "$trace" -- "$@"')
         d = subprocess.Popen(["bash", "-c", script, str(ls.fileno()), trace, daemon,
-                              "--socket", sock_path, "--pool-size", "64MiB",
+                              "--socket", sock_path, "--backend", "host", "--pool-size", "64MiB",
                               "--chunk-size", "1MiB"] + isolated(daemon, tmp),
                              env=dict(os.environ, NOTIFY_SOCKET=os.path.join(tmp, "notify"),
                                       WATCHDOG_USEC="100000"),

@@ -83,7 +83,9 @@ TEST(defaults) {
 	struct settings s;
 
 	ASSERT_OK(settings_init(&s));
-	ASSERT_EQ(s.backend, SETTINGS_BACKEND_HOST);
+	ASSERT_EQ(s.backend, SETTINGS_BACKEND_AUTO);
+	ASSERT_STREQ(s.devices, "all");
+	ASSERT_EQ(s.pool_percent, 0u);
 	ASSERT_STREQ(s.socket, "/run/kvd/kvd.sock");
 	ASSERT_EQ(s.pool_size, UINT64_C(1) << 30);
 	ASSERT_EQ(s.chunk_size, 4 * MiB);
@@ -259,6 +261,39 @@ TEST(checks_across_values) {
 	write_config("[kvd]\nchunk-size = 1000\n");
 	ASSERT_ERRNO(load(&s, &e, NULL), -EINVAL);
 	ASSERT_ERROR(&e, 2, "chunk-size must be at least 64KiB and a multiple of");
+	inifile_errors_done(&e);
+	settings_done(&s);
+}
+
+/* A GPU pool sized from free memory is only known at start: the budget and the tenants'
+ * minimums are not held to pool-size then. */
+TEST(gpu_settings) {
+	struct inifile_errors e = {};
+	struct settings s;
+
+	write_config("[kvd]\n"
+	             "backend = cuda\n"
+	             "devices = 0, 1\n"
+	             "pool-percent = 80\n"
+	             "budget = 100GiB\n"
+	             "[tenant a]\nmin = 50GiB\n");
+	ASSERT_OK(load(&s, &e, NULL));
+	ASSERT_EQ(s.backend, SETTINGS_BACKEND_CUDA);
+	ASSERT_STREQ(s.devices, "0, 1");
+	ASSERT_EQ(s.pool_percent, 80u);
+	settings_done(&s);
+
+	write_config("[kvd]\ndevices = gpu0\n");
+	ASSERT_ERRNO(load(&s, &e, NULL), -EINVAL);
+	ASSERT_ERROR(&e, 2, "devices: 'gpu0': must be all, or device numbers");
+	ASSERT_EQ(e.n, 1u);
+	inifile_errors_done(&e);
+	settings_done(&s);
+
+	write_config("[kvd]\nbackend = host\npool-percent = 50\n");
+	ASSERT_ERRNO(load(&s, &e, NULL), -EINVAL);
+	ASSERT_ERROR(&e, 3, "pool-percent needs the cuda or auto backend");
+	ASSERT_EQ(e.n, 1u);
 	inifile_errors_done(&e);
 	settings_done(&s);
 }

@@ -371,8 +371,9 @@ static int daemon_start(struct daemon *d, uint32_t poll_us, const char *doorbell
 		return fail("fork: %s", strerror(errno));
 	if (d->pid == 0) {
 		const char *argv[] = { arg_kvd, "--socket", d->socket, "--config", "/dev/null",
-			               "--state-dir", d->state, "--pool-size", "64MiB", "--chunk-size",
-			               "1MiB", "--poll-us", poll, "--ring-doorbell", doorbell,
+			               "--state-dir", d->state, "--backend", "host", "--pool-size",
+			               "64MiB", "--chunk-size", "1MiB", "--poll-us", poll,
+			               "--ring-doorbell", doorbell,
 			               "--log-level", "warning", NULL };
 
 		pin_cpu(cpu);

@@ -4,7 +4,9 @@
  * (tools/kvd-lm/README.md, "Tasks"), with the KV cache in a kvd daemon that evicts it.
  *
  * One daemon per run, started here with a generated config file: one tenant per policy
- * (q-POLICY, policy = POLICY), q-full for the reference sequences (its min is the whole
+ * (q-POLICY, policy = POLICY), one per compensated column (kvd+moments, kvd-mi+moments,
+ * kvd+moments-mass: tenants q-kvd.moments, ..., whose model keeps MomentKV moments and whose
+ * engine adds them to attention, plainly or mass-corrected), q-full for the reference sequences (its min is the whole
  * pool, so that no round ever takes from it), m-0.. for the multi-tenant scenario; chunks of
  * 64 KiB, no pressure rounds (high watermark 100, grants refused at once), no eviction floor
  * (a row may lose everything but its sinks, its window and its open tail block, which is
@@ -115,14 +117,48 @@ static const char *arg_haystack;
 static const char *arg_kvd;
 static const char *arg_out = OUT_DEFAULT;
 static uint32_t arg_samples = SAMPLES_DEFAULT;
-static enum kvd_task arg_tasks[_KVD_TASK_MAX] = { KVD_TASK_NIAH, KVD_TASK_MULTIKEY, KVD_TASK_VT };
-static unsigned arg_n_tasks = 3;
+/* The tasks the shipped model does with a full cache (tools/kvd-lm/README.md, "Training":
+ * niah and multikey 88-100% at 1k-4k tokens; multivalue, vt and cwe 0-2%). */
+static enum kvd_task arg_tasks[_KVD_TASK_MAX] = { KVD_TASK_NIAH, KVD_TASK_MULTIKEY };
+static unsigned arg_n_tasks = 2;
 static uint32_t arg_lengths[LIST_MAX] = { 1024, 2048, 4096 };
 static unsigned arg_n_lengths = 3;
 static uint32_t arg_budgets[LIST_MAX] = { 5, 10, 20, 50 };
 static unsigned arg_n_budgets = 4;
 static bool arg_settings[_SETTING_MAX] = { true, true };
-static bool arg_policies[_KVD_POLICY_MAX];
+/* The compensated columns, after the policies' (DESIGN.md §5 writes them POLICY+COMPENSATION):
+ * a policy's tenant with moments, and the form the engine adds them in. */
+enum {
+	VARIANT_KVD_MOMENTS,
+	VARIANT_KVD_MI_MOMENTS,
+	VARIANT_KVD_MOMENTS_MASS,
+	_VARIANT_MAX,
+};
+
+#define COLS (_KVD_POLICY_MAX + _VARIANT_MAX)
+
+static const struct {
+	enum kvd_policy policy;
+	enum kvd_moments_form form;
+	const char *name, *tenant; /* '+' is not a tenant name's */
+} variants[_VARIANT_MAX] = {
+	[VARIANT_KVD_MOMENTS] = { KVD_POLICY_KVD, KVD_MOMENTS_PLAIN, "kvd+moments", "q-kvd.moments" },
+	[VARIANT_KVD_MI_MOMENTS] = { KVD_POLICY_KVD_MI, KVD_MOMENTS_PLAIN, "kvd-mi+moments",
+		                     "q-kvd-mi.moments" },
+	[VARIANT_KVD_MOMENTS_MASS] = { KVD_POLICY_KVD, KVD_MOMENTS_MASS, "kvd+moments-mass",
+		                       "q-kvd.moments-mass" },
+};
+
+/* A column's name in every table, and the policy its tenant ranks with. */
+static const char *col_name(int p) {
+	return p < _KVD_POLICY_MAX ? kvd_policy_to_string(p) : variants[p - _KVD_POLICY_MAX].name;
+}
+
+static enum kvd_policy col_policy(int p) {
+	return p < _KVD_POLICY_MAX ? (enum kvd_policy)p : variants[p - _KVD_POLICY_MAX].policy;
+}
+
+static bool arg_policies[COLS];
 static uint32_t arg_threads;
 static uint32_t arg_window = WINDOW_DEFAULT;
 static bool arg_multi, arg_direct, arg_quick, arg_keep;
@@ -132,7 +168,7 @@ static struct {
 } arg_multi_tenants[MULTI_MAX] = {
 	{ KVD_TASK_NIAH, 1024 },
 	{ KVD_TASK_MULTIKEY, 2048 },
-	{ KVD_TASK_VT, 4096 },
+	{ KVD_TASK_MULTIKEY, 4096 },
 };
 static unsigned arg_n_multi = 3;
 static enum kvd_policy arg_multi_policy = KVD_POLICY_KVD;
@@ -142,6 +178,8 @@ static enum kvd_policy arg_multi_policy = KVD_POLICY_KVD;
 struct cell {
 	uint32_t samples, correct, violations, rounds;
 	double kept, round_ms;
+	uint64_t decode_steps;
+	double decode_ms;
 };
 
 struct full_cell {
@@ -151,6 +189,8 @@ struct full_cell {
 struct tenant {
 	char name[64];
 	enum kvd_policy policy;
+	uint32_t compensation;        /* KVD_COMPENSATION_* of its model */
+	enum kvd_moments_form form;   /* with moments: how its engine adds them */
 	kvd_client *client;
 	struct kvdlm_kvd_model km;
 };
@@ -171,7 +211,7 @@ struct quality {
 	struct daemon d;
 	kvd_client *admin;
 	struct tenant ref;                  /* q-full: masters and the daemon's full-cache runs */
-	struct tenant pol[_KVD_POLICY_MAX]; /* q-POLICY */
+	struct tenant pol[COLS];            /* q-POLICY, then the compensated columns' */
 	struct tenant multi[MULTI_MAX];     /* m-0 .. */
 	uint32_t tables, vocab;
 	uint64_t slot_bytes;                /* K and V of one token of one table */
@@ -250,7 +290,7 @@ static const char *client_error(kvd_client *c, int r) {
 }
 
 static size_t cell_index(unsigned setting, unsigned ti, unsigned li, unsigned p, unsigned bi) {
-	return ((((size_t)setting * arg_n_tasks + ti) * arg_n_lengths + li) * _KVD_POLICY_MAX + p) *
+	return ((((size_t)setting * arg_n_tasks + ti) * arg_n_lengths + li) * COLS + p) *
 	               arg_n_budgets + bi;
 }
 
@@ -342,7 +382,7 @@ static uint64_t pool_bytes(const struct quality *Q, uint64_t chunk) {
 		seqs = MAX(seqs, 2u * arg_n_multi);
 	}
 	bytes = per_token * (lmax + GEN_MAX + SEQ_SLACK + KVDLM_KVD_BLOCK_TOKENS) * seqs * 2 +
-	        (uint64_t)(_KVD_POLICY_MAX + MULTI_MAX + 4) * 4 * chunk;
+	        (uint64_t)(COLS + MULTI_MAX + 4) * 4 * chunk;
 	bytes = MAX(bytes, 64ull << 20);
 	return ALIGN_TO(bytes, MAX(chunk, 1ull << 20));
 }
@@ -373,9 +413,10 @@ static int write_config(const struct quality *Q, const char *path, uint64_t pool
 	        "policy = full\n"
 	        "min = %" PRIu64 "\n",
 	        pool, chunk, (unsigned)getgid(), pool);
-	for (int p = 0; p < _KVD_POLICY_MAX; p++)
+	for (int p = 0; p < COLS; p++)
 		if (p != KVD_POLICY_FULL)
-			fprintf(f, "\n[tenant %s]\npolicy = %s\n", Q->pol[p].name, kvd_policy_to_string(p));
+			fprintf(f, "\n[tenant %s]\npolicy = %s\n", Q->pol[p].name,
+			        kvd_policy_to_string(col_policy(p)));
 	for (unsigned j = 0; arg_multi && j < arg_n_multi; j++)
 		fprintf(f, "\n[tenant %s]\npolicy = %s\n", Q->multi[j].name,
 		        kvd_policy_to_string(arg_multi_policy));
@@ -454,9 +495,11 @@ static int tenant_connect(struct quality *Q, struct tenant *t) {
 	r = kvd_client_connect(Q->d.socket, t->name, &t->client);
 	if (r < 0)
 		return fail("connecting as %s: %s", t->name, strerror(-r));
-	r = kvdlm_kvd_register(t->client, Q->m, "kvd-lm", KVD_UNIT_HEAD_TOKEN, arg_window, &t->km);
+	r = kvdlm_kvd_register_compensated(t->client, Q->m, "kvd-lm", KVD_UNIT_HEAD_TOKEN, arg_window,
+	                                   t->compensation, &t->km);
 	if (r < 0)
 		return fail("registering the model for %s: %s", t->name, client_error(t->client, r));
+	t->km.form = t->form;
 	return 0;
 }
 
@@ -675,8 +718,9 @@ static int evict_to(struct quality *Q, struct tenant *t, kvd_seq *seq, uint32_t 
  * newline, EOS or GEN_MAX tokens. out[GEN_MAX + 1] receives the text, '\n' included,
  * special tokens as '?' (no answer holds one), EOS dropped.
  */
+/* Greedy decoding into out; returns the decode steps taken, or a negative errno. */
 static int generate(struct quality *Q, float *logits, char *out) {
-	uint32_t n = 0;
+	uint32_t n = 0, steps = 0;
 	int r;
 
 	for (;;) {
@@ -690,9 +734,10 @@ static int generate(struct quality *Q, float *logits, char *out) {
 		r = kvdlm_decode(Q->s, next, logits);
 		if (r < 0)
 			return r;
+		steps++;
 	}
 	out[n] = 0;
-	return 0;
+	return (int)steps;
 }
 
 static void csv_text(FILE *f, const char *s) {
@@ -745,6 +790,7 @@ static int run_cell(struct quality *Q, const struct sample *s, struct master *ms
 	struct evict_result e = {};
 	char out[GEN_MAX + 1];
 	bool correct;
+	double t0;
 	int r;
 
 	r = cache_new(Q, t, sample_max_tokens(s), &c);
@@ -772,9 +818,12 @@ static int run_cell(struct quality *Q, const struct sample *s, struct master *ms
 		if (r < 0)
 			return fail("%s: prefilling the question: %s", t->name, client_error(t->client, r));
 	}
+	t0 = now_s();
 	r = generate(Q, Q->logits, out);
 	if (r < 0)
 		return fail("%s: decoding: %s", t->name, client_error(t->client, r));
+	cell->decode_ms += (now_s() - t0) * 1e3;
+	cell->decode_steps += (uint64_t)r;
 	correct = kvd_task_score(&s->ts, out);
 	cell->samples++;
 	cell->correct += correct;
@@ -788,7 +837,7 @@ static int run_cell(struct quality *Q, const struct sample *s, struct master *ms
 		        t->name, setting_names[st], kvd_task_to_string(s->task), s->length, arg_budgets[bi],
 		        e.resident);
 	}
-	sample_row(Q, setting_names[st], s, kvd_policy_to_string(p), arg_budgets[bi], correct, e.kept,
+	sample_row(Q, setting_names[st], s, col_name(p), arg_budgets[bi], correct, e.kept,
 	           e.ms, out);
 	return 0;
 }
@@ -797,7 +846,7 @@ static int run_cells(struct quality *Q, const struct sample *s, struct master *m
                      unsigned ti, unsigned li) {
 	if (!arg_settings[st])
 		return 0;
-	for (int p = 0; p < _KVD_POLICY_MAX; p++) {
+	for (int p = 0; p < COLS; p++) {
 		if (p == KVD_POLICY_FULL || !arg_policies[p])
 			continue;
 		for (unsigned bi = 0; bi < arg_n_budgets; bi++) {
@@ -1107,8 +1156,15 @@ static struct cell pooled(const struct quality *Q, unsigned st, int ti, int li, 
 			c.round_ms += x->round_ms;
 			c.rounds += x->rounds;
 			c.violations += x->violations;
+			c.decode_ms += x->decode_ms;
+			c.decode_steps += x->decode_steps;
 		}
 	return c;
+}
+
+/* What a column's sequences keep besides their K/V: the moments of every (layer, kv head). */
+static uint64_t state_bytes(const struct quality *Q, int p) {
+	return p < _KVD_POLICY_MAX ? 0 : (uint64_t)Q->tables * KVD_MOMENTS_BYTES(Q->m->cfg.head_dim);
 }
 
 static void md_acc(FILE *f, struct cell c) {
@@ -1136,7 +1192,7 @@ static int write_csv(const struct quality *Q) {
 	if (!f)
 		return fail("%s: %s", path, strerror(errno));
 	fprintf(f, "policy,setting,task,length,budget,samples,correct,accuracy,kept_fraction,"
-	           "round_ms,over_budget\n");
+	           "round_ms,over_budget,state_bytes,decode_ms\n");
 	for (unsigned st = 0; st < _SETTING_MAX; st++) {
 		if (!arg_settings[st])
 			continue;
@@ -1144,21 +1200,23 @@ static int write_csv(const struct quality *Q) {
 			for (unsigned li = 0; li < arg_n_lengths; li++) {
 				const struct full_cell *fc = &Q->full[ti * arg_n_lengths + li];
 
-				fprintf(f, "full,%s,%s,%u,100,%u,%u,%.4f,1.0000,0.000,0\n", setting_names[st],
+				fprintf(f, "full,%s,%s,%u,100,%u,%u,%.4f,1.0000,0.000,0,0,\n", setting_names[st],
 				        kvd_task_to_string(arg_tasks[ti]), arg_lengths[li], fc->samples,
 				        fc->correct, acc(fc->correct, fc->samples));
-				for (int p = 0; p < _KVD_POLICY_MAX; p++) {
+				for (int p = 0; p < COLS; p++) {
 					if (p == KVD_POLICY_FULL || !arg_policies[p])
 						continue;
 					for (unsigned bi = 0; bi < arg_n_budgets; bi++) {
 						const struct cell *c = &Q->cells[cell_index(st, ti, li, (unsigned)p, bi)];
 
-						fprintf(f, "%s,%s,%s,%u,%u,%u,%u,%.4f,%.4f,%.3f,%u\n",
-						        kvd_policy_to_string(p), setting_names[st],
+						fprintf(f, "%s,%s,%s,%u,%u,%u,%u,%.4f,%.4f,%.3f,%u,%" PRIu64 ",%.3f\n",
+						        col_name(p), setting_names[st],
 						        kvd_task_to_string(arg_tasks[ti]), arg_lengths[li], arg_budgets[bi],
 						        c->samples, c->correct, acc(c->correct, c->samples),
 						        c->samples ? c->kept / c->samples : NAN,
-						        c->rounds ? c->round_ms / c->rounds : 0.0, c->violations);
+						        c->rounds ? c->round_ms / c->rounds : 0.0, c->violations,
+						        state_bytes(Q, p),
+						        c->decode_steps ? c->decode_ms / c->decode_steps : 0.0);
 					}
 				}
 			}
@@ -1271,16 +1329,16 @@ static void write_table(const struct quality *Q, FILE *f, const char *cmdline, d
 		fputs(" kept at", f);
 		for (unsigned bi = 0; bi < arg_n_budgets; bi++)
 			fprintf(f, " %u%%", arg_budgets[bi]);
-		fprintf(f, " | round ms |\n|---|");
-		for (unsigned bi = 0; bi < arg_n_budgets + 2; bi++)
+		fprintf(f, " | round ms | state/seq | decode ms |\n|---|");
+		for (unsigned bi = 0; bi < arg_n_budgets + 4; bi++)
 			fputs("---:|", f);
 		fputc('\n', f);
-		for (int p = 0; p < _KVD_POLICY_MAX; p++) {
+		for (int p = 0; p < COLS; p++) {
 			struct cell all = {};
 
 			if (p != KVD_POLICY_FULL && !arg_policies[p])
 				continue;
-			fprintf(f, "| %s |", kvd_policy_to_string(p));
+			fprintf(f, "| %s |", col_name(p));
 			for (unsigned bi = 0; bi < arg_n_budgets; bi++)
 				md_acc(f, pooled(Q, st, -1, -1, p, bi));
 			fputc(' ', f);
@@ -1290,8 +1348,12 @@ static void write_table(const struct quality *Q, FILE *f, const char *cmdline, d
 				fprintf(f, "%s%.3f", bi ? " " : "", c.samples ? c.kept / c.samples : NAN);
 				all.round_ms += c.round_ms;
 				all.rounds += c.rounds;
+				all.decode_ms += c.decode_ms;
+				all.decode_steps += c.decode_steps;
 			}
-			fprintf(f, " | %.1f |\n", all.rounds ? all.round_ms / all.rounds : 0.0);
+			fprintf(f, " | %.1f | %.0f KiB | %.2f |\n", all.rounds ? all.round_ms / all.rounds : 0.0,
+			        state_bytes(Q, p) / 1024.0,
+			        all.decode_steps ? all.decode_ms / all.decode_steps : 0.0);
 		}
 		fputc('\n', f);
 	}
@@ -1310,10 +1372,10 @@ static void write_table(const struct quality *Q, FILE *f, const char *cmdline, d
 			for (unsigned k = 0; k < arg_n_lengths * arg_n_budgets; k++)
 				fputs("---:|", f);
 			fputc('\n', f);
-			for (int p = 0; p < _KVD_POLICY_MAX; p++) {
+			for (int p = 0; p < COLS; p++) {
 				if (p != KVD_POLICY_FULL && !arg_policies[p])
 					continue;
-				fprintf(f, "| %s |", kvd_policy_to_string(p));
+				fprintf(f, "| %s |", col_name(p));
 				for (unsigned li = 0; li < arg_n_lengths; li++)
 					for (unsigned bi = 0; bi < arg_n_budgets; bi++)
 						md_acc(f, pooled(Q, st, (int)ti, (int)li, p, bi));
@@ -1373,6 +1435,7 @@ static void write_table(const struct quality *Q, FILE *f, const char *cmdline, d
 static const char *const plot_colors[] = {
 	"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 	"#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000080", "#b00000",
+	"#006400", "#ff1493", "#4b0082", "#808000",
 };
 
 /* Accuracy vs budget, a line per policy, full dashed; one PNG per (setting, task) and one
@@ -1427,15 +1490,15 @@ static int write_plots(const struct quality *Q) {
 				return fail("%s: %s", dat, strerror(errno));
 			}
 			fputs("budget", f);
-			for (int p = 0; p < _KVD_POLICY_MAX; p++)
+			for (int p = 0; p < COLS; p++)
 				if (p != KVD_POLICY_FULL && arg_policies[p]) {
-					fprintf(f, " %s", kvd_policy_to_string(p));
+					fprintf(f, " %s", col_name(p));
 					cols++;
 				}
 			fputc('\n', f);
 			for (unsigned bi = 0; bi < arg_n_budgets; bi++) {
 				fprintf(f, "%u", arg_budgets[bi]);
-				for (int p = 0; p < _KVD_POLICY_MAX; p++)
+				for (int p = 0; p < COLS; p++)
 					if (p != KVD_POLICY_FULL && arg_policies[p]) {
 						struct cell c = pooled(Q, st, ti, -1, p, bi);
 
@@ -1449,10 +1512,10 @@ static int write_plots(const struct quality *Q) {
 			            "plot ",
 			        dir, setting_names[st], task, setting_names[st], task, arg_samples);
 			cols = 1;
-			for (int p = 0; p < _KVD_POLICY_MAX; p++)
+			for (int p = 0; p < COLS; p++)
 				if (p != KVD_POLICY_FULL && arg_policies[p])
 					fprintf(gp, "'%s' using 1:%u with linespoints lt %d title '%s', ", dat, ++cols,
-					        p, kvd_policy_to_string(p));
+					        p, col_name(p));
 			fprintf(gp, "%.4f with lines lc rgb 'black' dt 3 lw 2 title 'full'\n",
 			        acc(full.correct, full.samples));
 		}
@@ -1525,17 +1588,18 @@ static void help(void) {
 	       "                     next to kvd-bench, else kvd from PATH)\n"
 	       "  --out DIR          Output directory (default: %s)\n"
 	       "  --samples N        Samples per cell, 1..%u (default: %u)\n"
-	       "  --tasks LIST       niah, multikey, multivalue, vt, cwe (default: niah,multikey,vt)\n"
+	       "  --tasks LIST       niah, multikey, multivalue, vt, cwe (default: niah,multikey)\n"
 	       "  --lengths LIST     Prompt lengths in tokens (default: 1024,2048,4096)\n"
 	       "  --budgets LIST     KV budgets, percent of the context, 1..99 (default: 5,10,20,50)\n"
 	       "  --settings LIST    in-window, query-agnostic (default: both)\n"
-	       "  --policies LIST    Policies besides full, which always runs (default: all)\n"
+	       "  --policies LIST    Policies besides full, which always runs, and the compensated\n"
+	       "                     kvd+moments, kvd-mi+moments, kvd+moments-mass (default: all)\n"
 	       "  --threads N        Engine threads (default: the online CPUs)\n"
 	       "  --window W         Observation window, 1..%u (default: %u)\n"
 	       "  --multi            Also the multi-tenant scenario: one budget ranked globally\n"
 	       "                     vs split statically\n"
 	       "  --multi-tenants L  Its tenants, TASK:LENGTH,... 2..%u (default:\n"
-	       "                     niah:1024,multikey:2048,vt:4096)\n"
+	       "                     niah:1024,multikey:2048,multikey:4096)\n"
 	       "  --multi-policy P   Its tenants' policy (default: kvd)\n"
 	       "  --direct           Prefill every cell itself instead of copying the shared\n"
 	       "                     prefill (slow: a check that both agree)\n"
@@ -1593,12 +1657,12 @@ static int item_setting(const char *s, unsigned i) {
 }
 
 static int item_policy(const char *s, unsigned i) {
-	enum kvd_policy p = kvd_policy_from_string(s);
-
-	if (p < 0)
-		return -EINVAL;
-	arg_policies[p] = true;
-	return 0;
+	for (int p = 0; p < COLS; p++)
+		if (strcmp(s, col_name(p)) == 0) {
+			arg_policies[p] = true;
+			return 0;
+		}
+	return -EINVAL;
 }
 
 static int item_multi(const char *s, unsigned i) {
@@ -1726,7 +1790,7 @@ static int parse_argv(int argc, char **argv) {
 			break;
 		case OPT_POLICIES:
 			memset(arg_policies, 0, sizeof(arg_policies));
-			if (parse_list(optarg, _KVD_POLICY_MAX, item_policy) < 0)
+			if (parse_list(optarg, COLS, item_policy) < 0)
 				return usage_error("--policies: '%s' is not a list of policies", optarg);
 			have_policies = true;
 			break;
@@ -1788,7 +1852,7 @@ static int parse_argv(int argc, char **argv) {
 		}
 	}
 	if (!have_policies)
-		for (int p = 0; p < _KVD_POLICY_MAX; p++)
+		for (int p = 0; p < COLS; p++)
 			arg_policies[p] = true;
 	if (!arg_settings[SETTING_IN_WINDOW] && !arg_settings[SETTING_AGNOSTIC])
 		return usage_error("--settings: none given");
@@ -1808,7 +1872,7 @@ static int parse_argv(int argc, char **argv) {
 }
 
 static void quality_done(struct quality *Q) {
-	for (int p = 0; p < _KVD_POLICY_MAX; p++)
+	for (int p = 0; p < COLS; p++)
 		kvd_client_unref(Q->pol[p].client);
 	for (unsigned j = 0; j < MULTI_MAX; j++)
 		kvd_client_unref(Q->multi[j].client);
@@ -1852,7 +1916,7 @@ static int run(struct quality *Q, const char *cmdline) {
 		fprintf(stderr, PROG ": warning: up to %u positions, more than the %u the model was "
 		        "trained for\n", lmax + GEN_MAX, Q->m->cfg.max_positions);
 
-	Q->cells = calloc((size_t)_SETTING_MAX * arg_n_tasks * arg_n_lengths * _KVD_POLICY_MAX *
+	Q->cells = calloc((size_t)_SETTING_MAX * arg_n_tasks * arg_n_lengths * COLS *
 	                          arg_n_budgets, sizeof(struct cell));
 	Q->full = calloc((size_t)arg_n_tasks * arg_n_lengths, sizeof(struct full_cell));
 	Q->logits = malloc(Q->vocab * sizeof(float));
@@ -1861,9 +1925,16 @@ static int run(struct quality *Q, const char *cmdline) {
 		return -ENOMEM;
 
 	snprintf(Q->ref.name, sizeof(Q->ref.name), "q-full");
-	for (int p = 0; p < _KVD_POLICY_MAX; p++) {
-		Q->pol[p].policy = p;
-		snprintf(Q->pol[p].name, sizeof(Q->pol[p].name), "q-%s", kvd_policy_to_string(p));
+	for (int p = 0; p < COLS; p++) {
+		Q->pol[p].policy = col_policy(p);
+		if (p < _KVD_POLICY_MAX)
+			snprintf(Q->pol[p].name, sizeof(Q->pol[p].name), "q-%s", kvd_policy_to_string(p));
+		else {
+			snprintf(Q->pol[p].name, sizeof(Q->pol[p].name), "%s",
+			         variants[p - _KVD_POLICY_MAX].tenant);
+			Q->pol[p].compensation = KVD_COMPENSATION_MOMENTS;
+			Q->pol[p].form = variants[p - _KVD_POLICY_MAX].form;
+		}
 	}
 	for (unsigned j = 0; j < MULTI_MAX; j++) {
 		Q->multi[j].policy = arg_multi_policy;
@@ -1883,7 +1954,7 @@ static int run(struct quality *Q, const char *cmdline) {
 	if (r < 0)
 		return r;
 	r = tenant_connect(Q, &Q->ref);
-	for (int p = 0; r >= 0 && p < _KVD_POLICY_MAX; p++)
+	for (int p = 0; r >= 0 && p < COLS; p++)
 		if (p != KVD_POLICY_FULL && arg_policies[p])
 			r = tenant_connect(Q, &Q->pol[p]);
 	for (unsigned j = 0; r >= 0 && arg_multi && j < arg_n_multi; j++)

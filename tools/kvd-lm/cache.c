@@ -35,6 +35,8 @@ struct kvdlm_cache {
 	uint32_t window, max_blocks;
 	bool observe;
 	float **kblk, **vblk;        /* [tables][max_blocks] */
+	struct kvd_moments *moments; /* [tables]: views of the moments blocks (compensation) */
+	enum kvd_moments_form form;
 	float *ring;                 /* [layers][window][q_heads * head_dim]: recent queries */
 	uint32_t *ring_next, *ring_count; /* [layers] */
 };
@@ -72,6 +74,7 @@ struct kvdlm_cache *kvdlm_cache_free(struct kvdlm_cache *c) {
 	free(c->rows);
 	free(c->kblk);
 	free(c->vblk);
+	free(c->moments);
 	free(c->ring);
 	free(c->ring_next);
 	free(c->ring_count);
@@ -270,6 +273,26 @@ static int kvd_begin(struct kvdlm_cache *c, uint32_t n, uint32_t *ret_pos0) {
 		}
 		v->n = nt;
 		v->pos = desc_positions(d, t);
+		v->moments = NULL;
+		if (c->moments) {
+			const struct kvd_moments_header *h;
+
+			r = kvd_seq_moments(c->seq, t / c->kv_heads, t % c->kv_heads, &h);
+			if (r >= 0 && h->head_dim != c->head_dim)
+				r = -EPROTO;
+			if (r < 0) {
+				(void)kvd_seq_unpin(c->seq);
+				return r;
+			}
+			/* An empty summary adds nothing: leave attention exactly as it was. */
+			if (h->count > 0) {
+				kvd_moments_view(&c->moments[t], c->head_dim,
+				                 (float *)((char *)h + KVD_MOMENTS_HEADER_BYTES));
+				c->moments[t].count = h->count;
+				v->moments = &c->moments[t];
+				v->form = c->form;
+			}
+		}
 		/* Usually the last n slots; but a round that ran between the grow and the pin may
 		 * have taken some of the new slots of a layer that had no window yet, so the
 		 * step's tokens are found by position. */
@@ -354,6 +377,12 @@ static const struct cache_ops kvd_ops = {
 
 int kvdlm_kvd_register(kvd_client *client, const struct kvdlm_model *m, const char *name,
                        uint32_t unit, uint32_t window, struct kvdlm_kvd_model *ret) {
+	return kvdlm_kvd_register_compensated(client, m, name, unit, window, KVD_COMPENSATION_NONE, ret);
+}
+
+int kvdlm_kvd_register_compensated(kvd_client *client, const struct kvdlm_model *m, const char *name,
+                                   uint32_t unit, uint32_t window, uint32_t compensation,
+                                   struct kvdlm_kvd_model *ret) {
 	const struct kvdlm_config *cfg;
 	kvd_model_spec spec;
 	kvd_eviction_spec ev;
@@ -373,7 +402,7 @@ int kvdlm_kvd_register(kvd_client *client, const struct kvdlm_model *m, const ch
 		.layout = KVD_LAYOUT_PER_HEAD,
 	};
 	ev = (kvd_eviction_spec){ .unit = unit, .window = window, .sinks = KVD_SINKS_DEFAULT };
-	id = kvd_model_register_evictable(client, &spec, &ev);
+	id = kvd_model_register_compensated(client, &spec, &ev, compensation);
 	if (id < 0)
 		return id;
 	for (uint32_t l = 0; unit != KVD_UNIT_NONE && l < cfg->layers; l++) {
@@ -398,6 +427,8 @@ int kvdlm_kvd_register(kvd_client *client, const struct kvdlm_model *m, const ch
 		.unit = unit,
 		.window = window,
 		.observe = unit != KVD_UNIT_NONE,
+		.compensation = compensation,
+		.form = KVD_MOMENTS_PLAIN,
 	};
 	return 0;
 }
@@ -437,6 +468,12 @@ int kvdlm_cache_kvd_new(const struct kvdlm_kvd_model *km, const struct kvdlm_con
 	c->ring_count = calloc(c->layers, sizeof(uint32_t));
 	if (!c->kblk || !c->vblk || !c->ring || !c->ring_next || !c->ring_count)
 		return -ENOMEM;
+	if (km->compensation == KVD_COMPENSATION_MOMENTS) {
+		c->moments = calloc(c->tables, sizeof(*c->moments));
+		if (!c->moments)
+			return -ENOMEM;
+		c->form = km->form;
+	}
 	for (uint32_t t = 0; t < c->tables; t++)
 		c->views[t] = (struct kvdlm_kv_view){
 			.block_tokens = KVDLM_KVD_BLOCK_TOKENS,

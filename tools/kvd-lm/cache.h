@@ -9,7 +9,9 @@
  *   - kvd: the sequence's K/V live in kvd blocks through libkvd (KVD_LAYOUT_PER_HEAD, f32,
  *     16 tokens a block). The daemon may evict tokens between steps, per (layer, kv head)
  *     with KVD_UNIT_HEAD_TOKEN, so tables hold different numbers of tokens; survivors keep
- *     their original positions, which attention masks and RoPE use.
+ *     their original positions, which attention masks and RoPE use. With compensation,
+ *     each table's view also carries the MomentKV moments of what was evicted from it,
+ *     which attention adds as one more softmax entry (kernels/moments.h).
  *
  * A forward step (forward.c) goes:
  *
@@ -35,6 +37,7 @@
 
 #include "kvd/kvd.h"
 #include "model.h"
+#include "moments.h"
 
 /* Tokens per kvd block. */
 #define KVDLM_KVD_BLOCK_TOKENS 16u
@@ -51,6 +54,11 @@ struct kvdlm_kv_view {
 	const uint32_t *pos;   /* [n]: original positions, ascending */
 	float *const *k;       /* [DIV_ROUND_UP(n, block_tokens)]: each block's K rows, [block_tokens][head_dim] */
 	float *const *v;       /* the same for V */
+	/* The summary of the tokens evicted from the table (kvd with moments), read-only; NULL
+	 * when there is none or nothing was evicted yet, so that a cache that lost nothing
+	 * attends exactly as the full cache does. form: how attention adds it. */
+	const struct kvd_moments *moments;
+	enum kvd_moments_form form;
 };
 
 /* Tokens in a cache so far. */
@@ -76,6 +84,9 @@ struct kvdlm_kvd_model {
 	uint32_t unit;      /* KVD_UNIT_* */
 	uint32_t window;    /* observation window */
 	uint32_t observe;   /* whether the daemon takes observations (not with KVD_UNIT_NONE) */
+	uint32_t compensation;     /* KVD_COMPENSATION_* */
+	enum kvd_moments_form form; /* with moments: the correction attention applies (plain by
+	                             * default; the caller may change it before making caches) */
 };
 
 /*
@@ -88,6 +99,12 @@ struct kvdlm_kvd_model {
  */
 int kvdlm_kvd_register(kvd_client *client, const struct kvdlm_model *m, const char *name,
                        uint32_t unit, uint32_t window, struct kvdlm_kvd_model *ret);
+
+/* kvdlm_kvd_register() with compensation (KVD_COMPENSATION_*; moments need a unit). Errors
+ * as there, and those of kvd_model_register_compensated(). */
+int kvdlm_kvd_register_compensated(kvd_client *client, const struct kvdlm_model *m, const char *name,
+                                   uint32_t unit, uint32_t window, uint32_t compensation,
+                                   struct kvdlm_kvd_model *ret);
 
 /*
  * A cache whose K/V live in one new kvd sequence of km, of up to max_tokens tokens per
@@ -110,7 +127,7 @@ static inline void kvdlm_cache_freep(struct kvdlm_cache **c) {
  * -EPROTO for a descriptor that breaks kvd.h) leaves granted slots that were never written:
  * free the cache then. Returns 0, or -EINVAL (n 0, or a step already begun), -EFBIG (past
  * max_tokens), kvd: the errors of kvd_seq_grow() (-ENOSPC, -EDQUOT, ...), kvd_seq_pin(),
- * kvd_seq_block(), -EPROTO.
+ * kvd_seq_block(), kvd_seq_moments(), -EPROTO.
  */
 int kvdlm_cache_begin(struct kvdlm_cache *c, uint32_t n, uint32_t *ret_pos0);
 

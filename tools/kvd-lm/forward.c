@@ -208,6 +208,7 @@ struct scratch {
 	float *o;    /* [rows][head_dim]: unnormalised outputs */
 	float *m, *l; /* [rows]: running max and sum */
 	uint32_t *vis; /* [rows]: keys each row may see */
+	float *ml, *mv; /* [rows], [rows][head_dim]: the moments entry of each row */
 };
 
 struct kvdlm_session {
@@ -312,7 +313,8 @@ int kvdlm_session_new(const struct kvdlm_model *m, struct kvdlm_cache *cache,
 	per_thread = ALIGN_TO((size_t)GEMM_KB * GEMM_NB, 16) +
 	             2 * ALIGN_TO((size_t)s->attn_rows * c->head_dim, 16) +
 	             ALIGN_TO((size_t)s->attn_rows * ATTN_KEYS, 16) +
-	             ALIGN_TO((size_t)c->head_dim * ATTN_KEYS, 16) + 3 * ALIGN_TO(s->attn_rows, 16);
+	             ALIGN_TO((size_t)c->head_dim * ATTN_KEYS, 16) + 4 * ALIGN_TO(s->attn_rows, 16) +
+	             ALIGN_TO((size_t)s->attn_rows * c->head_dim, 16);
 	total = 2 * ALIGN_TO(s->chunk * hd2, 16) + 2 * ALIGN_TO((size_t)s->chunk * c->dim, 16) +
 	        ALIGN_TO((size_t)s->chunk * s->qkv_ld, 16) + ALIGN_TO((size_t)s->chunk * s->qd, 16) +
 	        ALIGN_TO((size_t)s->chunk * 2 * c->ffn, 16) + s->threads * per_thread;
@@ -337,6 +339,8 @@ int kvdlm_session_new(const struct kvdlm_model *m, struct kvdlm_cache *cache,
 		w->m = carve(&p, s->attn_rows);
 		w->l = carve(&p, s->attn_rows);
 		w->vis = (uint32_t *)carve(&p, s->attn_rows);
+		w->ml = carve(&p, s->attn_rows);
+		w->mv = carve(&p, (size_t)s->attn_rows * c->head_dim);
 	}
 	r = pool_new(s->threads, &s->pool);
 	if (r < 0)
@@ -551,6 +555,16 @@ static void attn_task(void *arg, uint32_t task, uint32_t worker) {
 			simd->gemm(rows, hd, seg, w->s + i, ATTN_KEYS, v->v[blk] + (size_t)row * hd, hd, w->o, hd, 1);
 			i += seg;
 		}
+	}
+
+	/* The summary of the evicted tokens, one more entry of every row's softmax: they all
+	 * precede the step's queries. Split 0 carries it, so that the merge counts it once. The
+	 * view was checked when the step began, so the call cannot fail. */
+	if (v->moments && split == 0) {
+		(void)kvd_moments_entries(v->moments, v->form, j->scale, w->q, hd, rows, w->ml, w->mv);
+		for (uint32_t r = 0; r < rows; r++)
+			kvd_moments_softmax_add(&w->m[r], &w->l[r], w->o + r * hd, hd, w->ml[r],
+			                        w->mv + (size_t)r * hd);
 	}
 
 	if (j->splits == 1) {

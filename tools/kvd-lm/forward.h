@@ -20,7 +20,8 @@
  * block of queries) and, for a few queries over a long context, over blocks of keys too.
  * Results do not depend on the cache implementation, only on the thread count and the
  * chunking, so a kvd cache that evicted nothing gives the very same logits as the full
- * cache.
+ * cache. A kvd cache with moments (cache.h) adds each table's summary of what it evicted
+ * as one more entry of every query's softmax (kernels/moments.h), in the view's form.
  *
  * A session is used from one thread at a time. Errors leave the cache in the state its
  * own documentation says (a failed step may have appended tokens): start a new sequence.

@@ -54,6 +54,8 @@ static bool arg_stats;
 static uint32_t arg_max_new = 32;
 static uint32_t arg_threads;
 static uint32_t arg_unit = KVD_UNIT_HEAD_TOKEN;
+static uint32_t arg_compensation = KVD_COMPENSATION_NONE;
+static enum kvd_moments_form arg_form = KVD_MOMENTS_PLAIN;
 static uint32_t arg_window = WINDOW_DEFAULT;
 static uint32_t arg_chunk = KVDLM_CHUNK_DEFAULT;
 
@@ -81,6 +83,10 @@ static void help(void) {
 	       "                      layer and kv head) or none (default: head)\n"
 	       "  --window W          Observation window: recent queries per layer shown to the\n"
 	       "                      daemon, 1..%u (default: %u)\n"
+	       "  --compensation C    What the daemon keeps of evicted tokens: none, moments\n"
+	       "                      (MomentKV moments, added to attention as one more\n"
+	       "                      softmax entry) or moments-mass (the same, with the\n"
+	       "                      mass corrected by the keys' variance) (default: none)\n"
 	       "  --chunk N           Prefill step, tokens, 1..%u (default: %u)\n"
 	       "  --print-logits      Before the text, print a line per generated token:\n"
 	       "                      'logits POSITION TOKEN' and the %u logits that chose it\n"
@@ -124,6 +130,7 @@ static int parse_argv(int argc, char **argv) {
 		ARG_THREADS,
 		ARG_UNIT,
 		ARG_WINDOW,
+		ARG_COMPENSATION,
 		ARG_CHUNK,
 		ARG_PRINT_LOGITS,
 		ARG_STATS,
@@ -141,6 +148,7 @@ static int parse_argv(int argc, char **argv) {
 		{ "threads", required_argument, NULL, ARG_THREADS },
 		{ "unit", required_argument, NULL, ARG_UNIT },
 		{ "window", required_argument, NULL, ARG_WINDOW },
+		{ "compensation", required_argument, NULL, ARG_COMPENSATION },
 		{ "chunk", required_argument, NULL, ARG_CHUNK },
 		{ "print-logits", no_argument, NULL, ARG_PRINT_LOGITS },
 		{ "stats", no_argument, NULL, ARG_STATS },
@@ -206,6 +214,16 @@ static int parse_argv(int argc, char **argv) {
 			if (parse_u32("--window", optarg, 1, WINDOW_MAX, &arg_window) < 0)
 				return -EINVAL;
 			break;
+		case ARG_COMPENSATION:
+			if (strcmp(optarg, "none") == 0)
+				arg_compensation = KVD_COMPENSATION_NONE;
+			else if (strcmp(optarg, "moments") == 0 || strcmp(optarg, "moments-mass") == 0) {
+				arg_compensation = KVD_COMPENSATION_MOMENTS;
+				arg_form = optarg[7] ? KVD_MOMENTS_MASS : KVD_MOMENTS_PLAIN;
+			} else
+				return usage_error("--compensation: '%s' is not none, moments or moments-mass",
+				                   optarg);
+			break;
 		case ARG_CHUNK:
 			if (parse_u32("--chunk", optarg, 1, KVDLM_CHUNK_MAX, &arg_chunk) < 0)
 				return -EINVAL;
@@ -232,6 +250,9 @@ static int parse_argv(int argc, char **argv) {
 		return usage_error("%s", "--model FILE is required");
 	if (arg_prompt && arg_prompt_file)
 		return usage_error("%s", "--prompt and --prompt-file exclude each other");
+	/* Moments summarise what the daemon evicts: nothing to summarise without eviction. */
+	if (arg_compensation != KVD_COMPENSATION_NONE && (arg_no_daemon || arg_unit == KVD_UNIT_NONE))
+		return usage_error("%s", "--compensation needs the daemon and a --unit other than none");
 	/* --socket from the command line, not $KVD_SOCKET, conflicts with --no-daemon. */
 	for (int i = 1; i < argc && arg_no_daemon; i++)
 		if (strcmp(argv[i], "--socket") == 0 || strncmp(argv[i], "--socket=", 9) == 0)
@@ -376,11 +397,13 @@ static int run(void) {
 			        arg_socket ? arg_socket : KVD_DEFAULT_SOCKET, arg_tenant, strerror(-r));
 			return r;
 		}
-		r = kvdlm_kvd_register(client, m, "kvd-lm", arg_unit, arg_window, &km);
+		r = kvdlm_kvd_register_compensated(client, m, "kvd-lm", arg_unit, arg_window,
+		                                   arg_compensation, &km);
 		if (r < 0) {
 			fprintf(stderr, "kvd-lm: registering the model: %s\n", daemon_error(client, r));
 			return r;
 		}
+		km.form = arg_form;
 		r = kvdlm_cache_kvd_new(&km, &m->cfg, max_tokens, &cache);
 		if (r < 0) {
 			fprintf(stderr, "kvd-lm: opening a sequence of %u tokens: %s\n", max_tokens,

@@ -43,13 +43,14 @@ static void help(void) {
 	       "  --q FILE            Window queries [heads, window, d], post-RoPE, oldest first\n"
 	       "  --k FILE            Keys [kv_heads, L, d]\n"
 	       "  --v FILE            Values [kv_heads, L, d] (needed by restkv, laprox, kvd,\n"
-	       "                      expected_attention)\n"
+	       "                      kvd-mi, expected_attention)\n"
 	       "  --wo FILE           Output projection [c_out, heads*d] (HF o_proj.weight); without\n"
-	       "                      it restkv/laprox/kvd use value-space norms\n"
+	       "                      it restkv/laprox/kvd/kvd-mi use value-space norms\n"
 	       "\n"
 	       "Policy:\n"
 	       "  --policy P          full, streamingllm, h2o, snapkv, pyramidkv, adakv, tova, knorm,\n"
-	       "                      keydiff, expected_attention, restkv, laprox, kvd (required)\n"
+	       "                      keydiff, expected_attention, restkv, laprox, kvd, kvd-mi\n"
+	       "                      (required); offline kvd-mi has no moments and ranks as kvd\n"
 	       "                      h2o sums the attention of the --q (window) queries only; not\n"
 	       "                      prompt-wide H2O: the window is kept, so --window L keeps all\n"
 	       "  --capacity N        Tokens kept per head (or layer), window included (required)\n"
@@ -378,8 +379,8 @@ int cmd_score(int argc, char **argv) {
 	pp.threads = threads;
 	pp.reference = reference;
 	if (pooling_s && pp.pooling == KVD_POOL_ADAPTIVE && policy != KVD_POLICY_RESTKV &&
-	    policy != KVD_POLICY_KVD && policy != KVD_POLICY_LAPROX)
-		return usage("--pooling adaptive: only restkv, laprox and kvd use it");
+	    policy != KVD_POLICY_KVD && policy != KVD_POLICY_KVD_MI && policy != KVD_POLICY_LAPROX)
+		return usage("--pooling adaptive: only restkv, laprox, kvd and kvd-mi use it");
 
 	/* The tensors: every refusal names its file. */
 	if (open_tensor(q_path, 3, &q) || open_tensor(k_path, 3, &k))
@@ -409,7 +410,8 @@ int cmd_score(int argc, char **argv) {
 			    (unsigned long long)v.shape[0], (unsigned long long)v.shape[1],
 			    (unsigned long long)v.shape[2], k_path, Hkv, L, d);
 	if (!v_path && (policy == KVD_POLICY_RESTKV || policy == KVD_POLICY_LAPROX ||
-			policy == KVD_POLICY_KVD || policy == KVD_POLICY_EXPECTED_ATTENTION))
+			policy == KVD_POLICY_KVD || policy == KVD_POLICY_KVD_MI ||
+			policy == KVD_POLICY_EXPECTED_ATTENTION))
 		return usage("--policy %s needs --v", policy_s);
 	if (wo_path && (wo.shape[1] != (uint64_t)H * d || wo.shape[0] == 0 ||
 			wo.shape[0] > UINT32_MAX))
@@ -435,7 +437,7 @@ int cmd_score(int argc, char **argv) {
 	g = H / Hkv;
 
 	if (wo_path && (policy == KVD_POLICY_RESTKV || policy == KVD_POLICY_LAPROX ||
-			policy == KVD_POLICY_KVD)) {
+			policy == KVD_POLICY_KVD || policy == KVD_POLICY_KVD_MI)) {
 		struct kvd_wo w = {
 			.dtype = wo.dtype, .c_out = (uint32_t)wo.shape[0], .heads = H, .dim = d,
 			.w = wo.data, .row_stride = (size_t)H * d,

@@ -145,6 +145,13 @@ struct kvd_seq_desc {
 	uint64_t positions_offset; /* byte offset of positions[][] */
 	uint64_t blocks_offset;    /* byte offset of blocks[][] */
 	uint64_t total_bytes;      /* size of the whole descriptor */
+	/* Compensation (kvd_model_register_compensated); all 0 without it, and from daemons
+	 * that predate it. */
+	uint32_t compensation;     /* KVD_COMPENSATION_* */
+	uint32_t moments_blocks;   /* entries of moments[] in use: 0 until the first grow
+	                            * allocates them, then layers * kv_heads */
+	uint64_t moments_offset;   /* byte offset of struct kvd_block_ref moments[layers][kv_heads] */
+	uint64_t moments_bytes;    /* bytes of one moments block: KVD_MOMENTS_BYTES(head_dim) */
 };
 
 /* kvd_tenant_set() values: leave unchanged; no cap (also how status reports no cap). */
@@ -180,6 +187,31 @@ typedef struct kvd_eviction_spec {
 } kvd_eviction_spec;
 
 #define KVD_SINKS_DEFAULT UINT32_MAX
+
+/* Values of kvd_model_register_compensated()'s compensation (same numbers as the wire). */
+#define KVD_COMPENSATION_NONE 0    /* evicted K/V are gone */
+#define KVD_COMPENSATION_MOMENTS 1 /* MomentKV moments of each (layer, kv head)'s evicted set */
+
+/*
+ * A moments block (KVD_COMPENSATION_MOMENTS): the summary of the tokens evicted so far from
+ * one (layer, kv head) of a sequence (ALGORITHMS.md section 4), which the daemon folds every
+ * eviction into, exactly, before the tokens' K/V leave the pool. The header is followed, at
+ * KVD_MOMENTS_HEADER_BYTES, by fp32 arrays: mean_k[head_dim], mean_v[head_dim],
+ * var_k[head_dim] (the diagonal of the keys' covariance) and cov_vk[head_dim][head_dim]
+ * (row-major, cov_vk[a][b] = (1/count) sum (v_a - mean_v_a)(k_b - mean_k_b)). count 0: nothing
+ * evicted yet, the arrays are 0. Keys are post-RoPE, as stored. Like the tables, a block is
+ * only stable while the sequence is pinned. kvd_seq_moments() finds it; kernels/moments.h
+ * has the attention correction that uses it.
+ */
+struct kvd_moments_header {
+	uint64_t count;        /* tokens folded in */
+	uint32_t head_dim;
+	uint32_t reserved[13];
+};
+
+#define KVD_MOMENTS_HEADER_BYTES 64
+#define KVD_MOMENTS_BYTES(head_dim) \
+	(KVD_MOMENTS_HEADER_BYTES + 4 * (3 * (uint64_t)(head_dim) + (uint64_t)(head_dim) * (head_dim)))
 
 /* Magic and version at the start of every observation buffer. */
 #define KVD_OBS_MAGIC 0x4f44564bu /* "KVDO" */
@@ -224,8 +256,11 @@ KVD_EXPORT const char *kvd_version(void);
  * kvd_budget_set and kvd_tenant_set.
  * Returns 0 and a new client in *ret, or: -EINVAL (bad argument or tenant name),
  * -ENAMETOOLONG (socket path too long), -ENOENT/-ECONNREFUSED/-EACCES (no daemon there, or
- * not allowed), -EPROTONOSUPPORT (no common protocol version), -EUSERS (daemon connection
- * limit), -ENOMEM, or another error of socket(2)/connect(2).
+ * not allowed), -EPROTONOSUPPORT (no common protocol version, or a daemon whose pool is GPU
+ * memory and a libkvd built without CUDA), -EUSERS (daemon connection limit), -ENOMEM, or
+ * another error of socket(2)/connect(2). With a tenant and a GPU pool (KVD_MEMORY_CUDA):
+ * -ENOENT/-ENOSYS/-ENODEV/-ENXIO when no usable CUDA driver or device is found here,
+ * -ENODEV when the daemon's GPU is not among this process's (CUDA_VISIBLE_DEVICES).
  */
 KVD_EXPORT int kvd_client_connect(const char *socket_path, const char *tenant, kvd_client **ret);
 
@@ -288,6 +323,22 @@ KVD_EXPORT int kvd_client_protocol_version(kvd_client *c);
 /* Bytes of one pool chunk, as the daemon announced at hello; 0 after fork. */
 KVD_EXPORT uint64_t kvd_client_chunk_bytes(kvd_client *c);
 
+/* The memory of the daemon's pool (kvd_client_memory). */
+#define KVD_MEMORY_HOST 1 /* shared memory: block addresses are ordinary pointers */
+#define KVD_MEMORY_CUDA 2 /* GPU memory: block addresses are device pointers */
+
+/*
+ * What the daemon's pool is: returns KVD_MEMORY_HOST or KVD_MEMORY_CUDA, or -ECHILD after
+ * fork. With CUDA, *ret_device (may be NULL; -1 for host) is the ordinal of the daemon's GPU
+ * in this process: the addresses kvd_seq_kv and kvd_seq_block return are device pointers on
+ * it, valid in every context of the process (the CUDA runtime's too), and the CPU must not
+ * dereference them. A chunk is unmapped when the daemon takes it back (after a release, or
+ * a KVD_EVENT_CHUNKS_UNMAP event that kvd_client_next_event handles): work the engine
+ * queued on a released sequence's blocks must be complete before it calls kvd_seq_release
+ * or drains events. Since KVD_1.2.
+ */
+KVD_EXPORT int kvd_client_memory(kvd_client *c, int32_t *ret_device);
+
 /*
  * A file descriptor that becomes readable when the daemon may have sent events; poll it
  * from the engine's own loop and then call kvd_client_next_event() until it returns 0.
@@ -320,6 +371,19 @@ KVD_EXPORT int kvd_model_register(kvd_client *c, const kvd_model_spec *spec);
  */
 KVD_EXPORT int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec *spec,
 		                            const kvd_eviction_spec *ev);
+
+/*
+ * kvd_model_register_evictable with compensation: KVD_COMPENSATION_NONE, or
+ * KVD_COMPENSATION_MOMENTS, which needs an eviction unit (ev). With moments, each sequence's
+ * first grow also allocates layers * kv_heads moments blocks of KVD_MOMENTS_BYTES(head_dim)
+ * bytes from the pool, counted against the tenant like its K/V (so that grow may fail with
+ * -ENOSPC or -EDQUOT for them), freed with the sequence. Returns a model id, or the errors
+ * of kvd_model_register_evictable (-EINVAL also for an unknown compensation, moments
+ * without an eviction unit, or a moments block larger than a chunk), -EOPNOTSUPP (the
+ * daemon does not keep moments).
+ */
+KVD_EXPORT int kvd_model_register_compensated(kvd_client *c, const kvd_model_spec *spec,
+		                              const kvd_eviction_spec *ev, uint32_t compensation);
 
 /*
  * Gives the daemon layer `layer`'s output projection, so that costs are measured in the
@@ -384,6 +448,15 @@ KVD_EXPORT int kvd_seq_unpin(kvd_seq *s);
 KVD_EXPORT int kvd_seq_observation(kvd_seq *s, uint32_t layer, void **ret_q);
 KVD_EXPORT int kvd_seq_observe(kvd_seq *s, uint32_t layer);
 
+/*
+ * Address, in this process, of the moments block of (layer, kv_head) (see struct
+ * kvd_moments_header): read it while the sequence is pinned. Returns 0, or -EOPNOTSUPP (the
+ * model has no moments), -ENODATA (not allocated yet: the sequence was never grown),
+ * -EINVAL (out of range, or its chunk not mapped here), -ESTALE, -ECHILD.
+ */
+KVD_EXPORT int kvd_seq_moments(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+		               const struct kvd_moments_header **ret);
+
 /* The sequence's daemon-wide id; 0 after fork. */
 KVD_EXPORT uint64_t kvd_seq_id(const kvd_seq *s);
 
@@ -418,7 +491,9 @@ KVD_EXPORT int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, v
  * mapping and once here through this process's mapping; equal digests mean both sides see
  * the same bytes. Either output may be NULL. The traversal is, for each layer, kv head and
  * resident slot in order, the K row then the V row, hashed with 64-bit FNV-1a over 8-byte
- * words. Returns 0, or -EINVAL (a block's chunk is not mapped here), -ECONNRESET, -ECHILD.
+ * words. Returns 0, or -EINVAL (a block's chunk is not mapped here), -EOPNOTSUPP (ret_local
+ * when the pool is GPU memory, KVD_MEMORY_CUDA: the daemon's digest copies blocks to the
+ * host, this process's does not), -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local);
 

@@ -1,0 +1,243 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The cuda backend across processes, on a real GPU (suite gpu; exits 77 without one):
+ *
+ *   - the daemon (one process) starts with --backend cuda and grants chunks as cuMem fds;
+ *   - this process (tenant a) imports them through libkvd, writes a pattern into every
+ *     block with cuMemcpyHtoD, and the daemon's digest, computed through the daemon's own
+ *     mapping of the same memory, must equal the digest of the pattern: the daemon sees
+ *     the engine's writes, so the export -> SCM_RIGHTS -> import -> map path works;
+ *   - a second process (tenant b, a child that execs this program) is then granted the
+ *     chunks a released: it must read zeros only (the daemon scrubbed them on its stream,
+ *     and a's data did not leak), and its own writes must reach the daemon's digest too.
+ *
+ * A broken IPC path (a chunk imported as other memory, a map at the wrong place, access not
+ * granted, scrubs that do not land) fails one of these comparisons or faults.
+ */
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/layout.h"
+#include "common/macro.h"
+#include "cuda-dl.h"
+#include "fixture.h"
+#include "test.h"
+
+#define TOKENS 40u
+#define MAX_BLOCKS 64u
+#define CHILD_ENV "KVD_GPU_TEST_CHILD_SOCKET"
+
+static const struct cuda_dl *cu;
+
+static const kvd_model_spec spec = {
+	.name = "gpu-ipc",
+	.layers = 2,
+	.q_heads = 4,
+	.kv_heads = 2,
+	.head_dim = 64,
+	.dtype = KVD_DTYPE_F16,
+	.block_tokens = 16,
+	.layout = KVD_LAYOUT_PER_LAYER,
+};
+
+/* The host copy of what was written to each block, to compute the expected digest. */
+struct written {
+	struct kvd_block_ref ref[MAX_BLOCKS];
+	uint8_t *buf[MAX_BLOCKS];
+	unsigned n;
+};
+
+static const void *written_block(void *userdata, struct kvd_block_ref ref) {
+	const struct written *w = userdata;
+
+	for (unsigned i = 0; i < w->n; i++)
+		if (w->ref[i].chunk_id == ref.chunk_id && w->ref[i].index == ref.index)
+			return w->buf[i];
+	return NULL;
+}
+
+/* Makes the GPU the daemon pooled current here (the primary context, as libkvd uses). */
+static int use_device(kvd_client *c) {
+	CUcontext ctx;
+	CUdevice dev;
+	int32_t ordinal = -1;
+
+	if (kvd_client_memory(c, &ordinal) != KVD_MEMORY_CUDA || ordinal < 0)
+		return -EPROTO;
+	if (cu->cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS ||
+	    cu->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
+	    cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+		return -ENODEV;
+	return 0;
+}
+
+/*
+ * Every block of s: checks that it reads as zeros when want_zero, then writes a pattern
+ * seeded by seed and records it in w. Returns 0, -EIO (a nonzero byte where zeros were
+ * due), or another -errno.
+ */
+static int fill_blocks(kvd_seq *s, uint32_t seed, bool want_zero, struct written *w) {
+	const struct kvd_seq_desc *d = kvd_seq_descriptor(s);
+	uint64_t bytes = d->block_bytes;
+
+	w->n = 0;
+	for (uint32_t t = 0; t < d->n_tables; t++)
+		for (uint32_t i = 0; i < DIV_ROUND_UP(layout_tokens(d)[t], d->block_tokens); i++) {
+			uint8_t *buf = malloc(bytes);
+			void *p;
+
+			if (!buf || w->n == MAX_BLOCKS)
+				return -ENOMEM;
+			if (kvd_seq_block(s, t, i, &p) < 0)
+				return -EINVAL;
+			if (cu->cuMemcpyDtoH(buf, (CUdeviceptr)(uintptr_t)p, bytes) != CUDA_SUCCESS)
+				return -EIO;
+			for (uint64_t k = 0; want_zero && k < bytes; k++)
+				if (buf[k] != 0)
+					return -EIO;
+			for (uint64_t k = 0; k < bytes; k++)
+				buf[k] = (uint8_t)(seed * 131u + t * 31u + i * 7u + k * 13u + 1u);
+			if (cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, buf, bytes) != CUDA_SUCCESS)
+				return -EIO;
+			w->ref[w->n] = layout_blocks(d, t)[i];
+			w->buf[w->n++] = buf;
+		}
+	return 0;
+}
+
+static void written_done(struct written *w) {
+	for (unsigned i = 0; i < w->n; i++)
+		free(w->buf[i]);
+	w->n = 0;
+}
+
+/* The daemon's digest of s against the one of what was written. */
+static int check_digest(kvd_seq *s, struct written *w) {
+	uint64_t daemon = 0, want = 0;
+	int r;
+
+	r = kvd_seq_digest(s, &daemon, NULL);
+	if (r < 0)
+		return r;
+	r = layout_digest(kvd_seq_descriptor(s), written_block, w, &want, NULL);
+	if (r < 0)
+		return r;
+	return daemon == want ? 0 : -EBADMSG;
+}
+
+/* The second process: prints the chunks it was granted, one id a line, then exits 0, or
+ * with the step that failed. */
+static int child_main(const char *socket) {
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	struct written w = {};
+	uint32_t ids[MAX_BLOCKS], n = 0;
+	kvd_seq *s;
+	int model;
+
+	if (kvd_client_connect(socket, "b", &c) < 0)
+		return 10;
+	if (use_device(c) < 0)
+		return 11;
+	model = kvd_model_register(c, &spec);
+	if (model < 0 || kvd_seq_open(c, model, TOKENS, &s) < 0 || kvd_seq_grow(s, TOKENS) < 0)
+		return 12;
+	if (fill_blocks(s, 2, true, &w) < 0)
+		return 13; /* a's data, or garbage, where the scrub should have left zeros */
+	if (check_digest(s, &w) < 0)
+		return 14;
+	if (kvd_client_mapped_chunks(c, ids, MAX_BLOCKS, &n) < 0)
+		return 15;
+	for (uint32_t i = 0; i < n; i++)
+		printf("%u\n", ids[i]);
+	fflush(stdout);
+	written_done(&w);
+	return kvd_seq_release(s) < 0 ? 16 : 0;
+}
+
+int test_setup(void) {
+	const char *child = getenv(CHILD_ENV);
+	const char *why = NULL;
+	int r;
+
+	r = cuda_dl_load(&cu, &why);
+	if (r < 0) {
+		printf("no usable GPU: %s\n", why);
+		return EXIT_TEST_SKIP;
+	}
+	if (child)
+		_exit(child_main(child));
+	return 0;
+}
+
+/* Runs child_main() in a new process (exec: a CUDA context does not survive fork), with
+ * its stdout in out. Returns its exit status. */
+static int run_child(const char *socket, char *out, size_t n) {
+	int pipefd[2], status;
+	size_t got = 0;
+	ssize_t k;
+	pid_t pid;
+
+	ASSERT_OK(pipe(pipefd));
+	pid = fixture_fork();
+	if (pid == 0) {
+		dup2(pipefd[1], STDOUT_FILENO);
+		setenv(CHILD_ENV, socket, 1);
+		execl("/proc/self/exe", "test-gpu-ipc", (char *)NULL);
+		_exit(127);
+	}
+	close(pipefd[1]);
+	while (got + 1 < n && (k = read(pipefd[0], out + got, n - 1 - got)) > 0)
+		got += (size_t)k;
+	out[got] = 0;
+	close(pipefd[0]);
+	ASSERT_EQ(waitpid(pid, &status, 0), pid);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(two_processes_share_and_scrub) {
+	static const char *const args[] = { "--backend=cuda", "--pool-size=64MiB", NULL };
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	uint32_t ids[MAX_BLOCKS], n_a = 0, n = 0, reused = 0;
+	struct written w = {};
+	struct fixture f;
+	char out[1024];
+	kvd_seq *s;
+	int model;
+
+	fixture_start(&f, args);
+	c = fixture_connect(&f, "a");
+	ASSERT_OK(use_device(c));
+	model = kvd_model_register(c, &spec);
+	ASSERT_GT(model, 0);
+	ASSERT_OK(kvd_seq_open(c, model, TOKENS, &s));
+	ASSERT_OK(kvd_seq_grow(s, TOKENS));
+	/* The first owner reads zeros too: chunks are zeroed when made. */
+	ASSERT_OK(fill_blocks(s, 1, true, &w));
+	ASSERT_OK(check_digest(s, &w));
+	written_done(&w);
+	ASSERT_OK(kvd_client_mapped_chunks(c, ids, MAX_BLOCKS, &n_a));
+	ASSERT_GT(n_a, 0u);
+
+	/* Released: unmapped here, scrubbed by the daemon, free for b. */
+	ASSERT_OK(kvd_seq_release(s));
+	ASSERT_OK(kvd_client_mapped_chunks(c, NULL, 0, &n));
+	ASSERT_EQ(n, 0u);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));
+
+	ASSERT_EQ(run_child(f.socket, out, sizeof(out)), 0);
+	/* The free list hands out the lowest ids first: b got a's chunks back, so the zeros
+	 * it read were a's scrubbed memory, not fresh chunks. */
+	for (char *p = out; *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : p + strlen(p))
+		for (uint32_t i = 0; i < n_a && i < MAX_BLOCKS; i++)
+			if (ids[i] == (uint32_t)strtoul(p, NULL, 10)) {
+				reused++;
+				break;
+			}
+	ASSERT_GT(reused, 0u);
+	ASSERT_OK(fixture_stop(&f));
+}
