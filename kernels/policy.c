@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "baselines.h"
+#include "dtype.h"
 #include "moments.h"
 #include "policy.h"
 #include "score.h"
@@ -179,37 +180,105 @@ static bool layerwide(enum kvd_policy p) {
 }
 
 /*
- * kvd-mi: scores[rows][stride] (prefix columns) times 1 + mi_eta * misfit, per kv head whose
- * summary holds tokens; a no-op for the other policies and without summaries.
+ * The key mean of the prefix tokens of kv head kv that the base costs would drop, keeping the
+ * capacity - window highest (all of them dropped when capacity <= window): the summary a
+ * round is about to build when the head has none yet. Without it kvd-mi would be kvd on a
+ * sequence's first round, which is the only round of a one-shot eviction. Returns 1 with
+ * mean[dim] set, 0 when nothing would be dropped, or -ENOMEM.
+ */
+static int provisional_mean(const struct kvd_policy_params *p, const struct kvd_attn_in *in, uint32_t kv,
+			    const float *scores, size_t stride, uint32_t per, float *mean) {
+	uint32_t n = in->len - in->window, d = in->dim;
+	uint32_t keep = p->capacity > in->window ? p->capacity - in->window : 0;
+	size_t es = kvd_dtype_size(in->dtype);
+	float *sum = NULL, *key = NULL;
+	uint32_t *kept = NULL;
+	double *acc = NULL;
+	bool *is_kept = NULL;
+	uint64_t dropped = 0;
+	int r = -ENOMEM;
+
+	if (keep >= n)
+		return 0;
+	sum = malloc((size_t)n * sizeof(float));
+	kept = malloc(((size_t)keep + 1) * sizeof(uint32_t));
+	is_kept = calloc(n, sizeof(bool));
+	acc = calloc(d, sizeof(double));
+	key = malloc((size_t)d * sizeof(float));
+	if (!sum || !kept || !is_kept || !acc || !key)
+		goto out;
+	/* A kv head's rows (its query heads when per_query_head) ranked together, by their sum. */
+	for (uint32_t i = 0; i < n; i++) {
+		float x = 0;
+
+		for (uint32_t row = kv * per; row < (kv + 1) * per; row++)
+			x += scores[row * stride + i];
+		sum[i] = x;
+	}
+	r = kvd_topk(sum, n, keep, kept);
+	if (r < 0)
+		goto out;
+	for (uint32_t j = 0; j < keep; j++)
+		is_kept[kept[j]] = true;
+	for (uint32_t i = 0; i < n; i++) {
+		if (is_kept[i])
+			continue;
+		kvd_row_to_f32((const char *)in->k + ((size_t)kv * in->k_head_stride + (size_t)i * in->k_row_stride) * es,
+			       in->dtype, d, key);
+		for (uint32_t c = 0; c < d; c++)
+			acc[c] += key[c];
+		dropped++;
+	}
+	for (uint32_t c = 0; c < d; c++)
+		mean[c] = (float)(acc[c] / (double)dropped);
+	r = 1;
+out:
+	free(sum), free(kept), free(is_kept), free(acc), free(key);
+	return r;
+}
+
+/*
+ * kvd-mi: scores[rows][stride] (prefix columns) times 1 + mi_eta * misfit, per kv head,
+ * against its summary of what was evicted, or against the provisional one above while the
+ * summary is empty; a no-op for the other policies and without summaries (mi_mean_k NULL).
  */
 static int mi_modulate(const struct kvd_policy_params *p, const struct kvd_attn_in *in, float *scores,
 		       size_t stride) {
 	uint32_t n = in->len - in->window, g = in->heads / in->kv_heads;
 	uint32_t per = p->per_query_head ? g : 1;
-	float *misfit;
+	float *misfit, *provisional;
+	int r = 0;
 
 	if (p->policy != KVD_POLICY_KVD_MI || !p->mi_mean_k || !p->mi_count || n == 0)
 		return 0;
 	misfit = malloc((size_t)n * sizeof(float));
-	if (!misfit)
-		return -ENOMEM;
+	provisional = malloc((size_t)in->dim * sizeof(float));
+	if (!misfit || !provisional) {
+		r = -ENOMEM;
+		goto out;
+	}
 	for (uint32_t kv = 0; kv < in->kv_heads; kv++) {
 		const float *mean = p->mi_mean_k + (size_t)kv * in->dim;
-		int r;
 
-		if (p->mi_count[kv] == 0)
-			continue;
-		r = (p->reference ? kvd_moments_misfit_ref : kvd_moments_misfit)(in, kv, mean, misfit);
-		if (r < 0) {
-			free(misfit);
-			return r;
+		if (p->mi_count[kv] == 0) {
+			r = provisional_mean(p, in, kv, scores, stride, per, provisional);
+			if (r < 0)
+				goto out;
+			if (r == 0)
+				continue;
+			mean = provisional;
 		}
+		r = (p->reference ? kvd_moments_misfit_ref : kvd_moments_misfit)(in, kv, mean, misfit);
+		if (r < 0)
+			goto out;
 		for (uint32_t row = kv * per; row < (kv + 1) * per; row++)
 			for (uint32_t i = 0; i < n; i++)
 				scores[row * stride + i] *= 1.0f + p->mi_eta * misfit[i];
 	}
-	free(misfit);
-	return 0;
+	r = 0;
+out:
+	free(misfit), free(provisional);
+	return r;
 }
 
 /* The checks both entry points share; the capacity is kvd_policy_keep's alone. */

@@ -45,9 +45,11 @@
  *                      laprox (§7.1, §7.5).
  *   kvd-mi             kvd with moment-informed costs (§4.4): each token's cost times
  *                      1 + mi_eta * its misfit (moments.h) against its kv head's summary of
- *                      what was evicted before (mi_mean_k, mi_count); heads with an empty
- *                      summary, and every head without one (mi_mean_k NULL, as offline),
- *                      keep kvd's costs.
+ *                      what was evicted before (mi_mean_k, mi_count). A head whose summary
+ *                      is empty (a sequence's first round) is measured against a provisional
+ *                      one: the key mean of the prefix tokens its kvd costs would drop
+ *                      keeping capacity - w. Without summaries (mi_mean_k NULL, as offline)
+ *                      it is kvd exactly.
  * The output-aware policies (restkv, laprox, kvd) use W_o when gram is given and the
  * value-space norm otherwise.
  *

@@ -8,10 +8,12 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 
 #include "ktest.h"
 #include "moments.h"
 #include "policy.h"
+#include "select.h"
 
 #define N_OF(x) (sizeof(x) / sizeof((x)[0]))
 
@@ -360,8 +362,9 @@ TEST(misfit_is_zero_on_the_mean) {
 
 /*
  * kvd-mi through the policy table: with a summary on kv head 0 only, its shares are kvd's
- * times 1 + eta * misfit on head 0 and kvd's on head 1, renormalised over the layer; without
- * summaries it is kvd exactly; both paths agree.
+ * times 1 + eta * misfit on head 0, and on head 1 (empty summary) times 1 + eta * misfit
+ * against the provisional summary (the key mean of the half of the prefix kvd's costs would
+ * drop), renormalised over the layer; without summaries it is kvd exactly; both paths agree.
  */
 TEST(kvd_mi_weighs_kvd_by_misfit) {
 	enum { H = 4, HKV = 2, W = 8, L = 120, D = 16, N = L - W };
@@ -371,7 +374,11 @@ TEST(kvd_mi_weighs_kvd_by_misfit) {
 	void *v = kt_random(&seed, KVD_KERNEL_F32, (size_t)HKV * L * D, 1.0f);
 	float *mean = kt_random(&seed, KVD_KERNEL_F32, (size_t)HKV * D, 0.5f);
 	float *base = kt_floats((size_t)HKV * N), *mi = kt_floats((size_t)HKV * N);
-	float *mi_ref = kt_floats((size_t)HKV * N), *misfit = kt_floats(N);
+	float *mi_ref = kt_floats((size_t)HKV * N), *misfit = kt_floats(N), *misfit1 = kt_floats(N);
+	float provisional[D];
+	double acc[D] = { 0 };
+	uint32_t kept[N / 2];
+	bool is_kept[N] = { false };
 	uint64_t count[HKV] = { 10, 0 };
 	struct kvd_attn_in in = {
 		.dtype = KVD_KERNEL_F32, .heads = H, .kv_heads = HKV, .window = W, .len = L, .dim = D,
@@ -382,8 +389,10 @@ TEST(kvd_mi_weighs_kvd_by_misfit) {
 
 	kvd_attn_in_contiguous(&in);
 	kvd_policy_params_default(KVD_POLICY_KVD, &p);
+	p.capacity = W + N / 2;
 	ASSERT_OK(kvd_policy_scores(&p, &in, NULL, NULL, base));
 	kvd_policy_params_default(KVD_POLICY_KVD_MI, &p);
+	p.capacity = W + N / 2;
 	ASSERT_OK(kvd_policy_scores(&p, &in, NULL, NULL, mi));
 	ASSERT_TRUE(memcmp(base, mi, sizeof(float) * HKV * N) == 0);
 
@@ -393,10 +402,21 @@ TEST(kvd_mi_weighs_kvd_by_misfit) {
 	ASSERT_OK(kvd_policy_scores(&p, &in, NULL, NULL, mi_ref));
 	ASSERT_TRUE(kt_close("kvd-mi paths", mi_ref, mi, (size_t)HKV * N, 1e-7, 1e-3));
 	ASSERT_OK(kvd_moments_misfit_ref(&in, 0, mean, misfit));
+	/* Head 1's provisional summary, from its kvd shares (the renormalisation does not
+	 * change their order): the mean key of the N / 2 it would drop. */
+	ASSERT_OK(kvd_topk_ref(base + N, N, N / 2, kept));
+	for (uint32_t j = 0; j < N / 2; j++)
+		is_kept[kept[j]] = true;
+	for (uint32_t i = 0; i < N; i++)
+		for (uint32_t c = 0; !is_kept[i] && c < D; c++)
+			acc[c] += ((const float *)k)[((size_t)L + i) * D + c];
+	for (uint32_t c = 0; c < D; c++)
+		provisional[c] = (float)(acc[c] / (N - N / 2));
+	ASSERT_OK(kvd_moments_misfit_ref(&in, 1, provisional, misfit1));
 	/* One common factor (the renormalisation) links every token's two shares. */
 	for (uint32_t i = 0; i < N; i++) {
 		double r0 = mi[i] / (base[i] * (1 + KVD_MI_ETA * misfit[i]));
-		double r1 = mi[N + i] / base[N + i];
+		double r1 = mi[N + i] / (base[N + i] * (1 + KVD_MI_ETA * misfit1[i]));
 
 		if (i == 0)
 			ratio0 = r0, ratio1 = r1;
@@ -405,5 +425,5 @@ TEST(kvd_mi_weighs_kvd_by_misfit) {
 	ASSERT_TRUE(fabs(ratio0 / ratio1 - 1) < 1e-3);
 	p.mi_eta = -1;
 	ASSERT_ERRNO(kvd_policy_scores(&p, &in, NULL, NULL, mi), -EINVAL);
-	free(q), free(k), free(v), free(mean), free(base), free(mi), free(mi_ref), free(misfit);
+	free(q), free(k), free(v), free(mean), free(base), free(mi), free(mi_ref), free(misfit), free(misfit1);
 }

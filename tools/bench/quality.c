@@ -459,8 +459,10 @@ static int daemon_start(struct quality *Q) {
 		return fail("fork: %s", strerror(errno));
 	}
 	if (d->pid == 0) {
-		const char *argv[] = { kvd, "--config", d->config, "--socket", d->socket, "--state-dir",
-			               d->state, NULL };
+		/* The host backend even on a GPU machine: the engine is a CPU one, and
+		 * rounds run on host pools only. */
+		const char *argv[] = { kvd, "--backend=host", "--config", d->config, "--socket", d->socket,
+			               "--state-dir", d->state, NULL };
 
 		dup2(logfd, STDERR_FILENO);
 		if (strchr(kvd, '/'))
