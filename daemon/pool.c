@@ -109,6 +109,8 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint64_t block_bytes,
 		r = p->ops->chunk_create(c->id, p->chunk_bytes, &c->mem);
 		if (r < 0)
 			return log_error_errno(r, "creating chunk %u failed", c->id);
+		if (p->chunk_created)
+			p->chunk_created(p->chunk_created_userdata, c);
 	}
 	n_blocks = p->chunk_bytes / stride;
 	words = DIV_ROUND_UP(n_blocks, 64);
@@ -303,4 +305,45 @@ int pool_block_alloc_in(struct pool *p, struct chunk *c, uint32_t *ret_index) {
 	c->owner->block_bytes += c->block_bytes;
 	*ret_index = w * 64 + bit;
 	return 0;
+}
+
+void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint64_t block_bytes,
+                        uint64_t *used) {
+	uint64_t stride = ALIGN_TO(block_bytes, LAYOUT_BLOCK_ALIGN);
+	uint32_t n_blocks = p->chunk_bytes / stride, used_blocks = 0;
+
+	for (uint32_t w = 0; w < DIV_ROUND_UP(n_blocks, 64); w++)
+		used_blocks += __builtin_popcountll(used[w]);
+	free(c->used);
+	c->used = used;
+	c->state = CHUNK_OWNED;
+	c->owner = t;
+	c->block_bytes = block_bytes;
+	c->stride = stride;
+	c->n_blocks = n_blocks;
+	c->used_blocks = used_blocks;
+	c->hint = 0;
+	p->chunks_free--;
+	p->used_bytes += p->chunk_bytes;
+	p->block_bytes += (uint64_t)used_blocks * block_bytes;
+	t->used_bytes += p->chunk_bytes;
+	t->block_bytes += (uint64_t)used_blocks * block_bytes;
+	t->chunks++;
+	c->next = c->prev = NULL;
+	c->partial = false;
+	if (used_blocks < n_blocks)
+		partial_add(t, c);
+}
+
+void pool_restore_done(struct pool *p) {
+	/* The free list as pool_new() makes it, lowest ids first, of what stayed free. */
+	p->free_list = NULL;
+	for (uint32_t i = p->n_chunks; i-- > 0;) {
+		struct chunk *c = &p->chunks[i];
+
+		if (c->state != CHUNK_FREE)
+			continue;
+		c->next = p->free_list;
+		p->free_list = c;
+	}
 }

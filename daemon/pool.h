@@ -66,6 +66,9 @@ struct pool {
 	uint64_t grants_refused;
 	uint64_t grants;              /* chunks handed to a tenant from the free list */
 	uint64_t refused[_POOL_REFUSED_MAX]; /* grants_refused, by reason */
+	/* Called when a chunk's memory is first created (keep.h stores its fd); may be NULL. */
+	void (*chunk_created)(void *userdata, struct chunk *c);
+	void *chunk_created_userdata;
 };
 
 /* Returns 0, or -EINVAL (sizes not multiples of the backend granularity, pool smaller
@@ -120,3 +123,13 @@ bool pool_chunk_drop_holder(struct pool *p, struct chunk *c, uint64_t conn_id);
  * (c is not OWNED, or has no free block).
  */
 int pool_block_alloc_in(struct pool *p, struct chunk *c, uint32_t *ret_index);
+
+/*
+ * Restoring after a restart (keep.h): chunk c, FREE and with its memory already set, becomes
+ * t's, carved for block_bytes, with the blocks whose bits are set in used (allocated, one
+ * bit per block, taken over) in use, and charged as pool_block_alloc() would have. Once
+ * every chunk is restored, pool_restore_done() rebuilds the free list.
+ */
+void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint64_t block_bytes,
+                        uint64_t *used);
+void pool_restore_done(struct pool *p);

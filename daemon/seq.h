@@ -39,6 +39,8 @@ struct seq {
 	struct plan *pending;         /* a plan made while pinned, applied at the last unpin */
 	/* Statistics for status. */
 	uint64_t evicted_tokens, evicted_bytes;
+	/* Kept across a restart (keep.h): 1 + its journal slot; 0: not kept. */
+	uint32_t keep_slot;
 };
 
 /* Chunks a grow handed to a connection that had not mapped them yet. */

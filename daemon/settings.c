@@ -189,6 +189,10 @@ static const struct setting node_table[] = {
 	{ "log-level", SETTING_ENUM, SETTING_RUNTIME, "LEVEL", "info", NULL,
 	  "least important messages logged", NODE(log_level),
 	  .enum_name = log_level_name, .enum_n = LOG_DEBUG + 1 },
+	{ "restore-claim", SETTING_MS, 0, "MS", "30000", NULL,
+	  "under a service manager with a file descriptor store, KV is kept across a crash: how "
+	  "long the sequences kept wait for their tenant to claim them before they are freed; "
+	  "0: keep nothing", NODE(restore_claim_ms), 0, 3600000 },
 	{ "state-dir", SETTING_STRING, 0, "DIR", "/var/lib/kvd", NULL,
 	  "where live changes (kvdctl budget set, tenant set) are kept across restarts",
 	  NODE(state_dir), 1, PATH_MAX - 16 },

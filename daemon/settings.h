@@ -166,6 +166,7 @@ struct settings {
 	uint64_t hello_timeout_ms;
 	uint32_t high_watermark, low_watermark; /* percent of the budget */
 	uint64_t grant_wait_ms;
+	uint64_t restore_claim_ms;    /* 0: nothing is kept across a restart (keep.h) */
 	uint64_t round_interval_ms;   /* 0: off */
 	uint32_t round_threads;       /* 0: the online CPUs */
 	uint32_t eviction_floor;      /* percent */
