@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# Several kvd-lm processes of different tenants share one kvd budget, the way engines share
+# a node: each tenant's process answers its own task samples one after another, all tenants
+# at once, while the daemon's pressure rounds hold the budget. Two runs of the same samples:
+#
+#   global   one node budget, no caps: pressure rounds rank every tenant's tokens together
+#   static   the same budget split into equal per-tenant caps (max = budget / tenants)
+#
+# and a third without a daemon (the engine's private full cache) as the reference. Prints a
+# table of accuracy per tenant and writes DIR/results.csv (mode, tenant, task, length,
+# sample, right, answer, output) and DIR/table.md.
+#
+# Which tokens a round takes depends on what the other tenants hold at that moment, so the
+# figures move a little from run to run: this is a scenario, not a test.
+#
+# Needs a built tree (build/ by default) and python3 (for the task prompts: tasks.py).
+set -euo pipefail
+
+usage() {
+	cat <<EOF
+Usage: tools/bench/multi-tenant.sh [OPTIONS]
+
+Runs kvd-lm processes of several tenants at once against one kvd whose budget is a
+percentage of what they need, with the budget ranked globally and then split statically,
+and prints the accuracy per tenant next to the full cache's.
+
+Options:
+  --tenants LIST   TASK:LENGTH per tenant, 2..4 of them
+                   (default: niah:1024,multikey:2048,multikey:4096)
+  --samples N      Samples per tenant, 1..1000 (default: 10), from the reporting seeds
+  --percent P      Budget, percent of the tenants' full KV together, 1..100 (default: 25)
+  --build DIR      Build tree with daemon/kvd and tools/kvd-lm/kvd-lm (default: build)
+  --model FILE     Weights (default: tools/kvd-lm/models/kvd-lm-small.kvdlm)
+  --out DIR        Output directory (default: a new one under /tmp, printed)
+  -h, --help       Show this help
+EOF
+}
+
+cd "$(dirname "$0")/../.."
+
+tenants=niah:1024,multikey:2048,multikey:4096
+samples=10
+percent=25
+build=build
+model=tools/kvd-lm/models/kvd-lm-small.kvdlm
+out=
+
+while [ $# -gt 0 ]; do
+	case $1 in
+	--tenants) tenants=${2:?--tenants needs a value}; shift 2 ;;
+	--samples) samples=${2:?--samples needs a value}; shift 2 ;;
+	--percent) percent=${2:?--percent needs a value}; shift 2 ;;
+	--build) build=${2:?--build needs a value}; shift 2 ;;
+	--model) model=${2:?--model needs a value}; shift 2 ;;
+	--out) out=${2:?--out needs a value}; shift 2 ;;
+	-h | --help) usage; exit 0 ;;
+	*) echo "multi-tenant.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+	esac
+done
+
+is_int() { [[ $1 =~ ^[0-9]+$ ]] && [ "$1" -ge "$2" ] && [ "$1" -le "$3" ]; }
+is_int "$samples" 1 1000 || { echo "multi-tenant.sh: --samples must be 1..1000" >&2; exit 2; }
+is_int "$percent" 1 100 || { echo "multi-tenant.sh: --percent must be 1..100" >&2; exit 2; }
+IFS=, read -r -a specs <<<"$tenants"
+[ ${#specs[@]} -ge 2 ] && [ ${#specs[@]} -le 4 ] ||
+	{ echo "multi-tenant.sh: --tenants takes 2..4 TASK:LENGTH items" >&2; exit 2; }
+
+kvd=$build/daemon/kvd
+kvdlm=$build/tools/kvd-lm/kvd-lm
+for f in "$kvd" "$kvdlm" "$model"; do
+	[ -e "$f" ] || { echo "multi-tenant.sh: $f is missing (build first: meson setup build && ninja -C build)" >&2; exit 1; }
+done
+
+if [ -z "$out" ]; then
+	out=$(mktemp -d /tmp/kvd-multi-tenant-XXXXXX)
+fi
+mkdir -p "$out/prompts"
+
+# The prompts and answers, one file pair per (tenant, sample); the seeds are the reporting
+# range's, tenant j's offset by j * 65536 as kvd-bench quality --multi does.
+python3 - "$out/prompts" "$samples" "${specs[@]}" <<'PY' || { echo "multi-tenant.sh: bad --tenants" >&2; exit 2; }
+import os, sys
+sys.path.insert(0, "tools/kvd-lm")
+import tasks
+outdir, n, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+hay = tasks.load_haystack()
+for j, spec in enumerate(specs):
+    task, length = spec.split(":")
+    for i in range(n):
+        prompt, _q, answer = tasks.make(hay, task, tasks.SEEDS_REPORT.start + j * 65536 + i, int(length))
+        with open(os.path.join(outdir, f"{j}-{i}.txt"), "wb") as f:
+            f.write(prompt)
+        with open(os.path.join(outdir, f"{j}-{i}.answer"), "w") as f:
+            f.write(answer)
+PY
+
+# KV bytes of one token of this model: layers x kv heads x head_dim x fp32 x (K and V).
+read -r layers kv_heads head_dim < <(od -An -t u4 -j 24 -N 16 "$model" | awk '{print $1, $3, $4}')
+need=0
+for spec in "${specs[@]}"; do
+	need=$((need + ${spec#*:} * layers * kv_heads * head_dim * 4 * 2))
+done
+budget=$((need * percent / 100))
+chunk=$((64 * 1024))
+budget=$(((budget + chunk - 1) / chunk * chunk))
+cap=$((budget / ${#specs[@]} / chunk * chunk))
+
+daemon_pid=
+cleanup() {
+	if [ -n "$daemon_pid" ]; then
+		kill "$daemon_pid" 2>/dev/null || true
+		wait "$daemon_pid" 2>/dev/null || true
+	fi
+}
+trap cleanup EXIT
+
+# One tenant's samples, one kvd-lm process each, in order; "$@" are kvd-lm's extra options.
+run_tenant() {
+	local mode=$1 j=$2
+	shift 2
+	for ((i = 0; i < samples; i++)); do
+		"$kvdlm" --model "$model" --tenant "t$j" --prompt-file "$out/prompts/$j-$i.txt" \
+			--max-new 48 --threads 1 "$@" >"$out/$mode-$j-$i.out" 2>>"$out/$mode-$j.err" ||
+			echo "kvd-lm failed (exit $?)" >"$out/$mode-$j-$i.out"
+	done
+}
+
+run_mode() {
+	local mode=$1 config=$out/$1.conf sock=$out/$1.sock
+	local -a pids=()
+
+	for j in "${!specs[@]}"; do
+		echo "[tenant t$j]"
+		if [ "$mode" = static ]; then
+			echo "max = $cap"
+		fi
+		echo
+	done >"$config"
+	"$kvd" --backend=host --config "$config" --socket "$sock" --state-dir "$out/$mode.state" \
+		--budget "$budget" --pool-size $((need + 16 * 1024 * 1024)) --chunk-size $chunk --eviction-floor 0 \
+		2>"$out/$mode.kvd.log" &
+	daemon_pid=$!
+	for _ in $(seq 100); do
+		[ -S "$sock" ] && break
+		sleep 0.05
+	done
+	[ -S "$sock" ] || { echo "multi-tenant.sh: kvd did not start ($out/$mode.kvd.log)" >&2; exit 1; }
+	for j in "${!specs[@]}"; do
+		run_tenant "$mode" "$j" --socket "$sock" &
+		pids+=($!)
+	done
+	wait "${pids[@]}"
+	kill "$daemon_pid"
+	wait "$daemon_pid" 2>/dev/null || true
+	daemon_pid=
+}
+
+start=$(date +%s)
+echo "multi-tenant.sh: ${#specs[@]} tenants (${specs[*]}), $samples samples each, budget $((budget / 1024)) KiB" \
+	"($percent% of $((need / 1024)) KiB; static caps $((cap / 1024)) KiB); output in $out"
+for j in "${!specs[@]}"; do
+	run_tenant full "$j" --no-daemon &
+done
+wait
+run_mode global
+run_mode static
+
+python3 - "$out" "$samples" "$percent" "$((budget / 1024))" "${specs[@]}" <<'PY'
+import csv, os, sys
+sys.path.insert(0, "tools/kvd-lm")
+import tasks
+out, n, percent, budget_kib, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+modes = ("full", "global", "static")
+right = {}
+with open(os.path.join(out, "results.csv"), "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["mode", "tenant", "task", "length", "sample", "right", "answer", "output"])
+    for m in modes:
+        for j, spec in enumerate(specs):
+            task, length = spec.split(":")
+            for i in range(n):
+                answer = open(os.path.join(out, "prompts", f"{j}-{i}.answer")).read()
+                got = open(os.path.join(out, f"{m}-{j}-{i}.out"), "rb").read()
+                ok = tasks.score(answer, got)
+                right[m, j] = right.get((m, j), 0) + ok
+                w.writerow([m, f"t{j}", task, length, i, int(ok), answer, got.decode(errors="replace")])
+lines = [f"Budget {budget_kib} KiB: {percent}% of the tenants' full KV together; {n} samples per tenant.", "",
+         "| tenant | full cache | one budget, ranked globally | split statically |", "|---|---:|---:|---:|"]
+for j, spec in enumerate(specs):
+    lines.append(f"| t{j} ({spec.replace(':', '@')}) | " +
+                 " | ".join(f"{right[m, j] / n:.2f}" for m in modes) + " |")
+lines.append("| all | " + " | ".join(f"{sum(right[m, j] for j in range(len(specs))) / (n * len(specs)):.2f}"
+                                   for m in modes) + " |")
+table = "\n".join(lines) + "\n"
+open(os.path.join(out, "table.md"), "w").write(table)
+print(table, end="")
+PY
+echo "multi-tenant.sh: $(($(date +%s) - start)) s; $out/results.csv, $out/table.md"
