@@ -72,6 +72,7 @@ struct model {
 	uint32_t window;      /* observation window, with the default applied */
 	uint64_t obs_bytes;   /* observation buffer size from the daemon; 0: none */
 	uint32_t compensation; /* KVD_COMPENSATION_* */
+	uint32_t index_heads, index_dim; /* the indexer; 0: none */
 };
 
 struct client_ring;
@@ -155,6 +156,8 @@ struct kvd_seq {
 	uint64_t *obs_stamps;
 	char *obs_q;
 	uint64_t obs_layer_bytes;
+	char *obs_iq;             /* the index queries (models with an indexer; NULL without) */
+	uint64_t obs_iq_layer_bytes;
 };
 
 /* 0 while unknown (at start and in a fresh fork() child). */

@@ -96,7 +96,8 @@ static int eviction_settings(const kvd_model_spec *spec, const kvd_eviction_spec
 }
 
 static int model_register(kvd_client *c, const kvd_model_spec *spec,
-			  const kvd_eviction_spec *ev, uint32_t compensation) {
+			  const kvd_eviction_spec *ev, uint32_t compensation,
+			  const kvd_index_spec *ix) {
 	Kvd__V1__RegisterModel req = KVD__V1__REGISTER_MODEL__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	const Kvd__V1__RegisterModelReply *rep;
@@ -118,10 +119,16 @@ static int model_register(kvd_client *c, const kvd_model_spec *spec,
 	if (r < 0)
 		return r;
 	/* Moments summarise what eviction takes: without eviction there is nothing to keep. */
-	if (compensation > KVD_COMPENSATION_MOMENTS ||
+	if (compensation > KVD_COMPENSATION_LATENT ||
 	    (compensation != KVD_COMPENSATION_NONE && m.unit == KVD_UNIT_NONE))
 		return -EINVAL;
 	m.compensation = compensation;
+	/* An indexer feeds eviction, like compensation; the daemon checks the limits too. */
+	if (ix && (ix->heads == 0 || ix->heads > 64 || ix->dim == 0 || ix->dim > 256 ||
+		   ix->reserved[0] || ix->reserved[1] || m.unit == KVD_UNIT_NONE))
+		return -EINVAL;
+	if (ix)
+		m.index_heads = ix->heads, m.index_dim = ix->dim;
 
 	req.name = (char *)spec->name;
 	req.has_layers = req.has_q_heads = req.has_kv_heads = req.has_head_dim = true;
@@ -146,6 +153,11 @@ static int model_register(kvd_client *c, const kvd_model_spec *spec,
 		req.has_compensation = true;
 		req.compensation = (Kvd__V1__Compensation)compensation;
 	}
+	if (ix) {
+		req.has_index_heads = req.has_index_dim = true;
+		req.index_heads = ix->heads;
+		req.index_dim = ix->dim;
+	}
 	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL;
 	env.register_model = &req;
 
@@ -163,6 +175,9 @@ static int model_register(kvd_client *c, const kvd_model_spec *spec,
 		else if (compensation != KVD_COMPENSATION_NONE && !rep->has_moments_bytes)
 			/* A daemon that predates compensation ignored the field: the model it
 			 * registered keeps nothing, which is not what was asked for. */
+			r = -EOPNOTSUPP;
+		else if (ix && !rep->has_index_offset)
+			/* Likewise for an indexer: its blocks would have no room for index keys. */
 			r = -EOPNOTSUPP;
 		else {
 			m.known = true;
@@ -183,17 +198,23 @@ static int model_register(kvd_client *c, const kvd_model_spec *spec,
 }
 
 int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
-	return model_register(c, spec, NULL, KVD_COMPENSATION_NONE);
+	return model_register(c, spec, NULL, KVD_COMPENSATION_NONE, NULL);
 }
 
 int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec *spec,
 				 const kvd_eviction_spec *ev) {
-	return model_register(c, spec, ev, KVD_COMPENSATION_NONE);
+	return model_register(c, spec, ev, KVD_COMPENSATION_NONE, NULL);
 }
 
 int kvd_model_register_compensated(kvd_client *c, const kvd_model_spec *spec,
 				   const kvd_eviction_spec *ev, uint32_t compensation) {
-	return model_register(c, spec, ev, compensation);
+	return model_register(c, spec, ev, compensation, NULL);
+}
+
+int kvd_model_register_indexed(kvd_client *c, const kvd_model_spec *spec,
+			       const kvd_eviction_spec *ev, uint32_t compensation,
+			       const kvd_index_spec *ix) {
+	return model_register(c, spec, ev, compensation, ix);
 }
 
 /* A sealed memfd holding the n bytes at p. */
@@ -295,7 +316,7 @@ static bool desc_array_fits(uint64_t off, uint64_t n, uint64_t entry, uint64_t s
  */
 static int desc_check(const struct kvd_seq_desc *d, uint64_t size, uint64_t seq_id,
 		      const struct model *m) {
-	uint64_t n_tables, block_bytes;
+	uint64_t n_tables, block_bytes, index_bytes;
 
 	if (d->magic != KVD_SEQ_DESC_MAGIC || d->version != KVD_SEQ_DESC_VERSION)
 		return -EPROTO;
@@ -314,27 +335,35 @@ static int desc_check(const struct kvd_seq_desc *d, uint64_t size, uint64_t seq_
 		return -EPROTO;
 	if (d->max_blocks < DIV_ROUND_UP((uint64_t)d->max_tokens, d->block_tokens))
 		return -EPROTO;
-	/* K then V of block_tokens rows, for every head of the block: the offsets in layout.h
-	 * are only right for exactly this size. */
+	/* K then V of block_tokens rows, for every head of the block, then the index keys: the
+	 * offsets in layout.h are only right for exactly this size. */
 	if (mul_u64(2 * layout_row_bytes(d), d->block_tokens, &block_bytes) < 0 ||
 	    mul_u64(block_bytes, d->layout == KVD_LAYOUT_PER_LAYER ? d->kv_heads : 1,
-		    &block_bytes) < 0 ||
-	    d->block_bytes != block_bytes)
+		    &block_bytes) < 0)
+		return -EPROTO;
+	if (d->index_dim > 256 || d->index_heads > 64 || !d->index_dim != !d->index_heads ||
+	    (d->index_dim && d->index_offset != block_bytes) || (!d->index_dim && d->index_offset))
+		return -EPROTO;
+	index_bytes = (uint64_t)d->block_tokens * layout_index_row_bytes(d);
+	if (d->block_bytes != block_bytes + index_bytes)
 		return -EPROTO;
 	/* n_tables is a u32 now, so neither product overflows. */
 	if (!desc_array_fits(d->tokens_offset, n_tables, 4, size) ||
 	    !desc_array_fits(d->positions_offset, n_tables * d->max_tokens, 4, size) ||
 	    !desc_array_fits(d->blocks_offset, n_tables * d->max_blocks, 8, size))
 		return -EPROTO;
-	if (d->compensation == KVD_COMPENSATION_MOMENTS) {
-		if (d->moments_bytes != KVD_MOMENTS_BYTES(d->head_dim) ||
+	if (d->compensation == KVD_COMPENSATION_MOMENTS || d->compensation == KVD_COMPENSATION_LATENT) {
+		if (d->moments_bytes != (d->compensation == KVD_COMPENSATION_MOMENTS
+						 ? KVD_MOMENTS_BYTES(d->head_dim)
+						 : KVD_LATENT_BYTES(d->head_dim)) ||
 		    !array_fits(d->moments_offset, (uint64_t)d->layers * d->kv_heads,
 				sizeof(struct kvd_block_ref), sizeof(struct kvd_seq_desc), size) ||
 		    d->moments_offset % 4 != 0)
 			return -EPROTO;
 	} else if (d->compensation != KVD_COMPENSATION_NONE)
 		return -EPROTO;
-	if (m && m->known && m->compensation != d->compensation)
+	if (m && m->known && (m->compensation != d->compensation || m->index_dim != d->index_dim ||
+			      m->index_heads != d->index_heads))
 		return -EPROTO;
 	if (m && m->known &&
 	    (m->layers != d->layers || m->kv_heads != d->kv_heads || m->head_dim != d->head_dim ||
@@ -399,6 +428,21 @@ static int obs_check(const struct kvd_obs_header *h, uint64_t size, const struct
 	q_end = h->q_offset + (uint64_t)h->layers * h->layer_bytes;
 	if (h->stamps_offset < q_end && h->q_offset < stamps_end)
 		return -EPROTO;
+	if (m && (m->index_heads != h->index_heads || m->index_dim != h->index_dim))
+		return -EPROTO;
+	if (h->index_dim) {
+		/* index_heads <= 64, index_dim <= 256, window <= 256: no overflow. */
+		uint64_t iq_bytes = (uint64_t)h->window * h->index_heads * h->index_dim * elem, iq_end;
+
+		if (h->index_heads > 64 || h->index_dim > 256 || h->iq_layer_bytes < iq_bytes ||
+		    h->iq_offset % elem != 0 ||
+		    !array_fits(h->iq_offset, h->layers, h->iq_layer_bytes, sizeof(*h), size))
+			return -EPROTO;
+		iq_end = h->iq_offset + (uint64_t)h->layers * h->iq_layer_bytes;
+		if ((h->iq_offset < q_end && h->q_offset < iq_end) ||
+		    (h->iq_offset < stamps_end && h->stamps_offset < iq_end))
+			return -EPROTO;
+	}
 	return 0;
 }
 
@@ -435,6 +479,10 @@ static int seq_map_obs(kvd_seq *s, int fd_in, uint64_t announced, const struct m
 	s->obs_stamps = (uint64_t *)((char *)p + h.stamps_offset);
 	s->obs_q = (char *)p + h.q_offset;
 	s->obs_layer_bytes = h.layer_bytes;
+	if (h.index_dim) {
+		s->obs_iq = (char *)p + h.iq_offset;
+		s->obs_iq_layer_bytes = h.iq_layer_bytes;
+	}
 	return 0;
 }
 
@@ -533,6 +581,98 @@ int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret
 
 	*ret = TAKE_PTR(s);
 	return 0;
+}
+
+/* Whether every block of the descriptor lies in a chunk mapped here. */
+static bool seq_chunks_mapped(const kvd_seq *s) {
+	const struct kvd_seq_desc *d = s->desc;
+
+	for (uint32_t t = 0; t < d->n_tables; t++) {
+		const struct kvd_block_ref *refs = layout_blocks(d, t);
+		uint32_t tokens = layout_tokens(d)[t];
+
+		if (tokens > d->max_tokens)
+			return false;
+		for (uint32_t b = 0; b < DIV_ROUND_UP(tokens, d->block_tokens); b++)
+			if (!chunk_addr(s->client, refs[b].chunk_id, NULL))
+				return false;
+	}
+	return true;
+}
+
+int kvd_seq_claim(kvd_seq *s, int model_id) {
+	Kvd__V1__SeqClaim req = KVD__V1__SEQ_CLAIM__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	kvd_seq fresh = {};
+	bool claimed = false;
+	int fds[WIRE_FDS_MAX];
+	uint32_t nfds = 0;
+	kvd_client *c;
+	int r;
+
+	if (!s || model_id <= 0)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	c = s->client;
+	if (!seq_stale(s))
+		return 0;
+	/* A daemon keeps no sequence with eviction: it does not keep observation buffers. */
+	if (s->obs)
+		return -EOPNOTSUPP;
+	req.has_seq_id = true;
+	req.seq_id = s->id;
+	req.has_model_id = true;
+	req.model_id = (uint32_t)model_id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_CLAIM;
+	env.seq_claim = &req;
+
+	client_lock(c);
+	/* The chunks come first, as grant events, mapped while the reply is awaited; the
+	 * first error of those mappings is kept in grant_error. */
+	c->grant_error = 0;
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_SEQ_CLAIM_REPLY, false, &reply, fds, &nfds);
+	if (r >= 0) {
+		const Kvd__V1__SeqClaimReply *rep = reply->seq_claim_reply;
+
+		claimed = true;
+		fresh.client = c;
+		fresh.pid = s->pid;
+		fresh.id = s->id;
+		if (nfds != 1 || !rep->has_seq_id || rep->seq_id != s->id) {
+			close_fds(fds, nfds);
+			r = -EPROTO;
+		} else
+			r = seq_map_desc(&fresh, fds[0],
+					 rep->has_descriptor_bytes ? rep->descriptor_bytes : 0,
+					 model_find(c, model_id));
+		/* A chunk that could not be mapped (its grant event's mmap failed). */
+		if (r >= 0 && !seq_chunks_mapped(&fresh))
+			r = c->grant_error < 0 ? c->grant_error : -EPROTO;
+		c->grant_error = 0;
+	}
+	if (r >= 0) {
+		/* Nobody reads s meanwhile (the contract), so the swap needs no ordering. */
+		munmap((void *)s->desc, s->desc_bytes);
+		s->desc = fresh.desc;
+		s->desc_bytes = fresh.desc_bytes;
+		s->block_stride = fresh.block_stride;
+		s->epoch = c->epoch;
+	} else if (claimed) {
+		Kvd__V1__SeqRelease rel = KVD__V1__SEQ_RELEASE__INIT;
+
+		if (fresh.desc)
+			munmap((void *)fresh.desc, fresh.desc_bytes);
+		/* Ours now, but unusable: give it back, as kvd_seq_open does. */
+		rel.has_seq_id = true;
+		rel.seq_id = s->id;
+		env = (Envelope)KVD__V1__ENVELOPE__INIT;
+		env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RELEASE;
+		env.seq_release = &rel;
+		(void)client_request_unwaited(c, &env);
+	}
+	client_unlock(c);
+	return r;
 }
 
 static int seq_grow_locked(kvd_seq *s, uint32_t n) {
@@ -779,6 +919,23 @@ int kvd_seq_observation(kvd_seq *s, uint32_t layer, void **ret_q) {
 	return 0;
 }
 
+int kvd_seq_index_observation(kvd_seq *s, uint32_t layer, void **ret_iq) {
+	int r;
+
+	if (!ret_iq)
+		return -EINVAL;
+	r = seq_obs_check_layer(s, layer);
+	if (r < 0)
+		return r;
+	if (!s->obs_iq)
+		return -EOPNOTSUPP;
+	/* The same withdrawal as kvd_seq_observation's: one stamp covers both. */
+	__atomic_store_n(&s->obs_stamps[layer], 0, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	*ret_iq = s->obs_iq + (uint64_t)layer * s->obs_iq_layer_bytes;
+	return 0;
+}
+
 int kvd_seq_observe(kvd_seq *s, uint32_t layer) {
 	uint32_t next;
 	int r;
@@ -885,6 +1042,34 @@ int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot
 	return 0;
 }
 
+int kvd_seq_index_key(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
+		      void **ret) {
+	const struct kvd_seq_desc *d;
+	const char *b;
+	uint32_t t;
+	int64_t n;
+
+	if (!s || !ret)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
+	d = s->desc;
+	if (d->index_dim == 0)
+		return -EOPNOTSUPP;
+	n = seq_table_tokens(s, layer, kv_head, &t);
+	if (n < 0)
+		return (int)n;
+	if (slot >= n)
+		return -EINVAL;
+	b = seq_block_addr(s, layout_blocks(d, t)[slot / d->block_tokens]);
+	if (!b)
+		return -EINVAL;
+	*ret = (void *)(b + layout_index_offset(d, slot % d->block_tokens));
+	return 0;
+}
+
 int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret) {
 	const struct kvd_seq_desc *d;
 	const void *b;
@@ -910,8 +1095,9 @@ int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret) 
 	return 0;
 }
 
-int kvd_seq_moments(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
-		    const struct kvd_moments_header **ret) {
+/* The compensation block of (layer, kv_head) when the model keeps `compensation`. */
+static int seq_compensation(const kvd_seq *s, uint32_t compensation, uint32_t layer,
+			    uint32_t kv_head, const void **ret) {
 	const struct kvd_seq_desc *d;
 	struct kvd_block_ref ref;
 	uint64_t bytes = 0, stride;
@@ -925,7 +1111,7 @@ int kvd_seq_moments(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 	if (seq_stale(s))
 		return -ESTALE;
 	d = s->desc;
-	if (d->compensation != KVD_COMPENSATION_MOMENTS)
+	if (d->compensation != compensation)
 		return -EOPNOTSUPP;
 	if (layer >= d->layers || kv_head >= d->kv_heads)
 		return -EINVAL;
@@ -936,13 +1122,23 @@ int kvd_seq_moments(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 		return -EINVAL;
 	ref = ((const struct kvd_block_ref *)((const char *)d + d->moments_offset))[layer * d->kv_heads +
 										     kv_head];
-	/* Moments blocks live in chunks carved for their own size (pool.h). */
+	/* Compensation blocks live in chunks carved for their own size (pool.h). */
 	stride = ALIGN_TO(d->moments_bytes, LAYOUT_BLOCK_ALIGN);
 	base = chunk_addr(s->client, ref.chunk_id, &bytes);
 	if (!base || bytes < d->moments_bytes || ref.index > (bytes - d->moments_bytes) / stride)
 		return -EINVAL;
-	*ret = (const struct kvd_moments_header *)(base + (uint64_t)ref.index * stride);
+	*ret = base + (uint64_t)ref.index * stride;
 	return 0;
+}
+
+int kvd_seq_moments(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+		    const struct kvd_moments_header **ret) {
+	return seq_compensation(s, KVD_COMPENSATION_MOMENTS, layer, kv_head, (const void **)ret);
+}
+
+int kvd_seq_latent(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+		   const struct kvd_latent_header **ret) {
+	return seq_compensation(s, KVD_COMPENSATION_LATENT, layer, kv_head, (const void **)ret);
 }
 
 static const void *digest_block_addr(void *userdata, struct kvd_block_ref ref) {

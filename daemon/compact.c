@@ -42,7 +42,8 @@ static int drops_check(const struct kvd_seq_desc *d, const struct compact_drop *
 	return 0;
 }
 
-/* Copies the K and V rows of one slot: with the per-layer layout, a row of every kv head. */
+/* Copies the K and V rows of one slot (with the per-layer layout, a row of every kv head)
+ * and its index key, which belongs to the token as much as its K and V do. */
 static void slot_copy(const struct kvd_seq_desc *d, char *dst, uint32_t dst_row, const char *src,
                       uint32_t src_row) {
 	uint32_t heads = d->layout == KVD_LAYOUT_PER_HEAD ? 1 : d->kv_heads;
@@ -52,6 +53,9 @@ static void slot_copy(const struct kvd_seq_desc *d, char *dst, uint32_t dst_row,
 		memcpy(dst + layout_k_offset(d, h, dst_row), src + layout_k_offset(d, h, src_row), row);
 		memcpy(dst + layout_v_offset(d, h, dst_row), src + layout_v_offset(d, h, src_row), row);
 	}
+	if (d->index_dim)
+		memcpy(dst + layout_index_offset(d, dst_row), src + layout_index_offset(d, src_row),
+		       layout_index_row_bytes(d));
 }
 
 /*

@@ -16,6 +16,7 @@
 #include "config.h"
 #include "conn.h"
 #include "evict.h"
+#include "keep.h"
 #include "log.h"
 #include "observe.h"
 #include "policy.h"
@@ -134,6 +135,7 @@ static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link)
 
 /* Frees a sequence with what eviction attached to it. */
 static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptied) {
+	keep_seq_dropped(s->keep, q);
 	if (q->model->unit != KVD_UNIT_NONE)
 		s->evictable_seqs--;
 	q->obs = obs_unref(q->obs);
@@ -294,6 +296,10 @@ static void handle_register_model(struct conn *c, uint64_t id, const Kvd__V1__Re
 		rep.has_observation_bytes = true;
 		rep.observation_bytes = m->obs_bytes;
 	}
+	if (m->index_dim) {
+		rep.has_index_offset = true;
+		rep.index_offset = m->index_offset;
+	}
 	if (m->moments_bytes) {
 		rep.has_moments_bytes = true;
 		rep.moments_bytes = m->moments_bytes;
@@ -364,6 +370,8 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 	c->tenant->sequences++;
 	if (q->model->unit != KVD_UNIT_NONE)
 		s->evictable_seqs++;
+	/* While the descriptor's fd is still open, for the fd store. */
+	keep_seq_opened(s->keep, q, s->next_seq_id);
 
 	rep.has_seq_id = true;
 	rep.seq_id = q->id;
@@ -383,6 +391,126 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 	/* The queued reply holds its own copies of the fds; the daemon keeps the mappings. */
 	q->desc_fd = safe_close(q->desc_fd);
 	q->obs_fd = safe_close(q->obs_fd);
+}
+
+/*
+ * Hands this connection a sequence that a restart kept (keep.h). Its chunks go first, as
+ * grant events of at most WIRE_FDS_MAX: a sequence may span more chunks than a frame carries.
+ */
+static void handle_seq_claim(struct conn *c, uint64_t id, const Kvd__V1__SeqClaim *req) {
+	struct server *s = c->srv;
+	struct pool *p = s->pool;
+	Kvd__V1__SeqClaimReply rep = KVD__V1__SEQ_CLAIM_REPLY__INIT;
+	Kvd__V1__ChunkGrant grants[WIRE_FDS_MAX], *grant_ptrs[WIRE_FDS_MAX];
+	const struct backend_device *dev = backend_device();
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	_cleanup_(freep) struct chunk **list = NULL;
+	const struct model *m;
+	struct kvd_seq_desc *d;
+	int fds[WIRE_FDS_MAX];
+	uint32_t n = 0;
+	struct seq *q;
+	int r;
+
+	if (!req->has_model_id || req->model_id < 1 || req->model_id > c->n_models) {
+		reply_error(c, id, -EINVAL, "unknown model");
+		return;
+	}
+	if (c->n_seqs >= s->limits.max_seqs) {
+		s->refused[LIMIT_SEQS]++;
+		reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
+		return;
+	}
+	m = &c->models[req->model_id - 1];
+	r = keep_claim(s->keep, req->has_seq_id ? req->seq_id : 0, c->tenant, m, &q);
+	if (r == -EINVAL) {
+		reply_error(c, id, r, "the model's shape is not the sequence's, or it has eviction");
+		return;
+	}
+	if (r < 0) {
+		reply_error(c, id, r, "no sequence %llu of tenant %s waits to be claimed",
+		            (unsigned long long)req->seq_id, c->tenant->name);
+		return;
+	}
+	list = malloc(p->n_chunks * sizeof(*list));
+	if (!list) {
+		reply_error(c, id, -ENOMEM, "out of memory");
+		return;
+	}
+	/* Becoming a holder is all that can fail: it comes before anything changes hands. */
+	d = q->desc;
+	for (uint32_t t = 0; t < d->n_tables; t++) {
+		const struct kvd_block_ref *refs = desc_blocks(d, t);
+
+		for (uint32_t b = 0; b < DIV_ROUND_UP(desc_tokens(d)[t], d->block_tokens); b++) {
+			struct chunk *ch = pool_chunk(p, refs[b].chunk_id);
+
+			if (chunk_has_holder(ch, c->id))
+				continue;
+			r = chunk_add_holder(ch, c->id);
+			if (r < 0) {
+				while (n > 0)
+					pool_chunk_drop_holder(p, list[--n], c->id);
+				reply_error(c, id, r, "out of memory");
+				return;
+			}
+			list[n++] = ch;
+		}
+	}
+	keep_adopt(s->keep, q, m);
+	q->conn_id = c->id;
+	q->next = c->seqs;
+	c->seqs = q;
+	c->n_seqs++;
+	log_info("connection %llu (tenant %s) claimed sequence %llu kept across the restart",
+	         (unsigned long long)c->id, c->tenant->name, (unsigned long long)q->id);
+
+	for (uint32_t i = 0; i < n; i += WIRE_FDS_MAX) {
+		Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
+		uint32_t k = MIN(n - i, WIRE_FDS_MAX);
+
+		for (uint32_t g = 0; g < k; g++) {
+			kvd__v1__chunk_grant__init(&grants[g]);
+			grants[g].has_chunk_id = grants[g].has_bytes = grants[g].has_memory = true;
+			grants[g].chunk_id = list[i + g]->id;
+			grants[g].bytes = p->chunk_bytes;
+			grants[g].memory = (Kvd__V1__MemoryKind)p->ops->memory;
+			if (dev) {
+				grants[g].has_device_uuid = true;
+				grants[g].device_uuid.len = sizeof(dev->uuid);
+				grants[g].device_uuid.data = (uint8_t *)dev->uuid;
+			}
+			grant_ptrs[g] = &grants[g];
+			fds[g] = list[i + g]->mem.fd;
+		}
+		ev.has_type = true;
+		ev.type = KVD__V1__EVENT_TYPE__EVENT_CHUNKS_GRANT;
+		ev.n_grants = k;
+		ev.grants = grant_ptrs;
+		env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
+		env.event = &ev;
+		if (conn_send(c, &env, fds, k) < 0) {
+			/* Closing dropped the sequence with the connection's state. */
+			if (!c->closing)
+				conn_close(c, "cannot queue a grant");
+			return;
+		}
+	}
+	rep.has_seq_id = rep.has_descriptor_bytes = rep.has_tokens = rep.has_generation = true;
+	rep.seq_id = q->id;
+	rep.descriptor_bytes = d->total_bytes;
+	rep.tokens = desc_tokens(d)[0];
+	rep.generation = d->generation;
+	env = (Envelope)KVD__V1__ENVELOPE__INIT;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_CLAIM_REPLY;
+	env.seq_claim_reply = &rep;
+	{
+		/* Out of q first: a reply that cannot be queued closes c, and q with it. The
+		 * queued reply holds its own copy; the store holds another. */
+		_cleanup_(closep) int fd = TAKE_FD(q->desc_fd);
+
+		reply(c, &env, id, &fd, 1);
+	}
 }
 
 void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
@@ -993,6 +1121,7 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 	case KVD__V1__ENVELOPE__BODY_SEQ_DIGEST:
 	case KVD__V1__ENVELOPE__BODY_SEQ_PIN:
 	case KVD__V1__ENVELOPE__BODY_SEQ_UNPIN:
+	case KVD__V1__ENVELOPE__BODY_SEQ_CLAIM:
 		needs_tenant = true;
 		break;
 	default:
@@ -1050,6 +1179,8 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 		return handle_seq_pin(c, id, env->seq_pin);
 	case KVD__V1__ENVELOPE__BODY_SEQ_UNPIN:
 		return handle_seq_unpin(c, id, env->seq_unpin);
+	case KVD__V1__ENVELOPE__BODY_SEQ_CLAIM:
+		return handle_seq_claim(c, id, env->seq_claim);
 	case KVD__V1__ENVELOPE__BODY_EVICT:
 		return handle_evict(c, id, env->evict);
 	case KVD__V1__ENVELOPE__BODY_EVICTIONS_REQUEST:

@@ -12,6 +12,7 @@
 #include "common/layout.h"
 #include "common/macro.h"
 #include "compact.h"
+#include "compensate.h"
 #include "conn.h"
 #include "evict.h"
 #include "log.h"
@@ -187,6 +188,9 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 		.window = m->window,
 		.n_tables = m->n_tables,
 		.block_bytes = m->block_bytes,
+		.index_heads = m->index_heads,
+		.index_dim = m->index_dim,
+		.index_offset = m->index_offset,
 	};
 	q->rows = m->unit == KVD_UNIT_LAYER_TOKEN ? m->layers : m->n_tables;
 	q->tokens = malloc(m->n_tables * sizeof(uint32_t));
@@ -311,40 +315,39 @@ static int smooth_fit(struct seq *q) {
 	return 0;
 }
 
-/* Bytes of one slot of one table: the rows of every kv head it covers, K and V. */
+/* Bytes of one slot of one table: the rows of every kv head it covers, K and V, and its
+ * index key. */
 static uint64_t slot_bytes(const struct model *m) {
 	uint64_t row = 2ull * m->head_dim * layout_dtype_bytes(m->dtype);
 
-	return m->layout == KVD_LAYOUT_PER_LAYER ? row * m->kv_heads : row;
+	return (m->layout == KVD_LAYOUT_PER_LAYER ? row * m->kv_heads : row) +
+	       (uint64_t)m->index_dim * layout_dtype_bytes(m->dtype);
 }
 
 /*
- * Merges the round's summaries of what q drops into q's moments blocks. Runs with the
- * compaction that drops them: a plan that is not applied leaves the moments alone.
+ * Merges the round's summaries of what q drops into q's compensation blocks. Runs with the
+ * compaction that drops them: a plan that is not applied leaves the blocks alone.
  */
-static void fold_moments(struct evictor *e, struct seq *q, const float *fold, const uint64_t *count) {
+static void fold_compensation(struct evictor *e, struct seq *q, const float *fold,
+                              const uint64_t *count) {
 	uint32_t heads = q->model->layers * q->model->kv_heads, d = q->model->head_dim;
+	size_t per = compensate_floats(q->model->compensation, d);
 
 	if (!fold || q->desc->moments_blocks == 0)
 		return;
 	for (uint32_t h = 0; h < heads; h++) {
-		struct kvd_moments m, b;
-		struct kvd_moments_header *hdr;
-
 		if (count[h] == 0)
 			continue;
-		hdr = moments_at(e->srv->pool, q, h, &m);
-		kvd_moments_view(&b, d, (float *)fold + (uint64_t)h * kvd_moments_floats(d));
-		b.count = count[h];
-		/* Only a count past 2^64 tokens could refuse: the moments stay as they were. */
-		if (kvd_moments_merge(&m, &b) == 0)
-			hdr->count = m.count;
+		/* Only a count past 2^64 tokens could refuse: the block stays as it was. */
+		(void)compensate_merge(q->model->compensation,
+		                       pool_block_addr(e->srv->pool, desc_moments(q->desc)[h]), d,
+		                       fold + (uint64_t)h * per, count[h]);
 	}
 }
 
 /*
  * Drops what a plan names from q, now, folding fold (the round's summaries of the drops,
- * or NULL) into its moments. Chunks emptied go to *emptied. Returns the token slots
+ * or NULL) into its compensation blocks. Chunks emptied go to *emptied. Returns the token slots
  * dropped, or a negative errno (nothing changed).
  */
 static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *drop_off,
@@ -373,7 +376,7 @@ static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *dro
 	k = seq_compact(q, e->srv->pool, drops, n, q->smooth, emptied, &blocks);
 	if (k < 0)
 		return k;
-	fold_moments(e, q, fold, fold_count);
+	fold_compensation(e, q, fold, fold_count);
 	q->evicted_tokens += slots;
 	q->evicted_bytes += slots * slot_bytes(m);
 	q->tenant->evicted_tokens += slots;

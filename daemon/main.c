@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "common/macro.h"
 #include "common/size.h"
+#include "keep.h"
 #include "log.h"
 #include "policy.h"
 #include "pool.h"
@@ -88,6 +89,7 @@ int main(int argc, char *argv[]) {
 	struct admin *admin = NULL;
 	struct server *srv = NULL;
 	struct pool *pool = NULL;
+	struct keep *keep = NULL;
 	sigset_t mask;
 	int r;
 
@@ -153,10 +155,18 @@ int main(int argc, char *argv[]) {
 		log_error_errno(r, "cannot set up the pool");
 		goto finish;
 	}
+	/* Before the server: the fd store's fds come in with the listening socket. */
+	r = keep_new(pool, cfg.restore_claim_ms, &keep);
+	if (r < 0) {
+		log_error_errno(r, "cannot take the fds passed by the service manager");
+		goto finish;
+	}
 	admin_limits(&cfg, &limits);
-	r = server_new(pool, &limits, cfg.socket, &srv);
+	r = server_new(pool, &limits, cfg.socket, keep->sockets, keep->n_sockets, &srv);
+	keep->n_sockets = 0;
 	if (r < 0)
 		goto finish;
+	srv->keep = keep;
 	/* From here the admin holds the settings the server points into (socket, metrics). */
 	r = admin_new(srv, &cfg, &arg_flags, &admin);
 	if (r < 0) {
@@ -164,10 +174,15 @@ int main(int argc, char *argv[]) {
 		goto finish;
 	}
 	srv->admin = admin;
+	/* Once the config file's tenants exist, so that kept sequences find them. */
+	r = keep_restore(keep, srv);
+	if (r < 0)
+		goto finish;
 	r = server_run(srv);
 finish:
 	server_free(srv);
 	admin_free(admin);
+	keep_free(keep);
 	pool_free(pool);
 	backend_close();
 	settings_done(&arg_flags);

@@ -5,6 +5,7 @@
 
 #include "common/layout.h"
 #include "common/macro.h"
+#include "indexmem.h"
 #include "model.h"
 
 #define MODEL_LAYERS_MAX 1024
@@ -17,7 +18,8 @@
 #define MODEL_SINKS_MAX 1024
 
 uint64_t model_obs_bytes(uint32_t layers, uint32_t q_heads, uint32_t window, uint32_t head_dim,
-                         uint32_t dtype, struct kvd_obs_header *ret) {
+                         uint32_t dtype, uint32_t index_heads, uint32_t index_dim,
+                         struct kvd_obs_header *ret) {
 	struct kvd_obs_header h = {
 		.magic = KVD_OBS_MAGIC,
 		.version = KVD_OBS_VERSION,
@@ -26,13 +28,22 @@ uint64_t model_obs_bytes(uint32_t layers, uint32_t q_heads, uint32_t window, uin
 		.window = window,
 		.head_dim = head_dim,
 		.dtype = dtype,
+		.index_heads = index_heads,
+		.index_dim = index_dim,
 	};
 
 	/* layers, heads <= 1024, window <= 256, head_dim <= 4096, 4 bytes: below 2^52. */
 	h.stamps_offset = ALIGN_TO(sizeof(h), 64);
 	h.q_offset = ALIGN_TO(h.stamps_offset + 8ull * layers, 64);
 	h.layer_bytes = (uint64_t)q_heads * window * head_dim * layout_dtype_bytes(dtype);
-	h.total_bytes = ALIGN_TO(h.q_offset + h.layer_bytes * layers, 4096);
+	h.total_bytes = h.q_offset + h.layer_bytes * layers;
+	if (index_dim) {
+		/* index_heads <= 64, index_dim <= 256: smaller than the queries' bound. */
+		h.iq_offset = ALIGN_TO(h.total_bytes, 64);
+		h.iq_layer_bytes = (uint64_t)window * index_heads * index_dim * layout_dtype_bytes(dtype);
+		h.total_bytes = h.iq_offset + h.iq_layer_bytes * layers;
+	}
+	h.total_bytes = ALIGN_TO(h.total_bytes, 4096);
 	if (ret)
 		*ret = h;
 	return h.total_bytes;
@@ -44,7 +55,9 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
 	uint32_t window = req->has_window ? req->window : MODEL_WINDOW_DEFAULT;
 	uint32_t sinks = req->has_sinks ? req->sinks : MODEL_SINKS_DEFAULT;
 	uint32_t compensation = req->has_compensation ? req->compensation : KVD_COMPENSATION_NONE;
-	uint64_t bytes, obs = 0;
+	uint32_t index_heads = req->has_index_heads ? req->index_heads : 0;
+	uint32_t index_dim = req->has_index_dim ? req->index_dim : 0;
+	uint64_t bytes, index_bytes, comp_bytes, obs = 0;
 
 #define REQUIRE(cond, why)                                                                    \
 	do {                                                                                  \
@@ -77,14 +90,21 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
 	        "head-token eviction needs the per-head layout");
 	REQUIRE(window >= 1 && window <= MODEL_WINDOW_MAX, "window must be 1..256");
 	REQUIRE(sinks <= MODEL_SINKS_MAX, "sinks must be 0..1024");
-	REQUIRE(compensation <= KVD_COMPENSATION_MOMENTS, "unknown compensation");
+	REQUIRE(compensation <= KVD_COMPENSATION_LATENT, "unknown compensation");
 	REQUIRE(compensation == KVD_COMPENSATION_NONE || unit != KVD_UNIT_NONE,
 	        "compensation needs an eviction unit");
-	/* A moments block is one (layer, kv head)'s summary: it cannot span chunks. */
-	REQUIRE(compensation == KVD_COMPENSATION_NONE || KVD_MOMENTS_BYTES(req->head_dim) <= chunk_bytes,
-	        "the moments of one head must fit in one chunk");
+	comp_bytes = compensation == KVD_COMPENSATION_MOMENTS ? KVD_MOMENTS_BYTES(req->head_dim)
+	             : compensation == KVD_COMPENSATION_LATENT ? KVD_LATENT_BYTES(req->head_dim)
+	                                                       : 0;
+	/* A compensation block is one (layer, kv head)'s summary: it cannot span chunks. */
+	REQUIRE(comp_bytes <= chunk_bytes, "the compensation state of one head must fit in one chunk");
+	REQUIRE(!index_heads == !index_dim, "index_heads and index_dim go together");
+	REQUIRE(index_heads <= KVD_INDEX_HEADS_MAX && index_dim <= KVD_INDEX_DIM_MAX,
+	        "index_heads must be 1..64 and index_dim 1..256");
+	REQUIRE(index_dim == 0 || unit != KVD_UNIT_NONE, "an indexer needs an eviction unit");
 	if (unit != KVD_UNIT_NONE) {
-		obs = model_obs_bytes(req->layers, req->q_heads, window, req->head_dim, req->dtype, NULL);
+		obs = model_obs_bytes(req->layers, req->q_heads, window, req->head_dim, req->dtype,
+		                      index_heads, index_dim, NULL);
 		if (obs > max_obs_bytes) {
 			*ret_why = "its observation buffer would exceed the daemon's max-observation-bytes";
 			return -EFBIG;
@@ -95,7 +115,9 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
 	bytes = 2 * (uint64_t)req->block_tokens * req->head_dim * layout_dtype_bytes(req->dtype);
 	if (req->layout == KVD__V1__LAYOUT__LAYOUT_PER_LAYER)
 		REQUIRE(mul_u64(bytes, req->kv_heads, &bytes) == 0, "block size overflows");
-	REQUIRE(bytes <= chunk_bytes, "a block must fit in one chunk");
+	/* Index keys: one row per slot after K and V (bounded like them). */
+	index_bytes = (uint64_t)req->block_tokens * index_dim * layout_dtype_bytes(req->dtype);
+	REQUIRE(bytes + index_bytes <= chunk_bytes, "a block must fit in one chunk");
 
 #undef REQUIRE
 	memset(m, 0, sizeof(*m));
@@ -107,13 +129,16 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
 	m->dtype = req->dtype;
 	m->block_tokens = req->block_tokens;
 	m->layout = req->layout;
-	m->block_bytes = bytes;
+	m->block_bytes = bytes + index_bytes;
+	m->index_heads = index_heads;
+	m->index_dim = index_dim;
+	m->index_offset = index_dim ? bytes : 0;
 	m->n_tables = m->layout == KVD_LAYOUT_PER_HEAD ? m->layers * m->kv_heads : m->layers;
 	m->unit = unit;
 	m->window = window;
 	m->sinks = sinks;
 	m->obs_bytes = obs;
 	m->compensation = compensation;
-	m->moments_bytes = compensation == KVD_COMPENSATION_MOMENTS ? KVD_MOMENTS_BYTES(m->head_dim) : 0;
+	m->moments_bytes = comp_bytes;
 	return 0;
 }

@@ -19,14 +19,18 @@ struct model {
 	uint32_t id;
 	char name[MODEL_NAME_MAX + 1];
 	uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_tokens, layout;
-	uint64_t block_bytes;  /* K and V of one block */
+	uint64_t block_bytes;  /* K and V of one block, and its index keys */
 	uint32_t n_tables;     /* layers, or layers * kv_heads with the per-head layout */
 	/* Eviction: KVD_UNIT_* (NONE: never evicted), window w, sinks. */
 	uint32_t unit, window, sinks;
 	uint64_t obs_bytes;    /* observation buffer size, 0 without eviction */
-	/* KVD_COMPENSATION_*; with moments, the size of one (layer, kv head)'s block. */
+	/* KVD_COMPENSATION_*; with compensation, the size of one (layer, kv head)'s block
+	 * (moments or latent). */
 	uint32_t compensation;
 	uint64_t moments_bytes;
+	/* The indexer (0: none): index key rows start at index_offset in every block. */
+	uint32_t index_heads, index_dim;
+	uint64_t index_offset;
 	struct grams *grams;   /* from the output projections (observe.h); NULL until set */
 };
 
@@ -38,6 +42,8 @@ struct model {
 int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
                        uint64_t max_obs_bytes, struct model *m, const char **ret_why);
 
-/* Size of an observation buffer for the shape, and its header in *ret (may be NULL). */
+/* Size of an observation buffer for the shape (index queries included when index_dim is
+ * not 0), and its header in *ret (may be NULL). */
 uint64_t model_obs_bytes(uint32_t layers, uint32_t q_heads, uint32_t window, uint32_t head_dim,
-                         uint32_t dtype, struct kvd_obs_header *ret);
+                         uint32_t dtype, uint32_t index_heads, uint32_t index_dim,
+                         struct kvd_obs_header *ret);

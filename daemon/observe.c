@@ -16,7 +16,8 @@
 int obs_new(const struct model *m, uint64_t seq_id, struct obs **ret, int *ret_fd) {
 	_cleanup_(closep) int fd = -EBADF;
 	struct kvd_obs_header geo;
-	uint64_t bytes = model_obs_bytes(m->layers, m->q_heads, m->window, m->head_dim, m->dtype, &geo);
+	uint64_t bytes = model_obs_bytes(m->layers, m->q_heads, m->window, m->head_dim, m->dtype,
+	                                 m->index_heads, m->index_dim, &geo);
 	void *map;
 	struct obs *o;
 	char name[40];
@@ -76,6 +77,10 @@ uint64_t obs_stamp(const struct obs *o, uint32_t l) {
 
 const void *obs_queries(const struct obs *o, uint32_t l) {
 	return (const char *)o->map + o->geo.q_offset + (uint64_t)l * o->geo.layer_bytes;
+}
+
+const void *obs_index_queries(const struct obs *o, uint32_t l) {
+	return (const char *)o->map + o->geo.iq_offset + (uint64_t)l * o->geo.iq_layer_bytes;
 }
 
 struct gram_layer *gram_layer_ref(struct gram_layer *g) {

@@ -40,6 +40,8 @@ struct obs *obs_unref(struct obs *o);
 uint64_t obs_stamp(const struct obs *o, uint32_t l);
 /* Layer l's queries: [q_heads][window][head_dim] of the model's dtype. */
 const void *obs_queries(const struct obs *o, uint32_t l);
+/* Layer l's index queries (models with an indexer): [window][index_heads][index_dim]. */
+const void *obs_index_queries(const struct obs *o, uint32_t l);
 
 /* One layer's Gram matrices, [q_heads][head_dim][head_dim] fp32. */
 struct gram_layer {

@@ -147,10 +147,19 @@ static void chunk_release(struct pool *p, struct chunk *c) {
 		partial_remove(t, c);
 	if (c->state == CHUNK_DRAINING)
 		p->chunks_draining--;
-	r = p->ops->chunk_scrub(&c->mem);
-	if (r < 0) {
+	if (c->retire) {
+		/* Restored after a restart (keep.h): processes of its owner from before may still
+		 * map it, and nobody knows which. Its memory must never reach another tenant; a new
+		 * memfd takes its place at the next use. */
+		if (p->chunk_destroyed)
+			p->chunk_destroyed(p->chunk_created_userdata, c);
+		p->ops->chunk_destroy(&c->mem);
+		c->retire = false;
+	} else if ((r = p->ops->chunk_scrub(&c->mem)) < 0) {
 		/* A chunk that cannot be zeroed must never reach another tenant. */
 		log_error_errno(r, "scrubbing chunk %u failed, retiring it", c->id);
+		if (p->chunk_destroyed)
+			p->chunk_destroyed(p->chunk_created_userdata, c);
 		p->ops->chunk_destroy(&c->mem);
 	}
 	p->used_bytes -= p->chunk_bytes;
@@ -323,6 +332,7 @@ void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint6
 	c->n_blocks = n_blocks;
 	c->used_blocks = used_blocks;
 	c->hint = 0;
+	c->retire = true;
 	p->chunks_free--;
 	p->used_bytes += p->chunk_bytes;
 	p->block_bytes += (uint64_t)used_blocks * block_bytes;

@@ -44,6 +44,8 @@ struct chunk {
 	struct chunk *next, *prev;    /* free list, or the owner's partial list */
 	bool partial;
 	uint64_t grant_serial;        /* last grow that granted it (see seq_grow) */
+	bool retire;                  /* restored (pool_chunk_restore): destroyed, not scrubbed,
+	                               * when it comes back */
 };
 
 /* Why a grant of a new chunk was refused; counted for the metrics endpoint. */
@@ -66,8 +68,10 @@ struct pool {
 	uint64_t grants_refused;
 	uint64_t grants;              /* chunks handed to a tenant from the free list */
 	uint64_t refused[_POOL_REFUSED_MAX]; /* grants_refused, by reason */
-	/* Called when a chunk's memory is first created (keep.h stores its fd); may be NULL. */
+	/* Called when a chunk's memory is created (keep.h stores its fd), and before it is
+	 * destroyed (keep.h drops it from the store); may be NULL. */
 	void (*chunk_created)(void *userdata, struct chunk *c);
+	void (*chunk_destroyed)(void *userdata, struct chunk *c);
 	void *chunk_created_userdata;
 };
 
@@ -127,7 +131,8 @@ int pool_block_alloc_in(struct pool *p, struct chunk *c, uint32_t *ret_index);
 /*
  * Restoring after a restart (keep.h): chunk c, FREE and with its memory already set, becomes
  * t's, carved for block_bytes, with the blocks whose bits are set in used (allocated, one
- * bit per block, taken over) in use, and charged as pool_block_alloc() would have. Once
+ * bit per block, taken over) in use, and charged as pool_block_alloc() would have. Unknown
+ * processes may still map it, so when it comes back it is destroyed, not reused. Once
  * every chunk is restored, pool_restore_done() rebuilds the free list.
  */
 void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint64_t block_bytes,

@@ -7,7 +7,7 @@
 
 #include "common/layout.h"
 #include "common/macro.h"
-#include "moments.h"
+#include "compensate.h"
 #include "policy.h"
 #include "round.h"
 #include "select.h"
@@ -53,6 +53,11 @@ static uint32_t table_of(const struct round_seq *q, uint32_t l, uint32_t kh) {
 	return q->layout == KVD_LAYOUT_PER_HEAD ? l * q->kv_heads + kh : l;
 }
 
+/* Where a block's V rows start: half its K and V bytes, which its index keys follow. */
+static uint64_t v_offset(const struct round_seq *q) {
+	return (q->index_dim ? q->index_offset : q->block_bytes) / 2;
+}
+
 /* Copies the K and V rows of slots [0, n) of (layer, kv head) into k and v, contiguous. */
 static void gather(const struct round_seq *q, uint32_t l, uint32_t kh, uint32_t n, uint8_t *k,
                    uint8_t *v) {
@@ -65,13 +70,23 @@ static void gather(const struct round_seq *q, uint32_t l, uint32_t kh, uint32_t 
 		uint32_t rows = MIN(bt, n - b * bt);
 
 		memcpy(k + (uint64_t)b * bt * row, blocks[b] + head_off, rows * row);
-		memcpy(v + (uint64_t)b * bt * row, blocks[b] + q->block_bytes / 2 + head_off, rows * row);
+		memcpy(v + (uint64_t)b * bt * row, blocks[b] + v_offset(q) + head_off, rows * row);
 	}
+}
+
+/* Copies the index keys of slots [0, n) of table t into ik, contiguous. */
+static void gather_index(const struct round_seq *q, uint32_t t, uint32_t n, uint8_t *ik) {
+	uint32_t bt = q->block_tokens;
+	uint64_t row = (uint64_t)q->index_dim * layout_dtype_bytes(q->dtype);
+	const uint8_t *const *blocks = q->block_addr + q->block_off[t];
+
+	for (uint32_t b = 0; (uint64_t)b * bt < n; b++)
+		memcpy(ik + (uint64_t)b * bt * row, blocks[b] + q->index_offset, MIN(bt, n - b * bt) * row);
 }
 
 /* Work buffers of one round, sized for its largest layer. */
 struct scratch {
-	uint8_t *k, *v;
+	uint8_t *k, *v, *ik;
 	float *scores;
 };
 
@@ -91,6 +106,9 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	uint32_t L, prefix;
 	int k;
 
+	if (policy == KVD_POLICY_INDEXMEM && q->index_dim == 0)
+		/* A model registered without an indexer has no index keys: the default ranks. */
+		policy = KVD_POLICY_KVD;
 	if (end > w) {
 		L = end;
 	} else {
@@ -130,6 +148,15 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 
 		p.mi_mean_k = q->mi_mean_k + first * q->head_dim;
 		p.mi_count = q->mi_count + first;
+	}
+	if (policy == KVD_POLICY_INDEXMEM) {
+		/* The aligned tables of a layer hold the same tokens: kh0's keys stand for all. */
+		gather_index(q, t0, L, sc->ik);
+		p.index_q = obs_index_queries(q->obs, l);
+		p.index_k = sc->ik;
+		p.index_k_stride = q->index_dim;
+		p.index_heads = q->index_heads;
+		p.index_dim = q->index_dim;
 	}
 	k = kvd_policy_scores(&p, &in,
 	                      q->grams && q->grams[l] ? q->grams[l]->g + (uint64_t)kh0 * g * q->head_dim *
@@ -229,12 +256,15 @@ static void units_done(struct units *u) {
 
 static uint32_t unit_bytes(const struct round_seq *q) {
 	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype) * 2;
+	/* A token's index key goes with it: one per table. */
+	uint64_t index = (uint64_t)q->index_dim * layout_dtype_bytes(q->dtype);
 
 	switch (q->unit) {
 	case KVD_UNIT_HEAD_TOKEN:
-		return (uint32_t)row;
+		return (uint32_t)(row + index);
 	case KVD_UNIT_LAYER_TOKEN:
-		return (uint32_t)(row * q->kv_heads);
+		return (uint32_t)(row * q->kv_heads +
+		                  index * (q->layout == KVD_LAYOUT_PER_HEAD ? q->kv_heads : 1));
 	default:
 		return (uint32_t)q->block_bytes;
 	}
@@ -543,7 +573,7 @@ static int units_plan(struct round *r, const struct units *u) {
 static int fold_seq(struct round_seq *q) {
 	uint32_t d = q->head_dim, bt = q->block_tokens, heads = q->layers * q->kv_heads;
 	uint64_t row = (uint64_t)d * layout_dtype_bytes(q->dtype), max = 0;
-	size_t per = kvd_moments_floats(d);
+	size_t per = compensate_floats(q->compensation, d);
 	_cleanup_(freep) uint8_t *k = NULL, *v = NULL;
 
 	for (uint32_t t = 0; t < q->n_tables; t++)
@@ -566,20 +596,18 @@ static int fold_seq(struct round_seq *q) {
 		for (uint32_t j = 0; n > 0 && j < nkv; j++) {
 			uint32_t h = l * q->kv_heads + kh0 + j;
 			uint64_t head_off = q->layout == KVD_LAYOUT_PER_HEAD ? 0 : (uint64_t)j * bt * row;
-			struct kvd_moments m;
 			int r;
 
 			for (uint32_t i = 0; i < n; i++) {
 				const uint8_t *b = blocks[slots[i] / bt] + head_off + (slots[i] % bt) * row;
 
 				memcpy(k + i * row, b, row);
-				memcpy(v + i * row, b + q->block_bytes / 2, row);
+				memcpy(v + i * row, b + v_offset(q), row);
 			}
-			kvd_moments_view(&m, d, q->fold + h * per);
-			r = kvd_moments_batch(k, d, v, d, q->dtype, n, &m);
+			r = compensate_batch(q->compensation, k, v, q->dtype, n, d, q->fold + h * per);
 			if (r < 0)
 				return r;
-			q->fold_count[h] = m.count;
+			q->fold_count[h] = n;
 		}
 	}
 	return 0;
@@ -588,7 +616,7 @@ static int fold_seq(struct round_seq *q) {
 void round_run(struct round *r) {
 	struct scratch sc = {};
 	struct units u = {};
-	uint64_t t0 = now_us(), kv = 0, sc_n = 0;
+	uint64_t t0 = now_us(), kv = 0, sc_n = 0, ik = 0;
 	int k = 0;
 
 	/* Buffers for the largest layer of the round. */
@@ -601,12 +629,14 @@ void round_run(struct round *r) {
 
 			kv = MAX(kv, heads * q->tokens[t] * row);
 			sc_n = MAX(sc_n, heads * q->tokens[t]);
+			ik = MAX(ik, (uint64_t)q->tokens[t] * q->index_dim * layout_dtype_bytes(q->dtype));
 		}
 	}
 	sc.k = malloc(MAX(kv, 1u));
 	sc.v = malloc(MAX(kv, 1u));
+	sc.ik = malloc(MAX(ik, 1u));
 	sc.scores = malloc(MAX(sc_n, 1u) * sizeof(float));
-	if (!sc.k || !sc.v || !sc.scores)
+	if (!sc.k || !sc.v || !sc.ik || !sc.scores)
 		k = -ENOMEM;
 	for (uint32_t s = 0; s < r->n_seqs && k >= 0; s++) {
 		struct round_seq *q = &r->seqs[s];
@@ -619,6 +649,7 @@ void round_run(struct round *r) {
 	}
 	free(sc.k);
 	free(sc.v);
+	free(sc.ik);
 	free(sc.scores);
 	r->score_us = now_us() - t0;
 	if (k < 0) {
@@ -639,7 +670,7 @@ void round_run(struct round *r) {
 
 	t0 = now_us();
 	for (uint32_t s = 0; s < r->n_seqs && k >= 0; s++)
-		if (r->seqs[s].compensation == KVD_COMPENSATION_MOMENTS && r->seqs[s].drop_off)
+		if (r->seqs[s].compensation != KVD_COMPENSATION_NONE && r->seqs[s].drop_off)
 			k = fold_seq(&r->seqs[s]);
 	r->fold_us = now_us() - t0;
 	if (k < 0)

@@ -32,11 +32,14 @@
  * nothing). Units are bytes of K/V (block bytes); whether chunks come free is up to
  * compaction.
  *
- * Compensation (models registered with moments): the K/V of every slot a round drops are
- * summarised per (layer, kv head) on the worker (kvd_moments_batch), and evict.c merges
- * those summaries into the sequence's moments blocks when it compacts, so that no token
- * leaves the pool unaccounted for. kvd-mi reads the moments' key means as they were at the
- * snapshot.
+ * Compensation (models registered with moments or latent memory): the K/V of every slot
+ * a round drops are summarised per (layer, kv head) on the worker (compensate.h), and
+ * evict.c merges those summaries into the sequence's compensation blocks when it compacts,
+ * so that no token leaves the pool unaccounted for. kvd-mi reads the moments' key means as
+ * they were at the snapshot.
+ *
+ * Indexer (models registered with one): policy indexmem scores a layer from the index keys
+ * in its blocks and the index queries of its observation window, never from its K/V.
  */
 
 #include <stdbool.h>
@@ -76,6 +79,9 @@ struct round_seq {
 	uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_tokens, layout, unit;
 	uint32_t window, n_tables, rows;
 	uint64_t block_bytes;
+	/* The indexer (index_dim 0: none): index keys at index_offset in every block. */
+	uint32_t index_heads, index_dim;
+	uint64_t index_offset;
 	/* Per table, at the snapshot: resident slots, slots below the sinks, slots before the
 	 * end of the layer's published window (0: none), and the first entry of its blocks
 	 * in block_addr (the daemon's address of each block in use, in slot order). */
@@ -96,8 +102,8 @@ struct round_seq {
 	 * drop_off[t + 1] - drop_off[t]. */
 	uint32_t *drop_off, *drop_slots;
 	uint64_t dropped_units;
-	/* With moments and drops: per (layer, kv head), the summary of its dropped K/V
-	 * (kvd_moments_floats(head_dim) floats each, count in fold_count: 0 for none). */
+	/* With compensation and drops: per (layer, kv head), the summary of its dropped K/V
+	 * (compensate_floats() floats each, count in fold_count: 0 for none). */
 	float *fold;
 	uint64_t *fold_count;
 };

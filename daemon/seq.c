@@ -31,7 +31,7 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 	blocks_off = ALIGN_TO(positions_off + x, 64);
 	x = sizeof(struct kvd_block_ref) * (uint64_t)m->n_tables * max_blocks;
 	total = blocks_off + x;
-	if (m->compensation == KVD_COMPENSATION_MOMENTS) {
+	if (m->compensation != KVD_COMPENSATION_NONE) {
 		moments_off = ALIGN_TO(total, 64);
 		total = moments_off + sizeof(struct kvd_block_ref) * (uint64_t)m->layers * m->kv_heads;
 	}
@@ -82,6 +82,9 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 		.compensation = m->compensation,
 		.moments_offset = moments_off,
 		.moments_bytes = m->moments_bytes,
+		.index_heads = m->index_heads,
+		.index_dim = m->index_dim,
+		.index_offset = m->index_offset,
 	};
 	s->id = id;
 	s->model = m;
@@ -166,7 +169,8 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		}
 	}
 
-	/* A block may come from a chunk the tenant already used: the empty summary is 0. */
+	/* A block may come from a chunk the tenant already used: the empty summary is 0
+	 * (moments and latent headers alike start with count and head_dim). */
 	for (uint32_t i = 0; i < moments; i++) {
 		struct kvd_moments_header *h = pool_block_addr(p, refs[i]);
 

@@ -21,6 +21,7 @@
 #include "common/size.h"
 #include "conn.h"
 #include "evict.h"
+#include "keep.h"
 #include "upload.h"
 #include "log.h"
 #include "ring.h"
@@ -210,8 +211,10 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 	}
 	if (s->http)
 		http_tick(s->http, now, s->limits.hello_timeout_ms);
-	if (!s->stopping)
+	if (!s->stopping) {
 		evict_tick(s->evictor);
+		keep_tick(s->keep, s);
+	}
 	if (loop_timeout(s->loop, &s->tick_op, s->tick_ms) < 0)
 		log_error("cannot re-arm the timer");
 }
@@ -284,22 +287,21 @@ static int listen_socket(const char *path, const char *group, int *ret) {
  * exactly one, an AF_UNIX stream socket already listening. Returns 1 when it did, 0 when
  * none was passed (the caller binds its own), or a logged error.
  */
-static int inherit_socket(struct server *s) {
+static int inherit_socket(struct server *s, int *sockets, unsigned n) {
 	struct sockaddr_un sa = {};
 	socklen_t len = sizeof(sa);
-	int n, r, fd = SD_LISTEN_FDS_START;
+	int r, fd;
 
-	n = sd_listen_fds(1);
-	if (n < 0)
-		return log_error_errno(n, "cannot read the sockets passed by the service manager");
+	/* The fd store's fds were taken out before (keep.h): what is left are sockets. */
 	if (n == 0)
 		return 0;
 	if (n > 1) {
-		log_error("the service manager passed %d sockets, expected one", n);
-		for (int i = 0; i < n; i++)
-			safe_close(SD_LISTEN_FDS_START + i);
+		log_error("the service manager passed %u sockets, expected one", n);
+		for (unsigned i = 0; i < n; i++)
+			safe_close(sockets[i]);
 		return -EINVAL;
 	}
+	fd = sockets[0];
 	r = sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0);
 	if (r <= 0) {
 		if (r < 0)
@@ -432,14 +434,17 @@ static int render_metrics(void *userdata, char **ret, size_t *ret_size) {
 }
 
 int server_new(struct pool *pool, const struct server_limits *limits, const char *socket_path,
-               struct server **ret) {
+               int *sockets, unsigned n_sockets, struct server **ret) {
 	struct server *s;
 	sigset_t mask;
 	int r;
 
 	s = calloc(1, sizeof(*s));
-	if (!s)
+	if (!s) {
+		for (unsigned i = 0; i < n_sockets; i++)
+			safe_close(sockets[i]);
 		return -ENOMEM;
+	}
 	s->listen_fd = s->signal_fd = -EBADF;
 	s->pool = pool;
 	s->limits = *limits;
@@ -479,7 +484,8 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	r = server_setup_rings(s);
 	if (r < 0)
 		goto fail;
-	r = inherit_socket(s);
+	r = inherit_socket(s, sockets, n_sockets);
+	n_sockets = 0;
 	if (r < 0)
 		goto fail;
 	if (r == 0) {
@@ -510,6 +516,8 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	*ret = s;
 	return 0;
 fail:
+	for (unsigned i = 0; i < n_sockets; i++)
+		safe_close(sockets[i]);
 	server_free(s);
 	return r;
 }

@@ -20,6 +20,7 @@
 struct admin;
 struct conn;
 struct evictor;
+struct keep;
 struct uploader;
 
 /* The limits whose refusals are counted (status "refused", metrics kvd_refused_total). */
@@ -119,6 +120,7 @@ struct server {
 	struct admin *admin;          /* settings and live state (admin.h); set by main() */
 	struct evictor *evictor;      /* eviction rounds (evict.h) */
 	struct uploader *uploader;    /* output projection uploads (upload.h) */
+	struct keep *keep;            /* KV kept across a restart (keep.h); set by main() */
 	bool stopping;
 	uint64_t stop_ms;
 	uint32_t ring_doorbell;       /* RING_DOORBELL_*: limits.ring_doorbell, resolved at start */
@@ -126,8 +128,11 @@ struct server {
 	struct loop_poller poller;    /* the rings, and the spin before sleeping (loop.h) */
 };
 
+/* sockets: the fds a service manager passed that are not the fd store's (keep.h), n_sockets
+ * of them, taken over whatever happens; the listening socket is among them when
+ * socket-activated. */
 int server_new(struct pool *pool, const struct server_limits *limits, const char *socket_path,
-               struct server **ret);
+               int *sockets, unsigned n_sockets, struct server **ret);
 struct server *server_free(struct server *s);
 
 /* Runs the loop until a stop signal; returns the exit status. */

@@ -166,9 +166,13 @@ int kvd_attn_moments(const struct kvd_attn_moments_in *in, float *out) {
 		r = kvd_moments_entries(in->m, in->form, in->scale, in->q, in->ldq, R, ent_logit, ent);
 		if (r < 0)
 			goto out;
+	}
+	if (in->m || in->ent_logit) {
+		const float *el = in->m ? ent_logit : in->ent_logit, *ev = in->m ? ent : in->ent_value;
+
 		for (uint32_t i = 0; i < R; i++)
-			kvd_moments_softmax_add(mx + i, l + i, out + (size_t)i * d, d, ent_logit[i],
-						ent + (size_t)i * d);
+			kvd_moments_softmax_add(mx + i, l + i, out + (size_t)i * d, d, el[i],
+						ev + (size_t)i * d);
 	}
 	for (uint32_t i = 0; i < R; i++) {
 		if (l[i] > 0)

@@ -101,8 +101,10 @@ void kvd_moments_softmax_add(float *mx, float *l, float *o, uint32_t d, float lo
  * Attention over kept tokens plus the correction: for each query row r (q[r * ldq], fp32),
  * softmax over the first visible[r] keys (all len when visible is NULL) of k/v (fp32 rows
  * of d at k_stride/v_stride floats) and the virtual entry of m (NULL or empty: none), times
- * the values, into out[r * d ..]. A row that sees nothing gets 0. Returns 0, -EINVAL or
- * -ENOMEM (scratch).
+ * the values, into out[r * d ..]. Without m, the rows' entries may be given instead:
+ * ent_logit[r] and ent_value[r * d ..] (another summary's, e.g. IndexMem's latent memory,
+ * indexmem.h; NULL: none). A row that sees nothing gets 0. Returns 0, -EINVAL (also both m
+ * and entries given) or -ENOMEM (scratch).
  */
 struct kvd_attn_moments_in {
 	uint32_t dim, len, rows;
@@ -114,6 +116,7 @@ struct kvd_attn_moments_in {
 	const uint32_t *visible;
 	const struct kvd_moments *m;
 	enum kvd_moments_form form;
+	const float *ent_logit, *ent_value;
 };
 
 /* Returns 0 if in and out are consistent, else -EINVAL (what both paths check). */

@@ -179,7 +179,8 @@ int kvd_moments_entries_ref(const struct kvd_moments *m, enum kvd_moments_form f
 int kvd_attn_moments_in_check(const struct kvd_attn_moments_in *in, const float *out) {
 	if (!in || !out || in->dim == 0 || (in->rows > 0 && !in->q) ||
 	    (in->len > 0 && (!in->k || !in->v)) || (int)in->form < 0 ||
-	    in->form >= _KVD_MOMENTS_FORM_MAX || (in->m && (moments_check(in->m) < 0 || in->m->dim != in->dim)))
+	    in->form >= _KVD_MOMENTS_FORM_MAX || (in->m && (moments_check(in->m) < 0 || in->m->dim != in->dim)) ||
+	    (!in->ent_logit != !in->ent_value) || (in->m && in->ent_logit))
 		return -EINVAL;
 	for (uint32_t r = 0; in->visible && r < in->rows; r++)
 		if (in->visible[r] > in->len)
@@ -209,6 +210,10 @@ int kvd_attn_moments_ref(const struct kvd_attn_moments_in *in, float *out) {
 
 		if (in->m)
 			kvd_moments_entries_ref(in->m, in->form, in->scale, q, 0, 1, &vlogit, vval);
+		else if (in->ent_logit) {
+			vlogit = in->ent_logit[r];
+			memcpy(vval, in->ent_value + (size_t)r * d, d * sizeof(float));
+		}
 		for (uint32_t i = 0; i < n; i++) {
 			double z = 0;
 

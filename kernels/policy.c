@@ -13,6 +13,7 @@
 
 #include "baselines.h"
 #include "dtype.h"
+#include "indexmem.h"
 #include "moments.h"
 #include "policy.h"
 #include "score.h"
@@ -33,6 +34,7 @@ static const char *const policy_names[_KVD_POLICY_MAX] = {
 	[KVD_POLICY_LAPROX] = "laprox",
 	[KVD_POLICY_KVD] = "kvd",
 	[KVD_POLICY_KVD_MI] = "kvd-mi",
+	[KVD_POLICY_INDEXMEM] = "indexmem",
 };
 
 const char *kvd_policy_to_string(enum kvd_policy p) {
@@ -290,6 +292,10 @@ static int params_check(const struct kvd_policy_params *p, const struct kvd_attn
 		return -EINVAL;
 	if (p->policy == KVD_POLICY_KVD_MI && (!isfinite(p->mi_eta) || p->mi_eta < 0))
 		return -EINVAL;
+	if (p->policy == KVD_POLICY_INDEXMEM &&
+	    (!p->index_q || !p->index_k || p->index_heads == 0 || p->index_heads > KVD_INDEX_HEADS_MAX ||
+	     p->index_dim == 0 || p->index_dim > KVD_INDEX_DIM_MAX || p->index_k_stride < p->index_dim))
+		return -EINVAL;
 	return 0;
 }
 
@@ -317,6 +323,8 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
 
 	if (params_check(p, in) < 0 || p->capacity < in->window || !ret)
 		return -EINVAL;
+	if (p->policy == KVD_POLICY_INDEXMEM)
+		return -EOPNOTSUPP;
 	b = baseline_of(p->policy);
 	L = in->len, w = in->window, n = L - w, B = p->capacity - w;
 	srows = kvd_policy_score_rows(p, in);
@@ -518,6 +526,32 @@ static void cost_shares(float *c, size_t n, float lambda) {
 		c[i] = sum > 0 ? (float)(lambda * (c[i] / sum)) : (float)((double)lambda / (double)n);
 }
 
+/* indexmem: the softmax of the indexer's I(s) over the n prefix tokens, in every row. */
+static int indexmem_shares(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
+			   uint32_t rows, uint32_t n, float *scores) {
+	double sum = 0;
+	float mx = -INFINITY, lambda = p->layer_weight / (float)rows;
+	int r;
+
+	r = (p->reference ? kvd_indexer_scores_ref : kvd_indexer_scores)(
+		p->index_q, in->window, p->index_heads, p->index_k, p->index_k_stride, in->dtype, n,
+		p->index_dim, scores);
+	if (r < 0)
+		return r;
+	for (uint32_t i = 0; i < n; i++)
+		if (isfinite(scores[i]) && scores[i] > mx)
+			mx = scores[i];
+	for (uint32_t i = 0; i < n; i++) {
+		scores[i] = isfinite(scores[i]) ? expf(scores[i] - mx) : 0.0f;
+		sum += scores[i];
+	}
+	for (uint32_t i = 0; i < n; i++)
+		scores[i] = sum > 0 ? (float)(lambda * (scores[i] / sum)) : lambda / (float)n;
+	for (uint32_t row = 1; row < rows; row++)
+		memcpy(scores + (size_t)row * n, scores, n * sizeof(float));
+	return 0;
+}
+
 int kvd_policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
 		      const float *gram, const float *gram_group, float *scores) {
 	enum kvd_baseline b;
@@ -535,6 +569,8 @@ int kvd_policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_i
 		return -EINVAL;
 	b = baseline_of(p->policy);
 
+	if (p->policy == KVD_POLICY_INDEXMEM)
+		return indexmem_shares(p, in, rows, n, scores);
 	if (p->policy == KVD_POLICY_FULL) {
 		float share = (float)((double)p->layer_weight / (double)total);
 

@@ -50,6 +50,10 @@
  *                      one: the key mean of the prefix tokens its kvd costs would drop
  *                      keeping capacity - w. Without summaries (mi_mean_k NULL, as offline)
  *                      it is kvd exactly.
+ *   indexmem           IndexMem's learned indexer (indexmem.h): each token's I(s) against
+ *                      the window's index queries, softmax over the layer's prefix as N1
+ *                      shares (the same in every row). Reads no key of the model, only
+ *                      index_q and index_k (below); rounds only (see kvd_policy_keep).
  * The output-aware policies (restkv, laprox, kvd) use W_o when gram is given and the
  * value-space norm otherwise.
  *
@@ -79,12 +83,13 @@ enum kvd_policy {
 	KVD_POLICY_LAPROX,
 	KVD_POLICY_KVD,
 	KVD_POLICY_KVD_MI,
+	KVD_POLICY_INDEXMEM,
 	_KVD_POLICY_MAX,
 	_KVD_POLICY_INVALID = -EINVAL,
 };
 
 /* DESIGN §5's names ("full", ..., "expected_attention", "restkv", "laprox", "kvd",
- * "kvd-mi"). */
+ * "kvd-mi", "indexmem"). */
 const char *kvd_policy_to_string(enum kvd_policy p);
 enum kvd_policy kvd_policy_from_string(const char *s);
 
@@ -125,6 +130,12 @@ struct kvd_policy_params {
 	const float *mi_mean_k;
 	const uint64_t *mi_count;
 	float mi_eta;
+	/* indexmem: the window's index queries ([window][index_heads][index_dim], in->dtype,
+	 * contiguous) and the index keys of the layer's len tokens (index_dim elements of
+	 * in->dtype each, index_k_stride elements apart). */
+	const void *index_q, *index_k;
+	size_t index_k_stride;
+	uint32_t index_heads, index_dim;
 	uint32_t threads;                /* 0: the online CPUs */
 	uint32_t reference;              /* run the plain-C reference kernels */
 };
@@ -156,7 +167,8 @@ struct kvd_keep *kvd_keep_free(struct kvd_keep *k);
  * joint form with W_o). On success *ret holds the keep sets; free it with kvd_keep_free().
  *
  * Returns 0, -EINVAL (bad in or params: capacity < w, an invalid policy or option, a
- * missing v or gram_group where needed), -ENOMEM or -EAGAIN (threads).
+ * missing v or gram_group where needed), -EOPNOTSUPP (indexmem, which only rounds use:
+ * index keys exist in engines' pools alone), -ENOMEM or -EAGAIN (threads).
  */
 int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
 		    const float *gram, const float *gram_group, struct kvd_keep **ret);
@@ -179,6 +191,9 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
  *    select.h's order: NaN lowest, +inf, i.e. protected, highest, ties to the lower position)
  *    gets r + 1, and the layer's values are scaled to sum to layer_weight.
  *  - full: every value equal, layer_weight / (rows * (L - w)).
+ *  - indexmem: softmax_s I(s) over the prefix (a non-finite I counts as no information:
+ *    share 0, or equal shares when nothing is finite), times layer_weight / rows, in
+ *    every row.
  * The rows are always heads: granularity is only checked, not used. capacity may be
  * anything: it only sets the AWS top-K of adaptive pooling, capacity - w when capacity > w,
  * else (L - w)/2 rounded up. When L == w there is no prefix: nothing is written (scores may

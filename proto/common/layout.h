@@ -36,14 +36,29 @@ static inline uint32_t layout_table(const struct kvd_seq_desc *d, uint32_t layer
 	return d->layout == KVD_LAYOUT_PER_HEAD ? layer * d->kv_heads + head : layer;
 }
 
-/* Byte offset of the K row of (head, row) inside its block; the V row is half a block on. */
+/* Bytes of a block's K and V: the whole block, or what precedes its index keys. */
+static inline uint64_t layout_kv_bytes(const struct kvd_seq_desc *d) {
+	return d->index_dim ? d->index_offset : d->block_bytes;
+}
+
+/* Byte offset of the K row of (head, row) inside its block; the V row is half the K and V
+ * bytes on. */
 static inline uint64_t layout_k_offset(const struct kvd_seq_desc *d, uint32_t head, uint32_t row) {
 	uint64_t h = d->layout == KVD_LAYOUT_PER_HEAD ? 0 : head;
 	return (h * d->block_tokens + row) * layout_row_bytes(d);
 }
 
 static inline uint64_t layout_v_offset(const struct kvd_seq_desc *d, uint32_t head, uint32_t row) {
-	return d->block_bytes / 2 + layout_k_offset(d, head, row);
+	return layout_kv_bytes(d) / 2 + layout_k_offset(d, head, row);
+}
+
+/* Bytes of one index key, and the byte offset of row's inside its block (indexer only). */
+static inline uint64_t layout_index_row_bytes(const struct kvd_seq_desc *d) {
+	return (uint64_t)d->index_dim * layout_dtype_bytes(d->dtype);
+}
+
+static inline uint64_t layout_index_offset(const struct kvd_seq_desc *d, uint32_t row) {
+	return d->index_offset + row * layout_index_row_bytes(d);
 }
 
 static inline const uint32_t *layout_tokens(const struct kvd_seq_desc *d) {

@@ -11,7 +11,8 @@
 
 struct cache_ops {
 	int (*begin)(struct kvdlm_cache *c, uint32_t n, uint32_t *ret_pos0);
-	int (*observe)(struct kvdlm_cache *c, uint32_t layer, const float *q, size_t ldq, uint32_t n);
+	int (*observe)(struct kvdlm_cache *c, uint32_t layer, const float *q, size_t ldq, uint32_t n,
+	               const float *iq);
 	int (*end)(struct kvdlm_cache *c);
 	int (*stats)(struct kvdlm_cache *c, struct kvdlm_cache_stats *ret);
 };
@@ -37,7 +38,12 @@ struct kvdlm_cache {
 	float **kblk, **vblk;        /* [tables][max_blocks] */
 	struct kvd_moments *moments; /* [tables]: views of the moments blocks (compensation) */
 	enum kvd_moments_form form;
+	struct kvd_latent *latent;   /* [tables]: views of the latent blocks (compensation) */
+	uint32_t index_heads, index_dim; /* the indexer (0: none) */
+	float **iblk;                /* [tables][max_blocks]: index key rows (indexer) */
 	float *ring;                 /* [layers][window][q_heads * head_dim]: recent queries */
+	float *iring;                /* [layers][window][index_heads * index_dim]: their index
+	                              * queries (indexer) */
 	uint32_t *ring_next, *ring_count; /* [layers] */
 };
 
@@ -75,6 +81,9 @@ struct kvdlm_cache *kvdlm_cache_free(struct kvdlm_cache *c) {
 	free(c->kblk);
 	free(c->vblk);
 	free(c->moments);
+	free(c->latent);
+	free(c->iblk);
+	free(c->iring);
 	free(c->ring);
 	free(c->ring_next);
 	free(c->ring_count);
@@ -100,10 +109,11 @@ const struct kvdlm_kv_view *kvdlm_cache_view(const struct kvdlm_cache *c, uint32
 	return &c->views[layer * c->kv_heads + kv_head];
 }
 
-int kvdlm_cache_observe(struct kvdlm_cache *c, uint32_t layer, const float *q, size_t ldq, uint32_t n) {
+int kvdlm_cache_observe(struct kvdlm_cache *c, uint32_t layer, const float *q, size_t ldq, uint32_t n,
+                        const float *iq) {
 	if (!c || !c->in_step || layer >= c->layers || !q)
 		return -EINVAL;
-	return c->ops->observe ? c->ops->observe(c, layer, q, ldq, n) : 0;
+	return c->ops->observe ? c->ops->observe(c, layer, q, ldq, n, iq) : 0;
 }
 
 int kvdlm_cache_end(struct kvdlm_cache *c) {
@@ -111,6 +121,14 @@ int kvdlm_cache_end(struct kvdlm_cache *c) {
 		return -EINVAL;
 	c->in_step = false;
 	return c->ops->end ? c->ops->end(c) : 0;
+}
+
+uint32_t kvdlm_cache_index_heads(const struct kvdlm_cache *c) {
+	return c ? c->index_heads : 0;
+}
+
+uint32_t kvdlm_cache_index_dim(const struct kvdlm_cache *c) {
+	return c ? c->index_dim : 0;
 }
 
 uint32_t kvdlm_cache_position(const struct kvdlm_cache *c) {
@@ -269,7 +287,10 @@ static int kvd_begin(struct kvdlm_cache *c, uint32_t n, uint32_t *ret_pos0) {
 				return r;
 			}
 			c->kblk[(size_t)t * c->max_blocks + b] = addr;
-			c->vblk[(size_t)t * c->max_blocks + b] = (float *)((char *)addr + d->block_bytes / 2);
+			c->vblk[(size_t)t * c->max_blocks + b] =
+				(float *)((char *)addr + (d->index_dim ? d->index_offset : d->block_bytes) / 2);
+			if (c->iblk)
+				c->iblk[(size_t)t * c->max_blocks + b] = (float *)((char *)addr + d->index_offset);
 		}
 		v->n = nt;
 		v->pos = desc_positions(d, t);
@@ -293,6 +314,24 @@ static int kvd_begin(struct kvdlm_cache *c, uint32_t n, uint32_t *ret_pos0) {
 				v->form = c->form;
 			}
 		}
+		v->latent = NULL;
+		if (c->latent) {
+			const struct kvd_latent_header *h;
+
+			r = kvd_seq_latent(c->seq, t / c->kv_heads, t % c->kv_heads, &h);
+			if (r >= 0 && h->head_dim != c->head_dim)
+				r = -EPROTO;
+			if (r < 0) {
+				(void)kvd_seq_unpin(c->seq);
+				return r;
+			}
+			if (h->count > 0) {
+				kvd_latent_view(&c->latent[t], c->head_dim,
+				                (float *)((char *)h + KVD_LATENT_HEADER_BYTES));
+				c->latent[t].count = h->count;
+				v->latent = &c->latent[t];
+			}
+		}
 		/* Usually the last n slots; but a round that ran between the grow and the pin may
 		 * have taken some of the new slots of a layer that had no window yet, so the
 		 * step's tokens are found by position. */
@@ -303,16 +342,22 @@ static int kvd_begin(struct kvdlm_cache *c, uint32_t n, uint32_t *ret_pos0) {
 	return 0;
 }
 
-static int kvd_observe(struct kvdlm_cache *c, uint32_t layer, const float *q, size_t ldq, uint32_t n) {
-	size_t qd = (size_t)c->q_heads * c->head_dim;
+static int kvd_observe(struct kvdlm_cache *c, uint32_t layer, const float *q, size_t ldq, uint32_t n,
+                       const float *iq) {
+	size_t qd = (size_t)c->q_heads * c->head_dim, id = (size_t)c->index_heads * c->index_dim;
 	float *ring = c->ring + (size_t)layer * c->window * qd, *out;
+	float *iring = c->iring ? c->iring + (size_t)layer * c->window * id : NULL;
 	uint32_t *next = &c->ring_next[layer], *count = &c->ring_count[layer];
 	int r;
 
 	if (!c->observe)
 		return 0;
+	if (iring && !iq)
+		return -EINVAL;
 	for (uint32_t i = n > c->window ? n - c->window : 0; i < n; i++) {
 		memcpy(ring + (size_t)*next * qd, q + i * ldq, qd * sizeof(float));
+		if (iring)
+			memcpy(iring + (size_t)*next * id, iq + i * id, id * sizeof(float));
 		*next = (*next + 1) % c->window;
 		*count = MIN(*count + 1, c->window);
 	}
@@ -334,6 +379,15 @@ static int kvd_observe(struct kvdlm_cache *c, uint32_t layer, const float *q, si
 		for (uint32_t h = 0; h < c->q_heads; h++)
 			memcpy(out + ((size_t)h * c->window + w) * c->head_dim, row + (size_t)h * c->head_dim,
 			       c->head_dim * sizeof(float));
+	}
+	if (iring) {
+		/* iq[window][index_heads][index_dim]: the ring's rows, oldest first. */
+		r = kvd_seq_index_observation(c->seq, layer, (void **)&out);
+		if (r < 0)
+			return r;
+		for (uint32_t w = 0; w < c->window; w++)
+			memcpy(out + (size_t)w * id, iring + (size_t)((*next + w) % c->window) * id,
+			       id * sizeof(float));
 	}
 	return kvd_seq_observe(c->seq, layer);
 }
@@ -383,6 +437,12 @@ int kvdlm_kvd_register(kvd_client *client, const struct kvdlm_model *m, const ch
 int kvdlm_kvd_register_compensated(kvd_client *client, const struct kvdlm_model *m, const char *name,
                                    uint32_t unit, uint32_t window, uint32_t compensation,
                                    struct kvdlm_kvd_model *ret) {
+	return kvdlm_kvd_register_indexed(client, m, name, unit, window, compensation, NULL, ret);
+}
+
+int kvdlm_kvd_register_indexed(kvd_client *client, const struct kvdlm_model *m, const char *name,
+                               uint32_t unit, uint32_t window, uint32_t compensation,
+                               const kvd_index_spec *ix, struct kvdlm_kvd_model *ret) {
 	const struct kvdlm_config *cfg;
 	kvd_model_spec spec;
 	kvd_eviction_spec ev;
@@ -402,7 +462,7 @@ int kvdlm_kvd_register_compensated(kvd_client *client, const struct kvdlm_model 
 		.layout = KVD_LAYOUT_PER_HEAD,
 	};
 	ev = (kvd_eviction_spec){ .unit = unit, .window = window, .sinks = KVD_SINKS_DEFAULT };
-	id = kvd_model_register_compensated(client, &spec, &ev, compensation);
+	id = kvd_model_register_indexed(client, &spec, &ev, compensation, ix);
 	if (id < 0)
 		return id;
 	for (uint32_t l = 0; unit != KVD_UNIT_NONE && l < cfg->layers; l++) {
@@ -429,6 +489,8 @@ int kvdlm_kvd_register_compensated(kvd_client *client, const struct kvdlm_model 
 		.observe = unit != KVD_UNIT_NONE,
 		.compensation = compensation,
 		.form = KVD_MOMENTS_PLAIN,
+		.index_heads = ix ? ix->heads : 0,
+		.index_dim = ix ? ix->dim : 0,
 	};
 	return 0;
 }
@@ -456,8 +518,8 @@ int kvdlm_cache_kvd_new(const struct kvdlm_kvd_model *km, const struct kvdlm_con
 	if (!d || d->layers != c->layers || d->kv_heads != c->kv_heads || d->head_dim != c->head_dim ||
 	    d->dtype != KVD_DTYPE_F32 || d->layout != KVD_LAYOUT_PER_HEAD ||
 	    d->block_tokens != KVDLM_KVD_BLOCK_TOKENS || d->n_tables != c->tables ||
-	    d->max_tokens < max_tokens ||
-	    d->block_bytes != 2ull * KVDLM_KVD_BLOCK_TOKENS * c->head_dim * sizeof(float))
+	    d->max_tokens < max_tokens || d->index_dim != km->index_dim ||
+	    d->block_bytes != (2ull * c->head_dim + d->index_dim) * KVDLM_KVD_BLOCK_TOKENS * sizeof(float))
 		return -EPROTO;
 	c->seq_id = kvd_seq_id(c->seq);
 	c->max_blocks = d->max_blocks;
@@ -474,11 +536,25 @@ int kvdlm_cache_kvd_new(const struct kvdlm_kvd_model *km, const struct kvdlm_con
 			return -ENOMEM;
 		c->form = km->form;
 	}
+	if (km->compensation == KVD_COMPENSATION_LATENT) {
+		c->latent = calloc(c->tables, sizeof(*c->latent));
+		if (!c->latent)
+			return -ENOMEM;
+	}
+	if (km->index_dim) {
+		c->index_heads = km->index_heads, c->index_dim = km->index_dim;
+		c->iblk = calloc((size_t)c->tables * c->max_blocks, sizeof(float *));
+		c->iring = malloc((size_t)c->layers * c->window * c->index_heads * c->index_dim *
+		                  sizeof(float));
+		if (!c->iblk || !c->iring)
+			return -ENOMEM;
+	}
 	for (uint32_t t = 0; t < c->tables; t++)
 		c->views[t] = (struct kvdlm_kv_view){
 			.block_tokens = KVDLM_KVD_BLOCK_TOKENS,
 			.k = &c->kblk[(size_t)t * c->max_blocks],
 			.v = &c->vblk[(size_t)t * c->max_blocks],
+			.ik = c->iblk ? &c->iblk[(size_t)t * c->max_blocks] : NULL,
 		};
 	*ret = TAKE_PTR(c);
 	return 0;

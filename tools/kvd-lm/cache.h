@@ -10,8 +10,10 @@
  *     16 tokens a block). The daemon may evict tokens between steps, per (layer, kv head)
  *     with KVD_UNIT_HEAD_TOKEN, so tables hold different numbers of tokens; survivors keep
  *     their original positions, which attention masks and RoPE use. With compensation,
- *     each table's view also carries the MomentKV moments of what was evicted from it,
- *     which attention adds as one more softmax entry (kernels/moments.h).
+ *     each table's view also carries the MomentKV moments or the IndexMem latent memory of
+ *     what was evicted from it, which attention adds as one more softmax entry
+ *     (kernels/moments.h, kernels/indexmem.h). With an indexer, each slot also has an
+ *     index key, and the observation window the index queries.
  *
  * A forward step (forward.c) goes:
  *
@@ -35,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "indexmem.h"
 #include "kvd/kvd.h"
 #include "model.h"
 #include "moments.h"
@@ -59,6 +62,11 @@ struct kvdlm_kv_view {
 	 * attends exactly as the full cache does. form: how attention adds it. */
 	const struct kvd_moments *moments;
 	enum kvd_moments_form form;
+	/* The same for IndexMem's latent memory (kvd with latent compensation). */
+	const struct kvd_latent *latent;
+	/* kvd with an indexer: each block's index key rows, [block_tokens][index_dim], for the
+	 * caller to write with the K/V of its new tokens; NULL without. */
+	float *const *ik;
 };
 
 /* Tokens in a cache so far. */
@@ -87,6 +95,7 @@ struct kvdlm_kvd_model {
 	uint32_t compensation;     /* KVD_COMPENSATION_* */
 	enum kvd_moments_form form; /* with moments: the correction attention applies (plain by
 	                             * default; the caller may change it before making caches) */
+	uint32_t index_heads, index_dim; /* the indexer registered (0: none) */
 };
 
 /*
@@ -105,6 +114,13 @@ int kvdlm_kvd_register(kvd_client *client, const struct kvdlm_model *m, const ch
 int kvdlm_kvd_register_compensated(kvd_client *client, const struct kvdlm_model *m, const char *name,
                                    uint32_t unit, uint32_t window, uint32_t compensation,
                                    struct kvdlm_kvd_model *ret);
+
+/* kvdlm_kvd_register_compensated() with an indexer ix (NULL: none; needs a unit), and
+ * compensation possibly KVD_COMPENSATION_LATENT. Errors as there, and those of
+ * kvd_model_register_indexed(). */
+int kvdlm_kvd_register_indexed(kvd_client *client, const struct kvdlm_model *m, const char *name,
+                               uint32_t unit, uint32_t window, uint32_t compensation,
+                               const kvd_index_spec *ix, struct kvdlm_kvd_model *ret);
 
 /*
  * A cache whose K/V live in one new kvd sequence of km, of up to max_tokens tokens per
@@ -127,7 +143,7 @@ static inline void kvdlm_cache_freep(struct kvdlm_cache **c) {
  * -EPROTO for a descriptor that breaks kvd.h) leaves granted slots that were never written:
  * free the cache then. Returns 0, or -EINVAL (n 0, or a step already begun), -EFBIG (past
  * max_tokens), kvd: the errors of kvd_seq_grow() (-ENOSPC, -EDQUOT, ...), kvd_seq_pin(),
- * kvd_seq_block(), kvd_seq_moments(), -EPROTO.
+ * kvd_seq_block(), kvd_seq_moments(), kvd_seq_latent(), -EPROTO.
  */
 int kvdlm_cache_begin(struct kvdlm_cache *c, uint32_t n, uint32_t *ret_pos0);
 
@@ -137,11 +153,14 @@ const struct kvdlm_kv_view *kvdlm_cache_view(const struct kvdlm_cache *c, uint32
 
 /*
  * The step's n post-RoPE queries of layer, row i (all q heads, [q_heads][head_dim]) at
- * q + i * ldq. The full cache ignores them; kvd keeps the last `window` and publishes them
- * once the sequence holds at least `window` tokens. Returns 0, or -EINVAL, or the errors
- * of kvd_seq_observation()/kvd_seq_observe().
+ * q + i * ldq, and with an indexer their index queries iq[n][index_heads][index_dim] (NULL
+ * without). The full cache ignores them; kvd keeps the last `window` and publishes them
+ * once the sequence holds at least `window` tokens. Returns 0, or -EINVAL (also iq NULL
+ * for a cache with an indexer), or the errors of kvd_seq_observation(),
+ * kvd_seq_index_observation() and kvd_seq_observe().
  */
-int kvdlm_cache_observe(struct kvdlm_cache *c, uint32_t layer, const float *q, size_t ldq, uint32_t n);
+int kvdlm_cache_observe(struct kvdlm_cache *c, uint32_t layer, const float *q, size_t ldq, uint32_t n,
+                        const float *iq);
 
 /*
  * Ends the step (kvd: unpins, which applies an eviction plan that waited, then reads the
@@ -149,6 +168,10 @@ int kvdlm_cache_observe(struct kvdlm_cache *c, uint32_t layer, const float *q, s
  * kvd_client_next_event() (-ECONNRESET when the daemon went away).
  */
 int kvdlm_cache_end(struct kvdlm_cache *c);
+
+/* The indexer's index heads and dimension (0 for caches without one). */
+uint32_t kvdlm_cache_index_heads(const struct kvdlm_cache *c);
+uint32_t kvdlm_cache_index_dim(const struct kvdlm_cache *c);
 
 /* The next position (tokens appended so far). */
 uint32_t kvdlm_cache_position(const struct kvdlm_cache *c);

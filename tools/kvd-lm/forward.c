@@ -208,7 +208,8 @@ struct scratch {
 	float *o;    /* [rows][head_dim]: unnormalised outputs */
 	float *m, *l; /* [rows]: running max and sum */
 	uint32_t *vis; /* [rows]: keys each row may see */
-	float *ml, *mv; /* [rows], [rows][head_dim]: the moments entry of each row */
+	float *ml, *mv; /* [rows], [rows][head_dim]: the moments or latent entry of each row */
+	float *bias;    /* [rows]: each row's latent logit bias */
 };
 
 struct kvdlm_session {
@@ -223,6 +224,8 @@ struct kvdlm_session {
 	float *h, *a;            /* [chunk][dim] */
 	float *qkv;              /* [chunk][qkv_ld]: q, k, v of each token */
 	float *o;                /* [chunk][qd] */
+	const struct kvdlm_indexmem *im; /* IndexMem weights, or NULL */
+	float *iq, *ik;          /* [chunk][index_heads * index_dim], [chunk][index_dim] */
 	float *gu;               /* [chunk][2 * ffn]: gate, then up; the product lands in gate */
 	float *parts;            /* attention partials of split contexts */
 	size_t parts_floats;
@@ -253,6 +256,8 @@ struct kvdlm_session *kvdlm_session_free(struct kvdlm_session *s) {
 	free(s->scratch);
 	free(s->views);
 	free(s->inv_freq);
+	free(s->iq);
+	free(s->ik);
 	free(s);
 	return NULL;
 }
@@ -293,6 +298,15 @@ int kvdlm_session_new(const struct kvdlm_model *m, struct kvdlm_cache *cache,
 	s->simd = kvd_simd();
 	s->threads = opts && opts->threads ? opts->threads : online_cpus();
 	s->chunk = opts && opts->chunk ? opts->chunk : KVDLM_CHUNK_DEFAULT;
+	s->im = opts ? opts->indexmem : NULL;
+	if (s->im && s->im->layers != c->layers)
+		return -EINVAL;
+	if (s->im) {
+		s->iq = malloc((size_t)s->chunk * s->im->index_heads * s->im->index_dim * sizeof(float));
+		s->ik = malloc((size_t)s->chunk * s->im->index_dim * sizeof(float));
+		if (!s->iq || !s->ik)
+			return -ENOMEM;
+	}
 	s->qd = c->q_heads * c->head_dim;
 	s->kd = c->kv_heads * c->head_dim;
 	s->qkv_ld = s->qd + 2 * s->kd;
@@ -314,7 +328,7 @@ int kvdlm_session_new(const struct kvdlm_model *m, struct kvdlm_cache *cache,
 	             2 * ALIGN_TO((size_t)s->attn_rows * c->head_dim, 16) +
 	             ALIGN_TO((size_t)s->attn_rows * ATTN_KEYS, 16) +
 	             ALIGN_TO((size_t)c->head_dim * ATTN_KEYS, 16) + 4 * ALIGN_TO(s->attn_rows, 16) +
-	             ALIGN_TO((size_t)s->attn_rows * c->head_dim, 16);
+	             ALIGN_TO((size_t)s->attn_rows * c->head_dim, 16) + ALIGN_TO(s->attn_rows, 16);
 	total = 2 * ALIGN_TO(s->chunk * hd2, 16) + 2 * ALIGN_TO((size_t)s->chunk * c->dim, 16) +
 	        ALIGN_TO((size_t)s->chunk * s->qkv_ld, 16) + ALIGN_TO((size_t)s->chunk * s->qd, 16) +
 	        ALIGN_TO((size_t)s->chunk * 2 * c->ffn, 16) + s->threads * per_thread;
@@ -341,6 +355,7 @@ int kvdlm_session_new(const struct kvdlm_model *m, struct kvdlm_cache *cache,
 		w->vis = (uint32_t *)carve(&p, s->attn_rows);
 		w->ml = carve(&p, s->attn_rows);
 		w->mv = carve(&p, (size_t)s->attn_rows * c->head_dim);
+		w->bias = carve(&p, s->attn_rows);
 	}
 	r = pool_new(s->threads, &s->pool);
 	if (r < 0)
@@ -453,7 +468,7 @@ static void linear(struct kvdlm_session *s, const float *x, size_t ldx, uint32_t
 
 struct attn_job {
 	struct kvdlm_session *s;
-	uint32_t T, pos0;
+	uint32_t layer, T, pos0;
 	uint32_t group, tokens_per_tile, tiles, splits;
 	float scale;
 	float *parts; /* [tasks][rows][2 + head_dim]: m, l, o of each split */
@@ -566,6 +581,17 @@ static void attn_task(void *arg, uint32_t task, uint32_t worker) {
 			kvd_moments_softmax_add(&w->m[r], &w->l[r], w->o + r * hd, hd, w->ml[r],
 			                        w->mv + (size_t)r * hd);
 	}
+	/* IndexMem's latent memory, the same way, through the layer's learned readout (the
+	 * step checked that the weights are there). */
+	if (v->latent && split == 0) {
+		for (uint32_t r = 0; r < rows; r++)
+			w->bias[r] = s->im->bias[j->layer][kvh * g + r % g];
+		if (kvd_latent_entries(v->latent, &s->im->readout[j->layer], w->q, hd, rows, w->bias,
+		                       w->ml, w->mv) == 0)
+			for (uint32_t r = 0; r < rows; r++)
+				kvd_moments_softmax_add(&w->m[r], &w->l[r], w->o + r * hd, hd, w->ml[r],
+				                        w->mv + (size_t)r * hd);
+	}
 
 	if (j->splits == 1) {
 		for (uint32_t r = 0; r < rows; r++) {
@@ -626,10 +652,11 @@ static void attn_merge(void *arg, uint32_t task, uint32_t worker) {
 }
 
 /* The step's attention over s->views, into s->o. */
-static int attention(struct kvdlm_session *s, uint32_t T, uint32_t pos0) {
+static int attention(struct kvdlm_session *s, uint32_t layer, uint32_t T, uint32_t pos0) {
 	const struct kvdlm_config *c = &s->m->cfg;
 	struct attn_job j = {
 		.s = s,
+		.layer = layer,
 		.T = T,
 		.pos0 = pos0,
 		.group = c->q_heads / c->kv_heads,
@@ -735,7 +762,7 @@ static int kv_store(struct kvdlm_session *s, uint32_t layer, uint32_t pos0) {
 	for (uint32_t h = 0; h < c->kv_heads; h++) {
 		const struct kvdlm_kv_view *v = kvdlm_cache_view(s->cache, layer, h);
 
-		if (!v)
+		if (!v || (v->latent && !s->im))
 			return -EINVAL;
 		s->views[h] = v;
 
@@ -745,9 +772,30 @@ static int kv_store(struct kvdlm_session *s, uint32_t layer, uint32_t pos0) {
 
 			memcpy(v->k[jj / v->block_tokens] + row, src, bytes);
 			memcpy(v->v[jj / v->block_tokens] + row, src + s->kd, bytes);
+			if (v->ik)
+				memcpy(v->ik[jj / v->block_tokens] + (size_t)(jj % v->block_tokens) * s->im->index_dim,
+				       s->ik + (size_t)(v->pos[jj] - pos0) * s->im->index_dim,
+				       s->im->index_dim * sizeof(float));
 		}
 	}
 	return 0;
+}
+
+/*
+ * When the layer's tables have index keys: the step's index queries and keys from the
+ * attention input s->a, into s->iq and s->ik. Returns 1 when computed, 0 when the cache has
+ * no indexer, -EINVAL when it has one the session's weights do not fit.
+ */
+static int index_project(struct kvdlm_session *s, uint32_t layer, uint32_t T) {
+	const struct kvdlm_kv_view *v = kvdlm_cache_view(s->cache, layer, 0);
+	const struct kvdlm_config *c = &s->m->cfg;
+
+	if (!v || !v->ik)
+		return 0;
+	if (!s->im || kvdlm_cache_index_dim(s->cache) != s->im->index_dim ||
+	    kvdlm_cache_index_heads(s->cache) != s->im->index_heads)
+		return -EINVAL;
+	return kvd_indexer_project(&s->im->indexer[layer], s->a, c->dim, T, s->iq, s->ik) < 0 ? -ENOMEM : 1;
 }
 
 struct swiglu_job {
@@ -772,7 +820,7 @@ static int layer_forward(struct kvdlm_session *s, uint32_t l, uint32_t T, uint32
 	const struct kvdlm_config *c = &s->m->cfg;
 	const struct kvdlm_layer *L = &s->m->layers[l];
 	struct swiglu_job sj = { .s = s, .T = T, .per = DIV_ROUND_UP(T, MIN(T, s->threads)) };
-	int r;
+	int r, indexed;
 
 	rmsnorm_rows(s, s->h, L->attn_norm, T, s->a);
 	linear(s, s->a, c->dim, T, c->dim, s->qkv_ld, false,
@@ -781,14 +829,18 @@ static int layer_forward(struct kvdlm_session *s, uint32_t l, uint32_t T, uint32
 	                                 { L->wv, s->kd, s->qkv + s->qd + s->kd } },
 	       3);
 	rope_apply(s, T);
+	/* The indexer reads the attention input too; its keys are stored with K and V. */
+	indexed = index_project(s, l, T);
+	if (indexed < 0)
+		return indexed;
 	/* K and V go into the cache before attention: a token sees itself. */
 	r = kv_store(s, l, pos0);
 	if (r < 0)
 		return r;
-	r = attention(s, T, pos0);
+	r = attention(s, l, T, pos0);
 	if (r < 0)
 		return r;
-	r = kvdlm_cache_observe(s->cache, l, s->qkv, s->qkv_ld, T);
+	r = kvdlm_cache_observe(s->cache, l, s->qkv, s->qkv_ld, T, indexed ? s->iq : NULL);
 	if (r < 0)
 		return r;
 	linear(s, s->o, s->qd, T, s->qd, c->dim, true, &(struct lin_seg){ L->wo, c->dim, s->h }, 1);

@@ -22,6 +22,9 @@
  * chunking, so a kvd cache that evicted nothing gives the very same logits as the full
  * cache. A kvd cache with moments (cache.h) adds each table's summary of what it evicted
  * as one more entry of every query's softmax (kernels/moments.h), in the view's form.
+ * With IndexMem weights (kvdlm-indexmem.h), a kvd cache with an indexer gets every token's
+ * index key and its observation windows' index queries (kernels/indexmem.h), and a kvd
+ * cache with latent memory adds its readout as that entry; other caches are unaffected.
  *
  * A session is used from one thread at a time. Errors leave the cache in the state its
  * own documentation says (a failed step may have appended tokens): start a new sequence.
@@ -32,6 +35,7 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "kvdlm-indexmem.h"
 #include "model.h"
 
 /* The longest --chunk: tokens one forward step takes. */
@@ -44,6 +48,9 @@ struct kvdlm_session;
 struct kvdlm_session_opts {
 	uint32_t threads; /* 0: the online CPUs (at most KVDLM_THREADS_MAX) */
 	uint32_t chunk;   /* tokens per forward step of a prefill, 1..KVDLM_CHUNK_MAX; 0: 256 */
+	/* IndexMem weights of the model (borrowed, must outlive the session), or NULL: needed
+	 * by caches with an indexer of their shape or with latent memory. */
+	const struct kvdlm_indexmem *indexmem;
 };
 
 /* Which logits kvdlm_prefill() writes. */
@@ -58,7 +65,9 @@ enum kvdlm_logits {
 /*
  * A session of model m over cache (borrowed: both must outlive the session, or until
  * kvdlm_session_reset() swaps the cache). opts may be NULL for the defaults. Returns 0, or
- * -EINVAL, -ENOMEM, or the error of pthread_create().
+ * -EINVAL (also IndexMem weights of another number of layers), -ENOMEM, or the error of
+ * pthread_create(). A step over a cache whose indexer the weights do not match, or with
+ * latent memory and no weights, fails with -EINVAL.
  */
 int kvdlm_session_new(const struct kvdlm_model *m, struct kvdlm_cache *cache,
                       const struct kvdlm_session_opts *opts, struct kvdlm_session **ret);

@@ -56,6 +56,7 @@ static uint32_t arg_threads;
 static uint32_t arg_unit = KVD_UNIT_HEAD_TOKEN;
 static uint32_t arg_compensation = KVD_COMPENSATION_NONE;
 static enum kvd_moments_form arg_form = KVD_MOMENTS_PLAIN;
+static const char *arg_indexmem;
 static uint32_t arg_window = WINDOW_DEFAULT;
 static uint32_t arg_chunk = KVDLM_CHUNK_DEFAULT;
 
@@ -86,7 +87,12 @@ static void help(void) {
 	       "  --compensation C    What the daemon keeps of evicted tokens: none, moments\n"
 	       "                      (MomentKV moments, added to attention as one more\n"
 	       "                      softmax entry) or moments-mass (the same, with the\n"
-	       "                      mass corrected by the keys' variance) (default: none)\n"
+	       "                      mass corrected by the keys' variance) or latent\n"
+	       "                      (IndexMem's latent memory, read out through the\n"
+	       "                      --indexmem weights) (default: none)\n"
+	       "  --indexmem FILE     IndexMem weights (.kvdim): register the model with an\n"
+	       "                      indexer, store each token's index key and publish the\n"
+	       "                      index queries (for tenants of policy indexmem)\n"
 	       "  --chunk N           Prefill step, tokens, 1..%u (default: %u)\n"
 	       "  --print-logits      Before the text, print a line per generated token:\n"
 	       "                      'logits POSITION TOKEN' and the %u logits that chose it\n"
@@ -131,6 +137,7 @@ static int parse_argv(int argc, char **argv) {
 		ARG_UNIT,
 		ARG_WINDOW,
 		ARG_COMPENSATION,
+		ARG_INDEXMEM,
 		ARG_CHUNK,
 		ARG_PRINT_LOGITS,
 		ARG_STATS,
@@ -149,6 +156,7 @@ static int parse_argv(int argc, char **argv) {
 		{ "unit", required_argument, NULL, ARG_UNIT },
 		{ "window", required_argument, NULL, ARG_WINDOW },
 		{ "compensation", required_argument, NULL, ARG_COMPENSATION },
+		{ "indexmem", required_argument, NULL, ARG_INDEXMEM },
 		{ "chunk", required_argument, NULL, ARG_CHUNK },
 		{ "print-logits", no_argument, NULL, ARG_PRINT_LOGITS },
 		{ "stats", no_argument, NULL, ARG_STATS },
@@ -220,9 +228,14 @@ static int parse_argv(int argc, char **argv) {
 			else if (strcmp(optarg, "moments") == 0 || strcmp(optarg, "moments-mass") == 0) {
 				arg_compensation = KVD_COMPENSATION_MOMENTS;
 				arg_form = optarg[7] ? KVD_MOMENTS_MASS : KVD_MOMENTS_PLAIN;
-			} else
-				return usage_error("--compensation: '%s' is not none, moments or moments-mass",
-				                   optarg);
+			} else if (strcmp(optarg, "latent") == 0)
+				arg_compensation = KVD_COMPENSATION_LATENT;
+			else
+				return usage_error("--compensation: '%s' is not none, moments, moments-mass "
+				                   "or latent", optarg);
+			break;
+		case ARG_INDEXMEM:
+			arg_indexmem = optarg;
 			break;
 		case ARG_CHUNK:
 			if (parse_u32("--chunk", optarg, 1, KVDLM_CHUNK_MAX, &arg_chunk) < 0)
@@ -253,6 +266,11 @@ static int parse_argv(int argc, char **argv) {
 	/* Moments summarise what the daemon evicts: nothing to summarise without eviction. */
 	if (arg_compensation != KVD_COMPENSATION_NONE && (arg_no_daemon || arg_unit == KVD_UNIT_NONE))
 		return usage_error("%s", "--compensation needs the daemon and a --unit other than none");
+	/* The latent memory is read out through learned weights. */
+	if (arg_compensation == KVD_COMPENSATION_LATENT && !arg_indexmem)
+		return usage_error("%s", "--compensation latent needs --indexmem FILE");
+	if (arg_indexmem && (arg_no_daemon || arg_unit == KVD_UNIT_NONE))
+		return usage_error("%s", "--indexmem needs the daemon and a --unit other than none");
 	/* --socket from the command line, not $KVD_SOCKET, conflicts with --no-daemon. */
 	for (int i = 1; i < argc && arg_no_daemon; i++)
 		if (strcmp(argv[i], "--socket") == 0 || strncmp(argv[i], "--socket=", 9) == 0)
@@ -336,6 +354,7 @@ static uint64_t tenant_evicted(kvd_client *c) {
 static int run(void) {
 	_cleanup_(kvd_client_unrefp) kvd_client *client = NULL;
 	_cleanup_(kvdlm_model_freep) struct kvdlm_model *m = NULL;
+	_cleanup_(kvdlm_indexmem_freep) struct kvdlm_indexmem *im = NULL;
 	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *cache = NULL;
 	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
 	_cleanup_(freep) char *file_prompt = NULL;
@@ -354,6 +373,13 @@ static int run(void) {
 	if (r < 0) {
 		fprintf(stderr, "kvd-lm: %s\n", err);
 		return r;
+	}
+	if (arg_indexmem) {
+		r = kvdlm_indexmem_load(arg_indexmem, &m->cfg, &im, err, sizeof(err));
+		if (r < 0) {
+			fprintf(stderr, "kvd-lm: %s\n", err);
+			return r;
+		}
 	}
 	if (arg_prompt_file) {
 		r = read_prompt_file(arg_prompt_file, &file_prompt, &prompt_size);
@@ -397,8 +423,9 @@ static int run(void) {
 			        arg_socket ? arg_socket : KVD_DEFAULT_SOCKET, arg_tenant, strerror(-r));
 			return r;
 		}
-		r = kvdlm_kvd_register_compensated(client, m, "kvd-lm", arg_unit, arg_window,
-		                                   arg_compensation, &km);
+		r = kvdlm_kvd_register_indexed(client, m, "kvd-lm", arg_unit, arg_window, arg_compensation,
+		                               im ? &(kvd_index_spec){ im->index_heads, im->index_dim } : NULL,
+		                               &km);
 		if (r < 0) {
 			fprintf(stderr, "kvd-lm: registering the model: %s\n", daemon_error(client, r));
 			return r;
@@ -411,7 +438,7 @@ static int run(void) {
 			return r;
 		}
 	}
-	r = kvdlm_session_new(m, cache, &(struct kvdlm_session_opts){ arg_threads, arg_chunk }, &s);
+	r = kvdlm_session_new(m, cache, &(struct kvdlm_session_opts){ arg_threads, arg_chunk, im }, &s);
 	if (r < 0) {
 		fprintf(stderr, "kvd-lm: starting the engine: %s\n", strerror(-r));
 		return r;

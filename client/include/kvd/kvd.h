@@ -150,8 +150,18 @@ struct kvd_seq_desc {
 	uint32_t compensation;     /* KVD_COMPENSATION_* */
 	uint32_t moments_blocks;   /* entries of moments[] in use: 0 until the first grow
 	                            * allocates them, then layers * kv_heads */
-	uint64_t moments_offset;   /* byte offset of struct kvd_block_ref moments[layers][kv_heads] */
-	uint64_t moments_bytes;    /* bytes of one moments block: KVD_MOMENTS_BYTES(head_dim) */
+	uint64_t moments_offset;   /* byte offset of struct kvd_block_ref moments[layers][kv_heads]:
+	                            * the compensation blocks, moments or latent */
+	uint64_t moments_bytes;    /* bytes of one compensation block: KVD_MOMENTS_BYTES(head_dim)
+	                            * or KVD_LATENT_BYTES(head_dim) */
+	/* Indexer (kvd_model_register_indexed); 0 without, and from daemons that predate it.
+	 * Every block then holds, after its K and V (which fill index_offset bytes, so V starts
+	 * at index_offset / 2), the index keys: [block_tokens][index_dim] of dtype at
+	 * index_offset, one per slot; block_bytes counts them. With KVD_LAYOUT_PER_HEAD each
+	 * (layer, kv head) table has its own copy, since its tokens may be evicted alone. */
+	uint32_t index_heads;
+	uint32_t index_dim;
+	uint64_t index_offset;
 };
 
 /* kvd_tenant_set() values: leave unchanged; no cap (also how status reports no cap). */
@@ -191,6 +201,8 @@ typedef struct kvd_eviction_spec {
 /* Values of kvd_model_register_compensated()'s compensation (same numbers as the wire). */
 #define KVD_COMPENSATION_NONE 0    /* evicted K/V are gone */
 #define KVD_COMPENSATION_MOMENTS 1 /* MomentKV moments of each (layer, kv head)'s evicted set */
+#define KVD_COMPENSATION_LATENT 2  /* IndexMem's latent memory of each (layer, kv head)'s
+                                    * evicted set */
 
 /*
  * A moments block (KVD_COMPENSATION_MOMENTS): the summary of the tokens evicted so far from
@@ -212,6 +224,40 @@ struct kvd_moments_header {
 #define KVD_MOMENTS_HEADER_BYTES 64
 #define KVD_MOMENTS_BYTES(head_dim) \
 	(KVD_MOMENTS_HEADER_BYTES + 4 * (3 * (uint64_t)(head_dim) + (uint64_t)(head_dim) * (head_dim)))
+
+/*
+ * A latent block (KVD_COMPENSATION_LATENT): IndexMem's memory of the tokens evicted so far
+ * from one (layer, kv head) of a sequence (ALGORITHMS.md section 3), with the feature map
+ * phi(x) = elu(x) + 1 applied to each element of the post-RoPE key: after the header, at
+ * KVD_LATENT_HEADER_BYTES, fp32 z[head_dim] = sum phi(k) and s[head_dim][head_dim] =
+ * sum phi(k) v^T (s[a][b] = sum phi(k_a) v_b). The daemon adds every eviction into it;
+ * count 0: nothing evicted yet, the arrays are 0. Only stable while the sequence is
+ * pinned. kvd_seq_latent() finds it; the readout is the engine's (learned weights), see
+ * kernels/indexmem.h.
+ */
+struct kvd_latent_header {
+	uint64_t count;        /* tokens folded in */
+	uint32_t head_dim;
+	uint32_t reserved[13];
+};
+
+#define KVD_LATENT_HEADER_BYTES 64
+#define KVD_LATENT_BYTES(head_dim) \
+	(KVD_LATENT_HEADER_BYTES + 4 * ((uint64_t)(head_dim) + (uint64_t)(head_dim) * (head_dim)))
+
+/*
+ * IndexMem's indexer (kvd_model_register_indexed): per layer, `heads` index query heads
+ * and one index key per token, all of `dim` elements (ALGORITHMS.md section 3). The engine
+ * computes them (it alone sees hidden states), writes each token's index key into its block
+ * (see kvd_seq_index_key) and its recent index queries into the observation buffer (see
+ * kvd_seq_index_observation); rounds of a tenant whose policy is "indexmem" score tokens
+ * from them alone, without the model's keys.
+ */
+typedef struct kvd_index_spec {
+	uint32_t heads;        /* 1..64 */
+	uint32_t dim;          /* 1..256 */
+	uint32_t reserved[2];  /* 0 */
+} kvd_index_spec;
 
 /* Magic and version at the start of every observation buffer. */
 #define KVD_OBS_MAGIC 0x4f44564bu /* "KVDO" */
@@ -238,6 +284,13 @@ struct kvd_obs_header {
 	uint64_t q_offset;
 	uint64_t layer_bytes;
 	uint64_t total_bytes;
+	/* With an indexer (0 without): iq[layer][window][index_heads][index_dim] of the model's
+	 * dtype at iq_offset, iq_layer_bytes per layer, the index queries of the same window
+	 * as q, covered by the same stamp. */
+	uint32_t index_heads;
+	uint32_t index_dim;
+	uint64_t iq_offset;
+	uint64_t iq_layer_bytes;
 };
 
 typedef struct kvd_event {
@@ -270,7 +323,8 @@ KVD_EXPORT int kvd_client_connect(const char *socket_path, const char *tenant, k
  * to timeout_ms while the daemon is not back. What the lost connection had is gone on both
  * sides: models must be registered again (new ids; their output projections too) and
  * sequences reopened; the old kvd_seq handles return -ESTALE from every call but
- * kvd_seq_release, which frees them. No other thread may use the client or its sequences
+ * kvd_seq_release, which frees them, and kvd_seq_claim, which takes one back when the
+ * daemon kept it across its restart. No other thread may use the client or its sequences
  * during the call. Returns 0, or -EISCONN (the connection is alive), -ETIMEDOUT (the daemon
  * did not come back in time), an error of kvd_client_connect (a refusal is not retried),
  * -ECHILD.
@@ -386,6 +440,19 @@ KVD_EXPORT int kvd_model_register_compensated(kvd_client *c, const kvd_model_spe
 		                              const kvd_eviction_spec *ev, uint32_t compensation);
 
 /*
+ * kvd_model_register_compensated with an indexer ix (NULL: none), which needs an eviction
+ * unit: every block gets room for one index key per slot (see struct kvd_seq_desc) and the
+ * observation buffer room for the index queries. compensation may also be
+ * KVD_COMPENSATION_LATENT (blocks of KVD_LATENT_BYTES(head_dim), allocated and counted as
+ * moments blocks are). Returns a model id, or the errors of kvd_model_register_compensated
+ * (-EINVAL also for ix out of range or with reserved not 0, or ix without an eviction
+ * unit), -EOPNOTSUPP (the daemon has no indexer or no latent memory). Since KVD_1.2.
+ */
+KVD_EXPORT int kvd_model_register_indexed(kvd_client *c, const kvd_model_spec *spec,
+		                          const kvd_eviction_spec *ev, uint32_t compensation,
+		                          const kvd_index_spec *ix);
+
+/*
  * Gives the daemon layer `layer`'s output projection, so that costs are measured in the
  * model's output space rather than in value space: wo[hidden][q_heads * head_dim] of dtype
  * (KVD_DTYPE_*), row-major, as in an o_proj weight. The library copies it into a sealed
@@ -428,6 +495,23 @@ KVD_EXPORT int kvd_seq_grow(kvd_seq *s, uint32_t n);
 KVD_EXPORT int kvd_seq_release(kvd_seq *s);
 
 /*
+ * After kvd_client_reconnect(), takes back a sequence of the lost connection that the
+ * daemon kept across its restart (kvd.8, "KEEPING KV ACROSS A RESTART"): a daemon that died
+ * and was started again by a service manager with a file descriptor store keeps the
+ * sequences of models without eviction, with their K/V, for its restore-claim time. model_id
+ * is a model registered on the new connection with the sequence's shape (the same
+ * kvd_model_spec). On success s is usable again, with the same id, tokens, positions and
+ * K/V; its descriptor is a new mapping (kvd_seq_descriptor() changes), and so are its chunks:
+ * pointers from before the reconnect must be looked up again. No other thread may use s
+ * during the call. Returns 0 (also when s is not stale: nothing to claim), or -ENOENT (the
+ * daemon kept nothing of it: it came back empty, the claim time passed, or another process
+ * claimed it), -EINVAL (no such model, or not the sequence's shape), -EOPNOTSUPP (a
+ * sequence with eviction: never kept), -EMFILE (too many sequences on this connection),
+ * -ENOMEM, -ECONNRESET, -ECHILD. On failure s stays stale: kvd_seq_release() frees it.
+ */
+KVD_EXPORT int kvd_seq_claim(kvd_seq *s, int model_id);
+
+/*
  * Pins the sequence around a step that reads its KV: while pinned, the daemon does not
  * rewrite it (an eviction plan waits). kvd_seq_unpin applies a waiting plan before it
  * returns. Pins nest (up to 255). Both return 0, or -ENOENT (released), -EBUSY (nesting
@@ -456,6 +540,34 @@ KVD_EXPORT int kvd_seq_observe(kvd_seq *s, uint32_t layer);
  */
 KVD_EXPORT int kvd_seq_moments(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 		               const struct kvd_moments_header **ret);
+
+/*
+ * The index queries of `layer`'s observation window (models with an indexer): *ret_iq
+ * receives the address of iq[window][index_heads][index_dim] (model dtype) to write the
+ * index queries of the same `window` queries as kvd_seq_observation's, oldest first. Like
+ * kvd_seq_observation it withdraws the layer's window, and kvd_seq_observe publishes both.
+ * Returns 0, or -EINVAL (layer out of range), -EOPNOTSUPP (no eviction, or no indexer),
+ * -ESTALE, -ECHILD. No system call. Since KVD_1.2.
+ */
+KVD_EXPORT int kvd_seq_index_observation(kvd_seq *s, uint32_t layer, void **ret_iq);
+
+/*
+ * Address, in this process, of the index key (index_dim elements of the model's dtype) of
+ * resident slot `slot` of (layer, kv_head), for the engine to write with the slot's K/V.
+ * Returns 0, or -EOPNOTSUPP (no indexer), -EINVAL (out of range, slot not resident, or its
+ * chunk not mapped here), -ESTALE, -ECHILD. Since KVD_1.2.
+ */
+KVD_EXPORT int kvd_seq_index_key(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
+		                 void **ret);
+
+/*
+ * Address, in this process, of the latent block of (layer, kv_head) (see struct
+ * kvd_latent_header): read it while the sequence is pinned. Returns 0, or -EOPNOTSUPP (the
+ * model has no latent memory), -ENODATA (not allocated yet: the sequence was never grown),
+ * -EINVAL (out of range, or its chunk not mapped here), -ESTALE, -ECHILD. Since KVD_1.2.
+ */
+KVD_EXPORT int kvd_seq_latent(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+		              const struct kvd_latent_header **ret);
 
 /* The sequence's daemon-wide id; 0 after fork. */
 KVD_EXPORT uint64_t kvd_seq_id(const kvd_seq *s);

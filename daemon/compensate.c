@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+
+#include "compensate.h"
+#include "indexmem.h"
+#include "kvd/kvd.h"
+#include "moments.h"
+
+size_t compensate_floats(uint32_t compensation, uint32_t d) {
+	switch (compensation) {
+	case KVD_COMPENSATION_MOMENTS:
+		return kvd_moments_floats(d);
+	case KVD_COMPENSATION_LATENT:
+		return kvd_latent_floats(d);
+	default:
+		return 0;
+	}
+}
+
+int compensate_batch(uint32_t compensation, const void *k, const void *v, uint32_t dtype,
+                     uint32_t n, uint32_t d, float *fold) {
+	struct kvd_moments m;
+	struct kvd_latent l;
+
+	/* The kernels' dtype numbers are the wire's (dtype.h). */
+	switch (compensation) {
+	case KVD_COMPENSATION_MOMENTS:
+		kvd_moments_view(&m, d, fold);
+		return kvd_moments_batch(k, d, v, d, dtype, n, &m);
+	case KVD_COMPENSATION_LATENT:
+		kvd_latent_view(&l, d, fold);
+		return kvd_latent_batch(k, d, v, d, dtype, n, &l);
+	default:
+		return -EINVAL;
+	}
+}
+
+int compensate_merge(uint32_t compensation, void *block, uint32_t d, const float *fold, uint64_t n) {
+	/* Both headers start with the count (kvd.h). */
+	uint64_t *count = block;
+	struct kvd_moments ma, mb;
+	struct kvd_latent la, lb;
+	int r;
+
+	switch (compensation) {
+	case KVD_COMPENSATION_MOMENTS:
+		kvd_moments_view(&ma, d, (float *)((char *)block + KVD_MOMENTS_HEADER_BYTES));
+		kvd_moments_view(&mb, d, (float *)fold);
+		ma.count = *count, mb.count = n;
+		r = kvd_moments_merge(&ma, &mb);
+		if (r == 0)
+			*count = ma.count;
+		return r;
+	case KVD_COMPENSATION_LATENT:
+		kvd_latent_view(&la, d, (float *)((char *)block + KVD_LATENT_HEADER_BYTES));
+		kvd_latent_view(&lb, d, (float *)fold);
+		la.count = *count, lb.count = n;
+		r = kvd_latent_merge(&la, &lb);
+		if (r == 0)
+			*count = la.count;
+		return r;
+	default:
+		return -EINVAL;
+	}
+}
