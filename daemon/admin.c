@@ -43,6 +43,7 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.socket_group = s->socket_group,
 		.ring_entries = s->ring_entries,
 		.ring_doorbell = s->ring_doorbell,
+		.uring_setup = s->uring_setup,
 		.poll_us = s->poll_us,
 	};
 	admin_eviction_limits(s, ret);

@@ -30,7 +30,16 @@ struct loop {
 	unsigned next_timeout;
 };
 
-int loop_new(struct loop **ret) {
+const char *loop_setup_to_string(int v) {
+	static const char *const names[_LOOP_SETUP_MAX] = {
+		[LOOP_SETUP_AUTO] = "auto",
+		[LOOP_SETUP_BASIC] = "basic",
+	};
+
+	return v >= 0 && v < _LOOP_SETUP_MAX ? names[v] : NULL;
+}
+
+int loop_new(enum loop_setup setup, struct loop **ret) {
 	static const unsigned flags[] = {
 		IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
 		/* Kernels before 6.1 lack DEFER_TASKRUN; the loop works without it. */
@@ -40,10 +49,12 @@ int loop_new(struct loop **ret) {
 	struct loop *l;
 	int r = -EINVAL;
 
+	if (setup < 0 || setup >= _LOOP_SETUP_MAX)
+		return -EINVAL;
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
-	for (size_t i = 0; i < ELEMENTSOF(flags) && r == -EINVAL; i++) {
+	for (size_t i = setup == LOOP_SETUP_BASIC ? 1 : 0; i < ELEMENTSOF(flags) && r == -EINVAL; i++) {
 		memset(&p, 0, sizeof(p));
 		p.flags = flags[i];
 		r = io_uring_queue_init_params(LOOP_ENTRIES, &l->ring, &p);
@@ -55,6 +66,10 @@ int loop_new(struct loop **ret) {
 	l->taskrun_flag = p.flags & IORING_SETUP_TASKRUN_FLAG;
 	*ret = l;
 	return 0;
+}
+
+bool loop_deferred(const struct loop *l) {
+	return l->taskrun_flag;
 }
 
 struct loop *loop_free(struct loop *l) {

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 #pragma once
 
+#include <errno.h>
+
 /*
  * The daemon's one event loop, on io_uring. This is the only file that knows io_uring:
  * everything else submits operations described by a struct loop_op embedded in the object
@@ -27,7 +29,23 @@ struct loop_op {
 	loop_handler handler;
 };
 
-int loop_new(struct loop **ret);
+/*
+ * The io_uring setup: LOOP_SETUP_AUTO asks for DEFER_TASKRUN and the taskrun flag (Linux
+ * 6.1) and goes without them on older kernels; LOOP_SETUP_BASIC goes without them anyway,
+ * so that the older kernels' path can be run on a newer one (--uring-setup).
+ */
+enum loop_setup {
+	LOOP_SETUP_AUTO,
+	LOOP_SETUP_BASIC,
+	_LOOP_SETUP_MAX,
+	_LOOP_SETUP_INVALID = -EINVAL,
+};
+
+const char *loop_setup_to_string(int v);
+
+int loop_new(enum loop_setup setup, struct loop **ret);
+/* Whether the loop got DEFER_TASKRUN and the taskrun flag. */
+bool loop_deferred(const struct loop *l);
 struct loop *loop_free(struct loop *l);
 
 int loop_accept(struct loop *l, struct loop_op *op, int fd);  /* multishot */

@@ -75,6 +75,7 @@ struct server_limits {
 	/* The per-step rings (ring.h). */
 	uint32_t ring_entries;        /* of each ring; 0: no rings, clients use the socket */
 	int ring_doorbell;            /* enum ring_doorbell */
+	int uring_setup;              /* enum loop_setup */
 	uint32_t poll_us;             /* the loop spins this long before it sleeps */
 };
 

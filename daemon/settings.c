@@ -21,6 +21,7 @@
 #include "config.h"
 #include "http.h"
 #include "kvd/kvd.h"
+#include "loop.h"
 #include "policy.h"
 #include "ring.h"
 #include "settings.h"
@@ -186,6 +187,10 @@ static const struct setting node_table[] = {
 	  "how a client wakes the daemon asleep on its rings: futex (needs IORING_OP_FUTEX_WAIT, "
 	  "Linux 6.7), eventfd, or auto, futex when the kernel has it", NODE(ring_doorbell),
 	  .enum_name = ring_doorbell_to_string, .enum_n = _RING_BELL_MAX },
+	{ "uring-setup", SETTING_ENUM, 0, "KIND", "auto", NULL,
+	  "how the event loop sets up io_uring: auto (deferred task running where the kernel has "
+	  "it, Linux 6.1) or basic (without it, as on older kernels)", NODE(uring_setup),
+	  .enum_name = loop_setup_to_string, .enum_n = _LOOP_SETUP_MAX },
 	{ "log-level", SETTING_ENUM, SETTING_RUNTIME, "LEVEL", "info", NULL,
 	  "least important messages logged", NODE(log_level),
 	  .enum_name = log_level_name, .enum_n = LOG_DEBUG + 1 },

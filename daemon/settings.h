@@ -174,6 +174,7 @@ struct settings {
 	uint32_t poll_us;
 	uint32_t ring_entries;        /* 0: no rings */
 	int ring_doorbell;            /* enum ring_doorbell */
+	int uring_setup;              /* enum loop_setup */
 	int log_level;                /* LOG_ERR..LOG_DEBUG */
 	char *state_dir;
 	char *metrics_listen;         /* "": off */

@@ -507,7 +507,7 @@ static void setup(uint8_t config) {
 	FUZZ_CHECK(s->scratch);
 	FUZZ_CHECK(evictor_new(s, &s->evictor) == 0);
 	FUZZ_CHECK(uploader_new(s, &s->uploader) == 0);
-	FUZZ_CHECK(loop_new(&s->loop) == 0);
+	FUZZ_CHECK(loop_new(LOOP_SETUP_AUTO, &s->loop) == 0);
 	h.srv = s;
 	FUZZ_CHECK(admin_new(s, &cfg, &h.flags, &h.admin) == 0);
 	settings_done(&cfg);

@@ -230,6 +230,31 @@ TEST(doorbell_eventfd) {
 	doorbell("eventfd");
 }
 
+/*
+ * The paths of kernels older than this one, forced: io_uring without deferred task running
+ * (before 6.1), so the polling loop has to enter the kernel to learn of completions, and
+ * the eventfd doorbell (before 6.7); once with the loop polling, once asleep.
+ */
+static void old_kernel(const char *poll_us) {
+	struct fixture f;
+
+	fixture_setup(&f, NULL, true);
+	fixture_launch(&f, (const char *const[]){ "--pool-size", "256MiB", "--chunk-size", "1MiB",
+	                                          "--uring-setup", "basic", "--ring-doorbell", "eventfd",
+	                                          "--poll-us", poll_us, NULL });
+	ASSERT_TRUE(fixture_wait_log(&f, "io_uring: basic setup, as configured", 1));
+	hammer(&f, 2, 3, 300, 0);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(old_kernel_polling) {
+	old_kernel("50");
+}
+
+TEST(old_kernel_sleeping) {
+	old_kernel("0");
+}
+
 /* Rings of 2 entries under 8 threads: they wrap around thousands of times, and requests
  * that find every slot in flight go on the socket. */
 TEST(small_rings_many_threads) {
