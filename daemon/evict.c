@@ -17,6 +17,7 @@
 #include "evict.h"
 #include "log.h"
 #include "moments.h"
+#include "policy.h"
 #include "server.h"
 
 #define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
@@ -130,18 +131,25 @@ static struct kvd_moments_header *moments_at(struct pool *p, const struct seq *q
 	return hdr;
 }
 
-/* kvd-mi's inputs: each (layer, kv head)'s key mean and count, copied at the snapshot. */
+/*
+ * kvd-mi's inputs: each (layer, kv head)'s key mean and count, copied at the snapshot. A
+ * kvd-mi tenant's model without moments gets empty summaries, so that every round measures
+ * the misfit against its provisional summary (policy.h); its tokens then rank as they
+ * would with moments on a sequence's first round.
+ */
 static int snapshot_moments(struct server *s, struct seq *sq, struct round_seq *q) {
 	uint32_t heads = sq->model->layers * sq->model->kv_heads, d = sq->model->head_dim;
+	bool moments;
 
 	q->compensation = sq->model->compensation;
-	if (q->compensation != KVD_COMPENSATION_MOMENTS || sq->desc->moments_blocks == 0)
+	moments = q->compensation == KVD_COMPENSATION_MOMENTS && sq->desc->moments_blocks > 0;
+	if (!moments && sq->tenant->policy != KVD_POLICY_KVD_MI)
 		return 0;
-	q->mi_mean_k = malloc((uint64_t)heads * d * sizeof(float));
-	q->mi_count = malloc(heads * sizeof(uint64_t));
+	q->mi_mean_k = calloc((uint64_t)heads * d, sizeof(float));
+	q->mi_count = calloc(heads, sizeof(uint64_t));
 	if (!q->mi_mean_k || !q->mi_count)
 		return -ENOMEM;
-	for (uint32_t h = 0; h < heads; h++) {
+	for (uint32_t h = 0; moments && h < heads; h++) {
 		struct kvd_moments m;
 
 		moments_at(s->pool, sq, h, &m);

@@ -48,8 +48,9 @@
  *                      what was evicted before (mi_mean_k, mi_count). A head whose summary
  *                      is empty (a sequence's first round) is measured against a provisional
  *                      one: the key mean of the prefix tokens its kvd costs would drop
- *                      keeping capacity - w. Without summaries (mi_mean_k NULL, as offline)
- *                      it is kvd exactly.
+ *                      keeping capacity - w. Without summaries (mi_mean_k NULL) it is kvd
+ *                      exactly; the daemon and kvdctl score pass empty ones for models
+ *                      without moments.
  *   indexmem           IndexMem's learned indexer (indexmem.h): each token's I(s) against
  *                      the window's index queries, softmax over the layer's prefix as N1
  *                      shares (the same in every row). Reads no key of the model, only

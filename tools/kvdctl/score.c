@@ -208,7 +208,8 @@ int cmd_score(int argc, char **argv) {
 	       softmax_scale = 0;
 	_cleanup_(npy_closep) struct kvd_npy q = {}, k = {}, v = {}, wo = {};
 	_cleanup_(freep) float *qf = NULL, *kf = NULL, *vf = NULL, *gram = NULL,
-			       *gram_group = NULL;
+			       *gram_group = NULL, *mi_mean_k = NULL;
+	_cleanup_(freep) uint64_t *mi_count = NULL;
 	struct kvd_policy_params pp;
 	struct kvd_attn_in in = {};
 	struct kvd_keep *keep = NULL;
@@ -464,6 +465,15 @@ int cmd_score(int argc, char **argv) {
 		}
 	}
 
+	if (policy == KVD_POLICY_KVD_MI) {
+		/* No moments offline: empty summaries, so that kvd-mi measures the misfit against
+		 * its provisional one, as the daemon does for a model without moments. */
+		mi_mean_k = calloc((size_t)Hkv * d, sizeof(float));
+		mi_count = calloc(Hkv, sizeof(uint64_t));
+		if (!mi_mean_k || !mi_count)
+			return fail("out of memory");
+		pp.mi_mean_k = mi_mean_k, pp.mi_count = mi_count;
+	}
 	r = kvd_policy_keep(&pp, &in, gram, gram_group, &keep);
 	if (r < 0)
 		return fail("policy %s: %s", policy_s,
