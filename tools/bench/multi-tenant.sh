@@ -31,6 +31,7 @@ Options:
                    (default: niah:1024,multikey:2048,multikey:4096)
   --samples N      Samples per tenant, 1..1000 (default: 10), from the reporting seeds
   --percent P      Budget, percent of the tenants' full KV together, 1..100 (default: 25)
+  --policy P       The tenants' eviction policy (kvd.conf(5); default: kvd)
   --build DIR      Build tree with daemon/kvd and tools/kvd-lm/kvd-lm (default: build)
   --model FILE     Weights (default: tools/kvd-lm/models/kvd-lm-small.kvdlm)
   --out DIR        Output directory (default: a new one under /tmp, printed)
@@ -43,6 +44,7 @@ cd "$(dirname "$0")/../.."
 tenants=niah:1024,multikey:2048,multikey:4096
 samples=10
 percent=25
+policy=kvd
 build=build
 model=tools/kvd-lm/models/kvd-lm-small.kvdlm
 out=
@@ -52,6 +54,7 @@ while [ $# -gt 0 ]; do
 	--tenants) tenants=${2:?--tenants needs a value}; shift 2 ;;
 	--samples) samples=${2:?--samples needs a value}; shift 2 ;;
 	--percent) percent=${2:?--percent needs a value}; shift 2 ;;
+	--policy) policy=${2:?--policy needs a value}; shift 2 ;;
 	--build) build=${2:?--build needs a value}; shift 2 ;;
 	--model) model=${2:?--model needs a value}; shift 2 ;;
 	--out) out=${2:?--out needs a value}; shift 2 ;;
@@ -133,6 +136,7 @@ run_mode() {
 
 	for j in "${!specs[@]}"; do
 		echo "[tenant t$j]"
+		echo "policy = $policy"
 		if [ "$mode" = static ]; then
 			echo "max = $cap"
 		fi
@@ -158,7 +162,7 @@ run_mode() {
 }
 
 start=$(date +%s)
-echo "multi-tenant.sh: ${#specs[@]} tenants (${specs[*]}), $samples samples each, budget $((budget / 1024)) KiB" \
+echo "multi-tenant.sh: ${#specs[@]} tenants (${specs[*]}), policy $policy, $samples samples each, budget $((budget / 1024)) KiB" \
 	"($percent% of $((need / 1024)) KiB; static caps $((cap / 1024)) KiB); output in $out"
 for j in "${!specs[@]}"; do
 	run_tenant full "$j" --no-daemon &
@@ -167,11 +171,12 @@ wait
 run_mode global
 run_mode static
 
-python3 - "$out" "$samples" "$percent" "$((budget / 1024))" "${specs[@]}" <<'PY'
+python3 - "$out" "$samples" "$percent" "$((budget / 1024))" "$policy" "${specs[@]}" <<'PY'
 import csv, os, sys
 sys.path.insert(0, "tools/kvd-lm")
 import tasks
-out, n, percent, budget_kib, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+out, n, percent, budget_kib, policy, specs = (sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4],
+                                              sys.argv[5], sys.argv[6:])
 modes = ("full", "global", "static")
 right = {}
 with open(os.path.join(out, "results.csv"), "w", newline="") as f:
@@ -186,7 +191,8 @@ with open(os.path.join(out, "results.csv"), "w", newline="") as f:
                 ok = tasks.score(answer, got)
                 right[m, j] = right.get((m, j), 0) + ok
                 w.writerow([m, f"t{j}", task, length, i, int(ok), answer, got.decode(errors="replace")])
-lines = [f"Budget {budget_kib} KiB: {percent}% of the tenants' full KV together; {n} samples per tenant.", "",
+lines = [f"Budget {budget_kib} KiB: {percent}% of the tenants' full KV together; policy {policy}; "
+         f"{n} samples per tenant.", "",
          "| tenant | full cache | one budget, ranked globally | split statically |", "|---|---:|---:|---:|"]
 for j, spec in enumerate(specs):
     lines.append(f"| t{j} ({spec.replace(':', '@')}) | " +
