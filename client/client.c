@@ -1283,7 +1283,8 @@ static const char *const node_keys[] = {
 	"pool_bytes",     "budget_bytes",     "used_bytes",  "block_bytes", "chunk_bytes",
 	"chunks_total",   "chunks_free",      "chunks_draining", "connections", "protocol_version",
 	"uptime_ms",      "grants_refused",   "protocol_errors", "access_refused",
-	"uid_connections_refused", "rounds_total", "last_round_us",
+	"uid_connections_refused", "rounds_total", "last_round_us", "unmap_timeouts",
+	"unmap_disconnects",
 };
 #define NODE_KEYS ELEMENTSOF(node_keys)
 
@@ -1388,6 +1389,8 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 	status_set(n, 14, rep->has_uid_connections_refused, rep->uid_connections_refused);
 	status_set(n, 15, rep->has_rounds_total, rep->rounds_total);
 	status_set(n, 16, rep->has_last_round_us, rep->last_round_us);
+	status_set(n, 17, rep->has_unmap_timeouts, rep->unmap_timeouts);
+	status_set(n, 18, rep->has_unmap_disconnects, rep->unmap_disconnects);
 	if (rep->n_refused > 0) {
 		/* Bounded by the 64 KiB frame like everything else in the reply. */
 		st->refused_names = calloc(rep->n_refused, sizeof(char *));

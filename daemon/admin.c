@@ -37,6 +37,8 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.max_seq_tokens = s->max_seq_tokens,
 		.max_descriptor_bytes = UINT64_C(64) << 20,
 		.hello_timeout_ms = s->hello_timeout_ms,
+		.unmap_timeout_ms = s->unmap_timeout_ms,
+		.unmap_grace_ms = s->unmap_grace_ms,
 		.max_tx_bytes = UINT64_C(4) << 20,
 		.max_violations = 8,
 		.metrics_listen = s->metrics_listen,
@@ -357,8 +359,10 @@ void admin_reload(struct admin *a) {
 	s->limits.max_outstanding = a->cfg.max_outstanding;
 	s->limits.max_seqs_per_tenant = a->cfg.max_seqs_per_tenant;
 	s->limits.max_seq_tokens = a->cfg.max_seq_tokens;
-	/* Checked on the tick, so it is as precise as the tick set at start. */
+	/* Checked on the tick, which follows them (server.c, tick_interval()). */
 	s->limits.hello_timeout_ms = a->cfg.hello_timeout_ms;
+	s->limits.unmap_timeout_ms = a->cfg.unmap_timeout_ms;
+	s->limits.unmap_grace_ms = a->cfg.unmap_grace_ms;
 	admin_eviction_limits(&a->cfg, &s->limits);
 	log_set_max_level(a->cfg.log_level);
 	apply_budget(a);

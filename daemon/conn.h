@@ -52,6 +52,13 @@ struct conn {
 	uint32_t outstanding;         /* requests whose reply waits (evict.h, upload.h) */
 	struct ring *ring;            /* the per-step rings (ring.h), NULL without */
 	uint64_t frames;              /* frames conn_send() took so far */
+	/* The first unmap deadline (server_unmap_due()) it missed of the draining chunks it
+	 * still holds, 0: none; while set it gets no grants, and unmap-grace after it, it is
+	 * disconnected (server.c, unmap_tick()). unmap_late counts those chunks, as of the
+	 * tick's scan, so that answering the last of them lifts the ban at once. */
+	uint64_t unmap_due_ms;
+	uint32_t unmap_late;
+	bool unmap_was_late;          /* unmap_tick()'s scratch */
 
 	unsigned inflight;
 	uint64_t hot_ns;              /* read by the poller since then (conn_poll()); 0: not */

@@ -421,6 +421,14 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Kvd__V1__SeqClai
 		reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
 		return;
 	}
+	/* A claim grants chunks too. */
+	if (c->unmap_due_ms) {
+		s->refused[LIMIT_UNMAP_TIMEOUT]++;
+		reply_error(c, id, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
+		            "within unmap-timeout (%llu ms): no grants until it does",
+		            (unsigned long long)s->limits.unmap_timeout_ms);
+		return;
+	}
 	m = &c->models[req->model_id - 1];
 	r = keep_claim(s->keep, req->has_seq_id ? req->seq_id : 0, c->tenant, m, &q);
 	if (r == -EINVAL) {
@@ -531,6 +539,14 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 	q = find_seq(c, seq_id, NULL);
 	if (!q) {
 		r = refuse(why, -ENOENT, "no such sequence on this connection");
+		reply_step(c, ring, id, r, why);
+		return;
+	}
+	if (c->unmap_due_ms) {
+		s->refused[LIMIT_UNMAP_TIMEOUT]++;
+		r = refuse(why, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
+		           "within unmap-timeout (%llu ms): no grants until it does",
+		           (unsigned long long)s->limits.unmap_timeout_ms);
 		reply_step(c, ring, id, r, why);
 		return;
 	}
@@ -687,15 +703,28 @@ static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRe
 }
 
 static void handle_chunks_unmapped(struct conn *c, uint64_t id, const Kvd__V1__ChunksUnmapped *req) {
+	struct server *s = c->srv;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 
 	/* Ids this connection does not hold are ignored: the client loses nothing but its
 	 * own access, and the daemon's state stays consistent. */
 	for (size_t i = 0; i < req->n_chunk_ids; i++) {
-		struct chunk *ch = pool_chunk(c->srv->pool, req->chunk_ids[i]);
+		struct chunk *ch = pool_chunk(s->pool, req->chunk_ids[i]);
+		uint64_t due;
 
-		if (ch && ch->state != CHUNK_FREE && ch->owner == c->tenant)
-			pool_chunk_drop_holder(c->srv->pool, ch, c->id);
+		if (!ch || ch->state == CHUNK_FREE || ch->owner != c->tenant)
+			continue;
+		/* Before the drop, which may free the chunk. Late chunks the tick's scan
+		 * counted are those due by then. */
+		due = server_unmap_due(s, ch);
+		if (pool_chunk_drop_holder(s->pool, ch, c->id) && c->unmap_late > 0 && due != 0 &&
+		    due <= s->unmap_scan_ms)
+			c->unmap_late--;
+	}
+	if (c->unmap_due_ms && c->unmap_late == 0) {
+		c->unmap_due_ms = 0;
+		log_info("connection %llu unmapped the chunks it was late with: it gets grants again",
+		         (unsigned long long)c->id);
 	}
 	reply(c, &env, id, NULL, 0);
 }
@@ -1030,6 +1059,8 @@ static void handle_status(struct conn *c, uint64_t id) {
 	SET(uid_connections_refused, s->uid_connections_refused);
 	SET(rounds_total, evict_rounds_total(s->evictor));
 	SET(last_round_us, evict_last_round_us(s->evictor));
+	SET(unmap_timeouts, s->unmap_timeouts);
+	SET(unmap_disconnects, s->unmap_disconnects);
 #undef SET
 	for (unsigned i = 0; i < _LIMIT_MAX; i++) {
 		kvd__v1__counter__init(&refused[i]);

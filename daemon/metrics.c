@@ -295,6 +295,13 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	counter(f, "kvd_uid_connections_refused_total",
 	        "Connections refused because their user had max-connections-per-uid.",
 	        s->uid_connections_refused);
+	counter(f, "kvd_unmap_timeouts_total",
+	        "Connections that did not unmap a chunk the daemon took back within unmap-timeout.",
+	        s->unmap_timeouts);
+	counter(f, "kvd_unmap_disconnects_total",
+	        "Connections disconnected for not unmapping a chunk within unmap-timeout and "
+	        "unmap-grace.",
+	        s->unmap_disconnects);
 
 	family(f, "kvd_refused_total", "counter",
 	       "Connections and requests refused at a limit, by limit (see kvd(8), LIMITS).");

@@ -7,7 +7,8 @@
  *
  * A chunk is FREE (in the pool, zeroed), OWNED (held by one tenant and carved into blocks
  * of one block size) or DRAINING (empty, but some connection of its last owner still has
- * it mapped; it comes back only when every holder says it unmapped it, or disconnects).
+ * it mapped; it comes back only when every holder says it unmapped it, or disconnects:
+ * the server disconnects holders late past unmap-timeout and unmap-grace).
  * The budget counts the bytes of OWNED and DRAINING chunks: that is what the device
  * really spends. Block bytes are counted too, so fragmentation is visible.
  *
@@ -44,6 +45,9 @@ struct chunk {
 	struct chunk *next, *prev;    /* free list, or the owner's partial list */
 	bool partial;
 	uint64_t grant_serial;        /* last grow that granted it (see seq_grow) */
+	/* DRAINING: when its holders were asked to unmap it (server_reclaim()), where
+	 * unmap-timeout starts; 0: they could not be asked, and no deadline runs. */
+	uint64_t unmap_asked_ms;
 	bool retire;                  /* restored (pool_chunk_restore): destroyed, not scrubbed,
 	                               * when it comes back */
 };

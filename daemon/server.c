@@ -48,6 +48,7 @@ static const char *const limit_names[_LIMIT_MAX] = {
 	[LIMIT_EVICT_REQUESTS] = "evict_requests",
 	[LIMIT_GRANT_WAITERS] = "grant_waiters",
 	[LIMIT_RING_COMPLETIONS] = "ring_completions",
+	[LIMIT_UNMAP_TIMEOUT] = "unmap_timeout",
 };
 
 const char *server_limit_to_string(enum server_limit l) {
@@ -189,6 +190,83 @@ static void notify_tick(struct server *s) {
 	sd_notify(0, msg);
 }
 
+/*
+ * The tick's period: a quarter of the shortest timeout it enforces, between 50 ms and a
+ * second, and at most half the service manager's watchdog interval. Recomputed at every
+ * tick, so that a reload that shortens a timeout shortens the tick too.
+ */
+static uint64_t tick_interval(const struct server *s) {
+	uint64_t ms = s->limits.hello_timeout_ms / 4;
+
+	if (s->limits.unmap_timeout_ms > 0)
+		ms = MIN(ms, s->limits.unmap_timeout_ms / 4);
+	if (s->limits.unmap_timeout_ms > 0 && s->limits.unmap_grace_ms > 0)
+		ms = MIN(ms, s->limits.unmap_grace_ms / 4);
+	ms = MIN(MAX(ms, 50), 1000);
+	if (s->watchdog_usec)
+		ms = MIN(ms, MAX(s->watchdog_usec / 2000, 1));
+	return ms;
+}
+
+uint64_t server_unmap_due(const struct server *s, const struct chunk *ch) {
+	if (ch->state != CHUNK_DRAINING || ch->unmap_asked_ms == 0 || s->limits.unmap_timeout_ms == 0)
+		return 0;
+	return ch->unmap_asked_ms + s->limits.unmap_timeout_ms;
+}
+
+/*
+ * Enforces unmap-timeout: memfds and cuMem handles cannot be revoked, so a chunk a holder
+ * does not unmap stays out of the pool until it does, or disconnects. A connection that
+ * missed a deadline gets no new grants (it would only take more), and once unmap-grace
+ * has passed too it is disconnected, which drops its holds. The scan walks every chunk,
+ * but only while some drain, and looks holders up only past their deadline.
+ */
+static void unmap_tick(struct server *s, uint64_t now) {
+	struct pool *p = s->pool;
+
+	for (struct conn *c = s->conns; c; c = c->next) {
+		c->unmap_was_late = c->unmap_due_ms != 0;
+		c->unmap_due_ms = 0;
+		c->unmap_late = 0;
+	}
+	s->unmap_scan_ms = now;
+	for (uint32_t i = 0; i < p->n_chunks && p->chunks_draining > 0; i++) {
+		const struct chunk *ch = &p->chunks[i];
+		uint64_t due = server_unmap_due(s, ch);
+
+		if (due == 0 || now < due)
+			continue;
+		for (uint32_t h = 0; h < ch->n_holders; h++) {
+			struct conn *c = server_find_conn(s, ch->holders[h]);
+
+			if (!c)
+				continue;
+			c->unmap_late++;
+			if (c->unmap_due_ms == 0 || due < c->unmap_due_ms)
+				c->unmap_due_ms = due;
+		}
+	}
+	for (struct conn *c = s->conns, *next; c; c = next) {
+		next = c->next;
+		/* Closed by an earlier disconnect here: its holds are gone already. */
+		if (c->closing || c->unmap_due_ms == 0)
+			continue;
+		if (!c->unmap_was_late) {
+			s->unmap_timeouts++;
+			log_warning("connection %llu (pid %d, tenant %s) did not unmap a chunk within "
+			            "unmap-timeout (%llu ms): no new grants, and a disconnect in %llu ms "
+			            "unless it does", (unsigned long long)c->id, (int)c->cred.pid,
+			            c->tenant ? c->tenant->name : "-",
+			            (unsigned long long)s->limits.unmap_timeout_ms,
+			            (unsigned long long)s->limits.unmap_grace_ms);
+		}
+		if (now - c->unmap_due_ms >= s->limits.unmap_grace_ms) {
+			s->unmap_disconnects++;
+			conn_close(c, "did not unmap a chunk within unmap-timeout and unmap-grace");
+		}
+	}
+}
+
 static void on_tick(struct loop_op *op, int res, bool more) {
 	struct server *s = container_of(op, struct server, tick_op);
 	uint64_t now = now_ms();
@@ -208,6 +286,7 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 				conn_close(c, "no hello in time");
 			}
 		}
+		unmap_tick(s, now);
 	}
 	if (s->http)
 		http_tick(s->http, now, s->limits.hello_timeout_ms);
@@ -215,6 +294,7 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 		evict_tick(s->evictor);
 		keep_tick(s->keep, s);
 	}
+	s->tick_ms = tick_interval(s);
 	if (loop_timeout(s->loop, &s->tick_op, s->tick_ms) < 0)
 		log_error("cannot re-arm the timer");
 }
@@ -453,14 +533,12 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	s->accept_op.handler = on_accept;
 	s->signal_op.handler = on_signal;
 	s->tick_op.handler = on_tick;
-	s->tick_ms = MIN(MAX(limits->hello_timeout_ms / 4, 50), 1000);
 	r = sd_watchdog_enabled(0, &s->watchdog_usec);
 	if (r < 0)
 		log_warning_errno(r, "cannot read the service manager's watchdog settings, ignoring");
-	if (r > 0)
-		s->tick_ms = MIN(s->tick_ms, MAX(s->watchdog_usec / 2000, 1));
-	else
+	if (r <= 0)
 		s->watchdog_usec = 0;
+	s->tick_ms = tick_interval(s);
 
 	r = tenant_table_init(&s->tenants, limits->max_tenants);
 	if (r < 0)
@@ -579,10 +657,13 @@ uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct co
 
 		if (!holders) {
 			/* Without memory to ask the holders, the chunk stays DRAINING until they
-			 * disconnect: safe, only slow. */
+			 * disconnect: safe, only slow. Holders never asked are not held to
+			 * unmap-timeout. */
+			ch->unmap_asked_ms = 0;
 			log_error("out of memory reclaiming chunk %u; it stays draining", id);
 			continue;
 		}
+		ch->unmap_asked_ms = now_ms();
 		memcpy(holders, ch->holders, n * sizeof(uint64_t));
 		for (uint32_t h = 0; h < n; h++) {
 			struct conn *c = server_find_conn(s, holders[h]);

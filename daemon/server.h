@@ -42,6 +42,7 @@ enum server_limit {
 	LIMIT_EVICT_REQUESTS,         /* Evict requests waiting */
 	LIMIT_GRANT_WAITERS,          /* grows waiting for a round, node-wide */
 	LIMIT_RING_COMPLETIONS,       /* a client that leaves its completion ring full (ring.h) */
+	LIMIT_UNMAP_TIMEOUT,          /* grants to a connection past unmap-timeout */
 	_LIMIT_MAX,
 };
 
@@ -61,6 +62,8 @@ struct server_limits {
 	uint32_t max_seq_tokens;
 	uint64_t max_descriptor_bytes;
 	uint64_t hello_timeout_ms;
+	uint64_t unmap_timeout_ms;    /* 0: holders of a draining chunk may take forever */
+	uint64_t unmap_grace_ms;      /* past unmap_timeout_ms, before the disconnect */
 	uint64_t max_tx_bytes;        /* queued replies and events per connection */
 	uint32_t max_violations;      /* protocol errors before a disconnect */
 	const char *metrics_listen;   /* --metrics-listen: NULL or "" for no metrics endpoint */
@@ -116,6 +119,9 @@ struct server {
 	uint64_t access_refused;      /* hellos and admin requests refused (access.h) */
 	uint64_t uid_connections_refused; /* connections over max-connections-per-uid */
 	uint64_t refused[_LIMIT_MAX];     /* refusals at each limit */
+	uint64_t unmap_scan_ms;       /* the tick that last counted struct conn's unmap_late */
+	uint64_t unmap_timeouts;      /* connections that missed unmap-timeout */
+	uint64_t unmap_disconnects;   /* ... and unmap-grace after it */
 	struct metrics metrics;
 	struct http *http;            /* the metrics endpoint, NULL when off */
 	struct admin *admin;          /* settings and live state (admin.h); set by main() */
@@ -151,6 +157,13 @@ struct conn *server_find_conn(struct server *s, uint64_t id);
  */
 uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct conn *requester,
                         uint32_t *ret_ids);
+
+/*
+ * When a draining chunk's holders must have unmapped it (unmap-timeout after they were
+ * asked); 0 when no deadline runs: the chunk does not drain, its holders could not be
+ * asked, or unmap-timeout is 0. The tick enforces it (struct conn, unmap_due_ms).
+ */
+uint64_t server_unmap_due(const struct server *s, const struct chunk *ch);
 
 /* Starts a clean stop: clients are told, then disconnected. */
 void server_stop(struct server *s);

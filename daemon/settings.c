@@ -156,6 +156,12 @@ static const struct setting node_table[] = {
 	  "tokens one sequence may hold per (layer, kv head)", NODE(max_seq_tokens), 1, UINT32_MAX },
 	{ "hello-timeout", SETTING_MS, SETTING_RUNTIME, "MS", "5000", NULL,
 	  "time a new connection has to say hello", NODE(hello_timeout_ms), 1, UINT32_MAX },
+	{ "unmap-timeout", SETTING_MS, SETTING_RUNTIME, "MS", "5000", NULL,
+	  "time a connection has to unmap a chunk the daemon takes back; past it, its grows are "
+	  "refused; 0: wait forever", NODE(unmap_timeout_ms), 0, UINT32_MAX },
+	{ "unmap-grace", SETTING_MS, SETTING_RUNTIME, "MS", "5000", NULL,
+	  "time a connection past unmap-timeout has before it is disconnected; 0: at once",
+	  NODE(unmap_grace_ms), 0, UINT32_MAX },
 	{ "high-watermark", SETTING_U32, SETTING_RUNTIME, "PERCENT", "95", NULL,
 	  "use of the budget, in percent, above which an eviction round starts",
 	  NODE(high_watermark), 1, 100 },

@@ -164,6 +164,8 @@ struct settings {
 	uint32_t max_seqs_per_tenant;
 	uint32_t max_seq_tokens;
 	uint64_t hello_timeout_ms;
+	uint64_t unmap_timeout_ms;    /* 0: wait forever */
+	uint64_t unmap_grace_ms;
 	uint32_t high_watermark, low_watermark; /* percent of the budget */
 	uint64_t grant_wait_ms;
 	uint64_t restore_claim_ms;    /* 0: nothing is kept across a restart (keep.h) */

@@ -38,7 +38,7 @@ TEST(every_limit_listed) {
 		"connections", "connections_per_uid", "tenants", "models", "models_per_tenant",
 		"seqs", "seqs_per_tenant", "seq_tokens", "descriptor", "frame", "send_queue",
 		"outstanding", "observation", "uploads", "evict_requests", "grant_waiters",
-		"ring_completions",
+		"ring_completions", "unmap_timeout",
 	};
 	struct fixture f;
 	kvd_client *c;

@@ -6,7 +6,10 @@
  * One daemon per run, started here with a generated config file: one tenant per policy
  * (q-POLICY, policy = POLICY), one per compensated column (kvd+moments, kvd-mi+moments,
  * kvd+moments-mass: tenants q-kvd.moments, ..., whose model keeps MomentKV moments and whose
- * engine adds them to attention, plainly or mass-corrected), q-full for the reference sequences (its min is the whole
+ * engine adds them to attention, plainly or mass-corrected; indexmem+latent, kvd+latent,
+ * whose model keeps IndexMem's latent memory, read out through --indexmem's weights; the
+ * indexmem columns' models also have an indexer: index keys in the pool, index queries in
+ * the observation window), q-full for the reference sequences (its min is the whole
  * pool, so that no round ever takes from it), m-0.. for the multi-tenant scenario; chunks of
  * 64 KiB, no pressure rounds (high watermark 100, grants refused at once), no eviction floor
  * (a row may lose everything but its sinks, its window and its open tail block, which is
@@ -73,12 +76,14 @@
 #include "common/number.h"
 #include "forward.h"
 #include "kvd/kvd.h"
+#include "kvdlm-indexmem.h"
 #include "model.h"
 #include "policy.h"
 #include "tasks.h"
 
 #define PROG "kvd-bench quality"
 #define MODEL_DEFAULT "tools/kvd-lm/models/kvd-lm-small.kvdlm"
+#define INDEXMEM_DEFAULT "tools/kvd-lm/models/kvd-lm-small.kvdim"
 #define HAYSTACK_DEFAULT "tools/kvd-lm/data/haystack.txt"
 #define OUT_DEFAULT "quality"
 #define SAMPLES_DEFAULT 20u
@@ -113,6 +118,7 @@ static const char *const setting_names[_SETTING_MAX] = {
 };
 
 static const char *arg_model = MODEL_DEFAULT;
+static const char *arg_indexmem = INDEXMEM_DEFAULT;
 static const char *arg_haystack;
 static const char *arg_kvd;
 static const char *arg_out = OUT_DEFAULT;
@@ -132,6 +138,8 @@ enum {
 	VARIANT_KVD_MOMENTS,
 	VARIANT_KVD_MI_MOMENTS,
 	VARIANT_KVD_MOMENTS_MASS,
+	VARIANT_INDEXMEM_LATENT,
+	VARIANT_KVD_LATENT,
 	_VARIANT_MAX,
 };
 
@@ -141,12 +149,18 @@ static const struct {
 	enum kvd_policy policy;
 	enum kvd_moments_form form;
 	const char *name, *tenant; /* '+' is not a tenant name's */
+	uint32_t compensation;
 } variants[_VARIANT_MAX] = {
-	[VARIANT_KVD_MOMENTS] = { KVD_POLICY_KVD, KVD_MOMENTS_PLAIN, "kvd+moments", "q-kvd.moments" },
+	[VARIANT_KVD_MOMENTS] = { KVD_POLICY_KVD, KVD_MOMENTS_PLAIN, "kvd+moments", "q-kvd.moments",
+		                  KVD_COMPENSATION_MOMENTS },
 	[VARIANT_KVD_MI_MOMENTS] = { KVD_POLICY_KVD_MI, KVD_MOMENTS_PLAIN, "kvd-mi+moments",
-		                     "q-kvd-mi.moments" },
+		                     "q-kvd-mi.moments", KVD_COMPENSATION_MOMENTS },
 	[VARIANT_KVD_MOMENTS_MASS] = { KVD_POLICY_KVD, KVD_MOMENTS_MASS, "kvd+moments-mass",
-		                       "q-kvd.moments-mass" },
+		                       "q-kvd.moments-mass", KVD_COMPENSATION_MOMENTS },
+	[VARIANT_INDEXMEM_LATENT] = { KVD_POLICY_INDEXMEM, KVD_MOMENTS_PLAIN, "indexmem+latent",
+		                      "q-indexmem.latent", KVD_COMPENSATION_LATENT },
+	[VARIANT_KVD_LATENT] = { KVD_POLICY_KVD, KVD_MOMENTS_PLAIN, "kvd+latent", "q-kvd.latent",
+		                 KVD_COMPENSATION_LATENT },
 };
 
 /* A column's name in every table, and the policy its tenant ranks with. */
@@ -191,6 +205,7 @@ struct tenant {
 	enum kvd_policy policy;
 	uint32_t compensation;        /* KVD_COMPENSATION_* of its model */
 	enum kvd_moments_form form;   /* with moments: how its engine adds them */
+	bool indexed;                 /* its model has an indexer (policy indexmem; q-full) */
 	kvd_client *client;
 	struct kvdlm_kvd_model km;
 };
@@ -206,6 +221,7 @@ struct daemon {
 
 struct quality {
 	struct kvdlm_model *m;
+	struct kvdlm_indexmem *im;          /* --indexmem, when a column needs it */
 	struct kvd_haystack *hay;
 	struct kvdlm_session *s;
 	struct daemon d;
@@ -215,7 +231,9 @@ struct quality {
 	struct tenant multi[MULTI_MAX];     /* m-0 .. */
 	uint32_t tables, vocab;
 	uint64_t slot_bytes;                /* K and V of one token of one table */
+	uint64_t index_bytes;               /* its index key, in tenants with an indexer */
 	size_t obs_floats;                  /* one layer's observation window */
+	size_t iobs_floats;                 /* its index queries (0 without --indexmem's) */
 	float *logits, *master_logits;
 	FILE *samples_csv;
 	/* [setting][task][length][policy][budget] */
@@ -372,7 +390,7 @@ static void daemon_stop(struct daemon *d) {
  * tenant; at least 64 MiB. */
 static uint64_t pool_bytes(const struct quality *Q, uint64_t chunk) {
 	uint32_t lmax = 0, seqs = 2;
-	uint64_t per_token = Q->slot_bytes * Q->tables, bytes;
+	uint64_t per_token = (Q->slot_bytes + Q->index_bytes) * Q->tables, bytes;
 
 	for (unsigned i = 0; i < arg_n_lengths; i++)
 		lmax = MAX(lmax, arg_lengths[i]);
@@ -432,7 +450,7 @@ static int daemon_start(struct quality *Q) {
 	uint64_t chunk = CHUNK_BYTES, block, pool;
 	int r, logfd;
 
-	block = KVDLM_KVD_BLOCK_TOKENS * Q->slot_bytes;
+	block = KVDLM_KVD_BLOCK_TOKENS * (Q->slot_bytes + Q->index_bytes);
 	while (chunk < block)
 		chunk *= 2;
 	pool = pool_bytes(Q, chunk);
@@ -491,14 +509,22 @@ static int daemon_start(struct quality *Q) {
 	return fail("%s did not answer on %s", kvd, d->socket);
 }
 
+/* What the daemon counts for one evicted token of one table of t: its K, V and index key. */
+static uint64_t unit_bytes(const struct quality *Q, const struct tenant *t) {
+	return Q->slot_bytes + (t->indexed ? Q->index_bytes : 0);
+}
+
 static int tenant_connect(struct quality *Q, struct tenant *t) {
 	int r;
 
 	r = kvd_client_connect(Q->d.socket, t->name, &t->client);
 	if (r < 0)
 		return fail("connecting as %s: %s", t->name, strerror(-r));
-	r = kvdlm_kvd_register_compensated(t->client, Q->m, "kvd-lm", KVD_UNIT_HEAD_TOKEN, arg_window,
-	                                   t->compensation, &t->km);
+	r = kvdlm_kvd_register_indexed(t->client, Q->m, "kvd-lm", KVD_UNIT_HEAD_TOKEN, arg_window,
+	                               t->compensation,
+	                               t->indexed ? &(kvd_index_spec){ Q->im->index_heads, Q->im->index_dim }
+	                                          : NULL,
+	                               &t->km);
 	if (r < 0)
 		return fail("registering the model for %s: %s", t->name, client_error(t->client, r));
 	t->km.form = t->form;
@@ -582,7 +608,14 @@ static int master_snapshot(struct quality *Q, struct master *ms) {
 		r = kvd_seq_observation(seq, l, &q);
 		if (r < 0)
 			return r;
-		memcpy(ms->obs + l * Q->obs_floats, q, Q->obs_floats * sizeof(float));
+		memcpy(ms->obs + l * (Q->obs_floats + Q->iobs_floats), q, Q->obs_floats * sizeof(float));
+		if (Q->iobs_floats) {
+			r = kvd_seq_index_observation(seq, l, &q);
+			if (r < 0)
+				return r;
+			memcpy(ms->obs + l * (Q->obs_floats + Q->iobs_floats) + Q->obs_floats, q,
+			       Q->iobs_floats * sizeof(float));
+		}
 		/* kvd_seq_observation() withdrew it: the same window, stamped again. */
 		r = kvd_seq_observe(seq, l);
 		if (r < 0)
@@ -605,7 +638,7 @@ static int seq_copy(struct quality *Q, kvd_seq *dst, const struct master *ms) {
 	int r, k;
 
 	/* Grow in steps that map at most GROW_CHUNKS_MAX new chunks. */
-	step_tokens = GROW_CHUNKS_MAX * kvd_client_chunk_bytes(Q->ref.client) / (Q->slot_bytes * Q->tables);
+	step_tokens = GROW_CHUNKS_MAX * kvd_client_chunk_bytes(Q->ref.client) / ((Q->slot_bytes + Q->index_bytes) * Q->tables);
 	step_tokens = MAX(step_tokens / KVDLM_KVD_BLOCK_TOKENS * KVDLM_KVD_BLOCK_TOKENS,
 	                  (uint64_t)KVDLM_KVD_BLOCK_TOKENS);
 	for (uint32_t done = 0; done < ms->n;) {
@@ -628,8 +661,11 @@ static int seq_copy(struct quality *Q, kvd_seq *dst, const struct master *ms) {
 	dd = kvd_seq_descriptor(dst);
 	ts = (const uint32_t *)((const char *)ds + ds->tokens_offset);
 	td = (const uint32_t *)((const char *)dd + dd->tokens_offset);
+	/* The master has an indexer whenever a column does: a cell without one takes the K/V
+	 * that start every block and leaves the index keys. */
 	if (ds->next_position != ms->n || dd->next_position != ms->n || dd->n_tables != ds->n_tables ||
-	    dd->block_bytes != ds->block_bytes)
+	    (dd->block_bytes != ds->block_bytes &&
+	     (dd->index_dim || !ds->index_dim || dd->block_bytes != ds->index_offset)))
 		r = -EPROTO;
 	for (uint32_t t = 0; r >= 0 && t < ds->n_tables; t++) {
 		if (ts[t] != ms->n || td[t] != ms->n) {
@@ -643,7 +679,7 @@ static int seq_copy(struct quality *Q, kvd_seq *dst, const struct master *ms) {
 			if (r >= 0)
 				r = kvd_seq_block(dst, t, b, &to);
 			if (r >= 0)
-				memcpy(to, from, ds->block_bytes);
+				memcpy(to, from, dd->block_bytes);
 		}
 	}
 	k = kvd_seq_unpin(dst);
@@ -656,7 +692,14 @@ static int seq_copy(struct quality *Q, kvd_seq *dst, const struct master *ms) {
 		r = kvd_seq_observation(dst, l, &q);
 		if (r < 0)
 			break;
-		memcpy(q, ms->obs + l * Q->obs_floats, Q->obs_floats * sizeof(float));
+		memcpy(q, ms->obs + l * (Q->obs_floats + Q->iobs_floats), Q->obs_floats * sizeof(float));
+		if (dd->index_dim) {
+			r = kvd_seq_index_observation(dst, l, &q);
+			if (r < 0)
+				break;
+			memcpy(q, ms->obs + l * (Q->obs_floats + Q->iobs_floats) + Q->obs_floats,
+			       Q->iobs_floats * sizeof(float));
+		}
 		r = kvd_seq_observe(dst, l);
 	}
 	return r;
@@ -700,7 +743,7 @@ static int evict_to(struct quality *Q, struct tenant *t, kvd_seq *seq, uint32_t 
 	if (e.resident > budget_total) {
 		double t0 = now_s();
 
-		r = kvd_evict(t->client, t->name, (e.resident - budget_total) * Q->slot_bytes, NULL);
+		r = kvd_evict(t->client, t->name, (e.resident - budget_total) * unit_bytes(Q, t), NULL);
 		if (r < 0)
 			return fail("evicting from %s: %s", t->name, client_error(t->client, r));
 		e.ms = (now_s() - t0) * 1e3;
@@ -895,7 +938,7 @@ static int run_sample(struct quality *Q, unsigned ti, unsigned li, uint32_t i) {
 	r = sample_make(Q, arg_tasks[ti], KVD_TASK_SEED_REPORT_BEGIN + i, arg_lengths[li], &s);
 	if (r < 0)
 		return r;
-	obs = malloc(Q->m->cfg.layers * Q->obs_floats * sizeof(float));
+	obs = malloc(Q->m->cfg.layers * (Q->obs_floats + Q->iobs_floats) * sizeof(float));
 	if (!obs) {
 		sample_done(&s);
 		return -ENOMEM;
@@ -998,7 +1041,7 @@ static int multi_round(struct quality *Q, struct sample *s, struct master *ms, u
 	if (r >= 0 && mode == MULTI_GLOBAL && total > budget) {
 		double t0 = now_s();
 
-		r = kvd_evict(Q->admin, NULL, (total - budget) * Q->slot_bytes, NULL);
+		r = kvd_evict(Q->admin, NULL, (total - budget) * unit_bytes(Q, &Q->multi[0]), NULL);
 		if (r < 0)
 			fail("a global round: %s", client_error(Q->admin, r));
 		ms_round = (now_s() - t0) * 1e3;
@@ -1010,7 +1053,7 @@ static int multi_round(struct quality *Q, struct sample *s, struct master *ms, u
 
 		if (resident[j] <= share)
 			continue;
-		r = kvd_evict(t->client, t->name, (resident[j] - share) * Q->slot_bytes, NULL);
+		r = kvd_evict(t->client, t->name, (resident[j] - share) * unit_bytes(Q, t), NULL);
 		if (r < 0)
 			fail("evicting from %s: %s", t->name, client_error(t->client, r));
 		ms_round += (now_s() - t0) * 1e3;
@@ -1079,7 +1122,7 @@ static int run_multi(struct quality *Q) {
 			                arg_multi_tenants[j].length, &s[j]);
 			if (r < 0)
 				break;
-			ms[j].obs = malloc(Q->m->cfg.layers * Q->obs_floats * sizeof(float));
+			ms[j].obs = malloc(Q->m->cfg.layers * (Q->obs_floats + Q->iobs_floats) * sizeof(float));
 			if (!ms[j].obs) {
 				r = -ENOMEM;
 				break;
@@ -1164,9 +1207,20 @@ static struct cell pooled(const struct quality *Q, unsigned st, int ti, int li, 
 	return c;
 }
 
-/* What a column's sequences keep besides their K/V: the moments of every (layer, kv head). */
+/* What a column's sequences keep besides their K/V and index keys: the moments or the
+ * latent memory of every (layer, kv head). */
 static uint64_t state_bytes(const struct quality *Q, int p) {
-	return p < _KVD_POLICY_MAX ? 0 : (uint64_t)Q->tables * KVD_MOMENTS_BYTES(Q->m->cfg.head_dim);
+	if (p < _KVD_POLICY_MAX)
+		return 0;
+	return (uint64_t)Q->tables * (variants[p - _KVD_POLICY_MAX].compensation == KVD_COMPENSATION_LATENT
+	                                      ? KVD_LATENT_BYTES(Q->m->cfg.head_dim)
+	                                      : KVD_MOMENTS_BYTES(Q->m->cfg.head_dim));
+}
+
+/* Whether column p needs --indexmem's weights: an indexer, or a latent readout. */
+static bool col_indexmem(int p) {
+	return col_policy(p) == KVD_POLICY_INDEXMEM ||
+	       (p >= _KVD_POLICY_MAX && variants[p - _KVD_POLICY_MAX].compensation == KVD_COMPENSATION_LATENT);
 }
 
 static void md_acc(FILE *f, struct cell c) {
@@ -1319,6 +1373,12 @@ static void write_table(const struct quality *Q, FILE *f, const char *cmdline, d
 	fprintf(f, "Daemon full cache vs the engine's private one: %" PRIu64 "/%" PRIu64
 	           " samples identical. Cells over their budget after the round: %" PRIu64 ".\n\n",
 	        Q->checked - Q->mismatched, Q->checked, Q->violations);
+	if (Q->im)
+		fprintf(f, "IndexMem (`%s`): %u index heads of %u; the indexmem columns also store an "
+		           "index key per token and table, %" PRIu64 " bytes per token (%.0f%% of its "
+		           "K/V), not in state/seq.\n\n",
+		        arg_indexmem, Q->im->index_heads, Q->im->index_dim, Q->index_bytes * Q->tables,
+		        100.0 * (double)Q->index_bytes / (double)Q->slot_bytes);
 	write_targets(Q, f);
 
 	for (unsigned st = 0; st < _SETTING_MAX; st++) {
@@ -1595,7 +1655,10 @@ static void help(void) {
 	       "  --budgets LIST     KV budgets, percent of the context, 1..99 (default: 5,10,20,50)\n"
 	       "  --settings LIST    in-window, query-agnostic (default: both)\n"
 	       "  --policies LIST    Policies besides full, which always runs, and the compensated\n"
-	       "                     kvd+moments, kvd-mi+moments, kvd+moments-mass (default: all)\n"
+	       "                     kvd+moments, kvd-mi+moments, kvd+moments-mass,\n"
+	       "                     indexmem+latent, kvd+latent (default: all)\n"
+	       "  --indexmem FILE    IndexMem weights for the indexmem and latent columns\n"
+	       "                     (default: %s)\n"
 	       "  --threads N        Engine threads (default: the online CPUs)\n"
 	       "  --window W         Observation window, 1..%u (default: %u)\n"
 	       "  --multi            Also the multi-tenant scenario: one budget ranked globally\n"
@@ -1612,7 +1675,8 @@ static void help(void) {
 	       "\n"
 	       "Exit status: 0 when every cell ran, 1 on a failure (including a daemon full-cache\n"
 	       "answer that differs from the engine's private full cache), 2 on usage errors.\n",
-	       MODEL_DEFAULT, HAYSTACK_DEFAULT, OUT_DEFAULT, SAMPLES_MAX, SAMPLES_DEFAULT, WINDOW_MAX,
+	       MODEL_DEFAULT, HAYSTACK_DEFAULT, OUT_DEFAULT, SAMPLES_MAX, SAMPLES_DEFAULT, INDEXMEM_DEFAULT,
+	       WINDOW_MAX,
 	       WINDOW_DEFAULT, MULTI_MAX, QUICK_SAMPLES);
 }
 
@@ -1702,6 +1766,7 @@ static int parse_argv(int argc, char **argv) {
 		OPT_BUDGETS,
 		OPT_SETTINGS,
 		OPT_POLICIES,
+		OPT_INDEXMEM,
 		OPT_THREADS,
 		OPT_WINDOW,
 		OPT_MULTI,
@@ -1722,6 +1787,7 @@ static int parse_argv(int argc, char **argv) {
 		{ "budgets", required_argument, NULL, OPT_BUDGETS },
 		{ "settings", required_argument, NULL, OPT_SETTINGS },
 		{ "policies", required_argument, NULL, OPT_POLICIES },
+		{ "indexmem", required_argument, NULL, OPT_INDEXMEM },
 		{ "threads", required_argument, NULL, OPT_THREADS },
 		{ "window", required_argument, NULL, OPT_WINDOW },
 		{ "multi", no_argument, NULL, OPT_MULTI },
@@ -1795,6 +1861,9 @@ static int parse_argv(int argc, char **argv) {
 			if (parse_list(optarg, COLS, item_policy) < 0)
 				return usage_error("--policies: '%s' is not a list of policies", optarg);
 			have_policies = true;
+			break;
+		case OPT_INDEXMEM:
+			arg_indexmem = optarg;
 			break;
 		case OPT_THREADS:
 			if (number_parse_u32(optarg, 1, KVDLM_THREADS_MAX, &arg_threads) < 0)
@@ -1882,6 +1951,7 @@ static void quality_done(struct quality *Q) {
 	kvd_client_unref(Q->admin);
 	daemon_stop(&Q->d);
 	kvdlm_session_free(Q->s);
+	kvdlm_indexmem_free(Q->im);
 	kvdlm_model_free(Q->m);
 	kvd_haystack_free(Q->hay);
 	if (Q->samples_csv)
@@ -1910,6 +1980,17 @@ static int run(struct quality *Q, const char *cmdline) {
 	Q->vocab = Q->m->cfg.vocab;
 	Q->slot_bytes = 2ull * Q->m->cfg.head_dim * sizeof(float);
 	Q->obs_floats = (size_t)Q->m->cfg.q_heads * arg_window * Q->m->cfg.head_dim;
+	for (int p = 0; p < COLS && !Q->im; p++)
+		if ((arg_policies[p] && col_indexmem(p)) ||
+		    (arg_multi && p == KVD_POLICY_INDEXMEM && arg_multi_policy == KVD_POLICY_INDEXMEM)) {
+			r = kvdlm_indexmem_load(arg_indexmem, &Q->m->cfg, &Q->im, err, sizeof(err));
+			if (r < 0)
+				return fail("%s (--indexmem, for the %s column)", err, col_name(p));
+			Q->iobs_floats = (size_t)arg_window * Q->im->index_heads * Q->im->index_dim;
+			Q->index_bytes = Q->im->index_dim * sizeof(float);
+			/* The master computes index keys and queries for the cells to copy. */
+			Q->ref.indexed = true;
+		}
 	for (unsigned i = 0; i < arg_n_lengths; i++)
 		lmax = MAX(lmax, arg_lengths[i]);
 	for (unsigned j = 0; arg_multi && j < arg_n_multi; j++)
@@ -1934,12 +2015,14 @@ static int run(struct quality *Q, const char *cmdline) {
 		else {
 			snprintf(Q->pol[p].name, sizeof(Q->pol[p].name), "%s",
 			         variants[p - _KVD_POLICY_MAX].tenant);
-			Q->pol[p].compensation = KVD_COMPENSATION_MOMENTS;
+			Q->pol[p].compensation = variants[p - _KVD_POLICY_MAX].compensation;
 			Q->pol[p].form = variants[p - _KVD_POLICY_MAX].form;
 		}
+		Q->pol[p].indexed = col_policy(p) == KVD_POLICY_INDEXMEM;
 	}
 	for (unsigned j = 0; j < MULTI_MAX; j++) {
 		Q->multi[j].policy = arg_multi_policy;
+		Q->multi[j].indexed = arg_multi_policy == KVD_POLICY_INDEXMEM;
 		snprintf(Q->multi[j].name, sizeof(Q->multi[j].name), "m-%u", j);
 	}
 	if (mkdir(arg_out, 0755) < 0 && errno != EEXIST)
@@ -1966,7 +2049,7 @@ static int run(struct quality *Q, const char *cmdline) {
 	/* The session needs a cache to start with; every sample resets it to its own. */
 	r = kvdlm_cache_full_new(&Q->m->cfg, 1, &boot);
 	if (r >= 0)
-		r = kvdlm_session_new(Q->m, boot, &(struct kvdlm_session_opts){ arg_threads, 0 }, &Q->s);
+		r = kvdlm_session_new(Q->m, boot, &(struct kvdlm_session_opts){ arg_threads, 0, Q->im }, &Q->s);
 	if (r < 0)
 		return fail("starting the engine: %s", strerror(-r));
 

@@ -337,6 +337,10 @@ int cmd_score(int argc, char **argv) {
 	policy = kvd_policy_from_string(policy_s);
 	if (policy < 0)
 		return usage("--policy: unknown policy '%s'", policy_s);
+	/* Its inputs are index keys, which only an engine's pool has. */
+	if (policy == KVD_POLICY_INDEXMEM)
+		return usage("--policy: indexmem ranks by index keys, which only an engine computes; "
+		             "it is for the daemon's rounds (kvd.conf(5))");
 	if (!q_path || !k_path)
 		return usage("--q and --k are required");
 	if (!have_capacity || !have_window)

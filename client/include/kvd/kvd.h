@@ -483,7 +483,10 @@ KVD_EXPORT int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kv
  * that chunk: release the sequence.)
  * Returns 0, or -EINVAL (n is 0), -EFBIG (past max_tokens), -ENOSPC (the node budget or the
  * pool is exhausted), -EDQUOT (the tenant's max is reached), -E2BIG (one grow would need
- * more than 253 new chunks: grow in smaller steps), -ENOMEM, -ECONNRESET, -ECHILD.
+ * more than 253 new chunks: grow in smaller steps), -ETIMEDOUT (this connection did not
+ * answer the daemon's request to unmap a chunk within kvd's unmap-timeout: handle events,
+ * see kvd_client_next_event(); the call handled them, so a retry may succeed), -ENOMEM,
+ * -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_seq_grow(kvd_seq *s, uint32_t n);
 
@@ -649,12 +652,14 @@ KVD_EXPORT int kvd_tenant_reset(kvd_client *c, const char *tenant);
  *           "access_refused" (hellos and admin requests refused for want of rights),
  *           "uid_connections_refused" (connections over kvd's max-connections-per-uid),
  *           "rounds_total" (eviction rounds run), "last_round_us" (the last one's duration),
+ *           "unmap_timeouts" (connections that did not unmap a chunk within kvd's
+ *           unmap-timeout), "unmap_disconnects" (those disconnected for it),
  *           "refused_LIMIT" for each limit the daemon counts refusals at (LIMIT one of
  *           "connections", "connections_per_uid", "tenants", "models",
  *           "models_per_tenant", "seqs", "seqs_per_tenant", "seq_tokens", "descriptor",
  *           "frame", "send_queue", "outstanding", "observation", "uploads",
- *           "evict_requests", "grant_waiters", "ring_completions"; kvd_status_refusal()
- *           lists them all);
+ *           "evict_requests", "grant_waiters", "ring_completions", "unmap_timeout";
+ *           kvd_status_refusal() lists them all);
  *           strings "daemon_version", "backend", "budget_source": where the budget
  *           comes from, "default", "config", "flag" (kvd --budget) or "live" (set with
  *           kvdctl, kept in the state file), and "state_error": why live changes cannot
