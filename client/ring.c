@@ -38,6 +38,23 @@
 #include "client-internal.h"
 #include "common/macro.h"
 
+/*
+ * A slot passes from the thread that submits into it to the thread that reaps its
+ * completion through the daemon, another process: the submitter's release of sq_tail and
+ * the reaper's acquire of cq_tail order them, but ThreadSanitizer cannot see that chain and
+ * reports the reaper's write of the completion as racing with the previous owner's read.
+ * These tell it about the hand-over; they are nothing in other builds.
+ */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define SLOT_HANDED_OVER(slot) __tsan_release(slot)
+#define SLOT_TAKEN_OVER(slot) __tsan_acquire(slot)
+#else
+#define SLOT_HANDED_OVER(slot) ((void)(slot))
+#define SLOT_TAKEN_OVER(slot) ((void)(slot))
+#endif
+
 /* A sleeping waiter looks at the socket at least this often: whether the daemon is still
  * there, and what it sent meanwhile (see client_ring_serve()). */
 #define RING_SOCKET_CHECK_NS (UINT64_C(10) * 1000000)
@@ -201,6 +218,7 @@ static void ring_reap(struct client_ring *r) {
 			client_ring_break(r, -EPROTO);
 			break;
 		}
+		SLOT_TAKEN_OVER(slot);
 		slot->cqe = cqe;
 		if (cqe.flags & RING_CQE_F_MESSAGE) {
 			memcpy(slot->msg, ring_msg_at(r->sh, &r->geo, head), RING_MSG_BYTES);
@@ -305,6 +323,7 @@ int client_ring_call(kvd_client *c, const struct ring_sqe *req, bool stop_after_
 	__atomic_store_n(&slot->serial, slot->serial + 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&slot->done, 0, __ATOMIC_RELAXED);
 	__atomic_store_n(&slot->busy, 1, __ATOMIC_RELAXED);
+	SLOT_HANDED_OVER(slot);
 	e = ring_sqe_at(r->sh, &r->geo, r->sq_tail);
 	*e = *req;
 	e->user_data = (uint64_t)slot->serial << 32 | index;
