@@ -14,6 +14,8 @@
 
 /* Keys converted per tile. */
 #define TILE 256u
+/* Fewer rows than this project by dot products, more by a gemm. */
+#define GEMM_ROWS_MIN 4u
 
 static float elu1(float x) {
 	return x > 0 ? x + 1 : expf(x);
@@ -44,16 +46,30 @@ int kvd_indexer_project(const struct kvd_indexer_layer *w, const float *a, size_
 	if (n == 0)
 		return 0;
 	D = w->dim, H = w->heads, I = w->index_dim;
-	/* One product for all three projections: [wq; wk; ww] transposed, O outputs a row. */
+	/* All three projections at once, O outputs a row: [wq; wk; ww]. */
 	O = H * I + I + H;
-	wt = malloc(((size_t)D * O + (size_t)n * O) * sizeof(float));
+	wt = malloc(((n < GEMM_ROWS_MIN ? 0 : (size_t)D * O) + (size_t)n * O) * sizeof(float));
 	if (!wt)
 		return -ENOMEM;
-	y = wt + (size_t)D * O;
-	ops->to_f32_t(w->wq, KVD_KERNEL_F32, D, H * I, D, 1.0f, wt, O);
-	ops->to_f32_t(w->wk, KVD_KERNEL_F32, D, I, D, 1.0f, wt + H * I, O);
-	ops->to_f32_t(w->ww, KVD_KERNEL_F32, D, H, D, 1.0f, wt + H * I + I, O);
-	ops->gemm(n, O, D, a, lda, wt, O, y, O, 0);
+	if (n < GEMM_ROWS_MIN) {
+		/* A decoding step: dot products along the weights' rows, which a gemm would
+		 * first have to transpose, for far more than the product costs. */
+		y = wt;
+		for (uint32_t t = 0; t < n; t++)
+			for (uint32_t o = 0; o < O; o++) {
+				const float *row = o < H * I ? w->wq + (size_t)o * D
+						   : o < H * I + I ? w->wk + (size_t)(o - H * I) * D
+								   : w->ww + (size_t)(o - H * I - I) * D;
+
+				y[(size_t)t * O + o] = ops->dot(D, row, a + t * lda);
+			}
+	} else {
+		y = wt + (size_t)D * O;
+		ops->to_f32_t(w->wq, KVD_KERNEL_F32, D, H * I, D, 1.0f, wt, O);
+		ops->to_f32_t(w->wk, KVD_KERNEL_F32, D, I, D, 1.0f, wt + H * I, O);
+		ops->to_f32_t(w->ww, KVD_KERNEL_F32, D, H, D, 1.0f, wt + H * I + I, O);
+		ops->gemm(n, O, D, a, lda, wt, O, y, O, 0);
+	}
 	for (uint32_t t = 0; t < n; t++) {
 		float *row = y + (size_t)t * O;
 

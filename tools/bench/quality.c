@@ -83,7 +83,9 @@
 
 #define PROG "kvd-bench quality"
 #define MODEL_DEFAULT "tools/kvd-lm/models/kvd-lm-small.kvdlm"
-#define INDEXMEM_DEFAULT "tools/kvd-lm/models/kvd-lm-small.kvdim"
+/* --indexmem's default: the model's path with .kvdim for .kvdlm, where train-indexmem.py's
+ * README puts it (tools/kvd-lm/models/kvd-lm-small.kvdim for the default model). */
+#define INDEXMEM_SUFFIX ".kvdim"
 #define HAYSTACK_DEFAULT "tools/kvd-lm/data/haystack.txt"
 #define OUT_DEFAULT "quality"
 #define SAMPLES_DEFAULT 20u
@@ -118,7 +120,7 @@ static const char *const setting_names[_SETTING_MAX] = {
 };
 
 static const char *arg_model = MODEL_DEFAULT;
-static const char *arg_indexmem = INDEXMEM_DEFAULT;
+static const char *arg_indexmem;
 static const char *arg_haystack;
 static const char *arg_kvd;
 static const char *arg_out = OUT_DEFAULT;
@@ -222,6 +224,7 @@ struct daemon {
 struct quality {
 	struct kvdlm_model *m;
 	struct kvdlm_indexmem *im;          /* --indexmem, when a column needs it */
+	char *indexmem_path;                /* its default, made from --model's */
 	struct kvd_haystack *hay;
 	struct kvdlm_session *s;
 	struct daemon d;
@@ -1497,8 +1500,10 @@ static void write_table(const struct quality *Q, FILE *f, const char *cmdline, d
 static const char *const plot_colors[] = {
 	"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 	"#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000080", "#b00000",
-	"#006400", "#ff1493", "#4b0082", "#808000",
+	"#006400", "#ff1493", "#4b0082", "#808000", "#00ced1", "#ff8c00", "#8b4513",
+	"#2f4f4f",
 };
+_Static_assert(sizeof(plot_colors) / sizeof(plot_colors[0]) >= COLS, "a line type per column");
 
 /* Accuracy vs budget, a line per policy, full dashed; one PNG per (setting, task) and one
  * per setting with every task pooled. */
@@ -1523,8 +1528,8 @@ static int write_plots(const struct quality *Q) {
 	            "set key outside right top\nset xlabel 'KV budget (%% of the context)'\n"
 	            "set ylabel 'accuracy (exact match)'\n",
 	        arg_budgets[0] * 0.8, arg_budgets[arg_n_budgets - 1] * 1.25);
-	/* A line type per policy, the same in every plot: twelve colours, four of them
-	 * dashed, kvd solid and thicker. */
+	/* A line type per column, the same in every plot: a colour each, those from the ninth
+	 * on dashed, kvd solid and thicker. */
 	for (unsigned i = 0; i < ELEMENTSOF(plot_colors); i++)
 		fprintf(gp, "set linetype %u lc rgb '%s' pt %u dt %u lw %u\n", i + 1, plot_colors[i],
 		        i % 7 + 1, i >= 8 && i + 1 != KVD_POLICY_KVD ? 2 : 1, i + 1 == KVD_POLICY_KVD ? 4 : 2);
@@ -1658,7 +1663,7 @@ static void help(void) {
 	       "                     kvd+moments, kvd-mi+moments, kvd+moments-mass,\n"
 	       "                     indexmem+latent, kvd+latent (default: all)\n"
 	       "  --indexmem FILE    IndexMem weights for the indexmem and latent columns\n"
-	       "                     (default: %s)\n"
+	       "                     (default: the model's path ending in %s instead)\n"
 	       "  --threads N        Engine threads (default: the online CPUs)\n"
 	       "  --window W         Observation window, 1..%u (default: %u)\n"
 	       "  --multi            Also the multi-tenant scenario: one budget ranked globally\n"
@@ -1675,7 +1680,7 @@ static void help(void) {
 	       "\n"
 	       "Exit status: 0 when every cell ran, 1 on a failure (including a daemon full-cache\n"
 	       "answer that differs from the engine's private full cache), 2 on usage errors.\n",
-	       MODEL_DEFAULT, HAYSTACK_DEFAULT, OUT_DEFAULT, SAMPLES_MAX, SAMPLES_DEFAULT, INDEXMEM_DEFAULT,
+	       MODEL_DEFAULT, HAYSTACK_DEFAULT, OUT_DEFAULT, SAMPLES_MAX, SAMPLES_DEFAULT, INDEXMEM_SUFFIX,
 	       WINDOW_MAX,
 	       WINDOW_DEFAULT, MULTI_MAX, QUICK_SAMPLES);
 }
@@ -1952,6 +1957,7 @@ static void quality_done(struct quality *Q) {
 	daemon_stop(&Q->d);
 	kvdlm_session_free(Q->s);
 	kvdlm_indexmem_free(Q->im);
+	free(Q->indexmem_path);
 	kvdlm_model_free(Q->m);
 	kvd_haystack_free(Q->hay);
 	if (Q->samples_csv)
@@ -1983,6 +1989,17 @@ static int run(struct quality *Q, const char *cmdline) {
 	for (int p = 0; p < COLS && !Q->im; p++)
 		if ((arg_policies[p] && col_indexmem(p)) ||
 		    (arg_multi && p == KVD_POLICY_INDEXMEM && arg_multi_policy == KVD_POLICY_INDEXMEM)) {
+			if (!arg_indexmem) {
+				size_t n = strlen(arg_model);
+
+				if (n > 6 && strcmp(arg_model + n - 6, ".kvdlm") == 0 &&
+				    asprintf(&Q->indexmem_path, "%.*s" INDEXMEM_SUFFIX, (int)(n - 6), arg_model) < 0)
+					return -ENOMEM;
+				if (!Q->indexmem_path)
+					return fail("--indexmem: no default for a model not named *.kvdlm (%s column)",
+					            col_name(p));
+				arg_indexmem = Q->indexmem_path;
+			}
 			r = kvdlm_indexmem_load(arg_indexmem, &Q->m->cfg, &Q->im, err, sizeof(err));
 			if (r < 0)
 				return fail("%s (--indexmem, for the %s column)", err, col_name(p));

@@ -21,8 +21,13 @@ head-summed attention of T's queries over the keys s in [sinks, start of T), L1-
 and the student softmax_s(mean_{t in T} I(t, s)) over the same keys; plus one "answer
 block": the student is the last `window` prompt queries (the daemon's observation window
 when it evicts after the prefill), the teacher their attention plus that of the answer's
-queries, over the prefix before the window. Sinks are left out of both: the daemon never
-evicts them, and their attention mass would dominate the distribution.
+queries, over the prefix before the window; and one "context block": the student is the
+last `window` queries of the context (the window when the daemon evicts before the
+question arrives), the teacher the attention of the question's and the answer's queries
+over the context before that window. Sinks are left out of all: the daemon never evicts
+them, and their attention mass would dominate the distribution. The loss is the stream
+blocks' mean plus --answer-weight x the answer block's plus --context-weight x the context
+block's.
 
 Latent memory, per layer: keys feature phi(k) = elu(k) + 1 (fixed, so that the daemon folds
 evicted tokens without weights), queries psi(q) = elu(lq q + lb) + 1, readout
@@ -205,10 +210,11 @@ def kl(p, logq):
 
 
 def indexer_loss(im, s, w):
-    """(mean stream-block KL, answer-block KL, answer-block KL of the window's own
-    attention as the predictor: what attention-based policies see) over the layers."""
-    P, T = s.prompt_end, len(s.tokens)
-    stream = ans = base = 0.0
+    """Mean over the layers of: the stream blocks' KL, the answer block's, the context
+    block's, and the last two's KL with the window's own attention as the predictor (what
+    attention-based policies see)."""
+    P, C, T = s.prompt_end, s.context_end, len(s.tokens)
+    stream = ans = base = ctx = ctx_base = 0.0
     for l, x in enumerate(s.layers):
         iq, ik = im.index(l, x["a"])
         I = scores(iq, ik)
@@ -229,8 +235,16 @@ def indexer_loss(im, s, w):
         ans = ans + kl(tea, torch.log_softmax(stu, -1))
         own = x["p"][P - w:P, keys].sum(0)
         base = base + kl(tea, torch.log(own / own.sum()))
+        # The context block: the context's last window predicts the question and answer.
+        keys = slice(SINKS, C - w)
+        stu = I[C - w:C, keys].mean(0)
+        tea = x["p"][C:, keys].sum(0)
+        tea = tea / tea.sum()
+        ctx = ctx + kl(tea, torch.log_softmax(stu, -1))
+        own = x["p"][C - w:C, keys].sum(0)
+        ctx_base = ctx_base + kl(tea, torch.log(own / own.sum()))
     n = len(s.layers)
-    return stream / n, ans / n, base / n
+    return stream / n, ans / n, base / n, ctx / n, ctx_base / n
 
 
 def latent_loss(im, s, rng, w, keep_min, keep_max):
@@ -301,17 +315,18 @@ def train(args):
     t0, step, avg = time.time(), 0, None
     while time.time() - t0 < args.indexer_minutes * 60:
         s = Sample(model, hay, rng, tasks.SEEDS_TRAIN, lengths)
-        stream, ans, base = indexer_loss(im, s, args.window)
-        loss = stream + args.answer_weight * ans
+        stream, ans, base, ctx, ctx_base = indexer_loss(im, s, args.window)
+        loss = stream + args.answer_weight * ans + args.context_weight * ctx
         opt.zero_grad()
         loss.backward()
         opt.step()
-        cur = torch.tensor([float(stream), float(ans), float(base)])
+        cur = torch.tensor([float(x) for x in (stream, ans, base, ctx, ctx_base)])
         avg = cur if avg is None else 0.95 * avg + 0.05 * cur
         step += 1
         if step % 50 == 0:
             log(f"indexer step {step}: stream KL {avg[0]:.3f}, answer KL {avg[1]:.3f} "
-                f"(window attention {avg[2]:.3f})")
+                f"(window attention {avg[2]:.3f}), context KL {avg[3]:.3f} (window attention "
+                f"{avg[4]:.3f})")
     log(f"indexer: {step} steps in {(time.time() - t0) / 60:.1f} min")
     save(im, os.path.join(args.out, "indexmem.kvdim"))
 
@@ -339,20 +354,22 @@ def train(args):
 
 @torch.no_grad()
 def evaluate(model, im, args):
-    """Mean answer-block KL (indexer vs the window's own attention) and relative output
-    error of the memory, over --n samples of TUNING seeds."""
+    """Mean answer- and context-block KL (indexer vs the window's own attention) and
+    relative output error of the memory, over --n samples of TUNING seeds."""
     hay = tasks.load_haystack()
     rng = random.Random(12345)
     lengths = [int(x) for x in args.lengths.split(",")]
-    a = b = r = 0.0
+    a = b = c = d = r = 0.0
     for _ in range(args.n):
         s = Sample(model, hay, rng, tasks.SEEDS_TUNE, lengths)
-        _, ans, base = indexer_loss(im, s, args.window)
+        _, ans, base, ctx, ctx_base = indexer_loss(im, s, args.window)
         rel, _ = latent_loss(im, s, rng, args.window, args.keep_min, args.keep_max)
         a, b, r = a + float(ans), b + float(base), r + float(rel)
+        c, d = c + float(ctx), d + float(ctx_base)
     n = args.n
     log(f"eval ({n} tuning samples): answer-block KL indexer {a / n:.3f}, window attention "
-        f"{b / n:.3f}; memory's relative output error {r / n:.3f}")
+        f"{b / n:.3f}; context-block KL indexer {c / n:.3f}, window attention {d / n:.3f}; "
+        f"memory's relative output error {r / n:.3f}")
 
 
 def main():
@@ -373,6 +390,7 @@ def main():
         p.add_argument("--latent-minutes", type=float, default=6)
         p.add_argument("--evictions", type=int, default=4, help="latent steps per sample")
         p.add_argument("--answer-weight", type=float, default=2.0)
+        p.add_argument("--context-weight", type=float, default=2.0)
         p.add_argument("--keep-min", type=float, default=0.1)
         p.add_argument("--keep-max", type=float, default=0.6)
         p.add_argument("--lr", type=float, default=3e-3)
