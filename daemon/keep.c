@@ -420,7 +420,9 @@ static bool same_layout(const struct kvd_seq_desc *a, const struct kvd_seq_desc 
 	       a->max_blocks == b->max_blocks && a->block_bytes == b->block_bytes &&
 	       a->tokens_offset == b->tokens_offset && a->positions_offset == b->positions_offset &&
 	       a->blocks_offset == b->blocks_offset && a->total_bytes == b->total_bytes &&
-	       a->compensation == b->compensation && a->moments_bytes == b->moments_bytes;
+	       a->compensation == b->compensation && a->moments_bytes == b->moments_bytes &&
+	       a->index_heads == b->index_heads && a->index_dim == b->index_dim &&
+	       a->index_offset == b->index_offset;
 }
 
 /*
