@@ -268,7 +268,9 @@ int keep_new(struct pool *p, uint64_t claim_ms, struct keep **ret) {
 		keep_free(k);
 		return r;
 	}
-	qsort(k->stored->descs, k->stored->n_descs, sizeof(*k->stored->descs), cmp_desc);
+	/* qsort() wants an array even for no elements. */
+	if (k->stored->n_descs > 0)
+		qsort(k->stored->descs, k->stored->n_descs, sizeof(*k->stored->descs), cmp_desc);
 
 	if (claim_ms == 0)
 		log_info("restore-claim is 0: no KV is kept across a restart");
