@@ -1011,20 +1011,24 @@ int64_t kvd_seq_position(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 	return layout_positions(s->desc, t)[slot];
 }
 
-int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
-	       void **ret_k, void **ret_v) {
+/*
+ * The block that holds resident slot `slot` of (layer, kv_head), for the calls that point
+ * into it; with `index`, the model must store index keys (-EOPNOTSUPP otherwise).
+ */
+static int seq_slot_block(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
+			  bool index, const char **ret) {
 	const struct kvd_seq_desc *d;
 	const char *b;
-	uint32_t t, row;
+	uint32_t t;
 	int64_t n;
 
-	if (!s)
-		return -EINVAL;
 	if (seq_forked(s))
 		return -ECHILD;
 	if (seq_stale(s))
 		return -ESTALE;
 	d = s->desc;
+	if (index && d->index_dim == 0)
+		return -EOPNOTSUPP;
 	n = seq_table_tokens(s, layer, kv_head, &t);
 	if (n < 0)
 		return (int)n;
@@ -1034,39 +1038,40 @@ int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot
 	b = seq_block_addr(s, layout_blocks(d, t)[slot / d->block_tokens]);
 	if (!b)
 		return -EINVAL;
-	row = slot % d->block_tokens;
+	*ret = b;
+	return 0;
+}
+
+int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
+	       void **ret_k, void **ret_v) {
+	const char *b;
+	uint32_t row;
+	int r;
+
+	if (!s)
+		return -EINVAL;
+	r = seq_slot_block(s, layer, kv_head, slot, false, &b);
+	if (r < 0)
+		return r;
+	row = slot % s->desc->block_tokens;
 	if (ret_k)
-		*ret_k = (void *)(b + layout_k_offset(d, kv_head, row));
+		*ret_k = (void *)(b + layout_k_offset(s->desc, kv_head, row));
 	if (ret_v)
-		*ret_v = (void *)(b + layout_v_offset(d, kv_head, row));
+		*ret_v = (void *)(b + layout_v_offset(s->desc, kv_head, row));
 	return 0;
 }
 
 int kvd_seq_index_key(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
 		      void **ret) {
-	const struct kvd_seq_desc *d;
 	const char *b;
-	uint32_t t;
-	int64_t n;
+	int r;
 
 	if (!s || !ret)
 		return -EINVAL;
-	if (seq_forked(s))
-		return -ECHILD;
-	if (seq_stale(s))
-		return -ESTALE;
-	d = s->desc;
-	if (d->index_dim == 0)
-		return -EOPNOTSUPP;
-	n = seq_table_tokens(s, layer, kv_head, &t);
-	if (n < 0)
-		return (int)n;
-	if (slot >= n)
-		return -EINVAL;
-	b = seq_block_addr(s, layout_blocks(d, t)[slot / d->block_tokens]);
-	if (!b)
-		return -EINVAL;
-	*ret = (void *)(b + layout_index_offset(d, slot % d->block_tokens));
+	r = seq_slot_block(s, layer, kv_head, slot, true, &b);
+	if (r < 0)
+		return r;
+	*ret = (void *)(b + layout_index_offset(s->desc, slot % s->desc->block_tokens));
 	return 0;
 }
 
