@@ -173,44 +173,6 @@ static int same_u32(const char *what, const uint32_t *ref, const uint32_t *got, 
 	return 1;
 }
 
-static uint32_t sel_contains(const uint32_t *s, uint32_t n, uint32_t x) {
-	for (uint32_t i = 0; i < n; i++)
-		if (s[i] == x)
-			return 1;
-	return 0;
-}
-
-/*
- * The selection rule: the top-k of got and of ref may differ only in items whose ref
- * score lies within atol + |cut|*rtol of ref's cut-off (its k-th highest score).
- */
-static int selection_ok(const char *what, const float *ref, const float *got, uint32_t n,
-			uint32_t k, double atol, double rtol) {
-	uint32_t *a = calloc(k + 1, sizeof(uint32_t)), *b = calloc(k + 1, sizeof(uint32_t));
-	float cut = INFINITY;
-	int ok = 1;
-
-	ASSERT_TRUE(a && b);
-	ASSERT_OK(kvd_topk(ref, n, k, a));
-	ASSERT_OK(kvd_topk(got, n, k, b));
-	for (uint32_t i = 0; i < k; i++)
-		if (!(ref[a[i]] >= cut))
-			cut = ref[a[i]];
-	for (uint32_t i = 0; ok && i < k; i++) {
-		uint32_t x[2] = { a[i], b[i] };
-
-		for (int j = 0; ok && j < 2; j++)
-			if (!sel_contains(j ? a : b, k, x[j]) &&
-			    !(fabs(ref[x[j]] - cut) <= atol + fabs(cut) * rtol)) {
-				fprintf(stderr, "%s: item %u (ref %.9g) differs, cut-off %.9g\n", what,
-					x[j], ref[x[j]], cut);
-				ok = 0;
-			}
-	}
-	free(a), free(b);
-	return ok;
-}
-
 /* ---- Fixtures ---- */
 
 struct shape {
@@ -611,7 +573,7 @@ TEST(score_layer_matches_reference) {
 				snprintf(what, sizeof(what), "score shape %zu cfg %zu wo %d", c, k, use_wo);
 				ASSERT_TRUE(kt_close(what, ref, got, rn, 1e-6, 1e-4));
 				for (uint32_t r = 0; r < rows && f.n > 0; r++)
-					ASSERT_TRUE(selection_ok(what, ref + (size_t)r * f.n,
+					ASSERT_TRUE(kt_selection_ok(what, ref + (size_t)r * f.n,
 								 got + (size_t)r * f.n, f.n, f.n / 3,
 								 1e-6, 1e-4));
 				free(got), free(ref), dev_free(scratch), dev_free(dscores);
@@ -779,7 +741,7 @@ TEST(comparisons_reject_wrong_results) {
 	memcpy(bad, ref, n * sizeof(float));
 	ASSERT_TRUE(kt_close("same", ref, bad, n, 1e-6, 1e-4));
 	ASSERT_TRUE(same_floats("same", ref, bad, n));
-	ASSERT_TRUE(selection_ok("same", ref, bad, n, k, 1e-6, 1e-4));
+	ASSERT_TRUE(kt_selection_ok("same", ref, bad, n, k, 1e-6, 1e-4));
 	bad[7] = ref[7] * (1 + 1e-3f) + 1e-5f;
 	ASSERT_FALSE(kt_close("expected mismatch", ref, bad, n, 1e-6, 1e-4));
 	ASSERT_FALSE(same_floats("expected mismatch", ref, bad, n));
@@ -787,11 +749,11 @@ TEST(comparisons_reject_wrong_results) {
 	memcpy(bad, ref, n * sizeof(float));
 	ASSERT_OK(kvd_topk(ref, n, k, top));
 	for (uint32_t i = 0; i < n; i++)
-		if (!sel_contains(top, k, i)) {
+		if (!kt_selection_has(top, k, i)) {
 			bad[i] = 10;
 			break;
 		}
-	ASSERT_FALSE(selection_ok("expected mismatch", ref, bad, n, k, 1e-6, 1e-4));
+	ASSERT_FALSE(kt_selection_ok("expected mismatch", ref, bad, n, k, 1e-6, 1e-4));
 	ASSERT_FALSE(same_u32("expected mismatch", a, b, 3));
 	free(ref), free(bad);
 }

@@ -16,6 +16,7 @@
 #include "attn.h"
 #include "dtype.h"
 #include "gram.h"
+#include "select.h"
 #include "simd.h"
 #include "test.h"
 
@@ -108,6 +109,46 @@ static inline int kt_close(const char *what, const float *ref, const float *got,
 		return 0;
 	}
 	return 1;
+}
+
+static inline int kt_selection_has(const uint32_t *s, uint32_t n, uint32_t x) {
+	for (uint32_t i = 0; i < n; i++)
+		if (s[i] == x)
+			return 1;
+	return 0;
+}
+
+/*
+ * The selection rule for kernels that sum in other orders: the top-k of got and of ref
+ * (select.h's kvd_topk) may differ only in items whose ref score lies within
+ * atol + |cut|*rtol of ref's cut-off (its k-th highest score). Prints the first item that
+ * breaks it.
+ */
+static inline int kt_selection_ok(const char *what, const float *ref, const float *got, uint32_t n,
+				  uint32_t k, double atol, double rtol) {
+	uint32_t *a = calloc(k + 1, sizeof(uint32_t)), *b = calloc(k + 1, sizeof(uint32_t));
+	float cut = INFINITY;
+	int ok = 1;
+
+	ASSERT_TRUE(a && b);
+	ASSERT_OK(kvd_topk(ref, n, k, a));
+	ASSERT_OK(kvd_topk(got, n, k, b));
+	for (uint32_t i = 0; i < k; i++)
+		if (!(ref[a[i]] >= cut))
+			cut = ref[a[i]];
+	for (uint32_t i = 0; ok && i < k; i++) {
+		uint32_t x[2] = { a[i], b[i] };
+
+		for (int j = 0; ok && j < 2; j++)
+			if (!kt_selection_has(j ? a : b, k, x[j]) &&
+			    !(fabs(ref[x[j]] - cut) <= atol + fabs(cut) * rtol)) {
+				fprintf(stderr, "%s: item %u (ref %.9g) differs, cut-off %.9g\n", what,
+					x[j], ref[x[j]], cut);
+				ok = 0;
+			}
+	}
+	free(a), free(b);
+	return ok;
 }
 
 static const char *const kt_paths[] = { "avx512", "avx2", "generic" };

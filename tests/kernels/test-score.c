@@ -53,43 +53,6 @@ static void fix_done(struct fix *f) {
 	free(f->q), free(f->k), free(f->v), free(f->w), free(f->gram), free(f->ggram);
 }
 
-static uint32_t sel_contains(const uint32_t *s, uint32_t n, uint32_t x) {
-	for (uint32_t i = 0; i < n; i++)
-		if (s[i] == x)
-			return 1;
-	return 0;
-}
-
-/*
- * The brief's selection rule: top-k of got and of ref may differ only in items whose ref
- * score lies within atol + |cut|*rtol of ref's cut-off (its k-th highest score).
- */
-static void check_selection(const char *what, const float *ref, const float *got, uint32_t n,
-			    uint32_t k) {
-	uint32_t *a = calloc(k + 1, sizeof(uint32_t)), *b = calloc(k + 1, sizeof(uint32_t));
-	float cut;
-
-	ASSERT_TRUE(a && b);
-	ASSERT_OK(kvd_topk(ref, n, k, a));
-	ASSERT_OK(kvd_topk(got, n, k, b));
-	cut = INFINITY;
-	for (uint32_t i = 0; i < k; i++)
-		if (!(ref[a[i]] >= cut))
-			cut = ref[a[i]];
-	for (uint32_t i = 0; i < k; i++) {
-		uint32_t x[2] = { a[i], b[i] };
-
-		for (int j = 0; j < 2; j++)
-			if (!sel_contains(j ? a : b, k, x[j]) &&
-			    !(fabs(ref[x[j]] - cut) <= ATOL + fabs(cut) * RTOL)) {
-				fprintf(stderr, "%s: item %u (ref %.9g) differs, cut-off %.9g\n", what,
-					x[j], ref[x[j]], cut);
-				ASSERT_TRUE(0);
-			}
-	}
-	free(a), free(b);
-}
-
 TEST(pipeline_matches_reference) {
 	static const struct {
 		enum kvd_score_kind kind;
@@ -142,10 +105,10 @@ TEST(pipeline_matches_reference) {
 					/* Bit-identical whatever the thread count. */
 					ASSERT_EQ(memcmp(got, got3, (size_t)rows * n * sizeof(float)), 0);
 					for (uint32_t r = 0; r < rows; r++)
-						check_selection(what, ref + (size_t)r * n, got + (size_t)r * n,
-								n, 60);
+						ASSERT_TRUE(kt_selection_ok(what, ref + (size_t)r * n, got + (size_t)r * n,
+									    n, 60, ATOL, RTOL));
 					/* Layer-wide selection (laprox, kvd) over all rows at once. */
-					check_selection(what, ref, got, rows * n, rows * 60);
+					ASSERT_TRUE(kt_selection_ok(what, ref, got, rows * n, rows * 60, ATOL, RTOL));
 					free(ref), free(got), free(got3);
 					fix_done(&f);
 				}
