@@ -297,15 +297,37 @@ static int cuda_chunk_scrub(struct backend_chunk *c) {
 	return cuda_zero((CUdeviceptr)(uintptr_t)c->addr, c->bytes);
 }
 
-static int cuda_chunk_read(const struct backend_chunk *c, uint64_t offset, void *dst,
-                           uint64_t bytes) {
+/*
+ * The CPU paths' copies (backend.h): synchronous, on the context's legacy stream, from
+ * whichever thread asks (a round worker has no context current until the first call).
+ * Ordering with the engines needs nothing more: the daemon only reads or moves a sequence's
+ * K/V while it is not pinned, and an engine unpins after its writes have completed.
+ */
+static int cuda_read(const void *src, void *dst, uint64_t bytes) {
 	CUresult cr = cuda.cu->cuCtxSetCurrent(cuda.ctx);
 
 	if (cr != CUDA_SUCCESS)
 		return cu_fail(cr, "cuCtxSetCurrent");
-	/* Synchronous, on the legacy stream: only diagnostics read this way. */
-	cr = cuda.cu->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)c->addr + offset, bytes);
+	cr = cuda.cu->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes);
 	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpyDtoH");
+}
+
+static int cuda_write(void *dst, const void *src, uint64_t bytes) {
+	CUresult cr = cuda.cu->cuCtxSetCurrent(cuda.ctx);
+
+	if (cr != CUDA_SUCCESS)
+		return cu_fail(cr, "cuCtxSetCurrent");
+	cr = cuda.cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes);
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpyHtoD");
+}
+
+static int cuda_copy(void *dst, const void *src, uint64_t bytes) {
+	CUresult cr = cuda.cu->cuCtxSetCurrent(cuda.ctx);
+
+	if (cr != CUDA_SUCCESS)
+		return cu_fail(cr, "cuCtxSetCurrent");
+	cr = cuda.cu->cuMemcpyDtoD((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes);
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpyDtoD");
 }
 
 const struct backend_ops backend_cuda_ops = {
@@ -315,6 +337,8 @@ const struct backend_ops backend_cuda_ops = {
 	.granularity = cuda_granularity,
 	.chunk_create = cuda_chunk_create,
 	.chunk_scrub = cuda_chunk_scrub,
-	.chunk_read = cuda_chunk_read,
+	.read = cuda_read,
+	.write = cuda_write,
+	.copy = cuda_copy,
 	.chunk_destroy = cuda_chunk_destroy,
 };

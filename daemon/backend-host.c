@@ -51,9 +51,13 @@ static int host_chunk_scrub(struct backend_chunk *c) {
 	return 0;
 }
 
-static int host_chunk_read(const struct backend_chunk *c, uint64_t offset, void *dst,
-                           uint64_t bytes) {
-	memcpy(dst, (const char *)c->addr + offset, bytes);
+static int host_read(const void *src, void *dst, uint64_t bytes) {
+	memcpy(dst, src, bytes);
+	return 0;
+}
+
+static int host_write(void *dst, const void *src, uint64_t bytes) {
+	memcpy(dst, src, bytes);
 	return 0;
 }
 
@@ -71,6 +75,8 @@ const struct backend_ops backend_host_ops = {
 	.granularity = host_granularity,
 	.chunk_create = host_chunk_create,
 	.chunk_scrub = host_chunk_scrub,
-	.chunk_read = host_chunk_read,
+	.read = host_read,
+	.write = host_write,
+	.copy = host_write,
 	.chunk_destroy = host_chunk_destroy,
 };

@@ -28,8 +28,9 @@ enum backend_memory {
 struct backend_ops {
 	const char *name;
 	enum backend_memory memory;
-	/* Whether the CPU can dereference backend_chunk.addr. The CPU paths that read or
-	 * move K/V (scoring, compaction, digests) need it; a device pool refuses them. */
+	/* Whether the CPU can dereference backend_chunk.addr. Where it cannot, the CPU paths
+	 * that read or move K/V (scoring, compaction, compensation, digests) go through read,
+	 * write and copy below, one driver copy per call. */
 	bool host_access;
 	/* Granularity chunk sizes must be a multiple of. */
 	uint64_t (*granularity)(void);
@@ -37,9 +38,16 @@ struct backend_ops {
 	int (*chunk_create)(uint32_t id, uint64_t bytes, struct backend_chunk *ret);
 	/* Zeroes the chunk before it can change owner; returns 0 or -errno. */
 	int (*chunk_scrub)(struct backend_chunk *c);
-	/* Copies bytes at offset of the chunk into dst, for the CPU paths that read K/V when
-	 * host_access is false (digests). Returns 0 or -errno. */
-	int (*chunk_read)(const struct backend_chunk *c, uint64_t offset, void *dst, uint64_t bytes);
+	/*
+	 * Copies between the daemon's mapping of chunks (addresses inside [addr, addr + bytes)
+	 * of a chunk, device addresses on cuda) and host memory: read (pool to host), write
+	 * (host to pool), copy (pool to pool; the ranges must not overlap). memcpy on the host
+	 * backend, synchronous driver copies on cuda. Safe from any thread (round workers read
+	 * K/V this way). Return 0 or -errno.
+	 */
+	int (*read)(const void *src, void *dst, uint64_t bytes);
+	int (*write)(void *dst, const void *src, uint64_t bytes);
+	int (*copy)(void *dst, const void *src, uint64_t bytes);
 	void (*chunk_destroy)(struct backend_chunk *c);
 };
 

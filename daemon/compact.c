@@ -43,19 +43,25 @@ static int drops_check(const struct kvd_seq_desc *d, const struct compact_drop *
 }
 
 /* Copies the K and V rows of one slot (with the per-layer layout, a row of every kv head)
- * and its index key, which belongs to the token as much as its K and V do. */
-static void slot_copy(const struct kvd_seq_desc *d, char *dst, uint32_t dst_row, const char *src,
-                      uint32_t src_row) {
+ * and its index key, which belongs to the token as much as its K and V do, through the
+ * backend (device memory on cuda). Returns 0 or the backend's -errno. */
+static int slot_copy(const struct kvd_seq_desc *d, const struct pool *p, char *dst,
+                     uint32_t dst_row, const char *src, uint32_t src_row) {
 	uint32_t heads = d->layout == KVD_LAYOUT_PER_HEAD ? 1 : d->kv_heads;
 	uint64_t row = layout_row_bytes(d);
+	int r = 0;
 
-	for (uint32_t h = 0; h < heads; h++) {
-		memcpy(dst + layout_k_offset(d, h, dst_row), src + layout_k_offset(d, h, src_row), row);
-		memcpy(dst + layout_v_offset(d, h, dst_row), src + layout_v_offset(d, h, src_row), row);
+	for (uint32_t h = 0; h < heads && r >= 0; h++) {
+		r = p->ops->copy(dst + layout_k_offset(d, h, dst_row), src + layout_k_offset(d, h, src_row),
+		                 row);
+		if (r >= 0)
+			r = p->ops->copy(dst + layout_v_offset(d, h, dst_row),
+			                 src + layout_v_offset(d, h, src_row), row);
 	}
-	if (d->index_dim)
-		memcpy(dst + layout_index_offset(d, dst_row), src + layout_index_offset(d, src_row),
-		       layout_index_row_bytes(d));
+	if (r >= 0 && d->index_dim)
+		r = p->ops->copy(dst + layout_index_offset(d, dst_row),
+		                 src + layout_index_offset(d, src_row), layout_index_row_bytes(d));
+	return r;
 }
 
 /*
@@ -66,10 +72,11 @@ static void slot_copy(const struct kvd_seq_desc *d, char *dst, uint32_t dst_row,
  * w never passes r's slot in the shortened list (each unlinked block held block_tokens
  * dropped slots, since only the last block can be short), so every write lands on a row
  * already read, in a list entry already final: the pass is safe in place. Blocks past the
- * new end are freed last. Returns the number of blocks freed.
+ * new end are freed last. Returns the number of blocks freed; the first copy that failed,
+ * if any, in *copy_error (the pass goes on, so that the tables stay consistent).
  */
 static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, const struct compact_drop *x,
-                              float *side, struct seq_emptied *emptied) {
+                              float *side, struct seq_emptied *emptied, int *copy_error) {
 	uint32_t bt = d->block_tokens, tokens = desc_tokens(d)[x->table];
 	uint32_t nb = DIV_ROUND_UP(tokens, bt), kept = 0, w = 0, j = 0, new_nb;
 	uint32_t *pos = desc_positions(d, x->table);
@@ -96,8 +103,13 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, const stru
 				k++;
 				continue;
 			}
-			if (w != kept * bt + (r - lo))
-				slot_copy(d, pool_block_addr(p, blocks[w / bt]), w % bt, src, r - lo);
+			if (w != kept * bt + (r - lo)) {
+				int e = slot_copy(d, p, pool_block_addr(p, blocks[w / bt]), w % bt, src,
+				                  r - lo);
+
+				if (e < 0 && *copy_error == 0)
+					*copy_error = e;
+			}
 			pos[w] = pos[r];
 			if (side)
 				side[w] = side[r];
@@ -117,7 +129,7 @@ int seq_compact(struct seq *s, struct pool *p, const struct compact_drop *drops,
                 float *const *side, struct seq_emptied *emptied, uint64_t *ret_freed_blocks) {
 	struct kvd_seq_desc *d = s->desc;
 	uint64_t freed = 0;
-	int r;
+	int r, copy_error = 0;
 
 	if (n_drops == 0) {
 		if (ret_freed_blocks)
@@ -130,12 +142,13 @@ int seq_compact(struct seq *s, struct pool *p, const struct compact_drop *drops,
 
 	desc_write_begin(d);
 	for (uint32_t i = 0; i < n_drops; i++)
-		freed += table_compact(d, p, &drops[i], side ? side[drops[i].table] : NULL, emptied);
+		freed += table_compact(d, p, &drops[i], side ? side[drops[i].table] : NULL, emptied,
+		                       &copy_error);
 	desc_write_end(d);
 	s->epoch++;
 	if (ret_freed_blocks)
 		*ret_freed_blocks = freed;
-	return 0;
+	return copy_error;
 }
 
 /* Where a block of a movable sequence is listed: seqs[seq]'s table `table`, entry `entry`. */
@@ -310,7 +323,13 @@ int compact_chunks(struct pool *p, struct tenant *t, struct seq *const *seqs, ui
 				touched[o[k].seq] = true;
 				desc_write_begin(d);
 			}
-			memcpy(pool_block_addr(p, to), pool_block_addr(p, *ref), src->block_bytes);
+			if (p->ops->copy(pool_block_addr(p, to), pool_block_addr(p, *ref),
+			                 src->block_bytes) < 0) {
+				/* The block stays where it is (the source chunk is then not
+				 * emptied); only a failing device copies nothing. */
+				block_free(p, to, emptied);
+				continue;
+			}
 			received[to.chunk_id] = true;
 			block_free(p, *ref, emptied);
 			*ref = to;

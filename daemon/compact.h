@@ -7,9 +7,10 @@
  * a tenant's blocks move out of its emptiest chunks into free blocks of its others
  * (compact_chunks), so that whole chunks come free and go back to the pool.
  *
- * Both run on the event loop, only on sequences that are not pinned, and rewrite each
- * descriptor they touch under its sequence lock (one generation step per call), so a
- * client reading it sees either the old tables or the new ones. Surviving K/V bytes and
+ * Both run on the event loop, only on sequences that are not pinned, move K/V through the
+ * pool backend's copy (device memory on cuda), and rewrite each descriptor they touch
+ * under its sequence lock (one generation step per call), so a client reading it sees
+ * either the old tables or the new ones. Surviving K/V bytes and
  * their original positions are copied bit for bit.
  */
 
@@ -36,7 +37,9 @@ struct compact_drop {
  * empties are added to *emptied. *ret_freed_blocks (may be NULL) receives the number of
  * blocks freed. With n_drops > 0, one generation step and one s->epoch bump; n_drops 0
  * changes nothing. Returns 0, or, before changing anything, -EINVAL (a table out of range
- * or named twice, slots not strictly ascending or not below the table's tokens), -ENOMEM.
+ * or named twice, slots not strictly ascending or not below the table's tokens), -ENOMEM;
+ * or, after the tables changed, the backend's -errno of a K/V copy that failed (only a
+ * failing device does that: the sequence's K/V are then not to be trusted).
  */
 int seq_compact(struct seq *s, struct pool *p, const struct compact_drop *drops, uint32_t n_drops,
                 float *const *side, struct seq_emptied *emptied, uint64_t *ret_freed_blocks);

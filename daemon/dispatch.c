@@ -277,13 +277,6 @@ static void handle_register_model(struct conn *c, uint64_t id, const Kvd__V1__Re
 		reply_error(c, id, r, "bad model: %s", why);
 		return;
 	}
-	/* Rounds score and compact K/V with the CPU, which cannot read device memory; until
-	 * they run on the device, a GPU pool serves models without eviction only. */
-	if (m->unit != KVD_UNIT_NONE && !c->srv->pool->ops->host_access) {
-		reply_error(c, id, -EOPNOTSUPP, "eviction is not available on the %s backend yet; "
-		            "register the model without an eviction unit", c->srv->pool->ops->name);
-		return;
-	}
 	m->id = ++c->n_models;
 	c->tenant->models++;
 	rep.has_model_id = true;

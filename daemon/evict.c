@@ -121,14 +121,10 @@ static uint32_t tenant_index(const struct server *s, const struct tenant *t) {
 
 /* ---- snapshot ---- */
 
-/* The moments block of (layer, kv head) h of q, as a kernel view; its count in the header. */
-static struct kvd_moments_header *moments_at(struct pool *p, const struct seq *q, uint32_t h,
-                                             struct kvd_moments *ret) {
-	struct kvd_moments_header *hdr = pool_block_addr(p, desc_moments(q->desc)[h]);
-
-	kvd_moments_view(ret, q->model->head_dim, (float *)((char *)hdr + KVD_MOMENTS_HEADER_BYTES));
-	ret->count = hdr->count;
-	return hdr;
+/* Copies the compensation block of (layer, kv head) h of q into buf (moments_bytes). */
+static int compensation_read(struct pool *p, const struct seq *q, uint32_t h, void *buf) {
+	return p->ops->read(pool_block_addr(p, desc_moments(q->desc)[h]), buf,
+	                    q->model->moments_bytes);
 }
 
 /*
@@ -139,6 +135,7 @@ static struct kvd_moments_header *moments_at(struct pool *p, const struct seq *q
  */
 static int snapshot_moments(struct server *s, struct seq *sq, struct round_seq *q) {
 	uint32_t heads = sq->model->layers * sq->model->kv_heads, d = sq->model->head_dim;
+	_cleanup_(freep) struct kvd_moments_header *hdr = NULL;
 	bool moments;
 
 	q->compensation = sq->model->compensation;
@@ -147,14 +144,18 @@ static int snapshot_moments(struct server *s, struct seq *sq, struct round_seq *
 		return 0;
 	q->mi_mean_k = calloc((uint64_t)heads * d, sizeof(float));
 	q->mi_count = calloc(heads, sizeof(uint64_t));
-	if (!q->mi_mean_k || !q->mi_count)
+	hdr = moments ? malloc(sq->model->moments_bytes) : NULL;
+	if (!q->mi_mean_k || !q->mi_count || (moments && !hdr))
 		return -ENOMEM;
 	for (uint32_t h = 0; moments && h < heads; h++) {
 		struct kvd_moments m;
+		int r = compensation_read(s->pool, sq, h, hdr);
 
-		moments_at(s->pool, sq, h, &m);
+		if (r < 0)
+			return r;
+		kvd_moments_view(&m, d, (float *)((char *)hdr + KVD_MOMENTS_HEADER_BYTES));
 		memcpy(q->mi_mean_k + (uint64_t)h * d, m.mean_k, d * sizeof(float));
-		q->mi_count[h] = m.count;
+		q->mi_count[h] = hdr->count;
 	}
 	return 0;
 }
@@ -338,18 +339,31 @@ static uint64_t slot_bytes(const struct model *m) {
  */
 static void fold_compensation(struct evictor *e, struct seq *q, const float *fold,
                               const uint64_t *count) {
+	struct pool *p = e->srv->pool;
 	uint32_t heads = q->model->layers * q->model->kv_heads, d = q->model->head_dim;
 	size_t per = compensate_floats(q->model->compensation, d);
+	_cleanup_(freep) void *buf = NULL;
 
 	if (!fold || q->desc->moments_blocks == 0)
 		return;
+	/* Merged in a host copy and written back: on cuda the block is device memory. */
+	buf = malloc(q->model->moments_bytes);
+	if (!buf) {
+		log_warning("sequence %llu: out of memory: what was evicted is not compensated",
+		            (unsigned long long)q->id);
+		return;
+	}
 	for (uint32_t h = 0; h < heads; h++) {
+		void *block = pool_block_addr(p, desc_moments(q->desc)[h]);
+
 		if (count[h] == 0)
 			continue;
-		/* Only a count past 2^64 tokens could refuse: the block stays as it was. */
-		(void)compensate_merge(q->model->compensation,
-		                       pool_block_addr(e->srv->pool, desc_moments(q->desc)[h]), d,
-		                       fold + (uint64_t)h * per, count[h]);
+		/* The block stays as it was where a copy fails (only a failing device) or the
+		 * merge refuses (only a count past 2^64 tokens). */
+		if (compensation_read(p, q, h, buf) >= 0 &&
+		    compensate_merge(q->model->compensation, buf, d, fold + (uint64_t)h * per,
+		                     count[h]) >= 0)
+			(void)p->ops->write(block, buf, q->model->moments_bytes);
 	}
 }
 
@@ -710,6 +724,7 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 	r->only = only;
 	r->floor_pct = s->limits.eviction_floor;
 	r->threads = s->limits.round_threads;
+	r->read = s->pool->ops->read;
 	k = snapshot(e, r);
 	if (k >= 0)
 		k = arm(e);

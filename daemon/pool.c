@@ -255,11 +255,11 @@ void *pool_block_addr(struct pool *p, struct kvd_block_ref ref) {
 }
 
 int pool_block_read(struct pool *p, struct kvd_block_ref ref, void *dst) {
-	struct chunk *c = pool_chunk(p, ref.chunk_id);
+	const void *src = pool_block_addr(p, ref);
 
-	if (!pool_block_addr(p, ref))
+	if (!src)
 		return -EFAULT;
-	return p->ops->chunk_read(&c->mem, (uint64_t)ref.index * c->stride, dst, c->block_bytes);
+	return p->ops->read(src, dst, pool_chunk(p, ref.chunk_id)->block_bytes);
 }
 
 bool chunk_has_holder(const struct chunk *c, uint64_t conn_id) {

@@ -58,30 +58,45 @@ static uint64_t v_offset(const struct round_seq *q) {
 	return (q->index_dim ? q->index_offset : q->block_bytes) / 2;
 }
 
-/* Copies the K and V rows of slots [0, n) of (layer, kv head) into k and v, contiguous. */
-static void gather(const struct round_seq *q, uint32_t l, uint32_t kh, uint32_t n, uint8_t *k,
-                   uint8_t *v) {
+/* Copies the K and V rows of slots [0, n) of (layer, kv head) into k and v, contiguous.
+ * Returns 0 or the backend's -errno. */
+static int gather(const struct round *r, const struct round_seq *q, uint32_t l, uint32_t kh,
+                  uint32_t n, uint8_t *k, uint8_t *v) {
 	uint32_t t = table_of(q, l, kh), bt = q->block_tokens;
 	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
 	uint64_t head_off = q->layout == KVD_LAYOUT_PER_HEAD ? 0 : (uint64_t)kh * bt * row;
 	const uint8_t *const *blocks = q->block_addr + q->block_off[t];
+	int e;
 
 	for (uint32_t b = 0; (uint64_t)b * bt < n; b++) {
 		uint32_t rows = MIN(bt, n - b * bt);
 
-		memcpy(k + (uint64_t)b * bt * row, blocks[b] + head_off, rows * row);
-		memcpy(v + (uint64_t)b * bt * row, blocks[b] + v_offset(q) + head_off, rows * row);
+		e = r->read(blocks[b] + head_off, k + (uint64_t)b * bt * row, rows * row);
+		if (e >= 0)
+			e = r->read(blocks[b] + v_offset(q) + head_off, v + (uint64_t)b * bt * row,
+			            rows * row);
+		if (e < 0)
+			return e;
 	}
+	return 0;
 }
 
-/* Copies the index keys of slots [0, n) of table t into ik, contiguous. */
-static void gather_index(const struct round_seq *q, uint32_t t, uint32_t n, uint8_t *ik) {
+/* Copies the index keys of slots [0, n) of table t into ik, contiguous. Returns 0 or the
+ * backend's -errno. */
+static int gather_index(const struct round *r, const struct round_seq *q, uint32_t t, uint32_t n,
+                        uint8_t *ik) {
 	uint32_t bt = q->block_tokens;
 	uint64_t row = (uint64_t)q->index_dim * layout_dtype_bytes(q->dtype);
 	const uint8_t *const *blocks = q->block_addr + q->block_off[t];
+	int e;
 
-	for (uint32_t b = 0; (uint64_t)b * bt < n; b++)
-		memcpy(ik + (uint64_t)b * bt * row, blocks[b] + q->index_offset, MIN(bt, n - b * bt) * row);
+	for (uint32_t b = 0; (uint64_t)b * bt < n; b++) {
+		e = r->read(blocks[b] + q->index_offset, ik + (uint64_t)b * bt * row,
+		            MIN(bt, n - b * bt) * row);
+		if (e < 0)
+			return e;
+	}
+	return 0;
 }
 
 /* Work buffers of one round, sized for its largest layer. */
@@ -119,8 +134,12 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	if (L <= w)
 		return 0;
 	prefix = L - w;
-	for (uint32_t j = 0; j < nkv; j++)
-		gather(q, l, kh0 + j, L, sc->k + (uint64_t)j * L * row, sc->v + (uint64_t)j * L * row);
+	for (uint32_t j = 0; j < nkv; j++) {
+		k = gather(r, q, l, kh0 + j, L, sc->k + (uint64_t)j * L * row,
+		           sc->v + (uint64_t)j * L * row);
+		if (k < 0)
+			return k;
+	}
 
 	in = (struct kvd_attn_in){
 		.dtype = q->dtype,
@@ -151,7 +170,9 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	}
 	if (policy == KVD_POLICY_INDEXMEM) {
 		/* The aligned tables of a layer hold the same tokens: kh0's keys stand for all. */
-		gather_index(q, t0, L, sc->ik);
+		k = gather_index(r, q, t0, L, sc->ik);
+		if (k < 0)
+			return k;
 		p.index_q = obs_index_queries(q->obs, l);
 		p.index_k = sc->ik;
 		p.index_k_stride = q->index_dim;
@@ -570,7 +591,7 @@ static int units_plan(struct round *r, const struct units *u) {
  * Summarises the K/V of the slots q drops, per (layer, kv head), into q->fold: read now,
  * on the worker, from the same blocks the round scored, so that evict.c only merges.
  */
-static int fold_seq(struct round_seq *q) {
+static int fold_seq(const struct round *r, struct round_seq *q) {
 	uint32_t d = q->head_dim, bt = q->block_tokens, heads = q->layers * q->kv_heads;
 	uint64_t row = (uint64_t)d * layout_dtype_bytes(q->dtype), max = 0;
 	size_t per = compensate_floats(q->compensation, d);
@@ -596,17 +617,20 @@ static int fold_seq(struct round_seq *q) {
 		for (uint32_t j = 0; n > 0 && j < nkv; j++) {
 			uint32_t h = l * q->kv_heads + kh0 + j;
 			uint64_t head_off = q->layout == KVD_LAYOUT_PER_HEAD ? 0 : (uint64_t)j * bt * row;
-			int r;
+			int e = 0;
 
-			for (uint32_t i = 0; i < n; i++) {
+			for (uint32_t i = 0; i < n && e >= 0; i++) {
 				const uint8_t *b = blocks[slots[i] / bt] + head_off + (slots[i] % bt) * row;
 
-				memcpy(k + i * row, b, row);
-				memcpy(v + i * row, b + v_offset(q), row);
+				e = r->read(b, k + i * row, row);
+				if (e >= 0)
+					e = r->read(b + v_offset(q), v + i * row, row);
 			}
-			r = compensate_batch(q->compensation, k, v, q->dtype, n, d, q->fold + h * per);
-			if (r < 0)
-				return r;
+			if (e >= 0)
+				e = compensate_batch(q->compensation, k, v, q->dtype, n, d,
+				                     q->fold + h * per);
+			if (e < 0)
+				return e;
 			q->fold_count[h] = n;
 		}
 	}
@@ -671,7 +695,7 @@ void round_run(struct round *r) {
 	t0 = now_us();
 	for (uint32_t s = 0; s < r->n_seqs && k >= 0; s++)
 		if (r->seqs[s].compensation != KVD_COMPENSATION_NONE && r->seqs[s].drop_off)
-			k = fold_seq(&r->seqs[s]);
+			k = fold_seq(r, &r->seqs[s]);
 	r->fold_us = now_us() - t0;
 	if (k < 0)
 		r->error = k;

@@ -84,7 +84,8 @@ struct round_seq {
 	uint64_t index_offset;
 	/* Per table, at the snapshot: resident slots, slots below the sinks, slots before the
 	 * end of the layer's published window (0: none), and the first entry of its blocks
-	 * in block_addr (the daemon's address of each block in use, in slot order). */
+	 * in block_addr (the daemon's address of each block in use, in slot order: a device
+	 * address on cuda, read through round.read). */
 	uint32_t *tokens, *sink_slots, *window_end;
 	uint64_t *block_off;
 	const uint8_t **block_addr;
@@ -115,6 +116,8 @@ struct round {
 	uint64_t target;              /* bytes of units to evict */
 	int only;                     /* index of the one tenant to evict from, or -1 */
 	uint32_t floor_pct, threads;
+	/* How K/V reach the CPU: the pool backend's read (a memcpy, or a device copy). */
+	int (*read)(const void *src, void *dst, uint64_t bytes);
 	struct round_tenant *tenants;
 	uint32_t n_tenants;
 	struct round_seq *seqs;

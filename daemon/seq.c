@@ -159,6 +159,23 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		}
 		grants->chunks[grants->n++] = c;
 	}
+	/* A block may come from a chunk the tenant already used: the empty summary is 0
+	 * (moments and latent headers alike start with count and head_dim). Written through
+	 * the backend: on cuda the block is device memory. */
+	if (moments > 0) {
+		_cleanup_(freep) struct kvd_moments_header *empty = calloc(1, d->moments_bytes);
+
+		if (!empty) {
+			r = -ENOMEM;
+			goto rollback;
+		}
+		empty->head_dim = d->head_dim;
+		for (uint32_t i = 0; i < moments; i++) {
+			r = p->ops->write(pool_block_addr(p, refs[i]), empty, d->moments_bytes);
+			if (r < 0)
+				goto rollback;
+		}
+	}
 	/* Becoming a holder is the last step that can fail; nothing is visible before it. */
 	for (uint32_t i = 0; i < grants->n; i++) {
 		r = chunk_add_holder(grants->chunks[i], conn_id);
@@ -169,14 +186,6 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		}
 	}
 
-	/* A block may come from a chunk the tenant already used: the empty summary is 0
-	 * (moments and latent headers alike start with count and head_dim). */
-	for (uint32_t i = 0; i < moments; i++) {
-		struct kvd_moments_header *h = pool_block_addr(p, refs[i]);
-
-		memset(h, 0, d->moments_bytes);
-		h->head_dim = d->head_dim;
-	}
 	desc_write_begin(d);
 	if (moments > 0) {
 		memcpy(desc_moments(d), refs, moments * sizeof(*refs));

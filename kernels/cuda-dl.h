@@ -53,6 +53,7 @@
 	X(cuMemsetD8Async)                                                                    \
 	X(cuMemcpyHtoD)                                                                       \
 	X(cuMemcpyDtoH)                                                                       \
+	X(cuMemcpyDtoD)                                                                       \
 	X(cuMemAlloc)                                                                         \
 	X(cuMemFree)                                                                          \
 	X(cuStreamCreate)                                                                     \

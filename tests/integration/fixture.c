@@ -82,8 +82,12 @@ void fixture_launch(struct fixture *f, const char *const *args) {
 	 * between requests takes CPU from the other test's, and tests timed against eviction
 	 * rounds then see them run late. Tests of the polling itself ask for it in args. */
 	argv[n++] = "--poll-us=0";
-	/* What the suite tests is the host backend, GPU or not (the gpu suite tests cuda). */
-	argv[n++] = "--backend=host";
+	/* What the suite tests is the host backend, GPU or not (the gpu suite tests cuda);
+	 * KVD_TEST_BACKEND=cuda runs a test on the cuda backend instead (tests/meson.build
+	 * does so under the fake driver of tests/fake-cuda). */
+	argv[n++] = getenv("KVD_TEST_BACKEND") && strcmp(getenv("KVD_TEST_BACKEND"), "cuda") == 0
+	                    ? "--backend=cuda"
+	                    : "--backend=host";
 	for (; args && *args && n < sizeof(argv) / sizeof(argv[0]) - 1; args++)
 		argv[n++] = *args;
 	argv[n] = NULL;
