@@ -4,7 +4,12 @@
  * next to the floors under each, in one run (DESIGN.md section 4, PLATFORM.md section 3).
  *
  * Floors, between two processes and without kvd: a raw Unix-socket round trip of MSG_BYTES
- * each way, and a raw round trip on a pair of shared-memory rings with kvd's own layout and
+ * each way with plain recv() and send() (the "socket" floor); the same round trip the way
+ * kvd's socket path makes it (the "fd-room" floor): both sides send with sendmsg() and
+ * receive with recvmsg() offering a control buffer of WIRE_CMSG_SPACE, room for
+ * WIRE_FDS_MAX SCM_RIGHTS fds, with MSG_CMSG_CLOEXEC, as the daemon (daemon/conn.c) and
+ * libkvd (client/client.c) must on a socket that carries fds, and with their flags; and a
+ * raw round trip on a pair of shared-memory rings with kvd's own layout and
  * doorbell protocol (proto/common/ring.h) but no libkvd and no daemon. Then one kvd
  * operation through libkvd, against a kvd this program starts: kvd_seq_pin and
  * kvd_seq_unpin, alternately, each timed on its own, over the socket
@@ -20,7 +25,8 @@
  * Every spin is ring.h's (pauses, and sched_yield() after RING_SPIN_PAUSE_NS, then at
  * doubling intervals), on every path alike, so that on one core the spinner lets its peer
  * run. The ratios kvd / floor, of medians and of p99s, are
- * printed against the targets: 2 for the rings, 1.5 for the socket.
+ * printed against the targets: 2 for the rings, 1.5 for the socket (against both socket
+ * floors; the target is the plain one's).
  *
  * Then throughput: 1, 4 and 16 client processes, each with its own connection, doing pin
  * and unpin back to back for --seconds, through the rings and over the socket, with the
@@ -51,6 +57,7 @@
 #include "common/number.h"
 #include "common/ring.h"
 #include "kvd/kvd.h"
+#include "wire.h"
 
 #define MSG_BYTES 32
 #define ITERATIONS_MAX 10000000u
@@ -88,7 +95,7 @@ struct stats {
 struct row {
 	const struct strategy *wait;
 	const char *placement;
-	struct stats socket_floor, socket_kvd, ring_floor, ring_kvd;
+	struct stats socket_floor, socket_fdroom_floor, socket_kvd, ring_floor, ring_kvd;
 	bool eventfd;                 /* the "sleep" rows also measure the eventfd doorbell */
 	struct stats ring_eventfd_kvd;
 };
@@ -148,19 +155,60 @@ static uint32_t warmup(void) {
 	return MAX(arg_iterations / 10, 100u);
 }
 
-/* ---- the socket floor ---- */
+/* ---- the socket floors ---- */
+
+/* One receive: recv(), or with fdroom the recvmsg() of kvd's socket path (libkvd's
+ * client_recv(), the daemon's conn_poll()): a control buffer with room for WIRE_FDS_MAX
+ * fds, MSG_CMSG_CLOEXEC, and the control data walked for SCM_RIGHTS as wire_rx_take_cmsg()
+ * does (none come here; any that did would be closed). */
+static ssize_t recv_some(int fd, void *buf, size_t n, int flags, bool fdroom) {
+	union {
+		struct cmsghdr align;
+		uint8_t buf[WIRE_CMSG_SPACE];
+	} control;
+	struct iovec iov = { .iov_base = buf, .iov_len = n };
+	struct msghdr msg = {
+		.msg_iov = &iov,
+		.msg_iovlen = 1,
+		.msg_control = &control,
+		.msg_controllen = sizeof(control),
+	};
+	ssize_t k;
+
+	if (!fdroom)
+		return recv(fd, buf, n, flags);
+	k = recvmsg(fd, &msg, flags | MSG_CMSG_CLOEXEC);
+	if (k < 0)
+		return k;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+			size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+
+			for (size_t i = 0; i < nfds; i++) {
+				int f;
+
+				memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+				close(f);
+			}
+		}
+	if (msg.msg_flags & MSG_CTRUNC) {
+		errno = EBADMSG;
+		return -1;
+	}
+	return k;
+}
 
 /* Reads n bytes, spinning on non-blocking reads for spin_ns first, as libkvd waits for a
  * reply. Returns 1, 0 at end of file, or -errno. */
-static int recv_wait(int fd, void *buf, size_t n, uint64_t spin_ns) {
+static int recv_wait(int fd, void *buf, size_t n, uint64_t spin_ns, bool fdroom) {
 	struct ring_spin spin;
 	size_t got = 0;
 
 	ring_spin_start(&spin, ring_now_ns());
 	while (got < n) {
 		uint64_t now = ring_now_ns();
-		ssize_t k = recv(fd, (char *)buf + got, n - got,
-		                 now - spin.start < spin_ns ? MSG_DONTWAIT : 0);
+		ssize_t k = recv_some(fd, (char *)buf + got, n - got,
+		                      now - spin.start < spin_ns ? MSG_DONTWAIT : 0, fdroom);
 
 		if (k > 0)
 			got += (size_t)k;
@@ -174,13 +222,18 @@ static int recv_wait(int fd, void *buf, size_t n, uint64_t spin_ns) {
 	return 1;
 }
 
-static int send_all(int fd, const void *buf, size_t n) {
+/* Sends n bytes with send(), or with fdroom with sendmsg() and no control data, as kvd
+ * sends a frame without fds; flags as each side's: libkvd MSG_NOSIGNAL, the daemon
+ * MSG_DONTWAIT | MSG_NOSIGNAL. */
+static int send_all(int fd, const void *buf, size_t n, int flags, bool fdroom) {
 	size_t done = 0;
 
 	while (done < n) {
-		ssize_t k = send(fd, (const char *)buf + done, n - done, MSG_NOSIGNAL);
+		struct iovec iov = { .iov_base = (char *)buf + done, .iov_len = n - done };
+		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+		ssize_t k = fdroom ? sendmsg(fd, &msg, flags) : send(fd, iov.iov_base, iov.iov_len, flags);
 
-		if (k < 0 && errno != EINTR)
+		if (k < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
 			return -errno;
 		if (k > 0)
 			done += (size_t)k;
@@ -188,7 +241,9 @@ static int send_all(int fd, const void *buf, size_t n) {
 	return 0;
 }
 
-static int floor_socket(const struct strategy *st, int client_cpu, struct stats *ret) {
+/* The raw socket round trip: plain recv()/send(), or (fdroom) kvd's recvmsg()/sendmsg(). */
+static int floor_socket(const struct strategy *st, int client_cpu, bool fdroom,
+                        struct stats *ret) {
 	_cleanup_(freep) uint64_t *ns = calloc(arg_iterations, sizeof(uint64_t));
 	uint32_t total = warmup() + arg_iterations;
 	char msg[MSG_BYTES] = "kvd-bench ipc";
@@ -205,8 +260,9 @@ static int floor_socket(const struct strategy *st, int client_cpu, struct stats 
 	if (pid == 0) {
 		close(sv[0]);
 		pin_cpu(cpus[0]);
-		while (recv_wait(sv[1], msg, sizeof(msg), (uint64_t)st->server_spin_us * 1000) > 0)
-			if (send_all(sv[1], msg, sizeof(msg)) < 0)
+		while (recv_wait(sv[1], msg, sizeof(msg), (uint64_t)st->server_spin_us * 1000, fdroom) > 0)
+			if (send_all(sv[1], msg, sizeof(msg),
+			             fdroom ? MSG_DONTWAIT | MSG_NOSIGNAL : MSG_NOSIGNAL, fdroom) < 0)
 				break;
 		_exit(0);
 	}
@@ -215,9 +271,10 @@ static int floor_socket(const struct strategy *st, int client_cpu, struct stats 
 	for (uint32_t i = 0; i < total && r >= 0; i++) {
 		uint64_t t0 = ring_now_ns();
 
-		r = send_all(sv[0], msg, sizeof(msg));
+		r = send_all(sv[0], msg, sizeof(msg), MSG_NOSIGNAL, fdroom);
 		if (r >= 0)
-			r = recv_wait(sv[0], msg, sizeof(msg), (uint64_t)st->client_spin_us * 1000) > 0 ? 0 : -EPIPE;
+			r = recv_wait(sv[0], msg, sizeof(msg), (uint64_t)st->client_spin_us * 1000,
+			              fdroom) > 0 ? 0 : -EPIPE;
 		if (i >= total - arg_iterations)
 			ns[i - (total - arg_iterations)] = ring_now_ns() - t0;
 	}
@@ -225,7 +282,7 @@ static int floor_socket(const struct strategy *st, int client_cpu, struct stats 
 	close(sv[0]);
 	waitpid(pid, NULL, 0);
 	if (r < 0)
-		return fail("socket floor: %s", strerror(-r));
+		return fail("%s floor: %s", fdroom ? "fd-room socket" : "socket", strerror(-r));
 	*ret = stats_of(ns, arg_iterations);
 	return 0;
 }
@@ -465,7 +522,9 @@ static int measure_row(struct row *row, int client_cpu) {
 	struct daemon d;
 	int r;
 
-	r = floor_socket(st, client_cpu, &row->socket_floor);
+	r = floor_socket(st, client_cpu, false, &row->socket_floor);
+	if (r >= 0)
+		r = floor_socket(st, client_cpu, true, &row->socket_fdroom_floor);
 	if (r >= 0)
 		r = floor_ring(st, client_cpu, &row->ring_floor);
 	if (r < 0)
@@ -567,7 +626,7 @@ static void print_pair(const char *path, const struct stats *fl, const struct st
                        double target) {
 	double rm = ratio(kv->median_us, fl->median_us), rp = ratio(kv->p99_us, fl->p99_us);
 
-	printf("  %-14s floor %8.2f / %8.2f   kvd %8.2f / %8.2f   ratio %5.2f / %5.2f   %s %.1f\n",
+	printf("  %-16s floor %8.2f / %8.2f   kvd %8.2f / %8.2f   ratio %5.2f / %5.2f   %s %.1f\n",
 	       path, fl->median_us, fl->p99_us, kv->median_us, kv->p99_us, rm, rp,
 	       rm <= target ? "within" : "OVER", target);
 }
@@ -582,6 +641,7 @@ static void print_text(const struct row *rows, unsigned n_rows, const double *tp
 		printf("%s, %s (client spins %" PRIu32 " us, server %" PRIu32 " us):\n", r->wait->name,
 		       r->placement, r->wait->client_spin_us, r->wait->server_spin_us);
 		print_pair("socket", &r->socket_floor, &r->socket_kvd, SOCKET_TARGET);
+		print_pair("socket (fd room)", &r->socket_fdroom_floor, &r->socket_kvd, SOCKET_TARGET);
 		print_pair("ring", &r->ring_floor, &r->ring_kvd, RING_TARGET);
 		if (r->eventfd)
 			print_pair("ring (eventfd)", &r->ring_floor, &r->ring_eventfd_kvd, RING_TARGET);
@@ -605,6 +665,17 @@ static void json_pair(const char *path, const struct stats *fl, const struct sta
 	       rm, path, rp, path, rm <= target ? "true" : "false");
 }
 
+/* The kvd socket op against the fd-room floor: socket_fdroom_floor_* and
+ * socket_fdroom_ratio_* (the kvd figures are socket_kvd_*). */
+static void json_fdroom(const struct stats *fl, const struct stats *kv, double target) {
+	double rm = ratio(kv->median_us, fl->median_us), rp = ratio(kv->p99_us, fl->p99_us);
+
+	printf(",\n      \"socket_fdroom_floor_median_us\": %.3f, \"socket_fdroom_floor_p99_us\": %.3f",
+	       fl->median_us, fl->p99_us);
+	printf(",\n      \"socket_fdroom_ratio_median\": %.3f, \"socket_fdroom_ratio_p99\": %.3f, "
+	       "\"socket_fdroom_ratio_met\": %s", rm, rp, rm <= target ? "true" : "false");
+}
+
 static void print_json(const struct row *rows, unsigned n_rows, const double *tput) {
 	printf("{\n  \"cpus\": %d,\n  \"iterations\": %" PRIu32 ",\n  \"message_bytes\": %d,\n"
 	       "  \"server_cpu\": %d,\n  \"client_cpus\": {\"same-core\": %d, \"cross-core\": %d},\n"
@@ -617,6 +688,7 @@ static void print_json(const struct row *rows, unsigned n_rows, const double *tp
 		       ", \"server_spin_us\": %" PRIu32, i ? "," : "", r->wait->name, r->placement,
 		       r->wait->client_spin_us, r->wait->server_spin_us);
 		json_pair("socket", &r->socket_floor, &r->socket_kvd, SOCKET_TARGET);
+		json_fdroom(&r->socket_fdroom_floor, &r->socket_kvd, SOCKET_TARGET);
 		json_pair("ring", &r->ring_floor, &r->ring_kvd, RING_TARGET);
 		if (r->eventfd)
 			json_pair("ring_eventfd", &r->ring_floor, &r->ring_eventfd_kvd, RING_TARGET);
@@ -635,10 +707,13 @@ static void help(void) {
 	printf("Usage: kvd-bench ipc [OPTIONS]\n"
 	       "\n"
 	       "The cost of one per-step kvd request (pin, unpin) over the socket and through\n"
-	       "the shared-memory rings, next to a raw Unix-socket round trip and a raw ring\n"
-	       "round trip between two processes, each spinning, spinning then sleeping, and\n"
-	       "sleeping, on one core and across two; then pin/unpin throughput with 1, 4 and\n"
-	       "16 clients. Starts its own kvd daemons on temporary sockets.\n"
+	       "the shared-memory rings, next to floors between two processes: a raw\n"
+	       "Unix-socket round trip with recv()/send(); the same with kvd's recvmsg() with\n"
+	       "room for fds and sendmsg() (\"fd room\": the floor of any protocol that passes\n"
+	       "fds on its socket, as kvd's does); and a raw ring round trip. Each spinning,\n"
+	       "spinning then sleeping, and sleeping, on one core and across two; then\n"
+	       "pin/unpin throughput with 1, 4 and 16 clients. Starts its own kvd daemons on\n"
+	       "temporary sockets.\n"
 	       "\n"
 	       "Options:\n"
 	       "  --kvd PATH        The kvd binary (default: $KVD_DAEMON if set, else kvd from PATH)\n"
@@ -649,7 +724,9 @@ static void help(void) {
 	       "  --poll-us US      The server's spin before sleeping, likewise (default: 50,\n"
 	       "                    kvd's)\n"
 	       "  --json            Print JSON instead of tables; ratio fields are named\n"
-	       "                    ring_ratio_* and socket_ratio_*\n"
+	       "                    ring_ratio_*, ring_eventfd_ratio_*, socket_ratio_* (against\n"
+	       "                    the plain floor) and socket_fdroom_ratio_* (against the\n"
+	       "                    fd-room floor, socket_fdroom_floor_*)\n"
 	       "  -h --help         Show this help and exit\n"
 	       "\n"
 	       "Exit status: 0 when every figure was measured, 1 on errors, 2 on usage errors.\n",
