@@ -83,9 +83,11 @@ int client_cuda_new(const uint8_t *uuid, size_t uuid_len, uint64_t pool_bytes,
 		free(cc);
 		return r;
 	}
-	/* Aligned to the chunk size, which the daemon made a multiple of the granularity,
-	 * so that every chunk's place is aligned as cuMemMap requires. */
-	cr = cu->cuMemAddressReserve(&cc->base, pool_bytes, chunk_bytes, 0, 0);
+	/* Aligned to the largest power of two that divides the chunk size (the driver takes
+	 * only powers of two: a 6 MiB chunk cannot be the alignment): the chunk size is a
+	 * multiple of the granularity, a power of two, so this is a multiple of it too, and
+	 * every chunk's place is aligned as cuMemMap requires. */
+	cr = cu->cuMemAddressReserve(&cc->base, pool_bytes, chunk_bytes & -chunk_bytes, 0, 0);
 	pop(cc);
 	if (cr != CUDA_SUCCESS) {
 		cu->cuDevicePrimaryCtxRelease(cc->dev);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The cuda backend across processes, on a real GPU (suite gpu; exits 77 without one):
+ * The cuda backend across processes, on a real GPU (suite gpu; exits 77 without one), and
+ * under the fake driver of tests/fake-cuda (suite fake-gpu, as gpu-ipc-fake-driver):
  *
  *   - the daemon (one process) starts with --backend cuda and grants chunks as cuMem fds;
  *   - this process (tenant a) imports them through libkvd, writes a pattern into every

@@ -519,6 +519,12 @@ KVD_EXPORT int kvd_seq_claim(kvd_seq *s, int model_id);
  * rewrite it (an eviction plan waits). kvd_seq_unpin applies a waiting plan before it
  * returns. Pins nest (up to 255). Both return 0, or -ENOENT (released), -EBUSY (nesting
  * limit), -EINVAL (unpin without pin), -ECONNRESET, -ECHILD.
+ *
+ * On a GPU pool (KVD_MEMORY_CUDA) the daemon reads and moves an unpinned sequence's K/V
+ * with its own device copies, which are complete when the call that reports them returns
+ * (kvd_seq_unpin, or the rewrite kvd_seq_pin sees). The engine's side of the order is its
+ * own: the work it enqueued on the sequence's K/V must have completed before kvd_seq_unpin
+ * (synchronise the stream, or wait for an event recorded after that work).
  */
 KVD_EXPORT int kvd_seq_pin(kvd_seq *s);
 KVD_EXPORT int kvd_seq_unpin(kvd_seq *s);

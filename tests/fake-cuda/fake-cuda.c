@@ -1,0 +1,1387 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A fake CUDA driver: a libcuda.so.1 that kernels/cuda-dl.c loads in place of NVIDIA's when
+ * its directory comes first in LD_LIBRARY_PATH, so that the cuda backend's host-side paths
+ * (the daemon's chunk export, scrubs and reads, libkvd's import and mapping, the contexts
+ * both use) run in CI, where there is no GPU.
+ *
+ * "Device" memory is host memory: cuMemCreate makes a memfd, exported fds are dups of it,
+ * and cuMemMap maps it MAP_SHARED into a reservation, so two processes that share a chunk
+ * really share its bytes. Device pointers are host addresses; copies and memsets happen at
+ * once, streams and events are bookkeeping. Kernels cannot run: cuModuleLoadData says
+ * CUDA_ERROR_NO_BINARY_FOR_GPU.
+ *
+ * Where the real driver refuses something, the fake refuses it the same way, so that a
+ * mistake kvd makes here fails here rather than only on a GPU: calls before cuInit, calls
+ * that need a current context without one (per thread, as in the driver), unaligned or
+ * mismatched VMM arguments, unknown handles, and a mapping used before cuMemSetAccess (it
+ * stays PROT_NONE: a CPU touch faults, and a copy or memset through the driver returns
+ * CUDA_ERROR_ILLEGAL_ADDRESS, as a GPU kernel's access would fault). Which calls need a
+ * context follows the error lists of cuda.h: the VMM calls (cuMemCreate, cuMemMap, ...)
+ * name no CUDA_ERROR_INVALID_CONTEXT and run without one; copies, memsets, cuMemGetInfo,
+ * cuMemAlloc, streams, events and modules need one.
+ *
+ * Environment: KVD_FAKE_CUDA_DEVICES (default 1, at most 8; 0: cuInit says
+ * CUDA_ERROR_NO_DEVICE), KVD_FAKE_CUDA_MEMORY_MIB per device (default 1024),
+ * KVD_FAKE_CUDA_GRANULARITY_KIB (default 2048, as on real GPUs), KVD_FAKE_CUDA_TRACE=1 to
+ * print every refused call to stderr.
+ *
+ * Thread-safe: one mutex guards every table (the daemon calls from several threads); the
+ * context stack is per thread, as in the driver. Not installed: a test double only.
+ */
+#include <cuda.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FAKE_DEVICES_MAX 8
+#define CTX_STACK_MAX 32
+#define MEMFD_PREFIX "kvd-fake-cuda-dev"
+
+struct CUctx_st {
+	int ordinal;
+	unsigned refs;                /* primary context retains; 0: inactive */
+};
+
+struct CUstream_st {
+	struct CUstream_st *next;
+	unsigned flags;
+};
+
+struct CUevent_st {
+	struct CUevent_st *next;
+	unsigned flags;
+	bool recorded;
+	struct timespec at;
+};
+
+/* Physical memory, made by cuMemCreate or first imported here; one per memfd, however many
+ * handles name it (an fd exported here and imported again is the same memory). */
+struct alloc {
+	struct alloc *next;
+	int fd;                       /* the memfd */
+	ino_t ino;
+	size_t size;
+	int ordinal;
+	bool created;                 /* counts against this process's free memory */
+	bool exportable;
+	unsigned refs;                /* handles and mappings that hold it */
+};
+
+struct handle {
+	struct handle *next;
+	CUmemGenericAllocationHandle id;
+	struct alloc *alloc;
+};
+
+struct reservation {
+	struct reservation *next;
+	uintptr_t va;
+	size_t size;
+};
+
+struct mapping {
+	struct mapping *next;
+	uintptr_t va;
+	size_t size;
+	struct alloc *alloc;
+	int prot;                     /* PROT_NONE until cuMemSetAccess */
+};
+
+/* A cuMemAlloc allocation. */
+struct devmem {
+	struct devmem *next;
+	void *p;
+	size_t size;
+	int ordinal;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	bool initialized;             /* read with __atomic: checked before the lock */
+	int devices;
+	size_t total;
+	size_t granularity;
+	size_t used[FAKE_DEVICES_MAX];
+	CUmemGenericAllocationHandle next_handle;
+	struct alloc *allocs;
+	struct handle *handles;
+	struct reservation *reservations;
+	struct mapping *mappings;
+	struct devmem *devmems;
+	struct CUstream_st *streams;
+	struct CUevent_st *events;
+} fk;
+static struct CUctx_st primary[FAKE_DEVICES_MAX];
+
+/* The driver's context stack is per thread: a thread starts with none current. */
+static __thread CUcontext ctx_stack[CTX_STACK_MAX];
+static __thread unsigned ctx_depth;
+
+/* Returns r, saying why on stderr when KVD_FAKE_CUDA_TRACE is set (the real driver says
+ * nothing; this is for whoever debugs a test). */
+__attribute__((format(printf, 3, 4)))
+static CUresult fail(CUresult r, const char *call, const char *fmt, ...) {
+	const char *trace = getenv("KVD_FAKE_CUDA_TRACE");
+	const char *name = NULL;
+	va_list ap;
+
+	if (!trace || !*trace || strcmp(trace, "0") == 0)
+		return r;
+	cuGetErrorName(r, &name);
+	fprintf(stderr, "fake-cuda[%d]: %s: %s: ", (int)getpid(), call, name ? name : "?");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return r;
+}
+
+static long env_long(const char *name, long def, long min, long max) {
+	const char *s = getenv(name);
+	char *end;
+	long v;
+
+	if (!s || !*s)
+		return def;
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (errno || *end || v < min)
+		return def;
+	return v > max ? max : v;
+}
+
+static bool initialized(void) {
+	return __atomic_load_n(&fk.initialized, __ATOMIC_ACQUIRE);
+}
+
+#define NEED_INIT(call)                                                                       \
+	do {                                                                                  \
+		if (!initialized())                                                           \
+			return fail(CUDA_ERROR_NOT_INITIALIZED, call, "cuInit was not called"); \
+	} while (0)
+
+static bool is_device(CUdevice dev) {
+	return dev >= 0 && dev < fk.devices;
+}
+
+static bool is_ctx(CUcontext ctx) {
+	return ctx >= &primary[0] && ctx < &primary[fk.devices];
+}
+
+static CUcontext ctx_current(void) {
+	return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+}
+
+/*
+ * Whether the calling thread has a usable context: the driver answers
+ * CUDA_ERROR_INVALID_CONTEXT to a thread without one (a thread of the daemon or of an
+ * engine that forgot cuCtxSetCurrent), and to a primary context released to zero (it was
+ * destroyed). Returns the device's ordinal in *ret_ordinal.
+ */
+static CUresult need_ctx(const char *call, int *ret_ordinal) {
+	CUcontext ctx = ctx_current();
+	unsigned refs;
+
+	if (!initialized())
+		return fail(CUDA_ERROR_NOT_INITIALIZED, call, "cuInit was not called");
+	if (!ctx)
+		return fail(CUDA_ERROR_INVALID_CONTEXT, call, "no current context on this thread");
+	pthread_mutex_lock(&lock);
+	refs = ctx->refs;
+	pthread_mutex_unlock(&lock);
+	if (refs == 0)
+		return fail(CUDA_ERROR_INVALID_CONTEXT, call,
+		            "the current context (device %d's primary) was released", ctx->ordinal);
+	if (ret_ordinal)
+		*ret_ordinal = ctx->ordinal;
+	return CUDA_SUCCESS;
+}
+
+/* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are streams too; anything else must be one
+ * cuStreamCreate made (the driver: CUDA_ERROR_INVALID_HANDLE). Called with the lock held. */
+static bool is_stream(CUstream s) {
+	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+		return true;
+	for (struct CUstream_st *p = fk.streams; p; p = p->next)
+		if (p == s)
+			return true;
+	return false;
+}
+
+static bool is_event(CUevent e) {
+	for (struct CUevent_st *p = fk.events; p; p = p->next)
+		if (p == e)
+			return true;
+	return false;
+}
+
+static struct alloc *alloc_find(CUmemGenericAllocationHandle id) {
+	for (struct handle *h = fk.handles; h; h = h->next)
+		if (h->id == id)
+			return h->alloc;
+	return NULL;
+}
+
+/* A new handle for a (which it holds). Lock held. */
+static int handle_new(struct alloc *a, CUmemGenericAllocationHandle *ret) {
+	struct handle *h = calloc(1, sizeof(*h));
+
+	if (!h)
+		return -ENOMEM;
+	h->id = fk.next_handle++;
+	h->alloc = a;
+	h->next = fk.handles;
+	fk.handles = h;
+	a->refs++;
+	*ret = h->id;
+	return 0;
+}
+
+/* Physical memory goes when neither a handle nor a mapping holds it (cuMemRelease: "the
+ * memory is freed when all outstanding mappings are unmapped"); exported fds hold the memfd
+ * on their own, as they hold the allocation on the real driver. Lock held. */
+static void alloc_put(struct alloc *a) {
+	if (--a->refs > 0)
+		return;
+	for (struct alloc **pp = &fk.allocs; *pp; pp = &(*pp)->next)
+		if (*pp == a) {
+			*pp = a->next;
+			break;
+		}
+	if (a->created)
+		fk.used[a->ordinal] -= a->size;
+	close(a->fd);
+	free(a);
+}
+
+static struct reservation *reservation_of(uintptr_t va, size_t size) {
+	for (struct reservation *r = fk.reservations; r; r = r->next)
+		if (va >= r->va && size <= r->size && va - r->va <= r->size - size)
+			return r;
+	return NULL;
+}
+
+static struct mapping *mapping_at(uintptr_t va) {
+	for (struct mapping *m = fk.mappings; m; m = m->next)
+		if (va >= m->va && va - m->va < m->size)
+			return m;
+	return NULL;
+}
+
+/*
+ * Whether [va, va + size) is made of whole mappings with no gap: cuMemUnmap and
+ * cuMemSetAccess take "the entire contiguous address range that was mapped", never part of
+ * a mapping. Lock held.
+ */
+static bool whole_mappings(uintptr_t va, size_t size) {
+	uintptr_t end = va + size;
+
+	if (size == 0 || end < va)
+		return false;
+	for (uintptr_t p = va; p < end;) {
+		struct mapping *m = mapping_at(p);
+
+		if (!m || m->va != p || m->size > end - p)
+			return false;
+		p += m->size;
+	}
+	return true;
+}
+
+/*
+ * Checks that the device range [va, va + size) may be read (or written): every byte in an
+ * accessible mapping or a cuMemAlloc allocation. A range inside a reservation but not
+ * mapped, or mapped without access, is what a kernel would fault on (the driver then says
+ * CUDA_ERROR_ILLEGAL_ADDRESS); an address the driver never gave out is
+ * CUDA_ERROR_INVALID_VALUE. Lock held.
+ */
+static CUresult dev_range(const char *call, CUdeviceptr dptr, size_t size, bool write) {
+	uintptr_t va = (uintptr_t)dptr, end = va + size;
+
+	if (size == 0)
+		return CUDA_SUCCESS;
+	if (end < va)
+		return fail(CUDA_ERROR_INVALID_VALUE, call, "range wraps");
+	for (uintptr_t p = va; p < end;) {
+		struct mapping *m = mapping_at(p);
+		struct devmem *d;
+
+		if (m) {
+			if (!(m->prot & (write ? PROT_WRITE : PROT_READ)))
+				return fail(CUDA_ERROR_ILLEGAL_ADDRESS, call,
+				            "0x%lx is mapped without %s access (cuMemSetAccess)",
+				            (unsigned long)p, write ? "write" : "read");
+			p = m->va + m->size;
+			continue;
+		}
+		for (d = fk.devmems; d; d = d->next)
+			if (p >= (uintptr_t)d->p && p - (uintptr_t)d->p < d->size)
+				break;
+		if (d) {
+			p = (uintptr_t)d->p + d->size;
+			continue;
+		}
+		if (reservation_of(p, 1))
+			return fail(CUDA_ERROR_ILLEGAL_ADDRESS, call,
+			            "0x%lx is reserved but not mapped", (unsigned long)p);
+		return fail(CUDA_ERROR_INVALID_VALUE, call, "0x%lx is no device memory",
+		            (unsigned long)p);
+	}
+	return CUDA_SUCCESS;
+}
+
+/* At exit, with KVD_FAKE_CUDA_TRACE: what the process left behind. The real driver frees
+ * it all at exit too, so this is no error, but a daemon or library that means to give
+ * everything back shows here what it did not. */
+__attribute__((destructor)) static void report_leftovers(void) {
+	unsigned n_handles = 0, n_res = 0, n_maps = 0, n_mem = 0, n_streams = 0, n_events = 0;
+	const char *trace = getenv("KVD_FAKE_CUDA_TRACE");
+	unsigned refs;
+
+	if (!trace || !*trace || strcmp(trace, "0") == 0 || !initialized())
+		return;
+	pthread_mutex_lock(&lock);
+	for (struct handle *h = fk.handles; h; h = h->next)
+		n_handles++;
+	for (struct reservation *r = fk.reservations; r; r = r->next)
+		n_res++;
+	for (struct mapping *m = fk.mappings; m; m = m->next)
+		n_maps++;
+	for (struct devmem *d = fk.devmems; d; d = d->next)
+		n_mem++;
+	for (struct CUstream_st *s = fk.streams; s; s = s->next)
+		n_streams++;
+	for (struct CUevent_st *e = fk.events; e; e = e->next)
+		n_events++;
+	refs = primary[0].refs;
+	pthread_mutex_unlock(&lock);
+	fprintf(stderr, "fake-cuda[%d]: at exit: %u handles, %u reservations, %u mappings, "
+	        "%u cuMemAlloc blocks, %u streams, %u events; device 0's primary context refs %u\n",
+	        (int)getpid(), n_handles, n_res, n_maps, n_mem, n_streams, n_events, refs);
+}
+
+/* ---- initialisation, versions, errors ---- */
+
+/* The driver's first call: everything but versions and error names needs it. Without a
+ * device, the driver fails it with CUDA_ERROR_NO_DEVICE and stays uninitialised. */
+CUresult CUDAAPI cuInit(unsigned int flags) {
+	long devices;
+
+	if (flags != 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuInit", "flags must be 0");
+	devices = env_long("KVD_FAKE_CUDA_DEVICES", 1, 0, FAKE_DEVICES_MAX);
+	if (devices == 0)
+		return fail(CUDA_ERROR_NO_DEVICE, "cuInit", "KVD_FAKE_CUDA_DEVICES=0");
+	pthread_mutex_lock(&lock);
+	if (!fk.initialized) {
+		long page = sysconf(_SC_PAGESIZE);
+		size_t gran = (size_t)env_long("KVD_FAKE_CUDA_GRANULARITY_KIB", 2048, 4, 1L << 20) << 10;
+
+		fk.devices = (int)devices;
+		fk.total = (size_t)env_long("KVD_FAKE_CUDA_MEMORY_MIB", 1024, 1, 1L << 24) << 20;
+		/* mmap works in pages: a granularity is a whole number of them. */
+		fk.granularity = (gran + (size_t)page - 1) / (size_t)page * (size_t)page;
+		fk.next_handle = 1;
+		for (int i = 0; i < FAKE_DEVICES_MAX; i++)
+			primary[i].ordinal = i;
+		__atomic_store_n(&fk.initialized, true, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+/* Works before cuInit, as in the driver. The toolkit's version: the headers we match. */
+CUresult CUDAAPI cuDriverGetVersion(int *driverVersion) {
+	if (!driverVersion)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuDriverGetVersion", "NULL");
+	*driverVersion = CUDA_VERSION;
+	return CUDA_SUCCESS;
+}
+
+static const struct {
+	CUresult r;
+	const char *name, *text;
+} errors[] = {
+#define E(code, text) { code, #code, text }
+	E(CUDA_SUCCESS, "no error"),
+	E(CUDA_ERROR_INVALID_VALUE, "invalid argument"),
+	E(CUDA_ERROR_OUT_OF_MEMORY, "out of memory"),
+	E(CUDA_ERROR_NOT_INITIALIZED, "initialization error"),
+	E(CUDA_ERROR_DEINITIALIZED, "driver shutting down"),
+	E(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"),
+	E(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"),
+	E(CUDA_ERROR_INVALID_CONTEXT, "invalid device context"),
+	E(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device"),
+	E(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"),
+	E(CUDA_ERROR_NOT_READY, "device not ready"),
+	E(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered"),
+	E(CUDA_ERROR_NOT_PERMITTED, "operation not permitted"),
+	E(CUDA_ERROR_NOT_SUPPORTED, "operation not supported"),
+	E(CUDA_ERROR_UNKNOWN, "unknown error"),
+#undef E
+};
+
+/* Names for the codes this fake returns; others are CUDA_ERROR_INVALID_VALUE with *pStr
+ * NULL, as the driver answers codes it does not know. No cuInit needed. */
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
+	if (!pStr)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+		if (errors[i].r == error) {
+			*pStr = errors[i].name;
+			return CUDA_SUCCESS;
+		}
+	*pStr = NULL;
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr) {
+	if (!pStr)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+		if (errors[i].r == error) {
+			*pStr = errors[i].text;
+			return CUDA_SUCCESS;
+		}
+	*pStr = NULL;
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- devices ---- */
+
+CUresult CUDAAPI cuDeviceGetCount(int *count) {
+	NEED_INIT("cuDeviceGetCount");
+	if (!count)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetCount", "NULL");
+	*count = fk.devices;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
+	NEED_INIT("cuDeviceGet");
+	if (!device)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuDeviceGet", "NULL");
+	if (!is_device(ordinal))
+		return fail(CUDA_ERROR_INVALID_DEVICE, "cuDeviceGet", "ordinal %d", ordinal);
+	*device = ordinal;
+	return CUDA_SUCCESS;
+}
+
+/* Truncated to len, NUL-terminated, like the driver. */
+CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
+	NEED_INIT("cuDeviceGetName");
+	if (!name || len <= 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetName", "no buffer");
+	if (!is_device(dev))
+		return fail(CUDA_ERROR_INVALID_DEVICE, "cuDeviceGetName", "device %d", dev);
+	snprintf(name, (size_t)len, "kvd fake CUDA device %d", dev);
+	return CUDA_SUCCESS;
+}
+
+/*
+ * What kvd asks: VMM and POSIX-fd export are supported (what the cuda backend needs).
+ * A few other values are those of a plausible GPU for tools that print them; the rest are
+ * 0. An attribute the enum does not have is CUDA_ERROR_INVALID_VALUE.
+ */
+CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+	NEED_INIT("cuDeviceGetAttribute");
+	if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetAttribute", "attribute %d",
+		            (int)attrib);
+	if (!is_device(dev))
+		return fail(CUDA_ERROR_INVALID_DEVICE, "cuDeviceGetAttribute", "device %d", dev);
+	switch (attrib) {
+	case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+		*pi = 1;
+		break;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+		*pi = 9;
+		break;
+	case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+		*pi = 1;
+		break;
+	case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+		*pi = 32;
+		break;
+	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+		*pi = 1024;
+		break;
+	default:
+		*pi = 0;
+		break;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* Fixed and distinct per ordinal: kvd names a GPU across processes by its UUID. */
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+	static const char base[16] = "kvd-fake-cuda-0";
+
+	NEED_INIT("cuDeviceGetUuid");
+	if (!uuid)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetUuid", "NULL");
+	if (!is_device(dev))
+		return fail(CUDA_ERROR_INVALID_DEVICE, "cuDeviceGetUuid", "device %d", dev);
+	memcpy(uuid->bytes, base, sizeof(uuid->bytes));
+	uuid->bytes[14] = (char)('0' + dev);
+	uuid->bytes[15] = (char)0xfa;
+	return CUDA_SUCCESS;
+}
+
+/* ---- contexts ---- */
+
+/* One primary context per device, reference counted: retained, it is active; released to
+ * zero, the driver destroys it (here: calls in it fail until it is retained again). */
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+	NEED_INIT("cuDevicePrimaryCtxRetain");
+	if (!pctx)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuDevicePrimaryCtxRetain", "NULL");
+	if (!is_device(dev))
+		return fail(CUDA_ERROR_INVALID_DEVICE, "cuDevicePrimaryCtxRetain", "device %d", dev);
+	pthread_mutex_lock(&lock);
+	primary[dev].refs++;
+	pthread_mutex_unlock(&lock);
+	*pctx = &primary[dev];
+	return CUDA_SUCCESS;
+}
+
+/* Releasing more often than retaining is an error in the driver too. */
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
+	CUresult r = CUDA_SUCCESS;
+
+	NEED_INIT("cuDevicePrimaryCtxRelease");
+	if (!is_device(dev))
+		return fail(CUDA_ERROR_INVALID_DEVICE, "cuDevicePrimaryCtxRelease", "device %d", dev);
+	pthread_mutex_lock(&lock);
+	if (primary[dev].refs == 0)
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	else
+		primary[dev].refs--;
+	pthread_mutex_unlock(&lock);
+	return r == CUDA_SUCCESS ? r :
+	       fail(r, "cuDevicePrimaryCtxRelease", "device %d's primary context is not retained", dev);
+}
+
+/* Replaces the top of this thread's stack (or pushes onto an empty one); NULL pops, as the
+ * driver documents. */
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
+	NEED_INIT("cuCtxSetCurrent");
+	if (ctx && !is_ctx(ctx))
+		return fail(CUDA_ERROR_INVALID_CONTEXT, "cuCtxSetCurrent", "not a context");
+	if (!ctx) {
+		if (ctx_depth)
+			ctx_depth--;
+	} else if (ctx_depth)
+		ctx_stack[ctx_depth - 1] = ctx;
+	else
+		ctx_stack[ctx_depth++] = ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
+	NEED_INIT("cuCtxPushCurrent");
+	if (!ctx)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuCtxPushCurrent", "NULL");
+	if (!is_ctx(ctx))
+		return fail(CUDA_ERROR_INVALID_CONTEXT, "cuCtxPushCurrent", "not a context");
+	if (ctx_depth == CTX_STACK_MAX)
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuCtxPushCurrent", "stack full (unbalanced push?)");
+	ctx_stack[ctx_depth++] = ctx;
+	return CUDA_SUCCESS;
+}
+
+/* Popping an empty stack is CUDA_ERROR_INVALID_CONTEXT in the driver. */
+CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) {
+	NEED_INIT("cuCtxPopCurrent");
+	if (!ctx_depth)
+		return fail(CUDA_ERROR_INVALID_CONTEXT, "cuCtxPopCurrent", "no current context");
+	ctx_depth--;
+	if (pctx)
+		*pctx = ctx_stack[ctx_depth];
+	return CUDA_SUCCESS;
+}
+
+/* Everything already happened; only the context is checked. */
+CUresult CUDAAPI cuCtxSynchronize(void) {
+	return need_ctx("cuCtxSynchronize", NULL);
+}
+
+/* ---- memory: information, cuMemAlloc ---- */
+
+/* Per device: free is the total less what this process has allocated on it (the driver
+ * counts every process; here the others' memory is their own host memory). */
+CUresult CUDAAPI cuMemGetInfo(size_t *free_b, size_t *total_b) {
+	int ordinal;
+	CUresult r = need_ctx("cuMemGetInfo", &ordinal);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!free_b || !total_b)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemGetInfo", "NULL");
+	pthread_mutex_lock(&lock);
+	*free_b = fk.total - fk.used[ordinal];
+	*total_b = fk.total;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
+	struct devmem *d;
+	int ordinal;
+	size_t size;
+	CUresult r = need_ctx("cuMemAlloc", &ordinal);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!dptr || bytesize == 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemAlloc", "NULL or 0 bytes");
+	/* The driver aligns allocations to at least 256 bytes; a page keeps it simple. */
+	size = (bytesize + 4095) & ~(size_t)4095;
+	if (size < bytesize)
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc", "%zu bytes", bytesize);
+	pthread_mutex_lock(&lock);
+	if (size > fk.total - fk.used[ordinal]) {
+		pthread_mutex_unlock(&lock);
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc", "%zu bytes", bytesize);
+	}
+	d = calloc(1, sizeof(*d));
+	if (d)
+		d->p = aligned_alloc(4096, size);
+	if (!d || !d->p) {
+		free(d);
+		pthread_mutex_unlock(&lock);
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc", "host memory");
+	}
+	d->size = size;
+	d->ordinal = ordinal;
+	d->next = fk.devmems;
+	fk.devmems = d;
+	fk.used[ordinal] += size;
+	pthread_mutex_unlock(&lock);
+	*dptr = (CUdeviceptr)(uintptr_t)d->p;
+	return CUDA_SUCCESS;
+}
+
+/* Only what cuMemAlloc returned, and only once. */
+CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
+	CUresult r = need_ctx("cuMemFree", NULL);
+	struct devmem *d = NULL;
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&lock);
+	for (struct devmem **pp = &fk.devmems; *pp; pp = &(*pp)->next)
+		if ((uintptr_t)(*pp)->p == (uintptr_t)dptr) {
+			d = *pp;
+			*pp = d->next;
+			fk.used[d->ordinal] -= d->size;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	if (!d)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemFree", "0x%llx was not allocated",
+		            (unsigned long long)dptr);
+	free(d->p);
+	free(d);
+	return CUDA_SUCCESS;
+}
+
+/* ---- memory: virtual memory management (no context needed, see above) ---- */
+
+/* What cuMemCreate and the granularity query accept: pinned memory on one of our devices. */
+static CUresult prop_check(const char *call, const CUmemAllocationProp *prop) {
+	if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+	    prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+		return fail(CUDA_ERROR_INVALID_VALUE, call, "not pinned device memory");
+	if (!is_device(prop->location.id))
+		return fail(CUDA_ERROR_INVALID_DEVICE, call, "device %d", prop->location.id);
+	return CUDA_SUCCESS;
+}
+
+/* Minimum and recommended are the same here, as they are on current GPUs (2 MiB). */
+CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                               CUmemAllocationGranularity_flags option) {
+	CUresult r;
+
+	NEED_INIT("cuMemGetAllocationGranularity");
+	r = prop_check("cuMemGetAllocationGranularity", prop);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!granularity || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+	                     option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemGetAllocationGranularity", "bad arguments");
+	*granularity = fk.granularity;
+	return CUDA_SUCCESS;
+}
+
+/*
+ * Physical memory as a memfd of the size (a multiple of the granularity, as the driver
+ * requires). Only POSIX fds can be asked for as a shareable type (the others need Windows
+ * or a fabric); memory that did not ask for one cannot be exported, as in the driver.
+ */
+CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                             const CUmemAllocationProp *prop, unsigned long long flags) {
+	char name[32];
+	struct alloc *a;
+	struct stat st;
+	CUresult r;
+	int fd;
+
+	NEED_INIT("cuMemCreate");
+	r = prop_check("cuMemCreate", prop);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!handle || flags != 0 || size == 0 || size % fk.granularity != 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemCreate",
+		            "size %zu (granularity %zu), flags %llu", size, fk.granularity, flags);
+	if (prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return fail(CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate", "handle types 0x%x",
+		            (unsigned)prop->requestedHandleTypes);
+	pthread_mutex_lock(&lock);
+	if (size > fk.total - fk.used[prop->location.id]) {
+		pthread_mutex_unlock(&lock);
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate", "%zu bytes", size);
+	}
+	snprintf(name, sizeof(name), MEMFD_PREFIX "%d", prop->location.id);
+	fd = memfd_create(name, MFD_CLOEXEC);
+	a = calloc(1, sizeof(*a));
+	if (fd < 0 || !a || ftruncate(fd, (off_t)size) < 0) {
+		pthread_mutex_unlock(&lock);
+		if (fd >= 0)
+			close(fd);
+		free(a);
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate", "memfd: %s", strerror(errno));
+	}
+	a->fd = fd;
+	a->size = size;
+	a->ordinal = prop->location.id;
+	a->created = true;
+	a->exportable = prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	if (fstat(fd, &st) < 0 || handle_new(a, handle) < 0) {
+		pthread_mutex_unlock(&lock);
+		close(fd);
+		free(a);
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate", "no memory");
+	}
+	a->ino = st.st_ino;
+	a->next = fk.allocs;
+	fk.allocs = a;
+	fk.used[a->ordinal] += size;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+/* Drops the handle; the memory stays while it is mapped (cuMemRelease's documentation). */
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
+	struct handle *h = NULL;
+
+	NEED_INIT("cuMemRelease");
+	pthread_mutex_lock(&lock);
+	for (struct handle **pp = &fk.handles; *pp; pp = &(*pp)->next)
+		if ((*pp)->id == handle) {
+			h = *pp;
+			*pp = h->next;
+			alloc_put(h->alloc);
+			free(h);
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	return h ? CUDA_SUCCESS :
+	       fail(CUDA_ERROR_INVALID_VALUE, "cuMemRelease", "unknown handle %llu", handle);
+}
+
+/* A new fd for the same memory, which the caller owns. */
+CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                              CUmemAllocationHandleType handleType,
+                                              unsigned long long flags) {
+	bool known, exportable;
+	struct alloc *a;
+	int fd = -1;
+
+	NEED_INIT("cuMemExportToShareableHandle");
+	if (!shareableHandle || flags != 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemExportToShareableHandle", "bad arguments");
+	if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return fail(CUDA_ERROR_NOT_SUPPORTED, "cuMemExportToShareableHandle", "handle type %d",
+		            (int)handleType);
+	pthread_mutex_lock(&lock);
+	a = alloc_find(handle);
+	known = a;
+	exportable = a && a->exportable;
+	/* Without FD_CLOEXEC: what to do with it is the caller's choice. */
+	if (exportable)
+		fd = fcntl(a->fd, F_DUPFD, 0);
+	pthread_mutex_unlock(&lock);
+	if (!known)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemExportToShareableHandle",
+		            "unknown handle %llu", handle);
+	if (!exportable)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemExportToShareableHandle",
+		            "created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR");
+	if (fd < 0)
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemExportToShareableHandle", "dup: %s",
+		            strerror(errno));
+	*(int *)shareableHandle = fd;
+	return CUDA_SUCCESS;
+}
+
+/*
+ * The fd goes by value in the pointer (cuda.h), and stays the caller's. Only fds this
+ * driver exported are memory: anything else (a host-backend memfd, a file) is refused, as
+ * the driver refuses fds that are not its own.
+ */
+CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                CUmemAllocationHandleType shHandleType) {
+	int fd = (int)(intptr_t)osHandle, ordinal = -1;
+	char path[64], target[128];
+	bool fresh = false;
+	struct alloc *a;
+	struct stat st;
+	ssize_t n;
+
+	NEED_INIT("cuMemImportFromShareableHandle");
+	if (!handle)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemImportFromShareableHandle", "NULL");
+	if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return fail(CUDA_ERROR_NOT_SUPPORTED, "cuMemImportFromShareableHandle",
+		            "handle type %d", (int)shHandleType);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, target, sizeof(target) - 1);
+	if (fd < 0 || fstat(fd, &st) < 0 || n < 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemImportFromShareableHandle", "fd %d: %s",
+		            fd, strerror(errno));
+	target[n] = '\0';
+	if (sscanf(target, "/memfd:" MEMFD_PREFIX "%d", &ordinal) != 1 || !is_device(ordinal) ||
+	    st.st_size <= 0 || (size_t)st.st_size % fk.granularity != 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemImportFromShareableHandle",
+		            "fd %d (%s) is not memory of this driver", fd, target);
+	pthread_mutex_lock(&lock);
+	/* Memory this process knows already (it made it, or imported it before) is the same
+	 * allocation under a new handle. */
+	for (a = fk.allocs; a; a = a->next)
+		if (a->ino == st.st_ino)
+			break;
+	if (!a) {
+		a = calloc(1, sizeof(*a));
+		if (a)
+			a->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+		if (!a || a->fd < 0) {
+			pthread_mutex_unlock(&lock);
+			free(a);
+			return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemImportFromShareableHandle", "no memory");
+		}
+		a->ino = st.st_ino;
+		a->size = (size_t)st.st_size;
+		a->ordinal = ordinal;
+		a->exportable = true;
+		a->next = fk.allocs;
+		fk.allocs = a;
+		fresh = true;
+	}
+	if (handle_new(a, handle) < 0) {
+		if (fresh) {
+			a->refs = 1;
+			alloc_put(a);
+		}
+		pthread_mutex_unlock(&lock);
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemImportFromShareableHandle", "no memory");
+	}
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+/*
+ * Address space only: an inaccessible anonymous range. The driver wants the size a
+ * multiple of the page size and the alignment a power of two (or 0: the granularity); the
+ * address is a hint, which the fake does not take.
+ */
+CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                     unsigned long long flags) {
+	size_t page = (size_t)sysconf(_SC_PAGESIZE), span;
+	struct reservation *res;
+	uintptr_t base, va;
+	void *p;
+
+	(void)addr;
+	NEED_INIT("cuMemAddressReserve");
+	if (!ptr || flags != 0 || size == 0 || size % page != 0 ||
+	    (alignment & (alignment - 1)) != 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemAddressReserve",
+		            "size %zu, alignment %zu, flags %llu", size, alignment, flags);
+	if (alignment < fk.granularity)
+		alignment = fk.granularity;
+	span = size + alignment;
+	if (span < size)
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAddressReserve", "%zu bytes", size);
+	p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	res = calloc(1, sizeof(*res));
+	if (p == MAP_FAILED || !res) {
+		if (p != MAP_FAILED)
+			munmap(p, span);
+		free(res);
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAddressReserve", "%zu bytes", size);
+	}
+	/* Over-reserved by the alignment: keep the aligned part, give back both ends. */
+	base = (uintptr_t)p;
+	va = (base + alignment - 1) & ~(uintptr_t)(alignment - 1);
+	if (va > base)
+		munmap(p, va - base);
+	if (base + span > va + size)
+		munmap((void *)(va + size), base + span - (va + size));
+	res->va = va;
+	res->size = size;
+	pthread_mutex_lock(&lock);
+	res->next = fk.reservations;
+	fk.reservations = res;
+	pthread_mutex_unlock(&lock);
+	*ptr = (CUdeviceptr)va;
+	return CUDA_SUCCESS;
+}
+
+/* The pointer and size must be exactly a reservation's. A reservation that still has
+ * mappings is refused: they would hold their memory with no way left to unmap it. */
+CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+	struct reservation *res = NULL, **pp;
+	bool mapped = false;
+
+	NEED_INIT("cuMemAddressFree");
+	pthread_mutex_lock(&lock);
+	for (pp = &fk.reservations; *pp; pp = &(*pp)->next)
+		if ((*pp)->va == (uintptr_t)ptr && (*pp)->size == size) {
+			res = *pp;
+			break;
+		}
+	for (struct mapping *m = fk.mappings; res && m; m = m->next)
+		if (m->va >= res->va && m->va - res->va < res->size)
+			mapped = true;
+	if (res && !mapped)
+		*pp = res->next;
+	pthread_mutex_unlock(&lock);
+	if (!res)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree",
+		            "0x%llx + %zu is not a reservation", (unsigned long long)ptr, size);
+	if (mapped)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree",
+		            "0x%llx + %zu still has mappings (cuMemUnmap first)",
+		            (unsigned long long)ptr, size);
+	munmap((void *)res->va, res->size);
+	free(res);
+	return CUDA_SUCCESS;
+}
+
+/*
+ * Maps a whole allocation (offset 0: the driver takes no other yet) at a granularity-
+ * aligned place of a reservation that is not mapped yet. The mapping has no access until
+ * cuMemSetAccess ("calling cuMemMap does not make the address accessible"), so it stays
+ * PROT_NONE: a CPU or copy that uses it before that fails, as on a GPU.
+ */
+CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                          unsigned long long flags) {
+	uintptr_t va = (uintptr_t)ptr;
+	struct mapping *m;
+	struct alloc *a;
+	const char *why = NULL;
+
+	NEED_INIT("cuMemMap");
+	if (offset != 0 || flags != 0 || size == 0 || va % fk.granularity != 0 ||
+	    size % fk.granularity != 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemMap",
+		            "0x%lx + %zu, offset %zu, flags %llu (granularity %zu)", (unsigned long)va,
+		            size, offset, flags, fk.granularity);
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemMap", "no memory");
+	pthread_mutex_lock(&lock);
+	a = alloc_find(handle);
+	if (!a)
+		why = "unknown handle";
+	else if (a->size != size)
+		why = "size is not the allocation's";
+	else if (!reservation_of(va, size))
+		why = "not inside one reservation";
+	else
+		for (struct mapping *o = fk.mappings; o && !why; o = o->next)
+			if (o->va < va + size && va < o->va + o->size)
+				why = "overlaps a mapping";
+	if (!why && mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, 0) == MAP_FAILED)
+		why = "mmap failed";
+	if (why) {
+		pthread_mutex_unlock(&lock);
+		free(m);
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemMap", "0x%lx + %zu, handle %llu: %s",
+		            (unsigned long)va, size, handle, why);
+	}
+	m->va = va;
+	m->size = size;
+	m->alloc = a;
+	m->prot = PROT_NONE;
+	m->next = fk.mappings;
+	fk.mappings = m;
+	a->refs++;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+/* Whole mappings only ("cuMemUnmap cannot unmap a sub-range"); the range becomes
+ * reservation again, and memory no handle or mapping holds is freed. */
+CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
+	uintptr_t va = (uintptr_t)ptr, end = va + size;
+
+	NEED_INIT("cuMemUnmap");
+	pthread_mutex_lock(&lock);
+	if (!whole_mappings(va, size)) {
+		pthread_mutex_unlock(&lock);
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap",
+		            "0x%lx + %zu is not whole mappings", (unsigned long)va, size);
+	}
+	for (struct mapping **pp = &fk.mappings; *pp;) {
+		struct mapping *m = *pp;
+
+		if (m->va < va || m->va >= end) {
+			pp = &m->next;
+			continue;
+		}
+		*pp = m->next;
+		/* Back to an inaccessible reservation, in the same place. */
+		mmap((void *)m->va, m->size, PROT_NONE,
+		     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+		alloc_put(m->alloc);
+		free(m);
+	}
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+/*
+ * Grants access to whole mappings ("a fully mapped address range"), for devices of this
+ * driver. There is one CPU view of the memory, so the most any descriptor grants is what
+ * the mapping gets.
+ */
+CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+	uintptr_t va = (uintptr_t)ptr, end = va + size;
+	int prot = PROT_NONE;
+
+	NEED_INIT("cuMemSetAccess");
+	if (!desc || count == 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess", "no descriptor");
+	for (size_t i = 0; i < count; i++) {
+		if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+			return fail(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess", "location type %d",
+			            (int)desc[i].location.type);
+		if (!is_device(desc[i].location.id))
+			return fail(CUDA_ERROR_INVALID_DEVICE, "cuMemSetAccess", "device %d",
+			            desc[i].location.id);
+		switch (desc[i].flags) {
+		case CU_MEM_ACCESS_FLAGS_PROT_NONE:
+			break;
+		case CU_MEM_ACCESS_FLAGS_PROT_READ:
+			prot |= PROT_READ;
+			break;
+		case CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+			prot |= PROT_READ | PROT_WRITE;
+			break;
+		default:
+			return fail(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess", "flags %d",
+			            (int)desc[i].flags);
+		}
+	}
+	pthread_mutex_lock(&lock);
+	if (!whole_mappings(va, size)) {
+		pthread_mutex_unlock(&lock);
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess",
+		            "0x%lx + %zu is not fully mapped", (unsigned long)va, size);
+	}
+	for (struct mapping *m = fk.mappings; m; m = m->next)
+		if (m->va >= va && m->va < end) {
+			mprotect((void *)m->va, m->size, prot);
+			m->prot = prot;
+		}
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+/* ---- copies and memsets: done at once, under the lock so that no unmap races them ---- */
+
+static CUresult stream_check(const char *call, CUstream s) {
+	bool ok;
+
+	pthread_mutex_lock(&lock);
+	ok = is_stream(s);
+	pthread_mutex_unlock(&lock);
+	return ok ? CUDA_SUCCESS : fail(CUDA_ERROR_INVALID_HANDLE, call, "unknown stream %p", (void *)s);
+}
+
+static CUresult copy(const char *call, void *dst, const void *src, size_t n, CUdeviceptr dev_dst,
+                     CUdeviceptr dev_src, bool dst_dev, bool src_dev) {
+	CUresult r = need_ctx(call, NULL);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (n && ((!dst_dev && !dst) || (!src_dev && !src)))
+		return fail(CUDA_ERROR_INVALID_VALUE, call, "NULL host pointer");
+	pthread_mutex_lock(&lock);
+	if (dst_dev)
+		r = dev_range(call, dev_dst, n, true);
+	if (r == CUDA_SUCCESS && src_dev)
+		r = dev_range(call, dev_src, n, false);
+	if (r == CUDA_SUCCESS && n)
+		memmove(dst_dev ? (void *)(uintptr_t)dev_dst : dst,
+		        src_dev ? (const void *)(uintptr_t)dev_src : src, n);
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
+	return copy("cuMemcpyHtoD", NULL, srcHost, ByteCount, dstDevice, 0, true, false);
+}
+
+CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+	return copy("cuMemcpyDtoH", dstHost, NULL, ByteCount, 0, srcDevice, false, true);
+}
+
+CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
+	return copy("cuMemcpyDtoD", NULL, NULL, ByteCount, dstDevice, srcDevice, true, true);
+}
+
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                                   CUstream hStream) {
+	CUresult r = stream_check("cuMemcpyHtoDAsync", hStream);
+
+	return r != CUDA_SUCCESS ? r :
+	       copy("cuMemcpyHtoDAsync", NULL, srcHost, ByteCount, dstDevice, 0, true, false);
+}
+
+CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                   CUstream hStream) {
+	CUresult r = stream_check("cuMemcpyDtoHAsync", hStream);
+
+	return r != CUDA_SUCCESS ? r :
+	       copy("cuMemcpyDtoHAsync", dstHost, NULL, ByteCount, 0, srcDevice, false, true);
+}
+
+CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                   CUstream hStream) {
+	CUresult r = stream_check("cuMemcpyDtoDAsync", hStream);
+
+	return r != CUDA_SUCCESS ? r :
+	       copy("cuMemcpyDtoDAsync", NULL, NULL, ByteCount, dstDevice, srcDevice, true, true);
+}
+
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
+	CUresult r = need_ctx("cuMemsetD8Async", NULL);
+
+	if (r == CUDA_SUCCESS)
+		r = stream_check("cuMemsetD8Async", hStream);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&lock);
+	r = dev_range("cuMemsetD8Async", dstDevice, N, true);
+	if (r == CUDA_SUCCESS && N)
+		memset((void *)(uintptr_t)dstDevice, uc, N);
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+/* ---- streams and events ---- */
+
+CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+	struct CUstream_st *s;
+	CUresult r = need_ctx("cuStreamCreate", NULL);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!phStream || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuStreamCreate", "flags 0x%x", Flags);
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuStreamCreate", "no memory");
+	s->flags = Flags;
+	pthread_mutex_lock(&lock);
+	s->next = fk.streams;
+	fk.streams = s;
+	pthread_mutex_unlock(&lock);
+	*phStream = s;
+	return CUDA_SUCCESS;
+}
+
+/* Only streams cuStreamCreate made (not NULL or the special ones), once. */
+CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
+	struct CUstream_st *s = NULL;
+	CUresult r = need_ctx("cuStreamDestroy", NULL);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&lock);
+	for (struct CUstream_st **pp = &fk.streams; *pp; pp = &(*pp)->next)
+		if (*pp == hStream) {
+			s = *pp;
+			*pp = s->next;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	if (!s)
+		return fail(CUDA_ERROR_INVALID_HANDLE, "cuStreamDestroy", "unknown stream %p",
+		            (void *)hStream);
+	free(s);
+	return CUDA_SUCCESS;
+}
+
+/* Work is done when it is queued: nothing to wait for. */
+CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+	CUresult r = need_ctx("cuStreamSynchronize", NULL);
+
+	return r != CUDA_SUCCESS ? r : stream_check("cuStreamSynchronize", hStream);
+}
+
+CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+	const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+	struct CUevent_st *e;
+	CUresult r = need_ctx("cuEventCreate", NULL);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* An interprocess event must not time (cuda.h). */
+	if (!phEvent || (Flags & ~known) ||
+	    ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuEventCreate", "flags 0x%x", Flags);
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuEventCreate", "no memory");
+	e->flags = Flags;
+	pthread_mutex_lock(&lock);
+	e->next = fk.events;
+	fk.events = e;
+	pthread_mutex_unlock(&lock);
+	*phEvent = e;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
+	struct CUevent_st *e = NULL;
+	CUresult r = need_ctx("cuEventDestroy", NULL);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&lock);
+	for (struct CUevent_st **pp = &fk.events; *pp; pp = &(*pp)->next)
+		if (*pp == hEvent) {
+			e = *pp;
+			*pp = e->next;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	if (!e)
+		return fail(CUDA_ERROR_INVALID_HANDLE, "cuEventDestroy", "unknown event %p",
+		            (void *)hEvent);
+	free(e);
+	return CUDA_SUCCESS;
+}
+
+/* Everything queued before is done already, so the event completes at once: now. */
+CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
+	CUresult r = need_ctx("cuEventRecord", NULL);
+	struct timespec now;
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	pthread_mutex_lock(&lock);
+	if (!is_event(hEvent))
+		r = fail(CUDA_ERROR_INVALID_HANDLE, "cuEventRecord", "unknown event %p", (void *)hEvent);
+	else if (!is_stream(hStream))
+		r = fail(CUDA_ERROR_INVALID_HANDLE, "cuEventRecord", "unknown stream %p",
+		         (void *)hStream);
+	else {
+		hEvent->recorded = true;
+		hEvent->at = now;
+	}
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
+	CUresult r = need_ctx("cuEventSynchronize", NULL);
+	bool ok;
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&lock);
+	ok = is_event(hEvent);
+	pthread_mutex_unlock(&lock);
+	return ok ? CUDA_SUCCESS :
+	       fail(CUDA_ERROR_INVALID_HANDLE, "cuEventSynchronize", "unknown event %p", (void *)hEvent);
+}
+
+/* The time between the two records; the driver refuses events that were never recorded or
+ * that do not time (CUDA_ERROR_INVALID_HANDLE). */
+CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
+	CUresult r = need_ctx("cuEventElapsedTime", NULL);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!pMilliseconds)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuEventElapsedTime", "NULL");
+	pthread_mutex_lock(&lock);
+	if (!is_event(hStart) || !is_event(hEnd) || !hStart->recorded || !hEnd->recorded ||
+	    ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING))
+		r = fail(CUDA_ERROR_INVALID_HANDLE, "cuEventElapsedTime",
+		         "events unknown, not recorded or not timing");
+	else
+		*pMilliseconds = (float)((double)(hEnd->at.tv_sec - hStart->at.tv_sec) * 1e3 +
+		                         (double)(hEnd->at.tv_nsec - hStart->at.tv_nsec) / 1e6);
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+/* ---- modules and kernels: a fake cannot run SASS or PTX ---- */
+
+/* What the driver says to a module with no code for this GPU: callers treat it as "no
+ * usable kernels" (kvd_cuda_kernels_new returns -ENODEV). */
+CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
+	CUresult r = need_ctx("cuModuleLoadData", NULL);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!module || !image)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuModuleLoadData", "NULL");
+	return fail(CUDA_ERROR_NO_BINARY_FOR_GPU, "cuModuleLoadData", "the fake driver runs no kernels");
+}
+
+/* No module was ever loaded, so no handle is one. */
+CUresult CUDAAPI cuModuleUnload(CUmodule hmod) {
+	NEED_INIT("cuModuleUnload");
+	return fail(CUDA_ERROR_INVALID_HANDLE, "cuModuleUnload", "module %p", (void *)hmod);
+}
+
+CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+	(void)hfunc;
+	NEED_INIT("cuModuleGetFunction");
+	return fail(CUDA_ERROR_INVALID_HANDLE, "cuModuleGetFunction", "module %p, %s", (void *)hmod,
+	            name ? name : "(null)");
+}
+
+CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                void **kernelParams, void **extra) {
+	CUresult r = need_ctx("cuLaunchKernel", NULL);
+
+	(void)gridDimX, (void)gridDimY, (void)gridDimZ, (void)blockDimX, (void)blockDimY;
+	(void)blockDimZ, (void)sharedMemBytes, (void)hStream, (void)kernelParams, (void)extra;
+	if (r != CUDA_SUCCESS)
+		return r;
+	return fail(CUDA_ERROR_INVALID_HANDLE, "cuLaunchKernel", "function %p", (void *)f);
+}

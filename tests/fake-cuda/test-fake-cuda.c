@@ -1,0 +1,252 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The fake driver itself (suite fake-gpu): that it refuses what the real driver refuses,
+ * so that the tests run under it catch a kvd mistake instead of passing over it. Runs with
+ * LD_LIBRARY_PATH at tests/fake-cuda; exits 77 when another libcuda.so.1 was loaded.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cuda-dl.h"
+#include "test.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+static const struct cuda_dl *cu;
+static CUcontext ctx;
+static size_t gran;
+static const CUmemAllocationProp prop = {
+	.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+	.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+	.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+};
+static const CUmemAccessDesc rw = {
+	.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+	.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+};
+
+int test_setup(void) {
+	CUresult (*get_info)(size_t *, size_t *);
+	char name[64] = "";
+	const char *why;
+	size_t f, t;
+	CUdevice dev;
+	void *h;
+
+	/* Before cuda_dl_load's cuInit: the driver answers nothing yet. */
+	h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		printf("no libcuda.so.1: %s\n", dlerror());
+		return EXIT_TEST_SKIP;
+	}
+	get_info = (CUresult(*)(size_t *, size_t *))dlsym(h, "cuMemGetInfo_v2");
+	if (!get_info || get_info(&f, &t) != CUDA_ERROR_NOT_INITIALIZED) {
+		printf("libcuda.so.1 is not the fake driver\n");
+		return EXIT_TEST_SKIP;
+	}
+	if (cuda_dl_load(&cu, &why) < 0) {
+		printf("the fake driver does not load: %s\n", why);
+		return -EIO;
+	}
+	if (cu->cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+	    cu->cuDeviceGetName(name, sizeof(name), dev) != CUDA_SUCCESS ||
+	    strcmp(name, "kvd fake CUDA device 0") != 0) {
+		printf("libcuda.so.1 is not the fake driver (device 0: '%s')\n", name);
+		return EXIT_TEST_SKIP;
+	}
+	return 0;
+}
+
+TEST(devices) {
+	CUuuid u0, u1;
+	CUdevice dev;
+	int v = 0;
+
+	/* KVD_FAKE_CUDA_DEVICES=2 (meson.build). */
+	ASSERT_EQ(cu->device_count, 2);
+	ASSERT_EQ(cu->cuDeviceGet(&dev, 2), CUDA_ERROR_INVALID_DEVICE);
+	ASSERT_EQ(cu->cuDeviceGetUuid(&u0, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuDeviceGetUuid(&u1, 1), CUDA_SUCCESS);
+	ASSERT_TRUE(memcmp(u0.bytes, u1.bytes, sizeof(u0.bytes)) != 0);
+	ASSERT_EQ(cu->cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0),
+	          CUDA_SUCCESS);
+	ASSERT_EQ(v, 1);
+	ASSERT_EQ(cu->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+	          CUDA_SUCCESS);
+	ASSERT_EQ(gran, 2 * MiB);
+}
+
+/* Calls that need a context refuse a thread without one, as the driver does. */
+TEST(contexts) {
+	CUcontext popped = NULL;
+	size_t f, t;
+	CUstream s;
+
+	ASSERT_EQ(cu->cuMemGetInfo(&f, &t), CUDA_ERROR_INVALID_CONTEXT);
+	ASSERT_EQ(cu->cuStreamCreate(&s, 0), CUDA_ERROR_INVALID_CONTEXT);
+	ASSERT_EQ(cu->cuCtxPopCurrent(&popped), CUDA_ERROR_INVALID_CONTEXT);
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxPushCurrent(ctx), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemGetInfo(&f, &t), CUDA_SUCCESS);
+	ASSERT_EQ(t, 64 * MiB); /* KVD_FAKE_CUDA_MEMORY_MIB=64 */
+	ASSERT_EQ(f, t);
+	ASSERT_EQ(cu->cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+	ASSERT_TRUE(popped == ctx);
+	ASSERT_EQ(cu->cuMemGetInfo(&f, &t), CUDA_ERROR_INVALID_CONTEXT);
+	ASSERT_EQ(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+	/* A released primary context is destroyed: no more calls in it. */
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemGetInfo(&f, &t), CUDA_ERROR_INVALID_CONTEXT);
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT);
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemGetInfo(&f, &t), CUDA_SUCCESS);
+}
+
+/* The VMM calls' argument checks, and access only after cuMemSetAccess. */
+TEST(vmm) {
+	CUmemGenericAllocationHandle h, h2;
+	CUdeviceptr va, va2;
+	size_t f, t;
+	uint8_t buf[16] = { 1, 2, 3 }, back[16];
+	int fd;
+
+	ASSERT_EQ(cu->cuMemCreate(&h, gran + 4096, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemCreate(&h, 128 * MiB, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+	ASSERT_EQ(cu->cuMemCreate(&h, 2 * gran, &prop, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemGetInfo(&f, &t), CUDA_SUCCESS);
+	ASSERT_EQ(t - f, 2 * gran);
+	ASSERT_EQ(cu->cuMemAddressReserve(&va, 4 * gran, 3 * gran, 0, 0), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemAddressReserve(&va, 4 * gran, 4 * gran, 0, 0), CUDA_SUCCESS);
+	ASSERT_EQ(va % (4 * gran), 0u);
+	ASSERT_EQ(cu->cuMemMap(va + 4096, 2 * gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemMap(va, 2 * gran, gran, h, 0), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemMap(va, gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemMap(va, 2 * gran, 0, h + 1000, 0), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemMap(va + 3 * gran, 2 * gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemMap(va, 2 * gran, 0, h, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemMap(va + gran, 2 * gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+	/* Mapped, but no access yet: what a kernel would fault on. */
+	ASSERT_EQ(cu->cuMemcpyHtoD(va, buf, sizeof(buf)), CUDA_ERROR_ILLEGAL_ADDRESS);
+	ASSERT_EQ(cu->cuMemSetAccess(va, gran, &rw, 1), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemSetAccess(va, 2 * gran, &rw, 1), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpyHtoD(va + 100, buf, sizeof(buf)), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpyDtoD(va + 200, va + 100, sizeof(buf)), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpyDtoH(back, va + 200, sizeof(back)), CUDA_SUCCESS);
+	ASSERT_TRUE(memcmp(buf, back, sizeof(buf)) == 0);
+	ASSERT_EQ(cu->cuMemsetD8Async(va + 2 * gran, 0, 1, NULL), CUDA_ERROR_ILLEGAL_ADDRESS);
+	ASSERT_EQ(cu->cuMemsetD8Async(va, 0, 1, (CUstream)buf), CUDA_ERROR_INVALID_HANDLE);
+	ASSERT_EQ(cu->cuMemcpyDtoH(back, (CUdeviceptr)(uintptr_t)back, 1), CUDA_ERROR_INVALID_VALUE);
+
+	/* Exported and imported: the same memory under another handle, at another place. */
+	ASSERT_EQ(cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+	          CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemImportFromShareableHandle(&h2, (void *)(uintptr_t)fd,
+	                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+	          CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemImportFromShareableHandle(&h2, (void *)(uintptr_t)STDIN_FILENO,
+	                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+	          CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemAddressReserve(&va2, 2 * gran, 0, 0, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemMap(va2, 2 * gran, 0, h2, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemRelease(h2), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemRelease(h2), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemSetAccess(va2, 2 * gran, &rw, 1), CUDA_SUCCESS);
+	memset(back, 0, sizeof(back));
+	ASSERT_EQ(cu->cuMemcpyDtoH(back, va2 + 200, sizeof(back)), CUDA_SUCCESS);
+	ASSERT_TRUE(memcmp(buf, back, sizeof(back)) == 0);
+
+	/* Whole mappings only; a reservation with mappings is not freed. */
+	ASSERT_EQ(cu->cuMemUnmap(va, gran), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemAddressFree(va, 4 * gran), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemUnmap(va, 2 * gran), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpyDtoH(back, va, 1), CUDA_ERROR_ILLEGAL_ADDRESS);
+	ASSERT_EQ(cu->cuMemAddressFree(va, 2 * gran), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemAddressFree(va, 4 * gran), CUDA_SUCCESS);
+	/* The handle and the other mapping hold the memory still. */
+	ASSERT_EQ(cu->cuMemRelease(h), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemGetInfo(&f, &t), CUDA_SUCCESS);
+	ASSERT_EQ(t - f, 2 * gran);
+	ASSERT_EQ(cu->cuMemUnmap(va2, 2 * gran), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemGetInfo(&f, &t), CUDA_SUCCESS);
+	ASSERT_EQ(f, t);
+	ASSERT_EQ(cu->cuMemAddressFree(va2, 2 * gran), CUDA_SUCCESS);
+	close(fd);
+}
+
+/* Another process that imports the exported fd writes memory this one reads. */
+TEST(shared_across_processes) {
+	CUmemGenericAllocationHandle h;
+	CUdeviceptr va;
+	uint8_t b = 0;
+	int fd, status;
+	pid_t pid;
+
+	ASSERT_EQ(cu->cuMemCreate(&h, gran, &prop, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+	          CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemAddressReserve(&va, gran, 0, 0, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemMap(va, gran, 0, h, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemSetAccess(va, gran, &rw, 1), CUDA_SUCCESS);
+	pid = fork();
+	ASSERT_GE(pid, 0);
+	if (pid == 0) {
+		/* The fake's state came along with fork: this is only about the memory. */
+		CUmemGenericAllocationHandle h2;
+		CUdeviceptr va2;
+		uint8_t v = 42;
+
+		if (cu->cuMemImportFromShareableHandle(&h2, (void *)(uintptr_t)fd,
+		                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ||
+		    cu->cuMemAddressReserve(&va2, gran, 0, 0, 0) || cu->cuMemMap(va2, gran, 0, h2, 0) ||
+		    cu->cuMemSetAccess(va2, gran, &rw, 1) || cu->cuMemcpyHtoD(va2 + 7, &v, 1))
+			_exit(1);
+		_exit(0);
+	}
+	ASSERT_EQ(waitpid(pid, &status, 0), pid);
+	ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	ASSERT_EQ(cu->cuMemcpyDtoH(&b, va + 7, 1), CUDA_SUCCESS);
+	ASSERT_EQ(b, 42);
+	ASSERT_EQ(cu->cuMemUnmap(va, gran), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemAddressFree(va, gran), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemRelease(h), CUDA_SUCCESS);
+	close(fd);
+}
+
+TEST(streams_events_modules) {
+	uint8_t back[100], want[100];
+	CUdeviceptr d;
+	CUevent a, b;
+	CUstream s;
+	CUmodule m;
+	float ms = -1;
+
+	ASSERT_EQ(cu->cuMemAlloc(&d, sizeof(back)), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemsetD8Async(d, 7, sizeof(back), CU_STREAM_LEGACY), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpyDtoH(back, d, sizeof(back)), CUDA_SUCCESS);
+	memset(want, 7, sizeof(want));
+	ASSERT_TRUE(memcmp(back, want, sizeof(back)) == 0);
+	ASSERT_EQ(cu->cuMemFree(d), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemFree(d), CUDA_ERROR_INVALID_VALUE);
+
+	ASSERT_EQ(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuEventCreate(&a, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuEventCreate(&b, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuEventElapsedTime(&ms, a, b), CUDA_ERROR_INVALID_HANDLE);
+	ASSERT_EQ(cu->cuEventRecord(a, s), CUDA_SUCCESS);
+	usleep(2000);
+	ASSERT_EQ(cu->cuEventRecord(b, s), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuStreamSynchronize(s), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuEventSynchronize(b), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuEventElapsedTime(&ms, a, b), CUDA_SUCCESS);
+	ASSERT_TRUE(ms >= 1.5f);
+	ASSERT_EQ(cu->cuEventDestroy(a), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuEventDestroy(b), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuStreamDestroy(s), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
+	ASSERT_EQ(cu->cuModuleLoadData(&m, "x"), CUDA_ERROR_NO_BINARY_FOR_GPU);
+	ASSERT_STREQ(cuda_dl_strerror(CUDA_ERROR_NO_BINARY_FOR_GPU), "CUDA_ERROR_NO_BINARY_FOR_GPU");
+}
