@@ -23,6 +23,10 @@ struct fixture {
 	char log[128];                /* the daemon's stderr (dir/kvd.log), or "" for the test's */
 };
 
+/* Whether the daemon runs --backend cuda (KVD_TEST_BACKEND=cuda: tests/gpu/meson.build runs
+ * integration tests so under the fake CUDA driver, whose device memory the CPU can read). */
+bool fixture_backend_cuda(void);
+
 /* fork() whose child dies with the test process. */
 pid_t fixture_fork(void);
 
