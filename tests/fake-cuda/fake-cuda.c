@@ -21,10 +21,19 @@
  * name no CUDA_ERROR_INVALID_CONTEXT and run without one; copies, memsets, cuMemGetInfo,
  * cuMemAlloc, streams, events and modules need one.
  *
+ * Strict mode (KVD_FAKE_CUDA_STRICT=1, read at cuInit): as on a GPU, the CPU cannot
+ * dereference device pointers at all. A mapping's device address stays PROT_NONE even
+ * after cuMemSetAccess (which then only records the access, still checked by copies and
+ * memsets), and the driver's copies and memsets go through a private MAP_SHARED view of
+ * the memfd that cuMemMap makes and cuMemUnmap removes; so any CPU touch of device memory
+ * by the daemon, libkvd or a test faults. tests/gpu/meson.build says which tests run so
+ * (those whose test programs do not read device memory themselves). cuMemAlloc memory
+ * stays host-readable in both modes (neither the daemon nor libkvd uses it).
+ *
  * Environment: KVD_FAKE_CUDA_DEVICES (default 1, at most 8; 0: cuInit says
  * CUDA_ERROR_NO_DEVICE), KVD_FAKE_CUDA_MEMORY_MIB per device (default 1024),
- * KVD_FAKE_CUDA_GRANULARITY_KIB (default 2048, as on real GPUs), KVD_FAKE_CUDA_TRACE=1 to
- * print every refused call to stderr.
+ * KVD_FAKE_CUDA_GRANULARITY_KIB (default 2048, as on real GPUs), KVD_FAKE_CUDA_STRICT=1
+ * (above), KVD_FAKE_CUDA_TRACE=1 to print every refused call to stderr.
  *
  * Thread-safe: one mutex guards every table (the daemon calls from several threads); the
  * context stack is per thread, as in the driver. Not installed: a test double only.
@@ -96,6 +105,7 @@ struct mapping {
 	size_t size;
 	struct alloc *alloc;
 	int prot;                     /* PROT_NONE until cuMemSetAccess */
+	void *host;                   /* where copies reach it: va, or (strict) a private view */
 };
 
 /* A cuMemAlloc allocation. */
@@ -109,6 +119,7 @@ struct devmem {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
 	bool initialized;             /* read with __atomic: checked before the lock */
+	bool strict;                  /* KVD_FAKE_CUDA_STRICT: the CPU never gets access */
 	int devices;
 	size_t total;
 	size_t granularity;
@@ -341,6 +352,33 @@ static CUresult dev_range(const char *call, CUdeviceptr dptr, size_t size, bool 
 	return CUDA_SUCCESS;
 }
 
+/*
+ * Where the driver reaches device address va: the host address of the same byte, and in
+ * *ret_run how many bytes from there lie in the same mapping or cuMemAlloc block (at most
+ * max). The device address itself outside strict mode; in strict mode, for a mapping, its
+ * private view (the device address stays PROT_NONE). After dev_range succeeded; lock held.
+ */
+static void *dev_host(uintptr_t va, size_t max, size_t *ret_run) {
+	struct mapping *m = mapping_at(va);
+	uintptr_t base = va, host = va;
+	size_t size = max;
+
+	if (m) {
+		base = m->va;
+		size = m->size;
+		host = (uintptr_t)m->host;
+	} else
+		for (struct devmem *d = fk.devmems; d; d = d->next)
+			if (va >= (uintptr_t)d->p && va - (uintptr_t)d->p < d->size) {
+				base = (uintptr_t)d->p;
+				size = d->size;
+				host = base;
+				break;
+			}
+	*ret_run = size - (va - base) < max ? size - (va - base) : max;
+	return (void *)(host + (va - base));
+}
+
 /* At exit, with KVD_FAKE_CUDA_TRACE: what the process left behind. The real driver frees
  * it all at exit too, so this is no error, but a daemon or library that means to give
  * everything back shows here what it did not. */
@@ -389,6 +427,7 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
 		size_t gran = (size_t)env_long("KVD_FAKE_CUDA_GRANULARITY_KIB", 2048, 4, 1L << 20) << 10;
 
 		fk.devices = (int)devices;
+		fk.strict = env_long("KVD_FAKE_CUDA_STRICT", 0, 0, 1) != 0;
 		fk.total = (size_t)env_long("KVD_FAKE_CUDA_MEMORY_MIB", 1024, 1, 1L << 24) << 20;
 		/* mmap works in pages: a granularity is a whole number of them. */
 		fk.granularity = (gran + (size_t)page - 1) / (size_t)page * (size_t)page;
@@ -1018,6 +1057,17 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
 				why = "overlaps a mapping";
 	if (!why && mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, 0) == MAP_FAILED)
 		why = "mmap failed";
+	m->host = (void *)va;
+	if (!why && fk.strict) {
+		/* The driver's own view, for copies and memsets: MAP_SHARED, so that it and every
+		 * other process's mappings see one memory. */
+		m->host = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+		if (m->host == MAP_FAILED) {
+			mmap((void *)va, size, PROT_NONE,
+			     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+			why = "mmap of the driver's view failed";
+		}
+	}
 	if (why) {
 		pthread_mutex_unlock(&lock);
 		free(m);
@@ -1058,6 +1108,8 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
 		/* Back to an inaccessible reservation, in the same place. */
 		mmap((void *)m->va, m->size, PROT_NONE,
 		     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+		if (m->host != (void *)m->va)
+			munmap(m->host, m->size);
 		alloc_put(m->alloc);
 		free(m);
 	}
@@ -1068,7 +1120,8 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
 /*
  * Grants access to whole mappings ("a fully mapped address range"), for devices of this
  * driver. There is one CPU view of the memory, so the most any descriptor grants is what
- * the mapping gets.
+ * the mapping gets. In strict mode the CPU gets nothing (the device address stays
+ * PROT_NONE, as GPU memory is to a CPU): access is only recorded, for copies and memsets.
  */
 CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
 	uintptr_t va = (uintptr_t)ptr, end = va + size;
@@ -1106,7 +1159,8 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
 	}
 	for (struct mapping *m = fk.mappings; m; m = m->next)
 		if (m->va >= va && m->va < end) {
-			mprotect((void *)m->va, m->size, prot);
+			if (!fk.strict)
+				mprotect((void *)m->va, m->size, prot);
 			m->prot = prot;
 		}
 	pthread_mutex_unlock(&lock);
@@ -1124,6 +1178,44 @@ static CUresult stream_check(const char *call, CUstream s) {
 	return ok ? CUDA_SUCCESS : fail(CUDA_ERROR_INVALID_HANDLE, call, "unknown stream %p", (void *)s);
 }
 
+/*
+ * Copies n bytes to dst (or device address dev_dst, when not 0) from src (or dev_src),
+ * through dev_host: a range may run over several mappings, each with its own view. A
+ * device-to-device copy over more than one goes through a bounce buffer, so that it stays
+ * a memmove whatever the overlap. Ranges checked; lock held.
+ */
+static CUresult copy_locked(const char *call, void *dst, const void *src, size_t n,
+                            uintptr_t dev_dst, uintptr_t dev_src) {
+	uint8_t *bounce = NULL;
+	size_t run_d, run_s;
+	void *hd = dev_dst ? dev_host(dev_dst, n, &run_d) : dst;
+	const void *hs = dev_src ? dev_host(dev_src, n, &run_s) : src;
+
+	if ((!dev_dst || run_d == n) && (!dev_src || run_s == n)) {
+		memmove(hd, hs, n);
+		return CUDA_SUCCESS;
+	}
+	if (dev_dst && dev_src) {
+		bounce = malloc(n);
+		if (!bounce)
+			return fail(CUDA_ERROR_OUT_OF_MEMORY, call, "no memory for %zu bytes", n);
+		copy_locked(call, bounce, NULL, n, 0, dev_src);
+		copy_locked(call, NULL, bounce, n, dev_dst, 0);
+		free(bounce);
+		return CUDA_SUCCESS;
+	}
+	for (size_t done = 0, run; done < n; done += run) {
+		if (dev_dst) {
+			hd = dev_host(dev_dst + done, n - done, &run);
+			memcpy(hd, (const uint8_t *)src + done, run);
+		} else {
+			hs = dev_host(dev_src + done, n - done, &run);
+			memcpy((uint8_t *)dst + done, hs, run);
+		}
+	}
+	return CUDA_SUCCESS;
+}
+
 static CUresult copy(const char *call, void *dst, const void *src, size_t n, CUdeviceptr dev_dst,
                      CUdeviceptr dev_src, bool dst_dev, bool src_dev) {
 	CUresult r = need_ctx(call, NULL);
@@ -1138,8 +1230,8 @@ static CUresult copy(const char *call, void *dst, const void *src, size_t n, CUd
 	if (r == CUDA_SUCCESS && src_dev)
 		r = dev_range(call, dev_src, n, false);
 	if (r == CUDA_SUCCESS && n)
-		memmove(dst_dev ? (void *)(uintptr_t)dev_dst : dst,
-		        src_dev ? (const void *)(uintptr_t)dev_src : src, n);
+		r = copy_locked(call, dst, src, n, dst_dev ? (uintptr_t)dev_dst : 0,
+		                src_dev ? (uintptr_t)dev_src : 0);
 	pthread_mutex_unlock(&lock);
 	return r;
 }
@@ -1189,8 +1281,11 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t
 		return r;
 	pthread_mutex_lock(&lock);
 	r = dev_range("cuMemsetD8Async", dstDevice, N, true);
-	if (r == CUDA_SUCCESS && N)
-		memset((void *)(uintptr_t)dstDevice, uc, N);
+	for (size_t done = 0, run; r == CUDA_SUCCESS && done < N; done += run) {
+		void *h = dev_host((uintptr_t)dstDevice + done, N - done, &run);
+
+		memset(h, uc, run);
+	}
 	pthread_mutex_unlock(&lock);
 	return r;
 }

@@ -2,12 +2,17 @@
 /*
  * The fake driver itself (suite fake-gpu): that it refuses what the real driver refuses,
  * so that the tests run under it catch a kvd mistake instead of passing over it. Runs with
- * LD_LIBRARY_PATH at tests/fake-cuda; exits 77 when another libcuda.so.1 was loaded.
+ * LD_LIBRARY_PATH at tests/fake-cuda; exits 77 when another libcuda.so.1 was loaded. Runs
+ * twice (meson.build): as is, and with KVD_FAKE_CUDA_STRICT=1, where the CPU cannot touch
+ * device memory at all.
  */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -249,4 +254,69 @@ TEST(streams_events_modules) {
 	ASSERT_EQ(cu->cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
 	ASSERT_EQ(cu->cuModuleLoadData(&m, "x"), CUDA_ERROR_NO_BINARY_FOR_GPU);
 	ASSERT_STREQ(cuda_dl_strerror(CUDA_ERROR_NO_BINARY_FOR_GPU), "CUDA_ERROR_NO_BINARY_FOR_GPU");
+}
+
+/* Whether KVD_FAKE_CUDA_STRICT is on (the fake reads it at cuInit, as here). */
+static bool strict(void) {
+	const char *e = getenv("KVD_FAKE_CUDA_STRICT");
+
+	return e && strcmp(e, "1") == 0;
+}
+
+/*
+ * Access granted, the CPU may read device memory only outside strict mode: strictly, as on
+ * a GPU, a CPU read faults while the driver's copies work. Copies that run over two
+ * mappings (two allocations side by side in one reservation) reach both.
+ */
+TEST(cpu_access) {
+	CUmemGenericAllocationHandle h[2];
+	uint8_t buf[64], back[64];
+	CUdeviceptr va;
+	int status;
+	pid_t pid;
+
+	for (int i = 0; i < 2; i++)
+		ASSERT_EQ(cu->cuMemCreate(&h[i], gran, &prop, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemAddressReserve(&va, 2 * gran, 0, 0, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemMap(va, gran, 0, h[0], 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemMap(va + gran, gran, 0, h[1], 0), CUDA_SUCCESS);
+	/* Strict or not, no access yet is no copy. */
+	ASSERT_EQ(cu->cuMemcpyHtoD(va, buf, 1), CUDA_ERROR_ILLEGAL_ADDRESS);
+	ASSERT_EQ(cu->cuMemSetAccess(va, 2 * gran, &rw, 1), CUDA_SUCCESS);
+	for (size_t i = 0; i < sizeof(buf); i++)
+		buf[i] = (uint8_t)(i + 1);
+	ASSERT_EQ(cu->cuMemcpyHtoD(va + 5, buf, sizeof(buf)), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpyDtoH(back, va + 5, sizeof(back)), CUDA_SUCCESS);
+	ASSERT_TRUE(memcmp(buf, back, sizeof(buf)) == 0);
+	/* Over the boundary between the two mappings, overlapping itself. */
+	ASSERT_EQ(cu->cuMemcpyHtoD(va + gran - 32, buf, sizeof(buf)), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpyDtoD(va + gran - 16, va + gran - 32, sizeof(buf)), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpyDtoH(back, va + gran - 16, sizeof(back)), CUDA_SUCCESS);
+	ASSERT_TRUE(memcmp(buf, back, sizeof(buf)) == 0);
+	ASSERT_EQ(cu->cuMemsetD8Async(va + gran - 8, 0xee, 16, NULL), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpyDtoH(back, va + gran - 8, 16), CUDA_SUCCESS);
+	for (int i = 0; i < 16; i++)
+		ASSERT_EQ(back[i], 0xee);
+
+	pid = fork();
+	ASSERT_GE(pid, 0);
+	if (pid == 0) {
+		/* The default action, not a sanitizer's report; and no core file. */
+		struct rlimit no_core = { 0, 0 };
+		volatile const uint8_t *p = (volatile const uint8_t *)(uintptr_t)(va + 5);
+
+		setrlimit(RLIMIT_CORE, &no_core);
+		signal(SIGSEGV, SIG_DFL);
+		_exit(p[0] == buf[0] && p[sizeof(buf) - 1] == buf[sizeof(buf) - 1] ? 0 : 2);
+	}
+	ASSERT_EQ(waitpid(pid, &status, 0), pid);
+	if (strict())
+		ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV);
+	else
+		ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+	ASSERT_EQ(cu->cuMemUnmap(va, 2 * gran), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemAddressFree(va, 2 * gran), CUDA_SUCCESS);
+	for (int i = 0; i < 2; i++)
+		ASSERT_EQ(cu->cuMemRelease(h[i]), CUDA_SUCCESS);
 }

@@ -172,6 +172,8 @@ int test_setup(void) {
 	}
 	if (child)
 		_exit(child_main(child));
+	/* The fixture's K/V helpers then use driver copies, as on any GPU. */
+	setenv("KVD_TEST_BACKEND", "cuda", 1);
 	return 0;
 }
 
@@ -240,5 +242,66 @@ TEST(two_processes_share_and_scrub) {
 				break;
 			}
 	ASSERT_GT(reused, 0u);
+	ASSERT_OK(fixture_stop(&f));
+}
+
+/*
+ * A round on the device pool: one tenant grows two sequences to twice the budget, writing
+ * each step's K/V with driver copies (the fixture's helpers with KVD_TEST_BACKEND=cuda) and
+ * publishing windows, so that pressure rounds score the K/V the daemon reads from the GPU
+ * and compact it there. Survivors must read back bit-exact at their original positions
+ * (a compaction copy that went wrong shows here), and the daemon's digest, read through its
+ * own mapping, must equal this process's.
+ */
+TEST(rounds_evict_and_compact_on_the_device) {
+	static const char *const args[] = { "--backend=cuda", "--pool-size=64MiB",
+		                            "--chunk-size=2MiB", "--budget=8MiB",
+		                            "--grant-wait=5000", NULL };
+	static const kvd_eviction_spec ev = { .unit = KVD_UNIT_LAYER_TOKEN, .window = 8, .sinks = 4 };
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	uint64_t row = (uint64_t)spec.q_heads * ev.window * spec.head_dim;
+	_cleanup_(freep) uint16_t *q = calloc(row, sizeof(*q));
+	struct fixture f;
+	kvd_seq *s[2];
+	int model;
+
+	ASSERT_TRUE(q);
+	/* Small finite f16 queries (0.5, -0.5, 1, ...), so that attention is real. */
+	for (uint64_t i = 0; i < row; i++)
+		q[i] = (uint16_t[]){ 0x3800, 0xb800, 0x3c00, 0x0000 }[i % 4];
+	fixture_start(&f, args);
+	c = fixture_connect(&f, "a");
+	model = kvd_model_register_evictable(c, &spec, &ev);
+	ASSERT_GT(model, 0);
+	for (int i = 0; i < 2; i++)
+		ASSERT_OK(kvd_seq_open(c, model, 1 << 14, &s[i]));
+	/* 2 sequences x 8192 tokens x 2 layers x 512 bytes: 16 MiB into 8 MiB. */
+	for (uint32_t step = 0; step < 32; step++)
+		for (int i = 0; i < 2; i++) {
+			uint64_t from = kvd_seq_descriptor(s[i])->next_position;
+
+			ASSERT_OK(kvd_seq_grow(s[i], 256));
+			ASSERT_OK(kvd_seq_pin(s[i]));
+			fill_seq_from(s[i], 7 + i, from);
+			for (uint32_t l = 0; l < spec.layers; l++) {
+				void *obs;
+
+				ASSERT_OK(kvd_seq_observation(s[i], l, &obs));
+				memcpy(obs, q, row * sizeof(*q));
+				ASSERT_OK(kvd_seq_observe(s[i], l));
+			}
+			ASSERT_OK(kvd_seq_unpin(s[i]));
+		}
+	ASSERT_GT(fixture_status(&f, NULL, "rounds_total"), 0u);
+	ASSERT_GT(fixture_status(&f, "a", "evicted_tokens"), 0u);
+	ASSERT_TRUE(fixture_status(&f, NULL, "used_bytes") <= (8u << 20));
+	for (int i = 0; i < 2; i++) {
+		ASSERT_OK(kvd_seq_pin(s[i]));
+		ASSERT_TRUE(kvd_seq_tokens(s[i], 0, 0) < 8192);
+		ASSERT_EQ(check_seq(s[i], 7 + i), 0u);
+		assert_digests_agree(s[i]);
+		ASSERT_OK(kvd_seq_unpin(s[i]));
+		ASSERT_OK(kvd_seq_release(s[i]));
+	}
 	ASSERT_OK(fixture_stop(&f));
 }

@@ -15,6 +15,10 @@
 #include <unistd.h>
 
 #include "common/layout.h"
+#include "common/macro.h"
+#ifdef KVD_HAVE_CUDA
+#include "cuda-dl.h"
+#endif
 #include "fixture.h"
 #include "test.h"
 
@@ -191,10 +195,71 @@ bool fixture_wait_log(struct fixture *f, const char *needle, unsigned count) {
 	return false;
 }
 
+/*
+ * K/V access for the fills, checks and digests below. On the host backend rows are host
+ * memory. On cuda they are device pointers, reached as an engine would, with driver copies
+ * in the primary context of the daemon's GPU (found at the first tenant connection of each
+ * process: a forked child connects again); so the tests that use only these helpers run on
+ * a real GPU too (tools/gpu-check), not only under the fake driver.
+ */
+#ifdef KVD_HAVE_CUDA
+static const struct cuda_dl *kv_cu;
+static CUcontext kv_ctx;
+static pid_t kv_ctx_pid;
+
+static void kv_device_setup(kvd_client *c) {
+	int32_t ordinal = -1;
+	const char *why;
+	CUdevice dev;
+
+	if (kv_ctx && kv_ctx_pid == getpid())
+		return;
+	ASSERT_EQ(kvd_client_memory(c, &ordinal), KVD_MEMORY_CUDA);
+	if (cuda_dl_load(&kv_cu, &why) < 0)
+		test_fail(__FILE__, __LINE__, "KVD_TEST_BACKEND=cuda, but %s", why);
+	ASSERT_EQ(kv_cu->cuDeviceGet(&dev, ordinal), CUDA_SUCCESS);
+	ASSERT_EQ(kv_cu->cuDevicePrimaryCtxRetain(&kv_ctx, dev), CUDA_SUCCESS);
+	kv_ctx_pid = getpid();
+}
+#endif
+
+static void kv_read(const void *src, void *dst, size_t n) {
+#ifdef KVD_HAVE_CUDA
+	if (fixture_backend_cuda()) {
+		if (!kv_ctx || kv_ctx_pid != getpid())
+			test_fail(__FILE__, __LINE__, "K/V read before a tenant connected");
+		ASSERT_EQ(kv_cu->cuCtxSetCurrent(kv_ctx), CUDA_SUCCESS);
+		ASSERT_EQ(kv_cu->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, n), CUDA_SUCCESS);
+		return;
+	}
+#endif
+	memcpy(dst, src, n);
+}
+
+static void kv_write(void *dst, const void *src, size_t n) {
+#ifdef KVD_HAVE_CUDA
+	if (fixture_backend_cuda()) {
+		if (!kv_ctx || kv_ctx_pid != getpid())
+			test_fail(__FILE__, __LINE__, "K/V written before a tenant connected");
+		ASSERT_EQ(kv_cu->cuCtxSetCurrent(kv_ctx), CUDA_SUCCESS);
+		ASSERT_EQ(kv_cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, n), CUDA_SUCCESS);
+		return;
+	}
+#endif
+	memcpy(dst, src, n);
+}
+
 kvd_client *fixture_connect(struct fixture *f, const char *tenant) {
 	kvd_client *c = NULL;
 
 	ASSERT_OK(kvd_client_connect(f->socket, tenant, &c));
+#ifdef KVD_HAVE_CUDA
+	if (tenant && fixture_backend_cuda())
+		kv_device_setup(c);
+#else
+	if (fixture_backend_cuda())
+		test_fail(__FILE__, __LINE__, "KVD_TEST_BACKEND=cuda in a build without CUDA headers");
+#endif
 	return c;
 }
 
@@ -388,7 +453,9 @@ static uint64_t walk_seq(kvd_seq *s, uint32_t tag, bool write, uint64_t from) {
 	const struct kvd_seq_desc *d = kvd_seq_descriptor(s);
 	uint32_t elem = d->dtype == KVD_DTYPE_F32 ? 4 : 2;
 	uint64_t row = (uint64_t)d->head_dim * elem, bad = 0;
+	_cleanup_(freep) uint8_t *buf = malloc(row);
 
+	ASSERT_TRUE(buf);
 	for (uint32_t l = 0; l < d->layers; l++)
 		for (uint32_t h = 0; h < d->kv_heads; h++) {
 			int64_t n = kvd_seq_tokens(s, l, h);
@@ -402,17 +469,22 @@ static uint64_t walk_seq(kvd_seq *s, uint32_t tag, bool write, uint64_t from) {
 				if ((uint64_t)pos < from)
 					continue;
 				ASSERT_OK(kvd_seq_kv(s, l, h, slot, (void **)&kv[0], (void **)&kv[1]));
-				for (int v = 0; v < 2; v++)
+				for (int v = 0; v < 2; v++) {
+					if (!write)
+						kv_read(kv[v], buf, row);
 					for (uint64_t i = 0; i < row; i++) {
 						uint8_t want = pattern(tag, l, h, (uint64_t)pos, i, v);
 
 						if (i % elem == elem - 1)
 							want &= 0xbb;
 						if (write)
-							kv[v][i] = want;
+							buf[i] = want;
 						else
-							bad += kv[v][i] != want;
+							bad += buf[i] != want;
 					}
+					if (write)
+						kv_write(kv[v], buf, row);
+				}
 			}
 		}
 	return bad;
@@ -430,13 +502,14 @@ uint64_t check_seq(kvd_seq *s, uint32_t tag) {
 	return walk_seq(s, tag, false, 0);
 }
 
-/* The digest of the K/V this process sees, as kvd_seq_digest's local one, read through
- * kvd_seq_kv's addresses: on the cuda backend under the fake driver they are device
- * pointers the CPU can read, which libkvd's own local digest does not assume. */
+/* The digest of the K/V this process sees, as kvd_seq_digest's local one (which libkvd
+ * does not compute on device memory), read through kvd_seq_kv's addresses. */
 static uint64_t local_digest(kvd_seq *s) {
 	const struct kvd_seq_desc *d = kvd_seq_descriptor(s);
 	uint64_t h = DIGEST_INIT, row = layout_row_bytes(d);
+	_cleanup_(freep) uint8_t *buf = malloc(row);
 
+	ASSERT_TRUE(buf);
 	for (uint32_t l = 0; l < d->layers; l++)
 		for (uint32_t kh = 0; kh < d->kv_heads; kh++) {
 			int64_t n = kvd_seq_tokens(s, l, kh);
@@ -446,8 +519,10 @@ static uint64_t local_digest(kvd_seq *s) {
 				void *k, *v;
 
 				ASSERT_OK(kvd_seq_kv(s, l, kh, slot, &k, &v));
-				h = digest_update(h, k, row);
-				h = digest_update(h, v, row);
+				kv_read(k, buf, row);
+				h = digest_update(h, buf, row);
+				kv_read(v, buf, row);
+				h = digest_update(h, buf, row);
 			}
 		}
 	return h;
