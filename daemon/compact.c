@@ -42,26 +42,46 @@ static int drops_check(const struct kvd_seq_desc *d, const struct compact_drop *
 	return 0;
 }
 
-/* Copies the K and V rows of one slot (with the per-layer layout, a row of every kv head)
- * and its index key, which belongs to the token as much as its K and V do, through the
- * backend (device memory on cuda). Returns 0 or the backend's -errno. */
-static int slot_copy(const struct kvd_seq_desc *d, const struct pool *p, char *dst,
-                     uint32_t dst_row, const char *src, uint32_t src_row) {
+/* Survivors that move together: n consecutive rows of src from src_row, to consecutive
+ * rows of dst from dst_row, ranges that do not overlap. */
+struct row_run {
+	char *dst;
+	const char *src;
+	uint32_t dst_row, src_row, n;
+};
+
+/* Copies a run's K and V rows (with the per-layer layout, the rows of every kv head) and
+ * index keys, which belong to the tokens as much as their K and V do, through the backend:
+ * one copy per head and half, since a head's rows are consecutive in a block, so that a
+ * device pool (one driver call each) pays per run, not per slot. Returns 0 or the
+ * backend's -errno. */
+static int run_copy(const struct kvd_seq_desc *d, const struct pool *p, const struct row_run *u) {
 	uint32_t heads = d->layout == KVD_LAYOUT_PER_HEAD ? 1 : d->kv_heads;
-	uint64_t row = layout_row_bytes(d);
+	uint64_t bytes = (uint64_t)u->n * layout_row_bytes(d);
 	int r = 0;
 
 	for (uint32_t h = 0; h < heads && r >= 0; h++) {
-		r = p->ops->copy(dst + layout_k_offset(d, h, dst_row), src + layout_k_offset(d, h, src_row),
-		                 row);
+		r = p->ops->copy(u->dst + layout_k_offset(d, h, u->dst_row),
+		                 u->src + layout_k_offset(d, h, u->src_row), bytes);
 		if (r >= 0)
-			r = p->ops->copy(dst + layout_v_offset(d, h, dst_row),
-			                 src + layout_v_offset(d, h, src_row), row);
+			r = p->ops->copy(u->dst + layout_v_offset(d, h, u->dst_row),
+			                 u->src + layout_v_offset(d, h, u->src_row), bytes);
 	}
 	if (r >= 0 && d->index_dim)
-		r = p->ops->copy(dst + layout_index_offset(d, dst_row),
-		                 src + layout_index_offset(d, src_row), layout_index_row_bytes(d));
+		r = p->ops->copy(u->dst + layout_index_offset(d, u->dst_row),
+		                 u->src + layout_index_offset(d, u->src_row),
+		                 (uint64_t)u->n * layout_index_row_bytes(d));
 	return r;
+}
+
+/* Copies the pending run, if any, and empties it; the first failure goes to *copy_error. */
+static void run_flush(const struct kvd_seq_desc *d, const struct pool *p, struct row_run *u,
+                      int *copy_error) {
+	int e = u->n > 0 ? run_copy(d, p, u) : 0;
+
+	if (e < 0 && *copy_error == 0)
+		*copy_error = e;
+	u->n = 0;
 }
 
 /*
@@ -71,7 +91,9 @@ static int slot_copy(const struct kvd_seq_desc *d, const struct pool *p, char *d
  * it. Within the kept blocks, survivor r (the i-th surviving slot) goes to slot w = i.
  * w never passes r's slot in the shortened list (each unlinked block held block_tokens
  * dropped slots, since only the last block can be short), so every write lands on a row
- * already read, in a list entry already final: the pass is safe in place. Blocks past the
+ * already read, in a list entry already final: the pass is safe in place. Moves are
+ * gathered into runs of consecutive rows, each copied before any later row is written (and
+ * cut where source and destination would overlap), which keeps that order. Blocks past the
  * new end are freed last. Returns the number of blocks freed; the first copy that failed,
  * if any, in *copy_error (the pass goes on, so that the tables stay consistent).
  */
@@ -81,6 +103,7 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, const stru
 	uint32_t nb = DIV_ROUND_UP(tokens, bt), kept = 0, w = 0, j = 0, new_nb;
 	uint32_t *pos = desc_positions(d, x->table);
 	struct kvd_block_ref *blocks = desc_blocks(d, x->table);
+	struct row_run run = {};
 	uint64_t freed = 0;
 
 	if (x->n == 0)
@@ -104,11 +127,16 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, const stru
 				continue;
 			}
 			if (w != kept * bt + (r - lo)) {
-				int e = slot_copy(d, p, pool_block_addr(p, blocks[w / bt]), w % bt, src,
-				                  r - lo);
+				char *dst = pool_block_addr(p, blocks[w / bt]);
 
-				if (e < 0 && *copy_error == 0)
-					*copy_error = e;
+				if (run.n == 0 || run.src != src || run.dst != dst ||
+				    run.src_row + run.n != r - lo || run.dst_row + run.n != w % bt ||
+				    (dst == src && run.dst_row + run.n >= run.src_row)) {
+					run_flush(d, p, &run, copy_error);
+					run = (struct row_run){ .dst = dst, .src = src, .dst_row = w % bt,
+					                        .src_row = r - lo };
+				}
+				run.n++;
 			}
 			pos[w] = pos[r];
 			if (side)
@@ -117,6 +145,7 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, const stru
 		}
 		kept++;
 	}
+	run_flush(d, p, &run, copy_error);
 	new_nb = DIV_ROUND_UP(w, bt);
 	for (uint32_t b = new_nb; b < kept; b++)
 		block_free(p, blocks[b], emptied);

@@ -21,12 +21,16 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "bench.h"
+#ifdef KVD_HAVE_CUDA
+#include "cuda-dl.h"
+#endif
 #include "common/macro.h"
 #include "common/number.h"
 #include "common/size.h"
@@ -109,6 +113,13 @@ struct round {
 	kvd_seq **seqs;
 	uint32_t n_seqs;
 	uint64_t events;
+	/* A GPU pool: blocks are device pointers, filled from a host buffer by driver copies
+	 * in the primary context of the daemon's GPU. */
+	bool device;
+	void *fill_buf;
+#ifdef KVD_HAVE_CUDA
+	const struct cuda_dl *cu;
+#endif
 };
 
 static _printf_(3, 4) int round_fail(struct round *b, int r, const char *fmt, ...) {
@@ -163,6 +174,51 @@ static uint32_t round_tables(const struct round *b) {
 	return b->spec.layout == KVD_LAYOUT_PER_HEAD ? b->spec.layers * b->spec.kv_heads : b->spec.layers;
 }
 
+/* On a GPU pool, makes the daemon's GPU current here and the fill buffer; else nothing. */
+static int round_device_open(struct round *b, uint64_t block_bytes) {
+	int32_t ordinal = -1;
+
+	b->device = kvd_client_memory(b->client, &ordinal) == KVD_MEMORY_CUDA;
+	if (!b->device)
+		return 0;
+#ifdef KVD_HAVE_CUDA
+	CUcontext ctx;
+	CUdevice dev;
+	const char *why;
+	int r = cuda_dl_load(&b->cu, &why);
+
+	if (r < 0)
+		return round_fail(b, r, "the daemon's pool is GPU memory, but %s", why);
+	if (b->cu->cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS ||
+	    b->cu->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
+	    b->cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+		return round_fail(b, -ENODEV, "no context on GPU %d", (int)ordinal);
+	b->fill_buf = malloc(block_bytes);
+	if (!b->fill_buf)
+		return round_fail(b, -ENOMEM, "allocating a block buffer");
+	return 0;
+#else
+	(void)block_bytes;
+	return round_fail(b, -EOPNOTSUPP, "the daemon's pool is GPU memory, and this kvd-bench "
+	                  "was built without the CUDA headers");
+#endif
+}
+
+/* On a GPU pool, copies the fill buffer to block; else the fill went there already. */
+static int round_copy_to_device(struct round *b, void *block, uint64_t bytes) {
+	if (!b->device)
+		return 0;
+#ifdef KVD_HAVE_CUDA
+	if (b->cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)block, b->fill_buf, bytes) != CUDA_SUCCESS)
+		return -EIO;
+	return 0;
+#else
+	(void)block;
+	(void)bytes;
+	return -EOPNOTSUPP;
+#endif
+}
+
 /* Fills every block of sequence i with K/V numbers, block by block. */
 static int round_fill(struct round *b, uint32_t i, uint64_t *state, uint64_t block_bytes) {
 	const struct kvd_seq_desc *d = kvd_seq_descriptor(b->seqs[i]);
@@ -185,7 +241,10 @@ static int round_fill(struct round *b, uint32_t i, uint64_t *state, uint64_t blo
 			if (r < 0)
 				return round_fail(b, r, "kvd_seq_block(seq %u, table %u, block %u)", i, t, x);
 			/* Exponents 11..14: +-[1/16, 1). */
-			fill_f16(block, block_bytes, state, 11);
+			fill_f16(b->device ? b->fill_buf : block, block_bytes, state, 11);
+			r = round_copy_to_device(b, block, block_bytes);
+			if (r < 0)
+				return round_fail(b, r, "copying block %u of seq %u to the GPU", x, i);
 		}
 	}
 	return 0;
@@ -379,6 +438,9 @@ static int round_run(struct round *b) {
 				  "it with a bigger pool (kvd --pool-size 3GiB for the defaults)",
 				  size_format(budget > node_used ? budget - node_used : 0, a, sizeof(a)),
 				  size_format(kv_bytes, c, sizeof(c)));
+	r = round_device_open(b, block_bytes);
+	if (r < 0)
+		return r;
 	b->model_id = kvd_model_register_evictable(b->client, &b->spec, &ev);
 	if (b->model_id < 0)
 		return round_fail(b, b->model_id, "kvd_model_register_evictable");
@@ -494,7 +556,10 @@ static void round_help(void) {
 	       "The defaults hold 4 x 32768 tokens x 4 layers x 8 heads x 128 x 2 (K, V) x 2 B\n"
 	       "= 2 GiB: start the daemon with a pool to match, e.g.\n"
 	       "  kvd --socket PATH --pool-size 3GiB\n"
-	       "The figures are those of the daemon's backend (host: CPU threads).\n"
+	       "The figures are those of the daemon's backend (host: CPU threads; cuda: CPU\n"
+	       "threads, with the K/V copied from the GPU). On a GPU pool the K/V are written\n"
+	       "with driver copies (built with the CUDA headers; the driver is loaded at run\n"
+	       "time).\n"
 	       "\n"
 	       "Options:\n"
 	       "  --tokens N       Tokens per sequence, 1..%u (default: 32768)\n"
@@ -591,6 +656,7 @@ int bench_evict_round(const char *socket, int argc, char **argv) {
 	for (uint32_t i = 0; i < b.n_seqs; i++)
 		kvd_seq_release(b.seqs[i]);
 	free(b.seqs);
+	free(b.fill_buf);
 	kvd_client_unref(b.client);
 	return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }
