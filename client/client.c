@@ -837,6 +837,7 @@ static int client_hello(kvd_client *c, const char *tenant) {
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	const Kvd__V1__HelloReply *hr;
 	struct client_ring *ring;
+	uint8_t uuid[WIRE_DEVICE_UUID_BYTES];
 	int fds[WIRE_FDS_MAX];
 	uint32_t nfds = 0;
 	int r;
@@ -850,6 +851,12 @@ static int client_hello(kvd_client *c, const char *tenant) {
 #ifdef KVD_HAVE_CUDA
 	hello.features |= WIRE_FEATURE_DEVICE_CHUNKS;
 #endif
+	/* An engine's chunks come from its own GPU when the daemon pools several. */
+	if (tenant && client_cuda_current_uuid(uuid, sizeof(uuid)) == 0) {
+		hello.has_device_uuid = true;
+		hello.device_uuid.len = sizeof(uuid);
+		hello.device_uuid.data = uuid;
+	}
 	hello.tenant = (char *)tenant;
 	hello.process_name = program_invocation_short_name;
 	hello.has_pid = true;

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* libkvd: importing MEMORY_CUDA chunks (see cuda-import.h). */
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,27 @@ void client_cuda_unmap(struct client_cuda *cc, void *addr, uint64_t bytes) {
 	 * chunks whose blocks the engine released. */
 	(void)cc->cu->cuMemUnmap((CUdeviceptr)(uintptr_t)addr, bytes);
 	pop(cc);
+}
+
+int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len) {
+	const struct cuda_dl *cu;
+	CUcontext ctx = NULL;
+	CUdevice dev;
+	CUuuid u;
+	void *h;
+
+	/* Only a process that uses CUDA already has a current device: libkvd does not load
+	 * (and initialise) the driver to find out. */
+	h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	if (!h)
+		return -ENODEV;
+	dlclose(h);
+	if (uuid_len != sizeof(u.bytes) || cuda_dl_load(&cu, NULL) < 0 ||
+	    cu->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
+	    cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS || cu->cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS)
+		return -ENODEV;
+	memcpy(uuid, u.bytes, sizeof(u.bytes));
+	return 0;
 }
 
 int client_cuda_device(const struct client_cuda *cc) {

@@ -7,8 +7,8 @@
  * (kernels/cuda-dl.h), so libkvd needs no CUDA library and works against host daemons on
  * machines without one.
  *
- * One virtual range per connection (a tenant's process and the daemon's one device) is
- * reserved for the whole pool at hello: chunk id i is mapped at base + i * chunk_bytes, so
+ * One virtual range per connection (a tenant's process and the one device of the daemon's
+ * pool its chunks come from) is reserved for the whole pool at hello: chunk id i is mapped at base + i * chunk_bytes, so
  * that a block's address is a plain device pointer, stable for as long as the chunk stays
  * mapped, and found without a lock. The calls run in the device's primary context (the one
  * the CUDA runtime uses), pushed and popped around each call so that the engine's current
@@ -44,6 +44,10 @@ int client_cuda_map(struct client_cuda *cc, uint32_t id, int fd, uint64_t bytes,
 void client_cuda_unmap(struct client_cuda *cc, void *addr, uint64_t bytes);
 /* The device's ordinal in this process. */
 int client_cuda_device(const struct client_cuda *cc);
+/* The UUID (uuid_len 16) of the device of the context current on the calling thread, for
+ * the hello: 0, or -ENODEV when there is none (or the driver is not loaded in this process
+ * already: libkvd does not load it just to ask). */
+int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len);
 #else
 static inline int client_cuda_new(const uint8_t *uuid, size_t uuid_len, uint64_t pool_bytes,
                                   uint64_t chunk_bytes, struct client_cuda **ret) {
@@ -65,5 +69,9 @@ static inline void client_cuda_unmap(struct client_cuda *cc, void *addr, uint64_
 static inline int client_cuda_device(const struct client_cuda *cc) {
 	(void)cc;
 	return -1;
+}
+static inline int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len) {
+	(void)uuid, (void)uuid_len;
+	return -ENODEV;
 }
 #endif

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The cuda backend: chunks are cuMemCreate allocations on one GPU, exported as POSIX fds
- * (PLATFORM.md section 2.2). UNVERIFIED ON HARDWARE: written against CUDA 13's cuda.h and
+ * The cuda backend: chunks are cuMemCreate allocations on the GPUs of --devices (each GPU
+ * its own share of the pool: pool.h), exported as POSIX fds (PLATFORM.md section 2.2). UNVERIFIED ON HARDWARE: written against CUDA 13's cuda.h and
  * run here only without a driver, where it falls back; see tools/gpu-check.
  *
  * The daemon maps each chunk into its own device address space (one reservation per
@@ -21,16 +21,21 @@
 #include "cuda-dl.h"
 #include "log.h"
 
-static struct {
-	const struct cuda_dl *cu;
+/* One pooled GPU. */
+struct cuda_dev {
 	CUdevice dev;
 	CUcontext ctx;                /* the device's primary context, retained */
-	CUstream stream;              /* the daemon's own: scrubs, later kernels */
+	CUstream stream;              /* the daemon's own: scrubs */
 	CUmemAllocationProp prop;
 	CUmemAccessDesc access;
-	uint64_t granularity;
 	struct backend_device info;
-	bool open;
+};
+
+static struct {
+	const struct cuda_dl *cu;
+	struct cuda_dev d[BACKEND_DEVICES_MAX];
+	uint32_t n;                   /* devices opened */
+	uint64_t granularity;         /* the largest device's: chunks fit every device */
 } cuda;
 
 /* Logs a failed driver call at debug level (the caller logs the errno once, where it
@@ -80,135 +85,171 @@ static bool next_ordinal(const char **p, int *ret) {
 	return true;
 }
 
-int backend_cuda_open(const char *devices, char *why, size_t why_n) {
-	const struct cuda_dl *cu;
-	const char *dl_why, *p = devices;
-	bool all = !devices || strcmp(devices, "all") == 0;
-	char skip[160] = "";
-	unsigned usable = 0;
-	int ordinal = -1, o, r;
+/* Opens usable device `ordinal` as d: context, stream, allocation properties, memory.
+ * Returns 0, or -ENODEV with why saying what failed (d is then closed). */
+static int device_open(struct cuda_dev *d, int ordinal, CUdevice dev, char *why, size_t why_n) {
+	const struct cuda_dl *cu = cuda.cu;
 	size_t free_b = 0, total_b = 0, gran = 0;
 	CUuuid uuid;
 	CUresult cr;
 
-	r = cuda_dl_load(&cu, &dl_why);
-	if (r < 0) {
-		snprintf(why, why_n, "%s", dl_why);
-		return -ENODEV;
-	}
-	/* The first usable device is pooled; the others are counted to say so. */
-	for (int i = 0; all ? i < cu->device_count : next_ordinal(&p, &o); i++) {
-		CUdevice dev;
-		int want = all ? i : o;
-
-		if (want >= cu->device_count) {
-			snprintf(skip, sizeof(skip), "device %d: no such device (%d found)", want,
-			         cu->device_count);
-			continue;
-		}
-		if (!device_usable(cu, want, &dev, skip, sizeof(skip)))
-			continue;
-		if (usable++ == 0) {
-			ordinal = want;
-			cuda.dev = dev;
-		}
-	}
-	if (ordinal < 0) {
-		snprintf(why, why_n, "%s", skip[0] ? skip : "no device listed");
-		return -ENODEV;
-	}
-	if (usable > 1)
-		log_warning("cuda: %u usable GPUs listed, but this version pools only the first (%d); "
-		            "the others are left alone", usable, ordinal);
-
-	cr = cu->cuDevicePrimaryCtxRetain(&cuda.ctx, cuda.dev);
+	*d = (struct cuda_dev){ .dev = dev };
+	cr = cu->cuDevicePrimaryCtxRetain(&d->ctx, dev);
 	if (cr != CUDA_SUCCESS) {
 		snprintf(why, why_n, "device %d: no context: %s", ordinal, cuda_dl_strerror(cr));
+		d->ctx = NULL;
 		return -ENODEV;
 	}
-	cuda.cu = cu;
-	cr = cu->cuCtxSetCurrent(cuda.ctx);
+	cr = cu->cuCtxSetCurrent(d->ctx);
 	if (cr == CUDA_SUCCESS)
 		/* Non-blocking: engines' work on the legacy default stream must not wait for
 		 * the daemon's scrubs, nor the other way round. */
-		cr = cu->cuStreamCreate(&cuda.stream, CU_STREAM_NON_BLOCKING);
+		cr = cu->cuStreamCreate(&d->stream, CU_STREAM_NON_BLOCKING);
 	if (cr != CUDA_SUCCESS) {
 		snprintf(why, why_n, "device %d: no stream: %s", ordinal, cuda_dl_strerror(cr));
-		backend_cuda_close();
 		return -ENODEV;
 	}
-
-	cuda.prop = (CUmemAllocationProp){
+	d->prop = (CUmemAllocationProp){
 		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
 		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = cuda.dev },
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev },
 	};
-	cuda.access = (CUmemAccessDesc){
-		.location = cuda.prop.location,
+	d->access = (CUmemAccessDesc){
+		.location = d->prop.location,
 		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
 	};
 	/* The minimum, not the recommended granularity: chunk-size is the operator's choice,
 	 * and the minimum is what cuMemCreate and cuMemMap require. */
-	cr = cu->cuMemGetAllocationGranularity(&gran, &cuda.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+	cr = cu->cuMemGetAllocationGranularity(&gran, &d->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 	if (cr == CUDA_SUCCESS)
 		cr = cu->cuMemGetInfo(&free_b, &total_b);
 	if (cr != CUDA_SUCCESS || gran == 0) {
 		snprintf(why, why_n, "device %d: cannot query memory: %s", ordinal, cuda_dl_strerror(cr));
-		backend_cuda_close();
 		return -ENODEV;
 	}
-	cuda.granularity = gran;
-
-	memset(&cuda.info, 0, sizeof(cuda.info));
-	cuda.info.ordinal = ordinal;
-	if (cu->cuDeviceGetUuid(&uuid, cuda.dev) == CUDA_SUCCESS)
-		memcpy(cuda.info.uuid, uuid.bytes, sizeof(cuda.info.uuid));
-	if (cu->cuDeviceGetName(cuda.info.name, sizeof(cuda.info.name), cuda.dev) != CUDA_SUCCESS)
-		snprintf(cuda.info.name, sizeof(cuda.info.name), "?");
-	cuda.info.free_bytes = free_b;
-	cuda.info.total_bytes = total_b;
-	cuda.open = true;
-	snprintf(why, why_n, "cuda on GPU %d (%s, %llu of %llu MiB free, granularity %llu KiB; %s)",
-	         ordinal, cuda.info.name, (unsigned long long)(free_b >> 20),
-	         (unsigned long long)(total_b >> 20), (unsigned long long)(gran >> 10), dl_why);
+	d->info.ordinal = ordinal;
+	d->info.granularity = gran;
+	if (cu->cuDeviceGetUuid(&uuid, dev) == CUDA_SUCCESS)
+		memcpy(d->info.uuid, uuid.bytes, sizeof(d->info.uuid));
+	if (cu->cuDeviceGetName(d->info.name, sizeof(d->info.name), dev) != CUDA_SUCCESS)
+		snprintf(d->info.name, sizeof(d->info.name), "?");
+	d->info.free_bytes = free_b;
+	d->info.total_bytes = total_b;
 	return 0;
 }
 
-const struct backend_device *backend_cuda_device(void) {
-	return cuda.open ? &cuda.info : NULL;
+static void device_close(struct cuda_dev *d) {
+	if (d->stream)
+		cuda.cu->cuStreamDestroy(d->stream);
+	d->stream = NULL;
+	if (d->ctx)
+		cuda.cu->cuDevicePrimaryCtxRelease(d->dev);
+	d->ctx = NULL;
 }
 
-CUstream backend_cuda_stream(void) {
-	return cuda.stream;
+int backend_cuda_open(const char *devices, char *why, size_t why_n) {
+	const char *dl_why, *p = devices;
+	bool all = !devices || strcmp(devices, "all") == 0;
+	char skip[160] = "", *w = why;
+	int o, r;
+
+	r = cuda_dl_load(&cuda.cu, &dl_why);
+	if (r < 0) {
+		snprintf(why, why_n, "%s", dl_why);
+		return -ENODEV;
+	}
+	for (int i = 0; all ? i < cuda.cu->device_count : next_ordinal(&p, &o); i++) {
+		int want = all ? i : o;
+		bool listed = false;
+		CUdevice dev;
+
+		for (uint32_t k = 0; k < cuda.n; k++)
+			listed |= cuda.d[k].info.ordinal == want;
+		if (listed)
+			continue;
+		if (want >= cuda.cu->device_count) {
+			snprintf(skip, sizeof(skip), "device %d: no such device (%d found)", want,
+			         cuda.cu->device_count);
+			log_warning("cuda: %s", skip);
+			continue;
+		}
+		if (cuda.n == BACKEND_DEVICES_MAX) {
+			log_warning("cuda: device %d left alone: at most %u GPUs are pooled", want,
+			            BACKEND_DEVICES_MAX);
+			continue;
+		}
+		if (!device_usable(cuda.cu, want, &dev, skip, sizeof(skip)) ||
+		    device_open(&cuda.d[cuda.n], want, dev, skip, sizeof(skip)) < 0) {
+			device_close(&cuda.d[cuda.n]);
+			log_warning("cuda: %s", skip);
+			continue;
+		}
+		cuda.granularity = MAX(cuda.granularity, cuda.d[cuda.n].info.granularity);
+		cuda.n++;
+	}
+	if (cuda.n == 0) {
+		snprintf(why, why_n, "%s", skip[0] ? skip : "no device listed");
+		return -ENODEV;
+	}
+	/* The context of the first device stays current on the loop's thread. */
+	(void)cuda.cu->cuCtxSetCurrent(cuda.d[0].ctx);
+	w += snprintf(w, why_n, "cuda on %u GPU%s:", cuda.n, cuda.n == 1 ? "" : "s");
+	for (uint32_t k = 0; k < cuda.n && (size_t)(w - why) < why_n; k++) {
+		const struct backend_device *info = &cuda.d[k].info;
+
+		w += snprintf(w, why_n - (size_t)(w - why), " GPU %d (%s, %llu of %llu MiB free, "
+		              "granularity %llu KiB)%s", info->ordinal, info->name,
+		              (unsigned long long)(info->free_bytes >> 20),
+		              (unsigned long long)(info->total_bytes >> 20),
+		              (unsigned long long)(info->granularity >> 10), k + 1 < cuda.n ? ";" : "");
+	}
+	if ((size_t)(w - why) < why_n)
+		snprintf(w, why_n - (size_t)(w - why), "; %s", dl_why);
+	return 0;
+}
+
+uint32_t backend_cuda_n_devices(void) {
+	return cuda.n;
+}
+
+const struct backend_device *backend_cuda_device(uint32_t i) {
+	return i < cuda.n ? &cuda.d[i].info : NULL;
 }
 
 void backend_cuda_close(void) {
 	if (!cuda.cu)
 		return;
-	if (cuda.stream)
-		cuda.cu->cuStreamDestroy(cuda.stream);
-	cuda.stream = NULL;
-	if (cuda.ctx)
-		cuda.cu->cuDevicePrimaryCtxRelease(cuda.dev);
-	cuda.ctx = NULL;
-	cuda.open = false;
+	for (uint32_t k = 0; k < cuda.n; k++)
+		device_close(&cuda.d[k]);
+	cuda.n = 0;
 }
 
 static uint64_t cuda_granularity(void) {
 	/* Before the driver is asked, the settings checks can only hold chunks to pages;
-	 * pool_new checks the device's granularity at start. */
-	return cuda.open ? cuda.granularity : (uint64_t)sysconf(_SC_PAGESIZE);
+	 * pool_new checks the devices' granularity at start. */
+	return cuda.n > 0 ? cuda.granularity : (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
-/* Zeroes [addr, addr + bytes) on the daemon's stream and waits: a chunk leaves here only
- * once no byte of its last owner can be read. */
-static int cuda_zero(CUdeviceptr addr, uint64_t bytes) {
+/* Makes device's context current on this thread (a round worker has none until its
+ * first call; the loop's may hold another device's). */
+static int use(uint32_t device) {
 	CUresult cr;
 
-	cr = cuda.cu->cuMemsetD8Async(addr, 0, bytes, cuda.stream);
+	if (device >= cuda.n)
+		return -EINVAL;
+	cr = cuda.cu->cuCtxSetCurrent(cuda.d[device].ctx);
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuCtxSetCurrent");
+}
+
+/* Zeroes [addr, addr + bytes) of device on its daemon stream and waits: a chunk leaves here
+ * only once no byte of its last owner can be read. The device's context is current. */
+static int cuda_zero(uint32_t device, CUdeviceptr addr, uint64_t bytes) {
+	CUresult cr;
+
+	cr = cuda.cu->cuMemsetD8Async(addr, 0, bytes, cuda.d[device].stream);
 	if (cr != CUDA_SUCCESS)
 		return cu_fail(cr, "cuMemsetD8Async");
-	cr = cuda.cu->cuStreamSynchronize(cuda.stream);
+	cr = cuda.cu->cuStreamSynchronize(cuda.d[device].stream);
 	if (cr != CUDA_SUCCESS)
 		return cu_fail(cr, "cuStreamSynchronize");
 	return 0;
@@ -217,7 +258,7 @@ static int cuda_zero(CUdeviceptr addr, uint64_t bytes) {
 static void cuda_chunk_destroy(struct backend_chunk *c) {
 	CUdeviceptr va = (CUdeviceptr)(uintptr_t)c->addr;
 
-	(void)cuda.cu->cuCtxSetCurrent(cuda.ctx);
+	(void)use(c->device);
 	if (va) {
 		cuda.cu->cuMemUnmap(va, c->bytes);
 		cuda.cu->cuMemAddressFree(va, c->bytes);
@@ -231,18 +272,18 @@ static void cuda_chunk_destroy(struct backend_chunk *c) {
 	c->fd = safe_close(c->fd);
 }
 
-static int cuda_chunk_create(uint32_t id, uint64_t bytes, struct backend_chunk *ret) {
-	struct backend_chunk c = { .fd = -EBADF, .bytes = bytes };
+static int cuda_chunk_create(uint32_t id, uint32_t device, uint64_t bytes,
+                             struct backend_chunk *ret) {
+	struct backend_chunk c = { .fd = -EBADF, .bytes = bytes, .device = device };
 	CUmemGenericAllocationHandle h;
 	CUdeviceptr va = 0;
 	int fd = -1, r;
 	CUresult cr;
 
-	/* The loop's thread has the context current since open; a round thread may not. */
-	cr = cuda.cu->cuCtxSetCurrent(cuda.ctx);
-	if (cr != CUDA_SUCCESS)
-		return cu_fail(cr, "cuCtxSetCurrent");
-	cr = cuda.cu->cuMemCreate(&h, bytes, &cuda.prop, 0);
+	r = use(device);
+	if (r < 0)
+		return r;
+	cr = cuda.cu->cuMemCreate(&h, bytes, &cuda.d[device].prop, 0);
 	if (cr != CUDA_SUCCESS)
 		return cu_fail(cr, "cuMemCreate");
 	c.handle = (uint64_t)h;
@@ -257,7 +298,7 @@ static int cuda_chunk_create(uint32_t id, uint64_t bytes, struct backend_chunk *
 		r = negative_errno();
 		goto fail;
 	}
-	cr = cuda.cu->cuMemAddressReserve(&va, bytes, cuda.granularity, 0, 0);
+	cr = cuda.cu->cuMemAddressReserve(&va, bytes, cuda.d[device].info.granularity, 0, 0);
 	if (cr != CUDA_SUCCESS) {
 		r = cu_fail(cr, "cuMemAddressReserve");
 		goto fail;
@@ -270,18 +311,18 @@ static int cuda_chunk_create(uint32_t id, uint64_t bytes, struct backend_chunk *
 	}
 	c.addr = (void *)(uintptr_t)va;
 	/* A new mapping has no access at all until it is granted. */
-	cr = cuda.cu->cuMemSetAccess(va, bytes, &cuda.access, 1);
+	cr = cuda.cu->cuMemSetAccess(va, bytes, &cuda.d[device].access, 1);
 	if (cr != CUDA_SUCCESS) {
 		r = cu_fail(cr, "cuMemSetAccess");
 		goto fail;
 	}
 	/* cuMemCreate makes no promise about the contents: the chunk's first owner reads
 	 * zeros like every later one. */
-	r = cuda_zero(va, bytes);
+	r = cuda_zero(device, va, bytes);
 	if (r < 0)
 		goto fail;
-	log_debug("cuda: chunk %u: %llu bytes at device address 0x%llx", id,
-	          (unsigned long long)bytes, (unsigned long long)va);
+	log_debug("cuda: chunk %u: %llu bytes on GPU %d at device address 0x%llx", id,
+	          (unsigned long long)bytes, cuda.d[device].info.ordinal, (unsigned long long)va);
 	*ret = c;
 	return 0;
 fail:
@@ -290,42 +331,43 @@ fail:
 }
 
 static int cuda_chunk_scrub(struct backend_chunk *c) {
-	CUresult cr = cuda.cu->cuCtxSetCurrent(cuda.ctx);
+	int r = use(c->device);
 
-	if (cr != CUDA_SUCCESS)
-		return cu_fail(cr, "cuCtxSetCurrent");
-	return cuda_zero((CUdeviceptr)(uintptr_t)c->addr, c->bytes);
+	return r < 0 ? r : cuda_zero(c->device, (CUdeviceptr)(uintptr_t)c->addr, c->bytes);
 }
 
 /*
- * The CPU paths' copies (backend.h): synchronous, on the context's legacy stream, from
- * whichever thread asks (a round worker has no context current until the first call).
- * Ordering with the engines needs nothing more: the daemon only reads or moves a sequence's
- * K/V while it is not pinned, and an engine unpins after its writes have completed.
+ * The CPU paths' copies (backend.h): synchronous, on the device context's legacy stream,
+ * from whichever thread asks. Ordering with the engines needs nothing more: the daemon only
+ * reads or moves a sequence's K/V while it is not pinned, and an engine unpins after its
+ * writes have completed.
  */
-static int cuda_read(const void *src, void *dst, uint64_t bytes) {
-	CUresult cr = cuda.cu->cuCtxSetCurrent(cuda.ctx);
+static int cuda_read(uint32_t device, const void *src, void *dst, uint64_t bytes) {
+	int r = use(device);
+	CUresult cr;
 
-	if (cr != CUDA_SUCCESS)
-		return cu_fail(cr, "cuCtxSetCurrent");
+	if (r < 0)
+		return r;
 	cr = cuda.cu->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes);
 	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpyDtoH");
 }
 
-static int cuda_write(void *dst, const void *src, uint64_t bytes) {
-	CUresult cr = cuda.cu->cuCtxSetCurrent(cuda.ctx);
+static int cuda_write(uint32_t device, void *dst, const void *src, uint64_t bytes) {
+	int r = use(device);
+	CUresult cr;
 
-	if (cr != CUDA_SUCCESS)
-		return cu_fail(cr, "cuCtxSetCurrent");
+	if (r < 0)
+		return r;
 	cr = cuda.cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes);
 	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpyHtoD");
 }
 
-static int cuda_copy(void *dst, const void *src, uint64_t bytes) {
-	CUresult cr = cuda.cu->cuCtxSetCurrent(cuda.ctx);
+static int cuda_copy(uint32_t device, void *dst, const void *src, uint64_t bytes) {
+	int r = use(device);
+	CUresult cr;
 
-	if (cr != CUDA_SUCCESS)
-		return cu_fail(cr, "cuCtxSetCurrent");
+	if (r < 0)
+		return r;
 	cr = cuda.cu->cuMemcpyDtoD((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes);
 	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpyDtoD");
 }

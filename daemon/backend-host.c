@@ -18,7 +18,8 @@ static uint64_t host_granularity(void) {
 	return (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
-static int host_chunk_create(uint32_t id, uint64_t bytes, struct backend_chunk *ret) {
+static int host_chunk_create(uint32_t id, uint32_t device, uint64_t bytes,
+                             struct backend_chunk *ret) {
 	_cleanup_(closep) int fd = -EBADF;
 	char name[32];
 	void *addr;
@@ -38,6 +39,7 @@ static int host_chunk_create(uint32_t id, uint64_t bytes, struct backend_chunk *
 		return negative_errno();
 	ret->fd = TAKE_FD(fd);
 	ret->addr = addr;
+	ret->device = device;
 	ret->bytes = bytes;
 	return 0;
 }
@@ -51,12 +53,14 @@ static int host_chunk_scrub(struct backend_chunk *c) {
 	return 0;
 }
 
-static int host_read(const void *src, void *dst, uint64_t bytes) {
+static int host_read(uint32_t device, const void *src, void *dst, uint64_t bytes) {
+	(void)device;
 	memcpy(dst, src, bytes);
 	return 0;
 }
 
-static int host_write(void *dst, const void *src, uint64_t bytes) {
+static int host_write(uint32_t device, void *dst, const void *src, uint64_t bytes) {
+	(void)device;
 	memcpy(dst, src, bytes);
 	return 0;
 }

@@ -6,6 +6,7 @@
 
 #include "backend.h"
 #include "backend-cuda.h"
+#include "common/macro.h"
 
 /* Ordinals beyond this are typos, not GPUs. */
 #define DEVICE_ORDINAL_MAX 255
@@ -73,10 +74,19 @@ int backend_open(const char *name, const char *devices, const struct backend_ops
 	return 0;
 }
 
-const struct backend_device *backend_device(void) {
+uint32_t backend_n_devices(void) {
 #ifdef KVD_HAVE_CUDA
-	return backend_cuda_device();
+	return MAX(backend_cuda_n_devices(), 1u);
 #else
+	return 1;
+#endif
+}
+
+const struct backend_device *backend_device(uint32_t i) {
+#ifdef KVD_HAVE_CUDA
+	return backend_cuda_device(i);
+#else
+	(void)i;
 	return NULL;
 #endif
 }

@@ -12,11 +12,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The most devices one daemon pools (--devices). */
+#define BACKEND_DEVICES_MAX 16
+
 struct backend_chunk {
 	int fd;        /* the exportable handle; -EBADF when not created */
 	void *addr;    /* the daemon's own mapping (a device address on cuda) */
 	uint64_t bytes;
 	uint64_t handle; /* cuda: the CUmemGenericAllocationHandle; 0 on host */
+	uint32_t device; /* which of the backend's devices holds it (backend_device()); 0 on host */
 };
 
 /* What clients are told a chunk's memory is (kvd.proto MemoryKind: same values). */
@@ -34,20 +38,22 @@ struct backend_ops {
 	bool host_access;
 	/* Granularity chunk sizes must be a multiple of. */
 	uint64_t (*granularity)(void);
-	/* Creates chunk `id` of `bytes` bytes, zero-filled. */
-	int (*chunk_create)(uint32_t id, uint64_t bytes, struct backend_chunk *ret);
+	/* Creates chunk `id` of `bytes` bytes on device (below backend_n_devices()),
+	 * zero-filled. */
+	int (*chunk_create)(uint32_t id, uint32_t device, uint64_t bytes, struct backend_chunk *ret);
 	/* Zeroes the chunk before it can change owner; returns 0 or -errno. */
 	int (*chunk_scrub)(struct backend_chunk *c);
 	/*
-	 * Copies between the daemon's mapping of chunks (addresses inside [addr, addr + bytes)
-	 * of a chunk, device addresses on cuda) and host memory: read (pool to host), write
-	 * (host to pool), copy (pool to pool; the ranges must not overlap). memcpy on the host
-	 * backend, synchronous driver copies on cuda. Safe from any thread (round workers read
-	 * K/V this way). Return 0 or -errno.
+	 * Copies between the daemon's mapping of chunks of device (addresses inside [addr,
+	 * addr + bytes) of its chunks, device addresses on cuda) and host memory: read (pool
+	 * to host), write (host to pool), copy (pool to pool, within the device; the ranges
+	 * must not overlap). memcpy on the host backend, synchronous driver copies in the
+	 * device's context on cuda. Safe from any thread (round workers read K/V this way).
+	 * Return 0 or -errno.
 	 */
-	int (*read)(const void *src, void *dst, uint64_t bytes);
-	int (*write)(void *dst, const void *src, uint64_t bytes);
-	int (*copy)(void *dst, const void *src, uint64_t bytes);
+	int (*read)(uint32_t device, const void *src, void *dst, uint64_t bytes);
+	int (*write)(uint32_t device, void *dst, const void *src, uint64_t bytes);
+	int (*copy)(uint32_t device, void *dst, const void *src, uint64_t bytes);
 	void (*chunk_destroy)(struct backend_chunk *c);
 };
 
@@ -57,6 +63,7 @@ struct backend_device {
 	uint8_t uuid[16];             /* what clients match their own devices against */
 	char name[96];
 	uint64_t free_bytes, total_bytes; /* when it was opened */
+	uint64_t granularity;         /* of its allocations (the minimum) */
 };
 
 extern const struct backend_ops backend_host_ops;
@@ -72,17 +79,20 @@ extern const struct backend_ops backend_cuda_ops;
 const struct backend_ops *backend_find(const char *name);
 
 /*
- * Opens the backend the settings name: "host" always works; "cuda" loads the driver and
- * takes the first usable device of `devices` ("all", or ordinals separated by spaces or
- * commas), or fails; "auto" tries cuda and falls back to host. Returns 0 with the backend in
- * *ret and, in why, a sentence saying what was chosen and why (for auto's fallback, what
- * made the GPU unusable); or -ENODEV (cuda asked for but not usable, why says why).
+ * Opens the backend the settings name: "host" always works (one device); "cuda" loads the
+ * driver and takes every usable device of `devices` ("all", or ordinals separated by spaces
+ * or commas; at most BACKEND_DEVICES_MAX), or fails when none is; "auto" tries cuda and
+ * falls back to host. Returns 0 with the backend in *ret and, in why, a sentence saying
+ * what was chosen and why (for auto's fallback, what made the GPU unusable); or -ENODEV
+ * (cuda asked for but not usable, why says why).
  */
 int backend_open(const char *name, const char *devices, const struct backend_ops **ret,
                  char *why, size_t why_n);
 
-/* The device the open backend uses, or NULL (host). */
-const struct backend_device *backend_device(void);
+/* How many devices the open backend pools: 1 on host. */
+uint32_t backend_n_devices(void);
+/* Device i of the open backend (0 to backend_n_devices() - 1), or NULL (host). */
+const struct backend_device *backend_device(uint32_t i);
 
 /* Releases what backend_open took (the CUDA context and stream); after every chunk is
  * destroyed. */

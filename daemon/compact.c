@@ -55,29 +55,30 @@ struct row_run {
  * one copy per head and half, since a head's rows are consecutive in a block, so that a
  * device pool (one driver call each) pays per run, not per slot. Returns 0 or the
  * backend's -errno. */
-static int run_copy(const struct kvd_seq_desc *d, const struct pool *p, const struct row_run *u) {
+static int run_copy(const struct kvd_seq_desc *d, const struct pool *p, uint32_t device,
+                    const struct row_run *u) {
 	uint32_t heads = d->layout == KVD_LAYOUT_PER_HEAD ? 1 : d->kv_heads;
 	uint64_t bytes = (uint64_t)u->n * layout_row_bytes(d);
 	int r = 0;
 
 	for (uint32_t h = 0; h < heads && r >= 0; h++) {
-		r = p->ops->copy(u->dst + layout_k_offset(d, h, u->dst_row),
+		r = p->ops->copy(device, u->dst + layout_k_offset(d, h, u->dst_row),
 		                 u->src + layout_k_offset(d, h, u->src_row), bytes);
 		if (r >= 0)
-			r = p->ops->copy(u->dst + layout_v_offset(d, h, u->dst_row),
+			r = p->ops->copy(device, u->dst + layout_v_offset(d, h, u->dst_row),
 			                 u->src + layout_v_offset(d, h, u->src_row), bytes);
 	}
 	if (r >= 0 && d->index_dim)
-		r = p->ops->copy(u->dst + layout_index_offset(d, u->dst_row),
+		r = p->ops->copy(device, u->dst + layout_index_offset(d, u->dst_row),
 		                 u->src + layout_index_offset(d, u->src_row),
 		                 (uint64_t)u->n * layout_index_row_bytes(d));
 	return r;
 }
 
 /* Copies the pending run, if any, and empties it; the first failure goes to *copy_error. */
-static void run_flush(const struct kvd_seq_desc *d, const struct pool *p, struct row_run *u,
-                      int *copy_error) {
-	int e = u->n > 0 ? run_copy(d, p, u) : 0;
+static void run_flush(const struct kvd_seq_desc *d, const struct pool *p, uint32_t device,
+                      struct row_run *u, int *copy_error) {
+	int e = u->n > 0 ? run_copy(d, p, device, u) : 0;
 
 	if (e < 0 && *copy_error == 0)
 		*copy_error = e;
@@ -97,8 +98,9 @@ static void run_flush(const struct kvd_seq_desc *d, const struct pool *p, struct
  * new end are freed last. Returns the number of blocks freed; the first copy that failed,
  * if any, in *copy_error (the pass goes on, so that the tables stay consistent).
  */
-static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, const struct compact_drop *x,
-                              float *side, struct seq_emptied *emptied, int *copy_error) {
+static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, uint32_t device,
+                              const struct compact_drop *x, float *side,
+                              struct seq_emptied *emptied, int *copy_error) {
 	uint32_t bt = d->block_tokens, tokens = desc_tokens(d)[x->table];
 	uint32_t nb = DIV_ROUND_UP(tokens, bt), kept = 0, w = 0, j = 0, new_nb;
 	uint32_t *pos = desc_positions(d, x->table);
@@ -132,7 +134,7 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, const stru
 				if (run.n == 0 || run.src != src || run.dst != dst ||
 				    run.src_row + run.n != r - lo || run.dst_row + run.n != w % bt ||
 				    (dst == src && run.dst_row + run.n >= run.src_row)) {
-					run_flush(d, p, &run, copy_error);
+					run_flush(d, p, device, &run, copy_error);
 					run = (struct row_run){ .dst = dst, .src = src, .dst_row = w % bt,
 					                        .src_row = r - lo };
 				}
@@ -145,7 +147,7 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, const stru
 		}
 		kept++;
 	}
-	run_flush(d, p, &run, copy_error);
+	run_flush(d, p, device, &run, copy_error);
 	new_nb = DIV_ROUND_UP(w, bt);
 	for (uint32_t b = new_nb; b < kept; b++)
 		block_free(p, blocks[b], emptied);
@@ -171,8 +173,8 @@ int seq_compact(struct seq *s, struct pool *p, const struct compact_drop *drops,
 
 	desc_write_begin(d);
 	for (uint32_t i = 0; i < n_drops; i++)
-		freed += table_compact(d, p, &drops[i], side ? side[drops[i].table] : NULL, emptied,
-		                       &copy_error);
+		freed += table_compact(d, p, s->device, &drops[i], side ? side[drops[i].table] : NULL,
+		                       emptied, &copy_error);
 	desc_write_end(d);
 	s->epoch++;
 	if (ret_freed_blocks)
@@ -333,7 +335,8 @@ int compact_chunks(struct pool *p, struct tenant *t, struct seq *const *seqs, ui
 		for (uint32_t k = 0; k < n_owned; k++) {
 			struct chunk *c = owned[k];
 
-			if (c != src && c->block_bytes == src->block_bytes && c->used_blocks >= n &&
+			if (c != src && c->block_bytes == src->block_bytes &&
+			    c->mem.device == src->mem.device && c->used_blocks >= n &&
 			    c->used_blocks < c->n_blocks)
 				dests[n_dests++] = c;
 		}
@@ -352,7 +355,7 @@ int compact_chunks(struct pool *p, struct tenant *t, struct seq *const *seqs, ui
 				touched[o[k].seq] = true;
 				desc_write_begin(d);
 			}
-			if (p->ops->copy(pool_block_addr(p, to), pool_block_addr(p, *ref),
+			if (p->ops->copy(src->mem.device, pool_block_addr(p, to), pool_block_addr(p, *ref),
 			                 src->block_bytes) < 0) {
 				/* The block stays where it is (the source chunk is then not
 				 * emptied); only a failing device copies nothing. */

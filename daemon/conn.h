@@ -42,6 +42,7 @@ struct conn {
 	bool hello;
 	uint32_t version;
 	struct tenant *tenant;        /* NULL: administrative connection */
+	uint32_t device;              /* the pool's device its chunks come from (pool.h) */
 	char process_name[64];
 	uint32_t violations;
 

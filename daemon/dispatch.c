@@ -146,7 +146,7 @@ static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptie
 static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req) {
 	struct server *s = c->srv;
 	Kvd__V1__HelloReply rep = KVD__V1__HELLO_REPLY__INIT;
-	const struct backend_device *dev = backend_device();
+	const struct backend_device *dev;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	uint32_t min = req->has_min_version ? req->min_version : 1;
 	uint32_t max = req->has_max_version ? req->max_version : min;
@@ -203,13 +203,27 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 	c->hello = true;
 	c->version = PROTOCOL_VERSION;
 	c->tenant = t;
+	/* The GPU the client named, if pooled; else the first. */
+	for (uint32_t i = 0; req->has_device_uuid && i < s->pool->n_devices; i++) {
+		dev = backend_device(i);
+		if (dev && req->device_uuid.len == sizeof(dev->uuid) &&
+		    memcmp(req->device_uuid.data, dev->uuid, sizeof(dev->uuid)) == 0)
+			c->device = i;
+	}
+	dev = backend_device(c->device);
 	/* Names go into logs: keep them printable. */
 	snprintf(c->process_name, sizeof(c->process_name), "%s", req->process_name ? req->process_name : "");
 	for (char *p = c->process_name; *p; p++)
 		if (*p < 0x20 || *p > 0x7e)
 			*p = '?';
-	log_info("connection %llu: hello from pid %d uid %u ('%s'), tenant %s", (unsigned long long)c->id,
-	         (int)c->cred.pid, (unsigned)c->cred.uid, c->process_name, t ? t->name : "- (admin)");
+	if (t && dev)
+		log_info("connection %llu: hello from pid %d uid %u ('%s'), tenant %s, GPU %d",
+		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
+		         c->process_name, t->name, dev->ordinal);
+	else
+		log_info("connection %llu: hello from pid %d uid %u ('%s'), tenant %s",
+		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
+		         c->process_name, t ? t->name : "- (admin)");
 
 	/* The rings are for a tenant's per-step requests; without them, the socket serves. */
 	if (t && req->has_features && (req->features & RING_FEATURE) && s->limits.ring_entries > 0) {
@@ -345,6 +359,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 		return;
 	}
 	q->conn_id = c->id;
+	q->device = c->device;
 	if (q->model->unit != KVD_UNIT_NONE) {
 		r = obs_new(q->model, q->id, &q->obs, &q->obs_fd);
 		if (r < 0) {
@@ -395,7 +410,7 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Kvd__V1__SeqClai
 	struct pool *p = s->pool;
 	Kvd__V1__SeqClaimReply rep = KVD__V1__SEQ_CLAIM_REPLY__INIT;
 	Kvd__V1__ChunkGrant grants[WIRE_FDS_MAX], *grant_ptrs[WIRE_FDS_MAX];
-	const struct backend_device *dev = backend_device();
+	const struct backend_device *dev = backend_device(c->device);
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	_cleanup_(freep) struct chunk **list = NULL;
 	const struct model *m;
@@ -521,7 +536,7 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
 	Kvd__V1__SeqGrowReply rep = KVD__V1__SEQ_GROW_REPLY__INIT;
 	Kvd__V1__ChunkGrant grants[WIRE_FDS_MAX], *grant_ptrs[WIRE_FDS_MAX];
-	const struct backend_device *dev = backend_device();
+	const struct backend_device *dev = backend_device(c->device);
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	int fds[WIRE_FDS_MAX];
 	char why[WHY_MAX];

@@ -123,7 +123,7 @@ static uint32_t tenant_index(const struct server *s, const struct tenant *t) {
 
 /* Copies the compensation block of (layer, kv head) h of q into buf (moments_bytes). */
 static int compensation_read(struct pool *p, const struct seq *q, uint32_t h, void *buf) {
-	return p->ops->read(pool_block_addr(p, desc_moments(q->desc)[h]), buf,
+	return p->ops->read(q->device, pool_block_addr(p, desc_moments(q->desc)[h]), buf,
 	                    q->model->moments_bytes);
 }
 
@@ -183,6 +183,7 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 
 	*q = (struct round_seq){
 		.conn_id = sq->conn_id,
+		.device = sq->device,
 		.seq_id = sq->id,
 		.epoch = sq->epoch,
 		.tenant = tenant,
@@ -363,7 +364,7 @@ static void fold_compensation(struct evictor *e, struct seq *q, const float *fol
 		if (compensation_read(p, q, h, buf) >= 0 &&
 		    compensate_merge(q->model->compensation, buf, d, fold + (uint64_t)h * per,
 		                     count[h]) >= 0)
-			(void)p->ops->write(block, buf, q->model->moments_bytes);
+			(void)p->ops->write(q->device, block, buf, q->model->moments_bytes);
 	}
 }
 

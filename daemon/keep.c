@@ -672,7 +672,7 @@ static void restore_commit(struct restore *rs) {
 		}
 		/* Its store entry stays: the same fd, under the same name. */
 		c->mem = (struct backend_chunk){ .fd = TAKE_FD(st->chunks[i]), .addr = rc->addr,
-			                         .bytes = p->chunk_bytes };
+			                         .bytes = p->chunk_bytes, .device = c->mem.device };
 		rc->addr = NULL;
 		pool_chunk_restore(p, c, rc->owner, rc->block_bytes, TAKE_PTR(rc->used));
 		chunks++;

@@ -82,6 +82,7 @@ int main(int argc, char *argv[]) {
 	_cleanup_(settings_done) struct settings cfg = {};
 	struct inifile_errors errors = {};
 	const struct backend_device *dev;
+	uint32_t n_devices;
 	const struct backend_ops *ops;
 	struct server_limits limits;
 	uint64_t pool_bytes;
@@ -129,18 +130,24 @@ int main(int argc, char *argv[]) {
 		goto finish;
 	}
 	log_info("backend %s: %s", settings_backend_to_string(cfg.backend), why);
+	/* pool-size, or pool-percent of the free memory of the GPU that has least: the same
+	 * share on every device (pool.h). */
+	n_devices = backend_n_devices();
 	pool_bytes = cfg.pool_size;
-	dev = backend_device();
+	dev = backend_device(0);
+	for (uint32_t i = 1; dev && i < n_devices; i++)
+		if (backend_device(i)->free_bytes < dev->free_bytes)
+			dev = backend_device(i);
 	if (cfg.pool_percent != 0 && dev) {
 		pool_bytes = dev->free_bytes / 100 * cfg.pool_percent / cfg.chunk_size * cfg.chunk_size;
 		if (pool_bytes == 0) {
 			r = -EINVAL;
-			log_error("pool-percent %u of the GPU's %llu MiB free is less than one chunk",
-			          cfg.pool_percent, (unsigned long long)(dev->free_bytes >> 20));
+			log_error("pool-percent %u of the %llu MiB free on GPU %d is less than one chunk",
+			          cfg.pool_percent, (unsigned long long)(dev->free_bytes >> 20), dev->ordinal);
 			goto finish;
 		}
-		log_info("pool-percent %u: a pool of %llu MiB", cfg.pool_percent,
-		         (unsigned long long)(pool_bytes >> 20));
+		log_info("pool-percent %u: %llu MiB on each of %u GPU%s", cfg.pool_percent,
+		         (unsigned long long)(pool_bytes >> 20), n_devices, n_devices == 1 ? "" : "s");
 	} else if (cfg.pool_percent != 0)
 		log_notice("pool-percent applies to a GPU pool only: using pool-size");
 	if (cfg.chunk_size % ops->granularity() != 0) {
@@ -150,7 +157,8 @@ int main(int argc, char *argv[]) {
 		          (unsigned long long)ops->granularity());
 		goto finish;
 	}
-	r = pool_new(ops, pool_bytes, cfg.chunk_size, MIN(cfg.budget, pool_bytes), &pool);
+	r = pool_new(ops, n_devices, pool_bytes, cfg.chunk_size, MIN(cfg.budget, pool_bytes * n_devices),
+	             &pool);
 	if (r < 0) {
 		log_error_errno(r, "cannot set up the pool");
 		goto finish;

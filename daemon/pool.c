@@ -8,13 +8,16 @@
 #include "log.h"
 #include "pool.h"
 
-int pool_new(const struct backend_ops *ops, uint64_t pool_bytes, uint64_t chunk_bytes,
-             uint64_t budget_bytes, struct pool **ret) {
-	uint64_t gran = ops->granularity();
+int pool_new(const struct backend_ops *ops, uint32_t n_devices, uint64_t device_bytes,
+             uint64_t chunk_bytes, uint64_t budget_bytes, struct pool **ret) {
+	uint64_t gran = ops->granularity(), device_chunks;
 	struct pool *p;
 
-	if (chunk_bytes == 0 || chunk_bytes % gran != 0 || pool_bytes < chunk_bytes ||
-	    budget_bytes > pool_bytes || pool_bytes / chunk_bytes > UINT32_MAX)
+	if (n_devices == 0 || n_devices > BACKEND_DEVICES_MAX || chunk_bytes == 0 ||
+	    chunk_bytes % gran != 0 || device_bytes < chunk_bytes)
+		return -EINVAL;
+	device_chunks = device_bytes / chunk_bytes;
+	if (device_chunks * n_devices > UINT32_MAX || budget_bytes > device_bytes * n_devices)
 		return -EINVAL;
 
 	p = calloc(1, sizeof(*p));
@@ -22,7 +25,9 @@ int pool_new(const struct backend_ops *ops, uint64_t pool_bytes, uint64_t chunk_
 		return -ENOMEM;
 	p->ops = ops;
 	p->chunk_bytes = chunk_bytes;
-	p->n_chunks = pool_bytes / chunk_bytes;
+	p->n_devices = n_devices;
+	p->device_chunks = (uint32_t)device_chunks;
+	p->n_chunks = (uint32_t)(device_chunks * n_devices);
 	/* Whole chunks only: the remainder of an uneven pool size is never used. */
 	p->pool_bytes = (uint64_t)p->n_chunks * chunk_bytes;
 	p->budget_bytes = MIN(budget_bytes, p->pool_bytes);
@@ -31,14 +36,15 @@ int pool_new(const struct backend_ops *ops, uint64_t pool_bytes, uint64_t chunk_
 		free(p);
 		return -ENOMEM;
 	}
-	/* Lowest ids first off the free list; memfds are created on first use. */
+	/* Lowest ids first off each device's free list; memory is made on first use. */
 	for (uint32_t i = p->n_chunks; i-- > 0;) {
 		struct chunk *c = &p->chunks[i];
 
 		c->id = i;
 		c->mem.fd = -EBADF;
-		c->next = p->free_list;
-		p->free_list = c;
+		c->mem.device = i / p->device_chunks;
+		c->next = p->free_list[c->mem.device];
+		p->free_list[c->mem.device] = c;
 	}
 	p->chunks_free = p->n_chunks;
 	*ret = p;
@@ -92,10 +98,10 @@ static void partial_remove(struct tenant *t, struct chunk *c) {
 	c->partial = false;
 }
 
-/* Takes a free chunk for t, carved for block_bytes. */
-static int chunk_acquire(struct pool *p, struct tenant *t, uint64_t block_bytes,
+/* Takes a free chunk of device for t, carved for block_bytes. */
+static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint64_t block_bytes,
                          struct chunk **ret) {
-	struct chunk *c = p->free_list;
+	struct chunk *c = p->free_list[device];
 	uint64_t stride = ALIGN_TO(block_bytes, LAYOUT_BLOCK_ALIGN);
 	uint32_t n_blocks, words;
 	int r;
@@ -106,7 +112,7 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint64_t block_bytes,
 		return -EDQUOT;
 
 	if (c->mem.fd < 0) {
-		r = p->ops->chunk_create(c->id, p->chunk_bytes, &c->mem);
+		r = p->ops->chunk_create(c->id, c->mem.device, p->chunk_bytes, &c->mem);
 		if (r < 0)
 			return log_error_errno(r, "creating chunk %u failed", c->id);
 		if (p->chunk_created)
@@ -119,7 +125,7 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint64_t block_bytes,
 	if (!c->used)
 		return -ENOMEM;
 
-	p->free_list = c->next;
+	p->free_list[device] = c->next;
 	p->chunks_free--;
 	c->next = NULL;
 	c->state = CHUNK_OWNED;
@@ -168,22 +174,24 @@ static void chunk_release(struct pool *p, struct chunk *c) {
 	c->state = CHUNK_FREE;
 	c->owner = NULL;
 	c->n_holders = 0;
-	c->next = p->free_list;
-	p->free_list = c;
+	c->next = p->free_list[c->mem.device];
+	p->free_list[c->mem.device] = c;
 	p->chunks_free++;
 }
 
-int pool_block_alloc(struct pool *p, struct tenant *t, uint64_t block_bytes,
+int pool_block_alloc(struct pool *p, struct tenant *t, uint32_t device, uint64_t block_bytes,
                      struct chunk **ret_chunk, uint32_t *ret_index) {
 	struct chunk *c;
 	uint32_t w, bit, index;
 	int r;
 
+	if (device >= p->n_devices)
+		return -EINVAL;
 	for (c = t->partial; c; c = c->next)
-		if (c->block_bytes == block_bytes)
+		if (c->block_bytes == block_bytes && c->mem.device == device)
 			break;
 	if (!c) {
-		r = chunk_acquire(p, t, block_bytes, &c);
+		r = chunk_acquire(p, t, device, block_bytes, &c);
 		if (r < 0) {
 			p->grants_refused++;
 			/* The same tests, in the same order, as chunk_acquire's. */
@@ -256,10 +264,11 @@ void *pool_block_addr(struct pool *p, struct kvd_block_ref ref) {
 
 int pool_block_read(struct pool *p, struct kvd_block_ref ref, void *dst) {
 	const void *src = pool_block_addr(p, ref);
+	const struct chunk *c = pool_chunk(p, ref.chunk_id);
 
 	if (!src)
 		return -EFAULT;
-	return p->ops->read(src, dst, pool_chunk(p, ref.chunk_id)->block_bytes);
+	return p->ops->read(c->mem.device, src, dst, c->block_bytes);
 }
 
 bool chunk_has_holder(const struct chunk *c, uint64_t conn_id) {
@@ -346,14 +355,14 @@ void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint6
 }
 
 void pool_restore_done(struct pool *p) {
-	/* The free list as pool_new() makes it, lowest ids first, of what stayed free. */
-	p->free_list = NULL;
+	/* The free lists as pool_new() makes them, lowest ids first, of what stayed free. */
+	memset(p->free_list, 0, sizeof(p->free_list));
 	for (uint32_t i = p->n_chunks; i-- > 0;) {
 		struct chunk *c = &p->chunks[i];
 
 		if (c->state != CHUNK_FREE)
 			continue;
-		c->next = p->free_list;
-		p->free_list = c;
+		c->next = p->free_list[c->mem.device];
+		p->free_list[c->mem.device] = c;
 	}
 }

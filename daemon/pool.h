@@ -12,6 +12,11 @@
  * The budget counts the bytes of OWNED and DRAINING chunks: that is what the device
  * really spends. Block bytes are counted too, so fragmentation is visible.
  *
+ * A pool spans the backend's devices (one on host; each GPU of --devices on cuda), with
+ * the same number of chunks on each, numbered device by device: chunk id i lives on
+ * device i / device_chunks (backend_chunk.device). Blocks are allocated on a device (the
+ * one its sequence's connection uses); the budget and tenants' caps count every device.
+ *
  * Invariants: an OWNED chunk has at least one block in use (a chunk whose last block is
  * freed is reclaimed at once); only connections of the owner are holders; a chunk is
  * scrubbed on its way back to FREE, so whoever gets it next reads zeros.
@@ -63,10 +68,10 @@ enum pool_refusal {
 
 struct pool {
 	const struct backend_ops *ops;
-	uint64_t pool_bytes, chunk_bytes, budget_bytes;
-	uint32_t n_chunks;
+	uint64_t pool_bytes, chunk_bytes, budget_bytes; /* pool_bytes: every device's */
+	uint32_t n_chunks, n_devices, device_chunks;
 	struct chunk *chunks;
-	struct chunk *free_list;
+	struct chunk *free_list[BACKEND_DEVICES_MAX]; /* per device */
 	uint32_t chunks_free, chunks_draining;
 	uint64_t used_bytes, block_bytes;
 	uint64_t grants_refused;
@@ -79,21 +84,23 @@ struct pool {
 	void *chunk_created_userdata;
 };
 
-/* Returns 0, or -EINVAL (sizes not multiples of the backend granularity, pool smaller
- * than a chunk, budget above the pool), -ENOMEM. */
-int pool_new(const struct backend_ops *ops, uint64_t pool_bytes, uint64_t chunk_bytes,
-             uint64_t budget_bytes, struct pool **ret);
+/* A pool of device_bytes on each of n_devices devices (1..BACKEND_DEVICES_MAX). Returns 0,
+ * or -EINVAL (sizes not multiples of the backend granularity, a device's share smaller
+ * than a chunk, budget above the pool, no device or too many), -ENOMEM. */
+int pool_new(const struct backend_ops *ops, uint32_t n_devices, uint64_t device_bytes,
+             uint64_t chunk_bytes, uint64_t budget_bytes, struct pool **ret);
 struct pool *pool_free(struct pool *p);
 
 /* Sets the budget; may be below what is in use. Returns 0 or -EINVAL (above the pool). */
 int pool_set_budget(struct pool *p, uint64_t bytes);
 
 /*
- * Allocates one block of block_bytes for tenant t, from a chunk t owns or a new one.
- * Returns 0 and the block in *ret_chunk and *ret_index, or -ENOSPC (node budget or pool exhausted), -EDQUOT
- * (t's max reached), or a backend error creating the chunk.
+ * Allocates one block of block_bytes on device (below n_devices) for tenant t, from a chunk
+ * t owns there or a new one. Returns 0 and the block in *ret_chunk and *ret_index, or
+ * -ENOSPC (node budget or the device's chunks exhausted), -EDQUOT (t's max reached), or a
+ * backend error creating the chunk.
  */
-int pool_block_alloc(struct pool *p, struct tenant *t, uint64_t block_bytes,
+int pool_block_alloc(struct pool *p, struct tenant *t, uint32_t device, uint64_t block_bytes,
                      struct chunk **ret_chunk, uint32_t *ret_index);
 
 /* Frees a block. Returns true when it was the chunk's last one: the caller must then

@@ -71,9 +71,9 @@ static int gather(const struct round *r, const struct round_seq *q, uint32_t l, 
 	for (uint32_t b = 0; (uint64_t)b * bt < n; b++) {
 		uint32_t rows = MIN(bt, n - b * bt);
 
-		e = r->read(blocks[b] + head_off, k + (uint64_t)b * bt * row, rows * row);
+		e = r->read(q->device, blocks[b] + head_off, k + (uint64_t)b * bt * row, rows * row);
 		if (e >= 0)
-			e = r->read(blocks[b] + v_offset(q) + head_off, v + (uint64_t)b * bt * row,
+			e = r->read(q->device, blocks[b] + v_offset(q) + head_off, v + (uint64_t)b * bt * row,
 			            rows * row);
 		if (e < 0)
 			return e;
@@ -91,7 +91,7 @@ static int gather_index(const struct round *r, const struct round_seq *q, uint32
 	int e;
 
 	for (uint32_t b = 0; (uint64_t)b * bt < n; b++) {
-		e = r->read(blocks[b] + q->index_offset, ik + (uint64_t)b * bt * row,
+		e = r->read(q->device, blocks[b] + q->index_offset, ik + (uint64_t)b * bt * row,
 		            MIN(bt, n - b * bt) * row);
 		if (e < 0)
 			return e;
@@ -622,9 +622,9 @@ static int fold_seq(const struct round *r, struct round_seq *q) {
 			for (uint32_t i = 0; i < n && e >= 0; i++) {
 				const uint8_t *b = blocks[slots[i] / bt] + head_off + (slots[i] % bt) * row;
 
-				e = r->read(b, k + i * row, row);
+				e = r->read(q->device, b, k + i * row, row);
 				if (e >= 0)
-					e = r->read(b + v_offset(q), v + i * row, row);
+					e = r->read(q->device, b + v_offset(q), v + i * row, row);
 			}
 			if (e >= 0)
 				e = compensate_batch(q->compensation, k, v, q->dtype, n, d,

@@ -75,6 +75,7 @@ struct round_tenant {
 struct round_seq {
 	uint64_t conn_id, seq_id, epoch;
 	uint32_t tenant;              /* index into round.tenants */
+	uint32_t device;              /* the pool's device its blocks are on */
 	/* The model's geometry. */
 	uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_tokens, layout, unit;
 	uint32_t window, n_tables, rows;
@@ -117,7 +118,7 @@ struct round {
 	int only;                     /* index of the one tenant to evict from, or -1 */
 	uint32_t floor_pct, threads;
 	/* How K/V reach the CPU: the pool backend's read (a memcpy, or a device copy). */
-	int (*read)(const void *src, void *dst, uint64_t bytes);
+	int (*read)(uint32_t device, const void *src, void *dst, uint64_t bytes);
 	struct round_tenant *tenants;
 	uint32_t n_tenants;
 	struct round_seq *seqs;

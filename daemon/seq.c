@@ -144,8 +144,8 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		struct chunk *c;
 		uint32_t index;
 
-		r = pool_block_alloc(p, s->tenant, done < moments ? d->moments_bytes : s->model->block_bytes,
-		                     &c, &index);
+		r = pool_block_alloc(p, s->tenant, s->device,
+		                     done < moments ? d->moments_bytes : s->model->block_bytes, &c, &index);
 		if (r < 0)
 			goto rollback;
 		refs[done] = (struct kvd_block_ref){ .chunk_id = c->id, .index = index };
@@ -171,7 +171,7 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		}
 		empty->head_dim = d->head_dim;
 		for (uint32_t i = 0; i < moments; i++) {
-			r = p->ops->write(pool_block_addr(p, refs[i]), empty, d->moments_bytes);
+			r = p->ops->write(s->device, pool_block_addr(p, refs[i]), empty, d->moments_bytes);
 			if (r < 0)
 				goto rollback;
 		}

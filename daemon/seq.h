@@ -22,6 +22,7 @@ struct seq {
 	const struct model *model;
 	struct tenant *tenant;
 	uint64_t conn_id;             /* the owning connection */
+	uint32_t device;              /* the pool's device its blocks come from (its connection's) */
 	int desc_fd;                  /* kept until the open reply took a copy */
 	struct kvd_seq_desc *desc;    /* the daemon's writable mapping */
 	struct seq *next;             /* in the owning connection's list */

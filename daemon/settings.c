@@ -107,11 +107,12 @@ static const struct setting node_table[] = {
 	  "cuda when a GPU is usable and host otherwise, saying why", NODE(backend),
 	  .enum_name = settings_backend_to_string, .enum_n = _SETTINGS_BACKEND_MAX },
 	{ "devices", SETTING_STRING, 0, "LIST", "all", NULL,
-	  "cuda: the GPUs to pool, as the driver numbers them (0 1, or all); this version pools "
-	  "the first usable one", NODE(devices), 1, 1023, .check = backend_devices_check },
+	  "cuda: the GPUs to pool, as the driver numbers them (0 1, or all), each with a pool of "
+	  "its own (pool-size each); unusable ones are skipped, saying why", NODE(devices), 1,
+	  1023, .check = backend_devices_check },
 	{ "pool-percent", SETTING_U32, 0, "PERCENT", "0", NULL,
-	  "cuda: size the pool as this percent of the GPU's free memory at start, whole chunks; "
-	  "0: pool-size", NODE(pool_percent), 0, 100 },
+	  "cuda: size each GPU's pool as this percent of the free memory of the GPU with least "
+	  "at start, whole chunks; 0: pool-size", NODE(pool_percent), 0, 100 },
 	{ "socket", SETTING_STRING, 0, "PATH", KVD_DEFAULT_SOCKET, NULL,
 	  "listening socket", NODE(socket), 1, 0 },
 	{ "socket-group", SETTING_STRING, 0, "GROUP", "", "",
@@ -127,7 +128,7 @@ static const struct setting node_table[] = {
 	  NODE(tenant_create), .enum_name = settings_tenant_create_to_string,
 	  .enum_n = _SETTINGS_TENANT_CREATE_MAX },
 	{ "pool-size", SETTING_SIZE, 0, "SIZE", "1GiB", NULL,
-	  "pool capacity, whole chunks", NODE(pool_size) },
+	  "pool capacity, whole chunks; with cuda, on each GPU", NODE(pool_size) },
 	{ "chunk-size", SETTING_SIZE, 0, "SIZE", "4MiB", NULL,
 	  "unit of allocation and sharing, a multiple of the page size", NODE(chunk_size) },
 	{ "budget", SETTING_SIZE, SETTING_RUNTIME, "SIZE", NULL, "the pool size",
@@ -774,6 +775,10 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 	int chunk = settings_index("chunk-size"), pool = settings_index("pool-size");
 	int budget = settings_index("budget");
 	uint64_t granularity = ops ? ops->granularity() : 4096;
+	/* A pool sized from free GPU memory, or spread over several GPUs (pool-size each), is
+	 * only known at start, where the budget is capped to it and a reload checks against
+	 * it (admin.c). */
+	bool pool_known = s->pool_percent == 0 && s->backend != SETTINGS_BACKEND_CUDA;
 	char b[32];
 
 	if (s->chunk_size % granularity != 0 || s->chunk_size < CHUNK_SIZE_MIN)
@@ -790,11 +795,9 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 	if (s->ring_entries != 0 && !ring_entries_valid(s->ring_entries))
 		check_error(s, e, settings_index("ring-entries"), "must be 0 or a power of two from %u "
 		            "to %u", RING_ENTRIES_MIN, RING_ENTRIES_MAX);
-	/* A pool sized from free GPU memory is only known at start, where the budget is
-	 * capped to it and a reload checks against it (admin.c). */
 	if (s->pool_percent != 0 && s->backend == SETTINGS_BACKEND_HOST)
 		check_error(s, e, settings_index("pool-percent"), "needs the cuda or auto backend");
-	else if (s->budget != SETTINGS_UNSET && s->budget > s->pool_size && s->pool_percent == 0)
+	else if (s->budget != SETTINGS_UNSET && s->budget > s->pool_size && pool_known)
 		check_error(s, e, budget, "must be at most pool-size (%s)",
 		            size_format(s->pool_size, b, sizeof(b)));
 
@@ -808,7 +811,7 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 		if (t->min_bytes > t->max_bytes)
 			inifile_error(e, path, t->key_line[SETTINGS_TENANT_MIN] ?: t->line,
 			              "tenant %s: min above max", t->name);
-		else if (t->min_bytes > s->pool_size && s->pool_percent == 0)
+		else if (t->min_bytes > s->pool_size && pool_known)
 			inifile_error(e, path, t->key_line[SETTINGS_TENANT_MIN] ?: t->line,
 			              "tenant %s: min above pool-size (%s)", t->name,
 			              size_format(s->pool_size, b, sizeof(b)));

@@ -36,6 +36,8 @@
 	X(cuDevicePrimaryCtxRetain)                                                           \
 	X(cuDevicePrimaryCtxRelease)                                                          \
 	X(cuCtxSetCurrent)                                                                    \
+	X(cuCtxGetCurrent)                                                                    \
+	X(cuCtxGetDevice)                                                                     \
 	X(cuCtxPushCurrent)                                                                   \
 	X(cuCtxPopCurrent)                                                                    \
 	X(cuCtxSynchronize)                                                                   \

@@ -653,6 +653,27 @@ CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) {
 	return CUDA_SUCCESS;
 }
 
+/* NULL when the thread has none, as the driver answers (not an error). */
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) {
+	NEED_INIT("cuCtxGetCurrent");
+	if (!pctx)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuCtxGetCurrent", "NULL");
+	*pctx = ctx_current();
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
+	int ordinal = -1;
+	CUresult r;
+
+	if (!device)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuCtxGetDevice", "NULL");
+	r = need_ctx("cuCtxGetDevice", &ordinal);
+	if (r == CUDA_SUCCESS)
+		*device = ordinal;
+	return r;
+}
+
 /* Everything already happened; only the context is checked. */
 CUresult CUDAAPI cuCtxSynchronize(void) {
 	return need_ctx("cuCtxSynchronize", NULL);

@@ -143,10 +143,11 @@ static void check_state(bool all_closed) {
 				FUZZ_CHECK(c->holders[k] != c->holders[j]);
 		}
 	}
-	for (const struct chunk *c = p->free_list; c; c = c->next) {
-		FUZZ_CHECK(c->state == CHUNK_FREE && listed < p->n_chunks);
-		listed++;
-	}
+	for (uint32_t dev = 0; dev < p->n_devices; dev++)
+		for (const struct chunk *c = p->free_list[dev]; c; c = c->next) {
+			FUZZ_CHECK(c->state == CHUNK_FREE && c->mem.device == dev && listed < p->n_chunks);
+			listed++;
+		}
 	FUZZ_CHECK(listed == free_n && p->chunks_free == free_n, "free: %u listed, %u counted, %u",
 	           listed, p->chunks_free, free_n);
 	FUZZ_CHECK(p->chunks_draining == draining);
@@ -461,7 +462,7 @@ static void setup(uint8_t config) {
 	struct server *s;
 	uint32_t n_chunks = (config & 15) + 1;
 
-	FUZZ_CHECK(pool_new(&backend_host_ops, n_chunks * CHUNK_BYTES, CHUNK_BYTES,
+	FUZZ_CHECK(pool_new(&backend_host_ops, 1, n_chunks * CHUNK_BYTES, CHUNK_BYTES,
 	                    n_chunks * CHUNK_BYTES, &h.pool) == 0);
 	FUZZ_CHECK(settings_init(&cfg) == 0 && settings_init(&h.flags) == 0);
 	free(cfg.state_dir);

@@ -365,7 +365,7 @@ static void setup(uint8_t config) {
 	struct server *s;
 	uint32_t n_chunks = config & 8 ? 2 : 8;
 
-	FUZZ_CHECK(pool_new(&backend_host_ops, n_chunks * CHUNK_BYTES, CHUNK_BYTES,
+	FUZZ_CHECK(pool_new(&backend_host_ops, 1, n_chunks * CHUNK_BYTES, CHUNK_BYTES,
 	                    n_chunks * CHUNK_BYTES, &h.pool) == 0);
 	FUZZ_CHECK(settings_init(&cfg) == 0 && settings_init(&h.flags) == 0);
 	free(cfg.state_dir);

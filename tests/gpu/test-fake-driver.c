@@ -58,9 +58,10 @@ TEST(auto_picks_cuda) {
 	struct fixture f;
 
 	start(&f, "1", args);
-	ASSERT_TRUE(fixture_wait_log(&f, "backend auto: cuda on GPU 0 (kvd fake CUDA device 0, 1024 of 1024 MiB free", 1));
+	ASSERT_TRUE(fixture_wait_log(&f, "backend auto: cuda on 1 GPU: GPU 0 (kvd fake CUDA device 0, "
+	                                 "1024 of 1024 MiB free", 1));
 	/* 10% of the fake's 1 GiB, in whole 4 MiB chunks. */
-	ASSERT_TRUE(fixture_wait_log(&f, "pool-percent 10: a pool of 100 MiB", 1));
+	ASSERT_TRUE(fixture_wait_log(&f, "pool-percent 10: 100 MiB on each of 1 GPU", 1));
 	c = fixture_connect(&f, "a");
 	ASSERT_EQ(kvd_client_memory(c, &ordinal), KVD_MEMORY_CUDA);
 	ASSERT_EQ(ordinal, 0);
@@ -114,7 +115,7 @@ TEST(second_device_odd_chunks) {
 	int model;
 
 	start(&f, "2", args);
-	ASSERT_TRUE(fixture_wait_log(&f, "backend cuda: cuda on GPU 1 (kvd fake CUDA device 1", 1));
+	ASSERT_TRUE(fixture_wait_log(&f, "backend cuda: cuda on 1 GPU: GPU 1 (kvd fake CUDA device 1", 1));
 	c = fixture_connect(&f, "a");
 	ASSERT_EQ(kvd_client_memory(c, &ordinal), KVD_MEMORY_CUDA);
 	ASSERT_EQ(ordinal, 1);
@@ -136,5 +137,94 @@ TEST(second_device_odd_chunks) {
 	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
 	ASSERT_OK(kvd_seq_release(s));
 	c = kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* Writes one byte through the driver in device's primary context at block 0 of table 0 of
+ * s, and returns whether the daemon's digest of s changed. */
+static bool daemon_sees_write(const struct cuda_dl *cu, kvd_seq *s, int device) {
+	uint64_t before = 0, after = 0;
+	const uint8_t one = 1;
+	CUcontext ctx;
+	void *p;
+
+	ASSERT_OK(kvd_seq_digest(s, &before, NULL));
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxPushCurrent(ctx), CUDA_SUCCESS);
+	ASSERT_OK(kvd_seq_block(s, 0, 0, &p));
+	ASSERT_EQ(cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, &one, 1), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(device), CUDA_SUCCESS);
+	ASSERT_OK(kvd_seq_digest(s, &after, NULL));
+	return before != after;
+}
+
+/*
+ * Both devices pooled (--devices all), pool-size on each: a client whose thread has device
+ * 1's context current at connect gets device 1's chunks (ids from the second half), one
+ * without a context the first device's; both share their memory with the daemon, and a
+ * device's chunks come back to that device's free list only.
+ */
+TEST(every_device_pooled) {
+	static const char *const args[] = { "--backend=cuda", "--chunk-size=4MiB", "--pool-size=32MiB",
+		                            NULL };
+	_cleanup_(kvd_client_unrefp) kvd_client *a = NULL, *b = NULL;
+	uint32_t ids[16], n = 0;
+	const struct cuda_dl *cu;
+	int32_t ordinal = -1;
+	struct fixture f;
+	kvd_seq *sa, *sb;
+	CUcontext ctx;
+	int ma, mb;
+
+	ASSERT_OK(cuda_dl_load(&cu, NULL));
+	start(&f, "2", args);
+	ASSERT_TRUE(fixture_wait_log(&f, "backend cuda: cuda on 2 GPUs: GPU 0 (kvd fake CUDA device 0", 1));
+	ASSERT_EQ(fixture_status(&f, NULL, "pool_bytes"), 64 * MiB);
+
+	a = fixture_connect(&f, "a");
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, 1), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+	b = fixture_connect(&f, "b");
+	ASSERT_EQ(cu->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
+	ASSERT_TRUE(fixture_wait_log(&f, "tenant b, GPU 1", 1));
+	ASSERT_EQ(kvd_client_memory(a, &ordinal), KVD_MEMORY_CUDA);
+	ASSERT_EQ(ordinal, 0);
+	ASSERT_EQ(kvd_client_memory(b, &ordinal), KVD_MEMORY_CUDA);
+	ASSERT_EQ(ordinal, 1);
+
+	ma = kvd_model_register(a, &spec);
+	mb = kvd_model_register(b, &spec);
+	ASSERT_GT(ma, 0);
+	ASSERT_GT(mb, 0);
+	ASSERT_OK(kvd_seq_open(a, ma, 200, &sa));
+	ASSERT_OK(kvd_seq_open(b, mb, 200, &sb));
+	ASSERT_OK(kvd_seq_grow(sa, 200));
+	ASSERT_OK(kvd_seq_grow(sb, 200));
+	/* 8 chunks of 4 MiB on each device: ids 0-7 on GPU 0, 8-15 on GPU 1. */
+	ASSERT_OK(kvd_client_mapped_chunks(a, ids, 16, &n));
+	ASSERT_GT(n, 0u);
+	for (uint32_t i = 0; i < n; i++)
+		ASSERT_TRUE(ids[i] < 8);
+	ASSERT_OK(kvd_client_mapped_chunks(b, ids, 16, &n));
+	ASSERT_GT(n, 0u);
+	for (uint32_t i = 0; i < n; i++)
+		ASSERT_TRUE(ids[i] >= 8 && ids[i] < 16);
+	ASSERT_TRUE(daemon_sees_write(cu, sa, 0));
+	ASSERT_TRUE(daemon_sees_write(cu, sb, 1));
+
+	/* Released and scrubbed, b's chunks serve b again, on GPU 1. */
+	ASSERT_OK(kvd_seq_release(sb));
+	ASSERT_TRUE(fixture_wait_status(&f, "b", "used_bytes", 0));
+	ASSERT_OK(kvd_seq_open(b, mb, 200, &sb));
+	ASSERT_OK(kvd_seq_grow(sb, 200));
+	ASSERT_OK(kvd_client_mapped_chunks(b, ids, 16, &n));
+	for (uint32_t i = 0; i < n; i++)
+		ASSERT_TRUE(ids[i] >= 8 && ids[i] < 16);
+	ASSERT_OK(kvd_seq_release(sa));
+	ASSERT_OK(kvd_seq_release(sb));
+	a = kvd_client_unref(a);
+	b = kvd_client_unref(b);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }

@@ -246,7 +246,8 @@ TEST(two_processes_share_and_scrub) {
 }
 
 /*
- * A round on the device pool: one tenant grows two sequences to twice the budget, writing
+ * A round on the device pool (on the last GPU, which may be another than the first
+ * test's): one tenant grows two sequences to twice the budget, writing
  * each step's K/V with driver copies (the fixture's helpers with KVD_TEST_BACKEND=cuda) and
  * publishing windows, so that pressure rounds score the K/V the daemon reads from the GPU
  * and compact it there. Survivors must read back bit-exact at their original positions
@@ -261,7 +262,10 @@ TEST(rounds_evict_and_compact_on_the_device) {
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	uint64_t row = (uint64_t)spec.q_heads * ev.window * spec.head_dim;
 	_cleanup_(freep) uint16_t *q = calloc(row, sizeof(*q));
+	int32_t ordinal = -1;
 	struct fixture f;
+	CUcontext ctx;
+	CUdevice dev;
 	kvd_seq *s[2];
 	int model;
 
@@ -270,7 +274,14 @@ TEST(rounds_evict_and_compact_on_the_device) {
 	for (uint64_t i = 0; i < row; i++)
 		q[i] = (uint16_t[]){ 0x3800, 0xb800, 0x3c00, 0x0000 }[i % 4];
 	fixture_start(&f, args);
+	/* On the last GPU: where the daemon pools several (the fake driver's two, in CI), the
+	 * device current at connect chooses the connection's. */
+	ASSERT_EQ(cu->cuDeviceGet(&dev, cu->device_count - 1), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
 	c = fixture_connect(&f, "a");
+	ASSERT_EQ(kvd_client_memory(c, &ordinal), KVD_MEMORY_CUDA);
+	ASSERT_EQ(ordinal, cu->device_count - 1);
 	model = kvd_model_register_evictable(c, &spec, &ev);
 	ASSERT_GT(model, 0);
 	for (int i = 0; i < 2; i++)
@@ -304,4 +315,5 @@ TEST(rounds_evict_and_compact_on_the_device) {
 		ASSERT_OK(kvd_seq_release(s[i]));
 	}
 	ASSERT_OK(fixture_stop(&f));
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(dev), CUDA_SUCCESS);
 }

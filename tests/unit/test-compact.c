@@ -54,7 +54,7 @@ struct fixture {
 };
 
 static void fixture_init(struct fixture *f, uint64_t chunk, uint32_t n) {
-	ASSERT_OK(pool_new(&backend_host_ops, chunk * n, chunk, chunk * n, &f->p));
+	ASSERT_OK(pool_new(&backend_host_ops, 1, chunk * n, chunk, chunk * n, &f->p));
 	ASSERT_OK(tenant_table_init(&f->tt, 4));
 	ASSERT_OK(tenant_get(&f->tt, "a", &f->a));
 	f->emptied.chunks = calloc(n, sizeof(*f->emptied.chunks));
@@ -664,7 +664,7 @@ TEST(compact_chunks_respects_holders) {
 	tseq_grow(&f, &q, 16);
 	x = pool_chunk(f.p, layout_blocks(q.s->desc, 0)[0].chunk_id);
 	for (uint32_t i = 0; i < 3; i++)
-		ASSERT_OK(pool_block_alloc(f.p, f.a, m.block_bytes, &filler_c[i], &filler_i[i]));
+		ASSERT_OK(pool_block_alloc(f.p, f.a, 0, m.block_bytes, &filler_c[i], &filler_i[i]));
 	z = filler_c[0];
 	ASSERT_TRUE(z != x && filler_c[1] == z && filler_c[2] == z);
 	/* z has room for one block and only connection 2 has it mapped. */

@@ -38,7 +38,7 @@ struct fixture {
 };
 
 static void fixture_init(struct fixture *f, uint64_t chunk, uint32_t n, uint32_t budget) {
-	ASSERT_OK(pool_new(&backend_host_ops, chunk * n, chunk, chunk * budget, &f->p));
+	ASSERT_OK(pool_new(&backend_host_ops, 1, chunk * n, chunk, chunk * budget, &f->p));
 	ASSERT_OK(tenant_table_init(&f->tt, 4));
 	ASSERT_OK(tenant_get(&f->tt, "a", &f->a));
 	ASSERT_OK(tenant_get(&f->tt, "b", &f->b));
@@ -76,17 +76,17 @@ static int all_bytes(const void *p, uint8_t v, size_t n) {
 TEST(pool_new_checks) {
 	struct pool *p = NULL;
 
-	ASSERT_ERRNO(pool_new(&backend_host_ops, 64 * page, 0, 64 * page, &p), -EINVAL);
-	ASSERT_ERRNO(pool_new(&backend_host_ops, 64 * page, page + 1, 64 * page, &p), -EINVAL);
-	ASSERT_ERRNO(pool_new(&backend_host_ops, 64 * page, page / 2, 64 * page, &p), -EINVAL);
+	ASSERT_ERRNO(pool_new(&backend_host_ops, 1, 64 * page, 0, 64 * page, &p), -EINVAL);
+	ASSERT_ERRNO(pool_new(&backend_host_ops, 1, 64 * page, page + 1, 64 * page, &p), -EINVAL);
+	ASSERT_ERRNO(pool_new(&backend_host_ops, 1, 64 * page, page / 2, 64 * page, &p), -EINVAL);
 	/* The pool must hold at least one chunk. */
-	ASSERT_ERRNO(pool_new(&backend_host_ops, 4 * page - 1, 4 * page, 0, &p), -EINVAL);
+	ASSERT_ERRNO(pool_new(&backend_host_ops, 1, 4 * page - 1, 4 * page, 0, &p), -EINVAL);
 	/* The budget cannot promise more than there is. */
-	ASSERT_ERRNO(pool_new(&backend_host_ops, 8 * page, 4 * page, 8 * page + 1, &p), -EINVAL);
+	ASSERT_ERRNO(pool_new(&backend_host_ops, 1, 8 * page, 4 * page, 8 * page + 1, &p), -EINVAL);
 	ASSERT_NULL(p);
 
 	/* An uneven pool size keeps whole chunks only, and the budget follows. */
-	ASSERT_OK(pool_new(&backend_host_ops, 10 * page, 4 * page, 10 * page, &p));
+	ASSERT_OK(pool_new(&backend_host_ops, 1, 10 * page, 4 * page, 10 * page, &p));
 	ASSERT_EQ(p->n_chunks, 2u);
 	ASSERT_EQ(p->pool_bytes, 8 * page);
 	ASSERT_EQ(p->budget_bytes, 8 * page);
@@ -101,11 +101,62 @@ TEST(pool_new_checks) {
 	ASSERT_EQ(p->budget_bytes, 8 * page);
 	pool_free(p);
 
-	ASSERT_OK(pool_new(&backend_host_ops, 4 * page, 4 * page, 0, &p));
+	ASSERT_OK(pool_new(&backend_host_ops, 1, 4 * page, 4 * page, 0, &p));
 	ASSERT_EQ(p->n_chunks, 1u);
 	ASSERT_EQ(p->budget_bytes, 0u);
 	ASSERT_NULL(pool_free(p));
 	ASSERT_NULL(pool_free(NULL));
+
+	/* Devices: 1 to BACKEND_DEVICES_MAX, the budget up to all of them. */
+	ASSERT_ERRNO(pool_new(&backend_host_ops, 0, 8 * page, 4 * page, 0, &p), -EINVAL);
+	ASSERT_ERRNO(pool_new(&backend_host_ops, BACKEND_DEVICES_MAX + 1, 8 * page, 4 * page, 0, &p),
+	             -EINVAL);
+	ASSERT_ERRNO(pool_new(&backend_host_ops, 3, 8 * page, 4 * page, 24 * page + 1, &p), -EINVAL);
+	ASSERT_OK(pool_new(&backend_host_ops, 3, 10 * page, 4 * page, 24 * page, &p));
+	ASSERT_EQ(p->n_chunks, 6u);
+	ASSERT_EQ(p->device_chunks, 2u);
+	ASSERT_EQ(p->pool_bytes, 24 * page);
+	ASSERT_EQ(p->budget_bytes, 24 * page);
+	for (uint32_t i = 0; i < 6; i++)
+		ASSERT_EQ(pool_chunk(p, i)->mem.device, i / 2);
+	pool_free(p);
+}
+
+/* Each device's chunks serve only its blocks: one device full refuses its grants while
+ * the others still grant, and chunks given back return to their own device. */
+TEST(devices_keep_their_chunks) {
+	struct chunk *c[4], *x;
+	uint32_t idx[4], ix;
+	struct pool *p;
+	struct tenant_table tt;
+	struct tenant *a;
+
+	ASSERT_OK(pool_new(&backend_host_ops, 2, 8 * page, 4 * page, 16 * page, &p));
+	ASSERT_OK(tenant_table_init(&tt, 4));
+	ASSERT_OK(tenant_get(&tt, "a", &a));
+	/* Blocks of a whole chunk each: two per device. */
+	for (uint32_t i = 0; i < 2; i++) {
+		ASSERT_OK(pool_block_alloc(p, a, 1, 4 * page, &c[i], &idx[i]));
+		ASSERT_EQ(c[i]->mem.device, 1u);
+		ASSERT_TRUE(c[i]->id >= 2);
+	}
+	ASSERT_ERRNO(pool_block_alloc(p, a, 1, 4 * page, &x, &ix), -ENOSPC);
+	ASSERT_EQ(p->refused[POOL_REFUSED_POOL], 1u);
+	ASSERT_ERRNO(pool_block_alloc(p, a, 2, 4 * page, &x, &ix), -EINVAL);
+	for (uint32_t i = 2; i < 4; i++) {
+		ASSERT_OK(pool_block_alloc(p, a, 0, 4 * page, &c[i], &idx[i]));
+		ASSERT_EQ(c[i]->mem.device, 0u);
+		ASSERT_TRUE(c[i]->id < 2);
+	}
+	ASSERT_EQ(p->used_bytes, 16 * page);
+	/* A chunk of device 1 comes back: device 1 grants again, device 0 still cannot. */
+	ASSERT_TRUE(pool_block_free(p, c[0], idx[0]));
+	ASSERT_EQ(pool_chunk_reclaim(p, c[0]), 0u);
+	ASSERT_ERRNO(pool_block_alloc(p, a, 0, 4 * page, &x, &ix), -ENOSPC);
+	ASSERT_OK(pool_block_alloc(p, a, 1, 4 * page, &x, &ix));
+	ASSERT_EQ(x, c[0]);
+	pool_free(p);
+	tenant_table_done(&tt);
 }
 
 TEST(block_alloc_accounting) {
@@ -116,7 +167,7 @@ TEST(block_alloc_accounting) {
 
 	fixture_init(&f, chunk, 4, 4);
 	for (int i = 0; i < 3; i++)
-		ASSERT_OK(pool_block_alloc(f.p, f.a, 1000, &c[i], &idx[i]));
+		ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1000, &c[i], &idx[i]));
 	/* Whole chunks in use, blocks as granted. */
 	ASSERT_EQ(f.p->used_bytes, chunk);
 	ASSERT_EQ(f.p->block_bytes, 3000u);
@@ -138,7 +189,7 @@ TEST(block_alloc_accounting) {
 		struct chunk *cb;
 		uint32_t ib;
 
-		ASSERT_OK(pool_block_alloc(f.p, f.b, 1000, &cb, &ib));
+		ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 1000, &cb, &ib));
 		ASSERT_TRUE(cb != c[0]);
 		ASSERT_EQ(f.b->used_bytes, chunk);
 		ASSERT_EQ(f.b->block_bytes, 1000u);
@@ -184,7 +235,7 @@ TEST(blocks_of_a_chunk_are_distinct) {
 	for (uint32_t i = 0; i < per; i++) {
 		char *addr;
 
-		ASSERT_OK(pool_block_alloc(f.p, f.a, bsz, &c, &idx));
+		ASSERT_OK(pool_block_alloc(f.p, f.a, 0, bsz, &c, &idx));
 		if (!c0)
 			c0 = c;
 		ASSERT_TRUE(c == c0);
@@ -207,7 +258,7 @@ TEST(blocks_of_a_chunk_are_distinct) {
 		ASSERT_TRUE(all_bytes(pool_block_addr(f.p, ref_of(c0, i)), (uint8_t)(i + 1), bsz));
 
 	/* The chunk is full: the next block takes a new one. */
-	ASSERT_OK(pool_block_alloc(f.p, f.a, bsz, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, bsz, &c, &idx));
 	ASSERT_TRUE(c != c0);
 	ASSERT_EQ(f.a->chunks, 2u);
 	ASSERT_TRUE(pool_block_free(f.p, c, idx));
@@ -215,7 +266,7 @@ TEST(blocks_of_a_chunk_are_distinct) {
 
 	/* A freed block is the next one handed out, from the full chunk again. */
 	ASSERT_FALSE(pool_block_free(f.p, c0, per / 2));
-	ASSERT_OK(pool_block_alloc(f.p, f.a, bsz, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, bsz, &c, &idx));
 	ASSERT_TRUE(c == c0);
 	ASSERT_EQ(idx, per / 2);
 	free(seen);
@@ -232,7 +283,7 @@ TEST(bitmap_reuses_lowest_free_block) {
 
 	fixture_init(&f, chunk, 2, 2);
 	for (uint32_t i = 0; i < per; i++) {
-		ASSERT_OK(pool_block_alloc(f.p, f.a, 64, &c, &idx));
+		ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 64, &c, &idx));
 		if (!c0)
 			c0 = c;
 		ASSERT_TRUE(c == c0);
@@ -241,14 +292,14 @@ TEST(bitmap_reuses_lowest_free_block) {
 	ASSERT_FALSE(pool_block_free(f.p, c0, per - 3));
 	ASSERT_FALSE(pool_block_free(f.p, c0, 70));
 	ASSERT_FALSE(pool_block_free(f.p, c0, 5));
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 64, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 64, &c, &idx));
 	ASSERT_EQ(idx, 5u);
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 64, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 64, &c, &idx));
 	ASSERT_EQ(idx, 70u);
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 64, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 64, &c, &idx));
 	ASSERT_EQ(idx, per - 3);
 	ASSERT_TRUE(c == c0);
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 64, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 64, &c, &idx));
 	ASSERT_TRUE(c != c0);
 	ASSERT_EQ(idx, 0u);
 	fixture_done(&f);
@@ -261,9 +312,9 @@ TEST(block_sizes_get_their_own_chunks) {
 	uint32_t i1, i2, i3;
 
 	fixture_init(&f, chunk, 4, 4);
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c1, &i1));
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 2048, &c2, &i2));
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c3, &i3));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c1, &i1));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 2048, &c2, &i2));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c3, &i3));
 	ASSERT_TRUE(c1 != c2);
 	ASSERT_TRUE(c3 == c1);
 	ASSERT_NE(i3, i1);
@@ -283,11 +334,11 @@ TEST(budget_refuses) {
 	uint32_t i1, i2, idx;
 
 	fixture_init(&f, chunk, 4, 2);
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c1, &i1));
-	ASSERT_OK(pool_block_alloc(f.p, f.b, 1024, &c2, &i2));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c1, &i1));
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 1024, &c2, &i2));
 	ASSERT_EQ(f.p->grants_refused, 0u);
 	/* Two chunks are free in the pool, but the budget is spent. */
-	ASSERT_ERRNO(pool_block_alloc(f.p, f.a, 2048, &c, &idx), -ENOSPC);
+	ASSERT_ERRNO(pool_block_alloc(f.p, f.a, 0, 2048, &c, &idx), -ENOSPC);
 	ASSERT_EQ(f.p->grants_refused, 1u);
 	ASSERT_EQ(f.p->chunks_free, 2u);
 	ASSERT_EQ(f.p->used_bytes, 2 * chunk);
@@ -295,16 +346,16 @@ TEST(budget_refuses) {
 	ASSERT_EQ(f.a->used_bytes, chunk);
 	ASSERT_EQ(f.a->block_bytes, 1024u);
 	/* Blocks in chunks already held need no budget. */
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &idx));
 	ASSERT_TRUE(c == c1);
 	ASSERT_EQ(f.p->grants_refused, 1u);
 
 	/* Raised to the pool: every chunk, then the pool itself is exhausted. */
 	ASSERT_OK(pool_set_budget(f.p, 4 * chunk));
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 2048, &c, &idx));
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 4096, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 2048, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 4096, &c, &idx));
 	ASSERT_EQ(f.p->chunks_free, 0u);
-	ASSERT_ERRNO(pool_block_alloc(f.p, f.b, 4096, &c, &idx), -ENOSPC);
+	ASSERT_ERRNO(pool_block_alloc(f.p, f.b, 0, 4096, &c, &idx), -ENOSPC);
 	ASSERT_EQ(f.p->grants_refused, 2u);
 	fixture_done(&f);
 }
@@ -316,21 +367,21 @@ TEST(budget_lowered_below_use) {
 	uint32_t i1, i2, idx;
 
 	fixture_init(&f, chunk, 4, 4);
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c1, &i1));
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 2048, &c2, &i2));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c1, &i1));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 2048, &c2, &i2));
 	ASSERT_OK(pool_set_budget(f.p, chunk));
 	ASSERT_EQ(f.p->budget_bytes, chunk);
 	/* Nothing is taken away, but no new chunk is handed out. */
 	ASSERT_EQ(f.p->used_bytes, 2 * chunk);
-	ASSERT_ERRNO(pool_block_alloc(f.p, f.b, 1024, &c, &idx), -ENOSPC);
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 2048, &c, &idx));
+	ASSERT_ERRNO(pool_block_alloc(f.p, f.b, 0, 1024, &c, &idx), -ENOSPC);
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 2048, &c, &idx));
 	ASSERT_TRUE(c == c2);
 	/* Giving one chunk back is not enough yet: use equals the budget. */
 	ASSERT_TRUE(pool_block_free(f.p, c1, i1));
 	ASSERT_EQ(pool_chunk_reclaim(f.p, c1), 0u);
-	ASSERT_ERRNO(pool_block_alloc(f.p, f.b, 1024, &c, &idx), -ENOSPC);
+	ASSERT_ERRNO(pool_block_alloc(f.p, f.b, 0, 1024, &c, &idx), -ENOSPC);
 	ASSERT_OK(pool_set_budget(f.p, 2 * chunk));
-	ASSERT_OK(pool_block_alloc(f.p, f.b, 1024, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 1024, &c, &idx));
 	ASSERT_EQ(f.p->grants_refused, 2u);
 	fixture_done(&f);
 }
@@ -343,19 +394,19 @@ TEST(tenant_max_refuses) {
 
 	fixture_init(&f, chunk, 4, 4);
 	f.a->max_bytes = chunk;
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c, &idx));
-	ASSERT_ERRNO(pool_block_alloc(f.p, f.a, 2048, &c, &idx), -EDQUOT);
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &idx));
+	ASSERT_ERRNO(pool_block_alloc(f.p, f.a, 0, 2048, &c, &idx), -EDQUOT);
 	ASSERT_EQ(f.p->grants_refused, 1u);
 	ASSERT_EQ(f.a->used_bytes, chunk);
 	ASSERT_EQ(f.a->chunks, 1u);
 	ASSERT_EQ(f.p->used_bytes, chunk);
 	/* Its own chunk still serves it, and others are not limited by its cap. */
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c, &idx));
-	ASSERT_OK(pool_block_alloc(f.p, f.b, 2048, &c, &idx));
-	ASSERT_OK(pool_block_alloc(f.p, f.b, 4096, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 2048, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 4096, &c, &idx));
 	/* A cap below one chunk refuses everything. */
 	f.b->max_bytes = chunk - 1;
-	ASSERT_ERRNO(pool_block_alloc(f.p, f.b, 64, &c, &idx), -EDQUOT);
+	ASSERT_ERRNO(pool_block_alloc(f.p, f.b, 0, 64, &c, &idx), -EDQUOT);
 	ASSERT_EQ(f.p->grants_refused, 2u);
 	fixture_done(&f);
 }
@@ -367,8 +418,8 @@ TEST(reclaim_without_holder_scrubs) {
 	uint32_t i1, i2;
 
 	fixture_init(&f, chunk, 2, 2);
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c, &i1));
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c, &i2));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &i1));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &i2));
 	/* Through the daemon's mapping: the whole chunk, not only the blocks. */
 	memset(c->mem.addr, 0xab, chunk);
 	ASSERT_FALSE(pool_block_free(f.p, c, i1));
@@ -381,7 +432,7 @@ TEST(reclaim_without_holder_scrubs) {
 	ASSERT_TRUE(all_bytes(c->mem.addr, 0, chunk));
 
 	/* The next owner gets it back (lowest id first) and reads zeros too. */
-	ASSERT_OK(pool_block_alloc(f.p, f.b, 1024, &c2, &i1));
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 1024, &c2, &i1));
 	ASSERT_TRUE(c2 == c);
 	ASSERT_TRUE(c2->owner == f.b);
 	ASSERT_TRUE(all_bytes(pool_block_addr(f.p, ref_of(c2, i1)), 0, 1024));
@@ -395,7 +446,7 @@ TEST(reclaim_with_holders_drains) {
 	uint32_t idx, i2, ix;
 
 	fixture_init(&f, chunk, 4, 2);
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c, &idx));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &idx));
 	ASSERT_OK(chunk_add_holder(c, 1));
 	ASSERT_OK(chunk_add_holder(c, 2));
 	ASSERT_TRUE(chunk_has_holder(c, 1));
@@ -416,11 +467,11 @@ TEST(reclaim_with_holders_drains) {
 	ASSERT_NULL(pool_block_addr(f.p, ref_of(c, idx)));
 
 	/* It hands out no block: the same size takes a new chunk... */
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c2, &i2));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c2, &i2));
 	ASSERT_TRUE(c2 != c);
 	ASSERT_EQ(c->used_blocks, 0u);
 	/* ...and with it the budget of two chunks is spent. */
-	ASSERT_ERRNO(pool_block_alloc(f.p, f.b, 1024, &x, &ix), -ENOSPC);
+	ASSERT_ERRNO(pool_block_alloc(f.p, f.b, 0, 1024, &x, &ix), -ENOSPC);
 
 	ASSERT_FALSE(pool_chunk_drop_holder(f.p, c, 3));
 	ASSERT_TRUE(pool_chunk_drop_holder(f.p, c, 1));
@@ -435,7 +486,7 @@ TEST(reclaim_with_holders_drains) {
 	ASSERT_EQ(f.a->chunks, 1u);
 	ASSERT_EQ(c->n_holders, 0u);
 	ASSERT_TRUE(all_bytes(c->mem.addr, 0, chunk));
-	ASSERT_OK(pool_block_alloc(f.p, f.b, 1024, &x, &ix));
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 1024, &x, &ix));
 	ASSERT_TRUE(x == c);
 
 	/* Dropping a holder of an owned chunk just forgets it. */
@@ -453,8 +504,8 @@ TEST(block_addr_only_for_blocks_in_use) {
 	uint32_t i1, i2;
 
 	fixture_init(&f, chunk, 2, 2);
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c, &i1));
-	ASSERT_OK(pool_block_alloc(f.p, f.a, 1024, &c, &i2));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &i1));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &i2));
 	ASSERT_NOT_NULL(pool_block_addr(f.p, ref_of(c, i1)));
 	ASSERT_FALSE(pool_block_free(f.p, c, i1));
 	ASSERT_NULL(pool_block_addr(f.p, ref_of(c, i1)));
@@ -872,7 +923,7 @@ TEST(seq_grow_grants_each_chunk_once) {
 	/* A block of the tenant's taken elsewhere (another sequence of connection 100) leaves
 	 * chunk W with three free blocks. Another connection of the same tenant that grows
 	 * into W gets it granted, since it has not mapped it: W and one new chunk V. */
-	ASSERT_OK(pool_block_alloc(f.p, f.a, m.block_bytes, &w, &wi));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, m.block_bytes, &w, &wi));
 	ASSERT_OK(chunk_add_holder(w, 100));
 	ASSERT_OK(seq_new(2, &m, f.a, 64, DESC_MAX, &s2));
 	ASSERT_OK(seq_grow(s2, f.p, 200, 4, &g, &f.emptied));
@@ -960,7 +1011,7 @@ static void grow_all_or_nothing(bool quota, int want) {
 		f.a->max_bytes = 3 * page;
 	model_quarter_page(&m);
 	ASSERT_OK(seq_new(1, &m, f.a, 64, DESC_MAX, &s));
-	ASSERT_OK(pool_block_alloc(f.p, f.a, m.block_bytes, &x, &xi));
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, m.block_bytes, &x, &xi));
 	ASSERT_OK(seq_grow(s, f.p, 5, 4, &g, &f.emptied));
 	ASSERT_EQ(g.n, 2u);
 	ASSERT_EQ(f.a->chunks, 2u);

@@ -383,8 +383,9 @@ KVD_EXPORT uint64_t kvd_client_chunk_bytes(kvd_client *c);
 
 /*
  * What the daemon's pool is: returns KVD_MEMORY_HOST or KVD_MEMORY_CUDA, or -ECHILD after
- * fork. With CUDA, *ret_device (may be NULL; -1 for host) is the ordinal of the daemon's GPU
- * in this process: the addresses kvd_seq_kv and kvd_seq_block return are device pointers on
+ * fork. With CUDA, *ret_device (may be NULL; -1 for host) is the ordinal in this process of
+ * the connection's GPU (a daemon that pools several gives a tenant the GPU of the CUDA
+ * context current on the thread that connected, else its first): the addresses kvd_seq_kv and kvd_seq_block return are device pointers on
  * it, valid in every context of the process (the CUDA runtime's too), and the CPU must not
  * dereference them. A chunk is unmapped when the daemon takes it back (after a release, or
  * a KVD_EVENT_CHUNKS_UNMAP event that kvd_client_next_event handles): work the engine
