@@ -34,6 +34,7 @@ struct evict_waiter {
 struct grant_waiter {
 	uint64_t conn_id, id, seq_id;
 	uint32_t tokens;
+	uint32_t device;              /* the pool device its blocks come from */
 	bool ring;                    /* id is a ring submission's user_data */
 	uint64_t deadline_ms;
 };
@@ -277,7 +278,8 @@ static int snapshot(struct evictor *e, struct round *r) {
 	}
 	for (struct conn *c = s->conns; c; c = c->next)
 		for (struct seq *q = c->seqs; q; q = q->next)
-			n += q->model->unit != KVD_UNIT_NONE && !q->pending;
+			n += q->model->unit != KVD_UNIT_NONE && !q->pending &&
+			     (r->device < 0 || q->device == (uint32_t)r->device);
 	r->seqs = calloc(MAX(n, 1u), sizeof(*r->seqs));
 	if (!r->seqs)
 		return -ENOMEM;
@@ -285,8 +287,10 @@ static int snapshot(struct evictor *e, struct round *r) {
 		for (struct seq *q = c->seqs; q; q = q->next) {
 			int k;
 
-			/* A sequence whose plan waits for its unpin is left alone until then. */
-			if (q->model->unit == KVD_UNIT_NONE || q->pending)
+			/* A sequence whose plan waits for its unpin is left alone until then; one on
+			 * another device frees nothing where the round is aimed. */
+			if (q->model->unit == KVD_UNIT_NONE || q->pending ||
+			    (r->device >= 0 && q->device != (uint32_t)r->device))
 				continue;
 			k = snapshot_seq(s, q, tenant_index(s, q->tenant), &r->seqs[r->n_seqs]);
 			r->n_seqs++;
@@ -704,11 +708,27 @@ static uint64_t grants_need(const struct evictor *e) {
 	return (uint64_t)e->n_grants * e->srv->pool->chunk_bytes;
 }
 
+/*
+ * The device a round for the waiting grows must free chunks on, or -1: when the budget has
+ * room for a chunk, what the first waiting grow lacks is its device's free chunks (pool.h),
+ * and evicting from other devices would free nothing it can use.
+ */
+static int full_device(const struct evictor *e) {
+	const struct pool *p = e->srv->pool;
+	uint32_t d;
+
+	if (p->n_devices == 1 || e->n_grants == 0 || p->used_bytes + p->chunk_bytes > p->budget_bytes)
+		return -1;
+	d = e->grants[0].device;
+	return p->free_list[d] ? -1 : (int)d;
+}
+
 static bool evictable_exists(const struct server *s) {
 	return s->evictable_seqs > 0;
 }
 
-static void start_round(struct evictor *e, enum round_trigger why, uint64_t target, int only) {
+static void start_round(struct evictor *e, enum round_trigger why, uint64_t target, int only,
+                        int device) {
 	struct server *s = e->srv;
 	struct round *r;
 	int k;
@@ -723,6 +743,10 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 	r->start_ms = now_ms() - s->start_ms;
 	r->target = target;
 	r->only = only;
+	r->device = device;
+	if (device >= 0)
+		log_debug("round %llu: aimed at device %d, whose pool is full while the budget is not",
+		          (unsigned long long)r->id, device);
 	r->floor_pct = s->limits.eviction_floor;
 	r->threads = s->limits.round_threads;
 	r->read = s->pool->ops->read;
@@ -775,7 +799,7 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		}
 		e->running_request = true;
 		e->running_waiter = w;
-		start_round(e, ROUND_EVICT, target, only);
+		start_round(e, ROUND_EVICT, target, only, -1);
 		return;
 	}
 	if (!evictable_exists(s))
@@ -799,7 +823,7 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 	else
 		target = MAX(p->used_bytes > low ? p->used_bytes - low : 0, grants_need(e));
 	e->budget_lowered = false;
-	start_round(e, why, target, -1);
+	start_round(e, why, target, -1, why == ROUND_GRANT ? full_device(e) : -1);
 }
 
 static void on_round_done(struct loop_op *op, int res, bool more) {
@@ -874,6 +898,7 @@ int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, bool ring, 
 		.id = id,
 		.seq_id = seq_id,
 		.tokens = tokens,
+		.device = c->device,
 		.ring = ring,
 		.deadline_ms = deadline_ms,
 	};

@@ -116,6 +116,7 @@ struct round {
 	uint64_t start_ms;
 	uint64_t target;              /* bytes of units to evict */
 	int only;                     /* index of the one tenant to evict from, or -1 */
+	int device;                   /* the one pool device whose sequences it takes, or -1 */
 	uint32_t floor_pct, threads;
 	/* How K/V reach the CPU: the pool backend's read (a memcpy, or a device copy). */
 	int (*read)(uint32_t device, const void *src, void *dst, uint64_t bytes);

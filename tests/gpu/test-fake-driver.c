@@ -228,3 +228,65 @@ TEST(every_device_pooled) {
 	b = kvd_client_unref(b);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+/* Connects as tenant on device (its primary context current while connecting). */
+static kvd_client *connect_on(const struct cuda_dl *cu, struct fixture *f, const char *tenant,
+                              int device) {
+	kvd_client *c;
+	CUcontext ctx;
+
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+	c = fixture_connect(f, tenant);
+	ASSERT_EQ(cu->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(device), CUDA_SUCCESS);
+	return c;
+}
+
+/*
+ * A GPU whose pool is full while the node budget is not: a grow there waits, and the round
+ * it starts takes tokens from that GPU's sequences only (evicting on the other would free
+ * nothing the grow can use), then the grow goes through. Tenant b's sequence on GPU 1,
+ * just as evictable and older (recency ranks both: no windows), keeps every token.
+ */
+TEST(full_device_gets_its_own_round) {
+	static const char *const args[] = { "--backend=cuda", "--chunk-size=4MiB", "--pool-size=16MiB",
+		                            "--grant-wait=5000", NULL };
+	static const kvd_eviction_spec ev = { .unit = KVD_UNIT_LAYER_TOKEN, .window = 8, .sinks = 4 };
+	_cleanup_(kvd_client_unrefp) kvd_client *a = NULL, *b = NULL;
+	const struct cuda_dl *cu;
+	struct fixture f;
+	kvd_seq *sa, *sb;
+	int ma, mb;
+
+	ASSERT_OK(cuda_dl_load(&cu, NULL));
+	start(&f, "2", args);
+	a = connect_on(cu, &f, "a", 0);
+	b = connect_on(cu, &f, "b", 1);
+	ma = kvd_model_register_evictable(a, &spec, &ev);
+	mb = kvd_model_register_evictable(b, &spec, &ev);
+	ASSERT_GT(ma, 0);
+	ASSERT_GT(mb, 0);
+	/* 2 layers x 16-token blocks of 8 KiB: 4096 tokens a chunk, 16384 a GPU. */
+	ASSERT_OK(kvd_seq_open(a, ma, 1 << 16, &sa));
+	ASSERT_OK(kvd_seq_open(b, mb, 1 << 16, &sb));
+	for (int i = 0; i < 3; i++)
+		ASSERT_OK(kvd_seq_grow(sb, 2048));
+	for (int i = 0; i < 8; i++)
+		ASSERT_OK(kvd_seq_grow(sa, 2048));
+	ASSERT_EQ(fixture_status(&f, "a", "used_bytes"), 16 * MiB);
+	ASSERT_EQ(fixture_status(&f, NULL, "rounds_total"), 0u);
+	/* GPU 0 is full; the budget (32 MiB, 24 in use) has room: the grow waits for a round
+	 * on GPU 0. */
+	ASSERT_OK(kvd_seq_grow(sa, 2048));
+	ASSERT_GT(fixture_status(&f, NULL, "rounds_total"), 0u);
+	ASSERT_GT(fixture_status(&f, "a", "evicted_tokens"), 0u);
+	ASSERT_EQ(fixture_status(&f, "b", "evicted_tokens"), 0u);
+	ASSERT_EQ(kvd_seq_tokens(sb, 0, 0), 3 * 2048);
+	ASSERT_TRUE(kvd_seq_tokens(sa, 0, 0) < 9 * 2048);
+	ASSERT_OK(kvd_seq_release(sa));
+	ASSERT_OK(kvd_seq_release(sb));
+	a = kvd_client_unref(a);
+	b = kvd_client_unref(b);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
