@@ -352,6 +352,27 @@ static int cuda_read(uint32_t device, const void *src, void *dst, uint64_t bytes
 	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpyDtoH");
 }
 
+static int cuda_read_rows(uint32_t device, const void *src, uint64_t src_pitch, void *dst,
+                          uint64_t width, uint64_t rows) {
+	CUDA_MEMCPY2D m = {
+		.srcMemoryType = CU_MEMORYTYPE_DEVICE,
+		.srcDevice = (CUdeviceptr)(uintptr_t)src,
+		.srcPitch = src_pitch,
+		.dstMemoryType = CU_MEMORYTYPE_HOST,
+		.dstHost = dst,
+		.dstPitch = width,
+		.WidthInBytes = width,
+		.Height = rows,
+	};
+	int r = use(device);
+	CUresult cr;
+
+	if (r < 0)
+		return r;
+	cr = cuda.cu->cuMemcpy2D(&m);
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpy2D");
+}
+
 static int cuda_write(uint32_t device, void *dst, const void *src, uint64_t bytes) {
 	int r = use(device);
 	CUresult cr;
@@ -380,6 +401,7 @@ const struct backend_ops backend_cuda_ops = {
 	.chunk_create = cuda_chunk_create,
 	.chunk_scrub = cuda_chunk_scrub,
 	.read = cuda_read,
+	.read_rows = cuda_read_rows,
 	.write = cuda_write,
 	.copy = cuda_copy,
 	.chunk_destroy = cuda_chunk_destroy,

@@ -59,6 +59,14 @@ static int host_read(uint32_t device, const void *src, void *dst, uint64_t bytes
 	return 0;
 }
 
+static int host_read_rows(uint32_t device, const void *src, uint64_t src_pitch, void *dst,
+                          uint64_t width, uint64_t rows) {
+	(void)device;
+	for (uint64_t i = 0; i < rows; i++)
+		memcpy((char *)dst + i * width, (const char *)src + i * src_pitch, width);
+	return 0;
+}
+
 static int host_write(uint32_t device, void *dst, const void *src, uint64_t bytes) {
 	(void)device;
 	memcpy(dst, src, bytes);
@@ -80,6 +88,7 @@ const struct backend_ops backend_host_ops = {
 	.chunk_create = host_chunk_create,
 	.chunk_scrub = host_chunk_scrub,
 	.read = host_read,
+	.read_rows = host_read_rows,
 	.write = host_write,
 	.copy = host_write,
 	.chunk_destroy = host_chunk_destroy,

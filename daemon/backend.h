@@ -52,6 +52,11 @@ struct backend_ops {
 	 * Return 0 or -errno.
 	 */
 	int (*read)(uint32_t device, const void *src, void *dst, uint64_t bytes);
+	/* read of `rows` rows of `width` bytes, row i at src + i * src_pitch, to dst packed
+	 * (row i at dst + i * width): one driver call for what would be rows reads, for the
+	 * same rows of consecutive blocks. */
+	int (*read_rows)(uint32_t device, const void *src, uint64_t src_pitch, void *dst,
+	                 uint64_t width, uint64_t rows);
 	int (*write)(uint32_t device, void *dst, const void *src, uint64_t bytes);
 	int (*copy)(uint32_t device, void *dst, const void *src, uint64_t bytes);
 	void (*chunk_destroy)(struct backend_chunk *c);

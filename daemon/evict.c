@@ -199,6 +199,7 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 		.window = m->window,
 		.n_tables = m->n_tables,
 		.block_bytes = m->block_bytes,
+		.block_stride = ALIGN_TO(m->block_bytes, LAYOUT_BLOCK_ALIGN),
 		.index_heads = m->index_heads,
 		.index_dim = m->index_dim,
 		.index_offset = m->index_offset,
@@ -749,7 +750,7 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 		          (unsigned long long)r->id, device);
 	r->floor_pct = s->limits.eviction_floor;
 	r->threads = s->limits.round_threads;
-	r->read = s->pool->ops->read;
+	r->mem = s->pool->ops;
 	k = snapshot(e, r);
 	if (k >= 0)
 		k = arm(e);

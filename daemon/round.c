@@ -58,45 +58,60 @@ static uint64_t v_offset(const struct round_seq *q) {
 	return (q->index_dim ? q->index_offset : q->block_bytes) / 2;
 }
 
-/* Copies the K and V rows of slots [0, n) of (layer, kv head) into k and v, contiguous.
- * Returns 0 or the backend's -errno. */
-static int gather(const struct round *r, const struct round_seq *q, uint32_t l, uint32_t kh,
-                  uint32_t n, uint8_t *k, uint8_t *v) {
-	uint32_t t = table_of(q, l, kh), bt = q->block_tokens;
-	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
-	uint64_t head_off = q->layout == KVD_LAYOUT_PER_HEAD ? 0 : (uint64_t)kh * bt * row;
-	const uint8_t *const *blocks = q->block_addr + q->block_off[t];
-	int e;
+/*
+ * Copies `part` bytes at offset off of each of blocks [0, nb) into dst, back to back (block
+ * b's at dst + b * part), of the last block its first `last` bytes only. Blocks that lie one
+ * stride apart in a chunk (a grow's blocks usually do) go in one read_rows: on a device
+ * pool, one driver call per run instead of per block. Returns 0 or the backend's -errno.
+ */
+static int read_blocks(const struct round *r, const struct round_seq *q,
+                       const uint8_t *const *blocks, uint32_t nb, uint64_t off, uint64_t part,
+                       uint64_t last, uint8_t *dst) {
+	for (uint32_t b = 0, run; b < nb; b += run) {
+		int e;
 
-	for (uint32_t b = 0; (uint64_t)b * bt < n; b++) {
-		uint32_t rows = MIN(bt, n - b * bt);
-
-		e = r->read(q->device, blocks[b] + head_off, k + (uint64_t)b * bt * row, rows * row);
-		if (e >= 0)
-			e = r->read(q->device, blocks[b] + v_offset(q) + head_off, v + (uint64_t)b * bt * row,
-			            rows * row);
+		/* The last block (maybe partial) goes alone. */
+		run = 1;
+		while (b + run < nb - 1 &&
+		       blocks[b + run] == blocks[b] + (uint64_t)run * q->block_stride)
+			run++;
+		if (b == nb - 1)
+			e = r->mem->read(q->device, blocks[b] + off, dst + (uint64_t)b * part, last);
+		else if (run == 1)
+			e = r->mem->read(q->device, blocks[b] + off, dst + (uint64_t)b * part, part);
+		else
+			e = r->mem->read_rows(q->device, blocks[b] + off, q->block_stride,
+			                      dst + (uint64_t)b * part, part, run);
 		if (e < 0)
 			return e;
 	}
 	return 0;
 }
 
-/* Copies the index keys of slots [0, n) of table t into ik, contiguous. Returns 0 or the
- * backend's -errno. */
-static int gather_index(const struct round *r, const struct round_seq *q, uint32_t t, uint32_t n,
-                        uint8_t *ik) {
-	uint32_t bt = q->block_tokens;
-	uint64_t row = (uint64_t)q->index_dim * layout_dtype_bytes(q->dtype);
+/* Copies the K and V rows of slots [0, n) (n > 0) of (layer, kv head) into k and v,
+ * contiguous. Returns 0 or the backend's -errno. */
+static int gather(const struct round *r, const struct round_seq *q, uint32_t l, uint32_t kh,
+                  uint32_t n, uint8_t *k, uint8_t *v) {
+	uint32_t t = table_of(q, l, kh), bt = q->block_tokens, nb = DIV_ROUND_UP(n, bt);
+	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
+	uint64_t head_off = q->layout == KVD_LAYOUT_PER_HEAD ? 0 : (uint64_t)kh * bt * row;
+	uint64_t last = (uint64_t)(n - (nb - 1) * bt) * row;
 	const uint8_t *const *blocks = q->block_addr + q->block_off[t];
 	int e;
 
-	for (uint32_t b = 0; (uint64_t)b * bt < n; b++) {
-		e = r->read(q->device, blocks[b] + q->index_offset, ik + (uint64_t)b * bt * row,
-		            MIN(bt, n - b * bt) * row);
-		if (e < 0)
-			return e;
-	}
-	return 0;
+	e = read_blocks(r, q, blocks, nb, head_off, bt * row, last, k);
+	return e < 0 ? e : read_blocks(r, q, blocks, nb, v_offset(q) + head_off, bt * row, last, v);
+}
+
+/* Copies the index keys of slots [0, n) (n > 0) of table t into ik, contiguous. Returns 0
+ * or the backend's -errno. */
+static int gather_index(const struct round *r, const struct round_seq *q, uint32_t t, uint32_t n,
+                        uint8_t *ik) {
+	uint32_t bt = q->block_tokens, nb = DIV_ROUND_UP(n, bt);
+	uint64_t row = (uint64_t)q->index_dim * layout_dtype_bytes(q->dtype);
+
+	return read_blocks(r, q, q->block_addr + q->block_off[t], nb, q->index_offset, bt * row,
+	                   (uint64_t)(n - (nb - 1) * bt) * row, ik);
 }
 
 /* Work buffers of one round, sized for its largest layer. */
@@ -622,9 +637,9 @@ static int fold_seq(const struct round *r, struct round_seq *q) {
 			for (uint32_t i = 0; i < n && e >= 0; i++) {
 				const uint8_t *b = blocks[slots[i] / bt] + head_off + (slots[i] % bt) * row;
 
-				e = r->read(q->device, b, k + i * row, row);
+				e = r->mem->read(q->device, b, k + i * row, row);
 				if (e >= 0)
-					e = r->read(q->device, b + v_offset(q), v + i * row, row);
+					e = r->mem->read(q->device, b + v_offset(q), v + i * row, row);
 			}
 			if (e >= 0)
 				e = compensate_batch(q->compensation, k, v, q->dtype, n, d,

@@ -45,6 +45,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend.h"
+
 #include "observe.h"
 #include "tenant.h"
 
@@ -79,7 +81,7 @@ struct round_seq {
 	/* The model's geometry. */
 	uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_tokens, layout, unit;
 	uint32_t window, n_tables, rows;
-	uint64_t block_bytes;
+	uint64_t block_bytes, block_stride; /* a block's bytes, and its chunk's block stride */
 	/* The indexer (index_dim 0: none): index keys at index_offset in every block. */
 	uint32_t index_heads, index_dim;
 	uint64_t index_offset;
@@ -118,8 +120,9 @@ struct round {
 	int only;                     /* index of the one tenant to evict from, or -1 */
 	int device;                   /* the one pool device whose sequences it takes, or -1 */
 	uint32_t floor_pct, threads;
-	/* How K/V reach the CPU: the pool backend's read (a memcpy, or a device copy). */
-	int (*read)(uint32_t device, const void *src, void *dst, uint64_t bytes);
+	/* How K/V reach the CPU: the pool backend's read and read_rows (memcpy, or device
+	 * copies). */
+	const struct backend_ops *mem;
 	struct round_tenant *tenants;
 	uint32_t n_tenants;
 	struct round_seq *seqs;

@@ -56,6 +56,7 @@
 	X(cuMemcpyHtoD)                                                                       \
 	X(cuMemcpyDtoH)                                                                       \
 	X(cuMemcpyDtoD)                                                                       \
+	X(cuMemcpy2D)                                                                         \
 	X(cuMemAlloc)                                                                         \
 	X(cuMemFree)                                                                          \
 	X(cuStreamCreate)                                                                     \

@@ -1293,6 +1293,93 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 	       copy("cuMemcpyDtoDAsync", NULL, NULL, ByteCount, dstDevice, srcDevice, true, true);
 }
 
+/*
+ * A 2D copy (CUDA_MEMCPY2D): row y is WidthInBytes bytes from src + (srcY + y) * srcPitch +
+ * srcXInBytes to dst + (dstY + y) * dstPitch + dstXInBytes, each side host or device memory
+ * (arrays and unified memory: not in the fake). Checked as the driver does before anything
+ * is copied: with more than one row, a pitch under the row's X offset plus width is
+ * CUDA_ERROR_INVALID_VALUE; every device row must lie in accessible device memory, as a 1D
+ * copy's range (dev_range). Then row by row through copy_locked, so that a row over two
+ * mappings, or an overlapping device-to-device row, goes as in cuMemcpyDtoD (the driver
+ * leaves overlapping 2D copies undefined). Nothing to copy (no width or no height): success,
+ * whatever the pointers and pitches, as a 1D copy of 0 bytes.
+ */
+static CUresult side_check(const char *call, const char *side, CUmemorytype type,
+                           const void *host, CUdeviceptr dev, size_t x, size_t y, size_t pitch,
+                           const CUDA_MEMCPY2D *p) {
+	size_t last;
+
+	if (type != CU_MEMORYTYPE_HOST && type != CU_MEMORYTYPE_DEVICE)
+		return fail(type == CU_MEMORYTYPE_ARRAY || type == CU_MEMORYTYPE_UNIFIED ?
+		            CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE, call,
+		            "%s memory type %d (the fake copies host and device memory only)",
+		            side, (int)type);
+	if (p->WidthInBytes == 0 || p->Height == 0)
+		return CUDA_SUCCESS;
+	if (type == CU_MEMORYTYPE_HOST ? !host : !dev)
+		return fail(CUDA_ERROR_INVALID_VALUE, call, "NULL %s pointer", side);
+	if (p->WidthInBytes > SIZE_MAX - x ||
+	    (p->Height > 1 && pitch < x + p->WidthInBytes))
+		return fail(CUDA_ERROR_INVALID_VALUE, call, "%s pitch %zu < X %zu + width %zu", side,
+		            pitch, x, p->WidthInBytes);
+	/* The last row's end, from the start pointer: it must not wrap the address space. */
+	if (__builtin_add_overflow(y, p->Height - 1, &last) ||
+	    __builtin_mul_overflow(last, pitch, &last) ||
+	    __builtin_add_overflow(last, x + p->WidthInBytes, &last) ||
+	    (type == CU_MEMORYTYPE_HOST ? (uintptr_t)host : (uintptr_t)dev) > UINTPTR_MAX - last)
+		return fail(CUDA_ERROR_INVALID_VALUE, call, "%s rows wrap the address space", side);
+	return CUDA_SUCCESS;
+}
+
+static CUresult copy2d(const char *call, const CUDA_MEMCPY2D *p) {
+	bool dst_dev, src_dev;
+	uintptr_t dst, src;
+	CUresult r = need_ctx(call, NULL);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!p)
+		return fail(CUDA_ERROR_INVALID_VALUE, call, "NULL CUDA_MEMCPY2D");
+	r = side_check(call, "source", p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes,
+	               p->srcY, p->srcPitch, p);
+	if (r == CUDA_SUCCESS)
+		r = side_check(call, "destination", p->dstMemoryType, p->dstHost, p->dstDevice,
+		               p->dstXInBytes, p->dstY, p->dstPitch, p);
+	if (r != CUDA_SUCCESS || p->WidthInBytes == 0 || p->Height == 0)
+		return r;
+	src_dev = p->srcMemoryType == CU_MEMORYTYPE_DEVICE;
+	dst_dev = p->dstMemoryType == CU_MEMORYTYPE_DEVICE;
+	src = (src_dev ? (uintptr_t)p->srcDevice : (uintptr_t)p->srcHost) +
+	      p->srcY * p->srcPitch + p->srcXInBytes;
+	dst = (dst_dev ? (uintptr_t)p->dstDevice : (uintptr_t)p->dstHost) +
+	      p->dstY * p->dstPitch + p->dstXInBytes;
+	pthread_mutex_lock(&lock);
+	for (size_t y = 0; r == CUDA_SUCCESS && y < p->Height; y++) {
+		if (dst_dev)
+			r = dev_range(call, (CUdeviceptr)(dst + y * p->dstPitch), p->WidthInBytes, true);
+		if (r == CUDA_SUCCESS && src_dev)
+			r = dev_range(call, (CUdeviceptr)(src + y * p->srcPitch), p->WidthInBytes, false);
+	}
+	for (size_t y = 0; r == CUDA_SUCCESS && y < p->Height; y++) {
+		uintptr_t d = dst + y * p->dstPitch, s = src + y * p->srcPitch;
+
+		r = copy_locked(call, dst_dev ? NULL : (void *)d, src_dev ? NULL : (const void *)s,
+		                p->WidthInBytes, dst_dev ? d : 0, src_dev ? s : 0);
+	}
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+CUresult CUDAAPI cuMemcpy2D(const CUDA_MEMCPY2D *pCopy) {
+	return copy2d("cuMemcpy2D", pCopy);
+}
+
+CUresult CUDAAPI cuMemcpy2DAsync(const CUDA_MEMCPY2D *pCopy, CUstream hStream) {
+	CUresult r = stream_check("cuMemcpy2DAsync", hStream);
+
+	return r != CUDA_SUCCESS ? r : copy2d("cuMemcpy2DAsync", pCopy);
+}
+
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
 	CUresult r = need_ctx("cuMemsetD8Async", NULL);
 

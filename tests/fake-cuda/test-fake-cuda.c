@@ -320,3 +320,129 @@ TEST(cpu_access) {
 	for (int i = 0; i < 2; i++)
 		ASSERT_EQ(cu->cuMemRelease(h[i]), CUDA_SUCCESS);
 }
+
+/* A 2D copy's parameters: row y from src + (srcY + y) * srcPitch + srcX, dst likewise. */
+static CUDA_MEMCPY2D copy2d(CUmemorytype st, const void *sh, CUdeviceptr sd, size_t sx,
+                            size_t sy, size_t sp, CUmemorytype dt, void *dh, CUdeviceptr dd,
+                            size_t dx, size_t dy, size_t dp, size_t w, size_t hgt) {
+	return (CUDA_MEMCPY2D){
+		.srcMemoryType = st, .srcHost = sh, .srcDevice = sd, .srcXInBytes = sx, .srcY = sy,
+		.srcPitch = sp, .dstMemoryType = dt, .dstHost = dh, .dstDevice = dd,
+		.dstXInBytes = dx, .dstY = dy, .dstPitch = dp, .WidthInBytes = w, .Height = hgt,
+	};
+}
+
+/*
+ * cuMemcpy2D (and cuMemcpy2DAsync, not in cuda_dl: looked up here): strided rows either
+ * way, checked as the driver checks them, every row in accessible memory before anything
+ * is copied. Device memory is reached only through the driver, so this runs strict too.
+ */
+TEST(memcpy_2d) {
+	CUresult (*copy_async)(const CUDA_MEMCPY2D *, CUstream);
+	static uint8_t pat[4096], out[512], want[512], rows[512], span[1024];
+	CUmemGenericAllocationHandle h;
+	CUcontext popped = NULL;
+	CUDA_MEMCPY2D c;
+	CUdeviceptr va;
+	void *lib;
+
+	ASSERT_TRUE(cu->cuMemcpy2D != NULL);
+	lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	ASSERT_TRUE(lib != NULL);
+	copy_async = (CUresult(*)(const CUDA_MEMCPY2D *, CUstream))dlsym(lib, "cuMemcpy2DAsync_v2");
+	ASSERT_TRUE(copy_async != NULL);
+	/* One mapping at the start of a two-granule reservation: the rest is reserved only. */
+	ASSERT_EQ(cu->cuMemCreate(&h, gran, &prop, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemAddressReserve(&va, 2 * gran, 0, 0, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemMap(va, gran, 0, h, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemSetAccess(va, gran, &rw, 1), CUDA_SUCCESS);
+	for (size_t i = 0; i < sizeof(pat); i++)
+		pat[i] = (uint8_t)(i * 7 + i / 251);
+	ASSERT_EQ(cu->cuMemcpyHtoD(va, pat, sizeof(pat)), CUDA_SUCCESS);
+
+	/* DtoH of a strided region: 5 rows of 40 bytes at pitch 100 from (3, 2), into rows of
+	 * pitch 48 at X 4; the gaps between rows keep their bytes. */
+	memset(out, 0xaa, sizeof(out));
+	memset(want, 0xaa, sizeof(want));
+	for (size_t y = 0; y < 5; y++)
+		memcpy(want + y * 48 + 4, pat + (2 + y) * 100 + 3, 40);
+	c = copy2d(CU_MEMORYTYPE_DEVICE, NULL, va, 3, 2, 100, CU_MEMORYTYPE_HOST, out, 0, 4, 0, 48,
+	           40, 5);
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_SUCCESS);
+	ASSERT_TRUE(memcmp(out, want, sizeof(out)) == 0);
+
+	/* HtoD 2D, read back in 1D: 6 rows of 30 bytes at pitch 50 to (2, 1) at pitch 64, over
+	 * memory set to 0x55 first. */
+	for (size_t i = 0; i < sizeof(rows); i++)
+		rows[i] = (uint8_t)(255 - i);
+	ASSERT_EQ(cu->cuMemsetD8Async(va + 8192, 0x55, sizeof(span), NULL), CUDA_SUCCESS);
+	memset(want, 0x55, sizeof(want));
+	for (size_t y = 0; y < 6; y++)
+		memcpy(want + (1 + y) * 64 + 2, rows + y * 50, 30);
+	c = copy2d(CU_MEMORYTYPE_HOST, rows, 0, 0, 0, 50, CU_MEMORYTYPE_DEVICE, NULL, va + 8192, 2,
+	           1, 64, 30, 6);
+	ASSERT_EQ(copy_async(&c, NULL), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpyDtoH(span, va + 8192, sizeof(want)), CUDA_SUCCESS);
+	ASSERT_TRUE(memcmp(span, want, sizeof(want)) == 0);
+
+	/* DtoD 2D: those rows again, to pitch 32 at va + 16384, read back in 1D. */
+	c = copy2d(CU_MEMORYTYPE_DEVICE, NULL, va + 8192, 2, 1, 64, CU_MEMORYTYPE_DEVICE, NULL,
+	           va + 16384, 0, 0, 32, 30, 6);
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpyDtoH(span, va + 16384, 6 * 32), CUDA_SUCCESS);
+	for (size_t y = 0; y < 6; y++)
+		ASSERT_TRUE(memcmp(span + y * 32, rows + y * 50, 30) == 0);
+
+	/* The last row (at gran - 32) runs past the mapping, into the reservation's unmapped
+	 * half: refused as a 1D copy of that row is, and nothing copied, not even the rows
+	 * before. */
+	memset(out, 0xaa, sizeof(out));
+	memset(want, 0xaa, sizeof(want));
+	c = copy2d(CU_MEMORYTYPE_DEVICE, NULL, va + gran - 232, 0, 0, 100, CU_MEMORYTYPE_HOST,
+	           out, 0, 0, 0, 64, 64, 3);
+	ASSERT_EQ(cu->cuMemcpyDtoH(out, va + gran - 32, 64), CUDA_ERROR_ILLEGAL_ADDRESS);
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_ERROR_ILLEGAL_ADDRESS);
+	ASSERT_TRUE(memcmp(out, want, sizeof(out)) == 0);
+	c = copy2d(CU_MEMORYTYPE_HOST, pat, 0, 0, 0, 100, CU_MEMORYTYPE_DEVICE, NULL,
+	           va + gran - 232, 0, 0, 100, 64, 3);
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_ERROR_ILLEGAL_ADDRESS);
+	/* One row less fits. */
+	c.Height = 2;
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_SUCCESS);
+
+	/* A pitch under X + width, with more than one row; one row has no pitch to check. */
+	c = copy2d(CU_MEMORYTYPE_DEVICE, NULL, va, 0, 0, 32, CU_MEMORYTYPE_HOST, out, 0, 0, 0, 64,
+	           40, 2);
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
+	c.srcPitch = 40;
+	c.dstXInBytes = 30;
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
+	c.dstXInBytes = 0;
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_SUCCESS);
+	c = copy2d(CU_MEMORYTYPE_DEVICE, NULL, va, 0, 0, 0, CU_MEMORYTYPE_HOST, out, 0, 0, 0, 0,
+	           40, 1);
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_SUCCESS);
+
+	/* NULL pointers, arrays, streams, no context; nothing to copy is no error. */
+	c = copy2d(CU_MEMORYTYPE_DEVICE, NULL, va, 0, 0, 64, CU_MEMORYTYPE_HOST, NULL, 0, 0, 0, 64,
+	           40, 2);
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
+	ASSERT_EQ(cu->cuMemcpy2D(NULL), CUDA_ERROR_INVALID_VALUE);
+	c.Height = 0;
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_SUCCESS);
+	c = copy2d(CU_MEMORYTYPE_ARRAY, NULL, 0, 0, 0, 64, CU_MEMORYTYPE_HOST, out, 0, 0, 0, 64, 40,
+	           2);
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_ERROR_NOT_SUPPORTED);
+	c = copy2d(CU_MEMORYTYPE_DEVICE, NULL, va, 0, 0, 64, CU_MEMORYTYPE_HOST, out, 0, 0, 0, 64,
+	           40, 2);
+	ASSERT_EQ(copy_async(&c, (CUstream)out), CUDA_ERROR_INVALID_HANDLE);
+	ASSERT_EQ(copy_async(&c, CU_STREAM_LEGACY), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemcpy2D(&c), CUDA_ERROR_INVALID_CONTEXT);
+	ASSERT_EQ(cu->cuCtxPushCurrent(popped), CUDA_SUCCESS);
+
+	ASSERT_EQ(cu->cuMemUnmap(va, gran), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemAddressFree(va, 2 * gran), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuMemRelease(h), CUDA_SUCCESS);
+	dlclose(lib);
+}
