@@ -272,6 +272,15 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	fprintf(f, "kvd_chunks{state=\"free\"} %" PRIu32 "\n", p->chunks_free);
 	fprintf(f, "kvd_chunks{state=\"owned\"} %" PRIu32 "\n", owned);
 	fprintf(f, "kvd_chunks{state=\"draining\"} %" PRIu32 "\n", p->chunks_draining);
+	family(f, "kvd_device_free_chunks", "gauge",
+	       "Free chunks of each pooled device (its ordinal; 0 on host): a device whose chunks "
+	       "run out refuses grants there while the budget may have room.");
+	for (uint32_t i = 0; i < p->n_devices; i++) {
+		const struct backend_device *dev = backend_device(i);
+
+		fprintf(f, "kvd_device_free_chunks{device=\"%d\"} %" PRIu32 "\n", dev ? dev->ordinal : 0,
+		        p->device_free[i]);
+	}
 
 	gauge(f, "kvd_connections", "Client connections open now.", s->n_conns);
 	counter(f, "kvd_connections_accepted_total", "Client connections accepted since the start.",

@@ -45,6 +45,7 @@ int pool_new(const struct backend_ops *ops, uint32_t n_devices, uint64_t device_
 		c->mem.device = i / p->device_chunks;
 		c->next = p->free_list[c->mem.device];
 		p->free_list[c->mem.device] = c;
+		p->device_free[c->mem.device]++;
 	}
 	p->chunks_free = p->n_chunks;
 	*ret = p;
@@ -127,6 +128,7 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 
 	p->free_list[device] = c->next;
 	p->chunks_free--;
+	p->device_free[device]--;
 	c->next = NULL;
 	c->state = CHUNK_OWNED;
 	c->owner = t;
@@ -177,6 +179,7 @@ static void chunk_release(struct pool *p, struct chunk *c) {
 	c->next = p->free_list[c->mem.device];
 	p->free_list[c->mem.device] = c;
 	p->chunks_free++;
+	p->device_free[c->mem.device]++;
 }
 
 int pool_block_alloc(struct pool *p, struct tenant *t, uint32_t device, uint64_t block_bytes,
@@ -343,6 +346,7 @@ void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint6
 	c->hint = 0;
 	c->retire = true;
 	p->chunks_free--;
+	p->device_free[c->mem.device]--;
 	p->used_bytes += p->chunk_bytes;
 	p->block_bytes += (uint64_t)used_blocks * block_bytes;
 	t->used_bytes += p->chunk_bytes;

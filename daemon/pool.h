@@ -73,6 +73,7 @@ struct pool {
 	struct chunk *chunks;
 	struct chunk *free_list[BACKEND_DEVICES_MAX]; /* per device */
 	uint32_t chunks_free, chunks_draining;
+	uint32_t device_free[BACKEND_DEVICES_MAX]; /* chunks_free, per device */
 	uint64_t used_bytes, block_bytes;
 	uint64_t grants_refused;
 	uint64_t grants;              /* chunks handed to a tenant from the free list */

@@ -323,6 +323,8 @@ TEST(scrape_matches_status) {
 	ASSERT_EQ(metric_u64(body, "kvd_block_bytes"), status_u64(st, "block_bytes"));
 	ASSERT_EQ(metric_u64(body, "kvd_chunk_bytes"), status_u64(st, "chunk_bytes"));
 	ASSERT_EQ(metric_u64(body, "kvd_chunks{state=\"free\"}"), status_u64(st, "chunks_free"));
+	/* The host backend is one device. */
+	ASSERT_EQ(metric_u64(body, "kvd_device_free_chunks{device=\"0\"}"), status_u64(st, "chunks_free"));
 	ASSERT_EQ(metric_u64(body, "kvd_chunks{state=\"draining\"}"), status_u64(st, "chunks_draining"));
 	ASSERT_EQ(metric_u64(body, "kvd_chunks{state=\"owned\"}"),
 	          status_u64(st, "chunks_total") - status_u64(st, "chunks_free") -
