@@ -724,6 +724,29 @@ static int full_device(const struct evictor *e) {
 	return p->free_list[d] ? -1 : (int)d;
 }
 
+/*
+ * With several devices, the first whose own pool is used past the high watermark (the
+ * watermarks apply to each device's share as to the budget), or -1; *ret_target gets the
+ * bytes down to its low watermark. A device can fill while the budget has room: its grows
+ * would then wait for a round aimed at it (full_device()); this one comes first.
+ */
+static int device_over_watermark(const struct evictor *e, uint64_t *ret_target) {
+	const struct pool *p = e->srv->pool;
+	uint64_t share = (uint64_t)p->device_chunks * p->chunk_bytes;
+	uint64_t high = share / 100 * e->srv->limits.high_watermark;
+	uint64_t low = share / 100 * e->srv->limits.low_watermark;
+
+	for (uint32_t d = 0; p->n_devices > 1 && d < p->n_devices; d++) {
+		uint64_t used = (uint64_t)(p->device_chunks - p->device_free[d]) * p->chunk_bytes;
+
+		if (used > high) {
+			*ret_target = used - low;
+			return (int)d;
+		}
+	}
+	return -1;
+}
+
 static bool evictable_exists(const struct server *s) {
 	return s->evictable_seqs > 0;
 }
@@ -746,7 +769,7 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 	r->only = only;
 	r->device = device;
 	if (device >= 0)
-		log_debug("round %llu: aimed at device %d, whose pool is full while the budget is not",
+		log_debug("round %llu: aimed at device %d, whose own pool is short",
 		          (unsigned long long)r->id, device);
 	r->floor_pct = s->limits.eviction_floor;
 	r->threads = s->limits.round_threads;
@@ -779,6 +802,7 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 	struct server *s = e->srv;
 	struct pool *p = s->pool;
 	uint64_t now = now_ms(), high, low, target = 0;
+	int device = -1;
 
 	if (why == ROUND_BUDGET)
 		e->budget_lowered = true;
@@ -813,6 +837,8 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		why = ROUND_BUDGET;
 	else if (p->used_bytes > high)
 		why = ROUND_WATERMARK;
+	else if ((device = device_over_watermark(e, &target)) >= 0)
+		why = ROUND_WATERMARK;
 	else if (s->limits.round_interval_ms && now - e->last_interval_ms >= s->limits.round_interval_ms)
 		why = ROUND_INTERVAL;
 	else
@@ -821,10 +847,12 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		return;
 	if (why == ROUND_INTERVAL)
 		e->last_interval_ms = now;
-	else
+	else if (device < 0)
 		target = MAX(p->used_bytes > low ? p->used_bytes - low : 0, grants_need(e));
+	if (why == ROUND_GRANT)
+		device = full_device(e);
 	e->budget_lowered = false;
-	start_round(e, why, target, -1, why == ROUND_GRANT ? full_device(e) : -1);
+	start_round(e, why, target, -1, device);
 }
 
 static void on_round_done(struct loop_op *op, int res, bool more) {

@@ -164,10 +164,12 @@ static const struct setting node_table[] = {
 	  "time a connection past unmap-timeout has before it is disconnected; 0: at once",
 	  NODE(unmap_grace_ms), 0, UINT32_MAX },
 	{ "high-watermark", SETTING_U32, SETTING_RUNTIME, "PERCENT", "95", NULL,
-	  "use of the budget, in percent, above which an eviction round starts",
+	  "use of the budget (and, with several GPUs, of each one's pool), in percent, above "
+	  "which an eviction round starts",
 	  NODE(high_watermark), 1, 100 },
 	{ "low-watermark", SETTING_U32, SETTING_RUNTIME, "PERCENT", "85", NULL,
-	  "use of the budget, in percent, that a round evicts down to", NODE(low_watermark), 0,
+	  "use of the budget (or of the GPU's pool), in percent, that a round evicts down to",
+	  NODE(low_watermark), 0,
 	  100 },
 	{ "grant-wait", SETTING_MS, SETTING_RUNTIME, "MS", "2000", NULL,
 	  "how long a grow the budget cannot meet waits for an eviction round before it is "

@@ -33,7 +33,17 @@
  * Environment: KVD_FAKE_CUDA_DEVICES (default 1, at most 8; 0: cuInit says
  * CUDA_ERROR_NO_DEVICE), KVD_FAKE_CUDA_MEMORY_MIB per device (default 1024),
  * KVD_FAKE_CUDA_GRANULARITY_KIB (default 2048, as on real GPUs), KVD_FAKE_CUDA_STRICT=1
- * (above), KVD_FAKE_CUDA_TRACE=1 to print every refused call to stderr.
+ * (above), KVD_FAKE_CUDA_TRACE=1 to print every refused call to stderr,
+ * KVD_FAKE_CUDA_COUNT=PATH (read at cuInit) to count the driver calls (below).
+ *
+ * Call counts: every exported entry point counts its calls, and the bytes that the copies
+ * and memsets were asked to move or set (a 2D copy: WidthInBytes * Height; other calls
+ * move none), refused calls included. With KVD_FAKE_CUDA_COUNT=PATH, a process that
+ * called cuInit writes its counts when it exits (exit() or a return from main, not _exit
+ * or a fatal signal) to PATH.PID (its pid appended: a daemon and its clients share the
+ * environment), one line "NAME CALLS BYTES" per entry point called, sorted by name. NAME
+ * is the exported symbol, the versioned one where cuda.h maps the call to one
+ * (cuMemcpyHtoD_v2 for cuMemcpyHtoD). A child forked after cuInit starts from zero.
  *
  * Thread-safe: one mutex guards every table (the daemon calls from several threads); the
  * context stack is per thread, as in the driver. Not installed: a test double only.
@@ -139,6 +149,8 @@ static struct CUctx_st primary[FAKE_DEVICES_MAX];
 static __thread CUcontext ctx_stack[CTX_STACK_MAX];
 static __thread unsigned ctx_depth;
 
+static CUresult error_name(CUresult error, const char **pStr);
+
 /* Returns r, saying why on stderr when KVD_FAKE_CUDA_TRACE is set (the real driver says
  * nothing; this is for whoever debugs a test). */
 __attribute__((format(printf, 3, 4)))
@@ -149,7 +161,7 @@ static CUresult fail(CUresult r, const char *call, const char *fmt, ...) {
 
 	if (!trace || !*trace || strcmp(trace, "0") == 0)
 		return r;
-	cuGetErrorName(r, &name);
+	error_name(r, &name);
 	fprintf(stderr, "fake-cuda[%d]: %s: %s: ", (int)getpid(), call, name ? name : "?");
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
@@ -170,6 +182,86 @@ static long env_long(const char *name, long def, long min, long max) {
 	if (errno || *end || v < min)
 		return def;
 	return v > max ? max : v;
+}
+
+/* One per exported entry point (COUNT), linked into counters on its first call. */
+struct counter {
+	const char *name;
+	struct counter *next;
+	unsigned long long calls, bytes;
+	bool linked;
+};
+static struct counter *counters;
+static char *count_path;              /* KVD_FAKE_CUDA_COUNT, set once by cuInit */
+
+static void counter_add(struct counter *c, unsigned long long bytes) {
+	__atomic_add_fetch(&c->calls, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&c->bytes, bytes, __ATOMIC_RELAXED);
+	if (__atomic_load_n(&c->linked, __ATOMIC_ACQUIRE) ||
+	    __atomic_exchange_n(&c->linked, true, __ATOMIC_ACQ_REL))
+		return;
+	c->next = __atomic_load_n(&counters, __ATOMIC_RELAXED);
+	while (!__atomic_compare_exchange_n(&counters, &c->next, c, true, __ATOMIC_RELEASE,
+	                                    __ATOMIC_RELAXED))
+		;
+}
+
+/* At the top of each exported function: counts the call and the bytes it moves. __func__
+ * is the exported name (cuda.h's macros rename the definition, e.g. to cuMemcpyHtoD_v2). */
+#define COUNT(bytes)                                                                          \
+	do {                                                                                  \
+		static struct counter counter_ = { .name = __func__ };                       \
+		counter_add(&counter_, (bytes));                                              \
+	} while (0)
+
+/* A child of fork counts its own calls only: its PATH.PID must not repeat the parent's. */
+static void counts_reset(void) {
+	for (struct counter *c = __atomic_load_n(&counters, __ATOMIC_ACQUIRE); c; c = c->next) {
+		__atomic_store_n(&c->calls, 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&c->bytes, 0, __ATOMIC_RELAXED);
+	}
+}
+
+static int counter_cmp(const void *a, const void *b) {
+	return strcmp((*(struct counter *const *)a)->name, (*(struct counter *const *)b)->name);
+}
+
+/* At exit, with KVD_FAKE_CUDA_COUNT: the counts to PATH.PID (see the top). */
+__attribute__((destructor)) static void write_counts(void) {
+	struct counter **v = NULL, *head = __atomic_load_n(&counters, __ATOMIC_ACQUIRE);
+	char *path = __atomic_load_n(&count_path, __ATOMIC_ACQUIRE);
+	size_t n = 0, i = 0;
+	FILE *f = NULL;
+	char *out = NULL;
+
+	if (!path)
+		return;
+	for (struct counter *c = head; c; c = c->next)
+		n++;
+	v = calloc(n ? n : 1, sizeof(*v));
+	if (v && asprintf(&out, "%s.%d", path, (int)getpid()) >= 0)
+		f = fopen(out, "we");
+	if (!f) {
+		fprintf(stderr, "fake-cuda[%d]: cannot write the call counts to %s.%d: %s\n",
+		        (int)getpid(), path, (int)getpid(), strerror(errno));
+		goto out;
+	}
+	for (struct counter *c = head; c && i < n; c = c->next)
+		v[i++] = c;
+	qsort(v, n, sizeof(*v), counter_cmp);
+	for (i = 0; i < n; i++) {
+		unsigned long long calls = __atomic_load_n(&v[i]->calls, __ATOMIC_RELAXED);
+
+		if (calls)
+			fprintf(f, "%s %llu %llu\n", v[i]->name, calls,
+			        __atomic_load_n(&v[i]->bytes, __ATOMIC_RELAXED));
+	}
+	if (fclose(f) != 0)
+		fprintf(stderr, "fake-cuda[%d]: cannot write the call counts to %s: %s\n",
+		        (int)getpid(), out, strerror(errno));
+out:
+	free(out);
+	free(v);
 }
 
 static bool initialized(void) {
@@ -414,8 +506,10 @@ __attribute__((destructor)) static void report_leftovers(void) {
 /* The driver's first call: everything but versions and error names needs it. Without a
  * device, the driver fails it with CUDA_ERROR_NO_DEVICE and stays uninitialised. */
 CUresult CUDAAPI cuInit(unsigned int flags) {
+	const char *count_env;
 	long devices;
 
+	COUNT(0);
 	if (flags != 0)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuInit", "flags must be 0");
 	devices = env_long("KVD_FAKE_CUDA_DEVICES", 1, 0, FAKE_DEVICES_MAX);
@@ -432,6 +526,11 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
 		/* mmap works in pages: a granularity is a whole number of them. */
 		fk.granularity = (gran + (size_t)page - 1) / (size_t)page * (size_t)page;
 		fk.next_handle = 1;
+		count_env = getenv("KVD_FAKE_CUDA_COUNT");
+		if (count_env && *count_env) {
+			__atomic_store_n(&count_path, strdup(count_env), __ATOMIC_RELEASE);
+			pthread_atfork(NULL, NULL, counts_reset);
+		}
 		for (int i = 0; i < FAKE_DEVICES_MAX; i++)
 			primary[i].ordinal = i;
 		__atomic_store_n(&fk.initialized, true, __ATOMIC_RELEASE);
@@ -442,6 +541,7 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
 
 /* Works before cuInit, as in the driver. The toolkit's version: the headers we match. */
 CUresult CUDAAPI cuDriverGetVersion(int *driverVersion) {
+	COUNT(0);
 	if (!driverVersion)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuDriverGetVersion", "NULL");
 	*driverVersion = CUDA_VERSION;
@@ -473,7 +573,7 @@ static const struct {
 
 /* Names for the codes this fake returns; others are CUDA_ERROR_INVALID_VALUE with *pStr
  * NULL, as the driver answers codes it does not know. No cuInit needed. */
-CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
+static CUresult error_name(CUresult error, const char **pStr) {
 	if (!pStr)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
@@ -485,7 +585,13 @@ CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
 	return CUDA_ERROR_INVALID_VALUE;
 }
 
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
+	COUNT(0);
+	return error_name(error, pStr);
+}
+
 CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr) {
+	COUNT(0);
 	if (!pStr)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
@@ -500,6 +606,7 @@ CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr) {
 /* ---- devices ---- */
 
 CUresult CUDAAPI cuDeviceGetCount(int *count) {
+	COUNT(0);
 	NEED_INIT("cuDeviceGetCount");
 	if (!count)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetCount", "NULL");
@@ -508,6 +615,7 @@ CUresult CUDAAPI cuDeviceGetCount(int *count) {
 }
 
 CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
+	COUNT(0);
 	NEED_INIT("cuDeviceGet");
 	if (!device)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuDeviceGet", "NULL");
@@ -519,6 +627,7 @@ CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
 
 /* Truncated to len, NUL-terminated, like the driver. */
 CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
+	COUNT(0);
 	NEED_INIT("cuDeviceGetName");
 	if (!name || len <= 0)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetName", "no buffer");
@@ -534,6 +643,7 @@ CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
  * 0. An attribute the enum does not have is CUDA_ERROR_INVALID_VALUE.
  */
 CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+	COUNT(0);
 	NEED_INIT("cuDeviceGetAttribute");
 	if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetAttribute", "attribute %d",
@@ -569,6 +679,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
 CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
 	static const char base[16] = "kvd-fake-cuda-0";
 
+	COUNT(0);
 	NEED_INIT("cuDeviceGetUuid");
 	if (!uuid)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetUuid", "NULL");
@@ -585,6 +696,7 @@ CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
 /* One primary context per device, reference counted: retained, it is active; released to
  * zero, the driver destroys it (here: calls in it fail until it is retained again). */
 CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+	COUNT(0);
 	NEED_INIT("cuDevicePrimaryCtxRetain");
 	if (!pctx)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuDevicePrimaryCtxRetain", "NULL");
@@ -601,6 +713,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
 	CUresult r = CUDA_SUCCESS;
 
+	COUNT(0);
 	NEED_INIT("cuDevicePrimaryCtxRelease");
 	if (!is_device(dev))
 		return fail(CUDA_ERROR_INVALID_DEVICE, "cuDevicePrimaryCtxRelease", "device %d", dev);
@@ -617,6 +730,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
 /* Replaces the top of this thread's stack (or pushes onto an empty one); NULL pops, as the
  * driver documents. */
 CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
+	COUNT(0);
 	NEED_INIT("cuCtxSetCurrent");
 	if (ctx && !is_ctx(ctx))
 		return fail(CUDA_ERROR_INVALID_CONTEXT, "cuCtxSetCurrent", "not a context");
@@ -631,6 +745,7 @@ CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
 }
 
 CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
+	COUNT(0);
 	NEED_INIT("cuCtxPushCurrent");
 	if (!ctx)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuCtxPushCurrent", "NULL");
@@ -644,6 +759,7 @@ CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
 
 /* Popping an empty stack is CUDA_ERROR_INVALID_CONTEXT in the driver. */
 CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) {
+	COUNT(0);
 	NEED_INIT("cuCtxPopCurrent");
 	if (!ctx_depth)
 		return fail(CUDA_ERROR_INVALID_CONTEXT, "cuCtxPopCurrent", "no current context");
@@ -655,6 +771,7 @@ CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) {
 
 /* NULL when the thread has none, as the driver answers (not an error). */
 CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) {
+	COUNT(0);
 	NEED_INIT("cuCtxGetCurrent");
 	if (!pctx)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuCtxGetCurrent", "NULL");
@@ -666,6 +783,7 @@ CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
 	int ordinal = -1;
 	CUresult r;
 
+	COUNT(0);
 	if (!device)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuCtxGetDevice", "NULL");
 	r = need_ctx("cuCtxGetDevice", &ordinal);
@@ -676,6 +794,7 @@ CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
 
 /* Everything already happened; only the context is checked. */
 CUresult CUDAAPI cuCtxSynchronize(void) {
+	COUNT(0);
 	return need_ctx("cuCtxSynchronize", NULL);
 }
 
@@ -687,6 +806,7 @@ CUresult CUDAAPI cuMemGetInfo(size_t *free_b, size_t *total_b) {
 	int ordinal;
 	CUresult r = need_ctx("cuMemGetInfo", &ordinal);
 
+	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!free_b || !total_b)
@@ -704,6 +824,7 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
 	size_t size;
 	CUresult r = need_ctx("cuMemAlloc", &ordinal);
 
+	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!dptr || bytesize == 0)
@@ -740,6 +861,7 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
 	CUresult r = need_ctx("cuMemFree", NULL);
 	struct devmem *d = NULL;
 
+	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&lock);
@@ -776,6 +898,7 @@ CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemA
                                                CUmemAllocationGranularity_flags option) {
 	CUresult r;
 
+	COUNT(0);
 	NEED_INIT("cuMemGetAllocationGranularity");
 	r = prop_check("cuMemGetAllocationGranularity", prop);
 	if (r != CUDA_SUCCESS)
@@ -800,6 +923,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 	CUresult r;
 	int fd;
 
+	COUNT(0);
 	NEED_INIT("cuMemCreate");
 	r = prop_check("cuMemCreate", prop);
 	if (r != CUDA_SUCCESS)
@@ -848,6 +972,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
 	struct handle *h = NULL;
 
+	COUNT(0);
 	NEED_INIT("cuMemRelease");
 	pthread_mutex_lock(&lock);
 	for (struct handle **pp = &fk.handles; *pp; pp = &(*pp)->next)
@@ -871,6 +996,7 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGeneri
 	struct alloc *a;
 	int fd = -1;
 
+	COUNT(0);
 	NEED_INIT("cuMemExportToShareableHandle");
 	if (!shareableHandle || flags != 0)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemExportToShareableHandle", "bad arguments");
@@ -912,6 +1038,7 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
 	struct stat st;
 	ssize_t n;
 
+	COUNT(0);
 	NEED_INIT("cuMemImportFromShareableHandle");
 	if (!handle)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemImportFromShareableHandle", "NULL");
@@ -975,6 +1102,7 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align
 	uintptr_t base, va;
 	void *p;
 
+	COUNT(0);
 	(void)addr;
 	NEED_INIT("cuMemAddressReserve");
 	if (!ptr || flags != 0 || size == 0 || size % page != 0 ||
@@ -1017,6 +1145,7 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 	struct reservation *res = NULL, **pp;
 	bool mapped = false;
 
+	COUNT(0);
 	NEED_INIT("cuMemAddressFree");
 	pthread_mutex_lock(&lock);
 	for (pp = &fk.reservations; *pp; pp = &(*pp)->next)
@@ -1055,6 +1184,7 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
 	struct alloc *a;
 	const char *why = NULL;
 
+	COUNT(0);
 	NEED_INIT("cuMemMap");
 	if (offset != 0 || flags != 0 || size == 0 || va % fk.granularity != 0 ||
 	    size % fk.granularity != 0)
@@ -1111,6 +1241,7 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
 	uintptr_t va = (uintptr_t)ptr, end = va + size;
 
+	COUNT(0);
 	NEED_INIT("cuMemUnmap");
 	pthread_mutex_lock(&lock);
 	if (!whole_mappings(va, size)) {
@@ -1148,6 +1279,7 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
 	uintptr_t va = (uintptr_t)ptr, end = va + size;
 	int prot = PROT_NONE;
 
+	COUNT(0);
 	NEED_INIT("cuMemSetAccess");
 	if (!desc || count == 0)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess", "no descriptor");
@@ -1258,14 +1390,17 @@ static CUresult copy(const char *call, void *dst, const void *src, size_t n, CUd
 }
 
 CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
+	COUNT(ByteCount);
 	return copy("cuMemcpyHtoD", NULL, srcHost, ByteCount, dstDevice, 0, true, false);
 }
 
 CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+	COUNT(ByteCount);
 	return copy("cuMemcpyDtoH", dstHost, NULL, ByteCount, 0, srcDevice, false, true);
 }
 
 CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
+	COUNT(ByteCount);
 	return copy("cuMemcpyDtoD", NULL, NULL, ByteCount, dstDevice, srcDevice, true, true);
 }
 
@@ -1273,6 +1408,7 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, s
                                    CUstream hStream) {
 	CUresult r = stream_check("cuMemcpyHtoDAsync", hStream);
 
+	COUNT(ByteCount);
 	return r != CUDA_SUCCESS ? r :
 	       copy("cuMemcpyHtoDAsync", NULL, srcHost, ByteCount, dstDevice, 0, true, false);
 }
@@ -1281,6 +1417,7 @@ CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t 
                                    CUstream hStream) {
 	CUresult r = stream_check("cuMemcpyDtoHAsync", hStream);
 
+	COUNT(ByteCount);
 	return r != CUDA_SUCCESS ? r :
 	       copy("cuMemcpyDtoHAsync", dstHost, NULL, ByteCount, 0, srcDevice, false, true);
 }
@@ -1289,6 +1426,7 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                    CUstream hStream) {
 	CUresult r = stream_check("cuMemcpyDtoDAsync", hStream);
 
+	COUNT(ByteCount);
 	return r != CUDA_SUCCESS ? r :
 	       copy("cuMemcpyDtoDAsync", NULL, NULL, ByteCount, dstDevice, srcDevice, true, true);
 }
@@ -1371,18 +1509,21 @@ static CUresult copy2d(const char *call, const CUDA_MEMCPY2D *p) {
 }
 
 CUresult CUDAAPI cuMemcpy2D(const CUDA_MEMCPY2D *pCopy) {
+	COUNT(pCopy ? (unsigned long long)pCopy->WidthInBytes * pCopy->Height : 0);
 	return copy2d("cuMemcpy2D", pCopy);
 }
 
 CUresult CUDAAPI cuMemcpy2DAsync(const CUDA_MEMCPY2D *pCopy, CUstream hStream) {
 	CUresult r = stream_check("cuMemcpy2DAsync", hStream);
 
+	COUNT(pCopy ? (unsigned long long)pCopy->WidthInBytes * pCopy->Height : 0);
 	return r != CUDA_SUCCESS ? r : copy2d("cuMemcpy2DAsync", pCopy);
 }
 
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
 	CUresult r = need_ctx("cuMemsetD8Async", NULL);
 
+	COUNT(N);
 	if (r == CUDA_SUCCESS)
 		r = stream_check("cuMemsetD8Async", hStream);
 	if (r != CUDA_SUCCESS)
@@ -1404,6 +1545,7 @@ CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags) {
 	struct CUstream_st *s;
 	CUresult r = need_ctx("cuStreamCreate", NULL);
 
+	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!phStream || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
@@ -1425,6 +1567,7 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
 	struct CUstream_st *s = NULL;
 	CUresult r = need_ctx("cuStreamDestroy", NULL);
 
+	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&lock);
@@ -1446,6 +1589,7 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
 CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
 	CUresult r = need_ctx("cuStreamSynchronize", NULL);
 
+	COUNT(0);
 	return r != CUDA_SUCCESS ? r : stream_check("cuStreamSynchronize", hStream);
 }
 
@@ -1454,6 +1598,7 @@ CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
 	struct CUevent_st *e;
 	CUresult r = need_ctx("cuEventCreate", NULL);
 
+	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	/* An interprocess event must not time (cuda.h). */
@@ -1476,6 +1621,7 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
 	struct CUevent_st *e = NULL;
 	CUresult r = need_ctx("cuEventDestroy", NULL);
 
+	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&lock);
@@ -1498,6 +1644,7 @@ CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
 	CUresult r = need_ctx("cuEventRecord", NULL);
 	struct timespec now;
 
+	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	clock_gettime(CLOCK_MONOTONIC, &now);
@@ -1519,6 +1666,7 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
 	CUresult r = need_ctx("cuEventSynchronize", NULL);
 	bool ok;
 
+	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&lock);
@@ -1533,6 +1681,7 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
 CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
 	CUresult r = need_ctx("cuEventElapsedTime", NULL);
 
+	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!pMilliseconds)
@@ -1556,6 +1705,7 @@ CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUeven
 CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
 	CUresult r = need_ctx("cuModuleLoadData", NULL);
 
+	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!module || !image)
@@ -1565,11 +1715,13 @@ CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
 
 /* No module was ever loaded, so no handle is one. */
 CUresult CUDAAPI cuModuleUnload(CUmodule hmod) {
+	COUNT(0);
 	NEED_INIT("cuModuleUnload");
 	return fail(CUDA_ERROR_INVALID_HANDLE, "cuModuleUnload", "module %p", (void *)hmod);
 }
 
 CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+	COUNT(0);
 	(void)hfunc;
 	NEED_INIT("cuModuleGetFunction");
 	return fail(CUDA_ERROR_INVALID_HANDLE, "cuModuleGetFunction", "module %p, %s", (void *)hmod,
@@ -1582,6 +1734,7 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
                                 void **kernelParams, void **extra) {
 	CUresult r = need_ctx("cuLaunchKernel", NULL);
 
+	COUNT(0);
 	(void)gridDimX, (void)gridDimY, (void)gridDimZ, (void)blockDimX, (void)blockDimY;
 	(void)blockDimZ, (void)sharedMemBytes, (void)hStream, (void)kernelParams, (void)extra;
 	if (r != CUDA_SUCCESS)

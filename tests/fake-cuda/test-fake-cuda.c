@@ -4,7 +4,8 @@
  * so that the tests run under it catch a kvd mistake instead of passing over it. Runs with
  * LD_LIBRARY_PATH at tests/fake-cuda; exits 77 when another libcuda.so.1 was loaded. Runs
  * twice (meson.build): as is, and with KVD_FAKE_CUDA_STRICT=1, where the CPU cannot touch
- * device memory at all.
+ * device memory at all. The call counts (KVD_FAKE_CUDA_COUNT) are checked in a child that
+ * this program runs again (call_counts).
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -20,6 +21,8 @@
 #include "test.h"
 
 #define MiB (UINT64_C(1) << 20)
+/* Set in call_counts's child: test_setup runs count_child() instead of the tests. */
+#define COUNT_CHILD_ENV "KVD_FAKE_CUDA_TEST_COUNT_CHILD"
 
 static const struct cuda_dl *cu;
 static CUcontext ctx;
@@ -33,6 +36,24 @@ static const CUmemAccessDesc rw = {
 	.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
 	.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
 };
+
+/* call_counts's child, a new process whose cuInit read KVD_FAKE_CUDA_COUNT: three 100-byte
+ * copies to the device and one of 50 bytes back; its exit() then writes the counts. */
+static int count_child(void) {
+	uint8_t in[100] = { 1, 2, 3 }, out[50];
+	CUdeviceptr d;
+	CUcontext c;
+
+	if (cu->cuDevicePrimaryCtxRetain(&c, 0) != CUDA_SUCCESS ||
+	    cu->cuCtxPushCurrent(c) != CUDA_SUCCESS || cu->cuMemAlloc(&d, 4096) != CUDA_SUCCESS)
+		return 2;
+	for (int i = 0; i < 3; i++)
+		if (cu->cuMemcpyHtoD(d + (CUdeviceptr)i * sizeof(in), in, sizeof(in)) != CUDA_SUCCESS)
+			return 3;
+	if (cu->cuMemcpyDtoH(out, d, sizeof(out)) != CUDA_SUCCESS || out[2] != 3)
+		return 4;
+	return 0;
+}
 
 int test_setup(void) {
 	CUresult (*get_info)(size_t *, size_t *);
@@ -63,6 +84,8 @@ int test_setup(void) {
 		printf("libcuda.so.1 is not the fake driver (device 0: '%s')\n", name);
 		return EXIT_TEST_SKIP;
 	}
+	if (getenv(COUNT_CHILD_ENV))
+		exit(count_child()); /* exit(), not _exit(): the fake writes its counts at exit */
 	return 0;
 }
 
@@ -445,4 +468,67 @@ TEST(memcpy_2d) {
 	ASSERT_EQ(cu->cuMemAddressFree(va, 2 * gran), CUDA_SUCCESS);
 	ASSERT_EQ(cu->cuMemRelease(h), CUDA_SUCCESS);
 	dlclose(lib);
+}
+
+/*
+ * KVD_FAKE_CUDA_COUNT: a child (exec'd, so that its cuInit reads the variable) makes known
+ * copies; at its exit the fake writes PATH.PID, lines "NAME CALLS BYTES" sorted by name,
+ * NAME the exported (versioned) symbol.
+ */
+TEST(call_counts) {
+	char dir[PATH_MAX], base[PATH_MAX + 16], path[PATH_MAX + 32], line[256], prev[128] = "";
+	const char *tmp = getenv("TMPDIR");
+	bool htod = false, dtoh = false, init = false;
+	int status;
+	pid_t pid;
+	FILE *f;
+
+	snprintf(dir, sizeof(dir), "%s/kvd-fake-cuda-count-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	ASSERT_TRUE(mkdtemp(dir) != NULL);
+	snprintf(base, sizeof(base), "%s/counts", dir);
+	fflush(stdout);
+	pid = fork();
+	ASSERT_GE(pid, 0);
+	if (pid == 0) {
+		setenv("KVD_FAKE_CUDA_COUNT", base, 1);
+		setenv(COUNT_CHILD_ENV, "1", 1);
+		execl("/proc/self/exe", "test-fake-cuda", (char *)NULL);
+		_exit(127);
+	}
+	ASSERT_EQ(waitpid(pid, &status, 0), pid);
+	ASSERT_TRUE(WIFEXITED(status));
+	ASSERT_EQ(WEXITSTATUS(status), 0);
+	snprintf(path, sizeof(path), "%s.%d", base, (int)pid);
+	f = fopen(path, "re");
+	ASSERT_TRUE(f != NULL);
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long calls, bytes;
+		char name[128];
+		int end = 0;
+
+		ASSERT_EQ(sscanf(line, "%127s %llu %llu%n", name, &calls, &bytes, &end), 3);
+		ASSERT_STREQ(line + end, "\n");
+		ASSERT_TRUE(strcmp(prev, name) < 0); /* sorted, each name once */
+		ASSERT_GT(calls, 0);
+		if (strcmp(name, "cuMemcpyHtoD_v2") == 0) {
+			ASSERT_EQ(calls, 3);
+			ASSERT_EQ(bytes, 300);
+			htod = true;
+		} else if (strcmp(name, "cuMemcpyDtoH_v2") == 0) {
+			ASSERT_EQ(calls, 1);
+			ASSERT_EQ(bytes, 50);
+			dtoh = true;
+		} else {
+			/* Only copies and memsets move bytes; this child made no other. */
+			ASSERT_EQ(bytes, 0);
+			if (strcmp(name, "cuInit") == 0)
+				init = true;
+		}
+		snprintf(prev, sizeof(prev), "%s", name);
+	}
+	fclose(f);
+	ASSERT_TRUE(htod && dtoh && init);
+	ASSERT_OK(unlink(path));
+	/* Nothing else: the parent, which has no KVD_FAKE_CUDA_COUNT, writes nothing anyway. */
+	ASSERT_OK(rmdir(dir));
 }

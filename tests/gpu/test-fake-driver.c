@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/macro.h"
 #include "cuda-dl.h"
@@ -250,8 +251,9 @@ static kvd_client *connect_on(const struct cuda_dl *cu, struct fixture *f, const
  * just as evictable and older (recency ranks both: no windows), keeps every token.
  */
 TEST(full_device_gets_its_own_round) {
+	/* No watermark rounds: the grow's own round is the one under test. */
 	static const char *const args[] = { "--backend=cuda", "--chunk-size=4MiB", "--pool-size=16MiB",
-		                            "--grant-wait=5000", NULL };
+		                            "--grant-wait=5000", "--high-watermark=100", NULL };
 	static const kvd_eviction_spec ev = { .unit = KVD_UNIT_LAYER_TOKEN, .window = 8, .sinks = 4 };
 	_cleanup_(kvd_client_unrefp) kvd_client *a = NULL, *b = NULL;
 	const struct cuda_dl *cu;
@@ -284,6 +286,54 @@ TEST(full_device_gets_its_own_round) {
 	ASSERT_EQ(fixture_status(&f, "b", "evicted_tokens"), 0u);
 	ASSERT_EQ(kvd_seq_tokens(sb, 0, 0), 3 * 2048);
 	ASSERT_TRUE(kvd_seq_tokens(sa, 0, 0) < 9 * 2048);
+	ASSERT_OK(kvd_seq_release(sa));
+	ASSERT_OK(kvd_seq_release(sb));
+	a = kvd_client_unref(a);
+	b = kvd_client_unref(b);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/*
+ * The watermarks hold for each GPU's pool too: a GPU used past the high watermark while the
+ * node is not gets a round of its own, down to the low watermark, from its sequences only.
+ */
+TEST(device_watermark_round) {
+	static const char *const args[] = { "--backend=cuda", "--chunk-size=4MiB", "--pool-size=32MiB",
+		                            "--high-watermark=50", "--low-watermark=25", NULL };
+	static const kvd_eviction_spec ev = { .unit = KVD_UNIT_LAYER_TOKEN, .window = 8, .sinks = 4 };
+	_cleanup_(kvd_client_unrefp) kvd_client *a = NULL, *b = NULL;
+	const struct cuda_dl *cu;
+	struct fixture f;
+	kvd_seq *sa, *sb;
+	int ma, mb;
+
+	ASSERT_OK(cuda_dl_load(&cu, NULL));
+	start(&f, "2", args);
+	a = connect_on(cu, &f, "a", 0);
+	b = connect_on(cu, &f, "b", 1);
+	ma = kvd_model_register_evictable(a, &spec, &ev);
+	mb = kvd_model_register_evictable(b, &spec, &ev);
+	ASSERT_GT(ma, 0);
+	ASSERT_GT(mb, 0);
+	ASSERT_OK(kvd_seq_open(a, ma, 1 << 16, &sa));
+	ASSERT_OK(kvd_seq_open(b, mb, 1 << 16, &sb));
+	/* b: one chunk of GPU 1 (older tokens); a: six of GPU 0 at most, 75% of its pool. The
+	 * node holds 28 of 64 MiB at most, below its own high watermark (50%). */
+	ASSERT_OK(kvd_seq_grow(sb, 2048));
+	for (int i = 0; i < 12; i++)
+		ASSERT_OK(kvd_seq_grow(sa, 2048));
+	/* Chunks a round empties come back once a unmaps them (its events). */
+	for (int i = 0; i < 500 && fixture_status(&f, "a", "used_bytes") > 16 * MiB; i++) {
+		kvd_event event;
+
+		while (kvd_client_next_event(a, &event) > 0)
+			;
+		usleep(10000);
+	}
+	ASSERT_TRUE(fixture_status(&f, "a", "used_bytes") <= 16 * MiB);
+	ASSERT_GT(fixture_status(&f, NULL, "rounds_total"), 0u);
+	ASSERT_EQ(fixture_status(&f, "b", "evicted_tokens"), 0u);
+	ASSERT_EQ(kvd_seq_tokens(sb, 0, 0), 2048);
 	ASSERT_OK(kvd_seq_release(sa));
 	ASSERT_OK(kvd_seq_release(sb));
 	a = kvd_client_unref(a);
