@@ -393,6 +393,27 @@ static int cuda_copy(uint32_t device, void *dst, const void *src, uint64_t bytes
 	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpyDtoD");
 }
 
+static int cuda_copy_rows(uint32_t device, void *dst, const void *src, uint64_t pitch,
+                          uint64_t width, uint64_t rows) {
+	CUDA_MEMCPY2D m = {
+		.srcMemoryType = CU_MEMORYTYPE_DEVICE,
+		.srcDevice = (CUdeviceptr)(uintptr_t)src,
+		.srcPitch = pitch,
+		.dstMemoryType = CU_MEMORYTYPE_DEVICE,
+		.dstDevice = (CUdeviceptr)(uintptr_t)dst,
+		.dstPitch = pitch,
+		.WidthInBytes = width,
+		.Height = rows,
+	};
+	int r = use(device);
+	CUresult cr;
+
+	if (r < 0)
+		return r;
+	cr = cuda.cu->cuMemcpy2D(&m);
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpy2D");
+}
+
 const struct backend_ops backend_cuda_ops = {
 	.name = "cuda",
 	.memory = BACKEND_MEMORY_CUDA,
@@ -404,5 +425,6 @@ const struct backend_ops backend_cuda_ops = {
 	.read_rows = cuda_read_rows,
 	.write = cuda_write,
 	.copy = cuda_copy,
+	.copy_rows = cuda_copy_rows,
 	.chunk_destroy = cuda_chunk_destroy,
 };

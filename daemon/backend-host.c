@@ -67,6 +67,14 @@ static int host_read_rows(uint32_t device, const void *src, uint64_t src_pitch, 
 	return 0;
 }
 
+static int host_copy_rows(uint32_t device, void *dst, const void *src, uint64_t pitch,
+                          uint64_t width, uint64_t rows) {
+	(void)device;
+	for (uint64_t i = 0; i < rows; i++)
+		memcpy((char *)dst + i * pitch, (const char *)src + i * pitch, width);
+	return 0;
+}
+
 static int host_write(uint32_t device, void *dst, const void *src, uint64_t bytes) {
 	(void)device;
 	memcpy(dst, src, bytes);
@@ -91,5 +99,6 @@ const struct backend_ops backend_host_ops = {
 	.read_rows = host_read_rows,
 	.write = host_write,
 	.copy = host_write,
+	.copy_rows = host_copy_rows,
 	.chunk_destroy = host_chunk_destroy,
 };

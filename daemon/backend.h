@@ -59,6 +59,10 @@ struct backend_ops {
 	                 uint64_t width, uint64_t rows);
 	int (*write)(uint32_t device, void *dst, const void *src, uint64_t bytes);
 	int (*copy)(uint32_t device, void *dst, const void *src, uint64_t bytes);
+	/* copy of `rows` rows of `width` bytes, row i from src + i * pitch to dst + i * pitch
+	 * (rows that do not overlap): the same rows of every head of a block in one call. */
+	int (*copy_rows)(uint32_t device, void *dst, const void *src, uint64_t pitch,
+	                 uint64_t width, uint64_t rows);
 	void (*chunk_destroy)(struct backend_chunk *c);
 };
 

@@ -51,23 +51,20 @@ struct row_run {
 };
 
 /* Copies a run's K and V rows (with the per-layer layout, the rows of every kv head) and
- * index keys, which belong to the tokens as much as their K and V do, through the backend:
- * one copy per head and half, since a head's rows are consecutive in a block, so that a
- * device pool (one driver call each) pays per run, not per slot. Returns 0 or the
- * backend's -errno. */
+ * index keys, which belong to the tokens as much as their K and V do, through the backend.
+ * A block holds its heads' K then their V at a pitch of block_tokens rows, so the run's rows
+ * of every head and half are one copy_rows: a device pool (one driver call each) pays per
+ * run, not per slot or head. Returns 0 or the backend's -errno. */
 static int run_copy(const struct kvd_seq_desc *d, const struct pool *p, uint32_t device,
                     const struct row_run *u) {
 	uint32_t heads = d->layout == KVD_LAYOUT_PER_HEAD ? 1 : d->kv_heads;
-	uint64_t bytes = (uint64_t)u->n * layout_row_bytes(d);
-	int r = 0;
+	uint64_t pitch = (uint64_t)d->block_tokens * layout_row_bytes(d);
+	int r;
 
-	for (uint32_t h = 0; h < heads && r >= 0; h++) {
-		r = p->ops->copy(device, u->dst + layout_k_offset(d, h, u->dst_row),
-		                 u->src + layout_k_offset(d, h, u->src_row), bytes);
-		if (r >= 0)
-			r = p->ops->copy(device, u->dst + layout_v_offset(d, h, u->dst_row),
-			                 u->src + layout_v_offset(d, h, u->src_row), bytes);
-	}
+	/* layout_v_offset(h) is layout_k_offset(heads + h): K and V rows share the pitch. */
+	r = p->ops->copy_rows(device, u->dst + layout_k_offset(d, 0, u->dst_row),
+	                      u->src + layout_k_offset(d, 0, u->src_row), pitch,
+	                      (uint64_t)u->n * layout_row_bytes(d), 2 * heads);
 	if (r >= 0 && d->index_dim)
 		r = p->ops->copy(device, u->dst + layout_index_offset(d, u->dst_row),
 		                 u->src + layout_index_offset(d, u->src_row),
