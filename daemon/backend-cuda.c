@@ -216,6 +216,10 @@ const struct backend_device *backend_cuda_device(uint32_t i) {
 	return i < cuda.n ? &cuda.d[i].info : NULL;
 }
 
+CUcontext backend_cuda_context(uint32_t i) {
+	return i < cuda.n ? cuda.d[i].ctx : NULL;
+}
+
 void backend_cuda_close(void) {
 	if (!cuda.cu)
 		return;

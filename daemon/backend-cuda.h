@@ -23,4 +23,6 @@ int backend_cuda_open(const char *devices, char *why, size_t why_n);
 uint32_t backend_cuda_n_devices(void);
 const struct backend_device *backend_cuda_device(uint32_t i);
 void backend_cuda_close(void);
+/* Device i's primary context (retained while the backend is open), or NULL. */
+CUcontext backend_cuda_context(uint32_t i);
 #endif

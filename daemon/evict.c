@@ -18,6 +18,7 @@
 #include "log.h"
 #include "moments.h"
 #include "policy.h"
+#include "round-gpu.h"
 #include "server.h"
 
 #define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
@@ -60,6 +61,10 @@ struct record {
 struct evictor {
 	struct server *srv;
 	struct round *running;
+	/* Per pool device of a cuda pool: scoring on the GPU (round-gpu.h), NULL where the
+	 * kernels did not load; tried once, at the first round. */
+	struct round_gpu *gpu[BACKEND_DEVICES_MAX];
+	bool gpu_tried;
 	pthread_t thread;
 	int efd;
 	struct loop_op efd_op;
@@ -751,6 +756,27 @@ static bool evictable_exists(const struct server *s) {
 	return s->evictable_seqs > 0;
 }
 
+/* The GPUs' scoring for a round (round.h), loaded at the first round; NULL on host. */
+static struct round_gpu *const *gpus(struct evictor *e) {
+	const struct pool *p = e->srv->pool;
+
+	if (p->ops->host_access)
+		return NULL;
+	for (uint32_t d = 0; !e->gpu_tried && d < p->n_devices; d++) {
+		const struct backend_device *dev = backend_device(d);
+		const char *why = "";
+		int k = round_gpu_new(d, &e->gpu[d], &why);
+
+		if (k < 0)
+			log_info("GPU %d: rounds score on the CPU, with the K/V copied there: %s",
+			         dev ? dev->ordinal : (int)d, why);
+		else
+			log_info("GPU %d: rounds score restkv, laprox and kvd there", dev ? dev->ordinal : (int)d);
+	}
+	e->gpu_tried = true;
+	return e->gpu;
+}
+
 static void start_round(struct evictor *e, enum round_trigger why, uint64_t target, int only,
                         int device) {
 	struct server *s = e->srv;
@@ -774,6 +800,7 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 	r->floor_pct = s->limits.eviction_floor;
 	r->threads = s->limits.round_threads;
 	r->mem = s->pool->ops;
+	r->gpu = gpus(e);
 	k = snapshot(e, r);
 	if (k >= 0)
 		k = arm(e);
@@ -978,6 +1005,8 @@ struct evictor *evictor_free(struct evictor *e) {
 	}
 	for (uint32_t i = 0; i < EVICT_HISTORY; i++)
 		free(e->history[i].tenants);
+	for (uint32_t d = 0; d < BACKEND_DEVICES_MAX; d++)
+		e->gpu[d] = round_gpu_free(e->gpu[d]);
 	free(e->grants);
 	safe_close(e->efd);
 	free(e);

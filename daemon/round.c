@@ -9,6 +9,7 @@
 #include "common/macro.h"
 #include "compensate.h"
 #include "policy.h"
+#include "round-gpu.h"
 #include "round.h"
 #include "select.h"
 
@@ -64,10 +65,11 @@ static uint64_t v_offset(const struct round_seq *q) {
  * stride apart in a chunk (a grow's blocks usually do) go in one read_rows: on a device
  * pool, one driver call per run instead of per block. Returns 0 or the backend's -errno.
  */
-static int read_blocks(const struct round *r, const struct round_seq *q,
+static int read_blocks(const struct round *r, const struct round_seq *q, struct round_gpu *gpu,
                        const uint8_t *const *blocks, uint32_t nb, uint64_t off, uint64_t part,
                        uint64_t last, uint8_t *dst) {
 	for (uint32_t b = 0, run; b < nb; b += run) {
+		uint8_t *to = dst + (uint64_t)b * part;
 		int e;
 
 		/* The last block (maybe partial) goes alone. */
@@ -75,13 +77,16 @@ static int read_blocks(const struct round *r, const struct round_seq *q,
 		while (b + run < nb - 1 &&
 		       blocks[b + run] == blocks[b] + (uint64_t)run * q->block_stride)
 			run++;
-		if (b == nb - 1)
-			e = r->mem->read(q->device, blocks[b] + off, dst + (uint64_t)b * part, last);
+		/* With gpu, dst is a device buffer the copies stay on the device for. */
+		if (gpu)
+			e = round_gpu_copy_rows(gpu, to, part, blocks[b] + off, q->block_stride,
+			                        b == nb - 1 ? last : part, run);
+		else if (b == nb - 1)
+			e = r->mem->read(q->device, blocks[b] + off, to, last);
 		else if (run == 1)
-			e = r->mem->read(q->device, blocks[b] + off, dst + (uint64_t)b * part, part);
+			e = r->mem->read(q->device, blocks[b] + off, to, part);
 		else
-			e = r->mem->read_rows(q->device, blocks[b] + off, q->block_stride,
-			                      dst + (uint64_t)b * part, part, run);
+			e = r->mem->read_rows(q->device, blocks[b] + off, q->block_stride, to, part, run);
 		if (e < 0)
 			return e;
 	}
@@ -89,9 +94,9 @@ static int read_blocks(const struct round *r, const struct round_seq *q,
 }
 
 /* Copies the K and V rows of slots [0, n) (n > 0) of (layer, kv head) into k and v,
- * contiguous. Returns 0 or the backend's -errno. */
-static int gather(const struct round *r, const struct round_seq *q, uint32_t l, uint32_t kh,
-                  uint32_t n, uint8_t *k, uint8_t *v) {
+ * contiguous: host memory, or with gpu device buffers. Returns 0 or the backend's -errno. */
+static int gather(const struct round *r, const struct round_seq *q, struct round_gpu *gpu,
+                  uint32_t l, uint32_t kh, uint32_t n, uint8_t *k, uint8_t *v) {
 	uint32_t t = table_of(q, l, kh), bt = q->block_tokens, nb = DIV_ROUND_UP(n, bt);
 	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
 	uint64_t head_off = q->layout == KVD_LAYOUT_PER_HEAD ? 0 : (uint64_t)kh * bt * row;
@@ -99,8 +104,8 @@ static int gather(const struct round *r, const struct round_seq *q, uint32_t l, 
 	const uint8_t *const *blocks = q->block_addr + q->block_off[t];
 	int e;
 
-	e = read_blocks(r, q, blocks, nb, head_off, bt * row, last, k);
-	return e < 0 ? e : read_blocks(r, q, blocks, nb, v_offset(q) + head_off, bt * row, last, v);
+	e = read_blocks(r, q, gpu, blocks, nb, head_off, bt * row, last, k);
+	return e < 0 ? e : read_blocks(r, q, gpu, blocks, nb, v_offset(q) + head_off, bt * row, last, v);
 }
 
 /* Copies the index keys of slots [0, n) (n > 0) of table t into ik, contiguous. Returns 0
@@ -110,7 +115,7 @@ static int gather_index(const struct round *r, const struct round_seq *q, uint32
 	uint32_t bt = q->block_tokens, nb = DIV_ROUND_UP(n, bt);
 	uint64_t row = (uint64_t)q->index_dim * layout_dtype_bytes(q->dtype);
 
-	return read_blocks(r, q, q->block_addr + q->block_off[t], nb, q->index_offset, bt * row,
+	return read_blocks(r, q, NULL, q->block_addr + q->block_off[t], nb, q->index_offset, bt * row,
 	                   (uint64_t)(n - (nb - 1) * bt) * row, ik);
 }
 
@@ -134,6 +139,9 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	struct kvd_attn_in in;
 	int policy = rt->policy;
 	uint32_t L, prefix;
+	struct round_gpu *gpu;
+	uint8_t *kb = sc->k, *vb = sc->v;
+	const float *gram;
 	int k;
 
 	if (policy == KVD_POLICY_INDEXMEM && q->index_dim == 0)
@@ -149,9 +157,13 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	if (L <= w)
 		return 0;
 	prefix = L - w;
+	/* The GPU scores where it can: then the K/V stay on the device. */
+	gpu = r->gpu && kvd_policy_scores_via_layer(policy) ? r->gpu[q->device] : NULL;
+	if (gpu && round_gpu_kv(gpu, (uint64_t)nkv * L * row, &kb, &vb) < 0)
+		gpu = NULL, kb = sc->k, vb = sc->v;
 	for (uint32_t j = 0; j < nkv; j++) {
-		k = gather(r, q, l, kh0 + j, L, sc->k + (uint64_t)j * L * row,
-		           sc->v + (uint64_t)j * L * row);
+		k = gather(r, q, gpu, l, kh0 + j, L, kb + (uint64_t)j * L * row,
+		           vb + (uint64_t)j * L * row);
 		if (k < 0)
 			return k;
 	}
@@ -165,8 +177,8 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 		.dim = q->head_dim,
 		.scale = 1.0f / sqrtf((float)q->head_dim),
 		.q = (const uint8_t *)obs_queries(q->obs, l) + (uint64_t)kh0 * g * w * row,
-		.k = sc->k,
-		.v = sc->v,
+		.k = kb,
+		.v = vb,
 	};
 	kvd_attn_in_contiguous(&in);
 	kvd_policy_params_default(policy, &p);
@@ -194,11 +206,10 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 		p.index_heads = q->index_heads;
 		p.index_dim = q->index_dim;
 	}
-	k = kvd_policy_scores(&p, &in,
-	                      q->grams && q->grams[l] ? q->grams[l]->g + (uint64_t)kh0 * g * q->head_dim *
-	                                                                        q->head_dim
-	                                              : NULL,
-	                      NULL, sc->scores);
+	gram = q->grams && q->grams[l] ? q->grams[l]->g + (uint64_t)kh0 * g * q->head_dim * q->head_dim
+	                               : NULL;
+	k = gpu ? kvd_policy_scores_via(&p, &in, gram, NULL, round_gpu_score_layer, gpu, sc->scores)
+	        : kvd_policy_scores(&p, &in, gram, NULL, sc->scores);
 	if (k < 0)
 		return k;
 

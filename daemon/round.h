@@ -123,6 +123,8 @@ struct round {
 	/* How K/V reach the CPU: the pool backend's read and read_rows (memcpy, or device
 	 * copies). */
 	const struct backend_ops *mem;
+	/* Per pool device, scoring on the GPU (round-gpu.h), or NULL: the CPU scores. */
+	struct round_gpu *const *gpu;
 	struct round_tenant *tenants;
 	uint32_t n_tenants;
 	struct round_seq *seqs;

@@ -57,6 +57,9 @@
 	X(cuMemcpyDtoH)                                                                       \
 	X(cuMemcpyDtoD)                                                                       \
 	X(cuMemcpy2D)                                                                         \
+	X(cuMemcpy2DAsync)                                                                    \
+	X(cuMemcpyHtoDAsync)                                                                  \
+	X(cuMemcpyDtoHAsync)                                                                  \
 	X(cuMemAlloc)                                                                         \
 	X(cuMemFree)                                                                          \
 	X(cuStreamCreate)                                                                     \

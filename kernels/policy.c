@@ -152,8 +152,11 @@ static int baseline_scores(enum kvd_baseline b, const struct kvd_policy_params *
 			      kvd_baseline_scores(b, &bp, in, scores);
 }
 
+/* A layer's costs by score.h's pipeline: fn (kvd_policy_scores_via) where given, else the
+ * CPU's optimised kernels or, with p->reference, their references. */
 static int own_scores(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
-		      const float *gram, const float *gram_group, float *scores) {
+		      const float *gram, const float *gram_group, kvd_score_layer_fn fn,
+		      void *userdata, float *scores) {
 	struct kvd_score_params sp;
 
 	kvd_score_params_default(p->policy == KVD_POLICY_LAPROX ? KVD_SCORE_LAPROX : KVD_SCORE_RESTKV,
@@ -172,6 +175,8 @@ static int own_scores(const struct kvd_policy_params *p, const struct kvd_attn_i
 	if (p->policy == KVD_POLICY_LAPROX && sp.laprox_joint && !sp.per_query_head && gram &&
 	    !gram_group)
 		return -EINVAL;
+	if (fn)
+		return fn(userdata, in, gram, gram_group, &sp, scores);
 	return p->reference ? kvd_score_layer_ref(in, gram, gram_group, &sp, scores) :
 			      kvd_score_layer(in, gram, gram_group, &sp, scores);
 }
@@ -364,7 +369,8 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
 	budget = calloc(srows, sizeof(uint32_t));
 	if (!scores || !budget)
 		goto out;
-	r = b >= 0 ? baseline_scores(b, p, in, scores) : own_scores(p, in, gram, gram_group, scores);
+	r = b >= 0 ? baseline_scores(b, p, in, scores) :
+		     own_scores(p, in, gram, gram_group, NULL, NULL, scores);
 	if (r >= 0)
 		r = mi_modulate(p, in, scores, stride);
 	if (r < 0)
@@ -552,8 +558,9 @@ static int indexmem_shares(const struct kvd_policy_params *p, const struct kvd_a
 	return 0;
 }
 
-int kvd_policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
-		      const float *gram, const float *gram_group, float *scores) {
+static int policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
+			 const float *gram, const float *gram_group, kvd_score_layer_fn fn,
+			 void *userdata, float *scores) {
 	enum kvd_baseline b;
 	uint32_t n, rows;
 	size_t total;
@@ -586,7 +593,7 @@ int kvd_policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_i
 		if (q.capacity <= in->window)
 			q.capacity = in->window + (n + 1) / 2;
 		q.layer_weight = 1.0f;
-		r = own_scores(&q, in, gram, gram_group, scores);
+		r = own_scores(&q, in, gram, gram_group, fn, userdata, scores);
 		if (r >= 0)
 			r = mi_modulate(&q, in, scores, n);
 		if (r < 0)
@@ -604,4 +611,23 @@ int kvd_policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_i
 		r = rank_shares(all, in->len, rows, n, p->layer_weight, scores);
 	free(all);
 	return r;
+}
+
+int kvd_policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
+		      const float *gram, const float *gram_group, float *scores) {
+	return policy_scores(p, in, gram, gram_group, NULL, NULL, scores);
+}
+
+bool kvd_policy_scores_via_layer(enum kvd_policy policy) {
+	return policy == KVD_POLICY_RESTKV || policy == KVD_POLICY_LAPROX || policy == KVD_POLICY_KVD;
+}
+
+int kvd_policy_scores_via(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
+			  const float *gram, const float *gram_group, kvd_score_layer_fn fn,
+			  void *userdata, float *scores) {
+	if (!p || !fn)
+		return -EINVAL;
+	if (!kvd_policy_scores_via_layer(p->policy))
+		return -EOPNOTSUPP;
+	return policy_scores(p, in, gram, gram_group, fn, userdata, scores);
 }

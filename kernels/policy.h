@@ -63,10 +63,12 @@
  */
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "attn.h"
 #include "restkv.h"
+#include "score.h"
 #include "smooth.h"
 
 enum kvd_policy {
@@ -206,6 +208,30 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
  */
 int kvd_policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
 		      const float *gram, const float *gram_group, float *scores);
+
+/*
+ * A layer's costs by score.h's pipeline, as kvd_score_layer() computes them from in, gram,
+ * gram_group and sp into scores[rows][L - w]; returns 0 or -errno.
+ */
+typedef int (*kvd_score_layer_fn)(void *userdata, const struct kvd_attn_in *in, const float *gram,
+				  const float *gram_group, const struct kvd_score_params *sp,
+				  float *scores);
+
+/*
+ * Whether kvd_policy_scores_via() takes policy: those whose costs are score.h's layer
+ * pipeline alone (restkv, laprox, kvd). kvd-mi is not among them: its misfit reads K on
+ * the CPU.
+ */
+bool kvd_policy_scores_via_layer(enum kvd_policy policy);
+
+/*
+ * kvd_policy_scores() with the layer pipeline computed by fn (the daemon's GPU path: in's
+ * K and V, which only fn reads, may then be device memory). Returns what kvd_policy_scores
+ * does, or -EOPNOTSUPP for a policy kvd_policy_scores_via_layer() does not take.
+ */
+int kvd_policy_scores_via(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
+			  const float *gram, const float *gram_group, kvd_score_layer_fn fn,
+			  void *userdata, float *scores);
 
 /* The rows kvd_policy_scores() writes for p and in: in->heads with per_query_head, else
  * in->kv_heads. */

@@ -1,0 +1,186 @@
+/* SPDX-License-Identifier: MIT */
+/* Scoring on the GPU for rounds on a cuda pool (round-gpu.h). UNVERIFIED ON HARDWARE. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "backend-cuda.h"
+#include "cuda-dl.h"
+#include "cuda-kernels.h"
+#include "dtype.h"
+#include "log.h"
+#include "round-gpu.h"
+
+/* A device buffer that only grows. */
+struct dbuf {
+	CUdeviceptr p;
+	uint64_t bytes;
+};
+
+struct round_gpu {
+	const struct cuda_dl *cu;
+	CUcontext ctx;
+	CUstream stream;              /* the rounds': scrubs keep the backend's own */
+	struct kvd_cuda_kernels *k;
+	struct dbuf k_buf, v_buf, q, gram, scratch, scores;
+};
+
+static int cu_errno(CUresult cr, const char *call) {
+	log_debug("round on the GPU: %s failed: %s", call, cuda_dl_strerror(cr));
+	return cuda_dl_errno(cr);
+}
+
+static int use(const struct round_gpu *g) {
+	CUresult cr = g->cu->cuCtxSetCurrent(g->ctx);
+
+	return cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "cuCtxSetCurrent");
+}
+
+/* Makes b hold at least bytes (its contents are lost when it grows). */
+static int dbuf_fit(const struct round_gpu *g, struct dbuf *b, uint64_t bytes) {
+	CUresult cr;
+
+	if (b->bytes >= bytes)
+		return 0;
+	if (b->p)
+		(void)g->cu->cuMemFree(b->p);
+	b->p = 0;
+	b->bytes = 0;
+	/* At least a page, and half again over what is asked: layers of one model differ
+	 * little, and a buffer that grows every round would churn the allocator. */
+	bytes = bytes < 4096 ? 4096 : bytes + bytes / 2;
+	cr = g->cu->cuMemAlloc(&b->p, bytes);
+	if (cr != CUDA_SUCCESS)
+		return cu_errno(cr, "cuMemAlloc");
+	b->bytes = bytes;
+	return 0;
+}
+
+int round_gpu_new(uint32_t device, struct round_gpu **ret, const char **ret_why) {
+	struct round_gpu *g;
+	CUresult cr;
+	int r;
+
+	g = calloc(1, sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	g->ctx = backend_cuda_context(device);
+	r = cuda_dl_load(&g->cu, ret_why);
+	if (r < 0 || !g->ctx) {
+		if (!g->ctx && ret_why)
+			*ret_why = "not a device of the cuda backend";
+		free(g);
+		return -ENODEV;
+	}
+	r = use(g);
+	if (r >= 0) {
+		cr = g->cu->cuStreamCreate(&g->stream, CU_STREAM_NON_BLOCKING);
+		r = cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "cuStreamCreate");
+	}
+	if (r >= 0) {
+		r = kvd_cuda_kernels_new(g->cu, &g->k);
+		if (r < 0 && ret_why)
+			*ret_why = r == -ENODEV ? "the kernels have no code for this GPU"
+			                        : "the kernels did not load";
+	}
+	if (r < 0) {
+		round_gpu_free(g);
+		return r;
+	}
+	*ret = g;
+	return 0;
+}
+
+struct round_gpu *round_gpu_free(struct round_gpu *g) {
+	if (!g)
+		return NULL;
+	if (use(g) >= 0) {
+		struct dbuf *all[] = { &g->k_buf, &g->v_buf, &g->q, &g->gram, &g->scratch, &g->scores };
+
+		for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+			if (all[i]->p)
+				(void)g->cu->cuMemFree(all[i]->p);
+		g->k = kvd_cuda_kernels_free(g->k);
+		if (g->stream)
+			(void)g->cu->cuStreamDestroy(g->stream);
+	}
+	free(g);
+	return NULL;
+}
+
+int round_gpu_kv(struct round_gpu *g, uint64_t bytes, uint8_t **ret_k, uint8_t **ret_v) {
+	int r = use(g);
+
+	if (r >= 0)
+		r = dbuf_fit(g, &g->k_buf, bytes);
+	if (r >= 0)
+		r = dbuf_fit(g, &g->v_buf, bytes);
+	if (r < 0)
+		return r;
+	*ret_k = (uint8_t *)(uintptr_t)g->k_buf.p;
+	*ret_v = (uint8_t *)(uintptr_t)g->v_buf.p;
+	return 0;
+}
+
+int round_gpu_copy_rows(struct round_gpu *g, uint8_t *dst, uint64_t dst_pitch, const uint8_t *src,
+                        uint64_t src_pitch, uint64_t width, uint64_t rows) {
+	CUDA_MEMCPY2D m = {
+		.srcMemoryType = CU_MEMORYTYPE_DEVICE,
+		.srcDevice = (CUdeviceptr)(uintptr_t)src,
+		.srcPitch = src_pitch,
+		.dstMemoryType = CU_MEMORYTYPE_DEVICE,
+		.dstDevice = (CUdeviceptr)(uintptr_t)dst,
+		.dstPitch = dst_pitch,
+		.WidthInBytes = width,
+		.Height = rows,
+	};
+	int r = use(g);
+	CUresult cr;
+
+	if (r < 0)
+		return r;
+	/* On the rounds' stream: the scoring that reads it comes after on the same stream. */
+	cr = g->cu->cuMemcpy2DAsync(&m, g->stream);
+	return cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "cuMemcpy2DAsync");
+}
+
+int round_gpu_score_layer(void *userdata, const struct kvd_attn_in *in, const float *gram,
+                          const float *gram_group, const struct kvd_score_params *sp,
+                          float *scores) {
+	struct round_gpu *g = userdata;
+	struct kvd_attn_in din = *in;
+	uint64_t q_bytes = (uint64_t)in->heads * in->window * in->dim * kvd_dtype_size(in->dtype);
+	uint64_t gram_bytes = gram ? (uint64_t)in->heads * in->dim * in->dim * sizeof(float) : 0;
+	uint64_t score_bytes = (uint64_t)kvd_score_rows(sp, in) * (in->len - in->window) * sizeof(float);
+	int r;
+	CUresult cr;
+
+	if (gram_group)
+		return -EINVAL;
+	r = use(g);
+	if (r >= 0)
+		r = dbuf_fit(g, &g->q, q_bytes);
+	if (r >= 0 && gram)
+		r = dbuf_fit(g, &g->gram, gram_bytes);
+	if (r >= 0)
+		r = dbuf_fit(g, &g->scratch, kvd_cuda_score_layer_scratch_bytes(in, sp));
+	if (r >= 0)
+		r = dbuf_fit(g, &g->scores, score_bytes);
+	if (r < 0)
+		return r;
+	/* The queries are contiguous [H][w][d] (round.c): one upload, the strides kept. */
+	cr = g->cu->cuMemcpyHtoDAsync(g->q.p, in->q, q_bytes, g->stream);
+	if (cr == CUDA_SUCCESS && gram)
+		cr = g->cu->cuMemcpyHtoDAsync(g->gram.p, gram, gram_bytes, g->stream);
+	if (cr != CUDA_SUCCESS)
+		return cu_errno(cr, "cuMemcpyHtoDAsync");
+	din.q = (const void *)(uintptr_t)g->q.p;
+	r = kvd_cuda_score_layer(g->k, &din, gram ? (const float *)(uintptr_t)g->gram.p : NULL, NULL,
+	                         sp, (void *)(uintptr_t)g->scratch.p,
+	                         (float *)(uintptr_t)g->scores.p, g->stream);
+	if (r < 0)
+		return r;
+	cr = g->cu->cuMemcpyDtoHAsync(scores, g->scores.p, score_bytes, g->stream);
+	if (cr == CUDA_SUCCESS)
+		cr = g->cu->cuStreamSynchronize(g->stream);
+	return cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "scores back to the host");
+}
