@@ -155,19 +155,23 @@ void client_cuda_unmap(struct client_cuda *cc, void *addr, uint64_t bytes) {
 
 int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len) {
 	const struct cuda_dl *cu;
+	CUresult (*get_current)(CUcontext *);
 	CUcontext ctx = NULL;
+	bool current;
 	CUdevice dev;
 	CUuuid u;
 	void *h;
 
-	/* Only a process that uses CUDA already has a current device: libkvd does not load
-	 * (and initialise) the driver to find out. */
+	/* Only a process that uses CUDA already has a current device: libkvd neither loads
+	 * nor initialises the driver to find out. A driver loaded but not initialised
+	 * answers CUDA_ERROR_NOT_INITIALIZED: no device either. */
 	h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
 	if (!h)
 		return -ENODEV;
+	get_current = (CUresult(*)(CUcontext *))dlsym(h, "cuCtxGetCurrent");
+	current = get_current && get_current(&ctx) == CUDA_SUCCESS && ctx;
 	dlclose(h);
-	if (uuid_len != sizeof(u.bytes) || cuda_dl_load(&cu, NULL) < 0 ||
-	    cu->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
+	if (!current || uuid_len != sizeof(u.bytes) || cuda_dl_load(&cu, NULL) < 0 ||
 	    cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS || cu->cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS)
 		return -ENODEV;
 	memcpy(uuid, u.bytes, sizeof(u.bytes));

@@ -154,11 +154,14 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, uint32_t d
 }
 
 int seq_compact(struct seq *s, struct pool *p, const struct compact_drop *drops, uint32_t n_drops,
-                float *const *side, struct seq_emptied *emptied, uint64_t *ret_freed_blocks) {
+                float *const *side, struct seq_emptied *emptied, uint64_t *ret_freed_blocks,
+                int *ret_copy_error) {
 	struct kvd_seq_desc *d = s->desc;
 	uint64_t freed = 0;
 	int r, copy_error = 0;
 
+	if (ret_copy_error)
+		*ret_copy_error = 0;
 	if (n_drops == 0) {
 		if (ret_freed_blocks)
 			*ret_freed_blocks = 0;
@@ -176,7 +179,9 @@ int seq_compact(struct seq *s, struct pool *p, const struct compact_drop *drops,
 	s->epoch++;
 	if (ret_freed_blocks)
 		*ret_freed_blocks = freed;
-	return copy_error;
+	if (ret_copy_error)
+		*ret_copy_error = copy_error;
+	return 0;
 }
 
 /* Where a block of a movable sequence is listed: seqs[seq]'s table `table`, entry `entry`. */
@@ -357,6 +362,7 @@ int compact_chunks(struct pool *p, struct tenant *t, struct seq *const *seqs, ui
 				/* The block stays where it is (the source chunk is then not
 				 * emptied); only a failing device copies nothing. */
 				block_free(p, to, emptied);
+				moved--;
 				continue;
 			}
 			received[to.chunk_id] = true;

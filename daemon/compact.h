@@ -37,12 +37,14 @@ struct compact_drop {
  * empties are added to *emptied. *ret_freed_blocks (may be NULL) receives the number of
  * blocks freed. With n_drops > 0, one generation step and one s->epoch bump; n_drops 0
  * changes nothing. Returns 0, or, before changing anything, -EINVAL (a table out of range
- * or named twice, slots not strictly ascending or not below the table's tokens), -ENOMEM;
- * or, after the tables changed, the backend's -errno of a K/V copy that failed (only a
- * failing device does that: the sequence's K/V are then not to be trusted).
+ * or named twice, slots not strictly ascending or not below the table's tokens), -ENOMEM.
+ * A K/V copy that failed (only a failing device does that) does not stop the pass, which
+ * keeps the tables consistent: its -errno goes to *ret_copy_error (may be NULL; 0 when
+ * every copy succeeded), and the sequence's K/V are then not to be trusted.
  */
 int seq_compact(struct seq *s, struct pool *p, const struct compact_drop *drops, uint32_t n_drops,
-                float *const *side, struct seq_emptied *emptied, uint64_t *ret_freed_blocks);
+                float *const *side, struct seq_emptied *emptied, uint64_t *ret_freed_blocks,
+                int *ret_copy_error);
 
 /*
  * Moves blocks of tenant t out of its chunks with the fewest used blocks into free blocks of

@@ -231,7 +231,8 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 	}
 	q->block_off[m->n_tables] = nb;
 	q->block_addr = malloc(MAX(nb, 1u) * sizeof(*q->block_addr));
-	if (!q->block_addr)
+	q->block_chunk = malloc(MAX(nb, 1u) * sizeof(*q->block_chunk));
+	if (!q->block_addr || !q->block_chunk)
 		return -ENOMEM;
 	for (uint32_t t = 0; t < m->n_tables; t++) {
 		const struct kvd_block_ref *refs = layout_blocks(d, t);
@@ -242,6 +243,7 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 			if (!a)
 				return -EFAULT;
 			q->block_addr[q->block_off[t] + b] = a;
+			q->block_chunk[q->block_off[t] + b] = refs[b].chunk_id;
 		}
 	}
 	for (uint32_t rw = 0; sq->smooth && rw < q->rows; rw++) {
@@ -390,7 +392,7 @@ static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *dro
 	_cleanup_(freep) struct compact_drop *drops = calloc(m->n_tables, sizeof(*drops));
 	uint32_t n = 0;
 	uint64_t slots = 0, blocks;
-	int k;
+	int k, copy_error;
 
 	if (!drops)
 		return -ENOMEM;
@@ -406,9 +408,13 @@ static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *dro
 		drops[n++] = (struct compact_drop){ .table = t, .n = c, .slots = drop_slots + drop_off[t] };
 		slots += c;
 	}
-	k = seq_compact(q, e->srv->pool, drops, n, q->smooth, emptied, &blocks);
+	k = seq_compact(q, e->srv->pool, drops, n, q->smooth, emptied, &blocks, &copy_error);
 	if (k < 0)
 		return k;
+	if (copy_error < 0)
+		/* The slots are dropped all the same; what survived may be wrong. */
+		log_error("sequence %llu: a K/V copy of its compaction failed: %s; its K/V are not to "
+		          "be trusted", (unsigned long long)q->id, strerror(-copy_error));
 	fold_compensation(e, q, fold, fold_count);
 	q->evicted_tokens += slots;
 	q->evicted_bytes += slots * slot_bytes(m);
@@ -729,6 +735,12 @@ static int full_device(const struct evictor *e) {
 	return p->free_list[d] ? -1 : (int)d;
 }
 
+/* pct percent of bytes, rounded down; 100 is all of it (bytes / 100 * 100 is not, and a
+ * full pool would then count as past a high watermark of 100). */
+static uint64_t watermark(uint64_t bytes, uint32_t pct) {
+	return bytes / 100 * pct + bytes % 100 * pct / 100;
+}
+
 /*
  * With several devices, the first whose own pool is used past the high watermark (the
  * watermarks apply to each device's share as to the budget), or -1; *ret_target gets the
@@ -738,8 +750,8 @@ static int full_device(const struct evictor *e) {
 static int device_over_watermark(const struct evictor *e, uint64_t *ret_target) {
 	const struct pool *p = e->srv->pool;
 	uint64_t share = (uint64_t)p->device_chunks * p->chunk_bytes;
-	uint64_t high = share / 100 * e->srv->limits.high_watermark;
-	uint64_t low = share / 100 * e->srv->limits.low_watermark;
+	uint64_t high = watermark(share, e->srv->limits.high_watermark);
+	uint64_t low = watermark(share, e->srv->limits.low_watermark);
 
 	for (uint32_t d = 0; p->n_devices > 1 && d < p->n_devices; d++) {
 		uint64_t used = (uint64_t)(p->device_chunks - p->device_free[d]) * p->chunk_bytes;
@@ -846,7 +858,7 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 					only = (int)i;
 		target = w.bytes;
 		if (target == 0) {
-			low = p->budget_bytes / 100 * s->limits.low_watermark;
+			low = watermark(p->budget_bytes, s->limits.low_watermark);
 			target = p->used_bytes > low ? p->used_bytes - low : 0;
 		}
 		e->running_request = true;
@@ -856,8 +868,8 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 	}
 	if (!evictable_exists(s))
 		return;
-	high = p->budget_bytes / 100 * s->limits.high_watermark;
-	low = p->budget_bytes / 100 * s->limits.low_watermark;
+	high = watermark(p->budget_bytes, s->limits.high_watermark);
+	low = watermark(p->budget_bytes, s->limits.low_watermark);
 	if (e->n_grants > 0)
 		why = ROUND_GRANT;
 	else if (e->budget_lowered && p->used_bytes > p->budget_bytes)

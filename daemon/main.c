@@ -157,6 +157,9 @@ int main(int argc, char *argv[]) {
 		          (unsigned long long)ops->granularity());
 		goto finish;
 	}
+	if (cfg.budget != SETTINGS_UNSET && cfg.budget > pool_bytes * n_devices)
+		log_warning("budget %llu is above the pool's %llu bytes: the pool is the budget",
+		            (unsigned long long)cfg.budget, (unsigned long long)(pool_bytes * n_devices));
 	r = pool_new(ops, n_devices, pool_bytes, cfg.chunk_size, MIN(cfg.budget, pool_bytes * n_devices),
 	             &pool);
 	if (r < 0) {

@@ -17,7 +17,8 @@ int pool_new(const struct backend_ops *ops, uint32_t n_devices, uint64_t device_
 	    chunk_bytes % gran != 0 || device_bytes < chunk_bytes)
 		return -EINVAL;
 	device_chunks = device_bytes / chunk_bytes;
-	if (device_chunks * n_devices > UINT32_MAX || budget_bytes > device_bytes * n_devices)
+	if (device_chunks * n_devices > UINT32_MAX || device_bytes > UINT64_MAX / n_devices ||
+	    budget_bytes > device_bytes * n_devices)
 		return -EINVAL;
 
 	p = calloc(1, sizeof(*p));

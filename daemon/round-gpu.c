@@ -10,6 +10,8 @@
 #include "log.h"
 #include "round-gpu.h"
 
+_Static_assert(ROUND_GPU_DIM_MAX == KVD_CUDA_DIM_MAX, "round-gpu.h's limit is the kernels'");
+
 /* A device buffer that only grows. */
 struct dbuf {
 	CUdeviceptr p;

@@ -25,6 +25,9 @@
 
 struct round_gpu;
 
+/* The largest head_dim the kernels take (KVD_CUDA_DIM_MAX): larger heads score on the CPU. */
+#define ROUND_GPU_DIM_MAX 512u
+
 #ifdef KVD_HAVE_CUDA_KERNELS
 /* Loads the kernels on device (of the cuda backend). Returns 0, -ENODEV (no code for this
  * GPU, or not the cuda backend), -ENOMEM, or the driver's -errno; *ret_why (may be NULL)

@@ -60,21 +60,26 @@ static uint64_t v_offset(const struct round_seq *q) {
 }
 
 /*
- * Copies `part` bytes at offset off of each of blocks [0, nb) into dst, back to back (block
- * b's at dst + b * part), of the last block its first `last` bytes only. Blocks that lie one
- * stride apart in a chunk (a grow's blocks usually do) go in one read_rows: on a device
- * pool, one driver call per run instead of per block. Returns 0 or the backend's -errno.
+ * Copies `part` bytes at offset off of each of the first nb blocks of table t into dst, back
+ * to back (block b's at dst + b * part), of the last block its first `last` bytes only.
+ * Blocks that lie one stride apart in one chunk (a grow's blocks usually do) go in one
+ * read_rows: on a device pool, one driver call per run instead of per block. A run never
+ * spans two chunks, even adjacent ones: each is an allocation of its own. Returns 0 or the
+ * backend's -errno.
  */
 static int read_blocks(const struct round *r, const struct round_seq *q, struct round_gpu *gpu,
-                       const uint8_t *const *blocks, uint32_t nb, uint64_t off, uint64_t part,
-                       uint64_t last, uint8_t *dst) {
+                       uint32_t t, uint32_t nb, uint64_t off, uint64_t part, uint64_t last,
+                       uint8_t *dst) {
+	const uint8_t *const *blocks = q->block_addr + q->block_off[t];
+	const uint32_t *chunk = q->block_chunk + q->block_off[t];
+
 	for (uint32_t b = 0, run; b < nb; b += run) {
 		uint8_t *to = dst + (uint64_t)b * part;
 		int e;
 
 		/* The last block (maybe partial) goes alone. */
 		run = 1;
-		while (b + run < nb - 1 &&
+		while (b + run < nb - 1 && chunk[b + run] == chunk[b] &&
 		       blocks[b + run] == blocks[b] + (uint64_t)run * q->block_stride)
 			run++;
 		/* With gpu, dst is a device buffer the copies stay on the device for. */
@@ -101,11 +106,10 @@ static int gather(const struct round *r, const struct round_seq *q, struct round
 	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
 	uint64_t head_off = q->layout == KVD_LAYOUT_PER_HEAD ? 0 : (uint64_t)kh * bt * row;
 	uint64_t last = (uint64_t)(n - (nb - 1) * bt) * row;
-	const uint8_t *const *blocks = q->block_addr + q->block_off[t];
 	int e;
 
-	e = read_blocks(r, q, gpu, blocks, nb, head_off, bt * row, last, k);
-	return e < 0 ? e : read_blocks(r, q, gpu, blocks, nb, v_offset(q) + head_off, bt * row, last, v);
+	e = read_blocks(r, q, gpu, t, nb, head_off, bt * row, last, k);
+	return e < 0 ? e : read_blocks(r, q, gpu, t, nb, v_offset(q) + head_off, bt * row, last, v);
 }
 
 /* Copies the index keys of slots [0, n) (n > 0) of table t into ik, contiguous. Returns 0
@@ -115,7 +119,7 @@ static int gather_index(const struct round *r, const struct round_seq *q, uint32
 	uint32_t bt = q->block_tokens, nb = DIV_ROUND_UP(n, bt);
 	uint64_t row = (uint64_t)q->index_dim * layout_dtype_bytes(q->dtype);
 
-	return read_blocks(r, q, NULL, q->block_addr + q->block_off[t], nb, q->index_offset, bt * row,
+	return read_blocks(r, q, NULL, t, nb, q->index_offset, bt * row,
 	                   (uint64_t)(n - (nb - 1) * bt) * row, ik);
 }
 
@@ -126,41 +130,25 @@ struct scratch {
 };
 
 /*
- * Scores kv heads [kh0, kh0 + nkv) of layer l (their tables all hold the same slots when
- * nkv > 1) and folds the costs into the rows' S. Returns 0 or a negative errno.
+ * The costs of kv heads [kh0, kh0 + nkv) of layer l over its first L slots into
+ * sc->scores, by policy: with gpu on that GPU (round-gpu.h), the K/V gathered there, else
+ * on the CPU. Returns 0 or a negative errno.
  */
-static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_t kh0, uint32_t nkv,
-                       float share, struct scratch *sc) {
-	const struct round_tenant *rt = &r->tenants[q->tenant];
+static int layer_scores(struct round *r, struct round_seq *q, uint32_t l, uint32_t kh0, uint32_t nkv,
+                        int policy, uint32_t L, struct round_gpu *gpu, struct scratch *sc) {
 	uint32_t t0 = table_of(q, l, kh0), g = q->q_heads / q->kv_heads, w = q->window;
-	uint32_t n = q->tokens[t0], end = q->window_end[t0];
 	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
+	uint8_t *kb = sc->k, *vb = sc->v;
 	struct kvd_policy_params p;
 	struct kvd_attn_in in;
-	int policy = rt->policy;
-	uint32_t L, prefix;
-	struct round_gpu *gpu;
-	uint8_t *kb = sc->k, *vb = sc->v;
 	const float *gram;
 	int k;
 
-	if (policy == KVD_POLICY_INDEXMEM && q->index_dim == 0)
-		/* A model registered without an indexer has no index keys: the default ranks. */
-		policy = KVD_POLICY_KVD;
-	if (end > w) {
-		L = end;
-	} else {
-		/* No window for this layer: recency ranks it, over everything resident. */
-		policy = KVD_POLICY_STREAMINGLLM;
-		L = n;
+	if (gpu) {
+		k = round_gpu_kv(gpu, (uint64_t)nkv * L * row, &kb, &vb);
+		if (k < 0)
+			return k;
 	}
-	if (L <= w)
-		return 0;
-	prefix = L - w;
-	/* The GPU scores where it can: then the K/V stay on the device. */
-	gpu = r->gpu && kvd_policy_scores_via_layer(policy) ? r->gpu[q->device] : NULL;
-	if (gpu && round_gpu_kv(gpu, (uint64_t)nkv * L * row, &kb, &vb) < 0)
-		gpu = NULL, kb = sc->k, vb = sc->v;
 	for (uint32_t j = 0; j < nkv; j++) {
 		k = gather(r, q, gpu, l, kh0 + j, L, kb + (uint64_t)j * L * row,
 		           vb + (uint64_t)j * L * row);
@@ -184,7 +172,7 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	kvd_policy_params_default(policy, &p);
 	/* What the adaptive pooling expects to keep: half the prefix, since a round's
 	 * outcome for this layer is not known before the global selection. */
-	p.capacity = w + (prefix + 1) / 2;
+	p.capacity = w + (L - w + 1) / 2;
 	p.laprox_joint = 0;
 	p.layer = l;
 	p.n_layers = q->layers;
@@ -208,8 +196,41 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	}
 	gram = q->grams && q->grams[l] ? q->grams[l]->g + (uint64_t)kh0 * g * q->head_dim * q->head_dim
 	                               : NULL;
-	k = gpu ? kvd_policy_scores_via(&p, &in, gram, NULL, round_gpu_score_layer, gpu, sc->scores)
-	        : kvd_policy_scores(&p, &in, gram, NULL, sc->scores);
+	return gpu ? kvd_policy_scores_via(&p, &in, gram, NULL, round_gpu_score_layer, gpu, sc->scores)
+	           : kvd_policy_scores(&p, &in, gram, NULL, sc->scores);
+}
+
+/*
+ * Scores kv heads [kh0, kh0 + nkv) of layer l (their tables all hold the same slots when
+ * nkv > 1) and folds the costs into the rows' S. Returns 0 or a negative errno.
+ */
+static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_t kh0, uint32_t nkv,
+                       float share, struct scratch *sc) {
+	uint32_t t0 = table_of(q, l, kh0), w = q->window;
+	uint32_t n = q->tokens[t0], end = q->window_end[t0];
+	int policy = r->tenants[q->tenant].policy, k = -ENODEV;
+	uint32_t L, prefix;
+
+	if (policy == KVD_POLICY_INDEXMEM && q->index_dim == 0)
+		/* A model registered without an indexer has no index keys: the default ranks. */
+		policy = KVD_POLICY_KVD;
+	if (end > w) {
+		L = end;
+	} else {
+		/* No window for this layer: recency ranks it, over everything resident. */
+		policy = KVD_POLICY_STREAMINGLLM;
+		L = n;
+	}
+	if (L <= w)
+		return 0;
+	prefix = L - w;
+	/* The GPU scores where it can, the K/V staying there; where it cannot (its memory, a
+	 * limit of its kernels), the CPU scores the layer. */
+	if (r->gpu && r->gpu[q->device] && kvd_policy_scores_via_layer(policy) &&
+	    q->head_dim <= ROUND_GPU_DIM_MAX)
+		k = layer_scores(r, q, l, kh0, nkv, policy, L, r->gpu[q->device], sc);
+	if (k < 0)
+		k = layer_scores(r, q, l, kh0, nkv, policy, L, NULL, sc);
 	if (k < 0)
 		return k;
 
@@ -645,12 +666,18 @@ static int fold_seq(const struct round *r, struct round_seq *q) {
 			uint64_t head_off = q->layout == KVD_LAYOUT_PER_HEAD ? 0 : (uint64_t)j * bt * row;
 			int e = 0;
 
-			for (uint32_t i = 0; i < n && e >= 0; i++) {
-				const uint8_t *b = blocks[slots[i] / bt] + head_off + (slots[i] % bt) * row;
+			for (uint32_t i = 0, m; i < n && e >= 0; i += m) {
+				uint32_t s0 = slots[i];
+				const uint8_t *b = blocks[s0 / bt] + head_off + (s0 % bt) * row;
 
-				e = r->mem->read(q->device, b, k + i * row, row);
+				/* Dropped slots side by side in one block: one read of their rows
+				 * (on a device pool, one driver call). */
+				for (m = 1; i + m < n && slots[i + m] == s0 + m && (s0 + m) % bt != 0; m++)
+					;
+				e = r->mem->read(q->device, b, k + (uint64_t)i * row, m * row);
 				if (e >= 0)
-					e = r->mem->read(q->device, b + v_offset(q), v + i * row, row);
+					e = r->mem->read(q->device, b + v_offset(q), v + (uint64_t)i * row,
+					                 m * row);
 			}
 			if (e >= 0)
 				e = compensate_batch(q->compensation, k, v, q->dtype, n, d,
@@ -733,6 +760,7 @@ static void round_seq_done(struct round_seq *q) {
 	free(q->window_end);
 	free(q->block_off);
 	free(q->block_addr);
+	free(q->block_chunk);
 	obs_unref(q->obs);
 	if (q->grams) {
 		for (uint32_t l = 0; l < q->layers; l++)

@@ -92,6 +92,7 @@ struct round_seq {
 	uint32_t *tokens, *sink_slots, *window_end;
 	uint64_t *block_off;
 	const uint8_t **block_addr;
+	uint32_t *block_chunk;        /* each block's chunk, alongside block_addr */
 	struct obs *obs;              /* a reference; NULL when the model has no eviction */
 	struct gram_layer **grams;    /* [layers], references or NULL */
 	/* With moments: per (layer, kv head), the summary's key mean ([head_dim] each) and

@@ -777,10 +777,12 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 	int chunk = settings_index("chunk-size"), pool = settings_index("pool-size");
 	int budget = settings_index("budget");
 	uint64_t granularity = ops ? ops->granularity() : 4096;
-	/* A pool sized from free GPU memory, or spread over several GPUs (pool-size each), is
-	 * only known at start, where the budget is capped to it and a reload checks against
-	 * it (admin.c). */
-	bool pool_known = s->pool_percent == 0 && s->backend != SETTINGS_BACKEND_CUDA;
+	/* A pool sized from free GPU memory, or spread over several GPUs (pool-size each: cuda,
+	 * or auto where kvd has the cuda backend), is only known at start, where the budget is
+	 * capped to it and a reload checks against it (admin.c). */
+	bool pool_known = s->pool_percent == 0 &&
+	                  (s->backend == SETTINGS_BACKEND_HOST ||
+	                   (s->backend == SETTINGS_BACKEND_AUTO && !backend_find("cuda")));
 	char b[32];
 
 	if (s->chunk_size % granularity != 0 || s->chunk_size < CHUNK_SIZE_MIN)

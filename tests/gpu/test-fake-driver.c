@@ -167,8 +167,9 @@ static bool daemon_sees_write(const struct cuda_dl *cu, kvd_seq *s, int device) 
  * device's chunks come back to that device's free list only.
  */
 TEST(every_device_pooled) {
+	/* A budget above pool-size: the pool is pool-size on each GPU. */
 	static const char *const args[] = { "--backend=cuda", "--chunk-size=4MiB", "--pool-size=32MiB",
-		                            NULL };
+		                            "--budget=48MiB", NULL };
 	_cleanup_(kvd_client_unrefp) kvd_client *a = NULL, *b = NULL;
 	uint32_t ids[16], n = 0;
 	const struct cuda_dl *cu;
@@ -182,6 +183,7 @@ TEST(every_device_pooled) {
 	start(&f, "2", args);
 	ASSERT_TRUE(fixture_wait_log(&f, "backend cuda: cuda on 2 GPUs: GPU 0 (kvd fake CUDA device 0", 1));
 	ASSERT_EQ(fixture_status(&f, NULL, "pool_bytes"), 64 * MiB);
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 48 * MiB);
 
 	a = fixture_connect(&f, "a");
 	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, 1), CUDA_SUCCESS);

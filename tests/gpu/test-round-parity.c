@@ -105,8 +105,9 @@ static void run_policy(struct fixture *f, kvd_client *admin, uint32_t pi, struct
 	ASSERT_OK(kvd_seq_release(s));
 }
 
-/* Every policy on daemon `daemon`, host or cuda backend. */
-static void run(const char *daemon, bool cuda, struct kept *out) {
+/* Every policy on daemon `daemon`, host or cuda backend; with cuda, the daemon's log must
+ * say where rounds score (`scored`: its first line naming GPU 0's choice). */
+static void run(const char *daemon, bool cuda, const char *scored, struct kept *out) {
 	static const char *const args[] = { "--pool-size=64MiB", "--chunk-size=2MiB", NULL };
 	_cleanup_(kvd_client_unrefp) kvd_client *admin = NULL;
 	char config[512];
@@ -121,12 +122,15 @@ static void run(const char *daemon, bool cuda, struct kept *out) {
 		setenv("KVD_TEST_BACKEND", "cuda", 1);
 	else
 		unsetenv("KVD_TEST_BACKEND");
-	fixture_setup(&f, config, false);
+	fixture_setup(&f, config, true);
 	fixture_launch(&f, args);
 	admin = fixture_connect(&f, NULL);
 	for (uint32_t i = 0; i < N_POLICIES; i++)
 		run_policy(&f, admin, i, out);
 	admin = kvd_client_unref(admin);
+	/* Otherwise a path that fell back would compare the CPU with itself. */
+	if (scored && fixture_log_count(&f, scored) != 1)
+		test_fail(__FILE__, __LINE__, "the daemon's log does not say \"%s\"", scored);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
@@ -152,9 +156,9 @@ TEST(same_tokens_on_every_path) {
 		test_fail(__FILE__, __LINE__, "KVD_DAEMON_PLAIN and KVD_DAEMON_GPU are not set "
 		          "(run the test through meson)");
 	ASSERT_TRUE(host && copied && scored);
-	run(plain, false, host);
-	run(plain, true, copied);
-	run(gpu, true, scored);
+	run(plain, false, NULL, host);
+	run(plain, true, "GPU 0: rounds score on the CPU, with the K/V copied there", copied);
+	run(gpu, true, "GPU 0: rounds score restkv, laprox and kvd there", scored);
 	assert_same(host, copied, "cuda, scored on the CPU");
 	assert_same(host, scored, "cuda, scored on the GPU");
 }

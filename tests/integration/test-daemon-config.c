@@ -144,7 +144,7 @@ TEST(check_config) {
 	fclose(file);
 
 	/* The flags are checked with the file: a budget above the file's pool. */
-	snprintf(args, sizeof(args), "--check-config %s --budget 32MiB", path);
+	snprintf(args, sizeof(args), "--check-config %s --backend host --budget 32MiB", path);
 	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
 	assert_contains(out, "--budget must be at most pool-size (16.0 MiB)");
 

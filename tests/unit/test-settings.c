@@ -241,7 +241,9 @@ TEST(checks_across_values) {
 	struct inifile_errors e = {};
 	struct settings s;
 
+	/* On host: the pool is pool-size (a cuda pool is pool-size on each GPU). */
 	write_config("[kvd]\n"
+	             "backend = host\n"
 	             "pool-size = 8MiB\n"
 	             "chunk-size = 1MiB\n"
 	             "budget = 9MiB\n"
@@ -250,10 +252,10 @@ TEST(checks_across_values) {
 	             "[tenant b]\nmin = 9MiB\n"
 	             "[tenant c]\n");
 	ASSERT_ERRNO(load(&s, &e, NULL), -EINVAL);
-	ASSERT_ERROR(&e, 4, "budget must be at most pool-size (8.0 MiB)");
-	ASSERT_ERROR(&e, 7, "tenant a: min above max");
-	ASSERT_ERROR(&e, 10, "tenant b: min above pool-size");
-	ASSERT_ERROR(&e, 11, "tenant c: more tenants than max-tenants (2)");
+	ASSERT_ERROR(&e, 5, "budget must be at most pool-size (8.0 MiB)");
+	ASSERT_ERROR(&e, 8, "tenant a: min above max");
+	ASSERT_ERROR(&e, 11, "tenant b: min above pool-size");
+	ASSERT_ERROR(&e, 12, "tenant c: more tenants than max-tenants (2)");
 	ASSERT_EQ(e.n, 4u);
 	inifile_errors_done(&e);
 	settings_done(&s);
