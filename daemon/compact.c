@@ -7,6 +7,7 @@
 #include "common/layout.h"
 #include "common/macro.h"
 #include "compact.h"
+#include "round-gpu.h"
 
 static void block_free(struct pool *p, struct kvd_block_ref ref, struct seq_emptied *emptied) {
 	struct chunk *c = pool_chunk(p, ref.chunk_id);
@@ -82,6 +83,29 @@ static void run_flush(const struct kvd_seq_desc *d, const struct pool *p, uint32
 	u->n = 0;
 }
 
+/* Moves kept slots keep[0..n_keep) of blocks[0..nb) to slots 0..n_keep-1 with gpu's
+ * gather (round-gpu.h); the first failure goes to *copy_error. */
+static void device_gather(const struct kvd_seq_desc *d, struct pool *p, struct round_gpu *gpu,
+                          const struct kvd_block_ref *blocks, uint32_t nb, const uint32_t *keep,
+                          uint32_t n_keep, int *copy_error) {
+	const struct kvd_gather_table t = {
+		.block_tokens = d->block_tokens,
+		.heads = d->layout == KVD_LAYOUT_PER_HEAD ? 1 : d->kv_heads,
+		.row_bytes = layout_row_bytes(d),
+		.v_offset = layout_kv_bytes(d) / 2,
+	};
+	_cleanup_(freep) uint8_t **addr = malloc(MAX(nb, 1u) * sizeof(*addr));
+	int e = -ENOMEM;
+
+	if (addr) {
+		for (uint32_t b = 0; b < nb; b++)
+			addr[b] = pool_block_addr(p, blocks[b]);
+		e = round_gpu_gather(gpu, &t, addr, nb, keep, n_keep);
+	}
+	if (e < 0 && *copy_error == 0)
+		*copy_error = e;
+}
+
 /*
  * Compacts one table in place, in one forward pass over its blocks. A block whose slots
  * are all dropped is unlinked from the list and freed: the later blocks move up one entry,
@@ -96,7 +120,7 @@ static void run_flush(const struct kvd_seq_desc *d, const struct pool *p, uint32
  * if any, in *copy_error (the pass goes on, so that the tables stay consistent).
  */
 static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, uint32_t device,
-                              const struct compact_drop *x, float *side,
+                              struct round_gpu *gpu, const struct compact_drop *x, float *side,
                               struct seq_emptied *emptied, int *copy_error) {
 	uint32_t bt = d->block_tokens, tokens = desc_tokens(d)[x->table];
 	uint32_t nb = DIV_ROUND_UP(tokens, bt), kept = 0, w = 0, j = 0, new_nb;
@@ -104,6 +128,11 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, uint32_t d
 	struct kvd_block_ref *blocks = desc_blocks(d, x->table);
 	struct row_run run = {};
 	uint64_t freed = 0;
+	/* With gpu the pass only lists where each survivor was (keep, numbered in the
+	 * shortened list), and one gather on the device moves them all after it; index keys,
+	 * which the kernel does not move, keep the runs. */
+	_cleanup_(freep) uint32_t *keep = gpu && !d->index_dim ? malloc(tokens * sizeof(uint32_t))
+	                                                       : NULL;
 
 	if (x->n == 0)
 		return 0;
@@ -125,7 +154,9 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, uint32_t d
 				k++;
 				continue;
 			}
-			if (w != kept * bt + (r - lo)) {
+			if (keep) {
+				keep[w] = kept * bt + (r - lo);
+			} else if (w != kept * bt + (r - lo)) {
 				char *dst = pool_block_addr(p, blocks[w / bt]);
 
 				if (run.n == 0 || run.src != src || run.dst != dst ||
@@ -145,6 +176,8 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, uint32_t d
 		kept++;
 	}
 	run_flush(d, p, device, &run, copy_error);
+	if (keep)
+		device_gather(d, p, gpu, blocks, kept, keep, w, copy_error);
 	new_nb = DIV_ROUND_UP(w, bt);
 	for (uint32_t b = new_nb; b < kept; b++)
 		block_free(p, blocks[b], emptied);
@@ -153,9 +186,9 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, uint32_t d
 	return freed;
 }
 
-int seq_compact(struct seq *s, struct pool *p, const struct compact_drop *drops, uint32_t n_drops,
-                float *const *side, struct seq_emptied *emptied, uint64_t *ret_freed_blocks,
-                int *ret_copy_error) {
+int seq_compact(struct seq *s, struct pool *p, struct round_gpu *gpu, const struct compact_drop *drops,
+                uint32_t n_drops, float *const *side, struct seq_emptied *emptied,
+                uint64_t *ret_freed_blocks, int *ret_copy_error) {
 	struct kvd_seq_desc *d = s->desc;
 	uint64_t freed = 0;
 	int r, copy_error = 0;
@@ -173,8 +206,8 @@ int seq_compact(struct seq *s, struct pool *p, const struct compact_drop *drops,
 
 	desc_write_begin(d);
 	for (uint32_t i = 0; i < n_drops; i++)
-		freed += table_compact(d, p, s->device, &drops[i], side ? side[drops[i].table] : NULL,
-		                       emptied, &copy_error);
+		freed += table_compact(d, p, s->device, gpu, &drops[i],
+		                       side ? side[drops[i].table] : NULL, emptied, &copy_error);
 	desc_write_end(d);
 	s->epoch++;
 	if (ret_freed_blocks)

@@ -19,6 +19,10 @@
 #include "pool.h"
 #include "seq.h"
 
+struct round_gpu;
+
+struct round_gpu;
+
 /* The slots one table gives up, ascending and below the table's token count. */
 struct compact_drop {
 	uint32_t table;
@@ -38,13 +42,15 @@ struct compact_drop {
  * blocks freed. With n_drops > 0, one generation step and one s->epoch bump; n_drops 0
  * changes nothing. Returns 0, or, before changing anything, -EINVAL (a table out of range
  * or named twice, slots not strictly ascending or not below the table's tokens), -ENOMEM.
+ * With gpu (the rounds' GPU of s's device, round-gpu.h; NULL: none), the survivors of a
+ * table move in one device gather instead of runs of copies.
  * A K/V copy that failed (only a failing device does that) does not stop the pass, which
  * keeps the tables consistent: its -errno goes to *ret_copy_error (may be NULL; 0 when
  * every copy succeeded), and the sequence's K/V are then not to be trusted.
  */
-int seq_compact(struct seq *s, struct pool *p, const struct compact_drop *drops, uint32_t n_drops,
-                float *const *side, struct seq_emptied *emptied, uint64_t *ret_freed_blocks,
-                int *ret_copy_error);
+int seq_compact(struct seq *s, struct pool *p, struct round_gpu *gpu, const struct compact_drop *drops,
+                uint32_t n_drops, float *const *side, struct seq_emptied *emptied,
+                uint64_t *ret_freed_blocks, int *ret_copy_error);
 
 /*
  * Moves blocks of tenant t out of its chunks with the fewest used blocks into free blocks of

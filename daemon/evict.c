@@ -408,7 +408,8 @@ static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *dro
 		drops[n++] = (struct compact_drop){ .table = t, .n = c, .slots = drop_slots + drop_off[t] };
 		slots += c;
 	}
-	k = seq_compact(q, e->srv->pool, drops, n, q->smooth, emptied, &blocks, &copy_error);
+	k = seq_compact(q, e->srv->pool, e->gpu[q->device], drops, n, q->smooth, emptied, &blocks,
+	                &copy_error);
 	if (k < 0)
 		return k;
 	if (copy_error < 0)

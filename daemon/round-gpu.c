@@ -24,7 +24,14 @@ struct round_gpu {
 	CUstream stream;              /* the rounds': scrubs keep the backend's own */
 	struct kvd_cuda_kernels *k;
 	struct dbuf k_buf, v_buf, q, gram, scratch, scores;
+	/* Compaction's, on the loop's thread: a stream and buffers of its own. */
+	CUstream gather_stream;
+	struct dbuf blocks, keep, staging;
 };
+
+/* Slots staged per batch of an in-place gather (cuda-kernels.h): the more, the fewer
+ * launches; 1024 slots of the largest heads stay a few MiB. */
+#define GATHER_BATCH_SLOTS 1024u
 
 static int cu_errno(CUresult cr, const char *call) {
 	log_debug("round on the GPU: %s failed: %s", call, cuda_dl_strerror(cr));
@@ -76,6 +83,8 @@ int round_gpu_new(uint32_t device, struct round_gpu **ret, const char **ret_why)
 	r = use(g);
 	if (r >= 0) {
 		cr = g->cu->cuStreamCreate(&g->stream, CU_STREAM_NON_BLOCKING);
+		if (cr == CUDA_SUCCESS)
+			cr = g->cu->cuStreamCreate(&g->gather_stream, CU_STREAM_NON_BLOCKING);
 		r = cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "cuStreamCreate");
 	}
 	if (r >= 0) {
@@ -96,7 +105,8 @@ struct round_gpu *round_gpu_free(struct round_gpu *g) {
 	if (!g)
 		return NULL;
 	if (use(g) >= 0) {
-		struct dbuf *all[] = { &g->k_buf, &g->v_buf, &g->q, &g->gram, &g->scratch, &g->scores };
+		struct dbuf *all[] = { &g->k_buf, &g->v_buf, &g->q, &g->gram, &g->scratch, &g->scores,
+			               &g->blocks, &g->keep, &g->staging };
 
 		for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
 			if (all[i]->p)
@@ -104,6 +114,8 @@ struct round_gpu *round_gpu_free(struct round_gpu *g) {
 		g->k = kvd_cuda_kernels_free(g->k);
 		if (g->stream)
 			(void)g->cu->cuStreamDestroy(g->stream);
+		if (g->gather_stream)
+			(void)g->cu->cuStreamDestroy(g->gather_stream);
 	}
 	free(g);
 	return NULL;
@@ -143,6 +155,38 @@ int round_gpu_copy_rows(struct round_gpu *g, uint8_t *dst, uint64_t dst_pitch, c
 	/* On the rounds' stream: the scoring that reads it comes after on the same stream. */
 	cr = g->cu->cuMemcpy2DAsync(&m, g->stream);
 	return cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "cuMemcpy2DAsync");
+}
+
+int round_gpu_gather(struct round_gpu *g, const struct kvd_gather_table *t,
+                     uint8_t *const *blocks, uint32_t nb, const uint32_t *keep, uint32_t n_keep) {
+	uint64_t staging = kvd_cuda_gather_slot_bytes(t) * GATHER_BATCH_SLOTS;
+	int r = use(g);
+	CUresult cr;
+
+	if (r >= 0)
+		r = dbuf_fit(g, &g->blocks, (uint64_t)nb * sizeof(uint64_t));
+	if (r >= 0)
+		r = dbuf_fit(g, &g->keep, (uint64_t)n_keep * sizeof(uint32_t));
+	if (r >= 0)
+		r = dbuf_fit(g, &g->staging, staging);
+	if (r < 0)
+		return r;
+	/* Device addresses are 64-bit: the block list goes up as it is. */
+	_Static_assert(sizeof(*blocks) == sizeof(uint64_t), "64-bit device pointers");
+	cr = g->cu->cuMemcpyHtoDAsync(g->blocks.p, blocks, (uint64_t)nb * sizeof(uint64_t),
+	                              g->gather_stream);
+	if (cr == CUDA_SUCCESS)
+		cr = g->cu->cuMemcpyHtoDAsync(g->keep.p, keep, (uint64_t)n_keep * sizeof(uint32_t),
+		                              g->gather_stream);
+	if (cr != CUDA_SUCCESS)
+		return cu_errno(cr, "cuMemcpyHtoDAsync");
+	r = kvd_cuda_gather(g->k, t, (const uint64_t *)(uintptr_t)g->blocks.p, NULL,
+	                    (const uint32_t *)(uintptr_t)g->keep.p, n_keep,
+	                    (void *)(uintptr_t)g->staging.p, staging, g->gather_stream);
+	if (r < 0)
+		return r;
+	cr = g->cu->cuStreamSynchronize(g->gather_stream);
+	return cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "cuStreamSynchronize");
 }
 
 int round_gpu_score_layer(void *userdata, const struct kvd_attn_in *in, const float *gram,

@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <stdint.h>
 
+#include "gather.h"
 #include "policy.h"
 
 struct round_gpu;
@@ -43,6 +44,16 @@ int round_gpu_kv(struct round_gpu *g, uint64_t bytes, uint8_t **ret_k, uint8_t *
  * round_gpu_kv() buffer, rows dst_pitch apart), on the device. Returns 0 or -errno. */
 int round_gpu_copy_rows(struct round_gpu *g, uint8_t *dst, uint64_t dst_pitch, const uint8_t *src,
                         uint64_t src_pitch, uint64_t width, uint64_t rows);
+
+/*
+ * Compaction's gather on the device (gather.h, in place): kept slots keep[0..n_keep) of the
+ * table whose blocks are blocks[0..nb) (pool addresses on g's device) go to slots
+ * 0..n_keep-1, with one kernel launch; synchronous. Has buffers and a stream of its own, so
+ * that it may run on the loop's thread while a round scores on its worker. Returns 0, or
+ * -errno (nothing is known to have moved then).
+ */
+int round_gpu_gather(struct round_gpu *g, const struct kvd_gather_table *t,
+                     uint8_t *const *blocks, uint32_t nb, const uint32_t *keep, uint32_t n_keep);
 
 /* A kvd_score_layer_fn (policy.h) for kvd_policy_scores_via(), userdata g: in's K and V are
  * round_gpu_kv() buffers, its queries, gram and the scores host memory. gram_group must be
@@ -70,6 +81,12 @@ static inline int round_gpu_copy_rows(struct round_gpu *g, uint8_t *dst, uint64_
                                       const uint8_t *src, uint64_t src_pitch, uint64_t width,
                                       uint64_t rows) {
 	(void)g, (void)dst, (void)dst_pitch, (void)src, (void)src_pitch, (void)width, (void)rows;
+	return -EOPNOTSUPP;
+}
+static inline int round_gpu_gather(struct round_gpu *g, const struct kvd_gather_table *t,
+                                   uint8_t *const *blocks, uint32_t nb, const uint32_t *keep,
+                                   uint32_t n_keep) {
+	(void)g, (void)t, (void)blocks, (void)nb, (void)keep, (void)n_keep;
 	return -EOPNOTSUPP;
 }
 static inline int round_gpu_score_layer(void *g, const struct kvd_attn_in *in, const float *gram,

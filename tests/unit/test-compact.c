@@ -283,7 +283,8 @@ static uint64_t tseq_compact(struct fixture *f, struct tseq *q, const struct com
 	uint64_t block_bytes = f->p->block_bytes;
 	int copy_error = -1;
 
-	ASSERT_OK(seq_compact(q->s, f->p, drops, n_drops, q->side, &f->emptied, &freed, &copy_error));
+	ASSERT_OK(seq_compact(q->s, f->p, NULL, drops, n_drops, q->side, &f->emptied, &freed,
+	                      &copy_error));
 	ASSERT_EQ(copy_error, 0);
 	ASSERT_EQ(q->s->desc->generation, gen + 2);
 	ASSERT_EQ(q->s->epoch, epoch + 1);
@@ -478,7 +479,8 @@ TEST(compact_refuses_bad_drops) {
 	bytes = f.p->block_bytes;
 
 	for (uint32_t i = 0; i < ELEMENTSOF(bad); i++) {
-		ASSERT_ERRNO(seq_compact(q.s, f.p, bad[i], n_bad[i], q.side, &f.emptied, &freed, NULL),
+		ASSERT_ERRNO(seq_compact(q.s, f.p, NULL, bad[i], n_bad[i], q.side, &f.emptied, &freed,
+		                         NULL),
 		             -EINVAL);
 		ASSERT_EQ(freed, 77u);
 		ASSERT_EQ(q.s->epoch, 0u);
@@ -489,7 +491,7 @@ TEST(compact_refuses_bad_drops) {
 		ASSERT_EQ(digest2, digest);
 	}
 	/* Nothing to drop: nothing changes, not even the generation. */
-	ASSERT_OK(seq_compact(q.s, f.p, NULL, 0, NULL, &f.emptied, &freed, NULL));
+	ASSERT_OK(seq_compact(q.s, f.p, NULL, NULL, 0, NULL, &f.emptied, &freed, NULL));
 	ASSERT_EQ(freed, 0u);
 	ASSERT_EQ(q.s->epoch, 0u);
 	ASSERT_TRUE(!memcmp(copy, q.s->desc, q.s->desc->total_bytes));
