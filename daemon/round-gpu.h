@@ -7,7 +7,8 @@
  * and V are gathered on the device that holds the sequence (device-to-device copies of its
  * block runs, round.c), its window queries and Gram matrices are uploaded, the pipeline runs
  * as kvd_cuda_score_layer() (kernels/cuda-kernels.h) on a stream of the rounds', and only
- * the scores come back to the CPU, which selects, smooths and compacts as on any pool.
+ * the scores come back to the CPU, which selects and smooths as on any pool; compaction
+ * then moves each table's survivors with one gather on the device (round_gpu_gather()).
  * Other policies, and devices whose kernels do not load, copy the K/V to the CPU instead
  * (backend.h read_rows). UNVERIFIED on a GPU: tested with the CPU stand-ins of the kernels
  * under the fake driver (tests/gpu/meson.build, kvd-hostkernels).
