@@ -334,6 +334,51 @@ fail:
 	return r;
 }
 
+static int cuda_chunk_adopt(uint32_t id, uint32_t device, int fd, uint64_t bytes,
+                            struct backend_chunk *ret) {
+	struct backend_chunk c = { .fd = -EBADF, .bytes = bytes, .device = device };
+	CUmemGenericAllocationHandle h;
+	CUdeviceptr va = 0;
+	CUresult cr;
+	int r;
+
+	r = use(device);
+	if (r < 0)
+		return r;
+	/* The allocation outlived the daemon that made it: the fd store's fd, and the
+	 * engines' mappings, hold it. The POSIX fd goes by value, cast to a pointer. */
+	cr = cuda.cu->cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+	                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	if (cr != CUDA_SUCCESS)
+		return cr == CUDA_ERROR_INVALID_VALUE ? -EINVAL : cu_fail(cr, "cuMemImportFromShareableHandle");
+	c.handle = (uint64_t)h;
+	cr = cuda.cu->cuMemAddressReserve(&va, bytes, cuda.d[device].info.granularity, 0, 0);
+	if (cr != CUDA_SUCCESS) {
+		r = cu_fail(cr, "cuMemAddressReserve");
+		goto fail;
+	}
+	/* A size that is not the allocation's is refused here: not one of ours. */
+	cr = cuda.cu->cuMemMap(va, bytes, 0, h, 0);
+	if (cr != CUDA_SUCCESS) {
+		cuda.cu->cuMemAddressFree(va, bytes);
+		r = cr == CUDA_ERROR_INVALID_VALUE ? -EINVAL : cu_fail(cr, "cuMemMap");
+		goto fail;
+	}
+	c.addr = (void *)(uintptr_t)va;
+	cr = cuda.cu->cuMemSetAccess(va, bytes, &cuda.d[device].access, 1);
+	if (cr != CUDA_SUCCESS) {
+		r = cu_fail(cr, "cuMemSetAccess");
+		goto fail;
+	}
+	log_debug("cuda: chunk %u adopted on GPU %d at device address 0x%llx", id,
+	          cuda.d[device].info.ordinal, (unsigned long long)va);
+	*ret = c;
+	return 0;
+fail:
+	cuda_chunk_destroy(&c);
+	return r;
+}
+
 static int cuda_chunk_scrub(struct backend_chunk *c) {
 	int r = use(c->device);
 
@@ -424,6 +469,7 @@ const struct backend_ops backend_cuda_ops = {
 	.host_access = false,
 	.granularity = cuda_granularity,
 	.chunk_create = cuda_chunk_create,
+	.chunk_adopt = cuda_chunk_adopt,
 	.chunk_scrub = cuda_chunk_scrub,
 	.read = cuda_read,
 	.read_rows = cuda_read_rows,

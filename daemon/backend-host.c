@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -41,6 +42,25 @@ static int host_chunk_create(uint32_t id, uint32_t device, uint64_t bytes,
 	ret->addr = addr;
 	ret->device = device;
 	ret->bytes = bytes;
+	return 0;
+}
+
+static int host_chunk_adopt(uint32_t id, uint32_t device, int fd, uint64_t bytes,
+                            struct backend_chunk *ret) {
+	int seals = fcntl(fd, F_GET_SEALS);
+	struct stat st;
+	void *addr;
+
+	(void)id;
+	/* A memfd sealed against resizing, of exactly the chunk size: what chunk_create made.
+	 * Anything else could shrink under the daemon's mapping. */
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size != bytes || seals < 0 ||
+	    (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+		return -EINVAL;
+	addr = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (addr == MAP_FAILED)
+		return negative_errno();
+	*ret = (struct backend_chunk){ .fd = -EBADF, .addr = addr, .bytes = bytes, .device = device };
 	return 0;
 }
 
@@ -94,6 +114,7 @@ const struct backend_ops backend_host_ops = {
 	.host_access = true,
 	.granularity = host_granularity,
 	.chunk_create = host_chunk_create,
+	.chunk_adopt = host_chunk_adopt,
 	.chunk_scrub = host_chunk_scrub,
 	.read = host_read,
 	.read_rows = host_read_rows,

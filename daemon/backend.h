@@ -41,6 +41,14 @@ struct backend_ops {
 	/* Creates chunk `id` of `bytes` bytes on device (below backend_n_devices()),
 	 * zero-filled. */
 	int (*chunk_create)(uint32_t id, uint32_t device, uint64_t bytes, struct backend_chunk *ret);
+	/*
+	 * Takes over chunk `id` of device that an earlier life of the daemon made, from fd,
+	 * what its chunk_create exported (the fd store kept it; keep.h): maps it as
+	 * chunk_create would, contents untouched. The fd stays the caller's (ret->fd is
+	 * -EBADF). Returns 0, -EINVAL (fd is not such a chunk of bytes), or -errno.
+	 */
+	int (*chunk_adopt)(uint32_t id, uint32_t device, int fd, uint64_t bytes,
+	                   struct backend_chunk *ret);
 	/* Zeroes the chunk before it can change owner; returns 0 or -errno. */
 	int (*chunk_scrub)(struct backend_chunk *c);
 	/*

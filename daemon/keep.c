@@ -28,7 +28,7 @@
 #define FD_NAME_MAX 64
 
 #define JOURNAL_MAGIC UINT64_C(0x4c4e524a2d44564b) /* "KVD-JRNL" */
-#define JOURNAL_VERSION 1
+#define JOURNAL_VERSION 2
 #define JOURNAL_SLOTS_OFFSET 4096u
 #define JOURNAL_BYTES (JOURNAL_SLOTS_OFFSET + (uint64_t)KEEP_SLOTS * sizeof(struct keep_slot))
 
@@ -40,9 +40,16 @@ struct keep_header {
 	uint32_t n_chunks;
 	uint32_t slot_bytes;
 	uint64_t last_seq_id;         /* the server's, at the last kept open */
-	uint32_t crc;                 /* of the bytes before it */
+	/* The pool's devices in chunk order (pool.h), each one's UUID (zeros on host): the
+	 * chunks of a GPU come back on that GPU only. */
+	uint32_t n_devices;
 	uint32_t reserved;
+	uint8_t device_uuid[BACKEND_DEVICES_MAX][16];
+	uint32_t crc;                 /* of the bytes before it */
+	uint32_t reserved2;
 };
+
+_Static_assert(sizeof(struct keep_header) <= 4096, "the header fits before the slots");
 
 /* All zero when free. */
 struct keep_slot {
@@ -279,9 +286,6 @@ int keep_new(struct pool *p, uint64_t claim_ms, struct keep **ret) {
 	else if (fdstore && strcmp(fdstore, "0") == 0)
 		log_info("the service manager keeps no fds (FileDescriptorStoreMax=0): no KV is kept "
 		         "across a restart");
-	else if (p->ops != &backend_host_ops)
-		log_info("KV is kept across a restart on the host backend only, not on %s",
-		         p->ops->name);
 	else
 		k->on = true;
 	if (k->on && fdstore) {
@@ -326,7 +330,7 @@ struct keep *keep_free(struct keep *k) {
 
 /* What the restore learns about one chunk before it commits. */
 struct rchunk {
-	void *addr;                   /* the stored memfd, mapped; NULL: none */
+	struct backend_chunk mem;     /* the stored chunk, adopted (chunk_adopt); addr NULL: none */
 	struct tenant *owner;
 	uint64_t block_bytes, stride;
 	uint32_t n_blocks;
@@ -371,6 +375,23 @@ static void *map_sealed(int fd, uint64_t bytes, int prot) {
 	return p == MAP_FAILED ? NULL : p;
 }
 
+struct journal_devices {
+	uint8_t uuid[BACKEND_DEVICES_MAX][16];
+};
+
+/* The UUIDs of p's devices in chunk order, as the journal keeps them. */
+static struct journal_devices journal_devices(const struct pool *p) {
+	struct journal_devices j = {};
+
+	for (uint32_t i = 0; i < p->n_devices; i++) {
+		const struct backend_device *dev = backend_device(i);
+
+		if (dev)
+			memcpy(j.uuid[i], dev->uuid, sizeof(j.uuid[i]));
+	}
+	return j;
+}
+
 static int check_journal(struct restore *rs) {
 	struct keep_stored *st = rs->k->stored;
 	struct keep_header h;
@@ -390,6 +411,10 @@ static int check_journal(struct restore *rs) {
 	if (h.chunk_bytes != rs->k->pool->chunk_bytes || h.n_chunks != rs->k->pool->n_chunks)
 		return inconsistent(rs, "the pool changed (%" PRIu32 " chunks of %" PRIu64 " bytes "
 		                    "before)", h.n_chunks, h.chunk_bytes);
+	if (h.n_devices != rs->k->pool->n_devices ||
+	    memcmp(h.device_uuid, journal_devices(rs->k->pool).uuid, sizeof(h.device_uuid)) != 0)
+		return inconsistent(rs, "the pool's devices changed (%" PRIu32 " before, or others)",
+		                    h.n_devices);
 	return 0;
 }
 
@@ -398,11 +423,15 @@ static int map_chunks(struct restore *rs) {
 	struct pool *p = rs->k->pool;
 
 	for (uint32_t i = 0; i < p->n_chunks; i++) {
+		int r;
+
 		if (st->chunks[i] < 0)
 			continue;
-		rs->chunks[i].addr = map_sealed(st->chunks[i], p->chunk_bytes, PROT_READ | PROT_WRITE);
-		if (!rs->chunks[i].addr)
-			return inconsistent(rs, "chunk %" PRIu32 " is not a sealed memfd of the chunk size", i);
+		r = p->ops->chunk_adopt(i, p->chunks[i].mem.device, st->chunks[i], p->chunk_bytes,
+		                        &rs->chunks[i].mem);
+		if (r < 0)
+			return inconsistent(rs, "chunk %" PRIu32 " is not a %s chunk of the chunk size (%s)",
+			                    i, p->ops->name, strerror(-r));
 	}
 	return 0;
 }
@@ -496,7 +525,7 @@ static int restore_seq(struct restore *rs, uint64_t id, struct tenant *t,
 				return inconsistent(rs, "sequence %" PRIu64 ": block (%u, %u) out of range",
 				                    id, ref.chunk_id, ref.index);
 			}
-			if (!rs->chunks[ref.chunk_id].addr) {
+			if (!rs->chunks[ref.chunk_id].mem.addr) {
 				orphan_forget(q);
 				*why = "a chunk it uses is not in the fd store";
 				return 1;
@@ -617,8 +646,8 @@ static void restore_undo(struct restore *rs) {
 		orphan_forget(rs->orphans[i].seq);
 	rs->n_orphans = 0;
 	for (uint32_t i = 0; rs->chunks && i < p->n_chunks; i++) {
-		if (rs->chunks[i].addr)
-			munmap(rs->chunks[i].addr, p->chunk_bytes);
+		if (rs->chunks[i].mem.addr)
+			p->ops->chunk_destroy(&rs->chunks[i].mem);
 		free(rs->chunks[i].used);
 		rs->chunks[i] = (struct rchunk){};
 	}
@@ -661,19 +690,18 @@ static void restore_commit(struct restore *rs) {
 		struct rchunk *rc = &rs->chunks[i];
 		struct chunk *c = &p->chunks[i];
 
-		if (!rc->addr)
+		if (!rc->mem.addr)
 			continue;
 		if (!rc->owner) {
 			/* Processes of the last life may still map it: never reused. Its fd leaves
 			 * the store with the others left in st. */
-			munmap(rc->addr, p->chunk_bytes);
-			rc->addr = NULL;
+			p->ops->chunk_destroy(&rc->mem);
 			continue;
 		}
 		/* Its store entry stays: the same fd, under the same name. */
-		c->mem = (struct backend_chunk){ .fd = TAKE_FD(st->chunks[i]), .addr = rc->addr,
-			                         .bytes = p->chunk_bytes, .device = c->mem.device };
-		rc->addr = NULL;
+		c->mem = rc->mem;
+		c->mem.fd = TAKE_FD(st->chunks[i]);
+		rc->mem = (struct backend_chunk){ .fd = -EBADF };
 		pool_chunk_restore(p, c, rc->owner, rc->block_bytes, TAKE_PTR(rc->used));
 		chunks++;
 	}
@@ -731,7 +759,9 @@ static int journal_create(struct keep *k) {
 		.chunk_bytes = k->pool->chunk_bytes,
 		.n_chunks = k->pool->n_chunks,
 		.slot_bytes = sizeof(struct keep_slot),
+		.n_devices = k->pool->n_devices,
 	};
+	memcpy(j->header.device_uuid, journal_devices(k->pool).uuid, sizeof(j->header.device_uuid));
 	header_seal(&j->header);
 	r = store_push(NAME_JOURNAL, fd);
 	if (r < 0) {

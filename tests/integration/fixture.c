@@ -392,6 +392,12 @@ int raw_hello(int fd, struct wire_rx *rx, const char *tenant, uint32_t min, uint
 	h.min_version = min;
 	h.max_version = max;
 	h.tenant = (char *)tenant;
+	/* A cuda daemon refuses tenants that cannot import device chunks; a raw connection
+	 * never maps any, so it may as well say it can. */
+	if (fixture_backend_cuda()) {
+		h.has_features = true;
+		h.features = WIRE_FEATURE_DEVICE_CHUNKS;
+	}
 	env.has_id = true;
 	env.id = 1;
 	env.body_case = KVD__V1__ENVELOPE__BODY_HELLO;
@@ -528,7 +534,7 @@ static uint64_t local_digest(kvd_seq *s) {
 	return h;
 }
 
-void assert_digests_agree(kvd_seq *s) {
+uint64_t assert_digests_agree(kvd_seq *s) {
 	uint64_t daemon = 0, local = 1;
 
 	if (fixture_backend_cuda()) {
@@ -538,6 +544,7 @@ void assert_digests_agree(kvd_seq *s) {
 		ASSERT_OK(kvd_seq_digest(s, &daemon, &local));
 	}
 	ASSERT_EQ(daemon, local);
+	return daemon;
 }
 
 int fixture_run_daemon(const char *args, char *out, size_t n) {

@@ -107,5 +107,5 @@ void fill_seq(kvd_seq *s, uint32_t tag);
 void fill_seq_from(kvd_seq *s, uint32_t tag, uint64_t from);
 /* Counts the resident bytes of s that differ from fill_seq(s, tag). */
 uint64_t check_seq(kvd_seq *s, uint32_t tag);
-/* Asserts that the daemon's and this process's digests of s agree. */
-void assert_digests_agree(kvd_seq *s);
+/* Asserts that the daemon's and this process's digests of s agree; returns the digest. */
+uint64_t assert_digests_agree(kvd_seq *s);
