@@ -11,6 +11,11 @@
  * Per policy (kvd, restkv and laprox score on the GPU; h2o on the CPU everywhere), one
  * tenant fills a sequence with the fixture's pattern, publishes a window of fixed queries
  * per layer and gives the daemon a W_o per layer; one round on that tenant evicts half.
+ *
+ * On a real GPU (tools/gpu-check: KVD_DAEMON_PLAIN and KVD_DAEMON_GPU both kvd, the CPU run
+ * forced with KVD_TEST_ROUND_CPU), the kernels agree with the CPU within a tolerance, not
+ * bit for bit, and a token near a tie may go either way: KVD_ROUND_PARITY_TOLERANCE is the
+ * fraction of each (policy, layer, head)'s kept positions that may differ (default 0).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +127,11 @@ static void run(const char *daemon, bool cuda, const char *scored, struct kept *
 		setenv("KVD_TEST_BACKEND", "cuda", 1);
 	else
 		unsetenv("KVD_TEST_BACKEND");
+	/* The CPU-scored cuda run: where the kernels would load (a real GPU), not them. */
+	if (cuda && scored && strstr(scored, "on the CPU"))
+		setenv("KVD_TEST_ROUND_CPU", "1", 1);
+	else
+		unsetenv("KVD_TEST_ROUND_CPU");
 	fixture_setup(&f, config, true);
 	fixture_launch(&f, args);
 	admin = fixture_connect(&f, NULL);
@@ -134,20 +144,38 @@ static void run(const char *daemon, bool cuda, const char *scored, struct kept *
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
-static void assert_same(const struct kept *a, const struct kept *b, const char *what) {
+/* Positions of x[0..nx) that y[0..ny) lacks, both ascending. */
+static uint32_t missing(const uint32_t *x, uint32_t nx, const uint32_t *y, uint32_t ny) {
+	uint32_t m = 0, j = 0;
+
+	for (uint32_t i = 0; i < nx; i++) {
+		while (j < ny && y[j] < x[i])
+			j++;
+		m += j == ny || y[j] != x[i];
+	}
+	return m;
+}
+
+static void assert_same(const struct kept *a, const struct kept *b, const char *what,
+                        double tolerance) {
 	for (uint32_t i = 0; i < N_POLICIES; i++)
 		for (uint32_t l = 0; l < LAYERS; l++)
 			for (uint32_t h = 0; h < KV_HEADS; h++) {
-				if (a->n[i][l][h] != b->n[i][l][h] ||
-				    memcmp(a->pos[i][l][h], b->pos[i][l][h], a->n[i][l][h] * sizeof(uint32_t)))
+				uint32_t na = a->n[i][l][h], nb = b->n[i][l][h];
+				uint32_t diff = missing(a->pos[i][l][h], na, b->pos[i][l][h], nb) +
+				                missing(b->pos[i][l][h], nb, a->pos[i][l][h], na);
+
+				if (diff > tolerance * na)
 					test_fail(__FILE__, __LINE__, "%s: policy %s, layer %u, kv head %u: "
-					          "%u tokens kept against %u, or other ones", what, policies[i],
-					          l, h, b->n[i][l][h], a->n[i][l][h]);
+					          "%u tokens kept against %u, %u positions differ", what,
+					          policies[i], l, h, nb, na, diff);
 			}
 }
 
 TEST(same_tokens_on_every_path) {
 	const char *plain = getenv("KVD_DAEMON_PLAIN"), *gpu = getenv("KVD_DAEMON_GPU");
+	const char *tol = getenv("KVD_ROUND_PARITY_TOLERANCE");
+	double tolerance = tol ? strtod(tol, NULL) : 0;
 	_cleanup_(freep) struct kept *host = calloc(1, sizeof(*host));
 	_cleanup_(freep) struct kept *copied = calloc(1, sizeof(*copied));
 	_cleanup_(freep) struct kept *scored = calloc(1, sizeof(*scored));
@@ -159,6 +187,7 @@ TEST(same_tokens_on_every_path) {
 	run(plain, false, NULL, host);
 	run(plain, true, "GPU 0: rounds score on the CPU, with the K/V copied there", copied);
 	run(gpu, true, "GPU 0: rounds score restkv, laprox and kvd there", scored);
-	assert_same(host, copied, "cuda, scored on the CPU");
-	assert_same(host, scored, "cuda, scored on the GPU");
+	/* The copies move bytes: exact everywhere. */
+	assert_same(host, copied, "cuda, scored on the CPU", 0);
+	assert_same(host, scored, "cuda, scored on the GPU", tolerance);
 }
