@@ -77,6 +77,9 @@ struct model {
 
 struct client_ring;
 
+/* Events a connection registers at most (the daemon's CONN_EVENTS_MAX). */
+#define CLIENT_EVENTS_MAX 16u
+
 struct kvd_client {
 	unsigned n_ref;
 	pid_t pid;
@@ -122,6 +125,10 @@ struct kvd_client {
 	uint32_t memory;
 	struct client_cuda *cuda;
 	uint8_t device_uuid[16];   /* KVD_MEMORY_CUDA: the daemon's GPU, WIRE_DEVICE_UUID_BYTES */
+	/* Engines' CUDA events registered with the daemon (kvd_seq_unpin_after): event i has
+	 * id i + 1 on this connection; a reconnect starts over. */
+	void *cuda_events[CLIENT_EVENTS_MAX];
+	uint32_t n_cuda_events;
 	uint64_t connection_id;
 	uint64_t next_id;
 
@@ -285,3 +292,8 @@ int client_ring_barrier(kvd_client *c);
 void client_ring_serve(kvd_client *c);
 /* Sends a request whose reply nobody waits for (it is dropped when it comes). */
 int client_request_unwaited(kvd_client *c, Envelope *env);
+
+/* The id of event (a CUevent) on c's connection, registering it first (RegisterEvent) if
+ * needed; under c's lock. Returns 0, -EINVAL (not an interprocess event), -ENOSPC (too many
+ * events), -EOPNOTSUPP (built without CUDA), or what the call returns. */
+int client_event_id(kvd_client *c, void *event, uint32_t *ret);

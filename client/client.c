@@ -842,6 +842,8 @@ static int client_hello(kvd_client *c, const char *tenant) {
 	uint32_t nfds = 0;
 	int r;
 
+	/* A new connection knows none of the old one's events. */
+	c->n_cuda_events = 0;
 	hello.has_min_version = true;
 	hello.min_version = KVD_PROTOCOL_VERSION_MIN;
 	hello.has_max_version = true;
@@ -1291,7 +1293,7 @@ static const char *const node_keys[] = {
 	"chunks_total",   "chunks_free",      "chunks_draining", "connections", "protocol_version",
 	"uptime_ms",      "grants_refused",   "protocol_errors", "access_refused",
 	"uid_connections_refused", "rounds_total", "last_round_us", "unmap_timeouts",
-	"unmap_disconnects",
+	"unmap_disconnects", "engine_event_waits",
 };
 #define NODE_KEYS ELEMENTSOF(node_keys)
 
@@ -1398,6 +1400,7 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 	status_set(n, 16, rep->has_last_round_us, rep->last_round_us);
 	status_set(n, 17, rep->has_unmap_timeouts, rep->unmap_timeouts);
 	status_set(n, 18, rep->has_unmap_disconnects, rep->unmap_disconnects);
+	status_set(n, 19, rep->has_engine_event_waits, rep->engine_event_waits);
 	if (rep->n_refused > 0) {
 		/* Bounded by the 64 KiB frame like everything else in the reply. */
 		st->refused_names = calloc(rep->n_refused, sizeof(char *));
@@ -1787,5 +1790,39 @@ int kvd_evictions_tenant(const kvd_evictions *e, uint32_t round, uint32_t index,
 		*ret_freed_bytes = t->freed_bytes;
 	if (ret_evicted_tokens)
 		*ret_evicted_tokens = t->evicted_tokens;
+	return 0;
+}
+
+int client_event_id(kvd_client *c, void *event, uint32_t *ret) {
+	Kvd__V1__RegisterEvent req = KVD__V1__REGISTER_EVENT__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply = NULL;
+	uint8_t handle[64];
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	for (uint32_t i = 0; i < c->n_cuda_events; i++)
+		if (c->cuda_events[i] == event) {
+			*ret = i + 1;
+			return 0;
+		}
+	if (c->n_cuda_events == CLIENT_EVENTS_MAX)
+		return -ENOSPC;
+	r = client_cuda_event_handle(event, handle, sizeof(handle));
+	if (r < 0)
+		return r;
+	req.has_ipc_handle = true;
+	req.ipc_handle.len = sizeof(handle);
+	req.ipc_handle.data = handle;
+	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_EVENT;
+	env.register_event = &req;
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_REGISTER_EVENT_REPLY, false, &reply, fds, NULL);
+	if (r < 0)
+		return r;
+	/* The reply stays the client's, as every reply does (client_read). */
+	if (!reply->register_event_reply->has_event_id ||
+	    reply->register_event_reply->event_id != c->n_cuda_events + 1)
+		return -EPROTO;
+	c->cuda_events[c->n_cuda_events++] = event;
+	*ret = c->n_cuda_events;
 	return 0;
 }

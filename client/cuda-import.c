@@ -178,6 +178,25 @@ int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len) {
 	return 0;
 }
 
+int client_cuda_event_handle(void *event, uint8_t *handle, size_t len) {
+	const struct cuda_dl *cu;
+	CUipcEventHandle h;
+	CUresult cr;
+	int r;
+
+	if (len != sizeof(h.reserved))
+		return -EINVAL;
+	r = cuda_dl_load(&cu, NULL);
+	if (r < 0)
+		return r;
+	/* The engine's context, as when it records the event: the event is its. */
+	cr = cu->cuIpcGetEventHandle(&h, (CUevent)event);
+	if (cr != CUDA_SUCCESS)
+		return cuda_dl_errno(cr);
+	memcpy(handle, h.reserved, sizeof(h.reserved));
+	return 0;
+}
+
 int client_cuda_device(const struct client_cuda *cc) {
 	return cc->ordinal;
 }

@@ -48,6 +48,9 @@ int client_cuda_device(const struct client_cuda *cc);
  * the hello: 0, or -ENODEV when there is none (or the driver is not loaded in this process
  * already: libkvd does not load it just to ask). */
 int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len);
+/* The IPC handle (len 64) of event, a CUevent made with CU_EVENT_INTERPROCESS, in the
+ * context current on the calling thread. Returns 0, -EINVAL (not such an event), -errno. */
+int client_cuda_event_handle(void *event, uint8_t *handle, size_t len);
 #else
 static inline int client_cuda_new(const uint8_t *uuid, size_t uuid_len, uint64_t pool_bytes,
                                   uint64_t chunk_bytes, struct client_cuda **ret) {
@@ -73,5 +76,9 @@ static inline int client_cuda_device(const struct client_cuda *cc) {
 static inline int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len) {
 	(void)uuid, (void)uuid_len;
 	return -ENODEV;
+}
+static inline int client_cuda_event_handle(void *event, uint8_t *handle, size_t len) {
+	(void)event, (void)handle, (void)len;
+	return -EOPNOTSUPP;
 }
 #endif

@@ -864,10 +864,37 @@ int kvd_seq_pin(kvd_seq *s) {
 	return seq_simple_call(s, &env);
 }
 
-int kvd_seq_unpin(kvd_seq *s) {
+/* kvd_seq_unpin, with an event id of the connection (0: none). */
+static int seq_unpin(kvd_seq *s, uint32_t event_id) {
 	Kvd__V1__SeqUnpin req = KVD__V1__SEQ_UNPIN__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	int r;
+
+	r = seq_ring_call(s, RING_OP_UNPIN, event_id, false, false);
+	if (r != -EAGAIN)
+		return r;
+	req.has_seq_id = true;
+	req.seq_id = s->id;
+	req.has_event_id = event_id > 0;
+	req.event_id = event_id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_UNPIN;
+	env.seq_unpin = &req;
+	return seq_simple_call(s, &env);
+}
+
+int kvd_seq_unpin(kvd_seq *s) {
+	if (!s)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
+	return seq_unpin(s, 0);
+}
+
+int kvd_seq_unpin_after(kvd_seq *s, void *cuda_event) {
+	uint32_t id = 0;
+	int r = 0;
 
 	if (!s)
 		return -EINVAL;
@@ -875,14 +902,13 @@ int kvd_seq_unpin(kvd_seq *s) {
 		return -ECHILD;
 	if (seq_stale(s))
 		return -ESTALE;
-	r = seq_ring_call(s, RING_OP_UNPIN, 0, false, false);
-	if (r != -EAGAIN)
-		return r;
-	req.has_seq_id = true;
-	req.seq_id = s->id;
-	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_UNPIN;
-	env.seq_unpin = &req;
-	return seq_simple_call(s, &env);
+	/* On host memory there is nothing to order. */
+	if (cuda_event && s->client->memory == KVD_MEMORY_CUDA) {
+		client_lock(s->client);
+		r = client_event_id(s->client, cuda_event, &id);
+		client_unlock(s->client);
+	}
+	return r < 0 ? r : seq_unpin(s, id);
 }
 
 /* Whether layer's window can be used: 0, or -EINVAL, -ECHILD, -EOPNOTSUPP. */

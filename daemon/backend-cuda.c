@@ -463,6 +463,42 @@ static int cuda_copy_rows(uint32_t device, void *dst, const void *src, uint64_t 
 	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpy2D");
 }
 
+_Static_assert(sizeof(CUipcEventHandle) == BACKEND_EVENT_HANDLE_BYTES, "backend.h's size");
+
+static int cuda_event_open(uint32_t device, const void *handle, size_t len, void **ret) {
+	CUipcEventHandle h;
+	CUevent ev;
+	CUresult cr;
+	int r;
+
+	if (len != sizeof(h.reserved))
+		return -EINVAL;
+	r = use(device);
+	if (r < 0)
+		return r;
+	memcpy(h.reserved, handle, sizeof(h.reserved));
+	cr = cuda.cu->cuIpcOpenEventHandle(&ev, h);
+	if (cr != CUDA_SUCCESS)
+		return cr == CUDA_ERROR_INVALID_VALUE ? -EINVAL : cu_fail(cr, "cuIpcOpenEventHandle");
+	*ret = ev;
+	return 0;
+}
+
+static int cuda_event_wait(uint32_t device, void *event) {
+	int r = use(device);
+	CUresult cr;
+
+	if (r < 0)
+		return r;
+	cr = cuda.cu->cuEventSynchronize((CUevent)event);
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuEventSynchronize");
+}
+
+static void cuda_event_close(uint32_t device, void *event) {
+	if (use(device) >= 0)
+		(void)cuda.cu->cuEventDestroy((CUevent)event);
+}
+
 const struct backend_ops backend_cuda_ops = {
 	.name = "cuda",
 	.memory = BACKEND_MEMORY_CUDA,
@@ -470,6 +506,9 @@ const struct backend_ops backend_cuda_ops = {
 	.granularity = cuda_granularity,
 	.chunk_create = cuda_chunk_create,
 	.chunk_adopt = cuda_chunk_adopt,
+	.event_open = cuda_event_open,
+	.event_wait = cuda_event_wait,
+	.event_close = cuda_event_close,
 	.chunk_scrub = cuda_chunk_scrub,
 	.read = cuda_read,
 	.read_rows = cuda_read_rows,

@@ -72,7 +72,19 @@ struct backend_ops {
 	int (*copy_rows)(uint32_t device, void *dst, const void *src, uint64_t pitch,
 	                 uint64_t width, uint64_t rows);
 	void (*chunk_destroy)(struct backend_chunk *c);
+	/*
+	 * An engine's interprocess event (cuda; NULL on host): event_open opens it on device
+	 * from its IPC handle (len bytes, BACKEND_EVENT_HANDLE_BYTES) into *ret; event_wait
+	 * blocks the calling thread until the work recorded before it completed; event_close
+	 * closes it. Return 0, -EINVAL (not an event handle), or -errno.
+	 */
+	int (*event_open)(uint32_t device, const void *handle, size_t len, void **ret);
+	int (*event_wait)(uint32_t device, void *event);
+	void (*event_close)(uint32_t device, void *event);
 };
+
+/* Bytes of an interprocess event handle (CUipcEventHandle). */
+#define BACKEND_EVENT_HANDLE_BYTES 64u
 
 /* The GPU a device backend opened. */
 struct backend_device {

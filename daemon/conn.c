@@ -41,6 +41,9 @@ static void conn_free(struct conn *c) {
 		wire_rx_done(c->rx);
 	free(c->rx);
 	ring_free(c->ring);
+	/* Its sequences are gone: nothing waits for these any more. */
+	for (uint32_t i = 0; i < c->n_events; i++)
+		c->srv->pool->ops->event_close(c->device, c->events[i]);
 	for (uint32_t i = 0; c->models && i < c->n_models; i++)
 		grams_free(&c->models[i]);
 	free(c->models);

@@ -790,6 +790,7 @@ static void handle_seq_digest(struct conn *c, uint64_t id, const Kvd__V1__SeqDig
 	}
 	/* Device memory is read through copies, block by block: a digest is for tests and
 	 * diagnostics (and proves that the daemon sees what the engine wrote). */
+	evict_wait_engine(c->srv, q);
 	if (c->srv->pool->ops->host_access)
 		r = seq_digest(q, c->srv->pool, &rep.digest, &rep.bytes);
 	else
@@ -954,13 +955,18 @@ static int step_pin(struct conn *c, uint64_t seq_id, char why[static WHY_MAX]) {
 	return 0;
 }
 
-static int step_unpin(struct conn *c, uint64_t seq_id, char why[static WHY_MAX]) {
+static int step_unpin(struct conn *c, uint64_t seq_id, uint32_t event_id, char why[static WHY_MAX]) {
 	struct seq *q = find_seq(c, seq_id, NULL);
 
 	if (!q)
 		return refuse(why, -ENOENT, "no such sequence on this connection");
 	if (q->pins == 0)
 		return refuse(why, -EINVAL, "the sequence is not pinned");
+	if (event_id > c->n_events)
+		return refuse(why, -EINVAL, "no event %u on this connection (RegisterEvent)", event_id);
+	/* Before a waiting plan applies: its compaction moves the K/V the event guards. */
+	if (event_id > 0)
+		q->wait_event = c->events[event_id - 1];
 	/* The plan applies before the answer, so that the engine sees the new tables once
 	 * its unpin returns. */
 	if (--q->pins == 0)
@@ -977,7 +983,42 @@ static void handle_seq_pin(struct conn *c, uint64_t id, const Kvd__V1__SeqPin *r
 static void handle_seq_unpin(struct conn *c, uint64_t id, const Kvd__V1__SeqUnpin *req) {
 	char why[WHY_MAX];
 
-	reply_step(c, false, id, step_unpin(c, req->has_seq_id ? req->seq_id : 0, why), why);
+	reply_step(c, false, id,
+	           step_unpin(c, req->has_seq_id ? req->seq_id : 0,
+	                      req->has_event_id ? req->event_id : 0, why),
+	           why);
+}
+
+static void handle_register_event(struct conn *c, uint64_t id, const Kvd__V1__RegisterEvent *req) {
+	const struct backend_ops *ops = c->srv->pool->ops;
+	Kvd__V1__RegisterEventReply rep = KVD__V1__REGISTER_EVENT_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	void *ev;
+	int r;
+
+	if (!ops->event_open) {
+		reply_error(c, id, -EOPNOTSUPP, "the %s backend has no events to wait for", ops->name);
+		return;
+	}
+	if (c->n_events == CONN_EVENTS_MAX) {
+		reply_error(c, id, -ENOSPC, "this connection has its %u events already", CONN_EVENTS_MAX);
+		return;
+	}
+	if (!req->has_ipc_handle || req->ipc_handle.len != BACKEND_EVENT_HANDLE_BYTES) {
+		reply_error(c, id, -EINVAL, "an event's IPC handle is %u bytes", BACKEND_EVENT_HANDLE_BYTES);
+		return;
+	}
+	r = ops->event_open(c->device, req->ipc_handle.data, req->ipc_handle.len, &ev);
+	if (r < 0) {
+		reply_error(c, id, r, "the driver does not open this event: %s", strerror(-r));
+		return;
+	}
+	c->events[c->n_events++] = ev;
+	rep.has_event_id = true;
+	rep.event_id = c->n_events;
+	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_EVENT_REPLY;
+	env.register_event_reply = &rep;
+	reply(c, &env, id, NULL, 0);
 }
 
 static void handle_evict(struct conn *c, uint64_t id, const Kvd__V1__Evict *req) {
@@ -1069,6 +1110,7 @@ static void handle_status(struct conn *c, uint64_t id) {
 	SET(last_round_us, evict_last_round_us(s->evictor));
 	SET(unmap_timeouts, s->unmap_timeouts);
 	SET(unmap_disconnects, s->unmap_disconnects);
+	SET(engine_event_waits, s->engine_event_waits);
 #undef SET
 	for (unsigned i = 0; i < _LIMIT_MAX; i++) {
 		kvd__v1__counter__init(&refused[i]);
@@ -1161,6 +1203,7 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 	case KVD__V1__ENVELOPE__BODY_SEQ_PIN:
 	case KVD__V1__ENVELOPE__BODY_SEQ_UNPIN:
 	case KVD__V1__ENVELOPE__BODY_SEQ_CLAIM:
+	case KVD__V1__ENVELOPE__BODY_REGISTER_EVENT:
 		needs_tenant = true;
 		break;
 	default:
@@ -1218,6 +1261,8 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 		return handle_seq_pin(c, id, env->seq_pin);
 	case KVD__V1__ENVELOPE__BODY_SEQ_UNPIN:
 		return handle_seq_unpin(c, id, env->seq_unpin);
+	case KVD__V1__ENVELOPE__BODY_REGISTER_EVENT:
+		return handle_register_event(c, id, env->register_event);
 	case KVD__V1__ENVELOPE__BODY_SEQ_CLAIM:
 		return handle_seq_claim(c, id, env->seq_claim);
 	case KVD__V1__ENVELOPE__BODY_EVICT:
@@ -1281,7 +1326,7 @@ void dispatch_ring(struct conn *c, const struct ring_sqe *sqe) {
 
 	/* Reserved fields are 0 today, so that a later version can tell what a client means. */
 	if (sqe->flags != 0 || sqe->reserved != 0 || sqe->reserved2 != 0 ||
-	    (sqe->op != RING_OP_GROW && sqe->arg != 0)) {
+	    (sqe->op != RING_OP_GROW && sqe->op != RING_OP_UNPIN && sqe->arg != 0)) {
 		r = refuse(why, -EINVAL, "reserved fields of a ring submission must be 0");
 		reply_step(c, true, sqe->user_data, r, why);
 		goto done;
@@ -1295,7 +1340,7 @@ void dispatch_ring(struct conn *c, const struct ring_sqe *sqe) {
 		reply_step(c, true, sqe->user_data, step_pin(c, sqe->seq_id, why), why);
 		break;
 	case RING_OP_UNPIN:
-		reply_step(c, true, sqe->user_data, step_unpin(c, sqe->seq_id, why), why);
+		reply_step(c, true, sqe->user_data, step_unpin(c, sqe->seq_id, sqe->arg, why), why);
 		break;
 	case RING_OP_RELEASE:
 		type = METRICS_REQUEST_SEQ_RELEASE;

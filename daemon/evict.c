@@ -125,6 +125,19 @@ static uint32_t tenant_index(const struct server *s, const struct tenant *t) {
 	return UINT32_MAX;
 }
 
+void evict_wait_engine(struct server *s, struct seq *q) {
+	int r;
+
+	if (!q->wait_event)
+		return;
+	r = s->pool->ops->event_wait(q->device, q->wait_event);
+	s->engine_event_waits++;
+	if (r < 0)
+		log_error("sequence %llu: waiting for its engine's event failed: %s",
+		          (unsigned long long)q->id, strerror(-r));
+	q->wait_event = NULL;
+}
+
 /* ---- snapshot ---- */
 
 /* Copies the compensation block of (layer, kv head) h of q into buf (moments_bytes). */
@@ -300,6 +313,8 @@ static int snapshot(struct evictor *e, struct round *r) {
 			if (q->model->unit == KVD_UNIT_NONE || q->pending ||
 			    (r->device >= 0 && q->device != (uint32_t)r->device))
 				continue;
+			/* The round reads its K/V: the engine's last step must be done. */
+			evict_wait_engine(s, q);
 			k = snapshot_seq(s, q, tenant_index(s, q->tenant), &r->seqs[r->n_seqs]);
 			r->n_seqs++;
 			if (k < 0)
@@ -408,6 +423,7 @@ static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *dro
 		drops[n++] = (struct compact_drop){ .table = t, .n = c, .slots = drop_slots + drop_off[t] };
 		slots += c;
 	}
+	evict_wait_engine(e->srv, q);
 	k = seq_compact(q, e->srv->pool, e->gpu[q->device], drops, n, q->smooth, emptied, &blocks,
 	                &copy_error);
 	if (k < 0)
@@ -468,6 +484,8 @@ static uint64_t settle_tenant(struct evictor *e, struct tenant *t, struct seq_em
 			if (c->tenant == t && !c->closing)
 				for (struct seq *q = c->seqs; q; q = q->next)
 					if (q->model->unit != KVD_UNIT_NONE && q->pins == 0) {
+						/* Its blocks may move. */
+						evict_wait_engine(s, q);
 						epochs[i] = q->epoch;
 						seqs[i++] = q;
 					}

@@ -85,6 +85,14 @@ void evict_tick(struct evictor *e);
 /* Applies q's pending plan if it is still valid (at the last unpin), then frees it. */
 void evict_apply_pending(struct evictor *e, struct seq *q);
 
+/*
+ * Waits, on the calling thread, for the event q's engine unpinned it with (SeqUnpin
+ * event_id), if any, then forgets it: called before the daemon reads or moves q's K/V
+ * (rounds' snapshots, compaction, digests). Usually long complete by then. A failed wait is
+ * logged (the device is failing) and forgotten too.
+ */
+void evict_wait_engine(struct server *s, struct seq *q);
+
 /* Whether a round is computing on worker threads now. */
 bool evict_running(const struct evictor *e);
 

@@ -69,6 +69,8 @@
 	X(cuEventDestroy)                                                                     \
 	X(cuEventRecord)                                                                      \
 	X(cuEventSynchronize)                                                                 \
+	X(cuIpcGetEventHandle)                                                                \
+	X(cuIpcOpenEventHandle)                                                               \
 	X(cuEventElapsedTime)                                                                 \
 	X(cuModuleLoadData)                                                                   \
 	X(cuModuleUnload)                                                                     \

@@ -1676,6 +1676,57 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
 	       fail(CUDA_ERROR_INVALID_HANDLE, "cuEventSynchronize", "unknown event %p", (void *)hEvent);
 }
 
+/*
+ * Interprocess events (legacy IPC): the handle names the event by its exporter's pid and
+ * address; an opened one is an event of this process that is always complete, since every
+ * copy and launch here finished when it returned. The driver refuses events made without
+ * CU_EVENT_INTERPROCESS (CUDA_ERROR_INVALID_VALUE), as here.
+ */
+struct fake_ipc_event {
+	uint64_t magic, pid, addr;
+};
+
+#define FAKE_IPC_EVENT_MAGIC UINT64_C(0x6b76642d69706365) /* "kvd-ipce" */
+
+CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event) {
+	struct fake_ipc_event h = { FAKE_IPC_EVENT_MAGIC, (uint64_t)getpid(), (uint64_t)(uintptr_t)event };
+	CUresult r = need_ctx("cuIpcGetEventHandle", NULL);
+	unsigned flags = 0;
+	bool ok;
+
+	COUNT(0);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!pHandle)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuIpcGetEventHandle", "NULL");
+	pthread_mutex_lock(&lock);
+	ok = is_event(event);
+	if (ok)
+		flags = event->flags;
+	pthread_mutex_unlock(&lock);
+	if (!ok)
+		return fail(CUDA_ERROR_INVALID_HANDLE, "cuIpcGetEventHandle", "unknown event");
+	if (!(flags & CU_EVENT_INTERPROCESS))
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuIpcGetEventHandle",
+		            "the event was not created with CU_EVENT_INTERPROCESS");
+	memset(pHandle, 0, sizeof(*pHandle));
+	memcpy(pHandle->reserved, &h, sizeof(h));
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle) {
+	struct fake_ipc_event h;
+	CUresult r = need_ctx("cuIpcOpenEventHandle", NULL);
+
+	COUNT(0);
+	if (r != CUDA_SUCCESS)
+		return r;
+	memcpy(&h, handle.reserved, sizeof(h));
+	if (!phEvent || h.magic != FAKE_IPC_EVENT_MAGIC)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cuIpcOpenEventHandle", "not an event handle");
+	return cuEventCreate(phEvent, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS);
+}
+
 /* The time between the two records; the driver refuses events that were never recorded or
  * that do not time (CUDA_ERROR_INVALID_HANDLE). */
 CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {

@@ -17,6 +17,8 @@
 #include "test.h"
 
 #define MiB (UINT64_C(1) << 20)
+/* Events a connection registers at most (kvd.h, kvd_seq_unpin_after). */
+#define CLIENT_EVENTS 16u
 
 static const kvd_model_spec spec = {
 	.name = "fake-driver",
@@ -341,4 +343,85 @@ TEST(device_watermark_round) {
 	a = kvd_client_unref(a);
 	b = kvd_client_unref(b);
 	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/*
+ * kvd_seq_unpin_after: the engine's interprocess event is registered once, carried by the
+ * unpin (on the ring and on the socket), and waited for by the daemon before it next reads
+ * the K/V (here a digest); events without CU_EVENT_INTERPROCESS are refused, and a
+ * connection has 16 at most. On a host pool the event is ignored.
+ */
+TEST(unpin_after_an_engine_event) {
+	static const char *const args[] = { "--backend=cuda", "--pool-size=16MiB", NULL };
+	static const char *const host[] = { "--backend=host", "--pool-size=16MiB", NULL };
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	const struct cuda_dl *cu;
+	CUevent ev[CLIENT_EVENTS + 1], plain;
+	uint64_t digest = 0;
+	struct fixture f;
+	CUcontext ctx;
+	CUstream st;
+	kvd_seq *s;
+	int model;
+
+	ASSERT_OK(cuda_dl_load(&cu, NULL));
+	start(&f, "1", args);
+	c = connect_on(cu, &f, "a", 0);
+	model = kvd_model_register(c, &spec);
+	ASSERT_GT(model, 0);
+	ASSERT_OK(kvd_seq_open(c, model, 64, &s));
+	ASSERT_OK(kvd_seq_grow(s, 64));
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	for (uint32_t i = 0; i <= CLIENT_EVENTS; i++)
+		ASSERT_EQ(cu->cuEventCreate(&ev[i], CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING),
+		          CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuEventCreate(&plain, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+
+	/* On the ring, then on the socket: the daemon waits at its next read, once. */
+	for (int ring = 1; ring >= 0; ring--) {
+		uint64_t waits = fixture_status(&f, NULL, "engine_event_waits");
+
+		ASSERT_OK(kvd_client_set_ring(c, ring));
+		ASSERT_OK(kvd_seq_pin(s));
+		ASSERT_EQ(cu->cuEventRecord(ev[0], st), CUDA_SUCCESS);
+		ASSERT_OK(kvd_seq_unpin_after(s, ev[0]));
+		ASSERT_EQ(fixture_status(&f, NULL, "engine_event_waits"), waits);
+		ASSERT_OK(kvd_seq_digest(s, &digest, NULL));
+		ASSERT_EQ(fixture_status(&f, NULL, "engine_event_waits"), waits + 1);
+		ASSERT_OK(kvd_seq_digest(s, &digest, NULL));
+		ASSERT_EQ(fixture_status(&f, NULL, "engine_event_waits"), waits + 1);
+	}
+	/* Not interprocess: refused, and the sequence stays pinned. */
+	ASSERT_OK(kvd_seq_pin(s));
+	ASSERT_ERRNO(kvd_seq_unpin_after(s, plain), -EINVAL);
+	/* 16 events a connection (ev[0] is one). */
+	for (uint32_t i = 1; i < CLIENT_EVENTS; i++) {
+		ASSERT_OK(kvd_seq_unpin_after(s, ev[i]));
+		ASSERT_OK(kvd_seq_pin(s));
+	}
+	ASSERT_ERRNO(kvd_seq_unpin_after(s, ev[CLIENT_EVENTS]), -ENOSPC);
+	ASSERT_OK(kvd_seq_unpin_after(s, NULL));
+	ASSERT_OK(kvd_seq_release(s));
+	c = kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+
+	/* Host memory: nothing to order, the event is not even looked at. */
+	start(&f, "1", host);
+	c = fixture_connect(&f, "a");
+	model = kvd_model_register(c, &spec);
+	ASSERT_OK(kvd_seq_open(c, model, 64, &s));
+	ASSERT_OK(kvd_seq_grow(s, 64));
+	ASSERT_OK(kvd_seq_pin(s));
+	ASSERT_OK(kvd_seq_unpin_after(s, plain));
+	ASSERT_OK(kvd_seq_release(s));
+	c = kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+	for (uint32_t i = 0; i <= CLIENT_EVENTS; i++)
+		ASSERT_EQ(cu->cuEventDestroy(ev[i]), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuEventDestroy(plain), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuStreamDestroy(st), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
 }

@@ -531,6 +531,20 @@ KVD_EXPORT int kvd_seq_pin(kvd_seq *s);
 KVD_EXPORT int kvd_seq_unpin(kvd_seq *s);
 
 /*
+ * kvd_seq_unpin without waiting for the GPU first: cuda_event, a CUevent of this process
+ * created with CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING on the connection's GPU and
+ * recorded on the engine's stream after the step's work on the sequence's K/V, tells the
+ * daemon when that work is done, and the daemon waits for it before it reads or moves
+ * those K/V (rounds, compaction, digests). Call it with the context that made the event
+ * current. The event is registered with the daemon at its first use (at most 16 events a
+ * connection; a reconnect registers them again). With a host pool, or cuda_event NULL,
+ * this is kvd_seq_unpin. Returns what kvd_seq_unpin returns, or -EINVAL (not an
+ * interprocess event), -ENOSPC (16 events registered already), -EOPNOTSUPP (a libkvd
+ * without CUDA, or a daemon without events), -errno from the driver. Since KVD_1.3.
+ */
+KVD_EXPORT int kvd_seq_unpin_after(kvd_seq *s, void *cuda_event);
+
+/*
  * The observation window of `layer` in this process: *ret_q receives the address of
  * q[q_heads][window][head_dim] (model dtype) to write the last `window` post-RoPE queries
  * of the layer into, oldest first; it also withdraws the layer's published window, so that
@@ -661,6 +675,7 @@ KVD_EXPORT int kvd_tenant_reset(kvd_client *c, const char *tenant);
  *           "rounds_total" (eviction rounds run), "last_round_us" (the last one's duration),
  *           "unmap_timeouts" (connections that did not unmap a chunk within kvd's
  *           unmap-timeout), "unmap_disconnects" (those disconnected for it),
+ *           "engine_event_waits" (waits for engines' events, kvd_seq_unpin_after),
  *           "refused_LIMIT" for each limit the daemon counts refusals at (LIMIT one of
  *           "connections", "connections_per_uid", "tenants", "models",
  *           "models_per_tenant", "seqs", "seqs_per_tenant", "seq_tokens", "descriptor",
