@@ -1293,7 +1293,7 @@ static const char *const node_keys[] = {
 	"chunks_total",   "chunks_free",      "chunks_draining", "connections", "protocol_version",
 	"uptime_ms",      "grants_refused",   "protocol_errors", "access_refused",
 	"uid_connections_refused", "rounds_total", "last_round_us", "unmap_timeouts",
-	"unmap_disconnects", "engine_event_waits",
+	"unmap_disconnects", "engine_events_done",
 };
 #define NODE_KEYS ELEMENTSOF(node_keys)
 
@@ -1400,7 +1400,7 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 	status_set(n, 16, rep->has_last_round_us, rep->last_round_us);
 	status_set(n, 17, rep->has_unmap_timeouts, rep->unmap_timeouts);
 	status_set(n, 18, rep->has_unmap_disconnects, rep->unmap_disconnects);
-	status_set(n, 19, rep->has_engine_event_waits, rep->engine_event_waits);
+	status_set(n, 19, rep->has_engine_events_done, rep->engine_events_done);
 	if (rep->n_refused > 0) {
 		/* Bounded by the 64 KiB frame like everything else in the reply. */
 		st->refused_names = calloc(rep->n_refused, sizeof(char *));

@@ -197,6 +197,17 @@ int client_cuda_event_handle(void *event, uint8_t *handle, size_t len) {
 	return 0;
 }
 
+int client_cuda_event_sync(void *event) {
+	const struct cuda_dl *cu;
+	CUresult cr;
+	int r = cuda_dl_load(&cu, NULL);
+
+	if (r < 0)
+		return r;
+	cr = cu->cuEventSynchronize((CUevent)event);
+	return cr == CUDA_SUCCESS ? 0 : cuda_dl_errno(cr);
+}
+
 int client_cuda_device(const struct client_cuda *cc) {
 	return cc->ordinal;
 }

@@ -51,6 +51,8 @@ int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len);
 /* The IPC handle (len 64) of event, a CUevent made with CU_EVENT_INTERPROCESS, in the
  * context current on the calling thread. Returns 0, -EINVAL (not such an event), -errno. */
 int client_cuda_event_handle(void *event, uint8_t *handle, size_t len);
+/* Waits until event (a CUevent) completes. Returns 0 or -errno. */
+int client_cuda_event_sync(void *event);
 #else
 static inline int client_cuda_new(const uint8_t *uuid, size_t uuid_len, uint64_t pool_bytes,
                                   uint64_t chunk_bytes, struct client_cuda **ret) {
@@ -79,6 +81,10 @@ static inline int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len) {
 }
 static inline int client_cuda_event_handle(void *event, uint8_t *handle, size_t len) {
 	(void)event, (void)handle, (void)len;
+	return -EOPNOTSUPP;
+}
+static inline int client_cuda_event_sync(void *event) {
+	(void)event;
 	return -EOPNOTSUPP;
 }
 #endif

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 
 #include "client-internal.h"
+#include "cuda-import.h"
 #include "common/layout.h"
 #include "common/macro.h"
 #include "kvd/kvd.h"
@@ -907,8 +908,17 @@ int kvd_seq_unpin_after(kvd_seq *s, void *cuda_event) {
 		client_lock(s->client);
 		r = client_event_id(s->client, cuda_event, &id);
 		client_unlock(s->client);
+		/* An event the daemon cannot take (16 registered, not interprocess, a daemon
+		 * without events): waited for here, so that the unpin still happens. */
+		if (r < 0) {
+			r = client_cuda_event_sync(cuda_event);
+			if (r < 0)
+				return r;
+			r = seq_unpin(s, 0);
+			return r < 0 ? r : 1;
+		}
 	}
-	return r < 0 ? r : seq_unpin(s, id);
+	return seq_unpin(s, id);
 }
 
 /* Whether layer's window can be used: 0, or -EINVAL, -ECHILD, -EOPNOTSUPP. */

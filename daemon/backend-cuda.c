@@ -484,14 +484,16 @@ static int cuda_event_open(uint32_t device, const void *handle, size_t len, void
 	return 0;
 }
 
-static int cuda_event_wait(uint32_t device, void *event) {
+static int cuda_event_query(uint32_t device, void *event) {
 	int r = use(device);
 	CUresult cr;
 
 	if (r < 0)
 		return r;
-	cr = cuda.cu->cuEventSynchronize((CUevent)event);
-	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuEventSynchronize");
+	cr = cuda.cu->cuEventQuery((CUevent)event);
+	if (cr == CUDA_ERROR_NOT_READY)
+		return -EAGAIN;
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuEventQuery");
 }
 
 static void cuda_event_close(uint32_t device, void *event) {
@@ -507,7 +509,7 @@ const struct backend_ops backend_cuda_ops = {
 	.chunk_create = cuda_chunk_create,
 	.chunk_adopt = cuda_chunk_adopt,
 	.event_open = cuda_event_open,
-	.event_wait = cuda_event_wait,
+	.event_query = cuda_event_query,
 	.event_close = cuda_event_close,
 	.chunk_scrub = cuda_chunk_scrub,
 	.read = cuda_read,

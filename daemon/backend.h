@@ -74,12 +74,13 @@ struct backend_ops {
 	void (*chunk_destroy)(struct backend_chunk *c);
 	/*
 	 * An engine's interprocess event (cuda; NULL on host): event_open opens it on device
-	 * from its IPC handle (len bytes, BACKEND_EVENT_HANDLE_BYTES) into *ret; event_wait
-	 * blocks the calling thread until the work recorded before it completed; event_close
-	 * closes it. Return 0, -EINVAL (not an event handle), or -errno.
+	 * from its IPC handle (len bytes, BACKEND_EVENT_HANDLE_BYTES) into *ret (-EINVAL: not
+	 * an event handle); event_query says, without blocking, whether the work recorded
+	 * before it completed (0) or not yet (-EAGAIN); event_close closes it. Otherwise
+	 * -errno.
 	 */
 	int (*event_open)(uint32_t device, const void *handle, size_t len, void **ret);
-	int (*event_wait)(uint32_t device, void *event);
+	int (*event_query)(uint32_t device, void *event);
 	void (*event_close)(uint32_t device, void *event);
 };
 

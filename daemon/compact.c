@@ -83,27 +83,54 @@ static void run_flush(const struct kvd_seq_desc *d, const struct pool *p, uint32
 	u->n = 0;
 }
 
+/* Adds the move of row src_row of src to row dst_row of dst to the pending run, copying
+ * the run first when the row does not extend it. */
+static void run_add(const struct kvd_seq_desc *d, const struct pool *p, uint32_t device,
+                    struct row_run *run, char *dst, uint32_t dst_row, const char *src,
+                    uint32_t src_row, int *copy_error) {
+	if (run->n == 0 || run->src != src || run->dst != dst || run->src_row + run->n != src_row ||
+	    run->dst_row + run->n != dst_row || (dst == src && run->dst_row + run->n >= run->src_row)) {
+		run_flush(d, p, device, run, copy_error);
+		*run = (struct row_run){ .dst = dst, .src = src, .dst_row = dst_row, .src_row = src_row };
+	}
+	run->n++;
+}
+
 /* Moves kept slots keep[0..n_keep) of blocks[0..nb) to slots 0..n_keep-1 with gpu's
- * gather (round-gpu.h); the first failure goes to *copy_error. */
-static void device_gather(const struct kvd_seq_desc *d, struct pool *p, struct round_gpu *gpu,
-                          const struct kvd_block_ref *blocks, uint32_t nb, const uint32_t *keep,
-                          uint32_t n_keep, int *copy_error) {
+ * gather (round-gpu.h), or, where the GPU could not start it (its memory), with runs of
+ * copies in the same ascending order; the first failure goes to *copy_error. */
+static void device_gather(const struct kvd_seq_desc *d, struct pool *p, uint32_t device,
+                          struct round_gpu *gpu, const struct kvd_block_ref *blocks, uint32_t nb,
+                          const uint32_t *keep, uint32_t n_keep, int *copy_error) {
 	const struct kvd_gather_table t = {
 		.block_tokens = d->block_tokens,
 		.heads = d->layout == KVD_LAYOUT_PER_HEAD ? 1 : d->kv_heads,
 		.row_bytes = layout_row_bytes(d),
 		.v_offset = layout_kv_bytes(d) / 2,
 	};
+	uint32_t bt = d->block_tokens;
 	_cleanup_(freep) uint8_t **addr = malloc(MAX(nb, 1u) * sizeof(*addr));
+	struct row_run run = {};
+	bool launched = false;
 	int e = -ENOMEM;
 
 	if (addr) {
 		for (uint32_t b = 0; b < nb; b++)
 			addr[b] = pool_block_addr(p, blocks[b]);
-		e = round_gpu_gather(gpu, &t, addr, nb, keep, n_keep);
+		e = round_gpu_gather(gpu, &t, addr, nb, keep, n_keep, &launched);
 	}
-	if (e < 0 && *copy_error == 0)
-		*copy_error = e;
+	if (e >= 0)
+		return;
+	if (launched || !addr) {
+		if (*copy_error == 0)
+			*copy_error = e;
+		return;
+	}
+	for (uint32_t j = 0; j < n_keep; j++)
+		if (keep[j] != j)
+			run_add(d, p, device, &run, (char *)addr[j / bt], j % bt,
+			        (const char *)addr[keep[j] / bt], keep[j] % bt, copy_error);
+	run_flush(d, p, device, &run, copy_error);
 }
 
 /*
@@ -157,16 +184,8 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, uint32_t d
 			if (keep) {
 				keep[w] = kept * bt + (r - lo);
 			} else if (w != kept * bt + (r - lo)) {
-				char *dst = pool_block_addr(p, blocks[w / bt]);
-
-				if (run.n == 0 || run.src != src || run.dst != dst ||
-				    run.src_row + run.n != r - lo || run.dst_row + run.n != w % bt ||
-				    (dst == src && run.dst_row + run.n >= run.src_row)) {
-					run_flush(d, p, device, &run, copy_error);
-					run = (struct row_run){ .dst = dst, .src = src, .dst_row = w % bt,
-					                        .src_row = r - lo };
-				}
-				run.n++;
+				run_add(d, p, device, &run, pool_block_addr(p, blocks[w / bt]), w % bt,
+				        src, r - lo, copy_error);
 			}
 			pos[w] = pos[r];
 			if (side)
@@ -177,7 +196,7 @@ static uint64_t table_compact(struct kvd_seq_desc *d, struct pool *p, uint32_t d
 	}
 	run_flush(d, p, device, &run, copy_error);
 	if (keep)
-		device_gather(d, p, gpu, blocks, kept, keep, w, copy_error);
+		device_gather(d, p, device, gpu, blocks, kept, keep, w, copy_error);
 	new_nb = DIV_ROUND_UP(w, bt);
 	for (uint32_t b = new_nb; b < kept; b++)
 		block_free(p, blocks[b], emptied);

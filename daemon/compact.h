@@ -21,8 +21,6 @@
 
 struct round_gpu;
 
-struct round_gpu;
-
 /* The slots one table gives up, ascending and below the table's token count. */
 struct compact_drop {
 	uint32_t table;

@@ -448,6 +448,14 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Kvd__V1__SeqClai
 		            (unsigned long long)req->seq_id, c->tenant->name);
 		return;
 	}
+	/* Its blocks stay on their GPU: only a connection to that one can take them. */
+	if (q->device != c->device) {
+		const struct backend_device *qd = backend_device(q->device);
+
+		reply_error(c, id, -EXDEV, "sequence %llu is on GPU %d; connect from that GPU to claim it",
+		            (unsigned long long)q->id, qd ? qd->ordinal : (int)q->device);
+		return;
+	}
 	list = malloc(p->n_chunks * sizeof(*list));
 	if (!list) {
 		reply_error(c, id, -ENOMEM, "out of memory");
@@ -790,7 +798,10 @@ static void handle_seq_digest(struct conn *c, uint64_t id, const Kvd__V1__SeqDig
 	}
 	/* Device memory is read through copies, block by block: a digest is for tests and
 	 * diagnostics (and proves that the daemon sees what the engine wrote). */
-	evict_wait_engine(c->srv, q);
+	if (!evict_engine_done(c->srv, q)) {
+		reply_error(c, id, -EAGAIN, "the engine's event of its last unpin has not completed");
+		return;
+	}
 	if (c->srv->pool->ops->host_access)
 		r = seq_digest(q, c->srv->pool, &rep.digest, &rep.bytes);
 	else
@@ -964,9 +975,10 @@ static int step_unpin(struct conn *c, uint64_t seq_id, uint32_t event_id, char w
 		return refuse(why, -EINVAL, "the sequence is not pinned");
 	if (event_id > c->n_events)
 		return refuse(why, -EINVAL, "no event %u on this connection (RegisterEvent)", event_id);
-	/* Before a waiting plan applies: its compaction moves the K/V the event guards. */
+	/* Before a waiting plan applies: its compaction moves the K/V the event guards. Every
+	 * stream that unpinned it has its event waited for (pins nest). */
 	if (event_id > 0)
-		q->wait_event = c->events[event_id - 1];
+		q->wait_events |= UINT32_C(1) << (event_id - 1);
 	/* The plan applies before the answer, so that the engine sees the new tables once
 	 * its unpin returns. */
 	if (--q->pins == 0)
@@ -1110,7 +1122,7 @@ static void handle_status(struct conn *c, uint64_t id) {
 	SET(last_round_us, evict_last_round_us(s->evictor));
 	SET(unmap_timeouts, s->unmap_timeouts);
 	SET(unmap_disconnects, s->unmap_disconnects);
-	SET(engine_event_waits, s->engine_event_waits);
+	SET(engine_events_done, s->engine_events_done);
 #undef SET
 	for (unsigned i = 0; i < _LIMIT_MAX; i++) {
 		kvd__v1__counter__init(&refused[i]);

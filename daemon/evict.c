@@ -125,17 +125,29 @@ static uint32_t tenant_index(const struct server *s, const struct tenant *t) {
 	return UINT32_MAX;
 }
 
-void evict_wait_engine(struct server *s, struct seq *q) {
-	int r;
+bool evict_engine_done(struct server *s, struct seq *q) {
+	const struct conn *c;
 
-	if (!q->wait_event)
-		return;
-	r = s->pool->ops->event_wait(q->device, q->wait_event);
-	s->engine_event_waits++;
-	if (r < 0)
-		log_error("sequence %llu: waiting for its engine's event failed: %s",
-		          (unsigned long long)q->id, strerror(-r));
-	q->wait_event = NULL;
+	if (!q->wait_events)
+		return true;
+	c = server_find_conn(s, q->conn_id);
+	for (uint32_t i = 0; c && i < c->n_events; i++) {
+		int r;
+
+		if (!(q->wait_events & (UINT32_C(1) << i)))
+			continue;
+		r = s->pool->ops->event_query(q->device, c->events[i]);
+		if (r == -EAGAIN)
+			continue;
+		if (r < 0)
+			log_error("sequence %llu: its engine's event %u cannot be queried: %s",
+			          (unsigned long long)q->id, i + 1, strerror(-r));
+		q->wait_events &= ~(UINT32_C(1) << i);
+		s->engine_events_done++;
+	}
+	if (!c)
+		q->wait_events = 0;
+	return q->wait_events == 0;
 }
 
 /* ---- snapshot ---- */
@@ -313,8 +325,10 @@ static int snapshot(struct evictor *e, struct round *r) {
 			if (q->model->unit == KVD_UNIT_NONE || q->pending ||
 			    (r->device >= 0 && q->device != (uint32_t)r->device))
 				continue;
-			/* The round reads its K/V: the engine's last step must be done. */
-			evict_wait_engine(s, q);
+			/* The round reads its K/V: the engine's last step must be done (a pinned
+			 * one is read as it is written anyway; its plan waits for the unpin). */
+			if (q->pins == 0 && !evict_engine_done(s, q))
+				continue;
 			k = snapshot_seq(s, q, tenant_index(s, q->tenant), &r->seqs[r->n_seqs]);
 			r->n_seqs++;
 			if (k < 0)
@@ -423,7 +437,6 @@ static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *dro
 		drops[n++] = (struct compact_drop){ .table = t, .n = c, .slots = drop_slots + drop_off[t] };
 		slots += c;
 	}
-	evict_wait_engine(e->srv, q);
 	k = seq_compact(q, e->srv->pool, e->gpu[q->device], drops, n, q->smooth, emptied, &blocks,
 	                &copy_error);
 	if (k < 0)
@@ -483,9 +496,9 @@ static uint64_t settle_tenant(struct evictor *e, struct tenant *t, struct seq_em
 		for (struct conn *c = s->conns; c; c = c->next)
 			if (c->tenant == t && !c->closing)
 				for (struct seq *q = c->seqs; q; q = q->next)
-					if (q->model->unit != KVD_UNIT_NONE && q->pins == 0) {
-						/* Its blocks may move. */
-						evict_wait_engine(s, q);
+					/* Its blocks may move: not while its engine writes. */
+					if (q->model->unit != KVD_UNIT_NONE && q->pins == 0 &&
+					    evict_engine_done(s, q)) {
 						epochs[i] = q->epoch;
 						seqs[i++] = q;
 					}
@@ -518,7 +531,10 @@ void evict_apply_pending(struct evictor *e, struct seq *q) {
 	uint64_t before;
 	int64_t k;
 
-	if (!p)
+	if (!p || q->pins > 0)
+		return;
+	/* Its engine's step is still running: the tick tries again (evict_tick). */
+	if (!evict_engine_done(s, q))
 		return;
 	q->pending = NULL;
 	if (p->epoch == q->epoch) {
@@ -614,7 +630,8 @@ static uint64_t apply_round(struct evictor *e, struct round *r) {
 		}
 		if (!rq->drop_off)
 			continue;
-		if (q->pins > 0) {
+		/* Pinned, or its engine still writing: the plan waits (evict_apply_pending). */
+		if (q->pins > 0 || !evict_engine_done(s, q)) {
 			struct plan *p = calloc(1, sizeof(*p));
 
 			if (!p)
@@ -995,10 +1012,44 @@ int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, bool ring, 
 	return 0;
 }
 
-/* Grows whose deadline passed get their refusal, on the tick. */
+/* Applies the plans that wait for an engine's event (evict_apply_pending), where it
+ * completed. Applying sends events, which may close connections and free their sequences:
+ * the candidates are named first and found again one by one. */
+static void retry_waiting_plans(struct evictor *e) {
+	struct server *s = e->srv;
+	_cleanup_(freep) uint64_t *ids = NULL;
+	uint32_t n = 0, i = 0;
+
+	for (struct conn *c = s->conns; c; c = c->next)
+		for (struct seq *q = c->seqs; q && !c->closing; q = q->next)
+			n += q->pending && q->pins == 0 && q->wait_events;
+	if (n == 0)
+		return;
+	ids = malloc((size_t)n * 2 * sizeof(*ids));
+	if (!ids)
+		return;
+	for (struct conn *c = s->conns; c; c = c->next)
+		for (struct seq *q = c->seqs; q && !c->closing; q = q->next)
+			if (q->pending && q->pins == 0 && q->wait_events) {
+				ids[2 * i] = q->conn_id;
+				ids[2 * i + 1] = q->id;
+				i++;
+			}
+	for (uint32_t j = 0; j < i; j++) {
+		struct seq *q = find_seq(s, ids[2 * j], ids[2 * j + 1]);
+
+		if (q && q->pending && q->pins == 0)
+			evict_apply_pending(e, q);
+	}
+}
+
+/* Grows whose deadline passed get their refusal, on the tick; plans that waited for an
+ * engine's event apply once it completed. */
 void evict_tick(struct evictor *e) {
 	uint64_t now = now_ms();
 	bool due = false;
+
+	retry_waiting_plans(e);
 
 	for (uint32_t i = 0; i < e->n_grants; i++)
 		due = due || now >= e->grants[i].deadline_ms;

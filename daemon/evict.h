@@ -86,12 +86,13 @@ void evict_tick(struct evictor *e);
 void evict_apply_pending(struct evictor *e, struct seq *q);
 
 /*
- * Waits, on the calling thread, for the event q's engine unpinned it with (SeqUnpin
- * event_id), if any, then forgets it: called before the daemon reads or moves q's K/V
- * (rounds' snapshots, compaction, digests). Usually long complete by then. A failed wait is
- * logged (the device is failing) and forgotten too.
+ * Whether the engine's work on q is done: every event it unpinned q with (SeqUnpin
+ * event_id) completed. Never blocks: events seen complete are forgotten, one that is not is
+ * asked again later (a round skips q meanwhile, a plan for it waits, a tick retries). An
+ * event the driver fails to query counts as done, logged (the device is failing); so does
+ * every event of a connection that is gone.
  */
-void evict_wait_engine(struct server *s, struct seq *q);
+bool evict_engine_done(struct server *s, struct seq *q);
 
 /* Whether a round is computing on worker threads now. */
 bool evict_running(const struct evictor *e);

@@ -507,7 +507,9 @@ static int restore_seq(struct restore *rs, uint64_t id, struct tenant *t,
 		return inconsistent(rs, "sequence %" PRIu64 ": its layout is not this kvd's", id);
 	}
 
-	/* Every check first, so that a sequence dropped alone has marked nothing. */
+	/* Every check first, so that a sequence dropped alone has marked nothing. A sequence's
+	 * blocks are on one device (its connection's): q->device is the first block's. */
+	q->device = UINT32_MAX;
 	for (uint32_t tb = 0; tb < h.n_tables; tb++) {
 		uint32_t tokens = layout_tokens(od)[tb];
 		const struct kvd_block_ref *refs = layout_blocks(od, tb);
@@ -525,6 +527,11 @@ static int restore_seq(struct restore *rs, uint64_t id, struct tenant *t,
 				return inconsistent(rs, "sequence %" PRIu64 ": block (%u, %u) out of range",
 				                    id, ref.chunk_id, ref.index);
 			}
+			if (q->device != UINT32_MAX && p->chunks[ref.chunk_id].mem.device != q->device) {
+				orphan_forget(q);
+				return inconsistent(rs, "sequence %" PRIu64 ": blocks on two devices", id);
+			}
+			q->device = p->chunks[ref.chunk_id].mem.device;
 			if (!rs->chunks[ref.chunk_id].mem.addr) {
 				orphan_forget(q);
 				*why = "a chunk it uses is not in the fd store";
@@ -532,6 +539,9 @@ static int restore_seq(struct restore *rs, uint64_t id, struct tenant *t,
 			}
 		}
 	}
+	/* A sequence without blocks has no device of its own: the first's is as good. */
+	if (q->device == UINT32_MAX)
+		q->device = 0;
 	for (uint32_t tb = 0; tb < h.n_tables; tb++) {
 		uint32_t tokens = layout_tokens(od)[tb];
 		const struct kvd_block_ref *refs = layout_blocks(od, tb);

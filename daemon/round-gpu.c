@@ -30,7 +30,8 @@ struct round_gpu {
 };
 
 /* Slots staged per batch of an in-place gather (cuda-kernels.h): the more, the fewer
- * launches; 1024 slots of the largest heads stay a few MiB. */
+ * launches; 1024 slots are 2 x heads x row bytes each (16 MiB for 64 kv heads of 128 f16),
+ * and a staging buffer the device cannot give sends compaction to the copies. */
 #define GATHER_BATCH_SLOTS 1024u
 
 static int cu_errno(CUresult cr, const char *call) {
@@ -158,11 +159,13 @@ int round_gpu_copy_rows(struct round_gpu *g, uint8_t *dst, uint64_t dst_pitch, c
 }
 
 int round_gpu_gather(struct round_gpu *g, const struct kvd_gather_table *t,
-                     uint8_t *const *blocks, uint32_t nb, const uint32_t *keep, uint32_t n_keep) {
+                     uint8_t *const *blocks, uint32_t nb, const uint32_t *keep, uint32_t n_keep,
+                     bool *ret_launched) {
 	uint64_t staging = kvd_cuda_gather_slot_bytes(t) * GATHER_BATCH_SLOTS;
 	int r = use(g);
 	CUresult cr;
 
+	*ret_launched = false;
 	if (r >= 0)
 		r = dbuf_fit(g, &g->blocks, (uint64_t)nb * sizeof(uint64_t));
 	if (r >= 0)
@@ -180,9 +183,12 @@ int round_gpu_gather(struct round_gpu *g, const struct kvd_gather_table *t,
 		                              g->gather_stream);
 	if (cr != CUDA_SUCCESS)
 		return cu_errno(cr, "cuMemcpyHtoDAsync");
+	/* Sizes refused before anything is enqueued (-EINVAL, -ENOBUFS: cuda-kernels.h) moved
+	 * nothing either; a launch that failed after earlier batches may have moved some. */
 	r = kvd_cuda_gather(g->k, t, (const uint64_t *)(uintptr_t)g->blocks.p, NULL,
 	                    (const uint32_t *)(uintptr_t)g->keep.p, n_keep,
 	                    (void *)(uintptr_t)g->staging.p, staging, g->gather_stream);
+	*ret_launched = r >= 0 || (r != -EINVAL && r != -ENOBUFS);
 	if (r < 0)
 		return r;
 	cr = g->cu->cuStreamSynchronize(g->gather_stream);

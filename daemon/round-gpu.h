@@ -8,7 +8,7 @@
  * block runs, round.c), its window queries and Gram matrices are uploaded, the pipeline runs
  * as kvd_cuda_score_layer() (kernels/cuda-kernels.h) on a stream of the rounds', and only
  * the scores come back to the CPU, which selects and smooths as on any pool; compaction
- * then moves each table's survivors with one gather on the device (round_gpu_gather()).
+ * then moves each table's survivors with the gather kernel (round_gpu_gather()).
  * Other policies, and devices whose kernels do not load, copy the K/V to the CPU instead
  * (backend.h read_rows). UNVERIFIED on a GPU: tested with the CPU stand-ins of the kernels
  * under the fake driver (tests/gpu/meson.build, kvd-hostkernels).
@@ -20,6 +20,7 @@
  */
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "gather.h"
@@ -49,12 +50,15 @@ int round_gpu_copy_rows(struct round_gpu *g, uint8_t *dst, uint64_t dst_pitch, c
 /*
  * Compaction's gather on the device (gather.h, in place): kept slots keep[0..n_keep) of the
  * table whose blocks are blocks[0..nb) (pool addresses on g's device) go to slots
- * 0..n_keep-1, with one kernel launch; synchronous. Has buffers and a stream of its own, so
- * that it may run on the loop's thread while a round scores on its worker. Returns 0, or
- * -errno (nothing is known to have moved then).
+ * 0..n_keep-1, in batches of GATHER_BATCH_SLOTS staged slots (two launches each);
+ * synchronous. Has buffers and a stream of its own, so that it may run on the loop's thread
+ * while a round scores on its worker. Returns 0 or -errno; *ret_launched says whether the
+ * kernels were launched: when not (device memory for the lists or the staging, an upload),
+ * nothing moved and the caller can move the rows otherwise.
  */
 int round_gpu_gather(struct round_gpu *g, const struct kvd_gather_table *t,
-                     uint8_t *const *blocks, uint32_t nb, const uint32_t *keep, uint32_t n_keep);
+                     uint8_t *const *blocks, uint32_t nb, const uint32_t *keep, uint32_t n_keep,
+                     bool *ret_launched);
 
 /* A kvd_score_layer_fn (policy.h) for kvd_policy_scores_via(), userdata g: in's K and V are
  * round_gpu_kv() buffers, its queries, gram and the scores host memory. gram_group must be
@@ -86,8 +90,9 @@ static inline int round_gpu_copy_rows(struct round_gpu *g, uint8_t *dst, uint64_
 }
 static inline int round_gpu_gather(struct round_gpu *g, const struct kvd_gather_table *t,
                                    uint8_t *const *blocks, uint32_t nb, const uint32_t *keep,
-                                   uint32_t n_keep) {
+                                   uint32_t n_keep, bool *ret_launched) {
 	(void)g, (void)t, (void)blocks, (void)nb, (void)keep, (void)n_keep;
+	*ret_launched = false;
 	return -EOPNOTSUPP;
 }
 static inline int round_gpu_score_layer(void *g, const struct kvd_attn_in *in, const float *gram,

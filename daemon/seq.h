@@ -23,9 +23,10 @@ struct seq {
 	struct tenant *tenant;
 	uint64_t conn_id;             /* the owning connection */
 	uint32_t device;              /* the pool's device its blocks come from (its connection's) */
-	/* The engine's event of its last unpin (SeqUnpin.event_id, one of its connection's),
-	 * waited for before the daemon reads or moves the K/V (evict_wait_engine); or NULL. */
-	void *wait_event;
+	/* Its connection's events (bit i: SeqUnpin.event_id i + 1) the engine unpinned it with
+	 * and that have not been seen complete: until they are, the daemon neither reads nor
+	 * moves its K/V (evict_engine_done). */
+	uint32_t wait_events;
 	int desc_fd;                  /* kept until the open reply took a copy */
 	struct kvd_seq_desc *desc;    /* the daemon's writable mapping */
 	struct seq *next;             /* in the owning connection's list */

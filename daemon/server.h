@@ -122,7 +122,7 @@ struct server {
 	uint64_t unmap_scan_ms;       /* the tick that last counted struct conn's unmap_late */
 	uint64_t unmap_timeouts;      /* connections that missed unmap-timeout */
 	uint64_t unmap_disconnects;   /* ... and unmap-grace after it */
-	uint64_t engine_event_waits;  /* waits for engines' events (evict_wait_engine) */
+	uint64_t engine_events_done;  /* engines' events seen complete (evict_engine_done) */
 	struct metrics metrics;
 	struct http *http;            /* the metrics endpoint, NULL when off */
 	struct admin *admin;          /* settings and live state (admin.h); set by main() */

@@ -1727,6 +1727,21 @@ CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle)
 	return cuEventCreate(phEvent, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS);
 }
 
+/* Complete at once, like everything here (cuEventSynchronize). */
+CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
+	CUresult r = need_ctx("cuEventQuery", NULL);
+	bool ok;
+
+	COUNT(0);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&lock);
+	ok = is_event(hEvent);
+	pthread_mutex_unlock(&lock);
+	return ok ? CUDA_SUCCESS :
+	       fail(CUDA_ERROR_INVALID_HANDLE, "cuEventQuery", "unknown event %p", (void *)hEvent);
+}
+
 /* The time between the two records; the driver refuses events that were never recorded or
  * that do not time (CUDA_ERROR_INVALID_HANDLE). */
 CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {

@@ -511,7 +511,9 @@ KVD_EXPORT int kvd_seq_release(kvd_seq *s);
  * daemon kept nothing of it: it came back empty, the claim time passed, or another process
  * claimed it), -EINVAL (no such model, or not the sequence's shape), -EOPNOTSUPP (a
  * sequence with eviction: never kept), -EMFILE (too many sequences on this connection),
- * -ENOMEM, -ECONNRESET, -ECHILD. On failure s stays stale: kvd_seq_release() frees it.
+ * -EXDEV (its K/V are on another of the daemon's GPUs than this connection's: connect with
+ * that GPU's context current), -ENOMEM, -ECONNRESET, -ECHILD. On failure s stays stale:
+ * kvd_seq_release() frees it.
  */
 KVD_EXPORT int kvd_seq_claim(kvd_seq *s, int model_id);
 
@@ -536,11 +538,14 @@ KVD_EXPORT int kvd_seq_unpin(kvd_seq *s);
  * recorded on the engine's stream after the step's work on the sequence's K/V, tells the
  * daemon when that work is done, and the daemon waits for it before it reads or moves
  * those K/V (rounds, compaction, digests). Call it with the context that made the event
- * current. The event is registered with the daemon at its first use (at most 16 events a
- * connection; a reconnect registers them again). With a host pool, or cuda_event NULL,
- * this is kvd_seq_unpin. Returns what kvd_seq_unpin returns, or -EINVAL (not an
- * interprocess event), -ENOSPC (16 events registered already), -EOPNOTSUPP (a libkvd
- * without CUDA, or a daemon without events), -errno from the driver. Since KVD_1.3.
+ * current. The event is registered with the daemon at its first use and stays registered
+ * for the connection's life (a reconnect registers it again): keep it alive as long (a
+ * destroyed event whose address a new one gets would be taken for it). An event the daemon
+ * cannot take (16 registered on this connection already, not interprocess, a daemon or a
+ * libkvd without them) is waited for here instead, and the call returns 1 after unpinning.
+ * With a host pool, or cuda_event NULL, this is kvd_seq_unpin. The engine's work must be
+ * done before kvd_seq_release too (the daemon frees the blocks at once). Returns 0, 1, what
+ * kvd_seq_unpin returns, or -errno from the driver's wait. Since KVD_1.3.
  */
 KVD_EXPORT int kvd_seq_unpin_after(kvd_seq *s, void *cuda_event);
 
@@ -675,7 +680,7 @@ KVD_EXPORT int kvd_tenant_reset(kvd_client *c, const char *tenant);
  *           "rounds_total" (eviction rounds run), "last_round_us" (the last one's duration),
  *           "unmap_timeouts" (connections that did not unmap a chunk within kvd's
  *           unmap-timeout), "unmap_disconnects" (those disconnected for it),
- *           "engine_event_waits" (waits for engines' events, kvd_seq_unpin_after),
+ *           "engine_events_done" (waits for engines' events, kvd_seq_unpin_after),
  *           "refused_LIMIT" for each limit the daemon counts refusals at (LIMIT one of
  *           "connections", "connections_per_uid", "tenants", "models",
  *           "models_per_tenant", "seqs", "seqs_per_tenant", "seq_tokens", "descriptor",
