@@ -1012,9 +1012,10 @@ int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, bool ring, 
 	return 0;
 }
 
-/* Applies the plans that wait for an engine's event (evict_apply_pending), where it
- * completed. Applying sends events, which may close connections and free their sequences:
- * the candidates are named first and found again one by one. */
+/* Applies the plans of unpinned sequences (only an engine's event, not yet complete at the
+ * unpin or the round's end, keeps one waiting: evict_apply_pending), where it completed.
+ * Applying sends events, which may close connections and free their sequences: the
+ * candidates are named first and found again one by one. */
 static void retry_waiting_plans(struct evictor *e) {
 	struct server *s = e->srv;
 	_cleanup_(freep) uint64_t *ids = NULL;
@@ -1022,7 +1023,7 @@ static void retry_waiting_plans(struct evictor *e) {
 
 	for (struct conn *c = s->conns; c; c = c->next)
 		for (struct seq *q = c->seqs; q && !c->closing; q = q->next)
-			n += q->pending && q->pins == 0 && q->wait_events;
+			n += q->pending && q->pins == 0;
 	if (n == 0)
 		return;
 	ids = malloc((size_t)n * 2 * sizeof(*ids));
@@ -1030,7 +1031,7 @@ static void retry_waiting_plans(struct evictor *e) {
 		return;
 	for (struct conn *c = s->conns; c; c = c->next)
 		for (struct seq *q = c->seqs; q && !c->closing; q = q->next)
-			if (q->pending && q->pins == 0 && q->wait_events) {
+			if (q->pending && q->pins == 0) {
 				ids[2 * i] = q->conn_id;
 				ids[2 * i + 1] = q->id;
 				i++;
