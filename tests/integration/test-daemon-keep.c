@@ -20,6 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef KVD_HAVE_CUDA
+#include "cuda-dl.h"
+#endif
 #include "fixture.h"
 #include "test.h"
 
@@ -534,4 +537,77 @@ TEST(keeping_off) {
 	ASSERT_EQ(fixture_halt(&f), 0);
 	store_stop(&st);
 	fixture_cleanup(&f);
+}
+
+#ifdef KVD_HAVE_CUDA
+/* Makes device's primary context current on this thread (the connection then takes its
+ * chunks there: kvd_client_connect, kvd_client_reconnect). */
+static void use_gpu(const struct cuda_dl *cu, int device) {
+	CUcontext ctx;
+	CUdevice dev;
+
+	ASSERT_EQ(cu->cuDeviceGet(&dev, device), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+}
+#endif
+
+/*
+ * With two GPUs pooled (the fake driver's two, tests/gpu/meson.build): a sequence comes
+ * back on the GPU it was on; a connection to the other GPU cannot claim it (-EXDEV) and it
+ * still waits; one to its own GPU can, after another crash, with the same K/V.
+ */
+TEST(kept_on_its_gpu) {
+#ifdef KVD_HAVE_CUDA
+	const struct cuda_dl *cu = NULL;
+	struct fixture f;
+	struct store st;
+	kvd_client *c;
+	int32_t ordinal = -1;
+	uint64_t d;
+	kvd_seq *a;
+	int m;
+
+	if (!fixture_backend_cuda() || cuda_dl_load(&cu, NULL) < 0 || cu->device_count < 2)
+		TEST_SKIP("needs the cuda backend with two GPUs");
+	fixture_setup(&f, NULL, true);
+	store_start(&st, &f);
+	launch(&f, &st, "--restore-claim=5000");
+	use_gpu(cu, 1);
+	c = fixture_connect(&f, "engine");
+	ASSERT_EQ(kvd_client_memory(c, &ordinal), KVD_MEMORY_CUDA);
+	ASSERT_EQ(ordinal, 1);
+	m = kvd_model_register(c, &shape);
+	ASSERT_OK(m);
+	a = open_filled(c, m, 512, 100, 5);
+	d = digest(a);
+
+	crash(&f, &st);
+	launch(&f, &st, "--restore-claim=5000");
+	use_gpu(cu, 0);
+	lose(c);
+	ASSERT_EQ(kvd_client_memory(c, &ordinal), KVD_MEMORY_CUDA);
+	ASSERT_EQ(ordinal, 0);
+	m = kvd_model_register(c, &shape);
+	ASSERT_OK(m);
+	ASSERT_ERRNO(kvd_seq_claim(a, m), -EXDEV);
+	ASSERT_EQ(fixture_status(&f, "engine", "sequences"), 1u);
+
+	crash(&f, &st);
+	launch(&f, &st, "--restore-claim=5000");
+	use_gpu(cu, 1);
+	lose(c);
+	m = kvd_model_register(c, &shape);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_seq_claim(a, m));
+	ASSERT_EQ(check_seq(a, 5), 0u);
+	ASSERT_EQ(digest(a), d);
+	ASSERT_OK(kvd_seq_release(a));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_halt(&f), 0);
+	store_stop(&st);
+	fixture_cleanup(&f);
+#else
+	TEST_SKIP("built without the CUDA headers");
+#endif
 }
