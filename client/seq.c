@@ -512,6 +512,20 @@ static void seq_freep(kvd_seq **s) {
 	seq_free(*s);
 }
 
+/* Releases sequence seq_id without waiting for the answer: one the daemon gave this
+ * connection but that it cannot use, and would otherwise live as long as the connection.
+ * Under c's lock. */
+static void seq_give_back(kvd_client *c, uint64_t seq_id) {
+	Kvd__V1__SeqRelease rel = KVD__V1__SEQ_RELEASE__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	rel.has_seq_id = true;
+	rel.seq_id = seq_id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RELEASE;
+	env.seq_release = &rel;
+	(void)client_request_unwaited(c, &env);
+}
+
 int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
 	Kvd__V1__SeqOpen req = KVD__V1__SEQ_OPEN__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
@@ -566,16 +580,8 @@ int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret
 	}
 	/* A sequence the daemon opened but we cannot use would live as long as the connection;
 	 * release it right away. */
-	if (r < 0 && opened) {
-		Kvd__V1__SeqRelease rel = KVD__V1__SEQ_RELEASE__INIT;
-
-		rel.has_seq_id = true;
-		rel.seq_id = s->id;
-		env = (Envelope)KVD__V1__ENVELOPE__INIT;
-		env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RELEASE;
-		env.seq_release = &rel;
-		(void)client_request_unwaited(c, &env);
-	}
+	if (r < 0 && opened)
+		seq_give_back(c, s->id);
 	client_unlock(c);
 	if (r < 0)
 		return r;
@@ -660,17 +666,10 @@ int kvd_seq_claim(kvd_seq *s, int model_id) {
 		s->block_stride = fresh.block_stride;
 		s->epoch = c->epoch;
 	} else if (claimed) {
-		Kvd__V1__SeqRelease rel = KVD__V1__SEQ_RELEASE__INIT;
-
 		if (fresh.desc)
 			munmap((void *)fresh.desc, fresh.desc_bytes);
 		/* Ours now, but unusable: give it back, as kvd_seq_open does. */
-		rel.has_seq_id = true;
-		rel.seq_id = s->id;
-		env = (Envelope)KVD__V1__ENVELOPE__INIT;
-		env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RELEASE;
-		env.seq_release = &rel;
-		(void)client_request_unwaited(c, &env);
+		seq_give_back(c, s->id);
 	}
 	client_unlock(c);
 	return r;

@@ -401,9 +401,20 @@ static int cuda_read(uint32_t device, const void *src, void *dst, uint64_t bytes
 	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpyDtoH");
 }
 
+/* The row forms: one synchronous cuMemcpy2D in device's context. */
+static int memcpy_2d(uint32_t device, const CUDA_MEMCPY2D *m) {
+	int r = use(device);
+	CUresult cr;
+
+	if (r < 0)
+		return r;
+	cr = cuda.cu->cuMemcpy2D(m);
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpy2D");
+}
+
 static int cuda_read_rows(uint32_t device, const void *src, uint64_t src_pitch, void *dst,
                           uint64_t width, uint64_t rows) {
-	CUDA_MEMCPY2D m = {
+	return memcpy_2d(device, &(CUDA_MEMCPY2D){
 		.srcMemoryType = CU_MEMORYTYPE_DEVICE,
 		.srcDevice = (CUdeviceptr)(uintptr_t)src,
 		.srcPitch = src_pitch,
@@ -412,14 +423,7 @@ static int cuda_read_rows(uint32_t device, const void *src, uint64_t src_pitch, 
 		.dstPitch = width,
 		.WidthInBytes = width,
 		.Height = rows,
-	};
-	int r = use(device);
-	CUresult cr;
-
-	if (r < 0)
-		return r;
-	cr = cuda.cu->cuMemcpy2D(&m);
-	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpy2D");
+	});
 }
 
 static int cuda_write(uint32_t device, void *dst, const void *src, uint64_t bytes) {
@@ -444,7 +448,7 @@ static int cuda_copy(uint32_t device, void *dst, const void *src, uint64_t bytes
 
 static int cuda_copy_rows(uint32_t device, void *dst, const void *src, uint64_t pitch,
                           uint64_t width, uint64_t rows) {
-	CUDA_MEMCPY2D m = {
+	return memcpy_2d(device, &(CUDA_MEMCPY2D){
 		.srcMemoryType = CU_MEMORYTYPE_DEVICE,
 		.srcDevice = (CUdeviceptr)(uintptr_t)src,
 		.srcPitch = pitch,
@@ -453,14 +457,7 @@ static int cuda_copy_rows(uint32_t device, void *dst, const void *src, uint64_t 
 		.dstPitch = pitch,
 		.WidthInBytes = width,
 		.Height = rows,
-	};
-	int r = use(device);
-	CUresult cr;
-
-	if (r < 0)
-		return r;
-	cr = cuda.cu->cuMemcpy2D(&m);
-	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpy2D");
+	});
 }
 
 _Static_assert(sizeof(CUipcEventHandle) == BACKEND_EVENT_HANDLE_BYTES, "backend.h's size");

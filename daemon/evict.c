@@ -1021,8 +1021,9 @@ static void retry_waiting_plans(struct evictor *e) {
 	_cleanup_(freep) uint64_t *ids = NULL;
 	uint32_t n = 0, i = 0;
 
+	/* Only a connection with events can have such a plan: the others cost no walk. */
 	for (struct conn *c = s->conns; c; c = c->next)
-		for (struct seq *q = c->seqs; q && !c->closing; q = q->next)
+		for (struct seq *q = c->n_events ? c->seqs : NULL; q && !c->closing; q = q->next)
 			n += q->pending && q->pins == 0;
 	if (n == 0)
 		return;
@@ -1030,7 +1031,7 @@ static void retry_waiting_plans(struct evictor *e) {
 	if (!ids)
 		return;
 	for (struct conn *c = s->conns; c; c = c->next)
-		for (struct seq *q = c->seqs; q && !c->closing; q = q->next)
+		for (struct seq *q = c->n_events ? c->seqs : NULL; q && !c->closing; q = q->next)
 			if (q->pending && q->pins == 0) {
 				ids[2 * i] = q->conn_id;
 				ids[2 * i + 1] = q->id;

@@ -1662,18 +1662,23 @@ CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
 	return r;
 }
 
-CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
-	CUresult r = need_ctx("cuEventSynchronize", NULL);
+/* What waiting for, or asking after, an event answers here: it completed when recorded, so
+ * only the context and the handle are checked. */
+static CUresult event_complete(const char *call, CUevent hEvent) {
+	CUresult r = need_ctx(call, NULL);
 	bool ok;
 
-	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&lock);
 	ok = is_event(hEvent);
 	pthread_mutex_unlock(&lock);
-	return ok ? CUDA_SUCCESS :
-	       fail(CUDA_ERROR_INVALID_HANDLE, "cuEventSynchronize", "unknown event %p", (void *)hEvent);
+	return ok ? CUDA_SUCCESS : fail(CUDA_ERROR_INVALID_HANDLE, call, "unknown event %p", (void *)hEvent);
+}
+
+CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
+	COUNT(0);
+	return event_complete("cuEventSynchronize", hEvent);
 }
 
 /*
@@ -1729,17 +1734,8 @@ CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle)
 
 /* Complete at once, like everything here (cuEventSynchronize). */
 CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
-	CUresult r = need_ctx("cuEventQuery", NULL);
-	bool ok;
-
 	COUNT(0);
-	if (r != CUDA_SUCCESS)
-		return r;
-	pthread_mutex_lock(&lock);
-	ok = is_event(hEvent);
-	pthread_mutex_unlock(&lock);
-	return ok ? CUDA_SUCCESS :
-	       fail(CUDA_ERROR_INVALID_HANDLE, "cuEventQuery", "unknown event %p", (void *)hEvent);
+	return event_complete("cuEventQuery", hEvent);
 }
 
 /* The time between the two records; the driver refuses events that were never recorded or

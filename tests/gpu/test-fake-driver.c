@@ -248,6 +248,39 @@ static kvd_client *connect_on(const struct cuda_dl *cu, struct fixture *f, const
 	return c;
 }
 
+/* Two tenants of a daemon with two GPUs: a on GPU 0, b on GPU 1, each with a sequence of
+ * an evictable model (16-token blocks of 8 KiB over 2 layers: 4096 tokens a 4 MiB chunk). */
+struct two_gpus {
+	struct fixture f;
+	kvd_client *a, *b;
+	kvd_seq *sa, *sb;
+};
+
+static void two_gpus_start(struct two_gpus *t, const char *const *args) {
+	static const kvd_eviction_spec ev = { .unit = KVD_UNIT_LAYER_TOKEN, .window = 8, .sinks = 4 };
+	const struct cuda_dl *cu;
+	int ma, mb;
+
+	ASSERT_OK(cuda_dl_load(&cu, NULL));
+	start(&t->f, "2", args);
+	t->a = connect_on(cu, &t->f, "a", 0);
+	t->b = connect_on(cu, &t->f, "b", 1);
+	ma = kvd_model_register_evictable(t->a, &spec, &ev);
+	mb = kvd_model_register_evictable(t->b, &spec, &ev);
+	ASSERT_GT(ma, 0);
+	ASSERT_GT(mb, 0);
+	ASSERT_OK(kvd_seq_open(t->a, ma, 1 << 16, &t->sa));
+	ASSERT_OK(kvd_seq_open(t->b, mb, 1 << 16, &t->sb));
+}
+
+static void two_gpus_stop(struct two_gpus *t) {
+	ASSERT_OK(kvd_seq_release(t->sa));
+	ASSERT_OK(kvd_seq_release(t->sb));
+	t->a = kvd_client_unref(t->a);
+	t->b = kvd_client_unref(t->b);
+	ASSERT_EQ(fixture_stop(&t->f), 0);
+}
+
 /*
  * A GPU whose pool is full while the node budget is not: a grow there waits, and the round
  * it starts takes tokens from that GPU's sequences only (evicting on the other would free
@@ -258,43 +291,24 @@ TEST(full_device_gets_its_own_round) {
 	/* No watermark rounds: the grow's own round is the one under test. */
 	static const char *const args[] = { "--backend=cuda", "--chunk-size=4MiB", "--pool-size=16MiB",
 		                            "--grant-wait=5000", "--high-watermark=100", NULL };
-	static const kvd_eviction_spec ev = { .unit = KVD_UNIT_LAYER_TOKEN, .window = 8, .sinks = 4 };
-	_cleanup_(kvd_client_unrefp) kvd_client *a = NULL, *b = NULL;
-	const struct cuda_dl *cu;
-	struct fixture f;
-	kvd_seq *sa, *sb;
-	int ma, mb;
+	struct two_gpus t;
 
-	ASSERT_OK(cuda_dl_load(&cu, NULL));
-	start(&f, "2", args);
-	a = connect_on(cu, &f, "a", 0);
-	b = connect_on(cu, &f, "b", 1);
-	ma = kvd_model_register_evictable(a, &spec, &ev);
-	mb = kvd_model_register_evictable(b, &spec, &ev);
-	ASSERT_GT(ma, 0);
-	ASSERT_GT(mb, 0);
-	/* 2 layers x 16-token blocks of 8 KiB: 4096 tokens a chunk, 16384 a GPU. */
-	ASSERT_OK(kvd_seq_open(a, ma, 1 << 16, &sa));
-	ASSERT_OK(kvd_seq_open(b, mb, 1 << 16, &sb));
+	two_gpus_start(&t, args);
 	for (int i = 0; i < 3; i++)
-		ASSERT_OK(kvd_seq_grow(sb, 2048));
+		ASSERT_OK(kvd_seq_grow(t.sb, 2048));
 	for (int i = 0; i < 8; i++)
-		ASSERT_OK(kvd_seq_grow(sa, 2048));
-	ASSERT_EQ(fixture_status(&f, "a", "used_bytes"), 16 * MiB);
-	ASSERT_EQ(fixture_status(&f, NULL, "rounds_total"), 0u);
+		ASSERT_OK(kvd_seq_grow(t.sa, 2048));
+	ASSERT_EQ(fixture_status(&t.f, "a", "used_bytes"), 16 * MiB);
+	ASSERT_EQ(fixture_status(&t.f, NULL, "rounds_total"), 0u);
 	/* GPU 0 is full; the budget (32 MiB, 24 in use) has room: the grow waits for a round
 	 * on GPU 0. */
-	ASSERT_OK(kvd_seq_grow(sa, 2048));
-	ASSERT_GT(fixture_status(&f, NULL, "rounds_total"), 0u);
-	ASSERT_GT(fixture_status(&f, "a", "evicted_tokens"), 0u);
-	ASSERT_EQ(fixture_status(&f, "b", "evicted_tokens"), 0u);
-	ASSERT_EQ(kvd_seq_tokens(sb, 0, 0), 3 * 2048);
-	ASSERT_TRUE(kvd_seq_tokens(sa, 0, 0) < 9 * 2048);
-	ASSERT_OK(kvd_seq_release(sa));
-	ASSERT_OK(kvd_seq_release(sb));
-	a = kvd_client_unref(a);
-	b = kvd_client_unref(b);
-	ASSERT_EQ(fixture_stop(&f), 0);
+	ASSERT_OK(kvd_seq_grow(t.sa, 2048));
+	ASSERT_GT(fixture_status(&t.f, NULL, "rounds_total"), 0u);
+	ASSERT_GT(fixture_status(&t.f, "a", "evicted_tokens"), 0u);
+	ASSERT_EQ(fixture_status(&t.f, "b", "evicted_tokens"), 0u);
+	ASSERT_EQ(kvd_seq_tokens(t.sb, 0, 0), 3 * 2048);
+	ASSERT_TRUE(kvd_seq_tokens(t.sa, 0, 0) < 9 * 2048);
+	two_gpus_stop(&t);
 }
 
 /*
@@ -304,45 +318,27 @@ TEST(full_device_gets_its_own_round) {
 TEST(device_watermark_round) {
 	static const char *const args[] = { "--backend=cuda", "--chunk-size=4MiB", "--pool-size=32MiB",
 		                            "--high-watermark=50", "--low-watermark=25", NULL };
-	static const kvd_eviction_spec ev = { .unit = KVD_UNIT_LAYER_TOKEN, .window = 8, .sinks = 4 };
-	_cleanup_(kvd_client_unrefp) kvd_client *a = NULL, *b = NULL;
-	const struct cuda_dl *cu;
-	struct fixture f;
-	kvd_seq *sa, *sb;
-	int ma, mb;
+	struct two_gpus t;
 
-	ASSERT_OK(cuda_dl_load(&cu, NULL));
-	start(&f, "2", args);
-	a = connect_on(cu, &f, "a", 0);
-	b = connect_on(cu, &f, "b", 1);
-	ma = kvd_model_register_evictable(a, &spec, &ev);
-	mb = kvd_model_register_evictable(b, &spec, &ev);
-	ASSERT_GT(ma, 0);
-	ASSERT_GT(mb, 0);
-	ASSERT_OK(kvd_seq_open(a, ma, 1 << 16, &sa));
-	ASSERT_OK(kvd_seq_open(b, mb, 1 << 16, &sb));
+	two_gpus_start(&t, args);
 	/* b: one chunk of GPU 1 (older tokens); a: six of GPU 0 at most, 75% of its pool. The
 	 * node holds 28 of 64 MiB at most, below its own high watermark (50%). */
-	ASSERT_OK(kvd_seq_grow(sb, 2048));
+	ASSERT_OK(kvd_seq_grow(t.sb, 2048));
 	for (int i = 0; i < 12; i++)
-		ASSERT_OK(kvd_seq_grow(sa, 2048));
+		ASSERT_OK(kvd_seq_grow(t.sa, 2048));
 	/* Chunks a round empties come back once a unmaps them (its events). */
-	for (int i = 0; i < 500 && fixture_status(&f, "a", "used_bytes") > 16 * MiB; i++) {
+	for (int i = 0; i < 500 && fixture_status(&t.f, "a", "used_bytes") > 16 * MiB; i++) {
 		kvd_event event;
 
-		while (kvd_client_next_event(a, &event) > 0)
+		while (kvd_client_next_event(t.a, &event) > 0)
 			;
 		usleep(10000);
 	}
-	ASSERT_TRUE(fixture_status(&f, "a", "used_bytes") <= 16 * MiB);
-	ASSERT_GT(fixture_status(&f, NULL, "rounds_total"), 0u);
-	ASSERT_EQ(fixture_status(&f, "b", "evicted_tokens"), 0u);
-	ASSERT_EQ(kvd_seq_tokens(sb, 0, 0), 2048);
-	ASSERT_OK(kvd_seq_release(sa));
-	ASSERT_OK(kvd_seq_release(sb));
-	a = kvd_client_unref(a);
-	b = kvd_client_unref(b);
-	ASSERT_EQ(fixture_stop(&f), 0);
+	ASSERT_TRUE(fixture_status(&t.f, "a", "used_bytes") <= 16 * MiB);
+	ASSERT_GT(fixture_status(&t.f, NULL, "rounds_total"), 0u);
+	ASSERT_EQ(fixture_status(&t.f, "b", "evicted_tokens"), 0u);
+	ASSERT_EQ(kvd_seq_tokens(t.sb, 0, 0), 2048);
+	two_gpus_stop(&t);
 }
 
 /*
