@@ -179,10 +179,11 @@ struct shape {
 	uint32_t dtype, heads, kv_heads, window, len, dim;
 };
 
-/* GQA, MQA, MHA; w = 1, w = L, w > 32 (two row tiles); L and d off the 32-tiles. */
+/* GQA, MQA, MHA; w = 1, w = L, w > 32 (two row tiles); L and d off the 32-tiles. The
+ * second is the longest: shorter under the sanitizers (the CPU stand-ins run it there). */
 static const struct shape shapes[] = {
 	{ KVD_KERNEL_F32, 8, 2, 8, 300, 64 },
-	{ KVD_KERNEL_BF16, 8, 1, 40, 600, 128 },
+	{ KVD_KERNEL_BF16, 8, 1, 40, TEST_SIZE(600, 161), 128 },
 	{ KVD_KERNEL_F16, 4, 2, 33, 97, 80 },
 	{ KVD_KERNEL_F32, 4, 4, 1, 65, 16 },
 	{ KVD_KERNEL_BF16, 6, 2, 5, 5, 32 },

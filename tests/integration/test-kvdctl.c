@@ -219,14 +219,16 @@ static struct run *kvdctl(const char *socket, const char *fmt, ...) {
 	} while (0)
 
 /*
- * Parses json with python3 (failing the test when it is not one valid JSON document) and
- * returns the Python expression expr evaluated over it as `d`: strings as they are,
- * anything else as JSON (None is "null"). Static result.
+ * Parses json with Python ($KVD_TEST_PYTHON, set by meson, else python3) (failing the test
+ * when it is not one valid JSON document) and returns the Python expression expr evaluated
+ * over it as `d`: strings as they are, anything else as JSON (None is "null"). Static
+ * result.
  */
 static const char *json_eval(const char *json, const char *expr) {
 	static struct run r;
+	char *python = getenv("KVD_TEST_PYTHON");
 	char *argv[] = {
-		"python3", "-c",
+		python ? python : "python3", "-c",
 		"import json, sys\n"
 		"d = json.load(sys.stdin)\n"
 		"v = eval(sys.argv[1])\n"

@@ -114,9 +114,26 @@ void test_fail_errno(const char *file, int line, const char *expr, intmax_t got,
 	fail_end();
 }
 
-static int selected(const char *name, int argc, char **argv) {
+/* --shard=K/N: only the tests whose index in the program, modulo N, is K - 1. */
+static unsigned shard_k, shard_n;
+
+static int shard_parse(const char *arg) {
+	char end;
+
+	if (sscanf(arg, "--shard=%u/%u%c", &shard_k, &shard_n, &end) != 2 || shard_n == 0 ||
+	    shard_k == 0 || shard_k > shard_n) {
+		fprintf(stderr, "bad %s: expected --shard=K/N, 1 <= K <= N\n", arg);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int selected(const char *name, unsigned index, int argc, char **argv) {
 	const char *filter = getenv("TESTFUNCS");
 	int any = 0;
+
+	if (shard_n > 0 && index % shard_n != shard_k - 1)
+		return 0;
 
 	if (filter && *filter) {
 		size_t n = strlen(name);
@@ -132,6 +149,8 @@ static int selected(const char *name, int argc, char **argv) {
 		}
 	}
 	for (int i = 1; i < argc; i++) {
+		if (strncmp(argv[i], "--shard=", 8) == 0)
+			continue;
 		any = 1;
 		if (strcmp(argv[i], name) == 0)
 			return 1;
@@ -147,15 +166,18 @@ static double elapsed_ms(const struct timespec *a) {
 }
 
 int main(int argc, char **argv) {
-	unsigned ran = 0, passed = 0, skipped = 0;
+	unsigned ran = 0, passed = 0, skipped = 0, index = 0;
 	int r;
 
 	/* Unbuffered relative to stderr would interleave badly; line buffering keeps one
 	 * line per test in order when both go to the same log. */
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
+	for (int i = 1; i < argc; i++)
+		if (strncmp(argv[i], "--shard=", 8) == 0 && shard_parse(argv[i]) < 0)
+			return EXIT_FAILURE;
 	for (test_entry *t = tests_head; t; t = t->next)
-		ran += selected(t->name, argc, argv);
+		ran += selected(t->name, index++, argc, argv);
 	if (ran == 0) {
 		printf("no test selected\n");
 		return EXIT_TEST_SKIP;
@@ -171,10 +193,11 @@ int main(int argc, char **argv) {
 		return EXIT_FAILURE;
 	}
 
+	index = 0;
 	for (test_entry *t = tests_head; t; t = t->next) {
 		struct timespec start;
 
-		if (!selected(t->name, argc, argv))
+		if (!selected(t->name, index++, argc, argv))
 			continue;
 		current_test = t->name;
 		current_skipped = 0;

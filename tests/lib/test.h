@@ -21,7 +21,9 @@
  * "skipped") when all of them skipped or none was selected.
  *
  * Selection: the TESTFUNCS environment variable, a comma-separated list of test names,
- * runs only those; names given on the command line do the same.
+ * runs only those; names given on the command line do the same. --shard=K/N on the
+ * command line runs, of those, the tests whose index in the program modulo N is K - 1:
+ * meson runs a long program as N tests (shards) this way, each within its time budget.
  *
  * Optional set-up: a test program may define int test_setup(void), called once before the
  * first test; returning EXIT_TEST_SKIP skips the whole program, a negative errno fails it.
@@ -36,6 +38,18 @@
 #include <string.h>
 
 #define EXIT_TEST_SKIP 77
+
+/*
+ * The size of a heavy case: full in the plain build, smaller in the sanitizer build
+ * (meson's b_sanitize defines KVD_TEST_SANITIZED), where ASan and UBSan make code several
+ * times slower. Every test must fit its time budget in both builds (meson.build,
+ * test_timeout); the full sizes, as figures, are kvd-bench's.
+ */
+#ifdef KVD_TEST_SANITIZED
+#define TEST_SIZE(full, sanitized) (sanitized)
+#else
+#define TEST_SIZE(full, sanitized) (full)
+#endif
 
 typedef struct test_entry {
 	const char *name;
