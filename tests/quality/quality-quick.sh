@@ -1,11 +1,12 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 #
-# quality-quick.sh SETTING: `kvd-bench quality --quick` in one setting (in-window or
-# query-agnostic) with the trained kvd-lm model, through a daemon the harness starts
-# itself: every policy must run and appear in results.csv, no cell may be left over its
-# budget, the daemon's full cache must answer as the engine's private one (the harness
-# fails otherwise), and the full cache must be at least as accurate as THRESHOLD below.
+# quality-quick.sh SETTING BUDGETS: `kvd-bench quality --quick` in one setting (in-window
+# or query-agnostic) at BUDGETS (percent, comma-separated) with the trained kvd-lm model,
+# through a daemon the harness starts itself: every policy must run and appear in
+# results.csv, no cell may be left over its budget, the daemon's full cache must answer as
+# the engine's private one (the harness fails otherwise), and the full cache must be at
+# least as accurate as THRESHOLD below.
 # The threshold is on the full cache alone, never on an eviction policy: it checks that
 # the model, the tasks and the scoring are wired right, not what any policy achieves.
 #
@@ -25,7 +26,8 @@ daemon=${KVD_DAEMON:?KVD_DAEMON is not set (run the test through meson)}
 bench=${KVD_BENCH:?KVD_BENCH is not set (run the test through meson)}
 model=${KVD_LM_MODEL:?KVD_LM_MODEL is not set (run the test through meson)}
 haystack=${KVD_LM_HAYSTACK:?KVD_LM_HAYSTACK is not set (run the test through meson)}
-setting=${1:?usage: quality-quick.sh SETTING}
+setting=${1:?usage: quality-quick.sh SETTING BUDGETS}
+budgets=${2:?usage: quality-quick.sh SETTING BUDGETS}
 
 if [ ! -f "$model" ]; then
 	echo "quality-quick.sh: no trained model at $model" >&2
@@ -43,8 +45,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-if ! "$bench" quality --quick --samples 1 --settings "$setting" --model "$model" \
-	--haystack "$haystack" --kvd "$daemon" --out "$out"; then
+if ! "$bench" quality --quick --samples 1 --settings "$setting" --budgets "$budgets" \
+	--model "$model" --haystack "$haystack" --kvd "$daemon" --out "$out"; then
 	echo "quality-quick.sh: kvd-bench quality --quick failed (daemon log: $out/kvd.log)" >&2
 	[ -f "$out/kvd.log" ] && cat "$out/kvd.log" >&2
 	exit 1
