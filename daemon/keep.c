@@ -952,7 +952,8 @@ void keep_tick(struct keep *k, struct server *s) {
 		n++;
 	}
 	k->orphans_left = 0;
-	/* Nobody holds them: the chunks are scrubbed and free at once. */
+	/* Nobody holds them: the chunks are free at once (their memory stays their tenant's:
+	 * pool.h, "Isolation"). */
 	server_reclaim(s, &emptied, NULL, NULL);
 	log_notice("%" PRIu32 " sequences kept across the restart were not claimed within %" PRIu64
 	           " ms (restore-claim): freed", n, k->claim_ms);

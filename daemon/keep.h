@@ -14,9 +14,8 @@
  *
  * Isolation: which processes of the last life still map a chunk is not known (a client that
  * did not reconnect keeps its mappings), so a stored chunk is never given to another
- * tenant: one that no kept sequence uses is dropped at start, and a restored one is
- * destroyed, not scrubbed, when it comes back (pool.h, chunk.retire); a new memfd takes
- * its place.
+ * tenant: one that no kept sequence uses is dropped at start, and a restored one stays its
+ * tenant's memory, as every chunk's memory stays its last owner's (pool.h, "Isolation").
  *
  * Nothing read back is trusted. The journal's header and slots carry CRCs; each descriptor
  * is checked against the model limits and the layout seq_new() gives its shape; each block

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 
 #include "access.h"
@@ -67,6 +68,17 @@ static int check_config(const struct settings *s, const struct inifile_errors *e
 	return EXIT_SUCCESS;
 }
 
+/*
+ * The daemon's memory maps every tenant's KV: no core dump of it, and no ptrace or
+ * /proc/PID/mem by processes of the same user (a client running as kvd's user, or a
+ * compromised helper); only root (CAP_SYS_PTRACE) still can.
+ */
+static void keep_memory_private(void) {
+	if (prctl(PR_SET_DUMPABLE, 0) < 0)
+		log_warning("cannot mark the daemon not dumpable (%m): its memory, every tenant's "
+		            "KV, may end up in a core dump");
+}
+
 /* Every chunk and descriptor in flight is an fd: take what the hard limit allows. */
 static void raise_fd_limit(void) {
 	struct rlimit rl;
@@ -122,6 +134,7 @@ int main(int argc, char *argv[]) {
 		return r;
 	}
 	log_set_max_level(cfg.log_level);
+	keep_memory_private();
 	raise_fd_limit();
 
 	r = backend_open(settings_backend_to_string(cfg.backend), cfg.devices, &ops, why, sizeof(why));

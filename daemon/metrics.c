@@ -287,6 +287,13 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	        s->next_conn_id);
 	gauge(f, "kvd_tenants", "Tenants the daemon knows.", s->tenants.n);
 	counter(f, "kvd_grants_total", "Chunks granted to tenants from the pool.", p->grants);
+	family(f, "kvd_grants_memory_total", "counter",
+	       "Chunk grants by the memory they gave: own (the tenant's own freed memory object), "
+	       "new (memory made for it), renewed (a new object in place of another tenant's).");
+	fprintf(f, "kvd_grants_memory_total{memory=\"own\"} %" PRIu64 "\n", p->grants_own);
+	fprintf(f, "kvd_grants_memory_total{memory=\"new\"} %" PRIu64 "\n",
+	        p->grants - p->grants_own - p->grants_renewed);
+	fprintf(f, "kvd_grants_memory_total{memory=\"renewed\"} %" PRIu64 "\n", p->grants_renewed);
 	family(f, "kvd_grants_refused_total", "counter",
 	       "Chunk grants refused, by reason: budget (node budget spent), pool (no free chunk), "
 	       "tenant_max (the tenant's cap), error (backend or memory failure).");

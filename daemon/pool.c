@@ -8,6 +8,78 @@
 #include "log.h"
 #include "pool.h"
 
+/* ---- Free lists (pool.h, "Isolation") ---- */
+
+/* Puts a FREE chunk on its device's free list: at the head without memory, at the tail (and
+ * on its last owner's own list) with. */
+static void free_push(struct pool *p, struct chunk *c) {
+	uint32_t d = c->mem.device;
+
+	if (!c->last_owner) {
+		c->prev = NULL;
+		c->next = p->free_list[d];
+		if (c->next)
+			c->next->prev = c;
+		else
+			p->free_tail[d] = c;
+		p->free_list[d] = c;
+		return;
+	}
+	c->next = NULL;
+	c->prev = p->free_tail[d];
+	if (c->prev)
+		c->prev->next = c;
+	else
+		p->free_list[d] = c;
+	p->free_tail[d] = c;
+	c->own_prev = NULL;
+	c->own_next = c->last_owner->free_chunks[d];
+	if (c->own_next)
+		c->own_next->own_prev = c;
+	c->last_owner->free_chunks[d] = c;
+}
+
+/* Takes a FREE chunk off the free lists it is on. */
+static void free_unlink(struct pool *p, struct chunk *c) {
+	uint32_t d = c->mem.device;
+
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		p->free_list[d] = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	else
+		p->free_tail[d] = c->prev;
+	c->next = c->prev = NULL;
+	if (!c->last_owner)
+		return;
+	if (c->own_prev)
+		c->own_prev->own_next = c->own_next;
+	else
+		c->last_owner->free_chunks[d] = c->own_next;
+	if (c->own_next)
+		c->own_next->own_prev = c->own_prev;
+	c->own_next = c->own_prev = NULL;
+}
+
+/* Destroys a chunk's memory object (the fd store forgets it too); it is nobody's after. */
+static void chunk_drop_memory(struct pool *p, struct chunk *c) {
+	if (c->mem.fd >= 0) {
+		if (p->chunk_destroyed)
+			p->chunk_destroyed(p->chunk_created_userdata, c);
+		p->ops->chunk_destroy(&c->mem);
+	}
+	c->last_owner = NULL;
+}
+
+/* Destroys the memory of a FREE chunk, which stays FREE, without memory. */
+static void free_drop_memory(struct pool *p, struct chunk *c) {
+	free_unlink(p, c);
+	chunk_drop_memory(p, c);
+	free_push(p, c);
+}
+
 int pool_new(const struct backend_ops *ops, uint32_t n_devices, uint64_t device_bytes,
              uint64_t chunk_bytes, uint64_t budget_bytes, struct pool **ret) {
 	uint64_t gran = ops->granularity(), device_chunks;
@@ -44,8 +116,7 @@ int pool_new(const struct backend_ops *ops, uint32_t n_devices, uint64_t device_
 		c->id = i;
 		c->mem.fd = -EBADF;
 		c->mem.device = i / p->device_chunks;
-		c->next = p->free_list[c->mem.device];
-		p->free_list[c->mem.device] = c;
+		free_push(p, c);
 		p->device_free[c->mem.device]++;
 	}
 	p->chunks_free = p->n_chunks;
@@ -100,12 +171,14 @@ static void partial_remove(struct tenant *t, struct chunk *c) {
 	c->partial = false;
 }
 
-/* Takes a free chunk of device for t, carved for block_bytes. */
+/* Takes a free chunk of device for t, carved for block_bytes: its own if it has one, else
+ * one without memory, else another tenant's, renewed (pool.h, "Isolation"). */
 static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint64_t block_bytes,
                          struct chunk **ret) {
-	struct chunk *c = p->free_list[device];
+	struct chunk *c = t->free_chunks[device] ? t->free_chunks[device] : p->free_list[device];
 	uint64_t stride = ALIGN_TO(block_bytes, LAYOUT_BLOCK_ALIGN);
 	uint32_t n_blocks, words;
+	bool own = c && c->last_owner == t, renewed = false;
 	int r;
 
 	if (p->used_bytes + p->chunk_bytes > p->budget_bytes || !c)
@@ -113,6 +186,11 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 	if (t->max_bytes != TENANT_NO_CAP && t->used_bytes + p->chunk_bytes > t->max_bytes)
 		return -EDQUOT;
 
+	if (c->last_owner && !own) {
+		/* Another tenant's processes may still reach this memory: never give it on. */
+		free_drop_memory(p, c);
+		renewed = true;
+	}
 	if (c->mem.fd < 0) {
 		r = p->ops->chunk_create(c->id, c->mem.device, p->chunk_bytes, &c->mem);
 		if (r < 0)
@@ -127,12 +205,14 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 	if (!c->used)
 		return -ENOMEM;
 
-	p->free_list[device] = c->next;
+	free_unlink(p, c);
 	p->chunks_free--;
 	p->device_free[device]--;
-	c->next = NULL;
+	p->grants_own += own;
+	p->grants_renewed += renewed;
 	c->state = CHUNK_OWNED;
 	c->owner = t;
+	c->last_owner = t;
 	c->block_bytes = block_bytes;
 	c->stride = stride;
 	c->n_blocks = n_blocks;
@@ -156,20 +236,11 @@ static void chunk_release(struct pool *p, struct chunk *c) {
 		partial_remove(t, c);
 	if (c->state == CHUNK_DRAINING)
 		p->chunks_draining--;
-	if (c->retire) {
-		/* Restored after a restart (keep.h): processes of its owner from before may still
-		 * map it, and nobody knows which. Its memory must never reach another tenant; a new
-		 * memfd takes its place at the next use. */
-		if (p->chunk_destroyed)
-			p->chunk_destroyed(p->chunk_created_userdata, c);
-		p->ops->chunk_destroy(&c->mem);
-		c->retire = false;
-	} else if ((r = p->ops->chunk_scrub(&c->mem)) < 0) {
-		/* A chunk that cannot be zeroed must never reach another tenant. */
-		log_error_errno(r, "scrubbing chunk %u failed, retiring it", c->id);
-		if (p->chunk_destroyed)
-			p->chunk_destroyed(p->chunk_created_userdata, c);
-		p->ops->chunk_destroy(&c->mem);
+	/* Zeroed for its owner's next use (its memory stays its own: pool.h, "Isolation"). */
+	r = p->ops->chunk_scrub(&c->mem);
+	if (r < 0) {
+		log_error_errno(r, "scrubbing chunk %u failed, destroying its memory", c->id);
+		chunk_drop_memory(p, c);
 	}
 	p->used_bytes -= p->chunk_bytes;
 	t->used_bytes -= p->chunk_bytes;
@@ -177,8 +248,7 @@ static void chunk_release(struct pool *p, struct chunk *c) {
 	c->state = CHUNK_FREE;
 	c->owner = NULL;
 	c->n_holders = 0;
-	c->next = p->free_list[c->mem.device];
-	p->free_list[c->mem.device] = c;
+	free_push(p, c);
 	p->chunks_free++;
 	p->device_free[c->mem.device]++;
 }
@@ -340,12 +410,12 @@ void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint6
 	c->used = used;
 	c->state = CHUNK_OWNED;
 	c->owner = t;
+	c->last_owner = t;
 	c->block_bytes = block_bytes;
 	c->stride = stride;
 	c->n_blocks = n_blocks;
 	c->used_blocks = used_blocks;
 	c->hint = 0;
-	c->retire = true;
 	p->chunks_free--;
 	p->device_free[c->mem.device]--;
 	p->used_bytes += p->chunk_bytes;
@@ -360,14 +430,25 @@ void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint6
 }
 
 void pool_restore_done(struct pool *p) {
-	/* The free lists as pool_new() makes them, lowest ids first, of what stayed free. */
+	/* The free lists as pool_new() makes them, lowest ids first, of what stayed free: with
+	 * no memory (a FREE chunk's memory from the last life would be nobody's). */
 	memset(p->free_list, 0, sizeof(p->free_list));
+	memset(p->free_tail, 0, sizeof(p->free_tail));
 	for (uint32_t i = p->n_chunks; i-- > 0;) {
 		struct chunk *c = &p->chunks[i];
 
 		if (c->state != CHUNK_FREE)
 			continue;
-		c->next = p->free_list[c->mem.device];
-		p->free_list[c->mem.device] = c;
+		chunk_drop_memory(p, c);
+		free_push(p, c);
 	}
+}
+
+uint32_t pool_forget_tenant(struct pool *p, struct tenant *t) {
+	uint32_t n = 0;
+
+	for (uint32_t d = 0; d < p->n_devices; d++)
+		for (; t->free_chunks[d]; n++)
+			free_drop_memory(p, t->free_chunks[d]);
+	return n;
 }

@@ -20,6 +20,17 @@
  * Invariants: an OWNED chunk has at least one block in use (a chunk whose last block is
  * freed is reclaimed at once); only connections of the owner are holders; a chunk is
  * scrubbed on its way back to FREE, so whoever gets it next reads zeros.
+ *
+ * Isolation against a hostile tenant: memfds and cuMem handles cannot be revoked, so a
+ * process that was ever given a chunk's fd may keep it (or a mapping of it, or a copy it
+ * passed on) whatever it acknowledged. A chunk's memory object therefore only ever serves
+ * one tenant: a FREE chunk keeps its memory tagged with the tenant that last held it
+ * (chunk.last_owner), comes back to that tenant as it is (scrubbed), and is given to
+ * another tenant only as a new memory object (a fresh memfd, a fresh cuMem allocation): the
+ * old one is destroyed by the daemon and dropped from the fd store, and lives on only in
+ * the processes that kept it. FREE chunks count as free pool whatever their tag: the budget
+ * counts OWNED and DRAINING chunks only. A grant takes, in this order, a FREE chunk of the
+ * tenant's own, one without memory, and then the one of another tenant freed longest ago.
  */
 
 #include <stdbool.h>
@@ -49,12 +60,14 @@ struct chunk {
 	uint32_t n_holders, cap_holders;
 	struct chunk *next, *prev;    /* free list, or the owner's partial list */
 	bool partial;
+	/* Whose its memory object is (NULL: none yet, or nobody's); FREE chunks with memory
+	 * are also on last_owner->free_chunks (own_next, own_prev). */
+	struct tenant *last_owner;
+	struct chunk *own_next, *own_prev;
 	uint64_t grant_serial;        /* last grow that granted it (see seq_grow) */
 	/* DRAINING: when its holders were asked to unmap it (server_reclaim()), where
 	 * unmap-timeout starts; 0: they could not be asked, and no deadline runs. */
 	uint64_t unmap_asked_ms;
-	bool retire;                  /* restored (pool_chunk_restore): destroyed, not scrubbed,
-	                               * when it comes back */
 };
 
 /* Why a grant of a new chunk was refused; counted for the metrics endpoint. */
@@ -71,12 +84,16 @@ struct pool {
 	uint64_t pool_bytes, chunk_bytes, budget_bytes; /* pool_bytes: every device's */
 	uint32_t n_chunks, n_devices, device_chunks;
 	struct chunk *chunks;
-	struct chunk *free_list[BACKEND_DEVICES_MAX]; /* per device */
+	/* FREE chunks, per device: those without memory first, then those with memory, the one
+	 * freed longest ago first (what a grant takes from another tenant). */
+	struct chunk *free_list[BACKEND_DEVICES_MAX], *free_tail[BACKEND_DEVICES_MAX];
 	uint32_t chunks_free, chunks_draining;
 	uint32_t device_free[BACKEND_DEVICES_MAX]; /* chunks_free, per device */
 	uint64_t used_bytes, block_bytes;
 	uint64_t grants_refused;
 	uint64_t grants;              /* chunks handed to a tenant from the free list */
+	uint64_t grants_own;          /* of which its own memory object, as it was */
+	uint64_t grants_renewed;      /* of which another tenant's, as a new memory object */
 	uint64_t refused[_POOL_REFUSED_MAX]; /* grants_refused, by reason */
 	/* Called when a chunk's memory is created (keep.h stores its fd), and before it is
 	 * destroyed (keep.h drops it from the store); may be NULL. */
@@ -144,9 +161,13 @@ int pool_block_alloc_in(struct pool *p, struct chunk *c, uint32_t *ret_index);
  * Restoring after a restart (keep.h): chunk c, FREE and with its memory already set, becomes
  * t's, carved for block_bytes, with the blocks whose bits are set in used (allocated, one
  * bit per block, taken over) in use, and charged as pool_block_alloc() would have. Unknown
- * processes may still map it, so when it comes back it is destroyed, not reused. Once
- * every chunk is restored, pool_restore_done() rebuilds the free list.
+ * processes of t may still map it: its memory is t's, as any chunk's is its last owner's.
+ * Once every chunk is restored, pool_restore_done() rebuilds the free list.
  */
 void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint64_t block_bytes,
                         uint64_t *used);
 void pool_restore_done(struct pool *p);
+
+/* Destroys the memory of t's FREE chunks (t is going away: nobody may be given it again).
+ * Returns how many. */
+uint32_t pool_forget_tenant(struct pool *p, struct tenant *t);

@@ -236,7 +236,7 @@ int state_save(struct state *st) {
 	len = strlen(text);
 	if (len > STATE_FILE_MAX)
 		return save_error(st, -EFBIG, "write", st->path);
-	if (mkdir(st->dir, 0755) < 0 && errno != EEXIST)
+	if (mkdir(st->dir, 0700) < 0 && errno != EEXIST)
 		return save_error(st, negative_errno(), "create", st->dir);
 	if (asprintf(&tmp, "%s/.%s.XXXXXX", st->dir, STATE_FILE_NAME) < 0) {
 		tmp = NULL;
@@ -245,8 +245,9 @@ int state_save(struct state *st) {
 	fd = mkostemp(tmp, O_CLOEXEC);
 	if (fd < 0)
 		return save_error(st, negative_errno(), "create a file in", st->dir);
-	/* Readable by operators, like the config file; mkostemp() made it 0600. */
-	r = fchmod(fd, 0644) < 0 ? negative_errno() : write_all(fd, text, len);
+	/* 0600, as mkostemp() made it: tenants' names and shares are the daemon's to tell (kvdctl
+	 * status asks it, with its access rules), not every local user's to read. */
+	r = write_all(fd, text, len);
 	/* The data must be on disk before the rename makes it the state. */
 	if (r >= 0 && fsync(fd) < 0)
 		r = negative_errno();

@@ -10,6 +10,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend.h"
+
 #define TENANT_NAME_MAX 63
 #define TENANT_NO_CAP UINT64_MAX
 
@@ -35,6 +37,8 @@ struct tenant {
 	/* Eviction, all rounds together: block bytes and token slots taken, rounds that took. */
 	uint64_t evicted_bytes, evicted_tokens, rounds;
 	struct chunk *partial;        /* owned chunks with at least one free block */
+	/* FREE chunks whose memory object is its own (pool.h), per device. */
+	struct chunk *free_chunks[BACKEND_DEVICES_MAX];
 };
 
 struct tenant_table {

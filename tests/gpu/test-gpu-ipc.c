@@ -9,8 +9,9 @@
  *     mapping of the same memory, must equal the digest of the pattern: the daemon sees
  *     the engine's writes, so the export -> SCM_RIGHTS -> import -> map path works;
  *   - a second process (tenant b, a child that execs this program) is then granted the
- *     chunks a released: it must read zeros only (the daemon scrubbed them on its stream,
- *     and a's data did not leak), and its own writes must reach the daemon's digest too.
+ *     chunk a released, as a new allocation (another tenant's memory is never given on:
+ *     pool.h, "Isolation"): it must read zeros only (a's data did not leak), and its own
+ *     writes must reach the daemon's digest too.
  *
  * A broken IPC path (a chunk imported as other memory, a map at the wrong place, access not
  * granted, scrubs that do not land) fails one of these comparisons or faults.
@@ -203,7 +204,9 @@ static int run_child(const char *socket, char *out, size_t n) {
 }
 
 TEST(two_processes_share_and_scrub) {
-	static const char *const args[] = { "--backend=cuda", "--pool-size=64MiB", NULL };
+	/* One chunk: whoever gets memory gets that chunk. */
+	static const char *const args[] = { "--backend=cuda", "--pool-size=4MiB",
+		                            "--chunk-size=4MiB", NULL };
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	uint32_t ids[MAX_BLOCKS], n_a = 0, n = 0, reused = 0;
 	struct written w = {};
@@ -226,15 +229,15 @@ TEST(two_processes_share_and_scrub) {
 	ASSERT_OK(kvd_client_mapped_chunks(c, ids, MAX_BLOCKS, &n_a));
 	ASSERT_GT(n_a, 0u);
 
-	/* Released: unmapped here, scrubbed by the daemon, free for b. */
+	/* Released: unmapped here, free for b. */
 	ASSERT_OK(kvd_seq_release(s));
 	ASSERT_OK(kvd_client_mapped_chunks(c, NULL, 0, &n));
 	ASSERT_EQ(n, 0u);
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));
 
 	ASSERT_EQ(run_child(f.socket, out, sizeof(out)), 0);
-	/* The free list hands out the lowest ids first: b got a's chunks back, so the zeros
-	 * it read were a's scrubbed memory, not fresh chunks. */
+	/* b got a's chunk, as a new allocation (a's processes may still map the old one:
+	 * pool.h, "Isolation"), and read zeros there. */
 	for (char *p = out; *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : p + strlen(p))
 		for (uint32_t i = 0; i < n_a && i < MAX_BLOCKS; i++)
 			if (ids[i] == (uint32_t)strtoul(p, NULL, 10)) {

@@ -431,11 +431,104 @@ TEST(reclaim_without_holder_scrubs) {
 	ASSERT_EQ(f.a->used_bytes, 0u);
 	ASSERT_TRUE(all_bytes(c->mem.addr, 0, chunk));
 
-	/* The next owner gets it back (lowest id first) and reads zeros too. */
-	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 1024, &c2, &i1));
+	/* Its owner gets it back, and reads zeros too. */
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c2, &i1));
 	ASSERT_TRUE(c2 == c);
-	ASSERT_TRUE(c2->owner == f.b);
 	ASSERT_TRUE(all_bytes(pool_block_addr(f.p, ref_of(c2, i1)), 0, 1024));
+	fixture_done(&f);
+}
+
+static ino_t inode_of(int fd) {
+	struct stat st;
+
+	ASSERT_OK(fstat(fd, &st));
+	return st.st_ino;
+}
+
+/*
+ * A chunk's memory object serves one tenant only (pool.h, "Isolation"): freed, it comes
+ * back to its tenant as it is; another tenant gets a chunk without memory first, and then
+ * a new memory object in its place, never the old one, which its old holders may still map.
+ */
+TEST(freed_memory_stays_its_tenants) {
+	const uint64_t chunk = 4 * page;
+	struct fixture f;
+	struct chunk *c, *x, *y;
+	uint32_t i, j;
+	ino_t ino_a;
+	int kept_fd;
+	uint8_t *kept;
+
+	fixture_init(&f, chunk, 2, 2);
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &i));
+	ASSERT_EQ(c->id, 0u);
+	ino_a = inode_of(c->mem.fd);
+	/* What a hostile holder of a keeps: its own fd and mapping of the memfd. */
+	kept_fd = fcntl(c->mem.fd, F_DUPFD_CLOEXEC, 3);
+	ASSERT_GE(kept_fd, 0);
+	kept = mmap(NULL, chunk, PROT_READ | PROT_WRITE, MAP_SHARED, kept_fd, 0);
+	ASSERT_TRUE(kept != MAP_FAILED);
+	memset(kept, 0xab, chunk);
+	ASSERT_TRUE(pool_block_free(f.p, c, i));
+	ASSERT_EQ(pool_chunk_reclaim(f.p, c), 0u);
+	ASSERT_TRUE(c->last_owner == f.a);
+	ASSERT_TRUE(f.a->free_chunks[0] == c);
+
+	/* b: the chunk without memory, not a's. */
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 1024, &x, &j));
+	ASSERT_EQ(x->id, 1u);
+	/* a: its own, the same memory object, scrubbed. */
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &y, &i));
+	ASSERT_TRUE(y == c);
+	ASSERT_EQ(inode_of(y->mem.fd), ino_a);
+	ASSERT_TRUE(all_bytes(c->mem.addr, 0, chunk));
+	ASSERT_EQ(f.p->grants_own, 1u);
+	ASSERT_EQ(f.p->grants_renewed, 0u);
+
+	/* Both free again; then b takes both: a's chunk as a new memory object. */
+	ASSERT_TRUE(pool_block_free(f.p, x, j));
+	ASSERT_EQ(pool_chunk_reclaim(f.p, x), 0u);
+	ASSERT_TRUE(pool_block_free(f.p, y, i));
+	ASSERT_EQ(pool_chunk_reclaim(f.p, y), 0u);
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 1024, &x, &j));
+	ASSERT_EQ(x->id, 1u); /* its own first */
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 2048, &y, &j));
+	ASSERT_TRUE(y == c);
+	ASSERT_TRUE(y->last_owner == f.b);
+	ASSERT_NE(inode_of(y->mem.fd), ino_a);
+	ASSERT_EQ(f.p->grants_renewed, 1u);
+	ASSERT_TRUE(f.a->free_chunks[0] == NULL);
+	/* b's bytes and a's kept memory never meet, either way. */
+	memset(y->mem.addr, 0x5a, chunk);
+	ASSERT_TRUE(all_bytes(kept, 0, chunk));
+	memset(kept, 0xcd, chunk);
+	ASSERT_EQ(pwrite(kept_fd, "x", 1, 0), 1);
+	ASSERT_TRUE(all_bytes(y->mem.addr, 0x5a, chunk));
+	ASSERT_OK(munmap(kept, chunk));
+	safe_close(kept_fd);
+	fixture_done(&f);
+}
+
+/* A tenant that goes away takes its free chunks' memory with it. */
+TEST(forgotten_tenant_leaves_no_memory) {
+	const uint64_t chunk = 4 * page;
+	struct fixture f;
+	struct chunk *c;
+	uint32_t i;
+
+	fixture_init(&f, chunk, 2, 2);
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &i));
+	ASSERT_TRUE(pool_block_free(f.p, c, i));
+	ASSERT_EQ(pool_chunk_reclaim(f.p, c), 0u);
+	ASSERT_GE(c->mem.fd, 0);
+	ASSERT_EQ(pool_forget_tenant(f.p, f.b), 0u);
+	ASSERT_EQ(pool_forget_tenant(f.p, f.a), 1u);
+	ASSERT_LT(c->mem.fd, 0);
+	ASSERT_NULL(c->last_owner);
+	ASSERT_NULL(f.a->free_chunks[0]);
+	ASSERT_EQ(f.p->chunks_free, 2u);
+	/* Without memory, it is first on the free list again (lowest id). */
+	ASSERT_TRUE(f.p->free_list[0] == c);
 	fixture_done(&f);
 }
 
@@ -486,7 +579,8 @@ TEST(reclaim_with_holders_drains) {
 	ASSERT_EQ(f.a->chunks, 1u);
 	ASSERT_EQ(c->n_holders, 0u);
 	ASSERT_TRUE(all_bytes(c->mem.addr, 0, chunk));
-	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 1024, &x, &ix));
+	/* Back to a: its own memory first. */
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 2048, &x, &ix));
 	ASSERT_TRUE(x == c);
 
 	/* Dropping a holder of an owned chunk just forgets it. */

@@ -436,11 +436,13 @@ TEST(state_round_trip) {
 	t->weight = 9;
 	ASSERT_ERRNO(state_tenant_get(st, "c", &t), -EUSERS);
 	ASSERT_ERRNO(state_tenant_get(st, "no way", &t), -EINVAL);
-	/* The directory is made when missing. */
+	/* The directory is made when missing; both are the daemon's alone. */
 	ASSERT_OK(state_save(st));
 	ASSERT_STREQ(st->error, "");
 	ASSERT_OK(stat(st->path, &sb));
-	ASSERT_EQ(sb.st_mode & 0777, 0644u);
+	ASSERT_EQ(sb.st_mode & 0777, 0600u);
+	ASSERT_OK(stat(st->dir, &sb));
+	ASSERT_EQ(sb.st_mode & 0777, 0700u);
 	f = fopen(st->path, "re");
 	ASSERT_NOT_NULL(f);
 	k = fread(text, 1, sizeof(text) - 1, f);
