@@ -1285,6 +1285,20 @@ int kvd_tenant_reset(kvd_client *c, const char *tenant) {
 	return client_simple_call(c, &env);
 }
 
+int kvd_tenant_delete(kvd_client *c, const char *tenant) {
+	Kvd__V1__TenantDelete req = KVD__V1__TENANT_DELETE__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!c || !tenant || !tenant_name_valid(tenant))
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	req.name = (char *)tenant;
+	env.body_case = KVD__V1__ENVELOPE__BODY_TENANT_DELETE;
+	env.tenant_delete = &req;
+	return client_simple_call(c, &env);
+}
+
 /* ---- status ---- */
 
 /* The names kvd.h lists, in the order of the values arrays below. */

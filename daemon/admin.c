@@ -39,6 +39,7 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.hello_timeout_ms = s->hello_timeout_ms,
 		.unmap_timeout_ms = s->unmap_timeout_ms,
 		.unmap_grace_ms = s->unmap_grace_ms,
+		.tenant_forget_ms = s->tenant_forget_ms,
 		.max_tx_bytes = UINT64_C(4) << 20,
 		.max_violations = 8,
 		.metrics_listen = s->metrics_listen,
@@ -363,6 +364,7 @@ void admin_reload(struct admin *a) {
 	s->limits.hello_timeout_ms = a->cfg.hello_timeout_ms;
 	s->limits.unmap_timeout_ms = a->cfg.unmap_timeout_ms;
 	s->limits.unmap_grace_ms = a->cfg.unmap_grace_ms;
+	s->limits.tenant_forget_ms = a->cfg.tenant_forget_ms;
 	admin_eviction_limits(&a->cfg, &s->limits);
 	log_set_max_level(a->cfg.log_level);
 	apply_budget(a);
@@ -441,8 +443,35 @@ int admin_tenant_reset(struct admin *a, const char *name, char *why, size_t why_
 	return save(a, why, why_n);
 }
 
+int admin_tenant_delete(struct admin *a, const char *name, char *why, size_t why_n) {
+	struct tenant *t = tenant_find(&a->srv->tenants, name);
+
+	if (!t) {
+		snprintf(why, why_n, "no tenant %s", name);
+		return -ENOENT;
+	}
+	if (!tenant_holds_nothing(t)) {
+		snprintf(why, why_n, "tenant %s holds %u connections, %u sequences, %u chunks", name,
+		         t->connections, t->sequences, t->chunks);
+		return -EBUSY;
+	}
+	if (settings_tenant_find(&a->cfg, name)) {
+		snprintf(why, why_n, "tenant %s is declared in the config file: remove it there and "
+		         "reload", name);
+		return -EBUSY;
+	}
+	server_forget_tenant(a->srv, t, "deleted");
+	if (!state_tenant_remove(a->state, name))
+		return 0;
+	return save(a, why, why_n);
+}
+
 const char *admin_budget_source(const struct admin *a) {
 	return setting_source_to_string(a->budget_source);
+}
+
+bool admin_tenant_declared(const struct admin *a, const char *name) {
+	return settings_tenant_find(&a->cfg, name) || state_tenant_find(a->state, name);
 }
 
 const char *admin_state_error(const struct admin *a) {

@@ -26,6 +26,7 @@
  * with errors changes nothing: the errors are logged with their file:line.
  */
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,7 +71,12 @@ int admin_budget_reset(struct admin *a, char *why, size_t why_n);
 int admin_tenant_set(struct admin *a, struct tenant *t, const struct state_tenant *change,
                      char *why, size_t why_n);
 int admin_tenant_reset(struct admin *a, const char *name, char *why, size_t why_n);
+/* Forgets a tenant and its live values (server_forget_tenant). Returns as above, or -ENOENT
+ * (unknown), -EBUSY (it holds something, or the config file declares it). */
+int admin_tenant_delete(struct admin *a, const char *name, char *why, size_t why_n);
 
 const char *admin_budget_source(const struct admin *a);
+/* Whether the tenant has settings of its own: in the config file, or set live. */
+bool admin_tenant_declared(const struct admin *a, const char *name);
 /* Why the last save of the live state failed, or NULL when it did not. */
 const char *admin_state_error(const struct admin *a);

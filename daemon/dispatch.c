@@ -190,8 +190,13 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 	}
 	if (req->tenant) {
 		r = tenant_get(&s->tenants, req->tenant, &t);
-		if (r == -EUSERS)
+		if (r == -EUSERS) {
 			s->refused[LIMIT_TENANTS]++;
+			log_warning("connection %llu (pid %d): new tenant %s refused: max-tenants (%u) "
+			            "are known (idle ones are forgotten after tenant-forget; kvdctl "
+			            "tenant delete forgets one now)", (unsigned long long)c->id,
+			            (int)c->cred.pid, req->tenant, s->limits.max_tenants);
+		}
 		if (r < 0) {
 			reply_error(c, id, r, r == -EINVAL ? "invalid tenant name" : "too many tenants (%u)",
 			            s->limits.max_tenants);
@@ -876,8 +881,11 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Kvd__V1__Tenant
 	}
 	r = tenant_get(&c->srv->tenants, req->name, &t);
 	if (r < 0) {
-		if (r == -EUSERS)
+		if (r == -EUSERS) {
 			c->srv->refused[LIMIT_TENANTS]++;
+			log_warning("tenant set by pid %d: new tenant %s refused: max-tenants (%u) are "
+			            "known", (int)c->cred.pid, req->name, c->srv->limits.max_tenants);
+		}
 		reply_error(c, id, r, "too many tenants (%u)", c->srv->limits.max_tenants);
 		return;
 	}
@@ -910,6 +918,20 @@ static void handle_tenant_reset(struct conn *c, uint64_t id, const Kvd__V1__Tena
 		log_notice("tenant %s reset by pid %d: min %llu, max %llu, weight %u", t->name,
 		           (int)c->cred.pid, (unsigned long long)t->min_bytes,
 		           (unsigned long long)t->max_bytes, t->weight);
+	reply_live(c, id, r, why);
+}
+
+static void handle_tenant_delete(struct conn *c, uint64_t id, const Kvd__V1__TenantDelete *req) {
+	char why[512];
+	int r;
+
+	if (!req->name || !tenant_name_valid(req->name)) {
+		reply_error(c, id, -EINVAL, "invalid tenant name");
+		return;
+	}
+	r = admin_tenant_delete(c->srv->admin, req->name, why, sizeof(why));
+	if (r >= 0)
+		log_notice("tenant %s deleted by pid %d", req->name, (int)c->cred.pid);
 	reply_live(c, id, r, why);
 }
 
@@ -1230,6 +1252,7 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 	case KVD__V1__ENVELOPE__BODY_BUDGET_RESET:
 	case KVD__V1__ENVELOPE__BODY_TENANT_SET:
 	case KVD__V1__ENVELOPE__BODY_TENANT_RESET:
+	case KVD__V1__ENVELOPE__BODY_TENANT_DELETE:
 		if (!access_admin(&c->srv->admin->cfg, c->fd, &c->cred)) {
 			c->srv->access_refused++;
 			log_warning("connection %llu: pid %d uid %u refused an admin request: not root "
@@ -1269,6 +1292,8 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 		return handle_budget_reset(c, id);
 	case KVD__V1__ENVELOPE__BODY_TENANT_RESET:
 		return handle_tenant_reset(c, id, env->tenant_reset);
+	case KVD__V1__ENVELOPE__BODY_TENANT_DELETE:
+		return handle_tenant_delete(c, id, env->tenant_delete);
 	case KVD__V1__ENVELOPE__BODY_SEQ_PIN:
 		return handle_seq_pin(c, id, env->seq_pin);
 	case KVD__V1__ENVELOPE__BODY_SEQ_UNPIN:

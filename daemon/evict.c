@@ -654,11 +654,16 @@ static uint64_t apply_round(struct evictor *e, struct round *r) {
 		send_changed(s, q);
 		touched[rq->tenant] = true;
 	}
-	for (uint32_t i = 0; i < r->n_tenants; i++)
-		if (touched[i]) {
-			s->tenants.tenants[i]->rounds++;
-			freed += settle_tenant(e, s->tenants.tenants[i], &emptied);
+	for (uint32_t i = 0; i < r->n_tenants; i++) {
+		/* By id: tenants forgotten since the snapshot moved the others in the table (a
+		 * touched tenant has sequences, so it is still there). */
+		struct tenant *t = touched[i] ? tenant_find_id(&s->tenants, r->tenants[i].id) : NULL;
+
+		if (t) {
+			t->rounds++;
+			freed += settle_tenant(e, t, &emptied);
 		}
+	}
 	if (emptied.n > 0) {
 		freed += (uint64_t)emptied.n * s->pool->chunk_bytes;
 		server_reclaim(s, &emptied, NULL, NULL);

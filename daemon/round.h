@@ -65,7 +65,7 @@ enum round_trigger {
 const char *round_trigger_to_string(enum round_trigger t);
 
 struct round_tenant {
-	uint32_t id;                  /* tenant id (tenants are never freed while running) */
+	uint32_t id;                  /* tenant id (never reused while the daemon runs) */
 	char name[TENANT_NAME_MAX + 1];
 	uint64_t used, min, max;      /* bytes, at the snapshot */
 	uint32_t weight;

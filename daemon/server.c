@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
 #include <grp.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -202,6 +203,8 @@ static uint64_t tick_interval(const struct server *s) {
 		ms = MIN(ms, s->limits.unmap_timeout_ms / 4);
 	if (s->limits.unmap_timeout_ms > 0 && s->limits.unmap_grace_ms > 0)
 		ms = MIN(ms, s->limits.unmap_grace_ms / 4);
+	if (s->limits.tenant_forget_ms > 0)
+		ms = MIN(ms, s->limits.tenant_forget_ms / 4);
 	ms = MIN(MAX(ms, 50), 1000);
 	if (s->watchdog_usec)
 		ms = MIN(ms, MAX(s->watchdog_usec / 2000, 1));
@@ -267,6 +270,39 @@ static void unmap_tick(struct server *s, uint64_t now) {
 	}
 }
 
+void server_forget_tenant(struct server *s, struct tenant *t, const char *why) {
+	uint32_t n = pool_forget_tenant(s->pool, t);
+
+	log_info("tenant %s forgotten: %s (the memory of its %" PRIu32 " free chunks destroyed)",
+	         t->name, why, n);
+	tenant_table_remove(&s->tenants, t);
+}
+
+/*
+ * Forgets the tenants that held nothing for tenant-forget: with a tenant name per job, the
+ * table (max-tenants) would otherwise fill and refuse every new tenant until a restart. A
+ * tenant with settings of its own (config file, live) stays: its settings are its state.
+ */
+static void forget_tick(struct server *s, uint64_t now) {
+	for (uint32_t i = 0; i < s->tenants.n;) {
+		struct tenant *t = s->tenants.tenants[i];
+
+		if (!tenant_holds_nothing(t) || admin_tenant_declared(s->admin, t->name)) {
+			t->idle_since_ms = 0;
+			i++;
+			continue;
+		}
+		if (t->idle_since_ms == 0)
+			t->idle_since_ms = now;
+		if (s->limits.tenant_forget_ms == 0 ||
+		    now - t->idle_since_ms < s->limits.tenant_forget_ms) {
+			i++;
+			continue;
+		}
+		server_forget_tenant(s, t, "it held nothing for tenant-forget");
+	}
+}
+
 static void on_tick(struct loop_op *op, int res, bool more) {
 	struct server *s = container_of(op, struct server, tick_op);
 	uint64_t now = now_ms();
@@ -287,6 +323,8 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 			}
 		}
 		unmap_tick(s, now);
+		if (s->admin)
+			forget_tick(s, now);
 	}
 	if (s->http)
 		http_tick(s->http, now, s->limits.hello_timeout_ms);

@@ -64,6 +64,7 @@ struct server_limits {
 	uint64_t hello_timeout_ms;
 	uint64_t unmap_timeout_ms;    /* 0: holders of a draining chunk may take forever */
 	uint64_t unmap_grace_ms;      /* past unmap_timeout_ms, before the disconnect */
+	uint64_t tenant_forget_ms;    /* a tenant that holds nothing is forgotten after; 0: never */
 	uint64_t max_tx_bytes;        /* queued replies and events per connection */
 	uint32_t max_violations;      /* protocol errors before a disconnect */
 	const char *metrics_listen;   /* --metrics-listen: NULL or "" for no metrics endpoint */
@@ -149,6 +150,10 @@ int server_run(struct server *s);
 uint64_t now_ms(void);
 
 struct conn *server_find_conn(struct server *s, uint64_t id);
+
+/* Forgets t (tenant_holds_nothing): destroys its free chunks' memory and takes it out of
+ * the table; logs why. */
+void server_forget_tenant(struct server *s, struct tenant *t, const char *why);
 
 /*
  * Gives back chunks whose last block was freed: free at once when nobody maps them, else

@@ -163,6 +163,10 @@ static const struct setting node_table[] = {
 	{ "unmap-grace", SETTING_MS, SETTING_RUNTIME, "MS", "5000", NULL,
 	  "time a connection past unmap-timeout has before it is disconnected; 0: at once",
 	  NODE(unmap_grace_ms), 0, UINT32_MAX },
+	{ "tenant-forget", SETTING_MS, SETTING_RUNTIME, "MS", "300000", NULL,
+	  "time a tenant that holds nothing (no connection, sequence or chunk, and no setting in "
+	  "the config file or set live) stays known before it is forgotten; 0: never",
+	  NODE(tenant_forget_ms), 0, UINT32_MAX },
 	{ "high-watermark", SETTING_U32, SETTING_RUNTIME, "PERCENT", "95", NULL,
 	  "use of the budget (and, with several GPUs, of each one's pool), in percent, above "
 	  "which an eviction round starts",

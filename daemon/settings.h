@@ -45,7 +45,7 @@
 #define SETTINGS_LIST_MAX 64
 #define SETTINGS_LIST_NAME_MAX 64
 /* Entries in the node table (a bound for the per-entry arrays below). */
-#define SETTINGS_MAX 40
+#define SETTINGS_MAX 48
 /* Budget and sizes that are not set: the budget is then the pool. */
 #define SETTINGS_UNSET UINT64_MAX
 
@@ -166,6 +166,7 @@ struct settings {
 	uint64_t hello_timeout_ms;
 	uint64_t unmap_timeout_ms;    /* 0: wait forever */
 	uint64_t unmap_grace_ms;
+	uint64_t tenant_forget_ms;
 	uint32_t high_watermark, low_watermark; /* percent of the budget */
 	uint64_t grant_wait_ms;
 	uint64_t restore_claim_ms;    /* 0: nothing is kept across a restart (keep.h) */

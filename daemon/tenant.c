@@ -31,15 +31,41 @@ int tenant_table_init(struct tenant_table *t, uint32_t max) {
 	return 0;
 }
 
+static void tenant_free(struct tenant *t) {
+	free(t->allow_users);
+	free(t->allow_groups);
+	free(t);
+}
+
 void tenant_table_done(struct tenant_table *t) {
-	for (uint32_t i = 0; i < t->n; i++) {
-		free(t->tenants[i]->allow_users);
-		free(t->tenants[i]->allow_groups);
-		free(t->tenants[i]);
-	}
+	for (uint32_t i = 0; i < t->n; i++)
+		tenant_free(t->tenants[i]);
 	free(t->tenants);
 	t->tenants = NULL;
 	t->n = 0;
+}
+
+bool tenant_holds_nothing(const struct tenant *t) {
+	return t->connections == 0 && t->sequences == 0 && t->models == 0 && t->chunks == 0 &&
+	       t->used_bytes == 0;
+}
+
+void tenant_table_remove(struct tenant_table *tt, struct tenant *t) {
+	for (uint32_t i = 0; i < tt->n; i++)
+		if (tt->tenants[i] == t) {
+			memmove(&tt->tenants[i], &tt->tenants[i + 1],
+			        (tt->n - i - 1) * sizeof(*tt->tenants));
+			tt->n--;
+			tenant_free(t);
+			return;
+		}
+}
+
+struct tenant *tenant_find_id(const struct tenant_table *t, uint32_t id) {
+	for (uint32_t i = 0; i < t->n; i++)
+		if (t->tenants[i]->id == id)
+			return t->tenants[i];
+	return NULL;
 }
 
 struct tenant *tenant_find(const struct tenant_table *t, const char *name) {

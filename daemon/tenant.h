@@ -39,6 +39,8 @@ struct tenant {
 	struct chunk *partial;        /* owned chunks with at least one free block */
 	/* FREE chunks whose memory object is its own (pool.h), per device. */
 	struct chunk *free_chunks[BACKEND_DEVICES_MAX];
+	/* Since when it holds nothing (tenant_holds_nothing); 0 while it holds something. */
+	uint64_t idle_since_ms;
 };
 
 struct tenant_table {
@@ -55,3 +57,10 @@ void tenant_table_done(struct tenant_table *t);
 struct tenant *tenant_find(const struct tenant_table *t, const char *name);
 /* Finds or creates; returns 0, or -EINVAL (bad name), -EUSERS (table full), -ENOMEM. */
 int tenant_get(struct tenant_table *t, const char *name, struct tenant **ret);
+/* Whether t has no connection, sequence (open or kept), model or chunk (owned or
+ * draining): nothing of the daemon's state refers to it but its settings. */
+bool tenant_holds_nothing(const struct tenant *t);
+/* Takes t out of the table and frees it; the others keep their order. t must hold nothing
+ * (and its free chunks' memory must be gone: pool_forget_tenant). */
+void tenant_table_remove(struct tenant_table *tt, struct tenant *t);
+struct tenant *tenant_find_id(const struct tenant_table *t, uint32_t id);

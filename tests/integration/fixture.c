@@ -558,6 +558,9 @@ int fixture_run_daemon(const char *args, char *out, size_t n) {
 	ASSERT_TRUE(p);
 	k = fread(out, 1, n - 1, p);
 	out[k] = 0;
+	/* All of it, or the test would check a part (and the daemon die of SIGPIPE). */
+	if (fgetc(p) != EOF)
+		test_fail(__FILE__, __LINE__, "kvd %s printed more than %zu bytes", args, n - 1);
 	status = pclose(p);
 	ASSERT_TRUE(WIFEXITED(status));
 	return WEXITSTATUS(status);

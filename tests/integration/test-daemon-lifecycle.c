@@ -96,7 +96,7 @@ TEST(command_line) {
 		"--max-connections", "--max-tenants", "--max-models", "--max-seqs",
 		"--max-seq-tokens", "--hello-timeout", "--log-level", "--help", "--version",
 	};
-	char out[8192];
+	char out[16384];
 
 	ASSERT_EQ(fixture_run_daemon("--help", out, sizeof(out)), 0);
 	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)

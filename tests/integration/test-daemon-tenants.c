@@ -189,3 +189,109 @@ TEST(reassigned_chunk_reads_zero) {
 	kvd_client_unref(b);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+static bool tenant_known(struct fixture *f, const char *name) {
+	return fixture_status(f, name, "weight") != UINT64_MAX;
+}
+
+/* Waits (5 s at most) for the tenant to be forgotten. */
+static bool wait_forgotten(struct fixture *f, const char *name) {
+	for (int i = 0; i < 500; i++) {
+		if (!tenant_known(f, name))
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
+/* A connection of tenant name that held one sequence and gave everything back. */
+static kvd_client *used_and_idle(struct fixture *f, const char *name) {
+	static const kvd_model_spec m = { "z", 2, 2, 2, 64, KVD_DTYPE_F16, 16, KVD_LAYOUT_PER_LAYER };
+	kvd_client *c = fixture_connect(f, name);
+	kvd_seq *s;
+	int id = kvd_model_register(c, &m);
+
+	ASSERT_OK(id);
+	ASSERT_OK(kvd_seq_open(c, id, 1024, &s));
+	ASSERT_OK(kvd_seq_grow(s, 100));
+	ASSERT_OK(kvd_seq_release(s));
+	return c;
+}
+
+/*
+ * Tenant names that change with each job: a full table (max-tenants) refuses new tenants,
+ * logged, until the tenants that hold nothing are forgotten (tenant-forget). A tenant with
+ * a connection, or with settings of its own, stays.
+ */
+TEST(idle_tenants_are_forgotten) {
+	static const char *const args[] = { "--max-tenants", "3", "--tenant-forget", "300", NULL };
+	struct fixture f;
+	kvd_client *a, *b, *c, *admin;
+
+	fixture_setup(&f, NULL, true);
+	fixture_launch(&f, args);
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_tenant_set(admin, "configured-live", KVD_TENANT_KEEP, KVD_TENANT_KEEP, 2));
+	a = used_and_idle(&f, "job-1");
+	b = fixture_connect(&f, "job-2");
+	ASSERT_EQ(kvd_client_connect(f.socket, "job-3", &c), -EUSERS);
+	ASSERT_TRUE(fixture_wait_log(&f, "new tenant job-3 refused: max-tenants (3)", 1));
+	/* Still connected: job-1 stays. */
+	usleep(600 * 1000);
+	ASSERT_TRUE(tenant_known(&f, "job-1"));
+	kvd_client_unref(a);
+	ASSERT_TRUE(wait_forgotten(&f, "job-1"));
+	ASSERT_TRUE(fixture_wait_log(&f, "tenant job-1 forgotten", 1));
+	ASSERT_OK(kvd_client_connect(f.socket, "job-3", &c));
+	/* Connected, or with a live setting: never forgotten. */
+	ASSERT_TRUE(tenant_known(&f, "job-2"));
+	ASSERT_TRUE(tenant_known(&f, "configured-live"));
+	ASSERT_EQ(fixture_status(&f, NULL, "used_bytes"), 0u);
+	kvd_client_unref(b);
+	kvd_client_unref(c);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* kvdctl tenant delete's request: refused while the tenant holds anything or the config
+ * file declares it; then it is gone, its live values with it. */
+TEST(tenant_delete) {
+	static const char *const args[] = { "--tenant-forget", "0", NULL };
+	struct fixture f;
+	kvd_client *a, *admin;
+	kvd_seq *s;
+	int m;
+
+	fixture_setup(&f, "[tenant declared]\nweight = 2\n", false);
+	fixture_launch(&f, args);
+	admin = fixture_connect(&f, NULL);
+	a = fixture_connect(&f, "a");
+	m = kvd_model_register(a, &(kvd_model_spec){ "z", 2, 2, 2, 64, KVD_DTYPE_F16, 16,
+						  KVD_LAYOUT_PER_LAYER });
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_seq_open(a, m, 1024, &s));
+	ASSERT_OK(kvd_seq_grow(s, 100));
+	ASSERT_EQ(kvd_tenant_delete(admin, "a"), -EBUSY);
+	ASSERT_TRUE(strstr(kvd_client_last_error(admin), "holds 1 connections, 1 sequences, 1 chunks"));
+	ASSERT_OK(kvd_seq_release(s));
+	kvd_client_unref(a);
+	ASSERT_TRUE(fixture_wait_status(&f, "a", "connections", 0));
+	ASSERT_EQ(kvd_tenant_delete(admin, "a"), 0);
+	ASSERT_FALSE(tenant_known(&f, "a"));
+	ASSERT_EQ(kvd_tenant_delete(admin, "a"), -ENOENT);
+	/* Declared in the config file: its settings are its state. */
+	ASSERT_EQ(kvd_tenant_delete(admin, "declared"), -EBUSY);
+	ASSERT_TRUE(strstr(kvd_client_last_error(admin), "config file"));
+	/* Set live: deleted with its live values. */
+	ASSERT_OK(kvd_tenant_set(admin, "live", KVD_TENANT_KEEP, KVD_TENANT_KEEP, 7));
+	ASSERT_EQ(kvd_tenant_delete(admin, "live"), 0);
+	ASSERT_FALSE(tenant_known(&f, "live"));
+	ASSERT_EQ(kvd_tenant_delete(admin, "bad name"), -EINVAL);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_halt(&f), 0);
+	/* Gone across a restart too: the state file no longer has it. */
+	fixture_launch(&f, args);
+	ASSERT_FALSE(tenant_known(&f, "live"));
+	ASSERT_TRUE(tenant_known(&f, "declared"));
+	ASSERT_EQ(fixture_stop(&f), 0);
+}

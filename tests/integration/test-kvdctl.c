@@ -363,6 +363,9 @@ TEST(usage_errors_exit_2) {
 		"tenant set a --json",
 		"tenant reset",
 		"tenant reset a --min 1M",
+		"tenant delete",
+		"tenant delete a b",
+		"tenant delete a --weight 2",
 		"top extra",
 		"top --interval 0",
 		"top --interval -1",
@@ -680,6 +683,19 @@ TEST(budget_and_tenant_reset) {
 	ASSERT_EXIT(r, 1);
 	ASSERT_STREQ(r->out, "");
 	ASSERT_CONTAINS(r->err, "kvdctl: tenant reset nosuch: ");
+
+	/* delete: gamma holds nothing; llama is the config file's. */
+	r = kvdctl(f.socket, "tenant delete gamma");
+	ASSERT_EXIT(r, 0);
+	ASSERT_STREQ(r->out, "tenant gamma deleted\n");
+	r = kvdctl(f.socket, "tenants --json");
+	ASSERT_JSON(r->out, "'gamma' in [t['name'] for t in d['tenants']]", "false");
+	r = kvdctl(f.socket, "tenant delete gamma");
+	ASSERT_EXIT(r, 1);
+	ASSERT_CONTAINS(r->err, "kvdctl: tenant delete gamma: ");
+	r = kvdctl(f.socket, "tenant delete llama");
+	ASSERT_EXIT(r, 1);
+	ASSERT_CONTAINS(r->err, "config file");
 
 	ASSERT_EQ(fixture_stop(&f), 0);
 }

@@ -47,6 +47,10 @@ void help(void) {
 	       "                           weight 1). Kept across daemon restarts until reset\n"
 	       "  tenant reset NAME        Drop the tenant's live min, max and weight: back to\n"
 	       "                           the config file's values (or the defaults)\n"
+	       "  tenant delete NAME       Forget a tenant that holds nothing (no connection,\n"
+	       "                           sequence or chunk) and is not in the config file,\n"
+	       "                           with its live values; kvd forgets idle ones by itself\n"
+	       "                           after its tenant-forget time\n"
 	       "  top [--interval SECONDS] [--once] [--json]\n"
 	       "                           Per-tenant usage, share of the budget and rates,\n"
 	       "                           redrawn in place until Ctrl-C\n"
@@ -621,14 +625,29 @@ static int cmd_tenant(int argc, char **argv) {
 		}
 	if (optind >= argc)
 		return usage_error("tenant: expected 'set NAME [--min SIZE] [--max SIZE|none] "
-				   "[--weight N]' or 'reset NAME'");
+				   "[--weight N]', 'reset NAME' or 'delete NAME'");
 	sub = argv[optind];
-	if (strcmp(sub, "set") != 0 && strcmp(sub, "reset") != 0)
-		return usage_error("tenant: unknown subcommand '%s' (set, reset)", sub);
+	if (strcmp(sub, "set") != 0 && strcmp(sub, "reset") != 0 && strcmp(sub, "delete") != 0)
+		return usage_error("tenant: unknown subcommand '%s' (set, reset, delete)", sub);
 	if (argc - optind != 2)
 		return usage_error("tenant %s: expected exactly one NAME", sub);
 	name = argv[optind + 1];
 
+	if (strcmp(sub, "delete") == 0) {
+		if (values)
+			return usage_error("tenant delete: --min, --max and --weight belong to "
+					   "'tenant set'");
+		snprintf(what, sizeof(what), "tenant delete %s", name);
+		r = connect_admin(&c);
+		if (r != EXIT_OK)
+			return r;
+		r = kvd_tenant_delete(c, name);
+		if (r < 0)
+			return tenant_error(c, r, what);
+		change_warning(c, r, what);
+		printf("tenant %s deleted\n", name);
+		return output_flush();
+	}
 	if (strcmp(sub, "reset") == 0) {
 		if (values)
 			return usage_error("tenant reset: --min, --max and --weight belong to "

@@ -669,6 +669,16 @@ KVD_EXPORT int kvd_budget_reset(kvd_client *c);
 KVD_EXPORT int kvd_tenant_reset(kvd_client *c, const char *tenant);
 
 /*
+ * Forgets a tenant now, as the daemon does by itself once a tenant has held nothing for its
+ * tenant-forget time (kvd(8)): the tenant leaves the table (making room under max-tenants),
+ * with its live values and the memory of its free chunks. Administrators only. Returns 0;
+ * 1 as for kvd_budget_set; or -ENOENT (unknown tenant), -EBUSY (it holds a connection, a
+ * sequence or a chunk, or the config file declares it), -EPERM, -EINVAL, -ECONNRESET,
+ * -ECHILD. Since KVD_1.4.
+ */
+KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
+
+/*
  * A snapshot of the daemon's state. Values are read by name, so that new ones never break
  * old programs:
  *   node:   "pool_bytes", "budget_bytes", "used_bytes" (chunk bytes held by tenants),
