@@ -727,20 +727,41 @@ static enum stop_at stop_at_from_env(void) {
 	return STOP_NONE;
 }
 
+/*
+ * Tells the daemon that ids are no longer mapped here, without waiting: a connection that
+ * closes still mapping chunks keeps them charged to its tenant until this process exits
+ * (kvd(8), ISOLATION), so a well-behaved client says so on its way out.
+ */
+static void client_tell_unmapped(kvd_client *c, uint32_t *ids, uint32_t n) {
+	Kvd__V1__ChunksUnmapped done = KVD__V1__CHUNKS_UNMAPPED__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	done.n_chunk_ids = n;
+	done.chunk_ids = ids;
+	env.body_case = KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED;
+	env.chunks_unmapped = &done;
+	(void)client_request_unwaited(c, &env);
+}
+
 static void client_free(kvd_client *c) {
 	bool child = client_forked(c);
 
 	for (uint32_t p = 0; p < CHUNK_PAGES; p++) {
 		struct chunk_slot *page = c->chunk_pages[p];
+		uint32_t ids[CHUNK_PAGE_IDS], n = 0;
 
 		if (!page)
 			continue;
 		/* In a fork() child the chunks are not mapped (MADV_DONTFORK) and their
 		 * addresses may hold the child's own mappings by now: leave them alone. */
 		for (uint32_t i = 0; !child && i < CHUNK_PAGE_IDS; i++)
-			if (page[i].addr)
+			if (page[i].addr) {
 				chunk_mapping_drop(c, page[i].addr, page[i].bytes);
+				ids[n++] = p * CHUNK_PAGE_IDS + i;
+			}
 		free(page);
+		if (n > 0 && c->fd >= 0)
+			client_tell_unmapped(c, ids, n);
 	}
 	c->cuda = client_cuda_free(c->cuda, child);
 	if (c->rx) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "common/macro.h"
@@ -48,7 +49,28 @@ static void conn_free(struct conn *c) {
 		grams_free(&c->models[i]);
 	free(c->models);
 	safe_close(c->fd);
+	safe_close(c->pidfd);
 	free(c);
+}
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+int conn_open_pidfd(struct conn *c) {
+	socklen_t len = sizeof(int);
+	int fd = -1;
+
+	if (!c->srv->pidfd_by_pid &&
+	    getsockopt(c->fd, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0) {
+		c->pidfd = fd;
+		return 0;
+	}
+	fd = (int)syscall(SYS_pidfd_open, c->cred.pid, 0);
+	if (fd < 0)
+		return negative_errno();
+	c->pidfd = fd;
+	return 0;
 }
 
 /* Frees a closing connection once no operation refers to it any more. */
@@ -89,6 +111,7 @@ int conn_new(struct server *s, int fd, struct conn **ret) {
 		return -ENOMEM;
 	}
 	c->fd = fd;
+	c->pidfd = -EBADF;
 	c->srv = s;
 	c->id = ++s->next_conn_id;
 	c->accepted_ms = now_ms();

@@ -42,6 +42,9 @@ struct conn {
 	struct conn *closed_next, *closed_prev;
 
 	struct ucred cred;            /* SO_PEERCRED at accept */
+	/* The peer process, for a tenant's connection (conn_open_pidfd at hello): what
+	 * departed.h watches when it closes still mapping chunks. -EBADF: none. */
+	int pidfd;
 	uint64_t accepted_ms;
 	bool hello;
 	uint32_t version;
@@ -102,6 +105,14 @@ int conn_reply_status(struct conn *c, uint64_t id, int code, const char *message
 /* Counts a protocol violation; past the limit the connection is closed. */
 void conn_violation(struct conn *c, const char *what);
 
+/*
+ * Opens c->pidfd: SO_PEERPIDFD where the kernel has it (Linux 6.5; the process that
+ * connected, whatever became of its pid), else pidfd_open() of the pid SO_PEERCRED gave at
+ * connect (the process is alive while it talks to us, so the pid is its own unless it died
+ * since, in which case its pidfd is ready at once or pidfd_open() fails). Returns 0 or
+ * -errno.
+ */
+int conn_open_pidfd(struct conn *c);
 void conn_close(struct conn *c, const char *why);
 
 /* Frees c if it is closing and none of its operations is in flight any more; returns

@@ -15,6 +15,7 @@
 #include "common/macro.h"
 #include "config.h"
 #include "conn.h"
+#include "departed.h"
 #include "evict.h"
 #include "keep.h"
 #include "log.h"
@@ -204,6 +205,11 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 			return;
 		}
 		t->connections++;
+		r = conn_open_pidfd(c);
+		if (r < 0)
+			log_warning("connection %llu (pid %d): no pidfd of the peer (%s): chunks it "
+			            "leaves mapped stop being charged when it disconnects",
+			            (unsigned long long)c->id, (int)c->cred.pid, strerror(-r));
 	}
 	c->hello = true;
 	c->version = PROTOCOL_VERSION;
@@ -1399,11 +1405,20 @@ void dispatch_disconnect(struct conn *c) {
 	struct pool *p = s->pool;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
 
-	/* First forget that this connection maps anything, so that no chunk waits for an
-	 * answer from it and no unmap request is queued to it. */
+	uint32_t held = 0;
+
+	/* Chunks it did not say it unmapped stay charged to its tenant until its process exits
+	 * (departed.h). Otherwise, first forget that this connection maps anything, so that no
+	 * chunk waits for an answer from it and no unmap request is queued to it. */
 	for (uint32_t i = 0; i < p->n_chunks; i++)
-		if (p->chunks[i].n_holders > 0)
-			pool_chunk_drop_holder(p, &p->chunks[i], c->id);
+		held += p->chunks[i].n_holders > 0 && chunk_has_holder(&p->chunks[i], c->id);
+	if (held > 0 && c->pidfd >= 0 && c->tenant && !s->stopping &&
+	    departed_watch(s, c->id, c->pidfd, c->cred.pid, c->tenant->name, held) == 0)
+		c->pidfd = -EBADF;
+	else
+		for (uint32_t i = 0; held > 0 && i < p->n_chunks; i++)
+			if (p->chunks[i].n_holders > 0)
+				pool_chunk_drop_holder(p, &p->chunks[i], c->id);
 	if (c->n_seqs > 0)
 		log_info("connection %llu (pid %d, tenant %s) went away with %u open sequences; "
 		         "their blocks are back", (unsigned long long)c->id, (int)c->cred.pid,

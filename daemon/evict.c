@@ -21,7 +21,6 @@
 #include "round-gpu.h"
 #include "server.h"
 
-#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
 /* A pressure round that found nothing to evict is not repeated sooner than this. */
 #define EVICT_IDLE_MS 1000

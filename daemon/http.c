@@ -54,7 +54,6 @@ struct http {
 	unsigned n_conns;
 };
 
-#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
 static uint64_t mono_ms(void) {
 	struct timespec ts;

@@ -121,6 +121,12 @@ int loop_recv(struct loop *l, struct loop_op *op, int fd, void *buf, size_t n) {
 	return 0;
 }
 
+int loop_poll(struct loop *l, struct loop_op *op, int fd, unsigned events) {
+	PREP(l, op, sqe);
+	io_uring_prep_poll_add(sqe, fd, events);
+	return 0;
+}
+
 int loop_send(struct loop *l, struct loop_op *op, int fd, const void *buf, size_t n) {
 	PREP(l, op, sqe);
 	io_uring_prep_send(sqe, fd, buf, n, MSG_NOSIGNAL);

@@ -55,6 +55,8 @@ int loop_read(struct loop *l, struct loop_op *op, int fd, void *buf, unsigned n)
 /* Plain stream reads and writes on a socket, for byte protocols with no fds (metrics). */
 int loop_recv(struct loop *l, struct loop_op *op, int fd, void *buf, size_t n);
 int loop_send(struct loop *l, struct loop_op *op, int fd, const void *buf, size_t n);
+/* Completes (once) when fd is ready for one of the poll(2) events; res is what is ready. */
+int loop_poll(struct loop *l, struct loop_op *op, int fd, unsigned events);
 /* Completes with -ETIME after ms milliseconds. */
 int loop_timeout(struct loop *l, struct loop_op *op, uint64_t ms);
 /*

@@ -318,6 +318,10 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	        "Connections disconnected for not unmapping a chunk within unmap-timeout and "
 	        "unmap-grace.",
 	        s->unmap_disconnects);
+	gauge(f, "kvd_departed_holders",
+	      "Processes whose connection closed while they still mapped chunks: those chunks "
+	      "stay charged to their tenants until the processes exit.",
+	      s->n_departed);
 
 	family(f, "kvd_refused_total", "counter",
 	       "Connections and requests refused at a limit, by limit (see kvd(8), LIMITS).");

@@ -14,7 +14,6 @@
 #include "ring.h"
 #include "server.h"
 
-#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
 const char *ring_doorbell_to_string(int v) {
 	static const char *const names[_RING_BELL_MAX] = {

@@ -21,6 +21,7 @@
 #include "common/ring.h"
 #include "common/size.h"
 #include "conn.h"
+#include "departed.h"
 #include "evict.h"
 #include "keep.h"
 #include "upload.h"
@@ -63,7 +64,6 @@ uint64_t now_ms(void) {
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
 /* Tells a client we cannot serve why, in a frame with id 0, and closes it. The socket
  * is new and its buffer empty, so the small frame goes out at once or not at all. */
@@ -568,6 +568,7 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	s->limits = *limits;
 	s->socket_path = socket_path;
 	s->start_ms = now_ms();
+	s->pidfd_by_pid = getenv("KVD_TEST_PIDFD_OPEN") != NULL;
 	s->accept_op.handler = on_accept;
 	s->signal_op.handler = on_signal;
 	s->tick_op.handler = on_tick;
@@ -646,6 +647,7 @@ struct server *server_free(struct server *s) {
 		return NULL;
 	/* The ring goes first, so that the kernel holds no buffer of the connections. */
 	s->loop = loop_free(s->loop);
+	departed_end_all(s);
 	s->http = http_free(s->http);
 	while (s->conns)
 		conn_destroy(s->conns);
@@ -713,7 +715,10 @@ uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct co
 				continue;
 			}
 			if (!c) {
-				pool_chunk_drop_holder(s->pool, ch, holders[h]);
+				/* A process that left without unmapping keeps its hold until it
+				 * exits (departed.h). */
+				if (!departed_find(s, holders[h]))
+					pool_chunk_drop_holder(s->pool, ch, holders[h]);
 				continue;
 			}
 			ev.has_type = true;

@@ -124,6 +124,10 @@ struct server {
 	uint64_t unmap_timeouts;      /* connections that missed unmap-timeout */
 	uint64_t unmap_disconnects;   /* ... and unmap-grace after it */
 	uint64_t engine_events_done;  /* engines' events seen complete (evict_engine_done) */
+	/* Processes that left while they still mapped chunks (departed.h). */
+	struct departed *departed;
+	uint32_t n_departed;
+	bool pidfd_by_pid;            /* KVD_TEST_PIDFD_OPEN: no SO_PEERPIDFD (conn_open_pidfd) */
 	struct metrics metrics;
 	struct http *http;            /* the metrics endpoint, NULL when off */
 	struct admin *admin;          /* settings and live state (admin.h); set by main() */

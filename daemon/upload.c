@@ -13,7 +13,6 @@
 #include "server.h"
 #include "upload.h"
 
-#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
 struct job {
 	struct job *next;

@@ -42,13 +42,17 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "admin.h"
 #include "backend.h"
 #include "conn.h"
+#include "departed.h"
 #include "fuzz.h"
 #include "log.h"
 #include "pool.h"
@@ -82,6 +86,10 @@ static struct {
 	int null_fd;
 	bool small_buffers;
 	bool stopped;
+	/* The clients' process, as the daemon sees them (conn.cred.pid): a child that lives
+	 * until teardown, so that connections that close still mapping chunks leave holds
+	 * that last until it exits (departed.h). */
+	pid_t clients_pid;
 } h = { .null_fd = -1 };
 
 static void pump(void);
@@ -134,9 +142,11 @@ static void check_state(bool all_closed) {
 		default:
 			FUZZ_CHECK(false, "chunk %u in state %d", i, c->state);
 		}
-		/* Holders are live connections of the owner, each once. */
+		/* Holders are live connections of the owner, or connections that left without
+		 * unmapping (departed.h), each once. */
 		for (uint32_t j = 0; j < c->n_holders; j++) {
-			FUZZ_CHECK(conn_tenant_of(c->holders[j]) == c->owner,
+			FUZZ_CHECK(conn_tenant_of(c->holders[j]) == c->owner ||
+			           departed_find(s, c->holders[j]),
 			           "chunk %u held by connection %llu, not of its owner", i,
 			           (unsigned long long)c->holders[j]);
 			for (uint32_t k = 0; k < j; k++)
@@ -229,6 +239,7 @@ static void client_connect(struct client *cl) {
 		FUZZ_CHECK(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &n, sizeof(n)) == 0);
 	}
 	FUZZ_CHECK(conn_new(s, sv[0], &c) == 0);
+	c->cred.pid = h.clients_pid;
 	/* What on_accept() does with a new connection. */
 	c->next = s->conns;
 	if (s->conns)
@@ -500,6 +511,15 @@ static void setup(uint8_t config) {
 	FUZZ_CHECK(s);
 	s->listen_fd = s->signal_fd = -EBADF;
 	s->pool = h.pool;
+	/* The pidfd of the clients' process, not of this one (the socketpair's peer). */
+	s->pidfd_by_pid = true;
+	h.clients_pid = fork();
+	FUZZ_CHECK(h.clients_pid >= 0);
+	if (h.clients_pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		pause();
+		_exit(0);
+	}
 	s->limits = limits;
 	s->socket_path = "(fuzz)";
 	s->start_ms = now_ms();
@@ -554,6 +574,16 @@ static void teardown(void) {
 		           (unsigned long long)s->conns->id);
 		conn_close(s->conns, NULL);
 	}
+	/* The clients' process exits: the holds of connections that left without unmapping
+	 * end (the loop sees its pidfd). */
+	FUZZ_CHECK(kill(h.clients_pid, SIGKILL) == 0);
+	FUZZ_CHECK(waitpid(h.clients_pid, NULL, 0) == h.clients_pid);
+	for (unsigned i = 0; i < 100 && !h.stopped && s->n_departed > 0; i++)
+		FUZZ_CHECK(loop_turn(s->loop, true) >= 0);
+	FUZZ_CHECK(h.stopped || s->n_departed == 0, "%u departed holders after their process "
+	           "exited", s->n_departed);
+	/* After a stop the loop runs no more: as the daemon's exit does. */
+	departed_end_all(s);
 	check_state(true);
 	for (uint32_t i = 0; i < s->tenants.n; i++) {
 		const struct tenant *t = s->tenants.tenants[i];
