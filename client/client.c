@@ -401,6 +401,23 @@ static int client_peer_gone(kvd_client *c) {
 	return client_fail(c, -ECONNRESET);
 }
 
+/*
+ * Tells the daemon that ids are no longer mapped here, without waiting (the reply is
+ * dropped when it arrives): the answer to an unmap request, and what the client still
+ * mapped when it goes away, since a connection that closes still mapping chunks keeps them
+ * charged to its tenant until this process exits (kvd(8), ISOLATION).
+ */
+static void client_tell_unmapped(kvd_client *c, uint32_t *ids, uint32_t n) {
+	Kvd__V1__ChunksUnmapped done = KVD__V1__CHUNKS_UNMAPPED__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	done.n_chunk_ids = n;
+	done.chunk_ids = ids;
+	env.body_case = KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED;
+	env.chunks_unmapped = &done;
+	(void)client_request_unwaited(c, &env);
+}
+
 /* Handles an event; takes its fds. Returns 0, or a negative errno when the daemon broke
  * the protocol (the client is failed then). */
 static int client_handle_event(kvd_client *c, const Kvd__V1__Event *ev, int *fds, uint32_t nfds) {
@@ -427,21 +444,13 @@ static int client_handle_event(kvd_client *c, const Kvd__V1__Event *ev, int *fds
 	if (!ev->has_type)
 		return 0;
 	switch (ev->type) {
-	case KVD__V1__EVENT_TYPE__EVENT_CHUNKS_UNMAP: {
-		Kvd__V1__ChunksUnmapped done = KVD__V1__CHUNKS_UNMAPPED__INIT;
-		Envelope env = KVD__V1__ENVELOPE__INIT;
-
+	case KVD__V1__EVENT_TYPE__EVENT_CHUNKS_UNMAP:
 		for (size_t i = 0; i < ev->n_chunk_ids; i++)
 			chunk_unmap(c, ev->chunk_ids[i]);
 		/* Ids we never mapped are reported too: they are not mapped here, which is all
 		 * the daemon needs to hear. The reply is dropped when it arrives. */
-		done.n_chunk_ids = ev->n_chunk_ids;
-		done.chunk_ids = ev->chunk_ids;
-		env.body_case = KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED;
-		env.chunks_unmapped = &done;
-		(void)client_request_unwaited(c, &env);
+		client_tell_unmapped(c, ev->chunk_ids, (uint32_t)ev->n_chunk_ids);
 		break;
-	}
 	case KVD__V1__EVENT_TYPE__EVENT_STOPPING:
 		client_queue_event(c, KVD_EVENT_STOPPING, 0);
 		break;
@@ -725,22 +734,6 @@ static enum stop_at stop_at_from_env(void) {
 	if (strcmp(e, "release-replied") == 0)
 		return STOP_RELEASE_REPLIED;
 	return STOP_NONE;
-}
-
-/*
- * Tells the daemon that ids are no longer mapped here, without waiting: a connection that
- * closes still mapping chunks keeps them charged to its tenant until this process exits
- * (kvd(8), ISOLATION), so a well-behaved client says so on its way out.
- */
-static void client_tell_unmapped(kvd_client *c, uint32_t *ids, uint32_t n) {
-	Kvd__V1__ChunksUnmapped done = KVD__V1__CHUNKS_UNMAPPED__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-
-	done.n_chunk_ids = n;
-	done.chunk_ids = ids;
-	env.body_case = KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED;
-	env.chunks_unmapped = &done;
-	(void)client_request_unwaited(c, &env);
 }
 
 static void client_free(kvd_client *c) {
@@ -1292,32 +1285,33 @@ int kvd_budget_reset(kvd_client *c) {
 	return client_simple_call(c, &env);
 }
 
-int kvd_tenant_reset(kvd_client *c, const char *tenant) {
-	Kvd__V1__TenantReset req = KVD__V1__TENANT_RESET__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-
+/* A request that names one tenant (env's body holds the name): checks it, then calls. */
+static int tenant_call(kvd_client *c, const char *tenant, Envelope *env) {
 	if (!c || !tenant || !tenant_name_valid(tenant))
 		return -EINVAL;
 	if (client_forked(c))
 		return -ECHILD;
+	return client_simple_call(c, env);
+}
+
+int kvd_tenant_reset(kvd_client *c, const char *tenant) {
+	Kvd__V1__TenantReset req = KVD__V1__TENANT_RESET__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
 	req.name = (char *)tenant;
 	env.body_case = KVD__V1__ENVELOPE__BODY_TENANT_RESET;
 	env.tenant_reset = &req;
-	return client_simple_call(c, &env);
+	return tenant_call(c, tenant, &env);
 }
 
 int kvd_tenant_delete(kvd_client *c, const char *tenant) {
 	Kvd__V1__TenantDelete req = KVD__V1__TENANT_DELETE__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 
-	if (!c || !tenant || !tenant_name_valid(tenant))
-		return -EINVAL;
-	if (client_forked(c))
-		return -ECHILD;
 	req.name = (char *)tenant;
 	env.body_case = KVD__V1__ENVELOPE__BODY_TENANT_DELETE;
 	env.tenant_delete = &req;
-	return client_simple_call(c, &env);
+	return tenant_call(c, tenant, &env);
 }
 
 /* ---- status ---- */
