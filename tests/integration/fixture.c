@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -439,6 +440,77 @@ size_t mapped_chunk_inodes(pid_t pid, uint64_t *inodes, size_t max) {
 	fclose(f);
 	qsort(inodes, n, sizeof(*inodes), cmp_u64);
 	return n;
+}
+
+/* The name of a chunk's memory in /proc: the host backend's memfds, or the fake driver's. */
+static const char *chunk_memfd_name(void) {
+	return fixture_backend_cuda() ? "/memfd:kvd-fake-cuda-dev" : "/memfd:kvd-chunk-";
+}
+
+void hostile_keep(struct hostile_hold *k, size_t bytes) {
+	char line[512], path[96];
+	unsigned long start = 0, end = 0;
+	unsigned long long ino = 0;
+	FILE *maps = fopen("/proc/self/maps", "re");
+	void *p;
+
+	ASSERT_NOT_NULL(maps);
+	while (fgets(line, sizeof(line), maps))
+		if (strstr(line, chunk_memfd_name()) &&
+		    sscanf(line, "%lx-%lx %*s %*s %*s %llu", &start, &end, &ino) == 3)
+			break;
+	fclose(maps);
+	ASSERT_GT(end, start);
+	ASSERT_GE(end - start, bytes);
+	k->bytes = bytes;
+	k->ino = ino;
+	/* old_size 0: a second mapping of the same shared pages. */
+	p = mremap((void *)start, 0, bytes, MREMAP_MAYMOVE);
+	ASSERT_TRUE(p != MAP_FAILED);
+	/* Device memory under the strict fake is PROT_NONE to the CPU in libkvd's mapping. */
+	ASSERT_OK(mprotect(p, bytes, PROT_READ | PROT_WRITE));
+	k->map = p;
+	snprintf(path, sizeof(path), "/proc/self/map_files/%lx-%lx", start, end);
+	k->fd = open(path, O_RDWR | O_CLOEXEC);
+	if (k->fd < 0)
+		printf("cannot open %s (%m): the fd path is not checked\n", path);
+}
+
+void hostile_done(struct hostile_hold *k) {
+	ASSERT_OK(munmap(k->map, k->bytes));
+	if (k->fd >= 0)
+		close(k->fd);
+}
+
+void hostile_assert_reads(const struct hostile_hold *k, uint8_t v) {
+	uint8_t *buf = malloc(k->bytes);
+
+	ASSERT_NOT_NULL(buf);
+	for (size_t i = 0; i < k->bytes; i++)
+		if (k->map[i] != v)
+			test_fail(__FILE__, __LINE__, "byte %zu of the kept mapping is 0x%02x, not 0x%02x",
+				  i, k->map[i], v);
+	if (k->fd < 0) {
+		free(buf);
+		return;
+	}
+	ASSERT_EQ(pread(k->fd, buf, k->bytes, 0), (ssize_t)k->bytes);
+	for (size_t i = 0; i < k->bytes; i++)
+		if (buf[i] != v)
+			test_fail(__FILE__, __LINE__, "byte %zu read from the kept fd is 0x%02x, not 0x%02x",
+				  i, buf[i], v);
+	free(buf);
+}
+
+void hostile_write(const struct hostile_hold *k) {
+	uint8_t *buf = malloc(k->bytes);
+
+	ASSERT_NOT_NULL(buf);
+	memset(k->map, 0xcd, k->bytes);
+	memset(buf, 0xee, k->bytes);
+	if (k->fd >= 0)
+		ASSERT_EQ(pwrite(k->fd, buf, k->bytes, 0), (ssize_t)k->bytes);
+	free(buf);
 }
 
 static uint8_t pattern(uint32_t tag, uint32_t l, uint32_t h, uint64_t pos, uint64_t i, int v) {

@@ -100,6 +100,30 @@ int raw_hello(int fd, struct wire_rx *rx, const char *tenant, uint32_t min, uint
 /* inode numbers of the kvd chunk memfds process pid has mapped, sorted; returns count. */
 size_t mapped_chunk_inodes(pid_t pid, uint64_t *inodes, size_t max);
 
+/*
+ * A hostile holder (test-daemon-isolation, test-daemon-keep): what it keeps of the (first)
+ * chunk its process maps, unknown to libkvd (which
+ * closes the chunk's fd once mapped, and unmaps when told to): a mapping of its own (the
+ * same pages mapped again with mremap) and an fd of its own (opened through
+ * /proc/self/map_files, which takes CAP_SYS_ADMIN: without it, fd is -1 and only the
+ * mapping is checked).
+ */
+struct hostile_hold {
+	int fd;
+	uint8_t *map;
+	size_t bytes;
+	uint64_t ino;
+};
+
+
+/* Takes the hold, of bytes of the chunk. */
+void hostile_keep(struct hostile_hold *k, size_t bytes);
+/* Every byte the holder can read, through its mapping and its fd, is v. */
+void hostile_assert_reads(const struct hostile_hold *k, uint8_t v);
+/* Writes everything it can reach: 0xcd through the mapping, then 0xee with pwrite. */
+void hostile_write(const struct hostile_hold *k);
+void hostile_done(struct hostile_hold *k);
+
 /* Writes into every resident K/V byte of s a value derived from (tag, layer, kv head,
  * original position, byte, K or V). */
 void fill_seq(kvd_seq *s, uint32_t tag);

@@ -11,13 +11,10 @@
  * Runs on the host backend, and on a cuda pool under the fake driver (tests/gpu), whose
  * device memory is a memfd too, so that alice's kept fd and mapping are real there as well.
  */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,93 +29,6 @@ static const kvd_model_spec spec = { "z", 2, 2, 2, 64, KVD_DTYPE_F16, 16, KVD_LA
  * fill it (2 layers of 8 KiB blocks of 16 tokens). */
 static const char *const one_chunk[] = { "--pool-size", "1MiB", "--chunk-size", "1MiB", NULL };
 #define FILL_TOKENS 1024u
-
-/* The name of a chunk's memory in /proc: the host backend's memfds, or the fake driver's. */
-static const char *chunk_memfd_name(void) {
-	return fixture_backend_cuda() ? "/memfd:kvd-fake-cuda-dev" : "/memfd:kvd-chunk-";
-}
-
-/*
- * What a hostile holder keeps of the one chunk its process maps, unknown to libkvd (which
- * closes the chunk's fd once mapped, and unmaps when told to): a mapping of its own (the
- * same pages mapped again with mremap) and an fd of its own (opened through
- * /proc/self/map_files, which takes CAP_SYS_ADMIN: without it, fd is -1 and only the
- * mapping is checked).
- */
-struct kept {
-	int fd;
-	uint8_t *map;
-	size_t bytes;
-	uint64_t ino;
-};
-
-static void keep_chunk(struct kept *k, size_t bytes) {
-	char line[512], path[96];
-	unsigned long start = 0, end = 0;
-	unsigned long long ino = 0;
-	FILE *maps = fopen("/proc/self/maps", "re");
-	void *p;
-
-	ASSERT_NOT_NULL(maps);
-	while (fgets(line, sizeof(line), maps))
-		if (strstr(line, chunk_memfd_name()) &&
-		    sscanf(line, "%lx-%lx %*s %*s %*s %llu", &start, &end, &ino) == 3)
-			break;
-	fclose(maps);
-	ASSERT_GT(end, start);
-	ASSERT_GE(end - start, bytes);
-	k->bytes = bytes;
-	k->ino = ino;
-	/* old_size 0: a second mapping of the same shared pages. */
-	p = mremap((void *)start, 0, bytes, MREMAP_MAYMOVE);
-	ASSERT_TRUE(p != MAP_FAILED);
-	/* Device memory under the strict fake is PROT_NONE to the CPU in libkvd's mapping. */
-	ASSERT_OK(mprotect(p, bytes, PROT_READ | PROT_WRITE));
-	k->map = p;
-	snprintf(path, sizeof(path), "/proc/self/map_files/%lx-%lx", start, end);
-	k->fd = open(path, O_RDWR | O_CLOEXEC);
-	if (k->fd < 0)
-		printf("cannot open %s (%m): the fd path is not checked\n", path);
-}
-
-static void kept_done(struct kept *k) {
-	ASSERT_OK(munmap(k->map, k->bytes));
-	if (k->fd >= 0)
-		close(k->fd);
-}
-
-/* Every byte alice can read through her mapping and her fd is v. */
-static void assert_kept_reads(const struct kept *k, uint8_t v) {
-	uint8_t *buf = malloc(k->bytes);
-
-	ASSERT_NOT_NULL(buf);
-	for (size_t i = 0; i < k->bytes; i++)
-		if (k->map[i] != v)
-			test_fail(__FILE__, __LINE__, "byte %zu of the kept mapping is 0x%02x, not 0x%02x",
-				  i, k->map[i], v);
-	if (k->fd < 0) {
-		free(buf);
-		return;
-	}
-	ASSERT_EQ(pread(k->fd, buf, k->bytes, 0), (ssize_t)k->bytes);
-	for (size_t i = 0; i < k->bytes; i++)
-		if (buf[i] != v)
-			test_fail(__FILE__, __LINE__, "byte %zu read from the kept fd is 0x%02x, not 0x%02x",
-				  i, buf[i], v);
-	free(buf);
-}
-
-/* Alice writes everything she can reach: through her mapping and with pwrite on her fd. */
-static void kept_write(const struct kept *k) {
-	uint8_t *buf = malloc(k->bytes);
-
-	ASSERT_NOT_NULL(buf);
-	memset(k->map, 0xcd, k->bytes);
-	memset(buf, 0xee, k->bytes);
-	if (k->fd >= 0)
-		ASSERT_EQ(pwrite(k->fd, buf, k->bytes, 0), (ssize_t)k->bytes);
-	free(buf);
-}
 
 /* The digest kvd_seq_digest gives for s when every K/V byte is zero. */
 static uint64_t zero_digest(kvd_seq *s) {
@@ -158,7 +68,7 @@ static int newest_socket_fd(void) {
 /* Alice releases (libkvd unmaps and acknowledges) but keeps her own fd and mapping. */
 TEST(kept_after_release_reaches_nothing_of_another_tenant) {
 	struct fixture f;
-	struct kept k;
+	struct hostile_hold k;
 	kvd_client *a, *b;
 	kvd_seq *sa, *sb;
 	uint64_t inos[2];
@@ -175,7 +85,7 @@ TEST(kept_after_release_reaches_nothing_of_another_tenant) {
 	ASSERT_OK(kvd_seq_open(a, ma, 4096, &sa));
 	ASSERT_OK(kvd_seq_grow(sa, FILL_TOKENS));
 	fill_seq(sa, 1);
-	keep_chunk(&k, kvd_client_chunk_bytes(a));
+	hostile_keep(&k, kvd_client_chunk_bytes(a));
 
 	ASSERT_OK(kvd_seq_release(sa));
 	/* Acknowledged: no longer charged, though this process lives on. */
@@ -195,14 +105,14 @@ TEST(kept_after_release_reaches_nothing_of_another_tenant) {
 
 	/* Alice sees none of it: her memory was scrubbed when she gave it back, and stays
 	 * hers. */
-	assert_kept_reads(&k, 0);
+	hostile_assert_reads(&k, 0);
 	/* Nothing she writes reaches bob. */
-	kept_write(&k);
+	hostile_write(&k);
 	ASSERT_EQ(check_seq(sb, 2), 0u);
 	assert_digests_agree(sb);
-	assert_kept_reads(&k, k.fd >= 0 ? 0xee : 0xcd);
+	hostile_assert_reads(&k, k.fd >= 0 ? 0xee : 0xcd);
 
-	kept_done(&k);
+	hostile_done(&k);
 	ASSERT_OK(kvd_seq_release(sb));
 	kvd_client_unref(a);
 	kvd_client_unref(b);
@@ -234,7 +144,7 @@ static void unacknowledged(bool pidfd_open) {
 	if (alice == 0) {
 		kvd_client *a = fixture_connect(&f, "alice");
 		int sock = newest_socket_fd(), m = kvd_model_register(a, &spec);
-		struct kept k;
+		struct hostile_hold k;
 		kvd_seq *sa;
 
 		close(go[1]);
@@ -242,7 +152,7 @@ static void unacknowledged(bool pidfd_open) {
 		ASSERT_OK(kvd_seq_open(a, m, 4096, &sa));
 		ASSERT_OK(kvd_seq_grow(sa, FILL_TOKENS));
 		fill_seq(sa, 1);
-		keep_chunk(&k, kvd_client_chunk_bytes(a));
+		hostile_keep(&k, kvd_client_chunk_bytes(a));
 		ASSERT_OK(shutdown(sock, SHUT_RDWR));
 		ASSERT_EQ(write(ready[1], "r", 1), 1);
 		/* Until the parent closes go. */

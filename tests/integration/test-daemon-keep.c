@@ -190,16 +190,19 @@ static void store_stop(struct store *st) {
 }
 
 /* fixture_launch(), under the store: NOTIFY_SOCKET, and the stored fds passed on. */
-static void launch(struct fixture *f, struct store *st, const char *claim) {
+/* Starts the daemon with the store's fds, a pool of pool chunks of 1 MiB. */
+static void launch_pool(struct fixture *f, struct store *st, const char *claim, unsigned pool) {
 	const char *daemon = getenv("KVD_DAEMON");
+	char pool_size[32];
 	const char *argv[] = { daemon, "--socket", f->socket, "--config", f->config, "--state-dir",
 		               f->state_dir, "--poll-us=0",
 		               fixture_backend_cuda() ? "--backend=cuda" : "--backend=host",
-		               "--pool-size=64MiB", "--chunk-size=1MiB", claim, NULL };
+		               pool_size, "--chunk-size=1MiB", claim, NULL };
 	char names[STORE_MAX * 64] = "", num[32];
 	int fds[STORE_MAX];
 	unsigned n;
 
+	snprintf(pool_size, sizeof(pool_size), "--pool-size=%uMiB", pool);
 	ASSERT_TRUE(daemon);
 	pthread_mutex_lock(&st->lock);
 	n = st->n;
@@ -249,6 +252,10 @@ static void launch(struct fixture *f, struct store *st, const char *claim) {
 		usleep(10 * 1000);
 	}
 	test_fail(__FILE__, __LINE__, "the daemon did not listen within 5 s");
+}
+
+static void launch(struct fixture *f, struct store *st, const char *claim) {
+	launch_pool(f, st, claim, 64);
 }
 
 static void crash(struct fixture *f, struct store *st) {
@@ -533,6 +540,65 @@ TEST(keeping_off) {
 	store_settle(&st);
 	ASSERT_EQ(store_count(&st), 0u);
 	ASSERT_OK(kvd_seq_release(a));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_halt(&f), 0);
+	store_stop(&st);
+	fixture_cleanup(&f);
+}
+
+/*
+ * A process of the last life that keeps its fd and mapping of a kept chunk (a hostile
+ * holder, fixture.h) and never claims: the chunk is freed at the restore-claim deadline,
+ * and another tenant that then takes every chunk of the pool, that one included, writes
+ * into new memory: the holder sees none of it and changes none of it.
+ */
+TEST(kept_chunk_never_reaches_another_tenant) {
+	/* 4 chunks of 1 MiB: 2048 tokens of `shape` fill one. */
+	const uint32_t pool_tokens = 4 * 2048;
+	struct hostile_hold k;
+	struct fixture f;
+	struct store st;
+	uint8_t *before;
+	kvd_client *c, *t;
+	kvd_seq *a, *x;
+	int m;
+
+	fixture_setup(&f, NULL, true);
+	store_start(&st, &f);
+	launch_pool(&f, &st, "--restore-claim=300", 4);
+	c = fixture_connect(&f, "engine");
+	m = kvd_model_register(c, &shape);
+	ASSERT_OK(m);
+	a = open_filled(c, m, 1024, 100, 1);
+	hostile_keep(&k, kvd_client_chunk_bytes(c));
+
+	crash(&f, &st);
+	launch_pool(&f, &st, "--restore-claim=300", 4);
+	ASSERT_TRUE(fixture_wait_log(&f, "were not claimed within", 1));
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));
+
+	t = fixture_connect(&f, "thief");
+	m = kvd_model_register(t, &shape);
+	ASSERT_OK(m);
+	before = malloc(k.bytes);
+	ASSERT_NOT_NULL(before);
+	memcpy(before, k.map, k.bytes);
+	x = open_filled(t, m, pool_tokens, pool_tokens, 5);
+	ASSERT_EQ(fixture_status(&f, NULL, "chunks_free"), 0u);
+	/* None of the thief's bytes show in the engine's old chunk, which stays the engine's
+	 * (scrubbed when it was freed). */
+	ASSERT_EQ(memcmp(before, k.map, k.bytes), 0);
+	hostile_assert_reads(&k, 0);
+	free(before);
+	hostile_write(&k);
+	ASSERT_EQ(check_seq(x, 5), 0u);
+	assert_digests_agree(x);
+
+	hostile_done(&k);
+	ASSERT_OK(kvd_seq_release(x));
+	/* Its connection went with the crash. */
+	ASSERT_ERRNO(kvd_seq_release(a), -ECONNRESET);
+	kvd_client_unref(t);
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_halt(&f), 0);
 	store_stop(&st);

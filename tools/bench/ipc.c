@@ -485,6 +485,71 @@ static int kvd_open(const char *socket, bool ring, uint32_t spin_us, kvd_client 
 	return 0;
 }
 
+/* ---- chunk grants ---- */
+
+/*
+ * What a chunk costs a grow (pool.h, "Isolation"): the tenant's own freed chunk comes back
+ * as the same memory object; another tenant's is replaced by a new one (the old memfd
+ * unmapped and closed, a new one made, sized, sealed and mapped). Tenants a and b take
+ * turns at the whole pool: each turn one sequence grows into every chunk in one request,
+ * is timed, and is released. a after a is "own"; a after b and b after a are "renewed".
+ * Host backend, the daemon's pool of GRANT_CHUNKS chunks of 1 MiB.
+ */
+#define GRANT_CHUNKS 64u
+#define GRANT_TURNS 21u
+/* 4 KiB blocks (16 tokens x 64 dims x 2 bytes x K and V): 256 blocks a chunk. */
+static const kvd_model_spec grant_shape = { "grant", 1, 1, 1, 64, KVD_DTYPE_F16, 16,
+	                                    KVD_LAYOUT_PER_LAYER };
+
+/* One turn of c: its sequence takes every chunk; the grow's time in ns. */
+static int grant_turn(kvd_client *c, int model, uint64_t *ret_ns) {
+	const uint32_t tokens = GRANT_CHUNKS * 256 * 16;
+	kvd_seq *s;
+	uint64_t t0;
+	int r;
+
+	r = kvd_seq_open(c, model, tokens, &s);
+	if (r < 0)
+		return fail("grant: open: %s", strerror(-r));
+	t0 = ring_now_ns();
+	r = kvd_seq_grow(s, tokens);
+	*ret_ns = ring_now_ns() - t0;
+	if (r < 0)
+		fail("grant: grow of %u chunks: %s", GRANT_CHUNKS, strerror(-r));
+	if (kvd_seq_release(s) < 0 && r >= 0)
+		r = fail("grant: release failed");
+	return r;
+}
+
+/* Median microseconds per chunk granted: ret[0] own, ret[1] renewed. */
+static int grants(const char *socket, double *ret) {
+	uint64_t own[GRANT_TURNS], renewed[GRANT_TURNS], warm;
+	kvd_client *c[2] = {};
+	int m[2], r = 0;
+
+	for (int i = 0; i < 2 && r >= 0; i++) {
+		r = kvd_client_connect(socket, i ? "grant-b" : "grant-a", &c[i]);
+		if (r >= 0)
+			r = m[i] = kvd_model_register(c[i], &grant_shape);
+		if (r < 0)
+			fail("grant: setting up tenant %d: %s", i, strerror(-r));
+	}
+	/* The first turn makes the memory (new); then a, a, ...; then b, a, b, ... */
+	if (r >= 0)
+		r = grant_turn(c[0], m[0], &warm);
+	for (unsigned t = 0; r >= 0 && t < GRANT_TURNS; t++)
+		r = grant_turn(c[0], m[0], &own[t]);
+	for (unsigned t = 0; r >= 0 && t < GRANT_TURNS; t++)
+		r = grant_turn(c[(t + 1) % 2], m[(t + 1) % 2], &renewed[t]);
+	kvd_client_unref(c[0]);
+	kvd_client_unref(c[1]);
+	if (r < 0)
+		return r;
+	ret[0] = stats_of(own, GRANT_TURNS).median_us / GRANT_CHUNKS;
+	ret[1] = stats_of(renewed, GRANT_TURNS).median_us / GRANT_CHUNKS;
+	return 0;
+}
+
 static int kvd_latency(const char *socket, bool ring, uint32_t spin_us, int client_cpu,
                        struct stats *ret) {
 	_cleanup_(freep) uint64_t *ns = calloc(arg_iterations, sizeof(uint64_t));
@@ -631,7 +696,8 @@ static void print_pair(const char *path, const struct stats *fl, const struct st
 	       rm <= target ? "within" : "OVER", target);
 }
 
-static void print_text(const struct row *rows, unsigned n_rows, const double *tput) {
+static void print_text(const struct row *rows, unsigned n_rows, const double *tput,
+                       const double *grant) {
 	printf("kvd-bench ipc: %d CPUs; %" PRIu32 " round trips per figure (median / p99, us); "
 	       "server on CPU %d, client on CPU %d (same-core) or %d (cross-core)\n",
 	       n_cpus, arg_iterations, cpus[0], cpus[0], cpus[1]);
@@ -651,6 +717,10 @@ static void print_text(const struct row *rows, unsigned n_rows, const double *tp
 	printf("  %-8s %12s %12s\n", "clients", "ring", "socket");
 	for (unsigned i = 0; i < ELEMENTSOF(throughput_clients); i++)
 		printf("  %-8u %12.0f %12.0f\n", throughput_clients[i], tput[2 * i], tput[2 * i + 1]);
+	printf("chunk grants (%u chunks of 1 MiB in one grow, host; median of %u, us a chunk):\n"
+	       "  own (the tenant's freed memory) %.2f, renewed (another tenant's: a new memfd) "
+	       "%.2f, ratio %.2f\n", GRANT_CHUNKS, GRANT_TURNS, grant[0], grant[1],
+	       ratio(grant[1], grant[0]));
 }
 
 static void json_pair(const char *path, const struct stats *fl, const struct stats *kv,
@@ -676,7 +746,8 @@ static void json_fdroom(const struct stats *fl, const struct stats *kv, double t
 	       "\"socket_fdroom_ratio_met\": %s", rm, rp, rm <= target ? "true" : "false");
 }
 
-static void print_json(const struct row *rows, unsigned n_rows, const double *tput) {
+static void print_json(const struct row *rows, unsigned n_rows, const double *tput,
+                       const double *grant) {
 	printf("{\n  \"cpus\": %d,\n  \"iterations\": %" PRIu32 ",\n  \"message_bytes\": %d,\n"
 	       "  \"server_cpu\": %d,\n  \"client_cpus\": {\"same-core\": %d, \"cross-core\": %d},\n"
 	       "  \"ring_ratio_target\": %.1f,\n  \"socket_ratio_target\": %.1f,\n  \"latency\": [",
@@ -698,7 +769,9 @@ static void print_json(const struct row *rows, unsigned n_rows, const double *tp
 	for (unsigned i = 0; i < ELEMENTSOF(throughput_clients); i++)
 		printf("%s\n    {\"clients\": %u, \"ring_ops_per_s\": %.0f, \"socket_ops_per_s\": %.0f}",
 		       i ? "," : "", throughput_clients[i], tput[2 * i], tput[2 * i + 1]);
-	printf("\n  ]\n}\n");
+	printf("\n  ],\n  \"grant_chunks\": %u, \"grant_own_us\": %.3f, \"grant_renewed_us\": %.3f, "
+	       "\"grant_renewed_ratio\": %.3f\n}\n", GRANT_CHUNKS, grant[0], grant[1],
+	       ratio(grant[1], grant[0]));
 }
 
 /* ---- options ---- */
@@ -712,8 +785,9 @@ static void help(void) {
 	       "room for fds and sendmsg() (\"fd room\": the floor of any protocol that passes\n"
 	       "fds on its socket, as kvd's does); and a raw ring round trip. Each spinning,\n"
 	       "spinning then sleeping, and sleeping, on one core and across two; then\n"
-	       "pin/unpin throughput with 1, 4 and 16 clients. Starts its own kvd daemons on\n"
-	       "temporary sockets.\n"
+	       "pin/unpin throughput with 1, 4 and 16 clients; then what a chunk grant costs\n"
+	       "when the chunk is the tenant's own freed one and when it was another tenant's\n"
+	       "(a new memory object). Starts its own kvd daemons on temporary sockets.\n"
 	       "\n"
 	       "Options:\n"
 	       "  --kvd PATH        The kvd binary (default: $KVD_DAEMON if set, else kvd from PATH)\n"
@@ -762,7 +836,7 @@ int bench_ipc(int argc, char **argv) {
 		{ "sleep", 0, 0 },
 	};
 	struct row rows[2 * ELEMENTSOF(waits)];
-	double tput[2 * ELEMENTSOF(throughput_clients)] = {};
+	double tput[2 * ELEMENTSOF(throughput_clients)] = {}, grant[2] = {};
 	unsigned n_rows = 0;
 	char *end;
 	int opt, r = 0;
@@ -840,14 +914,16 @@ int bench_ipc(int argc, char **argv) {
 			if (r >= 0)
 				r = throughput(d.socket, false, throughput_clients[i], &tput[2 * i + 1]);
 		}
+		if (r >= 0)
+			r = grants(d.socket, grant);
 		if (d.pid > 0)
 			daemon_stop(&d);
 	}
 	if (r < 0)
 		return 1;
 	if (arg_json)
-		print_json(rows, n_rows, tput);
+		print_json(rows, n_rows, tput, grant);
 	else
-		print_text(rows, n_rows, tput);
+		print_text(rows, n_rows, tput, grant);
 	return 0;
 }
