@@ -71,6 +71,7 @@
 #define DAEMON_START_MS 5000
 
 static const char *arg_kvd;
+static const char *arg_backend = "host";
 static uint32_t arg_iterations = 20000;
 static double arg_seconds = 2.0;
 static uint32_t arg_spin_us = 50;
@@ -428,7 +429,7 @@ static int daemon_start(struct daemon *d, uint32_t poll_us, const char *doorbell
 		return fail("fork: %s", strerror(errno));
 	if (d->pid == 0) {
 		const char *argv[] = { arg_kvd, "--socket", d->socket, "--config", "/dev/null",
-			               "--state-dir", d->state, "--backend", "host", "--pool-size",
+			               "--state-dir", d->state, "--backend", arg_backend, "--pool-size",
 			               "64MiB", "--chunk-size", "1MiB", "--poll-us", poll,
 			               "--ring-doorbell", doorbell,
 			               "--log-level", "warning", NULL };
@@ -493,7 +494,7 @@ static int kvd_open(const char *socket, bool ring, uint32_t spin_us, kvd_client 
  * unmapped and closed, a new one made, sized, sealed and mapped). Tenants a and b take
  * turns at the whole pool: each turn one sequence grows into every chunk in one request,
  * is timed, and is released. a after a is "own"; a after b and b after a are "renewed".
- * Host backend, the daemon's pool of GRANT_CHUNKS chunks of 1 MiB.
+ * The daemon's pool of GRANT_CHUNKS chunks of 1 MiB (--backend: host by default).
  */
 #define GRANT_CHUNKS 64u
 #define GRANT_TURNS 21u
@@ -717,9 +718,9 @@ static void print_text(const struct row *rows, unsigned n_rows, const double *tp
 	printf("  %-8s %12s %12s\n", "clients", "ring", "socket");
 	for (unsigned i = 0; i < ELEMENTSOF(throughput_clients); i++)
 		printf("  %-8u %12.0f %12.0f\n", throughput_clients[i], tput[2 * i], tput[2 * i + 1]);
-	printf("chunk grants (%u chunks of 1 MiB in one grow, host; median of %u, us a chunk):\n"
-	       "  own (the tenant's freed memory) %.2f, renewed (another tenant's: a new memfd) "
-	       "%.2f, ratio %.2f\n", GRANT_CHUNKS, GRANT_TURNS, grant[0], grant[1],
+	printf("chunk grants (%u chunks of 1 MiB in one grow, %s; median of %u, us a chunk):\n"
+	       "  own (the tenant's freed memory) %.2f, renewed (another tenant's: new memory) "
+	       "%.2f, ratio %.2f\n", GRANT_CHUNKS, arg_backend, GRANT_TURNS, grant[0], grant[1],
 	       ratio(grant[1], grant[0]));
 }
 
@@ -791,6 +792,8 @@ static void help(void) {
 	       "\n"
 	       "Options:\n"
 	       "  --kvd PATH        The kvd binary (default: $KVD_DAEMON if set, else kvd from PATH)\n"
+	       "  --backend NAME    The daemons' backend: host (default) or cuda (needs a GPU,\n"
+	       "                    or the test driver tests/fake-cuda to count driver calls)\n"
 	       "  --iterations N    Round trips per figure, 100..%u (default: 20000)\n"
 	       "  --seconds S       Length of each throughput run, 0.05..%.0f (default: 2)\n"
 	       "  --spin-us US      The client's spin before sleeping, in spin-sleep rows and\n"
@@ -819,10 +822,12 @@ static _printf_(1, 2) int usage_error(const char *fmt, ...) {
 }
 
 int bench_ipc(int argc, char **argv) {
-	enum { OPT_KVD = 0x100, OPT_ITERATIONS, OPT_SECONDS, OPT_SPIN_US, OPT_POLL_US, OPT_JSON };
+	enum { OPT_KVD = 0x100, OPT_BACKEND, OPT_ITERATIONS, OPT_SECONDS, OPT_SPIN_US, OPT_POLL_US,
+	       OPT_JSON };
 	static const struct option options[] = {
 		{ "kvd", required_argument, NULL, OPT_KVD },
 		{ "iterations", required_argument, NULL, OPT_ITERATIONS },
+		{ "backend", required_argument, NULL, OPT_BACKEND },
 		{ "seconds", required_argument, NULL, OPT_SECONDS },
 		{ "spin-us", required_argument, NULL, OPT_SPIN_US },
 		{ "poll-us", required_argument, NULL, OPT_POLL_US },
@@ -852,6 +857,11 @@ int bench_ipc(int argc, char **argv) {
 			return 0;
 		case OPT_KVD:
 			arg_kvd = optarg;
+			break;
+		case OPT_BACKEND:
+			if (strcmp(optarg, "host") != 0 && strcmp(optarg, "cuda") != 0)
+				return usage_error("--backend: '%s' is not host or cuda", optarg);
+			arg_backend = optarg;
 			break;
 		case OPT_ITERATIONS:
 			if (number_parse_u32(optarg, 100, ITERATIONS_MAX, &arg_iterations) < 0)
