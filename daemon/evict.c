@@ -897,7 +897,11 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 				if (s->tenants.tenants[i]->id == w.tenant_id)
 					only = (int)i;
 		target = w.bytes;
-		if (target == 0) {
+		if (w.tenant_id && only < 0) {
+			/* Its tenant was forgotten since (it held nothing): nothing to free, and
+			 * certainly not from the others. */
+			target = 0;
+		} else if (target == 0) {
 			low = watermark(p->budget_bytes, s->limits.low_watermark);
 			target = p->used_bytes > low ? p->used_bytes - low : 0;
 		}
