@@ -604,6 +604,15 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 			refuse(why, r, "tenant %s reached its max of %llu bytes", c->tenant->name,
 			       (unsigned long long)c->tenant->max_bytes);
 			break;
+		case -ENOMEM:
+			if (p->pinned_by[0])
+				refuse(why, r, "no device memory for a new chunk: the free one was tenant "
+				       "%s's, and processes of %s that still import its old allocation "
+				       "keep it allocated; it is back when they release it or exit",
+				       p->pinned_by, p->pinned_by);
+			else
+				refuse(why, r, "grow failed: %s", strerror(-r));
+			break;
 		case -ENOSPC:
 			if (p->used_bytes + p->chunk_bytes > p->budget_bytes)
 				refuse(why, r, "node budget exhausted (%llu of %llu bytes in use)",

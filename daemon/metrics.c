@@ -47,6 +47,7 @@ static const char *const refusal_names[_POOL_REFUSED_MAX] = {
 	[POOL_REFUSED_POOL] = "pool",
 	[POOL_REFUSED_TENANT_MAX] = "tenant_max",
 	[POOL_REFUSED_ERROR] = "error",
+	[POOL_REFUSED_PINNED] = "pinned",
 };
 
 void metrics_observe_request(struct metrics *m, enum metrics_request type, uint64_t ns) {
@@ -296,7 +297,9 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	fprintf(f, "kvd_grants_memory_total{memory=\"renewed\"} %" PRIu64 "\n", p->grants_renewed);
 	family(f, "kvd_grants_refused_total", "counter",
 	       "Chunk grants refused, by reason: budget (node budget spent), pool (no free chunk), "
-	       "tenant_max (the tenant's cap), error (backend or memory failure).");
+	       "tenant_max (the tenant's cap), error (backend or memory failure), pinned (no device "
+	       "memory for a chunk renewed from another tenant, whose old allocation processes may "
+	       "still hold).");
 	for (unsigned i = 0; i < _POOL_REFUSED_MAX; i++)
 		fprintf(f, "kvd_grants_refused_total{reason=\"%s\"} %" PRIu64 "\n", refusal_names[i],
 		        p->refused[i]);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -188,11 +189,20 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 
 	if (c->last_owner && !own) {
 		/* Another tenant's processes may still reach this memory: never give it on. */
+		snprintf(p->pinned_by, sizeof(p->pinned_by), "%s", c->last_owner->name);
 		free_drop_memory(p, c);
 		renewed = true;
 	}
 	if (c->mem.fd < 0) {
 		r = p->ops->chunk_create(c->id, c->mem.device, p->chunk_bytes, &c->mem);
+		if (r == -ENOMEM && renewed)
+			/* The old allocation was released, and still the device has no room: on a
+			 * GPU, processes that imported it keep it allocated. */
+			return log_warning_errno(r, "no device memory for chunk %u, which was tenant "
+			                         "%s's: processes of %s that still import its old "
+			                         "allocation may keep it allocated", c->id,
+			                         p->pinned_by, p->pinned_by);
+		p->pinned_by[0] = '\0';
 		if (r < 0)
 			return log_error_errno(r, "creating chunk %u failed", c->id);
 		if (p->chunk_created)
@@ -275,6 +285,8 @@ int pool_block_alloc(struct pool *p, struct tenant *t, uint32_t device, uint64_t
 				p->refused[POOL_REFUSED_BUDGET]++;
 			else if (r == -ENOSPC)
 				p->refused[POOL_REFUSED_POOL]++;
+			else if (r == -ENOMEM && p->pinned_by[0])
+				p->refused[POOL_REFUSED_PINNED]++;
 			else
 				p->refused[POOL_REFUSED_ERROR]++;
 			return r;

@@ -76,6 +76,7 @@ enum pool_refusal {
 	POOL_REFUSED_POOL,            /* no free chunk left within the budget */
 	POOL_REFUSED_TENANT_MAX,      /* the tenant's cap */
 	POOL_REFUSED_ERROR,           /* the backend or memory failed */
+	POOL_REFUSED_PINNED,          /* no device memory for a renewed chunk (pinned_by) */
 	_POOL_REFUSED_MAX,
 };
 
@@ -94,6 +95,10 @@ struct pool {
 	uint64_t grants;              /* chunks handed to a tenant from the free list */
 	uint64_t grants_own;          /* of which its own memory object, as it was */
 	uint64_t grants_renewed;      /* of which another tenant's, as a new memory object */
+	/* The tenant whose chunk the last refused renewal destroyed, when the new memory could
+	 * not be made for want of device memory: on a GPU, processes of that tenant that still
+	 * import its old allocation keep it allocated. "" once a renewal works again. */
+	char pinned_by[TENANT_NAME_MAX + 1];
 	uint64_t refused[_POOL_REFUSED_MAX]; /* grants_refused, by reason */
 	/* Called when a chunk's memory is created (keep.h stores its fd), and before it is
 	 * destroyed (keep.h drops it from the store); may be NULL. */
@@ -116,7 +121,8 @@ int pool_set_budget(struct pool *p, uint64_t bytes);
  * Allocates one block of block_bytes on device (below n_devices) for tenant t, from a chunk
  * t owns there or a new one. Returns 0 and the block in *ret_chunk and *ret_index, or
  * -ENOSPC (node budget or the device's chunks exhausted), -EDQUOT (t's max reached), or a
- * backend error creating the chunk.
+ * backend error creating the chunk: -ENOMEM with pinned_by set when the chunk was another
+ * tenant's and its new memory does not fit (pool.h, "Isolation").
  */
 int pool_block_alloc(struct pool *p, struct tenant *t, uint32_t device, uint64_t block_bytes,
                      struct chunk **ret_chunk, uint32_t *ret_index);

@@ -34,7 +34,16 @@
  * CUDA_ERROR_NO_DEVICE), KVD_FAKE_CUDA_MEMORY_MIB per device (default 1024),
  * KVD_FAKE_CUDA_GRANULARITY_KIB (default 2048, as on real GPUs), KVD_FAKE_CUDA_STRICT=1
  * (above), KVD_FAKE_CUDA_TRACE=1 to print every refused call to stderr,
- * KVD_FAKE_CUDA_COUNT=PATH (read at cuInit) to count the driver calls (below).
+ * KVD_FAKE_CUDA_COUNT=PATH (read at cuInit) to count the driver calls (below),
+ * KVD_FAKE_CUDA_LEDGER=DIR (read at each use) for device memory shared by processes (below).
+ *
+ * Ledger: without it each process counts only the allocations it made (cuMemCreate) against
+ * its devices' memory. With it, as on a GPU, an allocation counts for as long as any
+ * process holds it through a handle or a mapping, made or imported: each process that holds
+ * one has a file DIR/INODE.PID ("ORDINAL SIZE") while it does, and cuMemCreate and
+ * cuMemGetInfo count every allocation (inode) that a live process holds. So a process that
+ * imported a chunk and keeps it pins memory that the daemon released. (An exported fd kept
+ * without an import does not count here; on a GPU it would.) cuMemAlloc stays per process.
  *
  * Call counts: every exported entry point counts its calls, and the bytes that the copies
  * and memsets were asked to move or set (a 2D copy: WidthInBytes * Height; other calls
@@ -49,9 +58,12 @@
  * context stack is per thread, as in the driver. Not installed: a test double only.
  */
 #include <cuda.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -94,6 +106,7 @@ struct alloc {
 	int ordinal;
 	bool created;                 /* counts against this process's free memory */
 	bool exportable;
+	bool ledgered;                /* this process's file is in the ledger */
 	unsigned refs;                /* handles and mappings that hold it */
 };
 
@@ -336,6 +349,78 @@ static struct alloc *alloc_find(CUmemGenericAllocationHandle id) {
 	return NULL;
 }
 
+/* ---- the ledger (KVD_FAKE_CUDA_LEDGER, above) ---- */
+
+static const char *ledger_dir(void) {
+	const char *d = getenv("KVD_FAKE_CUDA_LEDGER");
+
+	return d && *d ? d : NULL;
+}
+
+/* This process holds a, or no longer does (a registered when it did). */
+static void ledger_hold(struct alloc *a, bool hold) {
+	const char *dir = ledger_dir();
+	char path[PATH_MAX];
+	FILE *f;
+
+	if (!dir || (!hold && !a->ledgered))
+		return;
+	snprintf(path, sizeof(path), "%s/%llu.%d", dir, (unsigned long long)a->ino, (int)getpid());
+	if (!hold) {
+		unlink(path);
+		return;
+	}
+	f = fopen(path, "we");
+	if (!f)
+		return;
+	fprintf(f, "%d %zu\n", a->ordinal, a->size);
+	a->ledgered = fclose(f) == 0;
+}
+
+/* Bytes of ordinal held by live processes (each allocation once); stale files go. Without
+ * a ledger, this process's own. Lock held. */
+static size_t device_used(int ordinal) {
+	const char *dir = ledger_dir();
+	unsigned long long seen[1024];
+	unsigned n_seen = 0;
+	size_t used = 0;
+	struct dirent *e;
+	DIR *d;
+
+	if (!dir || !(d = opendir(dir)))
+		return fk.used[ordinal];
+	while ((e = readdir(d))) {
+		char path[PATH_MAX];
+		unsigned long long ino;
+		bool dup = false;
+		size_t size;
+		int pid, ord;
+		FILE *f;
+
+		if (sscanf(e->d_name, "%llu.%d", &ino, &pid) != 2)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		if (kill(pid, 0) < 0 && errno == ESRCH) {
+			unlink(path);
+			continue;
+		}
+		f = fopen(path, "re");
+		if (!f)
+			continue;
+		if (fscanf(f, "%d %zu", &ord, &size) == 2 && ord == ordinal) {
+			for (unsigned i = 0; i < n_seen; i++)
+				dup = dup || seen[i] == ino;
+			if (!dup && n_seen < 1024) {
+				seen[n_seen++] = ino;
+				used += size;
+			}
+		}
+		fclose(f);
+	}
+	closedir(d);
+	return used;
+}
+
 /* A new handle for a (which it holds). Lock held. */
 static int handle_new(struct alloc *a, CUmemGenericAllocationHandle *ret) {
 	struct handle *h = calloc(1, sizeof(*h));
@@ -364,6 +449,7 @@ static void alloc_put(struct alloc *a) {
 		}
 	if (a->created)
 		fk.used[a->ordinal] -= a->size;
+	ledger_hold(a, false);
 	close(a->fd);
 	free(a);
 }
@@ -812,7 +898,7 @@ CUresult CUDAAPI cuMemGetInfo(size_t *free_b, size_t *total_b) {
 	if (!free_b || !total_b)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemGetInfo", "NULL");
 	pthread_mutex_lock(&lock);
-	*free_b = fk.total - fk.used[ordinal];
+	*free_b = fk.total - (device_used(ordinal) < fk.total ? device_used(ordinal) : fk.total);
 	*total_b = fk.total;
 	pthread_mutex_unlock(&lock);
 	return CUDA_SUCCESS;
@@ -935,7 +1021,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 		return fail(CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate", "handle types 0x%x",
 		            (unsigned)prop->requestedHandleTypes);
 	pthread_mutex_lock(&lock);
-	if (size > fk.total - fk.used[prop->location.id]) {
+	if (size + device_used(prop->location.id) > fk.total) {
 		pthread_mutex_unlock(&lock);
 		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate", "%zu bytes", size);
 	}
@@ -964,6 +1050,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 	a->next = fk.allocs;
 	fk.allocs = a;
 	fk.used[a->ordinal] += size;
+	ledger_hold(a, true);
 	pthread_mutex_unlock(&lock);
 	return CUDA_SUCCESS;
 }
@@ -1077,6 +1164,7 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
 		a->next = fk.allocs;
 		fk.allocs = a;
 		fresh = true;
+		ledger_hold(a, true);
 	}
 	if (handle_new(a, handle) < 0) {
 		if (fresh) {

@@ -15,9 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#ifdef KVD_HAVE_CUDA
+#include "cuda-dl.h"
+#endif
 #include "common/digest.h"
 #include "common/layout.h"
 #include "fixture.h"
@@ -232,3 +236,73 @@ TEST(client_that_leaves_is_not_charged_after) {
 	kvd_client_unref(a2);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+#ifdef KVD_HAVE_CUDA
+/*
+ * GPU memory an old holder pins (cuda pools under the fake driver, whose ledger counts an
+ * allocation while any process imports it: KVD_FAKE_CUDA_LEDGER). Alice's process imports
+ * her chunk's fd again and keeps it after acknowledging the unmap; on a device with room for
+ * one chunk, bob's grant then finds no memory for the chunk's new allocation and is refused
+ * with an error that names alice; once her import goes, bob gets it, zeroed.
+ */
+TEST(renewal_refused_while_an_old_holder_pins_gpu_memory) {
+	const struct cuda_dl *cu;
+	struct hostile_hold k;
+	CUmemGenericAllocationHandle h;
+	const char *why = NULL;
+	char ledger[192];
+	struct fixture f;
+	kvd_client *a, *b;
+	kvd_seq *sa, *sb;
+	int ma, mb;
+
+	if (!fixture_backend_cuda())
+		TEST_SKIP("GPU memory only: on host the old memfd holds no pool memory");
+	ASSERT_OK(cuda_dl_load(&cu, &why));
+	fixture_setup(&f, NULL, true);
+	snprintf(ledger, sizeof(ledger), "%s/ledger", f.dir);
+	ASSERT_OK(mkdir(ledger, 0700));
+	ASSERT_OK(setenv("KVD_FAKE_CUDA_LEDGER", ledger, 1));
+	ASSERT_OK(setenv("KVD_FAKE_CUDA_MEMORY_MIB", "1", 1));
+	fixture_launch(&f, one_chunk);
+	ASSERT_OK(unsetenv("KVD_FAKE_CUDA_MEMORY_MIB"));
+
+	a = fixture_connect(&f, "alice");
+	b = fixture_connect(&f, "bob");
+	ma = kvd_model_register(a, &spec);
+	mb = kvd_model_register(b, &spec);
+	ASSERT_OK(ma);
+	ASSERT_OK(mb);
+	ASSERT_OK(kvd_seq_open(a, ma, 4096, &sa));
+	ASSERT_OK(kvd_seq_grow(sa, FILL_TOKENS));
+	fill_seq(sa, 1);
+	hostile_keep(&k, kvd_client_chunk_bytes(a));
+	if (k.fd < 0) {
+		hostile_done(&k);
+		ASSERT_OK(unsetenv("KVD_FAKE_CUDA_LEDGER"));
+		ASSERT_EQ(fixture_stop(&f), 0);
+		TEST_SKIP("needs the chunk's fd: /proc/self/map_files takes CAP_SYS_ADMIN");
+	}
+	ASSERT_EQ(cu->cuMemImportFromShareableHandle(&h, (void *)(intptr_t)k.fd,
+						      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+		  CUDA_SUCCESS);
+	ASSERT_OK(kvd_seq_release(sa));
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));
+
+	ASSERT_OK(kvd_seq_open(b, mb, 4096, &sb));
+	ASSERT_ERRNO(kvd_seq_grow(sb, 16), -ENOMEM);
+	ASSERT_TRUE(strstr(kvd_client_last_error(b), "tenant alice's"));
+	ASSERT_TRUE(fixture_wait_log(&f, "which was tenant alice's", 1));
+
+	/* Her import goes: the memory is free again. */
+	ASSERT_EQ(cu->cuMemRelease(h), CUDA_SUCCESS);
+	ASSERT_OK(kvd_seq_grow(sb, FILL_TOKENS));
+	ASSERT_EQ(assert_digests_agree(sb), zero_digest(sb));
+	hostile_done(&k);
+	ASSERT_OK(kvd_seq_release(sb));
+	kvd_client_unref(a);
+	kvd_client_unref(b);
+	ASSERT_OK(unsetenv("KVD_FAKE_CUDA_LEDGER"));
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+#endif
