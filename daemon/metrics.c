@@ -239,7 +239,7 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 
 int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	const struct pool *p = s->pool;
-	uint32_t owned = p->n_chunks - p->chunks_free - p->chunks_draining;
+	uint32_t owned = p->n_chunks - p->chunks_free - p->chunks_draining - p->chunks_pinned;
 	_cleanup_(freep) char *buf = NULL;
 	size_t size = 0;
 	bool failed;
@@ -269,10 +269,12 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	      p->chunk_bytes);
 	family(f, "kvd_chunks", "gauge",
 	       "Chunks by state: free (in the pool), owned (held by a tenant), draining (empty, "
-	       "still mapped by a client).");
+	       "still mapped by a client), pinned (no device memory for their new allocation, "
+	       "charged to the tenant whose old one may still be held).");
 	fprintf(f, "kvd_chunks{state=\"free\"} %" PRIu32 "\n", p->chunks_free);
 	fprintf(f, "kvd_chunks{state=\"owned\"} %" PRIu32 "\n", owned);
 	fprintf(f, "kvd_chunks{state=\"draining\"} %" PRIu32 "\n", p->chunks_draining);
+	fprintf(f, "kvd_chunks{state=\"pinned\"} %" PRIu32 "\n", p->chunks_pinned);
 	family(f, "kvd_device_free_chunks", "gauge",
 	       "Free chunks of each pooled device (its ordinal; 0 on host): a device whose chunks "
 	       "run out refuses grants there while the budget may have room.");

@@ -180,6 +180,7 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 	uint64_t stride = ALIGN_TO(block_bytes, LAYOUT_BLOCK_ALIGN);
 	uint32_t n_blocks, words;
 	bool own = c && c->last_owner == t, renewed = false;
+	struct tenant *old = NULL;
 	int r;
 
 	if (p->used_bytes + p->chunk_bytes > p->budget_bytes || !c)
@@ -189,19 +190,32 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 
 	if (c->last_owner && !own) {
 		/* Another tenant's processes may still reach this memory: never give it on. */
-		snprintf(p->pinned_by, sizeof(p->pinned_by), "%s", c->last_owner->name);
+		old = c->last_owner;
+		snprintf(p->pinned_by, sizeof(p->pinned_by), "%s", old->name);
 		free_drop_memory(p, c);
 		renewed = true;
 	}
 	if (c->mem.fd < 0) {
 		r = p->ops->chunk_create(c->id, c->mem.device, p->chunk_bytes, &c->mem);
-		if (r == -ENOMEM && renewed)
+		if (r == -ENOMEM && renewed) {
 			/* The old allocation was released, and still the device has no room: on a
-			 * GPU, processes that imported it keep it allocated. */
+			 * GPU, processes of its tenant that imported it keep it allocated. That
+			 * tenant pays: the chunk is charged to it until its memory can be made. */
+			free_unlink(p, c);
+			p->chunks_free--;
+			p->device_free[device]--;
+			p->chunks_pinned++;
+			c->state = CHUNK_PINNED;
+			c->owner = old;
+			p->used_bytes += p->chunk_bytes;
+			old->used_bytes += p->chunk_bytes;
+			old->chunks++;
 			return log_warning_errno(r, "no device memory for chunk %u, which was tenant "
 			                         "%s's: processes of %s that still import its old "
-			                         "allocation may keep it allocated", c->id,
-			                         p->pinned_by, p->pinned_by);
+			                         "allocation may keep it allocated; charged to %s until "
+			                         "it can be made again", c->id, old->name, old->name,
+			                         old->name);
+		}
 		p->pinned_by[0] = '\0';
 		if (r < 0)
 			return log_error_errno(r, "creating chunk %u failed", c->id);
@@ -454,6 +468,37 @@ void pool_restore_done(struct pool *p) {
 		chunk_drop_memory(p, c);
 		free_push(p, c);
 	}
+}
+
+uint32_t pool_retry_pinned(struct pool *p) {
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < p->n_chunks && p->chunks_pinned > 0; i++) {
+		struct chunk *c = &p->chunks[i];
+		struct tenant *t = c->owner;
+
+		if (c->state != CHUNK_PINNED ||
+		    p->ops->chunk_create(c->id, c->mem.device, p->chunk_bytes, &c->mem) < 0)
+			continue;
+		if (p->chunk_created)
+			p->chunk_created(p->chunk_created_userdata, c);
+		log_info("chunk %u has memory again: no longer charged to tenant %s", c->id, t->name);
+		p->chunks_pinned--;
+		p->used_bytes -= p->chunk_bytes;
+		t->used_bytes -= p->chunk_bytes;
+		t->chunks--;
+		c->state = CHUNK_FREE;
+		c->owner = NULL;
+		/* New memory: nobody's yet. */
+		c->last_owner = NULL;
+		free_push(p, c);
+		p->chunks_free++;
+		p->device_free[c->mem.device]++;
+		n++;
+	}
+	if (n > 0)
+		p->pinned_by[0] = '\0';
+	return n;
 }
 
 uint32_t pool_forget_tenant(struct pool *p, struct tenant *t) {

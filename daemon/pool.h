@@ -44,6 +44,10 @@ enum chunk_state {
 	CHUNK_FREE,
 	CHUNK_OWNED,
 	CHUNK_DRAINING,
+	/* Without memory: its new allocation found no device memory when it was renewed from
+	 * its owner, whose processes may still hold the old one (pinned_by). Charged to that
+	 * owner, on no list, made again by pool_retry_pinned(). */
+	CHUNK_PINNED,
 };
 
 struct chunk {
@@ -88,7 +92,7 @@ struct pool {
 	/* FREE chunks, per device: those without memory first, then those with memory, the one
 	 * freed longest ago first (what a grant takes from another tenant). */
 	struct chunk *free_list[BACKEND_DEVICES_MAX], *free_tail[BACKEND_DEVICES_MAX];
-	uint32_t chunks_free, chunks_draining;
+	uint32_t chunks_free, chunks_draining, chunks_pinned;
 	uint32_t device_free[BACKEND_DEVICES_MAX]; /* chunks_free, per device */
 	uint64_t used_bytes, block_bytes;
 	uint64_t grants_refused;
@@ -122,7 +126,8 @@ int pool_set_budget(struct pool *p, uint64_t bytes);
  * t owns there or a new one. Returns 0 and the block in *ret_chunk and *ret_index, or
  * -ENOSPC (node budget or the device's chunks exhausted), -EDQUOT (t's max reached), or a
  * backend error creating the chunk: -ENOMEM with pinned_by set when the chunk was another
- * tenant's and its new memory does not fit (pool.h, "Isolation").
+ * tenant's and its new memory does not fit (pool.h, "Isolation"); that chunk is then
+ * PINNED, charged to that tenant.
  */
 int pool_block_alloc(struct pool *p, struct tenant *t, uint32_t device, uint64_t block_bytes,
                      struct chunk **ret_chunk, uint32_t *ret_index);
@@ -173,6 +178,10 @@ int pool_block_alloc_in(struct pool *p, struct chunk *c, uint32_t *ret_index);
 void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint64_t block_bytes,
                         uint64_t *used);
 void pool_restore_done(struct pool *p);
+
+/* Tries to make the memory of PINNED chunks again: each that gets it is FREE, and no
+ * longer charged to its owner. Returns how many did. */
+uint32_t pool_retry_pinned(struct pool *p);
 
 /* Destroys the memory of t's FREE chunks (t is going away: nobody may be given it again).
  * Returns how many. */

@@ -323,6 +323,7 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 			}
 		}
 		unmap_tick(s, now);
+		pool_retry_pinned(s->pool);
 		if (s->admin)
 			forget_tick(s, now);
 	}

@@ -105,7 +105,7 @@ static struct tenant *conn_tenant_of(uint64_t conn_id) {
 static void check_state(bool all_closed) {
 	struct pool *p = h.pool;
 	struct server *s = h.srv;
-	uint32_t owned = 0, draining = 0, free_n = 0, listed = 0;
+	uint32_t owned = 0, draining = 0, pinned = 0, free_n = 0, listed = 0;
 	uint64_t block_bytes = 0, t_used = 0, t_blocks = 0, t_chunks = 0;
 
 	for (uint32_t i = 0; i < p->n_chunks; i++) {
@@ -139,6 +139,11 @@ static void check_state(bool all_closed) {
 			FUZZ_CHECK(c->owner && c->used_blocks == 0 && c->n_holders > 0 && !c->partial,
 			           "draining chunk %u: %u blocks, %u holders", i, c->used_blocks, c->n_holders);
 			break;
+		case CHUNK_PINNED:
+			pinned++;
+			FUZZ_CHECK(c->owner && c->mem.fd < 0 && c->used_blocks == 0 && !c->partial,
+			           "pinned chunk %u", i);
+			break;
 		default:
 			FUZZ_CHECK(false, "chunk %u in state %d", i, c->state);
 		}
@@ -160,8 +165,8 @@ static void check_state(bool all_closed) {
 		}
 	FUZZ_CHECK(listed == free_n && p->chunks_free == free_n, "free: %u listed, %u counted, %u",
 	           listed, p->chunks_free, free_n);
-	FUZZ_CHECK(p->chunks_draining == draining);
-	FUZZ_CHECK(p->used_bytes == (uint64_t)(owned + draining) * CHUNK_BYTES,
+	FUZZ_CHECK(p->chunks_draining == draining && p->chunks_pinned == pinned);
+	FUZZ_CHECK(p->used_bytes == (uint64_t)(owned + draining + pinned) * CHUNK_BYTES,
 	           "used %llu bytes, %u chunks owned and %u draining",
 	           (unsigned long long)p->used_bytes, owned, draining);
 	FUZZ_CHECK(p->block_bytes == block_bytes);

@@ -243,7 +243,8 @@ TEST(client_that_leaves_is_not_charged_after) {
  * allocation while any process imports it: KVD_FAKE_CUDA_LEDGER). Alice's process imports
  * her chunk's fd again and keeps it after acknowledging the unmap; on a device with room for
  * one chunk, bob's grant then finds no memory for the chunk's new allocation and is refused
- * with an error that names alice; once her import goes, bob gets it, zeroed.
+ * with an error that names alice, and the chunk is charged to alice; once her import goes,
+ * the daemon makes the memory again, her charge ends, and bob gets it, zeroed.
  */
 TEST(renewal_refused_while_an_old_holder_pins_gpu_memory) {
 	const struct cuda_dl *cu;
@@ -293,9 +294,13 @@ TEST(renewal_refused_while_an_old_holder_pins_gpu_memory) {
 	ASSERT_ERRNO(kvd_seq_grow(sb, 16), -ENOMEM);
 	ASSERT_TRUE(strstr(kvd_client_last_error(b), "tenant alice's"));
 	ASSERT_TRUE(fixture_wait_log(&f, "which was tenant alice's", 1));
+	/* Alice pays: the chunk is charged to her while its memory cannot be made. */
+	ASSERT_EQ(fixture_status(&f, "alice", "used_bytes"), 1u << 20);
+	ASSERT_ERRNO(kvd_seq_grow(sb, 16), -ENOSPC);
 
-	/* Her import goes: the memory is free again. */
+	/* Her import goes: the daemon makes the memory on its tick, and her charge ends. */
 	ASSERT_EQ(cu->cuMemRelease(h), CUDA_SUCCESS);
+	ASSERT_TRUE(fixture_wait_status(&f, "alice", "used_bytes", 0));
 	ASSERT_OK(kvd_seq_grow(sb, FILL_TOKENS));
 	ASSERT_EQ(assert_digests_agree(sb), zero_digest(sb));
 	hostile_done(&k);
