@@ -363,6 +363,9 @@ static void conn_received(struct conn *c, int res) {
 		}
 		dispatch(c, env, fds, nfds);
 	}
+	/* fds no frame announced would stay queued, held by the daemon, until it closes. */
+	if (r == 0 && !c->closing && !c->close_when_sent && wire_rx_drop_unannounced(c->rx) > 0)
+		conn_violation(c, "fds that no frame announced");
 }
 
 /* Stops reading c directly (see conn_poll()). */

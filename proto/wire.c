@@ -108,6 +108,19 @@ static void rx_consume(struct wire_rx *rx) {
 	rx->frame_nfds = 0;
 }
 
+uint32_t wire_rx_drop_unannounced(struct wire_rx *rx) {
+	uint32_t n;
+
+	rx_consume(rx);
+	if (rx->len > 0)
+		return 0;
+	n = rx->nfds;
+	for (uint32_t i = 0; i < n; i++)
+		rx->fds[i] = safe_close(rx->fds[i]);
+	rx->nfds = 0;
+	return n;
+}
+
 int wire_rx_next(struct wire_rx *rx, Envelope **ret_env, int ret_fds[static WIRE_FDS_MAX],
                  uint32_t *ret_nfds) {
 	ProtobufCAllocator alloc = { .alloc = arena_alloc, .free = arena_free, .allocator_data = rx };

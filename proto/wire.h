@@ -82,6 +82,15 @@ int wire_rx_push_fds(struct wire_rx *rx, const int *fds, uint32_t n);
 int wire_rx_next(struct wire_rx *rx, Envelope **ret_env, int ret_fds[static WIRE_FDS_MAX],
                  uint32_t *ret_nfds);
 
+/*
+ * Closes the fds no frame can claim any more: fds travel with the first byte of the frame
+ * that announces them, so with every received byte consumed (no frame begun), fds still
+ * queued came with no announcing frame. Call when wire_rx_next() returned 0. Returns how
+ * many it closed (a sender that attaches fds no frame announces breaks the protocol; they
+ * would otherwise stay queued, up to the FIFO's 2 * WIRE_FDS_MAX).
+ */
+uint32_t wire_rx_drop_unannounced(struct wire_rx *rx);
+
 /* Builds a receive cmsg buffer big enough for WIRE_FDS_MAX fds. */
 #define WIRE_CMSG_SPACE (sizeof(struct cmsghdr) + WIRE_FDS_MAX * sizeof(int) + 16)
 
