@@ -483,6 +483,8 @@ void conn_close(struct conn *c, const char *why) {
 	if (c->next)
 		c->next->prev = c->prev;
 	s->n_conns--;
+	/* An fd comes free (once the connection's last operation completes): accept again. */
+	server_accept_resume(s);
 	/* Its pending operations still refer to it; listed so that a stop which ends the
 	 * loop before they complete can still free it. */
 	c->closed_next = s->closed;

@@ -323,6 +323,10 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	        "Connections disconnected for not unmapping a chunk within unmap-timeout and "
 	        "unmap-grace.",
 	        s->unmap_disconnects);
+	counter(f, "kvd_accept_pauses_total",
+	        "Times the daemon ran out of file descriptors and paused accepting connections "
+	        "until one closed.",
+	        s->accept_pauses);
 	gauge(f, "kvd_departed_holders",
 	      "Processes whose connection closed while they still mapped chunks: those chunks "
 	      "stay charged to their tenants until the processes exit.",

@@ -120,11 +120,30 @@ static void on_accept(struct loop_op *op, int res, bool more) {
 			s->conns = c;
 			s->n_conns++;
 		}
+		s->accept_pause_logged = false;
+	} else if ((res == -EMFILE || res == -ENFILE) && !more) {
+		/* Accepting again at once would fail again at once, a core spent on it: wait for
+		 * a connection to close, or the tick (an error ends the multishot accept). */
+		s->accept_paused = true;
+		s->accept_pauses++;
+		if (!s->accept_pause_logged)
+			log_warning_errno(res, "out of file descriptors: accepting paused until a "
+			                  "connection closes (new clients wait in the listen backlog)");
+		s->accept_pause_logged = true;
+		return;
 	} else if (res != -EINTR && res != -ECONNABORTED) {
 		log_warning_errno(res, "accept failed");
 	}
 	/* Multishot accept stops on errors and overflow; start it again. */
 	if (!more && !s->stopping && loop_accept(s->loop, &s->accept_op, s->listen_fd) < 0)
+		log_error("cannot re-arm accept; no new connections will be served");
+}
+
+void server_accept_resume(struct server *s) {
+	if (!s->accept_paused || s->stopping)
+		return;
+	s->accept_paused = false;
+	if (loop_accept(s->loop, &s->accept_op, s->listen_fd) < 0)
 		log_error("cannot re-arm accept; no new connections will be served");
 }
 
@@ -323,6 +342,7 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 			}
 		}
 		unmap_tick(s, now);
+		server_accept_resume(s);
 		pool_retry_pinned(s->pool);
 		if (s->admin)
 			forget_tick(s, now);

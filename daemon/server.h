@@ -94,6 +94,11 @@ struct server {
 
 	int listen_fd;
 	struct loop_op accept_op;
+	/* Out of fds (EMFILE, ENFILE): accepting waits for a connection to close or the tick,
+	 * and new clients wait in the listen backlog, rather than the loop spinning on the
+	 * error. accept_pauses counts the pauses; one is logged until an accept works again. */
+	bool accept_paused, accept_pause_logged;
+	uint64_t accept_pauses;
 	int signal_fd;
 	struct loop_op signal_op;
 	struct signalfd_siginfo siginfo;
@@ -154,6 +159,9 @@ int server_run(struct server *s);
 uint64_t now_ms(void);
 
 struct conn *server_find_conn(struct server *s, uint64_t id);
+
+/* Accepts again after a pause for want of fds (a connection closed, or the tick). */
+void server_accept_resume(struct server *s);
 
 /* Forgets t (tenant_holds_nothing): destroys its free chunks' memory and takes it out of
  * the table; logs why. */

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -49,6 +50,7 @@ void fixture_write_config(struct fixture *f, const char *text) {
 }
 
 void fixture_setup(struct fixture *f, const char *config, bool log) {
+	f->fd_limit = 0;
 	snprintf(f->dir, sizeof(f->dir), "/tmp/kvd-test-XXXXXX");
 	ASSERT_TRUE(mkdtemp(f->dir));
 	snprintf(f->socket, sizeof(f->socket), "%s/kvd.sock", f->dir);
@@ -108,6 +110,12 @@ void fixture_launch(struct fixture *f, const char *const *args) {
 			int fd = open(f->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 
 			if (fd < 0 || dup2(fd, STDERR_FILENO) < 0)
+				_exit(126);
+		}
+		if (f->fd_limit) {
+			struct rlimit rl = { f->fd_limit, f->fd_limit };
+
+			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
 				_exit(126);
 		}
 		execv(daemon, (char *const *)argv);

@@ -21,6 +21,8 @@ struct fixture {
 	char config[128];             /* --config: dir/kvd.conf, or /dev/null when none given */
 	char state_dir[128];          /* --state-dir: dir/state (made by the daemon when needed) */
 	char log[128];                /* the daemon's stderr (dir/kvd.log), or "" for the test's */
+	unsigned fd_limit;            /* when not 0, the daemon's RLIMIT_NOFILE (set before
+	                               * fixture_launch) */
 };
 
 /* Whether the daemon runs --backend cuda (KVD_TEST_BACKEND=cuda: tests/gpu/meson.build runs
