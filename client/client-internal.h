@@ -41,6 +41,10 @@
  * (kvd_client_set_spin, KVD_SPIN_US). */
 #define SPIN_US_DEFAULT 50u
 #define SPIN_US_MAX 1000000u
+/* How long connect and hello may take (KVD_CONNECT_TIMEOUT_MS): a daemon that does not
+ * accept or answer gives -ETIMEDOUT rather than a hang. */
+#define CONNECT_TIMEOUT_MS_DEFAULT 10000u
+#define CONNECT_TIMEOUT_MS_MAX 3600000u
 /* Matches any reply body, for requests that have no reply message of their own. */
 #define BODY_ANY (-1)
 

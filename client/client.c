@@ -22,6 +22,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -967,17 +968,51 @@ int kvd_client_connect(const char *socket_path, const char *tenant, kvd_client *
 	return 0;
 }
 
-/* Connects c->fd (a fresh socket) to the daemon and says hello. */
+/* KVD_CONNECT_TIMEOUT_MS, when it is a number in range; else the default. */
+static uint32_t connect_timeout_ms(void) {
+	const char *e = secure_getenv("KVD_CONNECT_TIMEOUT_MS");
+	uint32_t ms;
+
+	if (!e || number_parse_u32(e, 1, CONNECT_TIMEOUT_MS_MAX, &ms) < 0)
+		ms = CONNECT_TIMEOUT_MS_DEFAULT;
+	return ms;
+}
+
+/* Both directions of c->fd time out after ms (0: never). */
+static int socket_timeouts(int fd, uint32_t ms) {
+	struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+
+	if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0)
+		return negative_errno();
+	return 0;
+}
+
+/*
+ * Connects c->fd (a fresh socket) to the daemon and says hello, within the connect timeout:
+ * a daemon that does not accept (stopped, or out of fds with a full backlog) or does not
+ * answer must not hang the caller. The socket blocks without a timeout after.
+ */
 static int client_dial(kvd_client *c) {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	size_t len = strlen(c->socket_path);
+	int r;
 
 	memcpy(sa.sun_path, c->socket_path, len);
 	len += offsetof(struct sockaddr_un, sun_path) + 1;
+	r = socket_timeouts(c->fd, connect_timeout_ms());
+	if (r < 0)
+		return r;
 	if (connect(c->fd, (struct sockaddr *)&sa, (socklen_t)len) < 0)
-		return negative_errno();
+		return errno == EAGAIN ? -ETIMEDOUT : negative_errno();
 	c->dead = false;
-	return client_hello(c, c->has_tenant ? c->tenant : NULL);
+	r = client_hello(c, c->has_tenant ? c->tenant : NULL);
+	if (r == -EAGAIN || r == -EWOULDBLOCK)
+		return -ETIMEDOUT;
+	if (r < 0)
+		return r;
+	r = socket_timeouts(c->fd, 0);
+	return r < 0 ? client_fail(c, r) : r;
 }
 
 /* Drops what belonged to the lost connection: its chunks, models and stray input. */

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fixture.h"
@@ -239,5 +242,54 @@ TEST(out_of_fds_pauses_accepting) {
 		close(fds[i]);
 	/* It serves again: this status connection is accepted. */
 	ASSERT_EQ(fixture_status(&f, NULL, "connections") < 64, true);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* Milliseconds of CLOCK_MONOTONIC. */
+static uint64_t mono_ms(void) {
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/*
+ * A daemon that does not answer (stopped here; or out of fds with its backlog full) makes
+ * kvd_client_connect give ETIMEDOUT after KVD_CONNECT_TIMEOUT_MS, and kvdctl exit 1
+ * saying so, instead of both blocking forever.
+ */
+TEST(connect_times_out) {
+	char *argv[] = { getenv("KVDCTL"), "--socket", NULL, "status", NULL };
+	struct fixture f;
+	kvd_client *c;
+	uint64_t t0;
+	int status;
+	pid_t p;
+
+	fixture_start(&f, NULL);
+	ASSERT_OK(kill(f.pid, SIGSTOP));
+	ASSERT_OK(setenv("KVD_CONNECT_TIMEOUT_MS", "300", 1));
+	t0 = mono_ms();
+	ASSERT_EQ(kvd_client_connect(f.socket, "t", &c), -ETIMEDOUT);
+	ASSERT_GE(mono_ms() - t0, 250u);
+	ASSERT_LT(mono_ms() - t0, 5000u);
+	argv[2] = f.socket;
+	p = fixture_fork();
+	if (p == 0) {
+		int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+
+		dup2(null, STDOUT_FILENO);
+		dup2(null, STDERR_FILENO);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	ASSERT_EQ(waitpid(p, &status, 0), p);
+	ASSERT_TRUE(WIFEXITED(status));
+	ASSERT_EQ(WEXITSTATUS(status), 1);
+	ASSERT_OK(unsetenv("KVD_CONNECT_TIMEOUT_MS"));
+	ASSERT_OK(kill(f.pid, SIGCONT));
+	/* Served again once it runs. */
+	ASSERT_OK(kvd_client_connect(f.socket, "t", &c));
+	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }

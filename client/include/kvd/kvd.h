@@ -310,8 +310,10 @@ KVD_EXPORT const char *kvd_version(void);
  * Returns 0 and a new client in *ret, or: -EINVAL (bad argument or tenant name),
  * -ENAMETOOLONG (socket path too long), -ENOENT/-ECONNREFUSED/-EACCES (no daemon there, or
  * not allowed), -EPROTONOSUPPORT (no common protocol version, or a daemon whose pool is GPU
- * memory and a libkvd built without CUDA), -EUSERS (daemon connection limit), -ENOMEM, or
- * another error of socket(2)/connect(2). With a tenant and a GPU pool (KVD_MEMORY_CUDA):
+ * memory and a libkvd built without CUDA), -EUSERS (daemon connection limit), -ETIMEDOUT
+ * (the daemon did not accept or answer within 10 s, or KVD_CONNECT_TIMEOUT_MS from the
+ * environment), -ENOMEM, or another error of socket(2)/connect(2). With a tenant and a GPU
+ * pool (KVD_MEMORY_CUDA):
  * -ENOENT/-ENOSYS/-ENODEV/-ENXIO when no usable CUDA driver or device is found here,
  * -ENODEV when the daemon's GPU is not among this process's (CUDA_VISIBLE_DEVICES).
  */
