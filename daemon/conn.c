@@ -124,6 +124,7 @@ int conn_new(struct server *s, int fd, struct conn **ret) {
 		goto fail;
 	}
 	wire_rx_init(c->rx);
+	c->rx->max_fds = CONN_FDS_QUEUED_MAX;
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &len) < 0) {
 		r = negative_errno();
 		goto fail;

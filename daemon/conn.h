@@ -106,6 +106,16 @@ int conn_reply_status(struct conn *c, uint64_t id, int code, const char *message
 void conn_violation(struct conn *c, const char *what);
 
 /*
+ * fds a client's connection may have sent that no frame has taken yet: a client request
+ * carries one at most (an upload's memfd), so this leaves room for a pipeline of them; past
+ * it the connection is closed ("too many fds in flight").
+ */
+#define CONN_FDS_QUEUED_MAX 32u
+/* fds of the daemon's own a connection may take: its socket, its peer's pidfd, its rings'
+ * memfd and doorbell, an upload in progress. */
+#define CONN_FDS_OWN 5u
+
+/*
  * Opens c->pidfd: SO_PEERPIDFD where the kernel has it (Linux 6.5; the process that
  * connected, whatever became of its pid), else pidfd_open() of the pid SO_PEERCRED gave at
  * connect (the process is alive while it talks to us, so the pid is its own unless it died

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -572,6 +573,27 @@ static int render_metrics(void *userdata, char **ret, size_t *ret_size) {
 	return metrics_render(userdata, ret, ret_size);
 }
 
+/*
+ * Warns when the fd limit (RLIMIT_NOFILE, raised to the hard limit at start) is below what
+ * the pool and max-connections may take: a chunk's memory one fd each, and each connection
+ * CONN_FDS_OWN of the daemon's and CONN_FDS_QUEUED_MAX its client sent, plus FDS_RESERVED
+ * (io_uring, sockets, signals, the fd store's journal). Past the limit kvd pauses accepting
+ * (on_accept) rather than failing otherwise.
+ */
+#define FDS_RESERVED 64u
+
+static void fd_budget_check(const struct server *s) {
+	uint64_t need = FDS_RESERVED + s->pool->n_chunks +
+	                (uint64_t)s->limits.max_connections * (CONN_FDS_OWN + CONN_FDS_QUEUED_MAX);
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+		log_warning("the fd limit (%llu) is below what %u chunks and %u connections may take "
+		            "(%llu): raise LimitNOFILE= or lower max-connections, or connections "
+		            "will wait when fds run out", (unsigned long long)rl.rlim_cur,
+		            s->pool->n_chunks, s->limits.max_connections, (unsigned long long)need);
+}
+
 int server_new(struct pool *pool, const struct server_limits *limits, const char *socket_path,
                int *sockets, unsigned n_sockets, struct server **ret) {
 	struct server *s;
@@ -590,6 +612,7 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	s->socket_path = socket_path;
 	s->start_ms = now_ms();
 	s->pidfd_by_pid = getenv("KVD_TEST_PIDFD_OPEN") != NULL;
+	fd_budget_check(s);
 	s->accept_op.handler = on_accept;
 	s->signal_op.handler = on_signal;
 	s->tick_op.handler = on_tick;

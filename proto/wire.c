@@ -43,6 +43,7 @@ void wire_rx_init(struct wire_rx *rx) {
 	rx->arena_used = 0;
 	rx->frame_size = 0;
 	rx->frame_nfds = 0;
+	rx->max_fds = ELEMENTSOF(rx->fds);
 }
 
 void wire_rx_done(struct wire_rx *rx) {
@@ -52,7 +53,7 @@ void wire_rx_done(struct wire_rx *rx) {
 }
 
 int wire_rx_push_fds(struct wire_rx *rx, const int *fds, uint32_t n) {
-	if (n > ELEMENTSOF(rx->fds) - rx->nfds) {
+	if (n > MIN(rx->max_fds, (uint32_t)ELEMENTSOF(rx->fds)) - rx->nfds) {
 		for (uint32_t i = 0; i < n; i++)
 			safe_close(fds[i]);
 		return -EMFILE;

@@ -47,6 +47,7 @@ struct wire_rx {
 	size_t len;                    /* bytes buffered */
 	int fds[2 * WIRE_FDS_MAX];     /* received fds not yet claimed by a frame */
 	uint32_t nfds;
+	uint32_t max_fds;              /* fds it may hold (wire_rx_init: all of fds[]) */
 	_Alignas(16) uint8_t arena[WIRE_ARENA_BYTES];
 	size_t arena_used;
 	size_t frame_size;             /* size of the frame last returned by wire_rx_next() */
@@ -68,7 +69,7 @@ static inline void wire_rx_commit(struct wire_rx *rx, size_t n) {
 	rx->len += n;
 }
 
-/* Adds received fds to the FIFO; on -EMFILE (FIFO full) they are all closed. */
+/* Adds received fds to the FIFO; on -EMFILE (more than max_fds) they are all closed. */
 int wire_rx_push_fds(struct wire_rx *rx, const int *fds, uint32_t n);
 
 /*

@@ -352,7 +352,8 @@ static void send_with_fds(int fd, const uint8_t *frame, size_t size, unsigned n)
 
 /* fds attached to a frame that announces none are closed at once and count against the
  * client, instead of staying queued in the daemon until it disconnects (up to 2 x 253 a
- * connection: 40 connections could take a 20,000-fd limit). */
+ * connection then: 40 connections could take a 20,000-fd limit). 30 a frame: under the
+ * cap of fds in flight (fds_in_flight_capped). */
 TEST(unannounced_fds_are_closed) {
 	Kvd__V1__StatusRequest sr = KVD__V1__STATUS_REQUEST__INIT;
 	Envelope req = KVD__V1__ENVELOPE__INIT;
@@ -372,19 +373,40 @@ TEST(unannounced_fds_are_closed) {
 
 		req.id = (uint64_t)i;
 		ASSERT_OK(wire_encode(&req, 0, &frame, &size));
-		send_with_fds(fd, frame, size, 200);
+		send_with_fds(fd, frame, size, 30);
 		free(frame);
 		/* Answered as usual: the frame itself is fine. */
 		ASSERT_EQ(raw_recv(fd, rx, 5000, &rep), 1);
 		ASSERT_EQ(rep->id, (uint64_t)i);
 	}
-	/* None of the 600 stays (the daemon closes them right after it answers: give it a
+	/* None of the 90 stays (the daemon closes them right after it answers: give it a
 	 * moment; a few for the status connections of the checks). */
 	for (int i = 0; i < 200 && daemon_fds() >= before + 8; i++)
 		usleep(10 * 1000);
 	ASSERT_LT(daemon_fds(), before + 8);
 	ASSERT_EQ(fixture_status(&f, NULL, "protocol_errors"), errors + 3);
 	close(fd);
+	assert_alive();
+}
+
+/* A connection holds at most 32 fds that no frame has taken yet (CONN_FDS_QUEUED_MAX):
+ * a partial frame with more attached gets the connection closed, and the daemon holds none
+ * of them (before: up to 506 each, as long as the frame never completed). */
+TEST(fds_in_flight_capped) {
+	/* A header announcing 40 fds and a payload that never comes. */
+	uint8_t hdr[8] = { 16, 0, 0, 0, 40, 0, 0, 0 };
+	uint64_t errors = fixture_status(&f, NULL, "protocol_errors");
+	int fd = fresh();
+	unsigned before;
+
+	ASSERT_EQ(raw_hello(fd, rx, "t", 1, 1), 0);
+	before = daemon_fds();
+	send_with_fds(fd, hdr, sizeof(hdr), 40);
+	ASSERT_EQ(expect_disconnect(fd), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "protocol_errors"), errors + 1);
+	for (int i = 0; i < 200 && daemon_fds() >= before + 4; i++)
+		usleep(10 * 1000);
+	ASSERT_LT(daemon_fds(), before + 4);
 	assert_alive();
 }
 
