@@ -46,6 +46,11 @@ struct conn {
 	 * departed.h watches when it closes still mapping chunks. -EBADF: none. */
 	int pidfd;
 	uint64_t accepted_ms;
+	/* Since when a frame has been begun but not received in full without a byte more (0:
+	 * none): the tick closes the connection past hello-timeout, so that a stalled frame
+	 * does not hold its fds and buffer forever. An idle connection between frames is not
+	 * timed. */
+	uint64_t partial_since_ms;
 	bool hello;
 	uint32_t version;
 	struct tenant *tenant;        /* NULL: administrative connection */

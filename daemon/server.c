@@ -340,6 +340,10 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 			if (!c->hello && now - c->accepted_ms >= s->limits.hello_timeout_ms) {
 				s->protocol_errors++;
 				conn_close(c, "no hello in time");
+			} else if (c->partial_since_ms &&
+			           now - c->partial_since_ms >= s->limits.hello_timeout_ms) {
+				s->protocol_errors++;
+				conn_close(c, "a frame begun made no progress within hello-timeout");
 			}
 		}
 		unmap_tick(s, now);

@@ -156,7 +156,8 @@ static const struct setting node_table[] = {
 	{ "max-seq-tokens", SETTING_U32, SETTING_RUNTIME, "N", "1048576", NULL,
 	  "tokens one sequence may hold per (layer, kv head)", NODE(max_seq_tokens), 1, UINT32_MAX },
 	{ "hello-timeout", SETTING_MS, SETTING_RUNTIME, "MS", "5000", NULL,
-	  "time a new connection has to say hello", NODE(hello_timeout_ms), 1, UINT32_MAX },
+	  "time a new connection has to say hello, and a frame begun has to arrive in full",
+	  NODE(hello_timeout_ms), 1, UINT32_MAX },
 	{ "unmap-timeout", SETTING_MS, SETTING_RUNTIME, "MS", "5000", NULL,
 	  "time a connection has to unmap a chunk the daemon takes back; past it, its grows are "
 	  "refused; 0: wait forever", NODE(unmap_timeout_ms), 0, UINT32_MAX },

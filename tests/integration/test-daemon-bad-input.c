@@ -4,6 +4,7 @@
  * daemon goes on answering status afterwards.
  */
 #include <fcntl.h>
+#include <poll.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -105,6 +106,28 @@ TEST(truncated_frame_then_silence) {
 	/* No hello ever completes: the hello timeout closes it. */
 	ASSERT_EQ(expect_disconnect(fd), 0);
 	ASSERT_GT(fixture_status(&f, NULL, "protocol_errors"), before);
+	assert_alive();
+}
+
+/* After hello, a frame begun that makes no progress closes the connection after
+ * hello-timeout, fds and all; an idle connection between frames stays (before: a stalled
+ * frame held its connection, buffer and fds forever). */
+TEST(stalled_frame_after_hello) {
+	uint8_t bytes[8 + 10] = { 100 };
+	uint64_t before = fixture_status(&f, NULL, "protocol_errors");
+	int fd = fresh(), idle = fresh();
+	struct pollfd p = { .fd = idle, .events = POLLIN };
+
+	ASSERT_EQ(raw_hello(fd, rx, "t", 1, 1), 0);
+	wire_rx_init(rx);
+	ASSERT_EQ(raw_hello(idle, rx, "t", 1, 1), 0);
+	wire_rx_init(rx);
+	ASSERT_OK(raw_send_bytes(fd, bytes, sizeof(bytes)));
+	ASSERT_EQ(expect_disconnect(fd), 0);
+	ASSERT_GT(fixture_status(&f, NULL, "protocol_errors"), before);
+	/* The idle one is still open: nothing to read, no hangup. */
+	ASSERT_EQ(poll(&p, 1, 0), 0);
+	close(idle);
 	assert_alive();
 }
 
