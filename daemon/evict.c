@@ -308,10 +308,13 @@ static int snapshot(struct evictor *e, struct round *r) {
 		};
 		memcpy(r->tenants[i].name, t->name, sizeof(t->name));
 	}
+	/* A round for one tenant (kvd_evict on it) scores its sequences only: the others pay
+	 * nothing for it, and their smoothed scores stay as their own rounds left them. */
 	for (struct conn *c = s->conns; c; c = c->next)
 		for (struct seq *q = c->seqs; q; q = q->next)
 			n += q->model->unit != KVD_UNIT_NONE && !q->pending &&
-			     (r->device < 0 || q->device == (uint32_t)r->device);
+			     (r->device < 0 || q->device == (uint32_t)r->device) &&
+			     (r->only < 0 || tenant_index(s, q->tenant) == (uint32_t)r->only);
 	r->seqs = calloc(MAX(n, 1u), sizeof(*r->seqs));
 	if (!r->seqs)
 		return -ENOMEM;
@@ -322,7 +325,8 @@ static int snapshot(struct evictor *e, struct round *r) {
 			/* A sequence whose plan waits for its unpin is left alone until then; one on
 			 * another device frees nothing where the round is aimed. */
 			if (q->model->unit == KVD_UNIT_NONE || q->pending ||
-			    (r->device >= 0 && q->device != (uint32_t)r->device))
+			    (r->device >= 0 && q->device != (uint32_t)r->device) ||
+			    (r->only >= 0 && tenant_index(s, q->tenant) != (uint32_t)r->only))
 				continue;
 			/* The round reads its K/V: the engine's last step must be done (a pinned
 			 * one is read as it is written anyway; its plan waits for the unpin). */

@@ -539,3 +539,38 @@ TEST(every_unit_and_layout) {
 	}
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+/*
+ * A round for one tenant scores that tenant's sequences only: a tenant that loops
+ * kvd_evict on itself makes no work of the others' sequences, nor changes their scores
+ * (before, every such round scored every tenant's sequences).
+ */
+TEST(own_round_scores_only_its_own) {
+	struct fixture f;
+	struct eng a, b;
+	kvd_evictions *ev;
+	uint64_t freed = 0, seqs = 0;
+	uint32_t n;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	eng_start(&f, &a, "self", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 31);
+	eng_start(&f, &b, "bystander", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 3, 32);
+	eng_grow(&a, 1024, 512);
+	eng_grow(&b, 1024, 512);
+	ASSERT_OK(kvd_evict(a.c, "self", 64u << 10, &freed));
+	ASSERT_OK(kvd_evictions_get(a.c, &ev));
+	n = kvd_evictions_count(ev);
+	ASSERT_GT(n, 0u);
+	ASSERT_OK(kvd_evictions_u64(ev, n - 1, "sequences", &seqs));
+	kvd_evictions_free(ev);
+	/* self's one sequence, not the bystander's three. */
+	ASSERT_EQ(seqs, 1u);
+	eng_drain(&a);
+	ASSERT_GT(fixture_status(&f, "self", "evicted_tokens"), 0u);
+	ASSERT_EQ(fixture_status(&f, "bystander", "evicted_tokens"), 0u);
+	eng_check(&a);
+	eng_check(&b);
+	eng_stop(&a);
+	eng_stop(&b);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
