@@ -367,9 +367,8 @@ static void conn_received(struct conn *c, int res) {
 	/* fds no frame announced would stay queued, held by the daemon, until it closes. */
 	if (r == 0 && !c->closing && !c->close_when_sent && wire_rx_drop_unannounced(c->rx) > 0)
 		conn_violation(c, "fds that no frame announced");
-	/* A frame begun (the bytes left after the loop) starts or restarts its clock: bytes
-	 * came. */
-	c->partial_since_ms = c->rx->len > c->rx->frame_size ? now_ms() : 0;
+	/* A frame begun starts or restarts its clock: bytes came. */
+	c->partial_since_ms = wire_rx_frame_begun(c->rx) ? now_ms() : 0;
 }
 
 /* Stops reading c directly (see conn_poll()). */

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/macro.h"
 #include "departed.h"
@@ -32,17 +33,6 @@ static void departed_unlink(struct server *s, struct departed *d) {
 		}
 }
 
-/* Drops d's holds, as when its process exits. Returns how many. */
-static uint32_t departed_end(struct server *s, struct departed *d) {
-	struct pool *p = s->pool;
-	uint32_t n = 0;
-
-	for (uint32_t i = 0; i < p->n_chunks; i++)
-		if (p->chunks[i].n_holders > 0 && pool_chunk_drop_holder(p, &p->chunks[i], d->conn_id))
-			n++;
-	return n;
-}
-
 static void on_exit_seen(struct loop_op *op, int res, bool more) {
 	struct departed *d = container_of(op, struct departed, op);
 	struct server *s = d->srv;
@@ -54,7 +44,7 @@ static void on_exit_seen(struct loop_op *op, int res, bool more) {
 	if (res < 0)
 		log_warning("cannot watch process %d any more (%s): the chunks it mapped are given "
 		            "back now", (int)d->pid, strerror(-res));
-	n = departed_end(s, d);
+	n = pool_drop_holder_everywhere(s->pool, d->conn_id);
 	log_info("process %d (connection %" PRIu64 ", tenant %s) exited: the %" PRIu32 " chunks it "
 	         "still mapped are no longer charged to it", (int)d->pid, d->conn_id, d->tenant, n);
 	safe_close(d->pidfd);
@@ -100,7 +90,7 @@ void departed_end_all(struct server *s) {
 		struct departed *d = s->departed;
 
 		s->departed = d->next;
-		departed_end(s, d);
+		pool_drop_holder_everywhere(s->pool, d->conn_id);
 		safe_close(d->pidfd);
 		free(d);
 	}

@@ -1413,7 +1413,6 @@ void dispatch_disconnect(struct conn *c) {
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
-
 	uint32_t held = 0;
 
 	/* Chunks it did not say it unmapped stay charged to its tenant until its process exits
@@ -1424,10 +1423,8 @@ void dispatch_disconnect(struct conn *c) {
 	if (held > 0 && c->pidfd >= 0 && c->tenant && !s->stopping &&
 	    departed_watch(s, c->id, c->pidfd, c->cred.pid, c->tenant->name, held) == 0)
 		c->pidfd = -EBADF;
-	else
-		for (uint32_t i = 0; held > 0 && i < p->n_chunks; i++)
-			if (p->chunks[i].n_holders > 0)
-				pool_chunk_drop_holder(p, &p->chunks[i], c->id);
+	else if (held > 0)
+		pool_drop_holder_everywhere(p, c->id);
 	if (c->n_seqs > 0)
 		log_info("connection %llu (pid %d, tenant %s) went away with %u open sequences; "
 		         "their blocks are back", (unsigned long long)c->id, (int)c->cred.pid,

@@ -21,7 +21,6 @@
 #include "round-gpu.h"
 #include "server.h"
 
-
 /* A pressure round that found nothing to evict is not repeated sooner than this. */
 #define EVICT_IDLE_MS 1000
 
@@ -289,6 +288,7 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 
 static int snapshot(struct evictor *e, struct round *r) {
 	struct server *s = e->srv;
+	const struct tenant *only = r->only >= 0 ? s->tenants.tenants[r->only] : NULL;
 	uint32_t n = 0;
 
 	r->n_tenants = s->tenants.n;
@@ -314,7 +314,7 @@ static int snapshot(struct evictor *e, struct round *r) {
 		for (struct seq *q = c->seqs; q; q = q->next)
 			n += q->model->unit != KVD_UNIT_NONE && !q->pending &&
 			     (r->device < 0 || q->device == (uint32_t)r->device) &&
-			     (r->only < 0 || tenant_index(s, q->tenant) == (uint32_t)r->only);
+			     (!only || q->tenant == only);
 	r->seqs = calloc(MAX(n, 1u), sizeof(*r->seqs));
 	if (!r->seqs)
 		return -ENOMEM;
@@ -326,7 +326,7 @@ static int snapshot(struct evictor *e, struct round *r) {
 			 * another device frees nothing where the round is aimed. */
 			if (q->model->unit == KVD_UNIT_NONE || q->pending ||
 			    (r->device >= 0 && q->device != (uint32_t)r->device) ||
-			    (r->only >= 0 && tenant_index(s, q->tenant) != (uint32_t)r->only))
+			    (only && q->tenant != only))
 				continue;
 			/* The round reads its K/V: the engine's last step must be done (a pinned
 			 * one is read as it is written anyway; its plan waits for the unpin). */

@@ -54,7 +54,6 @@ struct http {
 	unsigned n_conns;
 };
 
-
 static uint64_t mono_ms(void) {
 	struct timespec ts;
 

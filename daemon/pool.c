@@ -74,6 +74,33 @@ static void chunk_drop_memory(struct pool *p, struct chunk *c) {
 	c->last_owner = NULL;
 }
 
+/* Takes c, FREE and off the free lists, out of the pool for t in state (OWNED, PINNED):
+ * charged to t and to the budget. */
+static void chunk_charge(struct pool *p, struct chunk *c, struct tenant *t,
+                         enum chunk_state state) {
+	p->chunks_free--;
+	p->device_free[c->mem.device]--;
+	p->used_bytes += p->chunk_bytes;
+	t->used_bytes += p->chunk_bytes;
+	t->chunks++;
+	c->state = state;
+	c->owner = t;
+}
+
+/* The reverse: c is FREE again, on the free lists, charged to nobody. */
+static void chunk_uncharge(struct pool *p, struct chunk *c) {
+	struct tenant *t = c->owner;
+
+	p->used_bytes -= p->chunk_bytes;
+	t->used_bytes -= p->chunk_bytes;
+	t->chunks--;
+	c->state = CHUNK_FREE;
+	c->owner = NULL;
+	free_push(p, c);
+	p->chunks_free++;
+	p->device_free[c->mem.device]++;
+}
+
 /* Destroys the memory of a FREE chunk, which stays FREE, without memory. */
 static void free_drop_memory(struct pool *p, struct chunk *c) {
 	free_unlink(p, c);
@@ -202,14 +229,8 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 			 * GPU, processes of its tenant that imported it keep it allocated. That
 			 * tenant pays: the chunk is charged to it until its memory can be made. */
 			free_unlink(p, c);
-			p->chunks_free--;
-			p->device_free[device]--;
+			chunk_charge(p, c, old, CHUNK_PINNED);
 			p->chunks_pinned++;
-			c->state = CHUNK_PINNED;
-			c->owner = old;
-			p->used_bytes += p->chunk_bytes;
-			old->used_bytes += p->chunk_bytes;
-			old->chunks++;
 			return log_warning_errno(r, "no device memory for chunk %u, which was tenant "
 			                         "%s's: processes of %s that still import its old "
 			                         "allocation may keep it allocated; charged to %s until "
@@ -230,21 +251,15 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 		return -ENOMEM;
 
 	free_unlink(p, c);
-	p->chunks_free--;
-	p->device_free[device]--;
+	chunk_charge(p, c, t, CHUNK_OWNED);
 	p->grants_own += own;
 	p->grants_renewed += renewed;
-	c->state = CHUNK_OWNED;
-	c->owner = t;
 	c->last_owner = t;
 	c->block_bytes = block_bytes;
 	c->stride = stride;
 	c->n_blocks = n_blocks;
 	c->used_blocks = 0;
 	c->hint = 0;
-	p->used_bytes += p->chunk_bytes;
-	t->used_bytes += p->chunk_bytes;
-	t->chunks++;
 	p->grants++;
 	partial_add(t, c);
 	*ret = c;
@@ -266,15 +281,8 @@ static void chunk_release(struct pool *p, struct chunk *c) {
 		log_error_errno(r, "scrubbing chunk %u failed, destroying its memory", c->id);
 		chunk_drop_memory(p, c);
 	}
-	p->used_bytes -= p->chunk_bytes;
-	t->used_bytes -= p->chunk_bytes;
-	t->chunks--;
-	c->state = CHUNK_FREE;
-	c->owner = NULL;
 	c->n_holders = 0;
-	free_push(p, c);
-	p->chunks_free++;
-	p->device_free[c->mem.device]++;
+	chunk_uncharge(p, c);
 }
 
 int pool_block_alloc(struct pool *p, struct tenant *t, uint32_t device, uint64_t block_bytes,
@@ -404,6 +412,14 @@ bool pool_chunk_drop_holder(struct pool *p, struct chunk *c, uint64_t conn_id) {
 	return false;
 }
 
+uint32_t pool_drop_holder_everywhere(struct pool *p, uint64_t conn_id) {
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < p->n_chunks; i++)
+		n += p->chunks[i].n_holders > 0 && pool_chunk_drop_holder(p, &p->chunks[i], conn_id);
+	return n;
+}
+
 int pool_block_alloc_in(struct pool *p, struct chunk *c, uint32_t *ret_index) {
 	uint32_t w, bit;
 
@@ -434,21 +450,16 @@ void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint6
 		used_blocks += __builtin_popcountll(used[w]);
 	free(c->used);
 	c->used = used;
-	c->state = CHUNK_OWNED;
-	c->owner = t;
+	/* Still on the free lists: pool_restore_done() makes them anew. */
+	chunk_charge(p, c, t, CHUNK_OWNED);
 	c->last_owner = t;
 	c->block_bytes = block_bytes;
 	c->stride = stride;
 	c->n_blocks = n_blocks;
 	c->used_blocks = used_blocks;
 	c->hint = 0;
-	p->chunks_free--;
-	p->device_free[c->mem.device]--;
-	p->used_bytes += p->chunk_bytes;
 	p->block_bytes += (uint64_t)used_blocks * block_bytes;
-	t->used_bytes += p->chunk_bytes;
 	t->block_bytes += (uint64_t)used_blocks * block_bytes;
-	t->chunks++;
 	c->next = c->prev = NULL;
 	c->partial = false;
 	if (used_blocks < n_blocks)
@@ -484,16 +495,9 @@ uint32_t pool_retry_pinned(struct pool *p) {
 			p->chunk_created(p->chunk_created_userdata, c);
 		log_info("chunk %u has memory again: no longer charged to tenant %s", c->id, t->name);
 		p->chunks_pinned--;
-		p->used_bytes -= p->chunk_bytes;
-		t->used_bytes -= p->chunk_bytes;
-		t->chunks--;
-		c->state = CHUNK_FREE;
-		c->owner = NULL;
 		/* New memory: nobody's yet. */
 		c->last_owner = NULL;
-		free_push(p, c);
-		p->chunks_free++;
-		p->device_free[c->mem.device]++;
+		chunk_uncharge(p, c);
 		n++;
 	}
 	if (n > 0)

@@ -14,7 +14,6 @@
 #include "ring.h"
 #include "server.h"
 
-
 const char *ring_doorbell_to_string(int v) {
 	static const char *const names[_RING_BELL_MAX] = {
 		[RING_BELL_AUTO] = "auto",

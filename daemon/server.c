@@ -65,7 +65,6 @@ uint64_t now_ms(void) {
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-
 /* Tells a client we cannot serve why, in a frame with id 0, and closes it. The socket
  * is new and its buffer empty, so the small frame goes out at once or not at all. */
 static void refuse(int fd, int code, const char *why) {
@@ -306,20 +305,18 @@ void server_forget_tenant(struct server *s, struct tenant *t, const char *why) {
 static void forget_tick(struct server *s, uint64_t now) {
 	for (uint32_t i = 0; i < s->tenants.n;) {
 		struct tenant *t = s->tenants.tenants[i];
+		bool idle = tenant_holds_nothing(t) && !admin_tenant_declared(s->admin, t->name);
 
-		if (!tenant_holds_nothing(t) || admin_tenant_declared(s->admin, t->name)) {
+		if (!idle)
 			t->idle_since_ms = 0;
-			i++;
-			continue;
-		}
-		if (t->idle_since_ms == 0)
+		else if (t->idle_since_ms == 0)
 			t->idle_since_ms = now;
-		if (s->limits.tenant_forget_ms == 0 ||
-		    now - t->idle_since_ms < s->limits.tenant_forget_ms) {
+		if (idle && s->limits.tenant_forget_ms > 0 &&
+		    now - t->idle_since_ms >= s->limits.tenant_forget_ms)
+			/* The next tenant moves into slot i. */
+			server_forget_tenant(s, t, "it held nothing for tenant-forget");
+		else
 			i++;
-			continue;
-		}
-		server_forget_tenant(s, t, "it held nothing for tenant-forget");
 	}
 }
 

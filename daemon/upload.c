@@ -13,7 +13,6 @@
 #include "server.h"
 #include "upload.h"
 
-
 struct job {
 	struct job *next;
 	struct uploader *u;

@@ -109,11 +109,15 @@ static void rx_consume(struct wire_rx *rx) {
 	rx->frame_nfds = 0;
 }
 
+bool wire_rx_frame_begun(struct wire_rx *rx) {
+	rx_consume(rx);
+	return rx->len > 0;
+}
+
 uint32_t wire_rx_drop_unannounced(struct wire_rx *rx) {
 	uint32_t n;
 
-	rx_consume(rx);
-	if (rx->len > 0)
+	if (wire_rx_frame_begun(rx))
 		return 0;
 	n = rx->nfds;
 	for (uint32_t i = 0; i < n; i++)

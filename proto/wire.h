@@ -13,6 +13,7 @@
  * allocate more than WIRE_ARENA_BYTES per message.
  */
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -82,6 +83,9 @@ int wire_rx_push_fds(struct wire_rx *rx, const int *fds, uint32_t n);
  */
 int wire_rx_next(struct wire_rx *rx, Envelope **ret_env, int ret_fds[static WIRE_FDS_MAX],
                  uint32_t *ret_nfds);
+
+/* Whether bytes of a frame not yet complete are buffered (after the last frame returned). */
+bool wire_rx_frame_begun(struct wire_rx *rx);
 
 /*
  * Closes the fds no frame can claim any more: fds travel with the first byte of the frame

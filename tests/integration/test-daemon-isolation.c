@@ -69,6 +69,25 @@ static int newest_socket_fd(void) {
 	return best;
 }
 
+/* A connection of tenant with spec registered, its model's id in *ret_model. */
+static kvd_client *connect_with_model(struct fixture *f, const char *tenant, int *ret_model) {
+	kvd_client *c = fixture_connect(f, tenant);
+
+	*ret_model = kvd_model_register(c, &spec);
+	ASSERT_OK(*ret_model);
+	return c;
+}
+
+/* A sequence of c's model m that fills the pool's one chunk, written with tag. */
+static kvd_seq *fill_chunk(kvd_client *c, int m, uint32_t tag) {
+	kvd_seq *s;
+
+	ASSERT_OK(kvd_seq_open(c, m, 4096, &s));
+	ASSERT_OK(kvd_seq_grow(s, FILL_TOKENS));
+	fill_seq(s, tag);
+	return s;
+}
+
 /* Alice releases (libkvd unmaps and acknowledges) but keeps her own fd and mapping. */
 TEST(kept_after_release_reaches_nothing_of_another_tenant) {
 	struct fixture f;
@@ -79,16 +98,9 @@ TEST(kept_after_release_reaches_nothing_of_another_tenant) {
 	int ma, mb;
 
 	fixture_start(&f, one_chunk);
-	a = fixture_connect(&f, "alice");
-	b = fixture_connect(&f, "bob");
-	ma = kvd_model_register(a, &spec);
-	mb = kvd_model_register(b, &spec);
-	ASSERT_OK(ma);
-	ASSERT_OK(mb);
-
-	ASSERT_OK(kvd_seq_open(a, ma, 4096, &sa));
-	ASSERT_OK(kvd_seq_grow(sa, FILL_TOKENS));
-	fill_seq(sa, 1);
+	a = connect_with_model(&f, "alice", &ma);
+	b = connect_with_model(&f, "bob", &mb);
+	sa = fill_chunk(a, ma, 1);
 	hostile_keep(&k, kvd_client_chunk_bytes(a));
 
 	ASSERT_OK(kvd_seq_release(sa));
@@ -96,9 +108,7 @@ TEST(kept_after_release_reaches_nothing_of_another_tenant) {
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));
 
 	/* bob gets the pool's one chunk and writes into all of it. */
-	ASSERT_OK(kvd_seq_open(b, mb, 4096, &sb));
-	ASSERT_OK(kvd_seq_grow(sb, FILL_TOKENS));
-	fill_seq(sb, 2);
+	sb = fill_chunk(b, mb, 2);
 	ASSERT_EQ(check_seq(sb, 2), 0u);
 	assert_digests_agree(sb);
 	if (!fixture_backend_cuda()) {
@@ -120,6 +130,37 @@ TEST(kept_after_release_reaches_nothing_of_another_tenant) {
 	ASSERT_OK(kvd_seq_release(sb));
 	kvd_client_unref(a);
 	kvd_client_unref(b);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* A tenant's own freed chunk comes back to it as the same memory object: no new memfd per
+ * grant for a tenant that grows and shrinks by itself. */
+TEST(own_chunk_comes_back_as_it_is) {
+	struct hostile_hold k;
+	struct fixture f;
+	kvd_client *a;
+	kvd_seq *s;
+	size_t nonzero = 0;
+	int m;
+
+	fixture_start(&f, one_chunk);
+	a = connect_with_model(&f, "alice", &m);
+	s = fill_chunk(a, m, 1);
+	hostile_keep(&k, kvd_client_chunk_bytes(a));
+	ASSERT_OK(kvd_seq_release(s));
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));
+	/* Scrubbed on its way back. */
+	hostile_assert_reads(&k, 0);
+
+	s = fill_chunk(a, m, 3);
+	ASSERT_EQ(check_seq(s, 3), 0u);
+	/* The same memory: what the sequence holds shows through the kept mapping. */
+	for (size_t i = 0; i < k.bytes; i++)
+		nonzero += k.map[i] != 0;
+	ASSERT_GT(nonzero, k.bytes / 2);
+	hostile_done(&k);
+	ASSERT_OK(kvd_seq_release(s));
+	kvd_client_unref(a);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
@@ -146,16 +187,13 @@ static void unacknowledged(bool pidfd_open) {
 	ASSERT_OK(pipe(ready));
 	alice = fixture_fork();
 	if (alice == 0) {
-		kvd_client *a = fixture_connect(&f, "alice");
-		int sock = newest_socket_fd(), m = kvd_model_register(a, &spec);
+		int m;
+		kvd_client *a = connect_with_model(&f, "alice", &m);
+		int sock = newest_socket_fd();
 		struct hostile_hold k;
-		kvd_seq *sa;
 
 		close(go[1]);
-		ASSERT_OK(m);
-		ASSERT_OK(kvd_seq_open(a, m, 4096, &sa));
-		ASSERT_OK(kvd_seq_grow(sa, FILL_TOKENS));
-		fill_seq(sa, 1);
+		fill_chunk(a, m, 1);
 		hostile_keep(&k, kvd_client_chunk_bytes(a));
 		ASSERT_OK(shutdown(sock, SHUT_RDWR));
 		ASSERT_EQ(write(ready[1], "r", 1), 1);
@@ -171,9 +209,7 @@ static void unacknowledged(bool pidfd_open) {
 	ASSERT_EQ(fixture_status(&f, "alice", "used_bytes"), 1u << 20);
 	ASSERT_EQ(fixture_status(&f, NULL, "chunks_draining"), 1u);
 
-	b = fixture_connect(&f, "bob");
-	mb = kvd_model_register(b, &spec);
-	ASSERT_OK(mb);
+	b = connect_with_model(&f, "bob", &mb);
 	ASSERT_OK(kvd_seq_open(b, mb, 4096, &sb));
 	ASSERT_ERRNO(kvd_seq_grow(sb, 16), -ENOSPC);
 
@@ -216,12 +252,8 @@ TEST(client_that_leaves_is_not_charged_after) {
 	int m1, m2;
 
 	fixture_start(&f, one_chunk);
-	a1 = fixture_connect(&f, "alice");
-	a2 = fixture_connect(&f, "alice");
-	m1 = kvd_model_register(a1, &spec);
-	m2 = kvd_model_register(a2, &spec);
-	ASSERT_OK(m1);
-	ASSERT_OK(m2);
+	a1 = connect_with_model(&f, "alice", &m1);
+	a2 = connect_with_model(&f, "alice", &m2);
 	ASSERT_OK(kvd_seq_open(a1, m1, 4096, &s1));
 	ASSERT_OK(kvd_seq_grow(s1, 16));
 	ASSERT_OK(kvd_seq_open(a2, m2, 4096, &s2));
@@ -268,15 +300,9 @@ TEST(renewal_refused_while_an_old_holder_pins_gpu_memory) {
 	fixture_launch(&f, one_chunk);
 	ASSERT_OK(unsetenv("KVD_FAKE_CUDA_MEMORY_MIB"));
 
-	a = fixture_connect(&f, "alice");
-	b = fixture_connect(&f, "bob");
-	ma = kvd_model_register(a, &spec);
-	mb = kvd_model_register(b, &spec);
-	ASSERT_OK(ma);
-	ASSERT_OK(mb);
-	ASSERT_OK(kvd_seq_open(a, ma, 4096, &sa));
-	ASSERT_OK(kvd_seq_grow(sa, FILL_TOKENS));
-	fill_seq(sa, 1);
+	a = connect_with_model(&f, "alice", &ma);
+	b = connect_with_model(&f, "bob", &mb);
+	sa = fill_chunk(a, ma, 1);
 	hostile_keep(&k, kvd_client_chunk_bytes(a));
 	if (k.fd < 0) {
 		hostile_done(&k);
