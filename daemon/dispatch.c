@@ -558,7 +558,7 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 	const struct backend_device *dev = backend_device(c->device);
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	int fds[WIRE_FDS_MAX];
-	char why[WHY_MAX];
+	char why[WHY_MAX], holder[WHY_MAX];
 	struct seq_grants g;
 	struct seq *q;
 	int r;
@@ -584,7 +584,8 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 		if ((r == -ENOSPC || r == -EDQUOT) && wait_until_ms > now_ms()) {
 			if (c->outstanding >= s->limits.max_outstanding)
 				s->refused[LIMIT_OUTSTANDING]++;
-			else if (evict_wait_grant(s->evictor, c, id, ring, seq_id, tokens, wait_until_ms) == 0) {
+			else if (evict_wait_grant(s->evictor, c, id, ring, seq_id, tokens, g.short_bytes,
+			                          wait_until_ms) == 0) {
 				c->outstanding++;
 				return;
 			}
@@ -614,7 +615,12 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 				refuse(why, r, "grow failed: %s", strerror(-r));
 			break;
 		case -ENOSPC:
-			if (p->used_bytes + p->chunk_bytes > p->budget_bytes)
+			if (p->used_bytes + p->chunk_bytes > p->budget_bytes && p->chunks_draining > 0 &&
+			    server_slowest_holder(s, holder, sizeof(holder)))
+				refuse(why, r, "node budget exhausted: %llu bytes evicted wait for %s to "
+				       "unmap them", (unsigned long long)p->chunks_draining * p->chunk_bytes,
+				       holder);
+			else if (p->used_bytes + p->chunk_bytes > p->budget_bytes)
 				refuse(why, r, "node budget exhausted (%llu of %llu bytes in use)",
 				       (unsigned long long)p->used_bytes, (unsigned long long)p->budget_bytes);
 			else
@@ -741,6 +747,7 @@ static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRe
 static void handle_chunks_unmapped(struct conn *c, uint64_t id, const Kvd__V1__ChunksUnmapped *req) {
 	struct server *s = c->srv;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
+	uint32_t draining = s->pool->chunks_draining;
 
 	/* Ids this connection does not hold are ignored: the client loses nothing but its
 	 * own access, and the daemon's state stays consistent. */
@@ -763,6 +770,8 @@ static void handle_chunks_unmapped(struct conn *c, uint64_t id, const Kvd__V1__C
 		         (unsigned long long)c->id);
 	}
 	reply(c, &env, id, NULL, 0);
+	if (s->pool->chunks_draining < draining)
+		evict_chunks_back(s->evictor);
 }
 
 /* A digest of device memory reads each block through a host copy, kept while the traversal

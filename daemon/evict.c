@@ -36,6 +36,7 @@ struct grant_waiter {
 	uint32_t device;              /* the pool device its blocks come from */
 	bool ring;                    /* id is a ring submission's user_data */
 	uint64_t deadline_ms;
+	uint64_t need_bytes;          /* the new chunks' bytes it lacked */
 };
 
 struct record_tenant {
@@ -80,6 +81,7 @@ struct evictor {
 
 	bool budget_lowered;          /* a budget set below use is waiting for a round */
 	uint64_t idle_until_ms;       /* no pressure round before this */
+	uint32_t draining_seen;       /* chunks draining at the last tick */
 	uint64_t last_interval_ms;
 
 	uint64_t next_id, rounds_total, last_round_us;
@@ -759,9 +761,38 @@ static int arm(struct evictor *e) {
 	return k;
 }
 
-/* Bytes that waiting grows need, roughly: a chunk each. */
+/*
+ * Bytes a round has already taken and the pool will have back once their holders unmap
+ * them (DRAINING chunks within unmap-timeout), on one device or (-1) all. Rounds count them
+ * as freed: a holder that cannot answer (stopped, hung) would otherwise see every later
+ * round evict from it again for the same shortfall, and lose nearly all it holds. Past
+ * the deadline they no longer count: the holder is late, then disconnected, and a process
+ * that lives on keeps them until it exits (departed.h); rounds then free the shortfall
+ * elsewhere rather than let every grow wait for them.
+ */
+static uint64_t awaiting_unmap(const struct server *s, int device) {
+	const struct pool *p = s->pool;
+	uint32_t n = 0;
+
+	for (uint32_t d = 0; d < p->n_devices; d++)
+		if (device < 0 || (uint32_t)device == d)
+			n += p->device_draining[d] - MIN(s->draining_late[d], p->device_draining[d]);
+	return (uint64_t)n * p->chunk_bytes;
+}
+
+/* Bytes in use that no round has taken yet. */
+static uint64_t used_not_taken(const struct server *s) {
+	return s->pool->used_bytes - awaiting_unmap(s, -1);
+}
+
+/* Bytes that waiting grows lack beyond those awaiting unmap. */
 static uint64_t grants_need(const struct evictor *e) {
-	return (uint64_t)e->n_grants * e->srv->pool->chunk_bytes;
+	uint64_t need = 0, coming = awaiting_unmap(e->srv, -1);
+
+	for (uint32_t i = 0; i < e->n_grants; i++)
+		need += e->grants[i].need_bytes;
+
+	return need > coming ? need - coming : 0;
 }
 
 /*
@@ -798,7 +829,8 @@ static int device_over_watermark(const struct evictor *e, uint64_t *ret_target) 
 	uint64_t low = watermark(share, e->srv->limits.low_watermark);
 
 	for (uint32_t d = 0; p->n_devices > 1 && d < p->n_devices; d++) {
-		uint64_t used = (uint64_t)(p->device_chunks - p->device_free[d]) * p->chunk_bytes;
+		uint64_t used = (uint64_t)(p->device_chunks - p->device_free[d]) * p->chunk_bytes -
+		                awaiting_unmap(e->srv, (int)d);
 
 		if (used > high) {
 			*ret_target = used - low;
@@ -884,7 +916,7 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 void evict_kick(struct evictor *e, enum round_trigger why) {
 	struct server *s = e->srv;
 	struct pool *p = s->pool;
-	uint64_t now = now_ms(), high, low, target = 0;
+	uint64_t now = now_ms(), high, low, target = 0, used = used_not_taken(s);
 	int device = -1;
 
 	if (why == ROUND_BUDGET)
@@ -907,7 +939,7 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 			target = 0;
 		} else if (target == 0) {
 			low = watermark(p->budget_bytes, s->limits.low_watermark);
-			target = p->used_bytes > low ? p->used_bytes - low : 0;
+			target = used > low ? used - low : 0;
 		}
 		e->running_request = true;
 		e->running_waiter = w;
@@ -920,9 +952,9 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 	low = watermark(p->budget_bytes, s->limits.low_watermark);
 	if (e->n_grants > 0)
 		why = ROUND_GRANT;
-	else if (e->budget_lowered && p->used_bytes > p->budget_bytes)
+	else if (e->budget_lowered && used > p->budget_bytes)
 		why = ROUND_BUDGET;
-	else if (p->used_bytes > high)
+	else if (used > high)
 		why = ROUND_WATERMARK;
 	else if ((device = device_over_watermark(e, &target)) >= 0)
 		why = ROUND_WATERMARK;
@@ -934,8 +966,18 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		return;
 	if (why == ROUND_INTERVAL)
 		e->last_interval_ms = now;
-	else if (device < 0)
-		target = MAX(p->used_bytes > low ? p->used_bytes - low : 0, grants_need(e));
+	else if (device < 0) {
+		/* Grows waiting below the high watermark (bytes awaiting unmap do not count)
+		 * need their chunks, not a round down to the low watermark. */
+		target = grants_need(e);
+		if (why != ROUND_GRANT || used > high)
+			target = MAX(target, used > low ? used - low : 0);
+	}
+	/* A round runs for the shortfall only: what earlier rounds took and holders have yet
+	 * to unmap covers the rest, and the grows waiting for it are served when it is back
+	 * (evict_chunks_back). */
+	if (why != ROUND_INTERVAL && target == 0)
+		return;
 	if (why == ROUND_GRANT)
 		device = full_device(e);
 	e->budget_lowered = false;
@@ -981,6 +1023,13 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 	evict_kick(e, ROUND_WATERMARK);
 }
 
+void evict_chunks_back(struct evictor *e) {
+	if (e->n_grants > 0 && !e->running) {
+		e->idle_until_ms = 0;
+		retry_grants(e, false);
+	}
+}
+
 int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes) {
 	if (e->n_waiters == EVICT_WAITERS_MAX)
 		return -EBUSY;
@@ -995,7 +1044,7 @@ int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant 
 }
 
 int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, bool ring, uint64_t seq_id,
-                     uint32_t tokens, uint64_t deadline_ms) {
+                     uint32_t tokens, uint64_t need_bytes, uint64_t deadline_ms) {
 	struct server *s = e->srv;
 	struct grant_waiter *g;
 
@@ -1017,6 +1066,7 @@ int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, bool ring, 
 		.device = c->device,
 		.ring = ring,
 		.deadline_ms = deadline_ms,
+		.need_bytes = need_bytes,
 	};
 	/* After a round that found nothing, even a new grow waits for the idle time: the
 	 * same round would run again. */
@@ -1060,10 +1110,15 @@ static void retry_waiting_plans(struct evictor *e) {
 /* Grows whose deadline passed get their refusal, on the tick; plans that waited for an
  * engine's event apply once it completed. */
 void evict_tick(struct evictor *e) {
+	uint32_t draining = e->srv->pool->chunks_draining;
 	uint64_t now = now_ms();
 	bool due = false;
 
 	retry_waiting_plans(e);
+	/* Holders that went away, or whose processes exited, gave chunks back. */
+	if (draining < e->draining_seen)
+		evict_chunks_back(e);
+	e->draining_seen = draining;
 
 	for (uint32_t i = 0; i < e->n_grants; i++)
 		due = due || now >= e->grants[i].deadline_ms;

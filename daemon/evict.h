@@ -11,7 +11,9 @@
  * an Evict request (kvdctl evict: its reply waits for its own round), and every
  * round-interval. Pressure rounds free down to low-watermark percent of the budget (and
  * at least what waiting grows need); one that finds nothing to evict is not repeated for
- * a second, unless something changes.
+ * a second, unless something changes. Bytes earlier rounds took that wait for their
+ * holders to unmap them count as freed: a round runs for what is still short, so a holder
+ * that does not answer loses no more than the first round's share.
  *
  * Applying a round: each sequence that still exists and was not compacted since the
  * snapshot takes its smoothed costs; if the round evicts from it, it is compacted at once
@@ -70,14 +72,18 @@ void evict_kick(struct evictor *e, enum round_trigger why);
 int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes);
 
 /*
- * Parks a grow that the budget could not meet until a round makes room or deadline_ms
- * passes; dispatch_grow() retries it after each round (and once more, to refuse it, at the
+ * Parks a grow that the budget could not meet (it lacked need_bytes of new chunks) until a
+ * round makes room or deadline_ms passes; dispatch_grow() retries it after each round (and once more, to refuse it, at the
  * deadline), answering it on the socket or, with ring, on the connection's ring. Returns 0
  * when parked, or -EAGAIN (too many waiting, stopping, or nothing anywhere is evictable) or
  * -ENOMEM: then refuse it now.
  */
 int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, bool ring, uint64_t seq_id,
-                     uint32_t tokens, uint64_t deadline_ms);
+                     uint32_t tokens, uint64_t need_bytes, uint64_t deadline_ms);
+
+/* Chunks that waited for their holders to unmap them came back to the pool: grows waiting
+ * for room are retried now, not at the next round or deadline. */
+void evict_chunks_back(struct evictor *e);
 
 /* Refuses parked grows whose deadline passed, and checks the triggers; on every tick. */
 void evict_tick(struct evictor *e);

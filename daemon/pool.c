@@ -273,8 +273,10 @@ static void chunk_release(struct pool *p, struct chunk *c) {
 
 	if (c->partial)
 		partial_remove(t, c);
-	if (c->state == CHUNK_DRAINING)
+	if (c->state == CHUNK_DRAINING) {
 		p->chunks_draining--;
+		p->device_draining[c->mem.device]--;
+	}
 	/* Zeroed for its owner's next use (its memory stays its own: pool.h, "Isolation"). */
 	r = p->ops->chunk_scrub(&c->mem);
 	if (r < 0) {
@@ -358,6 +360,7 @@ uint32_t pool_chunk_reclaim(struct pool *p, struct chunk *c) {
 		partial_remove(c->owner, c);
 	c->state = CHUNK_DRAINING;
 	p->chunks_draining++;
+	p->device_draining[c->mem.device]++;
 	return c->n_holders;
 }
 

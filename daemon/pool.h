@@ -94,6 +94,7 @@ struct pool {
 	struct chunk *free_list[BACKEND_DEVICES_MAX], *free_tail[BACKEND_DEVICES_MAX];
 	uint32_t chunks_free, chunks_draining, chunks_pinned;
 	uint32_t device_free[BACKEND_DEVICES_MAX]; /* chunks_free, per device */
+	uint32_t device_draining[BACKEND_DEVICES_MAX]; /* chunks_draining, per device */
 	uint64_t used_bytes, block_bytes;
 	uint64_t grants_refused;
 	uint64_t grants;              /* chunks handed to a tenant from the free list */

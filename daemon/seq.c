@@ -120,6 +120,7 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 	int r;
 
 	grants->n = 0;
+	grants->short_bytes = 0;
 	if (n == 0)
 		return -EINVAL;
 	/* After an eviction the tables may hold different numbers of tokens: each grows from
@@ -211,6 +212,12 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 
 rollback:
 	grants->n = 0;
+	/* What a round must free for it: every block still lacking comes from a new chunk
+	 * (pool_block_alloc took the tenant's partial ones first). */
+	if (r == -ENOSPC || r == -EDQUOT)
+		grants->short_bytes = DIV_ROUND_UP(total - done, p->chunk_bytes /
+		                                   ALIGN_TO(s->model->block_bytes, LAYOUT_BLOCK_ALIGN)) *
+		                      p->chunk_bytes;
 	free_blocks(p, refs, done, emptied);
 	return r;
 }

@@ -52,6 +52,7 @@ struct seq {
 struct seq_grants {
 	struct chunk *chunks[253];
 	uint32_t n;
+	uint64_t short_bytes;         /* -ENOSPC, -EDQUOT: bytes of new chunks it lacked */
 };
 
 /* Chunks whose last block an operation freed; the caller reclaims them. chunks has room
@@ -74,7 +75,8 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
  * sequence's moments blocks (empty summaries). Chunks that conn_id does not hold yet are listed in *grants and
  * conn_id is made their holder. All or nothing. Returns 0, or -EINVAL (n is 0), -EFBIG
  * (some table would pass max_tokens), -E2BIG (more new chunks than one frame can carry),
- * -ENOSPC, -EDQUOT, -ENOMEM; on failure the chunks the attempt emptied are in *emptied.
+ * -ENOSPC, -EDQUOT (grants->short_bytes: what it lacked), -ENOMEM; on failure the chunks
+ * the attempt emptied are in *emptied.
  */
 int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
              struct seq_grants *grants, struct seq_emptied *emptied);

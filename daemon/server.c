@@ -252,12 +252,14 @@ static void unmap_tick(struct server *s, uint64_t now) {
 		c->unmap_late = 0;
 	}
 	s->unmap_scan_ms = now;
+	memset(s->draining_late, 0, sizeof(s->draining_late));
 	for (uint32_t i = 0; i < p->n_chunks && p->chunks_draining > 0; i++) {
 		const struct chunk *ch = &p->chunks[i];
 		uint64_t due = server_unmap_due(s, ch);
 
 		if (due == 0 || now < due)
 			continue;
+		s->draining_late[ch->mem.device]++;
 		for (uint32_t h = 0; h < ch->n_holders; h++) {
 			struct conn *c = server_find_conn(s, ch->holders[h]);
 
@@ -287,6 +289,33 @@ static void unmap_tick(struct server *s, uint64_t now) {
 			conn_close(c, "did not unmap a chunk within unmap-timeout and unmap-grace");
 		}
 	}
+}
+
+bool server_slowest_holder(struct server *s, char *buf, size_t n) {
+	const struct pool *p = s->pool;
+	const struct chunk *oldest = NULL;
+	const struct conn *c;
+
+	buf[0] = '\0';
+	for (uint32_t i = 0; i < p->n_chunks && p->chunks_draining > 0; i++) {
+		const struct chunk *ch = &p->chunks[i];
+
+		if (ch->state == CHUNK_DRAINING && ch->n_holders > 0 && ch->unmap_asked_ms > 0 &&
+		    (!oldest || ch->unmap_asked_ms < oldest->unmap_asked_ms))
+			oldest = ch;
+	}
+	if (!oldest)
+		return false;
+	c = server_find_conn(s, oldest->holders[0]);
+	if (c)
+		snprintf(buf, n, "pid %d (tenant %s) for %llu ms", (int)c->cred.pid,
+		         c->tenant ? c->tenant->name : "-",
+		         (unsigned long long)(now_ms() - oldest->unmap_asked_ms));
+	else
+		snprintf(buf, n, "departed connection %llu for %llu ms",
+		         (unsigned long long)oldest->holders[0],
+		         (unsigned long long)(now_ms() - oldest->unmap_asked_ms));
+	return true;
 }
 
 void server_forget_tenant(struct server *s, struct tenant *t, const char *why) {

@@ -126,6 +126,9 @@ struct server {
 	uint64_t uid_connections_refused; /* connections over max-connections-per-uid */
 	uint64_t refused[_LIMIT_MAX];     /* refusals at each limit */
 	uint64_t unmap_scan_ms;       /* the tick that last counted struct conn's unmap_late */
+	/* DRAINING chunks past their unmap deadline at that tick, per device: what rounds no
+	 * longer count on getting back (evict.h). */
+	uint32_t draining_late[BACKEND_DEVICES_MAX];
 	uint64_t unmap_timeouts;      /* connections that missed unmap-timeout */
 	uint64_t unmap_disconnects;   /* ... and unmap-grace after it */
 	uint64_t engine_events_done;  /* engines' events seen complete (evict_engine_done) */
@@ -182,6 +185,14 @@ uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct co
  * asked, or unmap-timeout is 0. The tick enforces it (struct conn, unmap_due_ms).
  */
 uint64_t server_unmap_due(const struct server *s, const struct chunk *ch);
+
+/*
+ * Names, in buf, the holder that has kept a draining chunk waiting longest (the first
+ * holder of the chunk asked to unmap longest ago): "pid P (tenant T) for M ms"; a process
+ * that left without unmapping is named by its connection. Returns false,
+ * with buf empty, when nothing drains.
+ */
+bool server_slowest_holder(struct server *s, char *buf, size_t n);
 
 /* Starts a clean stop: clients are told, then disconnected. */
 void server_stop(struct server *s);
