@@ -1357,7 +1357,8 @@ static const char *const node_keys[] = {
 	"chunks_total",   "chunks_free",      "chunks_draining", "connections", "protocol_version",
 	"uptime_ms",      "grants_refused",   "protocol_errors", "access_refused",
 	"uid_connections_refused", "rounds_total", "last_round_us", "unmap_timeouts",
-	"unmap_disconnects", "engine_events_done",
+	"unmap_disconnects", "engine_events_done", "sequences", "sequences_max", "metadata_bytes",
+	"metadata_max_bytes",
 };
 #define NODE_KEYS ELEMENTSOF(node_keys)
 
@@ -1465,6 +1466,10 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 	status_set(n, 17, rep->has_unmap_timeouts, rep->unmap_timeouts);
 	status_set(n, 18, rep->has_unmap_disconnects, rep->unmap_disconnects);
 	status_set(n, 19, rep->has_engine_events_done, rep->engine_events_done);
+	status_set(n, 20, rep->has_sequences, rep->sequences);
+	status_set(n, 21, rep->has_sequences_max, rep->sequences_max);
+	status_set(n, 22, rep->has_metadata_bytes, rep->metadata_bytes);
+	status_set(n, 23, rep->has_metadata_max_bytes, rep->metadata_max_bytes);
 	if (rep->n_refused > 0) {
 		/* Bounded by the 64 KiB frame like everything else in the reply. */
 		st->refused_names = calloc(rep->n_refused, sizeof(char *));

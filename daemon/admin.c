@@ -34,6 +34,8 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.max_outstanding = s->max_outstanding,
 		.max_seqs = s->max_seqs,
 		.max_seqs_per_tenant = s->max_seqs_per_tenant,
+		.max_seqs_node = s->max_seqs_node,
+		.max_metadata_bytes = s->max_metadata_bytes,
 		.max_seq_tokens = s->max_seq_tokens,
 		.max_descriptor_bytes = UINT64_C(64) << 20,
 		.hello_timeout_ms = s->hello_timeout_ms,
@@ -359,6 +361,8 @@ void admin_reload(struct admin *a) {
 	s->limits.max_models_per_tenant = a->cfg.max_models_per_tenant;
 	s->limits.max_outstanding = a->cfg.max_outstanding;
 	s->limits.max_seqs_per_tenant = a->cfg.max_seqs_per_tenant;
+	s->limits.max_seqs_node = a->cfg.max_seqs_node;
+	s->limits.max_metadata_bytes = a->cfg.max_metadata_bytes;
 	s->limits.max_seq_tokens = a->cfg.max_seq_tokens;
 	/* Checked on the tick, which follows them (server.c, tick_interval()). */
 	s->limits.hello_timeout_ms = a->cfg.hello_timeout_ms;

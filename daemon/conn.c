@@ -18,6 +18,7 @@
 
 static void conn_recv_done(struct loop_op *op, int res, bool more);
 static void conn_send_done(struct loop_op *op, int res, bool more);
+static void conn_resumed(struct loop_op *op, int res, bool more);
 static void conn_unhot(struct conn *c);
 
 static void conn_free(struct conn *c) {
@@ -117,6 +118,7 @@ int conn_new(struct server *s, int fd, struct conn **ret) {
 	c->accepted_ms = now_ms();
 	c->recv_op.handler = conn_recv_done;
 	c->send_op.handler = conn_send_done;
+	c->resume_op.handler = conn_resumed;
 	c->rx = malloc(sizeof(*c->rx));
 	c->models = calloc(s->limits.max_models, sizeof(*c->models));
 	if (!c->rx || !c->models) {
@@ -320,27 +322,32 @@ static void conn_send_done(struct loop_op *op, int res, bool more) {
 	conn_maybe_free(c);
 }
 
-/* Handles res bytes received into rx (or the end of the stream, or an error): decodes and
- * dispatches every complete frame. */
-static void conn_received(struct conn *c, int res) {
+/*
+ * Decodes and dispatches the complete frames in rx, CONN_FRAMES_PER_TURN at most: a client
+ * that pipelines thousands of requests then yields the loop to the others (resume_op comes
+ * back for the rest on the next turn, counted in server.turns_yielded). Returns whether it
+ * yielded.
+ */
+static bool conn_dispatch_frames(struct conn *c) {
 	int fds[WIRE_FDS_MAX];
-	uint32_t nfds;
+	uint32_t nfds, n = 0;
 	Envelope *env;
-	int r;
+	int r = 0;
 
-	if (res <= 0) {
-		conn_close(c, res == 0 || res == -ECONNRESET ? NULL : "receive failed");
-		return;
-	}
-	r = wire_rx_take_cmsg(c->rx, &c->rx_msg);
-	wire_rx_commit(c->rx, res);
-	if (r < 0) {
-		c->srv->protocol_errors++;
-		conn_close(c, r == -EMFILE ? "too many fds in flight" : "fds lost (control data truncated)");
-		return;
-	}
-	while (!c->closing && !c->close_when_sent &&
-	       (r = wire_rx_next(c->rx, &env, fds, &nfds)) != 0) {
+	while (!c->closing && !c->close_when_sent) {
+		if (n++ == CONN_FRAMES_PER_TURN) {
+			if (loop_nop(c->srv->loop, &c->resume_op) < 0) {
+				conn_close(c, "cannot submit a resumption");
+				return true;
+			}
+			c->inflight++;
+			c->yielded = true;
+			c->srv->turns_yielded++;
+			return true;
+		}
+		r = wire_rx_next(c->rx, &env, fds, &nfds);
+		if (r == 0)
+			break;
 		if (r == -EBADMSG) {
 			/* The framing is intact, but we cannot know what was asked: answer with
 			 * id 0 and count it against the client. */
@@ -360,7 +367,7 @@ static void conn_received(struct conn *c, int res) {
 			log_warning("connection %llu (pid %d): %s, disconnecting",
 			            (unsigned long long)c->id, (int)c->cred.pid,
 			            r == -EMSGSIZE ? "frame over the size cap" : "bad frame header");
-			break;
+			return false;
 		}
 		dispatch(c, env, fds, nfds);
 	}
@@ -369,6 +376,26 @@ static void conn_received(struct conn *c, int res) {
 		conn_violation(c, "fds that no frame announced");
 	/* A frame begun starts or restarts its clock: bytes came. */
 	c->partial_since_ms = wire_rx_frame_begun(c->rx) ? now_ms() : 0;
+	return false;
+}
+
+/* Handles res bytes received into rx (or the end of the stream, or an error). Returns
+ * whether frames wait for a later turn. */
+static bool conn_received(struct conn *c, int res) {
+	int r;
+
+	if (res <= 0) {
+		conn_close(c, res == 0 || res == -ECONNRESET ? NULL : "receive failed");
+		return false;
+	}
+	r = wire_rx_take_cmsg(c->rx, &c->rx_msg);
+	wire_rx_commit(c->rx, res);
+	if (r < 0) {
+		c->srv->protocol_errors++;
+		conn_close(c, r == -EMFILE ? "too many fds in flight" : "fds lost (control data truncated)");
+		return false;
+	}
+	return conn_dispatch_frames(c);
 }
 
 /* Stops reading c directly (see conn_poll()). */
@@ -412,15 +439,29 @@ static void conn_recv_done(struct loop_op *op, int res, bool more) {
 	c->inflight--;
 	if (conn_maybe_free(c) || c->closing)
 		return;
-	conn_received(c, res);
-	conn_read_on(c);
+	if (!conn_received(c, res))
+		conn_read_on(c);
+	conn_maybe_free(c);
+}
+
+static void conn_resumed(struct loop_op *op, int res, bool more) {
+	struct conn *c = (struct conn *)((char *)op - offsetof(struct conn, resume_op));
+
+	(void)res;
+	(void)more;
+	c->inflight--;
+	c->yielded = false;
+	if (conn_maybe_free(c) || c->closing)
+		return;
+	if (!conn_dispatch_frames(c))
+		conn_read_on(c);
 	conn_maybe_free(c);
 }
 
 int conn_poll(struct conn *c, uint64_t now_ns) {
 	ssize_t n;
 
-	if (c->hot_ns == 0)
+	if (c->hot_ns == 0 || c->yielded)
 		return 0;
 	if (c->closing || c->close_when_sent) {
 		conn_unhot(c);
@@ -439,8 +480,8 @@ int conn_poll(struct conn *c, uint64_t now_ns) {
 			conn_cool(c);
 		return 0;
 	}
-	conn_received(c, n < 0 ? negative_errno() : (int)n);
-	conn_read_on(c);
+	if (!conn_received(c, n < 0 ? negative_errno() : (int)n))
+		conn_read_on(c);
 	return 1;
 }
 
@@ -448,7 +489,8 @@ void conn_cool(struct conn *c) {
 	if (c->hot_ns == 0)
 		return;
 	conn_unhot(c);
-	if (!c->closing && !c->close_when_sent && conn_arm_recv(c) < 0)
+	/* A connection that yielded reads on once it resumed. */
+	if (!c->closing && !c->close_when_sent && !c->yielded && conn_arm_recv(c) < 0)
 		conn_close(c, "cannot submit a receive");
 }
 

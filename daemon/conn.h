@@ -67,6 +67,10 @@ struct conn {
 	void *events[CONN_EVENTS_MAX];
 	uint32_t n_events;
 	uint32_t outstanding;         /* requests whose reply waits (evict.h, upload.h) */
+	/* Eviction requests of a tenant that is not an operator: a token bucket of
+	 * EVICT_RATE_BURST, refilled at EVICT_RATE_PER_S (dispatch.c). */
+	uint32_t evict_tokens;
+	uint64_t evict_refill_ms;
 	struct ring *ring;            /* the per-step rings (ring.h), NULL without */
 	uint64_t frames;              /* frames conn_send() took so far */
 	/* The first unmap deadline (server_unmap_due()) it missed of the draining chunks it
@@ -83,6 +87,10 @@ struct conn {
 	bool close_when_sent;
 
 	struct loop_op recv_op;
+	/* Frames left in rx when the turn's share ran out (CONN_FRAMES_PER_TURN): resume_op
+	 * comes back for them, and nothing more is read meanwhile. */
+	struct loop_op resume_op;
+	bool yielded;
 	struct wire_rx *rx;
 	struct msghdr rx_msg;
 	struct iovec rx_iov;
@@ -144,6 +152,8 @@ bool conn_maybe_free(struct conn *c);
  * costs the spinning loop a system call per turn.
  */
 #define CONN_HOT_NS (UINT64_C(20) * 1000)
+/* Frames a connection has handled in one turn of the loop, at most (conn.c). */
+#define CONN_FRAMES_PER_TURN 64u
 #define CONN_HOT_MAX 8u
 /* Reads a hot connection once; returns 1 if it got anything (or lost the connection). */
 int conn_poll(struct conn *c, uint64_t now_ns);

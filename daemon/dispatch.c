@@ -137,8 +137,7 @@ static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link)
 /* Frees a sequence with what eviction attached to it. */
 static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptied) {
 	keep_seq_dropped(s->keep, q);
-	if (q->model->unit != KVD_UNIT_NONE)
-		s->evictable_seqs--;
+	server_seq_closed(s, q);
 	q->obs = obs_unref(q->obs);
 	q->pending = plan_free(q->pending);
 	seq_free(q, s->pool, emptied);
@@ -356,6 +355,14 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 		            s->limits.max_seqs_per_tenant);
 		return;
 	}
+	/* Every tenant's together must not take the daemon to vm.max_map_count, where it
+	 * would fail for everyone (server.h, server_seqs_max()). */
+	if (s->sequences >= server_seqs_max(s)) {
+		s->refused[LIMIT_SEQS_NODE]++;
+		reply_error(c, id, -EMFILE, "the node holds its most sequences, %u (max-seqs-node)",
+		            server_seqs_max(s));
+		return;
+	}
 	r = seq_new(s->next_seq_id + 1, &c->models[req->model_id - 1], c->tenant, req->max_tokens,
 	            s->limits.max_descriptor_bytes, &q);
 	if (r == -EINVAL) {
@@ -367,6 +374,16 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 	if (r < 0) {
 		log_error_errno(r, "creating a sequence descriptor failed");
 		reply_error(c, id, r, "cannot create the sequence descriptor");
+		return;
+	}
+	if (s->metadata_bytes + q->meta_bytes > server_metadata_max(s)) {
+		struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
+
+		s->refused[LIMIT_METADATA]++;
+		reply_error(c, id, -ENOMEM, "the sequences' metadata would pass %llu bytes "
+		            "(max-metadata-bytes); this one takes %llu", (unsigned long long)
+		            server_metadata_max(s), (unsigned long long)q->meta_bytes);
+		seq_free(q, s->pool, &none);
 		return;
 	}
 	q->conn_id = c->id;
@@ -386,9 +403,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
 	q->next = c->seqs;
 	c->seqs = q;
 	c->n_seqs++;
-	c->tenant->sequences++;
-	if (q->model->unit != KVD_UNIT_NONE)
-		s->evictable_seqs++;
+	server_seq_opened(s, q);
 	/* While the descriptor's fd is still open, for the fd store. */
 	keep_seq_opened(s->keep, q, s->next_seq_id);
 
@@ -709,7 +724,6 @@ static int step_release(struct conn *c, uint64_t seq_id, uint32_t **ret_ids, uin
 		return refuse(why, -ENOENT, "no such sequence on this connection");
 	*link = q->next;
 	c->n_seqs--;
-	c->tenant->sequences--;
 	drop_seq(s, q, &emptied);
 	if (emptied.n > 0) {
 		ids = malloc(emptied.n * sizeof(*ids));
@@ -1079,8 +1093,35 @@ static void handle_register_event(struct conn *c, uint64_t id, const Kvd__V1__Re
 	reply(c, &env, id, NULL, 0);
 }
 
+/*
+ * A tenant's own eviction requests, per connection: each runs a round (for that tenant
+ * only, but rounds run one at a time), so a tenant looping on kvd_evict would hold up the
+ * rounds that serve everyone's grows. Operators (root, admin-group) are not limited.
+ */
+#define EVICT_RATE_BURST 8u
+#define EVICT_RATE_PER_S 10u
+
+static bool evict_rate_allows(struct conn *c) {
+	uint64_t now = now_ms(), add;
+
+	if (c->evict_refill_ms == 0) {
+		c->evict_tokens = EVICT_RATE_BURST;
+		c->evict_refill_ms = now;
+	}
+	add = (now - c->evict_refill_ms) * EVICT_RATE_PER_S / 1000;
+	if (add > 0) {
+		c->evict_tokens = (uint32_t)MIN(c->evict_tokens + add, EVICT_RATE_BURST);
+		c->evict_refill_ms += add * 1000 / EVICT_RATE_PER_S;
+	}
+	if (c->evict_tokens == 0)
+		return false;
+	c->evict_tokens--;
+	return true;
+}
+
 static void handle_evict(struct conn *c, uint64_t id, const Kvd__V1__Evict *req) {
 	struct tenant *t = NULL;
+	bool admin;
 	int r;
 
 	if (req->tenant) {
@@ -1091,7 +1132,8 @@ static void handle_evict(struct conn *c, uint64_t id, const Kvd__V1__Evict *req)
 		}
 	}
 	/* A tenant may always give up its own memory; anything else is the operator's. */
-	if ((!t || t != c->tenant) && !access_admin(&c->srv->admin->cfg, c->fd, &c->cred)) {
+	admin = access_admin(&c->srv->admin->cfg, c->fd, &c->cred);
+	if ((!t || t != c->tenant) && !admin) {
 		c->srv->access_refused++;
 		reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may evict from "
 		            "other tenants", c->srv->admin->cfg.admin_group);
@@ -1101,6 +1143,12 @@ static void handle_evict(struct conn *c, uint64_t id, const Kvd__V1__Evict *req)
 		c->srv->refused[LIMIT_OUTSTANDING]++;
 		reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
 		            c->outstanding);
+		return;
+	}
+	if (!admin && !evict_rate_allows(c)) {
+		c->srv->refused[LIMIT_EVICT_RATE]++;
+		reply_error(c, id, -EAGAIN, "at most %u eviction requests a second per connection "
+		            "(%u at once)", EVICT_RATE_PER_S, EVICT_RATE_BURST);
 		return;
 	}
 	r = evict_request(c->srv->evictor, c, id, t, req->has_bytes ? req->bytes : 0);
@@ -1169,6 +1217,10 @@ static void handle_status(struct conn *c, uint64_t id) {
 	SET(unmap_timeouts, s->unmap_timeouts);
 	SET(unmap_disconnects, s->unmap_disconnects);
 	SET(engine_events_done, s->engine_events_done);
+	SET(sequences, s->sequences);
+	SET(sequences_max, server_seqs_max(s));
+	SET(metadata_bytes, s->metadata_bytes);
+	SET(metadata_max_bytes, server_metadata_max(s));
 #undef SET
 	for (unsigned i = 0; i < _LIMIT_MAX; i++) {
 		kvd__v1__counter__init(&refused[i]);
@@ -1443,7 +1495,6 @@ void dispatch_disconnect(struct conn *c) {
 
 		c->seqs = q->next;
 		drop_seq(s, q, &emptied);
-		c->tenant->sequences--;
 	}
 	c->n_seqs = 0;
 	server_reclaim(s, &emptied, NULL, NULL);

@@ -154,11 +154,6 @@ static int on_key(void *user, const char *section, const char *name, const char 
 	return 1;
 }
 
-static void fclosep(FILE **f) {
-	if (*f)
-		fclose(*f);
-}
-
 int inifile_parse(const char *path, bool must_exist, size_t max_bytes,
                   const struct inifile_ops *ops, void *userdata, struct inifile_errors *e) {
 	_cleanup_(fclosep) FILE *f = NULL;

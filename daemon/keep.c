@@ -728,7 +728,7 @@ static void restore_commit(struct restore *rs) {
 		struct seq *q = rs->orphans[i].seq;
 
 		q->keep_slot = rs->orphan_slot[i] + 1;
-		q->tenant->sequences++;
+		server_seq_opened(rs->s, q);
 		desc_name(q->id, name);
 		if (store_push(name, q->desc_fd) < 0)
 			log_warning("cannot put sequence %" PRIu64 "'s descriptor in the fd store; it "
@@ -947,7 +947,7 @@ void keep_tick(struct keep *k, struct server *s) {
 			continue;
 		k->orphans[i].seq = NULL;
 		keep_seq_dropped(k, q);
-		q->tenant->sequences--;
+		server_seq_closed(s, q);
 		seq_free(q, s->pool, &emptied);
 		n++;
 	}

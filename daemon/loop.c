@@ -149,6 +149,12 @@ int loop_timeout(struct loop *l, struct loop_op *op, uint64_t ms) {
 	return 0;
 }
 
+int loop_nop(struct loop *l, struct loop_op *op) {
+	PREP(l, op, sqe);
+	io_uring_prep_nop(sqe);
+	return 0;
+}
+
 int loop_futex_wait(struct loop *l, struct loop_op *op, uint32_t *word, uint32_t val) {
 	PREP(l, op, sqe);
 	/* Shared, not FUTEX2_PRIVATE: the word is in a memfd mapped by the client too. */

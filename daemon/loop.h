@@ -57,6 +57,9 @@ int loop_recv(struct loop *l, struct loop_op *op, int fd, void *buf, size_t n);
 int loop_send(struct loop *l, struct loop_op *op, int fd, const void *buf, size_t n);
 /* Completes (once) when fd is ready for one of the poll(2) events; res is what is ready. */
 int loop_poll(struct loop *l, struct loop_op *op, int fd, unsigned events);
+/* Completes (res 0) on the next turn, after what completed meanwhile: how a handler
+ * yields to the others and comes back. */
+int loop_nop(struct loop *l, struct loop_op *op);
 /* Completes with -ETIME after ms milliseconds. */
 int loop_timeout(struct loop *l, struct loop_op *op, uint64_t ms);
 /*

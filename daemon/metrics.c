@@ -289,6 +289,15 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	counter(f, "kvd_connections_accepted_total", "Client connections accepted since the start.",
 	        s->next_conn_id);
 	gauge(f, "kvd_tenants", "Tenants the daemon knows.", s->tenants.n);
+	counter(f, "kvd_turns_yielded_total", "Times a connection handled its most frames in one "
+	        "turn of the loop and let the others go first.", s->turns_yielded);
+	gauge(f, "kvd_sequences", "Sequences open on the node.", s->sequences);
+	gauge(f, "kvd_sequences_max", "Sequences the node may have open (max-seqs-node).",
+	      server_seqs_max(s));
+	gauge(f, "kvd_metadata_bytes", "Memory the open sequences' metadata may take in kvd.",
+	      s->metadata_bytes);
+	gauge(f, "kvd_metadata_max_bytes", "Bound on it (max-metadata-bytes).",
+	      server_metadata_max(s));
 	counter(f, "kvd_grants_total", "Chunks granted to tenants from the pool.", p->grants);
 	family(f, "kvd_grants_memory_total", "counter",
 	       "Chunk grants by the memory they gave: own (the tenant's own freed memory object), "

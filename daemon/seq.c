@@ -88,6 +88,8 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 	};
 	s->id = id;
 	s->model = m;
+	s->meta_bytes = sizeof(*s) + total + m->obs_bytes +
+	                (m->unit != KVD_UNIT_NONE ? 4ull * m->n_tables * max_tokens : 0);
 	s->tenant = t;
 	s->desc = d;
 	s->desc_fd = TAKE_FD(fd);

@@ -46,6 +46,10 @@ struct seq {
 	uint64_t evicted_tokens, evicted_bytes;
 	/* Kept across a restart (keep.h): 1 + its journal slot; 0: not kept. */
 	uint32_t keep_slot;
+	/* What its metadata may take of the daemon's memory, at most: the descriptor, the
+	 * observation buffer, the smoothed costs (a float per slot of each table, with an
+	 * eviction unit) and this struct. Counted in server.metadata_bytes. */
+	uint64_t meta_bytes;
 };
 
 /* Chunks a grow handed to a connection that had not mapped them yet. */

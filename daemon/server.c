@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "access.h"
 #include "admin.h"
 #include "common/macro.h"
 #include "common/number.h"
@@ -41,6 +42,8 @@ static const char *const limit_names[_LIMIT_MAX] = {
 	[LIMIT_MODELS_PER_TENANT] = "models_per_tenant",
 	[LIMIT_SEQS] = "seqs",
 	[LIMIT_SEQS_PER_TENANT] = "seqs_per_tenant",
+	[LIMIT_SEQS_NODE] = "seqs_node",
+	[LIMIT_METADATA] = "metadata",
 	[LIMIT_SEQ_TOKENS] = "seq_tokens",
 	[LIMIT_DESCRIPTOR] = "descriptor",
 	[LIMIT_FRAME] = "frame",
@@ -49,6 +52,7 @@ static const char *const limit_names[_LIMIT_MAX] = {
 	[LIMIT_OBSERVATION] = "observation",
 	[LIMIT_UPLOADS] = "uploads",
 	[LIMIT_EVICT_REQUESTS] = "evict_requests",
+	[LIMIT_EVICT_RATE] = "evict_rate",
 	[LIMIT_GRANT_WAITERS] = "grant_waiters",
 	[LIMIT_RING_COMPLETIONS] = "ring_completions",
 	[LIMIT_UNMAP_TIMEOUT] = "unmap_timeout",
@@ -90,30 +94,36 @@ static void on_accept(struct loop_op *op, int res, bool more) {
 	if (res >= 0) {
 		struct ucred cred = {};
 		socklen_t len = sizeof(cred);
-		uint32_t same_uid = 0;
+		uint32_t same_uid = 0, max;
+		bool admin;
 
 		/* The per-user limit: a user cannot take every connection from the others. */
 		if (getsockopt(res, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
 			for (struct conn *o = s->conns; o; o = o->next)
 				same_uid += o->cred.uid == cred.uid;
-		if (!s->stopping && s->n_conns < s->limits.max_connections &&
-		    same_uid >= s->limits.max_connections_per_uid) {
+		/* Root and admin-group have ADMIN_CONNECTIONS_RESERVED past both limits, so that
+		 * an operator can always look and act (kvdctl) on a node clients filled. */
+		admin = access_admin(&s->admin->cfg, res, &cred);
+		max = server_conns_max(s) + (admin ? ADMIN_CONNECTIONS_RESERVED : 0);
+		if (s->stopping) {
+			refuse(res, -ESHUTDOWN, "the daemon is stopping");
+		} else if (s->n_conns >= max) {
+			s->refused[LIMIT_CONNECTIONS]++;
+			refuse(res, -EUSERS, "connection limit reached");
+			log_warning("refusing a connection: limit of %u reached", max);
+		} else if (same_uid >= s->limits.max_connections_per_uid +
+		                       (admin ? ADMIN_CONNECTIONS_RESERVED : 0)) {
 			s->uid_connections_refused++;
 			s->refused[LIMIT_CONNECTIONS_PER_UID]++;
 			refuse(res, -EUSERS, "connection limit of this user reached (max-connections-per-uid)");
 			log_warning("refusing a connection of uid %u: its limit of %u reached",
 			            (unsigned)cred.uid, s->limits.max_connections_per_uid);
-		} else if (s->stopping || s->n_conns >= s->limits.max_connections) {
-			refuse(res, s->stopping ? -ESHUTDOWN : -EUSERS,
-			       s->stopping ? "the daemon is stopping" : "connection limit reached");
-			if (!s->stopping) {
-				s->refused[LIMIT_CONNECTIONS]++;
-				log_warning("refusing a connection: limit of %u reached",
-				            s->limits.max_connections);
-			}
 		} else if ((r = conn_new(s, res, &c)) < 0) {
 			log_error_errno(r, "setting up a connection failed, ignoring");
 		} else {
+			if (s->n_conns >= server_conns_max(s))
+				log_notice("connection limit reached: administrative connection %llu "
+				           "goes in on the reserve", (unsigned long long)c->id);
 			c->next = s->conns;
 			if (s->conns)
 				s->conns->prev = c;
@@ -604,24 +614,102 @@ static int render_metrics(void *userdata, char **ret, size_t *ret_size) {
 }
 
 /*
- * Warns when the fd limit (RLIMIT_NOFILE, raised to the hard limit at start) is below what
- * the pool and max-connections may take: a chunk's memory one fd each, and each connection
- * CONN_FDS_OWN of the daemon's and CONN_FDS_QUEUED_MAX its client sent, plus FDS_RESERVED
- * (io_uring, sockets, signals, the fd store's journal). Past the limit kvd pauses accepting
- * (on_accept) rather than failing otherwise.
+ * The node's bounds, derived at start from what the kernel gives the daemon, so that no
+ * client can take the daemon to a limit where it fails for everyone (kvdctl included):
+ *
+ * - fds (RLIMIT_NOFILE, raised to the hard limit at start): a chunk's memory takes one
+ *   fd, each connection CONN_FDS_OWN of the daemon's and up to CONN_FDS_QUEUED_MAX its
+ *   client sent, and FDS_RESERVED go to io_uring, sockets, signals and the fd store's
+ *   journal; max-connections is lowered to what is left.
+ * - mappings (vm.max_map_count): an open sequence maps its descriptor and its observation
+ *   buffer (SEQ_MAPPINGS), a connection its ring (CONN_MAPPINGS), a host chunk itself;
+ *   MAPPINGS_RESERVED go to libraries, allocator arenas, the round threads' stacks and
+ *   io_uring. What is left bounds the open sequences (max-seqs-node 0).
+ * - memory: the sequences' metadata (seq.meta_bytes) may take a quarter of physical
+ *   memory (max-metadata-bytes 0).
  */
 #define FDS_RESERVED 64u
+#define SEQ_MAPPINGS 2u
+#define CONN_MAPPINGS 2u
+#define MAPPINGS_RESERVED 4096u
 
-static void fd_budget_check(const struct server *s) {
-	uint64_t need = FDS_RESERVED + s->pool->n_chunks +
-	                (uint64_t)s->limits.max_connections * (CONN_FDS_OWN + CONN_FDS_QUEUED_MAX);
+/* Mappings the daemon has now, or 0 when that cannot be read. */
+static uint64_t mappings_now(void) {
+	_cleanup_(fclosep) FILE *f = fopen("/proc/self/maps", "re");
+	uint64_t n = 0;
+	int ch;
+
+	while (f && (ch = fgetc(f)) != EOF)
+		n += ch == '\n';
+	return n;
+}
+
+static uint64_t read_sysctl(const char *path, uint64_t fallback) {
+	_cleanup_(fclosep) FILE *f = fopen(path, "re");
+	unsigned long long v;
+
+	return f && fscanf(f, "%llu", &v) == 1 ? v : fallback;
+}
+
+static void derive_bounds(struct server *s) {
+	uint64_t per_conn = CONN_FDS_OWN + CONN_FDS_QUEUED_MAX;
+	uint64_t maps = read_sysctl("/proc/sys/vm/max_map_count", 65530);
+	uint64_t taken = mappings_now() + MAPPINGS_RESERVED + (uint64_t)s->limits.max_connections *
+	                 CONN_MAPPINGS + (s->pool->ops->host_access ? s->pool->n_chunks : 0);
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	struct rlimit rl;
 
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
-		log_warning("the fd limit (%llu) is below what %u chunks and %u connections may take "
-		            "(%llu): raise LimitNOFILE= or lower max-connections, or connections "
-		            "will wait when fds run out", (unsigned long long)rl.rlim_cur,
-		            s->pool->n_chunks, s->limits.max_connections, (unsigned long long)need);
+	s->conns_by_fds = UINT32_MAX;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+		uint64_t spare = rl.rlim_cur > FDS_RESERVED + s->pool->n_chunks + per_conn ?
+		                         rl.rlim_cur - FDS_RESERVED - s->pool->n_chunks : per_conn;
+
+		s->conns_by_fds = (uint32_t)MIN(spare / per_conn, UINT32_MAX);
+	}
+	if (s->conns_by_fds < s->limits.max_connections)
+		log_warning("the fd limit (%llu) allows %u connections besides %u chunks, below "
+		            "max-connections (%u): raise LimitNOFILE= to allow more",
+		            (unsigned long long)rl.rlim_cur, s->conns_by_fds, s->pool->n_chunks,
+		            s->limits.max_connections);
+	s->seqs_node_derived = maps > taken ? (uint32_t)MIN((maps - taken) / SEQ_MAPPINGS, UINT32_MAX) : 1;
+	s->metadata_derived = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : UINT64_C(1) << 30;
+	log_info("node bounds: %u connections, %u sequences (vm.max_map_count %llu), %llu bytes of "
+	         "sequence metadata (a quarter of memory), unless set lower",
+	         server_conns_max(s), s->seqs_node_derived, (unsigned long long)maps,
+	         (unsigned long long)s->metadata_derived);
+	if (s->limits.max_seqs_node > s->seqs_node_derived)
+		log_warning("max-seqs-node %u is above what vm.max_map_count (%llu) leaves for "
+		            "sequences (%u): raise vm.max_map_count, or new connections may fail "
+		            "once they are all open", s->limits.max_seqs_node,
+		            (unsigned long long)maps, s->seqs_node_derived);
+}
+
+uint32_t server_conns_max(const struct server *s) {
+	return MIN(s->limits.max_connections, s->conns_by_fds);
+}
+
+uint32_t server_seqs_max(const struct server *s) {
+	return s->limits.max_seqs_node ? s->limits.max_seqs_node : s->seqs_node_derived;
+}
+
+uint64_t server_metadata_max(const struct server *s) {
+	return s->limits.max_metadata_bytes ? s->limits.max_metadata_bytes : s->metadata_derived;
+}
+
+void server_seq_opened(struct server *s, struct seq *q) {
+	q->tenant->sequences++;
+	if (q->model->unit != KVD_UNIT_NONE)
+		s->evictable_seqs++;
+	s->sequences++;
+	s->metadata_bytes += q->meta_bytes;
+}
+
+void server_seq_closed(struct server *s, struct seq *q) {
+	q->tenant->sequences--;
+	if (q->model->unit != KVD_UNIT_NONE)
+		s->evictable_seqs--;
+	s->sequences--;
+	s->metadata_bytes -= q->meta_bytes;
 }
 
 int server_new(struct pool *pool, const struct server_limits *limits, const char *socket_path,
@@ -642,7 +730,7 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	s->socket_path = socket_path;
 	s->start_ms = now_ms();
 	s->pidfd_by_pid = getenv("KVD_TEST_PIDFD_OPEN") != NULL;
-	fd_budget_check(s);
+	derive_bounds(s);
 	s->accept_op.handler = on_accept;
 	s->signal_op.handler = on_signal;
 	s->tick_op.handler = on_tick;

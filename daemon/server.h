@@ -32,6 +32,8 @@ enum server_limit {
 	LIMIT_MODELS_PER_TENANT,      /* max-models-per-tenant */
 	LIMIT_SEQS,                   /* max-seqs, per connection */
 	LIMIT_SEQS_PER_TENANT,        /* max-seqs-per-tenant */
+	LIMIT_SEQS_NODE,              /* max-seqs-node */
+	LIMIT_METADATA,               /* max-metadata-bytes */
 	LIMIT_SEQ_TOKENS,             /* max-seq-tokens */
 	LIMIT_DESCRIPTOR,             /* a descriptor over 64 MiB */
 	LIMIT_FRAME,                  /* a frame over 64 KiB */
@@ -40,6 +42,7 @@ enum server_limit {
 	LIMIT_OBSERVATION,            /* max-observation-bytes */
 	LIMIT_UPLOADS,                /* output projections computing at once */
 	LIMIT_EVICT_REQUESTS,         /* Evict requests waiting */
+	LIMIT_EVICT_RATE,             /* a tenant's own Evict requests, per connection */
 	LIMIT_GRANT_WAITERS,          /* grows waiting for a round, node-wide */
 	LIMIT_RING_COMPLETIONS,       /* a client that leaves its completion ring full (ring.h) */
 	LIMIT_UNMAP_TIMEOUT,          /* grants to a connection past unmap-timeout */
@@ -48,6 +51,10 @@ enum server_limit {
 
 /* The names status and metrics use ("connections", "models_per_tenant", ...). */
 const char *server_limit_to_string(enum server_limit l);
+
+/* Connections past max-connections (and max-connections-per-uid) that root and
+ * admin-group still get, so that kvdctl works on a node clients filled. */
+#define ADMIN_CONNECTIONS_RESERVED 4u
 
 /* Limits on what clients control; most are settings (settings.c), see admin_limits(). */
 struct server_limits {
@@ -59,6 +66,8 @@ struct server_limits {
 	uint32_t max_outstanding;     /* replies a connection may be waiting for */
 	uint32_t max_seqs;            /* per connection */
 	uint32_t max_seqs_per_tenant;
+	uint32_t max_seqs_node;       /* 0: derived at start (server.seqs_node_derived) */
+	uint64_t max_metadata_bytes;  /* 0: derived at start (server.metadata_derived) */
 	uint32_t max_seq_tokens;
 	uint64_t max_descriptor_bytes;
 	uint64_t hello_timeout_ms;
@@ -99,6 +108,7 @@ struct server {
 	 * error. accept_pauses counts the pauses; one is logged until an accept works again. */
 	bool accept_paused, accept_pause_logged;
 	uint64_t accept_pauses;
+	uint64_t turns_yielded;       /* connections that used up CONN_FRAMES_PER_TURN */
 	int signal_fd;
 	struct loop_op signal_op;
 	struct signalfd_siginfo siginfo;
@@ -115,6 +125,14 @@ struct server {
 	uint64_t next_conn_id;
 	uint64_t next_seq_id;
 	uint32_t evictable_seqs;      /* open sequences of models with an eviction unit */
+	/* Open sequences (kept ones waiting to be claimed included) and their metadata's
+	 * bound (seq.meta_bytes), node-wide; and the bounds derived at start for
+	 * max-seqs-node and max-metadata-bytes 0 (server_seqs_max()). */
+	uint32_t sequences;
+	uint64_t metadata_bytes;
+	uint32_t seqs_node_derived;
+	uint64_t metadata_derived;
+	uint32_t conns_by_fds;        /* connections the fd limit leaves room for */
 	struct chunk **scratch;       /* room for every chunk: see struct seq_emptied */
 	/* Entries of scratch that lists being reclaimed hold: a list starts after them (see
 	 * server_reclaim()). */
@@ -193,6 +211,16 @@ uint64_t server_unmap_due(const struct server *s, const struct chunk *ch);
  * with buf empty, when nothing drains.
  */
 bool server_slowest_holder(struct server *s, char *buf, size_t n);
+
+/* Counts q as open (its tenant's and the node's sequences and metadata), or no longer. */
+void server_seq_opened(struct server *s, struct seq *q);
+void server_seq_closed(struct server *s, struct seq *q);
+
+/* The node's bounds in force: the settings, or what was derived at start for 0; the
+ * connections' is also at most what the fd limit leaves room for. */
+uint32_t server_conns_max(const struct server *s);
+uint32_t server_seqs_max(const struct server *s);
+uint64_t server_metadata_max(const struct server *s);
 
 /* Starts a clean stop: clients are told, then disconnected. */
 void server_stop(struct server *s);

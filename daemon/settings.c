@@ -153,6 +153,13 @@ static const struct setting node_table[] = {
 	{ "max-seqs-per-tenant", SETTING_U32, SETTING_RUNTIME, "N", "16384", NULL,
 	  "open sequences of one tenant, all its connections together", NODE(max_seqs_per_tenant),
 	  1, UINT32_MAX },
+	{ "max-seqs-node", SETTING_U32, SETTING_RUNTIME, "N", "0", NULL,
+	  "open sequences on the node, every tenant's together; 0: what vm.max_map_count leaves "
+	  "(each maps 2 areas in kvd), so that kvd never reaches it", NODE(max_seqs_node), 0,
+	  UINT32_MAX },
+	{ "max-metadata-bytes", SETTING_SIZE, SETTING_RUNTIME, "SIZE", "0", NULL,
+	  "memory the open sequences' metadata may take in kvd (descriptors, observation "
+	  "buffers, smoothed costs); 0: a quarter of physical memory", NODE(max_metadata_bytes) },
 	{ "max-seq-tokens", SETTING_U32, SETTING_RUNTIME, "N", "1048576", NULL,
 	  "tokens one sequence may hold per (layer, kv head)", NODE(max_seq_tokens), 1, UINT32_MAX },
 	{ "hello-timeout", SETTING_MS, SETTING_RUNTIME, "MS", "5000", NULL,

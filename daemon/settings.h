@@ -162,6 +162,8 @@ struct settings {
 	uint32_t max_outstanding;
 	uint32_t max_seqs;
 	uint32_t max_seqs_per_tenant;
+	uint32_t max_seqs_node;       /* 0: derived at start (server.h) */
+	uint64_t max_metadata_bytes;  /* 0: derived at start (server.h) */
 	uint32_t max_seq_tokens;
 	uint64_t hello_timeout_ms;
 	uint64_t unmap_timeout_ms;    /* 0: wait forever */

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -57,6 +58,11 @@ static inline int safe_close(int fd) {
 
 static inline void closep(int *fd) {
 	safe_close(*fd);
+}
+
+static inline void fclosep(FILE **f) {
+	if (*f)
+		fclose(*f);
 }
 
 /* Returns 0 and a*b in *ret, or -EOVERFLOW. */

@@ -528,6 +528,10 @@ static void setup(uint8_t config) {
 	s->limits = limits;
 	s->socket_path = "(fuzz)";
 	s->start_ms = now_ms();
+	/* The node's bounds server_new() derives from the machine: low enough to be met. */
+	s->conns_by_fds = UINT32_MAX;
+	s->seqs_node_derived = 24;
+	s->metadata_derived = UINT64_C(8) << 20;
 	FUZZ_CHECK(tenant_table_init(&s->tenants, limits.max_tenants) == 0);
 	s->scratch = calloc(h.pool->n_chunks, sizeof(*s->scratch));
 	FUZZ_CHECK(s->scratch);

@@ -47,6 +47,7 @@ enum op {
 	OP_TENANT_SET,                /* an admin connection, then tenant set */
 	OP_STATUS,                    /* an admin connection, then status */
 	OP_CONNECTIONS,               /* 4 connections as tenant open at once: the 4th's result */
+	OP_EVICT_FLOOD,               /* 12 kvd_evict on its own tenant at once: the first error */
 };
 
 /*
@@ -79,6 +80,15 @@ static int run_as(struct fixture *f, uid_t uid, gid_t gid, const gid_t *groups, 
 			    op == OP_TENANT_SET ? kvd_tenant_set(c[0], tenant, 0, KVD_TENANT_KEEP, 2) :
 			    kvd_status_get(c[0], &st);
 			kvd_status_free(st);
+			break;
+		case OP_EVICT_FLOOD:
+			r = kvd_client_connect(f->socket, tenant, &c[0]);
+			if (r < 0)
+				_exit(201);
+			for (unsigned i = 0; i < 12 && r >= 0; i++)
+				r = kvd_evict(c[0], tenant, 4096, NULL);
+			if (r == -EAGAIN && !strstr(kvd_client_last_error(c[0]), "a second"))
+				_exit(203);
 			break;
 		default:
 			for (unsigned i = 0; i < 3; i++)
@@ -195,6 +205,27 @@ TEST(reload_changes_who_may_act) {
 	ASSERT_TRUE(fixture_wait_log(&f, "reloaded", 1));
 	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_TENANT, "alpha"), -EACCES);
 	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, sock, 1, OP_TENANT, "alpha"), 0);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* A tenant's own eviction requests are rate-limited per connection (8 at once, then 10 a
+ * second): a loop on kvd_evict would otherwise hold up every round. Operators are not. */
+TEST(evict_rate_limited) {
+	static const gid_t sock[] = { SOCK_GID };
+	struct fixture f;
+	kvd_client *admin;
+	uint64_t freed;
+
+	if (geteuid() != 0)
+		TEST_SKIP("needs root to run clients as other users");
+	start(&f);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_EVICT_FLOOD, "alpha"), -EAGAIN);
+	ASSERT_EQ(fixture_status(&f, NULL, "refused_evict_rate"), 1u);
+	admin = fixture_connect(&f, NULL);
+	for (int i = 0; i < 12; i++)
+		ASSERT_OK(kvd_evict(admin, "alpha", 4096, &freed));
+	ASSERT_EQ(fixture_status(&f, NULL, "refused_evict_rate"), 1u);
+	kvd_client_unref(admin);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 

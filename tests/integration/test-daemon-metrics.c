@@ -701,3 +701,61 @@ TEST(idle_connections_time_out) {
 	close(fd);
 	rmdir(dir);
 }
+
+/*
+ * A connection handles at most CONN_FRAMES_PER_TURN (64) frames per turn of the loop, then
+ * lets the others go first: 256 requests pipelined in one write are all answered, in
+ * order, over several turns (kvd_turns_yielded_total), rather than in one turn that would
+ * hold up every other client.
+ */
+TEST(pipelined_requests_yield) {
+	enum { N = 256 };
+	char dir[64], listen[128], *body;
+	struct wire_rx *rx = malloc(sizeof(*rx));
+	uint8_t *all = NULL;
+	size_t used = 0;
+	struct fixture f;
+	Envelope *rep;
+	int fd;
+
+	ASSERT_TRUE(rx != NULL);
+	wire_rx_init(rx);
+	make_dir(dir, sizeof(dir));
+	snprintf(listen, sizeof(listen), "unix:%s/metrics.sock", dir);
+	start_with_metrics(&f, listen, NULL);
+	fd = raw_connect(&f);
+	ASSERT_EQ(raw_hello(fd, rx, NULL, 1, 1), 0);
+	body = scrape(listen);
+	ASSERT_EQ(metric_u64(body, "kvd_turns_yielded_total"), 0u);
+	free(body);
+	for (uint64_t i = 0; i < N; i++) {
+		Kvd__V1__StatusRequest sr = KVD__V1__STATUS_REQUEST__INIT;
+		Envelope req = KVD__V1__ENVELOPE__INIT;
+		uint8_t *frame;
+		size_t size;
+
+		req.has_id = true;
+		req.id = 100 + i;
+		req.body_case = KVD__V1__ENVELOPE__BODY_STATUS_REQUEST;
+		req.status_request = &sr;
+		ASSERT_OK(wire_encode(&req, 0, &frame, &size));
+		all = realloc(all, used + size);
+		ASSERT_TRUE(all != NULL);
+		memcpy(all + used, frame, size);
+		used += size;
+		free(frame);
+	}
+	ASSERT_OK(raw_send_bytes(fd, all, used));
+	for (uint64_t i = 0; i < N; i++) {
+		ASSERT_EQ(raw_recv(fd, rx, 10000, &rep), 1);
+		ASSERT_EQ(rep->id, 100 + i);
+		ASSERT_EQ(rep->body_case, KVD__V1__ENVELOPE__BODY_STATUS_REPLY);
+	}
+	body = scrape(listen);
+	ASSERT_GT(metric_u64(body, "kvd_turns_yielded_total"), 0u);
+	free(body);
+	free(all);
+	close(fd);
+	free(rx);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}

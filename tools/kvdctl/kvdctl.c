@@ -190,7 +190,8 @@ static const char *const node_u64_keys[] = {
 	"chunk_bytes",    "chunks_total",     "chunks_free",     "chunks_draining",
 	"connections",    "protocol_version", "uptime_ms",       "grants_refused",
 	"protocol_errors",  "access_refused",   "uid_connections_refused", "rounds_total",
-	"unmap_timeouts",   "unmap_disconnects", "engine_events_done",
+	"unmap_timeouts",   "unmap_disconnects", "engine_events_done", "sequences",
+	"sequences_max",    "metadata_bytes",   "metadata_max_bytes",
 };
 
 static const char *const node_str_keys[] = {

@@ -693,11 +693,15 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           "unmap_timeouts" (connections that did not unmap a chunk within kvd's
  *           unmap-timeout), "unmap_disconnects" (those disconnected for it),
  *           "engine_events_done" (waits for engines' events, kvd_seq_unpin_after),
+ *           "sequences" (open on the node), "sequences_max" (their bound),
+ *           "metadata_bytes" (what their metadata may take of the daemon's memory),
+ *           "metadata_max_bytes" (its bound),
  *           "refused_LIMIT" for each limit the daemon counts refusals at (LIMIT one of
  *           "connections", "connections_per_uid", "tenants", "models",
- *           "models_per_tenant", "seqs", "seqs_per_tenant", "seq_tokens", "descriptor",
+ *           "models_per_tenant", "seqs", "seqs_per_tenant", "seqs_node", "metadata",
+ *           "seq_tokens", "descriptor",
  *           "frame", "send_queue", "outstanding", "observation", "uploads",
- *           "evict_requests", "grant_waiters", "ring_completions", "unmap_timeout";
+ *           "evict_requests", "evict_rate", "grant_waiters", "ring_completions", "unmap_timeout";
  *           kvd_status_refusal() lists them all);
  *           strings "daemon_version", "backend", "budget_source": where the budget
  *           comes from, "default", "config", "flag" (kvd --budget) or "live" (set with
