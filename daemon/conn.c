@@ -323,19 +323,20 @@ static void conn_send_done(struct loop_op *op, int res, bool more) {
 }
 
 /*
- * Decodes and dispatches the complete frames in rx, CONN_FRAMES_PER_TURN at most: a client
- * that pipelines thousands of requests then yields the loop to the others (resume_op comes
- * back for the rest on the next turn, counted in server.turns_yielded). Returns whether it
- * yielded.
+ * Decodes and dispatches the complete frames in rx, for CONN_FRAMES_PER_TURN frames or
+ * CONN_TURN_NS at most: a client that pipelines thousands of requests then yields the loop
+ * to the others (resume_op comes back for the rest on the next turn, counted in
+ * server.turns_yielded). Returns whether it yielded.
  */
 static bool conn_dispatch_frames(struct conn *c) {
+	uint64_t start = ring_now_ns();
 	int fds[WIRE_FDS_MAX];
 	uint32_t nfds, n = 0;
 	Envelope *env;
 	int r = 0;
 
 	while (!c->closing && !c->close_when_sent) {
-		if (n++ == CONN_FRAMES_PER_TURN) {
+		if (n > 0 && (n == CONN_FRAMES_PER_TURN || ring_now_ns() - start >= CONN_TURN_NS)) {
 			if (loop_nop(c->srv->loop, &c->resume_op) < 0) {
 				conn_close(c, "cannot submit a resumption");
 				return true;
@@ -370,6 +371,7 @@ static bool conn_dispatch_frames(struct conn *c) {
 			return false;
 		}
 		dispatch(c, env, fds, nfds);
+		n++;
 	}
 	/* fds no frame announced would stay queued, held by the daemon, until it closes. */
 	if (r == 0 && !c->closing && !c->close_when_sent && wire_rx_drop_unannounced(c->rx) > 0)

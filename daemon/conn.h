@@ -152,8 +152,10 @@ bool conn_maybe_free(struct conn *c);
  * costs the spinning loop a system call per turn.
  */
 #define CONN_HOT_NS (UINT64_C(20) * 1000)
-/* Frames a connection has handled in one turn of the loop, at most (conn.c). */
+/* What a connection's frames may take of one turn of the loop, at most (conn.c): the
+ * other clients wait for no more than one such share of a client that floods. */
 #define CONN_FRAMES_PER_TURN 64u
+#define CONN_TURN_NS (UINT64_C(50) * 1000)
 #define CONN_HOT_MAX 8u
 /* Reads a hot connection once; returns 1 if it got anything (or lost the connection). */
 int conn_poll(struct conn *c, uint64_t now_ns);

@@ -49,6 +49,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -612,6 +613,159 @@ static int measure_row(struct row *row, int client_cpu) {
 	return r;
 }
 
+/* ---- a flooding client ---- */
+
+/*
+ * What a client that floods the daemon costs another: the victim grows a sequence one block
+ * at a time (through the rings, libkvd's default), each grow timed, first alone and then
+ * while another process pipelines status requests on its socket FLOOD_BATCH at a time, as
+ * fast as the daemon answers them. The daemon handles at most 64 frames of a connection a
+ * turn of its loop (conn.h, CONN_FRAMES_PER_TURN), so the victim waits for one share, not
+ * for the whole batch.
+ */
+#define FLOOD_BATCH 1024u
+#define FLOOD_GROWS 4000u
+#define FLOOD_SEQ_BLOCKS 256u
+
+/* The flooder: hello, then batches of status requests, every reply read; writes 'R' when
+ * ready and runs until killed. */
+static void flood_child(const char *path, int ready_fd) {
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	Kvd__V1__StatusRequest sr = KVD__V1__STATUS_REQUEST__INIT;
+	Kvd__V1__Hello h = KVD__V1__HELLO__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *rep;
+	_cleanup_(freep) uint8_t *batch = NULL;
+	struct wire_rx *rx = malloc(sizeof(*rx));
+	int fds[WIRE_FDS_MAX], fd;
+	size_t used = 0, size;
+	uint32_t nfds, want = 1;
+	uint8_t *frame;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		_exit(1);
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (!rx || fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		_exit(1);
+	wire_rx_init(rx);
+	h.has_min_version = h.has_max_version = true;
+	h.min_version = KVD_PROTOCOL_VERSION_MIN;
+	h.max_version = KVD_PROTOCOL_VERSION_MAX;
+	h.tenant = (char *)"flood";
+	env.has_id = true;
+	env.id = 1;
+	env.body_case = KVD__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	if (wire_encode(&env, 0, &frame, &size) < 0 || send_all(fd, frame, size, 0, false) < 0)
+		_exit(1);
+	free(frame);
+	env.body_case = KVD__V1__ENVELOPE__BODY_STATUS_REQUEST;
+	env.status_request = &sr;
+	for (uint32_t i = 0; i < FLOOD_BATCH; i++) {
+		env.id = 2 + i;
+		if (wire_encode(&env, 0, &frame, &size) < 0)
+			_exit(1);
+		batch = realloc(batch, used + size);
+		if (!batch)
+			_exit(1);
+		memcpy(batch + used, frame, size);
+		used += size;
+		free(frame);
+	}
+	for (bool ready = false;;) {
+		while (want > 0) {
+			int r = wire_rx_next(rx, &rep, fds, &nfds);
+			ssize_t n;
+			size_t room;
+			uint8_t *p;
+
+			if (r > 0) {
+				want--;
+				continue;
+			}
+			if (r < 0)
+				_exit(1);
+			p = wire_rx_space(rx, &room);
+			n = recv(fd, p, room, 0);
+			if (n <= 0)
+				_exit(n == 0 ? 0 : 1);
+			wire_rx_commit(rx, (size_t)n);
+		}
+		if (!ready && write(ready_fd, "R", 1) != 1)
+			_exit(1);
+		ready = true;
+		if (send_all(fd, batch, used, 0, false) < 0)
+			_exit(1);
+		want = FLOOD_BATCH;
+	}
+}
+
+/* The victim's grows, one block each, timed; the sequence starts over every
+ * FLOOD_SEQ_BLOCKS. */
+static int victim_grows(const char *socket, struct stats *ret) {
+	_cleanup_(freep) uint64_t *ns = calloc(FLOOD_GROWS, sizeof(uint64_t));
+	kvd_seq *s = NULL;
+	kvd_client *c;
+	int m, r;
+
+	if (!ns)
+		return -ENOMEM;
+	r = kvd_client_connect(socket, "victim", &c);
+	if (r < 0)
+		return fail("flood: connect: %s", strerror(-r));
+	r = m = kvd_model_register(c, &grant_shape);
+	for (uint32_t i = 0; r >= 0 && i < FLOOD_GROWS; i++) {
+		uint64_t t0;
+
+		if (i % FLOOD_SEQ_BLOCKS == 0) {
+			if (s)
+				(void)kvd_seq_release(s);
+			r = kvd_seq_open(c, m, FLOOD_SEQ_BLOCKS * 16, &s);
+			if (r < 0)
+				break;
+		}
+		t0 = ring_now_ns();
+		r = kvd_seq_grow(s, 16);
+		ns[i] = ring_now_ns() - t0;
+	}
+	if (s)
+		(void)kvd_seq_release(s);
+	kvd_client_unref(c);
+	if (r < 0)
+		return fail("flood: the victim's grow: %s", strerror(-r));
+	*ret = stats_of(ns, FLOOD_GROWS);
+	return 0;
+}
+
+/* ret[0]: the victim's grows alone; ret[1]: while another client floods. */
+static int flood(const char *socket, struct stats *ret) {
+	int ready[2], r;
+	pid_t pid;
+	char b;
+
+	r = victim_grows(socket, &ret[0]);
+	if (r < 0)
+		return r;
+	if (pipe2(ready, O_CLOEXEC) < 0)
+		return fail("pipe: %s", strerror(errno));
+	pid = fork_child();
+	if (pid == 0) {
+		close(ready[0]);
+		flood_child(socket, ready[1]);
+	}
+	close(ready[1]);
+	if (pid < 0 || read(ready[0], &b, 1) != 1)
+		r = fail("the flooding client failed to start");
+	close(ready[0]);
+	if (r >= 0)
+		r = victim_grows(socket, &ret[1]);
+	if (pid > 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+	}
+	return r;
+}
+
 /* ---- throughput ---- */
 
 /* One client process: pin and unpin back to back once go_fd closes, for --seconds; writes
@@ -698,7 +852,7 @@ static void print_pair(const char *path, const struct stats *fl, const struct st
 }
 
 static void print_text(const struct row *rows, unsigned n_rows, const double *tput,
-                       const double *grant) {
+                       const double *grant, const struct stats *flooded) {
 	printf("kvd-bench ipc: %d CPUs; %" PRIu32 " round trips per figure (median / p99, us); "
 	       "server on CPU %d, client on CPU %d (same-core) or %d (cross-core)\n",
 	       n_cpus, arg_iterations, cpus[0], cpus[0], cpus[1]);
@@ -722,6 +876,12 @@ static void print_text(const struct row *rows, unsigned n_rows, const double *tp
 	       "  own (the tenant's freed memory) %.2f, renewed (another tenant's: new memory) "
 	       "%.2f, ratio %.2f\n", GRANT_CHUNKS, arg_backend, GRANT_TURNS, grant[0], grant[1],
 	       ratio(grant[1], grant[0]));
+	printf("a flooding client (%u status requests pipelined at a time): another client's grow "
+	       "of a block, %u grows (median / p99, us):\n"
+	       "  alone %.2f / %.2f, flooded %.2f / %.2f, ratio %.2f / %.2f\n", FLOOD_BATCH,
+	       FLOOD_GROWS, flooded[0].median_us, flooded[0].p99_us, flooded[1].median_us,
+	       flooded[1].p99_us, ratio(flooded[1].median_us, flooded[0].median_us),
+	       ratio(flooded[1].p99_us, flooded[0].p99_us));
 }
 
 static void json_pair(const char *path, const struct stats *fl, const struct stats *kv,
@@ -748,7 +908,7 @@ static void json_fdroom(const struct stats *fl, const struct stats *kv, double t
 }
 
 static void print_json(const struct row *rows, unsigned n_rows, const double *tput,
-                       const double *grant) {
+                       const double *grant, const struct stats *flooded) {
 	printf("{\n  \"cpus\": %d,\n  \"iterations\": %" PRIu32 ",\n  \"message_bytes\": %d,\n"
 	       "  \"server_cpu\": %d,\n  \"client_cpus\": {\"same-core\": %d, \"cross-core\": %d},\n"
 	       "  \"ring_ratio_target\": %.1f,\n  \"socket_ratio_target\": %.1f,\n  \"latency\": [",
@@ -771,8 +931,15 @@ static void print_json(const struct row *rows, unsigned n_rows, const double *tp
 		printf("%s\n    {\"clients\": %u, \"ring_ops_per_s\": %.0f, \"socket_ops_per_s\": %.0f}",
 		       i ? "," : "", throughput_clients[i], tput[2 * i], tput[2 * i + 1]);
 	printf("\n  ],\n  \"grant_chunks\": %u, \"grant_own_us\": %.3f, \"grant_renewed_us\": %.3f, "
-	       "\"grant_renewed_ratio\": %.3f\n}\n", GRANT_CHUNKS, grant[0], grant[1],
+	       "\"grant_renewed_ratio\": %.3f,\n", GRANT_CHUNKS, grant[0], grant[1],
 	       ratio(grant[1], grant[0]));
+	printf("  \"flood_batch\": %u, \"flood_grows\": %u, \"grow_alone_median_us\": %.3f, "
+	       "\"grow_alone_p99_us\": %.3f, \"grow_flooded_median_us\": %.3f, "
+	       "\"grow_flooded_p99_us\": %.3f, \"grow_flooded_ratio_median\": %.3f, "
+	       "\"grow_flooded_ratio_p99\": %.3f\n}\n", FLOOD_BATCH, FLOOD_GROWS,
+	       flooded[0].median_us, flooded[0].p99_us, flooded[1].median_us, flooded[1].p99_us,
+	       ratio(flooded[1].median_us, flooded[0].median_us),
+	       ratio(flooded[1].p99_us, flooded[0].p99_us));
 }
 
 /* ---- options ---- */
@@ -788,7 +955,9 @@ static void help(void) {
 	       "spinning then sleeping, and sleeping, on one core and across two; then\n"
 	       "pin/unpin throughput with 1, 4 and 16 clients; then what a chunk grant costs\n"
 	       "when the chunk is the tenant's own freed one and when it was another tenant's\n"
-	       "(a new memory object). Starts its own kvd daemons on temporary sockets.\n"
+	       "(a new memory object); then what a client flooding the daemon with pipelined\n"
+	       "requests costs another client's grows. Starts its own kvd daemons on temporary\n"
+	       "sockets.\n"
 	       "\n"
 	       "Options:\n"
 	       "  --kvd PATH        The kvd binary (default: $KVD_DAEMON if set, else kvd from PATH)\n"
@@ -842,6 +1011,7 @@ int bench_ipc(int argc, char **argv) {
 	};
 	struct row rows[2 * ELEMENTSOF(waits)];
 	double tput[2 * ELEMENTSOF(throughput_clients)] = {}, grant[2] = {};
+	struct stats flooded[2] = {};
 	unsigned n_rows = 0;
 	char *end;
 	int opt, r = 0;
@@ -926,14 +1096,16 @@ int bench_ipc(int argc, char **argv) {
 		}
 		if (r >= 0)
 			r = grants(d.socket, grant);
+		if (r >= 0)
+			r = flood(d.socket, flooded);
 		if (d.pid > 0)
 			daemon_stop(&d);
 	}
 	if (r < 0)
 		return 1;
 	if (arg_json)
-		print_json(rows, n_rows, tput, grant);
+		print_json(rows, n_rows, tput, grant, flooded);
 	else
-		print_text(rows, n_rows, tput, grant);
+		print_text(rows, n_rows, tput, grant, flooded);
 	return 0;
 }
