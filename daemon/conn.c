@@ -336,7 +336,8 @@ static bool conn_dispatch_frames(struct conn *c) {
 	int r = 0;
 
 	while (!c->closing && !c->close_when_sent) {
-		if (n > 0 && (n == CONN_FRAMES_PER_TURN || ring_now_ns() - start >= CONN_TURN_NS)) {
+		if (n > 0 && (n == CONN_FRAMES_PER_TURN || ring_now_ns() - start >= CONN_TURN_NS) &&
+		    wire_rx_frame_begun(c->rx)) {
 			if (loop_nop(c->srv->loop, &c->resume_op) < 0) {
 				conn_close(c, "cannot submit a resumption");
 				return true;
