@@ -1,7 +1,8 @@
 #!/bin/sh
 # A short, deterministic libFuzzer run for the unit suite:
 #   run-libfuzzer.sh FUZZER CORPUS-DIR RUNS ARTIFACT-PREFIX
-# starts from the seed corpus with -seed=1 and stops after RUNS inputs. New inputs go to a
+# starts from the seed corpus with -seed=1 and stops after RUNS inputs, or 30 s on a machine
+# slower than the one RUNS was sized on (libFuzzer then says how many ran). New inputs go to a
 # temporary directory, so that the corpus in the source tree stays as it is and every run
 # starts from the same seeds; a crashing input is kept as ARTIFACT-PREFIX{crash,leak,...}-*.
 set -eu
@@ -17,5 +18,5 @@ trap 'rm -rf "$work"' EXIT
 # Sanitizer reports must fail the run, the daemon's logs stay out of the test log.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-}:halt_on_error=1:print_stacktrace=1"
-exec "$fuzzer" -seed=1 -runs="$runs" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
+exec "$fuzzer" -seed=1 -runs="$runs" -max_total_time=30 -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
 	-close_fd_mask=2 -artifact_prefix="$artifacts" "$work" "$corpus"
