@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -18,7 +19,25 @@
 
 #define MAX_TENANTS 8u
 
-static char dir[] = "/tmp/kvd-fuzz-state-XXXXXX";
+/* On tmpfs where there is one: every input is written and read twice. */
+static char dir[64];
+
+static void remove_dir(void) {
+	char path[96];
+
+	snprintf(path, sizeof(path), "%s/%s", dir, STATE_FILE_NAME);
+	unlink(path);
+	rmdir(dir);
+}
+
+static void make_dir(void) {
+	snprintf(dir, sizeof(dir), "/dev/shm/kvd-fuzz-state-XXXXXX");
+	if (!mkdtemp(dir)) {
+		snprintf(dir, sizeof(dir), "/tmp/kvd-fuzz-state-XXXXXX");
+		FUZZ_CHECK(mkdtemp(dir), "mkdtemp");
+	}
+	atexit(remove_dir);
+}
 
 static void put_file(const char *path, const void *data, size_t size) {
 	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -45,8 +64,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 	struct state *st, *again;
 	char *text;
 
-	if (dir[sizeof(dir) - 7] == 'X')
-		FUZZ_CHECK(mkdtemp(dir));
+	if (!dir[0])
+		make_dir();
 	st = load(data, size, false);
 	FUZZ_CHECK(st->n_tenants <= MAX_TENANTS);
 	for (uint32_t i = 0; i < st->n_tenants; i++) {
