@@ -316,6 +316,31 @@ static unsigned long long cpu_ticks(pid_t pid) {
  * took a core, with millions of suppressed log lines) nor stops serving; it says so once,
  * and accepts again once connections close. The daemon runs with a limit of 48 fds.
  */
+/*
+ * The fd limit bounds the connections: each may take 37 of the daemon's fds (its own 5 and
+ * 32 its client sent), the pool one a chunk, and 64 go to the rest; with 256 fds and 16
+ * chunks, 4 connections (and root's 4 more), whatever max-connections says.
+ */
+TEST(fd_limit_bounds_connections) {
+	kvd_client *c[8], *extra = NULL;
+	struct fixture f;
+
+	fixture_setup(&f, NULL, true);
+	f.fd_limit = 256;
+	fixture_launch(&f, (const char *const[]){ "--pool-size=16MiB", "--chunk-size=1MiB", NULL });
+	ASSERT_TRUE(fixture_wait_log(&f, "allows 4 connections besides 16 chunks", 1));
+	for (int i = 0; i < 8; i++)
+		c[i] = fixture_connect(&f, NULL);
+	ASSERT_ERRNO(kvd_client_connect(f.socket, NULL, &extra), -EUSERS);
+	/* A place for the status query. */
+	kvd_client_unref(c[0]);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "connections", 8));
+	ASSERT_EQ(refused(&f, "connections"), 1u);
+	for (int i = 1; i < 8; i++)
+		kvd_client_unref(c[i]);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 TEST(out_of_fds_pauses_accepting) {
 	int fds[64];
 	unsigned long long t0;
