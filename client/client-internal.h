@@ -27,7 +27,6 @@
 #include "kvd/kvd.h"
 #include "wire.h"
 
-#define TENANT_NAME_MAX 63u
 /* Chunk ids are small integers handed out by the daemon; more than this is a broken peer. */
 #define CHUNK_IDS_MAX (UINT32_C(1) << 20)
 #define CHUNK_PAGE_IDS 1024u
@@ -81,8 +80,6 @@ struct model {
 
 struct client_ring;
 
-/* Events a connection registers at most (the daemon's CONN_EVENTS_MAX). */
-#define CLIENT_EVENTS_MAX 16u
 
 struct kvd_client {
 	unsigned n_ref;
@@ -118,7 +115,7 @@ struct kvd_client {
 	 * earlier one are stale. */
 	uint64_t epoch;
 	char socket_path[108];     /* sizeof(sun_path), for kvd_client_reconnect() */
-	char tenant[TENANT_NAME_MAX + 1];
+	char tenant[KVD_TENANT_NAME_MAX + 1];
 	bool has_tenant;
 	enum stop_at stop_at;
 
@@ -131,7 +128,7 @@ struct kvd_client {
 	uint8_t device_uuid[16];   /* KVD_MEMORY_CUDA: the daemon's GPU, WIRE_DEVICE_UUID_BYTES */
 	/* Engines' CUDA events registered with the daemon (kvd_seq_unpin_after): event i has
 	 * id i + 1 on this connection; a reconnect starts over. */
-	void *cuda_events[CLIENT_EVENTS_MAX];
+	void *cuda_events[KVD_CONN_EVENTS_MAX];
 	uint32_t n_cuda_events;
 	uint64_t connection_id;
 	uint64_t next_id;

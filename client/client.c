@@ -718,7 +718,7 @@ static bool tenant_name_valid(const char *s) {
 	size_t n = 0;
 
 	for (; s[n]; n++)
-		if (n >= TENANT_NAME_MAX || !tenant_char_valid(s[n]))
+		if (n >= KVD_TENANT_NAME_MAX || !tenant_char_valid(s[n]))
 			return false;
 	return n > 0;
 }
@@ -1874,7 +1874,7 @@ int client_event_id(kvd_client *c, void *event, uint32_t *ret) {
 			*ret = i + 1;
 			return 0;
 		}
-	if (c->n_cuda_events == CLIENT_EVENTS_MAX)
+	if (c->n_cuda_events == KVD_CONN_EVENTS_MAX)
 		return -ENOSPC;
 	r = client_cuda_event_handle(event, handle, sizeof(handle));
 	if (r < 0)

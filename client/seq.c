@@ -41,11 +41,6 @@ static const void *seq_block_addr(const kvd_seq *s, struct kvd_block_ref ref) {
 	return base + (uint64_t)ref.index * s->block_stride;
 }
 
-/* kvd_eviction_spec defaults and bounds (kvd.h). */
-#define WINDOW_DEFAULT 32u
-#define WINDOW_MAX 256u
-#define SINKS_DEFAULT 4u
-#define SINKS_MAX 1024u
 /* W_o goes through a memfd the size of the matrix; a larger one is a caller's mistake. */
 #define OUTPUT_PROJ_MAX_BYTES (UINT64_C(1) << 30)
 #define HIDDEN_MAX 65536u
@@ -88,9 +83,9 @@ static int eviction_settings(const kvd_model_spec *spec, const kvd_eviction_spec
 		return -EINVAL;
 	if (ev->unit == KVD_UNIT_HEAD_TOKEN && spec->layout != KVD_LAYOUT_PER_HEAD)
 		return -EINVAL;
-	m->window = ev->window == 0 ? WINDOW_DEFAULT : ev->window;
-	*ret_sinks = ev->sinks == KVD_SINKS_DEFAULT ? SINKS_DEFAULT : ev->sinks;
-	if (m->window > WINDOW_MAX || *ret_sinks > SINKS_MAX)
+	m->window = ev->window == 0 ? KVD_WINDOW_DEFAULT : ev->window;
+	*ret_sinks = ev->sinks == KVD_SINKS_DEFAULT ? KVD_SINKS_DEFAULT_COUNT : ev->sinks;
+	if (m->window > KVD_WINDOW_MAX || *ret_sinks > KVD_SINKS_MAX)
 		return -EINVAL;
 	m->unit = ev->unit;
 	return 0;
@@ -125,7 +120,7 @@ static int model_register(kvd_client *c, const kvd_model_spec *spec,
 		return -EINVAL;
 	m.compensation = compensation;
 	/* An indexer feeds eviction, like compensation; the daemon checks the limits too. */
-	if (ix && (ix->heads == 0 || ix->heads > 64 || ix->dim == 0 || ix->dim > 256 ||
+	if (ix && (ix->heads == 0 || ix->heads > KVD_INDEX_HEADS_MAX || ix->dim == 0 || ix->dim > KVD_INDEX_DIM_MAX ||
 		   ix->reserved[0] || ix->reserved[1] || m.unit == KVD_UNIT_NONE))
 		return -EINVAL;
 	if (ix)
@@ -342,7 +337,7 @@ static int desc_check(const struct kvd_seq_desc *d, uint64_t size, uint64_t seq_
 	    mul_u64(block_bytes, d->layout == KVD_LAYOUT_PER_LAYER ? d->kv_heads : 1,
 		    &block_bytes) < 0)
 		return -EPROTO;
-	if (d->index_dim > 256 || d->index_heads > 64 || !d->index_dim != !d->index_heads ||
+	if (d->index_dim > KVD_INDEX_DIM_MAX || d->index_heads > KVD_INDEX_HEADS_MAX || !d->index_dim != !d->index_heads ||
 	    (d->index_dim && d->index_offset != block_bytes) || (!d->index_dim && d->index_offset))
 		return -EPROTO;
 	index_bytes = (uint64_t)d->block_tokens * layout_index_row_bytes(d);
@@ -435,7 +430,7 @@ static int obs_check(const struct kvd_obs_header *h, uint64_t size, const struct
 		/* index_heads <= 64, index_dim <= 256, window <= 256: no overflow. */
 		uint64_t iq_bytes = (uint64_t)h->window * h->index_heads * h->index_dim * elem, iq_end;
 
-		if (h->index_heads > 64 || h->index_dim > 256 || h->iq_layer_bytes < iq_bytes ||
+		if (h->index_heads > KVD_INDEX_HEADS_MAX || h->index_dim > KVD_INDEX_DIM_MAX || h->iq_layer_bytes < iq_bytes ||
 		    h->iq_offset % elem != 0 ||
 		    !array_fits(h->iq_offset, h->layers, h->iq_layer_bytes, sizeof(*h), size))
 			return -EPROTO;

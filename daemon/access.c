@@ -73,7 +73,7 @@ static unsigned check_list(FILE *f, const char *what, const char *list, bool gro
 }
 
 unsigned access_check_names(const struct settings *s, FILE *f) {
-	char what[TENANT_NAME_MAX + 32];
+	char what[KVD_TENANT_NAME_MAX + 32];
 	unsigned bad = 0;
 
 	for (uint32_t i = 0; i < s->n_tenants; i++) {

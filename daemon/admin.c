@@ -59,7 +59,7 @@ static const char *config_name(const struct admin *a) {
 }
 
 static void format_max(uint64_t v, char *buf, size_t n) {
-	if (v == TENANT_NO_CAP)
+	if (v == KVD_TENANT_NO_CAP)
 		snprintf(buf, n, "none");
 	else
 		size_format(v, buf, n);
@@ -99,7 +99,7 @@ static int strdup_or_null(char **dst, const char *src) {
 static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 	const struct settings_tenant *ct = settings_tenant_find(&a->cfg, t->name);
 	const struct state_tenant *lt = state_tenant_find(a->state, t->name);
-	uint64_t min = 0, max = TENANT_NO_CAP;
+	uint64_t min = 0, max = KVD_TENANT_NO_CAP;
 	uint32_t weight = 1;
 	int policy = KVD_POLICY_KVD;
 	uint8_t min_source = SOURCE_DEFAULT, max_source = SOURCE_DEFAULT,

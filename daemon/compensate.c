@@ -3,7 +3,7 @@
 
 #include "compensate.h"
 #include "indexmem.h"
-#include "kvd/kvd.h"
+#include "kvd/kvd-abi.h"
 #include "moments.h"
 
 size_t compensate_floats(uint32_t compensation, uint32_t d) {

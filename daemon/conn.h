@@ -28,10 +28,6 @@ struct tx {
 	uint32_t nfds;
 };
 
-/* Events one connection may register (kvd.proto RegisterEvent): an engine has a stream or
- * a few, each with its event. */
-#define CONN_EVENTS_MAX 16u
-
 struct conn {
 	uint64_t id;
 	int fd;
@@ -62,9 +58,10 @@ struct conn {
 	uint32_t n_models;
 	struct seq *seqs;
 	uint32_t n_seqs;
-	/* Engines' interprocess events (RegisterEvent), opened on the connection's GPU;
-	 * SeqUnpin.event_id i is events[i - 1]. */
-	void *events[CONN_EVENTS_MAX];
+	/* Engines' interprocess events (RegisterEvent), opened on the connection's GPU; an
+	 * engine has a stream or a few, each with its event. SeqUnpin.event_id i is
+	 * events[i - 1]. */
+	void *events[KVD_CONN_EVENTS_MAX];
 	uint32_t n_events;
 	uint32_t outstanding;         /* requests whose reply waits (evict.h, upload.h) */
 	/* Eviction requests of a tenant that is not an operator: a token bucket of

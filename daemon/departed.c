@@ -20,7 +20,7 @@ struct departed {
 	uint64_t conn_id;
 	int pidfd;
 	pid_t pid;
-	char tenant[TENANT_NAME_MAX + 1];
+	char tenant[KVD_TENANT_NAME_MAX + 1];
 	struct departed *next;
 };
 

@@ -25,7 +25,6 @@
 #include "server.h"
 #include "upload.h"
 
-#define PROTOCOL_VERSION 1
 #define WEIGHT_MAX 10000
 
 _printf_(4, 5) static void reply_error(struct conn *c, uint64_t id, int code, const char *fmt, ...) {
@@ -158,9 +157,9 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 		conn_violation(c, "second hello");
 		return;
 	}
-	if (min > PROTOCOL_VERSION || max < PROTOCOL_VERSION || min > max) {
+	if (min > KVD_PROTOCOL_VERSION_MAX || max < KVD_PROTOCOL_VERSION_MAX || min > max) {
 		reply_error(c, id, -EPROTONOSUPPORT, "protocol versions %u..%u requested, daemon speaks %u",
-		            min, max, PROTOCOL_VERSION);
+		            min, max, KVD_PROTOCOL_VERSION_MAX);
 		c->close_when_sent = true;
 		return;
 	}
@@ -211,7 +210,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 			            (unsigned long long)c->id, (int)c->cred.pid, strerror(-r));
 	}
 	c->hello = true;
-	c->version = PROTOCOL_VERSION;
+	c->version = KVD_PROTOCOL_VERSION_MAX;
 	c->tenant = t;
 	/* The GPU the client named, if pooled; else the first. */
 	for (uint32_t i = 0; req->has_device_uuid && i < s->pool->n_devices; i++) {
@@ -243,7 +242,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 			                  "only", (unsigned long long)c->id);
 	}
 	rep.has_version = true;
-	rep.version = PROTOCOL_VERSION;
+	rep.version = KVD_PROTOCOL_VERSION_MAX;
 	rep.has_features = true;
 	rep.features = c->ring ? RING_FEATURE : 0;
 	rep.has_chunk_bytes = true;
@@ -908,7 +907,7 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Kvd__V1__Tenant
 	}
 	t = tenant_find(&c->srv->tenants, req->name);
 	min = req->has_min_bytes ? req->min_bytes : t ? t->min_bytes : 0;
-	max = req->has_max_bytes ? req->max_bytes : t ? t->max_bytes : TENANT_NO_CAP;
+	max = req->has_max_bytes ? req->max_bytes : t ? t->max_bytes : KVD_TENANT_NO_CAP;
 	if (min > max) {
 		reply_error(c, id, -EINVAL, "min above max");
 		return;
@@ -1072,8 +1071,8 @@ static void handle_register_event(struct conn *c, uint64_t id, const Kvd__V1__Re
 		reply_error(c, id, -EOPNOTSUPP, "the %s backend has no events to wait for", ops->name);
 		return;
 	}
-	if (c->n_events == CONN_EVENTS_MAX) {
-		reply_error(c, id, -ENOSPC, "this connection has its %u events already", CONN_EVENTS_MAX);
+	if (c->n_events == KVD_CONN_EVENTS_MAX) {
+		reply_error(c, id, -ENOSPC, "this connection has its %u events already", KVD_CONN_EVENTS_MAX);
 		return;
 	}
 	if (!req->has_ipc_handle || req->ipc_handle.len != BACKEND_EVENT_HANDLE_BYTES) {
@@ -1197,7 +1196,7 @@ static void handle_status(struct conn *c, uint64_t id) {
 		rep.has_##field = true;                                                       \
 		rep.field = (value);                                                          \
 	} while (0)
-	SET(protocol_version, PROTOCOL_VERSION);
+	SET(protocol_version, KVD_PROTOCOL_VERSION_MAX);
 	SET(pool_bytes, p->pool_bytes);
 	SET(budget_bytes, p->budget_bytes);
 	SET(used_bytes, p->used_bytes);

@@ -40,7 +40,7 @@ struct grant_waiter {
 };
 
 struct record_tenant {
-	char name[TENANT_NAME_MAX + 1];
+	char name[KVD_TENANT_NAME_MAX + 1];
 	uint64_t freed_bytes, evicted_tokens;
 };
 

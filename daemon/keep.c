@@ -54,7 +54,7 @@ _Static_assert(sizeof(struct keep_header) <= 4096, "the header fits before the s
 /* All zero when free. */
 struct keep_slot {
 	uint64_t seq_id;
-	char tenant[TENANT_NAME_MAX + 1];
+	char tenant[KVD_TENANT_NAME_MAX + 1];
 	uint32_t crc;                 /* of the bytes before it */
 	uint32_t reserved;
 };

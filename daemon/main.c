@@ -53,7 +53,7 @@ static int check_config(const struct settings *s, const struct inifile_errors *e
 		const struct settings_tenant *t = &s->tenants[i];
 
 		size_format(t->min_bytes, min, sizeof(min));
-		if (t->max_bytes == TENANT_NO_CAP)
+		if (t->max_bytes == KVD_TENANT_NO_CAP)
 			snprintf(max, sizeof(max), "none");
 		else
 			size_format(t->max_bytes, max, sizeof(max));

@@ -207,7 +207,7 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 				v = t->min_bytes;
 				break;
 			case TENANT_MAX:
-				if (t->max_bytes == TENANT_NO_CAP) {
+				if (t->max_bytes == KVD_TENANT_NO_CAP) {
 					fputs("+Inf\n", f);
 					continue;
 				}

@@ -8,14 +8,6 @@
 #include "indexmem.h"
 #include "model.h"
 
-#define MODEL_LAYERS_MAX 1024
-#define MODEL_HEADS_MAX 1024
-#define MODEL_HEAD_DIM_MAX 4096
-#define MODEL_BLOCK_TOKENS_MAX 65536
-#define MODEL_WINDOW_DEFAULT 32
-#define MODEL_WINDOW_MAX 256
-#define MODEL_SINKS_DEFAULT 4
-#define MODEL_SINKS_MAX 1024
 
 uint64_t model_obs_bytes(uint32_t layers, uint32_t q_heads, uint32_t window, uint32_t head_dim,
                          uint32_t dtype, uint32_t index_heads, uint32_t index_dim,
@@ -52,8 +44,8 @@ uint64_t model_obs_bytes(uint32_t layers, uint32_t q_heads, uint32_t window, uin
 int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
                        uint64_t max_obs_bytes, struct model *m, const char **ret_why) {
 	uint32_t unit = req->has_eviction_unit ? req->eviction_unit : KVD_UNIT_NONE;
-	uint32_t window = req->has_window ? req->window : MODEL_WINDOW_DEFAULT;
-	uint32_t sinks = req->has_sinks ? req->sinks : MODEL_SINKS_DEFAULT;
+	uint32_t window = req->has_window ? req->window : KVD_WINDOW_DEFAULT;
+	uint32_t sinks = req->has_sinks ? req->sinks : KVD_SINKS_DEFAULT_COUNT;
 	uint32_t compensation = req->has_compensation ? req->compensation : KVD_COMPENSATION_NONE;
 	uint32_t index_heads = req->has_index_heads ? req->index_heads : 0;
 	uint32_t index_dim = req->has_index_dim ? req->index_dim : 0;
@@ -67,18 +59,18 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
 		}                                                                             \
 	} while (0)
 
-	REQUIRE(req->has_layers && req->layers >= 1 && req->layers <= MODEL_LAYERS_MAX,
+	REQUIRE(req->has_layers && req->layers >= 1 && req->layers <= KVD_LAYERS_MAX,
 	        "layers must be 1..1024");
-	REQUIRE(req->has_q_heads && req->q_heads >= 1 && req->q_heads <= MODEL_HEADS_MAX,
+	REQUIRE(req->has_q_heads && req->q_heads >= 1 && req->q_heads <= KVD_HEADS_MAX,
 	        "q_heads must be 1..1024");
-	REQUIRE(req->has_kv_heads && req->kv_heads >= 1 && req->kv_heads <= MODEL_HEADS_MAX,
+	REQUIRE(req->has_kv_heads && req->kv_heads >= 1 && req->kv_heads <= KVD_HEADS_MAX,
 	        "kv_heads must be 1..1024");
 	REQUIRE(req->q_heads % req->kv_heads == 0, "q_heads must be a multiple of kv_heads");
-	REQUIRE(req->has_head_dim && req->head_dim >= 1 && req->head_dim <= MODEL_HEAD_DIM_MAX,
+	REQUIRE(req->has_head_dim && req->head_dim >= 1 && req->head_dim <= KVD_HEAD_DIM_MAX,
 	        "head_dim must be 1..4096");
 	REQUIRE(req->has_dtype && layout_dtype_bytes(req->dtype) != 0, "unknown dtype");
 	REQUIRE(req->has_block_tokens && req->block_tokens >= 1 &&
-	                req->block_tokens <= MODEL_BLOCK_TOKENS_MAX,
+	                req->block_tokens <= KVD_BLOCK_TOKENS_MAX,
 	        "block_tokens must be 1..65536");
 	REQUIRE(req->has_layout &&
 	                (req->layout == KVD__V1__LAYOUT__LAYOUT_PER_LAYER ||
@@ -88,8 +80,8 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
 	REQUIRE(unit <= KVD_UNIT_BLOCK, "unknown eviction unit");
 	REQUIRE(unit != KVD_UNIT_HEAD_TOKEN || req->layout == KVD__V1__LAYOUT__LAYOUT_PER_HEAD,
 	        "head-token eviction needs the per-head layout");
-	REQUIRE(window >= 1 && window <= MODEL_WINDOW_MAX, "window must be 1..256");
-	REQUIRE(sinks <= MODEL_SINKS_MAX, "sinks must be 0..1024");
+	REQUIRE(window >= 1 && window <= KVD_WINDOW_MAX, "window must be 1..256");
+	REQUIRE(sinks <= KVD_SINKS_MAX, "sinks must be 0..1024");
 	REQUIRE(compensation <= KVD_COMPENSATION_LATENT, "unknown compensation");
 	REQUIRE(compensation == KVD_COMPENSATION_NONE || unit != KVD_UNIT_NONE,
 	        "compensation needs an eviction unit");

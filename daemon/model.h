@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "kvd.pb-c.h"
-#include "kvd/kvd.h"
+#include "kvd/kvd-abi.h"
 
 #define MODEL_NAME_MAX 63
 

@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#include "kvd/kvd.h"
+#include "kvd/kvd-abi.h"
 #include "model.h"
 
 struct obs {

@@ -212,7 +212,7 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 
 	if (p->used_bytes + p->chunk_bytes > p->budget_bytes || !c)
 		return -ENOSPC;
-	if (t->max_bytes != TENANT_NO_CAP && t->used_bytes + p->chunk_bytes > t->max_bytes)
+	if (t->max_bytes != KVD_TENANT_NO_CAP && t->used_bytes + p->chunk_bytes > t->max_bytes)
 		return -EDQUOT;
 
 	if (c->last_owner && !own) {

@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "kvd/kvd.h"
+#include "kvd/kvd-abi.h"
 #include "tenant.h"
 
 enum chunk_state {
@@ -103,7 +103,7 @@ struct pool {
 	/* The tenant whose chunk the last refused renewal destroyed, when the new memory could
 	 * not be made for want of device memory: on a GPU, processes of that tenant that still
 	 * import its old allocation keep it allocated. "" once a renewal works again. */
-	char pinned_by[TENANT_NAME_MAX + 1];
+	char pinned_by[KVD_TENANT_NAME_MAX + 1];
 	uint64_t refused[_POOL_REFUSED_MAX]; /* grants_refused, by reason */
 	/* Called when a chunk's memory is created (keep.h stores its fd), and before it is
 	 * destroyed (keep.h drops it from the store); may be NULL. */

@@ -555,7 +555,7 @@ static int select_units(struct round *r, struct units *u) {
 		const struct round_tenant *rt = &r->tenants[tn];
 		uint64_t excess, got = 0;
 
-		if (rt->max == TENANT_NO_CAP || rt->used <= rt->max)
+		if (rt->max == KVD_TENANT_NO_CAP || rt->used <= rt->max)
 			continue;
 		excess = rt->used - rt->max;
 		memset(allowed, 0, r->n_tenants * sizeof(bool));

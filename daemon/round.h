@@ -66,7 +66,7 @@ const char *round_trigger_to_string(enum round_trigger t);
 
 struct round_tenant {
 	uint32_t id;                  /* tenant id (never reused while the daemon runs) */
-	char name[TENANT_NAME_MAX + 1];
+	char name[KVD_TENANT_NAME_MAX + 1];
 	uint64_t used, min, max;      /* bytes, at the snapshot */
 	uint32_t weight;
 	int policy;                   /* enum kvd_policy */

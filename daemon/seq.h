@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "common/layout.h"
-#include "kvd/kvd.h"
+#include "kvd/kvd-abi.h"
 #include "model.h"
 #include "pool.h"
 

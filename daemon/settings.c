@@ -20,7 +20,7 @@
 #include "common/size.h"
 #include "config.h"
 #include "http.h"
-#include "kvd/kvd.h"
+#include "kvd/kvd-abi.h"
 #include "loop.h"
 #include "policy.h"
 #include "ring.h"
@@ -653,7 +653,7 @@ static bool on_section(struct inifile_ctx *ctx, const char *name) {
 	tenant = name + 6 + strspn(name + 6, " \t");
 	if (!tenant_name_valid(tenant)) {
 		inifile_ctx_error(ctx, "invalid tenant name '%s' (1..%d of A-Z a-z 0-9 _ . -)", tenant,
-		                  TENANT_NAME_MAX);
+		                  KVD_TENANT_NAME_MAX);
 		return false;
 	}
 	r = tenant_add(l->s, tenant, ctx->line, &l->tenant);

@@ -126,10 +126,10 @@ enum settings_tenant_key {
 };
 
 struct settings_tenant {
-	char name[TENANT_NAME_MAX + 1];
+	char name[KVD_TENANT_NAME_MAX + 1];
 	unsigned line;                /* of its first [tenant NAME] header */
 	uint64_t min_bytes;
-	uint64_t max_bytes;           /* TENANT_NO_CAP: none */
+	uint64_t max_bytes;           /* KVD_TENANT_NO_CAP: none */
 	uint32_t weight;
 	int policy;                   /* enum kvd_policy */
 	char *allow_users;            /* as written; enforced at hello (access.h) */

@@ -114,7 +114,7 @@ static bool on_section(struct inifile_ctx *ctx, const char *name) {
 
 static int parse_size(const char *value, bool none, uint64_t *ret) {
 	if (none && strcasecmp(value, "none") == 0) {
-		*ret = TENANT_NO_CAP;
+		*ret = KVD_TENANT_NO_CAP;
 		return 0;
 	}
 	return size_parse(value, ret);
@@ -187,7 +187,7 @@ int state_format(const struct state *st, char **ret) {
 		fprintf(f, "\n[tenant %s]\n", t->name);
 		if (t->has_min)
 			fprintf(f, "min = %" PRIu64 "\n", t->min_bytes);
-		if (t->has_max && t->max_bytes == TENANT_NO_CAP)
+		if (t->has_max && t->max_bytes == KVD_TENANT_NO_CAP)
 			fprintf(f, "max = none\n");
 		else if (t->has_max)
 			fprintf(f, "max = %" PRIu64 "\n", t->max_bytes);

@@ -31,10 +31,10 @@
 #define STATE_FILE_NAME "state"
 
 struct state_tenant {
-	char name[TENANT_NAME_MAX + 1];
+	char name[KVD_TENANT_NAME_MAX + 1];
 	bool has_min, has_max, has_weight;
 	uint64_t min_bytes;
-	uint64_t max_bytes;           /* TENANT_NO_CAP: none */
+	uint64_t max_bytes;           /* KVD_TENANT_NO_CAP: none */
 	uint32_t weight;
 };
 

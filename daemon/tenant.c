@@ -9,7 +9,7 @@
 bool tenant_name_valid(const char *name) {
 	size_t n = name ? strlen(name) : 0;
 
-	if (n == 0 || n > TENANT_NAME_MAX)
+	if (n == 0 || n > KVD_TENANT_NAME_MAX)
 		return false;
 	for (size_t i = 0; i < n; i++) {
 		char c = name[i];
@@ -91,7 +91,7 @@ int tenant_get(struct tenant_table *t, const char *name, struct tenant **ret) {
 		return -ENOMEM;
 	x->id = t->next_id++;
 	strcpy(x->name, name);
-	x->max_bytes = TENANT_NO_CAP;
+	x->max_bytes = KVD_TENANT_NO_CAP;
 	x->weight = 1;
 	x->policy = KVD_POLICY_KVD;
 	t->tenants[t->n++] = x;

@@ -13,17 +13,15 @@
 #include <stdint.h>
 
 #include "backend.h"
-
-#define TENANT_NAME_MAX 63
-#define TENANT_NO_CAP UINT64_MAX
+#include "kvd/kvd-abi.h"
 
 struct chunk;
 
 struct tenant {
 	uint32_t id;                  /* never reused while the daemon runs */
-	char name[TENANT_NAME_MAX + 1];
+	char name[KVD_TENANT_NAME_MAX + 1];
 	uint64_t min_bytes;           /* guaranteed share (reported; enforced with eviction) */
-	uint64_t max_bytes;           /* cap on used_bytes, TENANT_NO_CAP for none */
+	uint64_t max_bytes;           /* cap on used_bytes, KVD_TENANT_NO_CAP for none */
 	uint32_t weight;
 	int policy;                   /* enum kvd_policy (stored; used with eviction) */
 	/* Where min, max and weight come from: enum setting_source (see admin.h). */
@@ -51,7 +49,7 @@ struct tenant_table {
 	uint32_t next_id;
 };
 
-/* Whether name is a valid tenant name: [A-Za-z0-9_.-], 1..TENANT_NAME_MAX characters. */
+/* Whether name is a valid tenant name: [A-Za-z0-9_.-], 1..KVD_TENANT_NAME_MAX characters. */
 bool tenant_name_valid(const char *name);
 
 int tenant_table_init(struct tenant_table *t, uint32_t max);

@@ -34,9 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Largest index_heads and index_dim a model may register (daemon/model.c). */
-#define KVD_INDEX_HEADS_MAX 64u
-#define KVD_INDEX_DIM_MAX 256u
+#include "kvd/kvd-abi.h"            /* KVD_INDEX_HEADS_MAX, KVD_INDEX_DIM_MAX */
 
 /* One layer's indexer weights (views, fp32, row-major as torch Linear). */
 struct kvd_indexer_layer {

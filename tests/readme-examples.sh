@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Compiles and links every ```c block of the README against the public header and the
 # built libkvd, as a user would, so that the README's examples cannot rot.
-# Usage: readme-examples.sh README.md INCLUDE_DIR LIBKVD
+# Usage: readme-examples.sh README.md INCLUDE_DIR ABI_INCLUDE_DIR LIBKVD
+# (kvd/kvd.h is in the first directory, kvd/kvd-abi.h in the second, as in the source tree;
+# installed, both are in one.)
 set -euo pipefail
 
-if [ "$#" -ne 3 ]; then
-	echo "usage: $0 README.md INCLUDE_DIR LIBKVD" >&2
+if [ "$#" -ne 4 ]; then
+	echo "usage: $0 README.md INCLUDE_DIR ABI_INCLUDE_DIR LIBKVD" >&2
 	exit 2
 fi
 readme=$1
 include=$2
-libkvd=$3
+abi_include=$3
+libkvd=$4
 cc=${CC:-cc}
 
 for f in "$readme" "$libkvd"; do
@@ -43,7 +46,7 @@ for src in "${examples[@]}"; do
 	where="$readme:${name#line-}"
 	# $cc and $CFLAGS may hold several words (a launcher, sanitizer flags).
 	# shellcheck disable=SC2086
-	if $cc ${CFLAGS:-} -std=c99 -Wall -Wextra -pedantic -Werror -I"$include" "$src" "$libkvd" \
+	if $cc ${CFLAGS:-} -std=c99 -Wall -Wextra -pedantic -Werror -I"$include" -I"$abi_include" "$src" "$libkvd" \
 		-o "$tmp/$name" 2>"$tmp/$name.log"; then
 		echo "ok: the block at $where"
 	else

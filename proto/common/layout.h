@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "digest.h"
-#include "kvd/kvd.h"
+#include "kvd/kvd-abi.h"
 
 /* Blocks start at multiples of this many bytes inside a chunk. */
 #define LAYOUT_BLOCK_ALIGN 64

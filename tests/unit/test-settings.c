@@ -149,7 +149,7 @@ TEST(keys_and_tenants) {
 	ASSERT_NOT_NULL(t);
 	ASSERT_EQ(t->line, 9u);
 	ASSERT_EQ(t->min_bytes, UINT64_C(1) << 30);
-	ASSERT_EQ(t->max_bytes, TENANT_NO_CAP);
+	ASSERT_EQ(t->max_bytes, KVD_TENANT_NO_CAP);
 	ASSERT_EQ(t->weight, 7u);
 	ASSERT_STREQ(t->allow_users, "alice bob carol");
 	ASSERT_NULL(t->allow_groups);
@@ -157,7 +157,7 @@ TEST(keys_and_tenants) {
 	t = settings_tenant_find(&s, "empty");
 	ASSERT_NOT_NULL(t);
 	ASSERT_EQ(t->min_bytes, 0u);
-	ASSERT_EQ(t->max_bytes, TENANT_NO_CAP);
+	ASSERT_EQ(t->max_bytes, KVD_TENANT_NO_CAP);
 	ASSERT_EQ(t->weight, 1u);
 	ASSERT_EQ(t->source[SETTINGS_TENANT_MIN], SOURCE_DEFAULT);
 	settings_done(&s);
@@ -429,7 +429,7 @@ TEST(state_round_trip) {
 	st->budget = 6 * MiB;
 	ASSERT_OK(state_tenant_get(st, "a", &t));
 	t->has_max = true;
-	t->max_bytes = TENANT_NO_CAP;
+	t->max_bytes = KVD_TENANT_NO_CAP;
 	ASSERT_OK(state_tenant_get(st, "b", &t));
 	t->has_min = t->has_weight = true;
 	t->min_bytes = 1 * MiB;
@@ -458,7 +458,7 @@ TEST(state_round_trip) {
 	ASSERT_EQ(back->budget, 6 * MiB);
 	ASSERT_EQ(back->n_tenants, 2u);
 	ASSERT_TRUE(state_tenant_find(back, "a")->has_max);
-	ASSERT_EQ(state_tenant_find(back, "a")->max_bytes, TENANT_NO_CAP);
+	ASSERT_EQ(state_tenant_find(back, "a")->max_bytes, KVD_TENANT_NO_CAP);
 	ASSERT_FALSE(state_tenant_find(back, "a")->has_min);
 	ASSERT_EQ(state_tenant_find(back, "b")->weight, 9u);
 	ASSERT_TRUE(state_tenant_remove(back, "a"));

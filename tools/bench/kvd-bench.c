@@ -60,7 +60,6 @@
 #define GROWS_PER_TENANT_MAX (1u << 22)
 /* Eviction: leading positions every table keeps, and the observation window's range. */
 #define EVICT_SINKS 4
-#define WINDOW_MAX 256
 /* --over-budget: how long one refused grow is retried, and the pause between tries. */
 #define GROW_WAIT_NS (UINT64_C(5) * 1000000000)
 #define GROW_RETRY_NS (UINT64_C(2) * 1000000)
@@ -1688,7 +1687,7 @@ static void help(void) {
 	       "\n"
 	       "Exit status: 0 when everything succeeded (and verified), 1 on any error or\n"
 	       "mismatch, 2 on usage errors.\n",
-	       KVD_DEFAULT_SOCKET, TENANTS_MAX, SEQS_MAX, TOKENS_MAX, s[0], s[1], s[2], WINDOW_MAX,
+	       KVD_DEFAULT_SOCKET, TENANTS_MAX, SEQS_MAX, TOKENS_MAX, s[0], s[1], s[2], KVD_WINDOW_MAX,
 	       EVICT_SINKS, NEEDLE_MASK + 1, (unsigned)(GROW_WAIT_NS / 1000000000));
 }
 
@@ -1808,8 +1807,8 @@ int main(int argc, char **argv) {
 				return usage_error("--unit: '%s' is not head, layer, block or none", optarg);
 			break;
 		case OPT_WINDOW:
-			if (number_parse_u32(optarg, 1, WINDOW_MAX, &v) < 0)
-				return usage_error("--window: '%s' is not in 1..%u", optarg, WINDOW_MAX);
+			if (number_parse_u32(optarg, 1, KVD_WINDOW_MAX, &v) < 0)
+				return usage_error("--window: '%s' is not in 1..%u", optarg, KVD_WINDOW_MAX);
 			arg_window = v;
 			window = 1;
 			break;

@@ -93,10 +93,6 @@
 #define QUICK_SAMPLES 6u
 #define LIST_MAX 8
 #define MULTI_MAX 4
-#define WINDOW_DEFAULT 32u
-#define WINDOW_MAX 256u
-/* The daemon keeps positions below KVD_SINKS_DEFAULT's 4. */
-#define SINKS 4u
 #define GEN_MAX KVD_TASK_GENERATE_MAX
 /* Room past prompt + answer in every sequence. */
 #define SEQ_SLACK KVDLM_KVD_BLOCK_TOKENS
@@ -176,7 +172,7 @@ static enum kvd_policy col_policy(int p) {
 
 static bool arg_policies[COLS];
 static uint32_t arg_threads;
-static uint32_t arg_window = WINDOW_DEFAULT;
+static uint32_t arg_window = KVD_WINDOW_DEFAULT;
 static bool arg_multi, arg_direct, arg_quick, arg_keep;
 static struct {
 	enum kvd_task task;
@@ -719,7 +715,7 @@ struct evict_result {
 /* Protected slots of one table of n tokens whose window ends at n: the sinks, the window,
  * the open tail block (which lies inside the window). */
 static uint32_t protected_tokens(uint32_t n) {
-	return MIN(n, SINKS + MAX(arg_window, n % KVDLM_KVD_BLOCK_TOKENS));
+	return MIN(n, KVD_SINKS_DEFAULT_COUNT + MAX(arg_window, n % KVDLM_KVD_BLOCK_TOKENS));
 }
 
 static int check_eviction(struct quality *Q, kvd_seq *seq, uint64_t budget_total, struct evict_result *e) {
@@ -1681,8 +1677,8 @@ static void help(void) {
 	       "Exit status: 0 when every cell ran, 1 on a failure (including a daemon full-cache\n"
 	       "answer that differs from the engine's private full cache), 2 on usage errors.\n",
 	       MODEL_DEFAULT, HAYSTACK_DEFAULT, OUT_DEFAULT, SAMPLES_MAX, SAMPLES_DEFAULT, INDEXMEM_SUFFIX,
-	       WINDOW_MAX,
-	       WINDOW_DEFAULT, MULTI_MAX, QUICK_SAMPLES);
+	       KVD_WINDOW_MAX,
+	       KVD_WINDOW_DEFAULT, MULTI_MAX, QUICK_SAMPLES);
 }
 
 /* Splits a comma-separated list; calls item() on each. Returns the count or -EINVAL. */
@@ -1875,8 +1871,8 @@ static int parse_argv(int argc, char **argv) {
 				return usage_error("--threads: '%s' is not in 1..%u", optarg, KVDLM_THREADS_MAX);
 			break;
 		case OPT_WINDOW:
-			if (number_parse_u32(optarg, 1, WINDOW_MAX, &arg_window) < 0)
-				return usage_error("--window: '%s' is not in 1..%u", optarg, WINDOW_MAX);
+			if (number_parse_u32(optarg, 1, KVD_WINDOW_MAX, &arg_window) < 0)
+				return usage_error("--window: '%s' is not in 1..%u", optarg, KVD_WINDOW_MAX);
 			break;
 		case OPT_MULTI:
 			arg_multi = true;

@@ -43,7 +43,6 @@
 #define ROUND_BLOCK_TOKENS 16
 #define ROUND_WINDOW 32
 #define ROUND_SEQS_MAX 4096
-#define ROUND_LAYERS_MAX 1024
 #define ROUND_TOKENS_MAX (1u << 20)
 /* One grow may need at most 253 new chunks (kvd_seq_grow): stay well below. */
 #define ROUND_GROW_CHUNKS 128
@@ -570,7 +569,7 @@ static void round_help(void) {
 	       "  --bytes SIZE     Bytes the round frees (default: half the tenant's chunk\n"
 	       "                   bytes)\n",
 	       ROUND_TENANT, ROUND_BLOCK_TOKENS, ROUND_WINDOW, ROUND_TOKENS_MAX, ROUND_SEQS_MAX,
-	       ROUND_LAYERS_MAX);
+	       KVD_LAYERS_MAX);
 }
 
 static _printf_(1, 2) int round_usage_error(const char *fmt, ...) {
@@ -616,8 +615,8 @@ int bench_evict_round(const char *socket, int argc, char **argv) {
 				return round_usage_error("--seqs: '%s' is not in 1..%u", optarg, ROUND_SEQS_MAX);
 			break;
 		case OPT_LAYERS:
-			if (number_parse_u32(optarg, 1, ROUND_LAYERS_MAX, &arg_layers) < 0)
-				return round_usage_error("--layers: '%s' is not in 1..%u", optarg, ROUND_LAYERS_MAX);
+			if (number_parse_u32(optarg, 1, KVD_LAYERS_MAX, &arg_layers) < 0)
+				return round_usage_error("--layers: '%s' is not in 1..%u", optarg, KVD_LAYERS_MAX);
 			break;
 		case OPT_UNIT:
 			if (strcmp(optarg, "head") == 0)

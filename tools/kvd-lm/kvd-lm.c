@@ -39,8 +39,6 @@
 /* Room past prompt + --max-new in the sequence: a block, so that the sequence never ends
  * exactly at its capacity. */
 #define SEQ_SLACK KVDLM_KVD_BLOCK_TOKENS
-#define WINDOW_DEFAULT 32u
-#define WINDOW_MAX 256u
 
 static const char *arg_model;
 static const char *arg_socket;
@@ -57,7 +55,7 @@ static uint32_t arg_unit = KVD_UNIT_HEAD_TOKEN;
 static uint32_t arg_compensation = KVD_COMPENSATION_NONE;
 static enum kvd_moments_form arg_form = KVD_MOMENTS_PLAIN;
 static const char *arg_indexmem;
-static uint32_t arg_window = WINDOW_DEFAULT;
+static uint32_t arg_window = KVD_WINDOW_DEFAULT;
 static uint32_t arg_chunk = KVDLM_CHUNK_DEFAULT;
 
 static void help(void) {
@@ -102,8 +100,8 @@ static void help(void) {
 	       "      --version       Show the version\n"
 	       "\n"
 	       "Exit status: 0 success, 1 failure, 2 usage error.\n",
-	       KVD_DEFAULT_SOCKET, PROMPT_FILE_MAX, MAX_NEW_MAX, KVDLM_THREADS_MAX, WINDOW_MAX,
-	       WINDOW_DEFAULT, KVDLM_CHUNK_MAX, KVDLM_CHUNK_DEFAULT, KVDLM_VOCAB);
+	       KVD_DEFAULT_SOCKET, PROMPT_FILE_MAX, MAX_NEW_MAX, KVDLM_THREADS_MAX, KVD_WINDOW_MAX,
+	       KVD_WINDOW_DEFAULT, KVDLM_CHUNK_MAX, KVDLM_CHUNK_DEFAULT, KVDLM_VOCAB);
 }
 
 static int usage_error(const char *fmt, const char *what) {
@@ -219,7 +217,7 @@ static int parse_argv(int argc, char **argv) {
 				return usage_error("--unit: '%s' is not head, layer, block or none", optarg);
 			break;
 		case ARG_WINDOW:
-			if (parse_u32("--window", optarg, 1, WINDOW_MAX, &arg_window) < 0)
+			if (parse_u32("--window", optarg, 1, KVD_WINDOW_MAX, &arg_window) < 0)
 				return -EINVAL;
 			break;
 		case ARG_COMPENSATION:

@@ -103,10 +103,10 @@ static int config_check(const struct kvdlm_config *c, const char *name, char *er
 	} fields[] = {
 		{ "vocab", offsetof(struct kvdlm_config, vocab), KVDLM_VOCAB },
 		{ "dim", offsetof(struct kvdlm_config, dim), KVDLM_DIM_MAX },
-		{ "layers", offsetof(struct kvdlm_config, layers), KVDLM_LAYERS_MAX },
-		{ "q_heads", offsetof(struct kvdlm_config, q_heads), KVDLM_HEADS_MAX },
-		{ "kv_heads", offsetof(struct kvdlm_config, kv_heads), KVDLM_HEADS_MAX },
-		{ "head_dim", offsetof(struct kvdlm_config, head_dim), KVDLM_HEAD_DIM_MAX },
+		{ "layers", offsetof(struct kvdlm_config, layers), KVD_LAYERS_MAX },
+		{ "q_heads", offsetof(struct kvdlm_config, q_heads), KVD_HEADS_MAX },
+		{ "kv_heads", offsetof(struct kvdlm_config, kv_heads), KVD_HEADS_MAX },
+		{ "head_dim", offsetof(struct kvdlm_config, head_dim), KVD_HEAD_DIM_MAX },
 		{ "ffn", offsetof(struct kvdlm_config, ffn), KVDLM_FFN_MAX },
 		{ "max_positions", offsetof(struct kvdlm_config, max_positions), UINT32_MAX },
 	};

@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvd/kvd-abi.h"       /* KVD_LAYERS_MAX, KVD_HEADS_MAX, KVD_HEAD_DIM_MAX */
+
 /* Tokens: bytes 0..255, then the specials. */
 #define KVDLM_VOCAB 260u
 #define KVDLM_BOS 256u
@@ -32,13 +34,10 @@
 
 /*
  * Bounds of a sane shape beyond the spec's (all >= 1, q_heads a multiple of kv_heads,
- * head_dim even, vocab 260): the limits of kvd_model_spec for heads and head_dim, of
- * kvd_model_output_proj for dim, and a cap on ffn and layers so that sizes stay in range.
+ * head_dim even, vocab 260): kvd_model_spec's for layers, heads and head_dim (kvd-abi.h),
+ * kvd_model_output_proj's for dim, and a cap on ffn so that sizes stay in range.
  */
 #define KVDLM_DIM_MAX 65536u
-#define KVDLM_LAYERS_MAX 1024u
-#define KVDLM_HEADS_MAX 1024u
-#define KVDLM_HEAD_DIM_MAX 4096u
 #define KVDLM_FFN_MAX (1u << 20)
 
 struct kvdlm_config {

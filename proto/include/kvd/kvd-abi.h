@@ -1,0 +1,235 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVD_KVD_ABI_H
+#define KVD_KVD_ABI_H
+
+/*
+ * The kvd ABI: what the daemon and its clients share, in one place. The protocol version,
+ * every limit both sides check, the numbers both sides use for dtypes, layouts, units and
+ * events, and the layouts of the shared memory the daemon writes and clients map: the
+ * sequence descriptor, the observation buffer and the compensation blocks. The daemon
+ * includes this header and never libkvd's; libkvd's kvd.h includes it, so that engines see
+ * it too. Nothing else defines these values. The layouts are checked below
+ * (offsets and sizes), so that a change to one is a change to this file.
+ *
+ * The header compiles as C99 and C++ and uses fixed-width types only.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Wire protocol versions this library speaks. */
+#define KVD_PROTOCOL_VERSION_MIN 1
+#define KVD_PROTOCOL_VERSION_MAX 1
+
+/* Default socket path of a system-wide daemon. */
+#define KVD_DEFAULT_SOCKET "/run/kvd/kvd.sock"
+
+/* Values of kvd_model_spec.dtype (same numbers as the wire protocol). */
+#define KVD_DTYPE_F16 1
+#define KVD_DTYPE_BF16 2
+#define KVD_DTYPE_F32 3
+
+/* Values of kvd_model_spec.layout. */
+#define KVD_LAYOUT_PER_LAYER 1
+#define KVD_LAYOUT_PER_HEAD 2
+
+/* Magic and version at the start of every sequence descriptor. */
+#define KVD_SEQ_DESC_MAGIC 0x5344564bu /* "KVDS" */
+#define KVD_SEQ_DESC_VERSION 1
+
+/* Limits both sides check (kvd_model_spec, kvd_eviction_spec, kvd_index_spec, tenants). */
+#define KVD_LAYERS_MAX 1024u
+#define KVD_HEADS_MAX 1024u          /* q_heads and kv_heads */
+#define KVD_HEAD_DIM_MAX 4096u
+#define KVD_BLOCK_TOKENS_MAX 65536u
+#define KVD_WINDOW_DEFAULT 32u       /* kvd_eviction_spec.window 0 */
+#define KVD_WINDOW_MAX 256u
+#define KVD_SINKS_DEFAULT_COUNT 4u   /* kvd_eviction_spec.sinks KVD_SINKS_DEFAULT */
+#define KVD_SINKS_MAX 1024u
+#define KVD_INDEX_HEADS_MAX 64u
+#define KVD_INDEX_DIM_MAX 256u
+/* A tenant's name: [A-Za-z0-9_.-], 1 to this many characters. */
+#define KVD_TENANT_NAME_MAX 63u
+/* Engine events (kvd_seq_unpin_after) one connection registers at most. */
+#define KVD_CONN_EVENTS_MAX 16u
+
+/* A block, named by the chunk that holds it and its index in that chunk. */
+struct kvd_block_ref {
+	uint32_t chunk_id;
+	uint32_t index;
+};
+
+/* The head of a sequence descriptor, as the daemon writes it (see the top of this file). */
+struct kvd_seq_desc {
+	uint32_t magic;        /* KVD_SEQ_DESC_MAGIC */
+	uint32_t version;      /* KVD_SEQ_DESC_VERSION */
+	uint64_t generation;   /* sequence lock: odd while being rewritten */
+	uint64_t seq_id;
+	uint32_t layers;
+	uint32_t kv_heads;
+	uint32_t head_dim;
+	uint32_t dtype;
+	uint32_t block_tokens;
+	uint32_t layout;
+	uint32_t n_tables;
+	uint32_t max_tokens;   /* slot capacity of every table */
+	uint32_t max_blocks;   /* entries of every table's block list */
+	uint32_t next_position; /* original position the next grown token will get */
+	uint64_t block_bytes;  /* bytes of one block (K then V) */
+	uint64_t tokens_offset;    /* byte offset of tokens[] from the descriptor start */
+	uint64_t positions_offset; /* byte offset of positions[][] */
+	uint64_t blocks_offset;    /* byte offset of blocks[][] */
+	uint64_t total_bytes;      /* size of the whole descriptor */
+	/* Compensation (kvd_model_register_compensated); all 0 without it, and from daemons
+	 * that predate it. */
+	uint32_t compensation;     /* KVD_COMPENSATION_* */
+	uint32_t moments_blocks;   /* entries of moments[] in use: 0 until the first grow
+	                            * allocates them, then layers * kv_heads */
+	uint64_t moments_offset;   /* byte offset of struct kvd_block_ref moments[layers][kv_heads]:
+	                            * the compensation blocks, moments or latent */
+	uint64_t moments_bytes;    /* bytes of one compensation block: KVD_MOMENTS_BYTES(head_dim)
+	                            * or KVD_LATENT_BYTES(head_dim) */
+	/* Indexer (kvd_model_register_indexed); 0 without, and from daemons that predate it.
+	 * Every block then holds, after its K and V (which fill index_offset bytes, so V starts
+	 * at index_offset / 2), the index keys: [block_tokens][index_dim] of dtype at
+	 * index_offset, one per slot; block_bytes counts them. With KVD_LAYOUT_PER_HEAD each
+	 * (layer, kv head) table has its own copy, since its tokens may be evicted alone. */
+	uint32_t index_heads;
+	uint32_t index_dim;
+	uint64_t index_offset;
+};
+
+/* kvd_tenant_set() values: leave unchanged; no cap (also how status reports no cap). */
+#define KVD_TENANT_KEEP (UINT64_MAX - 1)
+#define KVD_TENANT_NO_CAP UINT64_MAX
+
+/* Events the daemon sends on its own; see kvd_client_next_event(). */
+#define KVD_EVENT_STOPPING 1    /* the daemon is shutting down; the connection will close */
+#define KVD_EVENT_SEQ_CHANGED 2 /* arg: a sequence id; an eviction rewrote its descriptor */
+#define KVD_EVENT_DISCONNECTED 3 /* the connection to the daemon is lost; see
+                                  * kvd_client_reconnect() */
+
+/* Values of kvd_eviction_spec.unit: what one eviction frees (DESIGN.md section 5). */
+#define KVD_UNIT_NONE 0        /* never evict this model's sequences */
+#define KVD_UNIT_HEAD_TOKEN 1  /* a token of one (layer, kv head); needs KVD_LAYOUT_PER_HEAD */
+#define KVD_UNIT_LAYER_TOKEN 2 /* a token of one layer, all kv heads */
+#define KVD_UNIT_BLOCK 3       /* a full block of one table */
+
+#define KVD_SINKS_DEFAULT UINT32_MAX
+
+/* Values of kvd_model_register_compensated()'s compensation (same numbers as the wire). */
+#define KVD_COMPENSATION_NONE 0    /* evicted K/V are gone */
+#define KVD_COMPENSATION_MOMENTS 1 /* MomentKV moments of each (layer, kv head)'s evicted set */
+#define KVD_COMPENSATION_LATENT 2  /* IndexMem's latent memory of each (layer, kv head)'s
+                                    * evicted set */
+
+/*
+ * A moments block (KVD_COMPENSATION_MOMENTS): the summary of the tokens evicted so far from
+ * one (layer, kv head) of a sequence (ALGORITHMS.md section 4), which the daemon folds every
+ * eviction into, exactly, before the tokens' K/V leave the pool. The header is followed, at
+ * KVD_MOMENTS_HEADER_BYTES, by fp32 arrays: mean_k[head_dim], mean_v[head_dim],
+ * var_k[head_dim] (the diagonal of the keys' covariance) and cov_vk[head_dim][head_dim]
+ * (row-major, cov_vk[a][b] = (1/count) sum (v_a - mean_v_a)(k_b - mean_k_b)). count 0: nothing
+ * evicted yet, the arrays are 0. Keys are post-RoPE, as stored. Like the tables, a block is
+ * only stable while the sequence is pinned. kvd_seq_moments() finds it; kernels/moments.h
+ * has the attention correction that uses it.
+ */
+struct kvd_moments_header {
+	uint64_t count;        /* tokens folded in */
+	uint32_t head_dim;
+	uint32_t reserved[13];
+};
+
+#define KVD_MOMENTS_HEADER_BYTES 64
+#define KVD_MOMENTS_BYTES(head_dim) \
+	(KVD_MOMENTS_HEADER_BYTES + 4 * (3 * (uint64_t)(head_dim) + (uint64_t)(head_dim) * (head_dim)))
+
+/*
+ * A latent block (KVD_COMPENSATION_LATENT): IndexMem's memory of the tokens evicted so far
+ * from one (layer, kv head) of a sequence (ALGORITHMS.md section 3), with the feature map
+ * phi(x) = elu(x) + 1 applied to each element of the post-RoPE key: after the header, at
+ * KVD_LATENT_HEADER_BYTES, fp32 z[head_dim] = sum phi(k) and s[head_dim][head_dim] =
+ * sum phi(k) v^T (s[a][b] = sum phi(k_a) v_b). The daemon adds every eviction into it;
+ * count 0: nothing evicted yet, the arrays are 0. Only stable while the sequence is
+ * pinned. kvd_seq_latent() finds it; the readout is the engine's (learned weights), see
+ * kernels/indexmem.h.
+ */
+struct kvd_latent_header {
+	uint64_t count;        /* tokens folded in */
+	uint32_t head_dim;
+	uint32_t reserved[13];
+};
+
+#define KVD_LATENT_HEADER_BYTES 64
+#define KVD_LATENT_BYTES(head_dim) \
+	(KVD_LATENT_HEADER_BYTES + 4 * ((uint64_t)(head_dim) + (uint64_t)(head_dim) * (head_dim)))
+
+/* Magic and version at the start of every observation buffer. */
+#define KVD_OBS_MAGIC 0x4f44564bu /* "KVDO" */
+#define KVD_OBS_VERSION 1
+
+/*
+ * The observation buffer of a sequence whose model has eviction on: the daemon creates it,
+ * the owning process maps it writable. stamp[l] (uint64_t, at stamps_offset) tells which
+ * window layer l holds: 0 for none, else the position just past the window's last query;
+ * the queries are q[layer][q_heads][window][head_dim] of the model's dtype at q_offset,
+ * post-RoPE, oldest first, layer_bytes per layer. kvd_seq_observation() and
+ * kvd_seq_observe() write and stamp it.
+ */
+struct kvd_obs_header {
+	uint32_t magic;        /* KVD_OBS_MAGIC */
+	uint32_t version;      /* KVD_OBS_VERSION */
+	uint32_t layers;
+	uint32_t q_heads;
+	uint32_t window;
+	uint32_t head_dim;
+	uint32_t dtype;
+	uint32_t reserved;
+	uint64_t stamps_offset;
+	uint64_t q_offset;
+	uint64_t layer_bytes;
+	uint64_t total_bytes;
+	/* With an indexer (0 without): iq[layer][window][index_heads][index_dim] of the model's
+	 * dtype at iq_offset, iq_layer_bytes per layer, the index queries of the same window
+	 * as q, covered by the same stamp. */
+	uint32_t index_heads;
+	uint32_t index_dim;
+	uint64_t iq_offset;
+	uint64_t iq_layer_bytes;
+};
+
+/* The layouts, as engines in other languages and older builds rely on them. */
+#if defined(__cplusplus)
+#define KVD_ABI_ASSERT(cond, what) static_assert(cond, what)
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#define KVD_ABI_ASSERT(cond, what) _Static_assert(cond, what)
+#else
+/* C99: an array type of negative size where the condition fails. */
+#define KVD_ABI_CAT2(a, b) a##b
+#define KVD_ABI_CAT(a, b) KVD_ABI_CAT2(a, b)
+#define KVD_ABI_ASSERT(cond, what) typedef char KVD_ABI_CAT(kvd_abi_assert_, __LINE__)[(cond) ? 1 : -1]
+#endif
+KVD_ABI_ASSERT(sizeof(struct kvd_block_ref) == 8, "kvd_block_ref");
+KVD_ABI_ASSERT(sizeof(struct kvd_seq_desc) == 144, "kvd_seq_desc");
+KVD_ABI_ASSERT(offsetof(struct kvd_seq_desc, generation) == 8, "kvd_seq_desc.generation");
+KVD_ABI_ASSERT(offsetof(struct kvd_seq_desc, tokens_offset) == 72, "kvd_seq_desc.tokens_offset");
+KVD_ABI_ASSERT(offsetof(struct kvd_seq_desc, compensation) == 104, "kvd_seq_desc.compensation");
+KVD_ABI_ASSERT(offsetof(struct kvd_seq_desc, index_offset) == 136, "kvd_seq_desc.index_offset");
+KVD_ABI_ASSERT(sizeof(struct kvd_moments_header) == KVD_MOMENTS_HEADER_BYTES, "moments header");
+KVD_ABI_ASSERT(sizeof(struct kvd_latent_header) == KVD_LATENT_HEADER_BYTES, "latent header");
+KVD_ABI_ASSERT(sizeof(struct kvd_obs_header) == 88, "kvd_obs_header");
+KVD_ABI_ASSERT(offsetof(struct kvd_obs_header, stamps_offset) == 32, "kvd_obs_header.stamps_offset");
+KVD_ABI_ASSERT(offsetof(struct kvd_obs_header, iq_offset) == 72, "kvd_obs_header.iq_offset");
+#undef KVD_ABI_ASSERT
+#undef KVD_ABI_CAT
+#undef KVD_ABI_CAT2
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
