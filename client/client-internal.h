@@ -48,7 +48,8 @@
 #define BODY_ANY (-1)
 
 /*
- * Test hook: when the environment variable KVD_TEST_STOP_AT (read once, at connect) names
+ * Test hook (builds with -Dtest_hooks=true only): when the environment variable
+ * KVD_TEST_STOP_AT (read once, at connect) names
  * one of these points, the client raise()s SIGSTOP there, so that integration tests can
  * kill or inspect a client at an exact step of a request without sleeping:
  *   "grow-sent"        the SeqGrow request is sent, its reply not read yet;

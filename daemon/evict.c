@@ -11,6 +11,7 @@
 
 #include "common/layout.h"
 #include "common/macro.h"
+#include "config.h"
 #include "compact.h"
 #include "compensate.h"
 #include "conn.h"
@@ -852,9 +853,14 @@ static struct round_gpu *const *gpus(struct evictor *e) {
 		return NULL;
 	for (uint32_t d = 0; !e->gpu_tried && d < p->n_devices; d++) {
 		const struct backend_device *dev = backend_device(d);
-		const char *why = "KVD_TEST_ROUND_CPU is set";
-		int k = getenv("KVD_TEST_ROUND_CPU") ? -ENODEV : round_gpu_new(d, &e->gpu[d], &why);
+		const char *why = NULL;
+		int k;
 
+#if KVD_TEST_HOOKS
+		if (getenv("KVD_TEST_ROUND_CPU"))
+			why = "KVD_TEST_ROUND_CPU is set";
+#endif
+		k = why ? -ENODEV : round_gpu_new(d, &e->gpu[d], &why);
 		if (k < 0)
 			log_info("GPU %d: rounds score on the CPU, with the K/V copied there: %s",
 			         dev ? dev->ordinal : (int)d, why);
@@ -1141,7 +1147,9 @@ int evictor_new(struct server *s, struct evictor **ret) {
 		return k;
 	}
 	e->efd_op.handler = on_round_done;
+#if KVD_TEST_HOOKS
 	e->gate = getenv("KVD_TEST_ROUND_GATE");
+#endif
 	e->last_interval_ms = now_ms();
 	*ret = e;
 	return 0;

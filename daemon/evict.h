@@ -21,10 +21,10 @@
  * are packed so that chunks come free, emptied chunks are reclaimed (their holders asked
  * to unmap them), and each owner gets an EVENT_SEQ_CHANGED per sequence rewritten.
  *
- * Test hook: with KVD_TEST_ROUND_GATE=PATH in the environment, the worker opens PATH
- * (a FIFO) and reads one byte after scoring and selecting, before the loop learns the
- * round is done, so that a test can disconnect, unpin or release in between without
- * relying on timing.
+ * Test hook (builds with -Dtest_hooks=true): with KVD_TEST_ROUND_GATE=PATH in the
+ * environment, the worker opens PATH (a FIFO) and reads one byte after scoring and
+ * selecting, before the loop learns the round is done, so that a test can disconnect,
+ * unpin or release in between without relying on timing.
  */
 
 #include <stdbool.h>

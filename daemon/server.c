@@ -22,6 +22,7 @@
 #include "common/number.h"
 #include "common/ring.h"
 #include "common/size.h"
+#include "config.h"
 #include "conn.h"
 #include "departed.h"
 #include "evict.h"
@@ -729,7 +730,9 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	s->limits = *limits;
 	s->socket_path = socket_path;
 	s->start_ms = now_ms();
+#if KVD_TEST_HOOKS
 	s->pidfd_by_pid = getenv("KVD_TEST_PIDFD_OPEN") != NULL;
+#endif
 	derive_bounds(s);
 	s->accept_op.handler = on_accept;
 	s->signal_op.handler = on_signal;

@@ -180,6 +180,7 @@ TEST(same_tokens_on_every_path) {
 	_cleanup_(freep) struct kept *copied = calloc(1, sizeof(*copied));
 	_cleanup_(freep) struct kept *scored = calloc(1, sizeof(*scored));
 
+	TEST_NEEDS_HOOKS();
 	if (!plain || !gpu)
 		test_fail(__FILE__, __LINE__, "KVD_DAEMON_PLAIN and KVD_DAEMON_GPU are not set "
 		          "(run the test through meson)");

@@ -410,6 +410,7 @@ TEST(round_races_disconnect) {
 	pid_t pid;
 	int fd;
 
+	TEST_NEEDS_HOOKS();
 	gate_make(&f, gate, sizeof(gate));
 	eng_start(&f, &a, "leaving", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 9);
 	eng_start(&f, &b, "staying", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 10);
@@ -444,6 +445,7 @@ TEST(round_races_unpin) {
 	pid_t pid;
 	int fd;
 
+	TEST_NEEDS_HOOKS();
 	gate_make(&f, gate, sizeof(gate));
 	eng_start(&f, &a, "racer", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 11);
 	eng_grow(&a, 2048, 512);

@@ -235,6 +235,7 @@ TEST(unacknowledged_chunk_charged_until_the_process_exits) {
 /* The same with the peer's pidfd from pidfd_open(), the path of kernels before 6.5, which
  * newer ones take only when forced. */
 TEST(unacknowledged_chunk_charged_until_the_process_exits_pidfd_open) {
+	TEST_NEEDS_HOOKS();
 	unacknowledged(true);
 }
 

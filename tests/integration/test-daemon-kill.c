@@ -91,15 +91,18 @@ static void kill_at(const char *point, bool holds_chunks, bool draining) {
 }
 
 TEST(kill_after_grow_sent) {
+	TEST_NEEDS_HOOKS();
 	/* The grow is on its way, and its reply (with chunk fds) goes to a dead process. */
 	kill_at("grow-sent", false, false);
 }
 
 TEST(kill_after_grow_mapped) {
+	TEST_NEEDS_HOOKS();
 	kill_at("grow-mapped", true, false);
 }
 
 TEST(kill_after_release_replied) {
+	TEST_NEEDS_HOOKS();
 	/* The daemon asked the victim to unmap its chunks and waits for the answer. */
 	kill_at("release-replied", true, true);
 }
@@ -292,5 +295,6 @@ TEST(kill_while_pinned) {
 }
 
 TEST(kill_mid_round) {
+	TEST_NEEDS_HOOKS();
 	kill_pinned(true);
 }

@@ -234,6 +234,8 @@ TEST(observation_buffer) {
 /* Replies a connection waits for are bounded: with max-outstanding 1, a second eviction
  * request while the first waits for its round (held at the round gate) is refused. */
 TEST(outstanding_replies) {
+	/* First: the receive state below is allocated. */
+	TEST_NEEDS_HOOKS();
 	Kvd__V1__Evict req = KVD__V1__EVICT__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *rep;
 	struct wire_rx *rx = calloc(1, sizeof(*rx));

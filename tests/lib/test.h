@@ -91,6 +91,14 @@ int test_setup(void);
 		return;                                                                       \
 	} while (0)
 
+/* Skips a TEST() that needs the daemon's or libkvd's KVD_TEST_* hooks, in a build without
+ * them (meson -Dtest_hooks=true; tools/check turns it on). */
+#define TEST_NEEDS_HOOKS()                                                                    \
+	do {                                                                                  \
+		if (!KVD_TEST_HOOKS)                                                          \
+			TEST_SKIP("needs the test hooks (meson -Dtest_hooks=true)");          \
+	} while (0)
+
 /* ---- Assertions ---- */
 
 void test_fail(const char *file, int line, const char *fmt, ...)
