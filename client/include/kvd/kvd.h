@@ -81,6 +81,11 @@
 extern "C" {
 #endif
 
+/* The library's version this header belongs to (libkvd.so.MAJOR.MINOR; symbols versioned
+ * KVD_MAJOR.MINOR in libkvd.sym): a program may test for a function with it. */
+#define KVD_VERSION_MAJOR 1
+#define KVD_VERSION_MINOR 4
+
 #if defined(__GNUC__)
 #define KVD_EXPORT __attribute__((visibility("default")))
 #else
@@ -138,7 +143,8 @@ typedef struct kvd_event {
 	uint64_t arg;
 } kvd_event;
 
-/* Library version, e.g. "0.1.0". Never NULL. */
+/* The kvd release this library comes from, e.g. "0.1.0" (the library's own version is
+ * KVD_VERSION_MAJOR.KVD_VERSION_MINOR). Never NULL. */
 KVD_EXPORT const char *kvd_version(void);
 
 /*
