@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "common/macro.h"
+#include "memfd.h"
 
 static uint64_t host_granularity(void) {
 	return (uint64_t)sysconf(_SC_PAGESIZE);
@@ -21,24 +22,16 @@ static uint64_t host_granularity(void) {
 
 static int host_chunk_create(uint32_t id, uint32_t device, uint64_t bytes,
                              struct backend_chunk *ret) {
-	_cleanup_(closep) int fd = -EBADF;
 	char name[32];
 	void *addr;
+	int fd, r;
 
 	snprintf(name, sizeof(name), "kvd-chunk-%u", id);
-	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return negative_errno();
-	if (ftruncate(fd, (off_t)bytes) < 0)
-		return negative_errno();
-	/* Clients get this fd: without the size seals one could truncate the memfd and make
-	 * the daemon fault on its own mapping. Writes stay allowed, that is the point. */
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-		return negative_errno();
-	addr = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (addr == MAP_FAILED)
-		return negative_errno();
-	ret->fd = TAKE_FD(fd);
+	/* Clients get this fd and write through it: that is the point. */
+	r = memfd_sealed(name, bytes, 0, &fd, &addr);
+	if (r < 0)
+		return r;
+	ret->fd = fd;
 	ret->addr = addr;
 	ret->device = device;
 	ret->bytes = bytes;

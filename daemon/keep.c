@@ -20,6 +20,7 @@
 #include "common/number.h"
 #include "keep.h"
 #include "log.h"
+#include "memfd.h"
 #include "server.h"
 
 #define NAME_JOURNAL "kvd-journal"
@@ -750,18 +751,13 @@ static void restore_commit(struct restore *rs) {
 static int journal_create(struct keep *k) {
 	_cleanup_(closep) int fd = -EBADF;
 	struct keep_journal *j;
+	void *map;
 	int r;
 
-	fd = memfd_create(NAME_JOURNAL, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return negative_errno();
-	if (ftruncate(fd, (off_t)JOURNAL_BYTES) < 0)
-		return negative_errno();
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-		return negative_errno();
-	j = mmap(NULL, JOURNAL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (j == MAP_FAILED)
-		return negative_errno();
+	r = memfd_sealed(NAME_JOURNAL, JOURNAL_BYTES, 0, &fd, &map);
+	if (r < 0)
+		return r;
+	j = map;
 	j->header = (struct keep_header){
 		.magic = JOURNAL_MAGIC,
 		.version = JOURNAL_VERSION,

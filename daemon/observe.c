@@ -11,6 +11,7 @@
 #include "common/layout.h"
 #include "common/macro.h"
 #include "gram.h"
+#include "memfd.h"
 #include "observe.h"
 
 int obs_new(const struct model *m, uint64_t seq_id, struct obs **ret, int *ret_fd) {
@@ -21,24 +22,17 @@ int obs_new(const struct model *m, uint64_t seq_id, struct obs **ret, int *ret_f
 	void *map;
 	struct obs *o;
 	char name[40];
+	int r;
 
 	snprintf(name, sizeof(name), "kvd-obs-%llu", (unsigned long long)seq_id);
-	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return negative_errno();
-	if (ftruncate(fd, (off_t)bytes) < 0)
-		return negative_errno();
-	/* The client writes queries into it, but must not resize it under our mapping. */
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-		return negative_errno();
+	/* The client writes queries into it. */
+	r = memfd_sealed(name, bytes, 0, &fd, &map);
+	if (r < 0)
+		return r;
 	/* Writable only to write the header once; the daemon reads it through this mapping. */
-	map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (map == MAP_FAILED)
-		return negative_errno();
 	memcpy(map, &geo, sizeof(geo));
 	if (mprotect(map, bytes, PROT_READ) < 0) {
-		int r = negative_errno();
-
+		r = negative_errno();
 		munmap(map, bytes);
 		return r;
 	}

@@ -11,6 +11,7 @@
 #include "common/macro.h"
 #include "conn.h"
 #include "log.h"
+#include "memfd.h"
 #include "ring.h"
 #include "server.h"
 
@@ -39,6 +40,7 @@ static int ring_arm_eventfd(struct ring *r) {
 
 int ring_new(struct conn *c, uint32_t entries, uint32_t doorbell, struct ring **ret) {
 	struct ring *r;
+	void *sh;
 	int k;
 
 	r = calloc(1, sizeof(*r));
@@ -50,23 +52,11 @@ int ring_new(struct conn *c, uint32_t entries, uint32_t doorbell, struct ring **
 	k = ring_layout(entries, doorbell, &r->geo);
 	if (k < 0)
 		goto fail;
-	r->memfd = memfd_create("kvd-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (r->memfd < 0 || ftruncate(r->memfd, (off_t)r->geo.total_bytes) < 0) {
-		k = negative_errno();
+	/* The client writes the rings too. */
+	k = memfd_sealed("kvd-ring", r->geo.total_bytes, 0, &r->memfd, &sh);
+	if (k < 0)
 		goto fail;
-	}
-	/* The client writes the rings, but must not resize them under our mapping: a shrunk
-	 * file would turn our next access into SIGBUS. */
-	if (fcntl(r->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		k = negative_errno();
-		goto fail;
-	}
-	r->sh = mmap(NULL, r->geo.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->memfd, 0);
-	if (r->sh == MAP_FAILED) {
-		r->sh = NULL;
-		k = negative_errno();
-		goto fail;
-	}
+	r->sh = sh;
 	r->sh->geo = r->geo;
 	if (doorbell == RING_DOORBELL_EVENTFD) {
 		r->efd = eventfd(0, EFD_CLOEXEC);

@@ -9,6 +9,7 @@
 
 #include "common/layout.h"
 #include "common/macro.h"
+#include "memfd.h"
 #include "seq.h"
 #include "wire.h"
 
@@ -20,6 +21,8 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 	struct kvd_seq_desc *d;
 	struct seq *s;
 	char name[40];
+	void *map;
+	int r;
 
 	if (max_tokens == 0)
 		return -EINVAL;
@@ -40,22 +43,11 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 		return -EINVAL;
 
 	snprintf(name, sizeof(name), "kvd-seq-%llu", (unsigned long long)id);
-	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return negative_errno();
-	if (ftruncate(fd, (off_t)total) < 0)
-		return negative_errno();
-	d = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (d == MAP_FAILED)
-		return negative_errno();
-	/* The client may map it, but only read-only: FUTURE_WRITE forbids new writable
-	 * mappings while ours stays writable. */
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0) {
-		int r = negative_errno();
-
-		munmap(d, total);
+	/* The client may map it, but only read-only. */
+	r = memfd_sealed(name, total, F_SEAL_FUTURE_WRITE, &fd, &map);
+	if (r < 0)
 		return r;
-	}
+	d = map;
 	s = calloc(1, sizeof(*s));
 	if (!s) {
 		munmap(d, total);
