@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 struct kvd_attn_in {
-	uint32_t dtype;              /* KVD_KERNEL_F16, _BF16 or _F32, for q, k and v */
+	uint32_t dtype;              /* KVD_DTYPE_F16, _BF16 or _F32, for q, k and v */
 	uint32_t heads, kv_heads;    /* H, Hkv; H % Hkv == 0 */
 	uint32_t window, len, dim;   /* w, L, d; 1 <= w <= L */
 	float scale;                 /* softmax temperature, usually 1/sqrt(d) */

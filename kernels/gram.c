@@ -40,7 +40,7 @@ int kvd_gram(const struct kvd_wo *wo, uint32_t h0, uint32_t nh, float *g) {
 void kvd_gram_fold(uint32_t d, const float *g, size_t ld, float scale, float *u) {
 	/* u = scale g^T first (simd.h's transpose, W x W blocks in registers), so that the sums
 	 * below read both operands along rows. */
-	kvd_simd()->to_f32_t(g, KVD_KERNEL_F32, ld, d, d, scale, u, d);
+	kvd_simd()->to_f32_t(g, KVD_DTYPE_F32, ld, d, d, scale, u, d);
 	for (uint32_t a = 0; a < d; a++) {
 		float *row = u + (size_t)a * d;
 		const float *ga = g + a * ld;

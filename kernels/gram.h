@@ -20,7 +20,7 @@
 
 /* A view of wo: element (c, j) is at w + (c * row_stride + j) * dtype_size. */
 struct kvd_wo {
-	uint32_t dtype;           /* KVD_KERNEL_F16, _BF16 or _F32 */
+	uint32_t dtype;           /* KVD_DTYPE_F16, _BF16 or _F32 */
 	uint32_t c_out;           /* C */
 	uint32_t heads, dim;      /* H, d: wo has H*d columns */
 	const void *w;

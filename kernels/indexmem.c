@@ -65,9 +65,9 @@ int kvd_indexer_project(const struct kvd_indexer_layer *w, const float *a, size_
 			}
 	} else {
 		y = wt + (size_t)D * O;
-		ops->to_f32_t(w->wq, KVD_KERNEL_F32, D, H * I, D, 1.0f, wt, O);
-		ops->to_f32_t(w->wk, KVD_KERNEL_F32, D, I, D, 1.0f, wt + H * I, O);
-		ops->to_f32_t(w->ww, KVD_KERNEL_F32, D, H, D, 1.0f, wt + H * I + I, O);
+		ops->to_f32_t(w->wq, KVD_DTYPE_F32, D, H * I, D, 1.0f, wt, O);
+		ops->to_f32_t(w->wk, KVD_DTYPE_F32, D, I, D, 1.0f, wt + H * I, O);
+		ops->to_f32_t(w->ww, KVD_DTYPE_F32, D, H, D, 1.0f, wt + H * I + I, O);
 		ops->gemm(n, O, D, a, lda, wt, O, y, O, 0);
 	}
 	for (uint32_t t = 0; t < n; t++) {
@@ -189,8 +189,8 @@ int kvd_latent_entries(const struct kvd_latent *m, const struct kvd_latent_reado
 	if (!lqt)
 		return -ENOMEM;
 	lrt = lqt + (size_t)d * d, psi = lrt + (size_t)d * d, mv = psi + (size_t)rows * d;
-	ops->to_f32_t(w->lq, KVD_KERNEL_F32, d, d, d, 1.0f, lqt, d);
-	ops->to_f32_t(w->lr, KVD_KERNEL_F32, d, d, d, 1.0f, lrt, d);
+	ops->to_f32_t(w->lq, KVD_DTYPE_F32, d, d, d, 1.0f, lqt, d);
+	ops->to_f32_t(w->lr, KVD_DTYPE_F32, d, d, d, 1.0f, lrt, d);
 	ops->gemm(rows, d, d, q, ldq, lqt, d, psi, d, 0);
 	for (uint32_t r = 0; r < rows; r++) {
 		float *p = psi + (size_t)r * d;

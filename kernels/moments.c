@@ -66,7 +66,7 @@ int kvd_moments_batch(const void *k, size_t k_stride, const void *v, size_t v_st
 			ops->sq_axpy(d, inv, kr, out->var_k);
 		}
 		/* vtt[a][i] = vr_i[a] / n */
-		ops->to_f32_t(vt, KVD_KERNEL_F32, d, m, d, inv, vtt, m);
+		ops->to_f32_t(vt, KVD_DTYPE_F32, d, m, d, inv, vtt, m);
 		ops->gemm(d, d, m, vtt, m, kt, d, out->cov_vk, d, 1);
 	}
 	out->count = n;
@@ -136,7 +136,7 @@ int kvd_attn_moments(const struct kvd_attn_moments_in *in, float *out) {
 	for (uint32_t c = 0; c < hi; c += KEYS_TILE) {
 		uint32_t nk = hi - c < KEYS_TILE ? hi - c : KEYS_TILE;
 
-		ops->to_f32_t(in->k + (size_t)c * in->k_stride, KVD_KERNEL_F32, in->k_stride, nk, d, 1.0f,
+		ops->to_f32_t(in->k + (size_t)c * in->k_stride, KVD_DTYPE_F32, in->k_stride, nk, d, 1.0f,
 			      kt, KEYS_TILE);
 		ops->gemm(R, nk, d, in->q, in->ldq, kt, KEYS_TILE, s, KEYS_TILE, 0);
 		for (uint32_t i = 0; i < R; i++) {

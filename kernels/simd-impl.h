@@ -252,11 +252,11 @@ static void to_f32(const void *src, uint32_t dtype, size_t n, float scale, float
 	vf s = vset1(scale);
 
 	switch (dtype) {
-	case KVD_KERNEL_F16:
+	case KVD_DTYPE_F16:
 		for (; i + W <= n; i += W)
 			vstore(dst + i, f16_vec((const uint16_t *)src + i) * s);
 		break;
-	case KVD_KERNEL_BF16:
+	case KVD_DTYPE_BF16:
 		for (; i + W <= n; i += W)
 			vstore(dst + i, bf16_vec((const uint16_t *)src + i) * s);
 		break;
@@ -311,9 +311,9 @@ static inline void transpose(vf r[W]) {
 /* W elements of dtype from src + i, as fp32. */
 static inline vf load_f32(const void *src, uint32_t dtype, size_t i) {
 	switch (dtype) {
-	case KVD_KERNEL_F16:
+	case KVD_DTYPE_F16:
 		return f16_vec((const uint16_t *)src + i);
-	case KVD_KERNEL_BF16:
+	case KVD_DTYPE_BF16:
 		return bf16_vec((const uint16_t *)src + i);
 	default:
 		return vload((const float *)src + i);
@@ -350,14 +350,14 @@ to_f32_t_as(const void *src, uint32_t dtype, size_t stride, uint32_t rows, uint3
 static void to_f32_t(const void *src, uint32_t dtype, size_t stride, uint32_t rows, uint32_t cols,
 		     float scale, float *dst, size_t ldd) {
 	switch (dtype) {
-	case KVD_KERNEL_F16:
-		to_f32_t_as(src, KVD_KERNEL_F16, stride, rows, cols, scale, dst, ldd);
+	case KVD_DTYPE_F16:
+		to_f32_t_as(src, KVD_DTYPE_F16, stride, rows, cols, scale, dst, ldd);
 		break;
-	case KVD_KERNEL_BF16:
-		to_f32_t_as(src, KVD_KERNEL_BF16, stride, rows, cols, scale, dst, ldd);
+	case KVD_DTYPE_BF16:
+		to_f32_t_as(src, KVD_DTYPE_BF16, stride, rows, cols, scale, dst, ldd);
 		break;
 	default:
-		to_f32_t_as(src, KVD_KERNEL_F32, stride, rows, cols, scale, dst, ldd);
+		to_f32_t_as(src, KVD_DTYPE_F32, stride, rows, cols, scale, dst, ldd);
 	}
 }
 

@@ -182,12 +182,12 @@ struct shape {
 /* GQA, MQA, MHA; w = 1, w = L, w > 32 (two row tiles); L and d off the 32-tiles. The
  * second is the longest: shorter under the sanitizers (the CPU stand-ins run it there). */
 static const struct shape shapes[] = {
-	{ KVD_KERNEL_F32, 8, 2, 8, 300, 64 },
-	{ KVD_KERNEL_BF16, 8, 1, 40, TEST_SIZE(600, 161), 128 },
-	{ KVD_KERNEL_F16, 4, 2, 33, 97, 80 },
-	{ KVD_KERNEL_F32, 4, 4, 1, 65, 16 },
-	{ KVD_KERNEL_BF16, 6, 2, 5, 5, 32 },
-	{ KVD_KERNEL_F16, 2, 1, 3, 70, 8 },
+	{ KVD_DTYPE_F32, 8, 2, 8, 300, 64 },
+	{ KVD_DTYPE_BF16, 8, 1, 40, TEST_SIZE(600, 161), 128 },
+	{ KVD_DTYPE_F16, 4, 2, 33, 97, 80 },
+	{ KVD_DTYPE_F32, 4, 4, 1, 65, 16 },
+	{ KVD_DTYPE_BF16, 6, 2, 5, 5, 32 },
+	{ KVD_DTYPE_F16, 2, 1, 3, 70, 8 },
 };
 
 #define N_SHAPES (sizeof(shapes) / sizeof(shapes[0]))
@@ -210,13 +210,13 @@ static void fix_init(struct fix *f, const struct shape *s, uint64_t seed) {
 	f->q = kt_random(&seed, s->dtype, (size_t)H * s->window * d, 3.0f);
 	f->k = kt_random(&seed, s->dtype, (size_t)Hkv * s->len * d, 1.0f);
 	f->v = kt_random(&seed, s->dtype, (size_t)Hkv * s->len * d, 1.0f);
-	w = kt_random(&seed, KVD_KERNEL_F32, (size_t)C * H * d, 0.3f);
+	w = kt_random(&seed, KVD_DTYPE_F32, (size_t)C * H * d, 0.3f);
 	f->in = (struct kvd_attn_in){
 		.dtype = s->dtype, .heads = H, .kv_heads = Hkv, .window = s->window, .len = s->len,
 		.dim = d, .scale = 1.0f / sqrtf((float)d), .q = f->q, .k = f->k, .v = f->v,
 	};
 	kvd_attn_in_contiguous(&f->in);
-	wo = (struct kvd_wo){ .dtype = KVD_KERNEL_F32, .c_out = C, .heads = H, .dim = d, .w = w,
+	wo = (struct kvd_wo){ .dtype = KVD_DTYPE_F32, .c_out = C, .heads = H, .dim = d, .w = w,
 			      .row_stride = (size_t)H * d };
 	f->gram = kt_floats((size_t)H * d * d);
 	f->ggram = kt_floats(Hkv * gdd);
@@ -443,7 +443,7 @@ TEST(aws_and_pooling_match_reference) {
 		uint32_t H = cfg[c].heads, w = cfg[c].w, L = cfg[c].L, n_out = H / cfg[c].group;
 		size_t wl = (size_t)w * L;
 		/* Half the rows with ties (every selection path), half plain random. */
-		float *probs = c % 2 ? tie_rows(&seed, H * wl) : kt_random(&seed, KVD_KERNEL_F32, H * wl, 1.0f);
+		float *probs = c % 2 ? tie_rows(&seed, H * wl) : kt_random(&seed, KVD_DTYPE_F32, H * wl, 1.0f);
 		float *dprobs = dev_dup(probs, H * wl * sizeof(float));
 		struct kvd_cuda_aws *daws = dev_alloc(n_out * sizeof(*daws)), *got = calloc(n_out, sizeof(*got));
 		void *scratch = dev_alloc(kvd_cuda_aws_scratch_bytes(H, w));
@@ -592,7 +592,7 @@ TEST(topk_matches_reference) {
 	for (size_t c = 0; c < sizeof(sizes) / sizeof(sizes[0]); c++) {
 		uint32_t rows = sizes[c][0], n = sizes[c][1], kk = sizes[c][2];
 		float *x = c % 2 ? tie_rows(&seed, (size_t)rows * n) :
-				   kt_random(&seed, KVD_KERNEL_F32, (size_t)rows * n, 1.0f);
+				   kt_random(&seed, KVD_DTYPE_F32, (size_t)rows * n, 1.0f);
 		float *dx = dev_dup(x, (size_t)rows * n * 4);
 		uint32_t *dkeep = dev_alloc((size_t)rows * kk * 4), *got = calloc((size_t)rows * kk, 4);
 		uint32_t *ref = calloc(kk, 4);
@@ -625,7 +625,7 @@ TEST(topk_global_matches_reference) {
 	for (int ties = 0; ties < 2; ties++)
 		for (size_t c = 0; c < sizeof(ks) / sizeof(ks[0]); c++) {
 			uint32_t kk = ks[c], counts[8], got_counts[8];
-			float *x = ties ? tie_rows(&seed, total) : kt_random(&seed, KVD_KERNEL_F32, total, 1.0f);
+			float *x = ties ? tie_rows(&seed, total) : kt_random(&seed, KVD_DTYPE_F32, total, 1.0f);
 			const float *rows[8];
 			uint32_t *ref = calloc(kk + 1, 4), *got = calloc(kk + 1, 4);
 			float *dx = dev_dup(x, (size_t)total * 4);
@@ -736,7 +736,7 @@ TEST(gather_matches_reference) {
 TEST(comparisons_reject_wrong_results) {
 	uint64_t seed = 17;
 	uint32_t n = 500, k = 50;
-	float *ref = kt_random(&seed, KVD_KERNEL_F32, n, 1.0f), *bad = kt_floats(n);
+	float *ref = kt_random(&seed, KVD_DTYPE_F32, n, 1.0f), *bad = kt_floats(n);
 	uint32_t a[3] = { 1, 2, 3 }, b[3] = { 1, 2, 4 }, top[50];
 
 	memcpy(bad, ref, n * sizeof(float));

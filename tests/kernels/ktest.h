@@ -41,32 +41,12 @@ static inline uint16_t kt_f32_to_bf16(float f) {
 	return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
-/* Round to nearest even binary16; values here are small and normal, or inf/NaN. */
-static inline uint16_t kt_f32_to_f16(float f) {
-	uint32_t u, sign, e;
-	int32_t exp;
-
-	memcpy(&u, &f, 4);
-	sign = (u >> 16) & 0x8000;
-	if (isnan(f))
-		return (uint16_t)(sign | 0x7e00);
-	exp = (int32_t)((u >> 23) & 0xff) - 127 + 15;
-	if (exp >= 31)
-		return (uint16_t)(sign | 0x7c00);
-	if (exp <= 0)
-		return (uint16_t)sign;
-	e = ((uint32_t)exp << 10) | ((u >> 13) & 0x3ff);
-	if ((u & 0x1fff) > 0x1000 || ((u & 0x1fff) == 0x1000 && (e & 1)))
-		e++;
-	return (uint16_t)(sign | e);
-}
-
 /* Stores f as element i of a dtype array. */
 static inline void kt_store(void *base, uint32_t dtype, size_t i, float f) {
-	if (dtype == KVD_KERNEL_F32)
+	if (dtype == KVD_DTYPE_F32)
 		((float *)base)[i] = f;
-	else if (dtype == KVD_KERNEL_F16)
-		((uint16_t *)base)[i] = kt_f32_to_f16(f);
+	else if (dtype == KVD_DTYPE_F16)
+		((uint16_t *)base)[i] = kvd_f32_to_f16(f);
 	else
 		((uint16_t *)base)[i] = kt_f32_to_bf16(f);
 }
@@ -183,14 +163,14 @@ static inline void kt_layer_init(struct kt_layer *f, uint32_t dtype, uint32_t H,
 	f->q = kt_random(&seed, dtype, (size_t)H * w * d, qamp);
 	f->k = kt_random(&seed, dtype, (size_t)Hkv * L * d, 1.0f);
 	f->v = kt_random(&seed, dtype, (size_t)Hkv * L * d, 1.0f);
-	f->w = kt_random(&seed, KVD_KERNEL_F32, (size_t)C * H * d, 0.3f);
+	f->w = kt_random(&seed, KVD_DTYPE_F32, (size_t)C * H * d, 0.3f);
 	f->in = (struct kvd_attn_in){
 		.dtype = dtype, .heads = H, .kv_heads = Hkv, .window = w, .len = L, .dim = d,
 		.scale = 1.0f / sqrtf((float)d), .q = f->q, .k = f->k, .v = f->v,
 	};
 	kvd_attn_in_contiguous(&f->in);
 	f->wo = (struct kvd_wo){
-		.dtype = KVD_KERNEL_F32, .c_out = C, .heads = H, .dim = d, .w = f->w,
+		.dtype = KVD_DTYPE_F32, .c_out = C, .heads = H, .dim = d, .w = f->w,
 		.row_stride = (size_t)H * d,
 	};
 	f->gram = kt_floats((size_t)H * d * d);

@@ -23,7 +23,7 @@ static const struct shape shapes[] = {
 	{ 2, 2, 32, 1000, 96 },
 };
 
-static const uint32_t dtypes[] = { KVD_KERNEL_F32, KVD_KERNEL_F16, KVD_KERNEL_BF16 };
+static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_F16, KVD_DTYPE_BF16 };
 
 static void check(const struct shape *s, uint32_t dtype, const char *path, uint64_t seed,
 		  int strided) {
@@ -88,7 +88,7 @@ TEST(attn_contiguous_helper) {
 TEST(attn_rejects_bad_input) {
 	float q[8] = {}, k[8] = {}, p[8];
 	struct kvd_attn_in in = {
-		.dtype = KVD_KERNEL_F32, .heads = 1, .kv_heads = 1, .window = 2, .len = 1, .dim = 4,
+		.dtype = KVD_DTYPE_F32, .heads = 1, .kv_heads = 1, .window = 2, .len = 1, .dim = 4,
 		.q = q, .k = k,
 	};
 
@@ -105,11 +105,11 @@ TEST(attn_rejects_bad_input) {
 TEST(attn_nonfinite) {
 	enum { H = 2, w = 4, L = 70, d = 16 };
 	uint64_t seed = 7;
-	float *q = kt_random(&seed, KVD_KERNEL_F32, H * w * d, 1.0f);
-	float *k = kt_random(&seed, KVD_KERNEL_F32, H * L * d, 1.0f);
+	float *q = kt_random(&seed, KVD_DTYPE_F32, H * w * d, 1.0f);
+	float *k = kt_random(&seed, KVD_DTYPE_F32, H * L * d, 1.0f);
 	float *ref = kt_floats(w * L), *got = kt_floats(w * L);
 	struct kvd_attn_in in = {
-		.dtype = KVD_KERNEL_F32, .heads = H, .kv_heads = H, .window = w, .len = L,
+		.dtype = KVD_DTYPE_F32, .heads = H, .kv_heads = H, .window = w, .len = L,
 		.dim = d, .scale = 0.25f, .q = q, .k = k,
 	};
 

@@ -29,7 +29,7 @@ static const char *const path_names[] = { "ref", "opt" };
 static struct kvd_attn_in f32_in(uint32_t H, uint32_t Hkv, uint32_t w, uint32_t L, uint32_t d,
 				 const float *q, const float *k, const float *v) {
 	struct kvd_attn_in in = {
-		.dtype = KVD_KERNEL_F32, .heads = H, .kv_heads = Hkv, .window = w, .len = L,
+		.dtype = KVD_DTYPE_F32, .heads = H, .kv_heads = Hkv, .window = w, .len = L,
 		.dim = d, .scale = 1.0f / sqrtf((float)d), .q = q, .k = k, .v = v,
 	};
 
@@ -94,7 +94,7 @@ TEST(knorm_known_keys) {
 	/* kv head 0: (3,4), (0,0), (1,0); kv head 1: (-6,8), (0,-2), (0.5,0) */
 	const float k[12] = { 3, 4, 0, 0, 1, 0, -6, 8, 0, -2, 0.5f, 0 };
 	const float want[6] = { -5, 0, -1, -10, -2, -0.5f };
-	static const uint32_t dtypes[] = { KVD_KERNEL_F32, KVD_KERNEL_F16, KVD_KERNEL_BF16 };
+	static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_F16, KVD_DTYPE_BF16 };
 	struct kvd_baseline_params p;
 	float s[12];
 
@@ -104,7 +104,7 @@ TEST(knorm_known_keys) {
 		struct kvd_attn_in in = f32_in(2, 2, 1, 3, 2, NULL, k, NULL);
 
 		in.dtype = dtypes[t];
-		if (dtypes[t] != KVD_KERNEL_F32) {
+		if (dtypes[t] != KVD_DTYPE_F32) {
 			for (int i = 0; i < 12; i++)
 				kt_store(kh, dtypes[t], i, k[i]);
 			in.k = kh;
@@ -187,8 +187,8 @@ TEST(h2o_brute_force) {
 
 	for (int c = 0; c < 2; c++) {
 		uint32_t H = 4, Hkv = 2, w = shapes[c][0], L = shapes[c][1], d = shapes[c][2];
-		float *q = kt_random(&seed, KVD_KERNEL_F32, H * w * d, 2.0f);
-		float *k = kt_random(&seed, KVD_KERNEL_F32, Hkv * L * d, 2.0f);
+		float *q = kt_random(&seed, KVD_DTYPE_F32, H * w * d, 2.0f);
+		float *k = kt_random(&seed, KVD_DTYPE_F32, Hkv * L * d, 2.0f);
 		struct kvd_attn_in in = f32_in(H, Hkv, w, L, d, q, k, NULL);
 		struct kvd_baseline_params p;
 		double brute[4 * 12];
@@ -283,8 +283,8 @@ TEST(snapkv_matches_composition) {
 	/* GQA 4: scores = group mean of (pool(sum over window rows of A_h on the prefix)). */
 	enum { H = 4, Hkv = 1, w = 4, L = 30, d = 8 };
 	uint64_t seed = 9;
-	float *q = kt_random(&seed, KVD_KERNEL_F32, H * w * d, 2.0f);
-	float *k = kt_random(&seed, KVD_KERNEL_F32, Hkv * L * d, 2.0f);
+	float *q = kt_random(&seed, KVD_DTYPE_F32, H * w * d, 2.0f);
+	float *k = kt_random(&seed, KVD_DTYPE_F32, Hkv * L * d, 2.0f);
 	struct kvd_attn_in in = f32_in(H, Hkv, w, L, d, q, k, NULL);
 	struct kvd_baseline_params p;
 	float probs[w * L], agg[L], pooled[L], s[L];
@@ -311,8 +311,8 @@ TEST(snapkv_matches_composition) {
 TEST(tova_layer_mean) {
 	enum { H = 4, Hkv = 2, w = 3, L = 20, d = 8 };
 	uint64_t seed = 11;
-	float *q = kt_random(&seed, KVD_KERNEL_F32, H * w * d, 2.0f);
-	float *k = kt_random(&seed, KVD_KERNEL_F32, Hkv * L * d, 2.0f);
+	float *q = kt_random(&seed, KVD_DTYPE_F32, H * w * d, 2.0f);
+	float *k = kt_random(&seed, KVD_DTYPE_F32, Hkv * L * d, 2.0f);
 	struct kvd_attn_in in = f32_in(H, Hkv, w, L, d, q, k, NULL);
 	struct kvd_baseline_params p;
 	float probs[w * L], s[H * L];
@@ -553,8 +553,8 @@ TEST(adakv_budgets) {
 TEST(adakv_pipeline) {
 	enum { H = 8, Hkv = 4, w = 8, L = 200, d = 16 };
 	uint64_t seed = 77;
-	float *q = kt_random(&seed, KVD_KERNEL_F32, H * w * d, 3.0f);
-	float *k = kt_random(&seed, KVD_KERNEL_F32, Hkv * L * d, 3.0f);
+	float *q = kt_random(&seed, KVD_DTYPE_F32, H * w * d, 3.0f);
+	float *k = kt_random(&seed, KVD_DTYPE_F32, Hkv * L * d, 3.0f);
 	struct kvd_attn_in in = f32_in(H, Hkv, w, L, d, q, k, NULL);
 	struct kvd_baseline_params p;
 	float s[Hkv * L];
@@ -578,10 +578,10 @@ TEST(adakv_pipeline) {
 TEST(nonfinite_inputs) {
 	enum { H = 4, Hkv = 2, w = 4, L = 40, d = 8 };
 	uint64_t seed = 5;
-	float *q = kt_random(&seed, KVD_KERNEL_F32, H * w * d, 1.0f);
-	float *k = kt_random(&seed, KVD_KERNEL_F32, Hkv * L * d, 1.0f);
-	float *v = kt_random(&seed, KVD_KERNEL_F32, Hkv * L * d, 1.0f);
-	float *eq = kt_random(&seed, KVD_KERNEL_F32, H * L * d, 1.0f);
+	float *q = kt_random(&seed, KVD_DTYPE_F32, H * w * d, 1.0f);
+	float *k = kt_random(&seed, KVD_DTYPE_F32, Hkv * L * d, 1.0f);
+	float *v = kt_random(&seed, KVD_DTYPE_F32, Hkv * L * d, 1.0f);
+	float *eq = kt_random(&seed, KVD_DTYPE_F32, H * L * d, 1.0f);
 	struct kvd_attn_in in = f32_in(H, Hkv, w, L, d, q, k, v);
 	float s[H * L], clean[H * L];
 
@@ -660,7 +660,7 @@ static const struct shape shapes[] = {
 	{ 2, 1, 130, 130, 32 },  /* the whole prompt as the window (H2O as published) */
 };
 
-static const uint32_t dtypes[] = { KVD_KERNEL_F32, KVD_KERNEL_F16, KVD_KERNEL_BF16 };
+static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_F16, KVD_DTYPE_BF16 };
 
 static void equivalence(const struct shape *sh, uint32_t dtype, uint64_t seed) {
 	uint32_t H = sh->heads, Hkv = sh->kv_heads, w = sh->window, L = sh->len, d = sh->dim;

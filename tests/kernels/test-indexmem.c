@@ -16,7 +16,7 @@
 
 #define N_OF(x) (sizeof(x) / sizeof((x)[0]))
 
-static const uint32_t dtypes[] = { KVD_KERNEL_F32, KVD_KERNEL_F16, KVD_KERNEL_BF16 };
+static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_F16, KVD_DTYPE_BF16 };
 
 TEST(project_matches_reference) {
 	static const uint32_t shapes[][4] = { /* dim, heads, index_dim, n */
@@ -27,11 +27,11 @@ TEST(project_matches_reference) {
 	KT_FOREACH_PATH(path)
 		for (size_t si = 0; si < N_OF(shapes); si++) {
 			uint32_t D = shapes[si][0], H = shapes[si][1], I = shapes[si][2], n = shapes[si][3];
-			float *wq = kt_random(&seed, KVD_KERNEL_F32, (size_t)H * I * D, 1.0f);
-			float *wk = kt_random(&seed, KVD_KERNEL_F32, (size_t)I * D, 1.0f);
-			float *ww = kt_random(&seed, KVD_KERNEL_F32, (size_t)H * D, 0.3f);
-			float *bw = kt_random(&seed, KVD_KERNEL_F32, H, 2.0f);
-			float *a = kt_random(&seed, KVD_KERNEL_F32, (size_t)n * (D + 1), 1.0f);
+			float *wq = kt_random(&seed, KVD_DTYPE_F32, (size_t)H * I * D, 1.0f);
+			float *wk = kt_random(&seed, KVD_DTYPE_F32, (size_t)I * D, 1.0f);
+			float *ww = kt_random(&seed, KVD_DTYPE_F32, (size_t)H * D, 0.3f);
+			float *bw = kt_random(&seed, KVD_DTYPE_F32, H, 2.0f);
+			float *a = kt_random(&seed, KVD_DTYPE_F32, (size_t)n * (D + 1), 1.0f);
 			float *q0 = kt_floats((size_t)n * H * I), *q1 = kt_floats((size_t)n * H * I);
 			float *k0 = kt_floats((size_t)n * I), *k1 = kt_floats((size_t)n * I);
 			struct kvd_indexer_layer w = { D, H, I, wq, wk, ww, bw };
@@ -84,13 +84,13 @@ TEST(scores_by_hand) {
 	float out[3];
 
 	KT_FOREACH_PATH(path) {
-		ASSERT_OK(kvd_indexer_scores(iq, 2, 2, ik, 2, KVD_KERNEL_F32, 3, 2, out));
+		ASSERT_OK(kvd_indexer_scores(iq, 2, 2, ik, 2, KVD_DTYPE_F32, 3, 2, out));
 		/* s0: (2 + 0 + 1 + 0) / 2; s1: (0 + 0 + 1 + 0) / 2; s2: (0 + 0 + 0 + 0) / 2. */
 		ASSERT_TRUE(fabsf(out[0] - 1.5f) < 1e-6f);
 		ASSERT_TRUE(fabsf(out[1] - 0.5f) < 1e-6f);
 		ASSERT_TRUE(out[2] == 0.0f);
 	}
-	ASSERT_ERRNO(kvd_indexer_scores(iq, 0, 2, ik, 2, KVD_KERNEL_F32, 3, 2, out), -EINVAL);
+	ASSERT_ERRNO(kvd_indexer_scores(iq, 0, 2, ik, 2, KVD_DTYPE_F32, 3, 2, out), -EINVAL);
 }
 
 struct owned {
@@ -136,15 +136,15 @@ TEST(latent_batch_and_merge) {
 				}
 	{
 		uint32_t d = 16, n = 700;
-		float *k = kt_random(&seed, KVD_KERNEL_F32, (size_t)n * d, 2.0f);
-		float *v = kt_random(&seed, KVD_KERNEL_F32, (size_t)n * d, 1.0f);
+		float *k = kt_random(&seed, KVD_DTYPE_F32, (size_t)n * d, 2.0f);
+		float *v = kt_random(&seed, KVD_DTYPE_F32, (size_t)n * d, 1.0f);
 		struct owned all, acc, part;
 
 		owned_new(&all, d), owned_new(&acc, d), owned_new(&part, d);
-		ASSERT_OK(kvd_latent_batch_ref(k, d, v, d, KVD_KERNEL_F32, n, &all.m));
+		ASSERT_OK(kvd_latent_batch_ref(k, d, v, d, KVD_DTYPE_F32, n, &all.m));
 		for (size_t c = 0; c + 1 < N_OF(cuts); c++) {
 			ASSERT_OK(kvd_latent_batch(k + (size_t)cuts[c] * d, d, v + (size_t)cuts[c] * d, d,
-						   KVD_KERNEL_F32, cuts[c + 1] - cuts[c], &part.m));
+						   KVD_DTYPE_F32, cuts[c + 1] - cuts[c], &part.m));
 			ASSERT_OK(kvd_latent_merge(&acc.m, &part.m));
 		}
 		ASSERT_TRUE(latent_close("merged", &all.m, &acc.m, 1e-3, 1e-4));
@@ -159,7 +159,7 @@ TEST(latent_batch_and_merge) {
 
 /* Random readout weights of dimension d, in one array that the caller frees. */
 static float *readout_random(uint64_t *seed, uint32_t d, struct kvd_latent_readout *ret) {
-	float *f = kt_random(seed, KVD_KERNEL_F32, 2 * (size_t)d * d + d, 0.5f);
+	float *f = kt_random(seed, KVD_DTYPE_F32, 2 * (size_t)d * d + d, 0.5f);
 
 	*ret = (struct kvd_latent_readout){ d, f, f + (size_t)d * d, f + (size_t)d * d + d };
 	return f;
@@ -173,10 +173,10 @@ TEST(latent_entries_match_reference_and_hand) {
 		for (size_t si = 0; si < N_OF(shapes); si++)
 			for (int empty = 0; empty < 2; empty++) {
 				uint32_t d = shapes[si][0], R = shapes[si][1], n = empty ? 0 : 50;
-				float *k = kt_random(&seed, KVD_KERNEL_F32, (size_t)50 * d, 1.0f);
-				float *v = kt_random(&seed, KVD_KERNEL_F32, (size_t)50 * d, 1.0f);
-				float *q = kt_random(&seed, KVD_KERNEL_F32, (size_t)R * (d + 2), 2.0f);
-				float *bias = kt_random(&seed, KVD_KERNEL_F32, R, 1.0f);
+				float *k = kt_random(&seed, KVD_DTYPE_F32, (size_t)50 * d, 1.0f);
+				float *v = kt_random(&seed, KVD_DTYPE_F32, (size_t)50 * d, 1.0f);
+				float *q = kt_random(&seed, KVD_DTYPE_F32, (size_t)R * (d + 2), 2.0f);
+				float *bias = kt_random(&seed, KVD_DTYPE_F32, R, 1.0f);
 				float *l0 = kt_floats(R), *l1 = kt_floats(R);
 				float *v0 = kt_floats((size_t)R * d), *v1 = kt_floats((size_t)R * d);
 				struct kvd_latent_readout w;
@@ -186,7 +186,7 @@ TEST(latent_entries_match_reference_and_hand) {
 				float *wf = readout_random(&seed, d, &w);
 
 				owned_new(&m, d);
-				ASSERT_OK(kvd_latent_batch(k, d, v, d, KVD_KERNEL_F32, n, &m.m));
+				ASSERT_OK(kvd_latent_batch(k, d, v, d, KVD_DTYPE_F32, n, &m.m));
 				snprintf(what, sizeof(what), "%s d %u R %u n %u", path, d, R, n);
 				ASSERT_OK(kvd_latent_entries_ref(&m.m, &w, q, d + 2, R, bias, l0, v0));
 				ASSERT_OK(kvd_latent_entries(&m.m, &w, q, d + 2, R, bias, l1, v1));
@@ -211,7 +211,7 @@ TEST(latent_entries_match_reference_and_hand) {
 		for (uint32_t i = 0; i < n; i++)
 			kk[2 * i] = k[0], kk[2 * i + 1] = k[1], vv[2 * i] = v[0], vv[2 * i + 1] = v[1];
 		owned_new(&m, d);
-		ASSERT_OK(kvd_latent_batch(kk, d, vv, d, KVD_KERNEL_F32, n, &m.m));
+		ASSERT_OK(kvd_latent_batch(kk, d, vv, d, KVD_DTYPE_F32, n, &m.m));
 		ASSERT_OK(kvd_latent_entries(&m.m, &w, q, d, 1, &bias, &logit, val));
 		ASSERT_TRUE(fabs(val[0] - -2.0) < 1e-5 && fabs(val[1] - 6.0) < 1e-5);
 		ASSERT_TRUE(fabs(logit - (log(den) + bias)) < 1e-5);
@@ -222,10 +222,10 @@ TEST(latent_entries_match_reference_and_hand) {
 TEST(attention_with_latent_entries) {
 	uint32_t d = 32, L = 120, R = 6, n = 40;
 	uint64_t seed = 23;
-	float *q = kt_random(&seed, KVD_KERNEL_F32, (size_t)R * d, 2.0f);
-	float *k = kt_random(&seed, KVD_KERNEL_F32, (size_t)(L + n) * d, 1.0f);
-	float *v = kt_random(&seed, KVD_KERNEL_F32, (size_t)(L + n) * d, 1.0f);
-	float *bias = kt_random(&seed, KVD_KERNEL_F32, R, 1.0f);
+	float *q = kt_random(&seed, KVD_DTYPE_F32, (size_t)R * d, 2.0f);
+	float *k = kt_random(&seed, KVD_DTYPE_F32, (size_t)(L + n) * d, 1.0f);
+	float *v = kt_random(&seed, KVD_DTYPE_F32, (size_t)(L + n) * d, 1.0f);
+	float *bias = kt_random(&seed, KVD_DTYPE_F32, R, 1.0f);
 	float *el = kt_floats(R), *ev = kt_floats((size_t)R * d);
 	float *ref = kt_floats((size_t)R * d), *got = kt_floats((size_t)R * d);
 	float *plain = kt_floats((size_t)R * d);
@@ -244,7 +244,7 @@ TEST(attention_with_latent_entries) {
 
 	owned_new(&m, d);
 	ASSERT_OK(kvd_attn_moments_ref(&in, plain));
-	ASSERT_OK(kvd_latent_batch(k, d, v, d, KVD_KERNEL_F32, n, &m.m));
+	ASSERT_OK(kvd_latent_batch(k, d, v, d, KVD_DTYPE_F32, n, &m.m));
 	ASSERT_OK(kvd_latent_entries(&m.m, &w, q, d, R, bias, el, ev));
 	in.ent_logit = el, in.ent_value = ev;
 	ASSERT_OK(kvd_attn_moments_ref(&in, ref));
@@ -277,14 +277,14 @@ TEST(policy_indexmem_shares) {
 	uint32_t H = 4, HKV = 2, W = 8, L = 60, D = 16, IH = 2, ID = 8, n = L - W;
 	uint64_t seed = 29;
 	struct kt_layer f;
-	float *iq = kt_random(&seed, KVD_KERNEL_F32, (size_t)W * IH * ID, 1.0f);
-	float *ik = kt_random(&seed, KVD_KERNEL_F32, (size_t)L * (ID + 1), 1.0f);
+	float *iq = kt_random(&seed, KVD_DTYPE_F32, (size_t)W * IH * ID, 1.0f);
+	float *ik = kt_random(&seed, KVD_DTYPE_F32, (size_t)L * (ID + 1), 1.0f);
 	float *I = kt_floats(n), *v = kt_floats((size_t)HKV * n), *vr = kt_floats((size_t)HKV * n);
 	struct kvd_policy_params p;
 	struct kvd_keep *keep = NULL;
 	double sum = 0, z = 0;
 
-	kt_layer_init(&f, KVD_KERNEL_F32, H, HKV, W, L, D, 24, 3, 3.0f);
+	kt_layer_init(&f, KVD_DTYPE_F32, H, HKV, W, L, D, 24, 3, 3.0f);
 	kvd_policy_params_default(KVD_POLICY_INDEXMEM, &p);
 	ASSERT_STREQ(kvd_policy_to_string(KVD_POLICY_INDEXMEM), "indexmem");
 	ASSERT_EQ(kvd_policy_from_string("indexmem"), KVD_POLICY_INDEXMEM);
@@ -296,7 +296,7 @@ TEST(policy_indexmem_shares) {
 	ASSERT_OK(kvd_policy_scores(&p, &f.in, NULL, NULL, vr));
 	ASSERT_TRUE(kt_close("ref", vr, v, (size_t)HKV * n, 1e-7, 1e-4));
 	/* The softmax of I over the prefix, split evenly over the rows. */
-	ASSERT_OK(kvd_indexer_scores_ref(iq, W, IH, ik, ID + 1, KVD_KERNEL_F32, n, ID, I));
+	ASSERT_OK(kvd_indexer_scores_ref(iq, W, IH, ik, ID + 1, KVD_DTYPE_F32, n, ID, I));
 	for (uint32_t i = 0; i < n; i++)
 		z += exp(I[i]);
 	for (uint32_t i = 0; i < n; i++) {

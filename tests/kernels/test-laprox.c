@@ -41,7 +41,7 @@ TEST(diagonal_matches_direct) {
 	struct kt_layer f;
 	uint32_t n;
 
-	fix_init(&f, KVD_KERNEL_F32, 4, 2, 6, 60, 8, 20, 3);
+	fix_init(&f, KVD_DTYPE_F32, 4, 2, 6, 60, 8, 20, 3);
 	n = f.in.len - f.in.window;
 	for (uint32_t h = 0; h < 4; h++)
 		for (int use_wo = 0; use_wo < 2; use_wo++) {
@@ -74,7 +74,7 @@ TEST(joint_matches_frobenius) {
 	struct kt_layer f;
 	uint32_t n, H = 6, Hkv = 2, g = 3, w = 5, d = 8, C = 20;
 
-	fix_init(&f, KVD_KERNEL_F32, H, Hkv, w, 50, d, C, 4);
+	fix_init(&f, KVD_DTYPE_F32, H, Hkv, w, 50, d, C, 4);
 	n = f.in.len - f.in.window;
 	for (uint32_t kv = 0; kv < Hkv; kv++)
 		for (int use_wo = 0; use_wo < 2; use_wo++) {
@@ -123,7 +123,7 @@ TEST(joint_matches_frobenius) {
 }
 
 TEST(optimised_matches_reference) {
-	static const uint32_t dtypes[] = { KVD_KERNEL_F32, KVD_KERNEL_F16, KVD_KERNEL_BF16 };
+	static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_F16, KVD_DTYPE_BF16 };
 	static const struct {
 		uint32_t H, Hkv, w, L, d, C;
 	} shapes[] = {

@@ -17,7 +17,7 @@
 
 #define N_OF(x) (sizeof(x) / sizeof((x)[0]))
 
-static const uint32_t dtypes[] = { KVD_KERNEL_F32, KVD_KERNEL_F16, KVD_KERNEL_BF16 };
+static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_F16, KVD_DTYPE_BF16 };
 
 struct owned {
 	struct kvd_moments m;
@@ -66,7 +66,7 @@ TEST(batch_matches_reference) {
 					char what[128];
 
 					/* A common offset: the centred second pass must not lose it. */
-					for (size_t i = 0; dtypes[t] == KVD_KERNEL_F32 && i < (size_t)n * stride; i++)
+					for (size_t i = 0; dtypes[t] == KVD_DTYPE_F32 && i < (size_t)n * stride; i++)
 						((float *)k)[i] += 3.0f;
 					owned_new(&ref, d), owned_new(&got, d);
 					ASSERT_OK(kvd_moments_batch_ref(k, stride, v, stride, dtypes[t], n, &ref.m));
@@ -80,8 +80,8 @@ TEST(batch_matches_reference) {
 TEST(merge_is_the_union) {
 	uint32_t d = 24, n = 1000;
 	uint64_t seed = 5;
-	float *k = kt_random(&seed, KVD_KERNEL_F32, (size_t)n * d, 1.0f);
-	float *v = kt_random(&seed, KVD_KERNEL_F32, (size_t)n * d, 1.0f);
+	float *k = kt_random(&seed, KVD_DTYPE_F32, (size_t)n * d, 1.0f);
+	float *v = kt_random(&seed, KVD_DTYPE_F32, (size_t)n * d, 1.0f);
 	/* Batches of uneven sizes, an empty one included, folded one after the other. */
 	static const uint32_t cuts[] = { 0, 1, 1, 40, 333, 334, 900, 1000 };
 	struct owned all, acc, part;
@@ -89,10 +89,10 @@ TEST(merge_is_the_union) {
 	for (size_t i = 0; i < (size_t)n * d; i++)
 		k[i] += (i / d) < 500 ? 2.0f : -1.0f; /* two clusters: the means' term matters */
 	owned_new(&all, d), owned_new(&acc, d), owned_new(&part, d);
-	ASSERT_OK(kvd_moments_batch_ref(k, d, v, d, KVD_KERNEL_F32, n, &all.m));
+	ASSERT_OK(kvd_moments_batch_ref(k, d, v, d, KVD_DTYPE_F32, n, &all.m));
 	for (size_t c = 0; c + 1 < N_OF(cuts); c++) {
 		ASSERT_OK(kvd_moments_batch(k + (size_t)cuts[c] * d, d, v + (size_t)cuts[c] * d, d,
-					    KVD_KERNEL_F32, cuts[c + 1] - cuts[c], &part.m));
+					    KVD_DTYPE_F32, cuts[c + 1] - cuts[c], &part.m));
 		ASSERT_OK(kvd_moments_merge(&acc.m, &part.m));
 	}
 	ASSERT_TRUE(moments_close("merged", &all.m, &acc.m, 1e-5, 1e-4));
@@ -120,10 +120,10 @@ TEST(entries_and_attention_match_reference) {
 				for (int with_m = 0; with_m < 2; with_m++) {
 					uint32_t d = shapes[si][0], L = shapes[si][1], R = shapes[si][2];
 					size_t ldq = d + 1, ks = d + 2;
-					float *q = kt_random(&seed, KVD_KERNEL_F32, R * ldq, 2.0f);
-					float *k = kt_random(&seed, KVD_KERNEL_F32, L * ks, 1.0f);
-					float *v = kt_random(&seed, KVD_KERNEL_F32, L * ks, 1.0f);
-					float *ev = kt_random(&seed, KVD_KERNEL_F32, 50 * d, 1.0f);
+					float *q = kt_random(&seed, KVD_DTYPE_F32, R * ldq, 2.0f);
+					float *k = kt_random(&seed, KVD_DTYPE_F32, L * ks, 1.0f);
+					float *v = kt_random(&seed, KVD_DTYPE_F32, L * ks, 1.0f);
+					float *ev = kt_random(&seed, KVD_DTYPE_F32, 50 * d, 1.0f);
 					float *ref = kt_floats((size_t)R * d), *got = kt_floats((size_t)R * d);
 					float *lr = kt_floats(R), *lg = kt_floats(R);
 					uint32_t *vis = calloc(R, sizeof(uint32_t));
@@ -136,7 +136,7 @@ TEST(entries_and_attention_match_reference) {
 					char what[128];
 
 					owned_new(&m, d);
-					ASSERT_OK(kvd_moments_batch_ref(ev, d, ev + 25 * d, d, KVD_KERNEL_F32, 25, &m.m));
+					ASSERT_OK(kvd_moments_batch_ref(ev, d, ev + 25 * d, d, KVD_DTYPE_F32, 25, &m.m));
 					in.m = with_m ? &m.m : NULL;
 					/* Causal rows: each sees a different prefix, the first row maybe none. */
 					for (uint32_t r = 0; r < R; r++)
@@ -169,15 +169,15 @@ static void full_attention(const float *q, const float *k, const float *v, uint3
 TEST(one_evicted_token_is_exact) {
 	uint32_t d = 32, L = 50, R = 4;
 	uint64_t seed = 3;
-	float *q = kt_random(&seed, KVD_KERNEL_F32, (size_t)R * d, 3.0f);
-	float *k = kt_random(&seed, KVD_KERNEL_F32, (size_t)L * d, 1.0f);
-	float *v = kt_random(&seed, KVD_KERNEL_F32, (size_t)L * d, 1.0f);
+	float *q = kt_random(&seed, KVD_DTYPE_F32, (size_t)R * d, 3.0f);
+	float *k = kt_random(&seed, KVD_DTYPE_F32, (size_t)L * d, 1.0f);
+	float *v = kt_random(&seed, KVD_DTYPE_F32, (size_t)L * d, 1.0f);
 	float *want = kt_floats(d), *got = kt_floats((size_t)R * d);
 	struct owned m;
 
 	owned_new(&m, d);
 	/* Token 0 evicted: its summary is itself (n 1, no spread), the kept set 1..L-1. */
-	ASSERT_OK(kvd_moments_batch(k, d, v, d, KVD_KERNEL_F32, 1, &m.m));
+	ASSERT_OK(kvd_moments_batch(k, d, v, d, KVD_DTYPE_F32, 1, &m.m));
 	KT_FOREACH_PATH(path)
 		for (int form = 0; form < _KVD_MOMENTS_FORM_MAX; form++)
 			for (int opt = 0; opt < 2; opt++) {
@@ -231,7 +231,7 @@ TEST(gaussian_direction_and_mass) {
 	for (int a = 0; a < D; a++)
 		q[a] = (float)gauss(&seed);
 	owned_new(&m, D);
-	ASSERT_OK(kvd_moments_batch(k, D, v, D, KVD_KERNEL_F32, N, &m.m));
+	ASSERT_OK(kvd_moments_batch(k, D, v, D, KVD_DTYPE_F32, N, &m.m));
 
 	for (int i = 0; i < N; i++) {
 		double x = 0, w;
@@ -315,7 +315,7 @@ TEST(misfit_matches_reference) {
 				const uint32_t *sh = shapes[si];
 				void *q = kt_random(&seed, dtypes[t], (size_t)sh[0] * sh[2] * sh[4], 2.0f);
 				void *k = kt_random(&seed, dtypes[t], (size_t)sh[1] * sh[3] * sh[4], 1.0f);
-				float *mean = kt_random(&seed, KVD_KERNEL_F32, sh[4], 0.5f);
+				float *mean = kt_random(&seed, KVD_DTYPE_F32, sh[4], 0.5f);
 				uint32_t n = sh[3] - sh[2];
 				float *ref = kt_floats(n), *got = kt_floats(n);
 				struct kvd_attn_in in = {
@@ -339,11 +339,11 @@ TEST(misfit_matches_reference) {
 TEST(misfit_is_zero_on_the_mean) {
 	uint32_t d = 8, L = 20, w = 4;
 	uint64_t seed = 1;
-	float *q = kt_random(&seed, KVD_KERNEL_F32, (size_t)2 * w * d, 1.0f);
-	float *k = kt_random(&seed, KVD_KERNEL_F32, (size_t)L * d, 1.0f);
+	float *q = kt_random(&seed, KVD_DTYPE_F32, (size_t)2 * w * d, 1.0f);
+	float *k = kt_random(&seed, KVD_DTYPE_F32, (size_t)L * d, 1.0f);
 	float out[16], out_ref[16];
 	struct kvd_attn_in in = {
-		.dtype = KVD_KERNEL_F32, .heads = 2, .kv_heads = 1, .window = w, .len = L, .dim = d,
+		.dtype = KVD_DTYPE_F32, .heads = 2, .kv_heads = 1, .window = w, .len = L, .dim = d,
 		.scale = 0.5f, .q = q, .k = k,
 	};
 
@@ -369,10 +369,10 @@ TEST(misfit_is_zero_on_the_mean) {
 TEST(kvd_mi_weighs_kvd_by_misfit) {
 	enum { H = 4, HKV = 2, W = 8, L = 120, D = 16, N = L - W };
 	uint64_t seed = 17;
-	void *q = kt_random(&seed, KVD_KERNEL_F32, (size_t)H * W * D, 2.0f);
-	void *k = kt_random(&seed, KVD_KERNEL_F32, (size_t)HKV * L * D, 1.0f);
-	void *v = kt_random(&seed, KVD_KERNEL_F32, (size_t)HKV * L * D, 1.0f);
-	float *mean = kt_random(&seed, KVD_KERNEL_F32, (size_t)HKV * D, 0.5f);
+	void *q = kt_random(&seed, KVD_DTYPE_F32, (size_t)H * W * D, 2.0f);
+	void *k = kt_random(&seed, KVD_DTYPE_F32, (size_t)HKV * L * D, 1.0f);
+	void *v = kt_random(&seed, KVD_DTYPE_F32, (size_t)HKV * L * D, 1.0f);
+	float *mean = kt_random(&seed, KVD_DTYPE_F32, (size_t)HKV * D, 0.5f);
 	float *base = kt_floats((size_t)HKV * N), *mi = kt_floats((size_t)HKV * N);
 	float *mi_ref = kt_floats((size_t)HKV * N), *misfit = kt_floats(N), *misfit1 = kt_floats(N);
 	float provisional[D];
@@ -381,7 +381,7 @@ TEST(kvd_mi_weighs_kvd_by_misfit) {
 	bool is_kept[N] = { false };
 	uint64_t count[HKV] = { 10, 0 };
 	struct kvd_attn_in in = {
-		.dtype = KVD_KERNEL_F32, .heads = H, .kv_heads = HKV, .window = W, .len = L, .dim = D,
+		.dtype = KVD_DTYPE_F32, .heads = H, .kv_heads = HKV, .window = W, .len = L, .dim = D,
 		.scale = 0.25f, .q = q, .k = k, .v = v,
 	};
 	struct kvd_policy_params p;

@@ -128,7 +128,7 @@ static void check_ranks(const char *what, const float *base, uint32_t rows, cons
 }
 
 TEST(every_policy) {
-	static const uint32_t dtypes[] = { KVD_KERNEL_F32, KVD_KERNEL_F16 };
+	static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_F16 };
 	static const uint32_t capacities[] = { 40, 0 };
 
 	for (size_t t = 0; t < sizeof(dtypes) / sizeof(dtypes[0]); t++) {
@@ -191,7 +191,7 @@ TEST(rank_ties) {
 	float v[HKV * N];
 	double unit = 1.0 / (HKV * (N * (N + 1.0) / 2));
 
-	kt_layer_init(&f, KVD_KERNEL_F32, H, HKV, W, L, D, 24, 5, 3.0f);
+	kt_layer_init(&f, KVD_DTYPE_F32, H, HKV, W, L, D, 24, 5, 3.0f);
 	/* StreamingLLM: the 4 sinks +inf, then the position: already all distinct, ascending. */
 	kvd_policy_params_default(KVD_POLICY_STREAMINGLLM, &p);
 	ASSERT_OK(kvd_policy_scores(&p, &f.in, NULL, NULL, v));
@@ -215,7 +215,7 @@ TEST(rank_ties) {
 /* NaN and inf in K, V or the Gram matrices: still finite shares summing to the weight, and
  * the output-aware policies' finite costs keep their shares. */
 TEST(nonfinite_inputs) {
-	static const uint32_t dtypes[] = { KVD_KERNEL_F32, KVD_KERNEL_F16 };
+	static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_F16 };
 	size_t nonfinite = 0;
 
 	for (size_t t = 0; t < sizeof(dtypes) / sizeof(dtypes[0]); t++) {
@@ -272,9 +272,9 @@ TEST(empty_prefix_and_zero_weight) {
 	struct kvd_attn_in in;
 	float v[H * N];
 	uint64_t seed = 12;
-	void *q = kt_random(&seed, KVD_KERNEL_F32, (size_t)H * L * D, 1.0f);
+	void *q = kt_random(&seed, KVD_DTYPE_F32, (size_t)H * L * D, 1.0f);
 
-	kt_layer_init(&f, KVD_KERNEL_F32, H, HKV, W, L, D, 24, 11, 3.0f);
+	kt_layer_init(&f, KVD_DTYPE_F32, H, HKV, W, L, D, 24, 11, 3.0f);
 	in = f.in;
 	in.window = in.len;
 	in.q = q;
@@ -308,7 +308,7 @@ TEST(bad_params) {
 	struct kvd_attn_in in;
 	float v[H * N];
 
-	kt_layer_init(&f, KVD_KERNEL_F32, H, HKV, W, L, D, 24, 13, 3.0f);
+	kt_layer_init(&f, KVD_DTYPE_F32, H, HKV, W, L, D, 24, 13, 3.0f);
 	kvd_policy_params_default(KVD_POLICY_KVD, &p);
 	ASSERT_ERRNO(kvd_policy_scores(NULL, &f.in, f.gram, NULL, v), -EINVAL);
 	ASSERT_ERRNO(kvd_policy_scores(&p, NULL, f.gram, NULL, v), -EINVAL);

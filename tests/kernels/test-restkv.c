@@ -121,7 +121,7 @@ static int close_d(const char *what, const double *ref, const float *got, size_t
 TEST(gram_form_matches_direct_projection) {
 	struct kt_layer f;
 
-	kt_layer_init(&f, KVD_KERNEL_F32, 4, 2, 8, 90, 16, 40, 11, 3.0f);
+	kt_layer_init(&f, KVD_DTYPE_F32, 4, 2, 8, 90, 16, 40, 11, 3.0f);
 	for (uint32_t h = 0; h < 4; h++)
 		for (int use_wo = 0; use_wo < 2; use_wo++)
 			for (int ti = 0; ti < 2; ti++) {
@@ -149,7 +149,7 @@ TEST(gram_form_matches_direct_projection) {
 TEST(before_matches_per_query_brute_force) {
 	struct kt_layer f;
 
-	kt_layer_init(&f, KVD_KERNEL_F32, 2, 1, 6, 70, 8, 24, 12, 3.0f);
+	kt_layer_init(&f, KVD_DTYPE_F32, 2, 1, 6, 70, 8, 24, 12, 3.0f);
 	for (uint32_t h = 0; h < 2; h++)
 		for (int use_wo = 0; use_wo < 2; use_wo++)
 			for (int use_norm = 0; use_norm < 2; use_norm++) {
@@ -176,7 +176,7 @@ TEST(before_matches_per_query_brute_force) {
 }
 
 TEST(optimised_matches_reference) {
-	static const uint32_t dtypes[] = { KVD_KERNEL_F32, KVD_KERNEL_F16, KVD_KERNEL_BF16 };
+	static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_F16, KVD_DTYPE_BF16 };
 	static const struct {
 		uint32_t H, Hkv, w, L, d, C;
 	} shapes[] = {
@@ -240,7 +240,7 @@ TEST(heads_match_one_by_one) {
 			struct kvd_restkv_opts o;
 			struct kt_layer f;
 
-			kt_layer_init(&f, KVD_KERNEL_BF16, H, Hkv, shapes[s].w, shapes[s].L, d, shapes[s].C,
+			kt_layer_init(&f, KVD_DTYPE_BF16, H, Hkv, shapes[s].w, shapes[s].L, d, shapes[s].C,
 				 700 + s, 2.0f);
 			for (int mode = 0; mode < 16; mode++) {
 				const float *gram = mode & 1 ? NULL : f.gram;
@@ -293,7 +293,7 @@ TEST(odds_clamp) {
 
 	/* A sink: every window query puts all its weight on token 3, so a_3 rounds to 1 in
 	 * fp32; published fp16 would give +inf. Here the cost is finite and ranks first. */
-	kt_layer_init(&f, KVD_KERNEL_F32, 1, 1, w, L, d, 12, 5, 1.0f);
+	kt_layer_init(&f, KVD_DTYPE_F32, 1, 1, w, L, d, 12, 5, 1.0f);
 	q = f.q, k = f.k;
 	for (uint32_t j = 0; j < d; j++) {
 		k[3 * d + j] = j == 0 ? 100.0f : 0.0f;
@@ -326,7 +326,7 @@ TEST(nonfinite_inputs) {
 	struct kt_layer f;
 	uint32_t n;
 
-	kt_layer_init(&f, KVD_KERNEL_F32, 2, 1, 4, 40, 8, 10, 9, 1.0f);
+	kt_layer_init(&f, KVD_DTYPE_F32, 2, 1, 4, 40, 8, 10, 9, 1.0f);
 	n = f.in.len - f.in.window;
 	((float *)f.v)[5 * 8 + 2] = NAN;
 	((float *)f.v)[7 * 8 + 1] = INFINITY;
@@ -351,7 +351,7 @@ TEST(bad_arguments) {
 	struct kvd_restkv_opts o;
 	float cost[64];
 
-	kt_layer_init(&f, KVD_KERNEL_F32, 2, 1, 4, 40, 8, 10, 9, 1.0f);
+	kt_layer_init(&f, KVD_DTYPE_F32, 2, 1, 4, 40, 8, 10, 9, 1.0f);
 	kvd_restkv_opts_default(&o);
 	ASSERT_ERRNO(kvd_restkv_head(&f.in, 2, f.probs, NULL, NULL, &o, cost), -EINVAL);
 	ASSERT_ERRNO(kvd_restkv_head(&f.in, 0, NULL, NULL, NULL, &o, cost), -EINVAL);
@@ -371,7 +371,7 @@ TEST(bad_arguments) {
 }
 
 TEST(gram_matches_reference) {
-	static const uint32_t dtypes[] = { KVD_KERNEL_F32, KVD_KERNEL_F16, KVD_KERNEL_BF16 };
+	static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_F16, KVD_DTYPE_BF16 };
 
 	KT_FOREACH_PATH(path)
 		for (size_t t = 0; t < 3; t++) {

@@ -31,14 +31,14 @@ static void fix_init(struct fix *f, uint32_t dtype, uint32_t H, uint32_t Hkv, ui
 	f->q = kt_random(&seed, dtype, (size_t)H * w * d, 3.0f);
 	f->k = kt_random(&seed, dtype, (size_t)Hkv * L * d, 1.0f);
 	f->v = kt_random(&seed, dtype, (size_t)Hkv * L * d, 1.0f);
-	f->w = kt_random(&seed, KVD_KERNEL_F32, (size_t)C * H * d, 0.3f);
+	f->w = kt_random(&seed, KVD_DTYPE_F32, (size_t)C * H * d, 0.3f);
 	f->in = (struct kvd_attn_in){
 		.dtype = dtype, .heads = H, .kv_heads = Hkv, .window = w, .len = L, .dim = d,
 		.scale = 1.0f / sqrtf((float)d), .q = f->q, .k = f->k, .v = f->v,
 	};
 	kvd_attn_in_contiguous(&f->in);
 	wo = (struct kvd_wo){
-		.dtype = KVD_KERNEL_F32, .c_out = C, .heads = H, .dim = d, .w = f->w,
+		.dtype = KVD_DTYPE_F32, .c_out = C, .heads = H, .dim = d, .w = f->w,
 		.row_stride = (size_t)H * d,
 	};
 	f->gram = kt_floats((size_t)H * d * d);
@@ -67,7 +67,7 @@ TEST(pipeline_matches_reference) {
 		{ KVD_SCORE_LAPROX, 0, 1, 0, KVD_POOL_ADAPTIVE },
 		{ KVD_SCORE_LAPROX, 1, 1, 0, KVD_POOL_NONE },
 	};
-	static const uint32_t dtypes[] = { KVD_KERNEL_F32, KVD_KERNEL_BF16 };
+	static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_BF16 };
 
 	KT_FOREACH_PATH(path)
 		for (size_t t = 0; t < 2; t++)
@@ -151,7 +151,7 @@ static int same_keep(const struct kvd_keep *a, const struct kvd_keep *b) {
 TEST(every_policy) {
 	struct fix f;
 
-	fix_init(&f, KVD_KERNEL_F32, 8, 2, 8, 200, 16, 5);
+	fix_init(&f, KVD_DTYPE_F32, 8, 2, 8, 200, 16, 5);
 	for (int pol = 0; pol < _KVD_POLICY_MAX; pol++)
 		/* indexmem reads index keys, not these: test-indexmem.c. */
 		if (pol != KVD_POLICY_INDEXMEM)
@@ -192,7 +192,7 @@ TEST(policy_keeps_everything_when_short) {
 	struct kvd_policy_params p;
 	struct kvd_keep *k = NULL;
 
-	fix_init(&f, KVD_KERNEL_F32, 4, 4, 4, 30, 8, 6);
+	fix_init(&f, KVD_DTYPE_F32, 4, 4, 4, 30, 8, 6);
 	kvd_policy_params_default(KVD_POLICY_KVD, &p);
 	p.capacity = 30;
 	ASSERT_OK(kvd_policy_keep(&p, &f.in, f.gram, NULL, &k));
@@ -218,7 +218,7 @@ TEST(policy_keeps_everything_when_short) {
 TEST(layerwide_budget) {
 	struct fix f;
 
-	fix_init(&f, KVD_KERNEL_F32, 8, 4, 8, 120, 16, 8);
+	fix_init(&f, KVD_DTYPE_F32, 8, 4, 8, 120, 16, 8);
 	for (int pol = KVD_POLICY_LAPROX; pol <= KVD_POLICY_KVD_MI; pol++) {
 		struct kvd_policy_params p;
 		struct kvd_keep *k = NULL;
@@ -236,7 +236,7 @@ TEST(layerwide_budget) {
 TEST(nonfinite_inputs_never_crash) {
 	struct fix f;
 
-	fix_init(&f, KVD_KERNEL_F32, 4, 2, 6, 80, 8, 9);
+	fix_init(&f, KVD_DTYPE_F32, 4, 2, 6, 80, 8, 9);
 	((float *)f.q)[3] = NAN;
 	((float *)f.k)[8 * 10 + 1] = INFINITY;
 	((float *)f.k)[80 * 8 + 8 * 20] = -INFINITY;
@@ -269,7 +269,7 @@ TEST(bad_params) {
 	struct kvd_score_params p;
 	float out[1000];
 
-	fix_init(&f, KVD_KERNEL_F32, 4, 2, 6, 80, 8, 9);
+	fix_init(&f, KVD_DTYPE_F32, 4, 2, 6, 80, 8, 9);
 	kvd_score_params_default(KVD_SCORE_RESTKV, &p);
 	ASSERT_ERRNO(kvd_score_layer(&f.in, f.gram, NULL, &p, out), -EINVAL); /* aws_topk 0 */
 	p.aws_topk = 10;

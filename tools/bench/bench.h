@@ -1,14 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 #pragma once
 
+#include <stdint.h>
+#include <time.h>
+
 /*
- * The subcommands of kvd-bench beyond `load` (kvd-bench.c).
+ * The subcommands of kvd-bench beyond `load` (kvd-bench.c), and what they share.
  *
  * `kvd-bench score` (score.c) times the scoring kernels and eviction policies on one
  * Llama-3.1-8B-like layer next to this machine's compute and memory ceilings. argv[0] is
  * "score"; it returns the process exit status (0, 1 if a run failed, 2 on usage errors).
  */
 int bench_score(int argc, char **argv);
+
+/* The monotonic clock, in ns, for every timing of kvd-bench. */
+static inline uint64_t bench_now_ns(void) {
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
 
 /*
  * `kvd-bench evict` (evict.c) times the node-wide eviction selection (kvd_evict_greedy())

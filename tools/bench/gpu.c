@@ -169,7 +169,7 @@ static int bench_layer(const struct kvd_cuda_kernels *k, uint32_t L, double peak
 	CUdeviceptr tables, dblocks, staging;
 	size_t score_scratch, staging_bytes = 16u << 20;
 	struct kvd_attn_in in = {
-		.dtype = KVD_KERNEL_BF16, .heads = HEADS, .kv_heads = KV_HEADS, .window = WINDOW,
+		.dtype = KVD_DTYPE_BF16, .heads = HEADS, .kv_heads = KV_HEADS, .window = WINDOW,
 		.len = L, .dim = DIM, .scale = 0.08838834764f,
 	};
 	struct kvd_gather_table t = { .block_tokens = BLOCK_TOKENS, .heads = 1,

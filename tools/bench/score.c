@@ -78,7 +78,7 @@ static char *arg_policies;
 static unsigned arg_reps = 3;
 static unsigned arg_threads;
 static int arg_ref = -1; /* -1: up to REF_TOKENS_DEFAULT; 0: never; 1: at every size */
-static uint32_t arg_dtype = KVD_KERNEL_BF16;
+static uint32_t arg_dtype = KVD_DTYPE_BF16;
 static uint32_t arg_capacity = 1024;
 static uint64_t arg_copy_mib;
 static unsigned arg_fma_ms = 200;
@@ -449,22 +449,6 @@ static uint16_t f32_to_bf16(float f) {
 	return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
-/* Normal values well inside binary16's range, rounded to nearest even. */
-static uint16_t f32_to_f16(float f) {
-	uint32_t u, sign, e;
-	int32_t exp;
-
-	memcpy(&u, &f, 4);
-	sign = (u >> 16) & 0x8000;
-	exp = (int32_t)((u >> 23) & 0xff) - 127 + 15;
-	if (exp <= 0)
-		return (uint16_t)sign;
-	e = ((uint32_t)exp << 10) | ((u >> 13) & 0x3ff);
-	if ((u & 0x1fff) > 0x1000 || ((u & 0x1fff) == 0x1000 && (e & 1)))
-		e++;
-	return (uint16_t)(sign | e);
-}
-
 static void *random_tensor(uint64_t *s, uint32_t dtype, size_t n, float amp) {
 	size_t es = kvd_dtype_size(dtype);
 	unsigned char *p = malloc(n * es + 64);
@@ -474,10 +458,10 @@ static void *random_tensor(uint64_t *s, uint32_t dtype, size_t n, float amp) {
 	for (size_t i = 0; i < n; i++) {
 		float f = amp * rng_uniform(s);
 
-		if (dtype == KVD_KERNEL_F32)
+		if (dtype == KVD_DTYPE_F32)
 			memcpy(p + i * 4, &f, 4);
 		else {
-			uint16_t h = dtype == KVD_KERNEL_F16 ? f32_to_f16(f) : f32_to_bf16(f);
+			uint16_t h = dtype == KVD_DTYPE_F16 ? kvd_f32_to_f16(f) : f32_to_bf16(f);
 
 			memcpy(p + i * 2, &h, 2);
 		}
@@ -1244,11 +1228,11 @@ int bench_score(int argc, char **argv) {
 			break;
 		case OPT_DTYPE:
 			if (strcmp(optarg, "f16") == 0)
-				arg_dtype = KVD_KERNEL_F16;
+				arg_dtype = KVD_DTYPE_F16;
 			else if (strcmp(optarg, "bf16") == 0)
-				arg_dtype = KVD_KERNEL_BF16;
+				arg_dtype = KVD_DTYPE_BF16;
 			else if (strcmp(optarg, "f32") == 0)
-				arg_dtype = KVD_KERNEL_F32;
+				arg_dtype = KVD_DTYPE_F32;
 			else
 				return usage_error("--dtype: '%s' is not f16, bf16 or f32", optarg);
 			break;
@@ -1283,7 +1267,7 @@ int bench_score(int argc, char **argv) {
 	printf("kvd-bench score: Llama-3.1-8B-like layer: %u query heads, %u kv heads, d %u, C %u, "
 	       "window %u; %s Q/K/V, fp32 W_o Gram matrices; %u thread%s, %u rep%s; kernels: %s\n",
 	       SHAPE_HEADS, SHAPE_KV_HEADS, SHAPE_DIM, SHAPE_C, SHAPE_WINDOW,
-	       arg_dtype == KVD_KERNEL_F16 ? "f16" : arg_dtype == KVD_KERNEL_BF16 ? "bf16" : "f32",
+	       arg_dtype == KVD_DTYPE_F16 ? "f16" : arg_dtype == KVD_DTYPE_BF16 ? "bf16" : "f32",
 	       arg_threads, arg_threads == 1 ? "" : "s", arg_reps, arg_reps == 1 ? "" : "s",
 	       kvd_simd()->name);
 	if (measure_ceilings(&c) < 0)

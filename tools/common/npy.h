@@ -28,7 +28,7 @@
 /* Room for any message of this module, the caller's file name included up to 256 bytes. */
 #define KVD_NPY_ERROR_MAX 512
 
-/* Element types. F16 and F32 have the numbers of kernels/dtype.h (KVD_KERNEL_F16/_F32). */
+/* Element types. F16 and F32 have the numbers of KVD_DTYPE_F16 and KVD_DTYPE_F32 (kvd-abi.h). */
 enum {
 	KVD_NPY_F16 = 1, /* '<f2' */
 	KVD_NPY_F32 = 3, /* '<f4' */

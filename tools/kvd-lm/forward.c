@@ -430,7 +430,7 @@ static void lin_task(void *arg, uint32_t task, uint32_t worker) {
 		float *pack = j->s->scratch[worker].pack;
 
 		/* pack[kk][c] = W[c0 + c][kb + kk]: the panel of W^T this task multiplies by. */
-		simd->to_f32_t(sg->w + (size_t)c0 * j->k + kb, KVD_KERNEL_F32, j->k, c1 - c0, kn, 1.0f,
+		simd->to_f32_t(sg->w + (size_t)c0 * j->k + kb, KVD_DTYPE_F32, j->k, c1 - c0, kn, 1.0f,
 		               pack, GEMM_NB);
 		simd->gemm(r1 - r0, c1 - c0, kn, j->x + r0 * j->ldx + kb, j->ldx, pack, GEMM_NB,
 		           sg->y + r0 * j->ldy + c0, j->ldy, j->accumulate || kb > 0);
@@ -537,7 +537,7 @@ static void attn_task(void *arg, uint32_t task, uint32_t worker) {
 			uint32_t jj = kc + i, blk = jj / v->block_tokens, row = jj % v->block_tokens;
 			uint32_t seg = MIN(v->block_tokens - row, nk - i);
 
-			simd->to_f32_t(v->k[blk] + (size_t)row * hd, KVD_KERNEL_F32, hd, seg, hd, 1.0f,
+			simd->to_f32_t(v->k[blk] + (size_t)row * hd, KVD_DTYPE_F32, hd, seg, hd, 1.0f,
 			               w->kt + i, ATTN_KEYS);
 			i += seg;
 		}

@@ -430,7 +430,7 @@ int cmd_score(int argc, char **argv) {
 		qf = to_f32(&q), kf = to_f32(&k), vf = v_path ? to_f32(&v) : NULL;
 		if (!qf || !kf || (v_path && !vf))
 			return fail("out of memory");
-		dtype = KVD_KERNEL_F32;
+		dtype = KVD_DTYPE_F32;
 	}
 	in = (struct kvd_attn_in){
 		.dtype = dtype, .heads = H, .kv_heads = Hkv, .window = window, .len = L, .dim = d,
