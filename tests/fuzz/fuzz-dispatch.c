@@ -554,6 +554,7 @@ static void setup(uint8_t config) {
 
 static void teardown(void) {
 	struct server *s = h.srv;
+	pid_t pid;
 
 	if (!h.stopped) {
 		/* Everyone reads what is left: every request must have had its answer. */
@@ -586,7 +587,10 @@ static void teardown(void) {
 	/* The clients' process exits: the holds of connections that left without unmapping
 	 * end (the loop sees its pidfd). */
 	FUZZ_CHECK(kill(h.clients_pid, SIGKILL) == 0);
-	FUZZ_CHECK(waitpid(h.clients_pid, NULL, 0) == h.clients_pid);
+	/* libFuzzer's timer (-timeout) interrupts the wait with SIGALRM now and then. */
+	while ((pid = waitpid(h.clients_pid, NULL, 0)) < 0 && errno == EINTR)
+		;
+	FUZZ_CHECK(pid == h.clients_pid, "waitpid: %s", pid < 0 ? strerror(errno) : "another child");
 	for (unsigned i = 0; i < 100 && !h.stopped && s->n_departed > 0; i++)
 		FUZZ_CHECK(loop_turn(s->loop, true) >= 0);
 	FUZZ_CHECK(h.stopped || s->n_departed == 0, "%u departed holders after their process "
