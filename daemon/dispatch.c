@@ -629,12 +629,12 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 				refuse(why, r, "grow failed: %s", strerror(-r));
 			break;
 		case -ENOSPC:
-			if (p->used_bytes + p->chunk_bytes > p->budget_bytes && p->chunks_draining > 0 &&
+			if (!pool_budget_has_room(p) && p->chunks_draining > 0 &&
 			    server_slowest_holder(s, holder, sizeof(holder)))
 				refuse(why, r, "node budget exhausted: %llu bytes evicted wait for %s to "
 				       "unmap them", (unsigned long long)p->chunks_draining * p->chunk_bytes,
 				       holder);
-			else if (p->used_bytes + p->chunk_bytes > p->budget_bytes)
+			else if (!pool_budget_has_room(p))
 				refuse(why, r, "node budget exhausted (%llu of %llu bytes in use)",
 				       (unsigned long long)p->used_bytes, (unsigned long long)p->budget_bytes);
 			else

@@ -805,10 +805,10 @@ static int full_device(const struct evictor *e) {
 	const struct pool *p = e->srv->pool;
 	uint32_t d;
 
-	if (p->n_devices == 1 || e->n_grants == 0 || p->used_bytes + p->chunk_bytes > p->budget_bytes)
+	if (p->n_devices == 1 || e->n_grants == 0 || !pool_budget_has_room(p))
 		return -1;
 	d = e->grants[0].device;
-	return p->free_list[d] ? -1 : (int)d;
+	return pool_device_free_chunks(p, d) > 0 ? -1 : (int)d;
 }
 
 /* pct percent of bytes, rounded down; 100 is all of it (bytes / 100 * 100 is not, and a
@@ -830,8 +830,7 @@ static int device_over_watermark(const struct evictor *e, uint64_t *ret_target) 
 	uint64_t low = watermark(share, e->srv->limits.low_watermark);
 
 	for (uint32_t d = 0; p->n_devices > 1 && d < p->n_devices; d++) {
-		uint64_t used = (uint64_t)(p->device_chunks - p->device_free[d]) * p->chunk_bytes -
-		                awaiting_unmap(e->srv, (int)d);
+		uint64_t used = pool_device_used_bytes(p, d) - awaiting_unmap(e->srv, (int)d);
 
 		if (used > high) {
 			*ret_target = used - low;

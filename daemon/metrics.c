@@ -282,7 +282,7 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 		const struct backend_device *dev = backend_device(i);
 
 		fprintf(f, "kvd_device_free_chunks{device=\"%d\"} %" PRIu32 "\n", dev ? dev->ordinal : 0,
-		        p->device_free[i]);
+		        pool_device_free_chunks(p, i));
 	}
 
 	gauge(f, "kvd_connections", "Client connections open now.", s->n_conns);

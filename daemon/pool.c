@@ -210,7 +210,7 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 	struct tenant *old = NULL;
 	int r;
 
-	if (p->used_bytes + p->chunk_bytes > p->budget_bytes || !c)
+	if (!pool_budget_has_room(p) || !c)
 		return -ENOSPC;
 	if (t->max_bytes != KVD_TENANT_NO_CAP && t->used_bytes + p->chunk_bytes > t->max_bytes)
 		return -EDQUOT;
@@ -305,7 +305,7 @@ int pool_block_alloc(struct pool *p, struct tenant *t, uint32_t device, uint64_t
 			/* The same tests, in the same order, as chunk_acquire's. */
 			if (r == -EDQUOT)
 				p->refused[POOL_REFUSED_TENANT_MAX]++;
-			else if (r == -ENOSPC && p->used_bytes + p->chunk_bytes > p->budget_bytes)
+			else if (r == -ENOSPC && !pool_budget_has_room(p))
 				p->refused[POOL_REFUSED_BUDGET]++;
 			else if (r == -ENOSPC)
 				p->refused[POOL_REFUSED_POOL]++;

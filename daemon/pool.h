@@ -119,6 +119,20 @@ int pool_new(const struct backend_ops *ops, uint32_t n_devices, uint64_t device_
              uint64_t chunk_bytes, uint64_t budget_bytes, struct pool **ret);
 struct pool *pool_free(struct pool *p);
 
+/* Whether the budget has room for one more chunk (the test every grant makes first). */
+static inline bool pool_budget_has_room(const struct pool *p) {
+	return p->used_bytes + p->chunk_bytes <= p->budget_bytes;
+}
+
+/* FREE chunks of device d, and bytes of its chunks held (OWNED, DRAINING or PINNED). */
+static inline uint32_t pool_device_free_chunks(const struct pool *p, uint32_t d) {
+	return p->device_free[d];
+}
+
+static inline uint64_t pool_device_used_bytes(const struct pool *p, uint32_t d) {
+	return (uint64_t)(p->device_chunks - p->device_free[d]) * p->chunk_bytes;
+}
+
 /* Sets the budget; may be below what is in use. Returns 0 or -EINVAL (above the pool). */
 int pool_set_budget(struct pool *p, uint64_t bytes);
 
