@@ -768,15 +768,26 @@ void settings_where(const struct settings *s, size_t i, char *buf, size_t n) {
 }
 
 /* An error about entry i: at its line when it comes from the file. */
-_printf_(4, 5) static void check_error(const struct settings *s, struct inifile_errors *e,
-                                       size_t i, const char *fmt, ...) {
+/*
+ * Reports that entry i's value is wrong (what), where it was set. When i is at its default
+ * and the check is against entry other (>= 0) that was set, the error is where other was
+ * set: that is the line to change (a high-watermark of 10 under the default low-watermark).
+ */
+_printf_(5, 6) static void check_error(const struct settings *s, struct inifile_errors *e,
+                                       size_t i, int other, const char *fmt, ...) {
 	char what[512];
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(what, sizeof(what), fmt, ap);
 	va_end(ap);
-	if (s->source[i] == SOURCE_CONFIG)
+	if (s->source[i] == SOURCE_DEFAULT && other >= 0 && s->source[other] == SOURCE_CONFIG)
+		inifile_error(e, s->path ? s->path : "?", s->line[other], "%s: the default %s %s",
+		              node_table[other].name, node_table[i].name, what);
+	else if (s->source[i] == SOURCE_DEFAULT && other >= 0 && s->source[other] == SOURCE_FLAG)
+		inifile_error(e, "kvd", 0, "--%s: the default %s %s", node_table[other].name,
+		              node_table[i].name, what);
+	else if (s->source[i] == SOURCE_CONFIG)
 		inifile_error(e, s->path ? s->path : "?", s->line[i], "%s %s", node_table[i].name, what);
 	else if (s->source[i] == SOURCE_FLAG)
 		inifile_error(e, "kvd", 0, "--%s %s", node_table[i].name, what);
@@ -798,23 +809,24 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 	char b[32];
 
 	if (s->chunk_size % granularity != 0 || s->chunk_size < CHUNK_SIZE_MIN)
-		check_error(s, e, chunk, "must be at least 64KiB and a multiple of %" PRIu64 " bytes",
+		check_error(s, e, chunk, -1, "must be at least 64KiB and a multiple of %" PRIu64 " bytes",
 		            granularity);
 	else if (s->pool_size < s->chunk_size)
-		check_error(s, e, pool, "must hold at least one chunk (%s)",
+		check_error(s, e, pool, chunk, "must hold at least one chunk (%s)",
 		            size_format(s->chunk_size, b, sizeof(b)));
 	else if (s->pool_size / s->chunk_size > UINT32_MAX)
-		check_error(s, e, pool, "holds more than %" PRIu32 " chunks", UINT32_MAX);
+		check_error(s, e, pool, chunk, "holds more than %" PRIu32 " chunks", UINT32_MAX);
 	if (s->low_watermark > s->high_watermark)
-		check_error(s, e, settings_index("low-watermark"), "must be at most high-watermark (%u)",
-		            s->high_watermark);
+		check_error(s, e, settings_index("low-watermark"), settings_index("high-watermark"),
+		            "must be at most high-watermark (%u)", s->high_watermark);
 	if (s->ring_entries != 0 && !ring_entries_valid(s->ring_entries))
-		check_error(s, e, settings_index("ring-entries"), "must be 0 or a power of two from %u "
+		check_error(s, e, settings_index("ring-entries"), -1, "must be 0 or a power of two from %u "
 		            "to %u", RING_ENTRIES_MIN, RING_ENTRIES_MAX);
 	if (s->pool_percent != 0 && s->backend == SETTINGS_BACKEND_HOST)
-		check_error(s, e, settings_index("pool-percent"), "needs the cuda or auto backend");
+		check_error(s, e, settings_index("pool-percent"), settings_index("backend"),
+		            "needs the cuda or auto backend");
 	else if (s->budget != SETTINGS_UNSET && s->budget > s->pool_size && pool_known)
-		check_error(s, e, budget, "must be at most pool-size (%s)",
+		check_error(s, e, budget, pool, "must be at most pool-size (%s)",
 		            size_format(s->pool_size, b, sizeof(b)));
 
 	for (uint32_t i = 0; i < s->n_tenants; i++) {
