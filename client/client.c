@@ -1355,47 +1355,24 @@ int kvd_tenant_delete(kvd_client *c, const char *tenant) {
 
 /* ---- status ---- */
 
-/* The names kvd.h lists, in the order of the values arrays below. */
-static const char *const node_keys[] = {
-	"pool_bytes",     "budget_bytes",     "used_bytes",  "block_bytes", "chunk_bytes",
-	"chunks_total",   "chunks_free",      "chunks_draining", "connections", "protocol_version",
-	"uptime_ms",      "grants_refused",   "protocol_errors", "access_refused",
-	"uid_connections_refused", "rounds_total", "last_round_us", "unmap_timeouts",
-	"unmap_disconnects", "engine_events_done", "sequences", "sequences_max", "metadata_bytes",
-	"metadata_max_bytes",
-};
-#define NODE_KEYS ELEMENTSOF(node_keys)
-
-static const char *const tenant_keys[] = {
-	"used_bytes", "block_bytes", "min_bytes", "max_bytes",
-	"weight",     "sequences",   "connections", "chunks",
-	"evicted_bytes", "evicted_tokens", "rounds",
-};
-#define TENANT_KEYS ELEMENTSOF(tenant_keys)
-
 /* The strings kvd_status_tenant_str() knows, in the order of status_tenant.str. */
 static const char *const tenant_str_keys[] = {
 	"min_source", "max_source", "weight_source", "policy",
 };
 #define TENANT_STR_KEYS ELEMENTSOF(tenant_str_keys)
 
-/* The numbers kvd_evictions_u64() knows, in the order of the values array. */
-static const char *const round_keys[] = {
-	"id",         "start_ms",     "duration_us", "score_us", "select_us",
-	"compact_us", "target_bytes", "freed_bytes", "sequences", "units",
-};
-#define ROUND_KEYS ELEMENTSOF(round_keys)
+/* Fields of a reply message, at most: the bits of `present`. */
+#define VALUES_MAX 64u
 
-/* Room for the longest of the key lists above; at most 32, the bits of `present`. */
-#define VALUES_MAX 24u
-_Static_assert(NODE_KEYS <= VALUES_MAX && TENANT_KEYS <= VALUES_MAX && ROUND_KEYS <= VALUES_MAX &&
-		       VALUES_MAX <= 32,
-	       "a key list outgrew struct status_values");
-
-/* Numbers read by name (status, evictions): values[i] belongs to the i-th key of a list. */
+/*
+ * Numbers read by name (status, tenants, evictions): every optional integer field of a
+ * reply message, named as kvd.proto names it, so that a number the daemon adds is a key
+ * here at once, with no list to keep in step. values[i] is the message's field i.
+ */
 struct status_values {
+	const ProtobufCMessageDescriptor *desc; /* NULL: nothing read */
 	uint64_t v[VALUES_MAX];
-	uint32_t present; /* bit i: v[i] was sent */
+	uint64_t present; /* bit i: v[i] was sent */
 };
 
 struct status_tenant {
@@ -1418,19 +1395,35 @@ struct kvd_status {
 	struct status_tenant *tenants;
 };
 
-static void status_set(struct status_values *sv, unsigned i, bool present, uint64_t v) {
-	if (!present)
-		return;
-	sv->v[i] = v;
-	sv->present |= UINT32_C(1) << i;
+static bool field_is_number(const ProtobufCFieldDescriptor *f) {
+	return f->label == PROTOBUF_C_LABEL_OPTIONAL &&
+	       (f->type == PROTOBUF_C_TYPE_UINT32 || f->type == PROTOBUF_C_TYPE_UINT64);
 }
 
-static int status_get(const struct status_values *sv, const char *const *keys, size_t n_keys,
-		      const char *key, uint64_t *ret) {
-	for (size_t i = 0; i < n_keys; i++) {
-		if (strcmp(keys[i], key) != 0)
+static void status_values_read(struct status_values *sv, const ProtobufCMessage *m) {
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+	const char *base = (const char *)m;
+
+	sv->desc = d;
+	sv->present = 0;
+	for (unsigned i = 0; i < d->n_fields && i < VALUES_MAX; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+
+		if (!field_is_number(f) || !*(const protobuf_c_boolean *)(base + f->quantifier_offset))
 			continue;
-		if (!(sv->present & (UINT32_C(1) << i)))
+		sv->v[i] = f->type == PROTOBUF_C_TYPE_UINT32 ? *(const uint32_t *)(base + f->offset) :
+		                                                *(const uint64_t *)(base + f->offset);
+		sv->present |= UINT64_C(1) << i;
+	}
+}
+
+static int status_get(const struct status_values *sv, const char *key, uint64_t *ret) {
+	for (unsigned i = 0; sv->desc && i < sv->desc->n_fields && i < VALUES_MAX; i++) {
+		const ProtobufCFieldDescriptor *f = &sv->desc->fields[i];
+
+		if (!field_is_number(f) || strcmp(f->name, key) != 0)
+			continue;
+		if (!(sv->present & (UINT64_C(1) << i)))
 			return -ENOENT;
 		*ret = sv->v[i];
 		return 0;
@@ -1450,30 +1443,7 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 		return -ENOMEM;
 	if (rep->state_error && !(st->state_error = strdup(rep->state_error)))
 		return -ENOMEM;
-	status_set(n, 0, rep->has_pool_bytes, rep->pool_bytes);
-	status_set(n, 1, rep->has_budget_bytes, rep->budget_bytes);
-	status_set(n, 2, rep->has_used_bytes, rep->used_bytes);
-	status_set(n, 3, rep->has_block_bytes, rep->block_bytes);
-	status_set(n, 4, rep->has_chunk_bytes, rep->chunk_bytes);
-	status_set(n, 5, rep->has_chunks_total, rep->chunks_total);
-	status_set(n, 6, rep->has_chunks_free, rep->chunks_free);
-	status_set(n, 7, rep->has_chunks_draining, rep->chunks_draining);
-	status_set(n, 8, rep->has_connections, rep->connections);
-	status_set(n, 9, rep->has_protocol_version, rep->protocol_version);
-	status_set(n, 10, rep->has_uptime_ms, rep->uptime_ms);
-	status_set(n, 11, rep->has_grants_refused, rep->grants_refused);
-	status_set(n, 12, rep->has_protocol_errors, rep->protocol_errors);
-	status_set(n, 13, rep->has_access_refused, rep->access_refused);
-	status_set(n, 14, rep->has_uid_connections_refused, rep->uid_connections_refused);
-	status_set(n, 15, rep->has_rounds_total, rep->rounds_total);
-	status_set(n, 16, rep->has_last_round_us, rep->last_round_us);
-	status_set(n, 17, rep->has_unmap_timeouts, rep->unmap_timeouts);
-	status_set(n, 18, rep->has_unmap_disconnects, rep->unmap_disconnects);
-	status_set(n, 19, rep->has_engine_events_done, rep->engine_events_done);
-	status_set(n, 20, rep->has_sequences, rep->sequences);
-	status_set(n, 21, rep->has_sequences_max, rep->sequences_max);
-	status_set(n, 22, rep->has_metadata_bytes, rep->metadata_bytes);
-	status_set(n, 23, rep->has_metadata_max_bytes, rep->metadata_max_bytes);
+	status_values_read(n, &rep->base);
 	if (rep->n_refused > 0) {
 		/* Bounded by the 64 KiB frame like everything else in the reply. */
 		st->refused_names = calloc(rep->n_refused, sizeof(char *));
@@ -1505,17 +1475,7 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 		st->tenants[i].name = strdup(ts->name ? ts->name : "");
 		if (!st->tenants[i].name)
 			return -ENOMEM;
-		status_set(tv, 0, ts->has_used_bytes, ts->used_bytes);
-		status_set(tv, 1, ts->has_block_bytes, ts->block_bytes);
-		status_set(tv, 2, ts->has_min_bytes, ts->min_bytes);
-		status_set(tv, 3, ts->has_max_bytes, ts->max_bytes);
-		status_set(tv, 4, ts->has_weight, ts->weight);
-		status_set(tv, 5, ts->has_sequences, ts->sequences);
-		status_set(tv, 6, ts->has_connections, ts->connections);
-		status_set(tv, 7, ts->has_chunks, ts->chunks);
-		status_set(tv, 8, ts->has_evicted_bytes, ts->evicted_bytes);
-		status_set(tv, 9, ts->has_evicted_tokens, ts->evicted_tokens);
-		status_set(tv, 10, ts->has_rounds, ts->rounds);
+		status_values_read(tv, &ts->base);
 
 		const char *const strs[TENANT_STR_KEYS] = {
 			ts->min_source, ts->max_source, ts->weight_source, ts->policy,
@@ -1587,7 +1547,7 @@ int kvd_status_u64(const kvd_status *st, const char *key, uint64_t *ret) {
 				*ret = st->refused[i];
 				return 0;
 			}
-	return status_get(&st->node, node_keys, NODE_KEYS, key, ret);
+	return status_get(&st->node, key, ret);
 }
 
 uint32_t kvd_status_refusals(const kvd_status *st) {
@@ -1639,7 +1599,7 @@ int kvd_status_tenant_u64(const kvd_status *st, uint32_t index, const char *key,
 			  uint64_t *ret) {
 	if (!st || !key || !ret || index >= st->n_tenants)
 		return -EINVAL;
-	return status_get(&st->tenants[index].values, tenant_keys, TENANT_KEYS, key, ret);
+	return status_get(&st->tenants[index].values, key, ret);
 }
 
 int kvd_status_tenant_str(const kvd_status *st, uint32_t index, const char *key,
@@ -1707,16 +1667,7 @@ struct kvd_evictions {
 static int round_copy(const Kvd__V1__Round *in, struct eviction_round *out) {
 	struct status_values *v = &out->values;
 
-	status_set(v, 0, in->has_id, in->id);
-	status_set(v, 1, in->has_start_ms, in->start_ms);
-	status_set(v, 2, in->has_duration_us, in->duration_us);
-	status_set(v, 3, in->has_score_us, in->score_us);
-	status_set(v, 4, in->has_select_us, in->select_us);
-	status_set(v, 5, in->has_compact_us, in->compact_us);
-	status_set(v, 6, in->has_target_bytes, in->target_bytes);
-	status_set(v, 7, in->has_freed_bytes, in->freed_bytes);
-	status_set(v, 8, in->has_sequences, in->sequences);
-	status_set(v, 9, in->has_units, in->units);
+	status_values_read(v, &in->base);
 	out->has_predicted_error = in->has_predicted_error;
 	out->predicted_error = in->predicted_error;
 	if (in->trigger && !(out->trigger = strdup(in->trigger)))
@@ -1814,7 +1765,7 @@ uint32_t kvd_evictions_count(const kvd_evictions *e) {
 int kvd_evictions_u64(const kvd_evictions *e, uint32_t round, const char *key, uint64_t *ret) {
 	if (!e || !key || !ret || round >= e->n_rounds)
 		return -EINVAL;
-	return status_get(&e->rounds[round].values, round_keys, ROUND_KEYS, key, ret);
+	return status_get(&e->rounds[round].values, key, ret);
 }
 
 int kvd_evictions_double(const kvd_evictions *e, uint32_t round, const char *key,
