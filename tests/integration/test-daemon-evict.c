@@ -178,62 +178,68 @@ static void eng_stop(struct eng *e) {
 #define POOL "--pool-size=64MiB"
 #define CHUNK "--chunk-size=256KiB"
 
+/* One tenant of budget_held_under_load: 2 sequences grown to 4096 tokens in steps of 128,
+ * the node never past the budget. */
+static void eng_grow_within(struct fixture *f, struct eng *e, const char *tenant,
+                            uint64_t budget) {
+	eng_start(f, e, tenant, KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 1);
+	for (uint32_t k = 0; k < 16; k++) {
+		eng_grow(e, 256, 128);
+		ASSERT_TRUE(fixture_status(f, NULL, "used_bytes") <= budget);
+	}
+}
+
+/* Answers e's unmap requests until fd (non-blocking) reads end of file. */
+static void eng_drain_until(struct eng *e, int fd) {
+	char x;
+
+	while (read(fd, &x, 1) < 0) {
+		eng_drain(e);
+		usleep(10000);
+	}
+}
+
 /* Two tenants, each its own process as engines are, grow 4 MiB each into a 4 MiB budget:
  * rounds hold it, nobody fails. (Both in one thread would not do: a holder must answer its
  * unmap requests while the other waits for what they give back, evict.h.) */
 TEST(budget_held_under_load) {
 	struct fixture f;
-	struct eng a, b;
+	struct eng e;
 	uint64_t budget = 4u << 20;
 	int grown[2], done[2], status;
 	pid_t pid;
-	char x;
 
 	fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--budget=4MiB", "--grant-wait=5000",
 	                                          NULL });
 	ASSERT_OK(pipe2(grown, O_NONBLOCK));
 	ASSERT_OK(pipe2(done, O_NONBLOCK));
+	/* 2 tenants x 2 sequences x 4096 tokens x 2 layers x 256 bytes = 8 MiB. */
 	pid = fixture_fork();
 	if (pid == 0) {
 		close(grown[0]);
 		close(done[1]);
-		eng_start(&f, &b, "beta", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 1);
-		/* 2 tenants x 2 sequences x 4096 tokens x 2 layers x 256 bytes = 8 MiB. */
-		for (uint32_t k = 0; k < 16; k++) {
-			eng_grow(&b, 256, 128);
-			ASSERT_TRUE(fixture_status(&f, NULL, "used_bytes") <= budget);
-		}
-		eng_check(&b);
-		ASSERT_TRUE(eng_resident(&b) < 2ull * LAYERS * b.grown);
+		eng_grow_within(&f, &e, "beta", budget);
+		eng_check(&e);
+		ASSERT_TRUE(eng_resident(&e) < 2ull * LAYERS * e.grown);
 		close(grown[1]);
-		/* Answers unmap requests while alpha may still grow, until the test is done. */
-		while (read(done[0], &x, 1) < 0) {
-			eng_drain(&b);
-			usleep(10000);
-		}
-		eng_stop(&b);
+		/* Answers while alpha may still grow, until the test is done. */
+		eng_drain_until(&e, done[0]);
+		eng_stop(&e);
 		_exit(0);
 	}
 	close(grown[1]);
 	close(done[0]);
-	eng_start(&f, &a, "alpha", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 1);
-	for (uint32_t k = 0; k < 16; k++) {
-		eng_grow(&a, 256, 128);
-		ASSERT_TRUE(fixture_status(&f, NULL, "used_bytes") <= budget);
-	}
-	while (read(grown[0], &x, 1) < 0) {
-		eng_drain(&a);
-		usleep(10000);
-	}
-	eng_check(&a);
-	ASSERT_TRUE(eng_resident(&a) < 2ull * LAYERS * a.grown);
+	eng_grow_within(&f, &e, "alpha", budget);
+	eng_drain_until(&e, grown[0]);
+	eng_check(&e);
+	ASSERT_TRUE(eng_resident(&e) < 2ull * LAYERS * e.grown);
 	ASSERT_TRUE(fixture_status(&f, NULL, "rounds_total") > 0);
 	ASSERT_TRUE(fixture_status(&f, "alpha", "evicted_tokens") > 0);
 	ASSERT_TRUE(fixture_status(&f, "beta", "evicted_tokens") > 0);
 	close(done[1]);
 	ASSERT_EQ(waitpid(pid, &status, 0), pid);
 	ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-	eng_stop(&a);
+	eng_stop(&e);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
