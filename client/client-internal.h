@@ -125,6 +125,7 @@ struct kvd_client {
 	/* The pool's memory, from the HelloReply: KVD_MEMORY_HOST (chunks are mmap()ed) or
 	 * KVD_MEMORY_CUDA (chunks are imported into cuda's range, cuda-import.h). */
 	uint32_t memory;
+	uint64_t features;         /* HelloReply.features of the current connection */
 	struct client_cuda *cuda;
 	uint8_t device_uuid[16];   /* KVD_MEMORY_CUDA: the daemon's GPU, WIRE_DEVICE_UUID_BYTES */
 	/* Engines' CUDA events registered with the daemon (kvd_seq_unpin_after): event i has
@@ -153,8 +154,11 @@ struct kvd_seq {
 	pid_t pid;
 	uint64_t epoch;     /* the client's connection it was opened on */
 	uint64_t id;
-	const struct kvd_seq_desc *desc;
+	const struct kvd_seq_desc *desc; /* the daemon's mapping: counts and arrays */
 	size_t desc_bytes;
+	/* Its header as checked at open, zero-extended past what the daemon wrote: the geometry
+	 * (kvd-abi.h, "How the shared headers grow"). */
+	struct kvd_seq_desc hdr;
 	uint64_t block_stride; /* distance between consecutive blocks of a chunk */
 
 	/* The observation buffer (models with eviction; obs NULL otherwise). The daemon can

@@ -868,9 +868,9 @@ static int client_hello(kvd_client *c, const char *tenant) {
 	hello.has_max_version = true;
 	hello.max_version = KVD_PROTOCOL_VERSION_MAX;
 	hello.has_features = true;
-	hello.features = c->no_ring ? 0 : RING_FEATURE;
+	hello.features = KVD_FEATURE_SEQ_HEADER | (c->no_ring ? 0 : KVD_FEATURE_RING);
 #ifdef KVD_HAVE_CUDA
-	hello.features |= WIRE_FEATURE_DEVICE_CHUNKS;
+	hello.features |= KVD_FEATURE_DEVICE_CHUNKS;
 #endif
 	/* An engine's chunks come from its own GPU when the daemon pools several. */
 	if (tenant && client_cuda_current_uuid(uuid, sizeof(uuid)) == 0) {
@@ -895,6 +895,7 @@ static int client_hello(kvd_client *c, const char *tenant) {
 		return -EPROTO;
 	}
 	c->version = hr->version;
+	c->features = hr->has_features ? hr->features : 0;
 	c->chunk_bytes = hr->has_chunk_bytes ? hr->chunk_bytes : 0;
 	c->connection_id = hr->has_connection_id ? hr->connection_id : 0;
 	c->memory = hr->has_memory ? (uint32_t)hr->memory : KVD_MEMORY_HOST;
@@ -915,7 +916,7 @@ static int client_hello(kvd_client *c, const char *tenant) {
 		close_fds(fds, nfds);
 		return -EPROTO;
 	}
-	if (!hr->has_features || !(hr->features & RING_FEATURE)) {
+	if (!hr->has_features || !(hr->features & KVD_FEATURE_RING)) {
 		close_fds(fds, nfds);
 		return 0;
 	}

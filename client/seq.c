@@ -33,7 +33,7 @@
 /* Address of a block in this process, or NULL when its chunk is not mapped here or the
  * block does not fit in it. */
 static const void *seq_block_addr(const kvd_seq *s, struct kvd_block_ref ref) {
-	uint64_t bytes = 0, need = s->desc->block_bytes;
+	uint64_t bytes = 0, need = s->hdr.block_bytes;
 	char *base = chunk_addr(s->client, ref.chunk_id, &bytes);
 
 	if (!base || bytes < need || ref.index > (bytes - need) / s->block_stride)
@@ -301,14 +301,16 @@ static bool array_fits(uint64_t off, uint64_t n, uint64_t entry, uint64_t head, 
 	return len <= size - off;
 }
 
-/* array_fits() for a descriptor array, aligned for its 4-byte members. */
-static bool desc_array_fits(uint64_t off, uint64_t n, uint64_t entry, uint64_t size) {
-	return off % 4 == 0 && array_fits(off, n, entry, sizeof(struct kvd_seq_desc), size);
+/* array_fits() for a descriptor array after the header h, aligned for its 4-byte members. */
+static bool desc_array_fits(const struct kvd_seq_desc *h, uint64_t off, uint64_t n,
+			    uint64_t entry, uint64_t size) {
+	return off % 4 == 0 && array_fits(off, n, entry, h->header_bytes, size);
 }
 
 /*
- * Checks the geometry of a freshly mapped descriptor once, so that the accessors can trust
- * it afterwards: the daemon only rewrites the counts and tables, never the geometry.
+ * Checks the geometry of a freshly mapped descriptor once, on h, the copy of its header
+ * (layout_desc_header), so that the accessors can trust it afterwards: the daemon only
+ * rewrites the counts and tables, never the geometry.
  */
 static int desc_check(const struct kvd_seq_desc *d, uint64_t size, uint64_t seq_id,
 		      const struct model *m) {
@@ -344,17 +346,19 @@ static int desc_check(const struct kvd_seq_desc *d, uint64_t size, uint64_t seq_
 	if (d->block_bytes != block_bytes + index_bytes)
 		return -EPROTO;
 	/* n_tables is a u32 now, so neither product overflows. */
-	if (!desc_array_fits(d->tokens_offset, n_tables, 4, size) ||
-	    !desc_array_fits(d->positions_offset, n_tables * d->max_tokens, 4, size) ||
-	    !desc_array_fits(d->blocks_offset, n_tables * d->max_blocks, 8, size))
+	if (!desc_array_fits(d, d->tokens_offset, n_tables, 4, size) ||
+	    !desc_array_fits(d, d->positions_offset, n_tables * d->max_tokens, 4, size) ||
+	    !desc_array_fits(d, d->blocks_offset, n_tables * d->max_blocks, 8, size))
 		return -EPROTO;
 	if (d->compensation == KVD_COMPENSATION_MOMENTS || d->compensation == KVD_COMPENSATION_LATENT) {
-		if (d->moments_bytes != (d->compensation == KVD_COMPENSATION_MOMENTS
+		/* moments_blocks, a count the daemon rewrites, is read from the mapping: it must be
+		 * in the header the daemon wrote. */
+		if (d->header_bytes < offsetof(struct kvd_seq_desc, moments_bytes) + 8 ||
+		    d->moments_bytes != (d->compensation == KVD_COMPENSATION_MOMENTS
 						 ? KVD_MOMENTS_BYTES(d->head_dim)
 						 : KVD_LATENT_BYTES(d->head_dim)) ||
-		    !array_fits(d->moments_offset, (uint64_t)d->layers * d->kv_heads,
-				sizeof(struct kvd_block_ref), sizeof(struct kvd_seq_desc), size) ||
-		    d->moments_offset % 4 != 0)
+		    !desc_array_fits(d, d->moments_offset, (uint64_t)d->layers * d->kv_heads,
+				     sizeof(struct kvd_block_ref), size))
 			return -EPROTO;
 	} else if (d->compensation != KVD_COMPENSATION_NONE)
 		return -EPROTO;
@@ -378,7 +382,7 @@ static int seq_map_desc(kvd_seq *s, int fd_in, uint64_t announced, const struct 
 
 	if (fstat(fd, &st) < 0)
 		return negative_errno();
-	if (st.st_size < (off_t)sizeof(struct kvd_seq_desc) || (uint64_t)st.st_size > SIZE_MAX ||
+	if (st.st_size < (off_t)KVD_SEQ_DESC_HEADER_MIN || (uint64_t)st.st_size > SIZE_MAX ||
 	    (announced != 0 && announced != (uint64_t)st.st_size))
 		return -EPROTO;
 	p = mmap(NULL, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
@@ -390,10 +394,13 @@ static int seq_map_desc(kvd_seq *s, int fd_in, uint64_t announced, const struct 
 	 * unref there never needs to unmap. */
 	if (madvise(p, st.st_size, MADV_DONTFORK) < 0)
 		return negative_errno();
-	r = desc_check(s->desc, st.st_size, s->id, m);
+	r = layout_desc_header(p, st.st_size, s->client->features & KVD_FEATURE_SEQ_HEADER, &s->hdr);
 	if (r < 0)
 		return r;
-	s->block_stride = ALIGN_TO(s->desc->block_bytes, LAYOUT_BLOCK_ALIGN);
+	r = desc_check(&s->hdr, st.st_size, s->id, m);
+	if (r < 0)
+		return r;
+	s->block_stride = ALIGN_TO(s->hdr.block_bytes, LAYOUT_BLOCK_ALIGN);
 	return 0;
 }
 
@@ -416,8 +423,8 @@ static int obs_check(const struct kvd_obs_header *h, uint64_t size, const struct
 	    mul_u64(window_bytes, elem, &window_bytes) < 0 || h->layer_bytes < window_bytes)
 		return -EPROTO;
 	if (h->stamps_offset % 8 != 0 || h->q_offset % elem != 0 ||
-	    !array_fits(h->stamps_offset, h->layers, 8, sizeof(*h), size) ||
-	    !array_fits(h->q_offset, h->layers, h->layer_bytes, sizeof(*h), size))
+	    !array_fits(h->stamps_offset, h->layers, 8, h->header_bytes, size) ||
+	    !array_fits(h->q_offset, h->layers, h->layer_bytes, h->header_bytes, size))
 		return -EPROTO;
 	/* Both ends are at most size now, so neither sum overflows. */
 	stamps_end = h->stamps_offset + (uint64_t)h->layers * 8;
@@ -432,7 +439,7 @@ static int obs_check(const struct kvd_obs_header *h, uint64_t size, const struct
 
 		if (h->index_heads > KVD_INDEX_HEADS_MAX || h->index_dim > KVD_INDEX_DIM_MAX || h->iq_layer_bytes < iq_bytes ||
 		    h->iq_offset % elem != 0 ||
-		    !array_fits(h->iq_offset, h->layers, h->iq_layer_bytes, sizeof(*h), size))
+		    !array_fits(h->iq_offset, h->layers, h->iq_layer_bytes, h->header_bytes, size))
 			return -EPROTO;
 		iq_end = h->iq_offset + (uint64_t)h->layers * h->iq_layer_bytes;
 		if ((h->iq_offset < q_end && h->q_offset < iq_end) ||
@@ -452,7 +459,7 @@ static int seq_map_obs(kvd_seq *s, int fd_in, uint64_t announced, const struct m
 
 	if (fstat(fd, &st) < 0)
 		return negative_errno();
-	if (announced < sizeof(h) || announced > SIZE_MAX || (uint64_t)st.st_size != announced)
+	if (announced < KVD_OBS_HEADER_MIN || announced > SIZE_MAX || (uint64_t)st.st_size != announced)
 		return -EPROTO;
 	/* We write into it: a file the daemon could shrink would turn writes into SIGBUS. */
 	seals = fcntl(fd, F_GET_SEALS);
@@ -467,7 +474,9 @@ static int seq_map_obs(kvd_seq *s, int fd_in, uint64_t announced, const struct m
 	if (madvise(p, announced, MADV_DONTFORK) < 0)
 		return negative_errno();
 	/* A copy: the daemon may write the header while, or after, we check it. */
-	memcpy(&h, p, sizeof(h));
+	r = layout_obs_header(p, announced, &h);
+	if (r < 0)
+		return r;
 	r = obs_check(&h, announced, m);
 	if (r < 0)
 		return r;
@@ -587,11 +596,11 @@ int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret
 
 /* Whether every block of the descriptor lies in a chunk mapped here. */
 static bool seq_chunks_mapped(const kvd_seq *s) {
-	const struct kvd_seq_desc *d = s->desc;
+	const struct kvd_seq_desc *d = &s->hdr;
 
 	for (uint32_t t = 0; t < d->n_tables; t++) {
-		const struct kvd_block_ref *refs = layout_blocks(d, t);
-		uint32_t tokens = layout_tokens(d)[t];
+		const struct kvd_block_ref *refs = layout_blocks_at(d, s->desc, t);
+		uint32_t tokens = layout_tokens_at(d, s->desc)[t];
 
 		if (tokens > d->max_tokens)
 			return false;
@@ -658,6 +667,7 @@ int kvd_seq_claim(kvd_seq *s, int model_id) {
 		munmap((void *)s->desc, s->desc_bytes);
 		s->desc = fresh.desc;
 		s->desc_bytes = fresh.desc_bytes;
+		s->hdr = fresh.hdr;
 		s->block_stride = fresh.block_stride;
 		s->epoch = c->epoch;
 	} else if (claimed) {
@@ -995,16 +1005,22 @@ const struct kvd_seq_desc *kvd_seq_descriptor(const kvd_seq *s) {
 	return s->desc;
 }
 
+const struct kvd_seq_desc *kvd_seq_header(const kvd_seq *s) {
+	if (!s || seq_forked(s))
+		return NULL;
+	return &s->hdr;
+}
+
 /* Resident tokens of (layer, kv_head) and its table, checked against the geometry. */
 static int64_t seq_table_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 				uint32_t *ret_table) {
-	const struct kvd_seq_desc *d = s->desc;
+	const struct kvd_seq_desc *d = &s->hdr;
 	uint32_t t, n;
 
 	if (layer >= d->layers || kv_head >= d->kv_heads)
 		return -EINVAL;
 	t = layout_table(d, layer, kv_head);
-	n = __atomic_load_n(&layout_tokens(d)[t], __ATOMIC_RELAXED);
+	n = __atomic_load_n(&layout_tokens_at(d, s->desc)[t], __ATOMIC_RELAXED);
 	if (n > d->max_tokens)
 		return -EINVAL;
 	if (ret_table)
@@ -1038,7 +1054,7 @@ int64_t kvd_seq_position(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 		return n;
 	if (slot >= n)
 		return -EINVAL;
-	return layout_positions(s->desc, t)[slot];
+	return layout_positions_at(&s->hdr, s->desc, t)[slot];
 }
 
 /*
@@ -1056,7 +1072,7 @@ static int seq_slot_block(const kvd_seq *s, uint32_t layer, uint32_t kv_head, ui
 		return -ECHILD;
 	if (seq_stale(s))
 		return -ESTALE;
-	d = s->desc;
+	d = &s->hdr;
 	if (index && d->index_dim == 0)
 		return -EOPNOTSUPP;
 	n = seq_table_tokens(s, layer, kv_head, &t);
@@ -1065,7 +1081,7 @@ static int seq_slot_block(const kvd_seq *s, uint32_t layer, uint32_t kv_head, ui
 	if (slot >= n)
 		return -EINVAL;
 	/* slot < max_tokens, so the block index is below max_blocks (checked at open). */
-	b = seq_block_addr(s, layout_blocks(d, t)[slot / d->block_tokens]);
+	b = seq_block_addr(s, layout_blocks_at(d, s->desc, t)[slot / d->block_tokens]);
 	if (!b)
 		return -EINVAL;
 	*ret = b;
@@ -1083,11 +1099,11 @@ int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot
 	r = seq_slot_block(s, layer, kv_head, slot, false, &b);
 	if (r < 0)
 		return r;
-	row = slot % s->desc->block_tokens;
+	row = slot % s->hdr.block_tokens;
 	if (ret_k)
-		*ret_k = (void *)(b + layout_k_offset(s->desc, kv_head, row));
+		*ret_k = (void *)(b + layout_k_offset(&s->hdr, kv_head, row));
 	if (ret_v)
-		*ret_v = (void *)(b + layout_v_offset(s->desc, kv_head, row));
+		*ret_v = (void *)(b + layout_v_offset(&s->hdr, kv_head, row));
 	return 0;
 }
 
@@ -1101,7 +1117,7 @@ int kvd_seq_index_key(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32
 	r = seq_slot_block(s, layer, kv_head, slot, true, &b);
 	if (r < 0)
 		return r;
-	*ret = (void *)(b + layout_index_offset(s->desc, slot % s->desc->block_tokens));
+	*ret = (void *)(b + layout_index_offset(&s->hdr, slot % s->hdr.block_tokens));
 	return 0;
 }
 
@@ -1116,14 +1132,14 @@ int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret) 
 		return -ECHILD;
 	if (seq_stale(s))
 		return -ESTALE;
-	d = s->desc;
+	d = &s->hdr;
 	if (table >= d->n_tables)
 		return -EINVAL;
-	n = __atomic_load_n(&layout_tokens(d)[table], __ATOMIC_RELAXED);
+	n = __atomic_load_n(&layout_tokens_at(d, s->desc)[table], __ATOMIC_RELAXED);
 	/* Only blocks that hold resident slots are meaningful. */
 	if (n > d->max_tokens || index >= DIV_ROUND_UP((uint64_t)n, d->block_tokens))
 		return -EINVAL;
-	b = seq_block_addr(s, layout_blocks(d, table)[index]);
+	b = seq_block_addr(s, layout_blocks_at(d, s->desc, table)[index]);
 	if (!b)
 		return -EINVAL;
 	*ret = (void *)b;
@@ -1145,18 +1161,19 @@ static int seq_compensation(const kvd_seq *s, uint32_t compensation, uint32_t la
 		return -ECHILD;
 	if (seq_stale(s))
 		return -ESTALE;
-	d = s->desc;
+	d = &s->hdr;
 	if (d->compensation != compensation)
 		return -EOPNOTSUPP;
 	if (layer >= d->layers || kv_head >= d->kv_heads)
 		return -EINVAL;
-	n = __atomic_load_n(&d->moments_blocks, __ATOMIC_ACQUIRE);
+	/* In the header the daemon wrote (desc_check()), and rewritten by it. */
+	n = __atomic_load_n(&s->desc->moments_blocks, __ATOMIC_ACQUIRE);
 	if (n == 0)
 		return -ENODATA;
 	if (n != d->layers * d->kv_heads)
 		return -EINVAL;
-	ref = ((const struct kvd_block_ref *)((const char *)d + d->moments_offset))[layer * d->kv_heads +
-										     kv_head];
+	ref = ((const struct kvd_block_ref *)((const char *)s->desc + d->moments_offset))[layer * d->kv_heads +
+											    kv_head];
 	/* Compensation blocks live in chunks carved for their own size (pool.h). */
 	stride = ALIGN_TO(d->moments_bytes, LAYOUT_BLOCK_ALIGN);
 	base = chunk_addr(s->client, ref.chunk_id, &bytes);
@@ -1181,7 +1198,7 @@ static const void *digest_block_addr(void *userdata, struct kvd_block_ref ref) {
 }
 
 static int seq_digest_locked(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local) {
-	const struct kvd_seq_desc *d = s->desc;
+	const struct kvd_seq_desc *d = &s->hdr;
 	int r;
 
 	if (ret_daemon) {
@@ -1207,9 +1224,9 @@ static int seq_digest_locked(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_loc
 			return -EOPNOTSUPP;
 		/* layout_digest() trusts the counts; block indices then stay below max_blocks. */
 		for (uint32_t t = 0; t < d->n_tables; t++)
-			if (layout_tokens(d)[t] > d->max_tokens)
+			if (layout_tokens_at(d, s->desc)[t] > d->max_tokens)
 				return -EINVAL;
-		r = layout_digest(d, digest_block_addr, (void *)s, ret_local, NULL);
+		r = layout_digest(d, s->desc, digest_block_addr, (void *)s, ret_local, NULL);
 		if (r < 0)
 			return -EINVAL; /* a block whose chunk is not mapped here */
 	}

@@ -180,7 +180,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 	 * worse, at its first grant; it is told now. Administrative connections get no
 	 * chunks and stay welcome. */
 	if (req->tenant && s->pool->ops->memory != BACKEND_MEMORY_HOST &&
-	    !(req->has_features && (req->features & WIRE_FEATURE_DEVICE_CHUNKS))) {
+	    !(req->has_features && (req->features & KVD_FEATURE_DEVICE_CHUNKS))) {
 		reply_error(c, id, -EPROTONOSUPPORT, "the pool is GPU memory (backend %s) and this "
 		            "client cannot import device chunks (a libkvd built with CUDA is needed)",
 		            s->pool->ops->name);
@@ -235,7 +235,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 		         c->process_name, t ? t->name : "- (admin)");
 
 	/* The rings are for a tenant's per-step requests; without them, the socket serves. */
-	if (t && req->has_features && (req->features & RING_FEATURE) && s->limits.ring_entries > 0) {
+	if (t && req->has_features && (req->features & KVD_FEATURE_RING) && s->limits.ring_entries > 0) {
 		r = ring_new(c, s->limits.ring_entries, s->ring_doorbell, &c->ring);
 		if (r < 0)
 			log_warning_errno(r, "connection %llu: cannot set up its rings, it has the socket "
@@ -244,7 +244,13 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 	rep.has_version = true;
 	rep.version = KVD_PROTOCOL_VERSION_MAX;
 	rep.has_features = true;
-	rep.features = c->ring ? RING_FEATURE : 0;
+	rep.features = c->ring ? KVD_FEATURE_RING : 0;
+	if (req->has_features) {
+		/* Every descriptor carries header_bytes; a client that offers the bit reads it. */
+		rep.features |= req->features & KVD_FEATURE_SEQ_HEADER;
+		if (s->pool->ops->memory != BACKEND_MEMORY_HOST)
+			rep.features |= req->features & KVD_FEATURE_DEVICE_CHUNKS;
+	}
 	rep.has_chunk_bytes = true;
 	rep.chunk_bytes = s->pool->chunk_bytes;
 	rep.has_memory = rep.has_pool_bytes = true;
@@ -823,7 +829,7 @@ static int seq_digest_copied(struct seq *q, struct pool *p, uint64_t *ret_digest
 	if (!buf)
 		return -ENOMEM;
 	dc.buf = buf;
-	r = layout_digest(q->desc, digest_copy_block, &dc, ret_digest, ret_bytes);
+	r = layout_digest(q->desc, q->desc, digest_copy_block, &dc, ret_digest, ret_bytes);
 	return dc.error < 0 ? dc.error : r;
 }
 

@@ -20,6 +20,7 @@ uint64_t model_obs_bytes(uint32_t layers, uint32_t q_heads, uint32_t window, uin
 		.window = window,
 		.head_dim = head_dim,
 		.dtype = dtype,
+		.header_bytes = sizeof(struct kvd_obs_header),
 		.index_heads = index_heads,
 		.index_dim = index_dim,
 	};

@@ -77,6 +77,7 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 		.index_heads = m->index_heads,
 		.index_dim = m->index_dim,
 		.index_offset = m->index_offset,
+		.header_bytes = sizeof(*d),
 	};
 	s->id = id;
 	s->model = m;
@@ -244,5 +245,5 @@ static const void *daemon_block_addr(void *userdata, struct kvd_block_ref ref) {
 }
 
 int seq_digest(const struct seq *s, struct pool *p, uint64_t *ret_digest, uint64_t *ret_bytes) {
-	return layout_digest(s->desc, daemon_block_addr, p, ret_digest, ret_bytes);
+	return layout_digest(s->desc, s->desc, daemon_block_addr, p, ret_digest, ret_bytes);
 }

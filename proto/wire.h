@@ -29,9 +29,6 @@
 
 typedef Kvd__V1__Envelope Envelope;
 
-/* Hello.features bit (kvd.proto): the client imports MEMORY_CUDA chunks. The ring's bit is
- * RING_FEATURE, in common/ring.h. */
-#define WIRE_FEATURE_DEVICE_CHUNKS (UINT64_C(1) << 1)
 /* The length of HelloReply.device_uuid and ChunkGrant.device_uuid (a CUuuid). */
 #define WIRE_DEVICE_UUID_BYTES 16u
 

@@ -7,7 +7,7 @@
  * against.
  *
  * Region. Per connection, the daemon creates a memfd, seals it against resizing, maps it,
- * and sends it with the HelloReply (kvd.proto, feature bit RING_FEATURE). In the style of
+ * and sends it with the HelloReply (kvd.proto, feature bit KVD_FEATURE_RING). In the style of
  * io_uring it holds:
  *   - struct ring_geometry, written once by the daemon: magic, version, entries, offsets;
  *   - seven 32-bit words, each alone on RING_LINE bytes so that the two sides never write
@@ -73,8 +73,6 @@
 
 #define RING_MAGIC 0x474e524bu /* "KRNG" */
 #define RING_VERSION 1
-/* Hello.features / HelloReply.features bit. */
-#define RING_FEATURE (UINT64_C(1) << 0)
 #define RING_ENTRIES_MIN 2u
 #define RING_ENTRIES_MAX 4096u
 /* Two cache lines: adjacent-line prefetchers fetch lines in pairs. */

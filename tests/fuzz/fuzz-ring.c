@@ -259,7 +259,7 @@ static void client_connect(bool small_buffers) {
 
 	hello.has_min_version = hello.has_max_version = hello.has_features = true;
 	hello.min_version = hello.max_version = 1;
-	hello.features = RING_FEATURE;
+	hello.features = KVD_FEATURE_RING;
 	hello.tenant = (char *)"fz";
 	env.body_case = KVD__V1__ENVELOPE__BODY_HELLO;
 	env.hello = &hello;

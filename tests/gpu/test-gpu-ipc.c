@@ -126,7 +126,7 @@ static int check_digest(kvd_seq *s, struct written *w) {
 	r = kvd_seq_digest(s, &daemon, NULL);
 	if (r < 0)
 		return r;
-	r = layout_digest(kvd_seq_descriptor(s), written_block, w, &want, NULL);
+	r = layout_digest(kvd_seq_header(s), kvd_seq_descriptor(s), written_block, w, &want, NULL);
 	if (r < 0)
 		return r;
 	return daemon == want ? 0 : -EBADMSG;

@@ -405,7 +405,7 @@ int raw_hello(int fd, struct wire_rx *rx, const char *tenant, uint32_t min, uint
 	 * never maps any, so it may as well say it can. */
 	if (fixture_backend_cuda()) {
 		h.has_features = true;
-		h.features = WIRE_FEATURE_DEVICE_CHUNKS;
+		h.features = KVD_FEATURE_DEVICE_CHUNKS;
 	}
 	env.has_id = true;
 	env.id = 1;

@@ -420,7 +420,7 @@ static void raw_ring_open(struct fixture *f, const char *tenant, struct raw_ring
 	wire_rx_init(rr->rx);
 	h.has_min_version = h.has_max_version = h.has_features = true;
 	h.min_version = h.max_version = 1;
-	h.features = RING_FEATURE;
+	h.features = KVD_FEATURE_RING;
 	h.tenant = (char *)tenant;
 	env.has_id = true;
 	env.id = 1;
@@ -445,7 +445,7 @@ static void raw_ring_open(struct fixture *f, const char *tenant, struct raw_ring
 		wire_rx_commit(rr->rx, (size_t)n);
 	}
 	ASSERT_EQ(rep->status->code, 0);
-	ASSERT_TRUE(rep->hello_reply->features & RING_FEATURE);
+	ASSERT_TRUE(rep->hello_reply->features & KVD_FEATURE_RING);
 	ASSERT_GE(nfds, 1u);
 	ASSERT_OK(fstat(fds[0], &st));
 	ASSERT_EQ((uint64_t)st.st_size, rep->hello_reply->ring_bytes);

@@ -23,8 +23,9 @@
  * never by an address, since every process maps chunks at its own addresses.
  *
  * Sequence descriptor. Each sequence has a descriptor that the daemon creates, seals and
- * rewrites; the library maps it read-only. It is struct kvd_seq_desc followed by three
- * arrays, one entry per table (a table is a layer with KVD_LAYOUT_PER_LAYER, a
+ * rewrites; the library maps it read-only. It is struct kvd_seq_desc (header_bytes of it:
+ * see kvd_seq_header()) followed by three arrays, one entry per table (a table is a layer
+ * with KVD_LAYOUT_PER_LAYER, a
  * (layer, kv head) with KVD_LAYOUT_PER_HEAD, index layer * kv_heads + kv_head):
  *   uint32_t tokens[n_tables]                       resident tokens of the table
  *   uint32_t positions[n_tables][max_tokens]        original position of each resident slot
@@ -175,6 +176,7 @@ KVD_EXPORT int kvd_client_connect(const char *socket_path, const char *tenant, k
  * during the call. Returns 0, or -EISCONN (the connection is alive), -ETIMEDOUT (the daemon
  * did not come back in time), an error of kvd_client_connect (a refusal is not retried),
  * -ECHILD.
+ * Since KVD_1.1.
  */
 KVD_EXPORT int kvd_client_reconnect(kvd_client *c, uint32_t timeout_ms);
 
@@ -193,6 +195,7 @@ KVD_EXPORT int kvd_client_reconnect(kvd_client *c, uint32_t timeout_ms);
  * -EINVAL, -ECHILD.
  * kvd_client_get_ring returns 1 while the per-step calls use the rings, 0 while they use
  * the socket, or -EINVAL, -ECHILD.
+ * Since KVD_1.1.
  */
 KVD_EXPORT int kvd_client_set_ring(kvd_client *c, int enable);
 KVD_EXPORT int kvd_client_get_ring(kvd_client *c);
@@ -204,6 +207,7 @@ KVD_EXPORT int kvd_client_get_ring(kvd_client *c);
  * 2 us, then at doubling intervals, so that a daemon on the same CPU runs). 0 sleeps at once.
  * The default is 50, or KVD_SPIN_US from the environment when the client connects. Applies
  * to the rings and the socket. Returns 0, or -EINVAL (above 1000000), -ECHILD.
+ * Since KVD_1.1.
  */
 KVD_EXPORT int kvd_client_set_spin(kvd_client *c, uint32_t spin_us);
 
@@ -270,6 +274,7 @@ KVD_EXPORT int kvd_model_register(kvd_client *c, const kvd_model_spec *spec);
  * also for a bad ev: unknown unit, KVD_UNIT_HEAD_TOKEN without KVD_LAYOUT_PER_HEAD, window or
  * sinks out of range, reserved not 0), or -EFBIG (its observation buffer would exceed the
  * daemon's max-observation-bytes).
+ * Since KVD_1.1.
  */
 KVD_EXPORT int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec *spec,
 		                            const kvd_eviction_spec *ev);
@@ -283,6 +288,7 @@ KVD_EXPORT int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec 
  * of kvd_model_register_evictable (-EINVAL also for an unknown compensation, moments
  * without an eviction unit, or a moments block larger than a chunk), -EOPNOTSUPP (the
  * daemon does not keep moments).
+ * Since KVD_1.2.
  */
 KVD_EXPORT int kvd_model_register_compensated(kvd_client *c, const kvd_model_spec *spec,
 		                              const kvd_eviction_spec *ev, uint32_t compensation);
@@ -310,6 +316,7 @@ KVD_EXPORT int kvd_model_register_indexed(kvd_client *c, const kvd_model_spec *s
  * model's Gram state over the daemon's limit), -EBUSY (the daemon is computing too many
  * uploads, or this connection has max-outstanding replies waiting: retry), -ENOMEM, an error of memfd_create(2) or write(2) (e.g. -EMFILE),
  * -ECONNRESET, -ECHILD.
+ * Since KVD_1.1.
  */
 KVD_EXPORT int kvd_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uint32_t dtype,
 		                     uint32_t hidden, const void *wo);
@@ -361,6 +368,7 @@ KVD_EXPORT int kvd_seq_release(kvd_seq *s);
  * -EXDEV (its K/V are on another of the daemon's GPUs than this connection's: connect with
  * that GPU's context current), -ENOMEM, -ECONNRESET, -ECHILD. On failure s stays stale:
  * kvd_seq_release() frees it.
+ * Since KVD_1.2.
  */
 KVD_EXPORT int kvd_seq_claim(kvd_seq *s, int model_id);
 
@@ -375,6 +383,7 @@ KVD_EXPORT int kvd_seq_claim(kvd_seq *s, int model_id);
  * (kvd_seq_unpin, or the rewrite kvd_seq_pin sees). The engine's side of the order is its
  * own: the work it enqueued on the sequence's K/V must have completed before kvd_seq_unpin
  * (synchronise the stream, or wait for an event recorded after that work).
+ * Since KVD_1.1.
  */
 KVD_EXPORT int kvd_seq_pin(kvd_seq *s);
 KVD_EXPORT int kvd_seq_unpin(kvd_seq *s);
@@ -404,6 +413,7 @@ KVD_EXPORT int kvd_seq_unpin_after(kvd_seq *s, void *cuda_event);
  * publishes them as the window that ends at the sequence's current last position. Both
  * return 0, or -EINVAL (layer out of range; kvd_seq_observe: the sequence is empty),
  * -EOPNOTSUPP (the model has no eviction), -ECHILD. No system call.
+ * Since KVD_1.1.
  */
 KVD_EXPORT int kvd_seq_observation(kvd_seq *s, uint32_t layer, void **ret_q);
 KVD_EXPORT int kvd_seq_observe(kvd_seq *s, uint32_t layer);
@@ -413,6 +423,7 @@ KVD_EXPORT int kvd_seq_observe(kvd_seq *s, uint32_t layer);
  * kvd_moments_header): read it while the sequence is pinned. Returns 0, or -EOPNOTSUPP (the
  * model has no moments), -ENODATA (not allocated yet: the sequence was never grown),
  * -EINVAL (out of range, or its chunk not mapped here), -ESTALE, -ECHILD.
+ * Since KVD_1.2.
  */
 KVD_EXPORT int kvd_seq_moments(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 		               const struct kvd_moments_header **ret);
@@ -448,9 +459,18 @@ KVD_EXPORT int kvd_seq_latent(const kvd_seq *s, uint32_t layer, uint32_t kv_head
 /* The sequence's daemon-wide id; 0 after fork. */
 KVD_EXPORT uint64_t kvd_seq_id(const kvd_seq *s);
 
-/* The descriptor as mapped in this process (read-only); see the top of this file. NULL
- * after fork, since the child does not have the mapping. */
+/* The descriptor as mapped in this process (read-only); see the top of this file. Read its
+ * counts and arrays here and its geometry from kvd_seq_header(): a daemon older than this
+ * library wrote a shorter header, and what follows it is not header. NULL after fork, since
+ * the child does not have the mapping. */
 KVD_EXPORT const struct kvd_seq_desc *kvd_seq_descriptor(const kvd_seq *s);
+
+/* The descriptor's header as libkvd checked it when the sequence opened: the fields the
+ * daemon wrote, every later one 0, and header_bytes the size the daemon wrote (kvd-abi.h,
+ * "How the shared headers grow"). Its geometry never changes; its counts (generation,
+ * next_position, moments_blocks) are the ones of that moment: read those from
+ * kvd_seq_descriptor(). Valid as long as s; NULL after fork. Since KVD_1.4. */
+KVD_EXPORT const struct kvd_seq_desc *kvd_seq_header(const kvd_seq *s);
 
 /* Resident tokens of (layer, kv_head), or -EINVAL when either is out of range, -ECHILD. */
 KVD_EXPORT int64_t kvd_seq_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_head);
@@ -573,7 +593,7 @@ KVD_EXPORT int kvd_status_tenant_u64(const kvd_status *st, uint32_t index, const
 KVD_EXPORT int kvd_status_tenant_str(const kvd_status *st, uint32_t index, const char *key,
 		                     const char **ret);
 /* The refusal counters by limit, in the daemon's order: their number, and the name and value
- * of one (either output may be NULL; -EINVAL when index is out of range). */
+ * of one (either output may be NULL; -EINVAL when index is out of range). Since KVD_1.1. */
 KVD_EXPORT uint32_t kvd_status_refusals(const kvd_status *st);
 KVD_EXPORT int kvd_status_refusal(const kvd_status *st, uint32_t index, const char **ret_name,
 		                  uint64_t *ret_value);
@@ -587,6 +607,7 @@ KVD_EXPORT int kvd_status_refusal(const kvd_status *st, uint32_t index, const ch
  * tenant name), -EPERM, -ENOENT (unknown tenant), -EBUSY (too many rounds waiting, or
  * max-outstanding on this connection), or the
  * round's error, -ECONNRESET, -ECHILD.
+ * Since KVD_1.1.
  */
 KVD_EXPORT int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed);
 
@@ -601,7 +622,7 @@ typedef struct kvd_evictions kvd_evictions;
 
 /* kvd_evictions_get returns 0, or -ENOMEM, -ECONNRESET, -ECHILD; the getters return 0, or
  * -ENOENT (no such value), -EINVAL (index out of range); kvd_evictions_tenant's outputs
- * may be NULL. */
+ * may be NULL. Since KVD_1.1. */
 KVD_EXPORT int kvd_evictions_get(kvd_client *c, kvd_evictions **ret);
 KVD_EXPORT kvd_evictions *kvd_evictions_free(kvd_evictions *e);
 KVD_EXPORT uint32_t kvd_evictions_count(const kvd_evictions *e);

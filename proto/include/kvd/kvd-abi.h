@@ -25,6 +25,12 @@ extern "C" {
 #define KVD_PROTOCOL_VERSION_MIN 1
 #define KVD_PROTOCOL_VERSION_MAX 1
 
+/* Hello.features / HelloReply.features bits (kvd.proto): what a client offers in its hello
+ * and, in the reply, what the daemon does for this connection. */
+#define KVD_FEATURE_RING (UINT64_C(1) << 0)          /* per-step shared-memory rings */
+#define KVD_FEATURE_DEVICE_CHUNKS (UINT64_C(1) << 1) /* the client imports GPU (cuMem) chunks */
+#define KVD_FEATURE_SEQ_HEADER (UINT64_C(1) << 2)    /* descriptors carry header_bytes */
+
 /* Default socket path of a system-wide daemon. */
 #define KVD_DEFAULT_SOCKET "/run/kvd/kvd.sock"
 
@@ -37,9 +43,28 @@ extern "C" {
 #define KVD_LAYOUT_PER_LAYER 1
 #define KVD_LAYOUT_PER_HEAD 2
 
-/* Magic and version at the start of every sequence descriptor. */
+/*
+ * How the shared headers grow. The sequence descriptor's and the observation buffer's
+ * headers only ever grow at their end: a field, once placed, stays where it is, so a reader
+ * built against an older header reads a newer one as it is, and `version` stays 1.
+ * `header_bytes` says how many bytes of the header the daemon wrote; a reader takes those
+ * and reads every field past them as 0 (libkvd does: kvd_seq_header()). Daemons from before
+ * libkvd 1.4 do not write it:
+ *   - descriptor: a HelloReply without KVD_FEATURE_SEQ_HEADER says so; the header then ends
+ *     at the lowest of tokens_offset, positions_offset and blocks_offset, and is at most
+ *     KVD_SEQ_DESC_HEADER_LEGACY_MAX bytes (those daemons wrote 104, 128 or 144);
+ *   - observation buffer: header_bytes reads 0 (the field was reserved, always 0); the
+ *     header then ends at the lower of stamps_offset and q_offset, at most
+ *     KVD_OBS_HEADER_LEGACY_MAX bytes.
+ * Every daemon writes at least the fields up to total_bytes (KVD_SEQ_DESC_HEADER_MIN) and the
+ * observation header's up to total_bytes (KVD_OBS_HEADER_MIN). A layout an older reader could
+ * not read (a field moved) takes a new version number, and the daemon writes it only for
+ * clients whose hello offers the feature bit that names it.
+ */
 #define KVD_SEQ_DESC_MAGIC 0x5344564bu /* "KVDS" */
 #define KVD_SEQ_DESC_VERSION 1
+#define KVD_SEQ_DESC_HEADER_MIN 104u
+#define KVD_SEQ_DESC_HEADER_LEGACY_MAX 144u
 
 /* Limits both sides check (kvd_model_spec, kvd_eviction_spec, kvd_index_spec, tenants). */
 #define KVD_LAYERS_MAX 1024u
@@ -101,6 +126,9 @@ struct kvd_seq_desc {
 	uint32_t index_heads;
 	uint32_t index_dim;
 	uint64_t index_offset;
+	/* Since libkvd 1.4 (KVD_FEATURE_SEQ_HEADER): bytes of this header the daemon wrote. */
+	uint32_t header_bytes;
+	uint32_t reserved;         /* 0 */
 };
 
 /* kvd_tenant_set() values: leave unchanged; no cap (also how status reports no cap). */
@@ -171,6 +199,8 @@ struct kvd_latent_header {
 /* Magic and version at the start of every observation buffer. */
 #define KVD_OBS_MAGIC 0x4f44564bu /* "KVDO" */
 #define KVD_OBS_VERSION 1
+#define KVD_OBS_HEADER_MIN 64u
+#define KVD_OBS_HEADER_LEGACY_MAX 88u
 
 /*
  * The observation buffer of a sequence whose model has eviction on: the daemon creates it,
@@ -188,7 +218,7 @@ struct kvd_obs_header {
 	uint32_t window;
 	uint32_t head_dim;
 	uint32_t dtype;
-	uint32_t reserved;
+	uint32_t header_bytes; /* bytes of this header the daemon wrote; 0 before libkvd 1.4 */
 	uint64_t stamps_offset;
 	uint64_t q_offset;
 	uint64_t layer_bytes;
@@ -214,16 +244,24 @@ struct kvd_obs_header {
 #define KVD_ABI_ASSERT(cond, what) typedef char KVD_ABI_CAT(kvd_abi_assert_, __LINE__)[(cond) ? 1 : -1]
 #endif
 KVD_ABI_ASSERT(sizeof(struct kvd_block_ref) == 8, "kvd_block_ref");
-KVD_ABI_ASSERT(sizeof(struct kvd_seq_desc) == 144, "kvd_seq_desc");
+KVD_ABI_ASSERT(sizeof(struct kvd_seq_desc) == 152, "kvd_seq_desc");
 KVD_ABI_ASSERT(offsetof(struct kvd_seq_desc, generation) == 8, "kvd_seq_desc.generation");
 KVD_ABI_ASSERT(offsetof(struct kvd_seq_desc, tokens_offset) == 72, "kvd_seq_desc.tokens_offset");
 KVD_ABI_ASSERT(offsetof(struct kvd_seq_desc, compensation) == 104, "kvd_seq_desc.compensation");
 KVD_ABI_ASSERT(offsetof(struct kvd_seq_desc, index_offset) == 136, "kvd_seq_desc.index_offset");
+KVD_ABI_ASSERT(offsetof(struct kvd_seq_desc, header_bytes) == KVD_SEQ_DESC_HEADER_LEGACY_MAX,
+               "kvd_seq_desc.header_bytes");
+KVD_ABI_ASSERT(offsetof(struct kvd_seq_desc, compensation) == KVD_SEQ_DESC_HEADER_MIN,
+               "kvd_seq_desc: the fields every daemon writes");
 KVD_ABI_ASSERT(sizeof(struct kvd_moments_header) == KVD_MOMENTS_HEADER_BYTES, "moments header");
 KVD_ABI_ASSERT(sizeof(struct kvd_latent_header) == KVD_LATENT_HEADER_BYTES, "latent header");
 KVD_ABI_ASSERT(sizeof(struct kvd_obs_header) == 88, "kvd_obs_header");
 KVD_ABI_ASSERT(offsetof(struct kvd_obs_header, stamps_offset) == 32, "kvd_obs_header.stamps_offset");
 KVD_ABI_ASSERT(offsetof(struct kvd_obs_header, iq_offset) == 72, "kvd_obs_header.iq_offset");
+KVD_ABI_ASSERT(offsetof(struct kvd_obs_header, header_bytes) == 28, "kvd_obs_header.header_bytes");
+KVD_ABI_ASSERT(offsetof(struct kvd_obs_header, index_heads) == KVD_OBS_HEADER_MIN,
+               "kvd_obs_header: the fields every daemon writes");
+KVD_ABI_ASSERT(sizeof(struct kvd_obs_header) == KVD_OBS_HEADER_LEGACY_MAX, "kvd_obs_header");
 #undef KVD_ABI_ASSERT
 #undef KVD_ABI_CAT
 #undef KVD_ABI_CAT2
