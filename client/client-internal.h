@@ -126,6 +126,7 @@ struct kvd_client {
 	 * KVD_MEMORY_CUDA (chunks are imported into cuda's range, cuda-import.h). */
 	uint32_t memory;
 	uint64_t features;         /* HelloReply.features of the current connection */
+	uint32_t connect_timeout_ms; /* kvd_connect_params.timeout_ms; 0: the environment's */
 	struct client_cuda *cuda;
 	uint8_t device_uuid[16];   /* KVD_MEMORY_CUDA: the daemon's GPU, WIRE_DEVICE_UUID_BYTES */
 	/* Engines' CUDA events registered with the daemon (kvd_seq_unpin_after): event i has
@@ -148,6 +149,22 @@ struct kvd_client {
 
 	char last_error[LAST_ERROR_MAX];
 };
+
+/* The sizes of the parameter structs' first versions (libkvd 1.4): a caller's struct is at
+ * least this large. */
+#define KVD_CONNECT_PARAMS_SIZE_1_4 32u
+#define KVD_MODEL_PARAMS_SIZE_1_4 80u
+#define KVD_TENANT_PARAMS_SIZE_1_4 40u
+_Static_assert(sizeof(kvd_connect_params) == KVD_CONNECT_PARAMS_SIZE_1_4, "kvd_connect_params");
+_Static_assert(sizeof(kvd_model_params) == KVD_MODEL_PARAMS_SIZE_1_4, "kvd_model_params");
+_Static_assert(sizeof(kvd_tenant_params) == KVD_TENANT_PARAMS_SIZE_1_4, "kvd_tenant_params");
+
+/*
+ * Copies a caller's parameter struct (kvd.h, "Parameter structs") into ours, ours_size bytes:
+ * one shorter is zero-extended, one longer must hold only zeros past ours. Returns 0, or
+ * -EINVAL (NULL, or smaller than first_size), -E2BIG.
+ */
+int params_copy(void *ours, size_t ours_size, const void *theirs, size_t first_size);
 
 struct kvd_seq {
 	kvd_client *client; /* a reference */

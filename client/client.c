@@ -868,7 +868,8 @@ static int client_hello(kvd_client *c, const char *tenant) {
 	hello.has_max_version = true;
 	hello.max_version = KVD_PROTOCOL_VERSION_MAX;
 	hello.has_features = true;
-	hello.features = KVD_FEATURE_SEQ_HEADER | (c->no_ring ? 0 : KVD_FEATURE_RING);
+	hello.features = KVD_FEATURE_SEQ_HEADER | KVD_FEATURE_TENANT_POLICY |
+	                 (c->no_ring ? 0 : KVD_FEATURE_RING);
 #ifdef KVD_HAVE_CUDA
 	hello.features |= KVD_FEATURE_DEVICE_CHUNKS;
 #endif
@@ -938,14 +939,46 @@ const char *kvd_version(void) {
 	return KVD_VERSION;
 }
 
+int params_copy(void *ours, size_t ours_size, const void *theirs, size_t first_size) {
+	uint32_t size;
+
+	if (!theirs)
+		return -EINVAL;
+	memcpy(&size, theirs, sizeof(size));
+	if (size < first_size)
+		return -EINVAL;
+	/* What this library does not know must be unset. */
+	for (size_t i = ours_size; i < size; i++)
+		if (((const uint8_t *)theirs)[i] != 0)
+			return -E2BIG;
+	memset(ours, 0, ours_size);
+	memcpy(ours, theirs, MIN((size_t)size, ours_size));
+	return 0;
+}
+
 int kvd_client_connect(const char *socket_path, const char *tenant, kvd_client **ret) {
+	kvd_connect_params p = { .size = sizeof(p), .socket_path = socket_path, .tenant = tenant };
+
+	return kvd_client_connect_params(&p, ret);
+}
+
+int kvd_client_connect_params(const kvd_connect_params *params, kvd_client **ret) {
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	const char *socket_path, *tenant;
+	kvd_connect_params p;
 	size_t len;
 	int r;
 
 	if (!ret)
 		return -EINVAL;
+	r = params_copy(&p, sizeof(p), params, KVD_CONNECT_PARAMS_SIZE_1_4);
+	if (r < 0)
+		return r;
+	if ((p.flags & ~KVD_CONNECT_NO_RING) || p.reserved != 0)
+		return -EINVAL;
+	socket_path = p.socket_path;
+	tenant = p.tenant;
 	if (!socket_path)
 		socket_path = KVD_DEFAULT_SOCKET;
 	len = strlen(socket_path);
@@ -960,6 +993,9 @@ int kvd_client_connect(const char *socket_path, const char *tenant, kvd_client *
 	r = client_new(&c);
 	if (r < 0)
 		return r;
+	if (p.flags & KVD_CONNECT_NO_RING)
+		c->no_ring = true, c->want_ring = false;
+	c->connect_timeout_ms = p.timeout_ms;
 	memcpy(c->socket_path, socket_path, strlen(socket_path) + 1);
 	if (tenant) {
 		c->has_tenant = true;
@@ -1005,7 +1041,7 @@ static int client_dial(kvd_client *c) {
 
 	memcpy(sa.sun_path, c->socket_path, len);
 	len += offsetof(struct sockaddr_un, sun_path) + 1;
-	r = socket_timeouts(c->fd, connect_timeout_ms());
+	r = socket_timeouts(c->fd, c->connect_timeout_ms ? c->connect_timeout_ms : connect_timeout_ms());
 	if (r < 0)
 		return r;
 	if (connect(c->fd, (struct sockaddr *)&sa, (socklen_t)len) < 0)
@@ -1293,20 +1329,47 @@ int kvd_budget_set(kvd_client *c, uint64_t bytes) {
 
 int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
 		   uint64_t max_bytes, uint32_t weight) {
+	kvd_tenant_params p = {
+		.size = sizeof(p),
+		.set = (min_bytes != KVD_TENANT_KEEP ? KVD_TENANT_SET_MIN : 0) |
+		       (max_bytes != KVD_TENANT_KEEP ? KVD_TENANT_SET_MAX : 0) |
+		       (weight != 0 ? KVD_TENANT_SET_WEIGHT : 0),
+		.min_bytes = min_bytes,
+		.max_bytes = max_bytes,
+		.weight = weight,
+	};
+
+	return kvd_tenant_set_params(c, tenant, &p);
+}
+
+int kvd_tenant_set_params(kvd_client *c, const char *tenant, const kvd_tenant_params *params) {
 	Kvd__V1__TenantSet req = KVD__V1__TENANT_SET__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
+	kvd_tenant_params p;
+	int r;
 
 	if (!c || !tenant || !tenant_name_valid(tenant))
 		return -EINVAL;
 	if (client_forked(c))
 		return -ECHILD;
+	r = params_copy(&p, sizeof(p), params, KVD_TENANT_PARAMS_SIZE_1_4);
+	if (r < 0)
+		return r;
+	if ((p.set & ~(KVD_TENANT_SET_MIN | KVD_TENANT_SET_MAX | KVD_TENANT_SET_WEIGHT |
+		       KVD_TENANT_SET_POLICY)) || p.reserved != 0 ||
+	    ((p.set & KVD_TENANT_SET_POLICY) && !p.policy))
+		return -EINVAL;
+	/* A daemon that predates the field would drop it without a word. */
+	if ((p.set & KVD_TENANT_SET_POLICY) && !(c->features & KVD_FEATURE_TENANT_POLICY))
+		return -EOPNOTSUPP;
 	req.name = (char *)tenant;
-	req.has_min_bytes = min_bytes != KVD_TENANT_KEEP;
-	req.min_bytes = min_bytes;
-	req.has_max_bytes = max_bytes != KVD_TENANT_KEEP;
-	req.max_bytes = max_bytes;
-	req.has_weight = weight != 0;
-	req.weight = weight;
+	req.has_min_bytes = p.set & KVD_TENANT_SET_MIN;
+	req.min_bytes = p.min_bytes;
+	req.has_max_bytes = p.set & KVD_TENANT_SET_MAX;
+	req.max_bytes = p.max_bytes;
+	req.has_weight = p.set & KVD_TENANT_SET_WEIGHT;
+	req.weight = p.weight;
+	req.policy = p.set & KVD_TENANT_SET_POLICY ? (char *)p.policy : NULL;
 	env.body_case = KVD__V1__ENVELOPE__BODY_TENANT_SET;
 	env.tenant_set = &req;
 	return client_simple_call(c, &env);
@@ -1358,7 +1421,7 @@ int kvd_tenant_delete(kvd_client *c, const char *tenant) {
 
 /* The strings kvd_status_tenant_str() knows, in the order of status_tenant.str. */
 static const char *const tenant_str_keys[] = {
-	"min_source", "max_source", "weight_source", "policy",
+	"min_source", "max_source", "weight_source", "policy", "policy_source",
 };
 #define TENANT_STR_KEYS ELEMENTSOF(tenant_str_keys)
 
@@ -1480,6 +1543,7 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 
 		const char *const strs[TENANT_STR_KEYS] = {
 			ts->min_source, ts->max_source, ts->weight_source, ts->policy,
+			ts->policy_source,
 		};
 
 		for (size_t k = 0; k < TENANT_STR_KEYS; k++)

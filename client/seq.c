@@ -193,6 +193,18 @@ static int model_register(kvd_client *c, const kvd_model_spec *spec,
 	return r;
 }
 
+int kvd_model_register_params(kvd_client *c, const kvd_model_params *params) {
+	kvd_model_params p;
+	int r;
+
+	r = params_copy(&p, sizeof(p), params, KVD_MODEL_PARAMS_SIZE_1_4);
+	if (r < 0)
+		return r;
+	return model_register(c, &p.spec, &p.eviction, p.compensation,
+			      p.index.heads || p.index.dim || p.index.reserved[0] || p.index.reserved[1]
+				      ? &p.index : NULL);
+}
+
 int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
 	return model_register(c, spec, NULL, KVD_COMPENSATION_NONE, NULL);
 }

@@ -103,7 +103,7 @@ static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 	uint32_t weight = 1;
 	int policy = KVD_POLICY_KVD;
 	uint8_t min_source = SOURCE_DEFAULT, max_source = SOURCE_DEFAULT,
-	        weight_source = SOURCE_DEFAULT;
+	        weight_source = SOURCE_DEFAULT, policy_source = SOURCE_DEFAULT;
 
 	if (lt && lt->has_min)
 		min = lt->min_bytes, min_source = SOURCE_LIVE;
@@ -117,8 +117,10 @@ static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 		weight = lt->weight, weight_source = SOURCE_LIVE;
 	else if (ct && ct->source[SETTINGS_TENANT_WEIGHT] == SOURCE_CONFIG)
 		weight = ct->weight, weight_source = SOURCE_CONFIG;
-	if (ct)
-		policy = ct->policy;
+	if (lt && lt->has_policy)
+		policy = lt->policy, policy_source = SOURCE_LIVE;
+	else if (ct && ct->source[SETTINGS_TENANT_POLICY] == SOURCE_CONFIG)
+		policy = ct->policy, policy_source = SOURCE_CONFIG;
 
 	if (changes && (min != t->min_bytes || max != t->max_bytes || weight != t->weight ||
 	                policy != t->policy)) {
@@ -144,6 +146,7 @@ static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 	t->min_source = min_source;
 	t->max_source = max_source;
 	t->weight_source = weight_source;
+	t->policy_source = policy_source;
 	if (strdup_or_null(&t->allow_users, ct ? ct->allow_users : NULL) < 0 ||
 	    strdup_or_null(&t->allow_groups, ct ? ct->allow_groups : NULL) < 0)
 		log_error("tenant %s: out of memory copying allow-users/allow-groups, ignoring",
@@ -430,6 +433,10 @@ int admin_tenant_set(struct admin *a, struct tenant *t, const struct state_tenan
 	if (change->has_weight) {
 		lt->has_weight = true;
 		lt->weight = change->weight;
+	}
+	if (change->has_policy) {
+		lt->has_policy = true;
+		lt->policy = change->policy;
 	}
 	apply_tenant(a, t, false);
 	return save(a, why, why_n);

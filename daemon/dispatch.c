@@ -247,7 +247,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 	rep.features = c->ring ? KVD_FEATURE_RING : 0;
 	if (req->has_features) {
 		/* Every descriptor carries header_bytes; a client that offers the bit reads it. */
-		rep.features |= req->features & KVD_FEATURE_SEQ_HEADER;
+		rep.features |= req->features & (KVD_FEATURE_SEQ_HEADER | KVD_FEATURE_TENANT_POLICY);
 		if (s->pool->ops->memory != BACKEND_MEMORY_HOST)
 			rep.features |= req->features & KVD_FEATURE_DEVICE_CHUNKS;
 	}
@@ -911,6 +911,10 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Kvd__V1__Tenant
 		reply_error(c, id, -EINVAL, "weight must be 1..%u", WEIGHT_MAX);
 		return;
 	}
+	if (req->policy && (int)kvd_policy_from_string(req->policy) < 0) {
+		reply_error(c, id, -EINVAL, "unknown policy (kvd.conf(5) lists them)");
+		return;
+	}
 	t = tenant_find(&c->srv->tenants, req->name);
 	min = req->has_min_bytes ? req->min_bytes : t ? t->min_bytes : 0;
 	max = req->has_max_bytes ? req->max_bytes : t ? t->max_bytes : KVD_TENANT_NO_CAP;
@@ -938,11 +942,14 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Kvd__V1__Tenant
 	change.max_bytes = max;
 	change.has_weight = req->has_weight;
 	change.weight = req->weight;
+	change.has_policy = req->policy != NULL;
+	change.policy = req->policy ? (int)kvd_policy_from_string(req->policy) : 0;
 	r = admin_tenant_set(c->srv->admin, t, &change, why, sizeof(why));
 	if (r >= 0)
-		log_notice("tenant %s set by pid %d: min %llu, max %llu, weight %u", t->name,
-		           (int)c->cred.pid, (unsigned long long)t->min_bytes,
-		           (unsigned long long)t->max_bytes, t->weight);
+		log_notice("tenant %s set by pid %d: min %llu, max %llu, weight %u, policy %s",
+		           t->name, (int)c->cred.pid, (unsigned long long)t->min_bytes,
+		           (unsigned long long)t->max_bytes, t->weight,
+		           kvd_policy_to_string(t->policy));
 	reply_live(c, id, r, why);
 }
 
@@ -1257,6 +1264,7 @@ static void handle_status(struct conn *c, uint64_t id) {
 		ts[i].min_source = (char *)setting_source_to_string(t->min_source);
 		ts[i].max_source = (char *)setting_source_to_string(t->max_source);
 		ts[i].weight_source = (char *)setting_source_to_string(t->weight_source);
+		ts[i].policy_source = (char *)setting_source_to_string(t->policy_source);
 		ts[i].policy = (char *)kvd_policy_to_string(t->policy);
 		ts[i].has_evicted_bytes = ts[i].has_evicted_tokens = ts[i].has_rounds = true;
 		ts[i].evicted_bytes = t->evicted_bytes;

@@ -12,6 +12,7 @@
 #include "common/macro.h"
 #include "common/number.h"
 #include "common/size.h"
+#include "policy.h"
 #include "state.h"
 
 #define WEIGHT_MAX 10000
@@ -150,6 +151,13 @@ static void on_key(struct inifile_ctx *ctx, const char *section, const char *key
 			goto bad;
 		t->has_weight = true;
 		t->weight = (uint32_t)v;
+	} else if (t && strcmp(key, "policy") == 0) {
+		enum kvd_policy p = kvd_policy_from_string(value);
+
+		if (p < 0)
+			goto bad;
+		t->has_policy = true;
+		t->policy = p;
 	} else
 		inifile_ctx_error(ctx, "unknown key '%s' in [%s]", key, section);
 	return;
@@ -193,6 +201,8 @@ int state_format(const struct state *st, char **ret) {
 			fprintf(f, "max = %" PRIu64 "\n", t->max_bytes);
 		if (t->has_weight)
 			fprintf(f, "weight = %" PRIu32 "\n", t->weight);
+		if (t->has_policy)
+			fprintf(f, "policy = %s\n", kvd_policy_to_string(t->policy));
 	}
 	if (fclose(f) != 0) {
 		free(text);

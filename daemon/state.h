@@ -32,10 +32,11 @@
 
 struct state_tenant {
 	char name[KVD_TENANT_NAME_MAX + 1];
-	bool has_min, has_max, has_weight;
+	bool has_min, has_max, has_weight, has_policy;
 	uint64_t min_bytes;
 	uint64_t max_bytes;           /* KVD_TENANT_NO_CAP: none */
 	uint32_t weight;
+	int policy;                   /* enum kvd_policy */
 };
 
 struct state {

@@ -25,7 +25,7 @@ struct tenant {
 	uint32_t weight;
 	int policy;                   /* enum kvd_policy (stored; used with eviction) */
 	/* Where min, max and weight come from: enum setting_source (see admin.h). */
-	uint8_t min_source, max_source, weight_source;
+	uint8_t min_source, max_source, weight_source, policy_source;
 	char *allow_users;            /* from the config file: stored and reported only */
 	char *allow_groups;
 	uint64_t used_bytes;          /* bytes of the chunks it holds, draining ones included */

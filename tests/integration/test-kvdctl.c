@@ -446,6 +446,13 @@ TEST(status_tenants_budget) {
 	ASSERT_CONTAINS(r->out, "tenant alpha set: min 2.0 MiB");
 	ASSERT_CONTAINS(r->out, "max 8.0 MiB");
 	ASSERT_CONTAINS(r->out, "weight 3");
+	ASSERT_CONTAINS(r->out, "policy kvd (default)");
+	r = kvdctl(f.socket, "tenant set alpha --policy keydiff");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "weight 3 (live), policy keydiff (live)");
+	r = kvdctl(f.socket, "tenant set alpha --policy nonesuch");
+	ASSERT_EXIT(r, 1);
+	ASSERT_CONTAINS(r->err, "unknown policy");
 	hold(&a, &f, "alpha", 3);
 	hold(&b, &f, "beta", 1);
 
@@ -641,7 +648,7 @@ TEST(budget_and_tenant_reset) {
 	r = kvdctl(f.socket, "tenant set llama --max 4M --weight 5");
 	ASSERT_EXIT(r, 0);
 	ASSERT_STREQ(r->out, "tenant llama set: min 2.0 MiB (config), max 4.0 MiB (live), weight 5 "
-			     "(live)\n");
+			     "(live), policy kvd (default)\n");
 	r = kvdctl(f.socket, "tenants");
 	ASSERT_CONTAINS(line_starting(r->out, "llama "), "2.0 MiB+");
 	ASSERT_CONTAINS(line_starting(r->out, "llama "), "4.0 MiB*");
@@ -663,7 +670,7 @@ TEST(budget_and_tenant_reset) {
 	}
 	ASSERT_EXIT(r, 0);
 	ASSERT_STREQ(r->out, "tenant llama reset: min 2.0 MiB (config), max 8.0 MiB (config), "
-			     "weight 2 (config)\n");
+			     "weight 2 (config), policy kvd (default)\n");
 	r = kvdctl(f.socket, "tenants --json");
 	ASSERT_JSON(r->out, TENANT_VALUES("llama"), "[2097152, 8388608, 2]");
 	ASSERT_JSON(r->out, TENANT_SOURCES("llama"), "[\"config\", \"config\", \"config\"]");
@@ -675,7 +682,7 @@ TEST(budget_and_tenant_reset) {
 	r = kvdctl(f.socket, "tenant reset gamma");
 	ASSERT_EXIT(r, 0);
 	ASSERT_STREQ(r->out, "tenant gamma reset: min 0 B (default), max none (default), weight 1 "
-			     "(default)\n");
+			     "(default), policy kvd (default)\n");
 	r = kvdctl(f.socket, "tenants --json");
 	ASSERT_JSON(r->out, TENANT_VALUES("gamma"), "[0, null, 1]");
 

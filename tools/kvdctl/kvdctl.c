@@ -41,11 +41,11 @@ void help(void) {
 	       "                           pool). Kept across daemon restarts until reset\n"
 	       "  budget reset             Drop the live budget: back to kvd's --budget, the\n"
 	       "                           config file's value, or the pool size\n"
-	       "  tenant set NAME [--min SIZE] [--max SIZE|none] [--weight N]\n"
+	       "  tenant set NAME [--min SIZE] [--max SIZE|none] [--weight N] [--policy NAME]\n"
 	       "                           Create or change a tenant live; options left out keep\n"
 	       "                           their value (a new tenant starts with min 0, no cap,\n"
 	       "                           weight 1). Kept across daemon restarts until reset\n"
-	       "  tenant reset NAME        Drop the tenant's live min, max and weight: back to\n"
+	       "  tenant reset NAME        Drop the tenant's live min, max, weight and policy: back to\n"
 	       "                           the config file's values (or the defaults)\n"
 	       "  tenant delete NAME       Forget a tenant that holds nothing (no connection,\n"
 	       "                           sequence or chunk) and is not in the config file,\n"
@@ -76,6 +76,8 @@ void help(void) {
 	       "                      unchanged)\n"
 	       "  --weight N          With tenant set: eviction weight, at least 1; the daemon\n"
 	       "                      sets the upper bound (default: unchanged)\n"
+	       "  --policy NAME       With tenant set: eviction policy, a name kvd.conf(5) lists\n"
+	       "                      (default: unchanged)\n"
 	       "  --interval SECONDS  With top: time between refreshes, 0.1 to 3600, fractions\n"
 	       "                      allowed (default: 2)\n"
 	       "  --once              With top: sample twice, SECONDS apart, print one frame\n"
@@ -532,6 +534,7 @@ static void tenant_report(kvd_client *c, const char *name, const char *done) {
 		{ "max", "max_bytes", "max_source", 1 },
 		{ "weight", "weight", "weight_source", 0 },
 	};
+	const char *policy, *policy_source;
 	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
 	uint32_t t;
 
@@ -557,6 +560,11 @@ static void tenant_report(kvd_client *c, const char *name, const char *done) {
 		if (status_tenant_str(st, t, fields[i].source, &source) == 0)
 			printf(" (%s)", source);
 	}
+	if (status_tenant_str(st, t, "policy", &policy) == 0) {
+		printf(", policy %s", policy);
+		if (status_tenant_str(st, t, "policy_source", &policy_source) == 0)
+			printf(" (%s)", policy_source);
+	}
 	printf("\n");
 }
 
@@ -579,41 +587,46 @@ static int cmd_tenant(int argc, char **argv) {
 		{ "min", required_argument, NULL, 'm' },
 		{ "max", required_argument, NULL, 'M' },
 		{ "weight", required_argument, NULL, 'w' },
+		{ "policy", required_argument, NULL, 'p' },
 		{ "socket", required_argument, NULL, 's' },
 		{ "help", no_argument, NULL, 'h' },
 		{},
 	};
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
-	uint64_t min = KVD_TENANT_KEEP, max = KVD_TENANT_KEEP;
-	uint32_t weight = 0;
+	kvd_tenant_params p = { .size = sizeof(p) };
 	const char *sub, *name;
 	char what[128];
-	int opt, r, values = 0;
+	int opt, r;
 
 	optind = 0;
 	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
 		switch (opt) {
 		case 'm':
-			if (parse_size_arg("--min", optarg, &min) < 0)
+			if (parse_size_arg("--min", optarg, &p.min_bytes) < 0)
 				return EXIT_USAGE;
-			if (min >= KVD_TENANT_KEEP)
+			if (p.min_bytes >= KVD_TENANT_KEEP)
 				return usage_error("--min: too large");
-			values = 1;
+			p.set |= KVD_TENANT_SET_MIN;
 			break;
 		case 'M':
 			if (strcmp(optarg, "none") == 0)
-				max = KVD_TENANT_NO_CAP;
-			else if (parse_size_arg("--max", optarg, &max) < 0)
+				p.max_bytes = KVD_TENANT_NO_CAP;
+			else if (parse_size_arg("--max", optarg, &p.max_bytes) < 0)
 				return EXIT_USAGE;
-			else if (max >= KVD_TENANT_KEEP)
+			else if (p.max_bytes >= KVD_TENANT_KEEP)
 				return usage_error("--max: too large (use none for no cap)");
-			values = 1;
+			p.set |= KVD_TENANT_SET_MAX;
 			break;
 		case 'w':
-			if (number_parse_u32(optarg, 1, UINT32_MAX, &weight) < 0)
+			if (number_parse_u32(optarg, 1, UINT32_MAX, &p.weight) < 0)
 				return usage_error("--weight: '%s' must be a number in 1..%u", optarg,
 						   UINT32_MAX);
-			values = 1;
+			p.set |= KVD_TENANT_SET_WEIGHT;
+			break;
+		case 'p':
+			/* The daemon knows the names (kvd.conf(5)); it says which it does not. */
+			p.policy = optarg;
+			p.set |= KVD_TENANT_SET_POLICY;
 			break;
 		case 's':
 			arg_socket = optarg;
@@ -626,7 +639,7 @@ static int cmd_tenant(int argc, char **argv) {
 		}
 	if (optind >= argc)
 		return usage_error("tenant: expected 'set NAME [--min SIZE] [--max SIZE|none] "
-				   "[--weight N]', 'reset NAME' or 'delete NAME'");
+				   "[--weight N] [--policy NAME]', 'reset NAME' or 'delete NAME'");
 	sub = argv[optind];
 	if (strcmp(sub, "set") != 0 && strcmp(sub, "reset") != 0 && strcmp(sub, "delete") != 0)
 		return usage_error("tenant: unknown subcommand '%s' (set, reset, delete)", sub);
@@ -635,9 +648,9 @@ static int cmd_tenant(int argc, char **argv) {
 	name = argv[optind + 1];
 
 	if (strcmp(sub, "delete") == 0) {
-		if (values)
-			return usage_error("tenant delete: --min, --max and --weight belong to "
-					   "'tenant set'");
+		if (p.set)
+			return usage_error("tenant delete: --min, --max, --weight and --policy belong "
+					   "to 'tenant set'");
 		snprintf(what, sizeof(what), "tenant delete %s", name);
 		r = connect_admin(&c);
 		if (r != EXIT_OK)
@@ -650,9 +663,9 @@ static int cmd_tenant(int argc, char **argv) {
 		return output_flush();
 	}
 	if (strcmp(sub, "reset") == 0) {
-		if (values)
-			return usage_error("tenant reset: --min, --max and --weight belong to "
-					   "'tenant set'");
+		if (p.set)
+			return usage_error("tenant reset: --min, --max, --weight and --policy belong "
+					   "to 'tenant set'");
 		snprintf(what, sizeof(what), "tenant reset %s", name);
 		r = connect_admin(&c);
 		if (r != EXIT_OK)
@@ -670,7 +683,7 @@ static int cmd_tenant(int argc, char **argv) {
 	if (r != EXIT_OK)
 		return r;
 	snprintf(what, sizeof(what), "tenant set %s", name);
-	r = kvd_tenant_set(c, name, min, max, weight);
+	r = kvd_tenant_set_params(c, name, &p);
 	if (r < 0)
 		return tenant_error(c, r, what);
 	change_warning(c, r, what);

@@ -497,6 +497,7 @@ static const char *const tenant_str_keys[] = {
 	"max_source",
 	"weight_source",
 	"policy",
+	"policy_source",
 };
 
 /*

@@ -138,6 +138,53 @@ typedef struct kvd_index_spec {
 	uint32_t reserved[2];  /* 0 */
 } kvd_index_spec;
 
+/*
+ * Parameter structs (kvd_client_connect_params, kvd_model_register_params,
+ * kvd_tenant_set_params). Each starts with `size`, which the caller sets to the struct's
+ * size as it compiled it (sizeof); new features extend these structs at their end, not the
+ * function list. The library reads `size` bytes: a field past them (a caller built against
+ * an older kvd.h) reads as 0, which always means the default or "unchanged"; a struct larger
+ * than the library knows is accepted when the bytes it does not know are all 0, else refused
+ * with -E2BIG (a feature this library lacks). Reserved fields must be 0. Since KVD_1.4.
+ */
+
+/* kvd_client_connect_params() flags. */
+#define KVD_CONNECT_NO_RING (1u << 0) /* keep the per-step calls on the socket (KVD_NO_RING=1) */
+
+typedef struct kvd_connect_params {
+	uint32_t size;             /* sizeof(kvd_connect_params) */
+	uint32_t flags;            /* KVD_CONNECT_* */
+	const char *socket_path;   /* NULL: KVD_DEFAULT_SOCKET */
+	const char *tenant;        /* NULL: an administrative connection */
+	uint32_t timeout_ms;       /* for the connect and hello; 0: KVD_CONNECT_TIMEOUT_MS from
+	                            * the environment, or 5000 */
+	uint32_t reserved;         /* 0 */
+} kvd_connect_params;
+
+typedef struct kvd_model_params {
+	uint32_t size;             /* sizeof(kvd_model_params) */
+	uint32_t compensation;     /* KVD_COMPENSATION_*; other than NONE needs an eviction unit */
+	kvd_model_spec spec;
+	kvd_eviction_spec eviction; /* unit KVD_UNIT_NONE (0): the daemon never evicts it */
+	kvd_index_spec index;      /* heads and dim 0: no indexer */
+} kvd_model_params;
+
+/* kvd_tenant_params.set: the fields to change; the others keep their values. */
+#define KVD_TENANT_SET_MIN (1u << 0)
+#define KVD_TENANT_SET_MAX (1u << 1)
+#define KVD_TENANT_SET_WEIGHT (1u << 2)
+#define KVD_TENANT_SET_POLICY (1u << 3)
+
+typedef struct kvd_tenant_params {
+	uint32_t size;             /* sizeof(kvd_tenant_params) */
+	uint32_t set;              /* KVD_TENANT_SET_* */
+	uint64_t min_bytes;        /* guaranteed minimum */
+	uint64_t max_bytes;        /* cap; KVD_TENANT_NO_CAP: none */
+	uint32_t weight;           /* 1..10000 */
+	uint32_t reserved;         /* 0 */
+	const char *policy;        /* eviction policy, by the names of kvd.conf(5) (policy) */
+} kvd_tenant_params;
+
 typedef struct kvd_event {
 	uint32_t type; /* KVD_EVENT_* */
 	uint32_t reserved;
@@ -164,6 +211,11 @@ KVD_EXPORT const char *kvd_version(void);
  * -ENODEV when the daemon's GPU is not among this process's (CUDA_VISIBLE_DEVICES).
  */
 KVD_EXPORT int kvd_client_connect(const char *socket_path, const char *tenant, kvd_client **ret);
+
+/* kvd_client_connect with parameters (see "Parameter structs"): also -E2BIG, and -EINVAL
+ * for a bad p (NULL, size below the first version's, unknown flags, reserved not 0).
+ * Since KVD_1.4. */
+KVD_EXPORT int kvd_client_connect_params(const kvd_connect_params *p, kvd_client **ret);
 
 /*
  * After the daemon went away (a KVD_EVENT_DISCONNECTED event, or -ECONNRESET from a call),
@@ -305,6 +357,12 @@ KVD_EXPORT int kvd_model_register_compensated(kvd_client *c, const kvd_model_spe
 KVD_EXPORT int kvd_model_register_indexed(kvd_client *c, const kvd_model_spec *spec,
 		                          const kvd_eviction_spec *ev, uint32_t compensation,
 		                          const kvd_index_spec *ix);
+
+/* Every registration in one call (see "Parameter structs"): the model p->spec with
+ * p->eviction, p->compensation and the indexer p->index. Returns what
+ * kvd_model_register_indexed returns, and -E2BIG, or -EINVAL for a bad p (NULL, size below
+ * the first version's). The four calls above are this one with fewer fields. Since KVD_1.4. */
+KVD_EXPORT int kvd_model_register_params(kvd_client *c, const kvd_model_params *p);
 
 /*
  * Gives the daemon layer `layer`'s output projection, so that costs are measured in the
@@ -523,6 +581,17 @@ KVD_EXPORT int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_by
 		              uint64_t max_bytes, uint32_t weight);
 
 /*
+ * kvd_tenant_set with parameters (see "Parameter structs"): the fields p->set names, which
+ * may also be the tenant's eviction policy, a live change like the others (kvd_tenant_reset
+ * drops it). A tenant created here starts from the defaults for the fields not set. Returns
+ * what kvd_tenant_set returns, and -EINVAL also for an unknown policy, unknown bits in set or
+ * reserved not 0; -EOPNOTSUPP (a policy, and a daemon that predates live policies); -E2BIG.
+ * Since KVD_1.4.
+ */
+KVD_EXPORT int kvd_tenant_set_params(kvd_client *c, const char *tenant,
+		                     const kvd_tenant_params *p);
+
+/*
  * Live settings are kept across daemon restarts (in the daemon's state directory) and win
  * over the config file until reset.
  * kvd_budget_reset: the budget goes back to the daemon's --budget, the config file's value,
@@ -576,7 +645,8 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           "weight", "sequences", "connections", "chunks", "evicted_bytes" (block bytes
  *           evicted from it), "evicted_tokens" (token slots, summed over tables),
  *           "rounds" (rounds that evicted from it); strings "min_source",
- *           "max_source", "weight_source" ("default", "config" or "live"), "policy".
+ *           "max_source", "weight_source" ("default", "config" or "live"), "policy",
+ *           "policy_source".
  * kvd_status_get returns 0, or -ENOMEM, -ECONNRESET, -ECHILD. The getters return 0, or
  * -ENOENT (no such value), -EINVAL (index out of range). Strings live as long as the status.
  */

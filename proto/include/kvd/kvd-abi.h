@@ -30,6 +30,7 @@ extern "C" {
 #define KVD_FEATURE_RING (UINT64_C(1) << 0)          /* per-step shared-memory rings */
 #define KVD_FEATURE_DEVICE_CHUNKS (UINT64_C(1) << 1) /* the client imports GPU (cuMem) chunks */
 #define KVD_FEATURE_SEQ_HEADER (UINT64_C(1) << 2)    /* descriptors carry header_bytes */
+#define KVD_FEATURE_TENANT_POLICY (UINT64_C(1) << 3) /* TenantSet.policy is applied */
 
 /* Default socket path of a system-wide daemon. */
 #define KVD_DEFAULT_SOCKET "/run/kvd/kvd.sock"
