@@ -28,8 +28,8 @@
 #include <unistd.h>
 
 #include "client-internal.h"
-#include "common/macro.h"
-#include "common/number.h"
+#include "basic/macro.h"
+#include "basic/number.h"
 #include "config.h"
 #include "cuda-import.h"
 #include "kvd/kvd.h"

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda-dl.h"
+#include "basic/cuda-dl.h"
 #include "cuda-import.h"
 
 /* The most address space reserved for one pool; a HelloReply asking more is broken. */

@@ -4,7 +4,7 @@
 /*
  * libkvd's side of the cuda backend: importing chunks that are cuMemCreate allocations
  * exported as POSIX fds (kvd.proto MEMORY_CUDA). The driver is loaded at run time
- * (kernels/cuda-dl.h), so libkvd needs no CUDA library and works against host daemons on
+ * (basic/cuda-dl.h), so libkvd needs no CUDA library and works against host daemons on
  * machines without one.
  *
  * One virtual range per connection (a tenant's process and the one device of the daemon's

@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 #include "client-internal.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 
 /*
  * A slot passes from the thread that submits into it to the thread that reaps its

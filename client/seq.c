@@ -26,7 +26,7 @@
 #include "client-internal.h"
 #include "cuda-import.h"
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "kvd/kvd.h"
 #include "wire.h"
 

@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 
 #include "access.h"
-#include "common/number.h"
+#include "basic/number.h"
 #include "log.h"
 
 /* A name of a list (or a number) as a uid or gid; false when it names nobody. */

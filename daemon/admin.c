@@ -7,8 +7,8 @@
 
 #include "access.h"
 #include "admin.h"
-#include "common/macro.h"
-#include "common/size.h"
+#include "basic/macro.h"
+#include "basic/size.h"
 #include "log.h"
 #include "policy.h"
 #include "server.h"

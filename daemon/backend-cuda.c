@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include "backend-cuda.h"
-#include "common/macro.h"
-#include "cuda-dl.h"
+#include "basic/macro.h"
+#include "basic/cuda-dl.h"
 #include "log.h"
 
 /* One pooled GPU. */

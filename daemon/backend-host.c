@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "memfd.h"
 
 static uint64_t host_granularity(void) {

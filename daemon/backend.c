@@ -6,7 +6,7 @@
 
 #include "backend.h"
 #include "backend-cuda.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 
 /* Ordinals beyond this are typos, not GPUs. */
 #define DEVICE_ORDINAL_MAX 255

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "compact.h"
 #include "round-gpu.h"
 

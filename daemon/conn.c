@@ -8,7 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "common/ring.h"
 #include "conn.h"
 #include "observe.h"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "departed.h"
 #include "log.h"
 #include "loop.h"

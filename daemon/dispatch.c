@@ -12,7 +12,7 @@
 #include "access.h"
 #include "admin.h"
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "config.h"
 #include "conn.h"
 #include "departed.h"
@@ -142,7 +142,9 @@ static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptie
 	seq_free(q, s->pool, emptied);
 }
 
-static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req) {
+static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
+                         int request_fd _unused_) {
+	const Kvd__V1__Hello *req = request->hello;
 	struct server *s = c->srv;
 	Kvd__V1__HelloReply rep = KVD__V1__HELLO_REPLY__INIT;
 	const struct backend_device *dev;
@@ -279,7 +281,9 @@ static void handle_hello(struct conn *c, uint64_t id, const Kvd__V1__Hello *req)
 		reply(c, &env, id, NULL, 0);
 }
 
-static void handle_register_model(struct conn *c, uint64_t id, const Kvd__V1__RegisterModel *req) {
+static void handle_register_model(struct conn *c, uint64_t id, const Envelope *request,
+                                  int request_fd _unused_) {
+	const Kvd__V1__RegisterModel *req = request->register_model;
 	Kvd__V1__RegisterModelReply rep = KVD__V1__REGISTER_MODEL_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	struct model *m;
@@ -331,7 +335,9 @@ static void handle_register_model(struct conn *c, uint64_t id, const Kvd__V1__Re
 	reply(c, &env, id, NULL, 0);
 }
 
-static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen *req) {
+static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
+                            int request_fd _unused_) {
+	const Kvd__V1__SeqOpen *req = request->seq_open;
 	struct server *s = c->srv;
 	Kvd__V1__SeqOpenReply rep = KVD__V1__SEQ_OPEN_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
@@ -436,7 +442,9 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Kvd__V1__SeqOpen 
  * Hands this connection a sequence that a restart kept (keep.h). Its chunks go first, as
  * grant events of at most WIRE_FDS_MAX: a sequence may span more chunks than a frame carries.
  */
-static void handle_seq_claim(struct conn *c, uint64_t id, const Kvd__V1__SeqClaim *req) {
+static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *request,
+                             int request_fd _unused_) {
+	const Kvd__V1__SeqClaim *req = request->seq_claim;
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
 	Kvd__V1__SeqClaimReply rep = KVD__V1__SEQ_CLAIM_REPLY__INIT;
@@ -698,7 +706,9 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 	evict_kick(s->evictor, ROUND_WATERMARK);
 }
 
-static void handle_seq_grow(struct conn *c, uint64_t id, const Kvd__V1__SeqGrow *req) {
+static void handle_seq_grow(struct conn *c, uint64_t id, const Envelope *request,
+                            int request_fd _unused_) {
+	const Kvd__V1__SeqGrow *req = request->seq_grow;
 	uint64_t wait = c->srv->limits.grant_wait_ms;
 
 	if (!req->has_seq_id || !find_seq(c, req->seq_id, NULL)) {
@@ -743,7 +753,9 @@ static int step_release(struct conn *c, uint64_t seq_id, uint32_t **ret_ids, uin
 	return 0;
 }
 
-static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRelease *req) {
+static void handle_seq_release(struct conn *c, uint64_t id, const Envelope *request,
+                               int request_fd _unused_) {
+	const Kvd__V1__SeqRelease *req = request->seq_release;
 	Kvd__V1__SeqReleaseReply rep = KVD__V1__SEQ_RELEASE_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	_cleanup_(freep) uint32_t *ids = NULL;
@@ -763,7 +775,9 @@ static void handle_seq_release(struct conn *c, uint64_t id, const Kvd__V1__SeqRe
 	reply(c, &env, id, NULL, 0);
 }
 
-static void handle_chunks_unmapped(struct conn *c, uint64_t id, const Kvd__V1__ChunksUnmapped *req) {
+static void handle_chunks_unmapped(struct conn *c, uint64_t id, const Envelope *request,
+                                   int request_fd _unused_) {
+	const Kvd__V1__ChunksUnmapped *req = request->chunks_unmapped;
 	struct server *s = c->srv;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	uint32_t draining = s->pool->chunks_draining;
@@ -833,7 +847,9 @@ static int seq_digest_copied(struct seq *q, struct pool *p, uint64_t *ret_digest
 	return dc.error < 0 ? dc.error : r;
 }
 
-static void handle_seq_digest(struct conn *c, uint64_t id, const Kvd__V1__SeqDigest *req) {
+static void handle_seq_digest(struct conn *c, uint64_t id, const Envelope *request,
+                              int request_fd _unused_) {
+	const Kvd__V1__SeqDigest *req = request->seq_digest;
 	Kvd__V1__SeqDigestReply rep = KVD__V1__SEQ_DIGEST_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	struct seq *q;
@@ -865,7 +881,9 @@ static void handle_seq_digest(struct conn *c, uint64_t id, const Kvd__V1__SeqDig
 	reply(c, &env, id, NULL, 0);
 }
 
-static void handle_budget_set(struct conn *c, uint64_t id, const Kvd__V1__BudgetSet *req) {
+static void handle_budget_set(struct conn *c, uint64_t id, const Envelope *request,
+                              int request_fd _unused_) {
+	const Kvd__V1__BudgetSet *req = request->budget_set;
 	struct pool *p = c->srv->pool;
 	char why[512];
 	int r;
@@ -884,7 +902,8 @@ static void handle_budget_set(struct conn *c, uint64_t id, const Kvd__V1__Budget
 		evict_kick(c->srv->evictor, ROUND_BUDGET);
 }
 
-static void handle_budget_reset(struct conn *c, uint64_t id) {
+static void handle_budget_reset(struct conn *c, uint64_t id, const Envelope *request _unused_,
+                                int request_fd _unused_) {
 	struct pool *p = c->srv->pool;
 	char why[512];
 	int r;
@@ -896,7 +915,9 @@ static void handle_budget_reset(struct conn *c, uint64_t id) {
 	reply_live(c, id, r, why);
 }
 
-static void handle_tenant_set(struct conn *c, uint64_t id, const Kvd__V1__TenantSet *req) {
+static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *request,
+                              int request_fd _unused_) {
+	const Kvd__V1__TenantSet *req = request->tenant_set;
 	struct state_tenant change = {};
 	struct tenant *t;
 	uint64_t min, max;
@@ -953,7 +974,9 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Kvd__V1__Tenant
 	reply_live(c, id, r, why);
 }
 
-static void handle_tenant_reset(struct conn *c, uint64_t id, const Kvd__V1__TenantReset *req) {
+static void handle_tenant_reset(struct conn *c, uint64_t id, const Envelope *request,
+                                int request_fd _unused_) {
+	const Kvd__V1__TenantReset *req = request->tenant_reset;
 	struct tenant *t;
 	char why[512];
 	int r;
@@ -971,7 +994,9 @@ static void handle_tenant_reset(struct conn *c, uint64_t id, const Kvd__V1__Tena
 	reply_live(c, id, r, why);
 }
 
-static void handle_tenant_delete(struct conn *c, uint64_t id, const Kvd__V1__TenantDelete *req) {
+static void handle_tenant_delete(struct conn *c, uint64_t id, const Envelope *request,
+                                 int request_fd _unused_) {
+	const Kvd__V1__TenantDelete *req = request->tenant_delete;
 	char why[512];
 	int r;
 
@@ -985,8 +1010,8 @@ static void handle_tenant_delete(struct conn *c, uint64_t id, const Kvd__V1__Ten
 	reply_live(c, id, r, why);
 }
 
-static void handle_model_output_proj(struct conn *c, uint64_t id, const Kvd__V1__ModelOutputProj *req,
-                                     int fd) {
+static void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope *request, int fd) {
+	const Kvd__V1__ModelOutputProj *req = request->model_output_proj;
 	struct wo_map wo;
 	struct model *m;
 	const char *why = NULL;
@@ -1058,13 +1083,17 @@ static int step_unpin(struct conn *c, uint64_t seq_id, uint32_t event_id, char w
 	return 0;
 }
 
-static void handle_seq_pin(struct conn *c, uint64_t id, const Kvd__V1__SeqPin *req) {
+static void handle_seq_pin(struct conn *c, uint64_t id, const Envelope *request,
+                           int request_fd _unused_) {
+	const Kvd__V1__SeqPin *req = request->seq_pin;
 	char why[WHY_MAX];
 
 	reply_step(c, false, id, step_pin(c, req->has_seq_id ? req->seq_id : 0, why), why);
 }
 
-static void handle_seq_unpin(struct conn *c, uint64_t id, const Kvd__V1__SeqUnpin *req) {
+static void handle_seq_unpin(struct conn *c, uint64_t id, const Envelope *request,
+                             int request_fd _unused_) {
+	const Kvd__V1__SeqUnpin *req = request->seq_unpin;
 	char why[WHY_MAX];
 
 	reply_step(c, false, id,
@@ -1073,7 +1102,9 @@ static void handle_seq_unpin(struct conn *c, uint64_t id, const Kvd__V1__SeqUnpi
 	           why);
 }
 
-static void handle_register_event(struct conn *c, uint64_t id, const Kvd__V1__RegisterEvent *req) {
+static void handle_register_event(struct conn *c, uint64_t id, const Envelope *request,
+                                  int request_fd _unused_) {
+	const Kvd__V1__RegisterEvent *req = request->register_event;
 	const struct backend_ops *ops = c->srv->pool->ops;
 	Kvd__V1__RegisterEventReply rep = KVD__V1__REGISTER_EVENT_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
@@ -1131,7 +1162,9 @@ static bool evict_rate_allows(struct conn *c) {
 	return true;
 }
 
-static void handle_evict(struct conn *c, uint64_t id, const Kvd__V1__Evict *req) {
+static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
+                         int request_fd _unused_) {
+	const Kvd__V1__Evict *req = request->evict;
 	struct tenant *t = NULL;
 	bool admin;
 	int r;
@@ -1173,7 +1206,8 @@ static void handle_evict(struct conn *c, uint64_t id, const Kvd__V1__Evict *req)
 		            EVICT_WAITERS_MAX);
 }
 
-static void handle_evictions(struct conn *c, uint64_t id) {
+static void handle_evictions(struct conn *c, uint64_t id, const Envelope *request _unused_,
+                             int request_fd _unused_) {
 	Kvd__V1__EvictionsReply rep = KVD__V1__EVICTIONS_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 
@@ -1188,7 +1222,8 @@ static void handle_evictions(struct conn *c, uint64_t id) {
 	evict_history_free(&rep);
 }
 
-static void handle_status(struct conn *c, uint64_t id) {
+static void handle_status(struct conn *c, uint64_t id, const Envelope *request _unused_,
+                          int request_fd _unused_) {
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
 	Kvd__V1__StatusReply rep = KVD__V1__STATUS_REPLY__INIT;
@@ -1279,33 +1314,73 @@ static void handle_status(struct conn *c, uint64_t id) {
 	reply(c, &env, id, NULL, 0);
 }
 
-static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
-	uint64_t id = env->has_id ? env->id : 0;
-	bool needs_tenant = false;
+/* What a request needs before its handler runs. */
+enum {
+	REQUEST_NEEDS_TENANT = 1 << 0, /* a connection with a tenant (not an admin one) */
+	REQUEST_NEEDS_ADMIN = 1 << 1,  /* root or admin-group (access.h) */
+	REQUEST_TAKES_FD = 1 << 2,     /* exactly one fd travels with it */
+};
 
-	/* Only an output projection travels with an fd, exactly one. */
-	if (nfds > 0 && !(nfds == 1 && env->body_case == KVD__V1__ENVELOPE__BODY_MODEL_OUTPUT_PROJ)) {
+/* A request's handler: the body of request is what it handles; fd is its fd (REQUEST_TAKES_FD), which the
+ * handler does not own, or -EBADF. */
+typedef void (*request_handler)(struct conn *c, uint64_t id, const Envelope *request, int fd);
+
+struct request_type {
+	request_handler handler;
+	unsigned flags;
+	enum metrics_request metric;
+};
+
+/* Every request the daemon serves, by the envelope's body (kvd.proto). */
+static const struct request_type request_types[] = {
+#define REQUEST(body, handler, flags, metric) \
+	[KVD__V1__ENVELOPE__BODY_##body] = { handler, flags, METRICS_REQUEST_##metric }
+	REQUEST(HELLO, handle_hello, 0, HELLO),
+	REQUEST(REGISTER_MODEL, handle_register_model, REQUEST_NEEDS_TENANT, REGISTER_MODEL),
+	REQUEST(MODEL_OUTPUT_PROJ, handle_model_output_proj,
+	        REQUEST_NEEDS_TENANT | REQUEST_TAKES_FD, MODEL_OUTPUT_PROJ),
+	REQUEST(SEQ_OPEN, handle_seq_open, REQUEST_NEEDS_TENANT, SEQ_OPEN),
+	REQUEST(SEQ_GROW, handle_seq_grow, REQUEST_NEEDS_TENANT, SEQ_GROW),
+	REQUEST(SEQ_RELEASE, handle_seq_release, REQUEST_NEEDS_TENANT, SEQ_RELEASE),
+	REQUEST(CHUNKS_UNMAPPED, handle_chunks_unmapped, REQUEST_NEEDS_TENANT, CHUNKS_UNMAPPED),
+	REQUEST(SEQ_DIGEST, handle_seq_digest, REQUEST_NEEDS_TENANT, SEQ_DIGEST),
+	REQUEST(SEQ_PIN, handle_seq_pin, REQUEST_NEEDS_TENANT, SEQ_PIN),
+	REQUEST(SEQ_UNPIN, handle_seq_unpin, REQUEST_NEEDS_TENANT, SEQ_UNPIN),
+	REQUEST(SEQ_CLAIM, handle_seq_claim, REQUEST_NEEDS_TENANT, SEQ_CLAIM),
+	REQUEST(REGISTER_EVENT, handle_register_event, REQUEST_NEEDS_TENANT, REGISTER_EVENT),
+	REQUEST(BUDGET_SET, handle_budget_set, REQUEST_NEEDS_ADMIN, BUDGET_SET),
+	REQUEST(BUDGET_RESET, handle_budget_reset, REQUEST_NEEDS_ADMIN, BUDGET_RESET),
+	REQUEST(TENANT_SET, handle_tenant_set, REQUEST_NEEDS_ADMIN, TENANT_SET),
+	REQUEST(TENANT_RESET, handle_tenant_reset, REQUEST_NEEDS_ADMIN, TENANT_RESET),
+	REQUEST(TENANT_DELETE, handle_tenant_delete, REQUEST_NEEDS_ADMIN, TENANT_DELETE),
+	REQUEST(STATUS_REQUEST, handle_status, 0, STATUS),
+	REQUEST(EVICT, handle_evict, 0, EVICT),
+	REQUEST(EVICTIONS_REQUEST, handle_evictions, 0, EVICTIONS),
+#undef REQUEST
+};
+
+/* The request type of a body, or NULL: a newer client's request, or a reply sent the wrong
+ * way. */
+static const struct request_type *request_type(Kvd__V1__Envelope__BodyCase body) {
+	if ((size_t)body >= ELEMENTSOF(request_types) || !request_types[body].handler)
+		return NULL;
+	return &request_types[body];
+}
+
+static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
+	const struct request_type *rt = request_type(env->body_case);
+	uint64_t id = env->has_id ? env->id : 0;
+	_cleanup_(closep) int fd = -EBADF;
+
+	if (nfds > 0 && !(nfds == 1 && rt && (rt->flags & REQUEST_TAKES_FD))) {
 		for (uint32_t i = 0; i < nfds; i++)
 			safe_close(fds[i]);
 		reply_error(c, id, -EBADMSG, "this request carries no fds");
 		conn_violation(c, "unexpected fds");
 		return;
 	}
-	if (env->body_case == KVD__V1__ENVELOPE__BODY_MODEL_OUTPUT_PROJ) {
-		_cleanup_(closep) int fd = nfds == 1 ? fds[0] : -EBADF;
-
-		if (!c->hello || !c->tenant) {
-			reply_error(c, id, -EPERM, "this request needs a tenant; say which in hello");
-			return;
-		}
-		if (id == 0) {
-			reply_error(c, 0, -EINVAL, "request without an id");
-			conn_violation(c, "request without an id");
-			return;
-		}
-		handle_model_output_proj(c, id, env->model_output_proj, fd);
-		return;
-	}
+	if (nfds == 1)
+		fd = fds[0];
 	if (id == 0) {
 		reply_error(c, 0, -EINVAL, "request without an id");
 		conn_violation(c, "request without an id");
@@ -1316,129 +1391,38 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 		conn_violation(c, "request before hello");
 		return;
 	}
-	switch (env->body_case) {
-	case KVD__V1__ENVELOPE__BODY_REGISTER_MODEL:
-	case KVD__V1__ENVELOPE__BODY_SEQ_OPEN:
-	case KVD__V1__ENVELOPE__BODY_SEQ_GROW:
-	case KVD__V1__ENVELOPE__BODY_SEQ_RELEASE:
-	case KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED:
-	case KVD__V1__ENVELOPE__BODY_SEQ_DIGEST:
-	case KVD__V1__ENVELOPE__BODY_SEQ_PIN:
-	case KVD__V1__ENVELOPE__BODY_SEQ_UNPIN:
-	case KVD__V1__ENVELOPE__BODY_SEQ_CLAIM:
-	case KVD__V1__ENVELOPE__BODY_REGISTER_EVENT:
-		needs_tenant = true;
-		break;
-	default:
-		break;
-	}
-	if (needs_tenant && !c->tenant) {
-		reply_error(c, id, -EPERM, "this request needs a tenant; say which in hello");
-		return;
-	}
-	switch (env->body_case) {
-	case KVD__V1__ENVELOPE__BODY_BUDGET_SET:
-	case KVD__V1__ENVELOPE__BODY_BUDGET_RESET:
-	case KVD__V1__ENVELOPE__BODY_TENANT_SET:
-	case KVD__V1__ENVELOPE__BODY_TENANT_RESET:
-	case KVD__V1__ENVELOPE__BODY_TENANT_DELETE:
-		if (!access_admin(&c->srv->admin->cfg, c->fd, &c->cred)) {
-			c->srv->access_refused++;
-			log_warning("connection %llu: pid %d uid %u refused an admin request: not root "
-			            "nor in admin-group %s", (unsigned long long)c->id, (int)c->cred.pid,
-			            (unsigned)c->cred.uid, c->srv->admin->cfg.admin_group);
-			reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may change "
-			            "the budget and tenants", c->srv->admin->cfg.admin_group);
-			return;
-		}
-		break;
-	default:
-		break;
-	}
-
-	switch (env->body_case) {
-	case KVD__V1__ENVELOPE__BODY_HELLO:
-		return handle_hello(c, id, env->hello);
-	case KVD__V1__ENVELOPE__BODY_REGISTER_MODEL:
-		return handle_register_model(c, id, env->register_model);
-	case KVD__V1__ENVELOPE__BODY_SEQ_OPEN:
-		return handle_seq_open(c, id, env->seq_open);
-	case KVD__V1__ENVELOPE__BODY_SEQ_GROW:
-		return handle_seq_grow(c, id, env->seq_grow);
-	case KVD__V1__ENVELOPE__BODY_SEQ_RELEASE:
-		return handle_seq_release(c, id, env->seq_release);
-	case KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED:
-		return handle_chunks_unmapped(c, id, env->chunks_unmapped);
-	case KVD__V1__ENVELOPE__BODY_SEQ_DIGEST:
-		return handle_seq_digest(c, id, env->seq_digest);
-	case KVD__V1__ENVELOPE__BODY_BUDGET_SET:
-		return handle_budget_set(c, id, env->budget_set);
-	case KVD__V1__ENVELOPE__BODY_TENANT_SET:
-		return handle_tenant_set(c, id, env->tenant_set);
-	case KVD__V1__ENVELOPE__BODY_STATUS_REQUEST:
-		return handle_status(c, id);
-	case KVD__V1__ENVELOPE__BODY_BUDGET_RESET:
-		return handle_budget_reset(c, id);
-	case KVD__V1__ENVELOPE__BODY_TENANT_RESET:
-		return handle_tenant_reset(c, id, env->tenant_reset);
-	case KVD__V1__ENVELOPE__BODY_TENANT_DELETE:
-		return handle_tenant_delete(c, id, env->tenant_delete);
-	case KVD__V1__ENVELOPE__BODY_SEQ_PIN:
-		return handle_seq_pin(c, id, env->seq_pin);
-	case KVD__V1__ENVELOPE__BODY_SEQ_UNPIN:
-		return handle_seq_unpin(c, id, env->seq_unpin);
-	case KVD__V1__ENVELOPE__BODY_REGISTER_EVENT:
-		return handle_register_event(c, id, env->register_event);
-	case KVD__V1__ENVELOPE__BODY_SEQ_CLAIM:
-		return handle_seq_claim(c, id, env->seq_claim);
-	case KVD__V1__ENVELOPE__BODY_EVICT:
-		return handle_evict(c, id, env->evict);
-	case KVD__V1__ENVELOPE__BODY_EVICTIONS_REQUEST:
-		return handle_evictions(c, id);
-	default:
-		/* A newer client's request, or a reply sent the wrong way: not a reason to
-		 * disconnect, since additions must never break old peers. */
+	if (!rt) {
+		/* Not a reason to disconnect: additions must never break old peers. */
 		reply_error(c, id, -EOPNOTSUPP, "unknown request");
 		return;
 	}
-}
-
-static enum metrics_request request_type(Kvd__V1__Envelope__BodyCase body) {
-	switch (body) {
-	case KVD__V1__ENVELOPE__BODY_HELLO:
-		return METRICS_REQUEST_HELLO;
-	case KVD__V1__ENVELOPE__BODY_REGISTER_MODEL:
-		return METRICS_REQUEST_REGISTER_MODEL;
-	case KVD__V1__ENVELOPE__BODY_SEQ_OPEN:
-		return METRICS_REQUEST_SEQ_OPEN;
-	case KVD__V1__ENVELOPE__BODY_SEQ_GROW:
-		return METRICS_REQUEST_SEQ_GROW;
-	case KVD__V1__ENVELOPE__BODY_SEQ_RELEASE:
-		return METRICS_REQUEST_SEQ_RELEASE;
-	case KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED:
-		return METRICS_REQUEST_CHUNKS_UNMAPPED;
-	case KVD__V1__ENVELOPE__BODY_SEQ_DIGEST:
-		return METRICS_REQUEST_SEQ_DIGEST;
-	case KVD__V1__ENVELOPE__BODY_BUDGET_SET:
-		return METRICS_REQUEST_BUDGET_SET;
-	case KVD__V1__ENVELOPE__BODY_TENANT_SET:
-		return METRICS_REQUEST_TENANT_SET;
-	case KVD__V1__ENVELOPE__BODY_STATUS_REQUEST:
-		return METRICS_REQUEST_STATUS;
-	default:
-		return METRICS_REQUEST_OTHER;
+	if ((rt->flags & REQUEST_NEEDS_TENANT) && !c->tenant) {
+		reply_error(c, id, -EPERM, "this request needs a tenant; say which in hello");
+		return;
 	}
+	if ((rt->flags & REQUEST_NEEDS_ADMIN) && !access_admin(&c->srv->admin->cfg, c->fd, &c->cred)) {
+		c->srv->access_refused++;
+		log_warning("connection %llu: pid %d uid %u refused an admin request: not root nor in "
+		            "admin-group %s", (unsigned long long)c->id, (int)c->cred.pid,
+		            (unsigned)c->cred.uid, c->srv->admin->cfg.admin_group);
+		reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may change the "
+		            "budget and tenants", c->srv->admin->cfg.admin_group);
+		return;
+	}
+	rt->handler(c, id, env, fd);
 }
 
 /* Times every request, refused ones included, for kvd_request_duration_seconds: two reads
  * of the vDSO clock and a short bucket scan, next to a reply's encode and send. */
 void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
+	const struct request_type *rt = request_type(env->body_case);
 	struct server *s = c->srv;
 	uint64_t start = metrics_now_ns();
 
 	dispatch_request(c, env, fds, nfds);
 	/* c may be closing now, but it is freed only after its receive handler returns. */
-	metrics_observe_request(&s->metrics, request_type(env->body_case), metrics_now_ns() - start);
+	metrics_observe_request(&s->metrics, rt ? rt->metric : METRICS_REQUEST_OTHER,
+	                        metrics_now_ns() - start);
 }
 
 void dispatch_ring(struct conn *c, const struct ring_sqe *sqe) {
@@ -1463,9 +1447,11 @@ void dispatch_ring(struct conn *c, const struct ring_sqe *sqe) {
 		dispatch_grow(c, sqe->user_data, true, sqe->seq_id, sqe->arg, wait ? now_ms() + wait : 0);
 		break;
 	case RING_OP_PIN:
+		type = METRICS_REQUEST_SEQ_PIN;
 		reply_step(c, true, sqe->user_data, step_pin(c, sqe->seq_id, why), why);
 		break;
 	case RING_OP_UNPIN:
+		type = METRICS_REQUEST_SEQ_UNPIN;
 		reply_step(c, true, sqe->user_data, step_unpin(c, sqe->seq_id, sqe->arg, why), why);
 		break;
 	case RING_OP_RELEASE:

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "config.h"
 #include "compact.h"
 #include "compensate.h"

@@ -10,8 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/macro.h"
-#include "common/number.h"
+#include "basic/macro.h"
+#include "basic/number.h"
 #include "http.h"
 #include "log.h"
 

@@ -17,7 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 
 /* Errors kept per parse; later ones are counted, not kept. Above the number of [kvd]
  * keys, so that a file with every key wrong still names each (tests/check-docs.py). */

@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "common/layout.h"
-#include "common/macro.h"
-#include "common/number.h"
+#include "basic/macro.h"
+#include "basic/number.h"
 #include "keep.h"
 #include "log.h"
 #include "memfd.h"

@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <syslog.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 
 void log_setup(void);
 void log_set_max_level(int level);

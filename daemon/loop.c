@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "common/ring.h"
 #include "loop.h"
 

@@ -4,7 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "memfd.h"
 
 int memfd_sealed(const char *name, uint64_t bytes, unsigned extra_seals, int *ret_fd,

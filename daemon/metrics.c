@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "config.h"
 #include "evict.h"
 #include "metrics.h"
@@ -23,6 +23,16 @@ static const char *const request_names[_METRICS_REQUEST_MAX] = {
 	[METRICS_REQUEST_BUDGET_SET] = "budget_set",
 	[METRICS_REQUEST_TENANT_SET] = "tenant_set",
 	[METRICS_REQUEST_STATUS] = "status",
+	[METRICS_REQUEST_MODEL_OUTPUT_PROJ] = "model_output_proj",
+	[METRICS_REQUEST_SEQ_PIN] = "seq_pin",
+	[METRICS_REQUEST_SEQ_UNPIN] = "seq_unpin",
+	[METRICS_REQUEST_SEQ_CLAIM] = "seq_claim",
+	[METRICS_REQUEST_REGISTER_EVENT] = "register_event",
+	[METRICS_REQUEST_BUDGET_RESET] = "budget_reset",
+	[METRICS_REQUEST_TENANT_RESET] = "tenant_reset",
+	[METRICS_REQUEST_TENANT_DELETE] = "tenant_delete",
+	[METRICS_REQUEST_EVICT] = "evict",
+	[METRICS_REQUEST_EVICTIONS] = "evictions",
 	[METRICS_REQUEST_OTHER] = "other",
 };
 

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "indexmem.h"
 #include "model.h"
 

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "gram.h"
 #include "memfd.h"
 #include "observe.h"

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "log.h"
 #include "pool.h"
 

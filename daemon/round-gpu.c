@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "backend-cuda.h"
-#include "cuda-dl.h"
+#include "basic/cuda-dl.h"
 #include "cuda-kernels.h"
 #include "dtype.h"
 #include "log.h"

@@ -6,7 +6,7 @@
 #include <time.h>
 
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "compensate.h"
 #include "policy.h"
 #include "round-gpu.h"

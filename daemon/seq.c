@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "memfd.h"
 #include "seq.h"
 #include "wire.h"

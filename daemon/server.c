@@ -18,10 +18,10 @@
 
 #include "access.h"
 #include "admin.h"
-#include "common/macro.h"
-#include "common/number.h"
+#include "basic/macro.h"
+#include "basic/number.h"
 #include "common/ring.h"
-#include "common/size.h"
+#include "basic/size.h"
 #include "config.h"
 #include "conn.h"
 #include "departed.h"

@@ -15,9 +15,9 @@
 #include <syslog.h>
 
 #include "backend.h"
-#include "common/macro.h"
-#include "common/number.h"
-#include "common/size.h"
+#include "basic/macro.h"
+#include "basic/number.h"
+#include "basic/size.h"
 #include "config.h"
 #include "http.h"
 #include "kvd/kvd-abi.h"

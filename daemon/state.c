@@ -9,9 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/macro.h"
-#include "common/number.h"
-#include "common/size.h"
+#include "basic/macro.h"
+#include "basic/number.h"
+#include "basic/size.h"
 #include "policy.h"
 #include "state.h"
 

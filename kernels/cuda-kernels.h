@@ -46,7 +46,7 @@
 #include <stdint.h>
 
 #include "attn.h"
-#include "cuda-dl.h"
+#include "basic/cuda-dl.h"
 #include "gather.h"
 #include "restkv.h"
 #include "score.h"

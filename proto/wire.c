@@ -4,7 +4,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "wire.h"
 
 static void put_le32(uint8_t *p, uint32_t v) {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A fake CUDA driver: a libcuda.so.1 that kernels/cuda-dl.c loads in place of NVIDIA's when
+ * A fake CUDA driver: a libcuda.so.1 that basic/cuda-dl.c loads in place of NVIDIA's when
  * its directory comes first in LD_LIBRARY_PATH, so that the cuda backend's host-side paths
  * (the daemon's chunk export, scrubs and reads, libkvd's import and mapping, the contexts
  * both use) run in CI, where there is no GPU.

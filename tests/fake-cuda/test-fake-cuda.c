@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cuda-dl.h"
+#include "basic/cuda-dl.h"
 #include "test.h"
 
 #define MiB (UINT64_C(1) << 20)

@@ -23,7 +23,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "fuzz.h"
 #include "wire.h"
 

@@ -11,8 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/macro.h"
-#include "cuda-dl.h"
+#include "basic/macro.h"
+#include "basic/cuda-dl.h"
 #include "fixture.h"
 #include "test.h"
 

@@ -25,8 +25,8 @@
 #include <unistd.h>
 
 #include "common/layout.h"
-#include "common/macro.h"
-#include "cuda-dl.h"
+#include "basic/macro.h"
+#include "basic/cuda-dl.h"
 #include "fixture.h"
 #include "test.h"
 

@@ -17,9 +17,9 @@
 #include <unistd.h>
 
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #ifdef KVD_HAVE_CUDA
-#include "cuda-dl.h"
+#include "basic/cuda-dl.h"
 #endif
 #include "fixture.h"
 #include "test.h"

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "fixture.h"
 #include "test.h"
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "fixture.h"
 #include "test.h"
 

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #ifdef KVD_HAVE_CUDA
-#include "cuda-dl.h"
+#include "basic/cuda-dl.h"
 #endif
 #include "common/digest.h"
 #include "common/layout.h"

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #ifdef KVD_HAVE_CUDA
-#include "cuda-dl.h"
+#include "basic/cuda-dl.h"
 #endif
 #include "fixture.h"
 #include "test.h"

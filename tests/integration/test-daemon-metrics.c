@@ -31,7 +31,9 @@ static const kvd_model_spec one_chunk = { "c", 1, 2, 2, 64, KVD_DTYPE_F16, 16, K
 
 static const char *const request_types[] = {
 	"hello", "register_model", "seq_open", "seq_grow", "seq_release", "chunks_unmapped",
-	"seq_digest", "budget_set", "tenant_set", "status", "other",
+	"seq_digest", "budget_set", "tenant_set", "status", "model_output_proj", "seq_pin",
+	"seq_unpin", "seq_claim", "register_event", "budget_reset", "tenant_reset",
+	"tenant_delete", "evict", "evictions", "other",
 };
 
 static uint64_t mono_ms(void) {
@@ -467,6 +469,47 @@ TEST(scrape_matches_status) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 	/* The daemon bound the socket file, so it removed it. */
 	ASSERT_EQ(access(listen + 5, F_OK), -1);
+	rmdir(dir);
+}
+
+/* Every request type is counted under its own name, on the socket and on the rings. */
+TEST(every_request_type_counted) {
+	static const kvd_eviction_spec ev = { .unit = KVD_UNIT_LAYER_TOKEN };
+	char dir[64], listen[128], *body;
+	struct fixture f;
+	kvd_client *c, *admin;
+	kvd_seq *s;
+	int m;
+
+	make_dir(dir, sizeof(dir));
+	snprintf(listen, sizeof(listen), "unix:%s/metrics.sock", dir);
+	start_with_metrics(&f, listen, NULL);
+	c = fixture_connect(&f, "t");
+	admin = fixture_connect(&f, NULL);
+	m = kvd_model_register_evictable(c, &one_chunk, &ev);
+	ASSERT_TRUE(m >= 0);
+	ASSERT_OK(kvd_seq_open(c, m, 256, &s));
+	ASSERT_OK(kvd_seq_grow(s, 64));
+	/* Once through the rings (when the daemon gave this connection any), once on the
+	 * socket. */
+	ASSERT_OK(kvd_seq_pin(s));
+	ASSERT_OK(kvd_seq_unpin(s));
+	kvd_client_set_ring(c, 0);
+	ASSERT_OK(kvd_seq_pin(s));
+	ASSERT_OK(kvd_seq_unpin(s));
+	ASSERT_TRUE(kvd_evict(admin, "t", 1, NULL) >= 0);
+	ASSERT_OK(kvd_budget_reset(admin));
+	body = scrape(listen);
+	ASSERT_EQ(metric_u64(body, "kvd_requests_total{type=\"seq_pin\"}"), 2u);
+	ASSERT_EQ(metric_u64(body, "kvd_requests_total{type=\"seq_unpin\"}"), 2u);
+	ASSERT_EQ(metric_u64(body, "kvd_requests_total{type=\"evict\"}"), 1u);
+	ASSERT_EQ(metric_u64(body, "kvd_requests_total{type=\"budget_reset\"}"), 1u);
+	ASSERT_EQ(metric_u64(body, "kvd_requests_total{type=\"other\"}"), 0u);
+	free(body);
+	ASSERT_OK(kvd_seq_release(s));
+	kvd_client_unref(c);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
 	rmdir(dir);
 }
 

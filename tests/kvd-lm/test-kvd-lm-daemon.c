@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 #include "cache.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "fixture.h"
 #include "forward.h"
 #include "model.h"

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "cache.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "fixture.h"
 #include "forward.h"
 #include "kvdlm-indexmem.h"

@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "cache.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "forward.h"
 #include "model.h"
 #include "npy.h"

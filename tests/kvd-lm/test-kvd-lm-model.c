@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "model.h"
 #include "test.h"
 

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "tasks.h"
 #include "test.h"
 

@@ -14,7 +14,7 @@
 
 #include "backend.h"
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "compact.h"
 #include "model.h"
 #include "pool.h"

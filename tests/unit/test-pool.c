@@ -15,7 +15,7 @@
 
 #include "backend.h"
 #include "common/layout.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "model.h"
 #include "pool.h"
 #include "seq.h"

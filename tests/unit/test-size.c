@@ -4,7 +4,7 @@
  * --budget, and what the daemon and tools print back.
  */
 
-#include "common/size.h"
+#include "basic/size.h"
 #include "test.h"
 
 static uint64_t parse_ok(const char *s) {

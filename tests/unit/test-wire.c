@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "test.h"
 #include "wire.h"
 

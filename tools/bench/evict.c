@@ -31,8 +31,8 @@
 #include <time.h>
 
 #include "bench.h"
-#include "common/macro.h"
-#include "common/number.h"
+#include "basic/macro.h"
+#include "basic/number.h"
 #include "select.h"
 
 #define SIZES_MAX 16

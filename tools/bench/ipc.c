@@ -54,8 +54,8 @@
 #include <unistd.h>
 
 #include "bench.h"
-#include "common/macro.h"
-#include "common/number.h"
+#include "basic/macro.h"
+#include "basic/number.h"
 #include "common/ring.h"
 #include "kvd/kvd.h"
 #include "wire.h"

@@ -72,8 +72,8 @@
 
 #include "bench.h"
 #include "cache.h"
-#include "common/macro.h"
-#include "common/number.h"
+#include "basic/macro.h"
+#include "basic/number.h"
 #include "forward.h"
 #include "kvd/kvd.h"
 #include "kvdlm-indexmem.h"

@@ -29,11 +29,11 @@
 
 #include "bench.h"
 #ifdef KVD_HAVE_CUDA
-#include "cuda-dl.h"
+#include "basic/cuda-dl.h"
 #endif
-#include "common/macro.h"
-#include "common/number.h"
-#include "common/size.h"
+#include "basic/macro.h"
+#include "basic/number.h"
+#include "basic/size.h"
 #include "kvd/kvd.h"
 
 #define ROUND_TENANT "bench-round"

@@ -7,7 +7,7 @@
 #include <time.h>
 
 #include "cache.h"
-#include "common/macro.h"
+#include "basic/macro.h"
 
 struct cache_ops {
 	int (*begin)(struct kvdlm_cache *c, uint32_t n, uint32_t *ret_pos0);

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "dtype.h"
 #include "forward.h"
 #include "simd.h"

@@ -25,8 +25,8 @@
 #include <unistd.h>
 
 #include "cache.h"
-#include "common/macro.h"
-#include "common/number.h"
+#include "basic/macro.h"
+#include "basic/number.h"
 #include "config.h"
 #include "forward.h"
 #include "kvd/kvd.h"

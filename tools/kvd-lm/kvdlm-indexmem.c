@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "kvdlm-indexmem.h"
 
 #define HEADER_BYTES 128u

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "model.h"
 
 static const char kvdlm_magic[8] = { 'K', 'V', 'D', 'L', 'M', 0, 0, 0 };

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/macro.h"
+#include "basic/macro.h"
 #include "tasks.h"
 
 #define HAYSTACK_SIZE_MAX (UINT64_C(64) << 20)

@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/macro.h"
-#include "common/number.h"
-#include "common/size.h"
+#include "basic/macro.h"
+#include "basic/number.h"
+#include "basic/size.h"
 #include "config.h"
 #include "kvdctl.h"
 #include "score-cmd.h"

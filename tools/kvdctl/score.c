@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/macro.h"
-#include "common/number.h"
+#include "basic/macro.h"
+#include "basic/number.h"
 #include "dtype.h"
 #include "gram.h"
 #include "npy.h"

@@ -31,8 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/macro.h"
-#include "common/size.h"
+#include "basic/macro.h"
+#include "basic/size.h"
 #include "kvdctl.h"
 
 #define INTERVAL_DEFAULT 2.0

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/macro.h"
-#include "common/size.h"
+#include "basic/macro.h"
+#include "basic/size.h"
 #include "kvdctl.h"
 
 const char *arg_socket;

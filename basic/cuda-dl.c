@@ -4,7 +4,7 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "cuda-dl.h"
+#include "basic/cuda-dl.h"
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
