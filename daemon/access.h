@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * Who may do what (README "Security model"). Three gates:
+ * Who may do what (docs/security.md). Three gates:
  *
  *   connect:  the socket file, mode 0660 and group socket-group (server.c);
  *   tenant:   at hello, a tenant the config file declares with allow-users or allow-groups

@@ -3,7 +3,7 @@
 
 /*
  * The cuda backend (backend-cuda.c): GPUs' memory, in chunks made with cuMemCreate,
- * each exported once as a POSIX fd that clients import (libkvd, client/cuda.c), and mapped
+ * each exported once as a POSIX fd that clients import (libkvd, client/cuda-import.c), and mapped
  * by the daemon into its own address space on the device. The driver is loaded at run time
  * (basic/cuda-dl.h); the daemon uses each device's primary context, made current by every
  * call that needs it, and scrubs on one stream of its own per device.

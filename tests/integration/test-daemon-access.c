@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Access control (README "Security model"): the socket is 0660 and group socket-group, a
+ * Access control (docs/security.md): the socket is 0660 and group socket-group, a
  * tenant with allow-users or allow-groups only for those peers, tenant-create for the
  * others, admin requests only for root and admin-group, max-connections-per-uid. The
  * clients are children that drop root for unused uids and gids (the groups are numbers,

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Isolation against a hostile tenant (README, "Security model"). memfds and cuMem fds
+ * Isolation against a hostile tenant (docs/security.md). memfds and cuMem fds
  * cannot be revoked: a process that was given a chunk may keep an fd of its own and a
  * mapping of its own, whatever it answers. Here tenant alice does so, then gives the
  * chunk back (releasing its sequence, which libkvd acknowledges, or disconnecting), and

@@ -83,8 +83,8 @@
 
 #define PROG "kvd-bench quality"
 #define MODEL_DEFAULT "tools/kvd-lm/models/kvd-lm-small.kvdlm"
-/* --indexmem's default: the model's path with .kvdim for .kvdlm, where train-indexmem.py's
- * README puts it (tools/kvd-lm/models/kvd-lm-small.kvdim for the default model). */
+/* --indexmem's default: the model's path with .kvdim for .kvdlm, where train-indexmem.py
+ * puts it (tools/kvd-lm/models/kvd-lm-small.kvdim for the default model). */
 #define INDEXMEM_SUFFIX ".kvdim"
 #define HAYSTACK_DEFAULT "tools/kvd-lm/data/haystack.txt"
 #define OUT_DEFAULT "quality"

@@ -241,6 +241,7 @@ static const struct {
 	{ COL_MIN, "min_source" },
 	{ COL_MAX, "max_source" },
 	{ COL_WEIGHT, "weight_source" },
+	{ COL_POLICY, "policy_source" },
 };
 
 /* Sets cell to the size of the tenant's key, "-" for KVD_TENANT_NO_CAP with no_cap, "?"
