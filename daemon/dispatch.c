@@ -19,6 +19,7 @@
 #include "evict.h"
 #include "keep.h"
 #include "log.h"
+#include "node-values.h"
 #include "observe.h"
 #include "policy.h"
 #include "ring.h"
@@ -1239,36 +1240,7 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 	}
 	rep.daemon_version = (char *)KVD_VERSION;
 	rep.backend = (char *)p->ops->name;
-#define SET(field, value)                                                                     \
-	do {                                                                                  \
-		rep.has_##field = true;                                                       \
-		rep.field = (value);                                                          \
-	} while (0)
-	SET(protocol_version, KVD_PROTOCOL_VERSION_MAX);
-	SET(pool_bytes, p->pool_bytes);
-	SET(budget_bytes, p->budget_bytes);
-	SET(used_bytes, p->used_bytes);
-	SET(block_bytes, p->block_bytes);
-	SET(chunk_bytes, p->chunk_bytes);
-	SET(chunks_total, p->n_chunks);
-	SET(chunks_free, p->chunks_free);
-	SET(chunks_draining, p->chunks_draining);
-	SET(connections, s->n_conns);
-	SET(uptime_ms, now_ms() - s->start_ms);
-	SET(grants_refused, p->grants_refused);
-	SET(protocol_errors, s->protocol_errors);
-	SET(access_refused, s->access_refused);
-	SET(uid_connections_refused, s->uid_connections_refused);
-	SET(rounds_total, evict_rounds_total(s->evictor));
-	SET(last_round_us, evict_last_round_us(s->evictor));
-	SET(unmap_timeouts, s->unmap_timeouts);
-	SET(unmap_disconnects, s->unmap_disconnects);
-	SET(engine_events_done, s->engine_events_done);
-	SET(sequences, s->sequences);
-	SET(sequences_max, server_seqs_max(s));
-	SET(metadata_bytes, s->metadata_bytes);
-	SET(metadata_max_bytes, server_metadata_max(s));
-#undef SET
+	node_values_status(s, &rep);
 	for (unsigned i = 0; i < _LIMIT_MAX; i++) {
 		kvd__v1__counter__init(&refused[i]);
 		refused[i].name = (char *)server_limit_to_string(i);

@@ -10,6 +10,7 @@
 #include "config.h"
 #include "evict.h"
 #include "metrics.h"
+#include "node-values.h"
 #include "server.h"
 
 static const char *const request_names[_METRICS_REQUEST_MAX] = {
@@ -266,17 +267,12 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	metrics_write_label_value(f, p->ops->name);
 	fputs("\"} 1\n", f);
 
-	gauge(f, "kvd_pool_bytes", "Capacity of the pool, in whole chunks.", p->pool_bytes);
-	gauge(f, "kvd_budget_bytes", "Node budget: the most that all tenants may hold together.",
-	      p->budget_bytes);
-	gauge(f, "kvd_used_bytes",
-	      "Bytes of the chunks tenants hold, draining ones included: what the budget limits.",
-	      p->used_bytes);
-	gauge(f, "kvd_block_bytes",
-	      "Bytes inside granted blocks; the difference to used bytes is fragmentation.",
-	      p->block_bytes);
-	gauge(f, "kvd_chunk_bytes", "Size of one chunk, the unit of allocation and sharing.",
-	      p->chunk_bytes);
+	for (size_t i = 0; i < n_node_values; i++) {
+		const struct node_value *v = &node_values[i];
+
+		if (v->metric)
+			(v->counter ? counter : gauge)(f, v->metric, v->help, v->read(s));
+	}
 	family(f, "kvd_chunks", "gauge",
 	       "Chunks by state: free (in the pool), owned (held by a tenant), draining (empty, "
 	       "still mapped by a client), pinned (no device memory for their new allocation, "
@@ -295,20 +291,6 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 		        pool_device_free_chunks(p, i));
 	}
 
-	gauge(f, "kvd_connections", "Client connections open now.", s->n_conns);
-	counter(f, "kvd_connections_accepted_total", "Client connections accepted since the start.",
-	        s->next_conn_id);
-	gauge(f, "kvd_tenants", "Tenants the daemon knows.", s->tenants.n);
-	counter(f, "kvd_turns_yielded_total", "Times a connection handled its most frames in one "
-	        "turn of the loop and let the others go first.", s->turns_yielded);
-	gauge(f, "kvd_sequences", "Sequences open on the node.", s->sequences);
-	gauge(f, "kvd_sequences_max", "Sequences the node may have open (max-seqs-node).",
-	      server_seqs_max(s));
-	gauge(f, "kvd_metadata_bytes", "Memory the open sequences' metadata may take in kvd.",
-	      s->metadata_bytes);
-	gauge(f, "kvd_metadata_max_bytes", "Bound on it (max-metadata-bytes).",
-	      server_metadata_max(s));
-	counter(f, "kvd_grants_total", "Chunks granted to tenants from the pool.", p->grants);
 	family(f, "kvd_grants_memory_total", "counter",
 	       "Chunk grants by the memory they gave: own (the tenant's own freed memory object), "
 	       "new (memory made for it), renewed (a new object in place of another tenant's).");
@@ -324,40 +306,12 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	for (unsigned i = 0; i < _POOL_REFUSED_MAX; i++)
 		fprintf(f, "kvd_grants_refused_total{reason=\"%s\"} %" PRIu64 "\n", refusal_names[i],
 		        p->refused[i]);
-	counter(f, "kvd_protocol_errors_total",
-	        "Protocol errors by clients: bad frames, undecodable or misplaced requests, no hello "
-	        "in time.",
-	        s->protocol_errors);
-	counter(f, "kvd_access_refused_total",
-	        "Hellos and admin requests refused for want of rights (allow-users, allow-groups, "
-	        "tenant-create, admin-group).",
-	        s->access_refused);
-	counter(f, "kvd_uid_connections_refused_total",
-	        "Connections refused because their user had max-connections-per-uid.",
-	        s->uid_connections_refused);
-	counter(f, "kvd_unmap_timeouts_total",
-	        "Connections that did not unmap a chunk the daemon took back within unmap-timeout.",
-	        s->unmap_timeouts);
-	counter(f, "kvd_unmap_disconnects_total",
-	        "Connections disconnected for not unmapping a chunk within unmap-timeout and "
-	        "unmap-grace.",
-	        s->unmap_disconnects);
-	counter(f, "kvd_accept_pauses_total",
-	        "Times the daemon ran out of file descriptors and paused accepting connections "
-	        "until one closed.",
-	        s->accept_pauses);
-	gauge(f, "kvd_departed_holders",
-	      "Processes whose connection closed while they still mapped chunks: those chunks "
-	      "stay charged to their tenants until the processes exit.",
-	      s->n_departed);
 
 	family(f, "kvd_refused_total", "counter",
 	       "Connections and requests refused at a limit, by limit (see kvd(8), LIMITS).");
 	for (unsigned i = 0; i < _LIMIT_MAX; i++)
 		fprintf(f, "kvd_refused_total{limit=\"%s\"} %" PRIu64 "\n", server_limit_to_string(i),
 		        s->refused[i]);
-	counter(f, "kvd_eviction_rounds_total", "Eviction rounds run, failed ones included.",
-	        evict_rounds_total(s->evictor));
 	family(f, "kvd_eviction_last_round_seconds", "gauge",
 	       "Duration of the last eviction round: scoring, selection and compaction.");
 	fprintf(f, "kvd_eviction_last_round_seconds %.6f\n", evict_last_round_us(s->evictor) / 1e6);

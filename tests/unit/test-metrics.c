@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* The metrics module's pieces: listen addresses, label escaping and latency buckets. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "http.h"
 #include "metrics.h"
+#include "node-values.h"
 #include "test.h"
 
 static int parse(const char *s, struct http_address *a) {
@@ -93,4 +95,45 @@ TEST(latency_buckets) {
 	ASSERT_STREQ(metrics_request_name(METRICS_REQUEST_SEQ_GROW), "seq_grow");
 	ASSERT_STREQ(metrics_request_name(METRICS_REQUEST_OTHER), "other");
 	ASSERT_TRUE(metrics_request_name(_METRICS_REQUEST_MAX) == NULL);
+}
+
+/* The node values' table against kvd.proto: every status name is an optional integer field
+ * of StatusReply (the daemon sets it by name), every metric name is unique and says what it
+ * is (counters end in _total), and each entry is in status, in the metrics, or both. */
+TEST(node_values_table) {
+	for (size_t i = 0; i < n_node_values; i++) {
+		const struct node_value *v = &node_values[i];
+
+		ASSERT_TRUE(v->status || v->metric);
+		ASSERT_NOT_NULL(v->read);
+		if (v->status) {
+			Kvd__V1__StatusReply rep = KVD__V1__STATUS_REPLY__INIT;
+
+			if (message_set_u64(&rep.base, v->status, 7) < 0)
+				test_fail(__FILE__, __LINE__, "%s is not a StatusReply integer", v->status);
+		}
+		if (v->metric) {
+			size_t n = strlen(v->metric);
+
+			ASSERT_NOT_NULL(v->help);
+			ASSERT_EQ(strncmp(v->metric, "kvd_", 4), 0);
+			ASSERT_EQ(v->counter, n > 6 && strcmp(v->metric + n - 6, "_total") == 0);
+			for (size_t j = 0; j < i; j++)
+				ASSERT_FALSE(node_values[j].metric && strcmp(node_values[j].metric, v->metric) == 0);
+		}
+		for (size_t j = 0; v->status && j < i; j++)
+			ASSERT_FALSE(node_values[j].status && strcmp(node_values[j].status, v->status) == 0);
+	}
+	/* What a set looks like: the field and its presence. */
+	{
+		Kvd__V1__StatusReply rep = KVD__V1__STATUS_REPLY__INIT;
+
+		ASSERT_OK(message_set_u64(&rep.base, "used_bytes", 12345));
+		ASSERT_TRUE(rep.has_used_bytes);
+		ASSERT_EQ(rep.used_bytes, 12345u);
+		ASSERT_OK(message_set_u64(&rep.base, "protocol_version", 3));
+		ASSERT_EQ(rep.protocol_version, 3u);
+		ASSERT_ERRNO(message_set_u64(&rep.base, "daemon_version", 1), -ENOENT);
+		ASSERT_ERRNO(message_set_u64(&rep.base, "no_such_field", 1), -ENOENT);
+	}
 }
