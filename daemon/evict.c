@@ -172,7 +172,7 @@ static int snapshot_moments(struct server *s, struct seq *sq, struct round_seq *
 
 	q->compensation = sq->model->compensation;
 	moments = q->compensation == KVD_COMPENSATION_MOMENTS && sq->desc->moments_blocks > 0;
-	if (!moments && sq->tenant->policy != KVD_POLICY_KVD_MI)
+	if (!moments && !(kvd_policy_info(sq->tenant->policy)->flags & KVD_POLICY_NEEDS_MOMENTS))
 		return 0;
 	q->mi_mean_k = calloc((uint64_t)heads * d, sizeof(float));
 	q->mi_count = calloc(heads, sizeof(uint64_t));

@@ -177,13 +177,13 @@ static int layer_scores(struct round *r, struct round_seq *q, uint32_t l, uint32
 	p.layer = l;
 	p.n_layers = q->layers;
 	p.threads = r->threads;
-	if (policy == KVD_POLICY_KVD_MI && q->mi_mean_k) {
+	if ((kvd_policy_info(policy)->flags & KVD_POLICY_NEEDS_MOMENTS) && q->mi_mean_k) {
 		uint64_t first = (uint64_t)l * q->kv_heads + kh0;
 
 		p.mi_mean_k = q->mi_mean_k + first * q->head_dim;
 		p.mi_count = q->mi_count + first;
 	}
-	if (policy == KVD_POLICY_INDEXMEM) {
+	if (kvd_policy_info(policy)->flags & KVD_POLICY_NEEDS_INDEX) {
 		/* The aligned tables of a layer hold the same tokens: kh0's keys stand for all. */
 		k = gather_index(r, q, t0, L, sc->ik);
 		if (k < 0)
@@ -211,9 +211,9 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	int policy = r->tenants[q->tenant].policy, k = -ENODEV;
 	uint32_t L, prefix;
 
-	if (policy == KVD_POLICY_INDEXMEM && q->index_dim == 0)
-		/* A model registered without an indexer has no index keys: the default ranks. */
-		policy = KVD_POLICY_KVD;
+	if ((kvd_policy_info(policy)->flags & KVD_POLICY_NEEDS_INDEX) && q->index_dim == 0)
+		/* A model registered without an indexer has no index keys. */
+		policy = kvd_policy_info(policy)->fallback;
 	if (end > w) {
 		L = end;
 	} else {

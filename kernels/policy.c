@@ -19,31 +19,44 @@
 #include "score.h"
 #include "select.h"
 
-static const char *const policy_names[_KVD_POLICY_MAX] = {
-	[KVD_POLICY_FULL] = "full",
-	[KVD_POLICY_STREAMINGLLM] = "streamingllm",
-	[KVD_POLICY_H2O] = "h2o",
-	[KVD_POLICY_SNAPKV] = "snapkv",
-	[KVD_POLICY_PYRAMIDKV] = "pyramidkv",
-	[KVD_POLICY_ADAKV] = "adakv",
-	[KVD_POLICY_TOVA] = "tova",
-	[KVD_POLICY_KNORM] = "knorm",
-	[KVD_POLICY_KEYDIFF] = "keydiff",
-	[KVD_POLICY_EXPECTED_ATTENTION] = "expected_attention",
-	[KVD_POLICY_RESTKV] = "restkv",
-	[KVD_POLICY_LAPROX] = "laprox",
-	[KVD_POLICY_KVD] = "kvd",
-	[KVD_POLICY_KVD_MI] = "kvd-mi",
-	[KVD_POLICY_INDEXMEM] = "indexmem",
+/* Every policy: its entry (policy.h) and the baseline kernel that scores it, if one does. */
+static const struct policy {
+	struct kvd_policy_info info;
+	enum kvd_baseline baseline;
+} policies[_KVD_POLICY_MAX] = {
+#define POLICY(id, name, flags, baseline) \
+	[KVD_POLICY_##id] = { { name, flags, KVD_POLICY_##id }, baseline }
+#define NONE _KVD_BASELINE_INVALID
+	POLICY(FULL, "full", 0, NONE),
+	POLICY(STREAMINGLLM, "streamingllm", 0, KVD_BASELINE_STREAMINGLLM),
+	POLICY(H2O, "h2o", 0, KVD_BASELINE_H2O),
+	POLICY(SNAPKV, "snapkv", 0, KVD_BASELINE_SNAPKV),
+	POLICY(PYRAMIDKV, "pyramidkv", 0, KVD_BASELINE_PYRAMIDKV),
+	POLICY(ADAKV, "adakv", 0, KVD_BASELINE_ADAKV),
+	POLICY(TOVA, "tova", 0, KVD_BASELINE_TOVA),
+	POLICY(KNORM, "knorm", 0, KVD_BASELINE_KNORM),
+	POLICY(KEYDIFF, "keydiff", 0, KVD_BASELINE_KEYDIFF),
+	POLICY(EXPECTED_ATTENTION, "expected_attention", 0, KVD_BASELINE_EXPECTED_ATTENTION),
+	POLICY(RESTKV, "restkv", KVD_POLICY_LAYER_PIPELINE, NONE),
+	POLICY(LAPROX, "laprox", KVD_POLICY_LAYER_PIPELINE | KVD_POLICY_LAYERWIDE_TOPK, NONE),
+	POLICY(KVD, "kvd", KVD_POLICY_LAYER_PIPELINE | KVD_POLICY_LAYERWIDE_TOPK, NONE),
+	POLICY(KVD_MI, "kvd-mi", KVD_POLICY_NEEDS_MOMENTS | KVD_POLICY_LAYERWIDE_TOPK, NONE),
+	[KVD_POLICY_INDEXMEM] = { { "indexmem", KVD_POLICY_NEEDS_INDEX, KVD_POLICY_KVD }, NONE },
+#undef NONE
+#undef POLICY
 };
 
+const struct kvd_policy_info *kvd_policy_info(enum kvd_policy p) {
+	return (int)p >= 0 && p < _KVD_POLICY_MAX ? &policies[p].info : NULL;
+}
+
 const char *kvd_policy_to_string(enum kvd_policy p) {
-	return (int)p >= 0 && p < _KVD_POLICY_MAX ? policy_names[p] : NULL;
+	return (int)p >= 0 && p < _KVD_POLICY_MAX ? policies[p].info.name : NULL;
 }
 
 enum kvd_policy kvd_policy_from_string(const char *s) {
 	for (int p = 0; s && p < _KVD_POLICY_MAX; p++)
-		if (strcmp(s, policy_names[p]) == 0)
+		if (strcmp(s, policies[p].info.name) == 0)
 			return (enum kvd_policy)p;
 	return _KVD_POLICY_INVALID;
 }
@@ -66,28 +79,7 @@ enum kvd_granularity kvd_granularity_from_string(const char *s) {
 
 /* The baseline behind a policy, or _KVD_BASELINE_INVALID for the others. */
 static enum kvd_baseline baseline_of(enum kvd_policy p) {
-	switch (p) {
-	case KVD_POLICY_STREAMINGLLM:
-		return KVD_BASELINE_STREAMINGLLM;
-	case KVD_POLICY_H2O:
-		return KVD_BASELINE_H2O;
-	case KVD_POLICY_SNAPKV:
-		return KVD_BASELINE_SNAPKV;
-	case KVD_POLICY_PYRAMIDKV:
-		return KVD_BASELINE_PYRAMIDKV;
-	case KVD_POLICY_ADAKV:
-		return KVD_BASELINE_ADAKV;
-	case KVD_POLICY_TOVA:
-		return KVD_BASELINE_TOVA;
-	case KVD_POLICY_KNORM:
-		return KVD_BASELINE_KNORM;
-	case KVD_POLICY_KEYDIFF:
-		return KVD_BASELINE_KEYDIFF;
-	case KVD_POLICY_EXPECTED_ATTENTION:
-		return KVD_BASELINE_EXPECTED_ATTENTION;
-	default:
-		return _KVD_BASELINE_INVALID;
-	}
+	return policies[p].baseline;
 }
 
 void kvd_policy_params_default(enum kvd_policy policy, struct kvd_policy_params *p) {
@@ -183,7 +175,7 @@ static int own_scores(const struct kvd_policy_params *p, const struct kvd_attn_i
 
 /* Policies whose rows share one layer-wide top-k (policy.h). */
 static bool layerwide(enum kvd_policy p) {
-	return p == KVD_POLICY_LAPROX || p == KVD_POLICY_KVD || p == KVD_POLICY_KVD_MI;
+	return policies[p].info.flags & KVD_POLICY_LAYERWIDE_TOPK;
 }
 
 /*
@@ -256,7 +248,8 @@ static int mi_modulate(const struct kvd_policy_params *p, const struct kvd_attn_
 	float *misfit, *provisional;
 	int r = 0;
 
-	if (p->policy != KVD_POLICY_KVD_MI || !p->mi_mean_k || !p->mi_count || n == 0)
+	if (!(policies[p->policy].info.flags & KVD_POLICY_NEEDS_MOMENTS) || !p->mi_mean_k ||
+	    !p->mi_count || n == 0)
 		return 0;
 	misfit = malloc((size_t)n * sizeof(float));
 	provisional = malloc((size_t)in->dim * sizeof(float));
@@ -295,9 +288,10 @@ static int params_check(const struct kvd_policy_params *p, const struct kvd_attn
 		return -EINVAL;
 	if (p->policy == KVD_POLICY_PYRAMIDKV && (p->n_layers == 0 || p->layer >= p->n_layers))
 		return -EINVAL;
-	if (p->policy == KVD_POLICY_KVD_MI && (!isfinite(p->mi_eta) || p->mi_eta < 0))
+	if ((policies[p->policy].info.flags & KVD_POLICY_NEEDS_MOMENTS) &&
+	    (!isfinite(p->mi_eta) || p->mi_eta < 0))
 		return -EINVAL;
-	if (p->policy == KVD_POLICY_INDEXMEM &&
+	if ((policies[p->policy].info.flags & KVD_POLICY_NEEDS_INDEX) &&
 	    (!p->index_q || !p->index_k || p->index_heads == 0 || p->index_heads > KVD_INDEX_HEADS_MAX ||
 	     p->index_dim == 0 || p->index_dim > KVD_INDEX_DIM_MAX || p->index_k_stride < p->index_dim))
 		return -EINVAL;
@@ -328,7 +322,8 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
 
 	if (params_check(p, in) < 0 || p->capacity < in->window || !ret)
 		return -EINVAL;
-	if (p->policy == KVD_POLICY_INDEXMEM)
+	/* Index keys exist in the daemon's blocks only. */
+	if (policies[p->policy].info.flags & KVD_POLICY_NEEDS_INDEX)
 		return -EOPNOTSUPP;
 	b = baseline_of(p->policy);
 	L = in->len, w = in->window, n = L - w, B = p->capacity - w;
@@ -576,7 +571,7 @@ static int policy_scores(const struct kvd_policy_params *p, const struct kvd_att
 		return -EINVAL;
 	b = baseline_of(p->policy);
 
-	if (p->policy == KVD_POLICY_INDEXMEM)
+	if (policies[p->policy].info.flags & KVD_POLICY_NEEDS_INDEX)
 		return indexmem_shares(p, in, rows, n, scores);
 	if (p->policy == KVD_POLICY_FULL) {
 		float share = (float)((double)p->layer_weight / (double)total);
@@ -619,7 +614,8 @@ int kvd_policy_scores(const struct kvd_policy_params *p, const struct kvd_attn_i
 }
 
 bool kvd_policy_scores_via_layer(enum kvd_policy policy) {
-	return policy == KVD_POLICY_RESTKV || policy == KVD_POLICY_LAPROX || policy == KVD_POLICY_KVD;
+	return (int)policy >= 0 && policy < _KVD_POLICY_MAX &&
+	       (policies[policy].info.flags & KVD_POLICY_LAYER_PIPELINE);
 }
 
 int kvd_policy_scores_via(const struct kvd_policy_params *p, const struct kvd_attn_in *in,

@@ -91,10 +91,29 @@ enum kvd_policy {
 	_KVD_POLICY_INVALID = -EINVAL,
 };
 
-/* DESIGN §5's names ("full", ..., "expected_attention", "restkv", "laprox", "kvd",
- * "kvd-mi", "indexmem"). */
+/* The names of kvd.conf(5)'s policy key ("full", ..., "expected_attention", "restkv",
+ * "laprox", "kvd", "kvd-mi", "indexmem"). */
 const char *kvd_policy_to_string(enum kvd_policy p);
 enum kvd_policy kvd_policy_from_string(const char *s);
+
+/* What a policy reads besides the window queries, K and V, and how it ranks: the one place
+ * that says it, so that callers (the daemon's rounds) ask rather than name policies. */
+#define KVD_POLICY_NEEDS_MOMENTS (1u << 0)  /* each kv head's summary of what was evicted
+                                             * (mi_mean_k, mi_count; empty ones allowed) */
+#define KVD_POLICY_NEEDS_INDEX (1u << 1)    /* index queries and keys (index_q, index_k);
+                                             * where a model has no indexer, `fallback` ranks */
+#define KVD_POLICY_LAYERWIDE_TOPK (1u << 2) /* one top-k over all rows of a layer */
+#define KVD_POLICY_LAYER_PIPELINE (1u << 3) /* score.h's layer pipeline, which
+                                             * kvd_policy_scores_via() can run elsewhere */
+
+struct kvd_policy_info {
+	const char *name;
+	unsigned flags;                 /* KVD_POLICY_NEEDS_*, ... */
+	enum kvd_policy fallback;       /* with NEEDS_INDEX: what ranks a model without index keys */
+};
+
+/* The policy's entry, or NULL for a value that is not a policy. */
+const struct kvd_policy_info *kvd_policy_info(enum kvd_policy p);
 
 enum kvd_granularity {
 	KVD_GRANULARITY_HEAD,

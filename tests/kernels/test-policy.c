@@ -347,3 +347,26 @@ TEST(bad_params) {
 	ASSERT_ERRNO(kvd_policy_scores(&p, &f.in, NULL, NULL, v), -EINVAL);
 	kt_layer_done(&f);
 }
+
+/* The policy table: every policy named once and found by its name; what the daemon asks of
+ * an entry agrees with what the kernels do with it. */
+TEST(policy_table) {
+	for (int p = 0; p < _KVD_POLICY_MAX; p++) {
+		const struct kvd_policy_info *info = kvd_policy_info(p);
+
+		ASSERT_NOT_NULL(info);
+		ASSERT_NOT_NULL(info->name);
+		ASSERT_EQ((int)kvd_policy_from_string(info->name), p);
+		ASSERT_EQ(kvd_policy_scores_via_layer(p), (info->flags & KVD_POLICY_LAYER_PIPELINE) != 0);
+		/* A fallback ranks without what the policy needed. */
+		if (info->flags & KVD_POLICY_NEEDS_INDEX) {
+			ASSERT_NE((int)info->fallback, p);
+			ASSERT_FALSE(kvd_policy_info(info->fallback)->flags & KVD_POLICY_NEEDS_INDEX);
+		} else
+			ASSERT_EQ((int)info->fallback, p);
+	}
+	ASSERT_NULL(kvd_policy_info(_KVD_POLICY_MAX));
+	ASSERT_NULL(kvd_policy_info(_KVD_POLICY_INVALID));
+	ASSERT_TRUE(kvd_policy_info(KVD_POLICY_KVD_MI)->flags & KVD_POLICY_NEEDS_MOMENTS);
+	ASSERT_FALSE(kvd_policy_info(KVD_POLICY_KVD)->flags & KVD_POLICY_NEEDS_MOMENTS);
+}
