@@ -11,6 +11,7 @@
 #include "basic/macro.h"
 #include "common/ring.h"
 #include "conn.h"
+#include "envelope.h"
 #include "observe.h"
 #include "log.h"
 #include "ring.h"
@@ -270,19 +271,6 @@ int conn_send(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds
 	return 0;
 }
 
-int conn_reply_status(struct conn *c, uint64_t id, int code, const char *message) {
-	Kvd__V1__Status st = KVD__V1__STATUS__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-
-	st.has_code = true;
-	st.code = code;
-	st.message = (char *)(message ? message : "");
-	env.has_id = true;
-	env.id = id;
-	env.status = &st;
-	return conn_send(c, &env, NULL, 0);
-}
-
 static void conn_send_done(struct loop_op *op, int res, bool more) {
 	struct conn *c = (struct conn *)((char *)op - offsetof(struct conn, send_op));
 	struct tx *t = c->tx_head;
@@ -354,7 +342,7 @@ static bool conn_dispatch_frames(struct conn *c) {
 		if (r == -EBADMSG) {
 			/* The framing is intact, but we cannot know what was asked: answer with
 			 * id 0 and count it against the client. */
-			conn_reply_status(c, 0, -EBADMSG, "undecodable message");
+			(void)envelope_reply_status(c, 0, -EBADMSG, "undecodable message");
 			conn_violation(c, "undecodable message");
 			continue;
 		}
@@ -362,7 +350,7 @@ static bool conn_dispatch_frames(struct conn *c) {
 			c->srv->protocol_errors++;
 			if (r == -EMSGSIZE)
 				c->srv->refused[LIMIT_FRAME]++;
-			conn_reply_status(c, 0, r,
+			(void)envelope_reply_status(c, 0, r,
 			                  r == -EMSGSIZE ? "frame larger than 64 KiB" : "bad frame header");
 			c->close_when_sent = true;
 			if (!c->tx_head)

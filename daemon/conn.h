@@ -109,9 +109,6 @@ int conn_new(struct server *s, int fd, struct conn **ret);
  * connection is being closed), -EMSGSIZE, -ENOMEM. */
 int conn_send(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds);
 
-/* Sends a reply with only a status. */
-int conn_reply_status(struct conn *c, uint64_t id, int code, const char *message);
-
 /* Counts a protocol violation; past the limit the connection is closed. */
 void conn_violation(struct conn *c, const char *what);
 
@@ -163,13 +160,5 @@ void conn_destroy(struct conn *c);
 
 /* Defined in dispatch.c: handles one decoded request. fds are owned by the callee. */
 void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds);
-/*
- * Defined in dispatch.c: grows sequence seq_id of c by tokens and answers request id, on
- * the socket or, with ring, as the completion of the ring submission whose user_data is id;
- * when the budget cannot meet it and wait_until_ms (CLOCK_MONOTONIC ms) is in the future,
- * parks it for an eviction round instead (evict.h) and answers later.
- */
-void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
-                   uint64_t wait_until_ms);
 /* Defined in dispatch.c: drops the session state of a closing connection. */
 void dispatch_disconnect(struct conn *c);

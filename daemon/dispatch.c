@@ -16,6 +16,7 @@
 #include "config.h"
 #include "conn.h"
 #include "departed.h"
+#include "envelope.h"
 #include "evict.h"
 #include "keep.h"
 #include "log.h"
@@ -28,46 +29,20 @@
 
 #define WEIGHT_MAX 10000
 
-_printf_(4, 5) static void reply_error(struct conn *c, uint64_t id, int code, const char *fmt, ...) {
-	char msg[256];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	log_debug("connection %llu: request %llu refused: %s", (unsigned long long)c->id,
-	          (unsigned long long)id, msg);
-	conn_reply_status(c, id, code, msg);
-}
-
-static void reply(struct conn *c, Envelope *env, uint64_t id, const int *fds, uint32_t nfds) {
-	Kvd__V1__Status st = KVD__V1__STATUS__INIT;
-	int r;
-
-	st.has_code = true;
-	st.code = 0;
-	env->has_id = true;
-	env->id = id;
-	env->status = &st;
-	r = conn_send(c, env, fds, nfds);
-	if (r < 0 && r != -ENOBUFS && !c->closing)
-		conn_close(c, "cannot queue a reply");
-}
-
 /* Answers a live change (admin.h): a reply with code 0 and a message when it applies but
  * was not saved, so that the operator learns it will not survive a restart. */
 static void reply_live(struct conn *c, uint64_t id, int r, const char *why) {
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 
 	if (r < 0) {
-		reply_error(c, id, r, "%s", why);
+		envelope_reply_error(c, id, r, "%s", why);
 		return;
 	}
 	if (r == 0) {
-		reply(c, &env, id, NULL, 0);
+		envelope_reply(c, id, &env, NULL, 0);
 		return;
 	}
-	r = conn_reply_status(c, id, 0, why);
+	r = envelope_reply_status(c, id, 0, why);
 	if (r < 0 && r != -ENOBUFS && !c->closing)
 		conn_close(c, "cannot queue a reply");
 }
@@ -99,29 +74,9 @@ static void reply_step(struct conn *c, bool ring, uint64_t id, int r, const char
 			          why);
 		ring_complete(c->ring, id, r, 0, 0, r < 0 ? why : NULL);
 	} else if (r < 0)
-		reply_error(c, id, r, "%s", why);
+		envelope_reply_error(c, id, r, "%s", why);
 	else
-		reply(c, &env, id, NULL, 0);
-}
-
-/* Sends a ring connection the chunks it must unmap, as EVENT_CHUNKS_UNMAP: a release
- * through the ring has no reply to carry them. Batched to stay well inside a frame. */
-#define UNMAP_BATCH 4096u
-
-static void send_unmap(struct conn *c, uint32_t *ids, uint32_t n) {
-	for (uint32_t i = 0; i < n && !c->closing; i += UNMAP_BATCH) {
-		Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
-		Envelope env = KVD__V1__ENVELOPE__INIT;
-
-		ev.has_type = true;
-		ev.type = KVD__V1__EVENT_TYPE__EVENT_CHUNKS_UNMAP;
-		ev.n_chunk_ids = MIN(n - i, UNMAP_BATCH);
-		ev.chunk_ids = ids + i;
-		env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
-		env.event = &ev;
-		if (conn_send(c, &env, NULL, 0) < 0 && !c->closing)
-			conn_close(c, "cannot queue an unmap request");
-	}
+		envelope_reply(c, id, &env, NULL, 0);
 }
 
 static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link) {
@@ -156,12 +111,12 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 	int r;
 
 	if (c->hello) {
-		reply_error(c, id, -EPROTO, "hello was already said");
+		envelope_reply_error(c, id, -EPROTO, "hello was already said");
 		conn_violation(c, "second hello");
 		return;
 	}
 	if (min > KVD_PROTOCOL_VERSION_MAX || max < KVD_PROTOCOL_VERSION_MAX || min > max) {
-		reply_error(c, id, -EPROTONOSUPPORT, "protocol versions %u..%u requested, daemon speaks %u",
+		envelope_reply_error(c, id, -EPROTONOSUPPORT, "protocol versions %u..%u requested, daemon speaks %u",
 		            min, max, KVD_PROTOCOL_VERSION_MAX);
 		c->close_when_sent = true;
 		return;
@@ -174,7 +129,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 			s->access_refused++;
 			log_warning("connection %llu: pid %d uid %u refused: %s", (unsigned long long)c->id,
 			            (int)c->cred.pid, (unsigned)c->cred.uid, why);
-			reply_error(c, id, r, "%s", why);
+			envelope_reply_error(c, id, r, "%s", why);
 			c->close_when_sent = true;
 			return;
 		}
@@ -184,7 +139,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 	 * chunks and stay welcome. */
 	if (req->tenant && s->pool->ops->memory != BACKEND_MEMORY_HOST &&
 	    !(req->has_features && (req->features & KVD_FEATURE_DEVICE_CHUNKS))) {
-		reply_error(c, id, -EPROTONOSUPPORT, "the pool is GPU memory (backend %s) and this "
+		envelope_reply_error(c, id, -EPROTONOSUPPORT, "the pool is GPU memory (backend %s) and this "
 		            "client cannot import device chunks (a libkvd built with CUDA is needed)",
 		            s->pool->ops->name);
 		c->close_when_sent = true;
@@ -200,7 +155,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 			            (int)c->cred.pid, req->tenant, s->limits.max_tenants);
 		}
 		if (r < 0) {
-			reply_error(c, id, r, r == -EINVAL ? "invalid tenant name" : "too many tenants (%u)",
+			envelope_reply_error(c, id, r, r == -EINVAL ? "invalid tenant name" : "too many tenants (%u)",
 			            s->limits.max_tenants);
 			c->close_when_sent = true;
 			return;
@@ -275,11 +230,11 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 		rep.has_ring_bytes = rep.has_ring_doorbell = true;
 		rep.ring_bytes = c->ring->geo.total_bytes;
 		rep.ring_doorbell = (Kvd__V1__RingDoorbell)c->ring->geo.doorbell;
-		reply(c, &env, id, fds, c->ring->efd >= 0 ? 2 : 1);
+		envelope_reply(c, id, &env, fds, c->ring->efd >= 0 ? 2 : 1);
 		/* The queued reply holds its own copy; the daemon keeps the mapping. */
 		c->ring->memfd = safe_close(c->ring->memfd);
 	} else
-		reply(c, &env, id, NULL, 0);
+		envelope_reply(c, id, &env, NULL, 0);
 }
 
 static void handle_register_model(struct conn *c, uint64_t id, const Envelope *request,
@@ -293,12 +248,12 @@ static void handle_register_model(struct conn *c, uint64_t id, const Envelope *r
 
 	if (c->n_models >= c->srv->limits.max_models) {
 		c->srv->refused[LIMIT_MODELS]++;
-		reply_error(c, id, -EMFILE, "at most %u models per connection", c->srv->limits.max_models);
+		envelope_reply_error(c, id, -EMFILE, "at most %u models per connection", c->srv->limits.max_models);
 		return;
 	}
 	if (c->tenant->models >= c->srv->limits.max_models_per_tenant) {
 		c->srv->refused[LIMIT_MODELS_PER_TENANT]++;
-		reply_error(c, id, -EMFILE, "at most %u models per tenant (max-models-per-tenant)",
+		envelope_reply_error(c, id, -EMFILE, "at most %u models per tenant (max-models-per-tenant)",
 		            c->srv->limits.max_models_per_tenant);
 		return;
 	}
@@ -308,7 +263,7 @@ static void handle_register_model(struct conn *c, uint64_t id, const Envelope *r
 	if (r == -EFBIG)
 		c->srv->refused[LIMIT_OBSERVATION]++;
 	if (r < 0) {
-		reply_error(c, id, r, "bad model: %s", why);
+		envelope_reply_error(c, id, r, "bad model: %s", why);
 		return;
 	}
 	m->id = ++c->n_models;
@@ -333,7 +288,7 @@ static void handle_register_model(struct conn *c, uint64_t id, const Envelope *r
 	}
 	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL_REPLY;
 	env.register_model_reply = &rep;
-	reply(c, &env, id, NULL, 0);
+	envelope_reply(c, id, &env, NULL, 0);
 }
 
 static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
@@ -346,24 +301,24 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	int r;
 
 	if (!req->has_model_id || req->model_id < 1 || req->model_id > c->n_models) {
-		reply_error(c, id, -EINVAL, "unknown model");
+		envelope_reply_error(c, id, -EINVAL, "unknown model");
 		return;
 	}
 	if (!req->has_max_tokens || req->max_tokens < 1 || req->max_tokens > s->limits.max_seq_tokens) {
 		if (req->has_max_tokens && req->max_tokens > s->limits.max_seq_tokens)
 			s->refused[LIMIT_SEQ_TOKENS]++;
-		reply_error(c, id, -EINVAL, "max_tokens must be 1..%u", s->limits.max_seq_tokens);
+		envelope_reply_error(c, id, -EINVAL, "max_tokens must be 1..%u", s->limits.max_seq_tokens);
 		return;
 	}
 	if (c->n_seqs >= s->limits.max_seqs) {
 		s->refused[LIMIT_SEQS]++;
-		reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
+		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
 		return;
 	}
 	/* One tenant's many processes must not exhaust the daemon's descriptors together. */
 	if (c->tenant->sequences >= s->limits.max_seqs_per_tenant) {
 		s->refused[LIMIT_SEQS_PER_TENANT]++;
-		reply_error(c, id, -EMFILE, "at most %u sequences per tenant (max-seqs-per-tenant)",
+		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per tenant (max-seqs-per-tenant)",
 		            s->limits.max_seqs_per_tenant);
 		return;
 	}
@@ -371,7 +326,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	 * would fail for everyone (server.h, server_seqs_max()). */
 	if (s->sequences >= server_seqs_max(s)) {
 		s->refused[LIMIT_SEQS_NODE]++;
-		reply_error(c, id, -EMFILE, "the node holds its most sequences, %u (max-seqs-node)",
+		envelope_reply_error(c, id, -EMFILE, "the node holds its most sequences, %u (max-seqs-node)",
 		            server_seqs_max(s));
 		return;
 	}
@@ -379,20 +334,20 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	            s->limits.max_descriptor_bytes, &q);
 	if (r == -EINVAL) {
 		s->refused[LIMIT_DESCRIPTOR]++;
-		reply_error(c, id, r, "the descriptor for %u tokens would exceed %llu bytes",
+		envelope_reply_error(c, id, r, "the descriptor for %u tokens would exceed %llu bytes",
 		            req->max_tokens, (unsigned long long)s->limits.max_descriptor_bytes);
 		return;
 	}
 	if (r < 0) {
 		log_error_errno(r, "creating a sequence descriptor failed");
-		reply_error(c, id, r, "cannot create the sequence descriptor");
+		envelope_reply_error(c, id, r, "cannot create the sequence descriptor");
 		return;
 	}
 	if (s->metadata_bytes + q->meta_bytes > server_metadata_max(s)) {
 		struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
 
 		s->refused[LIMIT_METADATA]++;
-		reply_error(c, id, -ENOMEM, "the sequences' metadata would pass %llu bytes "
+		envelope_reply_error(c, id, -ENOMEM, "the sequences' metadata would pass %llu bytes "
 		            "(max-metadata-bytes); this one takes %llu", (unsigned long long)
 		            server_metadata_max(s), (unsigned long long)q->meta_bytes);
 		seq_free(q, s->pool, &none);
@@ -407,7 +362,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 
 			log_error_errno(r, "creating an observation buffer failed");
 			seq_free(q, s->pool, &none);
-			reply_error(c, id, r, "cannot create the observation buffer");
+			envelope_reply_error(c, id, r, "cannot create the observation buffer");
 			return;
 		}
 	}
@@ -432,7 +387,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	{
 		int fds[2] = { q->desc_fd, q->obs_fd };
 
-		reply(c, &env, id, fds, q->obs ? 2 : 1);
+		envelope_reply(c, id, &env, fds, q->obs ? 2 : 1);
 	}
 	/* The queued reply holds its own copies of the fds; the daemon keeps the mappings. */
 	q->desc_fd = safe_close(q->desc_fd);
@@ -449,30 +404,28 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
 	Kvd__V1__SeqClaimReply rep = KVD__V1__SEQ_CLAIM_REPLY__INIT;
-	Kvd__V1__ChunkGrant grants[WIRE_FDS_MAX], *grant_ptrs[WIRE_FDS_MAX];
-	const struct backend_device *dev = backend_device(c->device);
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	_cleanup_(freep) struct chunk **list = NULL;
+	struct envelope_grants grants;
 	const struct model *m;
 	struct kvd_seq_desc *d;
-	int fds[WIRE_FDS_MAX];
 	uint32_t n = 0;
 	struct seq *q;
 	int r;
 
 	if (!req->has_model_id || req->model_id < 1 || req->model_id > c->n_models) {
-		reply_error(c, id, -EINVAL, "unknown model");
+		envelope_reply_error(c, id, -EINVAL, "unknown model");
 		return;
 	}
 	if (c->n_seqs >= s->limits.max_seqs) {
 		s->refused[LIMIT_SEQS]++;
-		reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
+		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
 		return;
 	}
 	/* A claim grants chunks too. */
 	if (c->unmap_due_ms) {
 		s->refused[LIMIT_UNMAP_TIMEOUT]++;
-		reply_error(c, id, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
+		envelope_reply_error(c, id, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
 		            "within unmap-timeout (%llu ms): no grants until it does",
 		            (unsigned long long)s->limits.unmap_timeout_ms);
 		return;
@@ -480,11 +433,11 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 	m = &c->models[req->model_id - 1];
 	r = keep_claim(s->keep, req->has_seq_id ? req->seq_id : 0, c->tenant, m, &q);
 	if (r == -EINVAL) {
-		reply_error(c, id, r, "the model's shape is not the sequence's, or it has eviction");
+		envelope_reply_error(c, id, r, "the model's shape is not the sequence's, or it has eviction");
 		return;
 	}
 	if (r < 0) {
-		reply_error(c, id, r, "no sequence %llu of tenant %s waits to be claimed",
+		envelope_reply_error(c, id, r, "no sequence %llu of tenant %s waits to be claimed",
 		            (unsigned long long)req->seq_id, c->tenant->name);
 		return;
 	}
@@ -492,13 +445,13 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 	if (q->device != c->device) {
 		const struct backend_device *qd = backend_device(q->device);
 
-		reply_error(c, id, -EXDEV, "sequence %llu is on GPU %d; connect from that GPU to claim it",
+		envelope_reply_error(c, id, -EXDEV, "sequence %llu is on GPU %d; connect from that GPU to claim it",
 		            (unsigned long long)q->id, qd ? qd->ordinal : (int)q->device);
 		return;
 	}
 	list = malloc(p->n_chunks * sizeof(*list));
 	if (!list) {
-		reply_error(c, id, -ENOMEM, "out of memory");
+		envelope_reply_error(c, id, -ENOMEM, "out of memory");
 		return;
 	}
 	/* Becoming a holder is all that can fail: it comes before anything changes hands. */
@@ -515,7 +468,7 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 			if (r < 0) {
 				while (n > 0)
 					pool_chunk_drop_holder(p, list[--n], c->id);
-				reply_error(c, id, r, "out of memory");
+				envelope_reply_error(c, id, r, "out of memory");
 				return;
 			}
 			list[n++] = ch;
@@ -530,35 +483,11 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 	         (unsigned long long)c->id, c->tenant->name, (unsigned long long)q->id);
 
 	for (uint32_t i = 0; i < n; i += WIRE_FDS_MAX) {
-		Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
-		uint32_t k = MIN(n - i, WIRE_FDS_MAX);
-
-		for (uint32_t g = 0; g < k; g++) {
-			kvd__v1__chunk_grant__init(&grants[g]);
-			grants[g].has_chunk_id = grants[g].has_bytes = grants[g].has_memory = true;
-			grants[g].chunk_id = list[i + g]->id;
-			grants[g].bytes = p->chunk_bytes;
-			grants[g].memory = (Kvd__V1__MemoryKind)p->ops->memory;
-			if (dev) {
-				grants[g].has_device_uuid = true;
-				grants[g].device_uuid.len = sizeof(dev->uuid);
-				grants[g].device_uuid.data = (uint8_t *)dev->uuid;
-			}
-			grant_ptrs[g] = &grants[g];
-			fds[g] = list[i + g]->mem.fd;
-		}
-		ev.has_type = true;
-		ev.type = KVD__V1__EVENT_TYPE__EVENT_CHUNKS_GRANT;
-		ev.n_grants = k;
-		ev.grants = grant_ptrs;
-		env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
-		env.event = &ev;
-		if (conn_send(c, &env, fds, k) < 0) {
-			/* Closing dropped the sequence with the connection's state. */
-			if (!c->closing)
-				conn_close(c, "cannot queue a grant");
+		envelope_grants(&grants, p, c->device, list + i, MIN(n - i, WIRE_FDS_MAX));
+		envelope_event_grants(c, &grants);
+		/* Closing dropped the sequence with the connection's state. */
+		if (c->closing)
 			return;
-		}
 	}
 	rep.has_seq_id = rep.has_descriptor_bytes = rep.has_tokens = rep.has_generation = true;
 	rep.seq_id = q->id;
@@ -573,20 +502,31 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 		 * queued reply holds its own copy; the store holds another. */
 		_cleanup_(closep) int fd = TAKE_FD(q->desc_fd);
 
-		reply(c, &env, id, &fd, 1);
+		envelope_reply(c, id, &env, &fd, 1);
 	}
 }
 
-void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
-                   uint64_t wait_until_ms) {
+/*
+ * Grows sequence seq_id of c by tokens and answers request id, on the socket or, with ring,
+ * as the completion of the ring submission whose user_data is id; when the budget cannot
+ * meet it and wait_until_ms (CLOCK_MONOTONIC ms) is in the future, parks it for an eviction
+ * round instead (evict.h), which hands it back to grow_retry.
+ */
+static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
+                          uint64_t wait_until_ms);
+
+static void grow_retry(struct conn *c, const struct parked_grow *g, uint64_t wait_until_ms) {
+	dispatch_grow(c, g->id, g->ring, g->seq_id, g->tokens, wait_until_ms);
+}
+
+static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
+                          uint64_t wait_until_ms) {
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
 	Kvd__V1__SeqGrowReply rep = KVD__V1__SEQ_GROW_REPLY__INIT;
-	Kvd__V1__ChunkGrant grants[WIRE_FDS_MAX], *grant_ptrs[WIRE_FDS_MAX];
-	const struct backend_device *dev = backend_device(c->device);
 	Envelope env = KVD__V1__ENVELOPE__INIT;
-	int fds[WIRE_FDS_MAX];
+	struct envelope_grants grants;
 	char why[WHY_MAX], holder[WHY_MAX];
 	struct seq_grants g;
 	struct seq *q;
@@ -613,8 +553,9 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 		if ((r == -ENOSPC || r == -EDQUOT) && wait_until_ms > now_ms()) {
 			if (c->outstanding >= s->limits.max_outstanding)
 				s->refused[LIMIT_OUTSTANDING]++;
-			else if (evict_wait_grant(s->evictor, c, id, ring, seq_id, tokens, g.short_bytes,
-			                          wait_until_ms) == 0) {
+			else if (evict_wait_grant(s->evictor, c,
+			                          &(struct parked_grow){ id, seq_id, tokens, ring },
+			                          grow_retry, g.short_bytes, wait_until_ms) == 0) {
 				c->outstanding++;
 				return;
 			}
@@ -661,48 +602,23 @@ void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint
 		reply_step(c, ring, id, r, why);
 		return;
 	}
-	for (uint32_t i = 0; i < g.n; i++) {
-		kvd__v1__chunk_grant__init(&grants[i]);
-		grants[i].has_chunk_id = true;
-		grants[i].chunk_id = g.chunks[i]->id;
-		grants[i].has_bytes = true;
-		grants[i].bytes = p->chunk_bytes;
-		grants[i].has_memory = true;
-		grants[i].memory = (Kvd__V1__MemoryKind)p->ops->memory;
-		if (dev) {
-			grants[i].has_device_uuid = true;
-			grants[i].device_uuid.len = sizeof(dev->uuid);
-			grants[i].device_uuid.data = (uint8_t *)dev->uuid;
-		}
-		grant_ptrs[i] = &grants[i];
-		fds[i] = g.chunks[i]->mem.fd;
-	}
+	envelope_grants(&grants, p, c->device, g.chunks, g.n);
 	if (ring) {
 		/* fds cannot travel in a ring: the new chunks go on the socket, ahead of the
 		 * completion (ring.h, "Socket"). */
-		if (g.n > 0) {
-			Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
-
-			ev.has_type = true;
-			ev.type = KVD__V1__EVENT_TYPE__EVENT_CHUNKS_GRANT;
-			ev.n_grants = g.n;
-			ev.grants = grant_ptrs;
-			env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
-			env.event = &ev;
-			if (conn_send(c, &env, fds, g.n) < 0 && !c->closing)
-				conn_close(c, "cannot queue a grant");
-		}
+		if (g.n > 0)
+			envelope_event_grants(c, &grants);
 		ring_complete(c->ring, id, 0, q->desc->generation, layout_tokens(q->desc)[0], NULL);
 	} else {
 		rep.has_tokens = true;
 		rep.tokens = layout_tokens(q->desc)[0];
 		rep.has_generation = true;
 		rep.generation = q->desc->generation;
-		rep.n_grants = g.n;
-		rep.grants = grant_ptrs;
+		rep.n_grants = grants.n;
+		rep.grants = grants.ptrs;
 		env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_GROW_REPLY;
 		env.seq_grow_reply = &rep;
-		reply(c, &env, id, fds, g.n);
+		envelope_reply(c, id, &env, grants.fds, grants.n);
 	}
 	evict_kick(s->evictor, ROUND_WATERMARK);
 }
@@ -713,11 +629,11 @@ static void handle_seq_grow(struct conn *c, uint64_t id, const Envelope *request
 	uint64_t wait = c->srv->limits.grant_wait_ms;
 
 	if (!req->has_seq_id || !find_seq(c, req->seq_id, NULL)) {
-		reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		envelope_reply_error(c, id, -ENOENT, "no such sequence on this connection");
 		return;
 	}
 	if (!req->has_tokens) {
-		reply_error(c, id, -EINVAL, "tokens missing");
+		envelope_reply_error(c, id, -EINVAL, "tokens missing");
 		return;
 	}
 	dispatch_grow(c, id, false, req->seq_id, req->tokens, wait ? now_ms() + wait : 0);
@@ -766,14 +682,14 @@ static void handle_seq_release(struct conn *c, uint64_t id, const Envelope *requ
 
 	r = step_release(c, req->has_seq_id ? req->seq_id : 0, &ids, &n, why);
 	if (r < 0) {
-		reply_error(c, id, r, "%s", why);
+		envelope_reply_error(c, id, r, "%s", why);
 		return;
 	}
 	rep.n_unmap_chunk_ids = n;
 	rep.unmap_chunk_ids = ids;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RELEASE_REPLY;
 	env.seq_release_reply = &rep;
-	reply(c, &env, id, NULL, 0);
+	envelope_reply(c, id, &env, NULL, 0);
 }
 
 static void handle_chunks_unmapped(struct conn *c, uint64_t id, const Envelope *request,
@@ -803,7 +719,7 @@ static void handle_chunks_unmapped(struct conn *c, uint64_t id, const Envelope *
 		log_info("connection %llu unmapped the chunks it was late with: it gets grants again",
 		         (unsigned long long)c->id);
 	}
-	reply(c, &env, id, NULL, 0);
+	envelope_reply(c, id, &env, NULL, 0);
 	if (s->pool->chunks_draining < draining)
 		evict_chunks_back(s->evictor);
 }
@@ -858,13 +774,13 @@ static void handle_seq_digest(struct conn *c, uint64_t id, const Envelope *reque
 
 	q = req->has_seq_id ? find_seq(c, req->seq_id, NULL) : NULL;
 	if (!q) {
-		reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		envelope_reply_error(c, id, -ENOENT, "no such sequence on this connection");
 		return;
 	}
 	/* Device memory is read through copies, block by block: a digest is for tests and
 	 * diagnostics (and proves that the daemon sees what the engine wrote). */
 	if (!evict_engine_done(c->srv, q)) {
-		reply_error(c, id, -EAGAIN, "the engine's event of its last unpin has not completed");
+		envelope_reply_error(c, id, -EAGAIN, "the engine's event of its last unpin has not completed");
 		return;
 	}
 	if (c->srv->pool->ops->host_access)
@@ -873,13 +789,13 @@ static void handle_seq_digest(struct conn *c, uint64_t id, const Envelope *reque
 		r = seq_digest_copied(q, c->srv->pool, &rep.digest, &rep.bytes);
 	if (r < 0) {
 		log_error_errno(r, "sequence %llu refers to a block not in use", (unsigned long long)q->id);
-		reply_error(c, id, r, "inconsistent sequence");
+		envelope_reply_error(c, id, r, "inconsistent sequence");
 		return;
 	}
 	rep.has_digest = rep.has_bytes = true;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_DIGEST_REPLY;
 	env.seq_digest_reply = &rep;
-	reply(c, &env, id, NULL, 0);
+	envelope_reply(c, id, &env, NULL, 0);
 }
 
 static void handle_budget_set(struct conn *c, uint64_t id, const Envelope *request,
@@ -890,7 +806,7 @@ static void handle_budget_set(struct conn *c, uint64_t id, const Envelope *reque
 	int r;
 
 	if (!req->has_bytes || req->bytes > p->pool_bytes) {
-		reply_error(c, id, -EINVAL, "the budget must be at most the pool (%llu bytes)",
+		envelope_reply_error(c, id, -EINVAL, "the budget must be at most the pool (%llu bytes)",
 		            (unsigned long long)p->pool_bytes);
 		return;
 	}
@@ -926,26 +842,26 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 	int r;
 
 	if (!req->name || !tenant_name_valid(req->name)) {
-		reply_error(c, id, -EINVAL, "invalid tenant name");
+		envelope_reply_error(c, id, -EINVAL, "invalid tenant name");
 		return;
 	}
 	if (req->has_weight && (req->weight < 1 || req->weight > WEIGHT_MAX)) {
-		reply_error(c, id, -EINVAL, "weight must be 1..%u", WEIGHT_MAX);
+		envelope_reply_error(c, id, -EINVAL, "weight must be 1..%u", WEIGHT_MAX);
 		return;
 	}
 	if (req->policy && (int)kvd_policy_from_string(req->policy) < 0) {
-		reply_error(c, id, -EINVAL, "unknown policy (kvd.conf(5) lists them)");
+		envelope_reply_error(c, id, -EINVAL, "unknown policy (kvd.conf(5) lists them)");
 		return;
 	}
 	t = tenant_find(&c->srv->tenants, req->name);
 	min = req->has_min_bytes ? req->min_bytes : t ? t->min_bytes : 0;
 	max = req->has_max_bytes ? req->max_bytes : t ? t->max_bytes : KVD_TENANT_NO_CAP;
 	if (min > max) {
-		reply_error(c, id, -EINVAL, "min above max");
+		envelope_reply_error(c, id, -EINVAL, "min above max");
 		return;
 	}
 	if (min != 0 && min > c->srv->pool->pool_bytes) {
-		reply_error(c, id, -EINVAL, "min above the pool");
+		envelope_reply_error(c, id, -EINVAL, "min above the pool");
 		return;
 	}
 	r = tenant_get(&c->srv->tenants, req->name, &t);
@@ -955,7 +871,7 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 			log_warning("tenant set by pid %d: new tenant %s refused: max-tenants (%u) are "
 			            "known", (int)c->cred.pid, req->name, c->srv->limits.max_tenants);
 		}
-		reply_error(c, id, r, "too many tenants (%u)", c->srv->limits.max_tenants);
+		envelope_reply_error(c, id, r, "too many tenants (%u)", c->srv->limits.max_tenants);
 		return;
 	}
 	change.has_min = req->has_min_bytes;
@@ -983,7 +899,7 @@ static void handle_tenant_reset(struct conn *c, uint64_t id, const Envelope *req
 	int r;
 
 	if (!req->name || !tenant_name_valid(req->name)) {
-		reply_error(c, id, -EINVAL, "invalid tenant name");
+		envelope_reply_error(c, id, -EINVAL, "invalid tenant name");
 		return;
 	}
 	r = admin_tenant_reset(c->srv->admin, req->name, why, sizeof(why));
@@ -1002,7 +918,7 @@ static void handle_tenant_delete(struct conn *c, uint64_t id, const Envelope *re
 	int r;
 
 	if (!req->name || !tenant_name_valid(req->name)) {
-		reply_error(c, id, -EINVAL, "invalid tenant name");
+		envelope_reply_error(c, id, -EINVAL, "invalid tenant name");
 		return;
 	}
 	r = admin_tenant_delete(c->srv->admin, req->name, why, sizeof(why));
@@ -1019,23 +935,23 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope
 	int r;
 
 	if (!req->has_model_id || req->model_id < 1 || req->model_id > c->n_models) {
-		reply_error(c, id, -EINVAL, "unknown model");
+		envelope_reply_error(c, id, -EINVAL, "unknown model");
 		return;
 	}
 	m = &c->models[req->model_id - 1];
 	if (fd < 0 || !req->has_layer || !req->has_dtype || !req->has_hidden) {
-		reply_error(c, id, -EINVAL, "layer, dtype, hidden and one memfd are needed");
+		envelope_reply_error(c, id, -EINVAL, "layer, dtype, hidden and one memfd are needed");
 		return;
 	}
 	r = grams_check(m, req->layer, fd, req->dtype, req->hidden, &wo, &why);
 	if (r < 0) {
-		reply_error(c, id, r, "bad output projection: %s", why ? why : strerror(-r));
+		envelope_reply_error(c, id, r, "bad output projection: %s", why ? why : strerror(-r));
 		return;
 	}
 	if (c->outstanding >= c->srv->limits.max_outstanding) {
 		wo_map_done(&wo);
 		c->srv->refused[LIMIT_OUTSTANDING]++;
-		reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
+		envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
 		            c->outstanding);
 		return;
 	}
@@ -1046,9 +962,9 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope
 	if (r >= 0)
 		c->outstanding++;
 	else if (r == -EBUSY)
-		reply_error(c, id, r, "too many uploads computing (%u); retry", UPLOADS_MAX);
+		envelope_reply_error(c, id, r, "too many uploads computing (%u); retry", UPLOADS_MAX);
 	else if (r < 0)
-		reply_error(c, id, r, "cannot start computing: %s", strerror(-r));
+		envelope_reply_error(c, id, r, "cannot start computing: %s", strerror(-r));
 }
 
 #define SEQ_PINS_MAX 255
@@ -1113,20 +1029,20 @@ static void handle_register_event(struct conn *c, uint64_t id, const Envelope *r
 	int r;
 
 	if (!ops->event_open) {
-		reply_error(c, id, -EOPNOTSUPP, "the %s backend has no events to wait for", ops->name);
+		envelope_reply_error(c, id, -EOPNOTSUPP, "the %s backend has no events to wait for", ops->name);
 		return;
 	}
 	if (c->n_events == KVD_CONN_EVENTS_MAX) {
-		reply_error(c, id, -ENOSPC, "this connection has its %u events already", KVD_CONN_EVENTS_MAX);
+		envelope_reply_error(c, id, -ENOSPC, "this connection has its %u events already", KVD_CONN_EVENTS_MAX);
 		return;
 	}
 	if (!req->has_ipc_handle || req->ipc_handle.len != BACKEND_EVENT_HANDLE_BYTES) {
-		reply_error(c, id, -EINVAL, "an event's IPC handle is %u bytes", BACKEND_EVENT_HANDLE_BYTES);
+		envelope_reply_error(c, id, -EINVAL, "an event's IPC handle is %u bytes", BACKEND_EVENT_HANDLE_BYTES);
 		return;
 	}
 	r = ops->event_open(c->device, req->ipc_handle.data, req->ipc_handle.len, &ev);
 	if (r < 0) {
-		reply_error(c, id, r, "the driver does not open this event: %s", strerror(-r));
+		envelope_reply_error(c, id, r, "the driver does not open this event: %s", strerror(-r));
 		return;
 	}
 	c->events[c->n_events++] = ev;
@@ -1134,7 +1050,7 @@ static void handle_register_event(struct conn *c, uint64_t id, const Envelope *r
 	rep.event_id = c->n_events;
 	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_EVENT_REPLY;
 	env.register_event_reply = &rep;
-	reply(c, &env, id, NULL, 0);
+	envelope_reply(c, id, &env, NULL, 0);
 }
 
 /*
@@ -1173,7 +1089,7 @@ static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
 	if (req->tenant) {
 		t = tenant_find(&c->srv->tenants, req->tenant);
 		if (!t) {
-			reply_error(c, id, -ENOENT, "no tenant %s", req->tenant);
+			envelope_reply_error(c, id, -ENOENT, "no tenant %s", req->tenant);
 			return;
 		}
 	}
@@ -1181,19 +1097,19 @@ static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
 	admin = access_admin(&c->srv->admin->cfg, c->fd, &c->cred);
 	if ((!t || t != c->tenant) && !admin) {
 		c->srv->access_refused++;
-		reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may evict from "
+		envelope_reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may evict from "
 		            "other tenants", c->srv->admin->cfg.admin_group);
 		return;
 	}
 	if (c->outstanding >= c->srv->limits.max_outstanding) {
 		c->srv->refused[LIMIT_OUTSTANDING]++;
-		reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
+		envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
 		            c->outstanding);
 		return;
 	}
 	if (!admin && !evict_rate_allows(c)) {
 		c->srv->refused[LIMIT_EVICT_RATE]++;
-		reply_error(c, id, -EAGAIN, "at most %u eviction requests a second per connection "
+		envelope_reply_error(c, id, -EAGAIN, "at most %u eviction requests a second per connection "
 		            "(%u at once)", EVICT_RATE_PER_S, EVICT_RATE_BURST);
 		return;
 	}
@@ -1203,7 +1119,7 @@ static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
 	if (r >= 0)
 		c->outstanding++;
 	else
-		reply_error(c, id, r, r == -EBUSY ? "too many eviction requests waiting (%u)" : "out of memory",
+		envelope_reply_error(c, id, r, r == -EBUSY ? "too many eviction requests waiting (%u)" : "out of memory",
 		            EVICT_WAITERS_MAX);
 }
 
@@ -1214,12 +1130,12 @@ static void handle_evictions(struct conn *c, uint64_t id, const Envelope *reques
 
 	if (evict_history(c->srv->evictor, &rep) < 0) {
 		evict_history_free(&rep);
-		reply_error(c, id, -ENOMEM, "out of memory");
+		envelope_reply_error(c, id, -ENOMEM, "out of memory");
 		return;
 	}
 	env.body_case = KVD__V1__ENVELOPE__BODY_EVICTIONS_REPLY;
 	env.evictions_reply = &rep;
-	reply(c, &env, id, NULL, 0);
+	envelope_reply(c, id, &env, NULL, 0);
 	evict_history_free(&rep);
 }
 
@@ -1235,7 +1151,7 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 	Kvd__V1__Counter refused[_LIMIT_MAX], *refused_ptrs[_LIMIT_MAX];
 
 	if (!ts || !tp) {
-		reply_error(c, id, -ENOMEM, "out of memory");
+		envelope_reply_error(c, id, -ENOMEM, "out of memory");
 		return;
 	}
 	rep.daemon_version = (char *)KVD_VERSION;
@@ -1283,7 +1199,7 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 	rep.tenants = tp;
 	env.body_case = KVD__V1__ENVELOPE__BODY_STATUS_REPLY;
 	env.status_reply = &rep;
-	reply(c, &env, id, NULL, 0);
+	envelope_reply(c, id, &env, NULL, 0);
 }
 
 /* What a request needs before its handler runs. */
@@ -1347,29 +1263,29 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 	if (nfds > 0 && !(nfds == 1 && rt && (rt->flags & REQUEST_TAKES_FD))) {
 		for (uint32_t i = 0; i < nfds; i++)
 			safe_close(fds[i]);
-		reply_error(c, id, -EBADMSG, "this request carries no fds");
+		envelope_reply_error(c, id, -EBADMSG, "this request carries no fds");
 		conn_violation(c, "unexpected fds");
 		return;
 	}
 	if (nfds == 1)
 		fd = fds[0];
 	if (id == 0) {
-		reply_error(c, 0, -EINVAL, "request without an id");
+		envelope_reply_error(c, 0, -EINVAL, "request without an id");
 		conn_violation(c, "request without an id");
 		return;
 	}
 	if (!c->hello && env->body_case != KVD__V1__ENVELOPE__BODY_HELLO) {
-		reply_error(c, id, -EPROTO, "say hello first");
+		envelope_reply_error(c, id, -EPROTO, "say hello first");
 		conn_violation(c, "request before hello");
 		return;
 	}
 	if (!rt) {
 		/* Not a reason to disconnect: additions must never break old peers. */
-		reply_error(c, id, -EOPNOTSUPP, "unknown request");
+		envelope_reply_error(c, id, -EOPNOTSUPP, "unknown request");
 		return;
 	}
 	if ((rt->flags & REQUEST_NEEDS_TENANT) && !c->tenant) {
-		reply_error(c, id, -EPERM, "this request needs a tenant; say which in hello");
+		envelope_reply_error(c, id, -EPERM, "this request needs a tenant; say which in hello");
 		return;
 	}
 	if ((rt->flags & REQUEST_NEEDS_ADMIN) && !access_admin(&c->srv->admin->cfg, c->fd, &c->cred)) {
@@ -1377,7 +1293,7 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 		log_warning("connection %llu: pid %d uid %u refused an admin request: not root nor in "
 		            "admin-group %s", (unsigned long long)c->id, (int)c->cred.pid,
 		            (unsigned)c->cred.uid, c->srv->admin->cfg.admin_group);
-		reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may change the "
+		envelope_reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may change the "
 		            "budget and tenants", c->srv->admin->cfg.admin_group);
 		return;
 	}
@@ -1430,7 +1346,7 @@ void dispatch_ring(struct conn *c, const struct ring_sqe *sqe) {
 		type = METRICS_REQUEST_SEQ_RELEASE;
 		r = step_release(c, sqe->seq_id, &ids, &n, why);
 		/* Ahead of the completion, like a grow's chunks (ring.h, "Socket"). */
-		send_unmap(c, ids, n);
+		envelope_event_unmap(c, ids, n);
 		reply_step(c, true, sqe->user_data, r, why);
 		break;
 	default:

@@ -15,6 +15,7 @@
 #include "compact.h"
 #include "compensate.h"
 #include "conn.h"
+#include "envelope.h"
 #include "evict.h"
 #include "log.h"
 #include "moments.h"
@@ -32,10 +33,10 @@ struct evict_waiter {
 };
 
 struct grant_waiter {
-	uint64_t conn_id, id, seq_id;
-	uint32_t tokens;
+	uint64_t conn_id;
+	struct parked_grow grow;      /* the requester's, handed back to retry */
+	evict_grow_fn retry;
 	uint32_t device;              /* the pool device its blocks come from */
-	bool ring;                    /* id is a ring submission's user_data */
 	uint64_t deadline_ms;
 	uint64_t need_bytes;          /* the new chunks' bytes it lacked */
 };
@@ -460,22 +461,10 @@ static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *dro
 }
 
 static void send_changed(struct server *s, struct seq *q) {
-	Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
 	struct conn *c = server_find_conn(s, q->conn_id);
 
-	if (!c || c->closing)
-		return;
-	ev.has_type = true;
-	ev.type = KVD__V1__EVENT_TYPE__EVENT_SEQ_CHANGED;
-	ev.has_seq_id = true;
-	ev.seq_id = q->id;
-	ev.has_generation = true;
-	ev.generation = q->desc->generation;
-	env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
-	env.event = &ev;
-	if (conn_send(c, &env, NULL, 0) < 0 && !c->closing)
-		conn_close(c, "cannot queue an event");
+	if (c && !c->closing)
+		envelope_event_seq_changed(c, q->id, q->desc->generation);
 }
 
 /*
@@ -681,30 +670,15 @@ static uint64_t apply_round(struct evictor *e, struct round *r) {
 
 static void reply_evict(struct evictor *e, const struct evict_waiter *w, const struct round *r,
                         uint64_t freed) {
-	Kvd__V1__EvictReply rep = KVD__V1__EVICT_REPLY__INIT;
-	Kvd__V1__Status st = KVD__V1__STATUS__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
 	struct conn *c = server_find_conn(e->srv, w->conn_id);
 
 	if (!c || c->closing)
 		return;
 	c->outstanding--;
-	if (r->error < 0) {
-		conn_reply_status(c, w->id, r->error, "the eviction round failed");
-		return;
-	}
-	rep.has_round_id = rep.has_target_bytes = rep.has_freed_bytes = true;
-	rep.round_id = r->id;
-	rep.target_bytes = r->target;
-	rep.freed_bytes = freed;
-	st.has_code = true;
-	env.has_id = true;
-	env.id = w->id;
-	env.status = &st;
-	env.body_case = KVD__V1__ENVELOPE__BODY_EVICT_REPLY;
-	env.evict_reply = &rep;
-	if (conn_send(c, &env, NULL, 0) < 0 && !c->closing)
-		conn_close(c, "cannot queue a reply");
+	if (r->error < 0)
+		envelope_reply_error(c, w->id, r->error, "the eviction round failed");
+	else
+		envelope_reply_evict(c, w->id, r->id, r->target, freed);
 }
 
 /* Retries parked grows; those that still fail wait on, until their deadline. */
@@ -713,7 +687,7 @@ static void retry_grants(struct evictor *e, bool final) {
 	uint32_t n = e->n_grants;
 	struct grant_waiter *list = e->grants;
 
-	/* dispatch_grow() may park a grow again: give it a fresh list to do so. */
+	/* A retry may park its grow again: give it a fresh list to do so. */
 	e->grants = NULL;
 	e->n_grants = 0;
 	for (uint32_t i = 0; i < n; i++) {
@@ -723,8 +697,7 @@ static void retry_grants(struct evictor *e, bool final) {
 		if (!c || c->closing)
 			continue;
 		c->outstanding--;
-		dispatch_grow(c, g->id, g->ring, g->seq_id, g->tokens,
-		              final || now >= g->deadline_ms ? 0 : g->deadline_ms);
+		g->retry(c, &g->grow, final || now >= g->deadline_ms ? 0 : g->deadline_ms);
 	}
 	free(list);
 }
@@ -1048,8 +1021,8 @@ int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant 
 	return 0;
 }
 
-int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, bool ring, uint64_t seq_id,
-                     uint32_t tokens, uint64_t need_bytes, uint64_t deadline_ms) {
+int evict_wait_grant(struct evictor *e, struct conn *c, const struct parked_grow *grow,
+                     evict_grow_fn retry, uint64_t need_bytes, uint64_t deadline_ms) {
 	struct server *s = e->srv;
 	struct grant_waiter *g;
 
@@ -1065,11 +1038,9 @@ int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, bool ring, 
 	e->grants = g;
 	e->grants[e->n_grants++] = (struct grant_waiter){
 		.conn_id = c->id,
-		.id = id,
-		.seq_id = seq_id,
-		.tokens = tokens,
+		.grow = *grow,
+		.retry = retry,
 		.device = c->device,
-		.ring = ring,
 		.deadline_ms = deadline_ms,
 		.need_bytes = need_bytes,
 	};

@@ -71,15 +71,26 @@ void evict_kick(struct evictor *e, enum round_trigger why);
  */
 int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes);
 
+/* A grow the evictor keeps for its requester, who alone reads it. */
+struct parked_grow {
+	uint64_t id;                  /* the request's id, or a ring submission's user_data */
+	uint64_t seq_id;
+	uint32_t tokens;
+	bool ring;                    /* answered on the connection's ring, not the socket */
+};
+
+/* Retries a parked grow of c: with wait_until_ms 0 it must be answered now (refused if it
+ * still cannot be met); else it may park again. */
+typedef void (*evict_grow_fn)(struct conn *c, const struct parked_grow *g, uint64_t wait_until_ms);
+
 /*
  * Parks a grow that the budget could not meet (it lacked need_bytes of new chunks) until a
- * round makes room or deadline_ms passes; dispatch_grow() retries it after each round (and once more, to refuse it, at the
- * deadline), answering it on the socket or, with ring, on the connection's ring. Returns 0
- * when parked, or -EAGAIN (too many waiting, stopping, or nothing anywhere is evictable) or
- * -ENOMEM: then refuse it now.
+ * round makes room or deadline_ms passes: retry gets it back after each round, and once more
+ * at the deadline, to answer it. Returns 0 when parked, or -EAGAIN (too many waiting,
+ * stopping, or nothing anywhere is evictable) or -ENOMEM: then refuse it now.
  */
-int evict_wait_grant(struct evictor *e, struct conn *c, uint64_t id, bool ring, uint64_t seq_id,
-                     uint32_t tokens, uint64_t need_bytes, uint64_t deadline_ms);
+int evict_wait_grant(struct evictor *e, struct conn *c, const struct parked_grow *grow,
+                     evict_grow_fn retry, uint64_t need_bytes, uint64_t deadline_ms);
 
 /* Chunks that waited for their holders to unmap them came back to the pool: grows waiting
  * for room are retried now, not at the next round or deadline. */

@@ -25,6 +25,7 @@
 #include "config.h"
 #include "conn.h"
 #include "departed.h"
+#include "envelope.h"
 #include "evict.h"
 #include "keep.h"
 #include "upload.h"
@@ -872,8 +873,6 @@ uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct co
 		memcpy(holders, ch->holders, n * sizeof(uint64_t));
 		for (uint32_t h = 0; h < n; h++) {
 			struct conn *c = server_find_conn(s, holders[h]);
-			Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
-			Envelope env = KVD__V1__ENVELOPE__INIT;
 
 			if (c == requester && ret_ids) {
 				ret_ids[n_ids++] = id;
@@ -886,14 +885,7 @@ uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct co
 					pool_chunk_drop_holder(s->pool, ch, holders[h]);
 				continue;
 			}
-			ev.has_type = true;
-			ev.type = KVD__V1__EVENT_TYPE__EVENT_CHUNKS_UNMAP;
-			ev.n_chunk_ids = 1;
-			ev.chunk_ids = &id;
-			env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
-			env.event = &ev;
-			if (conn_send(c, &env, NULL, 0) < 0)
-				conn_close(c, "cannot queue an unmap request");
+			envelope_event_unmap(c, &id, 1);
 		}
 	}
 	s->scratch_used = used;
@@ -902,9 +894,6 @@ uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct co
 }
 
 void server_stop(struct server *s) {
-	Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-
 	if (s->stopping)
 		return;
 	s->stopping = true;
@@ -914,13 +903,9 @@ void server_stop(struct server *s) {
 		loop_exit(s->loop);
 		return;
 	}
-	ev.has_type = true;
-	ev.type = KVD__V1__EVENT_TYPE__EVENT_STOPPING;
-	env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
-	env.event = &ev;
 	for (struct conn *c = s->conns, *next; c; c = next) {
 		next = c->next;
-		if (conn_send(c, &env, NULL, 0) < 0) {
+		if (envelope_event_stopping(c) < 0) {
 			conn_close(c, NULL);
 			continue;
 		}

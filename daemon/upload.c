@@ -9,6 +9,7 @@
 
 #include "basic/macro.h"
 #include "conn.h"
+#include "envelope.h"
 #include "log.h"
 #include "server.h"
 #include "upload.h"
@@ -84,9 +85,10 @@ static void finish(struct uploader *u, struct job *j) {
 	if (r < 0)
 		log_warning("connection %llu: the Gram matrices of layer %u could not be computed: %s",
 		            (unsigned long long)c->id, j->layer, strerror(-r));
-	r = conn_reply_status(c, j->id, r < 0 ? r : 0, r < 0 ? "cannot compute the Gram matrices" : NULL);
-	if (r < 0 && r != -ENOBUFS && !c->closing)
-		conn_close(c, "cannot queue a reply");
+	if (r < 0)
+		envelope_reply_error(c, j->id, r, "cannot compute the Gram matrices");
+	else
+		envelope_reply(c, j->id, NULL, NULL, 0);
 }
 
 static void on_done(struct loop_op *op, int res, bool more) {
