@@ -150,6 +150,20 @@ struct kvd_client {
 	char last_error[LAST_ERROR_MAX];
 };
 
+/* Shared by the files of libkvd (transport.c, client.c, admin.c). */
+/* Fails the connection with r (closes it; later calls get -ECONNRESET); returns r. */
+int client_fail(kvd_client *c, int r);
+/* Keeps the daemon's message for kvd_client_last_error(). */
+void client_set_error(kvd_client *c, const char *message);
+/* Whether s is a tenant name: 1 to KVD_TENANT_NAME_MAX of [A-Za-z0-9_.-]. */
+bool tenant_name_valid(const char *s);
+/* The model registered as model_id on this connection, or NULL (model.c). */
+const struct model *model_find(const kvd_client *c, int model_id);
+/* Unmaps a chunk's mapping of bytes at addr (or hands a GPU import back). */
+void chunk_mapping_drop(kvd_client *c, void *addr, uint64_t bytes);
+/* Tells the daemon, without waiting, that ids are no longer mapped here. */
+void client_tell_unmapped(kvd_client *c, uint32_t *ids, uint32_t n);
+
 /* The sizes of the parameter structs' first versions (libkvd 1.4): a caller's struct is at
  * least this large. */
 #define KVD_CONNECT_PARAMS_SIZE_1_4 32u

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The cuda backend: chunks are cuMemCreate allocations on the GPUs of --devices (each GPU
- * its own share of the pool: pool.h), exported as POSIX fds (PLATFORM.md section 2.2). UNVERIFIED ON HARDWARE: written against CUDA 13's cuda.h and
+ * its own share of the pool: pool.h), exported as POSIX fds (docs/architecture.md §6). UNVERIFIED ON HARDWARE: written against CUDA 13's cuda.h and
  * run here only without a driver, where it falls back; see tools/gpu-check.
  *
  * The daemon maps each chunk into its own device address space (one reservation per

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * Compensation (DESIGN.md §5, "Compensate"): what the daemon keeps, per (sequence, layer,
+ * Compensation (docs/architecture.md §5): what the daemon keeps, per (sequence, layer,
  * kv head), of the K/V its evictions drop, in the pool blocks the descriptor lists. One
  * interface over the kinds, so that rounds and compaction do not care which:
  *   KVD_COMPENSATION_MOMENTS  MomentKV's moments (kernels/moments.h), merged exactly;

@@ -4,7 +4,7 @@
 /*
  * What a round scores against, besides the resident K/V: each sequence's observation
  * buffer (the engine's last `window` queries per layer) and each model's Gram matrices
- * G_h = W_o^h W_o^hT (ALGORITHMS.md §6), derived from the output projection the engine
+ * G_h = W_o^h W_o^hT (docs/algorithms.md §6), derived from the output projection the engine
  * uploads once per layer.
  *
  * Rounds read both from worker threads while the loop goes on, so both are reference

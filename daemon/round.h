@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * The computing half of an eviction round (DESIGN.md §5, ALGORITHMS.md §7): from a
+ * The computing half of an eviction round (docs/architecture.md §5, docs/algorithms.md §7): from a
  * snapshot of the sequences it ranks, score every (sequence, layer) against its window,
  * smooth across rounds, and select globally what to evict. It runs on a worker thread and
  * touches nothing but the round: evict.c takes the snapshot and applies the result on the

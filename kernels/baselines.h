@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * The published eviction baselines (ALGORITHMS.md §5) as score kernels: each turns one
+ * The published eviction baselines (docs/algorithms.md §5) as score kernels: each turns one
  * layer's K/V (and queries, where it needs them) into one score per (head, token), higher
  * meaning keep, so that every policy ends in the same selection (select.h). Budgets are
  * separate helpers: PyramidKV's per-layer schedule and AdaKV's per-head allocation.
@@ -12,7 +12,7 @@
  * (attention, expected attention) is averaged over the g = H/Hkv query heads that read
  * one kv head, as kvpress does (mean over the group, fp32). With per_query_head set,
  * rows is H and nothing is averaged: the layout of the ReST-KV harness, which repeat_kv's
- * K/V and selects per query head (ALGORITHMS.md §1.7); per-kv-head quantities (KNorm,
+ * K/V and selects per query head (docs/algorithms.md §1.7); per-kv-head quantities (KNorm,
  * KeyDiff, positions) are then repeated for the g query heads of their kv head.
  *
  * Protected tokens get +inf: StreamingLLM's and ExpectedAttention's n_sink first tokens,
@@ -37,7 +37,7 @@
  * match the reference within atol + |ref|*rtol (tests/kernels/test-baselines.c) and do not
  * depend on the thread count. Both are reentrant; they allocate their scratch per call.
  *
- * Costs (per layer, ALGORITHMS.md §6): StreamingLLM O(H*L); KNorm, KeyDiff O(Hkv*L*d);
+ * Costs (per layer, docs/algorithms.md §6): StreamingLLM O(H*L); KNorm, KeyDiff O(Hkv*L*d);
  * TOVA O(H*L*d) (one query row); SnapKV/PyramidKV/AdaKV O(H*w*L*d); ExpectedAttention
  * O(H*(N+L)*d^2) for N statistics queries; H2O O(H*w*L*d) with w = L for the whole prompt:
  * quadratic in the prompt length, so its benchmarks stop where that bites.
@@ -64,7 +64,7 @@ enum kvd_baseline {
 	_KVD_BASELINE_INVALID = -EINVAL,
 };
 
-/* The policy names of DESIGN §5: "streamingllm", "h2o", "snapkv", "pyramidkv", "adakv",
+/* The policy names (kernels/policy.c): "streamingllm", "h2o", "snapkv", "pyramidkv", "adakv",
  * "tova", "knorm", "keydiff", "expected_attention"; NULL if invalid. */
 const char *kvd_baseline_to_string(enum kvd_baseline b);
 /* The inverse; _KVD_BASELINE_INVALID for anything else (including "full", "restkv"...). */
@@ -110,8 +110,8 @@ struct kvd_baseline_params {
 	 * [n_sink, eq_rows) are rotated by the mean RoPE matrix R = mean_t R(t) over the
 	 * n_future positions t = position .. position + n_future - 1 (mu <- R mu,
 	 * Sigma <- R Sigma R^T); then z_i = s k_i.mu + s^2/2 k_i^T Sigma k_i for the tokens
-	 * i >= n_sink (s = in->scale; with s = 1/sqrt(d) this is ALGORITHMS.md's
-	 * k.mu/sqrt(d) + k^T Sigma k/(2d)), softmax over those tokens, mean over the group,
+	 * i >= n_sink (s = in->scale; with s = 1/sqrt(d) this is
+	 * k.mu/sqrt(d) + k^T Sigma k/(2d), docs/algorithms.md §5.9), softmax over those tokens, mean over the group,
 	 * and (score + epsilon) * ||v_i||. Sinks get +inf.
 	 *
 	 * RoPE: the HF "rotate_half" layout over the whole head (dims j and j + d/2 form a
@@ -175,7 +175,7 @@ int kvd_baseline_scores(enum kvd_baseline b, const struct kvd_baseline_params *p
 			const struct kvd_attn_in *in, float *scores);
 
 /*
- * PyramidKV's per-layer budgets (ALGORITHMS.md §1.6; Zefan-Cai/PyramidKV and
+ * PyramidKV's per-layer budgets (docs/algorithms.md §1.6; Zefan-Cai/PyramidKV and
  * FFY0/AdaKV pyram_mode), in prefix tokens kept per head, the w window tokens not
  * included. With B = capacity - window and Python floor division:
  *
@@ -206,7 +206,7 @@ int kvd_pyramidkv_budgets(uint32_t capacity, uint32_t window, uint32_t len, uint
  *
  * with f = floor_alpha (0.2), exactly as published: floor_budget is truncated in double
  * (Python int()), the sum is computed in fp32 and round() is round-half-to-even (torch).
- * ALGORITHMS.md writes f*B for the floor; the code truncates it (19 for B = 96, not 19.2).
+ * The floor is truncated, not f*B (19 for B = 96, not 19.2).
  * The budgets sum to about heads*budget, not exactly (rounding). With normalize, each
  * head's scores are first multiplied (fp32) by its top-budget mass over its total mass
  * (AdaKV's `normalize`). Ties in the global top-k go to the lower head, then the lower

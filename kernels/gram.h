@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * Gram matrices of the output projection (ALGORITHMS.md §6). The attention output of a
+ * Gram matrices of the output projection (docs/algorithms.md §6). The attention output of a
  * layer is y = sum_h o_h W_o^h, where W_o^h (d x C) is the slice of the projection that
  * belongs to query head h. With HF's o_proj layout, wo is [C][H*d] and
  * W_o^h = wo[:, h*d:(h+1)*d]^T. Then ||x W_o^h||^2 = x G_h x^T with G_h = W_o^h W_o^h^T

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * IndexMem (ALGORITHMS.md §3): a learned indexer that predicts each token's importance, and
+ * IndexMem (docs/algorithms.md §3): a learned indexer that predicts each token's importance, and
  * a latent memory of the evicted tokens whose readout goes back into attention.
  *
  * Indexer. Per layer, from the attention input a (the RMS-normed hidden state, [dim]):

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * LaProx-style output-aware scores (ALGORITHMS.md §2.2, §6, §7.1). The layer output over
+ * LaProx-style output-aware scores (docs/algorithms.md §2.2, §6, §7.1). The layer output over
  * the window is Y = sum_h A_h V_h W_o^h: one matrix product whose inner index is (query
  * head, token), and evicting a kv entry deletes inner indices: column-row subset selection.
  * The published method's exact formulas are unknown (§9); these are the note's

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * MomentKV (ALGORITHMS.md §4): moment statistics of the evicted set of one (sequence,
+ * MomentKV (docs/algorithms.md §4): moment statistics of the evicted set of one (sequence,
  * layer, kv head), and what they are used for.
  *
  * The summary of n evicted tokens (k_j, v_j) is n, mu_k = mean k_j, mu_v = mean v_j, the

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * Eviction policies by name (DESIGN §5): each maps one layer's window queries, K and V
+ * Eviction policies by name (docs/architecture.md §5): each maps one layer's window queries, K and V
  * (and W_o's Gram matrices where it needs them) to the positions each head keeps. This is
  * the table behind `kvdctl score --policy` and the quality harness; the daemon's rounds
  * use the same scoring (score.h) with cross-round smoothing and node-wide selection on top.
@@ -18,7 +18,7 @@
  * for the whole layer: the rows' prefix scores summed per token (the triangle bound for
  * the output-aware costs), and capacity tokens kept for all heads alike.
  *
- * The policies (what "keep" means for each; sources in ALGORITHMS.md):
+ * The policies (what "keep" means for each; their definitions in docs/algorithms.md):
  *   full               every token.
  *   streamingllm       the first n_sink (4) tokens and the most recent ones (§5.1, ReST's
  *                      harness: 4 + (capacity - 4)); the window is among the most recent.
@@ -201,7 +201,7 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
  * L - w; rows = kvd_policy_score_rows(): kv heads, or query heads with per_query_head), where
  * a higher value means more valuable to keep, every value is finite and >= 0, and the
  * values of the whole layer sum to p->layer_weight. They are shares of the (sequence, layer)
- * (ALGORITHMS.md §7.1, N1/N2), so that one global ranking can compare them across layers,
+ * (docs/algorithms.md §7.1, N1/N2), so that one global ranking can compare them across layers,
  * sequences and models:
  *  - restkv, laprox, kvd, kvd-mi: the output-aware costs (kvd-mi's with the misfit factor) (kvd_score_layer(), with the options of
  *    kvd_policy_keep()) as N1 shares of the whole layer times layer_weight; restkv's per-row

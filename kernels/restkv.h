@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * ReST-KV output-reconstruction cost (ALGORITHMS.md §1.4), in the exact Gram form (§6).
+ * ReST-KV output-reconstruction cost (docs/algorithms.md §1.4), in the exact Gram form (§6).
  *
  * For query head h (reading kv head g = h / (H/Hkv)) and every prefix token i < L - w
  * (the w window tokens are never scored: policies always keep them):
@@ -23,7 +23,7 @@
  * drops from d^2 to d. Without W_o (gram NULL) the norm is the value-space ||o - v||: G is
  * the identity.
  *
- * Numerics (deviations from the published fp16 code, ALGORITHMS.md §1.8, on purpose):
+ * Numerics (deviations from the published fp16 code, docs/algorithms.md §1.8, on purpose):
  *   - everything is fp32 (the reference accumulates in double), never fp16;
  *   - the expanded square is clamped at >= 0 before the root, since cancellation can
  *     make it slightly negative when v_i is close to o;
@@ -45,12 +45,12 @@
  * ranks NaN lowest (select.h).
  *
  * GQA. The published code repeat_kv's K/V and scores, selects and stores per query head
- * (ALGORITHMS.md §1.7): the kernels here are per query head for that reason, and a
+ * (docs/algorithms.md §1.7): the kernels here are per query head for that reason, and a
  * per-query-head policy reproduces the published selection exactly. kvd's cache is per kv
  * head, so the per-layer pipeline (score.h) adds the costs of the g query heads that read
  * one kv head into one per-(kv head, token) cost: the diagonal sum, which is the triangle
  * upper bound of the joint change of the layer output when that kv entry goes
- * (ALGORITHMS.md §6, §7.1). Each head's own AWS pooling is applied before the sum.
+ * (docs/algorithms.md §6, §7.1). Each head's own AWS pooling is applied before the sum.
  *
  * Each kernel has a plain-C reference (restkv_ref.c, double accumulation) and an optimised
  * path (restkv.c: fp32 gemm tiles) with the same contract; tests/kernels/test-restkv.c

@@ -17,7 +17,7 @@
  *      capacity minus the window, minimum kernel `kernel`, scale aws_scale).
  * Then, unless rows are query heads (per_query_head, the published ReST-KV layout), the
  * g = H/Hkv query-head rows of each kv head are summed into one per-(kv head, token) row:
- * the diagonal sum, the triangle upper bound of the joint cost (ALGORITHMS.md §6, §7.1),
+ * the diagonal sum, the triangle upper bound of the joint cost (docs/algorithms.md §6, §7.1),
  * so that the cache stays per kv head. The sum is taken after each head's own pooling, so
  * that each head's AWS shift follows its own attention drift.
  *

@@ -14,7 +14,7 @@
  *   - NaN ranks below everything, -inf included, and all NaNs are equal. A NaN carries no
  *     information, and K/V are written by tenants: ranking NaN high would let a poisoned
  *     cache pin itself, ranking it low only hurts its owner. The odds-ratio NaN of
- *     ALGORITHMS.md §1.8 (an attention sink) cannot arise with the clamped fp32 recipe;
+ *     docs/algorithms.md §1.8 (an attention sink) cannot arise with the clamped fp32 recipe;
  *   - -inf ranks below every finite score and +inf above; -0.0 equals +0.0;
  *   - equal scores rank by index: the LOWER index ranks higher, so it is kept first and
  *     evicted last. Where items come from several rows, the index is the position in the
@@ -63,7 +63,7 @@ int kvd_topk_rows_ref(const float *const *rows, const uint32_t *lens, uint32_t n
 		      unsigned threads, uint32_t *ret_counts, uint32_t *ret_keep);
 
 /*
- * Greedy eviction by value per byte over units of different sizes (ALGORITHMS.md §7.1):
+ * Greedy eviction by value per byte over units of different sizes (docs/algorithms.md §7.1):
  * units are taken in order of increasing density value/bytes until the bytes freed reach
  * the target. Density is kvd_density() below and ranks by the order above, so NaN value
  * goes first, ties go to the higher index first. The result is the greedy's, found by
@@ -135,7 +135,7 @@ static inline float kvd_density(float value, uint32_t bytes) {
 #define KVD_NEEDLE_PPM_DEFAULT 1000u
 
 /*
- * Block aggregation with the needle guard (ALGORITHMS.md §7.3), for one group (one
+ * Block aggregation with the needle guard (docs/algorithms.md §7.3), for one group (one
  * sequence and layer): block b covers tokens [b * block_tokens, (b + 1) * block_tokens)
  * of tok[n_tok], the last block possibly partial, and ret_blocks[b] is the sum of its
  * token scores (accumulated in double in token order, rounded once; IEEE rules, so a

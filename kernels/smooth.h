@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * Temporal and spatial smoothing of attention-derived scores (ALGORITHMS.md §1.3, §1.5).
+ * Temporal and spatial smoothing of attention-derived scores (docs/algorithms.md §1.3, §1.5).
  *
  * Temporal: one head's window probabilities probs[w][L] (as kvd_attn_head() writes them,
  * row 0 the oldest window query) are folded over the w rows into one value per column.
@@ -90,7 +90,7 @@ enum kvd_pool_mode {
 	_KVD_POOL_INVALID = -EINVAL,
 };
 
-/* SnapKV's and ReST-KV's default kernel, and AWS's default scale (ALGORITHMS.md §1.5). */
+/* SnapKV's and ReST-KV's default kernel, and AWS's default scale (docs/algorithms.md §1.5). */
 #define KVD_POOL_KERNEL 5u
 #define KVD_AWS_SCALE 2000.0
 
@@ -124,7 +124,7 @@ int kvd_pool_row(enum kvd_pool_mode mode, uint32_t kernel, int32_t shift, const 
 		 uint32_t n, float *out);
 
 /*
- * ReST-KV adaptive window pooling parameters of one head (ALGORITHMS.md §1.5), exactly as
+ * ReST-KV adaptive window pooling parameters of one head (docs/algorithms.md §1.5), exactly as
  * published:
  *
  *   half = floor(w/2); rows 0..half-1 are the first half and row q+half is paired with row q
@@ -138,9 +138,9 @@ int kvd_pool_row(enum kvd_pool_mode mode, uint32_t kernel, int32_t shift, const 
  * with floor(a/b) Python's float floor division (CPython's float_floor_div: fmod-based, so
  * exact multiples land exactly). Consequences of the literal rule: sigma is truncation toward
  * zero for t_h > 0 and for non-multiples below 0; an exact negative multiple -m*scale gives
- * -m+1 (one step smaller in magnitude); and t_h == 0 exactly gives sigma = +1. The last
- * contradicts ALGORITHMS.md's prose ("non-zero only when t >= scale or t < -scale") but is
- * what its formula (and the brief's) says; we follow the formula.
+ * -m+1 (one step smaller in magnitude); and t_h == 0 exactly gives sigma = +1, as the
+ * published formula says, although its prose says the shift is non-zero only when
+ * t >= scale or t < -scale; we follow the formula (docs/algorithms.md §1.5).
  *
  * Ranking: positions are ordered by value, descending, with ties broken toward the lower
  * position (a stable descending sort); -0 equals +0 and NaN ranks below every number,

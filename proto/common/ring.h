@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * The hot path's shared-memory rings (DESIGN.md section 4), written down once for the daemon
+ * The hot path's shared-memory rings (docs/architecture.md §4), written down once for the daemon
  * (daemon/ring.c), libkvd (client/ring.c) and the floor that kvd-bench ipc measures them
  * against.
  *

@@ -197,7 +197,7 @@ TEST(one_evicted_token_is_exact) {
 }
 
 /*
- * Jointly Gaussian keys and values (ALGORITHMS.md §4.2's check, d = 6): the first-order
+ * Jointly Gaussian keys and values (docs/algorithms.md §4.2's check, d = 6): the first-order
  * direction N_E / Z_E = mu_v + s C_vk q matches the exact one to a few percent where the
  * mean alone is far off; the first-order mass never exceeds Z_E (Jensen) and the Gaussian
  * mass with diag(var_k) is close. Then whole outputs: the corrected attention is closer to

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ReST-KV cost: the Gram form against the direct projection through W_o (ALGORITHMS.md
- * §1.4 as written), "before" against a per-query brute force, the odds clamp, the
+ * ReST-KV cost: the Gram form against the direct projection through W_o (docs/algorithms.md
+ * §1.4), "before" against a per-query brute force, the odds clamp, the
  * optimised path against the reference, and the Gram blocks of gram.h.
  */
 #include <math.h>
@@ -43,7 +43,7 @@ static double odds(double a) {
 	return a / (1 - a);
 }
 
-/* ALGORITHMS.md §1.4 "after", by the book: EMA recursion, o over the prefix, projection. */
+/* docs/algorithms.md §1.4 "after", by the book: EMA recursion, o over the prefix, projection. */
 static void naive_after(const struct kt_layer *f, uint32_t h, float alpha, float tau, int use_wo,
 			double *out) {
 	uint32_t w = f->in.window, L = f->in.len, n = L - w, d = f->in.dim;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks systemd/ the way systemd reads it, without systemd as PID 1:
 #  - systemd-analyze verify on the units, failing on ANY output: verify exits 0 on unknown
-#    keys and typos, and only says so (PLATFORM.md §4);
+#    keys and typos, and only says so (docs/architecture.md §8);
 #  - systemd-analyze security --offline=yes on kvd.service: the overall exposure at most
 #    THRESHOLD (tenths: 6 is "0.6"), and no failed check but the ones the unit leaves out
 #    on purpose, so that dropping any hardening line fails here with its name;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * kvd-bench ipc: what one per-step request costs over the socket and through the rings,
- * next to the floors under each, in one run (DESIGN.md section 4, PLATFORM.md section 3).
+ * next to the floors under each, in one run (docs/architecture.md §4; figures in docs/benchmarks.md).
  *
  * Floors, between two processes and without kvd: a raw Unix-socket round trip of MSG_BYTES
  * each way with plain recv() and send() (the "socket" floor); the same round trip the way

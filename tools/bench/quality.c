@@ -130,7 +130,7 @@ static unsigned arg_n_lengths = 3;
 static uint32_t arg_budgets[LIST_MAX] = { 5, 10, 20, 50 };
 static unsigned arg_n_budgets = 4;
 static bool arg_settings[_SETTING_MAX] = { true, true };
-/* The compensated columns, after the policies' (DESIGN.md §5 writes them POLICY+COMPENSATION):
+/* The compensated columns, after the policies' (written POLICY+COMPENSATION):
  * a policy's tenant with moments, and the form the engine adds them in. */
 enum {
 	VARIANT_KVD_MOMENTS,

@@ -6,7 +6,7 @@
  * random tensors, next to this machine's own ceilings measured in the same run: the fp32
  * FMA peak on all threads and the memory stream bandwidth.
  *
- * Each entry states its FLOP and byte model (ALGORITHMS.md §6): FLOPs are the useful
+ * Each entry states its FLOP and byte model (docs/algorithms.md §6): FLOPs are the useful
  * multiply-adds times two of one cold round (nothing cached across rounds: v G v^T is
  * computed in the round), where a quadratic form x G x^T with a symmetric d x d G counts
  * d(d+1)/2 + d, its upper triangle and then a dot, since the lower half repeats the upper;
@@ -613,7 +613,7 @@ static int layer_init(struct layer *l, uint32_t tokens, uint32_t dtype, unsigned
 
 		l->unit_bytes[u] = t * Hkv * d * 2 * 2;
 		l->unit_value[u] = expf(-8.0f * (rng_uniform(&s) + 1.0f));
-		/* The sinks, the window and the tail are pinned (ALGORITHMS.md §7.1). */
+		/* The sinks, the window and the tail are pinned (docs/algorithms.md §7.1). */
 		l->unit_pinned[u] = b == 0 || b + DIV_ROUND_UP(w, BLOCK_TOKENS) >= n_blocks;
 	}
 	for (uint32_t g = 0; g <= EVICT_LAYERS; g++)

@@ -7,7 +7,7 @@
 For one task prompt (reporting seed), every layer and query head: a random --evict share of
 the prefix (BOS and the last 32 tokens kept) stands for the evicted set E; for the last
 query q it compares, in natural log, the two estimates of Z_E = sum_{j in E} exp(s q.k_j)
-(ALGORITHMS.md §4.2; kernels/moments.h) with the exact value:
+(docs/algorithms.md §4.2; kernels/moments.h) with the exact value:
   first-order     ln n + s q.mu_k                         (kvd+moments; always <= exact)
   gaussian        ln n + s q.mu_k + s^2 sum_a var_a q_a^2 / 2   (kvd+moments-mass)
 and prints the median, min and max of ln(estimate / exact) over (layer, head).

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
-"""Trains IndexMem's indexer and latent memory (ALGORITHMS.md section 3) for a frozen kvd-lm.
+"""Trains IndexMem's indexer and latent memory (docs/algorithms.md §3) for a frozen kvd-lm.
 
     train-indexmem.py train --out DIR [--model MODEL.kvdlm] [--indexer-minutes 10]
                             [--latent-minutes 6]

@@ -126,7 +126,7 @@ typedef struct kvd_eviction_spec {
 
 /*
  * IndexMem's indexer (kvd_model_register_indexed): per layer, `heads` index query heads
- * and one index key per token, all of `dim` elements (ALGORITHMS.md section 3). The engine
+ * and one index key per token, all of `dim` elements (docs/algorithms.md §3). The engine
  * computes them (it alone sees hidden states), writes each token's index key into its block
  * (see kvd_seq_index_key) and its recent index queries into the observation buffer (see
  * kvd_seq_index_observation); rounds of a tenant whose policy is "indexmem" score tokens

@@ -142,7 +142,7 @@ struct kvd_seq_desc {
 #define KVD_EVENT_DISCONNECTED 3 /* the connection to the daemon is lost; see
                                   * kvd_client_reconnect() */
 
-/* Values of kvd_eviction_spec.unit: what one eviction frees (DESIGN.md section 5). */
+/* Values of kvd_eviction_spec.unit: what one eviction frees (docs/architecture.md §5). */
 #define KVD_UNIT_NONE 0        /* never evict this model's sequences */
 #define KVD_UNIT_HEAD_TOKEN 1  /* a token of one (layer, kv head); needs KVD_LAYOUT_PER_HEAD */
 #define KVD_UNIT_LAYER_TOKEN 2 /* a token of one layer, all kv heads */
@@ -158,7 +158,7 @@ struct kvd_seq_desc {
 
 /*
  * A moments block (KVD_COMPENSATION_MOMENTS): the summary of the tokens evicted so far from
- * one (layer, kv head) of a sequence (ALGORITHMS.md section 4), which the daemon folds every
+ * one (layer, kv head) of a sequence (docs/algorithms.md §4), which the daemon folds every
  * eviction into, exactly, before the tokens' K/V leave the pool. The header is followed, at
  * KVD_MOMENTS_HEADER_BYTES, by fp32 arrays: mean_k[head_dim], mean_v[head_dim],
  * var_k[head_dim] (the diagonal of the keys' covariance) and cov_vk[head_dim][head_dim]
@@ -179,7 +179,7 @@ struct kvd_moments_header {
 
 /*
  * A latent block (KVD_COMPENSATION_LATENT): IndexMem's memory of the tokens evicted so far
- * from one (layer, kv head) of a sequence (ALGORITHMS.md section 3), with the feature map
+ * from one (layer, kv head) of a sequence (docs/algorithms.md §3), with the feature map
  * phi(x) = elu(x) + 1 applied to each element of the post-RoPE key: after the header, at
  * KVD_LATENT_HEADER_BYTES, fp32 z[head_dim] = sum phi(k) and s[head_dim][head_dim] =
  * sum phi(k) v^T (s[a][b] = sum phi(k_a) v_b). The daemon adds every eviction into it;

@@ -1,0 +1,166 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libkvd, administration: live changes of the budget and of tenants, and eviction on
+ * request. Any connection may ask; the daemon decides who may change what.
+ */
+
+#include <errno.h>
+
+#include "client-internal.h"
+#include "kvd/kvd.h"
+#include "wire.h"
+
+/* ---- administration ---- */
+
+/*
+ * A request whose reply carries nothing but a status. Code 0 with a message means done
+ * with a caveat (a live change the daemon could not save): returns 1 and keeps the message
+ * for kvd_client_last_error().
+ */
+static int client_simple_call(kvd_client *c, Envelope *env) {
+	int fds[WIRE_FDS_MAX];
+	Envelope *reply;
+	int r;
+
+	client_lock(c);
+	r = client_call(c, env, BODY_ANY, false, &reply, fds, NULL);
+	if (r >= 0 && reply->status && reply->status->message && *reply->status->message) {
+		client_set_error(c, reply->status->message);
+		r = 1;
+	}
+	client_unlock(c);
+	return r;
+}
+
+int kvd_budget_set(kvd_client *c, uint64_t bytes) {
+	Kvd__V1__BudgetSet req = KVD__V1__BUDGET_SET__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	req.has_bytes = true;
+	req.bytes = bytes;
+	env.body_case = KVD__V1__ENVELOPE__BODY_BUDGET_SET;
+	env.budget_set = &req;
+	return client_simple_call(c, &env);
+}
+
+int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
+		   uint64_t max_bytes, uint32_t weight) {
+	kvd_tenant_params p = {
+		.size = sizeof(p),
+		.set = (min_bytes != KVD_TENANT_KEEP ? KVD_TENANT_SET_MIN : 0) |
+		       (max_bytes != KVD_TENANT_KEEP ? KVD_TENANT_SET_MAX : 0) |
+		       (weight != 0 ? KVD_TENANT_SET_WEIGHT : 0),
+		.min_bytes = min_bytes,
+		.max_bytes = max_bytes,
+		.weight = weight,
+	};
+
+	return kvd_tenant_set_params(c, tenant, &p);
+}
+
+int kvd_tenant_set_params(kvd_client *c, const char *tenant, const kvd_tenant_params *params) {
+	Kvd__V1__TenantSet req = KVD__V1__TENANT_SET__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	kvd_tenant_params p;
+	int r;
+
+	if (!c || !tenant || !tenant_name_valid(tenant))
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	r = params_copy(&p, sizeof(p), params, KVD_TENANT_PARAMS_SIZE_1_4);
+	if (r < 0)
+		return r;
+	if ((p.set & ~(KVD_TENANT_SET_MIN | KVD_TENANT_SET_MAX | KVD_TENANT_SET_WEIGHT |
+		       KVD_TENANT_SET_POLICY)) || p.reserved != 0 ||
+	    ((p.set & KVD_TENANT_SET_POLICY) && !p.policy))
+		return -EINVAL;
+	/* A daemon that predates the field would drop it without a word. */
+	if ((p.set & KVD_TENANT_SET_POLICY) && !(c->features & KVD_FEATURE_TENANT_POLICY))
+		return -EOPNOTSUPP;
+	req.name = (char *)tenant;
+	req.has_min_bytes = p.set & KVD_TENANT_SET_MIN;
+	req.min_bytes = p.min_bytes;
+	req.has_max_bytes = p.set & KVD_TENANT_SET_MAX;
+	req.max_bytes = p.max_bytes;
+	req.has_weight = p.set & KVD_TENANT_SET_WEIGHT;
+	req.weight = p.weight;
+	req.policy = p.set & KVD_TENANT_SET_POLICY ? (char *)p.policy : NULL;
+	env.body_case = KVD__V1__ENVELOPE__BODY_TENANT_SET;
+	env.tenant_set = &req;
+	return client_simple_call(c, &env);
+}
+
+int kvd_budget_reset(kvd_client *c) {
+	Kvd__V1__BudgetReset req = KVD__V1__BUDGET_RESET__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	env.body_case = KVD__V1__ENVELOPE__BODY_BUDGET_RESET;
+	env.budget_reset = &req;
+	return client_simple_call(c, &env);
+}
+
+/* A request that names one tenant (env's body holds the name): checks it, then calls. */
+static int tenant_call(kvd_client *c, const char *tenant, Envelope *env) {
+	if (!c || !tenant || !tenant_name_valid(tenant))
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	return client_simple_call(c, env);
+}
+
+int kvd_tenant_reset(kvd_client *c, const char *tenant) {
+	Kvd__V1__TenantReset req = KVD__V1__TENANT_RESET__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	req.name = (char *)tenant;
+	env.body_case = KVD__V1__ENVELOPE__BODY_TENANT_RESET;
+	env.tenant_reset = &req;
+	return tenant_call(c, tenant, &env);
+}
+
+int kvd_tenant_delete(kvd_client *c, const char *tenant) {
+	Kvd__V1__TenantDelete req = KVD__V1__TENANT_DELETE__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	req.name = (char *)tenant;
+	env.body_case = KVD__V1__ENVELOPE__BODY_TENANT_DELETE;
+	env.tenant_delete = &req;
+	return tenant_call(c, tenant, &env);
+}
+
+/* ---- eviction ---- */
+
+int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed) {
+	Kvd__V1__Evict req = KVD__V1__EVICT__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	if (!c || (tenant && !tenant_name_valid(tenant)))
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	req.tenant = (char *)tenant;
+	req.has_bytes = bytes != 0;
+	req.bytes = bytes;
+	env.body_case = KVD__V1__ENVELOPE__BODY_EVICT;
+	env.evict = &req;
+
+	/* The daemon answers when the round is done; the lock is held until then, like for
+	 * any other round trip. */
+	client_lock(c);
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_EVICT_REPLY, false, &reply, fds, NULL);
+	if (r >= 0 && ret_freed)
+		*ret_freed = reply->evict_reply->has_freed_bytes ? reply->evict_reply->freed_bytes : 0;
+	client_unlock(c);
+	return r;
+}
