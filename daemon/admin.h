@@ -7,8 +7,8 @@
  * budget and the tenants. For each value, the first that has one wins:
  *
  *   budget:               --budget  >  live  >  config file  >  the pool size
- *   tenant min/max/weight:            live  >  config file  >  0 / none / 1
- *   tenant policy, allow-users, allow-groups:  config file  >  kvd / none
+ *   tenant min/max/weight/policy:     live  >  config file  >  0 / none / 1 / kvd
+ *   tenant allow-users, allow-groups:           config file  >  none
  *
  * (--budget wins at start: a live budget kept from before is then dropped. Set live while
  * running, it applies until the next restart.) Every tenant of the config file and of the

@@ -25,7 +25,7 @@
  * descriptor or chunk the store lacks, or whose tenant no longer fits the table, is dropped
  * alone: its blocks are simply free.
  *
- * Kept: sequences of models without an eviction unit, on the host backend. Not kept:
+ * Kept: sequences of models without an eviction unit, on either backend. Not kept:
  * sequences of models with eviction or compensation (their observation buffers, smoothed
  * costs and moments), models (a client registers them again), connections, rings, and which
  * connections map which chunks.

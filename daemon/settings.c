@@ -237,11 +237,11 @@ static const struct setting node_table[] = {
 /* The keys of a [tenant NAME] section. */
 static const struct setting tenant_table[] = {
 	[SETTINGS_TENANT_MIN] = { "min", SETTING_SIZE, 0, "SIZE", "0", NULL,
-	  "guaranteed share (stored and shown; eviction will act on it)", TENANT(min_bytes) },
+	  "guaranteed share: eviction never takes the tenant below it", TENANT(min_bytes) },
 	[SETTINGS_TENANT_MAX] = { "max", SETTING_SIZE, SETTING_NONE, "SIZE|none", "none", NULL,
 	  "cap on the chunks the tenant holds", TENANT(max_bytes) },
 	[SETTINGS_TENANT_WEIGHT] = { "weight", SETTING_U32, 0, "N", "1", NULL,
-	  "scales the tenant's scores in eviction rounds, 1..10000 (stored; used with eviction)",
+	  "scales the tenant's scores in eviction rounds, 1..10000",
 	  TENANT(weight), 1, WEIGHT_MAX },
 	[SETTINGS_TENANT_POLICY] = { "policy", SETTING_ENUM, 0, "NAME", "kvd", NULL,
 	  "eviction policy", TENANT(policy),

@@ -20,10 +20,10 @@ struct chunk;
 struct tenant {
 	uint32_t id;                  /* never reused while the daemon runs */
 	char name[KVD_TENANT_NAME_MAX + 1];
-	uint64_t min_bytes;           /* guaranteed share (reported; enforced with eviction) */
+	uint64_t min_bytes;           /* guaranteed share: eviction never takes it below */
 	uint64_t max_bytes;           /* cap on used_bytes, KVD_TENANT_NO_CAP for none */
 	uint32_t weight;
-	int policy;                   /* enum kvd_policy (stored; used with eviction) */
+	int policy;                   /* enum kvd_policy: how rounds rank its tokens */
 	/* Where min, max and weight come from: enum setting_source (see admin.h). */
 	uint8_t min_source, max_source, weight_source, policy_source;
 	char *allow_users;            /* from the config file: stored and reported only */
