@@ -37,6 +37,7 @@
 
 #include "client-internal.h"
 #include "basic/macro.h"
+#include "basic/time-util.h"
 
 /*
  * A slot passes from the thread that submits into it to the thread that reaps its
@@ -254,7 +255,7 @@ static void ring_check_socket(kvd_client *c, struct client_ring *r) {
 
 static int ring_wait(kvd_client *c, struct client_ring *r, struct ring_slot *slot,
                      uint64_t spin_ns) {
-	uint64_t start = ring_now_ns();
+	uint64_t start = now_ns();
 	struct ring_spin spin;
 
 	ring_spin_start(&spin, start);
@@ -270,7 +271,7 @@ static int ring_wait(kvd_client *c, struct client_ring *r, struct ring_slot *slo
 		k = __atomic_load_n(&r->broken, __ATOMIC_ACQUIRE);
 		if (k < 0)
 			return k;
-		now = ring_now_ns();
+		now = now_ns();
 		if (now - start < spin_ns) {
 			ring_spin_step(&spin, now);
 			continue;

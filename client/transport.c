@@ -26,6 +26,7 @@
 #include "cuda-import.h"
 #include "kvd/kvd.h"
 #include "wire.h"
+#include "basic/time-util.h"
 
 enum rx_mode {
 	RX_BUFFERED, /* only frames already received */
@@ -302,7 +303,7 @@ static int client_recv(kvd_client *c, bool wait) {
 
 	/* A reply that comes while we spin costs no sleep and no wake-up (kvd_client_set_spin). */
 	if (spinning)
-		ring_spin_start(&spinner, ring_now_ns());
+		ring_spin_start(&spinner, now_ns());
 	for (;;) {
 		uint64_t now;
 
@@ -314,7 +315,7 @@ static int client_recv(kvd_client *c, bool wait) {
 			continue;
 		if (!spinning || (errno != EAGAIN && errno != EWOULDBLOCK))
 			break;
-		now = ring_now_ns();
+		now = now_ns();
 		if (now - spinner.start >= spin)
 			spinning = false;
 		else

@@ -16,6 +16,7 @@
 #include "log.h"
 #include "ring.h"
 #include "server.h"
+#include "basic/time-util.h"
 
 static void conn_recv_done(struct loop_op *op, int res, bool more);
 static void conn_send_done(struct loop_op *op, int res, bool more);
@@ -317,7 +318,7 @@ static void conn_send_done(struct loop_op *op, int res, bool more) {
  * server.turns_yielded). Returns whether it yielded.
  */
 static bool conn_dispatch_frames(struct conn *c) {
-	uint64_t start = ring_now_ns();
+	uint64_t start = now_ns();
 	int fds[WIRE_FDS_MAX];
 	uint32_t nfds, n = 0;
 	Envelope *env;
@@ -326,7 +327,7 @@ static bool conn_dispatch_frames(struct conn *c) {
 	while (!c->closing && !c->close_when_sent) {
 		/* Another frame buffered first: a lone request costs no second clock read. */
 		if (n > 0 && wire_rx_frame_begun(c->rx) &&
-		    (n == CONN_FRAMES_PER_TURN || ring_now_ns() - start >= CONN_TURN_NS)) {
+		    (n == CONN_FRAMES_PER_TURN || now_ns() - start >= CONN_TURN_NS)) {
 			if (loop_nop(c->srv->loop, &c->resume_op) < 0) {
 				conn_close(c, "cannot submit a resumption");
 				return true;
@@ -416,7 +417,7 @@ static void conn_read_on(struct conn *c) {
 	if (s->poller.spin_ns > 0 && (c->hot_ns || s->n_hot < CONN_HOT_MAX)) {
 		if (c->hot_ns == 0)
 			s->n_hot++;
-		c->hot_ns = ring_now_ns();
+		c->hot_ns = now_ns();
 		return;
 	}
 	/* Never both: the poller's reads would take the data an armed receive was woken for. */

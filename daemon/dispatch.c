@@ -26,6 +26,7 @@
 #include "ring.h"
 #include "server.h"
 #include "upload.h"
+#include "basic/time-util.h"
 
 #define WEIGHT_MAX 10000
 
@@ -1305,17 +1306,17 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
 	const struct request_type *rt = request_type(env->body_case);
 	struct server *s = c->srv;
-	uint64_t start = metrics_now_ns();
+	uint64_t start = now_ns();
 
 	dispatch_request(c, env, fds, nfds);
 	/* c may be closing now, but it is freed only after its receive handler returns. */
 	metrics_observe_request(&s->metrics, rt ? rt->metric : METRICS_REQUEST_OTHER,
-	                        metrics_now_ns() - start);
+	                        now_ns() - start);
 }
 
 void dispatch_ring(struct conn *c, const struct ring_sqe *sqe) {
 	struct server *s = c->srv;
-	uint64_t start = metrics_now_ns(), wait = s->limits.grant_wait_ms;
+	uint64_t start = now_ns(), wait = s->limits.grant_wait_ms;
 	enum metrics_request type = METRICS_REQUEST_OTHER;
 	_cleanup_(freep) uint32_t *ids = NULL;
 	char why[WHY_MAX];
@@ -1354,7 +1355,7 @@ void dispatch_ring(struct conn *c, const struct ring_sqe *sqe) {
 		reply_step(c, true, sqe->user_data, r, why);
 	}
 done:
-	metrics_observe_request(&s->metrics, type, metrics_now_ns() - start);
+	metrics_observe_request(&s->metrics, type, now_ns() - start);
 }
 
 void dispatch_disconnect(struct conn *c) {

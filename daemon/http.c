@@ -14,6 +14,7 @@
 #include "basic/number.h"
 #include "http.h"
 #include "log.h"
+#include "basic/time-util.h"
 
 #define CONTENT_TYPE_METRICS "text/plain; version=0.0.4; charset=utf-8"
 #define CONTENT_TYPE_TEXT "text/plain; charset=utf-8"
@@ -53,13 +54,6 @@ struct http {
 	struct http_conn *conns;
 	unsigned n_conns;
 };
-
-static uint64_t mono_ms(void) {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 int http_address_parse(const char *s, struct http_address *ret, const char **ret_why) {
 	static const char *const usage = "expected 127.0.0.1:PORT, [::1]:PORT or unix:/PATH";
@@ -358,7 +352,7 @@ static void on_accept(struct loop_op *op, int res, bool more) {
 		} else {
 			c->http = h;
 			c->fd = res;
-			c->accepted_ms = mono_ms();
+			c->accepted_ms = now_ms();
 			c->op.handler = on_conn_op;
 			c->next = h->conns;
 			if (h->conns)

@@ -7,6 +7,7 @@
 #include "basic/macro.h"
 #include "common/ring.h"
 #include "loop.h"
+#include "basic/time-util.h"
 
 #define LOOP_ENTRIES 256
 /* liburing 2.3 knows neither the opcode (Linux 6.7) nor the futex2 flags. */
@@ -223,12 +224,12 @@ static bool loop_pending(struct loop *l) {
 /* loop_run() with a poller: spin, then sleep (see loop_poller). */
 static int loop_run_polling(struct loop *l) {
 	const struct loop_poller *p = l->poller;
-	uint64_t idle_since = ring_now_ns(), entered = 0, polled = 0;
+	uint64_t idle_since = now_ns(), entered = 0, polled = 0;
 	struct ring_spin spin;
 
 	ring_spin_start(&spin, idle_since);
 	while (!l->exit) {
-		uint64_t now = ring_now_ns();
+		uint64_t now = now_ns();
 		bool busy = false;
 		int r;
 
@@ -266,7 +267,7 @@ static int loop_run_polling(struct loop *l) {
 		p->sleep(p->userdata, false);
 		if (r < 0)
 			return r;
-		idle_since = entered = ring_now_ns();
+		idle_since = entered = now_ns();
 		ring_spin_start(&spin, idle_since);
 	}
 	return 0;

@@ -60,14 +60,6 @@ struct metrics {
 	struct metrics_histogram requests[_METRICS_REQUEST_MAX];
 };
 
-/* CLOCK_MONOTONIC in nanoseconds: a vDSO call, cheap enough for every request. */
-static inline uint64_t metrics_now_ns(void) {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
-}
-
 /* Counts one request of `type` that took ns nanoseconds to handle. */
 void metrics_observe_request(struct metrics *m, enum metrics_request type, uint64_t ns);
 

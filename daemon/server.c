@@ -33,6 +33,7 @@
 #include "ring.h"
 #include "server.h"
 #include "wire.h"
+#include "basic/time-util.h"
 
 #define STOP_GRACE_MS 2000
 
@@ -62,13 +63,6 @@ static const char *const limit_names[_LIMIT_MAX] = {
 
 const char *server_limit_to_string(enum server_limit l) {
 	return l < _LIMIT_MAX ? limit_names[l] : NULL;
-}
-
-uint64_t now_ms(void) {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 /* Tells a client we cannot serve why, in a frame with id 0, and closes it. The socket
@@ -523,7 +517,7 @@ static int inherit_socket(struct server *s, int *sockets, unsigned n) {
  * hot connections' sockets (conn.h). */
 static bool server_poll(void *userdata) {
 	struct server *s = userdata;
-	uint64_t now = s->n_hot > 0 ? ring_now_ns() : 0;
+	uint64_t now = s->n_hot > 0 ? now_ns() : 0;
 	bool busy = false;
 
 	/* While a round computes, its worker threads want every CPU: the loop does not spin

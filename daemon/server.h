@@ -16,6 +16,7 @@
 #include "pool.h"
 #include "seq.h"
 #include "tenant.h"
+#include "basic/time-util.h"
 
 struct admin;
 struct conn;
@@ -177,7 +178,6 @@ struct server *server_free(struct server *s);
 /* Runs the loop until a stop signal; returns the exit status. */
 int server_run(struct server *s);
 
-uint64_t now_ms(void);
 
 struct conn *server_find_conn(struct server *s, uint64_t id);
 

@@ -14,6 +14,7 @@
 #include "basic/size.h"
 #include "policy.h"
 #include "state.h"
+#include "basic/io-util.h"
 
 #define WEIGHT_MAX 10000
 
@@ -209,21 +210,6 @@ int state_format(const struct state *st, char **ret) {
 		return -ENOMEM;
 	}
 	*ret = text;
-	return 0;
-}
-
-static int write_all(int fd, const char *p, size_t n) {
-	while (n > 0) {
-		ssize_t k = write(fd, p, n);
-
-		if (k < 0) {
-			if (errno == EINTR)
-				continue;
-			return negative_errno();
-		}
-		p += k;
-		n -= (size_t)k;
-	}
 	return 0;
 }
 

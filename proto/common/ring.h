@@ -261,10 +261,3 @@ static inline void ring_spin_step(struct ring_spin *s, uint64_t now) {
 #endif
 }
 
-/* CLOCK_MONOTONIC in nanoseconds (a vDSO call). */
-static inline uint64_t ring_now_ns(void) {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
-}

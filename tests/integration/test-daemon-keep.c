@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #ifdef KVD_HAVE_CUDA
+#include "basic/time-util.h"
 #include "basic/cuda-dl.h"
 #endif
 #include "fixture.h"
@@ -42,13 +43,6 @@ struct store {
 	int fds[STORE_MAX];
 	uint64_t last_ms;             /* when the last message came */
 };
-
-static uint64_t mono_ms(void) {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static const char *field(const char *msg, const char *key, char *buf, size_t n) {
 	const char *p = msg;
@@ -90,7 +84,7 @@ static void store_message(struct store *st, const char *msg, const int *fds, uns
 			memcpy(st->names[i], st->names[st->n], sizeof(st->names[0]));
 		}
 	}
-	st->last_ms = mono_ms();
+	st->last_ms = now_ms();
 	pthread_mutex_unlock(&st->lock);
 }
 
@@ -148,7 +142,7 @@ static void store_settle(struct store *st) {
 		pthread_mutex_lock(&st->lock);
 		last = st->last_ms;
 		pthread_mutex_unlock(&st->lock);
-		if (poll(&p, 1, 0) == 0 && mono_ms() - last >= 200)
+		if (poll(&p, 1, 0) == 0 && now_ms() - last >= 200)
 			return;
 		usleep(50 * 1000);
 	}
@@ -377,7 +371,7 @@ TEST(kept_across_a_crash) {
 	if (store_find(&st, "kvd-journal") < 0)
 		store_dump(&st);
 	ASSERT_TRUE(store_find(&st, "kvd-journal") >= 0);
-	t0 = mono_ms();
+	t0 = now_ms();
 	launch(&f, &st, "--restore-claim=1500");
 	/* Back before anyone reconnects: owned, charged, waiting. */
 	ASSERT_EQ(fixture_status(&f, NULL, "used_bytes"), used);
@@ -396,7 +390,7 @@ TEST(kept_across_a_crash) {
 	ASSERT_OK(mh);
 	ASSERT_ERRNO(kvd_seq_claim(a, mh), -EINVAL);
 	ASSERT_OK(kvd_seq_claim(a, m));
-	t1 = mono_ms();
+	t1 = now_ms();
 	fprintf(stderr, "restart to first sequence claimed: %llu ms\n", (unsigned long long)(t1 - t0));
 	ASSERT_EQ(check_seq(a, 1), 0u);
 	ASSERT_EQ(digest(a), da);

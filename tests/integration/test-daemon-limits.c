@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "basic/time-util.h"
 #include "fixture.h"
 #include "test.h"
 
@@ -380,14 +381,6 @@ TEST(out_of_fds_pauses_accepting) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
-/* Milliseconds of CLOCK_MONOTONIC. */
-static uint64_t mono_ms(void) {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /*
  * A daemon that does not answer (stopped here; or out of fds with its backlog full) makes
  * kvd_client_connect give ETIMEDOUT after KVD_CONNECT_TIMEOUT_MS, and kvdctl exit 1
@@ -404,10 +397,10 @@ TEST(connect_times_out) {
 	fixture_start(&f, NULL);
 	ASSERT_OK(kill(f.pid, SIGSTOP));
 	ASSERT_OK(setenv("KVD_CONNECT_TIMEOUT_MS", "300", 1));
-	t0 = mono_ms();
+	t0 = now_ms();
 	ASSERT_EQ(kvd_client_connect(f.socket, "t", &c), -ETIMEDOUT);
-	ASSERT_GE(mono_ms() - t0, 250u);
-	ASSERT_LT(mono_ms() - t0, 5000u);
+	ASSERT_GE(now_ms() - t0, 250u);
+	ASSERT_LT(now_ms() - t0, 5000u);
 	argv[2] = f.socket;
 	p = fixture_fork();
 	if (p == 0) {

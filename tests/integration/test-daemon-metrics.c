@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "basic/time-util.h"
 #include "fixture.h"
 #include "test.h"
 
@@ -35,13 +36,6 @@ static const char *const request_types[] = {
 	"seq_unpin", "seq_claim", "register_event", "budget_reset", "tenant_reset",
 	"tenant_delete", "evict", "evictions", "other",
 };
-
-static uint64_t mono_ms(void) {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* A directory of our own for the metrics socket: the fixture makes its own only at start. */
 static void make_dir(char *dir, size_t n) {
@@ -92,14 +86,14 @@ static int metrics_connect(const char *addr) {
 static char *read_to_eof(int fd, int timeout_ms, bool *ret_reset) {
 	size_t cap = 1 << 16, n = 0;
 	char *buf = malloc(cap);
-	uint64_t deadline = mono_ms() + timeout_ms;
+	uint64_t deadline = now_ms() + timeout_ms;
 
 	ASSERT_TRUE(buf);
 	if (ret_reset)
 		*ret_reset = false;
 	for (;;) {
 		struct pollfd p = { .fd = fd, .events = POLLIN };
-		uint64_t now = mono_ms();
+		uint64_t now = now_ms();
 		ssize_t k;
 
 		if (now >= deadline)
@@ -700,7 +694,7 @@ TEST(idle_connections_time_out) {
 	/* The deadline of a metrics connection is --hello-timeout. */
 	start_with_metrics(&f, listen, "1500");
 
-	start = mono_ms();
+	start = now_ms();
 	/* Fill every slot: one that stops mid-request, the others silent. */
 	idle[0] = metrics_connect(listen);
 	ASSERT_OK(raw_send_bytes(idle[0], "GET /metrics HTTP/1.1\r\nHost: kvd\r\n", 34));
@@ -715,7 +709,7 @@ TEST(idle_connections_time_out) {
 	}
 	/* The daemon serves its clients meanwhile, and the silent ones are still open. */
 	ASSERT_EQ(fixture_status(&f, NULL, "pool_bytes"), 16 * MiB);
-	ASSERT_LT(mono_ms() - start, 1500u);
+	ASSERT_LT(now_ms() - start, 1500u);
 	for (int i = 0; i < N_IDLE; i++) {
 		struct pollfd p = { .fd = idle[i], .events = POLLIN };
 
@@ -731,7 +725,7 @@ TEST(idle_connections_time_out) {
 		free(resp);
 		close(idle[i]);
 	}
-	ASSERT_GE(mono_ms() - start, 1500u);
+	ASSERT_GE(now_ms() - start, 1500u);
 
 	/* The slots are free again. */
 	body = scrape(listen);

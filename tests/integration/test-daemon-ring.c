@@ -26,15 +26,12 @@
 #include "common/ring.h"
 #include "fixture.h"
 #include "test.h"
+#include "basic/time-util.h"
 
 #define MiB (UINT64_C(1) << 20)
 
 /* Blocks of 4 KiB (2 x 16 rows x 64 x f16), 4 tables: 16 KiB per 16 tokens. */
 static const kvd_model_spec shape = { "ring", 2, 4, 2, 64, KVD_DTYPE_F16, 16, KVD_LAYOUT_PER_HEAD };
-
-static uint64_t now_ms(void) {
-	return ring_now_ns() / 1000000;
-}
 
 /* ---- libkvd over the rings ---- */
 

@@ -18,6 +18,7 @@
 
 #include "common/ring.h"
 #include "test.h"
+#include "basic/time-util.h"
 
 TEST(entries) {
 	ASSERT_FALSE(ring_entries_valid(0));
@@ -102,9 +103,9 @@ static void wait_for(struct ring_word *index, struct ring_word *wake, uint32_t s
                      uint64_t spin_ns) {
 	struct ring_spin spin;
 
-	ring_spin_start(&spin, ring_now_ns());
+	ring_spin_start(&spin, now_ns());
 	while (ring_load_acquire(index) == seen) {
-		uint64_t now = ring_now_ns();
+		uint64_t now = now_ns();
 
 		if (now - spin.start < spin_ns) {
 			ring_spin_step(&spin, now);

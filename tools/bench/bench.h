@@ -13,14 +13,6 @@
  */
 int bench_score(int argc, char **argv);
 
-/* The monotonic clock, in ns, for every timing of kvd-bench. */
-static inline uint64_t bench_now_ns(void) {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
-}
-
 /*
  * `kvd-bench evict` (evict.c) times the node-wide eviction selection (kvd_evict_greedy())
  * over 1M and 10M units next to the issue's target. argv[0] is "evict"; it returns the

@@ -59,6 +59,7 @@
 #include "common/ring.h"
 #include "kvd/kvd.h"
 #include "wire.h"
+#include "basic/time-util.h"
 
 #define MSG_BYTES 32
 #define ITERATIONS_MAX 10000000u
@@ -206,9 +207,9 @@ static int recv_wait(int fd, void *buf, size_t n, uint64_t spin_ns, bool fdroom)
 	struct ring_spin spin;
 	size_t got = 0;
 
-	ring_spin_start(&spin, ring_now_ns());
+	ring_spin_start(&spin, now_ns());
 	while (got < n) {
-		uint64_t now = ring_now_ns();
+		uint64_t now = now_ns();
 		ssize_t k = recv_some(fd, (char *)buf + got, n - got,
 		                      now - spin.start < spin_ns ? MSG_DONTWAIT : 0, fdroom);
 
@@ -271,14 +272,14 @@ static int floor_socket(const struct strategy *st, int client_cpu, bool fdroom,
 	close(sv[1]);
 	pin_cpu(client_cpu);
 	for (uint32_t i = 0; i < total && r >= 0; i++) {
-		uint64_t t0 = ring_now_ns();
+		uint64_t t0 = now_ns();
 
 		r = send_all(sv[0], msg, sizeof(msg), MSG_NOSIGNAL, fdroom);
 		if (r >= 0)
 			r = recv_wait(sv[0], msg, sizeof(msg), (uint64_t)st->client_spin_us * 1000,
 			              fdroom) > 0 ? 0 : -EPIPE;
 		if (i >= total - arg_iterations)
-			ns[i - (total - arg_iterations)] = ring_now_ns() - t0;
+			ns[i - (total - arg_iterations)] = now_ns() - t0;
 	}
 	pin_cpu(-1);
 	close(sv[0]);
@@ -297,9 +298,9 @@ static void floor_wait(struct ring_word *index, struct ring_word *wake, uint32_t
                        uint64_t spin_ns) {
 	struct ring_spin spin;
 
-	ring_spin_start(&spin, ring_now_ns());
+	ring_spin_start(&spin, now_ns());
 	while (ring_load_acquire(index) == seen) {
-		uint64_t now = ring_now_ns();
+		uint64_t now = now_ns();
 
 		if (now - spin.start < spin_ns) {
 			ring_spin_step(&spin, now);
@@ -374,13 +375,13 @@ static int floor_ring(const struct strategy *st, int client_cpu, struct stats *r
 	}
 	pin_cpu(client_cpu);
 	for (uint32_t i = 0; i < total; i++) {
-		uint64_t t0 = ring_now_ns();
+		uint64_t t0 = now_ns();
 
 		floor_ring_submit(sh, &g, &sq_tail, 1, i);
 		floor_wait(&sh->cq_tail, &sh->cq_wake, cq_head, (uint64_t)st->client_spin_us * 1000);
 		ring_store_release(&sh->cq_head, ++cq_head);
 		if (i >= total - arg_iterations)
-			ns[i - (total - arg_iterations)] = ring_now_ns() - t0;
+			ns[i - (total - arg_iterations)] = now_ns() - t0;
 	}
 	pin_cpu(-1);
 	floor_ring_submit(sh, &g, &sq_tail, FLOOR_OP_STOP, 0);
@@ -513,9 +514,9 @@ static int grant_turn(kvd_client *c, int model, uint64_t *ret_ns) {
 	r = kvd_seq_open(c, model, tokens, &s);
 	if (r < 0)
 		return fail("grant: open: %s", strerror(-r));
-	t0 = ring_now_ns();
+	t0 = now_ns();
 	r = kvd_seq_grow(s, tokens);
-	*ret_ns = ring_now_ns() - t0;
+	*ret_ns = now_ns() - t0;
 	if (r < 0)
 		fail("grant: grow of %u chunks: %s", GRANT_CHUNKS, strerror(-r));
 	if (kvd_seq_release(s) < 0 && r >= 0)
@@ -567,11 +568,11 @@ static int kvd_latency(const char *socket, bool ring, uint32_t spin_us, int clie
 		return r;
 	pin_cpu(client_cpu);
 	for (uint32_t i = 0; i < total && r >= 0; i++) {
-		uint64_t t0 = ring_now_ns();
+		uint64_t t0 = now_ns();
 
 		r = i % 2 ? kvd_seq_unpin(s) : kvd_seq_pin(s);
 		if (i >= total - arg_iterations)
-			ns[i - (total - arg_iterations)] = ring_now_ns() - t0;
+			ns[i - (total - arg_iterations)] = now_ns() - t0;
 	}
 	pin_cpu(-1);
 	if (r < 0)
@@ -724,9 +725,9 @@ static int victim_grows(const char *socket, struct stats *ret) {
 			if (r < 0)
 				break;
 		}
-		t0 = ring_now_ns();
+		t0 = now_ns();
 		r = kvd_seq_grow(s, 16);
-		ns[i] = ring_now_ns() - t0;
+		ns[i] = now_ns() - t0;
 	}
 	if (s)
 		(void)kvd_seq_release(s);
@@ -780,8 +781,8 @@ static void throughput_child(const char *socket, bool ring, int report_fd, int g
 		_exit(1);
 	if (write(report_fd, "R", 1) != 1 || read(go_fd, &b, 1) != 0)
 		_exit(1);
-	end = ring_now_ns() + (uint64_t)(arg_seconds * 1e9);
-	while (ring_now_ns() < end) {
+	end = now_ns() + (uint64_t)(arg_seconds * 1e9);
+	while (now_ns() < end) {
 		if (kvd_seq_pin(s) < 0 || kvd_seq_unpin(s) < 0)
 			_exit(1);
 		ops += 2;

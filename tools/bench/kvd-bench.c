@@ -51,6 +51,8 @@
 #include "config.h"
 #include "dtype.h"
 #include "kvd/kvd.h"
+#include "basic/io-util.h"
+#include "basic/time-util.h"
 
 #define TENANTS_MAX 16
 #define SEQS_MAX 4096
@@ -342,23 +344,6 @@ static _printf_(3, 4) int child_fail(struct child *ch, int r, const char *fmt, .
 	return r;
 }
 
-static int write_all(int fd, const void *buf, size_t n) {
-	const char *p = buf;
-
-	while (n > 0) {
-		ssize_t k = write(fd, p, n);
-
-		if (k < 0) {
-			if (errno == EINTR)
-				continue;
-			return negative_errno();
-		}
-		p += k;
-		n -= (size_t)k;
-	}
-	return 0;
-}
-
 /* Returns 0, -EPIPE at end of file before n bytes, or another negative errno. */
 static int read_all(int fd, void *buf, size_t n) {
 	char *p = buf;
@@ -449,7 +434,7 @@ static int child_unpin(struct child *ch, uint32_t i) {
 static int child_write(struct child *ch, uint32_t i, uint32_t p0, uint32_t n) {
 	const struct shape *sh = &ch->shape;
 	kvd_seq *s = ch->seqs[i];
-	uint64_t t0 = bench_now_ns();
+	uint64_t t0 = now_ns();
 
 	for (uint32_t l = 0; l < sh->layers; l++)
 		for (uint32_t h = 0; h < sh->kv_heads; h++) {
@@ -482,7 +467,7 @@ static int child_write(struct child *ch, uint32_t i, uint32_t p0, uint32_t n) {
 				ch->rep.bytes_written += 2 * ch->row_bytes;
 			}
 		}
-	ch->rep.write_ns += bench_now_ns() - t0;
+	ch->rep.write_ns += now_ns() - t0;
 	return 0;
 }
 
@@ -607,7 +592,7 @@ static int child_observe(struct child *ch, uint32_t i, uint32_t end) {
 	const struct shape *sh = &ch->shape;
 	kvd_seq *s = ch->seqs[i];
 	size_t es = layout_dtype_bytes(sh->dtype);
-	uint64_t t0 = bench_now_ns();
+	uint64_t t0 = now_ns();
 
 	if (end < arg_window)
 		return 0;
@@ -636,7 +621,7 @@ static int child_observe(struct child *ch, uint32_t i, uint32_t end) {
 			return child_fail(ch, r, "kvd_seq_observe(seq %u, layer %u)", i, l);
 		ch->rep.windows++;
 	}
-	ch->rep.observe_ns += bench_now_ns() - t0;
+	ch->rep.observe_ns += now_ns() - t0;
 	return 0;
 }
 
@@ -684,7 +669,7 @@ static uint64_t count_diff(const unsigned char *a, const unsigned char *b, size_
 static int child_verify(struct child *ch, uint32_t i, uint32_t grown) {
 	const struct shape *sh = &ch->shape;
 	kvd_seq *s = ch->seqs[i];
-	uint64_t t0 = bench_now_ns(), expect = DIGEST_INIT, d_daemon, d_local;
+	uint64_t t0 = now_ns(), expect = DIGEST_INIT, d_daemon, d_local;
 	uint32_t sinks = MIN(EVICT_SINKS, grown), window = MIN(arg_window, grown);
 	int r;
 
@@ -743,7 +728,7 @@ static int child_verify(struct child *ch, uint32_t i, uint32_t grown) {
 				return child_fail(ch, -EIO, "seq %u, layer %u, head %u lost protected tokens: holds %u of the first %u positions and %u of the last %u",
 						  i, l, h, in_sinks, sinks, in_window, window);
 		}
-	ch->rep.verify_ns += bench_now_ns() - t0;
+	ch->rep.verify_ns += now_ns() - t0;
 
 	r = kvd_seq_digest(s, &d_daemon, &d_local);
 	if (r < 0)
@@ -886,20 +871,20 @@ static int child_step(struct child *ch, uint32_t i, uint32_t p0, uint32_t n) {
 		r = child_pin(ch, i);
 		if (r < 0)
 			return r;
-		t0 = bench_now_ns();
+		t0 = now_ns();
 		r = kvd_seq_grow(ch->seqs[i], n);
-		*lat = bench_now_ns() - t0;
+		*lat = now_ns() - t0;
 		if (r >= 0)
 			break;
 		if (!arg_over_budget || (r != -ENOSPC && r != -EDQUOT))
 			return child_fail(ch, r, "kvd_seq_grow(seq %u, +%u tokens at %u)", i, n, p0);
 		if (waiting_since == 0)
 			waiting_since = t0;
-		else if (bench_now_ns() - waiting_since >= GROW_WAIT_NS) {
+		else if (now_ns() - waiting_since >= GROW_WAIT_NS) {
 			ch->rep.grows_failed++;
-			ch->rep.wait_ns += bench_now_ns() - waiting_since;
+			ch->rep.wait_ns += now_ns() - waiting_since;
 			return child_fail(ch, r, "kvd_seq_grow(seq %u, +%u tokens at %u), still refused after %.1f s",
-					  i, n, p0, (double)(bench_now_ns() - waiting_since) / 1e9);
+					  i, n, p0, (double)(now_ns() - waiting_since) / 1e9);
 		}
 		r = child_unpin(ch, i);
 		if (r >= 0)
@@ -911,7 +896,7 @@ static int child_step(struct child *ch, uint32_t i, uint32_t p0, uint32_t n) {
 	ch->rep.grows++;
 	if (waiting_since != 0) {
 		ch->rep.grows_waited++;
-		ch->rep.wait_ns += bench_now_ns() - waiting_since;
+		ch->rep.wait_ns += now_ns() - waiting_since;
 	}
 
 	r = child_write(ch, i, p0, n);
@@ -972,7 +957,7 @@ static int child_load(struct child *ch) {
 	if (!done)
 		return child_fail(ch, -ENOMEM, "allocating");
 
-	ch->rep.grow_start_ns = bench_now_ns();
+	ch->rep.grow_start_ns = now_ns();
 	while (left > 0 && r >= 0)
 		for (uint32_t i = 0; i < arg_seqs && r >= 0; i++) {
 			uint32_t n = MIN(arg_step, arg_tokens - done[i]);
@@ -987,7 +972,7 @@ static int child_load(struct child *ch) {
 			if (done[i] == arg_tokens)
 				left--;
 		}
-	ch->rep.grow_end_ns = bench_now_ns();
+	ch->rep.grow_end_ns = now_ns();
 	/* Every resident byte was written once: that is the K/V the tenant holds, also when
 	 * a grow was refused half-way. With eviction, it is what survived. */
 	ch->rep.kv_bytes = ch->rep.bytes_written;
@@ -1003,12 +988,12 @@ static int child_load(struct child *ch) {
 
 static void child_release(struct child *ch) {
 	for (uint32_t i = 0; i < ch->n_seqs; i++) {
-		uint64_t t0 = bench_now_ns();
+		uint64_t t0 = now_ns();
 		int r;
 
 		r = kvd_seq_release(ch->seqs[i]);
 		ch->seqs[i] = NULL;
-		ch->release_lat[ch->rep.n_release_lat++] = bench_now_ns() - t0;
+		ch->release_lat[ch->rep.n_release_lat++] = now_ns() - t0;
 		if (r < 0)
 			child_fail(ch, r, "kvd_seq_release(seq %u)", i);
 		else
@@ -1019,13 +1004,13 @@ static void child_release(struct child *ch) {
 
 /* --hold: keeps the sequences; with eviction, answers the daemon's requests meanwhile. */
 static void child_hold(struct child *ch) {
-	uint64_t end = bench_now_ns() + (uint64_t)arg_hold * 1000000000;
+	uint64_t end = now_ns() + (uint64_t)arg_hold * 1000000000;
 
 	if (arg_unit == KVD_UNIT_NONE) {
 		sleep_ns((uint64_t)arg_hold * 1000000000);
 		return;
 	}
-	for (uint64_t t = bench_now_ns(); t < end && ch->rep.error == 0; t = bench_now_ns()) {
+	for (uint64_t t = now_ns(); t < end && ch->rep.error == 0; t = now_ns()) {
 		child_events(ch);
 		sleep_ns(MIN(POLL_NS, end - t));
 	}

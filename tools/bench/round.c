@@ -35,6 +35,7 @@
 #include "basic/number.h"
 #include "basic/size.h"
 #include "kvd/kvd.h"
+#include "basic/time-util.h"
 
 #define ROUND_TENANT "bench-round"
 #define ROUND_Q_HEADS 32
@@ -55,7 +56,7 @@ static uint64_t arg_bytes; /* 0: half of what the tenant holds */
 
 
 static double ms_since(uint64_t t0) {
-	return (double)(bench_now_ns() - t0) / 1e6;
+	return (double)(now_ns() - t0) / 1e6;
 }
 
 static uint64_t xorshift64(uint64_t *s) {
@@ -419,7 +420,7 @@ static int round_run(struct round *b) {
 	       b->spec.layout == KVD_LAYOUT_PER_HEAD ? "per_head" : "per_layer", unit_name(arg_unit),
 	       size_format(kv_bytes, a, sizeof(a)));
 
-	t0 = bench_now_ns();
+	t0 = now_ns();
 	r = kvd_client_connect(b->socket, ROUND_TENANT, &b->client);
 	if (r < 0)
 		return round_fail(b, r, "connect to %s as %s", b->socket, ROUND_TENANT);
@@ -439,14 +440,14 @@ static int round_run(struct round *b) {
 		return round_fail(b, b->model_id, "kvd_model_register_evictable");
 	printf("setup: connect and register %.1f ms", ms_since(t0));
 
-	t0 = bench_now_ns();
+	t0 = now_ns();
 	r = round_output_proj(b);
 	if (r < 0)
 		return r;
 	printf(", W_o (%u layers of %u x %u f16) %.1f ms", arg_layers, ROUND_Q_HEADS * ROUND_HEAD_DIM,
 	       ROUND_Q_HEADS * ROUND_HEAD_DIM, ms_since(t0));
 
-	t0 = bench_now_ns();
+	t0 = now_ns();
 	for (uint32_t i = 0; i < arg_seqs; i++) {
 		r = kvd_seq_open(b->client, b->model_id, arg_tokens, &b->seqs[i]);
 		if (r < 0)
@@ -461,7 +462,7 @@ static int round_run(struct round *b) {
 			     MAX((uint64_t)ROUND_BLOCK_TOKENS,
 				 ROUND_GROW_CHUNKS * chunk / (kv_bytes / arg_seqs / arg_tokens) /
 					 ROUND_BLOCK_TOKENS * ROUND_BLOCK_TOKENS));
-	t0 = bench_now_ns();
+	t0 = now_ns();
 	for (uint32_t i = 0; i < b->n_seqs; i++) {
 		/* Pinned while filled: a round must not move blocks under the writes. */
 		r = kvd_seq_pin(b->seqs[i]);
@@ -504,7 +505,7 @@ static int round_run(struct round *b) {
 		return r;
 	printf("evict: %s of the tenant's %s\n", size_format(bytes, a, sizeof(a)), size_format(used, c, sizeof(c)));
 
-	t0 = bench_now_ns();
+	t0 = now_ns();
 	r = kvd_evict(b->client, ROUND_TENANT, bytes, &freed);
 	call_ms = ms_since(t0);
 	if (r < 0)
@@ -523,7 +524,7 @@ static int round_run(struct round *b) {
 	       size_format(freed, a, sizeof(a)), size_format(used, c, sizeof(c)), b->events, rounds_before,
 	       rounds_after);
 
-	t0 = bench_now_ns();
+	t0 = now_ns();
 	for (uint32_t i = 0; i < b->n_seqs; i++) {
 		r = kvd_seq_release(b->seqs[i]);
 		b->seqs[i] = NULL;

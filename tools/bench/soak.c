@@ -68,6 +68,7 @@
 #include "config.h"
 #include "kvd/kvd.h"
 #include "wire.h"
+#include "basic/time-util.h"
 
 #define SOAK_TENANTS_MAX 16
 #define SOAK_CLIENTS_MAX 16
@@ -476,7 +477,7 @@ static int do_connect(struct worker *w) {
 			return r;
 		if (r >= 0)
 			break;
-		if (bench_now_ns() >= w->deadline)
+		if (now_ns() >= w->deadline)
 			return r;
 		sleep_ns(20 * 1000000);
 	}
@@ -1714,7 +1715,7 @@ static int worker_main(struct shared *sh, unsigned slot, unsigned life) {
 
 	if (do_connect(&w) < 0)
 		goto out;
-	while (bench_now_ns() < w.deadline) {
+	while (now_ns() < w.deadline) {
 		enum op op = pick(&w);
 
 		if (op == OP_EVICT && !arg_evict)
@@ -1808,7 +1809,7 @@ static _Noreturn void supervise(struct shared *sh, int go_fd) {
 		pid_t pid = waitpid(-1, &status, WNOHANG);
 
 		if (pid == 0) {
-			if (!killed && bench_now_ns() > sh->deadline_ns + GRACE_NS) {
+			if (!killed && now_ns() > sh->deadline_ns + GRACE_NS) {
 				for (s = 0; s < n; s++)
 					if (pids[s] > 0) {
 						fail(&sh->slots[s], "soak-%u client %u (pid %d): still running %u s after the deadline, killed",
@@ -1851,7 +1852,7 @@ static _Noreturn void supervise(struct shared *sh, int go_fd) {
 			 (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && st->kill_intended && !killed);
 		st->kill_intended = 0;
 		fails0[s] = st->n_fails;
-		if (abrupt && bench_now_ns() < sh->deadline_ns && !killed) {
+		if (abrupt && now_ns() < sh->deadline_ns && !killed) {
 			pids[s] = spawn(sh, s);
 			if (pids[s] > 0)
 				continue;
@@ -2168,7 +2169,7 @@ static void *admin_run(void *userdata) {
 	struct admin *a = userdata;
 	struct worker *w = &a->w;
 
-	while (!monitor_wait(a->mon, rng_range(&w->rng, 100, 600) * UINT64_C(1000000)) && bench_now_ns() < w->deadline) {
+	while (!monitor_wait(a->mon, rng_range(&w->rng, 100, 600) * UINT64_C(1000000)) && now_ns() < w->deadline) {
 		unsigned kind = rng_below(&w->rng, 100);
 		uint64_t freed = 0, bytes;
 		char name[32];
@@ -2589,7 +2590,7 @@ static int run_soak(void) {
 		pthread_condattr_destroy(&attr);
 	}
 
-	t_start = bench_now_ns();
+	t_start = now_ns();
 	sh->deadline_ns = t_start + (uint64_t)arg_duration * 1000000000;
 	if (arg_evict) {
 		adm.mon = &mon;
@@ -2628,7 +2629,7 @@ static int run_soak(void) {
 			status = -1;
 			break;
 		}
-	t_end = bench_now_ns();
+	t_end = now_ns();
 	if (status != 0)
 		verdict_fail(&v, "the supervisor process ended with status %d", status);
 
@@ -2844,7 +2845,7 @@ int bench_soak(int argc, char **argv) {
 	if (optind < argc)
 		return usage_error("unexpected argument '%s'", argv[optind]);
 	if (!seeded)
-		arg_seed = mix64(bench_now_ns() ^ ((uint64_t)getpid() << 32));
+		arg_seed = mix64(now_ns() ^ ((uint64_t)getpid() << 32));
 
 	/* A client that dies must not kill whoever writes to it; sends use MSG_NOSIGNAL. */
 	signal(SIGPIPE, SIG_IGN);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "npy.h"
+#include "basic/io-util.h"
 
 static const char npy_magic[6] = { '\x93', 'N', 'U', 'M', 'P', 'Y' };
 
@@ -429,23 +430,6 @@ int kvd_npy_open(const char *path, uint32_t accept, int ndim, struct kvd_npy *re
 		munmap(ret->map_, ret->map_len_);
 		ret->map_ = NULL;
 		ret->map_len_ = 0;
-	}
-	return 0;
-}
-
-static int write_all(int fd, const void *buf, size_t n) {
-	const char *p = buf;
-
-	while (n > 0) {
-		ssize_t k = write(fd, p, n);
-
-		if (k < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += k;
-		n -= (size_t)k;
 	}
 	return 0;
 }
