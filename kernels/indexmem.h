@@ -13,7 +13,7 @@
  * daemon scores resident token s against a window of W queries as
  *     I(s) = (1/W) sum_{t, j} relu(iq_{t,j} . ik_s),
  * and the softmax of I over a layer's tokens is the indexer's estimate of the share of
- * attention each gets (tools/kvd-lm/train-indexmem.py distils it from head-summed
+ * attention each gets (eval/kvd-lm/train-indexmem.py distils it from head-summed
  * attention, block by block). No key of the model is read.
  *
  * Latent memory. Per (sequence, layer, kv head): z = sum phi(k_j), S = sum phi(k_j) v_j^T

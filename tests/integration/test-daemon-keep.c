@@ -20,8 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef KVD_HAVE_CUDA
 #include "basic/time-util.h"
+#ifdef KVD_HAVE_CUDA
 #include "basic/cuda-dl.h"
 #endif
 #include "fixture.h"

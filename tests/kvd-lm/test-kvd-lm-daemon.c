@@ -355,7 +355,7 @@ static void ref_rope(double *x, uint32_t pos) {
 }
 
 /*
- * The moments entry of (layer, kv head) for query q[hd] (double), as tools/kvd-lm/README.md
+ * The moments entry of (layer, kv head) for query q[hd] (double), as eval/kvd-lm/README.md
  * "Compensation" says; false when the sequence has no moments there or they are empty.
  */
 static bool ref_moments(kvd_seq *s, uint32_t l, uint32_t kh, const double *q, bool mass,

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvd-lm with the shipped IndexMem weights (tools/kvd-lm/models/kvd-lm-small.kvdim) and its
+ * kvd-lm with the shipped IndexMem weights (eval/kvd-lm/models/kvd-lm-small.kvdim) and its
  * KV cache in a real daemon (integration suite).
  *
  * The loader takes the shipped file for the shipped model and refuses a corrupted copy

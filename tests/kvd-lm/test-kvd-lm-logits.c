@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The kvd-lm forward pass (tools/kvd-lm/forward.c) against torch: the logits at every
+ * The kvd-lm forward pass (eval/kvd-lm/forward.c) against torch: the logits at every
  * position of tests/data/kvd-lm/random-input.txt, which make-random.py computed with
  * kvdlm.py (and checked against an independent float64 numpy forward), and the 16 greedy
  * tokens after it. The same logits must come out of one prefill, of prefills in chunks of
  * 7 tokens, of token-by-token decoding, and with 1 or 3 threads. The trained model
- * (tools/kvd-lm/models/kvd-lm-small.kvdlm) is checked the same way on small-input.txt.
+ * (eval/kvd-lm/models/kvd-lm-small.kvdlm) is checked the same way on small-input.txt.
  *
  * Tolerance. The reference is fp32 torch; this engine is fp32 too but sums in other orders
  * (FMA contraction, blocked dot products, an online softmax, a polynomial exp). Such
@@ -16,7 +16,7 @@
  * decode, threads) must agree to 1e-5 of the same scale.
  *
  * Environment (set by meson): KVD_LM_DATA, the test data folder, and KVD_LM_MODELS, the
- * folder of trained models (tools/kvd-lm/models).
+ * folder of trained models (eval/kvd-lm/models).
  */
 #include <fcntl.h>
 #include <math.h>
@@ -242,7 +242,7 @@ TEST(split_keys) {
 	ref_done(&r);
 }
 
-/* The trained model (tools/kvd-lm/models) on a multikey prompt of the tuning seeds: its
+/* The trained model (eval/kvd-lm/models) on a multikey prompt of the tuning seeds: its
  * logits, and its greedy answer (" 9949585\n", the right one, then more text). */
 TEST(small_logits) {
 	_cleanup_(freep) char *model = data_path("KVD_LM_MODELS", "kvd-lm-small.kvdlm");

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Loading .kvdlm weights (tools/kvd-lm/model.c): the random test model loads with the shape
+ * Loading .kvdlm weights (eval/kvd-lm/model.c): the random test model loads with the shape
  * make-random.py gave it, and corrupt copies of it (bad magic, version, header size, either
  * CRC, a truncated file, a file with bytes past the payload, insane or mismatched shapes)
  * are refused with the errno model.h documents and a message that names the problem.

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The kvd-lm task generators (tools/kvd-lm/tasks.c): every task over seeds of each seed
+ * The kvd-lm task generators (eval/kvd-lm/tasks.c): every task over seeds of each seed
  * range and several lengths, checked for exact prompt length, ASCII, the question and the
  * answer's needles in the prompt, determinism, seed sensitivity and the scoring rule; and
  * byte-for-byte parity with tasks.py through a golden file that it wrote.
@@ -8,7 +8,7 @@
  * Environment (set by meson): KVD_LM_HAYSTACK, the haystack file, and KVD_LM_GOLDEN, the
  * golden file. The golden file is regenerated, from the repository root, with
  *
- *   python3 tools/kvd-lm/tasks.py --format golden --task all \
+ *   python3 eval/kvd-lm/tasks.py --format golden --task all \
  *       --seed 1,4294967303,1099511627779 --length min,512,1024 \
  *       > tests/data/kvd-lm/tasks-golden.txt
  *

@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 #
-# quality-quick.sh SETTING BUDGETS: `kvd-bench quality --quick` in one setting (in-window
+# quality-quick.sh SETTING BUDGETS: `kvd-quality --quick` in one setting (in-window
 # or query-agnostic) at BUDGETS (percent, comma-separated) with the trained kvd-lm model,
 # through a daemon the harness starts itself: every policy must run and appear in
 # results.csv, no cell may be left over its budget, the daemon's full cache must answer as
@@ -10,20 +10,20 @@
 # The threshold is on the full cache alone, never on an eviction policy: it checks that
 # the model, the tasks and the scoring are wired right, not what any policy achieves.
 #
-# Environment: KVD_DAEMON, KVD_BENCH, KVD_LM_MODEL, KVD_LM_HAYSTACK (set by meson);
+# Environment: KVD_DAEMON, KVD_QUALITY, KVD_LM_MODEL, KVD_LM_HAYSTACK (set by meson);
 # QUALITY_KEEP (keep the output directory and print its path).
 
 set -u
 
 # The --quick subset is niah at 1024 tokens, here one sample a cell (the test's time
 # budget: a sample is 40 runs of the engine). The trained model answered 16 of 16 tuning
-# samples of it at its last checkpoint (tools/kvd-lm/README.md, "Training") and answers the
+# samples of it at its last checkpoint (eval/kvd-lm/README.md, "Training") and answers the
 # first reporting sample right; 0.8 leaves room for a hard sample or two when more samples
-# run (`kvd-bench quality --quick` runs 6), and none for a broken pipeline.
+# run (`kvd-quality --quick` runs 6), and none for a broken pipeline.
 THRESHOLD=0.8
 
 daemon=${KVD_DAEMON:?KVD_DAEMON is not set (run the test through meson)}
-bench=${KVD_BENCH:?KVD_BENCH is not set (run the test through meson)}
+quality=${KVD_QUALITY:?KVD_QUALITY is not set (run the test through meson)}
 model=${KVD_LM_MODEL:?KVD_LM_MODEL is not set (run the test through meson)}
 haystack=${KVD_LM_HAYSTACK:?KVD_LM_HAYSTACK is not set (run the test through meson)}
 setting=${1:?usage: quality-quick.sh SETTING BUDGETS}
@@ -45,9 +45,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-if ! "$bench" quality --quick --samples 1 --settings "$setting" --budgets "$budgets" \
+if ! "$quality" --quick --samples 1 --settings "$setting" --budgets "$budgets" \
 	--model "$model" --haystack "$haystack" --kvd "$daemon" --out "$out"; then
-	echo "quality-quick.sh: kvd-bench quality --quick failed (daemon log: $out/kvd.log)" >&2
+	echo "quality-quick.sh: kvd-quality --quick failed (daemon log: $out/kvd.log)" >&2
 	[ -f "$out/kvd.log" ] && cat "$out/kvd.log" >&2
 	exit 1
 fi

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * kvd-bench evict: time of the node-wide selection (kvd_evict_greedy(), kernels/select.h)
- * over the units of a whole node, next to the issue's target of 10M units in 50 ms on one
+ * over the units of a whole node, next to its target of 10M units in 50 ms on one
  * core (5 ns per unit; smaller sizes are held to the same rate).
  *
  * The units stand in for a node's: seeded random values (shares, > 0), sizes drawn from
@@ -46,7 +46,7 @@
 #define SEED UINT64_C(0x6b76642d65766963)
 /* The reference sorts: it runs by default only up to this size. */
 #define REF_UNITS_MAX 1000000u
-/* The target: 10M units in 50 ms on one core. */
+/* The target: 10M units in 50 ms on one core. */
 #define TARGET_UNITS 10000000.0
 #define TARGET_MS 50.0
 
@@ -422,7 +422,7 @@ int bench_evict(int argc, char **argv) {
 	printf("\nCALL: greedy is kvd_evict_greedy() (scratch allocated per call), buf "
 	       "kvd_evict_greedy_buf()\n(scratch kept and faulted in, as the daemon does), ref "
 	       "the reference (a sort).\nMS is the median; FREED/TGT the bytes freed over the "
-	       "bytes asked for; TGT_MS the issue's target\n(10M units in %.0f ms on one core) "
+	       "bytes asked for; TGT_MS the target\n(10M units in %.0f ms on one core) "
 	       "scaled to the size, RATIO = MS / TGT_MS, PASS when <= 1.\n",
 	       TARGET_MS);
 	if (have_saved)

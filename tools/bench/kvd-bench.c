@@ -1598,8 +1598,6 @@ static void help(void) {
 	       "       kvd-bench score [OPTIONS]   (see kvd-bench score --help)\n"
 	       "       kvd-bench evict [OPTIONS]   (see kvd-bench evict --help)\n"
 	       "       kvd-bench ipc [OPTIONS]     (see kvd-bench ipc --help)\n"
-	       "       kvd-bench soak [OPTIONS]    (see kvd-bench soak --help)\n"
-	       "       kvd-bench quality [OPTIONS] (see kvd-bench quality --help)\n"
 	       "\n"
 	       "Load generator and end-to-end checker for kvd: forks one client process per\n"
 	       "tenant (bench-0, bench-1, ...); each registers its own model shape, opens\n"
@@ -1695,10 +1693,6 @@ int main(int argc, char **argv) {
 		return bench_evict(argc - 1, argv + 1);
 	if (argc > 1 && strcmp(argv[1], "ipc") == 0)
 		return bench_ipc(argc - 1, argv + 1);
-	if (argc > 1 && strcmp(argv[1], "soak") == 0)
-		return bench_soak(argc - 1, argv + 1);
-	if (argc > 1 && strcmp(argv[1], "quality") == 0)
-		return bench_quality(argc - 1, argv + 1);
 
 	arg_socket = getenv("KVD_SOCKET");
 	if (!arg_socket || !*arg_socket)
@@ -1709,11 +1703,11 @@ int main(int argc, char **argv) {
 		switch (opt) {
 		case 1:
 			if (strcmp(optarg, "score") == 0 || strcmp(optarg, "evict") == 0 ||
-			    strcmp(optarg, "soak") == 0)
+			    strcmp(optarg, "ipc") == 0)
 				return usage_error("'%s' must come first: kvd-bench %s [OPTIONS]", optarg,
 						   optarg);
 			if (strcmp(optarg, "load") != 0 || load)
-				return usage_error("unknown command '%s' (commands: load, score, evict, soak)",
+				return usage_error("unknown command '%s' (commands: load, score, evict, ipc)",
 						   optarg);
 			load = 1;
 			break;
@@ -1790,7 +1784,7 @@ int main(int argc, char **argv) {
 			return usage_error("bad option");
 		}
 	if (!load)
-		return usage_error("missing command: load, score, evict or soak");
+		return usage_error("missing command: load, score, evict or ipc");
 	if (arg_n_models > arg_tenants)
 		return usage_error("%u --model options for %u tenants", arg_n_models, arg_tenants);
 	if (arg_unit == KVD_UNIT_NONE && (window || arg_observe || arg_over_budget))

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * kvd-lm weights: a .kvdlm file (tools/kvd-lm/README.md, "Weights file") loaded and checked.
+ * kvd-lm weights: a .kvdlm file (eval/kvd-lm/README.md, "Weights file") loaded and checked.
  *
  * The loader reads the 128-byte header, checks it (magic, version, header size, header
  * CRC-32, a sane shape, payload size against the shape), checks that the file is exactly

@@ -2,10 +2,10 @@
 #pragma once
 
 /*
- * IndexMem weights for a kvd-lm model (tools/kvd-lm/README.md, "IndexMem"): per layer, the
+ * IndexMem weights for a kvd-lm model (eval/kvd-lm/README.md, "IndexMem"): per layer, the
  * indexer (kernels/indexmem.h, struct kvd_indexer_layer) and the latent memory's readout
  * (struct kvd_latent_readout plus a logit bias per query head), from a `.kvdim` file that
- * tools/kvd-lm/train-indexmem.py writes. Immutable once loaded; any thread may read it.
+ * eval/kvd-lm/train-indexmem.py writes. Immutable once loaded; any thread may read it.
  */
 
 #include <stddef.h>

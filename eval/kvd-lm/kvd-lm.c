@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvd-lm: greedy generation with the kvd-lm transformer (tools/kvd-lm/README.md), its KV
+ * kvd-lm: greedy generation with the kvd-lm transformer (eval/kvd-lm/README.md), its KV
  * cache either in a kvd daemon (through libkvd: registered with the per-head layout, W_o
  * uploaded, observation windows published, so that the daemon can evict) or, with
  * --no-daemon, in a private full cache: the reference.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""The kvd-lm tasks (tools/kvd-lm/README.md, "Tasks"), byte for byte as tasks.c makes them.
+"""The kvd-lm tasks (eval/kvd-lm/README.md, "Tasks"), byte for byte as tasks.c makes them.
 
 Python 3, standard library only. The training script imports this module; the API below is
 stable, and any change to what it generates is a change to tasks.c and to the golden file

@@ -5,7 +5,7 @@
     evict-ref.py [--model FILE] [--policy h2o|snapkv|recent] [--keep FRACTION]
                  [--task niah] [--length 1024] [--n 6] [--window 32]
 
-The in-window setting of `kvd-bench quality`: BOS + context + question prefilled; the last
+The in-window setting of `kvd-quality`: BOS + context + question prefilled; the last
 --window queries of each layer are the observation; each (layer, kv head) keeps
 ceil(keep x prompt) slots: BOS, the window, and the prefix slots that rank highest by
   h2o     the window's attention, summed over the window and the group's query heads,

@@ -1,21 +1,21 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 #
-# A short `kvd-bench soak` against a daemon of its own: starts $KVD_DAEMON on a socket in
-# a temporary directory with a small pool and budget, runs $KVD_BENCH soak with eviction,
+# A short `kvd-soak` against a daemon of its own: starts $KVD_DAEMON on a socket in
+# a temporary directory with a small pool and budget, runs $KVD_SOAK with eviction,
 # stops the daemon with SIGTERM and checks that both exit 0 and that the daemon logged
 # nothing at error level (its lines carry their priority, as under journald) and no
 # sanitizer or valgrind report.
 #
-# Environment: KVD_DAEMON, KVD_BENCH (set by meson); SOAK_DURATION (seconds, default 5),
-# SOAK_SEED (default 1), SOAK_ARGS (more kvd-bench soak options), SOAK_WRAPPER (a command
+# Environment: KVD_DAEMON, KVD_SOAK (set by meson); SOAK_DURATION (seconds, default 5),
+# SOAK_SEED (default 1), SOAK_ARGS (more kvd-soak options), SOAK_WRAPPER (a command
 # the daemon runs under, e.g. "valgrind --error-exitcode=99 --undef-value-errors=no"),
 # SOAK_KEEP (keep the directory, with kvd.log, and print its path).
 
 set -u
 
 daemon=${KVD_DAEMON:?KVD_DAEMON is not set (run the test through meson)}
-bench=${KVD_BENCH:?KVD_BENCH is not set (run the test through meson)}
+soak=${KVD_SOAK:?KVD_SOAK is not set (run the test through meson)}
 duration=${SOAK_DURATION:-5}
 seed=${SOAK_SEED:-1}
 
@@ -57,7 +57,7 @@ while [ ! -S "$dir/kvd.sock" ]; do
 done
 
 # shellcheck disable=SC2086 # SOAK_ARGS is a word list
-"$bench" soak --socket "$dir/kvd.sock" --duration "$duration" --evict --seed "$seed" ${SOAK_ARGS:-}
+"$soak" --socket "$dir/kvd.sock" --duration "$duration" --evict --seed "$seed" ${SOAK_ARGS:-}
 bench_rc=$?
 
 kill -TERM "$pid" 2>/dev/null
@@ -67,7 +67,7 @@ pid=
 
 fail=0
 if [ "$bench_rc" -ne 0 ]; then
-	echo "soak.sh: kvd-bench soak exited $bench_rc" >&2
+	echo "soak.sh: kvd-soak exited $bench_rc" >&2
 	fail=1
 fi
 if [ "$daemon_rc" -ne 0 ]; then

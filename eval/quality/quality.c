@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvd-bench quality: the accuracy of every eviction policy on the kvd-lm tasks
- * (tools/kvd-lm/README.md, "Tasks"), with the KV cache in a kvd daemon that evicts it.
+ * kvd-quality: the accuracy of every eviction policy on the kvd-lm tasks
+ * (eval/kvd-lm/README.md, "Tasks"), with the KV cache in a kvd daemon that evicts it.
  *
  * One daemon per run, started here with a generated config file: one tenant per policy
  * (q-POLICY, policy = POLICY), one per compensated column (kvd+moments, kvd-mi+moments,
@@ -70,7 +70,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench.h"
 #include "cache.h"
 #include "basic/macro.h"
 #include "basic/number.h"
@@ -81,12 +80,12 @@
 #include "policy.h"
 #include "tasks.h"
 
-#define PROG "kvd-bench quality"
-#define MODEL_DEFAULT "tools/kvd-lm/models/kvd-lm-small.kvdlm"
+#define PROG "kvd-quality"
+#define MODEL_DEFAULT "eval/kvd-lm/models/kvd-lm-small.kvdlm"
 /* --indexmem's default: the model's path with .kvdim for .kvdlm, where train-indexmem.py
- * puts it (tools/kvd-lm/models/kvd-lm-small.kvdim for the default model). */
+ * puts it (eval/kvd-lm/models/kvd-lm-small.kvdim for the default model). */
 #define INDEXMEM_SUFFIX ".kvdim"
-#define HAYSTACK_DEFAULT "tools/kvd-lm/data/haystack.txt"
+#define HAYSTACK_DEFAULT "eval/kvd-lm/data/haystack.txt"
 #define OUT_DEFAULT "quality"
 #define SAMPLES_DEFAULT 20u
 #define SAMPLES_MAX 65536u
@@ -121,7 +120,7 @@ static const char *arg_haystack;
 static const char *arg_kvd;
 static const char *arg_out = OUT_DEFAULT;
 static uint32_t arg_samples = SAMPLES_DEFAULT;
-/* The tasks the shipped model does with a full cache (tools/kvd-lm/README.md, "Training":
+/* The tasks the shipped model does with a full cache (eval/kvd-lm/README.md, "Training":
  * niah and multikey 88-100% at 1k-4k tokens; multivalue, vt and cwe 0-2%). */
 static enum kvd_task arg_tasks[_KVD_TASK_MAX] = { KVD_TASK_NIAH, KVD_TASK_MULTIKEY };
 static unsigned arg_n_tasks = 2;
@@ -289,7 +288,7 @@ static _printf_(1, 2) int usage_error(const char *fmt, ...) {
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
-	fputs("\nTry 'kvd-bench quality --help'.\n", stderr);
+	fputs("\nTry 'kvd-quality --help'.\n", stderr);
 	return 2;
 }
 
@@ -327,7 +326,7 @@ static pid_t fork_child(void) {
 	return pid;
 }
 
-/* --kvd, $KVD_DAEMON, the kvd of the build tree next to this kvd-bench, or kvd from PATH. */
+/* --kvd, $KVD_DAEMON, the kvd of the build tree next to this kvd-quality, or kvd from PATH. */
 static void find_kvd(char *buf, size_t n) {
 	const char *env = getenv("KVD_DAEMON");
 	char exe[PATH_MAX];
@@ -349,7 +348,7 @@ static void find_kvd(char *buf, size_t n) {
 		slash = strrchr(exe, '/');
 		if (slash) {
 			*slash = 0;
-			/* build/tools/bench/kvd-bench -> build/daemon/kvd */
+			/* build/eval/quality/kvd-quality -> build/daemon/kvd */
 			if ((size_t)snprintf(buf, n, "%s/../../daemon/kvd", exe) < n && access(buf, X_OK) == 0)
 				return;
 		}
@@ -411,7 +410,7 @@ static int write_config(const struct quality *Q, const char *path, uint64_t pool
 	if (!f)
 		return fail("%s: %s", path, strerror(errno));
 	fprintf(f,
-	        "# Written by kvd-bench quality: no pressure rounds, no floor; every round is\n"
+	        "# Written by kvd-quality: no pressure rounds, no floor; every round is\n"
 	        "# asked for.\n"
 	        "[kvd]\n"
 	        "pool-size = %" PRIu64 "\n"
@@ -1306,7 +1305,7 @@ static int write_csv(const struct quality *Q) {
 	return 0;
 }
 
-/* The targets, on query-agnostic multikey, pooled over lengths. */
+/* The targets, on query-agnostic multikey, pooled over lengths. */
 static void write_targets(const struct quality *Q, FILE *f) {
 	int ti = -1, b5 = -1, b10 = -1;
 	struct cell full, kvd10, kvd5, snap5, rest5;
@@ -1356,7 +1355,7 @@ static void write_targets(const struct quality *Q, FILE *f) {
 static void write_table(const struct quality *Q, FILE *f, const char *cmdline, double seconds) {
 	char lab[16];
 
-	fprintf(f, "# kvd-bench quality\n\n");
+	fprintf(f, "# kvd-quality\n\n");
 	fprintf(f, "Model `%s` (dim %u, %u layers, %u/%u heads, head dim %u); %u samples per cell, "
 	           "seeds %" PRIu64 " + [0, %u) (the reporting range); window %u; %s prefill; %.0f s.\n\n"
 	           "`%s`\n\n",
@@ -1635,7 +1634,7 @@ static int write_reports(const struct quality *Q, const char *cmdline, double se
 /* ---- command line ---- */
 
 static void help(void) {
-	printf("Usage: kvd-bench quality [OPTIONS]\n"
+	printf("Usage: kvd-quality [OPTIONS]\n"
 	       "\n"
 	       "Accuracy of every eviction policy on the kvd-lm tasks, with the KV cache in a kvd\n"
 	       "daemon this command starts: policies x budgets x tasks x lengths x settings\n"
@@ -1648,7 +1647,7 @@ static void help(void) {
 	       "  --model FILE       Weights (default: %s)\n"
 	       "  --haystack FILE    Task haystack (default: $KVD_LM_HAYSTACK, else %s)\n"
 	       "  --kvd PATH         The kvd binary (default: $KVD_DAEMON, else the build tree's\n"
-	       "                     next to kvd-bench, else kvd from PATH)\n"
+	       "                     next to kvd-quality, else kvd from PATH)\n"
 	       "  --out DIR          Output directory (default: %s)\n"
 	       "  --samples N        Samples per cell, 1..%u (default: %u)\n"
 	       "  --tasks LIST       niah, multikey, multivalue, vt, cwe (default: niah,multikey)\n"
@@ -2101,7 +2100,7 @@ static int run(struct quality *Q, const char *cmdline) {
 	return 0;
 }
 
-int bench_quality(int argc, char **argv) {
+int main(int argc, char **argv) {
 	struct quality Q = { .d.pid = 0 };
 	_cleanup_(freep) char *cmdline = NULL;
 	size_t len = 0;
@@ -2110,12 +2109,12 @@ int bench_quality(int argc, char **argv) {
 	r = parse_argv(argc, argv);
 	if (r != 1)
 		return r;
-	for (int i = 0; i < argc; i++)
+	for (int i = 1; i < argc; i++)
 		len += strlen(argv[i]) + 1;
 	cmdline = malloc(len + 16);
 	if (cmdline) {
-		strcpy(cmdline, "kvd-bench");
-		for (int i = 0; i < argc; i++) {
+		strcpy(cmdline, "kvd-quality");
+		for (int i = 1; i < argc; i++) {
 			strcat(cmdline, " ");
 			strcat(cmdline, argv[i]);
 		}
@@ -2124,7 +2123,7 @@ int bench_quality(int argc, char **argv) {
 	/* A second signal kills as usual. */
 	sigaction(SIGINT, &(struct sigaction){ .sa_handler = on_stop, .sa_flags = SA_RESTART | SA_RESETHAND }, NULL);
 	sigaction(SIGTERM, &(struct sigaction){ .sa_handler = on_stop, .sa_flags = SA_RESTART | SA_RESETHAND }, NULL);
-	r = run(&Q, cmdline ? cmdline : "kvd-bench quality");
+	r = run(&Q, cmdline ? cmdline : "kvd-quality");
 	quality_done(&Q);
 	return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The task generators of tools/kvd-lm/README.md ("Tasks"). Every random draw, and the
+ * The task generators of eval/kvd-lm/README.md ("Tasks"). Every random draw, and the
  * order of the draws, is part of the format: tasks.py makes the same draws in the same
  * order, so any change here is a change there (and to the golden file).
  */

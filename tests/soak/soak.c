@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvd-bench soak: many clients of several tenants do random valid and invalid operations
+ * kvd-soak: many clients of several tenants do random valid and invalid operations
  * against a running daemon for a set time; then the daemon must be back where it started
  * (nothing leaked) and every byte read back must have been the one written (nothing
  * corrupted).
@@ -59,7 +59,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench.h"
 #include "common/digest.h"
 #include "common/layout.h"
 #include "basic/macro.h"
@@ -2376,14 +2375,14 @@ static void report_failures(const struct report *rp, FILE *f) {
 		const struct slot *st = s < n ? &rp->sh->slots[s] : s == n ? &rp->admin->w.st[0] : &rp->mon->st;
 
 		for (uint32_t i = 0; i < MIN(st->n_fails, (uint32_t)FAILS_KEPT); i++)
-			fprintf(f, "kvd-bench soak: %s\n", st->fails[i]);
+			fprintf(f, "kvd-soak: %s\n", st->fails[i]);
 		if (st->n_fails > FAILS_KEPT)
-			fprintf(f, "kvd-bench soak: (%u more from the same process slot)\n", st->n_fails - FAILS_KEPT);
+			fprintf(f, "kvd-soak: (%u more from the same process slot)\n", st->n_fails - FAILS_KEPT);
 		if (st->first_mismatch[0])
-			fprintf(f, "kvd-bench soak: first mismatch: %s\n", st->first_mismatch);
+			fprintf(f, "kvd-soak: first mismatch: %s\n", st->first_mismatch);
 	}
 	for (unsigned i = 0; i < rp->v->n; i++)
-		fprintf(f, "kvd-bench soak: check failed: %s\n", rp->v->lines[i]);
+		fprintf(f, "kvd-soak: check failed: %s\n", rp->v->lines[i]);
 }
 
 static void report_text(const struct report *rp) {
@@ -2523,18 +2522,18 @@ static int run_soak(void) {
 
 	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (sh == MAP_FAILED) {
-		fprintf(stderr, "kvd-bench soak: mmap: %m\n");
+		fprintf(stderr, "kvd-soak: mmap: %m\n");
 		return EXIT_FAILURE;
 	}
 	if (pipe2(go, O_CLOEXEC) < 0) {
-		fprintf(stderr, "kvd-bench soak: pipe: %m\n");
+		fprintf(stderr, "kvd-soak: pipe: %m\n");
 		return EXIT_FAILURE;
 	}
 	/* Before any connection and any thread. */
 	fflush(stdout);
 	sup = fork();
 	if (sup < 0) {
-		fprintf(stderr, "kvd-bench soak: fork: %m\n");
+		fprintf(stderr, "kvd-soak: fork: %m\n");
 		return EXIT_FAILURE;
 	}
 	if (sup == 0) {
@@ -2550,27 +2549,27 @@ static int run_soak(void) {
 
 	r = kvd_client_connect(arg_socket, NULL, &mc);
 	if (r < 0) {
-		fprintf(stderr, "kvd-bench soak: connect to %s: %s\n", arg_socket, strerror(-r));
+		fprintf(stderr, "kvd-soak: connect to %s: %s\n", arg_socket, strerror(-r));
 		goto abort;
 	}
 	r = wait_idle(mc, &start);
 	if (r < 0) {
-		fprintf(stderr, "kvd-bench soak: kvd_status_get: %s\n", strerror(-r));
+		fprintf(stderr, "kvd-soak: kvd_status_get: %s\n", strerror(-r));
 		goto abort;
 	}
 	if (!idle(&start)) {
-		fprintf(stderr, "kvd-bench soak: the daemon at %s is not idle (used %" PRIu64 " bytes, %" PRIu64
+		fprintf(stderr, "kvd-soak: the daemon at %s is not idle (used %" PRIu64 " bytes, %" PRIu64
 			" connections but ours, %" PRIu64 " chunks draining): the soak needs a daemon of its own\n",
 			arg_socket, start.used, start.connections - 1, start.draining);
 		goto abort;
 	}
 	r = read_start(mc, budget_source, sizeof(budget_source), t0);
 	if (r < 0) {
-		fprintf(stderr, "kvd-bench soak: kvd_status_get: %s\n", strerror(-r));
+		fprintf(stderr, "kvd-soak: kvd_status_get: %s\n", strerror(-r));
 		goto abort;
 	}
 	if (!arg_json) {
-		printf("kvd-bench soak: %u tenant%s x %u client%s, %u s, seed %" PRIu64 ", eviction %s, socket %s\n",
+		printf("kvd-soak: %u tenant%s x %u client%s, %u s, seed %" PRIu64 ", eviction %s, socket %s\n",
 		       arg_tenants, arg_tenants == 1 ? "" : "s", arg_clients, arg_clients == 1 ? "" : "s", arg_duration,
 		       arg_seed, arg_evict ? "on" : "off", arg_socket);
 		fflush(stdout);
@@ -2605,13 +2604,13 @@ static int run_soak(void) {
 		admin_slot.lives = 0;
 		r = kvd_client_connect(arg_socket, NULL, &adm.w.c);
 		if (r < 0) {
-			fprintf(stderr, "kvd-bench soak: connect to %s: %s\n", arg_socket, strerror(-r));
+			fprintf(stderr, "kvd-soak: connect to %s: %s\n", arg_socket, strerror(-r));
 			goto abort;
 		}
 	}
 	r = -pthread_create(&mon.thread, NULL, monitor_run, &mon);
 	if (r < 0) {
-		fprintf(stderr, "kvd-bench soak: pthread_create: %s\n", strerror(-r));
+		fprintf(stderr, "kvd-soak: pthread_create: %s\n", strerror(-r));
 		adm.w.c = kvd_client_unref(adm.w.c);
 		goto abort;
 	}
@@ -2622,7 +2621,7 @@ static int run_soak(void) {
 		fail(&admin_slot, "admin: pthread_create failed");
 
 	if (write(go_w, "G", 1) != 1)
-		fprintf(stderr, "kvd-bench soak: cannot start the clients: %m\n");
+		fprintf(stderr, "kvd-soak: cannot start the clients: %m\n");
 	go_w = safe_close(go_w);
 	while (waitpid(sup, &status, 0) < 0)
 		if (errno != EINTR) {
@@ -2726,7 +2725,7 @@ abort:
 /* ---- Options ---- */
 
 static void help(void) {
-	printf("Usage: kvd-bench soak [OPTIONS]\n"
+	printf("Usage: kvd-soak [OPTIONS]\n"
 	       "\n"
 	       "Soak test of a running daemon, which it must have to itself: --tenants x\n"
 	       "--clients client processes (tenants soak-0, soak-1, ...) do weighted random\n"
@@ -2771,15 +2770,15 @@ static void help(void) {
 static _printf_(1, 2) int usage_error(const char *fmt, ...) {
 	va_list ap;
 
-	fputs("kvd-bench soak: ", stderr);
+	fputs("kvd-soak: ", stderr);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
-	fputs("\nTry 'kvd-bench soak --help'.\n", stderr);
+	fputs("\nTry 'kvd-soak --help'.\n", stderr);
 	return 2;
 }
 
-int bench_soak(int argc, char **argv) {
+int main(int argc, char **argv) {
 	enum { OPT_SOCKET = 0x100, OPT_DURATION, OPT_TENANTS, OPT_CLIENTS, OPT_SEED, OPT_EVICT, OPT_JSON,
 	       OPT_VERSION };
 	static const struct option options[] = {
@@ -2837,7 +2836,7 @@ int bench_soak(int argc, char **argv) {
 			help();
 			return EXIT_SUCCESS;
 		case OPT_VERSION:
-			printf("kvd-bench %s (libkvd %s)\n", KVD_VERSION, kvd_version());
+			printf("kvd-soak %s (libkvd %s)\n", KVD_VERSION, kvd_version());
 			return EXIT_SUCCESS;
 		default:
 			return usage_error("bad option");

@@ -20,7 +20,7 @@ set -euo pipefail
 
 usage() {
 	cat <<EOF
-Usage: tools/bench/multi-tenant.sh [OPTIONS]
+Usage: eval/quality/multi-tenant.sh [OPTIONS]
 
 Runs kvd-lm processes of several tenants at once against one kvd whose budget is a
 percentage of what they need, with the budget ranked globally and then split statically,
@@ -32,8 +32,8 @@ Options:
   --samples N      Samples per tenant, 1..1000 (default: 10), from the reporting seeds
   --percent P      Budget, percent of the tenants' full KV together, 1..100 (default: 25)
   --policy P       The tenants' eviction policy (kvd.conf(5); default: kvd)
-  --build DIR      Build tree with daemon/kvd and tools/kvd-lm/kvd-lm (default: build)
-  --model FILE     Weights (default: tools/kvd-lm/models/kvd-lm-small.kvdlm)
+  --build DIR      Build tree with daemon/kvd and eval/kvd-lm/kvd-lm (default: build)
+  --model FILE     Weights (default: eval/kvd-lm/models/kvd-lm-small.kvdlm)
   --out DIR        Output directory (default: a new one under /tmp, printed)
   -h, --help       Show this help
 EOF
@@ -46,7 +46,7 @@ samples=10
 percent=25
 policy=kvd
 build=build
-model=tools/kvd-lm/models/kvd-lm-small.kvdlm
+model=eval/kvd-lm/models/kvd-lm-small.kvdlm
 out=
 
 while [ $# -gt 0 ]; do
@@ -71,7 +71,7 @@ IFS=, read -r -a specs <<<"$tenants"
 	{ echo "multi-tenant.sh: --tenants takes 2..4 TASK:LENGTH items" >&2; exit 2; }
 
 kvd=$build/daemon/kvd
-kvdlm=$build/tools/kvd-lm/kvd-lm
+kvdlm=$build/eval/kvd-lm/kvd-lm
 for f in "$kvd" "$kvdlm" "$model"; do
 	[ -e "$f" ] || { echo "multi-tenant.sh: $f is missing (build first: meson setup build && ninja -C build)" >&2; exit 1; }
 done
@@ -82,10 +82,10 @@ fi
 mkdir -p "$out/prompts"
 
 # The prompts and answers, one file pair per (tenant, sample); the seeds are the reporting
-# range's, tenant j's offset by j * 65536 as kvd-bench quality --multi does.
+# range's, tenant j's offset by j * 65536 as kvd-quality --multi does.
 python3 - "$out/prompts" "$samples" "${specs[@]}" <<'PY' || { echo "multi-tenant.sh: bad --tenants" >&2; exit 2; }
 import os, sys
-sys.path.insert(0, "tools/kvd-lm")
+sys.path.insert(0, "eval/kvd-lm")
 import tasks
 outdir, n, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 hay = tasks.load_haystack()
@@ -173,7 +173,7 @@ run_mode static
 
 python3 - "$out" "$samples" "$percent" "$((budget / 1024))" "$policy" "${specs[@]}" <<'PY'
 import csv, os, sys
-sys.path.insert(0, "tools/kvd-lm")
+sys.path.insert(0, "eval/kvd-lm")
 import tasks
 out, n, percent, budget_kib, policy, specs = (sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4],
                                               sys.argv[5], sys.argv[6:])

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * The kvd-lm tasks (tools/kvd-lm/README.md, "Tasks"): long-context retrieval and
+ * The kvd-lm tasks (eval/kvd-lm/README.md, "Tasks"): long-context retrieval and
  * aggregation prompts generated from a 64-bit seed, byte for byte the same as tasks.py
  * generates them, so that a model trained on the Python side is measured on the C side
  * with the very same prompts (tests/kvd-lm/test-tasks.c checks both against a golden file).

@@ -2,7 +2,7 @@
 #pragma once
 
 /*
- * The kvd-lm transformer (tools/kvd-lm/README.md, "Model"), fp32 on the CPU.
+ * The kvd-lm transformer (eval/kvd-lm/README.md, "Model"), fp32 on the CPU.
  *
  * A session runs one sequence of a model over a KV cache (cache.h): kvdlm_prefill() feeds
  * tokens in chunks, kvdlm_decode() one token; both append at the sequence's next positions
