@@ -284,7 +284,7 @@ int client_call_fd(kvd_client *c, Envelope *env, int send_fd);
 
 /* A ring request's answer. */
 struct ring_done {
-	struct ring_cqe cqe;
+	struct kvd_ring_cqe cqe;
 	char msg[LAST_ERROR_MAX]; /* the refusal's text, "" when the daemon sent none */
 	uint32_t frames;          /* the rings' frames word when it came (ring.h, "Socket") */
 };
@@ -306,7 +306,7 @@ void client_ring_break(struct client_ring *r, int why);
  * in flight: use the socket), or -ECONNRESET, -EPROTO (the connection is lost: the caller
  * fails the client).
  */
-int client_ring_call(kvd_client *c, const struct ring_sqe *req, bool stop_after_submit,
+int client_ring_call(kvd_client *c, const struct kvd_ring_sqe *req, bool stop_after_submit,
                      struct ring_done *ret);
 
 /*

@@ -62,8 +62,8 @@ void __tsan_release(void *addr);
 
 struct client_ring {
 	struct ring_shared *sh;
-	struct ring_geometry geo;     /* checked once; the region's copy is not read again */
-	int efd;                      /* RING_DOORBELL_EVENTFD: writing it wakes the daemon */
+	struct kvd_ring_geometry geo;     /* checked once; the region's copy is not read again */
+	int efd;                      /* KVD_RING_DOORBELL_EVENTFD: writing it wakes the daemon */
 	pthread_mutex_t sq_lock;
 	uint32_t sq_tail;             /* under sq_lock */
 	uint32_t *free_slots;         /* under sq_lock */
@@ -81,8 +81,8 @@ struct ring_slot {
 	uint32_t serial;
 	uint32_t busy;
 	uint32_t done;
-	struct ring_cqe cqe;
-	char msg[RING_MSG_BYTES];
+	struct kvd_ring_cqe cqe;
+	char msg[KVD_RING_MSG_BYTES];
 };
 
 struct client_ring *client_ring_free(struct client_ring *r, bool forked) {
@@ -118,7 +118,7 @@ int client_ring_map(int memfd, int efd, uint64_t bytes, uint32_t doorbell,
 	seals = fcntl(fd, F_GET_SEALS);
 	if (seals < 0 || !(seals & F_SEAL_SHRINK))
 		return -EPROTO;
-	if ((doorbell == RING_DOORBELL_EVENTFD) != (bell >= 0))
+	if ((doorbell == KVD_RING_DOORBELL_EVENTFD) != (bell >= 0))
 		return -EPROTO;
 	r = calloc(1, sizeof(*r));
 	if (!r)
@@ -204,8 +204,8 @@ static void ring_reap(struct client_ring *r) {
 		tail = head;
 	}
 	for (; head != tail; head++) {
-		const struct ring_cqe *e = ring_cqe_at(r->sh, &r->geo, head);
-		struct ring_cqe cqe;
+		const struct kvd_ring_cqe *e = ring_cqe_at(r->sh, &r->geo, head);
+		struct kvd_ring_cqe cqe;
 		struct ring_slot *slot;
 		uint32_t index;
 
@@ -221,9 +221,9 @@ static void ring_reap(struct client_ring *r) {
 		}
 		SLOT_TAKEN_OVER(slot);
 		slot->cqe = cqe;
-		if (cqe.flags & RING_CQE_F_MESSAGE) {
-			memcpy(slot->msg, ring_msg_at(r->sh, &r->geo, head), RING_MSG_BYTES);
-			slot->msg[RING_MSG_BYTES - 1] = '\0';
+		if (cqe.flags & KVD_RING_CQE_F_MESSAGE) {
+			memcpy(slot->msg, ring_msg_at(r->sh, &r->geo, head), KVD_RING_MSG_BYTES);
+			slot->msg[KVD_RING_MSG_BYTES - 1] = '\0';
 		}
 		__atomic_store_n(&slot->done, 1, __ATOMIC_RELEASE);
 		filed++;
@@ -295,11 +295,11 @@ static int ring_wait(kvd_client *c, struct client_ring *r, struct ring_slot *slo
 	}
 }
 
-int client_ring_call(kvd_client *c, const struct ring_sqe *req, bool stop_after_submit,
+int client_ring_call(kvd_client *c, const struct kvd_ring_sqe *req, bool stop_after_submit,
                      struct ring_done *ret) {
 	struct ring_slot *slot;
 	struct client_ring *r;
-	struct ring_sqe *e;
+	struct kvd_ring_sqe *e;
 	uint32_t index;
 	int k;
 
@@ -340,8 +340,8 @@ int client_ring_call(kvd_client *c, const struct ring_sqe *req, bool stop_after_
 		/* Stored before the completion was published, loaded after it was found. */
 		ret->frames = __atomic_load_n(&r->sh->frames.v, __ATOMIC_ACQUIRE);
 		ret->cqe = slot->cqe;
-		if (slot->cqe.flags & RING_CQE_F_MESSAGE)
-			memcpy(ret->msg, slot->msg, RING_MSG_BYTES);
+		if (slot->cqe.flags & KVD_RING_CQE_F_MESSAGE)
+			memcpy(ret->msg, slot->msg, KVD_RING_MSG_BYTES);
 		else
 			ret->msg[0] = '\0';
 		pthread_mutex_lock(&r->sq_lock);

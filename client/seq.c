@@ -481,7 +481,7 @@ static int seq_grow_locked(kvd_seq *s, uint32_t n) {
  */
 static int seq_ring_call(kvd_seq *s, uint8_t op, uint32_t arg, bool stop_after_submit,
 			 bool stop_before_sync) {
-	struct ring_sqe req = { .op = op, .arg = arg, .seq_id = s->id };
+	struct kvd_ring_sqe req = { .op = op, .arg = arg, .seq_id = s->id };
 	struct ring_done done;
 	int r;
 
@@ -510,7 +510,7 @@ int kvd_seq_grow(kvd_seq *s, uint32_t n) {
 	if (seq_stale(s))
 		return -ESTALE;
 	c = s->client;
-	r = seq_ring_call(s, RING_OP_GROW, n, c->stop_at == STOP_GROW_SENT, false);
+	r = seq_ring_call(s, KVD_RING_OP_GROW, n, c->stop_at == STOP_GROW_SENT, false);
 	if (r != -EAGAIN) {
 		if (r >= 0 && c->stop_at == STOP_GROW_MAPPED)
 			raise(SIGSTOP);
@@ -575,7 +575,7 @@ int kvd_seq_release(kvd_seq *s) {
 		seq_free(s);
 		return 0;
 	}
-	r = seq_ring_call(s, RING_OP_RELEASE, 0, false, c->stop_at == STOP_RELEASE_REPLIED);
+	r = seq_ring_call(s, KVD_RING_OP_RELEASE, 0, false, c->stop_at == STOP_RELEASE_REPLIED);
 	if (r != -EAGAIN) {
 		seq_free(s);
 		return r;
@@ -611,7 +611,7 @@ int kvd_seq_pin(kvd_seq *s) {
 		return -ECHILD;
 	if (seq_stale(s))
 		return -ESTALE;
-	r = seq_ring_call(s, RING_OP_PIN, 0, false, false);
+	r = seq_ring_call(s, KVD_RING_OP_PIN, 0, false, false);
 	if (r != -EAGAIN)
 		return r;
 	req.has_seq_id = true;
@@ -627,7 +627,7 @@ static int seq_unpin(kvd_seq *s, uint32_t event_id) {
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	int r;
 
-	r = seq_ring_call(s, RING_OP_UNPIN, event_id, false, false);
+	r = seq_ring_call(s, KVD_RING_OP_UNPIN, event_id, false, false);
 	if (r != -EAGAIN)
 		return r;
 	req.has_seq_id = true;

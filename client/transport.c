@@ -651,7 +651,7 @@ int client_ring_finish(kvd_client *c, const struct ring_done *d, bool stop_befor
 		c->grant_error = 0;
 	}
 	if (d->cqe.res < 0)
-		client_set_error(c, (d->cqe.flags & RING_CQE_F_MESSAGE) ? d->msg : "");
+		client_set_error(c, (d->cqe.flags & KVD_RING_CQE_F_MESSAGE) ? d->msg : "");
 	client_unlock(c);
 	return r;
 }

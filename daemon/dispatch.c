@@ -53,7 +53,7 @@ static void reply_live(struct conn *c, uint64_t id, int r, const char *why) {
  * ring (ring.h), and the same code serves both: a step returns 0 or a negative errno with the
  * refusal's text in `why`, and the caller packages the answer as the request came.
  */
-#define WHY_MAX RING_MSG_BYTES
+#define WHY_MAX KVD_RING_MSG_BYTES
 
 _printf_(3, 4) static int refuse(char why[static WHY_MAX], int code, const char *fmt, ...) {
 	va_list ap;
@@ -1314,7 +1314,7 @@ void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
 	                        now_ns() - start);
 }
 
-void dispatch_ring(struct conn *c, const struct ring_sqe *sqe) {
+void dispatch_ring(struct conn *c, const struct kvd_ring_sqe *sqe) {
 	struct server *s = c->srv;
 	uint64_t start = now_ns(), wait = s->limits.grant_wait_ms;
 	enum metrics_request type = METRICS_REQUEST_OTHER;
@@ -1325,25 +1325,25 @@ void dispatch_ring(struct conn *c, const struct ring_sqe *sqe) {
 
 	/* Reserved fields are 0 today, so that a later version can tell what a client means. */
 	if (sqe->flags != 0 || sqe->reserved != 0 || sqe->reserved2 != 0 ||
-	    (sqe->op != RING_OP_GROW && sqe->op != RING_OP_UNPIN && sqe->arg != 0)) {
+	    (sqe->op != KVD_RING_OP_GROW && sqe->op != KVD_RING_OP_UNPIN && sqe->arg != 0)) {
 		r = refuse(why, -EINVAL, "reserved fields of a ring submission must be 0");
 		reply_step(c, true, sqe->user_data, r, why);
 		goto done;
 	}
 	switch (sqe->op) {
-	case RING_OP_GROW:
+	case KVD_RING_OP_GROW:
 		type = METRICS_REQUEST_SEQ_GROW;
 		dispatch_grow(c, sqe->user_data, true, sqe->seq_id, sqe->arg, wait ? now_ms() + wait : 0);
 		break;
-	case RING_OP_PIN:
+	case KVD_RING_OP_PIN:
 		type = METRICS_REQUEST_SEQ_PIN;
 		reply_step(c, true, sqe->user_data, step_pin(c, sqe->seq_id, why), why);
 		break;
-	case RING_OP_UNPIN:
+	case KVD_RING_OP_UNPIN:
 		type = METRICS_REQUEST_SEQ_UNPIN;
 		reply_step(c, true, sqe->user_data, step_unpin(c, sqe->seq_id, sqe->arg, why), why);
 		break;
-	case RING_OP_RELEASE:
+	case KVD_RING_OP_RELEASE:
 		type = METRICS_REQUEST_SEQ_RELEASE;
 		r = step_release(c, sqe->seq_id, &ids, &n, why);
 		/* Ahead of the completion, like a grow's chunks (ring.h, "Socket"). */

@@ -58,7 +58,7 @@ int ring_new(struct conn *c, uint32_t entries, uint32_t doorbell, struct ring **
 		goto fail;
 	r->sh = sh;
 	r->sh->geo = r->geo;
-	if (doorbell == RING_DOORBELL_EVENTFD) {
+	if (doorbell == KVD_RING_DOORBELL_EVENTFD) {
 		r->efd = eventfd(0, EFD_CLOEXEC);
 		if (r->efd < 0) {
 			k = negative_errno();
@@ -144,8 +144,8 @@ static int ring_room(struct ring *r) {
 
 /* Copies submission i out of shared memory, field by field, so that what is checked is
  * what is used even if the client rewrites it meanwhile. */
-static void ring_take(struct ring *r, uint32_t i, struct ring_sqe *ret) {
-	const struct ring_sqe *e = ring_sqe_at(r->sh, &r->geo, i);
+static void ring_take(struct ring *r, uint32_t i, struct kvd_ring_sqe *ret) {
+	const struct kvd_ring_sqe *e = ring_sqe_at(r->sh, &r->geo, i);
 
 	ret->op = __atomic_load_n(&e->op, __ATOMIC_RELAXED);
 	ret->flags = __atomic_load_n(&e->flags, __ATOMIC_RELAXED);
@@ -169,7 +169,7 @@ int ring_poll(struct ring *r) {
 		return -EPROTO;
 	r->polling = true;
 	for (; taken < n && !c->closing && !c->close_when_sent; taken++) {
-		struct ring_sqe sqe;
+		struct kvd_ring_sqe sqe;
 
 		k = ring_room(r);
 		if (k <= 0)
@@ -196,7 +196,7 @@ int ring_poll(struct ring *r) {
 void ring_complete(struct ring *r, uint64_t user_data, int res, uint64_t generation,
                    uint32_t tokens, const char *msg) {
 	uint32_t flags = 0;
-	struct ring_cqe *e;
+	struct kvd_ring_cqe *e;
 
 	if (r->conn->closing)
 		return;
@@ -208,14 +208,14 @@ void ring_complete(struct ring *r, uint64_t user_data, int res, uint64_t generat
 	}
 	if (msg) {
 		char *m = ring_msg_at(r->sh, &r->geo, r->cq_tail);
-		size_t len = strnlen(msg, RING_MSG_BYTES - 1);
+		size_t len = strnlen(msg, KVD_RING_MSG_BYTES - 1);
 
 		memcpy(m, msg, len);
 		m[len] = '\0';
-		flags |= RING_CQE_F_MESSAGE;
+		flags |= KVD_RING_CQE_F_MESSAGE;
 	}
 	e = ring_cqe_at(r->sh, &r->geo, r->cq_tail);
-	*e = (struct ring_cqe){
+	*e = (struct kvd_ring_cqe){
 		.user_data = user_data,
 		.res = res,
 		.flags = flags,

@@ -47,9 +47,9 @@ const char *ring_doorbell_to_string(int v);
 struct ring {
 	struct conn *conn;
 	struct ring_shared *sh;       /* the daemon's mapping */
-	struct ring_geometry geo;     /* what the daemon wrote; never read back */
+	struct kvd_ring_geometry geo;     /* what the daemon wrote; never read back */
 	int memfd;                    /* kept until the hello reply took a copy */
-	int efd;                      /* RING_DOORBELL_EVENTFD: the doorbell, read by the loop */
+	int efd;                      /* KVD_RING_DOORBELL_EVENTFD: the doorbell, read by the loop */
 	uint32_t sq_head;             /* the next submission to take */
 	uint32_t cq_tail;             /* the next completion slot to fill */
 	uint32_t cq_head;             /* the client's cq_head, as last read */
@@ -64,7 +64,7 @@ struct ring {
 
 /*
  * Creates the rings of connection c: `entries` of each (a power of two), with the given
- * doorbell (RING_DOORBELL_FUTEX or _EVENTFD). With the eventfd doorbell, its read is armed
+ * doorbell (KVD_RING_DOORBELL_FUTEX or _EVENTFD). With the eventfd doorbell, its read is armed
  * at once. Returns 0, or -EINVAL, -ENOMEM, -errno.
  */
 int ring_new(struct conn *c, uint32_t entries, uint32_t doorbell, struct ring **ret);
@@ -102,4 +102,4 @@ bool ring_sleep_prepare(struct ring *r);
 void ring_sleep_done(struct ring *r);
 
 /* Defined in dispatch.c: handles one submission, copied and ready to check. */
-void dispatch_ring(struct conn *c, const struct ring_sqe *sqe);
+void dispatch_ring(struct conn *c, const struct kvd_ring_sqe *sqe);

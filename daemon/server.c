@@ -587,13 +587,13 @@ static int server_setup_rings(struct server *s) {
 		if (!futex)
 			return log_error_errno(-EOPNOTSUPP, "--ring-doorbell=futex: this kernel has no "
 			                       "IORING_OP_FUTEX_WAIT (Linux 6.7)");
-		s->ring_doorbell = RING_DOORBELL_FUTEX;
+		s->ring_doorbell = KVD_RING_DOORBELL_FUTEX;
 		break;
 	case RING_BELL_EVENTFD:
-		s->ring_doorbell = RING_DOORBELL_EVENTFD;
+		s->ring_doorbell = KVD_RING_DOORBELL_EVENTFD;
 		break;
 	default:
-		s->ring_doorbell = futex ? RING_DOORBELL_FUTEX : RING_DOORBELL_EVENTFD;
+		s->ring_doorbell = futex ? KVD_RING_DOORBELL_FUTEX : KVD_RING_DOORBELL_EVENTFD;
 	}
 	s->poller = (struct loop_poller){
 		.spin_ns = (uint64_t)s->limits.poll_us * 1000,
@@ -939,7 +939,7 @@ int server_run(struct server *s) {
 	if (s->limits.ring_entries > 0)
 		log_info("rings of %u entries, %s doorbell, polling %u us before sleeping",
 		         s->limits.ring_entries,
-		         s->ring_doorbell == RING_DOORBELL_FUTEX ? "futex" : "eventfd", s->limits.poll_us);
+		         s->ring_doorbell == KVD_RING_DOORBELL_FUTEX ? "futex" : "eventfd", s->limits.poll_us);
 	else
 		log_info("no rings (--ring-entries=0), polling %u us before sleeping", s->limits.poll_us);
 	r = loop_run(s->loop);

@@ -203,7 +203,7 @@ static const struct setting node_table[] = {
 	  NODE(poll_us), 0, 1000000 },
 	{ "ring-entries", SETTING_U32, 0, "N", "64", NULL,
 	  "entries of each connection's submission and completion rings, a power of two from 2 "
-	  "to 4096; 0: no rings, clients use the socket", NODE(ring_entries), 0, RING_ENTRIES_MAX },
+	  "to 4096; 0: no rings, clients use the socket", NODE(ring_entries), 0, KVD_RING_ENTRIES_MAX },
 	{ "ring-doorbell", SETTING_ENUM, 0, "KIND", "auto", NULL,
 	  "how a client wakes the daemon asleep on its rings: futex (needs IORING_OP_FUTEX_WAIT, "
 	  "Linux 6.7), eventfd, or auto, futex when the kernel has it", NODE(ring_doorbell),
@@ -821,7 +821,7 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 		            "must be at most high-watermark (%u)", s->high_watermark);
 	if (s->ring_entries != 0 && !ring_entries_valid(s->ring_entries))
 		check_error(s, e, settings_index("ring-entries"), -1, "must be 0 or a power of two from %u "
-		            "to %u", RING_ENTRIES_MIN, RING_ENTRIES_MAX);
+		            "to %u", KVD_RING_ENTRIES_MIN, KVD_RING_ENTRIES_MAX);
 	if (s->pool_percent != 0 && s->backend == SETTINGS_BACKEND_HOST)
 		check_error(s, e, settings_index("pool-percent"), settings_index("backend"),
 		            "needs the cuda or auto backend");

@@ -9,13 +9,13 @@
  * Region. Per connection, the daemon creates a memfd, seals it against resizing, maps it,
  * and sends it with the HelloReply (kvd.proto, feature bit KVD_FEATURE_RING). In the style of
  * io_uring it holds:
- *   - struct ring_geometry, written once by the daemon: magic, version, entries, offsets;
- *   - seven 32-bit words, each alone on RING_LINE bytes so that the two sides never write
+ *   - struct kvd_ring_geometry, written once by the daemon: magic, version, entries, offsets;
+ *   - seven 32-bit words, each alone on KVD_RING_LINE bytes so that the two sides never write
  *     the same cache line: sq_tail (written by the client), sq_head (daemon), sq_wake,
  *     cq_tail (daemon), cq_head (client), cq_wake, and frames (daemon; see "Socket");
- *   - the submission queue, `entries` struct ring_sqe, written by the client;
- *   - the completion queue, `entries` struct ring_cqe, written by the daemon;
- *   - `entries` refusal messages of RING_MSG_BYTES, one per completion slot.
+ *   - the submission queue, `entries` struct kvd_ring_sqe, written by the client;
+ *   - the completion queue, `entries` struct kvd_ring_cqe, written by the daemon;
+ *   - `entries` refusal messages of KVD_RING_MSG_BYTES, one per completion slot.
  * Indices are free-running u32 counters; entry i lives at i & (entries - 1), entries being a
  * power of two. Only ids, counts and offsets are stored, never a pointer.
  *
@@ -66,109 +66,61 @@
 #include <linux/futex.h>
 #include <sched.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-#define RING_MAGIC 0x474e524bu /* "KRNG" */
-#define RING_VERSION 1
-#define RING_ENTRIES_MIN 2u
-#define RING_ENTRIES_MAX 4096u
-/* Two cache lines: adjacent-line prefetchers fetch lines in pairs. */
-#define RING_LINE 128
-/* A refusal's text, NUL-terminated (the daemon's socket messages fit). */
-#define RING_MSG_BYTES 128
-
-/* Operations (struct ring_sqe.op): the per-step requests of kvd.proto. */
-enum ring_op {
-	RING_OP_GROW = 1,    /* SeqGrow: arg is the number of tokens */
-	RING_OP_PIN = 2,     /* SeqPin */
-	RING_OP_UNPIN = 3,   /* SeqUnpin */
-	RING_OP_RELEASE = 4, /* SeqRelease */
-	_RING_OP_MAX,
-};
-
-/* Completion flags: the refusal's text is in the completion slot's message. */
-#define RING_CQE_F_MESSAGE (1u << 0)
-
-/* struct ring_geometry.doorbell: the values of kvd.proto's RingDoorbell. */
-#define RING_DOORBELL_FUTEX 1
-#define RING_DOORBELL_EVENTFD 2
-
-struct ring_sqe {
-	uint8_t op;          /* enum ring_op */
-	uint8_t flags;       /* 0 */
-	uint16_t reserved;   /* 0 */
-	uint32_t arg;
-	uint64_t seq_id;
-	uint64_t user_data;  /* echoed in the completion */
-	uint64_t reserved2;  /* 0 */
-};
-
-struct ring_cqe {
-	uint64_t user_data;
-	int32_t res;         /* 0 or a negative errno */
-	uint32_t flags;      /* RING_CQE_F_* */
-	uint64_t generation; /* grow: the descriptor's generation after it */
-	uint32_t tokens;     /* grow: resident tokens of the first table after it */
-	uint32_t reserved;
-};
-
-_Static_assert(sizeof(struct ring_sqe) == 32, "ring_sqe is part of the protocol");
-_Static_assert(sizeof(struct ring_cqe) == 32, "ring_cqe is part of the protocol");
-
-struct ring_geometry {
-	uint32_t magic;      /* RING_MAGIC */
-	uint32_t version;    /* RING_VERSION */
-	uint32_t entries;    /* of each queue, and messages */
-	uint32_t doorbell;   /* RING_DOORBELL_* */
-	uint64_t total_bytes;
-	uint64_t sq_offset, cq_offset, msg_offset; /* from the start of the region */
-};
+#include "kvd/kvd-abi.h"
 
 struct ring_word {
-	_Alignas(RING_LINE) uint32_t v;
+	_Alignas(KVD_RING_LINE) uint32_t v;
 };
 
+/* The region's head as it is laid out: the geometry, then each word alone on its lines
+ * (kvd-abi.h gives the offsets). */
 struct ring_shared {
-	struct ring_geometry geo;
+	struct kvd_ring_geometry geo;
 	struct ring_word sq_tail, sq_head, sq_wake;
 	struct ring_word cq_tail, cq_head, cq_wake;
 	struct ring_word frames;
 };
 
+_Static_assert(offsetof(struct ring_shared, sq_tail) == KVD_RING_LINE, "kvd-abi.h: word 0");
+_Static_assert(offsetof(struct ring_shared, frames) == 7 * KVD_RING_LINE, "kvd-abi.h: word 6");
+
 static inline bool ring_entries_valid(uint32_t n) {
-	return n >= RING_ENTRIES_MIN && n <= RING_ENTRIES_MAX && (n & (n - 1)) == 0;
+	return n >= KVD_RING_ENTRIES_MIN && n <= KVD_RING_ENTRIES_MAX && (n & (n - 1)) == 0;
 }
 
 /* The geometry of a region of `entries` entries. Returns 0, or -EINVAL for a bad count or
  * doorbell. */
-static inline int ring_layout(uint32_t entries, uint32_t doorbell, struct ring_geometry *ret) {
-	uint64_t off = (sizeof(struct ring_shared) + RING_LINE - 1) / RING_LINE * RING_LINE;
+static inline int ring_layout(uint32_t entries, uint32_t doorbell, struct kvd_ring_geometry *ret) {
+	uint64_t off = (sizeof(struct ring_shared) + KVD_RING_LINE - 1) / KVD_RING_LINE * KVD_RING_LINE;
 
 	if (!ring_entries_valid(entries) ||
-	    (doorbell != RING_DOORBELL_FUTEX && doorbell != RING_DOORBELL_EVENTFD))
+	    (doorbell != KVD_RING_DOORBELL_FUTEX && doorbell != KVD_RING_DOORBELL_EVENTFD))
 		return -EINVAL;
-	*ret = (struct ring_geometry){
-		.magic = RING_MAGIC,
-		.version = RING_VERSION,
+	*ret = (struct kvd_ring_geometry){
+		.magic = KVD_RING_MAGIC,
+		.version = KVD_RING_VERSION,
 		.entries = entries,
 		.doorbell = doorbell,
 		.sq_offset = off,
-		.cq_offset = off + (uint64_t)entries * sizeof(struct ring_sqe),
-		.msg_offset = off + (uint64_t)entries * (sizeof(struct ring_sqe) + sizeof(struct ring_cqe)),
+		.cq_offset = off + (uint64_t)entries * sizeof(struct kvd_ring_sqe),
+		.msg_offset = off + (uint64_t)entries * (sizeof(struct kvd_ring_sqe) + sizeof(struct kvd_ring_cqe)),
 	};
-	ret->total_bytes = (ret->msg_offset + (uint64_t)entries * RING_MSG_BYTES + 4095) / 4096 * 4096;
+	ret->total_bytes = (ret->msg_offset + (uint64_t)entries * KVD_RING_MSG_BYTES + 4095) / 4096 * 4096;
 	return 0;
 }
 
 /* Checks a copy of the geometry found in a region of `size` bytes: it must be exactly what
  * ring_layout() makes for its entries and doorbell. Returns 0 or -EPROTO. */
-static inline int ring_geometry_check(const struct ring_geometry *g, uint64_t size) {
-	struct ring_geometry want;
+static inline int ring_geometry_check(const struct kvd_ring_geometry *g, uint64_t size) {
+	struct kvd_ring_geometry want;
 
-	if (g->magic != RING_MAGIC || g->version != RING_VERSION ||
+	if (g->magic != KVD_RING_MAGIC || g->version != KVD_RING_VERSION ||
 	    ring_layout(g->entries, g->doorbell, &want) < 0)
 		return -EPROTO;
 	if (g->total_bytes != size || want.total_bytes != size || g->sq_offset != want.sq_offset ||
@@ -178,18 +130,18 @@ static inline int ring_geometry_check(const struct ring_geometry *g, uint64_t si
 }
 
 /* Entry i of each array; g is the caller's own (checked) copy of the geometry. */
-static inline struct ring_sqe *ring_sqe_at(struct ring_shared *sh, const struct ring_geometry *g,
+static inline struct kvd_ring_sqe *ring_sqe_at(struct ring_shared *sh, const struct kvd_ring_geometry *g,
                                            uint32_t i) {
-	return (struct ring_sqe *)((char *)sh + g->sq_offset) + (i & (g->entries - 1));
+	return (struct kvd_ring_sqe *)((char *)sh + g->sq_offset) + (i & (g->entries - 1));
 }
 
-static inline struct ring_cqe *ring_cqe_at(struct ring_shared *sh, const struct ring_geometry *g,
+static inline struct kvd_ring_cqe *ring_cqe_at(struct ring_shared *sh, const struct kvd_ring_geometry *g,
                                            uint32_t i) {
-	return (struct ring_cqe *)((char *)sh + g->cq_offset) + (i & (g->entries - 1));
+	return (struct kvd_ring_cqe *)((char *)sh + g->cq_offset) + (i & (g->entries - 1));
 }
 
-static inline char *ring_msg_at(struct ring_shared *sh, const struct ring_geometry *g, uint32_t i) {
-	return (char *)sh + g->msg_offset + (uint64_t)(i & (g->entries - 1)) * RING_MSG_BYTES;
+static inline char *ring_msg_at(struct ring_shared *sh, const struct kvd_ring_geometry *g, uint32_t i) {
+	return (char *)sh + g->msg_offset + (uint64_t)(i & (g->entries - 1)) * KVD_RING_MSG_BYTES;
 }
 
 static inline uint32_t ring_load_acquire(const struct ring_word *w) {

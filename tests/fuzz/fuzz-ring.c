@@ -75,7 +75,7 @@ static struct {
 	uint64_t conn_id;
 	int peer;
 	struct ring_shared *sh;
-	struct ring_geometry geo;
+	struct kvd_ring_geometry geo;
 	uint32_t sq_tail, cq_head;
 	uint64_t sent, answered;      /* serials of the harness's submissions */
 	bool forged;                  /* indices or entries were overwritten: answers unknown */
@@ -330,15 +330,15 @@ static void read_completions(uint32_t n) {
 	uint32_t tail = ring_load_acquire(&h.sh->cq_tail);
 
 	for (uint32_t i = 0; i < n && h.cq_head != tail; i++, h.cq_head++) {
-		const struct ring_cqe *e = ring_cqe_at(h.sh, &h.geo, h.cq_head);
+		const struct kvd_ring_cqe *e = ring_cqe_at(h.sh, &h.geo, h.cq_head);
 
 		/* Once the client wrote over its rings, what it reads there may be its own. */
 		if (h.forged)
 			continue;
 		FUZZ_CHECK(e->res <= 0, "completion with result %d", e->res);
-		FUZZ_CHECK(!(e->flags & ~RING_CQE_F_MESSAGE));
-		if (e->flags & RING_CQE_F_MESSAGE)
-			FUZZ_CHECK(memchr(ring_msg_at(h.sh, &h.geo, h.cq_head), 0, RING_MSG_BYTES),
+		FUZZ_CHECK(!(e->flags & ~KVD_RING_CQE_F_MESSAGE));
+		if (e->flags & KVD_RING_CQE_F_MESSAGE)
+			FUZZ_CHECK(memchr(ring_msg_at(h.sh, &h.geo, h.cq_head), 0, KVD_RING_MSG_BYTES),
 			           "message without its NUL");
 		/* Each of our own submissions is answered once, and nothing we did not send. */
 		if ((e->user_data & ~UINT64_C(0xffffffffffff)) == TAG) {
@@ -350,7 +350,7 @@ static void read_completions(uint32_t n) {
 	ring_store_release(&h.sh->cq_head, h.cq_head);
 }
 
-static void submit(const struct ring_sqe *e) {
+static void submit(const struct kvd_ring_sqe *e) {
 	*ring_sqe_at(h.sh, &h.geo, h.sq_tail++) = *e;
 }
 
@@ -397,7 +397,7 @@ static void setup(uint8_t config) {
 	s->conns_by_fds = UINT32_MAX;
 	s->seqs_node_derived = 24;
 	s->metadata_derived = UINT64_C(8) << 20;
-	s->ring_doorbell = config & 4 ? RING_DOORBELL_EVENTFD : RING_DOORBELL_FUTEX;
+	s->ring_doorbell = config & 4 ? KVD_RING_DOORBELL_EVENTFD : KVD_RING_DOORBELL_FUTEX;
 	FUZZ_CHECK(tenant_table_init(&s->tenants, limits.max_tenants) == 0);
 	s->scratch = calloc(h.pool->n_chunks, sizeof(*s->scratch));
 	FUZZ_CHECK(s->scratch);
@@ -465,7 +465,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 		}
 		switch (op & 15) {
 		case 0: {
-			struct ring_sqe e;
+			struct kvd_ring_sqe e;
 
 			if (size - pos < sizeof(e))
 				break;
@@ -476,7 +476,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 			break;
 		}
 		case 1: {
-			struct ring_sqe e = {};
+			struct kvd_ring_sqe e = {};
 
 			if (size - pos < 3)
 				break;
@@ -487,7 +487,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 			}
 			e.op = data[pos] % 6;
 			e.seq_id = data[pos + 1] % 4 < SEQS ? h.seq_ids[data[pos + 1] % 4] : 77;
-			e.arg = e.op == RING_OP_GROW ? data[pos + 2] : 0;
+			e.arg = e.op == KVD_RING_OP_GROW ? data[pos + 2] : 0;
 			e.user_data = TAG | h.sent++;
 			submit(&e);
 			pos += 3;

@@ -399,7 +399,7 @@ struct raw_ring {
 	int fd;
 	struct wire_rx *rx;
 	struct ring_shared *sh;
-	struct ring_geometry geo;
+	struct kvd_ring_geometry geo;
 	uint32_t sq_tail, cq_head;
 };
 
@@ -498,7 +498,7 @@ TEST(garbage_submissions_get_errors) {
 		uint32_t n = 1 + round % rr.geo.entries;
 
 		for (uint32_t i = 0; i < n; i++) {
-			struct ring_sqe *e = ring_sqe_at(rr.sh, &rr.geo, rr.sq_tail++);
+			struct kvd_ring_sqe *e = ring_sqe_at(rr.sh, &rr.geo, rr.sq_tail++);
 			uint64_t w[4];
 
 			for (int k = 0; k < 4; k++) {
@@ -511,7 +511,7 @@ TEST(garbage_submissions_get_errors) {
 				e->op = 1 + (uint8_t)(w[0] % 5);
 				e->flags = e->reserved = 0;
 				e->reserved2 = 0;
-				if (e->op != RING_OP_GROW)
+				if (e->op != KVD_RING_OP_GROW)
 					e->arg = 0;
 			}
 			e->user_data = ((uint64_t)round << 32) | i;
@@ -519,11 +519,11 @@ TEST(garbage_submissions_get_errors) {
 		raw_ring_publish(&rr);
 		ASSERT_EQ(raw_ring_wait(&rr, n, 5000), n);
 		for (uint32_t i = 0; i < n; i++) {
-			const struct ring_cqe *e = ring_cqe_at(rr.sh, &rr.geo, rr.cq_head++);
+			const struct kvd_ring_cqe *e = ring_cqe_at(rr.sh, &rr.geo, rr.cq_head++);
 
 			/* No sequence of this connection exists: every answer is an error. */
 			ASSERT_LT(e->res, 0);
-			ASSERT_TRUE(e->flags & RING_CQE_F_MESSAGE);
+			ASSERT_TRUE(e->flags & KVD_RING_CQE_F_MESSAGE);
 			ASSERT_EQ(e->user_data >> 32, (uint64_t)round);
 		}
 		ring_store_release(&rr.sh->cq_head, rr.cq_head);
@@ -551,9 +551,9 @@ TEST(full_completion_ring_stalls_only_its_client) {
 	entries = rr.geo.entries;
 	/* A full ring's worth, never read; then as many more. */
 	for (uint32_t i = 0; i < 2 * entries; i++) {
-		struct ring_sqe *e = ring_sqe_at(rr.sh, &rr.geo, rr.sq_tail++);
+		struct kvd_ring_sqe *e = ring_sqe_at(rr.sh, &rr.geo, rr.sq_tail++);
 
-		*e = (struct ring_sqe){ .op = RING_OP_PIN, .seq_id = 999, .user_data = i };
+		*e = (struct kvd_ring_sqe){ .op = KVD_RING_OP_PIN, .seq_id = 999, .user_data = i };
 		if (i == entries - 1 || i == 2 * entries - 1)
 			raw_ring_publish(&rr);
 		if (i == entries - 1)

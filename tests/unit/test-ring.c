@@ -25,44 +25,44 @@ TEST(entries) {
 	ASSERT_FALSE(ring_entries_valid(1));
 	ASSERT_FALSE(ring_entries_valid(3));
 	ASSERT_FALSE(ring_entries_valid(96));
-	ASSERT_FALSE(ring_entries_valid(RING_ENTRIES_MAX * 2));
-	for (uint32_t n = RING_ENTRIES_MIN; n <= RING_ENTRIES_MAX; n *= 2)
+	ASSERT_FALSE(ring_entries_valid(KVD_RING_ENTRIES_MAX * 2));
+	for (uint32_t n = KVD_RING_ENTRIES_MIN; n <= KVD_RING_ENTRIES_MAX; n *= 2)
 		ASSERT_TRUE(ring_entries_valid(n));
 }
 
 TEST(layout) {
-	for (uint32_t n = RING_ENTRIES_MIN; n <= RING_ENTRIES_MAX; n *= 2) {
-		struct ring_geometry g;
+	for (uint32_t n = KVD_RING_ENTRIES_MIN; n <= KVD_RING_ENTRIES_MAX; n *= 2) {
+		struct kvd_ring_geometry g;
 
-		ASSERT_OK(ring_layout(n, RING_DOORBELL_FUTEX, &g));
+		ASSERT_OK(ring_layout(n, KVD_RING_DOORBELL_FUTEX, &g));
 		ASSERT_EQ(g.entries, n);
 		/* Nothing the two sides write shares a line with anything else. */
-		ASSERT_EQ(sizeof(struct ring_word), (size_t)RING_LINE);
-		ASSERT_EQ(offsetof(struct ring_shared, sq_tail) % RING_LINE, 0u);
+		ASSERT_EQ(sizeof(struct ring_word), (size_t)KVD_RING_LINE);
+		ASSERT_EQ(offsetof(struct ring_shared, sq_tail) % KVD_RING_LINE, 0u);
 		ASSERT_GE(g.sq_offset, sizeof(struct ring_shared));
-		ASSERT_EQ(g.sq_offset % RING_LINE, 0u);
-		ASSERT_EQ(g.cq_offset, g.sq_offset + (uint64_t)n * sizeof(struct ring_sqe));
-		ASSERT_EQ(g.msg_offset, g.cq_offset + (uint64_t)n * sizeof(struct ring_cqe));
-		ASSERT_GE(g.total_bytes, g.msg_offset + (uint64_t)n * RING_MSG_BYTES);
+		ASSERT_EQ(g.sq_offset % KVD_RING_LINE, 0u);
+		ASSERT_EQ(g.cq_offset, g.sq_offset + (uint64_t)n * sizeof(struct kvd_ring_sqe));
+		ASSERT_EQ(g.msg_offset, g.cq_offset + (uint64_t)n * sizeof(struct kvd_ring_cqe));
+		ASSERT_GE(g.total_bytes, g.msg_offset + (uint64_t)n * KVD_RING_MSG_BYTES);
 		ASSERT_EQ(g.total_bytes % 4096, 0u);
 		ASSERT_OK(ring_geometry_check(&g, g.total_bytes));
 	}
 	{
-		struct ring_geometry g;
+		struct kvd_ring_geometry g;
 
-		ASSERT_ERRNO(ring_layout(3, RING_DOORBELL_FUTEX, &g), -EINVAL);
+		ASSERT_ERRNO(ring_layout(3, KVD_RING_DOORBELL_FUTEX, &g), -EINVAL);
 		ASSERT_ERRNO(ring_layout(8, 0, &g), -EINVAL);
 		ASSERT_ERRNO(ring_layout(8, 3, &g), -EINVAL);
-		ASSERT_OK(ring_layout(8, RING_DOORBELL_EVENTFD, &g));
+		ASSERT_OK(ring_layout(8, KVD_RING_DOORBELL_EVENTFD, &g));
 		ASSERT_OK(ring_geometry_check(&g, g.total_bytes));
 	}
 }
 
 /* Every field of a geometry a client reads is checked against the formula and the size. */
 TEST(geometry_check) {
-	struct ring_geometry good, g;
+	struct kvd_ring_geometry good, g;
 
-	ASSERT_OK(ring_layout(64, RING_DOORBELL_FUTEX, &good));
+	ASSERT_OK(ring_layout(64, KVD_RING_DOORBELL_FUTEX, &good));
 	ASSERT_ERRNO(ring_geometry_check(&good, good.total_bytes + 4096), -EPROTO);
 	ASSERT_ERRNO(ring_geometry_check(&good, good.total_bytes - 1), -EPROTO);
 #define BAD(field, value)                                                                     \
@@ -71,8 +71,8 @@ TEST(geometry_check) {
 		g.field = (value);                                                            \
 		ASSERT_ERRNO(ring_geometry_check(&g, good.total_bytes), -EPROTO);             \
 	} while (0)
-	BAD(magic, RING_MAGIC + 1);
-	BAD(version, RING_VERSION + 1);
+	BAD(magic, KVD_RING_MAGIC + 1);
+	BAD(version, KVD_RING_VERSION + 1);
 	BAD(entries, 128);
 	BAD(entries, 63);
 	BAD(entries, 0);
@@ -88,11 +88,11 @@ TEST(geometry_check) {
 
 struct pair {
 	struct ring_shared *sh;
-	struct ring_geometry g;
+	struct kvd_ring_geometry g;
 };
 
 static void pair_new(struct pair *p, uint32_t entries) {
-	ASSERT_OK(ring_layout(entries, RING_DOORBELL_FUTEX, &p->g));
+	ASSERT_OK(ring_layout(entries, KVD_RING_DOORBELL_FUTEX, &p->g));
 	p->sh = mmap(NULL, p->g.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	ASSERT_TRUE(p->sh != MAP_FAILED);
 	p->sh->geo = p->g;
@@ -136,12 +136,12 @@ static void serve(struct pair *p, uint32_t n, uint64_t spin_ns) {
 		if (end - head > p->g.entries)
 			_exit(3);
 		for (; head != end; head++) {
-			struct ring_sqe e = *ring_sqe_at(p->sh, &p->g, head);
+			struct kvd_ring_sqe e = *ring_sqe_at(p->sh, &p->g, head);
 
 			if (e.arg != head || e.user_data != ~(uint64_t)head)
 				_exit(4);
 			/* The completion ring has room: the client never has more in flight. */
-			*ring_cqe_at(p->sh, &p->g, tail++) = (struct ring_cqe){
+			*ring_cqe_at(p->sh, &p->g, tail++) = (struct kvd_ring_cqe){
 				.user_data = e.user_data,
 				.tokens = e.arg + 1,
 			};
@@ -177,8 +177,8 @@ static void exchange(uint32_t entries, uint32_t n, uint32_t window, uint64_t cli
 		/* Submit while the window allows; at most `entries` in flight, as libkvd, so
 		 * that neither ring can overflow. */
 		while (sent < n && sent - got < window) {
-			*ring_sqe_at(p.sh, &p.g, sent) = (struct ring_sqe){
-				.op = RING_OP_PIN,
+			*ring_sqe_at(p.sh, &p.g, sent) = (struct kvd_ring_sqe){
+				.op = KVD_RING_OP_PIN,
 				.arg = sent,
 				.user_data = ~(uint64_t)sent,
 			};
@@ -188,7 +188,7 @@ static void exchange(uint32_t entries, uint32_t n, uint32_t window, uint64_t cli
 		}
 		wait_for(&p.sh->cq_tail, &p.sh->cq_wake, got, client_spin_ns);
 		for (uint32_t end = ring_load_acquire(&p.sh->cq_tail); got != end; got++) {
-			const struct ring_cqe *e = ring_cqe_at(p.sh, &p.g, got);
+			const struct kvd_ring_cqe *e = ring_cqe_at(p.sh, &p.g, got);
 
 			ASSERT_EQ(e->user_data, ~(uint64_t)got);
 			ASSERT_EQ(e->tokens, got + 1);

@@ -316,7 +316,7 @@ static void floor_wait(struct ring_word *index, struct ring_word *wake, uint32_t
 }
 
 /* The floor's server: echoes every submission as a completion. */
-static void floor_ring_server(struct ring_shared *sh, const struct ring_geometry *g,
+static void floor_ring_server(struct ring_shared *sh, const struct kvd_ring_geometry *g,
                               uint64_t spin_ns) {
 	uint32_t head = 0, tail = 0;
 
@@ -326,12 +326,12 @@ static void floor_ring_server(struct ring_shared *sh, const struct ring_geometry
 		floor_wait(&sh->sq_tail, &sh->sq_wake, head, spin_ns);
 		end = ring_load_acquire(&sh->sq_tail);
 		for (; head != end; head++) {
-			const struct ring_sqe *e = ring_sqe_at(sh, g, head);
-			struct ring_cqe *c = ring_cqe_at(sh, g, tail++);
+			const struct kvd_ring_sqe *e = ring_sqe_at(sh, g, head);
+			struct kvd_ring_cqe *c = ring_cqe_at(sh, g, tail++);
 
 			if (e->op == FLOOR_OP_STOP)
 				_exit(0);
-			*c = (struct ring_cqe){ .user_data = e->user_data };
+			*c = (struct kvd_ring_cqe){ .user_data = e->user_data };
 		}
 		ring_store_release(&sh->sq_head, head);
 		ring_store_release(&sh->cq_tail, tail);
@@ -340,9 +340,9 @@ static void floor_ring_server(struct ring_shared *sh, const struct ring_geometry
 	}
 }
 
-static void floor_ring_submit(struct ring_shared *sh, const struct ring_geometry *g,
+static void floor_ring_submit(struct ring_shared *sh, const struct kvd_ring_geometry *g,
                               uint32_t *sq_tail, uint8_t op, uint64_t user_data) {
-	*ring_sqe_at(sh, g, *sq_tail) = (struct ring_sqe){ .op = op, .user_data = user_data };
+	*ring_sqe_at(sh, g, *sq_tail) = (struct kvd_ring_sqe){ .op = op, .user_data = user_data };
 	ring_store_release(&sh->sq_tail, ++*sq_tail);
 	if (ring_wake_needed(&sh->sq_wake))
 		(void)ring_futex_wake(&sh->sq_wake);
@@ -352,12 +352,12 @@ static int floor_ring(const struct strategy *st, int client_cpu, struct stats *r
 	_cleanup_(freep) uint64_t *ns = calloc(arg_iterations, sizeof(uint64_t));
 	uint32_t total = warmup() + arg_iterations, sq_tail = 0, cq_head = 0;
 	struct ring_shared *sh;
-	struct ring_geometry g;
+	struct kvd_ring_geometry g;
 	pid_t pid;
 
 	if (!ns)
 		return -ENOMEM;
-	if (ring_layout(FLOOR_ENTRIES, RING_DOORBELL_FUTEX, &g) < 0)
+	if (ring_layout(FLOOR_ENTRIES, KVD_RING_DOORBELL_FUTEX, &g) < 0)
 		return -EINVAL;
 	/* Anonymous shared memory is what a memfd mapping is to the futex: a shared page. */
 	sh = mmap(NULL, g.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -233,6 +233,65 @@ struct kvd_obs_header {
 	uint64_t iq_layer_bytes;
 };
 
+/*
+ * The per-step rings (KVD_FEATURE_RING): one memfd per connection, which the daemon creates
+ * and both sides map (proto/common/ring.h describes the protocol). The region starts with
+ * struct kvd_ring_geometry, then seven 32-bit words, each alone at a multiple of
+ * KVD_RING_LINE bytes (word i at (i + 1) * KVD_RING_LINE: sq_tail, sq_head, sq_wake,
+ * cq_tail, cq_head, cq_wake, frames), then, at the geometry's offsets, the submission queue
+ * (entries struct kvd_ring_sqe), the completion queue (entries struct kvd_ring_cqe) and
+ * entries refusal messages of KVD_RING_MSG_BYTES.
+ */
+#define KVD_RING_MAGIC 0x474e524bu /* "KRNG" */
+#define KVD_RING_VERSION 1
+#define KVD_RING_ENTRIES_MIN 2u
+#define KVD_RING_ENTRIES_MAX 4096u
+/* Two cache lines: adjacent-line prefetchers fetch lines in pairs. */
+#define KVD_RING_LINE 128
+/* A refusal's text, NUL-terminated (the daemon's socket messages fit). */
+#define KVD_RING_MSG_BYTES 128
+
+/* struct kvd_ring_sqe.op: the per-step requests of kvd.proto. */
+#define KVD_RING_OP_GROW 1    /* SeqGrow: arg is the number of tokens */
+#define KVD_RING_OP_PIN 2     /* SeqPin */
+#define KVD_RING_OP_UNPIN 3   /* SeqUnpin */
+#define KVD_RING_OP_RELEASE 4 /* SeqRelease */
+
+/* Completion flags: the refusal's text is in the completion slot's message. */
+#define KVD_RING_CQE_F_MESSAGE (1u << 0)
+
+/* struct kvd_ring_geometry.doorbell: the values of kvd.proto's RingDoorbell. */
+#define KVD_RING_DOORBELL_FUTEX 1
+#define KVD_RING_DOORBELL_EVENTFD 2
+
+struct kvd_ring_sqe {
+	uint8_t op;          /* KVD_RING_OP_* */
+	uint8_t flags;       /* 0 */
+	uint16_t reserved;   /* 0 */
+	uint32_t arg;
+	uint64_t seq_id;
+	uint64_t user_data;  /* echoed in the completion */
+	uint64_t reserved2;  /* 0 */
+};
+
+struct kvd_ring_cqe {
+	uint64_t user_data;
+	int32_t res;         /* 0 or a negative errno */
+	uint32_t flags;      /* KVD_RING_CQE_F_* */
+	uint64_t generation; /* grow: the descriptor's generation after it */
+	uint32_t tokens;     /* grow: resident tokens of the first table after it */
+	uint32_t reserved;
+};
+
+struct kvd_ring_geometry {
+	uint32_t magic;      /* KVD_RING_MAGIC */
+	uint32_t version;    /* KVD_RING_VERSION */
+	uint32_t entries;    /* of each queue, and messages: a power of two */
+	uint32_t doorbell;   /* KVD_RING_DOORBELL_* */
+	uint64_t total_bytes;
+	uint64_t sq_offset, cq_offset, msg_offset; /* from the start of the region */
+};
+
 /* The layouts, as engines in other languages and older builds rely on them. */
 #if defined(__cplusplus)
 #define KVD_ABI_ASSERT(cond, what) static_assert(cond, what)
@@ -263,6 +322,10 @@ KVD_ABI_ASSERT(offsetof(struct kvd_obs_header, header_bytes) == 28, "kvd_obs_hea
 KVD_ABI_ASSERT(offsetof(struct kvd_obs_header, index_heads) == KVD_OBS_HEADER_MIN,
                "kvd_obs_header: the fields every daemon writes");
 KVD_ABI_ASSERT(sizeof(struct kvd_obs_header) == KVD_OBS_HEADER_LEGACY_MAX, "kvd_obs_header");
+KVD_ABI_ASSERT(sizeof(struct kvd_ring_sqe) == 32, "kvd_ring_sqe");
+KVD_ABI_ASSERT(sizeof(struct kvd_ring_cqe) == 32, "kvd_ring_cqe");
+KVD_ABI_ASSERT(sizeof(struct kvd_ring_geometry) == 48, "kvd_ring_geometry");
+KVD_ABI_ASSERT(offsetof(struct kvd_ring_cqe, generation) == 16, "kvd_ring_cqe.generation");
 #undef KVD_ABI_ASSERT
 #undef KVD_ABI_CAT
 #undef KVD_ABI_CAT2
