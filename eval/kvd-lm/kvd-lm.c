@@ -31,6 +31,7 @@
 #include "forward.h"
 #include "kvd/kvd.h"
 #include "model.h"
+#include "cli.h"
 
 #define EXIT_USAGE 2
 /* The largest --prompt-file: more than the private cache could ever hold. */
@@ -104,12 +105,8 @@ static void help(void) {
 	       KVD_WINDOW_DEFAULT, KVDLM_CHUNK_MAX, KVDLM_CHUNK_DEFAULT, KVDLM_VOCAB);
 }
 
-static int usage_error(const char *fmt, const char *what) {
-	fprintf(stderr, "kvd-lm: ");
-	fprintf(stderr, fmt, what);
-	fprintf(stderr, "\nTry 'kvd-lm --help'.\n");
-	return -EINVAL;
-}
+/* -EINVAL: main() turns it into the usage exit status. */
+#define usage_error(...) (cli_usage_error("kvd-lm", __VA_ARGS__), -EINVAL)
 
 static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t max, uint32_t *ret) {
 	if (number_parse_u32(s, min, max, ret) < 0) {

@@ -79,6 +79,7 @@
 #include "model.h"
 #include "policy.h"
 #include "tasks.h"
+#include "cli.h"
 
 #define PROG "kvd-quality"
 #define MODEL_DEFAULT "eval/kvd-lm/models/kvd-lm-small.kvdlm"
@@ -281,16 +282,7 @@ static _printf_(1, 2) int fail(const char *fmt, ...) {
 	return -EIO;
 }
 
-static _printf_(1, 2) int usage_error(const char *fmt, ...) {
-	va_list ap;
-
-	fputs(PROG ": ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputs("\nTry 'kvd-quality --help'.\n", stderr);
-	return 2;
-}
+#define usage_error(...) cli_usage_error(PROG, __VA_ARGS__)
 
 static double now_s(void) {
 	struct timespec ts;

@@ -68,6 +68,7 @@
 #include "kvd/kvd.h"
 #include "wire.h"
 #include "basic/time-util.h"
+#include "cli.h"
 
 #define SOAK_TENANTS_MAX 16
 #define SOAK_CLIENTS_MAX 16
@@ -2767,16 +2768,7 @@ static void help(void) {
 	       KVD_DEFAULT_SOCKET, SOAK_DURATION_MAX, SOAK_TENANTS_MAX, SOAK_CLIENTS_MAX);
 }
 
-static _printf_(1, 2) int usage_error(const char *fmt, ...) {
-	va_list ap;
-
-	fputs("kvd-soak: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputs("\nTry 'kvd-soak --help'.\n", stderr);
-	return 2;
-}
+#define usage_error(...) cli_usage_error("kvd-soak", __VA_ARGS__)
 
 int main(int argc, char **argv) {
 	enum { OPT_SOCKET = 0x100, OPT_DURATION, OPT_TENANTS, OPT_CLIENTS, OPT_SEED, OPT_EVICT, OPT_JSON,

@@ -34,6 +34,7 @@
 #include "basic/macro.h"
 #include "basic/number.h"
 #include "select.h"
+#include "cli.h"
 
 #define SIZES_MAX 16
 #define UNITS_MAX 100000000u
@@ -299,16 +300,7 @@ static void help(void) {
 	       TARGET_PERMILLE / 10, REF_UNITS_MAX, UNITS_MAX, GROUP_UNITS);
 }
 
-static _printf_(1, 2) int usage_error(const char *fmt, ...) {
-	va_list ap;
-
-	fputs("kvd-bench evict: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputs("\nTry 'kvd-bench evict --help'.\n", stderr);
-	return 2;
-}
+#define usage_error(...) cli_usage_error("kvd-bench evict", __VA_ARGS__)
 
 static int parse_units(const char *s) {
 	_cleanup_(freep) char *copy = strdup(s);

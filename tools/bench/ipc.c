@@ -60,6 +60,7 @@
 #include "kvd/kvd.h"
 #include "wire.h"
 #include "basic/time-util.h"
+#include "cli.h"
 
 #define MSG_BYTES 32
 #define ITERATIONS_MAX 10000000u
@@ -980,16 +981,7 @@ static void help(void) {
 	       ITERATIONS_MAX, SECONDS_MAX);
 }
 
-static _printf_(1, 2) int usage_error(const char *fmt, ...) {
-	va_list ap;
-
-	fputs("kvd-bench ipc: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputs("\nTry 'kvd-bench ipc --help'.\n", stderr);
-	return 2;
-}
+#define usage_error(...) cli_usage_error("kvd-bench ipc", __VA_ARGS__)
 
 int bench_ipc(int argc, char **argv) {
 	enum { OPT_KVD = 0x100, OPT_BACKEND, OPT_ITERATIONS, OPT_SECONDS, OPT_SPIN_US, OPT_POLL_US,

@@ -53,6 +53,7 @@
 #include "kvd/kvd.h"
 #include "basic/io-util.h"
 #include "basic/time-util.h"
+#include "cli.h"
 
 #define TENANTS_MAX 16
 #define SEQS_MAX 4096
@@ -1651,16 +1652,7 @@ static void help(void) {
 	       EVICT_SINKS, NEEDLE_MASK + 1, (unsigned)(GROW_WAIT_NS / 1000000000));
 }
 
-static _printf_(1, 2) int usage_error(const char *fmt, ...) {
-	va_list ap;
-
-	fputs("kvd-bench: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputs("\nTry 'kvd-bench --help'.\n", stderr);
-	return 2;
-}
+#define usage_error(...) cli_usage_error("kvd-bench", __VA_ARGS__)
 
 int main(int argc, char **argv) {
 	enum { OPT_SOCKET = 0x100, OPT_TENANTS, OPT_SEQS, OPT_TOKENS, OPT_STEP, OPT_VERIFY,

@@ -36,6 +36,7 @@
 #include "basic/size.h"
 #include "kvd/kvd.h"
 #include "basic/time-util.h"
+#include "cli.h"
 
 #define ROUND_TENANT "bench-round"
 #define ROUND_Q_HEADS 32
@@ -567,16 +568,7 @@ static void round_help(void) {
 	       KVD_LAYERS_MAX);
 }
 
-static _printf_(1, 2) int round_usage_error(const char *fmt, ...) {
-	va_list ap;
-
-	fputs("kvd-bench evict: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputs("\nTry 'kvd-bench evict --help'.\n", stderr);
-	return 2;
-}
+#define round_usage_error(...) cli_usage_error("kvd-bench evict", __VA_ARGS__)
 
 int bench_evict_round(const char *socket, int argc, char **argv) {
 	enum { OPT_TOKENS = 0x100, OPT_SEQS, OPT_LAYERS, OPT_UNIT, OPT_BYTES, OPT_IGNORED };

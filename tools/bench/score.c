@@ -44,6 +44,7 @@
 #include "policy.h"
 #include "select.h"
 #include "simd.h"
+#include "cli.h"
 
 #define SIZES_MAX 16
 #define TOKENS_MIN 64
@@ -1125,16 +1126,7 @@ static void help(void) {
 	       H2O_PROMPT_TOKENS_MAX, H2O_PROMPT_REF_TOKENS, TOKENS_MIN, TOKENS_MAX, REF_TOKENS_DEFAULT);
 }
 
-static _printf_(1, 2) int usage_error(const char *fmt, ...) {
-	va_list ap;
-
-	fputs("kvd-bench score: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputs("\nTry 'kvd-bench score --help'.\n", stderr);
-	return 2;
-}
+#define usage_error(...) cli_usage_error("kvd-bench score", __VA_ARGS__)
 
 static int parse_tokens(const char *s) {
 	_cleanup_(freep) char *copy = strdup(s);

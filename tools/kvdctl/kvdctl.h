@@ -14,18 +14,19 @@
 #include <stdio.h>
 
 #include "kvd/kvd.h"
+#include "cli.h"
 
 enum {
 	EXIT_OK = 0,
 	EXIT_FAIL = 1,
-	EXIT_USAGE = 2,
+	EXIT_USAGE = CLI_EXIT_USAGE,
 };
 
 /* The daemon's socket: --socket, else $KVD_SOCKET, else KVD_DEFAULT_SOCKET. */
 extern const char *arg_socket;
 
 /* Prints "kvdctl: MESSAGE" and a hint to stderr; returns EXIT_USAGE. */
-int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define usage_error(...) cli_usage_error("kvdctl", __VA_ARGS__)
 
 /* Prints "kvdctl: WHAT: strerror[: the daemon's message]" (plus a hint for -EOPNOTSUPP)
  * to stderr; returns EXIT_FAIL. */

@@ -18,17 +18,6 @@
 
 const char *arg_socket;
 
-int usage_error(const char *fmt, ...) {
-	va_list ap;
-
-	fputs("kvdctl: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputs("\nTry 'kvdctl --help'.\n", stderr);
-	return EXIT_USAGE;
-}
-
 int request_error(kvd_client *c, int r, const char *what) {
 	const char *msg = c ? kvd_client_last_error(c) : "";
 
