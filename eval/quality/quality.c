@@ -1672,23 +1672,7 @@ static void help(void) {
 	       KVD_WINDOW_DEFAULT, MULTI_MAX, QUICK_SAMPLES);
 }
 
-/* Splits a comma-separated list; calls item() on each. Returns the count or -EINVAL. */
-static int parse_list(const char *s, unsigned max, int (*item)(const char *, unsigned)) {
-	_cleanup_(freep) char *copy = strdup(s);
-	char *p, *save = NULL;
-	unsigned n = 0;
-
-	if (!copy)
-		return -ENOMEM;
-	for (p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
-		if (n == max || item(p, n) < 0)
-			return -EINVAL;
-		n++;
-	}
-	return n ? (int)n : -EINVAL;
-}
-
-static int item_task(const char *s, unsigned i) {
+static int item_task(const char *s, unsigned i, void *userdata _unused_) {
 	enum kvd_task t = kvd_task_from_string(s);
 
 	if (t < 0)
@@ -1697,15 +1681,15 @@ static int item_task(const char *s, unsigned i) {
 	return 0;
 }
 
-static int item_length(const char *s, unsigned i) {
+static int item_length(const char *s, unsigned i, void *userdata _unused_) {
 	return number_parse_u32(s, 1, KVDLM_FULL_MAX_TOKENS / 2, &arg_lengths[i]);
 }
 
-static int item_budget(const char *s, unsigned i) {
+static int item_budget(const char *s, unsigned i, void *userdata _unused_) {
 	return number_parse_u32(s, 1, 99, &arg_budgets[i]);
 }
 
-static int item_setting(const char *s, unsigned i) {
+static int item_setting(const char *s, unsigned i, void *userdata _unused_) {
 	for (unsigned st = 0; st < _SETTING_MAX; st++)
 		if (strcmp(s, setting_names[st]) == 0) {
 			arg_settings[st] = true;
@@ -1714,7 +1698,7 @@ static int item_setting(const char *s, unsigned i) {
 	return -EINVAL;
 }
 
-static int item_policy(const char *s, unsigned i) {
+static int item_policy(const char *s, unsigned i, void *userdata _unused_) {
 	for (int p = 0; p < COLS; p++)
 		if (strcmp(s, col_name(p)) == 0) {
 			arg_policies[p] = true;
@@ -1723,7 +1707,7 @@ static int item_policy(const char *s, unsigned i) {
 	return -EINVAL;
 }
 
-static int item_multi(const char *s, unsigned i) {
+static int item_multi(const char *s, unsigned i, void *userdata _unused_) {
 	const char *colon = strchr(s, ':');
 	char task[32];
 	enum kvd_task t;
@@ -1819,7 +1803,7 @@ static int parse_argv(int argc, char **argv) {
 			have_samples = true;
 			break;
 		case OPT_TASKS:
-			n = parse_list(optarg, _KVD_TASK_MAX, item_task);
+			n = cli_parse_list(optarg, _KVD_TASK_MAX, item_task, NULL);
 			if (n < 0)
 				return usage_error("--tasks: '%s' is not a list of niah, multikey, multivalue, "
 				                   "vt, cwe", optarg);
@@ -1827,7 +1811,7 @@ static int parse_argv(int argc, char **argv) {
 			have_tasks = true;
 			break;
 		case OPT_LENGTHS:
-			n = parse_list(optarg, LIST_MAX, item_length);
+			n = cli_parse_list(optarg, LIST_MAX, item_length, NULL);
 			if (n < 0)
 				return usage_error("--lengths: '%s' is not a list of at most %u lengths", optarg,
 				                   LIST_MAX);
@@ -1835,7 +1819,7 @@ static int parse_argv(int argc, char **argv) {
 			have_lengths = true;
 			break;
 		case OPT_BUDGETS:
-			n = parse_list(optarg, LIST_MAX, item_budget);
+			n = cli_parse_list(optarg, LIST_MAX, item_budget, NULL);
 			if (n < 0)
 				return usage_error("--budgets: '%s' is not a list of at most %u percentages "
 				                   "1..99", optarg, LIST_MAX);
@@ -1844,13 +1828,13 @@ static int parse_argv(int argc, char **argv) {
 			break;
 		case OPT_SETTINGS:
 			memset(arg_settings, 0, sizeof(arg_settings));
-			if (parse_list(optarg, _SETTING_MAX, item_setting) < 0)
+			if (cli_parse_list(optarg, _SETTING_MAX, item_setting, NULL) < 0)
 				return usage_error("--settings: '%s' is not a list of in-window, query-agnostic",
 				                   optarg);
 			break;
 		case OPT_POLICIES:
 			memset(arg_policies, 0, sizeof(arg_policies));
-			if (parse_list(optarg, COLS, item_policy) < 0)
+			if (cli_parse_list(optarg, COLS, item_policy, NULL) < 0)
 				return usage_error("--policies: '%s' is not a list of policies", optarg);
 			have_policies = true;
 			break;
@@ -1869,7 +1853,7 @@ static int parse_argv(int argc, char **argv) {
 			arg_multi = true;
 			break;
 		case OPT_MULTI_TENANTS:
-			n = parse_list(optarg, MULTI_MAX, item_multi);
+			n = cli_parse_list(optarg, MULTI_MAX, item_multi, NULL);
 			if (n < 2)
 				return usage_error("--multi-tenants: '%s' is not a list of 2..%u TASK:LENGTH",
 				                   optarg, MULTI_MAX);

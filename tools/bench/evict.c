@@ -302,22 +302,15 @@ static void help(void) {
 
 #define usage_error(...) cli_usage_error("kvd-bench evict", __VA_ARGS__)
 
+static int item_units(const char *s, unsigned i, void *userdata _unused_) {
+	return number_parse_u32(s, 1, UNITS_MAX, &arg_units[i]);
+}
+
 static int parse_units(const char *s) {
-	_cleanup_(freep) char *copy = strdup(s);
-	char *p, *save = NULL;
-	unsigned n = 0;
+	int n = cli_parse_list(s, SIZES_MAX, item_units, NULL);
 
-	if (!copy)
-		return -ENOMEM;
-	for (p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
-		uint32_t v;
-
-		if (n == SIZES_MAX || number_parse_u32(p, 1, UNITS_MAX, &v) < 0)
-			return -EINVAL;
-		arg_units[n++] = v;
-	}
-	if (n == 0)
-		return -EINVAL;
+	if (n < 0)
+		return n;
 	arg_n_units = n;
 	return 0;
 }

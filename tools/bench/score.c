@@ -1128,44 +1128,41 @@ static void help(void) {
 
 #define usage_error(...) cli_usage_error("kvd-bench score", __VA_ARGS__)
 
-static int parse_tokens(const char *s) {
-	_cleanup_(freep) char *copy = strdup(s);
-	char *p, *save = NULL;
-	unsigned n = 0;
+static int item_tokens(const char *s, unsigned i, void *userdata _unused_) {
+	uint64_t v;
 
-	if (!copy)
-		return -ENOMEM;
-	for (p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
-		uint64_t v;
-
-		if (n == SIZES_MAX || number_parse_u64(p, TOKENS_MIN, TOKENS_MAX, &v) < 0)
-			return -EINVAL;
-		arg_tokens[n++] = (uint32_t)v;
-	}
-	if (n == 0)
+	if (number_parse_u64(s, TOKENS_MIN, TOKENS_MAX, &v) < 0)
 		return -EINVAL;
+	arg_tokens[i] = (uint32_t)v;
+	return 0;
+}
+
+static int parse_tokens(const char *s) {
+	int n = cli_parse_list(s, SIZES_MAX, item_tokens, NULL);
+
+	if (n < 0)
+		return n;
 	arg_n_tokens = n;
+	return 0;
+}
+
+static int item_policy(const char *s, unsigned i _unused_, void *userdata _unused_) {
+	int found = kvd_policy_from_string(s) >= 0;
+
+	for (size_t k = 0; k < ELEMENTSOF(kernel_entries); k++)
+		found |= strcmp(s, kernel_entries[k].name) == 0;
+	if (!found) {
+		usage_error("--policies: unknown entry '%s'", s);
+		return -EINVAL;
+	}
 	return 0;
 }
 
 /* Every name in --policies must exist: a typo would otherwise time nothing, silently. */
 static int check_policies(void) {
-	_cleanup_(freep) char *copy = arg_policies ? strdup(arg_policies) : NULL;
-	char *p, *save = NULL;
-
-	if (!arg_policies)
+	if (!arg_policies || !*arg_policies)
 		return 0;
-	if (!copy)
-		return -ENOMEM;
-	for (p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
-		int found = kvd_policy_from_string(p) >= 0;
-
-		for (size_t i = 0; i < ELEMENTSOF(kernel_entries); i++)
-			found |= strcmp(p, kernel_entries[i].name) == 0;
-		if (!found)
-			return usage_error("--policies: unknown entry '%s'", p);
-	}
-	return 0;
+	return cli_parse_list(arg_policies, UINT32_MAX, item_policy, NULL) < 0 ? 2 : 0;
 }
 
 int bench_score(int argc, char **argv) {
