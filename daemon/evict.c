@@ -872,9 +872,13 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 		k = arm(e);
 	if (k >= 0) {
 		e->running = r;
+		/* The worker reads blocks at the snapshot's addresses until on_round_done(). */
+		pool_readers_begin(s->pool);
 		k = -pthread_create(&e->thread, NULL, round_thread, e);
-		if (k < 0)
+		if (k < 0) {
 			e->running = NULL;
+			pool_readers_end(s->pool);
+		}
 	}
 	if (k < 0) {
 		log_error_errno(k, "cannot start an eviction round");
@@ -995,6 +999,7 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 	e->idle_until_ms = r->selected_bytes == 0 && r->trigger != ROUND_EVICT ?
 	                           now_ms() + EVICT_IDLE_MS : 0;
 	round_free(r);
+	pool_readers_end(e->srv->pool);
 	/* Grows still short of memory wait on, for a plan waiting for an unpin or the next
 	 * round, until their deadline. */
 	retry_grants(e, false);
@@ -1131,6 +1136,7 @@ struct evictor *evictor_free(struct evictor *e) {
 	if (e->running) {
 		pthread_join(e->thread, NULL);
 		round_free(e->running);
+		pool_readers_end(e->srv->pool);
 	}
 	for (uint32_t i = 0; i < EVICT_HISTORY; i++)
 		free(e->history[i].tenants);

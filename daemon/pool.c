@@ -64,14 +64,45 @@ static void free_unlink(struct pool *p, struct chunk *c) {
 	c->own_next = c->own_prev = NULL;
 }
 
-/* Destroys a chunk's memory object (the fd store forgets it too); it is nobody's after. */
+/* Keeps mem mapped until pool_readers_end(); returns false when it cannot (no memory). */
+static bool keep_for_readers(struct pool *p, const struct backend_chunk *mem) {
+	if (p->n_kept == p->cap_kept) {
+		uint32_t cap = MAX(2 * p->cap_kept, 16u);
+		struct backend_chunk *k = realloc(p->kept, cap * sizeof(*k));
+
+		if (!k)
+			return false;
+		p->kept = k;
+		p->cap_kept = cap;
+	}
+	p->kept[p->n_kept++] = *mem;
+	return true;
+}
+
+/* Destroys a chunk's memory object (the fd store forgets it too); it is nobody's after.
+ * While a round may read it, it is only taken from the chunk (pool_readers_begin()). */
 static void chunk_drop_memory(struct pool *p, struct chunk *c) {
 	if (c->mem.fd >= 0) {
 		if (p->chunk_destroyed)
 			p->chunk_destroyed(p->chunk_created_userdata, c);
-		p->ops->chunk_destroy(&c->mem);
+		if (p->readers > 0 && keep_for_readers(p, &c->mem))
+			c->mem = (struct backend_chunk){ .fd = -EBADF, .device = c->mem.device };
+		else
+			p->ops->chunk_destroy(&c->mem);
 	}
 	c->last_owner = NULL;
+}
+
+void pool_readers_begin(struct pool *p) {
+	p->readers++;
+}
+
+void pool_readers_end(struct pool *p) {
+	if (--p->readers > 0)
+		return;
+	for (uint32_t i = 0; i < p->n_kept; i++)
+		p->ops->chunk_destroy(&p->kept[i]);
+	p->n_kept = 0;
 }
 
 /* Takes c, FREE and off the free lists, out of the pool for t in state (OWNED, PINNED):
@@ -163,6 +194,9 @@ struct pool *pool_free(struct pool *p) {
 		free(c->used);
 		free(c->holders);
 	}
+	for (uint32_t i = 0; i < p->n_kept; i++)
+		p->ops->chunk_destroy(&p->kept[i]);
+	free(p->kept);
 	free(p->chunks);
 	free(p);
 	return NULL;

@@ -110,6 +110,11 @@ struct pool {
 	void (*chunk_created)(void *userdata, struct chunk *c);
 	void (*chunk_destroyed)(void *userdata, struct chunk *c);
 	void *chunk_created_userdata;
+	/* Memory given up while a round's worker may read it (pool_readers_begin()): kept,
+	 * mapped, until pool_readers_end(). */
+	uint32_t readers;
+	struct backend_chunk *kept;
+	uint32_t n_kept, cap_kept;
 };
 
 /* A pool of device_bytes on each of n_devices devices (1..BACKEND_DEVICES_MAX). Returns 0,
@@ -118,6 +123,17 @@ struct pool {
 int pool_new(const struct backend_ops *ops, uint32_t n_devices, uint64_t device_bytes,
              uint64_t chunk_bytes, uint64_t budget_bytes, struct pool **ret);
 struct pool *pool_free(struct pool *p);
+
+/*
+ * An eviction round's worker reads blocks at the addresses its snapshot took, while the
+ * loop goes on: a chunk may meanwhile lose its memory (renewed for another tenant, or its
+ * tenant forgotten). Between pool_readers_begin() and pool_readers_end() such memory is
+ * taken from its chunk at once (the chunk can get new memory, and the fd store forgets the
+ * old) but stays mapped in the daemon until the end, when it is destroyed: the worker reads
+ * stale bytes of a sequence that is gone, never an unmapped page.
+ */
+void pool_readers_begin(struct pool *p);
+void pool_readers_end(struct pool *p);
 
 /* Whether the budget has room for one more chunk (the test every grant makes first). */
 static inline bool pool_budget_has_room(const struct pool *p) {

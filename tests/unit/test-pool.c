@@ -532,6 +532,56 @@ TEST(forgotten_tenant_leaves_no_memory) {
 	fixture_done(&f);
 }
 
+/* Whether addr..addr+n is mapped in this process (mincore fails with ENOMEM where not). */
+static bool mapped(const void *addr, size_t n) {
+	unsigned char vec[64];
+
+	return n / page <= sizeof(vec) && mincore((void *)addr, n, vec) == 0;
+}
+
+/* While a round's worker may read blocks at its snapshot's addresses, memory a chunk gives
+ * up (renewed for another tenant, or its tenant forgotten) stays mapped until the round
+ * ends; the chunk itself gets new memory at once. */
+TEST(memory_kept_while_a_round_reads) {
+	const uint64_t chunk = 4 * page;
+	struct fixture f;
+	struct chunk *c, *x, *y;
+	const uint8_t *old;
+	uint32_t i, j;
+
+	fixture_init(&f, chunk, 2, 2);
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &i));
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 1024, &x, &j));
+	old = c->mem.addr;
+	pool_readers_begin(f.p);
+	/* a releases during the round; b takes a's chunk: a new memory object. */
+	ASSERT_TRUE(pool_block_free(f.p, c, i));
+	ASSERT_EQ(pool_chunk_reclaim(f.p, c), 0u);
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 2048, &y, &j));
+	ASSERT_TRUE(y == c);
+	ASSERT_EQ(f.p->grants_renewed, 1u);
+	ASSERT_TRUE(y->mem.addr != old);
+	ASSERT_EQ(f.p->n_kept, 1u);
+	/* What the worker would read: a's old, scrubbed memory, still mapped. */
+	ASSERT_TRUE(mapped(old, chunk));
+	ASSERT_TRUE(all_bytes(old, 0, chunk));
+	/* Nested readers keep it until the last one ends. */
+	pool_readers_begin(f.p);
+	pool_readers_end(f.p);
+	ASSERT_TRUE(mapped(old, chunk));
+	pool_readers_end(f.p);
+	ASSERT_EQ(f.p->n_kept, 0u);
+	ASSERT_FALSE(mapped(old, chunk));
+
+	/* Without a round, memory goes at once. */
+	old = x->mem.addr;
+	ASSERT_TRUE(pool_block_free(f.p, x, 0));
+	ASSERT_EQ(pool_chunk_reclaim(f.p, x), 0u);
+	ASSERT_EQ(pool_forget_tenant(f.p, f.b), 1u);
+	ASSERT_FALSE(mapped(old, chunk));
+	fixture_done(&f);
+}
+
 TEST(reclaim_with_holders_drains) {
 	const uint64_t chunk = 4 * page;
 	struct fixture f;
