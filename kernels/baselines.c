@@ -293,7 +293,7 @@ static int ea_item(struct job *j, uint32_t h, float *scratch) {
 	const struct kvd_simd_ops *ops = j->ops;
 	uint32_t d = in->dim, L = in->len, g = kvd_attn_kv_head(in, h);
 	uint32_t gs = in->heads / in->kv_heads;
-	uint32_t n0 = p->n_sink < L ? p->n_sink : L, N = p->eq_rows - p->n_sink;
+	uint32_t n0 = p->n_sink < L ? p->n_sink : L, N = p->eq_rows - p->eq_first;
 	float *xb = scratch, *xt = xb + (size_t)EA_STAT_ROWS * d;
 	float *sb = xt + (size_t)EA_STAT_ROWS * d;
 	double *sig = (double *)(sb + (size_t)d * d), *mu = sig + (size_t)d * d;
@@ -305,7 +305,7 @@ static int ea_item(struct job *j, uint32_t h, float *scratch) {
 	/* The query mean (double), then the covariance as X^T X gemms of centred blocks. */
 	for (uint32_t a = 0; a < d; a++)
 		mu[a] = 0;
-	for (uint32_t t = p->n_sink; t < p->eq_rows; t++) {
+	for (uint32_t t = p->eq_first; t < p->eq_rows; t++) {
 		ops->to_f32(row_ptr(p->eq_q, in, p->eq_head_stride, p->eq_row_stride, h, t),
 			    in->dtype, d, 1.0f, xb);
 		for (uint32_t a = 0; a < d; a++)
@@ -316,7 +316,7 @@ static int ea_item(struct job *j, uint32_t h, float *scratch) {
 	for (size_t a = 0; a < (size_t)d * d; a++)
 		sig[a] = 0;
 	if (p->use_covariance) {
-		for (uint32_t t0 = p->n_sink; t0 < p->eq_rows; t0 += EA_STAT_ROWS) {
+		for (uint32_t t0 = p->eq_first; t0 < p->eq_rows; t0 += EA_STAT_ROWS) {
 			uint32_t nb = p->eq_rows - t0;
 
 			if (nb > EA_STAT_ROWS)

@@ -107,7 +107,7 @@ struct kvd_baseline_params {
 	/*
 	 * ExpectedAttention (kvpress expected_attention_press.py): per query head h, the mean
 	 * mu and covariance Sigma (biased, 1/N) of the PRE-RoPE queries eq_q rows
-	 * [n_sink, eq_rows) are rotated by the mean RoPE matrix R = mean_t R(t) over the
+	 * [eq_first, eq_rows) are rotated by the mean RoPE matrix R = mean_t R(t) over the
 	 * n_future positions t = position .. position + n_future - 1 (mu <- R mu,
 	 * Sigma <- R Sigma R^T); then z_i = s k_i.mu + s^2/2 k_i^T Sigma k_i for the tokens
 	 * i >= n_sink (s = in->scale; with s = 1/sqrt(d) this is
@@ -130,6 +130,10 @@ struct kvd_baseline_params {
 	const void *eq_q;
 	size_t eq_head_stride, eq_row_stride;
 	uint32_t eq_rows;
+	/* The first row of eq_q the statistics take: n_sink (the default, kvpress's) when eq_q
+	 * are a prompt's queries from position 0, whose first rows are the sinks'; 0 when they
+	 * are a later window's, whose first rows are ordinary queries. */
+	uint32_t eq_first;
 	uint32_t n_future;
 	uint32_t position;
 	float rope_theta;
@@ -166,7 +170,7 @@ uint32_t kvd_baseline_rows(const struct kvd_baseline_params *p, const struct kvd
  * then only checked to lie in 1..L).
  *
  * Returns 0, -EINVAL (an invalid baseline, params or in: shapes, a needed pointer NULL, an
- * even kernel, ADAPTIVE pooling, eq_rows <= n_sink, an odd d for ExpectedAttention,
+ * even kernel, ADAPTIVE pooling, eq_rows <= eq_first, an odd d for ExpectedAttention,
  * h2o_block 0), or -ENOMEM.
  */
 int kvd_baseline_scores_ref(enum kvd_baseline b, const struct kvd_baseline_params *p,

@@ -44,6 +44,7 @@ enum kvd_baseline kvd_baseline_from_string(const char *s) {
 void kvd_baseline_params_init(enum kvd_baseline b, struct kvd_baseline_params *p) {
 	*p = (struct kvd_baseline_params){
 		.n_sink = 4,
+		.eq_first = 4,
 		.temporal = KVD_TEMPORAL_SUM,
 		.alpha = KVD_TEMPORAL_EMA_ALPHA,
 		.pool = KVD_POOL_AVG,
@@ -104,7 +105,7 @@ int kvd_bl_check(enum kvd_baseline b, const struct kvd_baseline_params *p,
 	if (b == KVD_BASELINE_H2O && p->h2o_block == 0)
 		return -EINVAL;
 	if (b == KVD_BASELINE_EXPECTED_ATTENTION) {
-		if (!p->eq_q || p->eq_rows <= p->n_sink || in->dim % 2 != 0 || p->n_future == 0 ||
+		if (!p->eq_q || p->eq_rows <= p->eq_first || in->dim % 2 != 0 || p->n_future == 0 ||
 		    !isfinite(in->scale))
 			return -EINVAL;
 		if (p->use_vnorm && !in->v)
@@ -588,7 +589,7 @@ static const void *eq_row(const struct kvd_baseline_params *p, const struct kvd_
 static int ea_ref(const struct kvd_baseline_params *p, const struct kvd_attn_in *in, float *qrows,
 		  float *vnorm) {
 	uint32_t d = in->dim, L = in->len, H = in->heads, n0 = p->n_sink < L ? p->n_sink : L;
-	uint32_t N = p->eq_rows - p->n_sink;
+	uint32_t N = p->eq_rows - p->eq_first;
 	double *cbar = malloc(d * sizeof(double)), *sbar = cbar ? cbar + d / 2 : NULL;
 	double *mu = malloc(d * sizeof(double)), *sigma = malloc((size_t)d * d * sizeof(double));
 	double *z = malloc((size_t)L * sizeof(double)), s = in->scale;
@@ -604,10 +605,10 @@ static int ea_ref(const struct kvd_baseline_params *p, const struct kvd_attn_in 
 		double max = -INFINITY, sum = 0;
 		float *row = qrows + (size_t)h * L;
 
-		/* Statistics of the pre-RoPE queries, the first n_sink rows skipped. */
+		/* Statistics of the pre-RoPE queries, from row eq_first. */
 		for (uint32_t a = 0; a < d; a++)
 			mu[a] = 0;
-		for (uint32_t t = p->n_sink; t < p->eq_rows; t++) {
+		for (uint32_t t = p->eq_first; t < p->eq_rows; t++) {
 			const void *q = eq_row(p, in, h, t);
 
 			for (uint32_t a = 0; a < d; a++)
@@ -618,7 +619,7 @@ static int ea_ref(const struct kvd_baseline_params *p, const struct kvd_attn_in 
 		for (size_t a = 0; a < (size_t)d * d; a++)
 			sigma[a] = 0;
 		if (p->use_covariance) {
-			for (uint32_t t = p->n_sink; t < p->eq_rows; t++) {
+			for (uint32_t t = p->eq_first; t < p->eq_rows; t++) {
 				const void *q = eq_row(p, in, h, t);
 
 				for (uint32_t a = 0; a < d; a++)

@@ -135,8 +135,9 @@ static int baseline_scores(enum kvd_baseline b, const struct kvd_policy_params *
 			bp.eq_q = p->eq_q, bp.eq_rows = p->eq_rows;
 			bp.eq_row_stride = in->dim, bp.eq_head_stride = (size_t)p->eq_rows * in->dim;
 		} else {
-			/* Offline there may be no pre-RoPE queries: the window's stand in. */
-			bp.eq_q = in->q, bp.eq_rows = in->window;
+			/* Offline there may be no pre-RoPE queries: the window's stand in, all of
+			 * them (its first rows are not the prompt's sinks). */
+			bp.eq_q = in->q, bp.eq_rows = in->window, bp.eq_first = 0;
 			bp.eq_row_stride = in->q_row_stride, bp.eq_head_stride = in->q_head_stride;
 		}
 	}

@@ -350,7 +350,7 @@ static void ea_case(uint32_t H, const float *eq, uint32_t eq_rows, const float *
 
 	in.scale = 1;
 	kvd_baseline_params_init(KVD_BASELINE_EXPECTED_ATTENTION, &p);
-	p.n_sink = 1;
+	p.n_sink = p.eq_first = 1;
 	p.eq_q = eq, p.eq_rows = eq_rows;
 	p.eq_row_stride = 2, p.eq_head_stride = 2 * eq_rows;
 	p.rope_inv_freq = &inv_freq;
@@ -416,9 +416,9 @@ TEST(expected_attention_rejects) {
 	kvd_baseline_params_init(KVD_BASELINE_EXPECTED_ATTENTION, &p);
 	p.eq_q = eq, p.eq_rows = 3, p.eq_row_stride = 2, p.eq_head_stride = 6;
 	for (int f = 0; f < 2; f++) {
-		/* eq_rows <= n_sink */
+		/* eq_rows <= eq_first */
 		ASSERT_ERRNO(paths[f](KVD_BASELINE_EXPECTED_ATTENTION, &p, &in, s), -EINVAL);
-		p.n_sink = 1;
+		p.n_sink = p.eq_first = 1;
 		ASSERT_OK(paths[f](KVD_BASELINE_EXPECTED_ATTENTION, &p, &in, s));
 		in.v = NULL;
 		ASSERT_ERRNO(paths[f](KVD_BASELINE_EXPECTED_ATTENTION, &p, &in, s), -EINVAL);
@@ -429,7 +429,7 @@ TEST(expected_attention_rejects) {
 			ASSERT_NEAR(s[i], 1.0 / 3, 1e-7);
 		in.dim = 1;
 		ASSERT_ERRNO(paths[f](KVD_BASELINE_EXPECTED_ATTENTION, &p, &in, s), -EINVAL);
-		in.dim = 2, in.v = k, p.use_vnorm = 1, p.n_sink = 4;
+		in.dim = 2, in.v = k, p.use_vnorm = 1, p.n_sink = p.eq_first = 4;
 	}
 }
 

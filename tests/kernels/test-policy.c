@@ -99,7 +99,7 @@ static void baseline_of(const struct kvd_policy_params *p, const struct kt_layer
 	kvd_baseline_params_init(b, &bp);
 	bp.per_query_head = p->per_query_head;
 	if (b == KVD_BASELINE_EXPECTED_ATTENTION) {
-		bp.eq_q = f->in.q, bp.eq_rows = f->in.window;
+		bp.eq_q = f->in.q, bp.eq_rows = f->in.window, bp.eq_first = 0;
 		bp.eq_row_stride = f->in.q_row_stride, bp.eq_head_stride = f->in.q_head_stride;
 	}
 	ASSERT_OK(kvd_baseline_scores(b, &bp, &f->in, ret));
@@ -369,4 +369,31 @@ TEST(policy_table) {
 	ASSERT_NULL(kvd_policy_info(_KVD_POLICY_INVALID));
 	ASSERT_TRUE(kvd_policy_info(KVD_POLICY_KVD_MI)->flags & KVD_POLICY_NEEDS_MOMENTS);
 	ASSERT_FALSE(kvd_policy_info(KVD_POLICY_KVD)->flags & KVD_POLICY_NEEDS_MOMENTS);
+}
+
+/* Every policy scores a window of 1 to 4 queries, as a round does: expected_attention took
+ * its statistics from the window's rows past the 4 sinks, so a short window failed, and
+ * with it the daemon's whole round. */
+TEST(short_windows) {
+	for (uint32_t w = 1; w <= 4; w++) {
+		struct kt_layer f;
+
+		kt_layer_init(&f, KVD_DTYPE_F32, H, HKV, w, L, D, 24, 90 + w, 3.0f);
+		for (int pol = 0; pol < _KVD_POLICY_MAX; pol++) {
+			struct kvd_policy_params p;
+			float *v = kt_floats((size_t)H * (L - w));
+
+			if (kvd_policy_info(pol)->flags & KVD_POLICY_NEEDS_INDEX)
+				continue;
+			kvd_policy_params_default(pol, &p);
+			/* As the daemon's rounds score (daemon/round.c). */
+			p.capacity = w + (L - w) / 2;
+			p.laprox_joint = 0;
+			if (kvd_policy_scores(&p, &f.in, output_aware(pol) ? f.gram : NULL, NULL, v) < 0)
+				test_fail(__FILE__, __LINE__, "%s with a window of %u failed",
+				          kvd_policy_to_string(pol), w);
+			free(v);
+		}
+		kt_layer_done(&f);
+	}
 }
