@@ -321,7 +321,11 @@ int kvd_client_connect_params(const kvd_connect_params *params, kvd_client **ret
 		return -EINVAL;
 	socket_path = p.socket_path;
 	tenant = p.tenant;
+	/* Like kvdctl and kvd-bench, so that one variable points every tool and engine at a
+	 * daemon of one's own. */
 	if (!socket_path)
+		socket_path = secure_getenv("KVD_SOCKET");
+	if (!socket_path || !*socket_path)
 		socket_path = KVD_DEFAULT_SOCKET;
 	len = strlen(socket_path);
 	if (len == 0)

@@ -390,6 +390,11 @@ TEST(params_structs) {
 	cp.flags = 0;
 	cp.size = 4;
 	ASSERT_EQ(kvd_client_connect_params(&cp, &bad), -EINVAL);
+	/* No path: $KVD_SOCKET's, as kvdctl's and kvd-bench's. */
+	ASSERT_OK(setenv("KVD_SOCKET", f.socket, 1));
+	ASSERT_OK(kvd_client_connect(NULL, "env", &bad));
+	kvd_client_unref(bad);
+	ASSERT_OK(unsetenv("KVD_SOCKET"));
 
 	m = kvd_model_register_params(c, &mp);
 	ASSERT_TRUE(m >= 0);

@@ -154,7 +154,7 @@ typedef struct kvd_index_spec {
 typedef struct kvd_connect_params {
 	uint32_t size;             /* sizeof(kvd_connect_params) */
 	uint32_t flags;            /* KVD_CONNECT_* */
-	const char *socket_path;   /* NULL: KVD_DEFAULT_SOCKET */
+	const char *socket_path;   /* NULL: $KVD_SOCKET, else KVD_DEFAULT_SOCKET */
 	const char *tenant;        /* NULL: an administrative connection */
 	uint32_t timeout_ms;       /* for the connect and hello; 0: KVD_CONNECT_TIMEOUT_MS from
 	                            * the environment, or 5000 */
@@ -196,7 +196,9 @@ typedef struct kvd_event {
 KVD_EXPORT const char *kvd_version(void);
 
 /*
- * Connects to the daemon at socket_path (NULL: KVD_DEFAULT_SOCKET) and says hello.
+ * Connects to the daemon at socket_path (NULL: $KVD_SOCKET when set and not empty, else
+ * KVD_DEFAULT_SOCKET; since KVD_1.4, before which NULL always meant KVD_DEFAULT_SOCKET) and
+ * says hello.
  * tenant names the tenant this process acts for ([A-Za-z0-9_.-], 1..63 characters), or is
  * NULL for an administrative connection that may only use kvd_status_get,
  * kvd_budget_set and kvd_tenant_set.
