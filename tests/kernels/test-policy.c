@@ -381,10 +381,11 @@ TEST(short_windows) {
 		kt_layer_init(&f, KVD_DTYPE_F32, H, HKV, w, L, D, 24, 90 + w, 3.0f);
 		for (int pol = 0; pol < _KVD_POLICY_MAX; pol++) {
 			struct kvd_policy_params p;
-			float *v = kt_floats((size_t)H * (L - w));
+			float *v;
 
 			if (kvd_policy_info(pol)->flags & KVD_POLICY_NEEDS_INDEX)
 				continue;
+			v = kt_floats((size_t)H * (L - w));
 			kvd_policy_params_default(pol, &p);
 			/* As the daemon's rounds score (daemon/round.c). */
 			p.capacity = w + (L - w) / 2;
