@@ -326,19 +326,29 @@ static unsigned long long cpu_ticks(pid_t pid) {
  */
 TEST(fd_limit_bounds_connections) {
 	kvd_client *c[8], *extra = NULL;
+	uint64_t retried = 0;
 	struct fixture f;
 
 	fixture_setup(&f, NULL, true);
 	f.fd_limit = 256;
 	fixture_launch(&f, (const char *const[]){ "--pool-size=16MiB", "--chunk-size=1MiB", NULL });
 	ASSERT_TRUE(fixture_wait_log(&f, "allows 4 connections besides 16 chunks", 1));
-	for (int i = 0; i < 8; i++)
-		c[i] = fixture_connect(&f, NULL);
+	/* The start-up probe's connection may not be gone from the daemon's count yet: a
+	 * refusal within the first second is retried (and counted). */
+	for (int i = 0; i < 8; i++) {
+		int r;
+
+		for (int k = 0; (r = kvd_client_connect(f.socket, NULL, &c[i])) == -EUSERS && k < 100; k++) {
+			retried++;
+			usleep(10 * 1000);
+		}
+		ASSERT_OK(r);
+	}
 	ASSERT_ERRNO(kvd_client_connect(f.socket, NULL, &extra), -EUSERS);
 	/* A place for the status query. */
 	kvd_client_unref(c[0]);
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "connections", 8));
-	ASSERT_EQ(refused(&f, "connections"), 1u);
+	ASSERT_EQ(refused(&f, "connections"), 1u + retried);
 	for (int i = 1; i < 8; i++)
 		kvd_client_unref(c[i]);
 	ASSERT_EQ(fixture_stop(&f), 0);
