@@ -506,6 +506,36 @@ kvd_client *kvd_client_unref(kvd_client *c) {
 	return NULL;
 }
 
+/* The codes whose meaning for kvd the C library's words do not say. */
+static const struct {
+	int code;
+	const char *text;
+} kvd_errors[] = {
+	{ -EFBIG, "the sequence holds max_tokens" },
+	{ -EDQUOT, "the tenant is at its cap (max)" },
+	{ -ENOSPC, "no room under the node's budget or in the pool, and no eviction made room "
+	           "in time" },
+	{ -ESTALE, "the sequence belongs to a lost connection (kvd_seq_claim or kvd_seq_release "
+	           "it)" },
+	{ -ECHILD, "a handle of the parent used after fork()" },
+	{ -ECONNRESET, "the connection to the daemon is lost (kvd_client_reconnect)" },
+	{ -EUSERS, "a daemon limit was reached (connections, tenants, sequences or models)" },
+	{ -EPROTONOSUPPORT, "no protocol version in common with the daemon, or a GPU pool and a "
+	                    "libkvd without CUDA" },
+	{ -EPROTO, "the daemon broke the protocol" },
+	{ -EXDEV, "the sequence's memory is on another GPU than this connection's" },
+};
+
+const char *kvd_strerror(int code) {
+	const char *text;
+
+	for (size_t i = 0; i < ELEMENTSOF(kvd_errors); i++)
+		if (kvd_errors[i].code == code)
+			return kvd_errors[i].text;
+	text = code < 0 ? strerrordesc_np(-code) : NULL;
+	return text ? text : "unknown error";
+}
+
 const char *kvd_client_last_error(kvd_client *c) {
 	if (!c || client_forked(c))
 		return "";

@@ -48,7 +48,7 @@ static const kvd_model_spec spec = {
 static int fail(kvd_client *c, const char *what, int r) {
 	const char *msg = c ? kvd_client_last_error(c) : "";
 
-	fprintf(stderr, "engine: %s: %s%s%s\n", what, strerror(-r), *msg ? ": " : "", msg);
+	fprintf(stderr, "engine: %s: %s%s%s\n", what, kvd_strerror(r), *msg ? ": " : "", msg);
 	return 1;
 }
 

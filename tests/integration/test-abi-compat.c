@@ -528,3 +528,15 @@ TEST(old_client_new_daemon) {
 	free(rx);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+/* kvd_strerror: kvd's meaning where it has one, the C library's otherwise, never NULL. */
+TEST(strerror_words) {
+	ASSERT_TRUE(strstr(kvd_strerror(-EFBIG), "max_tokens") != NULL);
+	ASSERT_TRUE(strstr(kvd_strerror(-EDQUOT), "cap") != NULL);
+	ASSERT_TRUE(strstr(kvd_strerror(-ESTALE), "kvd_seq_claim") != NULL);
+	ASSERT_STREQ(kvd_strerror(-ENOENT), strerror(ENOENT));
+	ASSERT_STREQ(kvd_strerror(-EINVAL), strerror(EINVAL));
+	ASSERT_STREQ(kvd_strerror(-100000), "unknown error");
+	ASSERT_STREQ(kvd_strerror(0), "unknown error");
+	ASSERT_STREQ(kvd_strerror(12), "unknown error");
+}

@@ -276,6 +276,15 @@ KVD_EXPORT kvd_client *kvd_client_unref(kvd_client *c);
  * none (and after fork). Copy it before the next call on the client. */
 KVD_EXPORT const char *kvd_client_last_error(kvd_client *c);
 
+/*
+ * What a negative errno from libkvd means for kvd, for messages to users: -EFBIG "the
+ * sequence holds max_tokens", -EDQUOT "the tenant is at its cap", and so on for the codes
+ * kvd gives a meaning of its own; the C library's description for the others, "unknown
+ * error" for what is none. A static string, never NULL; thread-safe. The daemon's own words
+ * for a refusal are kvd_client_last_error()'s. Since KVD_1.4.
+ */
+KVD_EXPORT const char *kvd_strerror(int code);
+
 /* Negotiated protocol version (>= 1), or -ECHILD after fork. */
 KVD_EXPORT int kvd_client_protocol_version(kvd_client *c);
 
