@@ -702,8 +702,10 @@ int kvd_seq_observation(kvd_seq *s, uint32_t layer, void **ret_q) {
 		return r;
 	/*
 	 * The caller is about to rewrite the window: withdraw its stamp first (0: no window),
-	 * and order that before the writes, so that a daemon that reads the stamp before and
-	 * after copying a window never takes a half-written one for the stamped one.
+	 * and order that before the writes. The daemon reads the stamp once, when a round
+	 * snapshots the sequence; a round that takes the stamp before this withdrawal may
+	 * still read the window while it is rewritten, which costs that round's scores for
+	 * the layer, never memory safety (the buffer's geometry is fixed).
 	 */
 	__atomic_store_n(&s->obs_stamps[layer], 0, __ATOMIC_RELAXED);
 	__atomic_thread_fence(__ATOMIC_RELEASE);

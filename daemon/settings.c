@@ -130,7 +130,8 @@ static const struct setting node_table[] = {
 	{ "pool-size", SETTING_SIZE, 0, "SIZE", "1GiB", NULL,
 	  "pool capacity, whole chunks; with cuda, on each GPU", NODE(pool_size) },
 	{ "chunk-size", SETTING_SIZE, 0, "SIZE", "4MiB", NULL,
-	  "unit of allocation and sharing, a multiple of the page size", NODE(chunk_size) },
+	  "unit of allocation and sharing: at least 64KiB, a multiple of the backend's "
+	  "granularity (the page size on host)", NODE(chunk_size) },
 	{ "budget", SETTING_SIZE, SETTING_RUNTIME, "SIZE", NULL, "the pool size",
 	  "node budget, at most the pool; kvdctl budget set changes it live", NODE(budget) },
 	{ "max-connections", SETTING_U32, SETTING_RUNTIME, "N", "256", NULL,
