@@ -764,6 +764,14 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	r = server_setup_rings(s);
 	if (r < 0)
 		goto fail;
+	/* Before the clients' socket: a daemon that accepts connections also serves metrics. */
+	if (limits->metrics_listen && *limits->metrics_listen) {
+		r = http_new(s->loop, limits->metrics_listen, render_metrics, s, &s->http);
+		if (r < 0) {
+			log_error_errno(r, "cannot serve metrics on %s", limits->metrics_listen);
+			goto fail;
+		}
+	}
 	r = inherit_socket(s, sockets, n_sockets);
 	n_sockets = 0;
 	if (r < 0)
@@ -785,13 +793,6 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	if (s->signal_fd < 0) {
 		r = log_error_errno(negative_errno(), "signalfd failed");
 		goto fail;
-	}
-	if (limits->metrics_listen && *limits->metrics_listen) {
-		r = http_new(s->loop, limits->metrics_listen, render_metrics, s, &s->http);
-		if (r < 0) {
-			log_error_errno(r, "cannot serve metrics on %s", limits->metrics_listen);
-			goto fail;
-		}
 	}
 	*ret = s;
 	return 0;
