@@ -96,14 +96,20 @@ void envelope_grants(struct envelope_grants *g, const struct pool *p, uint32_t d
 	}
 }
 
-static void event(struct conn *c, Kvd__V1__Event *ev, const int *fds, uint32_t nfds,
-                  const char *what) {
+/* Queues ev with fds; returns conn_send()'s result. */
+static int event_send(struct conn *c, Kvd__V1__Event *ev, const int *fds, uint32_t nfds) {
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 
 	ev->has_type = true;
 	env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
 	env.event = ev;
-	send_or_close(c, &env, fds, nfds, what);
+	return conn_send(c, &env, fds, nfds);
+}
+
+static void event(struct conn *c, Kvd__V1__Event *ev, const int *fds, uint32_t nfds,
+                  const char *what) {
+	if (event_send(c, ev, fds, nfds) < 0 && !c->closing)
+		conn_close(c, what);
 }
 
 void envelope_event_grants(struct conn *c, struct envelope_grants *g) {
@@ -138,11 +144,7 @@ void envelope_event_seq_changed(struct conn *c, uint64_t seq_id, uint64_t genera
 
 int envelope_event_stopping(struct conn *c) {
 	Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
 
-	ev.has_type = true;
 	ev.type = KVD__V1__EVENT_TYPE__EVENT_STOPPING;
-	env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
-	env.event = &ev;
-	return conn_send(c, &env, NULL, 0);
+	return event_send(c, &ev, NULL, 0);
 }

@@ -345,23 +345,55 @@ int raw_send_bytes(int fd, const void *p, size_t n) {
 	return k == (ssize_t)n ? 0 : -EIO;
 }
 
-int raw_send(int fd, const Envelope *env) {
+int raw_send_fds(int fd, const Envelope *env, const int *fds, uint32_t nfds) {
+	union {
+		struct cmsghdr h;
+		uint8_t buf[CMSG_SPACE(WIRE_FDS_MAX * sizeof(int))];
+	} cm = { 0 };
+	struct iovec iov;
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
 	uint8_t *frame;
 	size_t size;
+	ssize_t k;
 	int r;
 
-	r = wire_encode(env, 0, &frame, &size);
+	if (nfds > WIRE_FDS_MAX)
+		return -EINVAL;
+	r = wire_encode(env, nfds, &frame, &size);
 	if (r < 0)
 		return r;
-	r = raw_send_bytes(fd, frame, size);
+	iov.iov_base = frame;
+	iov.iov_len = size;
+	if (nfds > 0) {
+		msg.msg_control = cm.buf;
+		msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+		cm.h.cmsg_level = SOL_SOCKET;
+		cm.h.cmsg_type = SCM_RIGHTS;
+		cm.h.cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(&cm.h), fds, nfds * sizeof(int));
+	}
+	k = sendmsg(fd, &msg, MSG_NOSIGNAL);
+	r = k < 0 ? -errno : k == (ssize_t)size ? 0 : -EIO;
 	free(frame);
 	return r;
+}
+
+int raw_send(int fd, const Envelope *env) {
+	return raw_send_fds(fd, env, NULL, 0);
 }
 
 int raw_recv(int fd, struct wire_rx *rx, int timeout_ms, Envelope **ret) {
 	int fds[WIRE_FDS_MAX];
 	uint32_t nfds;
+	int r = raw_recv_fds(fd, rx, timeout_ms, ret, fds, &nfds);
 
+	for (uint32_t i = 0; r > 0 && i < nfds; i++)
+		close(fds[i]);
+	return r;
+}
+
+int raw_recv_fds(int fd, struct wire_rx *rx, int timeout_ms, Envelope **ret,
+                 int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds) {
 	for (;;) {
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 		uint8_t cmsg[WIRE_CMSG_SPACE];
@@ -371,12 +403,9 @@ int raw_recv(int fd, struct wire_rx *rx, int timeout_ms, Envelope **ret) {
 		ssize_t n;
 		int r;
 
-		r = wire_rx_next(rx, ret, fds, &nfds);
-		if (r != 0) {
-			for (uint32_t i = 0; r > 0 && i < nfds; i++)
-				close(fds[i]);
+		r = wire_rx_next(rx, ret, fds, ret_nfds);
+		if (r != 0)
 			return r;
-		}
 		r = poll(&p, 1, timeout_ms);
 		if (r == 0)
 			return -ETIMEDOUT;

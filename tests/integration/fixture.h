@@ -88,14 +88,20 @@ bool fixture_wait_status(struct fixture *f, const char *tenant, const char *key,
 
 /* A raw connection for sending what libkvd never sends. */
 int raw_connect(struct fixture *f);
-/* Sends an envelope, or raw bytes. Return 0 or -errno. */
+/* Sends an envelope (with nfds fds attached, as the frame announces), or raw bytes. Return 0
+ * or -errno. */
 int raw_send(int fd, const Envelope *env);
+int raw_send_fds(int fd, const Envelope *env, const int *fds, uint32_t nfds);
 int raw_send_bytes(int fd, const void *p, size_t n);
 /*
  * Receives the next frame within timeout_ms into *rx (heap: it is large). Returns 1 with
  * the envelope, 0 on EOF (the daemon closed the connection), -ETIMEDOUT, or another error.
  */
 int raw_recv(int fd, struct wire_rx *rx, int timeout_ms, Envelope **ret);
+/* raw_recv() that hands the frame's fds to the caller (ret_nfds of them) instead of closing
+ * them. */
+int raw_recv_fds(int fd, struct wire_rx *rx, int timeout_ms, Envelope **ret,
+                 int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds);
 /* Sends hello as tenant (NULL: admin) with the given versions; returns the reply code. */
 int raw_hello(int fd, struct wire_rx *rx, const char *tenant, uint32_t min, uint32_t max);
 

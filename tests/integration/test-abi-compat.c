@@ -63,36 +63,6 @@ static float row_value(uint32_t l, uint32_t h, uint32_t slot, uint32_t e) {
 	return (float)(l * 1000 + h * 100 + slot) + (float)e / 16.0f;
 }
 
-static int send_frame(int fd, Envelope *env, const int *fds, uint32_t nfds) {
-	uint8_t cmsg[CMSG_SPACE(4 * sizeof(int))] = { 0 };
-	uint8_t *frame;
-	size_t size;
-	struct iovec iov;
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
-	ssize_t k;
-
-	if (wire_encode(env, nfds, &frame, &size) < 0)
-		return -EIO;
-	iov.iov_base = frame;
-	iov.iov_len = size;
-	if (nfds) {
-		struct cmsghdr *c;
-
-		msg.msg_control = cmsg;
-		msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-		c = CMSG_FIRSTHDR(&msg);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-		memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
-	}
-	k = sendmsg(fd, &msg, MSG_NOSIGNAL);
-	free(frame);
-	if (k < 0)
-		return -errno;
-	return k == (ssize_t)size ? 0 : -EIO;
-}
-
 /* Lays the descriptor out as the old daemon did: arrays from ALIGN_TO(header, 64). */
 static void old_desc_new(struct old_daemon *o) {
 	struct kvd_seq_desc *g = &o->geo;
@@ -241,7 +211,7 @@ static int old_serve_one(struct old_daemon *o, int fd, struct wire_rx *rx) {
 		ok.code = -EOPNOTSUPP;
 		break;
 	}
-	r = send_frame(fd, &rep, fds, nfds);
+	r = raw_send_fds(fd, &rep, fds, nfds);
 	/* A client that hung up after a request it does not wait for (ChunksUnmapped). */
 	if (r == -EPIPE || r == -ECONNRESET)
 		return 0;
@@ -463,30 +433,8 @@ TEST(old_client_new_daemon) {
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN;
 	env.seq_open = &open;
 	ASSERT_OK(raw_send(fd, &env));
-	/* The descriptor's fd stays ours: raw_recv() would close it, so take the frame here. */
-	for (;;) {
-		int r;
-
-		r = wire_rx_next(rx, &rep, fds, &nfds);
-		if (r == 1)
-			break;
-		ASSERT_EQ(r, 0);
-		{
-			uint8_t cmsg[WIRE_CMSG_SPACE];
-			struct iovec iov;
-			struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cmsg,
-				              .msg_controllen = sizeof(cmsg) };
-			struct pollfd p = { .fd = fd, .events = POLLIN };
-			ssize_t n;
-
-			ASSERT_EQ(poll(&p, 1, 5000), 1);
-			iov.iov_base = wire_rx_space(rx, &iov.iov_len);
-			n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-			ASSERT_GT(n, 0);
-			ASSERT_OK(wire_rx_take_cmsg(rx, &msg));
-			wire_rx_commit(rx, n);
-		}
-	}
+	/* The descriptor's fd stays ours. */
+	ASSERT_EQ(raw_recv_fds(fd, rx, 5000, &rep, fds, &nfds), 1);
 	ASSERT_EQ(rep->id, 3u);
 	ASSERT_EQ(rep->status->code, 0);
 	ASSERT_EQ(nfds, 1u);

@@ -299,30 +299,13 @@ TEST(request_with_fds) {
 	Kvd__V1__StatusRequest sr = KVD__V1__STATUS_REQUEST__INIT;
 	Envelope req = KVD__V1__ENVELOPE__INIT, *rep;
 	int fd = fresh(), passed = dup(2);
-	uint8_t *frame;
-	size_t size;
-	union {
-		struct cmsghdr h;
-		uint8_t buf[CMSG_SPACE(sizeof(int))];
-	} cm = { 0 };
-	struct iovec iov;
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-		              .msg_controllen = sizeof(cm.buf) };
 
 	ASSERT_EQ(raw_hello(fd, rx, "t", 1, 1), 0);
 	req.has_id = true;
 	req.id = 3;
 	req.body_case = KVD__V1__ENVELOPE__BODY_STATUS_REQUEST;
 	req.status_request = &sr;
-	ASSERT_OK(wire_encode(&req, 1, &frame, &size));
-	iov.iov_base = frame;
-	iov.iov_len = size;
-	cm.h.cmsg_level = SOL_SOCKET;
-	cm.h.cmsg_type = SCM_RIGHTS;
-	cm.h.cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(&cm.h), &passed, sizeof(int));
-	ASSERT_EQ(sendmsg(fd, &msg, 0), (ssize_t)size);
-	free(frame);
+	ASSERT_OK(raw_send_fds(fd, &req, &passed, 1));
 	ASSERT_EQ(raw_recv(fd, rx, 5000, &rep), 1);
 	ASSERT_EQ(rep->id, 3u);
 	ASSERT_EQ(rep->status->code, -EBADMSG);
