@@ -66,6 +66,8 @@ enum stop_at {
 struct chunk_slot {
 	void *addr; /* NULL: not mapped; published last, with release ordering */
 	uint64_t bytes;
+	/* Host range only (range.h): its place in the range is a hole, not reserved. */
+	bool hole;
 };
 
 struct model {
@@ -80,6 +82,7 @@ struct model {
 };
 
 struct client_ring;
+struct client_range;
 
 
 struct kvd_client {
@@ -122,12 +125,16 @@ struct kvd_client {
 
 	uint32_t version;
 	uint64_t chunk_bytes;
+	uint64_t pool_bytes;       /* HelloReply.pool_bytes: the range's size (0: not said) */
 	/* The pool's memory, from the HelloReply: KVD_MEMORY_HOST (chunks are mmap()ed) or
 	 * KVD_MEMORY_CUDA (chunks are imported into cuda's range, cuda-import.h). */
 	uint32_t memory;
 	uint64_t features;         /* HelloReply.features of the current connection */
 	uint32_t connect_timeout_ms; /* kvd_connect_params.timeout_ms; 0: the environment's */
 	struct client_cuda *cuda;
+	/* KVD_MEMORY_HOST, a tenant's connection: the range its chunks are mapped in (range.h);
+	 * NULL when the daemon did not say the pool's size or the address space was short. */
+	struct client_range *range;
 	uint8_t device_uuid[16];   /* KVD_MEMORY_CUDA: the daemon's GPU, WIRE_DEVICE_UUID_BYTES */
 	/* Engines' CUDA events registered with the daemon (kvd_seq_unpin_after): event i has
 	 * id i + 1 on this connection; a reconnect starts over. */
@@ -159,8 +166,9 @@ void client_set_error(kvd_client *c, const char *message);
 bool tenant_name_valid(const char *s);
 /* The model registered as model_id on this connection, or NULL (model.c). */
 const struct model *model_find(const kvd_client *c, int model_id);
-/* Unmaps a chunk's mapping of bytes at addr (or hands a GPU import back). */
-void chunk_mapping_drop(kvd_client *c, void *addr, uint64_t bytes);
+/* Unmaps a chunk's mapping of bytes at addr (or hands a GPU import back); false when it
+ * left a hole in the host range (range.h). */
+bool chunk_mapping_drop(kvd_client *c, void *addr, uint64_t bytes);
 /* Tells the daemon, without waiting, that ids are no longer mapped here. */
 void client_tell_unmapped(kvd_client *c, uint32_t *ids, uint32_t n);
 
@@ -253,10 +261,11 @@ static inline void *chunk_addr(const kvd_client *c, uint32_t id, uint64_t *ret_b
 
 void close_fds(int *fds, uint32_t n);
 
-/* Maps a granted chunk, taking ownership of fd; unmaps chunk id if mapped. Both under the
- * lock. */
+/* Maps a granted chunk, taking ownership of fd, under the lock. */
 int chunk_map(kvd_client *c, const Kvd__V1__ChunkGrant *grant, int fd);
-void chunk_unmap(kvd_client *c, uint32_t id);
+/* Unmaps chunks ids (those not mapped here are skipped), runs of adjacent ids in one call
+ * where the host range allows, under the lock. */
+void chunk_unmap_many(kvd_client *c, const uint32_t *ids, size_t n);
 
 void client_lock(kvd_client *c);
 /* Also handles the frames already buffered and updates the event fd (see client.c). */

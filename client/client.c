@@ -22,6 +22,7 @@
 #include "basic/number.h"
 #include "config.h"
 #include "cuda-import.h"
+#include "range.h"
 #include "kvd/kvd.h"
 #include "wire.h"
 
@@ -104,6 +105,7 @@ static void client_free(kvd_client *c) {
 			client_tell_unmapped(c, ids, n);
 	}
 	c->cuda = client_cuda_free(c->cuda, child);
+	c->range = client_range_free(c->range, child);
 	if (c->rx) {
 		wire_rx_done(c->rx);
 		free(c->rx);
@@ -240,6 +242,7 @@ static int client_hello(kvd_client *c, const char *tenant) {
 	c->version = hr->version;
 	c->features = hr->has_features ? hr->features : 0;
 	c->chunk_bytes = hr->has_chunk_bytes ? hr->chunk_bytes : 0;
+	c->pool_bytes = hr->has_pool_bytes ? hr->pool_bytes : 0;
 	c->connection_id = hr->has_connection_id ? hr->connection_id : 0;
 	c->memory = hr->has_memory ? (uint32_t)hr->memory : KVD_MEMORY_HOST;
 	if (c->memory == KVD_MEMORY_CUDA && c->has_tenant) {
@@ -255,6 +258,11 @@ static int client_hello(kvd_client *c, const char *tenant) {
 			close_fds(fds, nfds);
 			return r;
 		}
+	} else if (c->memory == KVD_MEMORY_HOST && c->has_tenant && hr->has_pool_bytes) {
+		/* Without the range, chunks go anywhere and block tables are refused: a daemon
+		 * whose pool is larger than the address space this process may have is still
+		 * served. */
+		(void)client_range_new(hr->pool_bytes, c->chunk_bytes, &c->range);
 	} else if (c->memory != KVD_MEMORY_HOST && c->memory != KVD_MEMORY_CUDA) {
 		close_fds(fds, nfds);
 		return -EPROTO;
@@ -418,6 +426,7 @@ static void client_forget(kvd_client *c) {
 	c->n_mapped = 0;
 	/* The next daemon may pool another GPU, or host memory. */
 	c->cuda = client_cuda_free(c->cuda, false);
+	c->range = client_range_free(c->range, false);
 	c->memory = KVD_MEMORY_HOST;
 	/* The counts the rings compare with are the lost connection's. */
 	c->frames_read = 0;

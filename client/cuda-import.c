@@ -211,3 +211,7 @@ int client_cuda_event_sync(void *event) {
 int client_cuda_device(const struct client_cuda *cc) {
 	return cc->ordinal;
 }
+
+char *client_cuda_base(const struct client_cuda *cc) {
+	return (char *)(uintptr_t)cc->base;
+}

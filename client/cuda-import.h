@@ -44,6 +44,8 @@ int client_cuda_map(struct client_cuda *cc, uint32_t id, int fd, uint64_t bytes,
 void client_cuda_unmap(struct client_cuda *cc, void *addr, uint64_t bytes);
 /* The device's ordinal in this process. */
 int client_cuda_device(const struct client_cuda *cc);
+/* The range's first byte (a device pointer): chunk id i is mapped at base + i * chunk_bytes. */
+char *client_cuda_base(const struct client_cuda *cc);
 /* The UUID (uuid_len 16) of the device of the context current on the calling thread, for
  * the hello: 0, or -ENODEV when there is none (or the driver is not loaded in this process
  * already: libkvd does not load it just to ask). */
@@ -74,6 +76,10 @@ static inline void client_cuda_unmap(struct client_cuda *cc, void *addr, uint64_
 static inline int client_cuda_device(const struct client_cuda *cc) {
 	(void)cc;
 	return -1;
+}
+static inline char *client_cuda_base(const struct client_cuda *cc) {
+	(void)cc;
+	return NULL;
 }
 static inline int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len) {
 	(void)uuid, (void)uuid_len;

@@ -545,8 +545,7 @@ static int seq_release_locked(kvd_seq *s) {
 
 	if (c->stop_at == STOP_RELEASE_REPLIED)
 		raise(SIGSTOP);
-	for (size_t i = 0; i < rep->n_unmap_chunk_ids; i++)
-		chunk_unmap(c, rep->unmap_chunk_ids[i]);
+	chunk_unmap_many(c, rep->unmap_chunk_ids, rep->n_unmap_chunk_ids);
 
 	/* The ids can point into the reply: the request is encoded before the next read
 	 * reuses the receive buffer. Waited for, so that the chunks are the daemon's again

@@ -24,6 +24,7 @@
 #include "client-internal.h"
 #include "basic/macro.h"
 #include "cuda-import.h"
+#include "range.h"
 #include "kvd/kvd.h"
 #include "wire.h"
 #include "basic/time-util.h"
@@ -61,26 +62,60 @@ static int chunk_slot_make(kvd_client *c, uint32_t id, struct chunk_slot **ret) 
 	return 0;
 }
 
-/* Gives a chunk's mapping back, in the way the pool's memory was mapped. */
-void chunk_mapping_drop(kvd_client *c, void *addr, uint64_t bytes) {
-	if (c->cuda)
+/* Gives a chunk's mapping back, in the way the pool's memory was mapped: false when it
+ * left a hole in the host range (range.h). */
+bool chunk_mapping_drop(kvd_client *c, void *addr, uint64_t bytes) {
+	if (c->cuda) {
 		client_cuda_unmap(c->cuda, addr, bytes);
-	else
-		munmap(addr, bytes);
+		return true;
+	}
+	if (c->range)
+		return client_range_unmap(c->range, addr, bytes);
+	munmap(addr, bytes);
+	return true;
 }
 
-/* Unmaps chunk id if it is mapped here; called with the lock held. */
-void chunk_unmap(kvd_client *c, uint32_t id) {
+/* Takes chunk id's slot out of the table for chunk_unmap_many(): its address, or NULL when
+ * it is not mapped here. */
+static char *chunk_slot_take(kvd_client *c, uint32_t id, struct chunk_slot **ret) {
 	struct chunk_slot *slot = chunk_slot(c, id);
-	void *addr;
+	char *addr;
 
 	if (!slot || !slot->addr)
-		return;
+		return NULL;
 	addr = slot->addr;
 	__atomic_store_n(&slot->addr, NULL, __ATOMIC_RELEASE);
 	/* bytes stays: a reader still holding the old address must not see it change. */
-	chunk_mapping_drop(c, addr, slot->bytes);
 	c->n_mapped--;
+	*ret = slot;
+	return addr;
+}
+
+void chunk_unmap_many(kvd_client *c, const uint32_t *ids, size_t n) {
+	for (size_t i = 0; i < n;) {
+		struct chunk_slot *first, *slot;
+		char *addr = chunk_slot_take(c, ids[i], &first), *next;
+		uint64_t bytes;
+		size_t run = 1;
+
+		if (!addr) {
+			i++;
+			continue;
+		}
+		bytes = first->bytes;
+		/* Chunks side by side in the host range go back in one call: one walk of the
+		 * page tables and one TLB shootdown instead of one per chunk. */
+		while (c->range && i + run < n && ids[i + run] == ids[i] + run &&
+		       (next = chunk_addr(c, ids[i + run], NULL)) == addr + bytes) {
+			(void)chunk_slot_take(c, ids[i + run], &slot);
+			bytes += slot->bytes;
+			run++;
+		}
+		if (!chunk_mapping_drop(c, addr, bytes))
+			for (size_t k = 0; k < run; k++)
+				chunk_slot(c, ids[i + k])->hole = true;
+		i += run;
+	}
 }
 
 /* Imports a MEMORY_CUDA chunk into the pool's range; fd stays the caller's. */
@@ -129,14 +164,22 @@ int chunk_map(kvd_client *c, const Kvd__V1__ChunkGrant *grant, int fd_in) {
 	if (S_ISREG(st.st_mode) && (uint64_t)st.st_size < grant->bytes)
 		return -EPROTO;
 
-	p = mmap(NULL, grant->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (p == MAP_FAILED)
-		return negative_errno();
-	/* KV memory must not leak into fork() children (see kvd.h). */
-	if (madvise(p, grant->bytes, MADV_DONTFORK) < 0) {
-		r = negative_errno();
-		munmap(p, grant->bytes);
-		return r;
+	if (c->range) {
+		r = client_range_map(c->range, grant->chunk_id, fd, grant->bytes, slot->hole, &p);
+		if (r < 0)
+			return r;
+		slot->hole = (char *)p != (char *)client_range_base(c->range) +
+		                          (uint64_t)grant->chunk_id * grant->bytes;
+	} else {
+		p = mmap(NULL, grant->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED)
+			return negative_errno();
+		/* KV memory must not leak into fork() children (see kvd.h). */
+		if (madvise(p, grant->bytes, MADV_DONTFORK) < 0) {
+			r = negative_errno();
+			munmap(p, grant->bytes);
+			return r;
+		}
 	}
 	slot->bytes = grant->bytes;
 	__atomic_store_n(&slot->addr, p, __ATOMIC_RELEASE);
@@ -415,8 +458,7 @@ static int client_handle_event(kvd_client *c, const Kvd__V1__Event *ev, int *fds
 		return 0;
 	switch (ev->type) {
 	case KVD__V1__EVENT_TYPE__EVENT_CHUNKS_UNMAP:
-		for (size_t i = 0; i < ev->n_chunk_ids; i++)
-			chunk_unmap(c, ev->chunk_ids[i]);
+		chunk_unmap_many(c, ev->chunk_ids, ev->n_chunk_ids);
 		/* Ids we never mapped are reported too: they are not mapped here, which is all
 		 * the daemon needs to hear. The reply is dropped when it arrives. */
 		client_tell_unmapped(c, ev->chunk_ids, (uint32_t)ev->n_chunk_ids);

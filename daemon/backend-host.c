@@ -31,6 +31,9 @@ static int host_chunk_create(uint32_t id, uint32_t device, uint64_t bytes,
 	r = memfd_sealed(name, bytes, 0, &fd, &addr);
 	if (r < 0)
 		return r;
+	/* Huge pages where the kernel gives them to shared memory (docs/operating.md, "Huge
+	 * pages"); clients ask the same of their mappings. */
+	(void)madvise(addr, bytes, MADV_HUGEPAGE);
 	ret->fd = fd;
 	ret->addr = addr;
 	ret->device = device;
@@ -53,6 +56,7 @@ static int host_chunk_adopt(uint32_t id, uint32_t device, int fd, uint64_t bytes
 	addr = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (addr == MAP_FAILED)
 		return negative_errno();
+	(void)madvise(addr, bytes, MADV_HUGEPAGE);
 	*ret = (struct backend_chunk){ .fd = -EBADF, .addr = addr, .bytes = bytes, .device = device };
 	return 0;
 }

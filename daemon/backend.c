@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,12 +46,33 @@ int backend_devices_check(const char *value, const char **ret_why) {
 	return 0;
 }
 
+/* The kernel's policy for huge pages in shared memory (the word in brackets of
+ * shmem_enabled: always, within_size, advise, never, deny, force), or "unknown". The host
+ * backend's chunks get them with "advise" and the ones above it. */
+static const char *shmem_huge_pages(char *buf, size_t n) {
+	_cleanup_(fclosep) FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+	char line[256], *open_b, *close_b;
+
+	if (!f || !fgets(line, sizeof(line), f) || !(open_b = strchr(line, '[')) ||
+	    !(close_b = strchr(open_b, ']')))
+		return "unknown";
+	*close_b = '\0';
+	snprintf(buf, n, "%s", open_b + 1);
+	return buf;
+}
+
 int backend_open(const char *name, const char *devices, const struct backend_ops **ret,
                  char *why, size_t why_n) {
 	char cuda_why[256];
 
 	if (strcmp(name, "host") == 0) {
-		snprintf(why, why_n, "host (memfd chunks), as configured");
+		char huge[32];
+		const char *h = shmem_huge_pages(huge, sizeof(huge));
+		bool off = strcmp(h, "never") == 0 || strcmp(h, "deny") == 0;
+
+		snprintf(why, why_n, "host (memfd chunks; shared-memory huge pages: %s%s), as configured",
+		         h, off ? ", so releasing many chunks at once takes milliseconds: see "
+		         "kvd(8), HUGE PAGES" : "");
 		*ret = &backend_host_ops;
 		return 0;
 	}

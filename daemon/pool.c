@@ -82,6 +82,11 @@ static bool keep_for_readers(struct pool *p, const struct backend_chunk *mem) {
 /* Destroys a chunk's memory object (the fd store forgets it too); it is nobody's after.
  * While a round may read it, it is only taken from the chunk (pool_readers_begin()). */
 static void chunk_drop_memory(struct pool *p, struct chunk *c) {
+	/* Processes of its last owner may keep a mapping of it (pool.h, "Isolation"): the
+	 * pages go back to the system rather than live on there (on the host backend). */
+	if (c->dirty && c->mem.fd >= 0)
+		(void)p->ops->chunk_scrub(&c->mem);
+	c->dirty = false;
 	if (c->mem.fd >= 0) {
 		if (p->chunk_destroyed)
 			p->chunk_destroyed(p->chunk_created_userdata, c);
@@ -256,6 +261,16 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 		free_drop_memory(p, c);
 		renewed = true;
 	}
+	if (c->dirty && c->mem.fd >= 0) {
+		/* Zeroed for its owner's next use (its memory stays its own: pool.h,
+		 * "Isolation"). */
+		r = p->ops->chunk_scrub(&c->mem);
+		if (r < 0) {
+			log_error_errno(r, "scrubbing chunk %u failed, destroying its memory", c->id);
+			chunk_drop_memory(p, c);
+		}
+	}
+	c->dirty = false;
 	if (c->mem.fd < 0) {
 		r = p->ops->chunk_create(c->id, c->mem.device, p->chunk_bytes, &c->mem);
 		if (r == -ENOMEM && renewed) {
@@ -303,7 +318,6 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 /* Puts a chunk back in the pool, zeroed, and stops charging its last owner. */
 static void chunk_release(struct pool *p, struct chunk *c) {
 	struct tenant *t = c->owner;
-	int r;
 
 	if (c->partial)
 		partial_remove(t, c);
@@ -311,12 +325,10 @@ static void chunk_release(struct pool *p, struct chunk *c) {
 		p->chunks_draining--;
 		p->device_draining[c->mem.device]--;
 	}
-	/* Zeroed for its owner's next use (its memory stays its own: pool.h, "Isolation"). */
-	r = p->ops->chunk_scrub(&c->mem);
-	if (r < 0) {
-		log_error_errno(r, "scrubbing chunk %u failed, destroying its memory", c->id);
-		chunk_drop_memory(p, c);
-	}
+	/* Zeroed when its owner takes it again (chunk_acquire), not here: a release that
+	 * empties many chunks would wait for all of them, and a chunk that goes to another
+	 * tenant gets new memory instead. */
+	c->dirty = c->mem.fd >= 0;
 	c->n_holders = 0;
 	chunk_uncharge(p, c);
 }

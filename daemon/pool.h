@@ -19,7 +19,7 @@
  *
  * Invariants: an OWNED chunk has at least one block in use (a chunk whose last block is
  * freed is reclaimed at once); only connections of the owner are holders; a chunk is
- * scrubbed on its way back to FREE, so whoever gets it next reads zeros.
+ * scrubbed when it leaves FREE (or gets new memory), so whoever gets it next reads zeros.
  *
  * Isolation against a hostile tenant: memfds and cuMem handles cannot be revoked, so a
  * process that was ever given a chunk's fd may keep it (or a mapping of it, or a copy it
@@ -69,6 +69,7 @@ struct chunk {
 	struct tenant *last_owner;
 	struct chunk *own_next, *own_prev;
 	uint64_t grant_serial;        /* last grow that granted it (see seq_grow) */
+	bool dirty;                   /* FREE with its last owner's data: scrubbed when taken */
 	/* DRAINING: when its holders were asked to unmap it (server_reclaim()), where
 	 * unmap-timeout starts; 0: they could not be asked, and no deadline runs. */
 	uint64_t unmap_asked_ms;

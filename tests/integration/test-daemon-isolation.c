@@ -117,8 +117,8 @@ TEST(kept_after_release_reaches_nothing_of_another_tenant) {
 		ASSERT_TRUE(inos[0] == k.ino || inos[1] == k.ino);
 	}
 
-	/* Alice sees none of it: her memory was scrubbed when she gave it back, and stays
-	 * hers. */
+	/* Alice sees none of it: her memory was scrubbed when bob's grant took the chunk
+	 * from her, and stays hers. */
 	hostile_assert_reads(&k, 0);
 	/* Nothing she writes reaches bob. */
 	hostile_write(&k);
@@ -149,10 +149,13 @@ TEST(own_chunk_comes_back_as_it_is) {
 	hostile_keep(&k, kvd_client_chunk_bytes(a));
 	ASSERT_OK(kvd_seq_release(s));
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));
-	/* Scrubbed on its way back. */
-	hostile_assert_reads(&k, 0);
+	/* Her own bytes until she takes it again (it is scrubbed then), and nobody else's. */
+	for (size_t i = 0; i < k.bytes; i++)
+		nonzero += k.map[i] != 0;
+	ASSERT_GT(nonzero, k.bytes / 2);
 
 	s = fill_chunk(a, m, 3);
+	nonzero = 0;
 	ASSERT_EQ(check_seq(s, 3), 0u);
 	/* The same memory: what the sequence holds shows through the kept mapping. */
 	for (size_t i = 0; i < k.bytes; i++)

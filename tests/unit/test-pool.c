@@ -411,7 +411,9 @@ TEST(tenant_max_refuses) {
 	fixture_done(&f);
 }
 
-TEST(reclaim_without_holder_scrubs) {
+/* Reclaimed at once, scrubbed when its owner takes it again (not on the way back: a
+ * release that empties many chunks must not wait for all of them). */
+TEST(reclaim_without_holder_scrubs_on_reuse) {
 	const uint64_t chunk = 4 * page;
 	struct fixture f;
 	struct chunk *c, *c2;
@@ -429,12 +431,38 @@ TEST(reclaim_without_holder_scrubs) {
 	ASSERT_EQ(f.p->chunks_free, 2u);
 	ASSERT_EQ(f.p->used_bytes, 0u);
 	ASSERT_EQ(f.a->used_bytes, 0u);
-	ASSERT_TRUE(all_bytes(c->mem.addr, 0, chunk));
+	ASSERT_TRUE(c->dirty);
+	ASSERT_TRUE(all_bytes(c->mem.addr, 0xab, chunk));
 
-	/* Its owner gets it back, and reads zeros too. */
+	/* Its owner gets it back, and reads zeros in all of it. */
 	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c2, &i1));
 	ASSERT_TRUE(c2 == c);
-	ASSERT_TRUE(all_bytes(pool_block_addr(f.p, ref_of(c2, i1)), 0, 1024));
+	ASSERT_FALSE(c->dirty);
+	ASSERT_TRUE(all_bytes(c->mem.addr, 0, chunk));
+	fixture_done(&f);
+}
+
+/* A dirty chunk that goes to another tenant is scrubbed before its memory is dropped, so
+ * that a mapping its last owner kept holds nothing of it. */
+TEST(renewed_dirty_chunk_scrubbed_before_drop) {
+	const uint64_t chunk = 4 * page;
+	struct fixture f;
+	struct chunk *c, *c2;
+	uint32_t i;
+	char *kept;
+
+	fixture_init(&f, chunk, 1, 1);
+	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 1024, &c, &i));
+	memset(c->mem.addr, 0xab, chunk);
+	kept = mmap(NULL, chunk, PROT_READ, MAP_SHARED, c->mem.fd, 0);
+	ASSERT_TRUE(kept != MAP_FAILED);
+	ASSERT_TRUE(pool_block_free(f.p, c, i));
+	ASSERT_EQ(pool_chunk_reclaim(f.p, c), 0u);
+	ASSERT_TRUE(all_bytes(kept, 0xab, chunk));
+	ASSERT_OK(pool_block_alloc(f.p, f.b, 0, 1024, &c2, &i));
+	ASSERT_TRUE(c2 == c);
+	ASSERT_TRUE(all_bytes(kept, 0, chunk));
+	munmap(kept, chunk);
 	fixture_done(&f);
 }
 
@@ -628,10 +656,11 @@ TEST(reclaim_with_holders_drains) {
 	ASSERT_EQ(f.a->used_bytes, chunk);
 	ASSERT_EQ(f.a->chunks, 1u);
 	ASSERT_EQ(c->n_holders, 0u);
-	ASSERT_TRUE(all_bytes(c->mem.addr, 0, chunk));
-	/* Back to a: its own memory first. */
+	ASSERT_TRUE(c->dirty);
+	/* Back to a: its own memory first, scrubbed. */
 	ASSERT_OK(pool_block_alloc(f.p, f.a, 0, 2048, &x, &ix));
 	ASSERT_TRUE(x == c);
+	ASSERT_TRUE(all_bytes(c->mem.addr, 0, chunk));
 
 	/* Dropping a holder of an owned chunk just forgets it. */
 	ASSERT_OK(chunk_add_holder(c2, 7));

@@ -85,7 +85,7 @@ extern "C" {
 /* The library's version this header belongs to (libkvd.so.MAJOR.MINOR; symbols versioned
  * KVD_MAJOR.MINOR in libkvd.sym): a program may test for a function with it. */
 #define KVD_VERSION_MAJOR 1
-#define KVD_VERSION_MINOR 4
+#define KVD_VERSION_MINOR 5
 
 #if defined(__GNUC__)
 #define KVD_EXPORT __attribute__((visibility("default")))
@@ -562,6 +562,47 @@ KVD_EXPORT int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, ui
  * or -EINVAL (out of range, or its chunk not mapped here), -ECHILD.
  */
 KVD_EXPORT int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret);
+
+/*
+ * Paged block tables, for attention kernels that take one base address per cache, int32
+ * block indices with a uniform stride, and the tokens per sequence (vLLM's and
+ * FlashInfer's paged attention). A tenant's connection maps every chunk in one address
+ * range, chunk id i at base + i * kvd_client_chunk_bytes() (host pools since KVD_1.5, GPU
+ * pools always), so a model whose block stride divides the chunk size has its blocks at
+ * base + b * stride, b = chunk id * (chunk bytes / stride) + index in the chunk. The stride
+ * is the block's bytes rounded up to 64; docs/engines.md says how to pick block_tokens or
+ * the daemon's --chunk-size so that it divides the chunk size.
+ *
+ * kvd_model_block_pool: for model_id, the base (in this process; a device pointer with
+ * KVD_MEMORY_CUDA), the stride in bytes, and the number of block indices the range holds in
+ * *ret_blocks (may be NULL). Only the blocks of this connection's sequences are memory:
+ * the rest of the range faults (a GPU kernel gets an illegal address). The base stays
+ * until the client is freed or reconnects. Returns 0, or -EINVAL (unknown model, NULL
+ * output), -EOPNOTSUPP (the stride does not divide the chunk size; or the connection has no
+ * range: an administrative one, a daemon that does not say its pool's size, or address
+ * space this process could not reserve), -EOVERFLOW (more blocks than an int32 holds),
+ * -ECHILD. Since KVD_1.5.
+ *
+ * kvd_seq_block_table: fills the caller's buffers for (layer, kv_head) (kv_head 0 with
+ * KVD_LAYOUT_PER_LAYER) without allocating: blocks[i] the index of the block that holds
+ * slots i * block_tokens onwards, for the ceil(n / block_tokens) blocks with resident
+ * slots, and, when positions is not NULL, positions[j] the original position of slot j
+ * for the n resident slots (slot j's position is j until an eviction compacts the table).
+ * Returns n, the resident tokens, with the descriptor's generation in *ret_generation (may
+ * be NULL). The table holds until the sequence changes: this process's next grow or
+ * release of it and, for a model with eviction, a round while it is not pinned (the
+ * generation changes and a KVD_EVENT_SEQ_CHANGED event follows): pin around the step that
+ * uses it. Returns -EINVAL (out of range, NULL buffer with a size), -ENOBUFS (max_blocks
+ * or max_positions too small: kvd_seq_tokens says how many are needed), -EOPNOTSUPP (as
+ * kvd_model_block_pool), -EFAULT (a block's chunk is not mapped at its place), -EAGAIN (the
+ * daemon kept rewriting the descriptor: pin the sequence), -EPROTO, -ESTALE, -ECHILD.
+ * Since KVD_1.5.
+ */
+KVD_EXPORT int kvd_model_block_pool(kvd_client *c, int model_id, void **ret_base,
+                                    uint64_t *ret_stride, uint32_t *ret_blocks);
+KVD_EXPORT int kvd_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head, int32_t *blocks,
+                                   uint32_t max_blocks, uint32_t *positions,
+                                   uint32_t max_positions, uint64_t *ret_generation);
 
 /*
  * Digest of the sequence's resident K/V, once computed by the daemon through its own

@@ -1,0 +1,255 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Paged block tables (kvd_model_block_pool, kvd_seq_block_table): int32 indices from one
+ * base per connection name the same blocks as kvd_seq_block, writes through them are what
+ * the daemon reads, the buffers' bounds are kept, and a stride that does not divide the
+ * chunk size is refused. Runs on the host backend and, not strict, under the fake driver
+ * (the test writes through device addresses with the CPU, which only the fake allows).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "basic/macro.h"
+#include "common/layout.h"
+#include "fixture.h"
+#include "test.h"
+
+/* Blocks of 8 KiB (per layer) and 4 KiB (per head): both divide the 1 MiB chunks. */
+static const kvd_model_spec per_layer = { "l", 2, 4, 2, 64, KVD_DTYPE_F16, 16, KVD_LAYOUT_PER_LAYER };
+static const kvd_model_spec per_head = { "h", 2, 4, 2, 64, KVD_DTYPE_F16, 16, KVD_LAYOUT_PER_HEAD };
+/* head_dim 80: blocks of 10240 bytes, which do not divide 1 MiB. */
+static const kvd_model_spec odd = { "o", 2, 2, 2, 80, KVD_DTYPE_F16, 16, KVD_LAYOUT_PER_LAYER };
+
+static const char *const pool[] = { "--pool-size", "8MiB", "--chunk-size", "1MiB", NULL };
+
+#define TOKENS 1000u
+#define MAX_BLOCKS 128u
+
+/* Two sequences grown in turns, so that each one's blocks are spread over chunks. */
+static void open_two(kvd_client *c, int m, kvd_seq **a, kvd_seq **b) {
+	ASSERT_OK(kvd_seq_open(c, m, 4096, a));
+	ASSERT_OK(kvd_seq_open(c, m, 4096, b));
+	for (uint32_t done = 0; done < TOKENS; done += 100) {
+		ASSERT_OK(kvd_seq_grow(*a, 100));
+		ASSERT_OK(kvd_seq_grow(*b, 100));
+	}
+}
+
+/* Every table of s against kvd_seq_block and kvd_seq_position. */
+static void assert_tables(kvd_seq *s, char *base, uint64_t stride) {
+	const struct kvd_seq_desc *h = kvd_seq_header(s);
+	int32_t blocks[MAX_BLOCKS];
+	uint32_t positions[TOKENS];
+	uint64_t gen = 0;
+
+	for (uint32_t l = 0; l < h->layers; l++)
+		for (uint32_t kh = 0; kh < (h->layout == KVD_LAYOUT_PER_HEAD ? h->kv_heads : 1); kh++) {
+			uint32_t t = layout_table(h, l, kh), nb = DIV_ROUND_UP(TOKENS, h->block_tokens);
+			int n = kvd_seq_block_table(s, l, kh, blocks, MAX_BLOCKS, positions, TOKENS, &gen);
+
+			ASSERT_EQ(n, (int)TOKENS);
+			ASSERT_EQ(gen, kvd_seq_descriptor(s)->generation);
+			for (uint32_t i = 0; i < nb; i++) {
+				void *b;
+
+				ASSERT_OK(kvd_seq_block(s, t, i, &b));
+				ASSERT_TRUE(blocks[i] >= 0);
+				ASSERT_TRUE((char *)b == base + (uint64_t)blocks[i] * stride);
+			}
+			for (uint32_t j = 0; j < TOKENS; j++)
+				ASSERT_EQ((int64_t)positions[j], kvd_seq_position(s, l, kh, j));
+		}
+}
+
+TEST(table_names_the_blocks) {
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *a, *b;
+	int32_t blocks[MAX_BLOCKS];
+	uint32_t positions[TOKENS], n_blocks = 0, nb = DIV_ROUND_UP(TOKENS, 16);
+	uint64_t stride = 0;
+	void *base = NULL;
+	int m;
+
+	fixture_start(&f, pool);
+	c = fixture_connect(&f, "engine");
+	m = kvd_model_register(c, &per_layer);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_model_block_pool(c, m, &base, &stride, &n_blocks));
+	ASSERT_EQ(stride, 8192u);
+	ASSERT_EQ(n_blocks, (8u << 20) / 8192u);
+	open_two(c, m, &a, &b);
+	assert_tables(a, base, stride);
+	assert_tables(b, base, stride);
+
+	/* Exactly big enough, one short, positions optional. */
+	ASSERT_EQ(kvd_seq_block_table(a, 1, 0, blocks, nb, NULL, 0, NULL), (int)TOKENS);
+	ASSERT_ERRNO(kvd_seq_block_table(a, 1, 0, blocks, nb - 1, NULL, 0, NULL), -ENOBUFS);
+	ASSERT_ERRNO(kvd_seq_block_table(a, 1, 0, blocks, nb, positions, TOKENS - 1, NULL), -ENOBUFS);
+	/* Out of range, and a kv head with a per-layer layout. */
+	ASSERT_ERRNO(kvd_seq_block_table(a, 2, 0, blocks, nb, NULL, 0, NULL), -EINVAL);
+	ASSERT_ERRNO(kvd_seq_block_table(a, 0, 1, blocks, nb, NULL, 0, NULL), -EINVAL);
+	ASSERT_ERRNO(kvd_seq_block_table(a, 0, 0, NULL, nb, NULL, 0, NULL), -EINVAL);
+	ASSERT_ERRNO(kvd_model_block_pool(c, m + 1, &base, &stride, NULL), -EINVAL);
+
+	ASSERT_OK(kvd_seq_release(a));
+	ASSERT_OK(kvd_seq_release(b));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(per_head_tables) {
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *a, *b;
+	uint64_t stride = 0;
+	void *base = NULL;
+	int m;
+
+	fixture_start(&f, pool);
+	c = fixture_connect(&f, "engine");
+	m = kvd_model_register(c, &per_head);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_model_block_pool(c, m, &base, &stride, NULL));
+	ASSERT_EQ(stride, 4096u);
+	open_two(c, m, &a, &b);
+	assert_tables(a, base, stride);
+	assert_tables(b, base, stride);
+	ASSERT_OK(kvd_seq_release(a));
+	ASSERT_OK(kvd_seq_release(b));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* K/V written only through base + index * stride is what the daemon digests. */
+TEST(writes_through_the_table_reach_the_daemon) {
+	const struct kvd_seq_desc *h;
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *a, *b;
+	int32_t blocks[MAX_BLOCKS];
+	uint64_t stride = 0, before = 0, after = 0, local = 0;
+	char *base = NULL;
+	int m;
+
+	fixture_start(&f, pool);
+	c = fixture_connect(&f, "engine");
+	m = kvd_model_register(c, &per_layer);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_model_block_pool(c, m, (void **)&base, &stride, NULL));
+	open_two(c, m, &a, &b);
+	h = kvd_seq_header(a);
+	ASSERT_OK(kvd_seq_digest(a, &before, NULL));
+	for (uint32_t l = 0; l < h->layers; l++) {
+		ASSERT_EQ(kvd_seq_block_table(a, l, 0, blocks, MAX_BLOCKS, NULL, 0, NULL), (int)TOKENS);
+		for (uint32_t slot = 0; slot < TOKENS; slot++) {
+			char *blk = base + (uint64_t)blocks[slot / h->block_tokens] * stride;
+			uint32_t row = slot % h->block_tokens;
+
+			for (uint32_t kh = 0; kh < h->kv_heads; kh++) {
+				memset(blk + layout_k_offset(h, kh, row), (int)(1 + l + slot % 200),
+				       layout_row_bytes(h));
+				memset(blk + layout_v_offset(h, kh, row), (int)(7 + kh + slot % 100),
+				       layout_row_bytes(h));
+			}
+		}
+	}
+	/* The daemon's digest (this process's only on host: on a GPU pool the library does
+	 * not read device memory). */
+	ASSERT_OK(kvd_seq_digest(a, &after, fixture_backend_cuda() ? NULL : &local));
+	ASSERT_TRUE(fixture_backend_cuda() || after == local);
+	ASSERT_TRUE(after != before);
+	/* And kvd_seq_kv sees the same bytes. */
+	for (uint32_t slot = 0; slot < TOKENS; slot += 37) {
+		void *k, *v;
+
+		ASSERT_OK(kvd_seq_kv(a, 1, 1, slot, &k, &v));
+		ASSERT_EQ(*(uint8_t *)k, (uint8_t)(2 + slot % 200));
+		ASSERT_EQ(*(uint8_t *)v, (uint8_t)(8 + slot % 100));
+	}
+	ASSERT_OK(kvd_seq_release(a));
+	ASSERT_OK(kvd_seq_release(b));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(stride_that_does_not_divide_the_chunk_is_refused) {
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *s;
+	int32_t blocks[MAX_BLOCKS];
+	uint64_t stride = 0;
+	void *base = NULL;
+	int m;
+
+	fixture_start(&f, pool);
+	c = fixture_connect(&f, "engine");
+	m = kvd_model_register(c, &odd);
+	ASSERT_OK(m);
+	ASSERT_ERRNO(kvd_model_block_pool(c, m, &base, &stride, NULL), -EOPNOTSUPP);
+	ASSERT_OK(kvd_seq_open(c, m, 4096, &s));
+	ASSERT_OK(kvd_seq_grow(s, 100));
+	ASSERT_ERRNO(kvd_seq_block_table(s, 0, 0, blocks, MAX_BLOCKS, NULL, 0, NULL), -EOPNOTSUPP);
+	/* The other calls serve it as before. */
+	ASSERT_EQ(kvd_seq_tokens(s, 0, 0), 100);
+	assert_digests_agree(s);
+	ASSERT_OK(kvd_seq_release(s));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* Whether the mapping that holds addr in this process is inaccessible (---p). */
+static bool mapped_none(const void *addr) {
+	FILE *maps = fopen("/proc/self/maps", "re");
+	char line[512];
+	bool none = false;
+
+	ASSERT_NOT_NULL(maps);
+	while (fgets(line, sizeof(line), maps)) {
+		unsigned long lo, hi;
+		char perms[8];
+
+		if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && (uintptr_t)addr >= lo &&
+		    (uintptr_t)addr < hi) {
+			none = strcmp(perms, "---p") == 0;
+			break;
+		}
+	}
+	fclose(maps);
+	return none;
+}
+
+/* A chunk taken back leaves its place in the range reserved, not free for other mappings;
+ * the next grant maps at the same place again. Host pools only. */
+TEST(released_chunks_stay_reserved) {
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *a, *b;
+	int32_t blocks[MAX_BLOCKS];
+	uint64_t stride = 0;
+	char *base = NULL, *first;
+	int m;
+
+	if (fixture_backend_cuda())
+		return;
+	fixture_start(&f, pool);
+	c = fixture_connect(&f, "engine");
+	m = kvd_model_register(c, &per_layer);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_model_block_pool(c, m, (void **)&base, &stride, NULL));
+	open_two(c, m, &a, &b);
+	ASSERT_EQ(kvd_seq_block_table(a, 0, 0, blocks, MAX_BLOCKS, NULL, 0, NULL), (int)TOKENS);
+	first = base + (uint64_t)blocks[0] * stride;
+	ASSERT_FALSE(mapped_none(first));
+	ASSERT_OK(kvd_seq_release(a));
+	ASSERT_OK(kvd_seq_release(b));
+	ASSERT_TRUE(mapped_none(first));
+
+	open_two(c, m, &a, &b);
+	assert_tables(a, base, stride);
+	ASSERT_OK(kvd_seq_release(a));
+	ASSERT_OK(kvd_seq_release(b));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
