@@ -36,3 +36,10 @@ int bench_evict_round(const char *socket, int argc, char **argv);
  */
 int bench_ipc(int argc, char **argv);
 
+
+/*
+ * `kvd-bench table` (table.c): the export of a paged block table (kvd_seq_block_table) for
+ * one layer of a long sequence, against a running daemon. argv[0] is "table"; it returns
+ * the process exit status (0, 1 if a measurement failed, 2 on usage errors).
+ */
+int bench_table(int argc, char **argv);

@@ -54,6 +54,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "latency.h"
 #include "basic/macro.h"
 #include "basic/number.h"
 #include "common/ring.h"
@@ -141,17 +142,11 @@ static pid_t fork_child(void) {
 	return pid;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 static struct stats stats_of(uint64_t *ns, uint32_t n) {
-	qsort(ns, n, sizeof(*ns), cmp_u64);
+	latency_sort(ns, n);
 	return (struct stats){
-		.median_us = ns[n / 2] / 1000.0,
-		.p99_us = ns[MIN((uint64_t)n * 99 / 100, (uint64_t)n - 1)] / 1000.0,
+		.median_us = latency_percentile_us(ns, n, 50),
+		.p99_us = latency_percentile_us(ns, n, 99),
 	};
 }
 

@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "latency.h"
 #include "common/digest.h"
 #include "common/layout.h"
 #include "basic/macro.h"
@@ -1095,23 +1096,6 @@ struct tenant_result {
 	uint64_t *grow_lat, *release_lat;
 };
 
-static int cmp_u64(const void *a, const void *b) {
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-/* Nearest-rank percentile of a sorted array, in microseconds. */
-static double percentile_us(const uint64_t *v, size_t n, double p) {
-	size_t rank;
-
-	if (n == 0)
-		return 0.0;
-	rank = (size_t)((p / 100.0) * (double)n + 0.999999);
-	rank = rank == 0 ? 1 : MIN(rank, n);
-	return (double)v[rank - 1] / 1000.0;
-}
-
 static double mib_per_s(uint64_t bytes, uint64_t ns) {
 	return ns == 0 ? 0.0 : (double)bytes / (1024.0 * 1024.0) / ((double)ns / 1e9);
 }
@@ -1550,8 +1534,8 @@ static int run_load(void) {
 		free(t[i].grow_lat);
 		free(t[i].release_lat);
 	}
-	qsort(grow_all, n_grow, sizeof(uint64_t), cmp_u64);
-	qsort(release_all, n_release, sizeof(uint64_t), cmp_u64);
+	latency_sort(grow_all, n_grow);
+	latency_sort(release_all, n_release);
 
 	if (end > start) {
 		double secs = (double)(end - start) / 1e9;
@@ -1560,10 +1544,10 @@ static int run_load(void) {
 		       n_grow, arg_step, secs, (double)n_grow / secs);
 	}
 	printf("grow latency (us): p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n",
-	       percentile_us(grow_all, n_grow, 50), percentile_us(grow_all, n_grow, 90),
-	       percentile_us(grow_all, n_grow, 99), percentile_us(grow_all, n_grow, 100));
+	       latency_percentile_us(grow_all, n_grow, 50), latency_percentile_us(grow_all, n_grow, 90),
+	       latency_percentile_us(grow_all, n_grow, 99), latency_percentile_us(grow_all, n_grow, 100));
 	printf("release latency (us): p50 %.1f  p99 %.1f  (%" PRIu64 " releases)\n",
-	       percentile_us(release_all, n_release, 50), percentile_us(release_all, n_release, 99),
+	       latency_percentile_us(release_all, n_release, 50), latency_percentile_us(release_all, n_release, 99),
 	       n_release);
 	printf("write: %s at %.0f MiB/s per process\n", size_format(written, buf, sizeof(buf)),
 	       mib_per_s(written, write_ns));
@@ -1599,6 +1583,7 @@ static void help(void) {
 	       "       kvd-bench score [OPTIONS]   (see kvd-bench score --help)\n"
 	       "       kvd-bench evict [OPTIONS]   (see kvd-bench evict --help)\n"
 	       "       kvd-bench ipc [OPTIONS]     (see kvd-bench ipc --help)\n"
+	       "       kvd-bench table [OPTIONS]   (see kvd-bench table --help)\n"
 	       "\n"
 	       "Load generator and end-to-end checker for kvd: forks one client process per\n"
 	       "tenant (bench-0, bench-1, ...); each registers its own model shape, opens\n"
@@ -1685,6 +1670,8 @@ int main(int argc, char **argv) {
 		return bench_evict(argc - 1, argv + 1);
 	if (argc > 1 && strcmp(argv[1], "ipc") == 0)
 		return bench_ipc(argc - 1, argv + 1);
+	if (argc > 1 && strcmp(argv[1], "table") == 0)
+		return bench_table(argc - 1, argv + 1);
 
 	arg_socket = getenv("KVD_SOCKET");
 	if (!arg_socket || !*arg_socket)
@@ -1695,11 +1682,11 @@ int main(int argc, char **argv) {
 		switch (opt) {
 		case 1:
 			if (strcmp(optarg, "score") == 0 || strcmp(optarg, "evict") == 0 ||
-			    strcmp(optarg, "ipc") == 0)
+			    strcmp(optarg, "ipc") == 0 || strcmp(optarg, "table") == 0)
 				return usage_error("'%s' must come first: kvd-bench %s [OPTIONS]", optarg,
 						   optarg);
 			if (strcmp(optarg, "load") != 0 || load)
-				return usage_error("unknown command '%s' (commands: load, score, evict, ipc)",
+				return usage_error("unknown command '%s' (commands: load, score, evict, ipc, table)",
 						   optarg);
 			load = 1;
 			break;
