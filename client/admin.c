@@ -25,14 +25,14 @@ static int client_simple_call(kvd_client *c, Envelope *env) {
 	client_lock(c);
 	r = client_call(c, env, BODY_ANY, false, &reply, fds, NULL);
 	if (r >= 0 && reply->status && reply->status->message && *reply->status->message) {
-		client_set_error(c, reply->status->message);
+		client_set_error(c, 0, reply->status->message);
 		r = 1;
 	}
 	client_unlock(c);
 	return r;
 }
 
-int kvd_budget_set(kvd_client *c, uint64_t bytes) {
+static int do_budget_set(kvd_client *c, uint64_t bytes) {
 	Kvd__V1__BudgetSet req = KVD__V1__BUDGET_SET__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 
@@ -47,29 +47,20 @@ int kvd_budget_set(kvd_client *c, uint64_t bytes) {
 	return client_simple_call(c, &env);
 }
 
-int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
-		   uint64_t max_bytes, uint32_t weight) {
-	kvd_tenant_params p = {
-		.size = sizeof(p),
-		.set = (min_bytes != KVD_TENANT_KEEP ? KVD_TENANT_SET_MIN : 0) |
-		       (max_bytes != KVD_TENANT_KEEP ? KVD_TENANT_SET_MAX : 0) |
-		       (weight != 0 ? KVD_TENANT_SET_WEIGHT : 0),
-		.min_bytes = min_bytes,
-		.max_bytes = max_bytes,
-		.weight = weight,
-	};
-
-	return kvd_tenant_set_params(c, tenant, &p);
+int kvd_budget_set(kvd_client *c, uint64_t bytes) {
+	return (int)call_result(client_key(c), do_budget_set(c, bytes), __func__);
 }
 
-int kvd_tenant_set_params(kvd_client *c, const char *tenant, const kvd_tenant_params *params) {
+static int do_tenant_set_params(kvd_client *c, const char *tenant, const kvd_tenant_params *params) {
 	Kvd__V1__TenantSet req = KVD__V1__TENANT_SET__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	kvd_tenant_params p;
 	int r;
 
-	if (!c || !tenant || !tenant_name_valid(tenant))
+	if (!c || !tenant)
 		return -EINVAL;
+	if (!tenant_name_valid(tenant))
+		return client_error(c, -EINVAL, TENANT_NAME_RULE);
 	if (client_forked(c))
 		return -ECHILD;
 	r = params_copy(&p, sizeof(p), params, KVD_TENANT_PARAMS_SIZE_1_4);
@@ -95,7 +86,31 @@ int kvd_tenant_set_params(kvd_client *c, const char *tenant, const kvd_tenant_pa
 	return client_simple_call(c, &env);
 }
 
-int kvd_budget_reset(kvd_client *c) {
+int kvd_tenant_set_params(kvd_client *c, const char *tenant, const kvd_tenant_params *params) {
+	return (int)call_result(client_key(c), do_tenant_set_params(c, tenant, params), __func__);
+}
+
+static int do_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
+		   uint64_t max_bytes, uint32_t weight) {
+	kvd_tenant_params p = {
+		.size = sizeof(p),
+		.set = (min_bytes != KVD_TENANT_KEEP ? KVD_TENANT_SET_MIN : 0) |
+		       (max_bytes != KVD_TENANT_KEEP ? KVD_TENANT_SET_MAX : 0) |
+		       (weight != 0 ? KVD_TENANT_SET_WEIGHT : 0),
+		.min_bytes = min_bytes,
+		.max_bytes = max_bytes,
+		.weight = weight,
+	};
+
+	return do_tenant_set_params(c, tenant, &p);
+}
+
+int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
+		   uint64_t max_bytes, uint32_t weight) {
+	return (int)call_result(client_key(c), do_tenant_set(c, tenant, min_bytes, max_bytes, weight), __func__);
+}
+
+static int do_budget_reset(kvd_client *c) {
 	Kvd__V1__BudgetReset req = KVD__V1__BUDGET_RESET__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 
@@ -108,16 +123,22 @@ int kvd_budget_reset(kvd_client *c) {
 	return client_simple_call(c, &env);
 }
 
+int kvd_budget_reset(kvd_client *c) {
+	return (int)call_result(client_key(c), do_budget_reset(c), __func__);
+}
+
 /* A request that names one tenant (env's body holds the name): checks it, then calls. */
 static int tenant_call(kvd_client *c, const char *tenant, Envelope *env) {
-	if (!c || !tenant || !tenant_name_valid(tenant))
+	if (!c || !tenant)
 		return -EINVAL;
+	if (!tenant_name_valid(tenant))
+		return client_error(c, -EINVAL, TENANT_NAME_RULE);
 	if (client_forked(c))
 		return -ECHILD;
 	return client_simple_call(c, env);
 }
 
-int kvd_tenant_reset(kvd_client *c, const char *tenant) {
+static int do_tenant_reset(kvd_client *c, const char *tenant) {
 	Kvd__V1__TenantReset req = KVD__V1__TENANT_RESET__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 
@@ -127,7 +148,11 @@ int kvd_tenant_reset(kvd_client *c, const char *tenant) {
 	return tenant_call(c, tenant, &env);
 }
 
-int kvd_tenant_delete(kvd_client *c, const char *tenant) {
+int kvd_tenant_reset(kvd_client *c, const char *tenant) {
+	return (int)call_result(client_key(c), do_tenant_reset(c, tenant), __func__);
+}
+
+static int do_tenant_delete(kvd_client *c, const char *tenant) {
 	Kvd__V1__TenantDelete req = KVD__V1__TENANT_DELETE__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 
@@ -137,16 +162,22 @@ int kvd_tenant_delete(kvd_client *c, const char *tenant) {
 	return tenant_call(c, tenant, &env);
 }
 
+int kvd_tenant_delete(kvd_client *c, const char *tenant) {
+	return (int)call_result(client_key(c), do_tenant_delete(c, tenant), __func__);
+}
+
 /* ---- eviction ---- */
 
-int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed) {
+static int do_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed) {
 	Kvd__V1__Evict req = KVD__V1__EVICT__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	int fds[WIRE_FDS_MAX];
 	int r;
 
-	if (!c || (tenant && !tenant_name_valid(tenant)))
+	if (!c)
 		return -EINVAL;
+	if (tenant && !tenant_name_valid(tenant))
+		return client_error(c, -EINVAL, TENANT_NAME_RULE);
 	if (client_forked(c))
 		return -ECHILD;
 	req.tenant = (char *)tenant;
@@ -163,4 +194,8 @@ int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_f
 		*ret_freed = reply->evict_reply->has_freed_bytes ? reply->evict_reply->freed_bytes : 0;
 	client_unlock(c);
 	return r;
+}
+
+int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed) {
+	return (int)call_result(client_key(c), do_evict(c, tenant, bytes, ret_freed), __func__);
 }

@@ -52,7 +52,7 @@ static int pool_geometry(const kvd_client *c, uint64_t stride, char **ret_base,
 	return 0;
 }
 
-int kvd_model_block_pool(kvd_client *c, int model_id, void **ret_base, uint64_t *ret_stride,
+static int do_model_block_pool(kvd_client *c, int model_id, void **ret_base, uint64_t *ret_stride,
                          uint32_t *ret_blocks) {
 	const struct model *m;
 	uint64_t stride, per_chunk;
@@ -76,6 +76,11 @@ int kvd_model_block_pool(kvd_client *c, int model_id, void **ret_base, uint64_t 
 	*ret_base = base;
 	*ret_stride = stride;
 	return 0;
+}
+
+int kvd_model_block_pool(kvd_client *c, int model_id, void **ret_base, uint64_t *ret_stride,
+                         uint32_t *ret_blocks) {
+	return (int)call_result(client_key(c), do_model_block_pool(c, model_id, ret_base, ret_stride, ret_blocks), __func__);
 }
 
 /* One reading of the table, which the caller checks against the generation. */
@@ -114,7 +119,7 @@ static int table_read(const kvd_seq *s, uint32_t t, const char *base, uint64_t p
 	return (int)n;
 }
 
-int kvd_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head, int32_t *blocks,
+static int do_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head, int32_t *blocks,
                         uint32_t max_blocks, uint32_t *positions, uint32_t max_positions,
                         uint64_t *ret_generation) {
 	const struct kvd_seq_desc *d;
@@ -152,4 +157,12 @@ int kvd_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head, int32_t *b
 		return r;
 	}
 	return -EAGAIN;
+}
+
+int kvd_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head, int32_t *blocks,
+                        uint32_t max_blocks, uint32_t *positions, uint32_t max_positions,
+                        uint64_t *ret_generation) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_block_table(s, layer, kv_head, blocks, max_blocks, positions, max_positions, ret_generation), __func__);
 }

@@ -87,6 +87,7 @@ struct client_range;
 
 struct kvd_client {
 	unsigned n_ref;
+	uint64_t serial;           /* unique in the process, never 0 (error.c) */
 	pid_t pid;
 	pthread_mutex_t lock;
 	/* The per-step rings (ring.c): replaced under the write side of ring_lock, used under
@@ -154,15 +155,48 @@ struct kvd_client {
 	kvd_event events[EVENTS_MAX];
 	uint32_t events_head, n_events;
 
-	char last_error[LAST_ERROR_MAX];
 };
 
 /* Shared by the files of libkvd (transport.c, client.c, admin.c). */
 /* Fails the connection with r (closes it; later calls get -ECONNRESET); returns r. */
 int client_fail(kvd_client *c, int r);
-/* Keeps the daemon's message for kvd_client_last_error(). */
-void client_set_error(kvd_client *c, const char *message);
-/* Whether s is a tenant name: 1 to KVD_TENANT_NAME_MAX of [A-Za-z0-9_.-]. */
+/*
+ * The calling thread's last failed call (error.c): on the client of serial `client` (0: a
+ * NULL handle), with code and its message; fresh while the message was set for a failure
+ * that has not returned yet.
+ */
+struct call_error {
+	uint64_t client;
+	int code;
+	bool fresh;
+	char msg[LAST_ERROR_MAX];
+};
+extern _Thread_local struct call_error call_error;
+
+/* The key of c's errors: its serial, 0 for NULL. Read before a call, which may free c. */
+static inline uint64_t client_key(const kvd_client *c) {
+	return c ? c->serial : 0;
+}
+
+/* Keeps the daemon's message for the failure code of the call in progress (an empty one
+ * leaves the library's words), or, with code 0, for a call that succeeds with a caveat. */
+void client_set_error(const kvd_client *c, int code, const char *message);
+/* The same in the library's own words, formatted; returns code. */
+int client_error(const kvd_client *c, int code, const char *format, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Records a public call's failure on the client of key (see error.c). */
+void call_failed(uint64_t key, int code, const char *function);
+
+/* What every public call that can fail returns: r, recorded when it is an error. */
+static inline int64_t call_result(uint64_t key, int64_t r, const char *function) {
+	if (r < 0)
+		call_failed(key, (int)r, function);
+	return r;
+}
+/* Whether s is a tenant name: 1 to KVD_TENANT_NAME_MAX of [A-Za-z0-9_.-]; the rule in
+ * words, for the message of a refusal. */
+#define TENANT_NAME_RULE "a tenant name is 1..63 of A-Z a-z 0-9 _ . -"
+_Static_assert(KVD_TENANT_NAME_MAX == 63, "TENANT_NAME_RULE");
 bool tenant_name_valid(const char *s);
 /* The model registered as model_id on this connection, or NULL (model.c). */
 const struct model *model_find(const kvd_client *c, int model_id);

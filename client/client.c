@@ -30,6 +30,8 @@
 
 pid_t client_pid_cache;
 bool client_pid_cache_usable;
+/* Numbers every client of the process, for error.c's keys: addresses are reused. */
+static uint64_t client_serials;
 static pthread_once_t pid_once = PTHREAD_ONCE_INIT;
 
 static void pid_cache_reset(void) {
@@ -145,6 +147,7 @@ static int client_new(kvd_client **ret) {
 	if (!c)
 		return -ENOMEM;
 	c->n_ref = 1;
+	c->serial = __atomic_add_fetch(&client_serials, 1, __ATOMIC_RELAXED);
 	c->pid = client_self_pid();
 	c->fd = c->epoll_fd = c->event_fd = -EBADF;
 	c->dead = true; /* until the hello is through */
@@ -440,7 +443,7 @@ static void client_forget(kvd_client *c) {
 	wire_rx_init(c->rx);
 }
 
-int kvd_client_reconnect(kvd_client *c, uint32_t timeout_ms) {
+static int do_client_reconnect(kvd_client *c, uint32_t timeout_ms) {
 	struct epoll_event ev = { .events = EPOLLIN };
 	uint64_t deadline;
 	struct timespec ts;
@@ -500,6 +503,10 @@ int kvd_client_reconnect(kvd_client *c, uint32_t timeout_ms) {
 	return r;
 }
 
+int kvd_client_reconnect(kvd_client *c, uint32_t timeout_ms) {
+	return (int)call_result(client_key(c), do_client_reconnect(c, timeout_ms), __func__);
+}
+
 kvd_client *kvd_client_ref(kvd_client *c) {
 	if (c)
 		__atomic_add_fetch(&c->n_ref, 1, __ATOMIC_RELAXED);
@@ -515,48 +522,16 @@ kvd_client *kvd_client_unref(kvd_client *c) {
 	return NULL;
 }
 
-/* The codes whose meaning for kvd the C library's words do not say. */
-static const struct {
-	int code;
-	const char *text;
-} kvd_errors[] = {
-	{ -EFBIG, "the sequence holds max_tokens" },
-	{ -EDQUOT, "the tenant is at its cap (max)" },
-	{ -ENOSPC, "no room under the node's budget or in the pool, and no eviction made room "
-	           "in time" },
-	{ -ESTALE, "the sequence belongs to a lost connection (kvd_seq_claim or kvd_seq_release "
-	           "it)" },
-	{ -ECHILD, "a handle of the parent used after fork()" },
-	{ -ECONNRESET, "the connection to the daemon is lost (kvd_client_reconnect)" },
-	{ -EUSERS, "a daemon limit was reached (connections, tenants, sequences or models)" },
-	{ -EPROTONOSUPPORT, "no protocol version in common with the daemon, or a GPU pool and a "
-	                    "libkvd without CUDA" },
-	{ -EPROTO, "the daemon broke the protocol" },
-	{ -EXDEV, "the sequence's memory is on another GPU than this connection's" },
-};
-
-const char *kvd_strerror(int code) {
-	const char *text;
-
-	for (size_t i = 0; i < ELEMENTSOF(kvd_errors); i++)
-		if (kvd_errors[i].code == code)
-			return kvd_errors[i].text;
-	text = code < 0 ? strerrordesc_np(-code) : NULL;
-	return text ? text : "unknown error";
-}
-
-const char *kvd_client_last_error(kvd_client *c) {
-	if (!c || client_forked(c))
-		return "";
-	return c->last_error;
-}
-
-int kvd_client_protocol_version(kvd_client *c) {
+static int do_client_protocol_version(kvd_client *c) {
 	if (!c)
 		return -EINVAL;
 	if (client_forked(c))
 		return -ECHILD;
 	return (int)c->version;
+}
+
+int kvd_client_protocol_version(kvd_client *c) {
+	return (int)call_result(client_key(c), do_client_protocol_version(c), __func__);
 }
 
 uint64_t kvd_client_chunk_bytes(kvd_client *c) {
@@ -565,7 +540,7 @@ uint64_t kvd_client_chunk_bytes(kvd_client *c) {
 	return c->chunk_bytes;
 }
 
-int kvd_client_memory(kvd_client *c, int32_t *ret_device) {
+static int do_client_memory(kvd_client *c, int32_t *ret_device) {
 	int32_t device;
 	int memory;
 
@@ -582,7 +557,11 @@ int kvd_client_memory(kvd_client *c, int32_t *ret_device) {
 	return memory;
 }
 
-int kvd_client_set_ring(kvd_client *c, int enable) {
+int kvd_client_memory(kvd_client *c, int32_t *ret_device) {
+	return (int)call_result(client_key(c), do_client_memory(c, ret_device), __func__);
+}
+
+static int do_client_set_ring(kvd_client *c, int enable) {
 	int r = 0;
 
 	if (!c)
@@ -598,7 +577,11 @@ int kvd_client_set_ring(kvd_client *c, int enable) {
 	return r;
 }
 
-int kvd_client_get_ring(kvd_client *c) {
+int kvd_client_set_ring(kvd_client *c, int enable) {
+	return (int)call_result(client_key(c), do_client_set_ring(c, enable), __func__);
+}
+
+static int do_client_get_ring(kvd_client *c) {
 	int r;
 
 	if (!c)
@@ -611,7 +594,11 @@ int kvd_client_get_ring(kvd_client *c) {
 	return r;
 }
 
-int kvd_client_set_spin(kvd_client *c, uint32_t spin_us) {
+int kvd_client_get_ring(kvd_client *c) {
+	return (int)call_result(client_key(c), do_client_get_ring(c), __func__);
+}
+
+static int do_client_set_spin(kvd_client *c, uint32_t spin_us) {
 	if (!c || spin_us > SPIN_US_MAX)
 		return -EINVAL;
 	if (client_forked(c))
@@ -620,7 +607,11 @@ int kvd_client_set_spin(kvd_client *c, uint32_t spin_us) {
 	return 0;
 }
 
-int kvd_client_mapped_chunks(kvd_client *c, uint32_t *ids, uint32_t n, uint32_t *ret_n) {
+int kvd_client_set_spin(kvd_client *c, uint32_t spin_us) {
+	return (int)call_result(client_key(c), do_client_set_spin(c, spin_us), __func__);
+}
+
+static int do_client_mapped_chunks(kvd_client *c, uint32_t *ids, uint32_t n, uint32_t *ret_n) {
 	uint32_t k = 0;
 
 	if (!c)
@@ -640,6 +631,10 @@ int kvd_client_mapped_chunks(kvd_client *c, uint32_t *ids, uint32_t n, uint32_t 
 		*ret_n = c->n_mapped;
 	client_unlock(c);
 	return 0;
+}
+
+int kvd_client_mapped_chunks(kvd_client *c, uint32_t *ids, uint32_t n, uint32_t *ret_n) {
+	return (int)call_result(client_key(c), do_client_mapped_chunks(c, ids, n, ret_n), __func__);
 }
 
 int client_event_id(kvd_client *c, void *event, uint32_t *ret) {

@@ -171,7 +171,7 @@ static int model_register(kvd_client *c, const kvd_model_spec *spec,
 	return r;
 }
 
-int kvd_model_register_params(kvd_client *c, const kvd_model_params *params) {
+static int do_model_register_params(kvd_client *c, const kvd_model_params *params) {
 	kvd_model_params p;
 	int r;
 
@@ -183,24 +183,48 @@ int kvd_model_register_params(kvd_client *c, const kvd_model_params *params) {
 				      ? &p.index : NULL);
 }
 
-int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
+int kvd_model_register_params(kvd_client *c, const kvd_model_params *params) {
+	return (int)call_result(client_key(c), do_model_register_params(c, params), __func__);
+}
+
+static int do_model_register(kvd_client *c, const kvd_model_spec *spec) {
 	return model_register(c, spec, NULL, KVD_COMPENSATION_NONE, NULL);
 }
 
-int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec *spec,
+int kvd_model_register(kvd_client *c, const kvd_model_spec *spec) {
+	return (int)call_result(client_key(c), do_model_register(c, spec), __func__);
+}
+
+static int do_model_register_evictable(kvd_client *c, const kvd_model_spec *spec,
 				 const kvd_eviction_spec *ev) {
 	return model_register(c, spec, ev, KVD_COMPENSATION_NONE, NULL);
 }
 
-int kvd_model_register_compensated(kvd_client *c, const kvd_model_spec *spec,
+int kvd_model_register_evictable(kvd_client *c, const kvd_model_spec *spec,
+				 const kvd_eviction_spec *ev) {
+	return (int)call_result(client_key(c), do_model_register_evictable(c, spec, ev), __func__);
+}
+
+static int do_model_register_compensated(kvd_client *c, const kvd_model_spec *spec,
 				   const kvd_eviction_spec *ev, uint32_t compensation) {
 	return model_register(c, spec, ev, compensation, NULL);
+}
+
+int kvd_model_register_compensated(kvd_client *c, const kvd_model_spec *spec,
+				   const kvd_eviction_spec *ev, uint32_t compensation) {
+	return (int)call_result(client_key(c), do_model_register_compensated(c, spec, ev, compensation), __func__);
+}
+
+static int do_model_register_indexed(kvd_client *c, const kvd_model_spec *spec,
+			       const kvd_eviction_spec *ev, uint32_t compensation,
+			       const kvd_index_spec *ix) {
+	return model_register(c, spec, ev, compensation, ix);
 }
 
 int kvd_model_register_indexed(kvd_client *c, const kvd_model_spec *spec,
 			       const kvd_eviction_spec *ev, uint32_t compensation,
 			       const kvd_index_spec *ix) {
-	return model_register(c, spec, ev, compensation, ix);
+	return (int)call_result(client_key(c), do_model_register_indexed(c, spec, ev, compensation, ix), __func__);
 }
 
 /* A sealed memfd holding the n bytes at p. */
@@ -230,7 +254,7 @@ static int sealed_memfd(const char *name, const void *p, uint64_t n, int *ret_fd
 	return 0;
 }
 
-int kvd_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uint32_t dtype,
+static int do_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uint32_t dtype,
 			  uint32_t hidden, const void *wo) {
 	Kvd__V1__ModelOutputProj req = KVD__V1__MODEL_OUTPUT_PROJ__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
@@ -277,4 +301,9 @@ int kvd_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uint32_t 
 	r = client_call_fd(c, &env, fd);
 	client_unlock(c);
 	return r;
+}
+
+int kvd_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uint32_t dtype,
+			  uint32_t hidden, const void *wo) {
+	return (int)call_result(client_key(c), do_model_output_proj(c, model_id, layer, dtype, hidden, wo), __func__);
 }

@@ -282,7 +282,7 @@ static void seq_give_back(kvd_client *c, uint64_t seq_id) {
 	(void)client_request_unwaited(c, &env);
 }
 
-int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
+static int do_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
 	Kvd__V1__SeqOpen req = KVD__V1__SEQ_OPEN__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	_cleanup_(seq_freep) kvd_seq *s = NULL;
@@ -346,6 +346,10 @@ int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret
 	return 0;
 }
 
+int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
+	return (int)call_result(client_key(c), do_seq_open(c, model_id, max_tokens, ret), __func__);
+}
+
 /* Whether every block of the descriptor lies in a chunk mapped here. */
 static bool seq_chunks_mapped(const kvd_seq *s) {
 	const struct kvd_seq_desc *d = &s->hdr;
@@ -363,7 +367,7 @@ static bool seq_chunks_mapped(const kvd_seq *s) {
 	return true;
 }
 
-int kvd_seq_claim(kvd_seq *s, int model_id) {
+static int do_seq_claim(kvd_seq *s, int model_id) {
 	Kvd__V1__SeqClaim req = KVD__V1__SEQ_CLAIM__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	kvd_seq fresh = {};
@@ -430,6 +434,12 @@ int kvd_seq_claim(kvd_seq *s, int model_id) {
 	}
 	client_unlock(c);
 	return r;
+}
+
+int kvd_seq_claim(kvd_seq *s, int model_id) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_claim(s, model_id), __func__);
 }
 
 static int seq_grow_locked(kvd_seq *s, uint32_t n) {
@@ -499,12 +509,14 @@ static int seq_ring_call(kvd_seq *s, uint8_t op, uint32_t arg, bool stop_after_s
 	return client_ring_finish(s->client, &done, stop_before_sync);
 }
 
-int kvd_seq_grow(kvd_seq *s, uint32_t n) {
+static int do_seq_grow(kvd_seq *s, uint32_t n) {
 	kvd_client *c;
 	int r;
 
-	if (!s || n == 0)
+	if (!s)
 		return -EINVAL;
+	if (n == 0)
+		return client_error(s->client, -EINVAL, "kvd_seq_grow: n is 0 (grow by 1 or more)");
 	if (seq_forked(s))
 		return -ECHILD;
 	if (seq_stale(s))
@@ -520,6 +532,12 @@ int kvd_seq_grow(kvd_seq *s, uint32_t n) {
 	r = seq_grow_locked(s, n);
 	client_unlock(s->client);
 	return r;
+}
+
+int kvd_seq_grow(kvd_seq *s, uint32_t n) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_grow(s, n), __func__);
 }
 
 static int seq_release_locked(kvd_seq *s) {
@@ -558,7 +576,7 @@ static int seq_release_locked(kvd_seq *s) {
 	return client_call(c, &env, BODY_ANY, false, NULL, fds, NULL);
 }
 
-int kvd_seq_release(kvd_seq *s) {
+static int do_seq_release(kvd_seq *s) {
 	kvd_client *c;
 	int r;
 
@@ -588,6 +606,12 @@ int kvd_seq_release(kvd_seq *s) {
 	return r;
 }
 
+int kvd_seq_release(kvd_seq *s) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_release(s), __func__);
+}
+
 /* A round trip about the sequence whose reply is a status only. */
 static int seq_simple_call(kvd_seq *s, Envelope *env) {
 	int fds[WIRE_FDS_MAX];
@@ -599,7 +623,7 @@ static int seq_simple_call(kvd_seq *s, Envelope *env) {
 	return r;
 }
 
-int kvd_seq_pin(kvd_seq *s) {
+static int do_seq_pin(kvd_seq *s) {
 	Kvd__V1__SeqPin req = KVD__V1__SEQ_PIN__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	int r;
@@ -620,6 +644,12 @@ int kvd_seq_pin(kvd_seq *s) {
 	return seq_simple_call(s, &env);
 }
 
+int kvd_seq_pin(kvd_seq *s) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_pin(s), __func__);
+}
+
 /* kvd_seq_unpin, with an event id of the connection (0: none). */
 static int seq_unpin(kvd_seq *s, uint32_t event_id) {
 	Kvd__V1__SeqUnpin req = KVD__V1__SEQ_UNPIN__INIT;
@@ -638,7 +668,7 @@ static int seq_unpin(kvd_seq *s, uint32_t event_id) {
 	return seq_simple_call(s, &env);
 }
 
-int kvd_seq_unpin(kvd_seq *s) {
+static int do_seq_unpin(kvd_seq *s) {
 	if (!s)
 		return -EINVAL;
 	if (seq_forked(s))
@@ -648,7 +678,13 @@ int kvd_seq_unpin(kvd_seq *s) {
 	return seq_unpin(s, 0);
 }
 
-int kvd_seq_unpin_after(kvd_seq *s, void *cuda_event) {
+int kvd_seq_unpin(kvd_seq *s) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_unpin(s), __func__);
+}
+
+static int do_seq_unpin_after(kvd_seq *s, void *cuda_event) {
 	uint32_t id = 0;
 	int r = 0;
 
@@ -676,6 +712,12 @@ int kvd_seq_unpin_after(kvd_seq *s, void *cuda_event) {
 	return seq_unpin(s, id);
 }
 
+int kvd_seq_unpin_after(kvd_seq *s, void *cuda_event) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_unpin_after(s, cuda_event), __func__);
+}
+
 /* Whether layer's window can be used: 0, or -EINVAL, -ECHILD, -EOPNOTSUPP. */
 static int seq_obs_check_layer(const kvd_seq *s, uint32_t layer) {
 	if (!s)
@@ -691,7 +733,7 @@ static int seq_obs_check_layer(const kvd_seq *s, uint32_t layer) {
 	return 0;
 }
 
-int kvd_seq_observation(kvd_seq *s, uint32_t layer, void **ret_q) {
+static int do_seq_observation(kvd_seq *s, uint32_t layer, void **ret_q) {
 	int r;
 
 	if (!ret_q)
@@ -712,7 +754,13 @@ int kvd_seq_observation(kvd_seq *s, uint32_t layer, void **ret_q) {
 	return 0;
 }
 
-int kvd_seq_index_observation(kvd_seq *s, uint32_t layer, void **ret_iq) {
+int kvd_seq_observation(kvd_seq *s, uint32_t layer, void **ret_q) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_observation(s, layer, ret_q), __func__);
+}
+
+static int do_seq_index_observation(kvd_seq *s, uint32_t layer, void **ret_iq) {
 	int r;
 
 	if (!ret_iq)
@@ -729,7 +777,13 @@ int kvd_seq_index_observation(kvd_seq *s, uint32_t layer, void **ret_iq) {
 	return 0;
 }
 
-int kvd_seq_observe(kvd_seq *s, uint32_t layer) {
+int kvd_seq_index_observation(kvd_seq *s, uint32_t layer, void **ret_iq) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_index_observation(s, layer, ret_iq), __func__);
+}
+
+static int do_seq_observe(kvd_seq *s, uint32_t layer) {
 	uint32_t next;
 	int r;
 
@@ -744,6 +798,12 @@ int kvd_seq_observe(kvd_seq *s, uint32_t layer) {
 	/* Release: the window's bytes reach the daemon before the stamp that vouches for them. */
 	__atomic_store_n(&s->obs_stamps[layer], (uint64_t)next, __ATOMIC_RELEASE);
 	return 0;
+}
+
+int kvd_seq_observe(kvd_seq *s, uint32_t layer) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_observe(s, layer), __func__);
 }
 
 uint64_t kvd_seq_id(const kvd_seq *s) {
@@ -781,7 +841,7 @@ static int64_t seq_table_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_he
 	return n;
 }
 
-int64_t kvd_seq_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_head) {
+static int64_t do_seq_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_head) {
 	if (!s)
 		return -EINVAL;
 	if (seq_forked(s))
@@ -791,7 +851,13 @@ int64_t kvd_seq_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_head) {
 	return seq_table_tokens(s, layer, kv_head, NULL);
 }
 
-int64_t kvd_seq_position(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+int64_t kvd_seq_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_head) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int64_t)call_result(key, do_seq_tokens(s, layer, kv_head), __func__);
+}
+
+static int64_t do_seq_position(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 			 uint32_t slot) {
 	uint32_t t;
 	int64_t n;
@@ -808,6 +874,13 @@ int64_t kvd_seq_position(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 	if (slot >= n)
 		return -EINVAL;
 	return layout_positions_at(&s->hdr, s->desc, t)[slot];
+}
+
+int64_t kvd_seq_position(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+			 uint32_t slot) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int64_t)call_result(key, do_seq_position(s, layer, kv_head, slot), __func__);
 }
 
 /*
@@ -841,7 +914,7 @@ static int seq_slot_block(const kvd_seq *s, uint32_t layer, uint32_t kv_head, ui
 	return 0;
 }
 
-int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
+static int do_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
 	       void **ret_k, void **ret_v) {
 	const char *b;
 	uint32_t row;
@@ -860,7 +933,14 @@ int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot
 	return 0;
 }
 
-int kvd_seq_index_key(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
+int kvd_seq_kv(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
+	       void **ret_k, void **ret_v) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_kv(s, layer, kv_head, slot, ret_k, ret_v), __func__);
+}
+
+static int do_seq_index_key(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
 		      void **ret) {
 	const char *b;
 	int r;
@@ -874,7 +954,14 @@ int kvd_seq_index_key(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32
 	return 0;
 }
 
-int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret) {
+int kvd_seq_index_key(const kvd_seq *s, uint32_t layer, uint32_t kv_head, uint32_t slot,
+		      void **ret) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_index_key(s, layer, kv_head, slot, ret), __func__);
+}
+
+static int do_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret) {
 	const struct kvd_seq_desc *d;
 	const void *b;
 	uint32_t n;
@@ -897,6 +984,12 @@ int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret) 
 		return -EINVAL;
 	*ret = (void *)b;
 	return 0;
+}
+
+int kvd_seq_block(const kvd_seq *s, uint32_t table, uint32_t index, void **ret) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_block(s, table, index, ret), __func__);
 }
 
 /* The compensation block of (layer, kv_head) when the model keeps `compensation`. */
@@ -936,14 +1029,28 @@ static int seq_compensation(const kvd_seq *s, uint32_t compensation, uint32_t la
 	return 0;
 }
 
-int kvd_seq_moments(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+static int do_seq_moments(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 		    const struct kvd_moments_header **ret) {
 	return seq_compensation(s, KVD_COMPENSATION_MOMENTS, layer, kv_head, (const void **)ret);
 }
 
-int kvd_seq_latent(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+int kvd_seq_moments(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+		    const struct kvd_moments_header **ret) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_moments(s, layer, kv_head, ret), __func__);
+}
+
+static int do_seq_latent(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
 		   const struct kvd_latent_header **ret) {
 	return seq_compensation(s, KVD_COMPENSATION_LATENT, layer, kv_head, (const void **)ret);
+}
+
+int kvd_seq_latent(const kvd_seq *s, uint32_t layer, uint32_t kv_head,
+		   const struct kvd_latent_header **ret) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_latent(s, layer, kv_head, ret), __func__);
 }
 
 static const void *digest_block_addr(void *userdata, struct kvd_block_ref ref) {
@@ -986,7 +1093,7 @@ static int seq_digest_locked(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_loc
 	return 0;
 }
 
-int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local) {
+static int do_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local) {
 	int r;
 
 	if (!s)
@@ -999,4 +1106,10 @@ int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local) {
 	r = seq_digest_locked(s, ret_daemon, ret_local);
 	client_unlock(s->client);
 	return r;
+}
+
+int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_digest(s, ret_daemon, ret_local), __func__);
 }

@@ -171,7 +171,7 @@ kvd_status *kvd_status_free(kvd_status *st) {
 	return NULL;
 }
 
-int kvd_status_get(kvd_client *c, kvd_status **ret) {
+static int do_status_get(kvd_client *c, kvd_status **ret) {
 	Kvd__V1__StatusRequest req = KVD__V1__STATUS_REQUEST__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
@@ -198,6 +198,10 @@ int kvd_status_get(kvd_client *c, kvd_status **ret) {
 
 	*ret = TAKE_PTR(st);
 	return 0;
+}
+
+int kvd_status_get(kvd_client *c, kvd_status **ret) {
+	return (int)call_result(client_key(c), do_status_get(c, ret), __func__);
 }
 
 int kvd_status_u64(const kvd_status *st, const char *key, uint64_t *ret) {
@@ -364,7 +368,7 @@ kvd_evictions *kvd_evictions_free(kvd_evictions *e) {
 	return NULL;
 }
 
-int kvd_evictions_get(kvd_client *c, kvd_evictions **ret) {
+static int do_evictions_get(kvd_client *c, kvd_evictions **ret) {
 	Kvd__V1__EvictionsRequest req = KVD__V1__EVICTIONS_REQUEST__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	_cleanup_(kvd_evictions_freep) kvd_evictions *e = NULL;
@@ -392,6 +396,10 @@ int kvd_evictions_get(kvd_client *c, kvd_evictions **ret) {
 
 	*ret = TAKE_PTR(e);
 	return 0;
+}
+
+int kvd_evictions_get(kvd_client *c, kvd_evictions **ret) {
+	return (int)call_result(client_key(c), do_evictions_get(c, ret), __func__);
 }
 
 uint32_t kvd_evictions_count(const kvd_evictions *e) {

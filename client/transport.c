@@ -383,7 +383,7 @@ static int client_recv(kvd_client *c, bool wait) {
 }
 
 static int client_close_reason(kvd_client *c, const Kvd__V1__Status *st) {
-	client_set_error(c, st->message);
+	client_set_error(c, st->code, st->message);
 	return client_fail(c, st->code);
 }
 
@@ -547,13 +547,6 @@ void client_unlock(kvd_client *c) {
 	pthread_mutex_unlock(&c->lock);
 }
 
-void client_set_error(kvd_client *c, const char *message) {
-	size_t n = message ? strnlen(message, LAST_ERROR_MAX - 1) : 0;
-
-	memcpy(c->last_error, message ? message : "", n);
-	c->last_error[n] = '\0';
-}
-
 /* client_call(), sending send_fd with the request when it is >= 0. */
 static int client_transact(kvd_client *c, Envelope *env, int send_fd, int want,
 			   bool stop_after_send, Envelope **ret_reply, int fds[static WIRE_FDS_MAX],
@@ -581,7 +574,7 @@ static int client_transact(kvd_client *c, Envelope *env, int send_fd, int want,
 		code = reply->status->code;
 	if (code != 0) {
 		close_fds(fds, nfds);
-		client_set_error(c, reply->status->message);
+		client_set_error(c, code < 0 ? code : -EPROTO, reply->status->message);
 		return code < 0 ? code : -EPROTO;
 	}
 	if (want != BODY_ANY && (int)reply->body_case != want) {
@@ -693,7 +686,7 @@ int client_ring_finish(kvd_client *c, const struct ring_done *d, bool stop_befor
 		c->grant_error = 0;
 	}
 	if (d->cqe.res < 0)
-		client_set_error(c, (d->cqe.flags & KVD_RING_CQE_F_MESSAGE) ? d->msg : "");
+		client_set_error(c, d->cqe.res, (d->cqe.flags & KVD_RING_CQE_F_MESSAGE) ? d->msg : "");
 	client_unlock(c);
 	return r;
 }
@@ -719,7 +712,7 @@ int client_ring_lost(kvd_client *c, int r) {
 
 /* ---- events, as the engine reads them ---- */
 
-int kvd_client_get_event_fd(kvd_client *c) {
+static int do_client_get_event_fd(kvd_client *c) {
 	if (!c)
 		return -EINVAL;
 	if (client_forked(c))
@@ -727,7 +720,11 @@ int kvd_client_get_event_fd(kvd_client *c) {
 	return c->epoll_fd;
 }
 
-int kvd_client_next_event(kvd_client *c, kvd_event *ret) {
+int kvd_client_get_event_fd(kvd_client *c) {
+	return (int)call_result(client_key(c), do_client_get_event_fd(c), __func__);
+}
+
+static int do_client_next_event(kvd_client *c, kvd_event *ret) {
 	int fds[WIRE_FDS_MAX];
 	Envelope *env;
 	uint32_t nfds;
@@ -750,4 +747,8 @@ int kvd_client_next_event(kvd_client *c, kvd_event *ret) {
 	}
 	client_unlock(c);
 	return r;
+}
+
+int kvd_client_next_event(kvd_client *c, kvd_event *ret) {
+	return (int)call_result(client_key(c), do_client_next_event(c, ret), __func__);
 }

@@ -477,6 +477,75 @@ TEST(old_client_new_daemon) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+struct elsewhere {
+	kvd_client *c;
+	kvd_seq *s;
+	char seen[256];
+};
+
+/* A failure on another thread: its message is that thread's. */
+static void *grow_zero_elsewhere(void *userdata) {
+	struct elsewhere *e = userdata;
+
+	ASSERT_ERRNO(kvd_seq_grow(e->s, 0), -EINVAL);
+	snprintf(e->seen, sizeof(e->seen), "%s", kvd_client_last_error(e->c));
+	return NULL;
+}
+
+/* Every failed call leaves its own message, on its own thread: the daemon's words for a
+ * refusal, the library's for what it refuses itself, never an earlier call's. */
+TEST(failed_call_leaves_its_own_message) {
+	static const kvd_model_spec tiny = { "m", 1, 1, 1, 8, KVD_DTYPE_F16, 16, KVD_LAYOUT_PER_LAYER };
+	struct elsewhere e = { 0 };
+	struct fixture f;
+	char refused[256];
+	kvd_client *c, *other;
+	kvd_seq *s;
+	pthread_t t;
+	void *k;
+	int m;
+
+	fixture_start(&f, NULL);
+	c = fixture_connect(&f, "talker");
+	other = fixture_connect(&f, "listener");
+	m = kvd_model_register(c, &tiny);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_seq_open(c, m, 16, &s));
+	ASSERT_STREQ(kvd_client_last_error(c), "");
+	ASSERT_OK(kvd_seq_grow(s, 16));
+	/* The daemon refuses: its words. */
+	ASSERT_ERRNO(kvd_seq_grow(s, 1), -EFBIG);
+	snprintf(refused, sizeof(refused), "%s", kvd_client_last_error(c));
+	ASSERT_TRUE(refused[0] != '\0');
+	ASSERT_TRUE(strncmp(refused, "kvd_seq_grow: ", 14) != 0);
+	/* The library refuses: its words, not the daemon's earlier ones. */
+	ASSERT_ERRNO(kvd_seq_grow(s, 0), -EINVAL);
+	ASSERT_STREQ(kvd_client_last_error(c), "kvd_seq_grow: n is 0 (grow by 1 or more)");
+	ASSERT_ERRNO(kvd_seq_kv(s, 5, 0, 0, &k, NULL), -EINVAL);
+	ASSERT_TRUE(strncmp(kvd_client_last_error(c), "kvd_seq_kv: ", 12) == 0);
+	ASSERT_ERRNO(kvd_model_register(c, &(kvd_model_spec){ "bad", 0, 1, 1, 8, KVD_DTYPE_F16, 16,
+	                                                      KVD_LAYOUT_PER_LAYER }), -EINVAL);
+	ASSERT_TRUE(strstr(kvd_client_last_error(c), "kvd_seq_kv") == NULL);
+	/* A call that succeeds leaves it; another client has none of it. */
+	snprintf(refused, sizeof(refused), "%s", kvd_client_last_error(c));
+	ASSERT_OK(kvd_seq_pin(s));
+	ASSERT_STREQ(kvd_client_last_error(c), refused);
+	ASSERT_STREQ(kvd_client_last_error(other), "");
+	/* Another thread's failure is that thread's. */
+	ASSERT_OK(kvd_seq_kv(s, 0, 0, 0, &k, NULL));
+	e.c = c;
+	e.s = s;
+	ASSERT_EQ(pthread_create(&t, NULL, grow_zero_elsewhere, &e), 0);
+	ASSERT_EQ(pthread_join(t, NULL), 0);
+	ASSERT_STREQ(e.seen, "kvd_seq_grow: n is 0 (grow by 1 or more)");
+	ASSERT_STREQ(kvd_client_last_error(c), refused);
+	ASSERT_OK(kvd_seq_unpin(s));
+	ASSERT_OK(kvd_seq_release(s));
+	kvd_client_unref(other);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* kvd_strerror: kvd's meaning where it has one, the C library's otherwise, never NULL. */
 TEST(strerror_words) {
 	ASSERT_TRUE(strstr(kvd_strerror(-EFBIG), "max_tokens") != NULL);

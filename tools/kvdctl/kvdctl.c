@@ -568,20 +568,6 @@ static void tenant_report(kvd_client *c, const char *name, const char *done) {
 	printf("\n");
 }
 
-/* request_error(), with words for what libkvd refuses before asking the daemon. */
-static int tenant_error(kvd_client *c, int r, const char *what) {
-	if (*kvd_client_last_error(c))
-		return request_error(c, r, what);
-	if (r == -EINVAL)
-		fprintf(stderr, "kvdctl: %s: %s: a tenant name is 1..63 of A-Z a-z 0-9 _ . -\n", what,
-			strerror(-r));
-	else if (r == -ENOENT)
-		fprintf(stderr, "kvdctl: %s: no such tenant\n", what);
-	else
-		return request_error(c, r, what);
-	return EXIT_FAIL;
-}
-
 static int cmd_tenant(int argc, char **argv) {
 	static const struct option options[] = {
 		{ "min", required_argument, NULL, 'm' },
@@ -657,7 +643,7 @@ static int cmd_tenant(int argc, char **argv) {
 			return r;
 		r = kvd_tenant_delete(c, name);
 		if (r < 0)
-			return tenant_error(c, r, what);
+			return request_error(c, r, what);
 		change_warning(c, r, what);
 		printf("tenant %s deleted\n", name);
 		return output_flush();
@@ -672,7 +658,7 @@ static int cmd_tenant(int argc, char **argv) {
 			return r;
 		r = kvd_tenant_reset(c, name);
 		if (r < 0)
-			return tenant_error(c, r, what);
+			return request_error(c, r, what);
 		change_warning(c, r, what);
 		tenant_report(c, name, "reset");
 		return output_flush();
@@ -685,7 +671,7 @@ static int cmd_tenant(int argc, char **argv) {
 	snprintf(what, sizeof(what), "tenant set %s", name);
 	r = kvd_tenant_set_params(c, name, &p);
 	if (r < 0)
-		return tenant_error(c, r, what);
+		return request_error(c, r, what);
 	change_warning(c, r, what);
 	tenant_report(c, name, "set");
 	return output_flush();
@@ -739,7 +725,7 @@ static int cmd_evict(int argc, char **argv) {
 	snprintf(what, sizeof(what), "evict%s%s", tenant ? " --tenant " : "", tenant ? tenant : "");
 	r = kvd_evict(c, tenant, bytes, &freed);
 	if (r < 0)
-		return tenant ? tenant_error(c, r, what) : request_error(c, r, what);
+		return request_error(c, r, what);
 	printf("freed %s", size_format(freed, a, sizeof(a)));
 	if (bytes)
 		printf(" of %s requested", size_format(bytes, b, sizeof(b)));

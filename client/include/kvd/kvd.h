@@ -42,8 +42,8 @@
  *
  * Errors. Every fallible function returns 0 (or a count) on success and a negative errno
  * on failure; each documents the values it returns. Errors reported by the daemon are
- * passed through, and kvd_client_last_error() gives the daemon's message for the last
- * refused call on that client. Any call that talks to the daemon may also return -EPROTO
+ * passed through, and kvd_client_last_error() gives the message of the last failed call on
+ * that client from the calling thread. Any call that talks to the daemon may also return -EPROTO
  * (the daemon broke the protocol) or -EMFILE (fds the daemon sent could not be received);
  * the connection is closed then, and later calls return -ECONNRESET. NULL handles give
  * -EINVAL. The library never logs and never calls exit().
@@ -272,8 +272,12 @@ KVD_EXPORT int kvd_client_set_spin(kvd_client *c, uint32_t spin_us);
 KVD_EXPORT kvd_client *kvd_client_ref(kvd_client *c);
 KVD_EXPORT kvd_client *kvd_client_unref(kvd_client *c);
 
-/* The daemon's message for the last call on this client that the daemon refused, or "" if
- * none (and after fork). Copy it before the next call on the client. */
+/* The message of the last call on this client, made on this thread, that failed: the
+ * daemon's words when it refused the call, else the library's ("kvd_seq_grow: n is 0 ...",
+ * or the function's name and kvd_strerror()'s words). "" when none failed (and after fork).
+ * A call that succeeds leaves it, except one that succeeds with a caveat (kvd_tenant_set()
+ * returning 1 with the daemon's words). Per thread since KVD_1.5, before which it was
+ * per client and kept the daemon's refusals only. Copy it before this thread's next call. */
 KVD_EXPORT const char *kvd_client_last_error(kvd_client *c);
 
 /*
