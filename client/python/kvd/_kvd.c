@@ -1,0 +1,1507 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvd._kvd: the Python binding of libkvd, a C extension on the stable ABI (Python 3.11 and
+ * later, abi3), without numpy's C API. It wraps the handles (Client, Seq, Status) and hands
+ * out memory as View objects: K/V blocks, block tables, observation windows and the
+ * connection's whole block range, each readable through the buffer protocol (numpy,
+ * memoryview) and DLPack (torch.from_dlpack, numpy.from_dlpack) without a copy.
+ *
+ * The safety contract (docs/python.md): a View of a sequence's K/V pins the sequence for as
+ * long as the View lives, and every array or tensor made from a View keeps the View alive,
+ * so the daemon never compacts or takes back the memory under it; releasing a sequence (or
+ * closing and reconnecting a client) while Views of it live raises BufferError instead.
+ * The memory behind a View therefore stays mapped until the last array over it is gone.
+ *
+ * Calls that talk to the daemon release the GIL. A Seq counts the calls in flight on it,
+ * so that release() from another thread cannot free it under one. libkvd itself refuses a
+ * handle used after fork() (-ECHILD), which raises KvdError here.
+ */
+#define Py_LIMITED_API 0x030B0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlpack/dlpack.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvd/kvd.h"
+
+/* The module's types and exception, kept in its state. */
+struct module_state {
+	PyObject *error;
+	PyTypeObject *client_type, *seq_type, *view_type, *status_type;
+};
+
+static struct module_state *state_of(PyObject *module) {
+	return (struct module_state *)PyModule_GetState(module);
+}
+
+/* The module (found from a type by its definition, so that types need no back pointer). */
+static PyModuleDef kvd_module;
+
+static struct module_state *state_any(void) {
+	PyObject *m = PyState_FindModule(&kvd_module);
+
+	return m ? state_of(m) : NULL;
+}
+
+/* Raises KvdError(errno, message) for libkvd's code r: the message is what
+ * kvd_client_last_error() says about the failed call (c may be NULL), else kvd_strerror(). */
+static PyObject *raise_kvd(kvd_client *c, int r) {
+	struct module_state *st = state_any();
+	const char *msg = c ? kvd_client_last_error(c) : "";
+	PyObject *args;
+
+	if (!msg || !*msg)
+		msg = kvd_strerror(r);
+	args = Py_BuildValue("(is)", -r, msg);
+	if (args) {
+		PyErr_SetObject(st ? st->error : PyExc_OSError, args);
+		Py_DECREF(args);
+	}
+	return NULL;
+}
+
+/* ---- View ---- */
+
+enum view_dtype { DT_F16, DT_BF16, DT_F32, DT_I32, DT_U32, DT_U8 };
+
+static const struct {
+	const char *format;   /* struct-module format for the buffer protocol */
+	Py_ssize_t itemsize;
+	uint8_t code, bits;   /* DLPack */
+	const char *name;
+} dtypes[] = {
+	[DT_F16] = { "e", 2, kDLFloat, 16, "float16" },
+	/* No buffer format has bfloat16: raw 16-bit words there, bfloat16 through DLPack. */
+	[DT_BF16] = { "H", 2, kDLBfloat, 16, "bfloat16" },
+	[DT_F32] = { "f", 4, kDLFloat, 32, "float32" },
+	[DT_I32] = { "i", 4, kDLInt, 32, "int32" },
+	[DT_U32] = { "I", 4, kDLUInt, 32, "uint32" },
+	[DT_U8] = { "B", 1, kDLUInt, 8, "uint8" },
+};
+
+#define VIEW_NDIM_MAX 5
+
+typedef struct SeqObject SeqObject;
+typedef struct ClientObject ClientObject;
+
+typedef struct {
+	PyObject_HEAD
+	/* What keeps the memory: a Seq (its K/V, pinned by this view, or its observation
+	 * buffer), a Client (its block range), or nothing (data is the view's own, freed with
+	 * it). */
+	PyObject *owner;
+	bool pinned;        /* holds a pin on owner, a Seq */
+	bool owns_data;
+	bool readonly;
+	bool device;        /* CUDA memory: DLPack only, never the buffer protocol */
+	int device_id;
+	void *data;
+	enum view_dtype dtype;
+	int ndim;
+	Py_ssize_t shape[VIEW_NDIM_MAX];
+	Py_ssize_t strides[VIEW_NDIM_MAX]; /* bytes, C order */
+	int64_t shape64[VIEW_NDIM_MAX];    /* DLPack's copy */
+} ViewObject;
+
+struct ClientObject {
+	PyObject_HEAD
+	kvd_client *c;      /* NULL once closed */
+	Py_ssize_t exports; /* live Views of its block range */
+	int memory;         /* KVD_MEMORY_* */
+	int device;         /* CUDA ordinal, -1 on host */
+	PyObject *models;   /* model id -> (q_heads, window): shapes of observation views */
+};
+
+struct SeqObject {
+	PyObject_HEAD
+	ClientObject *client;
+	kvd_seq *s;         /* NULL once released */
+	Py_ssize_t views;   /* live Views of its memory */
+	Py_ssize_t inflight; /* calls running without the GIL */
+	int model;
+};
+
+static int seq_unpin_quiet(SeqObject *s);
+
+static void view_dealloc(PyObject *self) {
+	ViewObject *v = (ViewObject *)self;
+	PyTypeObject *tp = Py_TYPE(self);
+	struct module_state *st = state_any();
+
+	if (v->owner && st && PyObject_TypeCheck(v->owner, st->seq_type)) {
+		SeqObject *s = (SeqObject *)v->owner;
+
+		s->views--;
+		if (v->pinned)
+			(void)seq_unpin_quiet(s);
+	} else if (v->owner && st && PyObject_TypeCheck(v->owner, st->client_type)) {
+		((ClientObject *)v->owner)->exports--;
+	}
+	if (v->owns_data)
+		free(v->data);
+	Py_XDECREF(v->owner);
+	PyObject_Free(self);
+	Py_DECREF(tp);
+}
+
+/* A view of data with shape (C order), of owner. */
+static ViewObject *view_new(PyObject *owner, void *data, enum view_dtype dtype, int ndim,
+                            const Py_ssize_t *shape, bool readonly) {
+	struct module_state *st = state_any();
+	ViewObject *v;
+	Py_ssize_t stride;
+
+	v = PyObject_New(ViewObject, st->view_type);
+	if (!v)
+		return NULL;
+	v->owner = owner;
+	Py_XINCREF(owner);
+	v->pinned = v->owns_data = v->device = false;
+	v->device_id = 0;
+	v->readonly = readonly;
+	v->data = data;
+	v->dtype = dtype;
+	v->ndim = ndim;
+	stride = dtypes[dtype].itemsize;
+	for (int i = ndim - 1; i >= 0; i--) {
+		v->shape[i] = shape[i];
+		v->shape64[i] = shape[i];
+		v->strides[i] = stride;
+		stride *= shape[i];
+	}
+	return v;
+}
+
+static int view_getbuffer(PyObject *self, Py_buffer *b, int flags) {
+	ViewObject *v = (ViewObject *)self;
+	Py_ssize_t len = dtypes[v->dtype].itemsize;
+
+	if (v->device) {
+		PyErr_SetString(PyExc_BufferError, "GPU memory: use DLPack (torch.from_dlpack)");
+		return -1;
+	}
+	if ((flags & PyBUF_WRITABLE) && v->readonly) {
+		PyErr_SetString(PyExc_BufferError, "read-only view");
+		return -1;
+	}
+	for (int i = 0; i < v->ndim; i++)
+		len *= v->shape[i];
+	b->buf = v->data;
+	b->obj = Py_NewRef(self);
+	b->len = len;
+	b->readonly = v->readonly;
+	b->itemsize = dtypes[v->dtype].itemsize;
+	b->format = (flags & PyBUF_FORMAT) ? (char *)dtypes[v->dtype].format : NULL;
+	b->ndim = v->ndim;
+	b->shape = (flags & PyBUF_ND) ? v->shape : NULL;
+	b->strides = (flags & PyBUF_STRIDES) ? v->strides : NULL;
+	b->suboffsets = NULL;
+	b->internal = NULL;
+	return 0;
+}
+
+static void view_releasebuffer(PyObject *self, Py_buffer *b) {
+	(void)self, (void)b;
+}
+
+/* DLPack: the tensor keeps the View alive through manager_ctx. */
+static void dlpack_deleter(DLManagedTensor *t) {
+	PyGILState_STATE g = PyGILState_Ensure();
+
+	Py_XDECREF((PyObject *)t->manager_ctx);
+	PyGILState_Release(g);
+	free(t);
+}
+
+/* A capsule nobody consumed (its name is still "dltensor") frees its tensor. */
+static void dlpack_capsule_destructor(PyObject *capsule) {
+	DLManagedTensor *t;
+
+	if (!PyCapsule_IsValid(capsule, "dltensor"))
+		return;
+	t = PyCapsule_GetPointer(capsule, "dltensor");
+	if (t && t->deleter)
+		t->deleter(t);
+}
+
+static PyObject *view_dlpack(PyObject *self, PyObject *args, PyObject *kwds) {
+	static char *kwlist[] = { "stream", "max_version", "dl_device", "copy", NULL };
+	ViewObject *v = (ViewObject *)self;
+	PyObject *stream = NULL, *max_version = NULL, *dl_device = NULL, *copy = NULL, *cap;
+	DLManagedTensor *t;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOO", kwlist, &stream, &max_version,
+	                                 &dl_device, &copy))
+		return NULL;
+	/* The memory is the daemon's: a copy would not be it. */
+	if (copy && PyObject_IsTrue(copy) == 1) {
+		PyErr_SetString(PyExc_BufferError, "kvd views are never copied");
+		return NULL;
+	}
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return PyErr_NoMemory();
+	t->dl_tensor.data = v->data;
+	t->dl_tensor.device.device_type = v->device ? kDLCUDA : kDLCPU;
+	t->dl_tensor.device.device_id = v->device_id;
+	t->dl_tensor.ndim = v->ndim;
+	t->dl_tensor.dtype.code = dtypes[v->dtype].code;
+	t->dl_tensor.dtype.bits = dtypes[v->dtype].bits;
+	t->dl_tensor.dtype.lanes = 1;
+	t->dl_tensor.shape = v->shape64;
+	t->dl_tensor.strides = NULL; /* C order */
+	t->dl_tensor.byte_offset = 0;
+	t->manager_ctx = Py_NewRef(self);
+	t->deleter = dlpack_deleter;
+	cap = PyCapsule_New(t, "dltensor", dlpack_capsule_destructor);
+	if (!cap) {
+		Py_DECREF(self);
+		free(t);
+	}
+	return cap;
+}
+
+static PyObject *view_dlpack_device(PyObject *self, PyObject *unused) {
+	ViewObject *v = (ViewObject *)self;
+
+	(void)unused;
+	return Py_BuildValue("(ii)", v->device ? kDLCUDA : kDLCPU, v->device_id);
+}
+
+static PyObject *view_get_address(PyObject *self, void *closure) {
+	(void)closure;
+	return PyLong_FromVoidPtr(((ViewObject *)self)->data);
+}
+
+static PyObject *view_get_shape(PyObject *self, void *closure) {
+	ViewObject *v = (ViewObject *)self;
+	PyObject *t = PyTuple_New(v->ndim);
+
+	(void)closure;
+	for (int i = 0; t && i < v->ndim; i++)
+		PyTuple_SetItem(t, i, PyLong_FromSsize_t(v->shape[i]));
+	return t;
+}
+
+static PyObject *view_get_dtype(PyObject *self, void *closure) {
+	(void)closure;
+	return PyUnicode_FromString(dtypes[((ViewObject *)self)->dtype].name);
+}
+
+static PyObject *view_get_device(PyObject *self, void *closure) {
+	ViewObject *v = (ViewObject *)self;
+
+	(void)closure;
+	return v->device ? PyUnicode_FromFormat("cuda:%d", v->device_id) : PyUnicode_FromString("cpu");
+}
+
+static PyMethodDef view_methods[] = {
+	{ "__dlpack__", (PyCFunction)(void (*)(void))view_dlpack, METH_VARARGS | METH_KEYWORDS,
+	  "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
+	  "A DLPack capsule of the memory, which keeps this view alive." },
+	{ "__dlpack_device__", view_dlpack_device, METH_NOARGS,
+	  "(device type, device id): kDLCPU (1) or kDLCUDA (2)." },
+	{ NULL },
+};
+
+static PyGetSetDef view_getset[] = {
+	{ "address", view_get_address, NULL, "The memory's address in this process.", NULL },
+	{ "shape", view_get_shape, NULL, "Shape, C order.", NULL },
+	{ "dtype", view_get_dtype, NULL, "Element type: float16, bfloat16, float32, int32, uint32, uint8.", NULL },
+	{ "device", view_get_device, NULL, "'cpu' or 'cuda:N'.", NULL },
+	{ NULL },
+};
+
+static PyType_Slot view_slots[] = {
+	{ Py_tp_doc, "Memory of kvd without a copy: numpy.asarray(v), memoryview(v), "
+	             "torch.from_dlpack(v). Keeps its sequence pinned (K/V) or its client's "
+	             "range reserved while it, or anything made from it, lives." },
+	{ Py_tp_dealloc, view_dealloc },
+	{ Py_tp_methods, view_methods },
+	{ Py_tp_getset, view_getset },
+	{ Py_bf_getbuffer, view_getbuffer },
+	{ Py_bf_releasebuffer, view_releasebuffer },
+	{ 0, NULL },
+};
+
+static PyType_Spec view_spec = {
+	.name = "kvd._kvd.View",
+	.basicsize = sizeof(ViewObject),
+	.flags = Py_TPFLAGS_DEFAULT,
+	.slots = view_slots,
+};
+
+/* ---- Client ---- */
+
+static kvd_client *client_open(ClientObject *self) {
+	if (!self->c)
+		PyErr_SetString(PyExc_ValueError, "the client is closed");
+	return self->c;
+}
+
+static PyObject *client_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+	static char *kwlist[] = { "socket", "tenant", "timeout_ms", "ring", NULL };
+	const char *socket = NULL, *tenant = NULL;
+	unsigned int timeout_ms = 0;
+	int ring = 1, r, memory;
+	int32_t device = -1;
+	kvd_connect_params p = { .size = sizeof(p) };
+	kvd_client *c = NULL;
+	ClientObject *self;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|zz$Ip", kwlist, &socket, &tenant,
+	                                 &timeout_ms, &ring))
+		return NULL;
+	p.socket_path = socket;
+	p.tenant = tenant;
+	p.timeout_ms = timeout_ms;
+	p.flags = ring ? 0 : KVD_CONNECT_NO_RING;
+	Py_BEGIN_ALLOW_THREADS
+	r = kvd_client_connect_params(&p, &c);
+	Py_END_ALLOW_THREADS
+	if (r < 0)
+		return raise_kvd(NULL, r);
+	memory = kvd_client_memory(c, &device);
+	self = (ClientObject *)PyType_GenericAlloc(type, 0);
+	if (!self) {
+		kvd_client_unref(c);
+		return NULL;
+	}
+	self->models = PyDict_New();
+	if (!self->models) {
+		Py_DECREF(self);
+		return NULL;
+	}
+	self->c = c;
+	self->memory = memory;
+	self->device = device;
+	return (PyObject *)self;
+}
+
+static void client_dealloc(PyObject *self) {
+	PyTypeObject *tp = Py_TYPE(self);
+	ClientObject *c = (ClientObject *)self;
+
+	if (c->c) {
+		Py_BEGIN_ALLOW_THREADS
+		kvd_client_unref(c->c);
+		Py_END_ALLOW_THREADS
+	}
+	Py_XDECREF(c->models);
+	((freefunc)PyType_GetSlot(tp, Py_tp_free))(self);
+	Py_DECREF(tp);
+}
+
+static PyObject *client_close(PyObject *self, PyObject *unused) {
+	ClientObject *c = (ClientObject *)self;
+	kvd_client *k = c->c;
+
+	(void)unused;
+	if (c->exports > 0) {
+		PyErr_Format(PyExc_BufferError, "%zd views of this client's block range are alive", c->exports);
+		return NULL;
+	}
+	c->c = NULL;
+	if (k) {
+		Py_BEGIN_ALLOW_THREADS
+		kvd_client_unref(k);
+		Py_END_ALLOW_THREADS
+	}
+	Py_RETURN_NONE;
+}
+
+static PyObject *client_enter(PyObject *self, PyObject *unused) {
+	(void)unused;
+	return Py_NewRef(self);
+}
+
+static PyObject *client_exit(PyObject *self, PyObject *args) {
+	(void)args;
+	return client_close(self, NULL);
+}
+
+/* A call that returns an int (>= 0 or -errno), without the GIL. */
+#define CALL_NOGIL(r, expr)            \
+	do {                           \
+		Py_BEGIN_ALLOW_THREADS \
+		r = (expr);            \
+		Py_END_ALLOW_THREADS   \
+	} while (0)
+
+static PyObject *client_register_model(PyObject *self, PyObject *args, PyObject *kwds) {
+	static char *kwlist[] = { "layers", "q_heads", "kv_heads", "head_dim", "dtype",
+	                          "block_tokens", "layout", "name", "unit", "window", "sinks",
+	                          "compensation", "index_heads", "index_dim", NULL };
+	kvd_model_params p = { .size = sizeof(p) };
+	kvd_client *c = client_open((ClientObject *)self);
+	const char *name = NULL;
+	unsigned int sinks = KVD_SINKS_DEFAULT;
+	int r;
+
+	if (!c)
+		return NULL;
+	p.spec.layout = KVD_LAYOUT_PER_LAYER;
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "IIIIII|I$zIIIIII", kwlist, &p.spec.layers,
+	                                 &p.spec.q_heads, &p.spec.kv_heads, &p.spec.head_dim,
+	                                 &p.spec.dtype, &p.spec.block_tokens, &p.spec.layout, &name,
+	                                 &p.eviction.unit, &p.eviction.window, &sinks,
+	                                 &p.compensation, &p.index.heads, &p.index.dim))
+		return NULL;
+	p.spec.name = name;
+	p.eviction.sinks = sinks;
+	CALL_NOGIL(r, kvd_model_register_params(c, &p));
+	if (r < 0)
+		return raise_kvd(c, r);
+	{
+		PyObject *key = PyLong_FromLong(r), *value = Py_BuildValue("(II)", p.spec.q_heads,
+		        p.eviction.window ? p.eviction.window : KVD_WINDOW_DEFAULT);
+		int k = key && value ? PyDict_SetItem(((ClientObject *)self)->models, key, value) : -1;
+
+		Py_XDECREF(key);
+		Py_XDECREF(value);
+		if (k < 0)
+			return NULL;
+	}
+	return PyLong_FromLong(r);
+}
+
+static PyObject *client_output_proj(PyObject *self, PyObject *args) {
+	kvd_client *c = client_open((ClientObject *)self);
+	unsigned int layer, dtype, hidden;
+	Py_buffer b;
+	int model, r;
+
+	if (!c)
+		return NULL;
+	if (!PyArg_ParseTuple(args, "iIIIy*", &model, &layer, &dtype, &hidden, &b))
+		return NULL;
+	if (b.len != (Py_ssize_t)0 && hidden != 0 && (size_t)b.len % hidden != 0) {
+		PyBuffer_Release(&b);
+		PyErr_SetString(PyExc_ValueError, "wo's size is not hidden rows");
+		return NULL;
+	}
+	CALL_NOGIL(r, kvd_model_output_proj(c, model, layer, dtype, hidden, b.buf));
+	PyBuffer_Release(&b);
+	return r < 0 ? raise_kvd(c, r) : Py_NewRef(Py_None);
+}
+
+static PyObject *seq_wrap(ClientObject *client, kvd_seq *s, int model);
+
+static PyObject *client_open_seq(PyObject *self, PyObject *args) {
+	kvd_client *c = client_open((ClientObject *)self);
+	unsigned int max_tokens;
+	kvd_seq *s = NULL;
+	int model, r;
+
+	if (!c)
+		return NULL;
+	if (!PyArg_ParseTuple(args, "iI", &model, &max_tokens))
+		return NULL;
+	CALL_NOGIL(r, kvd_seq_open(c, model, max_tokens, &s));
+	if (r < 0)
+		return raise_kvd(c, r);
+	return seq_wrap((ClientObject *)self, s, model);
+}
+
+static PyObject *client_block_pool(PyObject *self, PyObject *args) {
+	ClientObject *co = (ClientObject *)self;
+	kvd_client *c = client_open(co);
+	uint64_t stride;
+	uint32_t n;
+	Py_ssize_t shape[2];
+	ViewObject *v;
+	void *base;
+	int model, r;
+
+	if (!c)
+		return NULL;
+	if (!PyArg_ParseTuple(args, "i", &model))
+		return NULL;
+	r = kvd_model_block_pool(c, model, &base, &stride, &n);
+	if (r < 0)
+		return raise_kvd(c, r);
+	shape[0] = n;
+	shape[1] = (Py_ssize_t)stride;
+	v = view_new(self, base, DT_U8, 2, shape, false);
+	if (!v)
+		return NULL;
+	v->device = co->memory == KVD_MEMORY_CUDA;
+	v->device_id = co->device < 0 ? 0 : co->device;
+	co->exports++;
+	return Py_BuildValue("(NK)", (PyObject *)v, (unsigned long long)stride);
+}
+
+static PyObject *client_next_event(PyObject *self, PyObject *unused) {
+	kvd_client *c = client_open((ClientObject *)self);
+	kvd_event ev;
+	int r;
+
+	(void)unused;
+	if (!c)
+		return NULL;
+	CALL_NOGIL(r, kvd_client_next_event(c, &ev));
+	if (r < 0)
+		return raise_kvd(c, r);
+	if (r == 0)
+		Py_RETURN_NONE;
+	return Py_BuildValue("(IK)", ev.type, (unsigned long long)ev.arg);
+}
+
+static PyObject *client_fileno(PyObject *self, PyObject *unused) {
+	kvd_client *c = client_open((ClientObject *)self);
+	int r;
+
+	(void)unused;
+	if (!c)
+		return NULL;
+	r = kvd_client_get_event_fd(c);
+	return r < 0 ? raise_kvd(c, r) : PyLong_FromLong(r);
+}
+
+static PyObject *client_reconnect(PyObject *self, PyObject *args) {
+	ClientObject *co = (ClientObject *)self;
+	kvd_client *c = client_open(co);
+	unsigned int timeout_ms = 10000;
+	int32_t device = -1;
+	int r;
+
+	if (!c || !PyArg_ParseTuple(args, "|I", &timeout_ms))
+		return NULL;
+	if (co->exports > 0) {
+		PyErr_Format(PyExc_BufferError, "%zd views of this client's block range are alive", co->exports);
+		return NULL;
+	}
+	CALL_NOGIL(r, kvd_client_reconnect(c, timeout_ms));
+	if (r < 0)
+		return raise_kvd(c, r);
+	co->memory = kvd_client_memory(c, &device);
+	co->device = device;
+	/* Models are the lost connection's: they are registered again, with new ids. */
+	PyDict_Clear(co->models);
+	Py_RETURN_NONE;
+}
+
+static PyObject *client_set_ring(PyObject *self, PyObject *args) {
+	kvd_client *c = client_open((ClientObject *)self);
+	int enable, r;
+
+	if (!c || !PyArg_ParseTuple(args, "p", &enable))
+		return NULL;
+	r = kvd_client_set_ring(c, enable);
+	return r < 0 ? raise_kvd(c, r) : Py_NewRef(Py_None);
+}
+
+static PyObject *client_budget_set(PyObject *self, PyObject *args) {
+	kvd_client *c = client_open((ClientObject *)self);
+	unsigned long long bytes;
+	int r;
+
+	if (!c || !PyArg_ParseTuple(args, "K", &bytes))
+		return NULL;
+	CALL_NOGIL(r, kvd_budget_set(c, bytes));
+	return r < 0 ? raise_kvd(c, r) : PyBool_FromLong(r == 0);
+}
+
+static PyObject *client_tenant_set(PyObject *self, PyObject *args, PyObject *kwds) {
+	static char *kwlist[] = { "tenant", "min_bytes", "max_bytes", "weight", "policy", NULL };
+	kvd_client *c = client_open((ClientObject *)self);
+	kvd_tenant_params p = { .size = sizeof(p) };
+	PyObject *min = Py_None, *max = Py_None, *weight = Py_None;
+	const char *tenant, *policy = NULL;
+	int r;
+
+	if (!c || !PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOOz", kwlist, &tenant, &min, &max,
+	                                       &weight, &policy))
+		return NULL;
+	if (min != Py_None) {
+		p.set |= KVD_TENANT_SET_MIN;
+		p.min_bytes = PyLong_AsUnsignedLongLong(min);
+	}
+	if (max != Py_None) {
+		p.set |= KVD_TENANT_SET_MAX;
+		p.max_bytes = PyLong_AsUnsignedLongLong(max);
+	}
+	if (weight != Py_None) {
+		p.set |= KVD_TENANT_SET_WEIGHT;
+		p.weight = (uint32_t)PyLong_AsUnsignedLong(weight);
+	}
+	if (policy) {
+		p.set |= KVD_TENANT_SET_POLICY;
+		p.policy = policy;
+	}
+	if (PyErr_Occurred())
+		return NULL;
+	CALL_NOGIL(r, kvd_tenant_set_params(c, tenant, &p));
+	return r < 0 ? raise_kvd(c, r) : PyBool_FromLong(r == 0);
+}
+
+/* budget_reset(), tenant_reset(name), tenant_delete(name). */
+static PyObject *client_reset(PyObject *self, PyObject *args, int which) {
+	kvd_client *c = client_open((ClientObject *)self);
+	const char *tenant = NULL;
+	int r;
+
+	if (!c || !PyArg_ParseTuple(args, which == 0 ? "" : "s", &tenant))
+		return NULL;
+	CALL_NOGIL(r, which == 0 ? kvd_budget_reset(c) :
+	              which == 1 ? kvd_tenant_reset(c, tenant) : kvd_tenant_delete(c, tenant));
+	return r < 0 ? raise_kvd(c, r) : PyBool_FromLong(r == 0);
+}
+
+static PyObject *client_budget_reset(PyObject *self, PyObject *args) {
+	return client_reset(self, args, 0);
+}
+
+static PyObject *client_tenant_reset(PyObject *self, PyObject *args) {
+	return client_reset(self, args, 1);
+}
+
+static PyObject *client_tenant_delete(PyObject *self, PyObject *args) {
+	return client_reset(self, args, 2);
+}
+
+static PyObject *client_evict(PyObject *self, PyObject *args, PyObject *kwds) {
+	static char *kwlist[] = { "bytes", "tenant", NULL };
+	kvd_client *c = client_open((ClientObject *)self);
+	unsigned long long bytes = 0;
+	const char *tenant = NULL;
+	uint64_t freed = 0;
+	int r;
+
+	if (!c || !PyArg_ParseTupleAndKeywords(args, kwds, "|K$z", kwlist, &bytes, &tenant))
+		return NULL;
+	CALL_NOGIL(r, kvd_evict(c, tenant, bytes, &freed));
+	return r < 0 ? raise_kvd(c, r) : PyLong_FromUnsignedLongLong(freed);
+}
+
+static PyObject *status_wrap(kvd_status *st);
+
+static PyObject *client_status(PyObject *self, PyObject *unused) {
+	kvd_client *c = client_open((ClientObject *)self);
+	kvd_status *st = NULL;
+	int r;
+
+	(void)unused;
+	if (!c)
+		return NULL;
+	CALL_NOGIL(r, kvd_status_get(c, &st));
+	return r < 0 ? raise_kvd(c, r) : status_wrap(st);
+}
+
+static PyObject *client_get_chunk_bytes(PyObject *self, void *closure) {
+	kvd_client *c = client_open((ClientObject *)self);
+
+	(void)closure;
+	return c ? PyLong_FromUnsignedLongLong(kvd_client_chunk_bytes(c)) : NULL;
+}
+
+static PyObject *client_get_memory(PyObject *self, void *closure) {
+	ClientObject *co = (ClientObject *)self;
+
+	(void)closure;
+	return co->memory == KVD_MEMORY_CUDA ? PyUnicode_FromFormat("cuda:%d", co->device) :
+	                                       PyUnicode_FromString("cpu");
+}
+
+static PyObject *client_get_last_error(PyObject *self, void *closure) {
+	ClientObject *co = (ClientObject *)self;
+
+	(void)closure;
+	return PyUnicode_FromString(co->c ? kvd_client_last_error(co->c) : "");
+}
+
+static PyObject *client_get_closed(PyObject *self, void *closure) {
+	(void)closure;
+	return PyBool_FromLong(((ClientObject *)self)->c == NULL);
+}
+
+static PyMethodDef client_methods[] = {
+	{ "close", client_close, METH_NOARGS,
+	  "close()\n--\n\nDrops this handle; the connection closes once its sequences are "
+	  "released too. BufferError while views of the block range live." },
+	{ "__enter__", client_enter, METH_NOARGS, NULL },
+	{ "__exit__", client_exit, METH_VARARGS, NULL },
+	{ "register_model", (PyCFunction)(void (*)(void))client_register_model,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "register_model(layers, q_heads, kv_heads, head_dim, dtype, block_tokens, "
+	  "layout=LAYOUT_PER_LAYER, *, name=None, unit=UNIT_NONE, window=0, sinks=4, "
+	  "compensation=COMPENSATION_NONE, index_heads=0, index_dim=0)\n--\n\n"
+	  "Registers a model (kvd_model_register_params) and returns its id." },
+	{ "output_proj", client_output_proj, METH_VARARGS,
+	  "output_proj(model, layer, dtype, hidden, wo)\n--\n\n"
+	  "Gives the daemon layer's W_o (a buffer of hidden x q_heads*head_dim elements)." },
+	{ "open", client_open_seq, METH_VARARGS,
+	  "open(model, max_tokens)\n--\n\nOpens an empty sequence (kvd_seq_open)." },
+	{ "block_pool", client_block_pool, METH_VARARGS,
+	  "block_pool(model)\n--\n\n(View of uint8[n_blocks][stride] at the range's base, "
+	  "stride): block index b of a block table is row b. Only the connection's blocks are "
+	  "memory." },
+	{ "next_event", client_next_event, METH_NOARGS,
+	  "next_event()\n--\n\n(type, arg) of the next event, or None (kvd_client_next_event)." },
+	{ "fileno", client_fileno, METH_NOARGS,
+	  "fileno()\n--\n\nThe fd that polls readable when events may be pending." },
+	{ "reconnect", client_reconnect, METH_VARARGS,
+	  "reconnect(timeout_ms=10000)\n--\n\nConnects again after the daemon went away." },
+	{ "set_ring", client_set_ring, METH_VARARGS,
+	  "set_ring(enable)\n--\n\nPer-step calls through the rings (True) or the socket." },
+	{ "budget_set", client_budget_set, METH_VARARGS,
+	  "budget_set(bytes)\n--\n\nSets the node budget; False when applied but not saved." },
+	{ "budget_reset", client_budget_reset, METH_NOARGS,
+	  "budget_reset()\n--\n\nBack to the configured budget." },
+	{ "tenant_set", (PyCFunction)(void (*)(void))client_tenant_set, METH_VARARGS | METH_KEYWORDS,
+	  "tenant_set(tenant, *, min_bytes=None, max_bytes=None, weight=None, policy=None)\n--\n\n"
+	  "Changes the given settings of a tenant live; False when applied but not saved." },
+	{ "tenant_reset", client_tenant_reset, METH_VARARGS,
+	  "tenant_reset(tenant)\n--\n\nBack to the configured settings." },
+	{ "tenant_delete", client_tenant_delete, METH_VARARGS,
+	  "tenant_delete(tenant)\n--\n\nForgets a tenant that holds nothing." },
+	{ "evict", (PyCFunction)(void (*)(void))client_evict, METH_VARARGS | METH_KEYWORDS,
+	  "evict(bytes=0, *, tenant=None)\n--\n\nRuns an eviction round; returns the bytes freed." },
+	{ "status", client_status, METH_NOARGS,
+	  "status()\n--\n\nA Status snapshot of the daemon (kvd_status_get)." },
+	{ NULL },
+};
+
+static PyGetSetDef client_getset[] = {
+	{ "chunk_bytes", client_get_chunk_bytes, NULL, "Bytes of a pool chunk.", NULL },
+	{ "memory", client_get_memory, NULL, "'cpu' (host pool) or 'cuda:N' (GPU pool).", NULL },
+	{ "last_error", client_get_last_error, NULL,
+	  "The message of this thread's last failed call on the client.", NULL },
+	{ "closed", client_get_closed, NULL, "Whether close() was called.", NULL },
+	{ NULL },
+};
+
+static PyType_Slot client_slots[] = {
+	{ Py_tp_doc, "Client(socket=None, tenant=None, *, timeout_ms=0, ring=True)\n--\n\n"
+	             "A connection to kvd (kvd_client_connect_params): as a tenant, or "
+	             "administrative with tenant None. A context manager." },
+	{ Py_tp_new, client_new },
+	{ Py_tp_dealloc, client_dealloc },
+	{ Py_tp_methods, client_methods },
+	{ Py_tp_getset, client_getset },
+	{ 0, NULL },
+};
+
+static PyType_Spec client_spec = {
+	.name = "kvd._kvd.Client",
+	.basicsize = sizeof(ClientObject),
+	.flags = Py_TPFLAGS_DEFAULT,
+	.slots = client_slots,
+};
+
+/* ---- Seq ---- */
+
+static PyObject *seq_wrap(ClientObject *client, kvd_seq *s, int model) {
+	struct module_state *st = state_any();
+	SeqObject *self = (SeqObject *)PyType_GenericAlloc(st->seq_type, 0);
+
+	if (!self) {
+		kvd_seq_release(s);
+		return NULL;
+	}
+	self->client = (ClientObject *)Py_NewRef((PyObject *)client);
+	self->s = s;
+	self->model = model;
+	return (PyObject *)self;
+}
+
+static kvd_seq *seq_open(SeqObject *self) {
+	if (!self->s)
+		PyErr_SetString(PyExc_ValueError, "the sequence is released");
+	return self->s;
+}
+
+static void seq_dealloc(PyObject *self) {
+	PyTypeObject *tp = Py_TYPE(self);
+	SeqObject *s = (SeqObject *)self;
+
+	if (s->s) {
+		Py_BEGIN_ALLOW_THREADS
+		kvd_seq_release(s->s);
+		Py_END_ALLOW_THREADS
+	}
+	Py_XDECREF((PyObject *)s->client);
+	((freefunc)PyType_GetSlot(tp, Py_tp_free))(self);
+	Py_DECREF(tp);
+}
+
+static int seq_unpin_quiet(SeqObject *s) {
+	int r = 0;
+
+	if (s->s)
+		CALL_NOGIL(r, kvd_seq_unpin(s->s));
+	return r;
+}
+
+/* Runs a libkvd call on the sequence without the GIL, counted as in flight. */
+#define SEQ_CALL(self, r, expr)          \
+	do {                             \
+		(self)->inflight++;      \
+		CALL_NOGIL(r, expr);     \
+		(self)->inflight--;      \
+	} while (0)
+
+static PyObject *seq_result(SeqObject *self, int r) {
+	return r < 0 ? raise_kvd(self->client->c, r) : PyLong_FromLong(r);
+}
+
+static PyObject *seq_grow(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	unsigned int n;
+	int r;
+
+	if (!s || !PyArg_ParseTuple(args, "I", &n))
+		return NULL;
+	SEQ_CALL(so, r, kvd_seq_grow(s, n));
+	return seq_result(so, r);
+}
+
+static PyObject *seq_pin(PyObject *self, PyObject *unused) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	int r;
+
+	(void)unused;
+	if (!s)
+		return NULL;
+	SEQ_CALL(so, r, kvd_seq_pin(s));
+	return seq_result(so, r);
+}
+
+static PyObject *seq_unpin(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	unsigned long long event = 0;
+	int r;
+
+	if (!s || !PyArg_ParseTuple(args, "|K", &event))
+		return NULL;
+	/* event: a CUevent handle as an integer (torch.cuda.Event(interprocess=True).cuda_event). */
+	SEQ_CALL(so, r, event ? kvd_seq_unpin_after(s, (void *)(uintptr_t)event) : kvd_seq_unpin(s));
+	return seq_result(so, r);
+}
+
+static PyObject *seq_release(PyObject *self, PyObject *unused) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = so->s;
+	int r;
+
+	(void)unused;
+	if (!s)
+		Py_RETURN_NONE;
+	if (so->views > 0) {
+		PyErr_Format(PyExc_BufferError,
+		             "%zd views of this sequence are alive: drop them (and the arrays and "
+		             "tensors made from them) first", so->views);
+		return NULL;
+	}
+	if (so->inflight > 0) {
+		PyErr_SetString(PyExc_RuntimeError, "another thread is in a call on this sequence");
+		return NULL;
+	}
+	so->s = NULL;
+	CALL_NOGIL(r, kvd_seq_release(s));
+	return r < 0 ? raise_kvd(so->client->c, r) : Py_NewRef(Py_None);
+}
+
+static PyObject *seq_claim(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	int model, r;
+
+	if (!s || !PyArg_ParseTuple(args, "i", &model))
+		return NULL;
+	SEQ_CALL(so, r, kvd_seq_claim(s, model));
+	if (r >= 0)
+		so->model = model;
+	return r < 0 ? raise_kvd(so->client->c, r) : Py_NewRef(Py_None);
+}
+
+static PyObject *seq_tokens(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	unsigned int layer = 0, head = 0;
+	int64_t n;
+
+	if (!s || !PyArg_ParseTuple(args, "|II", &layer, &head))
+		return NULL;
+	n = kvd_seq_tokens(s, layer, head);
+	return n < 0 ? raise_kvd(so->client->c, (int)n) : PyLong_FromLongLong(n);
+}
+
+static enum view_dtype model_dtype(uint32_t dtype) {
+	return dtype == KVD_DTYPE_BF16 ? DT_BF16 : dtype == KVD_DTYPE_F32 ? DT_F32 : DT_F16;
+}
+
+/* A view of s's K/V memory at data, pinning s for its life. */
+static PyObject *seq_kv_view(SeqObject *so, void *data, int ndim, const Py_ssize_t *shape) {
+	const struct kvd_seq_desc *h = kvd_seq_header(so->s);
+	ViewObject *v;
+	int r;
+
+	SEQ_CALL(so, r, kvd_seq_pin(so->s));
+	if (r < 0)
+		return raise_kvd(so->client->c, r);
+	v = view_new((PyObject *)so, data, model_dtype(h->dtype), ndim, shape, false);
+	if (!v) {
+		(void)seq_unpin_quiet(so);
+		return NULL;
+	}
+	v->pinned = true;
+	v->device = so->client->memory == KVD_MEMORY_CUDA;
+	v->device_id = so->client->device < 0 ? 0 : so->client->device;
+	so->views++;
+	return (PyObject *)v;
+}
+
+static PyObject *seq_block(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	const struct kvd_seq_desc *h;
+	unsigned int table, index;
+	Py_ssize_t shape[4];
+	void *b;
+	int r, ndim;
+
+	if (!s || !PyArg_ParseTuple(args, "II", &table, &index))
+		return NULL;
+	r = kvd_seq_block(s, table, index, &b);
+	if (r < 0)
+		return raise_kvd(so->client->c, r);
+	h = kvd_seq_header(s);
+	shape[0] = 2;
+	if (h->layout == KVD_LAYOUT_PER_HEAD) {
+		shape[1] = h->block_tokens;
+		shape[2] = h->head_dim;
+		ndim = 3;
+	} else {
+		shape[1] = h->kv_heads;
+		shape[2] = h->block_tokens;
+		shape[3] = h->head_dim;
+		ndim = 4;
+	}
+	return seq_kv_view(so, b, ndim, shape);
+}
+
+static PyObject *seq_kv(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	unsigned int layer, head, slot;
+	Py_ssize_t shape[1];
+	PyObject *k, *v;
+	void *kp, *vp;
+	int r;
+
+	if (!s || !PyArg_ParseTuple(args, "III", &layer, &head, &slot))
+		return NULL;
+	r = kvd_seq_kv(s, layer, head, slot, &kp, &vp);
+	if (r < 0)
+		return raise_kvd(so->client->c, r);
+	shape[0] = kvd_seq_header(s)->head_dim;
+	k = seq_kv_view(so, kp, 1, shape);
+	if (!k)
+		return NULL;
+	v = seq_kv_view(so, vp, 1, shape);
+	if (!v) {
+		Py_DECREF(k);
+		return NULL;
+	}
+	return Py_BuildValue("(NN)", k, v);
+}
+
+static PyObject *seq_block_table(PyObject *self, PyObject *args, PyObject *kwds) {
+	static char *kwlist[] = { "layer", "kv_head", "positions", NULL };
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	unsigned int layer, head = 0;
+	int want_positions = 1, n;
+	int64_t tokens;
+	uint32_t nb, *pos = NULL, bt;
+	int32_t *blocks;
+	uint64_t gen = 0;
+	Py_ssize_t shape[1];
+	ViewObject *bv, *pv = NULL;
+
+	if (!s || !PyArg_ParseTupleAndKeywords(args, kwds, "I|Ip", kwlist, &layer, &head,
+	                                       &want_positions))
+		return NULL;
+	tokens = kvd_seq_tokens(s, layer, head);
+	if (tokens < 0)
+		return raise_kvd(so->client->c, (int)tokens);
+	bt = kvd_seq_header(s)->block_tokens;
+	/* Room for what the table holds now, and a block more should a round change it. */
+	nb = (uint32_t)((tokens + bt - 1) / bt) + 1;
+	blocks = malloc((size_t)nb * sizeof(*blocks));
+	pos = want_positions ? malloc(((size_t)tokens + 1) * sizeof(*pos)) : NULL;
+	if (!blocks || (want_positions && !pos)) {
+		free(blocks);
+		free(pos);
+		return PyErr_NoMemory();
+	}
+	n = kvd_seq_block_table(s, layer, head, blocks, nb, pos, pos ? (uint32_t)tokens + 1 : 0, &gen);
+	if (n < 0) {
+		free(blocks);
+		free(pos);
+		return raise_kvd(so->client->c, n);
+	}
+	shape[0] = (Py_ssize_t)((n + bt - 1) / bt);
+	bv = view_new(NULL, blocks, DT_I32, 1, shape, false);
+	if (!bv) {
+		free(blocks);
+		free(pos);
+		return NULL;
+	}
+	bv->owns_data = true;
+	if (pos) {
+		shape[0] = n;
+		pv = view_new(NULL, pos, DT_U32, 1, shape, false);
+		if (!pv) {
+			free(pos);
+			Py_DECREF(bv);
+			return NULL;
+		}
+		pv->owns_data = true;
+	}
+	return Py_BuildValue("(NNK)", (PyObject *)bv, pv ? (PyObject *)pv : Py_NewRef(Py_None),
+	                     (unsigned long long)gen);
+}
+
+static PyObject *seq_observation(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	const struct kvd_seq_desc *h;
+	PyObject *key, *shape_of;
+	unsigned int layer, q_heads, window;
+	Py_ssize_t shape[3];
+	ViewObject *v;
+	void *q;
+	int r;
+
+	if (!s || !PyArg_ParseTuple(args, "I", &layer))
+		return NULL;
+	r = kvd_seq_observation(s, layer, &q);
+	if (r < 0)
+		return raise_kvd(so->client->c, r);
+	/* q[q_heads][window][head_dim], by the shape this client registered. */
+	key = PyLong_FromLong(so->model);
+	shape_of = key ? PyDict_GetItemWithError(so->client->models, key) : NULL;
+	Py_XDECREF(key);
+	if (!shape_of) {
+		if (!PyErr_Occurred())
+			PyErr_SetString(PyExc_ValueError, "the model was not registered through this client");
+		return NULL;
+	}
+	if (!PyArg_ParseTuple(shape_of, "II", &q_heads, &window))
+		return NULL;
+	h = kvd_seq_header(s);
+	shape[0] = q_heads;
+	shape[1] = window;
+	shape[2] = h->head_dim;
+	/* The observation buffer is the sequence's own (host memory, never a chunk): the view
+	 * keeps the Seq object, not a pin. */
+	v = view_new(self, q, model_dtype(h->dtype), 3, shape, false);
+	if (!v)
+		return NULL;
+	so->views++;
+	return (PyObject *)v;
+}
+
+static PyObject *seq_observe(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	unsigned int layer;
+	int r;
+
+	if (!s || !PyArg_ParseTuple(args, "I", &layer))
+		return NULL;
+	r = kvd_seq_observe(s, layer);
+	return r < 0 ? raise_kvd(so->client->c, r) : Py_NewRef(Py_None);
+}
+
+static PyObject *seq_digest(PyObject *self, PyObject *unused) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	uint64_t daemon = 0, local = 0;
+	bool host;
+	int r;
+
+	(void)unused;
+	if (!s)
+		return NULL;
+	host = so->client->memory != KVD_MEMORY_CUDA;
+	SEQ_CALL(so, r, kvd_seq_digest(s, &daemon, host ? &local : NULL));
+	if (r < 0)
+		return raise_kvd(so->client->c, r);
+	if (!host)
+		return Py_BuildValue("(KO)", (unsigned long long)daemon, Py_None);
+	return Py_BuildValue("(KK)", (unsigned long long)daemon, (unsigned long long)local);
+}
+
+static PyObject *seq_enter(PyObject *self, PyObject *unused) {
+	(void)unused;
+	return Py_NewRef(self);
+}
+
+static PyObject *seq_exit(PyObject *self, PyObject *args) {
+	(void)args;
+	return seq_release(self, NULL);
+}
+
+static PyObject *seq_get_id(PyObject *self, void *closure) {
+	SeqObject *so = (SeqObject *)self;
+
+	(void)closure;
+	return so->s ? PyLong_FromUnsignedLongLong(kvd_seq_id(so->s)) : Py_NewRef(Py_None);
+}
+
+static PyObject *seq_get_generation(PyObject *self, void *closure) {
+	SeqObject *so = (SeqObject *)self;
+	const struct kvd_seq_desc *d;
+
+	(void)closure;
+	if (!seq_open(so))
+		return NULL;
+	d = kvd_seq_descriptor(so->s);
+	if (!d)
+		return raise_kvd(so->client->c, -ECHILD);
+	return PyLong_FromUnsignedLongLong(__atomic_load_n(&d->generation, __ATOMIC_ACQUIRE));
+}
+
+static PyObject *seq_get_model(PyObject *self, void *closure) {
+	(void)closure;
+	return PyLong_FromLong(((SeqObject *)self)->model);
+}
+
+static PyObject *seq_get_views(PyObject *self, void *closure) {
+	(void)closure;
+	return PyLong_FromSsize_t(((SeqObject *)self)->views);
+}
+
+static PyObject *seq_get_released(PyObject *self, void *closure) {
+	(void)closure;
+	return PyBool_FromLong(((SeqObject *)self)->s == NULL);
+}
+
+static PyMethodDef seq_methods[] = {
+	{ "grow", seq_grow, METH_VARARGS,
+	  "grow(n)\n--\n\nAppends n token slots to every table (kvd_seq_grow); may wait for an "
+	  "eviction round, without the GIL." },
+	{ "pin", seq_pin, METH_NOARGS, "pin()\n--\n\nKeeps rounds off the sequence (nested)." },
+	{ "unpin", seq_unpin, METH_VARARGS,
+	  "unpin(cuda_event=0)\n--\n\nUndoes a pin; with a CUevent handle (an "
+	  "interprocess event's), once the GPU work recorded before it is done." },
+	{ "release", seq_release, METH_NOARGS,
+	  "release()\n--\n\nGives the sequence back. BufferError while views of it live." },
+	{ "claim", seq_claim, METH_VARARGS,
+	  "claim(model)\n--\n\nTakes a sequence kept across a daemon restart back." },
+	{ "tokens", seq_tokens, METH_VARARGS,
+	  "tokens(layer=0, kv_head=0)\n--\n\nResident tokens of the table." },
+	{ "block", seq_block, METH_VARARGS,
+	  "block(table, index)\n--\n\nView of a K/V block: [2][kv_heads][block_tokens][head_dim] "
+	  "(per layer) or [2][block_tokens][head_dim] (per head); pins the sequence while it lives." },
+	{ "kv", seq_kv, METH_VARARGS,
+	  "kv(layer, kv_head, slot)\n--\n\n(K, V) views of a resident slot's rows; each pins "
+	  "the sequence while it lives." },
+	{ "block_table", (PyCFunction)(void (*)(void))seq_block_table, METH_VARARGS | METH_KEYWORDS,
+	  "block_table(layer, kv_head=0, positions=True)\n--\n\n(blocks, positions, generation): "
+	  "int32 block indices into Client.block_pool(), the slots' original positions (uint32, "
+	  "or None), the descriptor generation they hold for." },
+	{ "observation", seq_observation, METH_VARARGS,
+	  "observation(layer)\n--\n\nView of the layer's window queries, "
+	  "[q_heads][window][head_dim], to write before observe(layer); withdraws the layer's "
+	  "published window (kvd_seq_observation)." },
+	{ "observe", seq_observe, METH_VARARGS,
+	  "observe(layer)\n--\n\nPublishes the layer's observation window." },
+	{ "digest", seq_digest, METH_NOARGS,
+	  "digest()\n--\n\n(daemon's digest, this process's or None on GPU pools) of the K/V." },
+	{ "__enter__", seq_enter, METH_NOARGS, NULL },
+	{ "__exit__", seq_exit, METH_VARARGS, NULL },
+	{ NULL },
+};
+
+static PyGetSetDef seq_getset[] = {
+	{ "id", seq_get_id, NULL, "The daemon-wide id, None once released.", NULL },
+	{ "generation", seq_get_generation, NULL, "The descriptor's generation now.", NULL },
+	{ "model", seq_get_model, NULL, "The model id it was opened (or claimed) with.", NULL },
+	{ "views", seq_get_views, NULL, "Views of its memory alive now.", NULL },
+	{ "released", seq_get_released, NULL, "Whether release() was called.", NULL },
+	{ NULL },
+};
+
+static PyType_Slot seq_slots[] = {
+	{ Py_tp_doc, "A sequence (Client.open). A context manager that releases it." },
+	{ Py_tp_dealloc, seq_dealloc },
+	{ Py_tp_methods, seq_methods },
+	{ Py_tp_getset, seq_getset },
+	{ 0, NULL },
+};
+
+static PyType_Spec seq_spec = {
+	.name = "kvd._kvd.Seq",
+	.basicsize = sizeof(SeqObject),
+	.flags = Py_TPFLAGS_DEFAULT,
+	.slots = seq_slots,
+};
+
+/* ---- Status ---- */
+
+typedef struct {
+	PyObject_HEAD
+	kvd_status *st;
+} StatusObject;
+
+static PyObject *status_wrap(kvd_status *st) {
+	StatusObject *self = (StatusObject *)PyType_GenericAlloc(state_any()->status_type, 0);
+
+	if (!self) {
+		kvd_status_free(st);
+		return NULL;
+	}
+	self->st = st;
+	return (PyObject *)self;
+}
+
+static void status_dealloc(PyObject *self) {
+	PyTypeObject *tp = Py_TYPE(self);
+
+	kvd_status_free(((StatusObject *)self)->st);
+	((freefunc)PyType_GetSlot(tp, Py_tp_free))(self);
+	Py_DECREF(tp);
+}
+
+/* The index of tenant name in the snapshot, or -1 with KeyError. */
+static int status_tenant_index(const kvd_status *st, const char *name) {
+	for (uint32_t i = 0; i < kvd_status_tenants(st); i++) {
+		const char *n;
+
+		if (kvd_status_tenant_name(st, i, &n) == 0 && strcmp(n, name) == 0)
+			return (int)i;
+	}
+	PyErr_Format(PyExc_KeyError, "no tenant %s in the status", name);
+	return -1;
+}
+
+/* A value by key: of the node (tenant NULL) or of a tenant; numbers, else strings. */
+static PyObject *status_value(const kvd_status *st, const char *tenant, const char *key) {
+	const char *str;
+	uint64_t v;
+	int i = -1, r;
+
+	if (tenant) {
+		i = status_tenant_index(st, tenant);
+		if (i < 0)
+			return NULL;
+	}
+	r = i < 0 ? kvd_status_u64(st, key, &v) : kvd_status_tenant_u64(st, (uint32_t)i, key, &v);
+	if (r == 0)
+		return PyLong_FromUnsignedLongLong(v);
+	r = i < 0 ? kvd_status_str(st, key, &str) : kvd_status_tenant_str(st, (uint32_t)i, key, &str);
+	if (r == 0)
+		return PyUnicode_FromString(str);
+	PyErr_Format(PyExc_KeyError, "%s", key);
+	return NULL;
+}
+
+static PyObject *status_get(PyObject *self, PyObject *args) {
+	const char *key;
+
+	if (!PyArg_ParseTuple(args, "s", &key))
+		return NULL;
+	return status_value(((StatusObject *)self)->st, NULL, key);
+}
+
+static PyObject *status_tenant(PyObject *self, PyObject *args) {
+	const char *tenant, *key;
+
+	if (!PyArg_ParseTuple(args, "ss", &tenant, &key))
+		return NULL;
+	return status_value(((StatusObject *)self)->st, tenant, key);
+}
+
+static PyObject *status_tenants(PyObject *self, PyObject *unused) {
+	const kvd_status *st = ((StatusObject *)self)->st;
+	uint32_t n = kvd_status_tenants(st);
+	PyObject *list = PyList_New(n);
+
+	(void)unused;
+	for (uint32_t i = 0; list && i < n; i++) {
+		const char *name = "";
+
+		(void)kvd_status_tenant_name(st, i, &name);
+		PyList_SetItem(list, i, PyUnicode_FromString(name));
+	}
+	return list;
+}
+
+static PyObject *status_refusals(PyObject *self, PyObject *unused) {
+	const kvd_status *st = ((StatusObject *)self)->st;
+	PyObject *d = PyDict_New();
+
+	(void)unused;
+	for (uint32_t i = 0; d && i < kvd_status_refusals(st); i++) {
+		const char *name;
+		uint64_t v;
+		PyObject *value;
+
+		if (kvd_status_refusal(st, i, &name, &v) < 0)
+			continue;
+		value = PyLong_FromUnsignedLongLong(v);
+		if (!value || PyDict_SetItemString(d, name, value) < 0) {
+			Py_XDECREF(value);
+			Py_DECREF(d);
+			return NULL;
+		}
+		Py_DECREF(value);
+	}
+	return d;
+}
+
+static PyMethodDef status_methods[] = {
+	{ "get", status_get, METH_VARARGS,
+	  "get(key)\n--\n\nA node value by its key (kvd_status_u64, kvd_status_str): used_bytes, "
+	  "budget_bytes, ...; KeyError for an unknown key." },
+	{ "tenant", status_tenant, METH_VARARGS,
+	  "tenant(name, key)\n--\n\nA tenant's value by its key (used_bytes, max_bytes, policy, ...)." },
+	{ "tenants", status_tenants, METH_NOARGS, "tenants()\n--\n\nThe tenants' names." },
+	{ "refusals", status_refusals, METH_NOARGS,
+	  "refusals()\n--\n\nRefusal counters by limit name." },
+	{ NULL },
+};
+
+static PyType_Slot status_slots[] = {
+	{ Py_tp_doc, "A snapshot of the daemon's status (Client.status())." },
+	{ Py_tp_dealloc, status_dealloc },
+	{ Py_tp_methods, status_methods },
+	{ 0, NULL },
+};
+
+static PyType_Spec status_spec = {
+	.name = "kvd._kvd.Status",
+	.basicsize = sizeof(StatusObject),
+	.flags = Py_TPFLAGS_DEFAULT,
+	.slots = status_slots,
+};
+
+/* ---- the module ---- */
+
+static PyObject *module_strerror(PyObject *self, PyObject *args) {
+	int code;
+
+	(void)self;
+	if (!PyArg_ParseTuple(args, "i", &code))
+		return NULL;
+	return PyUnicode_FromString(kvd_strerror(code < 0 ? code : -code));
+}
+
+static PyMethodDef module_methods[] = {
+	{ "strerror", module_strerror, METH_VARARGS,
+	  "strerror(errno)\n--\n\nWhat an errno from kvd means (kvd_strerror)." },
+	{ NULL },
+};
+
+static int module_traverse(PyObject *m, visitproc visit, void *arg) {
+	struct module_state *st = state_of(m);
+
+	Py_VISIT(st->error);
+	Py_VISIT(st->client_type);
+	Py_VISIT(st->seq_type);
+	Py_VISIT(st->view_type);
+	Py_VISIT(st->status_type);
+	return 0;
+}
+
+static int module_clear(PyObject *m) {
+	struct module_state *st = state_of(m);
+
+	Py_CLEAR(st->error);
+	Py_CLEAR(st->client_type);
+	Py_CLEAR(st->seq_type);
+	Py_CLEAR(st->view_type);
+	Py_CLEAR(st->status_type);
+	return 0;
+}
+
+static PyModuleDef kvd_module = {
+	PyModuleDef_HEAD_INIT,
+	.m_name = "kvd._kvd",
+	.m_doc = "libkvd for Python; use the kvd package.",
+	.m_size = sizeof(struct module_state),
+	.m_methods = module_methods,
+	.m_traverse = module_traverse,
+	.m_clear = module_clear,
+};
+
+static int add_int(PyObject *m, const char *name, long long v) {
+	PyObject *o = PyLong_FromLongLong(v);
+	int r = o ? PyModule_AddObjectRef(m, name, o) : -1;
+
+	Py_XDECREF(o);
+	return r;
+}
+
+static PyTypeObject *add_type(PyObject *m, PyType_Spec *spec, const char *name) {
+	PyTypeObject *t = (PyTypeObject *)PyType_FromSpec(spec);
+
+	if (!t || PyModule_AddObjectRef(m, name, (PyObject *)t) < 0) {
+		Py_XDECREF((PyObject *)t);
+		return NULL;
+	}
+	return t;
+}
+
+PyMODINIT_FUNC PyInit__kvd(void);
+PyMODINIT_FUNC PyInit__kvd(void) {
+	static const struct {
+		const char *name;
+		long long value;
+	} constants[] = {
+		{ "DTYPE_F16", KVD_DTYPE_F16 }, { "DTYPE_BF16", KVD_DTYPE_BF16 },
+		{ "DTYPE_F32", KVD_DTYPE_F32 },
+		{ "LAYOUT_PER_LAYER", KVD_LAYOUT_PER_LAYER }, { "LAYOUT_PER_HEAD", KVD_LAYOUT_PER_HEAD },
+		{ "UNIT_NONE", KVD_UNIT_NONE }, { "UNIT_HEAD_TOKEN", KVD_UNIT_HEAD_TOKEN },
+		{ "UNIT_LAYER_TOKEN", KVD_UNIT_LAYER_TOKEN }, { "UNIT_BLOCK", KVD_UNIT_BLOCK },
+		{ "COMPENSATION_NONE", KVD_COMPENSATION_NONE },
+		{ "COMPENSATION_MOMENTS", KVD_COMPENSATION_MOMENTS },
+		{ "COMPENSATION_LATENT", KVD_COMPENSATION_LATENT },
+		{ "EVENT_STOPPING", KVD_EVENT_STOPPING }, { "EVENT_SEQ_CHANGED", KVD_EVENT_SEQ_CHANGED },
+		{ "EVENT_DISCONNECTED", KVD_EVENT_DISCONNECTED },
+		{ "VERSION_MAJOR", KVD_VERSION_MAJOR }, { "VERSION_MINOR", KVD_VERSION_MINOR },
+	};
+	struct module_state *st;
+	PyObject *m = PyModule_Create(&kvd_module);
+
+	if (!m)
+		return NULL;
+	st = state_of(m);
+	st->error = PyErr_NewExceptionWithDoc("kvd.KvdError",
+	                                      "A libkvd call failed: errno is the code, strerror "
+	                                      "the message of the failed call.",
+	                                      PyExc_OSError, NULL);
+	if (!st->error || PyModule_AddObjectRef(m, "KvdError", st->error) < 0)
+		goto fail;
+	st->view_type = add_type(m, &view_spec, "View");
+	st->client_type = st->view_type ? add_type(m, &client_spec, "Client") : NULL;
+	st->seq_type = st->client_type ? add_type(m, &seq_spec, "Seq") : NULL;
+	st->status_type = st->seq_type ? add_type(m, &status_spec, "Status") : NULL;
+	if (!st->status_type)
+		goto fail;
+	for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++)
+		if (add_int(m, constants[i].name, constants[i].value) < 0)
+			goto fail;
+	if (PyModule_AddStringConstant(m, "DEFAULT_SOCKET", KVD_DEFAULT_SOCKET) < 0 ||
+	    PyModule_AddStringConstant(m, "kvd_version", kvd_version()) < 0)
+		goto fail;
+	/* PyState_FindModule() finds it from the types' functions. */
+	if (PyState_AddModule(m, &kvd_module) < 0)
+		goto fail;
+	return m;
+fail:
+	Py_DECREF(m);
+	return NULL;
+}
