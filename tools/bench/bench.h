@@ -43,3 +43,10 @@ int bench_ipc(int argc, char **argv);
  * the process exit status (0, 1 if a measurement failed, 2 on usage errors).
  */
 int bench_table(int argc, char **argv);
+
+/*
+ * `kvd-bench step` (step.c): one decode step's kvd calls from C (grow, pin, observation
+ * windows, unpin) against a running daemon; tools/bench/binding-step.py compares the
+ * Python binding with it. argv[0] is "step"; returns the process exit status.
+ */
+int bench_step(int argc, char **argv);

@@ -1149,7 +1149,13 @@ static PyObject *seq_enter(PyObject *self, PyObject *unused) {
 }
 
 static PyObject *seq_exit(PyObject *self, PyObject *args) {
-	(void)args;
+	PyObject *type = PyTuple_Size(args) > 0 ? PyTuple_GetItem(args, 0) : NULL;
+
+	/* Leaving on an exception with views still alive (the frames being unwound may hold
+	 * them): the sequence goes when its last view does, and the exception stays the one
+	 * that is raised. */
+	if (type && type != Py_None && ((SeqObject *)self)->views > 0)
+		Py_RETURN_NONE;
 	return seq_release(self, NULL);
 }
 

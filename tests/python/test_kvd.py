@@ -1,0 +1,346 @@
+# SPDX-License-Identifier: MIT
+"""The Python binding (client/python) against real daemons: views are the daemon's memory
+(their data pointers are the blocks' addresses, and writes through numpy arrays and torch
+tensors change the daemon's digest), block tables index the block range, the safety
+contract of views, errors, fork(), the GIL, observation windows, status and live settings.
+
+Run by meson (suite python) with KVD_DAEMON and PYTHONPATH set. numpy and torch are needed:
+without them the test is skipped (exit 77), or fails when CI=true.
+"""
+
+import ctypes
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+try:
+    import numpy as np
+    import torch
+except ImportError as e:  # pragma: no cover - depends on the machine
+    if os.environ.get("CI") == "true":
+        print(f"test_kvd: {e}: CI needs numpy and torch (tools/setup installs them)",
+              file=sys.stderr)
+        sys.exit(1)
+    print(f"test_kvd: skipped: {e}", file=sys.stderr)
+    sys.exit(77)
+
+import kvd
+
+F16 = kvd.DTYPE_F16
+# KVD_TEST_BACKEND=cuda: the daemon pools GPU memory (under tests/fake-cuda's driver in the
+# fake-gpu suite, which the environment sets up): only the tests that never touch K/V
+# with the CPU run then.
+CUDA = os.environ.get("KVD_TEST_BACKEND") == "cuda"
+
+
+class Daemon:
+    """A kvd of its own, on the host backend, in a fresh directory."""
+
+    def __init__(self, *args):
+        self.dir = tempfile.mkdtemp(prefix="kvd-py-")
+        self.socket = os.path.join(self.dir, "kvd.sock")
+        self.log = open(os.path.join(self.dir, "kvd.log"), "w+")
+        self.proc = subprocess.Popen(
+            [os.environ["KVD_DAEMON"], "--backend", "cuda" if CUDA else "host",
+             "--socket", self.socket,
+             "--config", "/dev/null", "--state-dir", os.path.join(self.dir, "state"),
+             "--pool-size", "64MiB", "--chunk-size", "1MiB", *args],
+            stderr=self.log)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                kvd.Client(self.socket).close()
+                break
+            except kvd.KvdError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.log.seek(0)
+                    raise RuntimeError("kvd did not start: " + self.log.read())
+                time.sleep(0.02)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=60)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return rc
+
+
+class DaemonTest(unittest.TestCase):
+    def setUp(self):
+        self.daemon = Daemon()
+        self.client = kvd.Client(self.daemon.socket, "py")
+        # 2 layers of 2 kv heads of 64, f16, 16-token blocks: 8 KiB blocks.
+        self.model = self.client.register_model(2, 4, 2, 64, F16, 16)
+
+    def tearDown(self):
+        self.client.close()
+        self.assertEqual(self.daemon.stop(), 0)
+
+
+
+@unittest.skipIf(CUDA, "touches K/V with the CPU")
+class BindingTest(DaemonTest):
+    def test_views_are_the_blocks(self):
+        with self.client.open(self.model, 1024) as s:
+            s.grow(100)
+            v = s.block(1, 2)
+            self.assertEqual(v.shape, (2, 2, 16, 64))
+            self.assertEqual(v.dtype, "float16")
+            a = np.asarray(v)
+            self.assertEqual(a.__array_interface__["data"][0], v.address)
+            self.assertFalse(a.flags.owndata)
+            t = torch.from_dlpack(v)
+            self.assertEqual(t.data_ptr(), v.address)
+            self.assertEqual(t.dtype, torch.float16)
+            k, vrow = s.kv(1, 1, 40)
+            # Slot 40 is row 8 of block 2: K of kv head 1 at [0][1][8].
+            self.assertEqual(k.address, v.address + ((1 * 16 + 8) * 64) * 2)
+            self.assertEqual(vrow.address, v.address + ((2 * 16 + 1 * 16 + 8) * 64) * 2)
+
+            before, local = s.digest()
+            self.assertEqual(before, local)
+            a[0, 1, 8, :] = 0.5       # through numpy
+            t[1, 0, 3, :] = -2.0      # through torch
+            after, local = s.digest()
+            self.assertEqual(after, local)
+            self.assertNotEqual(after, before)
+            self.assertTrue((np.asarray(k) == 0.5).all())
+            self.assertEqual(s.views, 3)
+            del a, t, v, k, vrow
+            self.assertEqual(s.views, 0)
+
+    def test_numpy_dlpack(self):
+        with self.client.open(self.model, 64) as s:
+            s.grow(16)
+            v = s.block(0, 0)
+            a = np.from_dlpack(v)
+            self.assertEqual(a.__array_interface__["data"][0], v.address)
+            self.assertEqual(v.__dlpack_device__(), (1, 0))
+            with self.assertRaises(BufferError):
+                v.__dlpack__(copy=True)
+            del a, v
+
+    def test_block_table_indexes_the_pool(self):
+        pool, stride = self.client.block_pool(self.model)
+        self.assertEqual(stride, 8192)
+        rows = np.asarray(pool)
+        self.assertEqual(rows.shape[1], stride)
+        s1 = self.client.open(self.model, 1024)
+        s2 = self.client.open(self.model, 1024)
+        for _ in range(5):
+            s1.grow(100)
+            s2.grow(100)
+        blocks, positions, generation = s1.block_table(1)
+        b = np.asarray(blocks)
+        self.assertEqual(b.dtype, np.int32)
+        self.assertEqual(len(b), (500 + 15) // 16)
+        self.assertEqual(list(np.asarray(positions)), list(range(500)))
+        self.assertEqual(generation, s1.generation)
+        for i, index in enumerate(b):
+            blk = s1.block(1, i)
+            self.assertEqual(rows[index].__array_interface__["data"][0], blk.address)
+            del blk
+        # Through the pool, seen in the block.
+        rows[b[3], :2] = 7
+        blk = np.asarray(s1.block(1, 3)).view(np.uint8)
+        self.assertEqual(blk.reshape(-1)[0], 7)
+        del blk
+        blocks2, none, _ = s1.block_table(0, positions=False)
+        self.assertIsNone(none)
+        del blocks, positions, blocks2
+        # The range outlives sequences; the client cannot close under it.
+        with self.assertRaises(BufferError):
+            self.client.close()
+        del rows, pool
+        s1.release()
+        s2.release()
+
+    def test_views_keep_their_sequence(self):
+        s = self.client.open(self.model, 256)
+        s.grow(32)
+        t = torch.from_dlpack(s.block(0, 1))
+        with self.assertRaises(BufferError):
+            s.release()
+        self.assertFalse(s.released)
+        t.fill_(1.0)
+        del t
+        s.release()
+        self.assertTrue(s.released)
+        with self.assertRaises(ValueError):
+            s.grow(1)
+
+    def test_views_pin_against_rounds(self):
+        m = self.client.register_model(2, 4, 2, 64, F16, 16, unit=kvd.UNIT_LAYER_TOKEN, window=8)
+        s = self.client.open(m, 4096)
+        s.grow(2048)
+        generation = s.generation
+        v = s.block(0, 0)
+        with kvd.Client(self.daemon.socket) as admin:
+            # A round finds nothing to take from a sequence a view pins...
+            admin.evict(1 << 20, tenant="py")
+            self.assertEqual(s.generation, generation)
+            self.assertEqual(s.tokens(0), 2048)
+            # ...and compacts it once the view is gone.
+            del v
+            admin.evict(1 << 20, tenant="py")
+            self.assertNotEqual(s.generation, generation)
+            self.assertLess(s.tokens(0), 2048)
+        s.release()
+
+    def test_errors_carry_errno_and_message(self):
+        with self.client.open(self.model, 16) as s:
+            s.grow(16)
+            with self.assertRaises(kvd.KvdError) as e:
+                s.grow(1)
+            self.assertEqual(e.exception.errno, errno.EFBIG)
+            self.assertTrue(e.exception.strerror)
+            with self.assertRaises(kvd.KvdError) as e:
+                s.grow(0)
+            self.assertEqual(e.exception.errno, errno.EINVAL)
+            self.assertEqual(e.exception.strerror, "kvd_seq_grow: n is 0 (grow by 1 or more)")
+            self.assertIsInstance(e.exception, OSError)
+        with self.assertRaises(kvd.KvdError) as e:
+            self.client.open(self.model + 7, 16)
+        self.assertEqual(e.exception.errno, errno.EINVAL)
+        with self.assertRaises(kvd.KvdError) as e:
+            kvd.Client(os.path.join(self.daemon.dir, "nothing.sock"), "py")
+        self.assertEqual(e.exception.errno, errno.ENOENT)
+        self.assertIn("max_tokens", kvd.strerror(errno.EFBIG))
+
+    def test_used_after_fork_raises(self):
+        s = self.client.open(self.model, 64)
+        s.grow(16)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                s.grow(1)
+            except kvd.KvdError as e:
+                code = 0 if e.errno == errno.ECHILD else 2
+            except BaseException:
+                code = 3
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        # The parent's handles are untouched.
+        s.grow(1)
+        s.release()
+
+    def test_blocking_calls_release_the_gil(self):
+        s = self.client.open(self.model, 64)
+        s.grow(16)
+        done = threading.Event()
+        ticks = 0
+
+        def pin():
+            s.pin()
+            done.set()
+
+        # With the daemon stopped, pin() waits for its answer: other threads must run.
+        self.daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+            t = threading.Thread(target=pin)
+            t.start()
+            end = time.monotonic() + 0.3
+            while time.monotonic() < end:
+                ticks += 1
+            self.assertFalse(done.is_set())
+            self.assertGreater(ticks, 1000)
+        finally:
+            self.daemon.proc.send_signal(signal.SIGCONT)
+        t.join(timeout=60)
+        self.assertTrue(done.is_set())
+        s.unpin()
+        s.release()
+
+    def test_observation_window(self):
+        m = self.client.register_model(2, 4, 2, 64, F16, 16, unit=kvd.UNIT_LAYER_TOKEN, window=8)
+        with self.client.open(m, 256) as s:
+            s.grow(40)
+            q = s.observation(1)
+            self.assertEqual(q.shape, (4, 8, 64))
+            a = np.asarray(q)
+            a[:] = 0.25
+            del a, q
+            s.observe(1)
+        with self.client.open(self.model, 64) as plain:
+            with self.assertRaises(kvd.KvdError) as e:
+                plain.observation(0)
+            self.assertEqual(e.exception.errno, errno.EOPNOTSUPP)
+
+    def test_status_and_live_settings(self):
+        with self.client.open(self.model, 256) as s:
+            s.grow(64)
+            st = self.client.status()
+            self.assertIn("py", st.tenants())
+            self.assertGreater(st.get("used_bytes"), 0)
+            self.assertEqual(st.tenant("py", "used_bytes"), self.client.chunk_bytes)
+            with self.assertRaises(KeyError):
+                st.get("no_such_key")
+            with kvd.Client(self.daemon.socket) as admin:
+                self.assertTrue(admin.tenant_set("py", max_bytes=8 << 20, weight=3) in (True, False))
+                st = admin.status()
+                self.assertEqual(st.tenant("py", "max_bytes"), 8 << 20)
+                self.assertEqual(st.tenant("py", "weight"), 3)
+                with self.assertRaises(kvd.KvdError) as e:
+                    admin.tenant_set("bad/name", weight=1)
+                self.assertEqual(e.exception.errno, errno.EINVAL)
+                self.assertIn("tenant name", e.exception.strerror)
+                admin.tenant_reset("py")
+            self.assertIsNone(self.client.next_event())
+            self.assertGreaterEqual(self.client.fileno(), 0)
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+def dltensor_of(capsule):
+    """The DLTensor a "dltensor" capsule holds (DLManagedTensor starts with it)."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return DLTensor.from_address(get(capsule, b"dltensor"))
+
+
+@unittest.skipUnless(CUDA, "a GPU pool (KVD_TEST_BACKEND=cuda)")
+class CudaPoolTest(DaemonTest):
+    def test_dlpack_fields_of_device_memory(self):
+        self.assertEqual(self.client.memory, "cuda:0")
+        pool, stride = self.client.block_pool(self.model)
+        self.assertEqual(pool.device, "cuda:0")
+        with self.client.open(self.model, 1024) as s:
+            s.grow(100)
+            blocks, _, _ = s.block_table(0)
+            b = memoryview(blocks).tolist()   # the table itself is host memory
+            v = s.block(0, 2)
+            self.assertEqual(v.__dlpack_device__(), (2, 0))   # kDLCUDA, device 0
+            self.assertEqual(v.address, pool.address + b[2] * stride)
+            with self.assertRaises(BufferError):
+                memoryview(v)
+            capsule = v.__dlpack__()
+            t = dltensor_of(capsule)
+            self.assertEqual(t.data, v.address)
+            self.assertEqual((t.device.device_type, t.device.device_id), (2, 0))
+            self.assertEqual((t.code, t.bits, t.lanes), (2, 16, 1))   # kDLFloat 16
+            self.assertEqual([t.shape[i] for i in range(t.ndim)], [2, 2, 16, 64])
+            del t, capsule, v, blocks
+        del pool
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
