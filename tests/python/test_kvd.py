@@ -275,6 +275,30 @@ class BindingTest(DaemonTest):
                 plain.observation(0)
             self.assertEqual(e.exception.errno, errno.EOPNOTSUPP)
 
+    def test_compensation_and_index_views(self):
+        m = self.client.register_model(2, 4, 2, 64, F16, 16, unit=kvd.UNIT_LAYER_TOKEN,
+                                       window=8, compensation=kvd.COMPENSATION_MOMENTS)
+        with self.client.open(m, 256) as s:
+            s.grow(32)
+            mom = np.asarray(s.moments(1, 1))
+            # struct kvd_moments_header (64 bytes: count, head_dim, ...), then the moments.
+            self.assertEqual(len(mom), 64 + 4 * (3 * 64 + 64 * 64))
+            self.assertFalse(mom.flags.writeable)
+            self.assertEqual(int(mom[8:12].view(np.uint32)[0]), 64)
+            del mom
+        ix = self.client.register_model(2, 4, 2, 64, F16, 16, kvd.LAYOUT_PER_LAYER,
+                                        unit=kvd.UNIT_LAYER_TOKEN, window=8, index_heads=2,
+                                        index_dim=32)
+        with self.client.open(ix, 256) as s:
+            s.grow(20)
+            key = s.index_key(1, 0, 19)
+            self.assertEqual(key.shape, (32,))
+            np.asarray(key)[:] = 1.0
+            iq = s.index_observation(0)
+            self.assertEqual(iq.shape, (8, 2, 32))
+            self.assertEqual(s.views, 2)
+            del key, iq
+
     def test_status_and_live_settings(self):
         with self.client.open(self.model, 256) as s:
             s.grow(64)

@@ -939,16 +939,17 @@ static enum view_dtype model_dtype(uint32_t dtype) {
 	return dtype == KVD_DTYPE_BF16 ? DT_BF16 : dtype == KVD_DTYPE_F32 ? DT_F32 : DT_F16;
 }
 
-/* A view of s's K/V memory at data, pinning s for its life. */
-static PyObject *seq_kv_view(SeqObject *so, void *data, int ndim, const Py_ssize_t *shape) {
-	const struct kvd_seq_desc *h = kvd_seq_header(so->s);
+/* A view of memory of s's chunks at data (K/V, index keys, compensation blocks), pinning s
+ * for its life. */
+static PyObject *seq_chunk_view(SeqObject *so, void *data, enum view_dtype dtype, int ndim,
+                                const Py_ssize_t *shape, bool readonly) {
 	ViewObject *v;
 	int r;
 
 	SEQ_CALL(so, r, kvd_seq_pin(so->s));
 	if (r < 0)
 		return raise_kvd(so->client->c, r);
-	v = view_new((PyObject *)so, data, model_dtype(h->dtype), ndim, shape, false);
+	v = view_new((PyObject *)so, data, dtype, ndim, shape, readonly);
 	if (!v) {
 		(void)seq_unpin_quiet(so);
 		return NULL;
@@ -986,13 +987,14 @@ static PyObject *seq_block(PyObject *self, PyObject *args) {
 		shape[3] = h->head_dim;
 		ndim = 4;
 	}
-	return seq_kv_view(so, b, ndim, shape);
+	return seq_chunk_view(so, b, model_dtype(h->dtype), ndim, shape, false);
 }
 
 static PyObject *seq_kv(PyObject *self, PyObject *args) {
 	SeqObject *so = (SeqObject *)self;
 	kvd_seq *s = seq_open(so);
 	unsigned int layer, head, slot;
+	enum view_dtype dtype;
 	Py_ssize_t shape[1];
 	PyObject *k, *v;
 	void *kp, *vp;
@@ -1004,15 +1006,68 @@ static PyObject *seq_kv(PyObject *self, PyObject *args) {
 	if (r < 0)
 		return raise_kvd(so->client->c, r);
 	shape[0] = kvd_seq_header(s)->head_dim;
-	k = seq_kv_view(so, kp, 1, shape);
+	dtype = model_dtype(kvd_seq_header(s)->dtype);
+	k = seq_chunk_view(so, kp, dtype, 1, shape, false);
 	if (!k)
 		return NULL;
-	v = seq_kv_view(so, vp, 1, shape);
+	v = seq_chunk_view(so, vp, dtype, 1, shape, false);
 	if (!v) {
 		Py_DECREF(k);
 		return NULL;
 	}
 	return Py_BuildValue("(NN)", k, v);
+}
+
+static PyObject *seq_index_key(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	unsigned int layer, head, slot;
+	Py_ssize_t shape[1];
+	void *p;
+	int r;
+
+	if (!s || !PyArg_ParseTuple(args, "III", &layer, &head, &slot))
+		return NULL;
+	r = kvd_seq_index_key(s, layer, head, slot, &p);
+	if (r < 0)
+		return raise_kvd(so->client->c, r);
+	shape[0] = kvd_seq_header(s)->index_dim;
+	return seq_chunk_view(so, p, model_dtype(kvd_seq_header(s)->dtype), 1, shape, false);
+}
+
+/* moments(layer, kv_head) and latent(layer, kv_head): the compensation block, read-only
+ * bytes (struct kvd_moments_header or kvd_latent_header, then its data). */
+static PyObject *seq_compensation(PyObject *self, PyObject *args, bool latent) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	const struct kvd_moments_header *mh;
+	const struct kvd_latent_header *lh;
+	unsigned int layer, head;
+	Py_ssize_t shape[1];
+	const void *p;
+	int r;
+
+	if (!s || !PyArg_ParseTuple(args, "II", &layer, &head))
+		return NULL;
+	if (latent) {
+		r = kvd_seq_latent(s, layer, head, &lh);
+		p = lh;
+	} else {
+		r = kvd_seq_moments(s, layer, head, &mh);
+		p = mh;
+	}
+	if (r < 0)
+		return raise_kvd(so->client->c, r);
+	shape[0] = (Py_ssize_t)kvd_seq_header(s)->moments_bytes;
+	return seq_chunk_view(so, (void *)p, DT_U8, 1, shape, true);
+}
+
+static PyObject *seq_moments(PyObject *self, PyObject *args) {
+	return seq_compensation(self, args, false);
+}
+
+static PyObject *seq_latent(PyObject *self, PyObject *args) {
+	return seq_compensation(self, args, true);
 }
 
 static PyObject *seq_block_table(PyObject *self, PyObject *args, PyObject *kwds) {
@@ -1072,7 +1127,9 @@ static PyObject *seq_block_table(PyObject *self, PyObject *args, PyObject *kwds)
 	                     (unsigned long long)gen);
 }
 
-static PyObject *seq_observation(PyObject *self, PyObject *args) {
+/* observation(layer): q[q_heads][window][head_dim]; index_observation(layer):
+ * iq[window][index_heads][index_dim]; by the shape this client registered. */
+static PyObject *seq_window(PyObject *self, PyObject *args, bool index) {
 	SeqObject *so = (SeqObject *)self;
 	kvd_seq *s = seq_open(so);
 	const struct kvd_seq_desc *h;
@@ -1085,10 +1142,9 @@ static PyObject *seq_observation(PyObject *self, PyObject *args) {
 
 	if (!s || !PyArg_ParseTuple(args, "I", &layer))
 		return NULL;
-	r = kvd_seq_observation(s, layer, &q);
+	r = index ? kvd_seq_index_observation(s, layer, &q) : kvd_seq_observation(s, layer, &q);
 	if (r < 0)
 		return raise_kvd(so->client->c, r);
-	/* q[q_heads][window][head_dim], by the shape this client registered. */
 	key = PyLong_FromLong(so->model);
 	shape_of = key ? PyDict_GetItemWithError(so->client->models, key) : NULL;
 	Py_XDECREF(key);
@@ -1100,9 +1156,15 @@ static PyObject *seq_observation(PyObject *self, PyObject *args) {
 	if (!PyArg_ParseTuple(shape_of, "II", &q_heads, &window))
 		return NULL;
 	h = kvd_seq_header(s);
-	shape[0] = q_heads;
-	shape[1] = window;
-	shape[2] = h->head_dim;
+	if (index) {
+		shape[0] = window;
+		shape[1] = h->index_heads;
+		shape[2] = h->index_dim;
+	} else {
+		shape[0] = q_heads;
+		shape[1] = window;
+		shape[2] = h->head_dim;
+	}
 	/* The observation buffer is the sequence's own (host memory, never a chunk): the view
 	 * keeps the Seq object, not a pin. */
 	v = view_new(self, q, model_dtype(h->dtype), 3, shape, false);
@@ -1110,6 +1172,14 @@ static PyObject *seq_observation(PyObject *self, PyObject *args) {
 		return NULL;
 	so->views++;
 	return (PyObject *)v;
+}
+
+static PyObject *seq_observation(PyObject *self, PyObject *args) {
+	return seq_window(self, args, false);
+}
+
+static PyObject *seq_index_observation(PyObject *self, PyObject *args) {
+	return seq_window(self, args, true);
 }
 
 static PyObject *seq_observe(PyObject *self, PyObject *args) {
@@ -1222,6 +1292,18 @@ static PyMethodDef seq_methods[] = {
 	  "observation(layer)\n--\n\nView of the layer's window queries, "
 	  "[q_heads][window][head_dim], to write before observe(layer); withdraws the layer's "
 	  "published window (kvd_seq_observation)." },
+	{ "index_observation", seq_index_observation, METH_VARARGS,
+	  "index_observation(layer)\n--\n\nView of the layer's window index queries, "
+	  "[window][index_heads][index_dim] (models with an indexer)." },
+	{ "index_key", seq_index_key, METH_VARARGS,
+	  "index_key(layer, kv_head, slot)\n--\n\nView of a resident slot's index key "
+	  "[index_dim]; pins the sequence while it lives." },
+	{ "moments", seq_moments, METH_VARARGS,
+	  "moments(layer, kv_head)\n--\n\nRead-only bytes of the moments block (struct "
+	  "kvd_moments_header, then its data); pins the sequence while it lives." },
+	{ "latent", seq_latent, METH_VARARGS,
+	  "latent(layer, kv_head)\n--\n\nRead-only bytes of the latent block (struct "
+	  "kvd_latent_header, then its data); pins the sequence while it lives." },
 	{ "observe", seq_observe, METH_VARARGS,
 	  "observe(layer)\n--\n\nPublishes the layer's observation window." },
 	{ "digest", seq_digest, METH_NOARGS,
