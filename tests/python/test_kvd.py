@@ -262,6 +262,12 @@ class BindingTest(DaemonTest):
 
     def test_observation_window(self):
         m = self.client.register_model(2, 4, 2, 64, F16, 16, unit=kvd.UNIT_LAYER_TOKEN, window=8)
+        # W_o of layer 1: [hidden][q_heads * head_dim] float32, from any buffer.
+        wo = np.random.default_rng(1).standard_normal((16, 4 * 64), dtype=np.float32)
+        self.client.output_proj(m, 1, kvd.DTYPE_F32, 16, wo)
+        for hidden in (15, 17):   # a buffer shorter or longer than hidden rows
+            with self.assertRaises(ValueError):
+                self.client.output_proj(m, 1, kvd.DTYPE_F32, hidden, wo)
         with self.client.open(m, 256) as s:
             s.grow(40)
             q = s.observation(1)

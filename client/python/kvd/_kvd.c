@@ -114,7 +114,8 @@ struct ClientObject {
 	Py_ssize_t exports; /* live Views of its block range */
 	int memory;         /* KVD_MEMORY_* */
 	int device;         /* CUDA ordinal, -1 on host */
-	PyObject *models;   /* model id -> (q_heads, window): shapes of observation views */
+	PyObject *models;   /* model id -> (q_heads, window, head_dim), for the shapes of views
+	                     * and the size of W_o */
 };
 
 struct SeqObject {
@@ -458,8 +459,8 @@ static PyObject *client_register_model(PyObject *self, PyObject *args, PyObject 
 	if (r < 0)
 		return raise_kvd(c, r);
 	{
-		PyObject *key = PyLong_FromLong(r), *value = Py_BuildValue("(II)", p.spec.q_heads,
-		        p.eviction.window ? p.eviction.window : KVD_WINDOW_DEFAULT);
+		PyObject *key = PyLong_FromLong(r), *value = Py_BuildValue("(III)", p.spec.q_heads,
+		        p.eviction.window ? p.eviction.window : KVD_WINDOW_DEFAULT, p.spec.head_dim);
 		int k = key && value ? PyDict_SetItem(((ClientObject *)self)->models, key, value) : -1;
 
 		Py_XDECREF(key);
@@ -471,18 +472,30 @@ static PyObject *client_register_model(PyObject *self, PyObject *args, PyObject 
 }
 
 static PyObject *client_output_proj(PyObject *self, PyObject *args) {
-	kvd_client *c = client_open((ClientObject *)self);
-	unsigned int layer, dtype, hidden;
+	ClientObject *co = (ClientObject *)self;
+	kvd_client *c = client_open(co);
+	unsigned int layer, dtype, hidden, q_heads, window, head_dim;
+	PyObject *key, *shape_of;
 	Py_buffer b;
+	size_t elem;
 	int model, r;
 
 	if (!c)
 		return NULL;
 	if (!PyArg_ParseTuple(args, "iIIIy*", &model, &layer, &dtype, &hidden, &b))
 		return NULL;
-	if (b.len != (Py_ssize_t)0 && hidden != 0 && (size_t)b.len % hidden != 0) {
+	/* libkvd reads hidden * q_heads * head_dim elements: the buffer must hold them. */
+	key = PyLong_FromLong(model);
+	shape_of = key ? PyDict_GetItemWithError(co->models, key) : NULL;
+	Py_XDECREF(key);
+	elem = dtype == KVD_DTYPE_F32 ? 4 : dtype == KVD_DTYPE_F16 || dtype == KVD_DTYPE_BF16 ? 2 : 0;
+	if (!shape_of || !PyArg_ParseTuple(shape_of, "III", &q_heads, &window, &head_dim) ||
+	    elem == 0 || (size_t)b.len != (size_t)hidden * q_heads * head_dim * elem) {
 		PyBuffer_Release(&b);
-		PyErr_SetString(PyExc_ValueError, "wo's size is not hidden rows");
+		if (!PyErr_Occurred())
+			PyErr_SetString(PyExc_ValueError, shape_of && elem ?
+			                "wo must hold hidden x q_heads * head_dim elements of dtype" :
+			                "unknown model (registered through another client?) or dtype");
 		return NULL;
 	}
 	CALL_NOGIL(r, kvd_model_output_proj(c, model, layer, dtype, hidden, b.buf));
@@ -1134,7 +1147,7 @@ static PyObject *seq_window(PyObject *self, PyObject *args, bool index) {
 	kvd_seq *s = seq_open(so);
 	const struct kvd_seq_desc *h;
 	PyObject *key, *shape_of;
-	unsigned int layer, q_heads, window;
+	unsigned int layer, q_heads, window, head_dim;
 	Py_ssize_t shape[3];
 	ViewObject *v;
 	void *q;
@@ -1153,7 +1166,7 @@ static PyObject *seq_window(PyObject *self, PyObject *args, bool index) {
 			PyErr_SetString(PyExc_ValueError, "the model was not registered through this client");
 		return NULL;
 	}
-	if (!PyArg_ParseTuple(shape_of, "II", &q_heads, &window))
+	if (!PyArg_ParseTuple(shape_of, "III", &q_heads, &window, &head_dim))
 		return NULL;
 	h = kvd_seq_header(s);
 	if (index) {
