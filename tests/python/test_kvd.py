@@ -206,6 +206,16 @@ class BindingTest(DaemonTest):
             self.assertEqual(e.exception.errno, errno.EINVAL)
             self.assertEqual(e.exception.strerror, "kvd_seq_grow: n is 0 (grow by 1 or more)")
             self.assertIsInstance(e.exception, OSError)
+        with self.client.open(self.model, 16) as s:
+            s.pin()
+            with self.assertRaises(TypeError):
+                s.unpin("an event")
+            s.unpin(None)
+            s.pin()
+            s.unpin(0x1234)     # an event handle means nothing to a host pool: unpinned
+            with self.assertRaises(kvd.KvdError) as e:
+                s.unpin()       # one unpin too many
+            self.assertEqual(e.exception.errno, errno.EINVAL)
         with self.assertRaises(kvd.KvdError) as e:
             self.client.open(self.model + 7, 16)
         self.assertEqual(e.exception.errno, errno.EINVAL)
@@ -371,6 +381,34 @@ class CudaPoolTest(DaemonTest):
             del t, capsule, v, blocks
         del pool
 
+
+@unittest.skipUnless(CUDA and torch.cuda.is_available(), "a GPU pool and torch with CUDA")
+class TorchCudaTest(DaemonTest):
+    """On a real GPU (tools/gpu-check): torch tensors over the pool's memory."""
+
+    def test_torch_writes_what_the_daemon_reads(self):
+        with self.client.open(self.model, 256) as s:
+            s.grow(64)
+            v = s.block(1, 1)
+            t = torch.from_dlpack(v)
+            self.assertEqual(t.device.type, "cuda")
+            self.assertEqual(t.data_ptr(), v.address)
+            before, _ = s.digest()
+            t.fill_(0.5)
+            torch.cuda.synchronize()
+            after, _ = s.digest()
+            self.assertNotEqual(after, before)
+            # Unpinned once the work recorded before the event is done.
+            event = torch.cuda.Event(interprocess=True)
+            s.pin()
+            t.add_(1.0)
+            event.record()
+            self.assertIn(s.unpin(event), (0, 1))
+            event.synchronize()
+            later, _ = s.digest()
+            self.assertNotEqual(later, after)
+            self.assertEqual(float(t[0, 0, 0, 0]), 1.5)
+            del t, v
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

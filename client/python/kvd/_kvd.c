@@ -887,16 +887,43 @@ static PyObject *seq_pin(PyObject *self, PyObject *unused) {
 	return seq_result(so, r);
 }
 
+/* A CUevent handle from an integer or from an object that passes itself to ctypes as one
+ * (_as_parameter_: torch.cuda.Event does); 0 for None. */
+static int event_handle(PyObject *o, void **ret) {
+	PyObject *p, *v;
+
+	*ret = NULL;
+	if (!o || o == Py_None)
+		return 0;
+	if (PyLong_Check(o)) {
+		*ret = PyLong_AsVoidPtr(o);
+		return PyErr_Occurred() ? -1 : 0;
+	}
+	p = PyObject_GetAttrString(o, "_as_parameter_");
+	v = p ? PyObject_GetAttrString(p, "value") : NULL;
+	Py_XDECREF(p);
+	if (!v || v == Py_None || !PyLong_Check(v)) {
+		Py_XDECREF(v);
+		PyErr_Clear();
+		PyErr_SetString(PyExc_TypeError, "cuda_event: an interprocess CUDA event "
+		                "(torch.cuda.Event(interprocess=True)) or its handle as an int");
+		return -1;
+	}
+	*ret = PyLong_AsVoidPtr(v);
+	Py_DECREF(v);
+	return PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *seq_unpin(PyObject *self, PyObject *args) {
 	SeqObject *so = (SeqObject *)self;
 	kvd_seq *s = seq_open(so);
-	unsigned long long event = 0;
+	PyObject *event = NULL;
+	void *ev;
 	int r;
 
-	if (!s || !PyArg_ParseTuple(args, "|K", &event))
+	if (!s || !PyArg_ParseTuple(args, "|O", &event) || event_handle(event, &ev) < 0)
 		return NULL;
-	/* event: a CUevent handle as an integer (torch.cuda.Event(interprocess=True).cuda_event). */
-	SEQ_CALL(so, r, event ? kvd_seq_unpin_after(s, (void *)(uintptr_t)event) : kvd_seq_unpin(s));
+	SEQ_CALL(so, r, ev ? kvd_seq_unpin_after(s, ev) : kvd_seq_unpin(s));
 	return seq_result(so, r);
 }
 
@@ -1283,8 +1310,10 @@ static PyMethodDef seq_methods[] = {
 	  "eviction round, without the GIL." },
 	{ "pin", seq_pin, METH_NOARGS, "pin()\n--\n\nKeeps rounds off the sequence (nested)." },
 	{ "unpin", seq_unpin, METH_VARARGS,
-	  "unpin(cuda_event=0)\n--\n\nUndoes a pin; with a CUevent handle (an "
-	  "interprocess event's), once the GPU work recorded before it is done." },
+	  "unpin(cuda_event=None)\n--\n\nUndoes a pin; with an interprocess CUDA event "
+	  "(torch.cuda.Event(interprocess=True), or its CUevent handle as an int), once the GPU "
+	  "work recorded before it is done (kvd_seq_unpin_after): 1 when libkvd waited for it "
+	  "itself." },
 	{ "release", seq_release, METH_NOARGS,
 	  "release()\n--\n\nGives the sequence back. BufferError while views of it live." },
 	{ "claim", seq_claim, METH_VARARGS,
