@@ -192,6 +192,13 @@ class BindingTest(DaemonTest):
             admin.evict(1 << 20, tenant="py")
             self.assertNotEqual(s.generation, generation)
             self.assertLess(s.tokens(0), 2048)
+            rounds = admin.evictions()
+            self.assertGreaterEqual(len(rounds), 2)
+            last = rounds[-1]
+            self.assertIsInstance(last["duration_us"], int)
+            self.assertIsInstance(last["trigger"], str)
+            self.assertEqual([t["name"] for t in last["tenants"]], ["py"])
+            self.assertGreater(last["tenants"][0]["evicted_tokens"], 0)
         s.release()
 
     def test_errors_carry_errno_and_message(self):

@@ -692,6 +692,91 @@ static PyObject *client_evict(PyObject *self, PyObject *args, PyObject *kwds) {
 	return r < 0 ? raise_kvd(c, r) : PyLong_FromUnsignedLongLong(freed);
 }
 
+/* One eviction round as a dict, by the keys kvd.h lists for kvd_evictions. */
+static PyObject *eviction_round(const kvd_evictions *e, uint32_t round) {
+	static const char *const u64_keys[] = { "id", "start_ms", "duration_us", "score_us",
+		                                "select_us", "compact_us", "target_bytes",
+		                                "freed_bytes", "sequences", "units" };
+	static const char *const str_keys[] = { "trigger", "error" };
+	PyObject *d = PyDict_New(), *tenants = NULL, *v;
+	const char *str;
+	uint64_t u;
+	double x;
+
+	if (!d)
+		return NULL;
+	for (size_t i = 0; i < sizeof(u64_keys) / sizeof(u64_keys[0]); i++)
+		if (kvd_evictions_u64(e, round, u64_keys[i], &u) == 0) {
+			v = PyLong_FromUnsignedLongLong(u);
+			if (!v || PyDict_SetItemString(d, u64_keys[i], v) < 0)
+				goto fail;
+			Py_DECREF(v);
+		}
+	for (size_t i = 0; i < sizeof(str_keys) / sizeof(str_keys[0]); i++)
+		if (kvd_evictions_str(e, round, str_keys[i], &str) == 0) {
+			v = PyUnicode_FromString(str);
+			if (!v || PyDict_SetItemString(d, str_keys[i], v) < 0)
+				goto fail;
+			Py_DECREF(v);
+		}
+	if (kvd_evictions_double(e, round, "predicted_error", &x) == 0) {
+		v = PyFloat_FromDouble(x);
+		if (!v || PyDict_SetItemString(d, "predicted_error", v) < 0)
+			goto fail;
+		Py_DECREF(v);
+	}
+	tenants = PyList_New(0);
+	for (uint32_t i = 0; tenants && i < kvd_evictions_tenants(e, round); i++) {
+		uint64_t freed, tokens;
+		const char *name;
+
+		if (kvd_evictions_tenant(e, round, i, &name, &freed, &tokens) < 0)
+			continue;
+		v = Py_BuildValue("{s:s,s:K,s:K}", "name", name, "freed_bytes",
+		                  (unsigned long long)freed, "evicted_tokens", (unsigned long long)tokens);
+		if (!v || PyList_Append(tenants, v) < 0)
+			goto fail;
+		Py_DECREF(v);
+	}
+	v = NULL;
+	if (!tenants || PyDict_SetItemString(d, "tenants", tenants) < 0)
+		goto fail;
+	Py_DECREF(tenants);
+	return d;
+fail:
+	Py_XDECREF(v);
+	Py_XDECREF(tenants);
+	Py_DECREF(d);
+	return NULL;
+}
+
+static PyObject *client_evictions(PyObject *self, PyObject *unused) {
+	kvd_client *c = client_open((ClientObject *)self);
+	kvd_evictions *e = NULL;
+	PyObject *list;
+	int r;
+
+	(void)unused;
+	if (!c)
+		return NULL;
+	CALL_NOGIL(r, kvd_evictions_get(c, &e));
+	if (r < 0)
+		return raise_kvd(c, r);
+	list = PyList_New(0);
+	for (uint32_t i = 0; list && i < kvd_evictions_count(e); i++) {
+		PyObject *d = eviction_round(e, i);
+
+		if (!d || PyList_Append(list, d) < 0) {
+			Py_XDECREF(d);
+			Py_CLEAR(list);
+			break;
+		}
+		Py_DECREF(d);
+	}
+	kvd_evictions_free(e);
+	return list;
+}
+
 static PyObject *status_wrap(kvd_status *st);
 
 static PyObject *client_status(PyObject *self, PyObject *unused) {
@@ -775,6 +860,9 @@ static PyMethodDef client_methods[] = {
 	  "tenant_delete(tenant)\n--\n\nForgets a tenant that holds nothing." },
 	{ "evict", (PyCFunction)(void (*)(void))client_evict, METH_VARARGS | METH_KEYWORDS,
 	  "evict(bytes=0, *, tenant=None)\n--\n\nRuns an eviction round; returns the bytes freed." },
+	{ "evictions", client_evictions, METH_NOARGS,
+	  "evictions()\n--\n\nThe daemon's recent eviction rounds, oldest first, as dicts "
+	  "(kvd_evictions_get: id, trigger, duration_us, freed_bytes, ..., tenants)." },
 	{ "status", client_status, METH_NOARGS,
 	  "status()\n--\n\nA Status snapshot of the daemon (kvd_status_get)." },
 	{ NULL },
