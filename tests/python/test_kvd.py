@@ -11,65 +11,17 @@ without them the test is skipped (exit 77), or fails when CI=true.
 import ctypes
 import errno
 import os
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import unittest
 
-try:
-    import numpy as np
-    import torch
-except ImportError as e:  # pragma: no cover - depends on the machine
-    if os.environ.get("CI") == "true":
-        print(f"test_kvd: {e}: CI needs numpy and torch (tools/setup installs them)",
-              file=sys.stderr)
-        sys.exit(1)
-    print(f"test_kvd: skipped: {e}", file=sys.stderr)
-    sys.exit(77)
+from kvdtest import CUDA, F16, Daemon  # first: it skips the test without numpy or torch
 
-import kvd
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
-F16 = kvd.DTYPE_F16
-# KVD_TEST_BACKEND=cuda: the daemon pools GPU memory (under tests/fake-cuda's driver in the
-# fake-gpu suite, which the environment sets up): only the tests that never touch K/V
-# with the CPU run then.
-CUDA = os.environ.get("KVD_TEST_BACKEND") == "cuda"
-
-
-class Daemon:
-    """A kvd of its own, on the host backend, in a fresh directory."""
-
-    def __init__(self, *args):
-        self.dir = tempfile.mkdtemp(prefix="kvd-py-")
-        self.socket = os.path.join(self.dir, "kvd.sock")
-        self.log = open(os.path.join(self.dir, "kvd.log"), "w+")
-        self.proc = subprocess.Popen(
-            [os.environ["KVD_DAEMON"], "--backend", "cuda" if CUDA else "host",
-             "--socket", self.socket,
-             "--config", "/dev/null", "--state-dir", os.path.join(self.dir, "state"),
-             "--pool-size", "64MiB", "--chunk-size", "1MiB", *args],
-            stderr=self.log)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                kvd.Client(self.socket).close()
-                break
-            except kvd.KvdError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.log.seek(0)
-                    raise RuntimeError("kvd did not start: " + self.log.read())
-                time.sleep(0.02)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=60)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        return rc
+import kvd  # noqa: E402
 
 
 class DaemonTest(unittest.TestCase):
@@ -80,8 +32,11 @@ class DaemonTest(unittest.TestCase):
         self.model = self.client.register_model(2, 4, 2, 64, F16, 16)
 
     def tearDown(self):
-        self.client.close()
-        self.assertEqual(self.daemon.stop(), 0)
+        # The daemon stops even when a failed test left the client unable to close.
+        try:
+            self.client.close()
+        finally:
+            self.assertEqual(self.daemon.stop(), 0)
 
 
 

@@ -67,7 +67,7 @@ static PyObject *raise_kvd(kvd_client *c, int r) {
 
 /* ---- View ---- */
 
-enum view_dtype { DT_F16, DT_BF16, DT_F32, DT_I32, DT_U32, DT_U8 };
+enum view_dtype { DT_F16, DT_BF16, DT_F32, DT_I32, DT_U8 };
 
 static const struct {
 	const char *format;   /* struct-module format for the buffer protocol */
@@ -80,7 +80,6 @@ static const struct {
 	[DT_BF16] = { "H", 2, kDLBfloat, 16, "bfloat16" },
 	[DT_F32] = { "f", 4, kDLFloat, 32, "float32" },
 	[DT_I32] = { "i", 4, kDLInt, 32, "int32" },
-	[DT_U32] = { "I", 4, kDLUInt, 32, "uint32" },
 	[DT_U8] = { "B", 1, kDLUInt, 8, "uint8" },
 };
 
@@ -313,7 +312,7 @@ static PyMethodDef view_methods[] = {
 static PyGetSetDef view_getset[] = {
 	{ "address", view_get_address, NULL, "The memory's address in this process.", NULL },
 	{ "shape", view_get_shape, NULL, "Shape, C order.", NULL },
-	{ "dtype", view_get_dtype, NULL, "Element type: float16, bfloat16, float32, int32, uint32, uint8.", NULL },
+	{ "dtype", view_get_dtype, NULL, "Element type: float16, bfloat16, float32, int32, uint8.", NULL },
 	{ "device", view_get_device, NULL, "'cpu' or 'cuda:N'.", NULL },
 	{ NULL },
 };
@@ -1243,7 +1242,9 @@ static PyObject *seq_block_table(PyObject *self, PyObject *args, PyObject *kwds)
 	bv->owns_data = true;
 	if (pos) {
 		shape[0] = n;
-		pv = view_new(NULL, pos, DT_U32, 1, shape, false);
+		/* int32, which torch has (no uint32 before torch 2.3): positions stay below
+		 * max_tokens, far under 2^31. */
+		pv = view_new(NULL, pos, DT_I32, 1, shape, false);
 		if (!pv) {
 			free(pos);
 			Py_DECREF(bv);
@@ -1416,7 +1417,7 @@ static PyMethodDef seq_methods[] = {
 	  "the sequence while it lives." },
 	{ "block_table", (PyCFunction)(void (*)(void))seq_block_table, METH_VARARGS | METH_KEYWORDS,
 	  "block_table(layer, kv_head=0, positions=True)\n--\n\n(blocks, positions, generation): "
-	  "int32 block indices into Client.block_pool(), the slots' original positions (uint32, "
+	  "int32 block indices into Client.block_pool(), the slots' original positions (int32, "
 	  "or None), the descriptor generation they hold for." },
 	{ "observation", seq_observation, METH_VARARGS,
 	  "observation(layer)\n--\n\nView of the layer's window queries, "
