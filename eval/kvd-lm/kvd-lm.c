@@ -58,6 +58,11 @@ static enum kvd_moments_form arg_form = KVD_MOMENTS_PLAIN;
 static const char *arg_indexmem;
 static uint32_t arg_window = KVD_WINDOW_DEFAULT;
 static uint32_t arg_chunk = KVDLM_CHUNK_DEFAULT;
+/* Evictions at fixed points: after every decode step that ends at a multiple of
+ * arg_evict_every positions, a round of arg_evict_bytes on this tenant (kvd_evict), so that
+ * two engines making the same requests see the same cache (eval/kvd-lm/kvd-lm-torch.py). */
+static uint32_t arg_evict_every;
+static uint64_t arg_evict_bytes;
 
 static void help(void) {
 	printf("Usage: kvd-lm --model FILE [OPTIONS]\n"
@@ -93,6 +98,10 @@ static void help(void) {
 	       "                      indexer, store each token's index key and publish the\n"
 	       "                      index queries (for tenants of policy indexmem)\n"
 	       "  --chunk N           Prefill step, tokens, 1..%u (default: %u)\n"
+	       "  --evict-every N     After each decode step that reaches a multiple of N\n"
+	       "                      positions, ask for an eviction round of --evict-bytes\n"
+	       "                      on this tenant (evictions at fixed points; default: off)\n"
+	       "  --evict-bytes B     Bytes each of those rounds frees (default: one chunk)\n"
 	       "  --print-logits      Before the text, print a line per generated token:\n"
 	       "                      'logits POSITION TOKEN' and the %u logits that chose it\n"
 	       "  --stats             Print prefill and decode speeds (tokens/s) and what the\n"
@@ -135,6 +144,8 @@ static int parse_argv(int argc, char **argv) {
 		ARG_INDEXMEM,
 		ARG_CHUNK,
 		ARG_PRINT_LOGITS,
+		ARG_EVICT_EVERY,
+		ARG_EVICT_BYTES,
 		ARG_STATS,
 		ARG_VERSION,
 	};
@@ -154,6 +165,8 @@ static int parse_argv(int argc, char **argv) {
 		{ "indexmem", required_argument, NULL, ARG_INDEXMEM },
 		{ "chunk", required_argument, NULL, ARG_CHUNK },
 		{ "print-logits", no_argument, NULL, ARG_PRINT_LOGITS },
+		{ "evict-every", required_argument, NULL, ARG_EVICT_EVERY },
+		{ "evict-bytes", required_argument, NULL, ARG_EVICT_BYTES },
 		{ "stats", no_argument, NULL, ARG_STATS },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, ARG_VERSION },
@@ -239,6 +252,18 @@ static int parse_argv(int argc, char **argv) {
 		case ARG_PRINT_LOGITS:
 			arg_print_logits = true;
 			break;
+		case ARG_EVICT_EVERY:
+			if (parse_u32("--evict-every", optarg, 1, KVDLM_FULL_MAX_TOKENS, &arg_evict_every) < 0)
+				return -EINVAL;
+			break;
+		case ARG_EVICT_BYTES: {
+			uint32_t bytes;
+
+			if (parse_u32("--evict-bytes", optarg, 1, UINT32_MAX, &bytes) < 0)
+				return -EINVAL;
+			arg_evict_bytes = bytes;
+			break;
+		}
 		case ARG_STATS:
 			arg_stats = true;
 			break;
@@ -264,6 +289,8 @@ static int parse_argv(int argc, char **argv) {
 	/* The latent memory is read out through learned weights. */
 	if (arg_compensation == KVD_COMPENSATION_LATENT && !arg_indexmem)
 		return usage_error("%s", "--compensation latent needs --indexmem FILE");
+	if (arg_evict_every && (arg_no_daemon || arg_unit == KVD_UNIT_NONE))
+		return usage_error("%s", "--evict-every needs the daemon and a --unit other than none");
 	if (arg_indexmem && (arg_no_daemon || arg_unit == KVD_UNIT_NONE))
 		return usage_error("%s", "--indexmem needs the daemon and a --unit other than none");
 	/* --socket from the command line, not $KVD_SOCKET, conflicts with --no-daemon. */
@@ -467,6 +494,15 @@ static int run(void) {
 			fprintf(stderr, "kvd-lm: decoding at position %u: %s\n", kvdlm_session_position(s),
 			        daemon_error(client, r));
 			return r;
+		}
+		if (arg_evict_every && kvdlm_session_position(s) % arg_evict_every == 0) {
+			r = kvd_evict(client, arg_tenant, arg_evict_bytes ? arg_evict_bytes :
+			              kvd_client_chunk_bytes(client), NULL);
+			if (r < 0) {
+				fprintf(stderr, "kvd-lm: an eviction at position %u: %s\n",
+				        kvdlm_session_position(s), daemon_error(client, r));
+				return r;
+			}
 		}
 		decoded++;
 	}

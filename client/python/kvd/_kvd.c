@@ -1062,6 +1062,18 @@ static PyObject *seq_tokens(PyObject *self, PyObject *args) {
 	return n < 0 ? raise_kvd(so->client->c, (int)n) : PyLong_FromLongLong(n);
 }
 
+static PyObject *seq_position(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	unsigned int layer, head, slot;
+	int64_t p;
+
+	if (!s || !PyArg_ParseTuple(args, "III", &layer, &head, &slot))
+		return NULL;
+	p = kvd_seq_position(s, layer, head, slot);
+	return p < 0 ? raise_kvd(so->client->c, (int)p) : PyLong_FromLongLong(p);
+}
+
 static enum view_dtype model_dtype(uint32_t dtype) {
 	return dtype == KVD_DTYPE_BF16 ? DT_BF16 : dtype == KVD_DTYPE_F32 ? DT_F32 : DT_F16;
 }
@@ -1409,6 +1421,8 @@ static PyMethodDef seq_methods[] = {
 	  "claim(model)\n--\n\nTakes a sequence kept across a daemon restart back." },
 	{ "tokens", seq_tokens, METH_VARARGS,
 	  "tokens(layer=0, kv_head=0)\n--\n\nResident tokens of the table." },
+	{ "position", seq_position, METH_VARARGS,
+	  "position(layer, kv_head, slot)\n--\n\nOriginal position of a resident slot." },
 	{ "block", seq_block, METH_VARARGS,
 	  "block(table, index)\n--\n\nView of a K/V block: [2][kv_heads][block_tokens][head_dim] "
 	  "(per layer) or [2][block_tokens][head_dim] (per head); pins the sequence while it lives." },

@@ -1,0 +1,259 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""kvd-lm's inference in PyTorch with its KV cache in kvd: the C engine (kvd-lm) again, on the
+Python binding (docs/engines.md, "A PyTorch engine on kvd").
+
+The model is kvdlm.py's (README.md). The cache follows the C engine's (cache.h) step by
+step, so that both make the same requests of the daemon: per_head blocks of 16 tokens in
+f32, W_o uploaded per layer, and every step (a prefill chunk of --chunk tokens, or one
+decoded token) grows the sequence, pins it, writes each new token's post-RoPE K and V into
+the new slots of its (layer, kv head) tables through the block tables, attends over the
+slots the tables hold by their original positions (a paged attention: the table's blocks
+gathered from the pool with index_select), publishes the layer's last --window queries
+once it has that many, unpins and drains the events. With --check, every step also
+attends over the same tokens read another way (Seq.block per block, Seq.position per slot)
+as a plain dense attention, and fails when the two differ. With --no-daemon the cache is
+kvdlm.py's private full cache.
+
+    kvd-lm-torch.py --model FILE [--socket PATH | --no-daemon] [--prompt TEXT]
+                    [--max-new N] [--chunk N] [--unit head|layer|block|none]
+                    [--window W] [--evict-every N [--evict-bytes B]]
+                    [--print-logits] [--check] [--stats]
+
+Output as kvd-lm's: with --print-logits a line 'logits POSITION TOKEN' and the 260 logits
+per generated token, then the text (special tokens as <eos> and so on). Not supported:
+compensation (--compensation) and IndexMem (--indexmem), which only the C engine has.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvdlm  # noqa: E402
+
+import kvd  # noqa: E402
+
+BLOCK_TOKENS = 16
+SEQ_SLACK = BLOCK_TOKENS    # kvd-lm.c's: room past the last token
+UNITS = {"none": kvd.UNIT_NONE, "head": kvd.UNIT_HEAD_TOKEN, "layer": kvd.UNIT_LAYER_TOKEN,
+         "block": kvd.UNIT_BLOCK}
+SPECIAL = {kvdlm.BOS: "<bos>", kvdlm.EOS: "<eos>", kvdlm.PAD: "<pad>", kvdlm.RESERVED: "<259>"}
+
+
+class KvdCache:
+    """The sequence's K/V in kvd: per_head tables, read and written through the block range."""
+
+    def __init__(self, client, model, unit, window, max_tokens, check):
+        cfg = model.cfg
+        self.cfg, self.client, self.window, self.check = cfg, client, window, check
+        self.model_id = client.register_model(cfg.layers, cfg.q_heads, cfg.kv_heads,
+                                              cfg.head_dim, kvd.DTYPE_F32, BLOCK_TOKENS,
+                                              kvd.LAYOUT_PER_HEAD, name="kvd-lm", unit=unit,
+                                              window=window)
+        self.observe_windows = unit != kvd.UNIT_NONE
+        for li, L in enumerate(model.layers if self.observe_windows else []):
+            wo = L.wo.detach().contiguous().numpy()
+            for tries in range(100):      # the daemon computes uploads off its loop
+                try:
+                    client.output_proj(self.model_id, li, kvd.DTYPE_F32, cfg.dim, wo)
+                    break
+                except kvd.KvdError as e:
+                    if e.errno != 16 or tries == 99:     # EBUSY: retry
+                        raise
+                    time.sleep(0.01)
+        pool, stride = client.block_pool(self.model_id)
+        kv_elems = 2 * BLOCK_TOKENS * cfg.head_dim
+        # A per_head block: K [block_tokens][head_dim], then V: [n_blocks][2][bt][hd].
+        self.kv = torch.from_dlpack(pool).view(torch.float32)[:, :kv_elems].unflatten(
+            1, (2, BLOCK_TOKENS, cfg.head_dim))
+        self.seq = client.open(self.model_id, max_tokens)
+        self.next_pos = 0
+        self.changed = 0
+        # The last `window` queries of each layer, oldest first once full (cache.c's ring).
+        self.ring = [torch.zeros(0, cfg.q_heads * cfg.head_dim) for _ in range(cfg.layers)]
+
+    def begin(self, n):
+        """Appends n tokens: grow (which may wait for a round), then pin. Returns pos0."""
+        self.seq.grow(n)
+        self.seq.pin()
+        pos0 = self.next_pos
+        self.next_pos += n
+        return pos0
+
+    def attend(self, layer, kv_head, k_new, v_new, q, q_pos):
+        """Writes the new tokens' K and V ([n][hd]) into the table's last n slots, then
+        attends q ([t][g][hd], the kv head's query heads) over what the table holds."""
+        blocks, positions, _ = self.seq.block_table(layer, kv_head)
+        blocks = torch.from_dlpack(blocks).to(torch.int64)
+        pos = torch.from_dlpack(positions).to(torch.int64)
+        n_all, n = pos.shape[0], k_new.shape[0]
+        slots = torch.arange(n_all - n, n_all)
+        b, r = blocks[slots // BLOCK_TOKENS], slots % BLOCK_TOKENS
+        self.kv[b, 0, r] = k_new
+        self.kv[b, 1, r] = v_new
+        # Paged attention: only the table's blocks are gathered from the pool.
+        g = self.kv.index_select(0, blocks)                     # [nb][2][bt][hd]
+        k = g[:, 0].reshape(-1, self.cfg.head_dim)[:n_all]
+        v = g[:, 1].reshape(-1, self.cfg.head_dim)[:n_all]
+        out = dense_attention(q, q_pos, k, v, pos)
+        if self.check:
+            want = dense_attention(q, q_pos, *self.read_slots(layer, kv_head))
+            if not torch.allclose(out, want, rtol=1e-5, atol=1e-6):
+                raise RuntimeError(f"layer {layer} kv head {kv_head}: the paged attention "
+                                   f"differs from the dense one by "
+                                   f"{float((out - want).abs().max()):.3g}")
+        return out
+
+    def read_slots(self, layer, kv_head):
+        """The table's K, V and positions, read without the block table: Seq.block per
+        block, Seq.position per slot."""
+        cfg, seq = self.cfg, self.seq
+        t = layer * cfg.kv_heads + kv_head
+        n = seq.tokens(layer, kv_head)
+        ks, vs = [], []
+        for i in range((n + BLOCK_TOKENS - 1) // BLOCK_TOKENS):
+            blk = torch.from_dlpack(seq.block(t, i)).clone()   # [2][bt][hd]
+            ks.append(blk[0])
+            vs.append(blk[1])
+        pos = torch.tensor([seq.position(layer, kv_head, j) for j in range(n)])
+        return torch.cat(ks)[:n], torch.cat(vs)[:n], pos
+
+    def observe(self, layer, q):
+        """q [n][q_heads * hd]: the layer's new post-RoPE queries, into its window."""
+        if not self.observe_windows:
+            return
+        ring = torch.cat([self.ring[layer], q])[-self.window:]
+        self.ring[layer] = ring
+        if ring.shape[0] < self.window:
+            return
+        cfg = self.cfg
+        obs = torch.from_dlpack(self.seq.observation(layer))    # [q_heads][window][hd]
+        obs.copy_(ring.view(self.window, cfg.q_heads, cfg.head_dim).transpose(0, 1))
+        del obs
+        self.seq.observe(layer)
+
+    def end(self):
+        self.seq.unpin()
+        while (ev := self.client.next_event()) is not None:
+            if ev[0] == kvd.EVENT_SEQ_CHANGED and ev[1] == self.seq.id:
+                self.changed += 1
+
+    def close(self):
+        self.kv = None
+        self.seq.release()
+
+
+def dense_attention(q, q_pos, k, v, k_pos):
+    """q [t][g][hd] at positions q_pos over k, v [n][hd] at k_pos: softmax(q k / sqrt(hd)) v,
+    a key attended when its position is at most the query's. Returns [t][g][hd]."""
+    scores = torch.einsum("tgd,nd->tgn", q, k) / (q.shape[-1] ** 0.5)
+    scores = scores.masked_fill(k_pos.view(1, 1, -1) > q_pos.view(-1, 1, 1), float("-inf"))
+    return torch.einsum("tgn,nd->tgd", torch.softmax(scores, dim=-1), v)
+
+
+def step_kvd(model, cache, tokens):
+    """One step of the engine on kvd: tokens [n] -> the last token's logits [vocab]."""
+    cfg = model.cfg
+    n, hd, group = len(tokens), cfg.head_dim, cfg.q_heads // cfg.kv_heads
+    pos0 = cache.begin(n)
+    try:
+        positions = torch.arange(pos0, pos0 + n)
+        cos, sin = kvdlm.rope_cos_sin(positions, model.inv_freq)
+        h = F.embedding(torch.tensor(tokens), model.tok_emb)
+        for li, L in enumerate(model.layers):
+            a = kvdlm.rmsnorm(h, L.attn_norm, cfg.norm_eps)
+            q = kvdlm.apply_rope(F.linear(a, L.wq).view(n, cfg.q_heads, hd), cos, sin)
+            k = kvdlm.apply_rope(F.linear(a, L.wk).view(n, cfg.kv_heads, hd), cos, sin)
+            v = F.linear(a, L.wv).view(n, cfg.kv_heads, hd)
+            o = torch.empty(n, cfg.q_heads, hd)
+            for kh in range(cfg.kv_heads):
+                heads = slice(kh * group, (kh + 1) * group)
+                o[:, heads] = cache.attend(li, kh, k[:, kh], v[:, kh], q[:, heads], positions)
+            cache.observe(li, q.reshape(n, -1))
+            h = h + F.linear(o.reshape(n, -1), L.wo)
+            m = kvdlm.rmsnorm(h, L.ffn_norm, cfg.norm_eps)
+            h = h + F.linear(F.silu(F.linear(m, L.w_gate)) * F.linear(m, L.w_up), L.w_down)
+        h = kvdlm.rmsnorm(h[-1:], model.final_norm, cfg.norm_eps)
+        return F.linear(h, model.lm_head)[0]
+    finally:
+        cache.end()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--socket", default=None, help="default: $KVD_SOCKET, else the default")
+    ap.add_argument("--no-daemon", action="store_true", help="kvdlm.py's private full cache")
+    ap.add_argument("--tenant", default="kvd-lm")
+    ap.add_argument("--prompt", default="")
+    ap.add_argument("--max-new", type=int, default=32)
+    ap.add_argument("--no-stop", action="store_true", help="do not stop at a newline")
+    ap.add_argument("--chunk", type=int, default=256, help="prefill step, tokens")
+    ap.add_argument("--unit", choices=UNITS, default="head")
+    ap.add_argument("--window", type=int, default=32)
+    ap.add_argument("--evict-every", type=int, default=0, metavar="N",
+                    help="after each decode step that reaches a multiple of N positions, an "
+                    "eviction round of --evict-bytes on this tenant (as kvd-lm's)")
+    ap.add_argument("--evict-bytes", type=int, default=0, metavar="B",
+                    help="bytes each of those rounds frees (default: one chunk)")
+    ap.add_argument("--print-logits", action="store_true")
+    ap.add_argument("--check", action="store_true",
+                    help="check every attention against a dense one over Seq.block reads")
+    ap.add_argument("--stats", action="store_true", help="evictions seen, on stderr")
+    args = ap.parse_args(argv)
+    if args.chunk < 1 or args.max_new < 0 or not 1 <= args.window <= 256 or \
+            args.evict_every < 0 or args.evict_bytes < 0:
+        ap.error("--chunk, --max-new, --window or --evict-* out of range")
+    if args.evict_every and (args.no_daemon or args.unit == "none"):
+        ap.error("--evict-every needs the daemon and a --unit other than none")
+
+    torch.set_num_threads(1)    # the same summation order from run to run
+    model = kvdlm.load(args.model)
+    tokens = kvdlm.encode(args.prompt)        # BOS + the prompt's bytes
+    cache, client = None, None
+    with torch.no_grad():
+        if args.no_daemon:
+            private = [None] * model.cfg.layers
+
+            def step(toks):
+                return model.forward(torch.tensor([toks]), cache=private)[0, -1]
+        else:
+            client = kvd.Client(args.socket, args.tenant)
+            cache = KvdCache(client, model, UNITS[args.unit], args.window,
+                             len(tokens) + args.max_new + SEQ_SLACK, args.check)
+
+            def step(toks):
+                return step_kvd(model, cache, toks)
+
+        for c0 in range(0, len(tokens), args.chunk):
+            logits = step(tokens[c0:c0 + args.chunk])
+        position, out = len(tokens), []       # kvd-lm's: the tokens processed
+        while len(out) < args.max_new:
+            nxt = int(torch.argmax(logits))
+            if args.print_logits:
+                print(f"logits {position} {nxt} " + " ".join(f"{float(x):.9g}" for x in logits))
+            out.append(nxt)
+            if nxt == kvdlm.EOS or (nxt == ord("\n") and not args.no_stop) or \
+                    len(out) == args.max_new:
+                break
+            logits = step([nxt])
+            position += 1
+            if args.evict_every and position % args.evict_every == 0:
+                client.evict(args.evict_bytes or client.chunk_bytes, tenant=args.tenant)
+    text = "".join(SPECIAL.get(t, chr(t)) if t >= 256 else chr(t) for t in out)
+    print(text if text.endswith("\n") else text + "\n", end="")
+    if cache is not None:
+        if args.stats:
+            print(f"kvd-lm-torch: {cache.changed} evictions rewrote the sequence", file=sys.stderr)
+        cache.close()
+        client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+# SPDX-License-Identifier: MIT
+"""eval/kvd-lm/kvd-lm-torch.py, kvd-lm's inference in PyTorch with its cache in kvd, against
+the C engine (kvd-lm) and its own private-cache run, on the trained model:
+
+- without eviction, its logits equal the C engine's on kvd and its own with a private full
+  cache, within the tolerance of tests/kvd-lm/test-kvd-lm-logits.c (1e-4 of the logits'
+  scale: fp32 summed in other orders);
+- with evictions at fixed points (--evict-every: both engines ask for the same rounds after
+  the same steps, under the position-only policy streamingllm, so that both caches hold the
+  same tokens), its logits equal the C engine's within the same tolerance, and differ from
+  the unevicted run's;
+- every attention of its runs is checked against a dense one over the same tokens read
+  another way (--check: Seq.block and Seq.position, not the block tables).
+
+Environment (meson): KVD_DAEMON, KVD_LM (the C engine), KVD_LM_TORCH (the script),
+KVD_LM_MODELS (eval/kvd-lm/models).
+"""
+
+import os
+import subprocess
+import sys
+import unittest
+
+from kvdtest import CUDA, Daemon  # first: it skips the test without numpy or torch
+
+import torch  # noqa: E402
+
+import kvd  # noqa: E402
+
+MODEL = os.path.join(os.environ.get("KVD_LM_MODELS", ""), "kvd-lm-small.kvdlm")
+HAYSTACK = os.path.join(os.path.dirname(os.environ.get("KVD_LM_TORCH", "")), "data",
+                        "haystack.txt")
+TOL = 1e-4
+
+
+def logits_of(out):
+    """{position: (token, logits tensor)} of --print-logits lines."""
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("logits "):
+            f = line.split()
+            rows[int(f[1])] = (int(f[2]), torch.tensor([float(x) for x in f[3:]]))
+    return rows
+
+
+@unittest.skipIf(CUDA, "the engine touches K/V with the CPU")
+class TorchEngineTest(unittest.TestCase):
+    def setUp(self):
+        with open(HAYSTACK) as f:
+            self.prompt = f.read(400).replace("\n", " ") + " The key is"
+
+    def run_engine(self, argv, policy=None):
+        """Runs an engine against a daemon of its own (its tenant's policy set first):
+        returns (stdout, the tokens the daemon evicted from it)."""
+        daemon = Daemon("--chunk-size", "256KiB")
+        try:
+            if policy:
+                with kvd.Client(daemon.socket) as admin:
+                    admin.tenant_set("kvd-lm", policy=policy)
+            out = subprocess.run(argv + ["--socket", daemon.socket], capture_output=True,
+                                 text=True, timeout=300)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            with kvd.Client(daemon.socket) as admin:
+                tenant = admin.status().tenant("kvd-lm", "evicted_tokens") \
+                    if "kvd-lm" in admin.status().tenants() else 0
+            return out.stdout, tenant
+        finally:
+            self.assertEqual(daemon.stop(), 0)
+
+    def engines(self, extra, policy=None):
+        common = ["--model", MODEL, "--prompt", self.prompt, "--max-new", "12",
+                  "--print-logits", "--unit", "layer", "--chunk", "128"] + extra
+        c_out, c_evicted = self.run_engine([os.environ["KVD_LM"], "--threads", "1"] + common,
+                                           policy)
+        t_out, t_evicted = self.run_engine([sys.executable, os.environ["KVD_LM_TORCH"],
+                                            "--check"] + common, policy)
+        return logits_of(c_out), c_evicted, logits_of(t_out), t_evicted
+
+    def assert_same_logits(self, got, want):
+        self.assertEqual(sorted(got), sorted(want))
+        for pos, (token, ref) in want.items():
+            self.assertEqual(got[pos][0], token, f"position {pos}")
+            scale = max(1.0, float(ref.abs().max()))
+            self.assertLessEqual(float((got[pos][1] - ref).abs().max()), TOL * scale,
+                                 f"position {pos}")
+
+    def test_without_eviction(self):
+        c, c_evicted, t, t_evicted = self.engines([])
+        self.assertEqual((c_evicted, t_evicted), (0, 0))
+        self.assertEqual(len(t), 12)
+        self.assert_same_logits(t, c)
+        private = subprocess.run([sys.executable, os.environ["KVD_LM_TORCH"], "--model", MODEL,
+                                  "--prompt", self.prompt, "--max-new", "12", "--print-logits",
+                                  "--no-daemon", "--chunk", "128"],
+                                 capture_output=True, text=True, timeout=300)
+        self.assertEqual(private.returncode, 0, private.stderr)
+        self.assert_same_logits(t, logits_of(private.stdout))
+
+    def test_with_evictions_at_fixed_points(self):
+        c, c_evicted, t, t_evicted = self.engines(
+            ["--evict-every", "4", "--evict-bytes", str(256 << 10)], policy="streamingllm")
+        self.assertGreater(c_evicted, 0)
+        self.assertEqual(t_evicted, c_evicted)
+        self.assert_same_logits(t, c)
+        # The evictions changed what the model saw.
+        full, _ = self.run_engine([sys.executable, os.environ["KVD_LM_TORCH"], "--model", MODEL,
+                                   "--prompt", self.prompt, "--max-new", "12", "--print-logits",
+                                   "--unit", "layer", "--chunk", "128"])
+        full = logits_of(full)
+        self.assertTrue(any(float((t[p][1] - full[p][1]).abs().max()) > 1e-2 for p in t
+                            if p in full))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
