@@ -12,17 +12,19 @@ slots the tables hold by their original positions (a paged attention: the table'
 gathered from the pool with index_select), publishes the layer's last --window queries
 once it has that many, unpins and drains the events. With --check, every step also
 attends over the same tokens read another way (Seq.block per block, Seq.position per slot)
-as a plain dense attention, and fails when the two differ. With --no-daemon the cache is
-kvdlm.py's private full cache.
+as a plain dense attention, and fails when the two differ. With --compensation moments
+(or moments-mass), the daemon keeps the MomentKV moments of what it evicts from each table,
+and attention adds them as one more softmax entry, as the C engine does (README.md,
+"Compensation"). With --no-daemon the cache is kvdlm.py's private full cache.
 
     kvd-lm-torch.py --model FILE [--socket PATH | --no-daemon] [--prompt TEXT]
                     [--max-new N] [--chunk N] [--unit head|layer|block|none]
-                    [--window W] [--evict-every N [--evict-bytes B]]
-                    [--print-logits] [--check] [--stats]
+                    [--window W] [--compensation none|moments|moments-mass]
+                    [--evict-every N [--evict-bytes B]] [--print-logits] [--check] [--stats]
 
 Output as kvd-lm's: with --print-logits a line 'logits POSITION TOKEN' and the 260 logits
 per generated token, then the text (special tokens as <eos> and so on). Not supported:
-compensation (--compensation) and IndexMem (--indexmem), which only the C engine has.
+latent compensation and IndexMem (--indexmem), which only the C engine has.
 """
 
 import argparse
@@ -42,19 +44,23 @@ BLOCK_TOKENS = 16
 SEQ_SLACK = BLOCK_TOKENS    # kvd-lm.c's: room past the last token
 UNITS = {"none": kvd.UNIT_NONE, "head": kvd.UNIT_HEAD_TOKEN, "layer": kvd.UNIT_LAYER_TOKEN,
          "block": kvd.UNIT_BLOCK}
+# kvd_moments_header: 64 bytes (count, head_dim, ...), then mean_k, mean_v, var_k [hd] and
+# cov_vk [hd][hd], fp32 (kernels/moments.h).
+MOMENTS_HEADER_BYTES = 64
 SPECIAL = {kvdlm.BOS: "<bos>", kvdlm.EOS: "<eos>", kvdlm.PAD: "<pad>", kvdlm.RESERVED: "<259>"}
 
 
 class KvdCache:
     """The sequence's K/V in kvd: per_head tables, read and written through the block range."""
 
-    def __init__(self, client, model, unit, window, max_tokens, check):
+    def __init__(self, client, model, unit, window, max_tokens, check, compensation):
         cfg = model.cfg
         self.cfg, self.client, self.window, self.check = cfg, client, window, check
-        self.model_id = client.register_model(cfg.layers, cfg.q_heads, cfg.kv_heads,
-                                              cfg.head_dim, kvd.DTYPE_F32, BLOCK_TOKENS,
-                                              kvd.LAYOUT_PER_HEAD, name="kvd-lm", unit=unit,
-                                              window=window)
+        self.compensation = compensation      # None, "moments" or "moments-mass"
+        self.model_id = client.register_model(
+            cfg.layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim, kvd.DTYPE_F32, BLOCK_TOKENS,
+            kvd.LAYOUT_PER_HEAD, name="kvd-lm", unit=unit, window=window,
+            compensation=kvd.COMPENSATION_MOMENTS if compensation else kvd.COMPENSATION_NONE)
         self.observe_windows = unit != kvd.UNIT_NONE
         for li, L in enumerate(model.layers if self.observe_windows else []):
             wo = L.wo.detach().contiguous().numpy()
@@ -100,14 +106,36 @@ class KvdCache:
         g = self.kv.index_select(0, blocks)                     # [nb][2][bt][hd]
         k = g[:, 0].reshape(-1, self.cfg.head_dim)[:n_all]
         v = g[:, 1].reshape(-1, self.cfg.head_dim)[:n_all]
-        out = dense_attention(q, q_pos, k, v, pos)
+        extra = self.moments_entry(layer, kv_head, q)
+        out = dense_attention(q, q_pos, k, v, pos, extra)
         if self.check:
-            want = dense_attention(q, q_pos, *self.read_slots(layer, kv_head))
+            want = dense_attention(q, q_pos, *self.read_slots(layer, kv_head), extra)
             if not torch.allclose(out, want, rtol=1e-5, atol=1e-6):
                 raise RuntimeError(f"layer {layer} kv head {kv_head}: the paged attention "
                                    f"differs from the dense one by "
                                    f"{float((out - want).abs().max()):.3g}")
         return out
+
+    def moments_entry(self, layer, kv_head, q):
+        """The evicted tokens' softmax entry for q ([t][g][hd]): (logit [t][g], value
+        [t][g][hd]), or None when nothing was evicted from the table (or no compensation).
+        Plain: logit s q.mu_k + ln n, value mu_v + s C_vk q; mass adds s^2 q.var_k q / 2."""
+        if not self.compensation:
+            return None
+        raw = torch.from_dlpack(self.seq.moments(layer, kv_head))
+        count = int(raw[:8].view(torch.int64)[0])
+        if count == 0:
+            return None
+        hd = self.cfg.head_dim
+        f = raw[MOMENTS_HEADER_BYTES:].view(torch.float32)
+        mean_k, mean_v, var_k = f[:hd], f[hd:2 * hd], f[2 * hd:3 * hd]
+        cov_vk = f[3 * hd:3 * hd + hd * hd].view(hd, hd)
+        s = hd ** -0.5
+        logit = s * (q @ mean_k) + torch.log(torch.tensor(float(count)))
+        if self.compensation == "moments-mass":
+            logit = logit + s * s * (q * q) @ var_k / 2
+        value = mean_v + s * torch.einsum("ab,tgb->tga", cov_vk, q)
+        return logit.clone(), value.clone()
 
     def read_slots(self, layer, kv_head):
         """The table's K, V and positions, read without the block table: Seq.block per
@@ -148,12 +176,17 @@ class KvdCache:
         self.seq.release()
 
 
-def dense_attention(q, q_pos, k, v, k_pos):
+def dense_attention(q, q_pos, k, v, k_pos, extra=None):
     """q [t][g][hd] at positions q_pos over k, v [n][hd] at k_pos: softmax(q k / sqrt(hd)) v,
-    a key attended when its position is at most the query's. Returns [t][g][hd]."""
+    a key attended when its position is at most the query's; extra (logit [t][g], value
+    [t][g][hd]) is one more entry, the evicted tokens' (all of them precede every query).
+    Returns [t][g][hd]."""
     scores = torch.einsum("tgd,nd->tgn", q, k) / (q.shape[-1] ** 0.5)
     scores = scores.masked_fill(k_pos.view(1, 1, -1) > q_pos.view(-1, 1, 1), float("-inf"))
-    return torch.einsum("tgn,nd->tgd", torch.softmax(scores, dim=-1), v)
+    if extra is None:
+        return torch.einsum("tgn,nd->tgd", torch.softmax(scores, dim=-1), v)
+    w = torch.softmax(torch.cat([scores, extra[0].unsqueeze(-1)], dim=-1), dim=-1)
+    return torch.einsum("tgn,nd->tgd", w[..., :-1], v) + w[..., -1:] * extra[1]
 
 
 def step_kvd(model, cache, tokens):
@@ -196,6 +229,8 @@ def main(argv=None):
     ap.add_argument("--chunk", type=int, default=256, help="prefill step, tokens")
     ap.add_argument("--unit", choices=UNITS, default="head")
     ap.add_argument("--window", type=int, default=32)
+    ap.add_argument("--compensation", choices=["none", "moments", "moments-mass"],
+                    default="none", help="what the daemon keeps of evicted tokens")
     ap.add_argument("--evict-every", type=int, default=0, metavar="N",
                     help="after each decode step that reaches a multiple of N positions, an "
                     "eviction round of --evict-bytes on this tenant (as kvd-lm's)")
@@ -211,6 +246,8 @@ def main(argv=None):
         ap.error("--chunk, --max-new, --window or --evict-* out of range")
     if args.evict_every and (args.no_daemon or args.unit == "none"):
         ap.error("--evict-every needs the daemon and a --unit other than none")
+    if args.compensation != "none" and (args.no_daemon or args.unit == "none"):
+        ap.error("--compensation needs the daemon and a --unit other than none")
 
     torch.set_num_threads(1)    # the same summation order from run to run
     model = kvdlm.load(args.model)
@@ -225,7 +262,8 @@ def main(argv=None):
         else:
             client = kvd.Client(args.socket, args.tenant)
             cache = KvdCache(client, model, UNITS[args.unit], args.window,
-                             len(tokens) + args.max_new + SEQ_SLACK, args.check)
+                             len(tokens) + args.max_new + SEQ_SLACK, args.check,
+                             None if args.compensation == "none" else args.compensation)
 
             def step(toks):
                 return step_kvd(model, cache, toks)
