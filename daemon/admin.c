@@ -328,8 +328,10 @@ void admin_reload(struct admin *a) {
 		settings_swap(&next, &a->cfg, i);
 	}
 	/* The file may be fine for a fresh start and still not fit what runs (a budget or a
-	 * tenant's min above the running pool). */
+	 * tenant's min above the running pool): checked against that pool, as a start checks
+	 * against the one it makes. */
 	settings_check(&next, &e);
+	settings_check_pool(&next, 0, s->pool->pool_bytes, &e);
 	for (uint32_t i = 0; i < next.n_tenants; i++)
 		if (!tenant_find(&s->tenants, next.tenants[i].name))
 			new_tenants++;

@@ -90,15 +90,48 @@ static void raise_fd_limit(void) {
 	}
 }
 
+/*
+ * Opens the backend cfg names (auto: the one it picks on this machine) and sizes the pool
+ * as a start does: pool-size, or pool-percent of the free memory of the GPU that has least,
+ * the same share on every device (pool.h). Returns 0, or -errno with why said in why.
+ */
+static int resolve_pool(const struct settings *cfg, const struct backend_ops **ret_ops,
+                        uint32_t *ret_devices, uint64_t *ret_pool, char *why, size_t why_n) {
+	const struct backend_device *dev;
+	uint32_t n_devices;
+	uint64_t pool_bytes = cfg->pool_size;
+	int r;
+
+	r = backend_open(settings_backend_to_string(cfg->backend), cfg->devices, ret_ops, why, why_n);
+	if (r < 0)
+		return r;
+	n_devices = backend_n_devices();
+	dev = backend_device(0);
+	for (uint32_t i = 1; dev && i < n_devices; i++)
+		if (backend_device(i)->free_bytes < dev->free_bytes)
+			dev = backend_device(i);
+	if (cfg->pool_percent != 0 && dev) {
+		pool_bytes = dev->free_bytes / 100 * cfg->pool_percent / cfg->chunk_size * cfg->chunk_size;
+		if (pool_bytes == 0) {
+			snprintf(why, why_n, "pool-percent %u of the %llu MiB free on GPU %d is less than "
+			         "one chunk", cfg->pool_percent, (unsigned long long)(dev->free_bytes >> 20),
+			         dev->ordinal);
+			return -EINVAL;
+		}
+	}
+	*ret_devices = n_devices;
+	*ret_pool = pool_bytes;
+	return 0;
+}
+
 int main(int argc, char *argv[]) {
 	_cleanup_(settings_done) struct settings cfg = {};
 	struct inifile_errors errors = {};
-	const struct backend_device *dev;
-	uint32_t n_devices;
-	const struct backend_ops *ops;
+	uint32_t n_devices = 0;
+	const struct backend_ops *ops = NULL;
 	struct server_limits limits;
-	uint64_t pool_bytes;
-	char why[512];
+	uint64_t pool_bytes = 0;
+	char why[512] = "";
 	struct admin *admin = NULL;
 	struct server *srv = NULL;
 	struct pool *pool = NULL;
@@ -122,14 +155,36 @@ int main(int argc, char *argv[]) {
 	r = settings_init(&cfg);
 	if (r >= 0)
 		r = settings_load(&cfg, &arg_flags, NULL, &errors);
+	/* The backend and the pool as this start makes them, and the file against them: the
+	 * same verdict for --check-config as for a start on this machine. */
+	if (r >= 0) {
+		r = resolve_pool(&cfg, &ops, &n_devices, &pool_bytes, why, sizeof(why));
+		if (r < 0) {
+			if (arg_flags.check_config)
+				fprintf(stderr, "kvd: %s\n", why);
+			else
+				log_error("%s", why);
+			inifile_errors_done(&errors);
+			backend_close();
+			settings_done(&arg_flags);
+			return EXIT_FAILURE;
+		}
+		settings_check_pool(&cfg, ops->granularity(), pool_bytes * n_devices, &errors);
+		if (inifile_errors_count(&errors) > 0)
+			r = -EINVAL;
+	}
 	if (arg_flags.check_config || r < 0) {
-		if (arg_flags.check_config)
+		if (arg_flags.check_config) {
 			r = check_config(&cfg, &errors, r);
-		else {
+			if (r == EXIT_SUCCESS)
+				printf("backend %s: %s; pool %llu MiB\n", settings_backend_to_string(cfg.backend),
+				       why, (unsigned long long)((pool_bytes * n_devices) >> 20));
+		} else {
 			print_errors(&errors);
 			r = r == -ENOMEM ? EXIT_FAILURE : EXIT_USAGE;
 		}
 		inifile_errors_done(&errors);
+		backend_close();
 		settings_done(&arg_flags);
 		return r;
 	}
@@ -137,42 +192,12 @@ int main(int argc, char *argv[]) {
 	keep_memory_private();
 	raise_fd_limit();
 
-	r = backend_open(settings_backend_to_string(cfg.backend), cfg.devices, &ops, why, sizeof(why));
-	if (r < 0) {
-		log_error("%s", why);
-		goto finish;
-	}
 	log_info("backend %s: %s", settings_backend_to_string(cfg.backend), why);
-	/* pool-size, or pool-percent of the free memory of the GPU that has least: the same
-	 * share on every device (pool.h). */
-	n_devices = backend_n_devices();
-	pool_bytes = cfg.pool_size;
-	dev = backend_device(0);
-	for (uint32_t i = 1; dev && i < n_devices; i++)
-		if (backend_device(i)->free_bytes < dev->free_bytes)
-			dev = backend_device(i);
-	if (cfg.pool_percent != 0 && dev) {
-		pool_bytes = dev->free_bytes / 100 * cfg.pool_percent / cfg.chunk_size * cfg.chunk_size;
-		if (pool_bytes == 0) {
-			r = -EINVAL;
-			log_error("pool-percent %u of the %llu MiB free on GPU %d is less than one chunk",
-			          cfg.pool_percent, (unsigned long long)(dev->free_bytes >> 20), dev->ordinal);
-			goto finish;
-		}
+	if (cfg.pool_percent != 0 && backend_device(0))
 		log_info("pool-percent %u: %llu MiB on each of %u GPU%s", cfg.pool_percent,
 		         (unsigned long long)(pool_bytes >> 20), n_devices, n_devices == 1 ? "" : "s");
-	} else if (cfg.pool_percent != 0)
+	else if (cfg.pool_percent != 0)
 		log_notice("pool-percent applies to a GPU pool only: using pool-size");
-	if (cfg.chunk_size % ops->granularity() != 0) {
-		r = -EINVAL;
-		log_error("chunk-size %llu is not a multiple of the %s backend's granularity (%llu)",
-		          (unsigned long long)cfg.chunk_size, ops->name,
-		          (unsigned long long)ops->granularity());
-		goto finish;
-	}
-	if (cfg.budget != SETTINGS_UNSET && cfg.budget > pool_bytes * n_devices)
-		log_warning("budget %llu is above the pool's %llu bytes: the pool is the budget",
-		            (unsigned long long)cfg.budget, (unsigned long long)(pool_bytes * n_devices));
 	r = pool_new(ops, n_devices, pool_bytes, cfg.chunk_size, MIN(cfg.budget, pool_bytes * n_devices),
 	             &pool);
 	if (r < 0) {

@@ -230,8 +230,9 @@ static const struct setting node_table[] = {
 	  "config file; a missing default one is fine, a missing named one is an error",
 	  NODE(config), 1, PATH_MAX },
 	{ "check-config", SETTING_STRING, SETTING_FLAG_ONLY | SETTING_OPTIONAL, "FILE", NULL, "",
-	  "check the config file (FILE, or --config's) with the other flags, print every error "
-	  "with its file:line, and exit 0 (good) or 2",
+	  "check the config file (FILE, or --config's) with the other flags, against the pool a "
+	  "start would make on this machine, print every error with its file:line, and exit 0 "
+	  "(good) or 2",
 	  NODE(check_config), 0, PATH_MAX },
 };
 
@@ -797,21 +798,11 @@ _printf_(5, 6) static void check_error(const struct settings *s, struct inifile_
 }
 
 void settings_check(const struct settings *s, struct inifile_errors *e) {
-	const struct backend_ops *ops = backend_find(settings_backend_to_string(s->backend));
 	int chunk = settings_index("chunk-size"), pool = settings_index("pool-size");
-	int budget = settings_index("budget");
-	uint64_t granularity = ops ? ops->granularity() : 4096;
-	/* A pool sized from free GPU memory, or spread over several GPUs (pool-size each: cuda,
-	 * or auto where kvd has the cuda backend), is only known at start, where the budget is
-	 * capped to it and a reload checks against it (admin.c). */
-	bool pool_known = s->pool_percent == 0 &&
-	                  (s->backend == SETTINGS_BACKEND_HOST ||
-	                   (s->backend == SETTINGS_BACKEND_AUTO && !backend_find("cuda")));
 	char b[32];
 
-	if (s->chunk_size % granularity != 0 || s->chunk_size < CHUNK_SIZE_MIN)
-		check_error(s, e, chunk, -1, "must be at least 64KiB and a multiple of %" PRIu64 " bytes",
-		            granularity);
+	if (s->chunk_size % 4096 != 0 || s->chunk_size < CHUNK_SIZE_MIN)
+		check_error(s, e, chunk, -1, "must be at least 64KiB and a multiple of 4096 bytes");
 	else if (s->pool_size < s->chunk_size)
 		check_error(s, e, pool, chunk, "must hold at least one chunk (%s)",
 		            size_format(s->chunk_size, b, sizeof(b)));
@@ -826,9 +817,6 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 	if (s->pool_percent != 0 && s->backend == SETTINGS_BACKEND_HOST)
 		check_error(s, e, settings_index("pool-percent"), settings_index("backend"),
 		            "needs the cuda or auto backend");
-	else if (s->budget != SETTINGS_UNSET && s->budget > s->pool_size && pool_known)
-		check_error(s, e, budget, pool, "must be at most pool-size (%s)",
-		            size_format(s->pool_size, b, sizeof(b)));
 
 	for (uint32_t i = 0; i < s->n_tenants; i++) {
 		const struct settings_tenant *t = &s->tenants[i];
@@ -840,10 +828,27 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 		if (t->min_bytes > t->max_bytes)
 			inifile_error(e, path, t->key_line[SETTINGS_TENANT_MIN] ?: t->line,
 			              "tenant %s: min above max", t->name);
-		else if (t->min_bytes > s->pool_size && pool_known)
-			inifile_error(e, path, t->key_line[SETTINGS_TENANT_MIN] ?: t->line,
-			              "tenant %s: min above pool-size (%s)", t->name,
-			              size_format(s->pool_size, b, sizeof(b)));
+	}
+}
+
+void settings_check_pool(const struct settings *s, uint64_t granularity, uint64_t pool_bytes,
+                         struct inifile_errors *e) {
+	int chunk = settings_index("chunk-size"), budget = settings_index("budget");
+	char b[32];
+
+	size_format(pool_bytes, b, sizeof(b));
+	if (granularity && s->chunk_size % granularity != 0)
+		check_error(s, e, chunk, -1, "must be a multiple of the backend's granularity (%" PRIu64
+		            " bytes)", granularity);
+	if (s->budget != SETTINGS_UNSET && s->budget > pool_bytes)
+		check_error(s, e, budget, -1, "must be at most the pool (%s)", b);
+	for (uint32_t i = 0; i < s->n_tenants; i++) {
+		const struct settings_tenant *t = &s->tenants[i];
+
+		if (t->min_bytes <= t->max_bytes && t->min_bytes > pool_bytes)
+			inifile_error(e, s->path ? s->path : "?",
+			              t->key_line[SETTINGS_TENANT_MIN] ?: t->line,
+			              "tenant %s: min above the pool (%s)", t->name, b);
 	}
 }
 

@@ -223,9 +223,16 @@ int settings_parse_argv(struct settings *flags, int argc, char *argv[]);
 int settings_load(struct settings *s, const struct settings *flags, const char *path,
                   struct inifile_errors *e);
 
-/* Checks what single values cannot: sizes against each other and the backend, the tenants
- * against max-tenants and the pool. Adds errors to e, naming file:line or flag. */
+/* Checks what single values cannot: sizes against each other, the tenants against
+ * max-tenants and their max. Adds errors to e, naming file:line or flag. */
 void settings_check(const struct settings *s, struct inifile_errors *e);
+
+/* Checks s against the pool the chosen backend makes: chunk-size a multiple of its
+ * granularity (0: unchecked), the budget and every tenant's min at most pool_bytes (every
+ * device's). What a start checks once the backend is open, --check-config the same way on
+ * this machine, and a reload against the running pool. Adds errors to e. */
+void settings_check_pool(const struct settings *s, uint64_t granularity, uint64_t pool_bytes,
+                         struct inifile_errors *e);
 
 /* Whether entry i (of the node table) has the same value in a and b. */
 bool settings_equal(const struct settings *a, const struct settings *b, size_t i);

@@ -146,7 +146,26 @@ TEST(check_config) {
 	/* The flags are checked with the file: a budget above the file's pool. */
 	snprintf(args, sizeof(args), "--check-config %s --backend host --budget 32MiB", path);
 	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
-	assert_contains(out, "--budget must be at most pool-size (16.0 MiB)");
+	assert_contains(out, "--budget must be at most the pool (16.0 MiB)");
+
+	/* With the default backend (auto), against the pool auto makes here, as a start: the
+	 * same verdict and the same errors from both. */
+	file = fopen(path, "we");
+	ASSERT_TRUE(file);
+	fputs("[kvd]\npool-size = 16MiB\nchunk-size = 1MiB\nbudget = 32MiB\n[tenant t]\nmin = 64MiB\n",
+	      file);
+	fclose(file);
+	if (!fixture_backend_cuda()) {
+		snprintf(args, sizeof(args), "--check-config %s", path);
+		ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+		assert_contains(out, "kvd.conf:4: budget must be at most the pool (16.0 MiB)");
+		assert_contains(out, "kvd.conf:6: tenant t: min above the pool (16.0 MiB)");
+		snprintf(args, sizeof(args), "--config %s --socket %s/refused.sock --state-dir %s/refused",
+		         path, dir, dir);
+		ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+		assert_contains(out, "kvd.conf:4: budget must be at most the pool (16.0 MiB)");
+		assert_contains(out, "kvd.conf:6: tenant t: min above the pool (16.0 MiB)");
+	}
 
 	/* Every error, each with its line. */
 	file = fopen(path, "we");
@@ -270,7 +289,7 @@ TEST(bad_reload_changes_nothing) {
 	 * running pool. */
 	fixture_write_config(&f, "[kvd]\npool-size = 64MiB\nbudget = 32MiB\n");
 	reload(&f, "reload failed", 2);
-	ASSERT_EQ(fixture_log_count(&f, "budget must be at most pool-size (16.0 MiB)"), 1u);
+	ASSERT_EQ(fixture_log_count(&f, "budget must be at most the pool (16.0 MiB)"), 1u);
 	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 8 * MiB);
 
 	/* A good file after that applies. */
