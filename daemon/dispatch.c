@@ -28,7 +28,6 @@
 #include "upload.h"
 #include "basic/time-util.h"
 
-#define WEIGHT_MAX 10000
 
 /* Answers a live change (admin.h): a reply with code 0 and a message when it applies but
  * was not saved, so that the operator learns it will not survive a restart. */
@@ -846,8 +845,8 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 		envelope_reply_error(c, id, -EINVAL, "invalid tenant name");
 		return;
 	}
-	if (req->has_weight && (req->weight < 1 || req->weight > WEIGHT_MAX)) {
-		envelope_reply_error(c, id, -EINVAL, "weight must be 1..%u", WEIGHT_MAX);
+	if (req->has_weight && (req->weight < 1 || req->weight > KVD_TENANT_WEIGHT_MAX)) {
+		envelope_reply_error(c, id, -EINVAL, "weight must be 1..%u", KVD_TENANT_WEIGHT_MAX);
 		return;
 	}
 	if (req->policy && (int)kvd_policy_from_string(req->policy) < 0) {

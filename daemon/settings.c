@@ -28,7 +28,6 @@
 
 /* The smallest chunk: below it, the per-chunk bookkeeping outweighs what it manages. */
 #define CHUNK_SIZE_MIN (UINT64_C(64) << 10)
-#define WEIGHT_MAX 10000
 /* Where --help starts the text of an option, and how wide it is. */
 #define HELP_COLUMN 26
 #define HELP_WIDTH 90
@@ -244,7 +243,7 @@ static const struct setting tenant_table[] = {
 	  "cap on the chunks the tenant holds", TENANT(max_bytes) },
 	[SETTINGS_TENANT_WEIGHT] = { "weight", SETTING_U32, 0, "N", "1", NULL,
 	  "scales the tenant's scores in eviction rounds, 1..10000",
-	  TENANT(weight), 1, WEIGHT_MAX },
+	  TENANT(weight), 1, KVD_TENANT_WEIGHT_MAX },
 	[SETTINGS_TENANT_POLICY] = { "policy", SETTING_ENUM, 0, "NAME", "kvd", NULL,
 	  "eviction policy", TENANT(policy),
 	  .enum_name = policy_name, .enum_n = _KVD_POLICY_MAX },
@@ -582,12 +581,15 @@ int settings_parse_argv(struct settings *flags, int argc, char *argv[]) {
 			printf("kvd %s (protocol %d)\n", KVD_VERSION, KVD_PROTOCOL_VERSION_MAX);
 			return 0;
 		default:
-			if (c < ARG_FIRST || c >= ARG_FIRST + (int)ELEMENTSOF(node_table))
-				return -EINVAL; /* getopt_long said what */
+			if (c < ARG_FIRST || c >= ARG_FIRST + (int)ELEMENTSOF(node_table)) {
+				/* getopt_long said what. */
+				fprintf(stderr, "Try 'kvd --help'.\n");
+				return -EINVAL;
+			}
 			e = &node_table[c - ARG_FIRST];
 			r = parse_value(e, flags, optarg ? optarg : "", why, sizeof(why));
 			if (r < 0) {
-				fprintf(stderr, "kvd: --%s: %s\n", e->name, why);
+				fprintf(stderr, "kvd: --%s: %s\nTry 'kvd --help'.\n", e->name, why);
 				return r == -ENOMEM ? r : -EINVAL;
 			}
 			flags->source[c - ARG_FIRST] = SOURCE_FLAG;
@@ -600,7 +602,7 @@ int settings_parse_argv(struct settings *flags, int argc, char *argv[]) {
 		flags->source[check] = SOURCE_FLAG;
 	}
 	if (optind < argc) {
-		fprintf(stderr, "kvd: unexpected argument '%s'\n", argv[optind]);
+		fprintf(stderr, "kvd: unexpected argument '%s'\nTry 'kvd --help'.\n", argv[optind]);
 		return -EINVAL;
 	}
 	return 1;

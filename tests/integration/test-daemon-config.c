@@ -143,6 +143,14 @@ TEST(check_config) {
 	fputs("[kvd]\npool-size = 16MiB\nchunk-size = 1MiB\n[tenant t]\nmax = 2MiB\nweight = 2\n", file);
 	fclose(file);
 
+	/* A bad command line says where to look. */
+	ASSERT_EQ(fixture_run_daemon("--bogus", out, sizeof(out)), 2);
+	assert_contains(out, "unrecognized option '--bogus'");
+	assert_contains(out, "Try 'kvd --help'.");
+	ASSERT_EQ(fixture_run_daemon("--pool-size lots", out, sizeof(out)), 2);
+	assert_contains(out, "kvd: --pool-size: 'lots' is not a size");
+	assert_contains(out, "Try 'kvd --help'.");
+
 	/* The flags are checked with the file: a budget above the file's pool. */
 	snprintf(args, sizeof(args), "--check-config %s --backend host --budget 32MiB", path);
 	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);

@@ -358,6 +358,9 @@ TEST(usage_errors_exit_2) {
 		"tenant set a b",
 		"tenant set a --weight 0",
 		"tenant set a --weight x",
+		"tenant set a --weight 10001",   /* the daemon's range, 1..KVD_TENANT_WEIGHT_MAX */
+		"--json tenant set a --weight 2",
+		"--json evict",
 		"tenant set a --min big",
 		"tenant set a --max lots",
 		"tenant set a --json",
@@ -487,6 +490,11 @@ TEST(status_tenants_budget) {
 		ASSERT_CONTAINS(r->out, "does not report where MIN, MAX and WEIGHT come from");
 	}
 
+	/* --json before the command is the command's own. */
+	r = kvdctl(f.socket, "--json status");
+	ASSERT_EXIT(r, 0);
+	snprintf(json, sizeof(json), "%s", r->out);
+	ASSERT_JSON(json, "d['pool_bytes']", "16777216");
 	r = kvdctl(f.socket, "status --json");
 	ASSERT_EXIT(r, 0);
 	snprintf(json, sizeof(json), "%s", r->out);
@@ -570,9 +578,10 @@ TEST(status_tenants_budget) {
 	r = kvdctl(f.socket, "tenant set bad/name");
 	ASSERT_EXIT(r, 1);
 	ASSERT_CONTAINS(r->err, "kvdctl: tenant set bad/name: Invalid argument: a tenant name is");
+	/* kvdctl knows the daemon's range of weights. */
 	r = kvdctl(f.socket, "tenant set alpha --weight 4000000000");
-	ASSERT_EXIT(r, 1);
-	ASSERT_CONTAINS(r->err, "weight");
+	ASSERT_EXIT(r, 2);
+	ASSERT_CONTAINS(r->err, "--weight: '4000000000' must be a number in 1..10000");
 
 	/* --max none lifts the cap; options left out keep their value. */
 	r = kvdctl(f.socket, "tenant set alpha --max none");

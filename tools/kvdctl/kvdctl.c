@@ -70,12 +70,12 @@ void help(void) {
 	       "                      $KVD_SOCKET if set, else %s)\n"
 	       "  --json              With status, tenants, budget get and top --once: print one\n"
 	       "                      JSON object for scripts; with evictions, one array\n"
-	       "                      (default: text for people)\n"
+	       "                      (default: text for people); before or after the command\n"
 	       "  --min SIZE          With tenant set: guaranteed minimum (default: unchanged)\n"
 	       "  --max SIZE|none     With tenant set: cap, or none for no cap (default:\n"
 	       "                      unchanged)\n"
-	       "  --weight N          With tenant set: eviction weight, at least 1; the daemon\n"
-	       "                      sets the upper bound (default: unchanged)\n"
+	       "  --weight N          With tenant set: eviction weight, 1..10000 (default:\n"
+	       "                      unchanged)\n"
 	       "  --policy NAME       With tenant set: eviction policy, a name kvd.conf(5) lists\n"
 	       "                      (default: unchanged)\n"
 	       "  --interval SECONDS  With top: time between refreshes, 0.1 to 3600, fractions\n"
@@ -140,6 +140,8 @@ static int parse_common(int argc, char **argv, const char *cmd, int json_ok, int
 	};
 	int opt;
 
+	/* "kvdctl --json status" as "kvdctl status --json". */
+	*ret_json = arg_json && json_ok;
 	optind = 0;
 	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
 		switch (opt) {
@@ -604,9 +606,9 @@ static int cmd_tenant(int argc, char **argv) {
 			p.set |= KVD_TENANT_SET_MAX;
 			break;
 		case 'w':
-			if (number_parse_u32(optarg, 1, UINT32_MAX, &p.weight) < 0)
+			if (number_parse_u32(optarg, 1, KVD_TENANT_WEIGHT_MAX, &p.weight) < 0)
 				return usage_error("--weight: '%s' must be a number in 1..%u", optarg,
-						   UINT32_MAX);
+						   KVD_TENANT_WEIGHT_MAX);
 			p.set |= KVD_TENANT_SET_WEIGHT;
 			break;
 		case 'p':
@@ -1065,6 +1067,7 @@ static int cmd_evictions(int argc, char **argv) {
 int main(int argc, char **argv) {
 	static const struct option options[] = {
 		{ "socket", required_argument, NULL, 's' },
+		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{},
@@ -1072,10 +1075,12 @@ int main(int argc, char **argv) {
 	static const struct {
 		const char *name;
 		int (*run)(int argc, char **argv);
+		bool json; /* has --json */
 	} commands[] = {
-		{ "status", cmd_status }, { "tenants", cmd_tenants }, { "budget", cmd_budget },
-		{ "tenant", cmd_tenant }, { "top", cmd_top },	      { "score", cmd_score },
-		{ "evict", cmd_evict },	  { "evictions", cmd_evictions },
+		{ "status", cmd_status, true },	  { "tenants", cmd_tenants, true },
+		{ "budget", cmd_budget, true },	  { "tenant", cmd_tenant, false },
+		{ "top", cmd_top, true },	  { "score", cmd_score, false },
+		{ "evict", cmd_evict, false },	  { "evictions", cmd_evictions, true },
 	};
 	int opt;
 
@@ -1088,6 +1093,9 @@ int main(int argc, char **argv) {
 		switch (opt) {
 		case 's':
 			arg_socket = optarg;
+			break;
+		case 'j':
+			arg_json = 1;
 			break;
 		case 'h':
 			help();
@@ -1104,7 +1112,11 @@ int main(int argc, char **argv) {
 				   "evictions, score)");
 
 	for (size_t i = 0; i < ELEMENTSOF(commands); i++)
-		if (strcmp(argv[optind], commands[i].name) == 0)
+		if (strcmp(argv[optind], commands[i].name) == 0) {
+			if (arg_json && !commands[i].json)
+				return usage_error("%s: --json is not an option of this command",
+						   commands[i].name);
 			return commands[i].run(argc - optind, argv + optind);
+		}
 	return usage_error("unknown command '%s'", argv[optind]);
 }

@@ -24,6 +24,9 @@ enum {
 
 /* The daemon's socket: --socket, else $KVD_SOCKET, else KVD_DEFAULT_SOCKET. */
 extern const char *arg_socket;
+/* --json before the command (kvdctl --json status): as the command's own --json, for the
+ * commands that have one. */
+extern int arg_json;
 
 /* Prints "kvdctl: MESSAGE" and a hint to stderr; returns EXIT_USAGE. */
 #define usage_error(...) cli_usage_error("kvdctl", __VA_ARGS__)

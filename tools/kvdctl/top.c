@@ -41,7 +41,6 @@
 
 static double arg_interval = INTERVAL_DEFAULT;
 static int arg_once;
-static int arg_json;
 
 static volatile sig_atomic_t quit_signal;
 

@@ -17,6 +17,7 @@
 #include "kvdctl.h"
 
 const char *arg_socket;
+int arg_json;
 
 int request_error(kvd_client *c, int r, const char *what) {
 	const char *msg = c ? kvd_client_last_error(c) : "";

@@ -80,6 +80,8 @@ extern "C" {
 #define KVD_INDEX_DIM_MAX 256u
 /* A tenant's name: [A-Za-z0-9_.-], 1 to this many characters. */
 #define KVD_TENANT_NAME_MAX 63u
+/* A tenant's weight (kvd_tenant_params.weight, kvd.conf's weight): 1..this. */
+#define KVD_TENANT_WEIGHT_MAX 10000u
 /* Engine events (kvd_seq_unpin_after) one connection registers at most. */
 #define KVD_CONN_EVENTS_MAX 16u
 
