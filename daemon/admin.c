@@ -58,13 +58,6 @@ static const char *config_name(const struct admin *a) {
 	return a->cfg.path ? a->cfg.path : "the config file";
 }
 
-static void format_max(uint64_t v, char *buf, size_t n) {
-	if (v == KVD_TENANT_NO_CAP)
-		snprintf(buf, n, "none");
-	else
-		size_format(v, buf, n);
-}
-
 /* ---- merging ---- */
 
 static void apply_budget(struct admin *a) {
@@ -128,8 +121,8 @@ static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 
 		size_format(t->min_bytes, old_min, sizeof(old_min));
 		size_format(min, new_min, sizeof(new_min));
-		format_max(t->max_bytes, old_max, sizeof(old_max));
-		format_max(max, new_max, sizeof(new_max));
+		tenant_format_max(t->max_bytes, old_max, sizeof(old_max));
+		tenant_format_max(max, new_max, sizeof(new_max));
 		log_notice("tenant %s: min %s, max %s, weight %" PRIu32 ", policy %s (was %s, %s, %"
 		           PRIu32 ", %s)", t->name, new_min, new_max, weight, kvd_policy_to_string(policy),
 		           old_min, old_max, t->weight, kvd_policy_to_string(t->policy));

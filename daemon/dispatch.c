@@ -812,8 +812,9 @@ static void handle_budget_set(struct conn *c, uint64_t id, const Envelope *reque
 	}
 	r = admin_budget_set(c->srv->admin, req->bytes, why, sizeof(why));
 	if (r >= 0)
-		log_notice("budget set to %llu bytes by pid %d (%llu in use)", (unsigned long long)req->bytes,
-		           (int)c->cred.pid, (unsigned long long)p->used_bytes);
+		log_notice("budget set to %llu bytes by pid %d uid %u (%llu in use)",
+		           (unsigned long long)req->bytes, (int)c->cred.pid, (unsigned)c->cred.uid,
+		           (unsigned long long)p->used_bytes);
 	reply_live(c, id, r, why);
 	if (r >= 0 && p->used_bytes > p->budget_bytes)
 		evict_kick(c->srv->evictor, ROUND_BUDGET);
@@ -827,8 +828,9 @@ static void handle_budget_reset(struct conn *c, uint64_t id, const Envelope *req
 
 	r = admin_budget_reset(c->srv->admin, why, sizeof(why));
 	if (r >= 0)
-		log_notice("budget reset to %llu bytes (%s) by pid %d", (unsigned long long)p->budget_bytes,
-		           admin_budget_source(c->srv->admin), (int)c->cred.pid);
+		log_notice("budget reset to %llu bytes (%s) by pid %d uid %u",
+		           (unsigned long long)p->budget_bytes, admin_budget_source(c->srv->admin),
+		           (int)c->cred.pid, (unsigned)c->cred.uid);
 	reply_live(c, id, r, why);
 }
 
@@ -838,7 +840,7 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 	struct state_tenant change = {};
 	struct tenant *t;
 	uint64_t min, max;
-	char why[512];
+	char why[512], min_s[32], max_s[32];
 	int r;
 
 	if (!req->name || !tenant_name_valid(req->name)) {
@@ -884,9 +886,10 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 	change.policy = req->policy ? (int)kvd_policy_from_string(req->policy) : 0;
 	r = admin_tenant_set(c->srv->admin, t, &change, why, sizeof(why));
 	if (r >= 0)
-		log_notice("tenant %s set by pid %d: min %llu, max %llu, weight %u, policy %s",
-		           t->name, (int)c->cred.pid, (unsigned long long)t->min_bytes,
-		           (unsigned long long)t->max_bytes, t->weight,
+		log_notice("tenant %s set by pid %d uid %u: min %s, max %s, weight %u, policy %s",
+		           t->name, (int)c->cred.pid, (unsigned)c->cred.uid,
+		           size_format(t->min_bytes, min_s, sizeof(min_s)),
+		           tenant_format_max(t->max_bytes, max_s, sizeof(max_s)), t->weight,
 		           kvd_policy_to_string(t->policy));
 	reply_live(c, id, r, why);
 }
@@ -895,7 +898,7 @@ static void handle_tenant_reset(struct conn *c, uint64_t id, const Envelope *req
                                 int request_fd _unused_) {
 	const Kvd__V1__TenantReset *req = request->tenant_reset;
 	struct tenant *t;
-	char why[512];
+	char why[512], min_s[32], max_s[32];
 	int r;
 
 	if (!req->name || !tenant_name_valid(req->name)) {
@@ -905,9 +908,10 @@ static void handle_tenant_reset(struct conn *c, uint64_t id, const Envelope *req
 	r = admin_tenant_reset(c->srv->admin, req->name, why, sizeof(why));
 	t = tenant_find(&c->srv->tenants, req->name);
 	if (r >= 0 && t)
-		log_notice("tenant %s reset by pid %d: min %llu, max %llu, weight %u", t->name,
-		           (int)c->cred.pid, (unsigned long long)t->min_bytes,
-		           (unsigned long long)t->max_bytes, t->weight);
+		log_notice("tenant %s reset by pid %d uid %u: min %s, max %s, weight %u", t->name,
+		           (int)c->cred.pid, (unsigned)c->cred.uid,
+		           size_format(t->min_bytes, min_s, sizeof(min_s)),
+		           tenant_format_max(t->max_bytes, max_s, sizeof(max_s)), t->weight);
 	reply_live(c, id, r, why);
 }
 
@@ -923,7 +927,8 @@ static void handle_tenant_delete(struct conn *c, uint64_t id, const Envelope *re
 	}
 	r = admin_tenant_delete(c->srv->admin, req->name, why, sizeof(why));
 	if (r >= 0)
-		log_notice("tenant %s deleted by pid %d", req->name, (int)c->cred.pid);
+		log_notice("tenant %s deleted by pid %d uid %u", req->name, (int)c->cred.pid,
+		           (unsigned)c->cred.uid);
 	reply_live(c, id, r, why);
 }
 

@@ -10,9 +10,12 @@
  */
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "backend.h"
+#include "basic/size.h"
 #include "kvd/kvd-abi.h"
 
 struct chunk;
@@ -64,3 +67,12 @@ bool tenant_holds_nothing(const struct tenant *t);
  * (and its free chunks' memory must be gone: pool_forget_tenant). */
 void tenant_table_remove(struct tenant_table *tt, struct tenant *t);
 struct tenant *tenant_find_id(const struct tenant_table *t, uint32_t id);
+
+/* A cap for people: "none" for KVD_TENANT_NO_CAP, else the size ("1.5 GiB"); returns buf. */
+static inline char *tenant_format_max(uint64_t v, char *buf, size_t n) {
+	if (v == KVD_TENANT_NO_CAP) {
+		snprintf(buf, n, "none");
+		return buf;
+	}
+	return size_format(v, buf, n);
+}

@@ -296,6 +296,37 @@ TEST(tenant_delete) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* Live changes are logged with who made them (pid and uid), a tenant's sizes for people
+ * and a cap of none as "none". */
+TEST(live_changes_audited) {
+	struct fixture f;
+	kvd_client *admin;
+	char line[256];
+
+	fixture_setup(&f, NULL, true);
+	fixture_launch(&f, NULL);
+	admin = fixture_connect(&f, NULL);
+	ASSERT_TRUE(kvd_tenant_set(admin, "audited", 2u << 20, KVD_TENANT_NO_CAP, 3) >= 0);
+	snprintf(line, sizeof(line), "tenant audited set by pid %d uid %u: min 2.0 MiB, max none, "
+	         "weight 3", (int)getpid(), (unsigned)getuid());
+	ASSERT_TRUE(fixture_wait_log(&f, line, 1));
+	ASSERT_TRUE(kvd_tenant_reset(admin, "audited") >= 0);
+	snprintf(line, sizeof(line), "tenant audited reset by pid %d uid %u: min 0 B, max none",
+	         (int)getpid(), (unsigned)getuid());
+	ASSERT_TRUE(fixture_wait_log(&f, line, 1));
+	ASSERT_OK(kvd_tenant_delete(admin, "audited"));
+	snprintf(line, sizeof(line), "tenant audited deleted by pid %d uid %u", (int)getpid(),
+	         (unsigned)getuid());
+	ASSERT_TRUE(fixture_wait_log(&f, line, 1));
+	ASSERT_EQ(fixture_log_count(&f, "18446744073709551615"), 0u);
+	ASSERT_TRUE(kvd_budget_set(admin, 32u << 20) >= 0);
+	snprintf(line, sizeof(line), "budget set to %u bytes by pid %d uid %u", 32u << 20,
+	         (int)getpid(), (unsigned)getuid());
+	ASSERT_TRUE(fixture_wait_log(&f, line, 1));
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* A tenant's policy, set live through kvd_tenant_set_params: it wins over the config
  * file, survives a restart, and reset drops it; bad names and bad structs are refused. */
 TEST(tenant_policy_live) {
