@@ -94,7 +94,7 @@ static char *chunk_slot_take(kvd_client *c, uint32_t id, struct chunk_slot **ret
 void chunk_unmap_many(kvd_client *c, const uint32_t *ids, size_t n) {
 	for (size_t i = 0; i < n;) {
 		struct chunk_slot *first, *slot;
-		char *addr = chunk_slot_take(c, ids[i], &first), *next;
+		char *addr = chunk_slot_take(c, ids[i], &first);
 		uint64_t bytes;
 		size_t run = 1;
 
@@ -106,7 +106,7 @@ void chunk_unmap_many(kvd_client *c, const uint32_t *ids, size_t n) {
 		/* Chunks side by side in the host range go back in one call: one walk of the
 		 * page tables and one TLB shootdown instead of one per chunk. */
 		while (c->range && i + run < n && ids[i + run] == ids[i] + run &&
-		       (next = chunk_addr(c, ids[i + run], NULL)) == addr + bytes) {
+		       chunk_addr(c, ids[i + run], NULL) == addr + bytes) {
 			(void)chunk_slot_take(c, ids[i + run], &slot);
 			bytes += slot->bytes;
 			run++;

@@ -14,7 +14,6 @@
 #include <strings.h>
 #include <syslog.h>
 
-#include "backend.h"
 #include "basic/macro.h"
 #include "basic/number.h"
 #include "basic/size.h"

@@ -28,6 +28,7 @@ latent compensation and IndexMem (--indexmem), which only the C engine has.
 """
 
 import argparse
+import errno
 import os
 import sys
 import time
@@ -69,7 +70,7 @@ class KvdCache:
                     client.output_proj(self.model_id, li, kvd.DTYPE_F32, cfg.dim, wo)
                     break
                 except kvd.KvdError as e:
-                    if e.errno != 16 or tries == 99:     # EBUSY: retry
+                    if e.errno != errno.EBUSY or tries == 99:
                         raise
                     time.sleep(0.01)
         pool, stride = client.block_pool(self.model_id)

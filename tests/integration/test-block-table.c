@@ -36,6 +36,34 @@ static void open_two(kvd_client *c, int m, kvd_seq **a, kvd_seq **b) {
 	}
 }
 
+/* A daemon of `pool`, a connection with a model registered, its block range, and two
+ * sequences grown in turns (open_two). */
+struct tables {
+	struct fixture f;
+	kvd_client *c;
+	int m;
+	char *base;
+	uint64_t stride;
+	uint32_t n_blocks;
+	kvd_seq *a, *b;
+};
+
+static void tables_start(struct tables *t, const kvd_model_spec *spec) {
+	fixture_start(&t->f, pool);
+	t->c = fixture_connect(&t->f, "engine");
+	t->m = kvd_model_register(t->c, spec);
+	ASSERT_OK(t->m);
+	ASSERT_OK(kvd_model_block_pool(t->c, t->m, (void **)&t->base, &t->stride, &t->n_blocks));
+	open_two(t->c, t->m, &t->a, &t->b);
+}
+
+static void tables_stop(struct tables *t) {
+	ASSERT_OK(kvd_seq_release(t->a));
+	ASSERT_OK(kvd_seq_release(t->b));
+	kvd_client_unref(t->c);
+	ASSERT_EQ(fixture_stop(&t->f), 0);
+}
+
 /* Every table of s against kvd_seq_block and kvd_seq_position. */
 static void assert_tables(kvd_seq *s, char *base, uint64_t stride) {
 	const struct kvd_seq_desc *h = kvd_seq_header(s);
@@ -63,88 +91,54 @@ static void assert_tables(kvd_seq *s, char *base, uint64_t stride) {
 }
 
 TEST(table_names_the_blocks) {
-	struct fixture f;
-	kvd_client *c;
-	kvd_seq *a, *b;
+	struct tables t;
 	int32_t blocks[MAX_BLOCKS];
-	uint32_t positions[TOKENS], n_blocks = 0, nb = DIV_ROUND_UP(TOKENS, 16);
-	uint64_t stride = 0;
-	void *base = NULL;
-	int m;
+	uint32_t positions[TOKENS], nb = DIV_ROUND_UP(TOKENS, 16);
+	void *base;
+	uint64_t stride;
 
-	fixture_start(&f, pool);
-	c = fixture_connect(&f, "engine");
-	m = kvd_model_register(c, &per_layer);
-	ASSERT_OK(m);
-	ASSERT_OK(kvd_model_block_pool(c, m, &base, &stride, &n_blocks));
-	ASSERT_EQ(stride, 8192u);
-	ASSERT_EQ(n_blocks, (8u << 20) / 8192u);
-	open_two(c, m, &a, &b);
-	assert_tables(a, base, stride);
-	assert_tables(b, base, stride);
+	tables_start(&t, &per_layer);
+	ASSERT_EQ(t.stride, 8192u);
+	ASSERT_EQ(t.n_blocks, (8u << 20) / 8192u);
+	assert_tables(t.a, t.base, t.stride);
+	assert_tables(t.b, t.base, t.stride);
 
 	/* Exactly big enough, one short, positions optional. */
-	ASSERT_EQ(kvd_seq_block_table(a, 1, 0, blocks, nb, NULL, 0, NULL), (int)TOKENS);
-	ASSERT_ERRNO(kvd_seq_block_table(a, 1, 0, blocks, nb - 1, NULL, 0, NULL), -ENOBUFS);
-	ASSERT_ERRNO(kvd_seq_block_table(a, 1, 0, blocks, nb, positions, TOKENS - 1, NULL), -ENOBUFS);
+	ASSERT_EQ(kvd_seq_block_table(t.a, 1, 0, blocks, nb, NULL, 0, NULL), (int)TOKENS);
+	ASSERT_ERRNO(kvd_seq_block_table(t.a, 1, 0, blocks, nb - 1, NULL, 0, NULL), -ENOBUFS);
+	ASSERT_ERRNO(kvd_seq_block_table(t.a, 1, 0, blocks, nb, positions, TOKENS - 1, NULL), -ENOBUFS);
 	/* Out of range, and a kv head with a per-layer layout. */
-	ASSERT_ERRNO(kvd_seq_block_table(a, 2, 0, blocks, nb, NULL, 0, NULL), -EINVAL);
-	ASSERT_ERRNO(kvd_seq_block_table(a, 0, 1, blocks, nb, NULL, 0, NULL), -EINVAL);
-	ASSERT_ERRNO(kvd_seq_block_table(a, 0, 0, NULL, nb, NULL, 0, NULL), -EINVAL);
-	ASSERT_ERRNO(kvd_model_block_pool(c, m + 1, &base, &stride, NULL), -EINVAL);
-
-	ASSERT_OK(kvd_seq_release(a));
-	ASSERT_OK(kvd_seq_release(b));
-	kvd_client_unref(c);
-	ASSERT_EQ(fixture_stop(&f), 0);
+	ASSERT_ERRNO(kvd_seq_block_table(t.a, 2, 0, blocks, nb, NULL, 0, NULL), -EINVAL);
+	ASSERT_ERRNO(kvd_seq_block_table(t.a, 0, 1, blocks, nb, NULL, 0, NULL), -EINVAL);
+	ASSERT_ERRNO(kvd_seq_block_table(t.a, 0, 0, NULL, nb, NULL, 0, NULL), -EINVAL);
+	ASSERT_ERRNO(kvd_model_block_pool(t.c, t.m + 1, &base, &stride, NULL), -EINVAL);
+	tables_stop(&t);
 }
 
 TEST(per_head_tables) {
-	struct fixture f;
-	kvd_client *c;
-	kvd_seq *a, *b;
-	uint64_t stride = 0;
-	void *base = NULL;
-	int m;
+	struct tables t;
 
-	fixture_start(&f, pool);
-	c = fixture_connect(&f, "engine");
-	m = kvd_model_register(c, &per_head);
-	ASSERT_OK(m);
-	ASSERT_OK(kvd_model_block_pool(c, m, &base, &stride, NULL));
-	ASSERT_EQ(stride, 4096u);
-	open_two(c, m, &a, &b);
-	assert_tables(a, base, stride);
-	assert_tables(b, base, stride);
-	ASSERT_OK(kvd_seq_release(a));
-	ASSERT_OK(kvd_seq_release(b));
-	kvd_client_unref(c);
-	ASSERT_EQ(fixture_stop(&f), 0);
+	tables_start(&t, &per_head);
+	ASSERT_EQ(t.stride, 4096u);
+	assert_tables(t.a, t.base, t.stride);
+	assert_tables(t.b, t.base, t.stride);
+	tables_stop(&t);
 }
 
 /* K/V written only through base + index * stride is what the daemon digests. */
 TEST(writes_through_the_table_reach_the_daemon) {
 	const struct kvd_seq_desc *h;
-	struct fixture f;
-	kvd_client *c;
-	kvd_seq *a, *b;
+	struct tables t;
 	int32_t blocks[MAX_BLOCKS];
-	uint64_t stride = 0, before = 0, after = 0, local = 0;
-	char *base = NULL;
-	int m;
+	uint64_t before = 0, after = 0, local = 0;
 
-	fixture_start(&f, pool);
-	c = fixture_connect(&f, "engine");
-	m = kvd_model_register(c, &per_layer);
-	ASSERT_OK(m);
-	ASSERT_OK(kvd_model_block_pool(c, m, (void **)&base, &stride, NULL));
-	open_two(c, m, &a, &b);
-	h = kvd_seq_header(a);
-	ASSERT_OK(kvd_seq_digest(a, &before, NULL));
+	tables_start(&t, &per_layer);
+	h = kvd_seq_header(t.a);
+	ASSERT_OK(kvd_seq_digest(t.a, &before, NULL));
 	for (uint32_t l = 0; l < h->layers; l++) {
-		ASSERT_EQ(kvd_seq_block_table(a, l, 0, blocks, MAX_BLOCKS, NULL, 0, NULL), (int)TOKENS);
+		ASSERT_EQ(kvd_seq_block_table(t.a, l, 0, blocks, MAX_BLOCKS, NULL, 0, NULL), (int)TOKENS);
 		for (uint32_t slot = 0; slot < TOKENS; slot++) {
-			char *blk = base + (uint64_t)blocks[slot / h->block_tokens] * stride;
+			char *blk = t.base + (uint64_t)blocks[slot / h->block_tokens] * t.stride;
 			uint32_t row = slot % h->block_tokens;
 
 			for (uint32_t kh = 0; kh < h->kv_heads; kh++) {
@@ -157,21 +151,18 @@ TEST(writes_through_the_table_reach_the_daemon) {
 	}
 	/* The daemon's digest (this process's only on host: on a GPU pool the library does
 	 * not read device memory). */
-	ASSERT_OK(kvd_seq_digest(a, &after, fixture_backend_cuda() ? NULL : &local));
+	ASSERT_OK(kvd_seq_digest(t.a, &after, fixture_backend_cuda() ? NULL : &local));
 	ASSERT_TRUE(fixture_backend_cuda() || after == local);
 	ASSERT_TRUE(after != before);
 	/* And kvd_seq_kv sees the same bytes. */
 	for (uint32_t slot = 0; slot < TOKENS; slot += 37) {
 		void *k, *v;
 
-		ASSERT_OK(kvd_seq_kv(a, 1, 1, slot, &k, &v));
+		ASSERT_OK(kvd_seq_kv(t.a, 1, 1, slot, &k, &v));
 		ASSERT_EQ(*(uint8_t *)k, (uint8_t)(2 + slot % 200));
 		ASSERT_EQ(*(uint8_t *)v, (uint8_t)(8 + slot % 100));
 	}
-	ASSERT_OK(kvd_seq_release(a));
-	ASSERT_OK(kvd_seq_release(b));
-	kvd_client_unref(c);
-	ASSERT_EQ(fixture_stop(&f), 0);
+	tables_stop(&t);
 }
 
 TEST(stride_that_does_not_divide_the_chunk_is_refused) {
@@ -223,33 +214,21 @@ static bool mapped_none(const void *addr) {
 /* A chunk taken back leaves its place in the range reserved, not free for other mappings;
  * the next grant maps at the same place again. Host pools only. */
 TEST(released_chunks_stay_reserved) {
-	struct fixture f;
-	kvd_client *c;
-	kvd_seq *a, *b;
+	struct tables t;
 	int32_t blocks[MAX_BLOCKS];
-	uint64_t stride = 0;
-	char *base = NULL, *first;
-	int m;
+	char *first;
 
 	if (fixture_backend_cuda())
 		return;
-	fixture_start(&f, pool);
-	c = fixture_connect(&f, "engine");
-	m = kvd_model_register(c, &per_layer);
-	ASSERT_OK(m);
-	ASSERT_OK(kvd_model_block_pool(c, m, (void **)&base, &stride, NULL));
-	open_two(c, m, &a, &b);
-	ASSERT_EQ(kvd_seq_block_table(a, 0, 0, blocks, MAX_BLOCKS, NULL, 0, NULL), (int)TOKENS);
-	first = base + (uint64_t)blocks[0] * stride;
+	tables_start(&t, &per_layer);
+	ASSERT_EQ(kvd_seq_block_table(t.a, 0, 0, blocks, MAX_BLOCKS, NULL, 0, NULL), (int)TOKENS);
+	first = t.base + (uint64_t)blocks[0] * t.stride;
 	ASSERT_FALSE(mapped_none(first));
-	ASSERT_OK(kvd_seq_release(a));
-	ASSERT_OK(kvd_seq_release(b));
+	ASSERT_OK(kvd_seq_release(t.a));
+	ASSERT_OK(kvd_seq_release(t.b));
 	ASSERT_TRUE(mapped_none(first));
 
-	open_two(c, m, &a, &b);
-	assert_tables(a, base, stride);
-	ASSERT_OK(kvd_seq_release(a));
-	ASSERT_OK(kvd_seq_release(b));
-	kvd_client_unref(c);
-	ASSERT_EQ(fixture_stop(&f), 0);
+	open_two(t.c, t.m, &t.a, &t.b);
+	assert_tables(t.a, t.base, t.stride);
+	tables_stop(&t);
 }

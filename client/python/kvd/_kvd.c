@@ -205,10 +205,6 @@ static int view_getbuffer(PyObject *self, Py_buffer *b, int flags) {
 	return 0;
 }
 
-static void view_releasebuffer(PyObject *self, Py_buffer *b) {
-	(void)self, (void)b;
-}
-
 /* DLPack: the tensor keeps the View alive through manager_ctx. */
 static void dlpack_deleter(DLManagedTensor *t) {
 	PyGILState_STATE g = PyGILState_Ensure();
@@ -325,7 +321,6 @@ static PyType_Slot view_slots[] = {
 	{ Py_tp_methods, view_methods },
 	{ Py_tp_getset, view_getset },
 	{ Py_bf_getbuffer, view_getbuffer },
-	{ Py_bf_releasebuffer, view_releasebuffer },
 	{ 0, NULL },
 };
 
