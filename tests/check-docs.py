@@ -18,15 +18,24 @@ kvdctl.8.scd    every command of `kvdctl --help` (status, budget get, ...) has a
                 --help` appears as *--name*; no entry names a command or option that does
                 not exist;
 libkvd.3.scd    every function kvd/kvd.h exports (KVD_EXPORT) and its cleanup helpers are
-                named.
+                named;
+reference.md    is the text this script generates from the same answers and from the
+                /metrics scrape of a kvd it starts (host backend, one tenant declared):
+                tables of kvd's options, the config keys, kvdctl's commands and options,
+                and every metric family with its type, labels and help. With --write it
+                writes the file instead (tools/docs-reference).
 
-Usage: check-docs.py KVD KVDCTL KVD_8_SCD KVD_CONF_5_SCD KVDCTL_8_SCD KVD_H LIBKVD_3_SCD
+Usage: check-docs.py [--write] KVD KVDCTL KVD_8_SCD KVD_CONF_5_SCD KVDCTL_8_SCD KVD_H
+                     LIBKVD_3_SCD REFERENCE_MD
 """
+import difflib
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 failures = []
 
@@ -103,11 +112,135 @@ def check_default(page, name, body, default):
              f"'{(re.search(r'Default: [^.]*', body) or [None])[0]}'")
 
 
+def cell(text):
+    """Text for a Markdown table cell."""
+    return text.replace("|", "\\|")
+
+
+def scrape(kvd):
+    """The /metrics text of a kvd started here on the host backend with one tenant declared,
+    so that every family, the per-tenant ones included, has samples."""
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = os.path.join(tmp, "kvd.conf")
+        with open(conf, "w") as f:
+            f.write("[tenant example]\nmax = 64MiB\n")
+        metrics = os.path.join(tmp, "metrics.sock")
+        daemon = subprocess.Popen(
+            [kvd, "--backend", "host", "--socket", os.path.join(tmp, "kvd.sock"),
+             "--pool-size", "16MiB", "--state-dir", os.path.join(tmp, "state"),
+             "--config", conf, "--metrics-listen", "unix:" + metrics, "--log-level", "err"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with socket.socket(socket.AF_UNIX) as c:
+                        c.settimeout(30)
+                        c.connect(metrics)
+                        c.sendall(b"GET /metrics HTTP/1.1\r\nHost: kvd\r\n\r\n")
+                        answer = b""
+                        while chunk := c.recv(65536):
+                            answer += chunk
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    if daemon.poll() is not None or time.monotonic() > deadline:
+                        fail(f"kvd did not serve metrics: {daemon.stderr.read()}")
+                        return None
+                    time.sleep(0.05)
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
+    head, _, body = answer.decode().partition("\r\n\r\n")
+    if not head.startswith("HTTP/1.1 200"):
+        fail(f"GET /metrics: {head.splitlines()[:1]}")
+        return None
+    return body
+
+
+# Labels whose values are names of things on the node, not a fixed set.
+OPEN_LABELS = {"tenant", "version", "backend", "device", "le"}
+
+
+def metric_families(text):
+    """[(name, type, help, {label: [values]})] in the order of the scrape."""
+    families, by_name = [], {}
+    for line in text.splitlines():
+        m = re.match(r"^# HELP (\S+) (.*)$", line)
+        if m:
+            by_name[m.group(1)] = [m.group(1), None, m.group(2), {}]
+            families.append(by_name[m.group(1)])
+            continue
+        m = re.match(r"^# TYPE (\S+) (\S+)$", line)
+        if m:
+            by_name[m.group(1)][1] = m.group(2)
+            continue
+        m = re.match(r"^([a-z_]+?)(?:_bucket|_sum|_count)?(?:\{(.*)\})? \S+$", line)
+        if not m:
+            continue
+        fam = by_name.get(m.group(1)) or by_name.get(line.split("{")[0].split(" ")[0])
+        if not fam:
+            continue
+        for key, value in re.findall(r'([a-z_]+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""):
+            values = fam[3].setdefault(key, [])
+            if value not in values:
+                values.append(value)
+    return families
+
+
+def reference(options, keys, tenant_keys, commands, ctl_options, families):
+    out = ["# Reference", "",
+           "Generated from the programs themselves by `tools/docs-reference`: `kvd --help`,",
+           "`kvdctl --help` and the `/metrics` scrape of a running kvd. The `man-pages` test",
+           "fails when this file and the code differ. What each entry means in full is in",
+           "kvd(8), kvd.conf(5), kvdctl(8) and `docs/metrics.md`.", "",
+           "## kvd options", "",
+           "Every option but `--config`, `--check-config`, `--help` and `--version` is also a",
+           "key of kvd.conf's `[kvd]` section. Reloadable: `SIGHUP` applies a change at once;",
+           "the others need a restart.", "",
+           "| option | default | reloadable | key | meaning |",
+           "|---|---|---|---|---|"]
+    for name, (reloadable, default, lead, text) in options.items():
+        arg = lead.partition(f"--{name}")[2].replace(" *", "").strip()
+        meaning = re.sub(r"\s*\[[^\[\]]*\]$", "", text)
+        out.append(f"| `--{name}{' ' + arg if arg else ''}` | {cell(default or '')} | "
+                   f"{'yes' if reloadable else ''} | {'yes' if name in keys else ''} | "
+                   f"{cell(meaning)} |")
+    out += ["", "## kvd.conf tenant keys", "",
+            "The keys of a `[tenant NAME]` section; all are reloadable.", "",
+            "| key | default | meaning |", "|---|---|---|"]
+    for name, (default, lead, text) in tenant_keys.items():
+        meaning = re.sub(r"\s*\[[^\[\]]*\]$", "", text)
+        out.append(f"| `{cell(lead)}` | {cell(default or '')} | {cell(meaning)} |")
+    out += ["", "## kvdctl commands", "", "| command | what it does |", "|---|---|"]
+    for lead, text in commands:
+        out.append(f"| `{cell(lead)}` | {cell(text)} |")
+    out += ["", "## kvdctl options", "", "| option | meaning |", "|---|---|"]
+    for lead, text in ctl_options:
+        out.append(f"| `{cell(lead)}` | {cell(text)} |")
+    out += ["", "## Metrics", "",
+            "Labels list their values where the set is fixed; `tenant` names each tenant,",
+            "`device` each pooled GPU's ordinal (0 on host).", "",
+            "| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for name, kind, help_text, labels in families:
+        parts = []
+        for key, values in labels.items():
+            if key == "le":
+                continue
+            parts.append(f"`{key}`" if key in OPEN_LABELS else
+                         f"`{key}`: {', '.join(f'`{v}`' for v in values)}")
+        out.append(f"| `{name}` | {kind} | {'; '.join(parts)} | {cell(help_text)} |")
+    return "\n".join(out) + "\n"
+
+
 def main():
-    if len(sys.argv) != 8:
-        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+    args = sys.argv[1:]
+    write = args[:1] == ["--write"]
+    if write:
+        args = args[1:]
+    if len(args) != 8:
+        print(__doc__.strip().split("Usage: ")[1], file=sys.stderr)
         return 2
-    kvd, kvdctl, kvd8, kvdconf5, kvdctl8, kvd_h, libkvd3 = sys.argv[1:]
+    kvd, kvdctl, kvd8, kvdconf5, kvdctl8, kvd_h, libkvd3, reference_md = args
 
     # ---- kvd --help ----
     rc, out, err = run([kvd, "--help"])
@@ -118,18 +251,18 @@ def main():
     if not rest:
         fail("kvd --help no longer lists the tenant keys after "
              "'Each tenant is a [tenant NAME] section, with:'")
-    options = {}  # name -> (reloadable, default)
+    options = {}  # name -> (reloadable, default, lead, text)
     for lead, text in help_entries(head):
         m = re.match(r"^(?:-h, )?--([a-z][a-z0-9-]*)(\[=[A-Z|]+\]| [A-Z|]+)?( \*)?$", lead)
         if not m:
             continue
-        options[m.group(1)] = (bool(m.group(3)), default_of(text))
-    tenant_keys = {}  # name -> default
+        options[m.group(1)] = (bool(m.group(3)), default_of(text), lead, text)
+    tenant_keys = {}  # name -> (default, lead, text)
     for lead, text in help_entries(rest):
         m = re.match(r"^([a-z][a-z-]*) = \S+$", lead)
         if not m:
             break
-        tenant_keys[m.group(1)] = default_of(text)
+        tenant_keys[m.group(1)] = (default_of(text), lead, text)
     for must in ("pool-size", "budget", "config", "check-config", "help", "version"):
         if must not in options:
             fail(f"parsing kvd --help found no --{must}: options {sorted(options)}")
@@ -157,7 +290,7 @@ def main():
     # ---- kvd.8 ----
     scd = section(read(kvd8), "kvd.8.scd", "OPTIONS")
     doc = entries(scd, r"^\*(?:-h\*, \*)?--([a-z][a-z0-9-]*)\*")
-    for name, (reloadable, default) in options.items():
+    for name, (reloadable, default, _, _) in options.items():
         if name not in doc:
             fail(f"kvd.8.scd: no entry for --{name}")
             continue
@@ -175,7 +308,7 @@ def main():
     kvd_part = section(scd, "kvd.conf.5.scd", "THE [kvd] SECTION")
     tenant_part = section(scd, "kvd.conf.5.scd", "TENANT SECTIONS")
     doc = entries(kvd_part, r"^\*([a-z][a-z0-9-]*)\* = ")
-    for name, (reloadable, default) in keys.items():
+    for name, (reloadable, default, _, _) in keys.items():
         if name not in doc:
             fail(f"kvd.conf.5.scd: no entry for the [kvd] key {name}")
             continue
@@ -188,7 +321,7 @@ def main():
         if name not in keys:
             fail(f"kvd.conf.5.scd: an entry for {name}, which is not a key of [kvd]")
     doc = entries(tenant_part, r"^\*([a-z][a-z0-9-]*)\* = ")
-    for name, default in tenant_keys.items():
+    for name, (default, _, _) in tenant_keys.items():
         if name not in doc:
             fail(f"kvd.conf.5.scd: no entry for the tenant key {name}")
             continue
@@ -205,11 +338,13 @@ def main():
         fail(f"kvdctl --help exited {rc}, kvdctl score --help {rc2}: {err}{err2}")
         return 1
     commands_part = out.partition("Commands:\n")[2].partition("\n\n")[0]
+    command_entries = help_entries(commands_part)
     commands = []
-    for line in commands_part.splitlines():
-        m = re.match(r"^  ([a-z]+)(?: ([a-z]+)\b)?", line)
+    for lead, _ in command_entries:
+        m = re.match(r"^([a-z]+)(?: ([a-z]+)\b)?", lead)
         if m:
             commands.append(" ".join(w for w in m.groups() if w))
+    options_part = out.partition("Options:\n")[2].partition("\n\n")[0]
     ctl_options = set(re.findall(r"^  (?:-h )?--([a-z][a-z0-9-]*)", out + score_out, re.M))
     if len(commands) < 5 or "budget get" not in commands or "score" not in commands:
         fail(f"parsing kvdctl --help found the commands {commands}")
@@ -242,6 +377,31 @@ def main():
         if not re.search(rf"\*{fn}\*", scd):
             fail(f"libkvd.3.scd: does not name {fn}, which kvd/kvd.h exports")
     print(f"kvd.h: {len(functions)} functions")
+
+    # ---- reference.md ----
+    text = scrape(kvd)
+    if text is None:
+        return 1
+    families = metric_families(text)
+    if not any(f[0] == "kvd_tenant_used_bytes" for f in families):
+        fail(f"the scrape has no per-tenant families: {[f[0] for f in families]}")
+    generated = reference(options, keys, tenant_keys, command_entries,
+                          help_entries(options_part), families)
+    if write:
+        with open(reference_md, "w", encoding="utf-8") as f:
+            f.write(generated)
+        print(f"wrote {reference_md}")
+    else:
+        try:
+            current = read(reference_md)
+        except FileNotFoundError:
+            current = ""
+        if current != generated:
+            sys.stderr.writelines(difflib.unified_diff(
+                current.splitlines(True), generated.splitlines(True),
+                reference_md, "generated"))
+            fail(f"{reference_md} differs from what the code says: run tools/docs-reference")
+    print(f"reference: {len(options)} options, {len(families)} metric families")
 
     if failures:
         print(f"{len(failures)} mismatches between the man pages and the code", file=sys.stderr)

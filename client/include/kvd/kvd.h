@@ -620,17 +620,18 @@ KVD_EXPORT int kvd_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head,
 KVD_EXPORT int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_local);
 
 /*
- * Administrative requests, allowed on any connection.
- * kvd_budget_set: sets the node budget in bytes (at most the pool; may be below what is in
- * use, in which case grants fail until use drops).
+ * Administrative requests: for root and the daemon's admin group (--admin-group); others
+ * get -EPERM.
+ * kvd_budget_set: sets the node budget in bytes (at most the pool; below what is in use,
+ * the daemon starts an eviction round at once that frees down to its low watermark).
  * kvd_tenant_set: creates or changes a tenant's guaranteed minimum, cap and weight (1..10000);
  * pass KVD_TENANT_KEEP (bytes) or 0 (weight) to leave a value unchanged, and
  * KVD_TENANT_NO_CAP as max_bytes to lift the cap. A new tenant starts with min 0, no cap
  * and weight 1. The min may not exceed the max nor the pool.
  * Both are live changes (see below). Return 0; 1 when the daemon applied the change but
  * could not save it, so that it will not survive a restart (kvd_client_last_error() says
- * why); or -EINVAL (out of range, bad name), -EUSERS (too many tenants), -ENOMEM,
- * -ECONNRESET, -ECHILD.
+ * why); or -EINVAL (out of range, bad name), -EPERM (not root nor in the admin group),
+ * -EUSERS (too many tenants), -ENOMEM, -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_budget_set(kvd_client *c, uint64_t bytes);
 KVD_EXPORT int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
