@@ -19,6 +19,7 @@
 #include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "fixture.h"
@@ -58,8 +59,9 @@ struct proc {
 	int in, out, err; /* our ends; -1 when closed */
 };
 
-/* Starts argv[0] with pipes for stdin, stdout (or out_fd when >= 0) and stderr; with
- * socket_env, $KVD_SOCKET is set to it, else removed. */
+/* Starts argv[0] with pipes for stdin, stdout and stderr, or with out_fd (a terminal) as
+ * stdin and stdout when it is >= 0; with socket_env, $KVD_SOCKET is set to it, else
+ * removed. */
 static void proc_start(struct proc *p, char *const argv[], const char *socket_env, int out_fd) {
 	int in[2], out[2] = { -1, -1 }, err[2];
 
@@ -74,7 +76,7 @@ static void proc_start(struct proc *p, char *const argv[], const char *socket_en
 		else
 			unsetenv("KVD_SOCKET");
 		signal(SIGPIPE, SIG_DFL);
-		if (dup2(in[0], 0) < 0 || dup2(out_fd >= 0 ? out_fd : out[1], 1) < 0 ||
+		if (dup2(out_fd >= 0 ? out_fd : in[0], 0) < 0 || dup2(out_fd >= 0 ? out_fd : out[1], 1) < 0 ||
 		    dup2(err[1], 2) < 0)
 			_exit(127);
 		execvp(argv[0], argv);
@@ -853,9 +855,11 @@ TEST(top_live_on_a_pipe) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
-TEST(top_live_on_a_terminal) {
+/* top on a terminal until Ctrl-C (SIGINT), or until q is typed. */
+static void top_on_a_terminal(bool quit_key) {
 	char *argv[] = { getenv("KVDCTL"), "--socket", NULL, "top", "--interval", "0.1", NULL };
 	static struct run r;
+	struct termios tio;
 	struct fixture f;
 	struct holder a;
 	struct proc p;
@@ -887,8 +891,23 @@ TEST(top_live_on_a_terminal) {
 	ASSERT_CONTAINS(r.out, "\033[H");
 	ASSERT_CONTAINS(r.out, "\033[K");
 	ASSERT_CONTAINS(r.out, "\nalpha ");
-	kill(p.pid, SIGINT);
+	/* Keys come unbuffered and unechoed while it runs. */
+	ASSERT_OK(tcgetattr(master, &tio));
+	ASSERT_FALSE(tio.c_lflag & (ICANON | ECHO));
+	if (quit_key) {
+		/* Another key changes nothing: frames go on until q. */
+		ASSERT_EQ(write(master, "x", 1), 1);
+		len = 0;
+		r.out[0] = 0;
+		ASSERT_TRUE(proc_wait_output(&p, &master, &r, &len, "rates over", 10000));
+		ASSERT_EQ(write(master, "q", 1), 1);
+	} else {
+		kill(p.pid, SIGINT);
+	}
 	ASSERT_TRUE(proc_wait_output(&p, &master, &r, &len, "\033[?25h", 10000));
+	/* The terminal's settings are given back before the cursor. */
+	ASSERT_OK(tcgetattr(master, &tio));
+	ASSERT_TRUE((tio.c_lflag & (ICANON | ECHO)) == (ICANON | ECHO));
 	proc_finish(&p, &master, NULL, &r, len);
 	ASSERT_EXIT(&r, 0);
 	/* The cursor is given back, last. */
@@ -896,4 +915,12 @@ TEST(top_live_on_a_terminal) {
 
 	unhold(&a);
 	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(top_live_on_a_terminal) {
+	top_on_a_terminal(false);
+}
+
+TEST(top_quits_on_q) {
+	top_on_a_terminal(true);
 }

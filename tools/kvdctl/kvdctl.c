@@ -53,7 +53,7 @@ void help(void) {
 	       "                           after its tenant-forget time\n"
 	       "  top [--interval SECONDS] [--once] [--json]\n"
 	       "                           Per-tenant usage, share of the budget and rates,\n"
-	       "                           redrawn in place until Ctrl-C\n"
+	       "                           redrawn in place until q or Ctrl-C\n"
 	       "  evict [--tenant NAME] [--bytes SIZE]\n"
 	       "                           Run an eviction round now and wait for it: free SIZE\n"
 	       "                           (default: down to the low watermark) from NAME\n"

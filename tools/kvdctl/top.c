@@ -22,12 +22,14 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -459,6 +461,10 @@ static int top_json(FILE *f, const void *userdata) {
 
 /* Whether frames are drawn in place on a terminal (the cursor is hidden meanwhile). */
 static int screen;
+/* Whether keys are read from a terminal on stdin, unbuffered and unechoed meanwhile: its
+ * settings before, to give back. */
+static int keys;
+static struct termios keys_saved;
 
 static void on_signal(int sig) {
 	/* The first signal ends the loop after the current step. A second one means that step
@@ -466,11 +472,45 @@ static void on_signal(int sig) {
 	if (quit_signal) {
 		static const char restore[] = ESC_SHOW_CURSOR "\n";
 
+		if (keys)
+			(void)tcsetattr(STDIN_FILENO, TCSANOW, &keys_saved);
 		if (screen)
 			(void)!write(STDOUT_FILENO, restore, sizeof(restore) - 1);
 		_exit(128 + sig);
 	}
 	quit_signal = sig;
+}
+
+/* Reads keys one at a time from a terminal on stdin (q quits), leaving Ctrl-C to the
+ * terminal's signals. */
+static void keys_begin(void) {
+	struct termios t;
+
+	if (!isatty(STDIN_FILENO) || tcgetattr(STDIN_FILENO, &keys_saved) < 0)
+		return;
+	t = keys_saved;
+	t.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+	t.c_cc[VMIN] = 1;
+	t.c_cc[VTIME] = 0;
+	keys = tcsetattr(STDIN_FILENO, TCSANOW, &t) == 0;
+}
+
+static void keys_end(void) {
+	if (keys)
+		(void)tcsetattr(STDIN_FILENO, TCSANOW, &keys_saved);
+	keys = 0;
+}
+
+/* Takes the keys typed so far: q (or Q) quits; others are ignored. */
+static void keys_read(void) {
+	char b[64];
+	ssize_t n = read(STDIN_FILENO, b, sizeof(b));
+
+	if (n == 0)
+		keys_end(); /* the terminal hung up: nothing more to read */
+	for (ssize_t i = 0; i < n; i++)
+		if (b[i] == 'q' || b[i] == 'Q')
+			quit_signal = SIGTERM;
 }
 
 /*
@@ -540,13 +580,26 @@ static int render(int (*write_fn)(FILE *f, const void *userdata), const void *us
 	return 0;
 }
 
-/* Sleeps until deadline (CLOCK_MONOTONIC, usec); returns early when a signal asks to quit. */
+/* Sleeps until deadline (CLOCK_MONOTONIC, usec); returns early when a signal or q asks to
+ * quit. */
 static void sleep_until(uint64_t deadline) {
 	struct timespec ts = {
 		.tv_sec = (time_t)(deadline / 1000000u),
 		.tv_nsec = (long)(deadline % 1000000u) * 1000,
 	};
 
+	while (!quit_signal && keys) {
+		uint64_t now = now_usec();
+		struct timespec left;
+		struct pollfd pfd = { .fd = STDIN_FILENO, .events = POLLIN };
+
+		if (now >= deadline)
+			return;
+		left = (struct timespec){ .tv_sec = (time_t)((deadline - now) / 1000000u),
+			                  .tv_nsec = (long)((deadline - now) % 1000000u) * 1000 };
+		if (ppoll(&pfd, 1, &left, NULL) > 0)
+			keys_read();
+	}
 	while (!quit_signal && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 		;
 }
@@ -614,6 +667,7 @@ static int top_loop(kvd_client *c) {
 
 	screen = isatty(STDOUT_FILENO);
 	if (screen) {
+		keys_begin();
 		fputs(ESC_HIDE_CURSOR ESC_CLEAR_SCREEN, stdout);
 		fflush(stdout);
 	}
@@ -671,6 +725,7 @@ static int top_loop(kvd_client *c) {
 	}
 
 	if (screen) {
+		keys_end();
 		fputs(ESC_SHOW_CURSOR, stdout);
 		fflush(stdout);
 	}
