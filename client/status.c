@@ -52,6 +52,7 @@ struct kvd_status {
 	char *backend;
 	char *budget_source;
 	char *state_error;
+	char *warnings;
 	uint32_t n_tenants;
 	struct status_tenant *tenants;
 };
@@ -101,6 +102,8 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 	if (rep->backend && !(st->backend = strdup(rep->backend)))
 		return -ENOMEM;
 	if (rep->budget_source && !(st->budget_source = strdup(rep->budget_source)))
+		return -ENOMEM;
+	if (rep->warnings && !(st->warnings = strdup(rep->warnings)))
 		return -ENOMEM;
 	if (rep->state_error && !(st->state_error = strdup(rep->state_error)))
 		return -ENOMEM;
@@ -167,6 +170,7 @@ kvd_status *kvd_status_free(kvd_status *st) {
 	free(st->backend);
 	free(st->budget_source);
 	free(st->state_error);
+	free(st->warnings);
 	free(st);
 	return NULL;
 }
@@ -244,6 +248,8 @@ int kvd_status_str(const kvd_status *st, const char *key, const char **ret) {
 		v = st->budget_source;
 	else if (strcmp(key, "state_error") == 0)
 		v = st->state_error;
+	else if (strcmp(key, "warnings") == 0)
+		v = st->warnings;
 	if (!v)
 		return -ENOENT;
 	*ret = v;

@@ -251,6 +251,7 @@ int admin_new(struct server *s, struct settings *cfg, const struct settings *fla
 	}
 	apply_budget(a);
 	apply_tenants(a, false);
+	warnings_update(s);
 	if (dirty)
 		save(a, NULL, 0);
 	log_info("%s %s: %" PRIu32 " tenants; live settings in %s: %s budget, %" PRIu32 " tenants",
@@ -378,6 +379,7 @@ void admin_reload(struct admin *a) {
 			log_error("cannot add tenant %s, ignoring", a->cfg.tenants[i].name);
 	}
 	apply_tenants(a, true);
+	warnings_update(s);
 	settings_done(&old);
 	log_notice("reloaded %s: budget %s (%s), %" PRIu32 " tenants in the file",
 	           config_name(a), size_format(s->pool->budget_bytes, now, sizeof(now)),
@@ -398,12 +400,14 @@ int admin_budget_set(struct admin *a, uint64_t bytes, char *why, size_t why_n) {
 	a->state->has_budget = true;
 	a->state->budget = bytes;
 	apply_budget(a);
+	warnings_update(a->srv);
 	return save(a, why, why_n);
 }
 
 int admin_budget_reset(struct admin *a, char *why, size_t why_n) {
 	a->state->has_budget = false;
 	apply_budget(a);
+	warnings_update(a->srv);
 	return save(a, why, why_n);
 }
 
@@ -434,6 +438,7 @@ int admin_tenant_set(struct admin *a, struct tenant *t, const struct state_tenan
 		lt->policy = change->policy;
 	}
 	apply_tenant(a, t, false);
+	warnings_update(a->srv);
 	return save(a, why, why_n);
 }
 
@@ -446,6 +451,7 @@ int admin_tenant_reset(struct admin *a, const char *name, char *why, size_t why_
 	}
 	state_tenant_remove(a->state, name);
 	apply_tenant(a, t, false);
+	warnings_update(a->srv);
 	return save(a, why, why_n);
 }
 

@@ -1173,6 +1173,9 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 	rep.refused = refused_ptrs;
 	rep.budget_source = (char *)admin_budget_source(s->admin);
 	rep.state_error = (char *)admin_state_error(s->admin);
+	/* What tenants hold changes without any setting changing: look again. */
+	warnings_update(s);
+	rep.warnings = (char *)warnings_text(s);
 	for (uint32_t i = 0; i < n; i++) {
 		const struct tenant *t = s->tenants.tenants[i];
 

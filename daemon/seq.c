@@ -247,3 +247,12 @@ static const void *daemon_block_addr(void *userdata, struct kvd_block_ref ref) {
 int seq_digest(const struct seq *s, struct pool *p, uint64_t *ret_digest, uint64_t *ret_bytes) {
 	return layout_digest(s->desc, s->desc, daemon_block_addr, p, ret_digest, ret_bytes);
 }
+
+uint64_t seq_resident_bytes(const struct seq *s) {
+	struct kvd_seq_desc *d = s->desc;
+	uint64_t blocks = d->moments_blocks ? (uint64_t)d->moments_blocks * d->moments_bytes : 0;
+
+	for (uint32_t t = 0; t < d->n_tables; t++)
+		blocks += (uint64_t)DIV_ROUND_UP(desc_tokens(d)[t], d->block_tokens) * d->block_bytes;
+	return blocks;
+}

@@ -89,6 +89,9 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
  * to *emptied. */
 void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied);
 
+/* Bytes of the blocks that hold the sequence's resident tokens (and its moments). */
+uint64_t seq_resident_bytes(const struct seq *s);
+
 /* Digest of the resident K/V through the daemon's mapping (see kvd_seq_digest). */
 int seq_digest(const struct seq *s, struct pool *p, uint64_t *ret_digest, uint64_t *ret_bytes);
 

@@ -16,6 +16,7 @@
 #include "pool.h"
 #include "seq.h"
 #include "tenant.h"
+#include "warnings.h"
 #include "basic/time-util.h"
 
 struct admin;
@@ -165,6 +166,7 @@ struct server {
 	uint64_t stop_ms;
 	uint32_t ring_doorbell;       /* RING_DOORBELL_*: limits.ring_doorbell, resolved at start */
 	uint32_t n_hot;               /* connections the poller reads itself (conn.h) */
+	char warnings[WARNINGS_MAX];  /* standing warnings, one per line (warnings.h) */
 	struct loop_poller poller;    /* the rings, and the spin before sleeping (loop.h) */
 };
 

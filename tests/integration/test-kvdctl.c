@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -218,6 +219,13 @@ static struct run *kvdctl(const char *socket, const char *fmt, ...) {
 		const char *_h = (hay), *_n = (needle);                                       \
 		if (!strstr(_h, _n))                                                          \
 			test_fail(__FILE__, __LINE__, "expected \"%s\" in:\n%s", _n, _h);      \
+	} while (0)
+
+#define ASSERT_NOT_CONTAINS(hay, needle)                                                      \
+	do {                                                                                  \
+		const char *_h = (hay), *_n = (needle);                                       \
+		if (strstr(_h, _n))                                                           \
+			test_fail(__FILE__, __LINE__, "did not expect \"%s\" in:\n%s", _n, _h); \
 	} while (0)
 
 /*
@@ -923,4 +931,69 @@ TEST(top_live_on_a_terminal) {
 
 TEST(top_quits_on_q) {
 	top_on_a_terminal(true);
+}
+
+/* ---- Standing warnings ---- */
+
+TEST(standing_warnings) {
+	static const char config[] = "[kvd]\npool-size = 16MiB\nchunk-size = 1MiB\nbudget = 8MiB\n"
+	                             "[tenant alpha]\nmin = 6MiB\n[tenant beta]\nmin = 4MiB\n";
+	static const char *const mins = "guaranteed minimums (10.0 MiB together) exceed the budget (8.0 MiB)";
+	static const char *const cap = "tenant gamma: its cap (2.0 MiB) is below the 3.0 MiB it holds "
+	                               "in sequences no round can evict";
+	struct fixture f;
+	struct holder g;
+	struct run *r;
+
+	fixture_setup(&f, config, true);
+	fixture_launch(&f, NULL);
+	/* Minimums above the budget: logged once at start, shown while they hold. */
+	r = kvdctl(f.socket, "status");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "\n  warning: the tenants' ");
+	ASSERT_CONTAINS(r->out, mins);
+	r = kvdctl(f.socket, "status --json");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "\"warnings\": [\n    \"the tenants' ");
+	ASSERT_EQ(fixture_log_count(&f, mins), 1u);
+	ASSERT_EXIT(kvdctl(f.socket, "tenant set beta --min 0"), 0);
+	r = kvdctl(f.socket, "status --json");
+	ASSERT_EXIT(r, 0);
+	ASSERT_NOT_CONTAINS(r->out, "\"warnings\"");
+
+	/* A cap below what a tenant holds in sequences without an eviction unit. */
+	hold(&g, &f, "gamma", 3);
+	ASSERT_EXIT(kvdctl(f.socket, "tenant set gamma --max 2MiB"), 0);
+	ASSERT_TRUE(fixture_wait_log(&f, cap, 1));
+	r = kvdctl(f.socket, "status");
+	ASSERT_CONTAINS(r->out, cap);
+	r = kvdctl(f.socket, "top --once --interval 0.1");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, cap);
+	/* Gone once it no longer holds them; logged only the once. */
+	unhold(&g);
+	r = kvdctl(f.socket, "status");
+	ASSERT_NOT_CONTAINS(r->out, "warning:");
+	ASSERT_EQ(fixture_log_count(&f, cap), 1u);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+static uint64_t physical_memory(void) {
+	return (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+TEST(host_pool_above_memory_warns) {
+	char pool[32];
+	struct fixture f;
+	struct run *r;
+
+	/* Chunks are made at their first grant: a pool past memory costs nothing until used. */
+	snprintf(pool, sizeof(pool), "%" PRIu64 "GiB", physical_memory() / (1u << 30) + 2);
+	fixture_setup(&f, NULL, true);
+	fixture_launch(&f, (const char *const[]){ "--backend", "host", "--pool-size", pool,
+	                                          "--chunk-size", "1GiB", NULL });
+	ASSERT_TRUE(fixture_wait_log(&f, "is larger than physical memory", 1));
+	r = kvdctl(f.socket, "status");
+	ASSERT_CONTAINS(r->out, "warning: the host pool (");
+	ASSERT_EQ(fixture_stop(&f), 0);
 }

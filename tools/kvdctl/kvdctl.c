@@ -195,7 +195,7 @@ static const char *const node_u64_keys[] = {
 	"connections",    "protocol_version", "uptime_ms",       "grants_refused",
 	"protocol_errors",  "access_refused",   "uid_connections_refused", "rounds_total",
 	"unmap_timeouts",   "unmap_disconnects", "engine_events_done", "sequences",
-	"sequences_max",    "metadata_bytes",   "metadata_max_bytes",
+	"sequences_max",    "metadata_bytes",   "metadata_max_bytes", "last_round_us",
 };
 
 static const char *const node_str_keys[] = {
@@ -204,6 +204,28 @@ static const char *const node_str_keys[] = {
 	"budget_source",
 	"state_error",
 };
+
+/* The daemon's standing warnings: ",\n  "warnings": [...]", one string each; nothing when
+ * there are none. */
+static int warnings_json_write(FILE *f, const kvd_status *st) {
+	const char *text, *line, *end;
+
+	if (status_str(st, "warnings", &text) != 0 || !*text)
+		return 0;
+	fprintf(f, ",\n  \"warnings\": [");
+	for (line = text; *line; line = *end ? end + 1 : end) {
+		_cleanup_(freep) char *one = NULL;
+
+		end = strchrnul(line, '\n');
+		one = strndup(line, (size_t)(end - line));
+		if (!one)
+			return -ENOMEM;
+		fprintf(f, "%s\n    ", line == text ? "" : ",");
+		json_string(f, one);
+	}
+	fprintf(f, "\n  ]");
+	return 0;
+}
 
 static int status_json_write(FILE *f, const void *userdata) {
 	const kvd_status *st = userdata;
@@ -215,11 +237,9 @@ static int status_json_write(FILE *f, const void *userdata) {
 			    ELEMENTSOF(node_str_keys));
 	if (r < 0)
 		return r;
-	r = status_u64(st, "last_round_us", &v);
+	r = warnings_json_write(f, st);
 	if (r < 0)
 		return r;
-	if (r == 0)
-		fprintf(f, ",\n  \"last_round_ms\": %.3f", (double)v / 1000.0);
 	/* Refusals at each limit, by the daemon's names: an object, so new limits add keys. */
 	fprintf(f, ",\n  \"refused\": {");
 	for (uint32_t i = 0; i < kvd_status_refusals(st); i++) {
@@ -296,6 +316,7 @@ static int status_table_write(FILE *f, const void *userdata) {
 		fmt_size(st, "budget_bytes", a, sizeof(a)), fmt_percent(budget, pool, b, sizeof(b)),
 		budget_source(st));
 	state_error_line(f, st, "  ", 13, "live state");
+	warnings_lines(f, st, "  ");
 	if (status_u64(st, "used_bytes", &v) == 0)
 		fprintf(f, "  %-13s %-11s %s of budget (chunks held by tenants)\n", "used",
 			size_format(v, a, sizeof(a)), fmt_percent(v, budget, b, sizeof(b)));

@@ -51,6 +51,8 @@ void help(void);
  */
 int status_u64(const kvd_status *st, const char *key, uint64_t *ret);
 int status_str(const kvd_status *st, const char *key, const char **ret);
+/* The daemon's standing warnings, each on a line "<indent>warning: ..."; none, nothing. */
+void warnings_lines(FILE *f, const kvd_status *st, const char *indent);
 int status_tenant_u64(const kvd_status *st, uint32_t t, const char *key, uint64_t *ret);
 int status_tenant_str(const kvd_status *st, uint32_t t, const char *key, const char **ret);
 

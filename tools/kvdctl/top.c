@@ -274,6 +274,7 @@ static int top_text(FILE *f, const void *userdata) {
 	fputc('\n', f);
 	if (status_str(st, "state_error", &s) == 0 && *s)
 		fprintf(f, "warning: live changes are not saved (lost on restart): %s\n", s);
+	warnings_lines(f, st, "");
 
 	/* Line 3: connections and the node's counters, with rates where they can be had. */
 	if (status_u64(st, "connections", &v) == 0)

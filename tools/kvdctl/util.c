@@ -609,3 +609,15 @@ int output_flush(void) {
 	}
 	return EXIT_OK;
 }
+
+/* The daemon's standing warnings, each on a line "<indent>warning: ...". */
+void warnings_lines(FILE *f, const kvd_status *st, const char *indent) {
+	const char *text, *line, *end;
+
+	if (status_str(st, "warnings", &text) != 0)
+		return;
+	for (line = text; *line; line = *end ? end + 1 : end) {
+		end = strchrnul(line, '\n');
+		fprintf(f, "%swarning: %.*s\n", indent, (int)(end - line), line);
+	}
+}

@@ -696,8 +696,10 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           kvd_status_refusal() lists them all);
  *           strings "daemon_version", "backend", "budget_source": where the budget
  *           comes from, "default", "config", "flag" (kvd --budget) or "live" (set with
- *           kvdctl, kept in the state file), and "state_error": why live changes cannot
- *           be saved (present only while they cannot);
+ *           kvdctl, kept in the state file), "state_error": why live changes cannot
+ *           be saved (present only while they cannot), and "warnings": the daemon's
+ *           standing warnings about its settings, one per line (present only while there
+ *           are some; see kvd(8), WARNINGS);
  *   tenant: "used_bytes", "block_bytes", "min_bytes", "max_bytes" (UINT64_MAX: no cap),
  *           "weight", "sequences", "connections", "chunks", "evicted_bytes" (block bytes
  *           evicted from it), "evicted_tokens" (token slots, summed over tables),

@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: MIT */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "basic/size.h"
+#include "conn.h"
+#include "log.h"
+#include "pool.h"
+#include "seq.h"
+#include "server.h"
+#include "warnings.h"
+
+struct text {
+	char *buf;
+	size_t len;
+	bool cut;
+};
+
+static void add(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add(struct text *t, const char *fmt, ...) {
+	static const char more[] = "(more warnings left out)\n";
+	char line[512];
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if (n < 0 || t->cut)
+		return;
+	if (t->len + strlen(line) + 1 + sizeof(more) > WARNINGS_MAX) {
+		memcpy(t->buf + t->len, more, sizeof(more));
+		t->len += sizeof(more) - 1;
+		t->cut = true;
+		return;
+	}
+	t->len += (size_t)snprintf(t->buf + t->len, WARNINGS_MAX - t->len, "%s\n", line);
+}
+
+static uint64_t physical_memory(void) {
+	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+
+	return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+/* Bytes tenant t holds in sequences of models without an eviction unit. */
+static uint64_t unevictable_bytes(const struct server *s, const struct tenant *t) {
+	uint64_t bytes = 0;
+
+	for (const struct conn *c = s->conns; c; c = c->next) {
+		if (c->tenant != t)
+			continue;
+		for (const struct seq *q = c->seqs; q; q = q->next)
+			if (q->model->unit == KVD_UNIT_NONE)
+				bytes += seq_resident_bytes(q);
+	}
+	return bytes;
+}
+
+static void compute(const struct server *s, struct text *t) {
+	const struct pool *p = s->pool;
+	uint64_t mem = physical_memory(), mins = 0;
+	char a[32], b[32];
+
+	if (p->ops->host_access && mem && p->pool_bytes > mem)
+		add(t, "the host pool (%s) is larger than physical memory (%s): chunks written "
+		    "past it swap, or the OOM killer ends a process",
+		    size_format(p->pool_bytes, a, sizeof(a)), size_format(mem, b, sizeof(b)));
+	for (uint32_t i = 0; i < s->tenants.n; i++)
+		mins += s->tenants.tenants[i]->min_bytes;
+	if (mins > p->budget_bytes)
+		add(t, "the tenants' guaranteed minimums (%s together) exceed the budget (%s): "
+		    "eviction cannot honour them all",
+		    size_format(mins, a, sizeof(a)), size_format(p->budget_bytes, b, sizeof(b)));
+	for (uint32_t i = 0; i < s->tenants.n; i++) {
+		const struct tenant *tn = s->tenants.tenants[i];
+		uint64_t held;
+
+		if (tn->max_bytes == KVD_TENANT_NO_CAP || tn->used_bytes <= tn->max_bytes)
+			continue;
+		held = unevictable_bytes(s, tn);
+		if (held > tn->max_bytes)
+			add(t, "tenant %s: its cap (%s) is below the %s it holds in sequences no round "
+			    "can evict (models without an eviction unit): it stays over the cap until "
+			    "it releases them",
+			    tn->name, size_format(tn->max_bytes, a, sizeof(a)),
+			    size_format(held, b, sizeof(b)));
+	}
+}
+
+void warnings_update(struct server *s) {
+	char buf[WARNINGS_MAX];
+	struct text t = { .buf = buf };
+	const char *line, *end;
+
+	buf[0] = 0;
+	compute(s, &t);
+	/* Each warning is logged when it appears, not again while it holds. */
+	for (line = buf; *line; line = end + 1) {
+		end = strchr(line, '\n');
+		if (!memmem(s->warnings, strlen(s->warnings), line, (size_t)(end - line + 1)))
+			log_warning("%.*s", (int)(end - line), line);
+	}
+	memcpy(s->warnings, buf, t.len + 1);
+}
+
+const char *warnings_text(const struct server *s) {
+	return s->warnings[0] ? s->warnings : NULL;
+}
