@@ -14,6 +14,10 @@ static inline uint64_t now_ns(void) {
 	return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
 }
 
+static inline uint64_t now_us(void) {
+	return now_ns() / 1000;
+}
+
 static inline uint64_t now_ms(void) {
 	return now_ns() / 1000000;
 }

@@ -301,6 +301,7 @@ struct eviction_round {
 	double predicted_error;
 	char *trigger; /* NULL: not sent */
 	char *error;   /* NULL: the round did not fail */
+	char *note;    /* NULL: it gave chunks back, or failed */
 	uint32_t n_tenants;
 	struct round_tenant *tenants;
 };
@@ -319,6 +320,8 @@ static int round_copy(const Kvd__V1__Round *in, struct eviction_round *out) {
 	if (in->trigger && !(out->trigger = strdup(in->trigger)))
 		return -ENOMEM;
 	if (in->error && !(out->error = strdup(in->error)))
+		return -ENOMEM;
+	if (in->note && !(out->note = strdup(in->note)))
 		return -ENOMEM;
 
 	if (in->n_tenants == 0)
@@ -368,6 +371,7 @@ kvd_evictions *kvd_evictions_free(kvd_evictions *e) {
 		free(rd->tenants);
 		free(rd->trigger);
 		free(rd->error);
+		free(rd->note);
 	}
 	free(e->rounds);
 	free(e);
@@ -438,6 +442,8 @@ int kvd_evictions_str(const kvd_evictions *e, uint32_t round, const char *key,
 		v = e->rounds[round].trigger;
 	else if (strcmp(key, "error") == 0)
 		v = e->rounds[round].error;
+	else if (strcmp(key, "note") == 0)
+		v = e->rounds[round].note;
 	if (!v)
 		return -ENOENT;
 	*ret = v;

@@ -238,7 +238,7 @@ int conn_send(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds
 		/* A client that does not read what it is sent would make us buffer forever. */
 		free(t->frame);
 		free(t);
-		c->srv->refused[LIMIT_SEND_QUEUE]++;
+		server_refused(c->srv, c, LIMIT_SEND_QUEUE);
 		conn_close(c, "client does not read its replies (send queue full)");
 		return -ENOBUFS;
 	}
@@ -350,7 +350,7 @@ static bool conn_dispatch_frames(struct conn *c) {
 		if (r < 0) {
 			c->srv->protocol_errors++;
 			if (r == -EMSGSIZE)
-				c->srv->refused[LIMIT_FRAME]++;
+				server_refused(c->srv, c, LIMIT_FRAME);
 			(void)envelope_reply_status(c, 0, r,
 			                  r == -EMSGSIZE ? "frame larger than 64 KiB" : "bad frame header");
 			c->close_when_sent = true;
@@ -504,8 +504,9 @@ void conn_close(struct conn *c, const char *why) {
 	if (c->closing)
 		return;
 	if (why)
-		log_info("connection %llu (pid %d, tenant %s): closing: %s", (unsigned long long)c->id,
-		         (int)c->cred.pid, c->tenant ? c->tenant->name : "-", why);
+		log_info("connection %llu (pid %d, uid %u, tenant %s): closing: %s",
+		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
+		         c->tenant ? c->tenant->name : "-", why);
 	c->closing = true;
 	/* A hot connection has no receive in flight: the server's sweep frees it. */
 	conn_unhot(c);

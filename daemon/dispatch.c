@@ -94,7 +94,7 @@ static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptie
 	keep_seq_dropped(s->keep, q);
 	server_seq_closed(s, q);
 	q->obs = obs_unref(q->obs);
-	q->pending = plan_free(q->pending);
+	q->pending = evict_plan_drop(s->evictor, q->pending);
 	seq_free(q, s->pool, emptied);
 }
 
@@ -148,7 +148,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 	if (req->tenant) {
 		r = tenant_get(&s->tenants, req->tenant, &t);
 		if (r == -EUSERS) {
-			s->refused[LIMIT_TENANTS]++;
+			server_refused(s, c, LIMIT_TENANTS);
 			log_warning("connection %llu (pid %d): new tenant %s refused: max-tenants (%u) "
 			            "are known (idle ones are forgotten after tenant-forget; kvdctl "
 			            "tenant delete forgets one now)", (unsigned long long)c->id,
@@ -187,10 +187,16 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 		log_info("connection %llu: hello from pid %d uid %u ('%s'), tenant %s, GPU %d",
 		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
 		         c->process_name, t->name, dev->ordinal);
-	else
+	else if (t)
 		log_info("connection %llu: hello from pid %d uid %u ('%s'), tenant %s",
 		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
-		         c->process_name, t ? t->name : "- (admin)");
+		         c->process_name, t->name);
+	else
+		/* kvdctl top connects every refresh while it cannot reach the daemon, and
+		 * scripts poll status: administrative hellos would flood the log. */
+		log_debug("connection %llu: hello from pid %d uid %u ('%s'), administrative",
+		          (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
+		          c->process_name);
 
 	/* The rings are for a tenant's per-step requests; without them, the socket serves. */
 	if (t && req->has_features && (req->features & KVD_FEATURE_RING) && s->limits.ring_entries > 0) {
@@ -247,12 +253,12 @@ static void handle_register_model(struct conn *c, uint64_t id, const Envelope *r
 	int r;
 
 	if (c->n_models >= c->srv->limits.max_models) {
-		c->srv->refused[LIMIT_MODELS]++;
+		server_refused(c->srv, c, LIMIT_MODELS);
 		envelope_reply_error(c, id, -EMFILE, "at most %u models per connection", c->srv->limits.max_models);
 		return;
 	}
 	if (c->tenant->models >= c->srv->limits.max_models_per_tenant) {
-		c->srv->refused[LIMIT_MODELS_PER_TENANT]++;
+		server_refused(c->srv, c, LIMIT_MODELS_PER_TENANT);
 		envelope_reply_error(c, id, -EMFILE, "at most %u models per tenant (max-models-per-tenant)",
 		            c->srv->limits.max_models_per_tenant);
 		return;
@@ -261,7 +267,7 @@ static void handle_register_model(struct conn *c, uint64_t id, const Envelope *r
 	r = model_from_request(req, c->srv->pool->chunk_bytes, c->srv->limits.max_observation_bytes, m,
 	                       &why);
 	if (r == -EFBIG)
-		c->srv->refused[LIMIT_OBSERVATION]++;
+		server_refused(c->srv, c, LIMIT_OBSERVATION);
 	if (r < 0) {
 		envelope_reply_error(c, id, r, "bad model: %s", why);
 		return;
@@ -306,18 +312,18 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	}
 	if (!req->has_max_tokens || req->max_tokens < 1 || req->max_tokens > s->limits.max_seq_tokens) {
 		if (req->has_max_tokens && req->max_tokens > s->limits.max_seq_tokens)
-			s->refused[LIMIT_SEQ_TOKENS]++;
+			server_refused(s, c, LIMIT_SEQ_TOKENS);
 		envelope_reply_error(c, id, -EINVAL, "max_tokens must be 1..%u", s->limits.max_seq_tokens);
 		return;
 	}
 	if (c->n_seqs >= s->limits.max_seqs) {
-		s->refused[LIMIT_SEQS]++;
+		server_refused(s, c, LIMIT_SEQS);
 		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
 		return;
 	}
 	/* One tenant's many processes must not exhaust the daemon's descriptors together. */
 	if (c->tenant->sequences >= s->limits.max_seqs_per_tenant) {
-		s->refused[LIMIT_SEQS_PER_TENANT]++;
+		server_refused(s, c, LIMIT_SEQS_PER_TENANT);
 		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per tenant (max-seqs-per-tenant)",
 		            s->limits.max_seqs_per_tenant);
 		return;
@@ -325,7 +331,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	/* Every tenant's together must not take the daemon to vm.max_map_count, where it
 	 * would fail for everyone (server.h, server_seqs_max()). */
 	if (s->sequences >= server_seqs_max(s)) {
-		s->refused[LIMIT_SEQS_NODE]++;
+		server_refused(s, c, LIMIT_SEQS_NODE);
 		envelope_reply_error(c, id, -EMFILE, "the node holds its most sequences, %u (max-seqs-node)",
 		            server_seqs_max(s));
 		return;
@@ -333,7 +339,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	r = seq_new(s->next_seq_id + 1, &c->models[req->model_id - 1], c->tenant, req->max_tokens,
 	            s->limits.max_descriptor_bytes, &q);
 	if (r == -EINVAL) {
-		s->refused[LIMIT_DESCRIPTOR]++;
+		server_refused(s, c, LIMIT_DESCRIPTOR);
 		envelope_reply_error(c, id, r, "the descriptor for %u tokens would exceed %llu bytes",
 		            req->max_tokens, (unsigned long long)s->limits.max_descriptor_bytes);
 		return;
@@ -346,7 +352,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	if (s->metadata_bytes + q->meta_bytes > server_metadata_max(s)) {
 		struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
 
-		s->refused[LIMIT_METADATA]++;
+		server_refused(s, c, LIMIT_METADATA);
 		envelope_reply_error(c, id, -ENOMEM, "the sequences' metadata would pass %llu bytes "
 		            "(max-metadata-bytes); this one takes %llu", (unsigned long long)
 		            server_metadata_max(s), (unsigned long long)q->meta_bytes);
@@ -418,13 +424,13 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 		return;
 	}
 	if (c->n_seqs >= s->limits.max_seqs) {
-		s->refused[LIMIT_SEQS]++;
+		server_refused(s, c, LIMIT_SEQS);
 		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
 		return;
 	}
 	/* A claim grants chunks too. */
 	if (c->unmap_due_ms) {
-		s->refused[LIMIT_UNMAP_TIMEOUT]++;
+		server_refused(s, c, LIMIT_UNMAP_TIMEOUT);
 		envelope_reply_error(c, id, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
 		            "within unmap-timeout (%llu ms): no grants until it does",
 		            (unsigned long long)s->limits.unmap_timeout_ms);
@@ -513,14 +519,15 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
  * round instead (evict.h), which hands it back to grow_retry.
  */
 static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
-                          uint64_t wait_until_ms);
+                          uint64_t wait_until_ms, uint64_t since_us);
 
 static void grow_retry(struct conn *c, const struct parked_grow *g, uint64_t wait_until_ms) {
-	dispatch_grow(c, g->id, g->ring, g->seq_id, g->tokens, wait_until_ms);
+	dispatch_grow(c, g->id, g->ring, g->seq_id, g->tokens, wait_until_ms, g->since_us);
 }
 
+/* since_us: when the grow was first parked, 0 when it never was. */
 static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
-                          uint64_t wait_until_ms) {
+                          uint64_t wait_until_ms, uint64_t since_us) {
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
@@ -539,7 +546,7 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		return;
 	}
 	if (c->unmap_due_ms) {
-		s->refused[LIMIT_UNMAP_TIMEOUT]++;
+		server_refused(s, c, LIMIT_UNMAP_TIMEOUT);
 		r = refuse(why, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
 		           "within unmap-timeout (%llu ms): no grants until it does",
 		           (unsigned long long)s->limits.unmap_timeout_ms);
@@ -552,14 +559,19 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		/* Memory an eviction round may free: wait for it rather than fail. */
 		if ((r == -ENOSPC || r == -EDQUOT) && wait_until_ms > now_ms()) {
 			if (c->outstanding >= s->limits.max_outstanding)
-				s->refused[LIMIT_OUTSTANDING]++;
+				server_refused(s, c, LIMIT_OUTSTANDING);
 			else if (evict_wait_grant(s->evictor, c,
-			                          &(struct parked_grow){ id, seq_id, tokens, ring },
+			                          &(struct parked_grow){ id, seq_id, tokens, ring,
+			                                                 since_us ? since_us : now_us() },
 			                          grow_retry, g.short_bytes, wait_until_ms) == 0) {
+				if (!since_us)
+					c->tenant->grants_waited++;
 				c->outstanding++;
 				return;
 			}
 		}
+		if (since_us)
+			metrics_observe_grant_wait(&s->metrics, now_us() - since_us);
 		switch (r) {
 		case -EINVAL:
 			refuse(why, r, "cannot grow by 0 tokens");
@@ -599,9 +611,14 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		default:
 			refuse(why, r, "grow failed: %s", strerror(-r));
 		}
+		log_info("connection %llu (pid %d, uid %u, tenant %s): grow refused: %s",
+		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
+		         c->tenant->name, why);
 		reply_step(c, ring, id, r, why);
 		return;
 	}
+	if (since_us)
+		metrics_observe_grant_wait(&s->metrics, now_us() - since_us);
 	envelope_grants(&grants, p, c->device, g.chunks, g.n);
 	if (ring) {
 		/* fds cannot travel in a ring: the new chunks go on the socket, ahead of the
@@ -636,7 +653,7 @@ static void handle_seq_grow(struct conn *c, uint64_t id, const Envelope *request
 		envelope_reply_error(c, id, -EINVAL, "tokens missing");
 		return;
 	}
-	dispatch_grow(c, id, false, req->seq_id, req->tokens, wait ? now_ms() + wait : 0);
+	dispatch_grow(c, id, false, req->seq_id, req->tokens, wait ? now_ms() + wait : 0, 0);
 }
 
 /*
@@ -869,7 +886,7 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 	r = tenant_get(&c->srv->tenants, req->name, &t);
 	if (r < 0) {
 		if (r == -EUSERS) {
-			c->srv->refused[LIMIT_TENANTS]++;
+			server_refused(c->srv, c, LIMIT_TENANTS);
 			log_warning("tenant set by pid %d: new tenant %s refused: max-tenants (%u) are "
 			            "known", (int)c->cred.pid, req->name, c->srv->limits.max_tenants);
 		}
@@ -955,7 +972,7 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope
 	}
 	if (c->outstanding >= c->srv->limits.max_outstanding) {
 		wo_map_done(&wo);
-		c->srv->refused[LIMIT_OUTSTANDING]++;
+		server_refused(c->srv, c, LIMIT_OUTSTANDING);
 		envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
 		            c->outstanding);
 		return;
@@ -963,7 +980,7 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope
 	/* The reply comes from the uploader, once the Gram matrices are computed. */
 	r = upload_start(c->srv->uploader, c, id, req->model_id, req->layer, &wo);
 	if (r == -EBUSY)
-		c->srv->refused[LIMIT_UPLOADS]++;
+		server_refused(c->srv, c, LIMIT_UPLOADS);
 	if (r >= 0)
 		c->outstanding++;
 	else if (r == -EBUSY)
@@ -1107,20 +1124,20 @@ static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
 		return;
 	}
 	if (c->outstanding >= c->srv->limits.max_outstanding) {
-		c->srv->refused[LIMIT_OUTSTANDING]++;
+		server_refused(c->srv, c, LIMIT_OUTSTANDING);
 		envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
 		            c->outstanding);
 		return;
 	}
 	if (!admin && !evict_rate_allows(c)) {
-		c->srv->refused[LIMIT_EVICT_RATE]++;
+		server_refused(c->srv, c, LIMIT_EVICT_RATE);
 		envelope_reply_error(c, id, -EAGAIN, "at most %u eviction requests a second per connection "
 		            "(%u at once)", EVICT_RATE_PER_S, EVICT_RATE_BURST);
 		return;
 	}
 	r = evict_request(c->srv->evictor, c, id, t, req->has_bytes ? req->bytes : 0);
 	if (r == -EBUSY)
-		c->srv->refused[LIMIT_EVICT_REQUESTS]++;
+		server_refused(c->srv, c, LIMIT_EVICT_REQUESTS);
 	if (r >= 0)
 		c->outstanding++;
 	else
@@ -1201,6 +1218,10 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 		ts[i].evicted_bytes = t->evicted_bytes;
 		ts[i].evicted_tokens = t->evicted_tokens;
 		ts[i].rounds = t->rounds;
+		ts[i].has_grants = ts[i].has_grants_refused = ts[i].has_grants_waited = true;
+		ts[i].grants = t->grants;
+		ts[i].grants_refused = t->grants_refused;
+		ts[i].grants_waited = t->grants_waited;
 		tp[i] = &ts[i];
 	}
 	rep.n_tenants = n;
@@ -1340,7 +1361,7 @@ void dispatch_ring(struct conn *c, const struct kvd_ring_sqe *sqe) {
 	switch (sqe->op) {
 	case KVD_RING_OP_GROW:
 		type = METRICS_REQUEST_SEQ_GROW;
-		dispatch_grow(c, sqe->user_data, true, sqe->seq_id, sqe->arg, wait ? now_ms() + wait : 0);
+		dispatch_grow(c, sqe->user_data, true, sqe->seq_id, sqe->arg, wait ? now_ms() + wait : 0, 0);
 		break;
 	case KVD_RING_OP_PIN:
 		type = METRICS_REQUEST_SEQ_PIN;
@@ -1382,9 +1403,13 @@ void dispatch_disconnect(struct conn *c) {
 	else if (held > 0)
 		pool_drop_holder_everywhere(p, c->id);
 	if (c->n_seqs > 0)
-		log_info("connection %llu (pid %d, tenant %s) went away with %u open sequences; "
-		         "their blocks are back", (unsigned long long)c->id, (int)c->cred.pid,
-		         c->tenant->name, c->n_seqs);
+		log_info("connection %llu (pid %d, uid %u, tenant %s) went away with %u open "
+		         "sequences; their blocks are back", (unsigned long long)c->id,
+		         (int)c->cred.pid, (unsigned)c->cred.uid, c->tenant->name, c->n_seqs);
+	else if (c->tenant)
+		log_info("connection %llu (pid %d, uid %u, tenant %s) disconnected",
+		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
+		         c->tenant->name);
 	while (c->seqs) {
 		struct seq *q = c->seqs;
 

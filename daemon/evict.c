@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -11,6 +12,7 @@
 
 #include "common/layout.h"
 #include "basic/macro.h"
+#include "basic/size.h"
 #include "config.h"
 #include "compact.h"
 #include "compensate.h"
@@ -41,9 +43,10 @@ struct grant_waiter {
 	uint64_t need_bytes;          /* the new chunks' bytes it lacked */
 };
 
+/* What a round applied to one tenant; plans applied later (at an unpin) add to it. */
 struct record_tenant {
 	char name[KVD_TENANT_NAME_MAX + 1];
-	uint64_t freed_bytes, evicted_tokens;
+	uint64_t applied_bytes, applied_tokens;
 };
 
 struct record {
@@ -51,10 +54,15 @@ struct record {
 	enum round_trigger trigger;
 	uint64_t start_ms, duration_us, score_us, select_us, compact_us;
 	uint64_t target, freed;
+	/* Block bytes of what the round selected, and of that what waits for its sequences'
+	 * unpin and what was dropped (sequence gone or rewritten since the snapshot): planned
+	 * = applied (the tenants') + waiting + dropped. */
+	uint64_t planned, waiting, dropped;
 	uint32_t sequences;
 	uint64_t units;
 	double predicted_error;
 	int error;
+	char note[192];               /* why it freed nothing, when it did not */
 	struct record_tenant *tenants;
 	uint32_t n_tenants;
 };
@@ -91,6 +99,15 @@ struct evictor {
 	uint32_t history_n, history_head;
 };
 
+/* Bytes of one token slot of a table: what evicting it frees inside the blocks. */
+static uint64_t slot_bytes_of(uint32_t layout, uint32_t dtype, uint32_t head_dim, uint32_t kv_heads,
+                              uint32_t index_dim) {
+	uint64_t row = 2ull * head_dim * layout_dtype_bytes(dtype);
+
+	return (layout == KVD_LAYOUT_PER_LAYER ? row * kv_heads : row) +
+	       (uint64_t)index_dim * layout_dtype_bytes(dtype);
+}
+
 struct plan *plan_free(struct plan *p) {
 	if (p) {
 		free(p->drop_off);
@@ -100,13 +117,6 @@ struct plan *plan_free(struct plan *p) {
 		free(p);
 	}
 	return NULL;
-}
-
-static uint64_t now_us(void) {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
 static struct seq *find_seq(struct server *s, uint64_t conn_id, uint64_t seq_id) {
@@ -375,11 +385,98 @@ static int smooth_fit(struct seq *q) {
 
 /* Bytes of one slot of one table: the rows of every kv head it covers, K and V, and its
  * index key. */
-static uint64_t slot_bytes(const struct model *m) {
-	uint64_t row = 2ull * m->head_dim * layout_dtype_bytes(m->dtype);
+/* Block bytes of what a round's selection drops from one sequence. */
+static uint64_t seq_plan_bytes(const struct round_seq *rq) {
+	if (!rq->drop_off)
+		return 0;
+	return rq->drop_off[rq->n_tables] *
+	       slot_bytes_of(rq->layout, rq->dtype, rq->head_dim, rq->kv_heads, rq->index_dim);
+}
 
-	return (m->layout == KVD_LAYOUT_PER_LAYER ? row * m->kv_heads : row) +
-	       (uint64_t)m->index_dim * layout_dtype_bytes(m->dtype);
+/* Enters a finished round in the history, with a tenant entry for each tenant it selected
+ * from; what is applied is added as it is (record_applied). */
+static struct record *record_round(struct evictor *e, const struct round *r) {
+	struct record *rec = &e->history[(e->history_head + e->history_n) % EVICT_HISTORY];
+	uint32_t n = 0;
+
+	if (e->history_n == EVICT_HISTORY) {
+		rec = &e->history[e->history_head];
+		e->history_head = (e->history_head + 1) % EVICT_HISTORY;
+	} else
+		e->history_n++;
+	free(rec->tenants);
+	*rec = (struct record){
+		.id = r->id,
+		.trigger = r->trigger,
+		.start_ms = r->start_ms,
+		.score_us = r->score_us,
+		.select_us = r->select_us,
+		.target = r->target,
+		.sequences = r->n_seqs,
+		.units = r->units,
+		.predicted_error = r->predicted_error,
+		.error = r->error,
+	};
+	for (uint32_t i = 0; r->error >= 0 && i < r->n_seqs; i++)
+		rec->planned += seq_plan_bytes(&r->seqs[i]);
+	for (uint32_t i = 0; i < r->n_tenants; i++)
+		n += r->tenants[i].evicted_tokens > 0;
+	rec->tenants = n ? calloc(n, sizeof(*rec->tenants)) : NULL;
+	for (uint32_t i = 0; rec->tenants && i < r->n_tenants; i++)
+		if (r->tenants[i].evicted_tokens > 0)
+			memcpy(rec->tenants[rec->n_tenants++].name, r->tenants[i].name,
+			       sizeof(rec->tenants[0].name));
+	e->rounds_total++;
+	return rec;
+}
+
+static struct record *record_find(struct evictor *e, uint64_t id) {
+	for (uint32_t i = 0; i < e->history_n; i++)
+		if (e->history[i].id == id)
+			return &e->history[i];
+	return NULL;
+}
+
+static void record_applied(struct record *rec, const char *tenant, uint64_t bytes, uint64_t tokens) {
+	for (uint32_t i = 0; rec && i < rec->n_tenants; i++)
+		if (strcmp(rec->tenants[i].name, tenant) == 0) {
+			rec->tenants[i].applied_bytes += bytes;
+			rec->tenants[i].applied_tokens += tokens;
+			return;
+		}
+}
+
+static uint64_t record_applied_bytes(const struct record *rec) {
+	uint64_t bytes = 0;
+
+	for (uint32_t i = 0; i < rec->n_tenants; i++)
+		bytes += rec->tenants[i].applied_bytes;
+	return bytes;
+}
+
+/* A plan that waited for an unpin is settled: applied (tokens >= 0) or dropped. */
+static void record_plan_settled(struct evictor *e, const struct plan *p, const char *tenant,
+                                int64_t tokens) {
+	struct record *rec = record_find(e, p->round_id);
+
+	/* Older than the history: nothing left to correct. */
+	if (!rec)
+		return;
+	rec->waiting -= MIN(rec->waiting, p->bytes);
+	if (tokens >= 0)
+		record_applied(rec, tenant, p->bytes, (uint64_t)tokens);
+	else
+		rec->dropped += p->bytes;
+}
+
+struct plan *evict_plan_drop(struct evictor *e, struct plan *p) {
+	if (p)
+		record_plan_settled(e, p, NULL, -1);
+	return plan_free(p);
+}
+
+static uint64_t slot_bytes(const struct model *m) {
+	return slot_bytes_of(m->layout, m->dtype, m->head_dim, m->kv_heads, m->index_dim);
 }
 
 /*
@@ -540,6 +637,7 @@ void evict_apply_pending(struct evictor *e, struct seq *q) {
 		if (k < 0)
 			log_warning("sequence %llu: its eviction plan could not be applied: %s",
 			            (unsigned long long)q->id, strerror((int)-k));
+		record_plan_settled(e, p, q->tenant->name, k);
 		(void)settle_tenant(e, q->tenant, &emptied);
 		/* settle_tenant only tells about what it moved itself; and its sends may have
 		 * closed q's connection, so q is looked up again. */
@@ -550,53 +648,16 @@ void evict_apply_pending(struct evictor *e, struct seq *q) {
 			e->idle_until_ms = 0;
 			retry_grants(e, false);
 		}
+	} else {
+		/* Rewritten since the round's snapshot (kept across a restart and claimed). */
+		record_plan_settled(e, p, NULL, -1);
 	}
 	plan_free(p);
 }
 
-static void record_round(struct evictor *e, const struct round *r, uint64_t compact_us,
-                         uint64_t freed, uint64_t duration_us) {
-	struct record *rec = &e->history[(e->history_head + e->history_n) % EVICT_HISTORY];
-	uint32_t n = 0;
-
-	if (e->history_n == EVICT_HISTORY) {
-		rec = &e->history[e->history_head];
-		e->history_head = (e->history_head + 1) % EVICT_HISTORY;
-	} else
-		e->history_n++;
-	free(rec->tenants);
-	*rec = (struct record){
-		.id = r->id,
-		.trigger = r->trigger,
-		.start_ms = r->start_ms,
-		.duration_us = duration_us,
-		.score_us = r->score_us,
-		.select_us = r->select_us,
-		.compact_us = compact_us,
-		.target = r->target,
-		.freed = freed,
-		.sequences = r->n_seqs,
-		.units = r->units,
-		.predicted_error = r->predicted_error,
-		.error = r->error,
-	};
-	for (uint32_t i = 0; i < r->n_tenants; i++)
-		n += r->tenants[i].freed_bytes > 0;
-	rec->tenants = n ? calloc(n, sizeof(*rec->tenants)) : NULL;
-	for (uint32_t i = 0; rec->tenants && i < r->n_tenants; i++)
-		if (r->tenants[i].freed_bytes > 0) {
-			struct record_tenant *rt = &rec->tenants[rec->n_tenants++];
-
-			memcpy(rt->name, r->tenants[i].name, sizeof(rt->name));
-			rt->freed_bytes = r->tenants[i].freed_bytes;
-			rt->evicted_tokens = r->tenants[i].evicted_tokens;
-		}
-	e->rounds_total++;
-	e->last_round_us = duration_us;
-}
-
-/* Applies a finished round on the loop; returns the chunk bytes it gave back. */
-static uint64_t apply_round(struct evictor *e, struct round *r) {
+/* Applies a finished round on the loop, entering what it applied, parked and dropped in its
+ * record; returns the chunk bytes it gave back. */
+static uint64_t apply_round(struct evictor *e, struct round *r, struct record *rec) {
 	struct server *s = e->srv;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
 	_cleanup_(freep) bool *touched = calloc(MAX(r->n_tenants, 1u), sizeof(bool));
@@ -606,16 +667,17 @@ static uint64_t apply_round(struct evictor *e, struct round *r) {
 		return 0;
 	for (uint32_t i = 0; i < r->n_seqs; i++) {
 		struct round_seq *rq = &r->seqs[i];
+		uint64_t bytes = seq_plan_bytes(rq);
 		struct seq *q;
 		int64_t k;
 
 		/* The sequence may be gone, or compacted since the snapshot (a plan waiting
 		 * for its unpin was applied): then this round's view of it is stale. */
 		q = find_seq(s, rq->conn_id, rq->seq_id);
-		if (!q || q->epoch != rq->epoch || !rq->smooth_out)
+		if (!q || q->epoch != rq->epoch || !rq->smooth_out || smooth_fit(q) < 0) {
+			rec->dropped += bytes;
 			continue;
-		if (smooth_fit(q) < 0)
-			continue;
+		}
 		for (uint32_t rw = 0; rw < rq->rows; rw++) {
 			uint32_t t = round_table_of_row(rq, rw), n = MIN(rq->tokens[t], q->smooth_cap[t]);
 
@@ -629,8 +691,13 @@ static uint64_t apply_round(struct evictor *e, struct round *r) {
 		if (q->pins > 0 || !evict_engine_done(s, q)) {
 			struct plan *p = calloc(1, sizeof(*p));
 
-			if (!p)
+			if (!p) {
+				rec->dropped += bytes;
 				continue;
+			}
+			p->round_id = r->id;
+			p->bytes = bytes;
+			rec->waiting += bytes;
 			p->epoch = q->epoch;
 			p->n_tables = rq->n_tables;
 			p->drop_off = TAKE_PTR(rq->drop_off);
@@ -644,8 +711,10 @@ static uint64_t apply_round(struct evictor *e, struct round *r) {
 		if (k < 0) {
 			log_warning("sequence %llu: eviction not applied: %s", (unsigned long long)q->id,
 			            strerror((int)-k));
+			rec->dropped += bytes;
 			continue;
 		}
+		record_applied(rec, q->tenant->name, bytes, (uint64_t)k);
 		send_changed(s, q);
 		touched[rq->tenant] = true;
 	}
@@ -883,7 +952,7 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 	if (k < 0) {
 		log_error_errno(k, "cannot start an eviction round");
 		r->error = k;
-		record_round(e, r, 0, 0, 0);
+		record_round(e, r);
 		if (e->running_request) {
 			reply_evict(e, &e->running_waiter, r, 0);
 			e->running_request = false;
@@ -966,10 +1035,69 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 	start_round(e, why, target, -1, device);
 }
 
+/* Why a round gave no chunk back, in its record's note (nothing when it did, or failed). */
+static void note_nothing_freed(const struct round *r, struct record *rec) {
+	const struct round_tenant *only = r->only >= 0 ? &r->tenants[r->only] : NULL;
+	uint64_t applied = record_applied_bytes(rec);
+	char a[32], b[32];
+
+	if (r->error < 0 || rec->freed > 0)
+		return;
+	if (r->target == 0)
+		snprintf(rec->note, sizeof(rec->note), "nothing to free: use is at or below the target "
+		         "already");
+	else if (r->n_seqs == 0)
+		snprintf(rec->note, sizeof(rec->note), "nothing to evict: no open sequence%s%s of a model "
+		         "registered with an eviction unit, or all wait for an unpin",
+		         only ? " of tenant " : "", only ? only->name : "");
+	else if (rec->planned == 0 && only && only->used <= only->min)
+		snprintf(rec->note, sizeof(rec->note), "tenant %s holds %s, at or below its guaranteed "
+		         "minimum (%s)", only->name, size_format(only->used, a, sizeof(a)),
+		         size_format(only->min, b, sizeof(b)));
+	else if (rec->planned == 0)
+		snprintf(rec->note, sizeof(rec->note), "every resident token is kept: sinks, each "
+		         "table's last window, open tail blocks, the eviction floor, or tenants at "
+		         "their minimums");
+	else if (applied == 0 && rec->waiting > 0)
+		snprintf(rec->note, sizeof(rec->note), "its plan (%s) waits for pinned sequences to be "
+		         "unpinned", size_format(rec->waiting, a, sizeof(a)));
+	else if (applied == 0)
+		snprintf(rec->note, sizeof(rec->note), "its plan was dropped: the sequences were released "
+		         "or rewritten meanwhile");
+	else
+		snprintf(rec->note, sizeof(rec->note), "evicted %s inside the tenants' blocks, but no "
+		         "chunk came free: each still holds other blocks",
+		         size_format(applied, a, sizeof(a)));
+}
+
+/* One line per round at info level (rate-limited like every message: kvd(8), LOGGING). */
+static void log_round(const struct round *r, struct record *rec) {
+	char target[32], planned[32], applied[32], waiting[32], dropped[32], freed[32];
+	uint32_t tenants = 0;
+
+	note_nothing_freed(r, rec);
+	for (uint32_t i = 0; i < rec->n_tenants; i++)
+		tenants += rec->tenants[i].applied_bytes > 0;
+	log_info("eviction round %llu (%s): target %s; planned %s, applied %s from %u tenant%s, "
+	         "waiting %s, dropped %s; chunks freed %s; %.1f ms (score %.1f, select %.1f, "
+	         "compact %.1f)%s%s",
+	         (unsigned long long)r->id, round_trigger_to_string(r->trigger),
+	         size_format(r->target, target, sizeof(target)),
+	         size_format(rec->planned, planned, sizeof(planned)),
+	         size_format(record_applied_bytes(rec), applied, sizeof(applied)), tenants,
+	         tenants == 1 ? "" : "s",
+	         size_format(rec->waiting, waiting, sizeof(waiting)),
+	         size_format(rec->dropped, dropped, sizeof(dropped)),
+	         size_format(rec->freed, freed, sizeof(freed)), rec->duration_us / 1e3,
+	         r->score_us / 1e3, (r->select_us + r->fold_us) / 1e3, rec->compact_us / 1e3,
+	         rec->note[0] ? ": " : "", rec->note);
+}
+
 static void on_round_done(struct loop_op *op, int res, bool more) {
 	struct evictor *e = container_of(op, struct evictor, efd_op);
 	struct round *r = e->running;
 	uint64_t t0 = now_us(), freed = 0;
+	struct record *rec;
 
 	(void)more;
 	e->efd_armed = false;
@@ -979,16 +1107,19 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 		log_warning("reading the round's eventfd failed: %s", strerror(-res));
 	pthread_join(e->thread, NULL);
 	e->running = NULL;
+	rec = record_round(e, r);
 	if (r->error < 0)
 		log_warning("eviction round %llu failed: %s", (unsigned long long)r->id, strerror(-r->error));
 	else
-		freed = apply_round(e, r);
-	record_round(e, r, now_us() - t0, freed,
-	             r->score_us + r->select_us + r->fold_us + (now_us() - t0));
-	log_debug("eviction round %llu: %llu bytes of chunks given back, %llu units, score %llu us, "
-	          "select %llu us", (unsigned long long)r->id, (unsigned long long)freed,
-	          (unsigned long long)r->units, (unsigned long long)r->score_us,
-	          (unsigned long long)r->select_us);
+		freed = apply_round(e, r, rec);
+	rec->compact_us = now_us() - t0;
+	rec->freed = freed;
+	rec->duration_us = r->score_us + r->select_us + r->fold_us + rec->compact_us;
+	e->last_round_us = rec->duration_us;
+	metrics_observe_round(&e->srv->metrics, rec->duration_us, r->score_us,
+	                      r->select_us + r->fold_us, rec->compact_us);
+	if (r->error >= 0)
+		log_round(r, rec);
 	if (e->running_request) {
 		e->running_request = false;
 		reply_evict(e, &e->running_waiter, r, freed);
@@ -1032,7 +1163,7 @@ int evict_wait_grant(struct evictor *e, struct conn *c, const struct parked_grow
 	struct grant_waiter *g;
 
 	if (e->n_grants >= GRANT_WAITERS_MAX) {
-		s->refused[LIMIT_GRANT_WAITERS]++;
+		server_refused(s, c, LIMIT_GRANT_WAITERS);
 		return -EAGAIN;
 	}
 	if (s->stopping || !evictable_exists(s))
@@ -1171,6 +1302,7 @@ int evict_history(const struct evictor *e, Kvd__V1__EvictionsReply *rep) {
 		const struct record *rec = &e->history[(e->history_head + i) % EVICT_HISTORY];
 		Kvd__V1__Round *r = calloc(1, sizeof(*r) + rec->n_tenants * (sizeof(Kvd__V1__RoundTenant) +
 		                                                               sizeof(void *)));
+		uint32_t n_tenants = 0;
 		Kvd__V1__RoundTenant *ts;
 
 		if (!r)
@@ -1194,17 +1326,28 @@ int evict_history(const struct evictor *e, Kvd__V1__EvictionsReply *rep) {
 		r->sequences = rec->sequences;
 		r->units = rec->units;
 		r->predicted_error = rec->predicted_error;
+		r->has_planned_bytes = r->has_waiting_bytes = r->has_dropped_bytes = true;
+		r->planned_bytes = rec->planned;
+		r->waiting_bytes = rec->waiting;
+		r->dropped_bytes = rec->dropped;
+		if (rec->note[0])
+			r->note = (char *)rec->note;
 		if (rec->error < 0)
 			r->error = strerror(-rec->error);
+		/* What was applied; a tenant whose share waits or was dropped is in those sums. */
 		for (uint32_t j = 0; j < rec->n_tenants; j++) {
-			kvd__v1__round_tenant__init(&ts[j]);
-			ts[j].name = (char *)rec->tenants[j].name;
-			ts[j].has_freed_bytes = ts[j].has_evicted_tokens = true;
-			ts[j].freed_bytes = rec->tenants[j].freed_bytes;
-			ts[j].evicted_tokens = rec->tenants[j].evicted_tokens;
-			r->tenants[j] = &ts[j];
+			Kvd__V1__RoundTenant *t = &ts[n_tenants];
+
+			if (rec->tenants[j].applied_bytes == 0)
+				continue;
+			kvd__v1__round_tenant__init(t);
+			t->name = (char *)rec->tenants[j].name;
+			t->has_freed_bytes = t->has_evicted_tokens = true;
+			t->freed_bytes = rec->tenants[j].applied_bytes;
+			t->evicted_tokens = rec->tenants[j].applied_tokens;
+			r->tenants[n_tenants++] = t;
 		}
-		r->n_tenants = rec->n_tenants;
+		r->n_tenants = n_tenants;
 	}
 	return 0;
 }

@@ -41,6 +41,8 @@ struct evictor;
 /* A plan made while the sequence was pinned: applied at its last unpin if the sequence is
  * still at epoch. */
 struct plan {
+	uint64_t round_id;            /* the round that made it, and the block bytes it drops */
+	uint64_t bytes;
 	uint64_t epoch;
 	uint32_t n_tables;
 	uint32_t *drop_off, *drop_slots;
@@ -49,6 +51,9 @@ struct plan {
 };
 
 struct plan *plan_free(struct plan *p);
+/* Frees a plan that will never be applied (its sequence is released), counting it as
+ * dropped in its round's history. Returns NULL. */
+struct plan *evict_plan_drop(struct evictor *e, struct plan *p);
 
 /* Rounds kept for kvdctl evictions. */
 #define EVICT_HISTORY 64
@@ -77,6 +82,7 @@ struct parked_grow {
 	uint64_t seq_id;
 	uint32_t tokens;
 	bool ring;                    /* answered on the connection's ring, not the socket */
+	uint64_t since_us;            /* when it was first parked (CLOCK_MONOTONIC) */
 };
 
 /* Retries a parked grow of c: with wait_until_ms 0 it must be answered now (refused if it

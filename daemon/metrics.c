@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "basic/macro.h"
 #include "config.h"
@@ -50,7 +51,14 @@ static const struct {
 	{ 1000000, "0.001" },     { 2500000, "0.0025" },   { 5000000, "0.005" },
 	{ 10000000, "0.01" },     { 25000000, "0.025" },   { 50000000, "0.05" },
 	{ 100000000, "0.1" },     { 250000000, "0.25" },   { 500000000, "0.5" },
-	{ 1000000000, "1" },
+	{ 1000000000, "1" },      { 2500000000, "2.5" },   { 5000000000, "5" },
+	{ 10000000000, "10" },
+};
+
+static const char *const phase_names[_METRICS_PHASE_MAX] = {
+	[METRICS_PHASE_SCORE] = "score",
+	[METRICS_PHASE_SELECT] = "select",
+	[METRICS_PHASE_COMPACT] = "compact",
 };
 
 static const char *const refusal_names[_POOL_REFUSED_MAX] = {
@@ -61,19 +69,33 @@ static const char *const refusal_names[_POOL_REFUSED_MAX] = {
 	[POOL_REFUSED_PINNED] = "pinned",
 };
 
-void metrics_observe_request(struct metrics *m, enum metrics_request type, uint64_t ns) {
-	struct metrics_histogram *h;
+static void observe(struct metrics_histogram *h, uint64_t ns) {
 	unsigned i;
 
-	if (type < 0 || type >= _METRICS_REQUEST_MAX)
-		type = METRICS_REQUEST_OTHER;
-	h = &m->requests[type];
 	/* Most requests take microseconds: a forward scan stops in the first buckets. */
 	for (i = 0; i < METRICS_LATENCY_BUCKETS && ns > latency_buckets[i].ns; i++)
 		;
 	h->buckets[i]++;
 	h->count++;
 	h->sum_ns += ns;
+}
+
+void metrics_observe_request(struct metrics *m, enum metrics_request type, uint64_t ns) {
+	if (type < 0 || type >= _METRICS_REQUEST_MAX)
+		type = METRICS_REQUEST_OTHER;
+	observe(&m->requests[type], ns);
+}
+
+void metrics_observe_grant_wait(struct metrics *m, uint64_t ns) {
+	observe(&m->grant_wait, ns);
+}
+
+void metrics_observe_round(struct metrics *m, uint64_t duration_us, uint64_t score_us,
+                           uint64_t select_us, uint64_t compact_us) {
+	observe(&m->rounds, duration_us * 1000);
+	m->phase_ns[METRICS_PHASE_SCORE] += score_us * 1000;
+	m->phase_ns[METRICS_PHASE_SELECT] += select_us * 1000;
+	m->phase_ns[METRICS_PHASE_COMPACT] += compact_us * 1000;
 }
 
 const char *metrics_request_name(enum metrics_request type) {
@@ -122,6 +144,29 @@ static void write_seconds(FILE *f, uint64_t ns) {
 	fprintf(f, "%" PRIu64 ".%09" PRIu64, ns / 1000000000, ns % 1000000000);
 }
 
+/* The samples of one histogram; label is "" or a label pair and a comma (type="hello",). */
+static void histogram(FILE *f, const char *name, const char *label, const struct metrics_histogram *h) {
+	uint64_t cumulative = 0;
+
+	for (unsigned i = 0; i < METRICS_LATENCY_BUCKETS; i++) {
+		cumulative += h->buckets[i];
+		fprintf(f, "%s_bucket{%sle=\"%s\"} %" PRIu64 "\n", name, label, latency_buckets[i].le,
+		        cumulative);
+	}
+	cumulative += h->buckets[METRICS_LATENCY_BUCKETS];
+	fprintf(f, "%s_bucket{%sle=\"+Inf\"} %" PRIu64 "\n", name, label, cumulative);
+	/* Without labels, the sum and count have no braces at all. */
+	if (*label)
+		fprintf(f, "%s_sum{%.*s} ", name, (int)strlen(label) - 1, label);
+	else
+		fprintf(f, "%s_sum ", name);
+	write_seconds(f, h->sum_ns);
+	if (*label)
+		fprintf(f, "\n%s_count{%.*s} %" PRIu64 "\n", name, (int)strlen(label) - 1, label, h->count);
+	else
+		fprintf(f, "\n%s_count %" PRIu64 "\n", name, h->count);
+}
+
 static void render_requests(FILE *f, const struct metrics *m) {
 	family(f, "kvd_requests_total", "counter", "Requests handled, by type.");
 	for (unsigned t = 0; t < _METRICS_REQUEST_MAX; t++)
@@ -131,22 +176,28 @@ static void render_requests(FILE *f, const struct metrics *m) {
 	family(f, "kvd_request_duration_seconds", "histogram",
 	       "Time the daemon took to handle a request, from decoded to reply queued, by type.");
 	for (unsigned t = 0; t < _METRICS_REQUEST_MAX; t++) {
-		const struct metrics_histogram *h = &m->requests[t];
-		const char *type = request_names[t];
-		uint64_t cumulative = 0;
+		char label[64];
 
-		for (unsigned i = 0; i < METRICS_LATENCY_BUCKETS; i++) {
-			cumulative += h->buckets[i];
-			fprintf(f, "kvd_request_duration_seconds_bucket{type=\"%s\",le=\"%s\"} %" PRIu64 "\n",
-			        type, latency_buckets[i].le, cumulative);
-		}
-		cumulative += h->buckets[METRICS_LATENCY_BUCKETS];
-		fprintf(f, "kvd_request_duration_seconds_bucket{type=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
-		        type, cumulative);
-		fprintf(f, "kvd_request_duration_seconds_sum{type=\"%s\"} ", type);
-		write_seconds(f, h->sum_ns);
-		fprintf(f, "\nkvd_request_duration_seconds_count{type=\"%s\"} %" PRIu64 "\n", type,
-		        h->count);
+		snprintf(label, sizeof(label), "type=\"%s\",", request_names[t]);
+		histogram(f, "kvd_request_duration_seconds", label, &m->requests[t]);
+	}
+}
+
+static void render_rounds(FILE *f, const struct metrics *m) {
+	family(f, "kvd_grant_wait_seconds", "histogram",
+	       "Time grows the budget could not meet waited for eviction rounds, until granted "
+	       "or refused (grant-wait).");
+	histogram(f, "kvd_grant_wait_seconds", "", &m->grant_wait);
+	family(f, "kvd_eviction_round_duration_seconds", "histogram",
+	       "Duration of eviction rounds: scoring, selection and compaction.");
+	histogram(f, "kvd_eviction_round_duration_seconds", "", &m->rounds);
+	family(f, "kvd_eviction_phase_seconds_total", "counter",
+	       "Time eviction rounds spent in each phase: score, select (with the summaries of "
+	       "what is dropped) and compact (applying the round on the event loop).");
+	for (unsigned i = 0; i < _METRICS_PHASE_MAX; i++) {
+		fprintf(f, "kvd_eviction_phase_seconds_total{phase=\"%s\"} ", phase_names[i]);
+		write_seconds(f, m->phase_ns[i]);
+		fputc('\n', f);
 	}
 }
 
@@ -246,6 +297,14 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 	tenant_counter(f, tt, "kvd_tenant_evicted_tokens_total",
 	               "Token slots eviction rounds took from the tenant, summed over its tables.",
 	               offsetof(struct tenant, evicted_tokens));
+	tenant_counter(f, tt, "kvd_tenant_grants_total", "Chunks granted to the tenant.",
+	               offsetof(struct tenant, grants));
+	tenant_counter(f, tt, "kvd_tenant_grants_refused_total",
+	               "Chunk grants refused to the tenant (budget, pool, its cap, errors).",
+	               offsetof(struct tenant, grants_refused));
+	tenant_counter(f, tt, "kvd_tenant_grants_waited_total",
+	               "Grows of the tenant that waited for an eviction round, each counted once.",
+	               offsetof(struct tenant, grants_waited));
 }
 
 int metrics_render(struct server *s, char **ret, size_t *ret_size) {
@@ -317,6 +376,7 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	fprintf(f, "kvd_eviction_last_round_seconds %.6f\n", evict_last_round_us(s->evictor) / 1e6);
 
 	render_requests(f, &s->metrics);
+	render_rounds(f, &s->metrics);
 	render_tenants(f, &s->tenants);
 
 	/* open_memstream only fails writes for want of memory. */

@@ -7,7 +7,8 @@
  * Most values are read where they already live (the pool, the tenants, the server) when a
  * scrape renders them, so they cost nothing between scrapes and always agree with
  * kvd_status. Only what no other module keeps is counted here: requests by type and how long
- * the daemon took to handle each, as one histogram per type.
+ * the daemon took to handle each, as one histogram per type; how long grows waited for an
+ * eviction round; how long rounds took, and their phases.
  *
  * Single-threaded like the rest of the daemon: plain integers, updated and read on the
  * loop's thread.
@@ -47,8 +48,8 @@ enum metrics_request {
 	_METRICS_REQUEST_INVALID = -EINVAL,
 };
 
-/* Upper bounds from 10 us to 1 s; a last bucket, +Inf, takes the rest. */
-#define METRICS_LATENCY_BUCKETS 16
+/* Upper bounds from 10 us to 10 s; a last bucket, +Inf, takes the rest. */
+#define METRICS_LATENCY_BUCKETS 19
 
 struct metrics_histogram {
 	uint64_t buckets[METRICS_LATENCY_BUCKETS + 1]; /* per bucket, not cumulative */
@@ -56,12 +57,30 @@ struct metrics_histogram {
 	uint64_t sum_ns;
 };
 
+/* The phases of an eviction round, the `phase` label of kvd_eviction_phase_seconds_total. */
+enum metrics_phase {
+	METRICS_PHASE_SCORE,
+	METRICS_PHASE_SELECT,         /* selection, and the summaries of what is dropped */
+	METRICS_PHASE_COMPACT,        /* applying it on the loop: compaction, chunks freed */
+	_METRICS_PHASE_MAX,
+};
+
 struct metrics {
 	struct metrics_histogram requests[_METRICS_REQUEST_MAX];
+	struct metrics_histogram grant_wait;  /* grows parked for a round, until answered */
+	struct metrics_histogram rounds;      /* eviction rounds' durations */
+	uint64_t phase_ns[_METRICS_PHASE_MAX];
 };
 
 /* Counts one request of `type` that took ns nanoseconds to handle. */
 void metrics_observe_request(struct metrics *m, enum metrics_request type, uint64_t ns);
+
+/* Counts a grow answered (granted or refused) ns after it was first parked for a round. */
+void metrics_observe_grant_wait(struct metrics *m, uint64_t ns);
+
+/* Counts an eviction round of duration_us, with its phases. */
+void metrics_observe_round(struct metrics *m, uint64_t duration_us, uint64_t score_us,
+                           uint64_t select_us, uint64_t compact_us);
 
 /* The label value of a request type ("seq_grow"), or NULL when out of range. */
 const char *metrics_request_name(enum metrics_request type);

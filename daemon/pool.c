@@ -310,6 +310,7 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 	c->used_blocks = 0;
 	c->hint = 0;
 	p->grants++;
+	t->grants++;
 	partial_add(t, c);
 	*ret = c;
 	return 0;
@@ -348,6 +349,7 @@ int pool_block_alloc(struct pool *p, struct tenant *t, uint32_t device, uint64_t
 		r = chunk_acquire(p, t, device, block_bytes, &c);
 		if (r < 0) {
 			p->grants_refused++;
+			t->grants_refused++;
 			/* The same tests, in the same order, as chunk_acquire's. */
 			if (r == -EDQUOT)
 				p->refused[POOL_REFUSED_TENANT_MAX]++;

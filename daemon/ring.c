@@ -183,9 +183,7 @@ int ring_poll(struct ring *r) {
 	if (k == 0 && !r->stalled) {
 		/* Counted once per episode: a client that does not read its completions. */
 		r->stalled = true;
-		c->srv->refused[LIMIT_RING_COMPLETIONS]++;
-		log_debug("connection %llu: its completion ring is full; its submissions wait",
-		          (unsigned long long)c->id);
+		server_refused(c->srv, c, LIMIT_RING_COMPLETIONS);
 	} else if (k > 0)
 		r->stalled = false;
 	ring_store_release(&r->sh->sq_head, r->sq_head);

@@ -7,6 +7,7 @@
 
 #include "common/layout.h"
 #include "basic/macro.h"
+#include "basic/time-util.h"
 #include "compensate.h"
 #include "policy.h"
 #include "round-gpu.h"
@@ -23,13 +24,6 @@ static const char *const trigger_names[_ROUND_TRIGGER_MAX] = {
 
 const char *round_trigger_to_string(enum round_trigger t) {
 	return t < _ROUND_TRIGGER_MAX ? trigger_names[t] : NULL;
-}
-
-static uint64_t now_us(void) {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
 /* Layer-token units on the per-head layout: one row per layer over its aligned tables. */

@@ -65,6 +65,13 @@ const char *server_limit_to_string(enum server_limit l) {
 	return l < _LIMIT_MAX ? limit_names[l] : NULL;
 }
 
+void server_refused(struct server *s, const struct conn *c, enum server_limit l) {
+	s->refused[l]++;
+	log_info("connection %llu (pid %d, uid %u, tenant %s): refused at limit %s (kvd(8), LIMITS)",
+	         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
+	         c->tenant ? c->tenant->name : "-", limit_names[l]);
+}
+
 /* Tells a client we cannot serve why, in a frame with id 0, and closes it. The socket
  * is new and its buffer empty, so the small frame goes out at once or not at all. */
 static void refuse(int fd, int code, const char *why) {
@@ -106,14 +113,15 @@ static void on_accept(struct loop_op *op, int res, bool more) {
 		} else if (s->n_conns >= max) {
 			s->refused[LIMIT_CONNECTIONS]++;
 			refuse(res, -EUSERS, "connection limit reached");
-			log_warning("refusing a connection: limit of %u reached", max);
+			log_warning("refusing a connection of pid %d uid %u: limit of %u reached",
+			            (int)cred.pid, (unsigned)cred.uid, max);
 		} else if (same_uid >= s->limits.max_connections_per_uid +
 		                       (admin ? ADMIN_CONNECTIONS_RESERVED : 0)) {
 			s->uid_connections_refused++;
 			s->refused[LIMIT_CONNECTIONS_PER_UID]++;
 			refuse(res, -EUSERS, "connection limit of this user reached (max-connections-per-uid)");
-			log_warning("refusing a connection of uid %u: its limit of %u reached",
-			            (unsigned)cred.uid, s->limits.max_connections_per_uid);
+			log_warning("refusing a connection of pid %d uid %u: its user's limit of %u reached",
+			            (int)cred.pid, (unsigned)cred.uid, s->limits.max_connections_per_uid);
 		} else if ((r = conn_new(s, res, &c)) < 0) {
 			log_error_errno(r, "setting up a connection failed, ignoring");
 		} else {

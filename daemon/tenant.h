@@ -39,6 +39,9 @@ struct tenant {
 	uint32_t connections;
 	/* Eviction, all rounds together: block bytes and token slots taken, rounds that took. */
 	uint64_t evicted_bytes, evicted_tokens, rounds;
+	/* Chunk grants, and refusals (as the pool's counters, per tenant); grows that waited
+	 * for an eviction round (each counted once, however often it was retried). */
+	uint64_t grants, grants_refused, grants_waited;
 	struct chunk *partial;        /* owned chunks with at least one free block */
 	/* FREE chunks whose memory object is its own (pool.h), per device. */
 	struct chunk *free_chunks[BACKEND_DEVICES_MAX];

@@ -241,6 +241,6 @@ TEST(connections_per_uid) {
 	/* Another user is not held back by the first. */
 	ASSERT_TRUE(fixture_wait_status(&f, "open", "connections", 0));
 	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, sock, 1, OP_TENANT, "open"), 0);
-	ASSERT_TRUE(fixture_wait_log(&f, "refusing a connection of uid 12345", 1));
+	ASSERT_TRUE(fixture_wait_log(&f, "uid 12345: its user's limit of", 1));
 	ASSERT_EQ(fixture_stop(&f), 0);
 }

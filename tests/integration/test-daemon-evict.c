@@ -199,6 +199,41 @@ static void eng_drain_until(struct eng *e, int fd) {
 	}
 }
 
+/* The last round of the history: a value of it (UINT64_MAX when absent), its note into
+ * note (empty when none), and what its tenant entries say was applied to tenant. */
+struct last_round {
+	uint64_t id, planned, waiting, dropped, freed, applied, applied_tokens;
+	char note[256];
+};
+
+static void last_round(struct fixture *f, struct last_round *ret) {
+	kvd_client *c = fixture_connect(f, NULL);
+	kvd_evictions *e = NULL;
+	const char *note;
+	uint32_t i;
+
+	ASSERT_OK(kvd_evictions_get(c, &e));
+	ASSERT_TRUE(kvd_evictions_count(e) > 0);
+	i = kvd_evictions_count(e) - 1;
+	*ret = (struct last_round){};
+	ASSERT_OK(kvd_evictions_u64(e, i, "id", &ret->id));
+	ASSERT_OK(kvd_evictions_u64(e, i, "planned_bytes", &ret->planned));
+	ASSERT_OK(kvd_evictions_u64(e, i, "waiting_bytes", &ret->waiting));
+	ASSERT_OK(kvd_evictions_u64(e, i, "dropped_bytes", &ret->dropped));
+	ASSERT_OK(kvd_evictions_u64(e, i, "freed_bytes", &ret->freed));
+	if (kvd_evictions_str(e, i, "note", &note) == 0)
+		snprintf(ret->note, sizeof(ret->note), "%s", note);
+	for (uint32_t t = 0; t < kvd_evictions_tenants(e, i); t++) {
+		uint64_t bytes, tokens;
+
+		ASSERT_OK(kvd_evictions_tenant(e, i, t, NULL, &bytes, &tokens));
+		ret->applied += bytes;
+		ret->applied_tokens += tokens;
+	}
+	kvd_evictions_free(e);
+	kvd_client_unref(c);
+}
+
 /* Two tenants, each its own process as engines are, grow 4 MiB each into a 4 MiB budget:
  * rounds hold it, nobody fails. (Both in one thread would not do: a holder must answer its
  * unmap requests while the other waits for what they give back, evict.h.) */
@@ -277,10 +312,11 @@ TEST(weight_keeps_more) {
 
 /* A tenant within its guaranteed minimum loses nothing while another grows past the budget. */
 TEST(minimum_guaranteed) {
+	struct last_round lr;
 	struct fixture f;
 	struct eng a, b;
 	kvd_client *admin;
-	uint64_t before;
+	uint64_t before, freed = 1;
 
 	fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--budget=3MiB", "--grant-wait=5000",
 	                                          NULL });
@@ -295,6 +331,12 @@ TEST(minimum_guaranteed) {
 	ASSERT_EQ(fixture_status(&f, "kept", "evicted_tokens"), 0u);
 	ASSERT_EQ(eng_resident(&a), before);
 	ASSERT_TRUE(fixture_status(&f, "greedy", "evicted_tokens") > 0);
+	/* Asked to evict from it, a round frees nothing and says why. */
+	ASSERT_OK(kvd_evict(admin, "kept", 256u << 10, &freed));
+	ASSERT_EQ(freed, 0u);
+	last_round(&f, &lr);
+	ASSERT_TRUE(strstr(lr.note, "at or below its guaranteed minimum"));
+	ASSERT_EQ(eng_resident(&a), before);
 	eng_check(&a);
 	eng_check(&b);
 	eng_stop(&a);
@@ -331,11 +373,13 @@ TEST(cap_evicts_first) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
-/* A pinned sequence is not rewritten; its plan applies at the unpin. */
+/* A pinned sequence is not rewritten; its plan applies at the unpin. The round's history
+ * shows it waiting, then applied, as the tenant's counters do. */
 TEST(pinned_untouched_until_unpinned) {
+	struct last_round lr;
 	struct fixture f;
 	struct eng a;
-	uint64_t gen, freed = 0;
+	uint64_t gen, freed = 0, id;
 	int64_t before;
 
 	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
@@ -348,9 +392,23 @@ TEST(pinned_untouched_until_unpinned) {
 	ASSERT_EQ(__atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE), gen);
 	ASSERT_EQ(kvd_seq_tokens(a.s[0], 0, 0), before);
 	ASSERT_EQ(check_seq(a.s[0], a.tag), 0u);
+	last_round(&f, &lr);
+	ASSERT_TRUE(lr.planned > 0);
+	ASSERT_EQ(lr.waiting, lr.planned);
+	ASSERT_EQ(lr.applied, 0u);
+	ASSERT_EQ(freed, 0u);
+	ASSERT_TRUE(strstr(lr.note, "waits for pinned sequences to be unpinned"));
 	ASSERT_OK(kvd_seq_unpin(a.s[0]));
 	ASSERT_TRUE(__atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE) != gen);
 	ASSERT_TRUE(fixture_status(&f, "pinned", "evicted_tokens") > 0);
+	/* The same round, now applied: as much as the tenant's counters say. */
+	id = lr.id;
+	last_round(&f, &lr);
+	ASSERT_EQ(lr.id, id);
+	ASSERT_EQ(lr.waiting, 0u);
+	ASSERT_EQ(lr.applied, lr.planned);
+	ASSERT_EQ(lr.applied, fixture_status(&f, "pinned", "evicted_bytes"));
+	ASSERT_EQ(lr.applied_tokens, fixture_status(&f, "pinned", "evicted_tokens"));
 	/* Per-head units: the heads of a layer may now hold different numbers of tokens. */
 	eng_check(&a);
 	/* And the sequence still grows, each table from its own length. */
@@ -410,6 +468,7 @@ static int wait_exit(pid_t pid) {
 /* The owner disconnects while the round scores its sequences: nothing is applied to what
  * is gone, every chunk comes back, another tenant is unaffected. */
 TEST(round_races_disconnect) {
+	struct last_round lr;
 	struct fixture f;
 	struct eng a, b;
 	char gate[64];
@@ -433,6 +492,12 @@ TEST(round_races_disconnect) {
 	ASSERT_EQ(wait_exit(pid), 0);
 	ASSERT_EQ(fixture_status(&f, "leaving", "evicted_tokens"), 0u);
 	ASSERT_EQ(fixture_status(&f, "staying", "evicted_tokens"), 0u);
+	/* The history says the plan was dropped, not that it took anything. */
+	last_round(&f, &lr);
+	ASSERT_TRUE(lr.planned > 0);
+	ASSERT_EQ(lr.dropped, lr.planned);
+	ASSERT_EQ(lr.applied, 0u);
+	ASSERT_TRUE(strstr(lr.note, "plan was dropped"));
 	eng_check(&b);
 	eng_stop(&b);
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));

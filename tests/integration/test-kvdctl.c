@@ -997,3 +997,45 @@ TEST(host_pool_above_memory_warns) {
 	ASSERT_CONTAINS(r->out, "warning: the host pool (");
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+/* ---- The log ---- */
+
+TEST(log_names_who_and_stays_quiet_for_kvdctl) {
+	static const char config[] = "[kvd]\npool-size = 16MiB\nchunk-size = 1MiB\n"
+	                             "[tenant alpha]\nmax = 2MiB\n";
+	char want[256];
+	struct fixture f;
+	struct holder a;
+	kvd_seq *extra;
+	kvd_client *c;
+	int m;
+
+	fixture_setup(&f, config, true);
+	fixture_launch(&f, NULL);
+	for (int i = 0; i < 5; i++)
+		ASSERT_EXIT(kvdctl(f.socket, "status"), 0);
+	/* A tenant's hello, a grow refused at its cap, its disconnect: each with uid and pid. */
+	hold(&a, &f, "alpha", 2);
+	snprintf(want, sizeof(want), "hello from pid %d uid %u", (int)getpid(), (unsigned)getuid());
+	ASSERT_TRUE(fixture_wait_log(&f, want, 1));
+	c = fixture_connect(&f, "alpha");
+	m = kvd_model_register(c, &one_chunk);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_seq_open(c, m, 2048, &extra));
+	ASSERT_ERRNO(kvd_seq_grow(extra, 2048), -EDQUOT);
+	snprintf(want, sizeof(want), "(pid %d, uid %u, tenant alpha): grow refused: tenant alpha "
+	         "reached its max", (int)getpid(), (unsigned)getuid());
+	ASSERT_TRUE(fixture_wait_log(&f, want, 1));
+	kvd_seq_release(extra);
+	kvd_client_unref(c);
+	snprintf(want, sizeof(want), "(pid %d, uid %u, tenant alpha) disconnected", (int)getpid(),
+	         (unsigned)getuid());
+	ASSERT_TRUE(fixture_wait_log(&f, want, 1));
+	/* Rounds are logged, one line each, with what they applied. */
+	ASSERT_EXIT(kvdctl(f.socket, "evict --tenant alpha"), 0);
+	ASSERT_TRUE(fixture_wait_log(&f, "eviction round 1 (evict): target ", 1));
+	unhold(&a);
+	/* kvdctl's hellos are not there: 7 connections, 2 hellos logged (the tenant's). */
+	ASSERT_EQ(fixture_log_count(&f, "hello from"), 2u);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}

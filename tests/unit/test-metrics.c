@@ -79,14 +79,26 @@ TEST(latency_buckets) {
 	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 0);
 	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 10000);
 	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 10001);
-	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 1000000000);
-	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 1000000001);
+	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 10000000000);
+	metrics_observe_request(&m, METRICS_REQUEST_SEQ_GROW, 10000000001);
 	ASSERT_EQ(h->buckets[0], 2u);
 	ASSERT_EQ(h->buckets[1], 1u);
 	ASSERT_EQ(h->buckets[METRICS_LATENCY_BUCKETS - 1], 1u);
 	ASSERT_EQ(h->buckets[METRICS_LATENCY_BUCKETS], 1u);
 	ASSERT_EQ(h->count, 5u);
-	ASSERT_EQ(h->sum_ns, 2000020002u);
+	ASSERT_EQ(h->sum_ns, 20000020002u);
+
+	/* Rounds and grant waits have histograms of their own; phases add up. */
+	metrics_observe_round(&m, 1500, 1000, 300, 200);
+	metrics_observe_round(&m, 3000000, 2000000, 500000, 500000);
+	metrics_observe_grant_wait(&m, 2000000000);
+	ASSERT_EQ(m.rounds.count, 2u);
+	ASSERT_EQ(m.rounds.buckets[0], 0u);
+	ASSERT_EQ(m.rounds.sum_ns, 3001500000u);
+	ASSERT_EQ(m.phase_ns[METRICS_PHASE_SCORE], 2001000000u);
+	ASSERT_EQ(m.phase_ns[METRICS_PHASE_COMPACT], 500200000u);
+	ASSERT_EQ(m.grant_wait.count, 1u);
+	ASSERT_EQ(m.grant_wait.buckets[METRICS_LATENCY_BUCKETS - 3], 1u); /* le 2.5 */
 
 	/* Out-of-range types are counted, as "other". */
 	metrics_observe_request(&m, _METRICS_REQUEST_MAX, 1);

@@ -867,6 +867,25 @@ static int round_tenants_text(const kvd_evictions *e, uint32_t i, char **ret) {
 		fprintf(f, "%s%s -%s (%" PRIu64 " tokens)", t ? ", " : "", name,
 			size_format(bytes, sz, sizeof(sz)), tokens);
 	}
+	/* What the round planned and did not apply (yet), and why it freed nothing. */
+	{
+		static const struct {
+			const char *key, *what;
+		} parts[] = { { "waiting_bytes", "waiting for unpins" },
+			      { "dropped_bytes", "dropped (sequences released or rewritten)" } };
+		const char *note;
+		uint64_t v;
+
+		for (size_t k = 0; k < ELEMENTSOF(parts); k++)
+			if (kvd_evictions_u64(e, i, parts[k].key, &v) == 0 && v > 0) {
+				char sz[CELL_MAX];
+
+				fprintf(f, "%s%s %s", ftell(f) ? "; " : "", size_format(v, sz, sizeof(sz)),
+					parts[k].what);
+			}
+		if (kvd_evictions_str(e, i, "note", &note) == 0)
+			fprintf(f, "%s%s", ftell(f) ? "; " : "", note);
+	}
 	if (fclose(f) != 0)
 		return -ENOMEM;
 	if (size == 0) {
@@ -988,8 +1007,9 @@ static int evictions_json(FILE *f, const void *userdata) {
 	static const char *const u64_keys[] = {
 		"id",         "start_ms",     "duration_us", "score_us",  "select_us",
 		"compact_us", "target_bytes", "freed_bytes", "sequences", "units",
+		"planned_bytes", "waiting_bytes", "dropped_bytes",
 	};
-	static const char *const str_keys[] = { "trigger", "error" };
+	static const char *const str_keys[] = { "trigger", "error", "note" };
 	const struct evictions_view *v = userdata;
 	const kvd_evictions *e = v->e;
 	uint32_t n = kvd_evictions_count(e);

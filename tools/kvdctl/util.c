@@ -480,7 +480,7 @@ void json_string(FILE *f, const char *s) {
 static const char *const tenant_u64_keys[] = {
 	"used_bytes", "block_bytes", "min_bytes",   "max_bytes",
 	"weight",     "sequences",   "connections", "chunks",
-	"evicted_bytes", "evicted_tokens", "rounds",
+	"evicted_bytes", "evicted_tokens", "rounds", "grants", "grants_refused", "grants_waited",
 };
 
 static const char *const tenant_str_keys[] = {

@@ -743,9 +743,15 @@ KVD_EXPORT int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint
 /*
  * The daemon's recent eviction rounds, oldest first. Values by name, like kvd_status:
  *   u64: "id", "start_ms", "duration_us", "score_us", "select_us", "compact_us",
- *        "target_bytes", "freed_bytes", "sequences", "units";
- *   double: "predicted_error";  str: "trigger", "error" (only when the round failed);
- *   per tenant (kvd_evictions_tenant): name, freed bytes and evicted tokens.
+ *        "target_bytes", "freed_bytes" (chunk bytes given back), "sequences", "units",
+ *        "planned_bytes" (block bytes the round selected), "waiting_bytes" (of those, what
+ *        waits for pinned sequences' unpin), "dropped_bytes" (what was dropped: sequences
+ *        released or rewritten meanwhile);
+ *   double: "predicted_error";  str: "trigger", "error" (only when the round failed),
+ *        "note" (only when it gave no chunk back: why);
+ *   per tenant (kvd_evictions_tenant): name, and the block bytes and token slots evicted
+ *   from it: what was applied, by the round or at a later unpin, not what it planned
+ *   (planned = the tenants' bytes + waiting + dropped).
  */
 typedef struct kvd_evictions kvd_evictions;
 
