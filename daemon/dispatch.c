@@ -19,6 +19,7 @@
 #include "envelope.h"
 #include "evict.h"
 #include "keep.h"
+#include "listing.h"
 #include "log.h"
 #include "node-values.h"
 #include "observe.h"
@@ -1231,6 +1232,37 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 	envelope_reply(c, id, &env, NULL, 0);
 }
 
+static void handle_disconnect(struct conn *c, uint64_t id, const Envelope *request,
+                              int request_fd _unused_) {
+	const Kvd__V1__Disconnect *req = request->disconnect;
+	struct conn *o = req->has_connection ? server_find_conn(c->srv, req->connection) : NULL;
+	char why[160];
+
+	if (!o || o->closing) {
+		envelope_reply_error(c, id, -ENOENT, "no connection %llu",
+		                     (unsigned long long)(req->has_connection ? req->connection : 0));
+		return;
+	}
+	if (o == c) {
+		envelope_reply_error(c, id, -EINVAL, "a connection cannot disconnect itself");
+		return;
+	}
+	if (!(o->tenant ? listing_may_see(c, o->tenant) : listing_may_see(c, NULL))) {
+		c->srv->access_refused++;
+		envelope_reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may "
+		                     "disconnect other tenants' connections",
+		                     c->srv->admin->cfg.admin_group);
+		return;
+	}
+	snprintf(why, sizeof(why), "disconnected by pid %d uid %u", (int)c->cred.pid,
+	         (unsigned)c->cred.uid);
+	log_notice("connection %llu (pid %d, uid %u, tenant %s) %s", (unsigned long long)o->id,
+	           (int)o->cred.pid, (unsigned)o->cred.uid, o->tenant ? o->tenant->name : "-", why);
+	/* Logged here, at notice like every administrative change, not again by conn_close. */
+	conn_close(o, NULL);
+	envelope_reply(c, id, &(Envelope)KVD__V1__ENVELOPE__INIT, NULL, 0);
+}
+
 /* What a request needs before its handler runs. */
 enum {
 	REQUEST_NEEDS_TENANT = 1 << 0, /* a connection with a tenant (not an admin one) */
@@ -1273,6 +1305,9 @@ static const struct request_type request_types[] = {
 	REQUEST(STATUS_REQUEST, handle_status, 0, STATUS),
 	REQUEST(EVICT, handle_evict, 0, EVICT),
 	REQUEST(EVICTIONS_REQUEST, handle_evictions, 0, EVICTIONS),
+	REQUEST(CONNECTIONS_REQUEST, listing_connections, 0, CONNECTIONS),
+	REQUEST(SEQUENCES_REQUEST, listing_sequences, 0, SEQUENCES),
+	REQUEST(DISCONNECT, handle_disconnect, 0, DISCONNECT),
 #undef REQUEST
 };
 

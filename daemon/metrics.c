@@ -35,6 +35,9 @@ static const char *const request_names[_METRICS_REQUEST_MAX] = {
 	[METRICS_REQUEST_TENANT_DELETE] = "tenant_delete",
 	[METRICS_REQUEST_EVICT] = "evict",
 	[METRICS_REQUEST_EVICTIONS] = "evictions",
+	[METRICS_REQUEST_CONNECTIONS] = "connections",
+	[METRICS_REQUEST_SEQUENCES] = "sequences",
+	[METRICS_REQUEST_DISCONNECT] = "disconnect",
 	[METRICS_REQUEST_OTHER] = "other",
 };
 

@@ -48,7 +48,14 @@ enum op {
 	OP_STATUS,                    /* an admin connection, then status */
 	OP_CONNECTIONS,               /* 4 connections as tenant open at once: the 4th's result */
 	OP_EVICT_FLOOD,               /* 12 kvd_evict on its own tenant at once: the first error */
+	OP_LIST,                      /* an admin connection, then kvd_connections_get */
+	OP_LIST_OWN,                  /* as tenant: its listing has its own tenant only; then
+	                               * kvd_sequences_get of tenant open */
+	OP_DISCONNECT,                /* as tenant (or admin), kvd_disconnect(disconnect_target) */
 };
+
+/* The connection OP_DISCONNECT asks to close. */
+static uint64_t disconnect_target;
 
 /*
  * Runs op in a child as uid/gid with the given supplementary groups; returns the libkvd
@@ -81,6 +88,32 @@ static int run_as(struct fixture *f, uid_t uid, gid_t gid, const gid_t *groups, 
 			    kvd_status_get(c[0], &st);
 			kvd_status_free(st);
 			break;
+		case OP_LIST:
+		case OP_LIST_OWN:
+		case OP_DISCONNECT: {
+			kvd_table *t = NULL;
+
+			r = kvd_client_connect(f->socket, tenant, &c[0]);
+			if (r < 0)
+				_exit(201);
+			if (op == OP_DISCONNECT) {
+				r = kvd_disconnect(c[0], disconnect_target);
+				break;
+			}
+			r = kvd_connections_get(c[0], &t);
+			if (op == OP_LIST_OWN) {
+				const char *name;
+
+				if (r < 0 || kvd_table_rows(t) != 1 ||
+				    kvd_table_str(t, 0, "tenant", &name) < 0 || strcmp(name, tenant) != 0)
+					_exit(204);
+				kvd_table_free(t);
+				t = NULL;
+				r = kvd_sequences_get(c[0], "open", &t);
+			}
+			kvd_table_free(t);
+			break;
+		}
 		case OP_EVICT_FLOOD:
 			r = kvd_client_connect(f->socket, tenant, &c[0]);
 			if (r < 0)
@@ -188,6 +221,40 @@ TEST(admin_requests_need_root_or_admin_group) {
 	}
 	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), UINT64_C(16) << 20);
 	ASSERT_EQ(fixture_status(&f, NULL, "access_refused"), 2u);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* Who holds what, and closing a connection: a tenant's user sees and closes only its own
+ * tenant's; an admin connection needs root or admin-group. */
+TEST(listing_and_disconnect_are_administrative) {
+	static const gid_t sock[] = { SOCK_GID }, admin[] = { SOCK_GID, ADMIN_GID };
+	kvd_table *t = NULL;
+	struct fixture f;
+	kvd_client *open, *root;
+	const char *name;
+
+	if (geteuid() != 0)
+		TEST_SKIP("needs root to run clients as other users");
+	start(&f);
+	open = fixture_connect(&f, "open");
+	root = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_connections_get(root, &t));
+	for (uint32_t i = 0; i < kvd_table_rows(t); i++)
+		if (kvd_table_str(t, i, "tenant", &name) == 0 && strcmp(name, "open") == 0)
+			ASSERT_OK(kvd_table_u64(t, i, "id", &disconnect_target));
+	kvd_table_free(t);
+	ASSERT_NE(disconnect_target, 0u);
+
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_LIST, NULL), -EPERM);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_LIST_OWN, "alpha"), -EPERM);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_DISCONNECT, "alpha"), -EPERM);
+	ASSERT_EQ(fixture_status(&f, "open", "connections"), 1u);
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, admin, 2, OP_LIST, NULL), 0);
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, admin, 2, OP_DISCONNECT, NULL), 0);
+	ASSERT_TRUE(fixture_wait_status(&f, "open", "connections", 0));
+	ASSERT_TRUE(fixture_wait_log(&f, "disconnected by pid", 1));
+	kvd_client_unref(open);
+	kvd_client_unref(root);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 

@@ -1039,3 +1039,48 @@ TEST(log_names_who_and_stays_quiet_for_kvdctl) {
 	ASSERT_EQ(fixture_log_count(&f, "hello from"), 2u);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+/* ---- Who holds what ---- */
+
+TEST(connections_seqs_and_disconnect) {
+	struct fixture f;
+	struct holder a, b;
+	char cmd[64], *p;
+	struct run *r;
+	unsigned long id;
+
+	fixture_start(&f, fixture_args);
+	hold(&a, &f, "alpha", 2);
+	hold(&b, &f, "beta", 1);
+	r = kvdctl(f.socket, "connections");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "TENANT");
+	ASSERT_CONTAINS(r->out, "alpha");
+	ASSERT_CONTAINS(r->out, "2.0 MiB");
+	r = kvdctl(f.socket, "--json connections");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "\"tenant\": \"alpha\", \"process\": ");
+	ASSERT_CONTAINS(r->out, "\"sequences\": 2, \"pinned\": 0, \"bytes\": 2097152");
+	/* One tenant's sequences only. */
+	r = kvdctl(f.socket, "seqs --tenant beta --json");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "\"tenant\": \"beta\", \"tokens\": 2048, \"max_tokens\": 2048");
+	ASSERT_NOT_CONTAINS(r->out, "alpha");
+	p = strstr(r->out, "\"connection\": ");
+	ASSERT_NOT_NULL(p);
+	id = strtoul(p + strlen("\"connection\": "), NULL, 10);
+	ASSERT_EXIT(kvdctl(f.socket, "seqs --tenant nobody"), 1);
+	/* Disconnect beta's connection: its sequence goes, alpha's stay. */
+	snprintf(cmd, sizeof(cmd), "disconnect %lu", id);
+	r = kvdctl(f.socket, cmd);
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "disconnected");
+	ASSERT_TRUE(fixture_wait_status(&f, "beta", "sequences", 0));
+	ASSERT_EQ(fixture_status(&f, "alpha", "sequences"), 2u);
+	ASSERT_EXIT(kvdctl(f.socket, cmd), 1);
+	ASSERT_EXIT(kvdctl(f.socket, "disconnect"), 2);
+	ASSERT_EXIT(kvdctl(f.socket, "disconnect 12x"), 2);
+	kvd_client_unref(b.c);
+	unhold(&a);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}

@@ -61,6 +61,13 @@ void help(void) {
 	       "  evictions [--json]       The daemon's recent eviction rounds, oldest first:\n"
 	       "                           what started them, how long they took, what they\n"
 	       "                           freed and from whom\n"
+	       "  connections [--json]     Who is connected: pid, uid, tenant, sequences, pinned\n"
+	       "                           and bytes of each connection\n"
+	       "  seqs [--tenant NAME] [--json]\n"
+	       "                           Every open sequence (or NAME's): its connection,\n"
+	       "                           tokens, pins, bytes and what eviction took\n"
+	       "  disconnect ID            Close connection ID (a stuck client): its sequences\n"
+	       "                           are released\n"
 	       "  score --policy P --q F --k F [--v F] [--wo F] --capacity N --window W [...]\n"
 	       "                           Score captured .npy tensors offline (no daemon) and\n"
 	       "                           print the kept positions (see 'kvdctl score --help')\n"
@@ -69,8 +76,9 @@ void help(void) {
 	       "  --socket PATH       Daemon socket, before or after the command (default:\n"
 	       "                      $KVD_SOCKET if set, else %s)\n"
 	       "  --json              With status, tenants, budget get and top --once: print one\n"
-	       "                      JSON object for scripts; with evictions, one array\n"
-	       "                      (default: text for people); before or after the command\n"
+	       "                      JSON object for scripts; with evictions, connections\n"
+	       "                      and seqs, one array (default: text for people); before\n"
+	       "                      or after the command\n"
 	       "  --min SIZE          With tenant set: guaranteed minimum (default: unchanged)\n"
 	       "  --max SIZE|none     With tenant set: cap, or none for no cap (default:\n"
 	       "                      unchanged)\n"
@@ -84,7 +92,8 @@ void help(void) {
 	       "                      without clearing the screen and exit (default: refresh\n"
 	       "                      until interrupted)\n"
 	       "  --tenant NAME       With evict: the tenant to evict from (default: all,\n"
-	       "                      ranked by the daemon's policy)\n"
+	       "                      ranked by the daemon's policy); with seqs: only its\n"
+	       "                      sequences\n"
 	       "  --bytes SIZE        With evict: how much to free (default: down to the\n"
 	       "                      daemon's low watermark)\n"
 	       "  -h --help           Show this help and exit\n"
@@ -1122,6 +1131,8 @@ int main(int argc, char **argv) {
 		{ "budget", cmd_budget, true },	  { "tenant", cmd_tenant, false },
 		{ "top", cmd_top, true },	  { "score", cmd_score, false },
 		{ "evict", cmd_evict, false },	  { "evictions", cmd_evictions, true },
+		{ "connections", cmd_connections, true }, { "seqs", cmd_seqs, true },
+		{ "disconnect", cmd_disconnect, false },
 	};
 	int opt;
 

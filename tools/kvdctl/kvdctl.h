@@ -129,3 +129,7 @@ int output_flush(void);
 /* ---- Commands ---- */
 
 int cmd_top(int argc, char **argv);
+/* holders.c */
+int cmd_connections(int argc, char **argv);
+int cmd_seqs(int argc, char **argv);
+int cmd_disconnect(int argc, char **argv);

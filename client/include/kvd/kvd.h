@@ -85,7 +85,7 @@ extern "C" {
 /* The library's version this header belongs to (libkvd.so.MAJOR.MINOR; symbols versioned
  * KVD_MAJOR.MINOR in libkvd.sym): a program may test for a function with it. */
 #define KVD_VERSION_MAJOR 1
-#define KVD_VERSION_MINOR 5
+#define KVD_VERSION_MINOR 6
 
 #if defined(__GNUC__)
 #define KVD_EXPORT __attribute__((visibility("default")))
@@ -773,6 +773,41 @@ KVD_EXPORT int kvd_evictions_tenant(const kvd_evictions *e, uint32_t round, uint
 		                    uint64_t *ret_evicted_tokens);
 
 /*
+ * Who holds what on the node, as rows whose values are read by name (a kvd_table):
+ * kvd_connections_get: a row per connection that said hello, in id order: u64 "id", "pid",
+ *   "uid", "age_ms", "sequences", "pinned" (sequences pinned now), "bytes" (block bytes of
+ *   its sequences' resident tokens), "outstanding" (replies it waits for), "ring" (1: its
+ *   per-step requests use the rings), "device" (the GPU ordinal of its chunks; tenant
+ *   connections); str "tenant" (absent: administrative), "process" (its hello's name).
+ * kvd_sequences_get: a row per open sequence (of `tenant` only, unless NULL), in
+ *   (connection, id) order: u64 "id", "connection", "tokens" (resident, first table),
+ *   "max_tokens", "pins", "bytes", "evictable" (1: its model has an eviction unit),
+ *   "evicted_tokens", "evicted_bytes", "waiting_bytes" (an eviction plan waiting for its
+ *   unpin), "layers", "kv_heads", "head_dim"; str "tenant".
+ * Root and the daemon's admin group see every tenant; a tenant's connection sees its own
+ * tenant's; an administrative connection of anyone else gets -EPERM. The listing is read a
+ * page at a time, so it is not one instant's: a connection or sequence may come or go
+ * between pages. Return 0, or -EINVAL (bad tenant name), -EPERM, -ENOENT (unknown tenant),
+ * -ENOMEM, -ECONNRESET, -ECHILD. The getters return 0, or -ENOENT (no such value in that
+ * row), -EINVAL (row out of range); strings live as long as the table.
+ * kvd_disconnect: closes connection `connection` (an id from kvd_connections_get): the
+ * daemon releases its sequences; chunks its process still maps stay charged to its tenant
+ * until the process unmaps them or exits. Administrators may close any connection, a
+ * tenant's connection those of its own tenant (not itself). Returns 0, or -ENOENT (no such
+ * connection), -EPERM, -EINVAL (itself), -ECONNRESET, -ECHILD.
+ * Since KVD_1.6.
+ */
+typedef struct kvd_table kvd_table;
+
+KVD_EXPORT int kvd_connections_get(kvd_client *c, kvd_table **ret);
+KVD_EXPORT int kvd_sequences_get(kvd_client *c, const char *tenant, kvd_table **ret);
+KVD_EXPORT kvd_table *kvd_table_free(kvd_table *t);
+KVD_EXPORT uint32_t kvd_table_rows(const kvd_table *t);
+KVD_EXPORT int kvd_table_u64(const kvd_table *t, uint32_t row, const char *key, uint64_t *ret);
+KVD_EXPORT int kvd_table_str(const kvd_table *t, uint32_t row, const char *key, const char **ret);
+KVD_EXPORT int kvd_disconnect(kvd_client *c, uint64_t connection);
+
+/*
  * Chunks currently mapped by this client: *ret_n gets their number; with ids non-NULL, up
  * to n ids are written, in increasing order. Either pointer may be NULL. Returns 0 or
  * -ECHILD.
@@ -792,6 +827,10 @@ static inline void kvd_status_freep(kvd_status **st) {
 static inline void kvd_evictions_freep(kvd_evictions **e) {
 	if (e && *e)
 		kvd_evictions_free(*e);
+}
+static inline void kvd_table_freep(kvd_table **t) {
+	if (t && *t)
+		kvd_table_free(*t);
 }
 
 #ifdef __cplusplus
