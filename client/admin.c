@@ -5,6 +5,9 @@
  */
 
 #include <errno.h>
+#include <stdlib.h>
+
+#include "basic/macro.h"
 
 #include "client-internal.h"
 #include "kvd/kvd.h"
@@ -32,28 +35,58 @@ static int client_simple_call(kvd_client *c, Envelope *env) {
 	return r;
 }
 
-static int do_budget_set(kvd_client *c, uint64_t bytes) {
-	Kvd__V1__BudgetSet req = KVD__V1__BUDGET_SET__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
+/* A BudgetSet from parameters, checked. */
+static int budget_request(kvd_client *c, const kvd_budget_params *params, Kvd__V1__BudgetSet *req) {
+	kvd_budget_params p;
+	int r;
 
 	if (!c)
 		return -EINVAL;
 	if (client_forked(c))
 		return -ECHILD;
-	req.has_bytes = true;
-	req.bytes = bytes;
+	r = params_copy(&p, sizeof(p), params, KVD_BUDGET_PARAMS_SIZE_1_6);
+	if (r < 0)
+		return r;
+	if ((p.flags & ~KVD_BUDGET_FORCE) || p.percent > 100 || p.reserved != 0)
+		return -EINVAL;
+	req->has_bytes = p.percent == 0;
+	req->bytes = p.bytes;
+	req->has_percent = p.percent != 0;
+	req->percent = p.percent;
+	req->has_force = req->force = (p.flags & KVD_BUDGET_FORCE) != 0;
+	return 0;
+}
+
+static int do_budget_set_params(kvd_client *c, const kvd_budget_params *params) {
+	Kvd__V1__BudgetSet req = KVD__V1__BUDGET_SET__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	int r;
+
+	r = budget_request(c, params, &req);
+	if (r < 0)
+		return r;
 	env.body_case = KVD__V1__ENVELOPE__BODY_BUDGET_SET;
 	env.budget_set = &req;
 	return client_simple_call(c, &env);
+}
+
+int kvd_budget_set_params(kvd_client *c, const kvd_budget_params *p) {
+	return (int)call_result(client_key(c), do_budget_set_params(c, p), __func__);
+}
+
+static int do_budget_set(kvd_client *c, uint64_t bytes) {
+	kvd_budget_params p = { .size = sizeof(p), .bytes = bytes };
+
+	return do_budget_set_params(c, &p);
 }
 
 int kvd_budget_set(kvd_client *c, uint64_t bytes) {
 	return (int)call_result(client_key(c), do_budget_set(c, bytes), __func__);
 }
 
-static int do_tenant_set_params(kvd_client *c, const char *tenant, const kvd_tenant_params *params) {
-	Kvd__V1__TenantSet req = KVD__V1__TENANT_SET__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
+/* A TenantSet from parameters, checked: req's strings point into params. */
+static int tenant_request(kvd_client *c, const char *tenant, const kvd_tenant_params *params,
+                          Kvd__V1__TenantSet *req) {
 	kvd_tenant_params p;
 	int r;
 
@@ -73,14 +106,25 @@ static int do_tenant_set_params(kvd_client *c, const char *tenant, const kvd_ten
 	/* A daemon that predates the field would drop it without a word. */
 	if ((p.set & KVD_TENANT_SET_POLICY) && !(c->features & KVD_FEATURE_TENANT_POLICY))
 		return -EOPNOTSUPP;
-	req.name = (char *)tenant;
-	req.has_min_bytes = p.set & KVD_TENANT_SET_MIN;
-	req.min_bytes = p.min_bytes;
-	req.has_max_bytes = p.set & KVD_TENANT_SET_MAX;
-	req.max_bytes = p.max_bytes;
-	req.has_weight = p.set & KVD_TENANT_SET_WEIGHT;
-	req.weight = p.weight;
-	req.policy = p.set & KVD_TENANT_SET_POLICY ? (char *)p.policy : NULL;
+	req->name = (char *)tenant;
+	req->has_min_bytes = p.set & KVD_TENANT_SET_MIN;
+	req->min_bytes = p.min_bytes;
+	req->has_max_bytes = p.set & KVD_TENANT_SET_MAX;
+	req->max_bytes = p.max_bytes;
+	req->has_weight = p.set & KVD_TENANT_SET_WEIGHT;
+	req->weight = p.weight;
+	req->policy = p.set & KVD_TENANT_SET_POLICY ? (char *)p.policy : NULL;
+	return 0;
+}
+
+static int do_tenant_set_params(kvd_client *c, const char *tenant, const kvd_tenant_params *params) {
+	Kvd__V1__TenantSet req = KVD__V1__TENANT_SET__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	int r;
+
+	r = tenant_request(c, tenant, params, &req);
+	if (r < 0)
+		return r;
 	env.body_case = KVD__V1__ENVELOPE__BODY_TENANT_SET;
 	env.tenant_set = &req;
 	return client_simple_call(c, &env);
@@ -198,4 +242,88 @@ static int do_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t 
 
 int kvd_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed) {
 	return (int)call_result(client_key(c), do_evict(c, tenant, bytes, ret_freed), __func__);
+}
+
+/* ---- dry runs ---- */
+
+/* Sends a Plan and keeps its answer, one round, as a kvd_evictions. */
+static int plan_call(kvd_client *c, Kvd__V1__Plan *plan, kvd_evictions **ret) {
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	_cleanup_(kvd_evictions_freep) kvd_evictions *e = NULL;
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	if (!ret)
+		return -EINVAL;
+	e = evictions_new();
+	if (!e)
+		return -ENOMEM;
+	env.body_case = KVD__V1__ENVELOPE__BODY_PLAN;
+	env.plan = plan;
+	client_lock(c);
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_EVICTIONS_REPLY, false, &reply, fds, NULL);
+	if (r >= 0 && reply->evictions_reply->n_rounds != 1)
+		r = -EPROTO;
+	if (r >= 0)
+		r = evictions_copy(reply->evictions_reply, e);
+	client_unlock(c);
+	if (r < 0)
+		return r;
+	*ret = TAKE_PTR(e);
+	return 0;
+}
+
+static int do_budget_plan(kvd_client *c, const kvd_budget_params *params, kvd_evictions **ret) {
+	Kvd__V1__BudgetSet req = KVD__V1__BUDGET_SET__INIT;
+	Kvd__V1__Plan plan = KVD__V1__PLAN__INIT;
+	int r;
+
+	r = budget_request(c, params, &req);
+	if (r < 0)
+		return r;
+	plan.budget_set = &req;
+	return plan_call(c, &plan, ret);
+}
+
+int kvd_budget_plan(kvd_client *c, const kvd_budget_params *p, kvd_evictions **ret) {
+	return (int)call_result(client_key(c), do_budget_plan(c, p, ret), __func__);
+}
+
+static int do_tenant_plan(kvd_client *c, const char *tenant, const kvd_tenant_params *params,
+                          kvd_evictions **ret) {
+	Kvd__V1__TenantSet req = KVD__V1__TENANT_SET__INIT;
+	Kvd__V1__Plan plan = KVD__V1__PLAN__INIT;
+	int r;
+
+	r = tenant_request(c, tenant, params, &req);
+	if (r < 0)
+		return r;
+	plan.tenant_set = &req;
+	return plan_call(c, &plan, ret);
+}
+
+int kvd_tenant_plan(kvd_client *c, const char *tenant, const kvd_tenant_params *p,
+                    kvd_evictions **ret) {
+	return (int)call_result(client_key(c), do_tenant_plan(c, tenant, p, ret), __func__);
+}
+
+static int do_evict_plan(kvd_client *c, const char *tenant, uint64_t bytes, kvd_evictions **ret) {
+	Kvd__V1__Evict req = KVD__V1__EVICT__INIT;
+	Kvd__V1__Plan plan = KVD__V1__PLAN__INIT;
+
+	if (!c)
+		return -EINVAL;
+	if (tenant && !tenant_name_valid(tenant))
+		return client_error(c, -EINVAL, TENANT_NAME_RULE);
+	if (client_forked(c))
+		return -ECHILD;
+	req.tenant = (char *)tenant;
+	req.has_bytes = bytes != 0;
+	req.bytes = bytes;
+	plan.evict = &req;
+	return plan_call(c, &plan, ret);
+}
+
+int kvd_evict_plan(kvd_client *c, const char *tenant, uint64_t bytes, kvd_evictions **ret) {
+	return (int)call_result(client_key(c), do_evict_plan(c, tenant, bytes, ret), __func__);
 }

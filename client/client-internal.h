@@ -211,9 +211,16 @@ void client_tell_unmapped(kvd_client *c, uint32_t *ids, uint32_t n);
 #define KVD_CONNECT_PARAMS_SIZE_1_4 32u
 #define KVD_MODEL_PARAMS_SIZE_1_4 80u
 #define KVD_TENANT_PARAMS_SIZE_1_4 40u
+#define KVD_BUDGET_PARAMS_SIZE_1_6 24u
 _Static_assert(sizeof(kvd_connect_params) == KVD_CONNECT_PARAMS_SIZE_1_4, "kvd_connect_params");
 _Static_assert(sizeof(kvd_model_params) == KVD_MODEL_PARAMS_SIZE_1_4, "kvd_model_params");
 _Static_assert(sizeof(kvd_tenant_params) == KVD_TENANT_PARAMS_SIZE_1_4, "kvd_tenant_params");
+_Static_assert(sizeof(kvd_budget_params) == KVD_BUDGET_PARAMS_SIZE_1_6, "kvd_budget_params");
+
+/* An empty kvd_evictions, and an EvictionsReply copied into one (status.c), for
+ * kvd_evictions_get and the plans. */
+kvd_evictions *evictions_new(void);
+int evictions_copy(const Kvd__V1__EvictionsReply *rep, kvd_evictions *e);
 
 /*
  * Copies a caller's parameter struct (kvd.h, "Parameter structs") into ours, ours_size bytes:

@@ -293,6 +293,8 @@ int kvd_status_tenant_str(const kvd_status *st, uint32_t index, const char *key,
 struct round_tenant {
 	char *name;
 	uint64_t freed_bytes, evicted_tokens;
+	bool has_predicted_error;
+	double predicted_error;
 };
 
 struct eviction_round {
@@ -339,12 +341,18 @@ static int round_copy(const Kvd__V1__Round *in, struct eviction_round *out) {
 			return -ENOMEM;
 		out->tenants[i].freed_bytes = t->has_freed_bytes ? t->freed_bytes : 0;
 		out->tenants[i].evicted_tokens = t->has_evicted_tokens ? t->evicted_tokens : 0;
+		out->tenants[i].has_predicted_error = t->has_predicted_error;
+		out->tenants[i].predicted_error = t->predicted_error;
 	}
 	return 0;
 }
 
+kvd_evictions *evictions_new(void) {
+	return calloc(1, sizeof(kvd_evictions));
+}
+
 /* Copies a reply into an object that outlives the receive buffer. */
-static int evictions_copy(const Kvd__V1__EvictionsReply *rep, kvd_evictions *e) {
+int evictions_copy(const Kvd__V1__EvictionsReply *rep, kvd_evictions *e) {
 	if (rep->n_rounds == 0)
 		return 0;
 	e->rounds = calloc(rep->n_rounds, sizeof(*e->rounds));
@@ -470,5 +478,18 @@ int kvd_evictions_tenant(const kvd_evictions *e, uint32_t round, uint32_t index,
 		*ret_freed_bytes = t->freed_bytes;
 	if (ret_evicted_tokens)
 		*ret_evicted_tokens = t->evicted_tokens;
+	return 0;
+}
+
+int kvd_evictions_tenant_double(const kvd_evictions *e, uint32_t round, uint32_t index,
+				const char *key, double *ret) {
+	const struct round_tenant *t;
+
+	if (!e || !key || !ret || round >= e->n_rounds || index >= e->rounds[round].n_tenants)
+		return -EINVAL;
+	t = &e->rounds[round].tenants[index];
+	if (strcmp(key, "predicted_error") != 0 || !t->has_predicted_error)
+		return -ENOENT;
+	*ret = t->predicted_error;
 	return 0;
 }

@@ -69,7 +69,7 @@ static void apply_budget(struct admin *a) {
 		budget = a->state->budget;
 		a->budget_source = SOURCE_LIVE;
 	} else {
-		budget = a->cfg.budget == SETTINGS_UNSET ? p->pool_bytes : a->cfg.budget;
+		budget = settings_budget(&a->cfg, p->pool_bytes);
 		a->budget_source = a->cfg.source[i];
 	}
 	/* Both were checked against the pool: when loaded, set or reloaded. */

@@ -816,23 +816,58 @@ static void handle_seq_digest(struct conn *c, uint64_t id, const Envelope *reque
 	envelope_reply(c, id, &env, NULL, 0);
 }
 
+/*
+ * The budget a BudgetSet asks for, in bytes (a percent is of the whole pool, every device's
+ * together), checked against the pool and, without force, the floor: the tenants'
+ * guaranteed minimums together, and at least one chunk, below which the guarantees cannot
+ * hold or nothing can be granted. Returns 0, or -EINVAL, -ERANGE with why.
+ */
+static int budget_change(const struct server *s, const Kvd__V1__BudgetSet *req, uint64_t *ret,
+                         char why[static WHY_MAX]) {
+	const struct pool *p = s->pool;
+	uint64_t bytes, mins = 0, floor;
+	char a[32], b[32];
+
+	if (req->has_percent && (req->percent < 1 || req->percent > 100))
+		return refuse(why, -EINVAL, "a budget in percent is 1..100 of the pool");
+	if (req->has_percent == req->has_bytes)
+		return refuse(why, -EINVAL, "a budget in bytes or in percent of the pool, one of them");
+	bytes = req->has_percent ? p->pool_bytes / 100 * req->percent +
+	                           p->pool_bytes % 100 * req->percent / 100 : req->bytes;
+	if (bytes > p->pool_bytes)
+		return refuse(why, -EINVAL, "the budget must be at most the pool (%s)",
+		              size_format(p->pool_bytes, a, sizeof(a)));
+	for (uint32_t i = 0; i < s->tenants.n; i++)
+		mins += s->tenants.tenants[i]->min_bytes;
+	floor = MAX(mins, p->chunk_bytes);
+	if (bytes < floor && !(req->has_force && req->force))
+		return refuse(why, -ERANGE, "%s is below the floor of %s (%s); force it to set it "
+		              "anyway", size_format(bytes, a, sizeof(a)), size_format(floor, b, sizeof(b)),
+		              mins > p->chunk_bytes ? "the tenants' guaranteed minimums together" :
+		                                      "one chunk: nothing could be granted");
+	*ret = bytes;
+	return 0;
+}
+
 static void handle_budget_set(struct conn *c, uint64_t id, const Envelope *request,
                               int request_fd _unused_) {
 	const Kvd__V1__BudgetSet *req = request->budget_set;
 	struct pool *p = c->srv->pool;
 	char why[512];
+	uint64_t bytes = 0;
 	int r;
 
-	if (!req->has_bytes || req->bytes > p->pool_bytes) {
-		envelope_reply_error(c, id, -EINVAL, "the budget must be at most the pool (%llu bytes)",
-		            (unsigned long long)p->pool_bytes);
+	r = budget_change(c->srv, req, &bytes, why);
+	if (r < 0) {
+		envelope_reply_error(c, id, r, "%s", why);
 		return;
 	}
-	r = admin_budget_set(c->srv->admin, req->bytes, why, sizeof(why));
+	r = admin_budget_set(c->srv->admin, bytes, why, sizeof(why));
 	if (r >= 0)
-		log_notice("budget set to %llu bytes by pid %d uid %u (%llu in use)",
-		           (unsigned long long)req->bytes, (int)c->cred.pid, (unsigned)c->cred.uid,
-		           (unsigned long long)p->used_bytes);
+		log_notice("budget set to %llu bytes by pid %d uid %u (%llu in use)%s",
+		           (unsigned long long)bytes, (int)c->cred.pid, (unsigned)c->cred.uid,
+		           (unsigned long long)p->used_bytes,
+		           req->has_force && req->force ? ", forced below the floor" : "");
 	reply_live(c, id, r, why);
 	if (r >= 0 && p->used_bytes > p->budget_bytes)
 		evict_kick(c->srv->evictor, ROUND_BUDGET);
@@ -852,38 +887,54 @@ static void handle_budget_reset(struct conn *c, uint64_t id, const Envelope *req
 	reply_live(c, id, r, why);
 }
 
+/*
+ * Checks a TenantSet and says what the tenant's settings would be after it: those it sets,
+ * the others as the tenant has them (or the defaults, for a tenant it would create), in
+ * *ret (tenant_id 0 when the tenant does not exist yet). Returns 0, or -EINVAL with why.
+ */
+static int tenant_change(const struct server *s, const Kvd__V1__TenantSet *req,
+                         struct evict_patch *ret, char why[static WHY_MAX]) {
+	const struct tenant *t;
+
+	if (!req->name || !tenant_name_valid(req->name))
+		return refuse(why, -EINVAL, "invalid tenant name");
+	if (req->has_weight && (req->weight < 1 || req->weight > KVD_TENANT_WEIGHT_MAX))
+		return refuse(why, -EINVAL, "weight must be 1..%u", KVD_TENANT_WEIGHT_MAX);
+	if (req->policy && (int)kvd_policy_from_string(req->policy) < 0)
+		return refuse(why, -EINVAL, "unknown policy (kvd.conf(5) lists them)");
+	t = tenant_find(&s->tenants, req->name);
+	*ret = (struct evict_patch){
+		.tenant_id = t ? t->id : 0,
+		.min_bytes = req->has_min_bytes ? req->min_bytes : t ? t->min_bytes : 0,
+		.max_bytes = req->has_max_bytes ? req->max_bytes : t ? t->max_bytes : KVD_TENANT_NO_CAP,
+		.weight = req->has_weight ? req->weight : t ? t->weight : 1,
+		.policy = req->policy ? (int)kvd_policy_from_string(req->policy) :
+		          t ? t->policy : KVD_POLICY_KVD,
+	};
+	if (ret->min_bytes > ret->max_bytes)
+		return refuse(why, -EINVAL, "min above max");
+	if (ret->min_bytes != 0 && ret->min_bytes > s->pool->pool_bytes)
+		return refuse(why, -EINVAL, "min above the pool");
+	return 0;
+}
+
 static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *request,
                               int request_fd _unused_) {
 	const Kvd__V1__TenantSet *req = request->tenant_set;
 	struct state_tenant change = {};
+	struct evict_patch after = {};
 	struct tenant *t;
 	uint64_t min, max;
 	char why[512], min_s[32], max_s[32];
 	int r;
 
-	if (!req->name || !tenant_name_valid(req->name)) {
-		envelope_reply_error(c, id, -EINVAL, "invalid tenant name");
+	r = tenant_change(c->srv, req, &after, why);
+	if (r < 0) {
+		envelope_reply_error(c, id, r, "%s", why);
 		return;
 	}
-	if (req->has_weight && (req->weight < 1 || req->weight > KVD_TENANT_WEIGHT_MAX)) {
-		envelope_reply_error(c, id, -EINVAL, "weight must be 1..%u", KVD_TENANT_WEIGHT_MAX);
-		return;
-	}
-	if (req->policy && (int)kvd_policy_from_string(req->policy) < 0) {
-		envelope_reply_error(c, id, -EINVAL, "unknown policy (kvd.conf(5) lists them)");
-		return;
-	}
-	t = tenant_find(&c->srv->tenants, req->name);
-	min = req->has_min_bytes ? req->min_bytes : t ? t->min_bytes : 0;
-	max = req->has_max_bytes ? req->max_bytes : t ? t->max_bytes : KVD_TENANT_NO_CAP;
-	if (min > max) {
-		envelope_reply_error(c, id, -EINVAL, "min above max");
-		return;
-	}
-	if (min != 0 && min > c->srv->pool->pool_bytes) {
-		envelope_reply_error(c, id, -EINVAL, "min above the pool");
-		return;
-	}
+	min = after.min_bytes;
+	max = after.max_bytes;
 	r = tenant_get(&c->srv->tenants, req->name, &t);
 	if (r < 0) {
 		if (r == -EUSERS) {
@@ -910,6 +961,9 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 		           tenant_format_max(t->max_bytes, max_s, sizeof(max_s)), t->weight,
 		           kvd_policy_to_string(t->policy));
 	reply_live(c, id, r, why);
+	/* A cap lowered below what the tenant holds: the excess goes now, as a budget. */
+	if (r >= 0 && t->max_bytes != KVD_TENANT_NO_CAP && t->used_bytes > t->max_bytes)
+		evict_cap_lowered(c->srv->evictor);
 }
 
 static void handle_tenant_reset(struct conn *c, uint64_t id, const Envelope *request,
@@ -1232,6 +1286,82 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 	envelope_reply(c, id, &env, NULL, 0);
 }
 
+/* Answers a dry run of a budget, tenant or evict change with the round it would start
+ * (evict_plan); the rights are the change's own. */
+static void handle_plan(struct conn *c, uint64_t id, const Envelope *request,
+                        int request_fd _unused_) {
+	const Kvd__V1__Plan *req = request->plan;
+	struct server *s = c->srv;
+	bool admin = access_admin(&s->admin->cfg, c->fd, &c->cred);
+	struct evict_patch patch = {};
+	struct tenant *only = NULL;
+	enum round_trigger trigger;
+	char why[WHY_MAX];
+	uint64_t target;
+	int r;
+
+	if (!!req->budget_set + !!req->tenant_set + !!req->evict != 1) {
+		envelope_reply_error(c, id, -EINVAL, "a plan is of one change: a budget, a tenant or an "
+		                     "eviction");
+		return;
+	}
+	if ((req->budget_set || req->tenant_set ||
+	     (req->evict && (!req->evict->tenant || !c->tenant ||
+	                     strcmp(req->evict->tenant, c->tenant->name) != 0))) && !admin) {
+		s->access_refused++;
+		envelope_reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may plan "
+		                     "this change", s->admin->cfg.admin_group);
+		return;
+	}
+	if (c->outstanding >= s->limits.max_outstanding) {
+		server_refused(s, c, LIMIT_OUTSTANDING);
+		envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection "
+		                     "(max-outstanding)", c->outstanding);
+		return;
+	}
+	if (req->budget_set) {
+		uint64_t bytes = 0;
+
+		r = budget_change(s, req->budget_set, &bytes, why);
+		if (r < 0) {
+			envelope_reply_error(c, id, r, "%s", why);
+			return;
+		}
+		trigger = ROUND_BUDGET;
+		target = evict_budget_target(s->evictor, bytes);
+	} else if (req->tenant_set) {
+		const struct tenant *t;
+
+		r = tenant_change(s, req->tenant_set, &patch, why);
+		if (r < 0) {
+			envelope_reply_error(c, id, r, "%s", why);
+			return;
+		}
+		t = tenant_find(&s->tenants, req->tenant_set->name);
+		trigger = ROUND_CAP;
+		/* Only a cap below what the tenant holds evicts at once. */
+		target = t && patch.max_bytes < t->used_bytes ?
+		                 evict_cap_target(s->evictor, t, patch.max_bytes) : 0;
+	} else {
+		if (req->evict->tenant) {
+			only = tenant_find(&s->tenants, req->evict->tenant);
+			if (!only) {
+				envelope_reply_error(c, id, -ENOENT, "no tenant %s", req->evict->tenant);
+				return;
+			}
+		}
+		trigger = ROUND_EVICT;
+		target = req->evict->has_bytes && req->evict->bytes ? req->evict->bytes :
+		         evict_default_target(s->evictor);
+	}
+	r = evict_plan(s->evictor, c, id, only, target, trigger, &patch);
+	if (r == -EBUSY)
+		server_refused(s, c, LIMIT_EVICT_REQUESTS);
+	if (r < 0)
+		envelope_reply_error(c, id, r, r == -EBUSY ? "too many eviction requests waiting (%u)" :
+		                     "out of memory", EVICT_WAITERS_MAX);
+}
+
 static void handle_disconnect(struct conn *c, uint64_t id, const Envelope *request,
                               int request_fd _unused_) {
 	const Kvd__V1__Disconnect *req = request->disconnect;
@@ -1308,6 +1438,7 @@ static const struct request_type request_types[] = {
 	REQUEST(CONNECTIONS_REQUEST, listing_connections, 0, CONNECTIONS),
 	REQUEST(SEQUENCES_REQUEST, listing_sequences, 0, SEQUENCES),
 	REQUEST(DISCONNECT, handle_disconnect, 0, DISCONNECT),
+	REQUEST(PLAN, handle_plan, 0, PLAN),
 #undef REQUEST
 };
 

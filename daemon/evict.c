@@ -32,6 +32,10 @@ struct evict_waiter {
 	uint64_t conn_id, id;
 	uint32_t tenant_id;           /* 0: all */
 	uint64_t bytes;
+	/* A plan (evict_plan): bytes is the exact target, trigger and patch as it says. */
+	bool dry;
+	enum round_trigger trigger;
+	struct evict_patch patch;
 };
 
 struct grant_waiter {
@@ -90,6 +94,7 @@ struct evictor {
 	uint32_t n_grants;
 
 	bool budget_lowered;          /* a budget set below use is waiting for a round */
+	bool cap_lowered;             /* a cap set below use is waiting for a round */
 	uint64_t idle_until_ms;       /* no pressure round before this */
 	uint32_t draining_seen;       /* chunks draining at the last tick */
 	uint64_t last_interval_ms;
@@ -737,10 +742,113 @@ static uint64_t apply_round(struct evictor *e, struct round *r, struct record *r
 
 /* ---- replies ---- */
 
+/* Why a round (or a plan) that selected `planned` bytes took nothing, as far as the round
+ * itself can tell: writes the reason and returns true, or false when it selected some. */
+static bool why_nothing(const struct round *r, uint64_t planned, char *buf, size_t n) {
+	const struct round_tenant *only = r->only >= 0 ? &r->tenants[r->only] : NULL;
+	char a[32], b[32];
+
+	if (r->target == 0)
+		snprintf(buf, n, "nothing to free: use is at or below the target already");
+	else if (r->n_seqs == 0)
+		snprintf(buf, n, "nothing to evict: no open sequence%s%s of a model registered with an "
+		         "eviction unit, or all wait for an unpin", only ? " of tenant " : "",
+		         only ? only->name : "");
+	else if (planned == 0 && only && only->used <= only->min)
+		snprintf(buf, n, "tenant %s holds %s, at or below its guaranteed minimum (%s)", only->name,
+		         size_format(only->used, a, sizeof(a)), size_format(only->min, b, sizeof(b)));
+	else if (planned == 0)
+		snprintf(buf, n, "every resident token is kept: sinks, each table's last window, open "
+		         "tail blocks, the eviction floor, or tenants at their minimums");
+	else
+		return false;
+	return true;
+}
+
+/* A plan's answer: the round it would be, one Round of an EvictionsReply, with each
+ * tenant's planned bytes, token slots and predicted cost. */
+static void reply_plan(struct evictor *e, const struct evict_waiter *w, const struct round *r) {
+	struct conn *c = server_find_conn(e->srv, w->conn_id);
+	Kvd__V1__EvictionsReply rep = KVD__V1__EVICTIONS_REPLY__INIT;
+	Kvd__V1__Round round = KVD__V1__ROUND__INIT, *rounds[1] = { &round };
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	_cleanup_(freep) Kvd__V1__RoundTenant *ts = NULL;
+	_cleanup_(freep) Kvd__V1__RoundTenant **tp = NULL;
+	char note[192];
+
+	if (!c || c->closing)
+		return;
+	c->outstanding--;
+	if (r->error < 0) {
+		envelope_reply_error(c, w->id, r->error, "planning the round failed");
+		return;
+	}
+	ts = calloc(MAX(r->n_tenants, 1u), sizeof(*ts));
+	tp = calloc(MAX(r->n_tenants, 1u), sizeof(*tp));
+	if (!ts || !tp) {
+		envelope_reply_error(c, w->id, -ENOMEM, "out of memory");
+		return;
+	}
+	for (uint32_t i = 0; i < r->n_tenants; i++)
+		kvd__v1__round_tenant__init(&ts[i]);
+	for (uint32_t i = 0; i < r->n_seqs; i++) {
+		const struct round_seq *rq = &r->seqs[i];
+		Kvd__V1__RoundTenant *t = &ts[rq->tenant];
+
+		if (!rq->drop_off)
+			continue;
+		t->freed_bytes += seq_plan_bytes(rq);
+		t->evicted_tokens += rq->drop_off[rq->n_tables];
+		round.planned_bytes += seq_plan_bytes(rq);
+	}
+	for (uint32_t i = 0; i < r->n_tenants; i++) {
+		Kvd__V1__RoundTenant *t = &ts[i];
+
+		if (t->freed_bytes == 0)
+			continue;
+		t->name = (char *)r->tenants[i].name;
+		t->has_freed_bytes = t->has_evicted_tokens = t->has_predicted_error = true;
+		t->predicted_error = r->tenants[i].predicted;
+		tp[round.n_tenants++] = t;
+	}
+	round.tenants = tp;
+	round.trigger = (char *)round_trigger_to_string(r->trigger);
+	round.has_target_bytes = round.has_planned_bytes = round.has_sequences = true;
+	round.has_units = round.has_predicted_error = round.has_score_us = round.has_select_us = true;
+	round.target_bytes = r->target;
+	round.sequences = r->n_seqs;
+	round.units = r->units;
+	round.predicted_error = r->predicted_error;
+	round.score_us = r->score_us;
+	round.select_us = r->select_us + r->fold_us;
+	if (why_nothing(r, round.planned_bytes, note, sizeof(note)))
+		round.note = note;
+	rep.n_rounds = 1;
+	rep.rounds = rounds;
+	env.body_case = KVD__V1__ENVELOPE__BODY_EVICTIONS_REPLY;
+	env.evictions_reply = &rep;
+	envelope_reply(c, w->id, &env, NULL, 0);
+}
+
+/* Sets a plan's snapshot to the tenant's settings as the change would make them. */
+static void patch_snapshot(struct round *r, const struct evict_patch *patch) {
+	for (uint32_t i = 0; patch->tenant_id && i < r->n_tenants; i++)
+		if (r->tenants[i].id == patch->tenant_id) {
+			r->tenants[i].min = patch->min_bytes;
+			r->tenants[i].max = patch->max_bytes;
+			r->tenants[i].weight = patch->weight;
+			r->tenants[i].policy = patch->policy;
+		}
+}
+
 static void reply_evict(struct evictor *e, const struct evict_waiter *w, const struct round *r,
                         uint64_t freed) {
 	struct conn *c = server_find_conn(e->srv, w->conn_id);
 
+	if (w->dry) {
+		reply_plan(e, w, r);
+		return;
+	}
 	if (!c || c->closing)
 		return;
 	c->outstanding--;
@@ -915,6 +1023,7 @@ static struct round_gpu *const *gpus(struct evictor *e) {
 static void start_round(struct evictor *e, enum round_trigger why, uint64_t target, int only,
                         int device) {
 	struct server *s = e->srv;
+	bool dry = e->running_request && e->running_waiter.dry;
 	struct round *r;
 	int k;
 
@@ -923,7 +1032,9 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 		log_error("cannot start an eviction round: out of memory");
 		return;
 	}
-	r->id = ++e->next_id;
+	/* A plan is not a round: it takes no id of the history's. */
+	r->id = dry ? 0 : ++e->next_id;
+	r->dry_run = dry;
 	r->trigger = why;
 	r->start_ms = now_ms() - s->start_ms;
 	r->target = target;
@@ -937,6 +1048,8 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 	r->mem = s->pool->ops;
 	r->gpu = gpus(e);
 	k = snapshot(e, r);
+	if (k >= 0 && dry)
+		patch_snapshot(r, &e->running_waiter.patch);
 	if (k >= 0)
 		k = arm(e);
 	if (k >= 0) {
@@ -952,7 +1065,8 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 	if (k < 0) {
 		log_error_errno(k, "cannot start an eviction round");
 		r->error = k;
-		record_round(e, r);
+		if (!dry)
+			record_round(e, r);
 		if (e->running_request) {
 			reply_evict(e, &e->running_waiter, r, 0);
 			e->running_request = false;
@@ -967,7 +1081,7 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 void evict_kick(struct evictor *e, enum round_trigger why) {
 	struct server *s = e->srv;
 	struct pool *p = s->pool;
-	uint64_t now = now_ms(), high, low, target = 0, used = used_not_taken(s);
+	uint64_t now = now_ms(), high, low, target = 0, cap_target = 0, used = used_not_taken(s);
 	int device = -1;
 
 	if (why == ROUND_BUDGET)
@@ -988,13 +1102,12 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 			/* Its tenant was forgotten since (it held nothing): nothing to free, and
 			 * certainly not from the others. */
 			target = 0;
-		} else if (target == 0) {
-			low = watermark(p->budget_bytes, s->limits.low_watermark);
-			target = used > low ? used - low : 0;
+		} else if (target == 0 && !w.dry) {
+			target = evict_default_target(e);
 		}
 		e->running_request = true;
 		e->running_waiter = w;
-		start_round(e, ROUND_EVICT, target, only, -1);
+		start_round(e, w.dry ? w.trigger : ROUND_EVICT, target, only, -1);
 		return;
 	}
 	if (!evictable_exists(s))
@@ -1005,6 +1118,8 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		why = ROUND_GRANT;
 	else if (e->budget_lowered && used > p->budget_bytes)
 		why = ROUND_BUDGET;
+	else if (e->cap_lowered && (cap_target = evict_cap_target(e, NULL, 0)) > 0)
+		why = ROUND_CAP;
 	else if (used > high)
 		why = ROUND_WATERMARK;
 	else if ((device = device_over_watermark(e, &target)) >= 0)
@@ -1017,6 +1132,8 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		return;
 	if (why == ROUND_INTERVAL)
 		e->last_interval_ms = now;
+	else if (why == ROUND_CAP)
+		target = cap_target;
 	else if (device < 0) {
 		/* Grows waiting below the high watermark (bytes awaiting unmap do not count)
 		 * need their chunks, not a round down to the low watermark. */
@@ -1032,33 +1149,53 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 	if (why == ROUND_GRANT)
 		device = full_device(e);
 	e->budget_lowered = false;
+	e->cap_lowered = false;
 	start_round(e, why, target, -1, device);
+}
+
+uint64_t evict_default_target(const struct evictor *e) {
+	const struct server *s = e->srv;
+	uint64_t used = used_not_taken(s), low = watermark(s->pool->budget_bytes, s->limits.low_watermark);
+
+	return used > low ? used - low : 0;
+}
+
+uint64_t evict_budget_target(const struct evictor *e, uint64_t budget) {
+	const struct server *s = e->srv;
+	uint64_t used = used_not_taken(s);
+
+	if (used <= watermark(budget, s->limits.high_watermark))
+		return 0;
+	return used - watermark(budget, s->limits.low_watermark);
+}
+
+uint64_t evict_cap_target(const struct evictor *e, const struct tenant *t, uint64_t t_max) {
+	const struct server *s = e->srv;
+	uint64_t over = 0;
+
+	for (uint32_t i = 0; i < s->tenants.n; i++) {
+		const struct tenant *o = s->tenants.tenants[i];
+		uint64_t max = o == t ? t_max : o->max_bytes;
+
+		if (max != KVD_TENANT_NO_CAP && o->used_bytes > max)
+			over += o->used_bytes - max;
+	}
+	return over;
+}
+
+void evict_cap_lowered(struct evictor *e) {
+	e->cap_lowered = true;
+	evict_kick(e, ROUND_CAP);
 }
 
 /* Why a round gave no chunk back, in its record's note (nothing when it did, or failed). */
 static void note_nothing_freed(const struct round *r, struct record *rec) {
-	const struct round_tenant *only = r->only >= 0 ? &r->tenants[r->only] : NULL;
 	uint64_t applied = record_applied_bytes(rec);
-	char a[32], b[32];
+	char a[32];
 
-	if (r->error < 0 || rec->freed > 0)
+	if (r->error < 0 || rec->freed > 0 || why_nothing(r, rec->planned, rec->note, sizeof(rec->note)))
 		return;
-	if (r->target == 0)
-		snprintf(rec->note, sizeof(rec->note), "nothing to free: use is at or below the target "
-		         "already");
-	else if (r->n_seqs == 0)
-		snprintf(rec->note, sizeof(rec->note), "nothing to evict: no open sequence%s%s of a model "
-		         "registered with an eviction unit, or all wait for an unpin",
-		         only ? " of tenant " : "", only ? only->name : "");
-	else if (rec->planned == 0 && only && only->used <= only->min)
-		snprintf(rec->note, sizeof(rec->note), "tenant %s holds %s, at or below its guaranteed "
-		         "minimum (%s)", only->name, size_format(only->used, a, sizeof(a)),
-		         size_format(only->min, b, sizeof(b)));
-	else if (rec->planned == 0)
-		snprintf(rec->note, sizeof(rec->note), "every resident token is kept: sinks, each "
-		         "table's last window, open tail blocks, the eviction floor, or tenants at "
-		         "their minimums");
-	else if (applied == 0 && rec->waiting > 0)
+	if (applied == 0 && rec->waiting > 0)
 		snprintf(rec->note, sizeof(rec->note), "its plan (%s) waits for pinned sequences to be "
 		         "unpinned", size_format(rec->waiting, a, sizeof(a)));
 	else if (applied == 0)
@@ -1107,6 +1244,15 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 		log_warning("reading the round's eventfd failed: %s", strerror(-res));
 	pthread_join(e->thread, NULL);
 	e->running = NULL;
+	if (r->dry_run) {
+		/* A plan: answered, and nothing else; no state of the daemon changes. */
+		e->running_request = false;
+		reply_plan(e, &e->running_waiter, r);
+		round_free(r);
+		pool_readers_end(e->srv->pool);
+		evict_kick(e, ROUND_WATERMARK);
+		return;
+	}
 	rec = record_round(e, r);
 	if (r->error < 0)
 		log_warning("eviction round %llu failed: %s", (unsigned long long)r->id, strerror(-r->error));
@@ -1142,6 +1288,35 @@ void evict_chunks_back(struct evictor *e) {
 		e->idle_until_ms = 0;
 		retry_grants(e, false);
 	}
+}
+
+int evict_plan(struct evictor *e, struct conn *c, uint64_t id, struct tenant *only, uint64_t target,
+               enum round_trigger trigger, const struct evict_patch *patch) {
+	struct evict_waiter w = {
+		.conn_id = c->id,
+		.id = id,
+		.tenant_id = only ? only->id : 0,
+		.bytes = target,
+		.dry = true,
+		.trigger = trigger,
+	};
+
+	if (patch)
+		w.patch = *patch;
+	if (target == 0) {
+		/* Nothing to plan: the answer says so at once, as a round would. */
+		struct round r = { .trigger = trigger, .only = -1 };
+
+		c->outstanding++;
+		reply_plan(e, &w, &r);
+		return 0;
+	}
+	if (e->n_waiters == EVICT_WAITERS_MAX)
+		return -EBUSY;
+	e->waiters[e->n_waiters++] = w;
+	c->outstanding++;
+	evict_kick(e, ROUND_EVICT);
+	return 0;
 }
 
 int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes) {

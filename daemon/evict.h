@@ -76,6 +76,40 @@ void evict_kick(struct evictor *e, enum round_trigger why);
  */
 int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes);
 
+/* A tenant's settings as a change would make them, for a plan (evict_plan). */
+struct evict_patch {
+	uint32_t tenant_id;           /* 0: none */
+	uint64_t min_bytes, max_bytes;
+	uint32_t weight;
+	int policy;
+};
+
+/*
+ * Queues a dry run (kvdctl --dry-run): a round that scores and selects as a round for
+ * `trigger` would, with target bytes, from tenant only (NULL: ranked across all), with patch
+ * (NULL: none) in its snapshot, and answers request id with what it would take (an
+ * EvictionsReply of that one round, with the per-tenant planned bytes, tokens and predicted
+ * cost), applying nothing and changing no smoothed score. A target of 0 is answered at once.
+ * Returns 0, or -EBUSY (too many waiting), -ENOMEM.
+ */
+int evict_plan(struct evictor *e, struct conn *c, uint64_t id, struct tenant *only, uint64_t target,
+               enum round_trigger trigger, const struct evict_patch *patch);
+
+/* What kvd_evict without a size sets out to free: down to the low watermark. */
+uint64_t evict_default_target(const struct evictor *e);
+
+/* What a round would set out to free now under a budget of `budget` bytes: down to its low
+ * watermark when use is past its high watermark, else nothing. */
+uint64_t evict_budget_target(const struct evictor *e, uint64_t budget);
+
+/* What a round for lowered caps would set out to free now: what tenants hold over their
+ * caps, tenant t's taken as t_max (t NULL: as they are). Such a round (ROUND_CAP) takes
+ * from those tenants only. */
+uint64_t evict_cap_target(const struct evictor *e, const struct tenant *t, uint64_t t_max);
+
+/* A tenant's cap was lowered below what it holds: a round takes the excess now. */
+void evict_cap_lowered(struct evictor *e);
+
 /* A grow the evictor keeps for its requester, who alone reads it. */
 struct parked_grow {
 	uint64_t id;                  /* the request's id, or a ring submission's user_data */

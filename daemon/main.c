@@ -198,7 +198,7 @@ int main(int argc, char *argv[]) {
 		         (unsigned long long)(pool_bytes >> 20), n_devices, n_devices == 1 ? "" : "s");
 	else if (cfg.pool_percent != 0)
 		log_notice("pool-percent applies to a GPU pool only: using pool-size");
-	r = pool_new(ops, n_devices, pool_bytes, cfg.chunk_size, MIN(cfg.budget, pool_bytes * n_devices),
+	r = pool_new(ops, n_devices, pool_bytes, cfg.chunk_size, MIN(settings_budget(&cfg, pool_bytes * n_devices), pool_bytes * n_devices),
 	             &pool);
 	if (r < 0) {
 		log_error_errno(r, "cannot set up the pool");

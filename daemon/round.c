@@ -20,6 +20,7 @@ static const char *const trigger_names[_ROUND_TRIGGER_MAX] = {
 	[ROUND_BUDGET] = "budget",
 	[ROUND_EVICT] = "evict",
 	[ROUND_INTERVAL] = "interval",
+	[ROUND_CAP] = "cap",
 };
 
 const char *round_trigger_to_string(enum round_trigger t) {
@@ -560,7 +561,9 @@ static int select_units(struct round *r, struct units *u) {
 			return k;
 		taken += got;
 	}
-	if (taken >= r->target)
+	/* A round for lowered caps takes the excess and nothing else: the others are not
+	 * short of anything. */
+	if (taken >= r->target || r->trigger == ROUND_CAP)
 		return 0;
 	/* Then the rest, ranked across tenants, none below its guaranteed minimum. */
 	for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
@@ -593,6 +596,7 @@ static int units_plan(struct round *r, const struct units *u) {
 			count[s]++;
 			q->dropped_units++;
 			rt->freed_bytes += u->bytes[i];
+			rt->predicted += u->raw[i];
 			r->selected_bytes += u->bytes[i];
 			r->predicted_error += u->raw[i];
 		}

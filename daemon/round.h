@@ -59,6 +59,7 @@ enum round_trigger {
 	ROUND_BUDGET,
 	ROUND_EVICT,
 	ROUND_INTERVAL,
+	ROUND_CAP,                    /* a tenant's cap was lowered below what it holds */
 	_ROUND_TRIGGER_MAX,
 };
 
@@ -72,6 +73,7 @@ struct round_tenant {
 	int policy;                   /* enum kvd_policy */
 	/* Results. */
 	uint64_t freed_bytes, evicted_tokens;
+	double predicted;             /* sum of its evicted units' S, unweighted */
 };
 
 struct round_seq {
@@ -116,6 +118,7 @@ struct round_seq {
 struct round {
 	uint64_t id;
 	enum round_trigger trigger;
+	bool dry_run;                 /* a plan to show (evict_plan): nothing is applied */
 	uint64_t start_ms;
 	uint64_t target;              /* bytes of units to evict */
 	int only;                     /* index of the one tenant to evict from, or -1 */

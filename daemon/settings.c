@@ -130,8 +130,9 @@ static const struct setting node_table[] = {
 	{ "chunk-size", SETTING_SIZE, 0, "SIZE", "4MiB", NULL,
 	  "unit of allocation and sharing: at least 64KiB, a multiple of the backend's "
 	  "granularity (the page size on host)", NODE(chunk_size) },
-	{ "budget", SETTING_SIZE, SETTING_RUNTIME, "SIZE", NULL, "the pool size",
-	  "node budget, at most the pool; kvdctl budget set changes it live", NODE(budget) },
+	{ "budget", SETTING_SIZE, SETTING_RUNTIME | SETTING_PERCENT, "SIZE|N%", NULL, "the pool size",
+	  "node budget, at most the pool, or N% of the pool (of every GPU's together); kvdctl "
+	  "budget set changes it live", NODE(budget) },
 	{ "max-connections", SETTING_U32, SETTING_RUNTIME, "N", "256", NULL,
 	  "client connections in total", NODE(max_connections), 1, UINT32_MAX },
 	{ "max-connections-per-uid", SETTING_U32, SETTING_RUNTIME, "N", "64", NULL,
@@ -359,9 +360,21 @@ static int parse_value(const struct setting *e, void *base, const char *value, c
 	case SETTING_SIZE:
 		if ((e->flags & SETTING_NONE) && strcasecmp(value, "none") == 0)
 			v = UINT64_MAX;
-		else if (size_parse(value, &v) < 0) {
+		else if ((e->flags & SETTING_PERCENT) && *value && value[strlen(value) - 1] == '%') {
+			char digits[8] = "";
+			size_t n = strlen(value) - 1;
+
+			if (n < sizeof(digits))
+				memcpy(digits, value, n);
+			if (n == 0 || n >= sizeof(digits) || number_parse_u64(digits, 1, 100, &v) < 0) {
+				snprintf(why, why_n, "'%s' is not a percent of the pool (1%% to 100%%)", value);
+				return -EINVAL;
+			}
+			v |= SETTINGS_PERCENT;
+		} else if (size_parse(value, &v) < 0) {
 			snprintf(why, why_n, "'%s' is not a size (a number with an optional K, M, G or "
-			         "T suffix%s)", value, e->flags & SETTING_NONE ? ", or none" : "");
+			         "T suffix%s)", value, e->flags & SETTING_NONE ? ", or none" :
+			         e->flags & SETTING_PERCENT ? ", or a percent of the pool" : "");
 			return -EINVAL;
 		} else if (v < e->min || v > max) {
 			snprintf(why, why_n, "%s is out of range", value);
@@ -832,6 +845,15 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 	}
 }
 
+uint64_t settings_budget(const struct settings *s, uint64_t pool_bytes) {
+	if (s->budget == SETTINGS_UNSET)
+		return pool_bytes;
+	if (s->budget & SETTINGS_PERCENT)
+		return pool_bytes / 100 * (s->budget & ~SETTINGS_PERCENT) +
+		       pool_bytes % 100 * (s->budget & ~SETTINGS_PERCENT) / 100;
+	return s->budget;
+}
+
 void settings_check_pool(const struct settings *s, uint64_t granularity, uint64_t pool_bytes,
                          struct inifile_errors *e) {
 	int chunk = settings_index("chunk-size"), budget = settings_index("budget");
@@ -841,7 +863,7 @@ void settings_check_pool(const struct settings *s, uint64_t granularity, uint64_
 	if (granularity && s->chunk_size % granularity != 0)
 		check_error(s, e, chunk, -1, "must be a multiple of the backend's granularity (%" PRIu64
 		            " bytes)", granularity);
-	if (s->budget != SETTINGS_UNSET && s->budget > pool_bytes)
+	if (s->budget != SETTINGS_UNSET && !(s->budget & SETTINGS_PERCENT) && s->budget > pool_bytes)
 		check_error(s, e, budget, -1, "must be at most the pool (%s)", b);
 	for (uint32_t i = 0; i < s->n_tenants; i++) {
 		const struct settings_tenant *t = &s->tenants[i];

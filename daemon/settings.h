@@ -48,6 +48,8 @@
 #define SETTINGS_MAX 48
 /* Budget and sizes that are not set: the budget is then the pool. */
 #define SETTINGS_UNSET UINT64_MAX
+/* A size given as a percent of the pool (SETTING_PERCENT): this bit, and the percent. */
+#define SETTINGS_PERCENT (UINT64_C(1) << 62)
 
 enum setting_type {
 	SETTING_SIZE,                 /* uint64_t, size.h's syntax */
@@ -77,6 +79,8 @@ const char *setting_source_to_string(enum setting_source s);
 #define SETTING_FLAG_ONLY (1u << 1) /* on the command line only, not a key of the file */
 #define SETTING_OPTIONAL  (1u << 2) /* the flag's argument is optional (--flag[=VALUE]) */
 #define SETTING_NONE      (1u << 3) /* sizes: "none" means no limit (UINT64_MAX) */
+#define SETTING_PERCENT   (1u << 4) /* sizes: "N%" (1..100) is a share of the pool, kept as
+                                     * SETTINGS_PERCENT | N until the pool is known */
 
 struct setting {
 	const char *name;             /* the flag without "--", and the key */
@@ -233,6 +237,10 @@ void settings_check(const struct settings *s, struct inifile_errors *e);
  * this machine, and a reload against the running pool. Adds errors to e. */
 void settings_check_pool(const struct settings *s, uint64_t granularity, uint64_t pool_bytes,
                          struct inifile_errors *e);
+
+/* The budget s says for a pool of pool_bytes (all devices together): the pool when unset,
+ * a share of it when a percent (rounded down), else the bytes given. */
+uint64_t settings_budget(const struct settings *s, uint64_t pool_bytes);
 
 /* Whether entry i (of the node table) has the same value in a and b. */
 bool settings_equal(const struct settings *a, const struct settings *b, size_t i);

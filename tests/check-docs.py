@@ -253,7 +253,7 @@ def main():
              "'Each tenant is a [tenant NAME] section, with:'")
     options = {}  # name -> (reloadable, default, lead, text)
     for lead, text in help_entries(head):
-        m = re.match(r"^(?:-h, )?--([a-z][a-z0-9-]*)(\[=[A-Z|]+\]| [A-Z|]+)?( \*)?$", lead)
+        m = re.match(r"^(?:-h, )?--([a-z][a-z0-9-]*)(\[=[A-Z|]+\]| [A-Z|%]+)?( \*)?$", lead)
         if not m:
             continue
         options[m.group(1)] = (bool(m.group(3)), default_of(text), lead, text)

@@ -359,12 +359,20 @@ TEST(cap_evicts_first) {
 	eng_grow(&a, 2048, 512);
 	eng_grow(&b, 2048, 512);
 	used = fixture_status(&f, "capped", "used_bytes");
+	/* Lowering the cap starts a round at once. */
 	ASSERT_OK(kvd_tenant_set(admin, "capped", KVD_TENANT_KEEP, used / 2, 0));
-	ASSERT_OK(kvd_evict(admin, NULL, used / 2, &freed));
-	eng_drain(&a);
-	ASSERT_TRUE(fixture_status(&f, "capped", "evicted_tokens") > 0);
+	for (int i = 0; i < 500 && fixture_status(&f, "capped", "evicted_bytes") < used / 2; i++) {
+		eng_drain(&a);
+		usleep(10000);
+	}
+	/* The excess, in block bytes (chunks come free as the blocks left allow). */
+	ASSERT_TRUE(fixture_status(&f, "capped", "evicted_bytes") >= used / 2);
 	ASSERT_EQ(fixture_status(&f, "free", "evicted_tokens"), 0u);
-	ASSERT_TRUE(freed > 0);
+	/* And a round ranked across all takes the excess of a tenant over its cap first. */
+	ASSERT_OK(kvd_tenant_set(admin, "capped", KVD_TENANT_KEEP, used / 4, 0));
+	ASSERT_OK(kvd_evict(admin, NULL, 64u << 10, &freed));
+	eng_drain(&a);
+	ASSERT_EQ(fixture_status(&f, "free", "evicted_tokens"), 0u);
 	eng_check(&a);
 	eng_check(&b);
 	eng_stop(&a);
@@ -570,6 +578,170 @@ TEST(budget_set_below_use) {
 	ASSERT_TRUE(fixture_status(&f, NULL, "used_bytes") <= used / 2);
 	eng_check(&a);
 	eng_stop(&a);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* The history once it holds more than `count` rounds (waits up to 10 s). */
+static kvd_evictions *rounds_after(kvd_client *admin, uint32_t count) {
+	kvd_evictions *e = NULL;
+
+	for (int i = 0; i < 500; i++) {
+		ASSERT_OK(kvd_evictions_get(admin, &e));
+		if (kvd_evictions_count(e) > count)
+			return e;
+		e = kvd_evictions_free(e);
+		usleep(20000);
+	}
+	test_fail(__FILE__, __LINE__, "no round after %u", count);
+	return NULL;
+}
+
+static uint32_t rounds_now(kvd_client *admin) {
+	kvd_evictions *e = NULL;
+	uint32_t n;
+
+	ASSERT_OK(kvd_evictions_get(admin, &e));
+	n = kvd_evictions_count(e);
+	kvd_evictions_free(e);
+	return n;
+}
+
+/* The plan (a dry run's one round) took from each tenant what round i of hist applied. */
+static void assert_same_take(const kvd_evictions *plan, const kvd_evictions *hist, uint32_t i,
+                             const char *trigger) {
+	uint64_t planned, bytes = 0;
+	const char *s;
+
+	ASSERT_OK(kvd_evictions_str(hist, i, "trigger", &s));
+	ASSERT_STREQ(s, trigger);
+	ASSERT_OK(kvd_evictions_u64(plan, 0, "planned_bytes", &planned));
+	ASSERT_TRUE(planned > 0);
+	ASSERT_EQ(kvd_evictions_tenants(plan, 0), kvd_evictions_tenants(hist, i));
+	for (uint32_t t = 0; t < kvd_evictions_tenants(plan, 0); t++) {
+		const char *name, *hname;
+		uint64_t pb, pt, hb, ht;
+		double x;
+
+		ASSERT_OK(kvd_evictions_tenant(plan, 0, t, &name, &pb, &pt));
+		ASSERT_OK(kvd_evictions_tenant_double(plan, 0, t, "predicted_error", &x));
+		ASSERT_TRUE(x >= 0);
+		for (uint32_t h = 0; h < kvd_evictions_tenants(hist, i); h++) {
+			ASSERT_OK(kvd_evictions_tenant(hist, i, h, &hname, &hb, &ht));
+			if (strcmp(name, hname) != 0)
+				continue;
+			ASSERT_EQ(hb, pb);
+			ASSERT_EQ(ht, pt);
+			bytes += hb;
+		}
+	}
+	ASSERT_EQ(bytes, planned);
+}
+
+/* Both engines' unmaps answered and back in the pool: the next plan and change see the
+ * same node. */
+static void settle(struct fixture *f, struct eng *a, struct eng *b) {
+	for (int i = 0; i < 500 && fixture_status(f, NULL, "chunks_draining") > 0; i++) {
+		eng_drain(a);
+		eng_drain(b);
+		usleep(10000);
+	}
+	ASSERT_EQ(fixture_status(f, NULL, "chunks_draining"), 0u);
+}
+
+/* A dry run says what the change then takes, tenant by tenant, and changes nothing; a
+ * budget below the floor needs force. */
+TEST(dry_runs_match_the_changes) {
+	kvd_evictions *plan = NULL, *hist;
+	struct fixture f;
+	struct eng a, b;
+	kvd_client *admin;
+	uint64_t used, pool, freed = 0;
+	uint32_t n;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	admin = fixture_connect(&f, NULL);
+	eng_start(&f, &a, "a", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 21);
+	eng_start(&f, &b, "b", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 22);
+	eng_grow(&a, 2048, 512);
+	eng_grow(&b, 2048, 512);
+	used = fixture_status(&f, NULL, "used_bytes");
+	pool = fixture_status(&f, NULL, "pool_bytes");
+
+	/* A budget of half of what is used. */
+	{
+		kvd_budget_params bp = { .size = sizeof(bp), .bytes = used / 2 };
+
+		ASSERT_OK(kvd_budget_plan(admin, &bp, &plan));
+		ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), pool);
+		ASSERT_EQ(fixture_status(&f, NULL, "used_bytes"), used);
+		n = rounds_now(admin);
+		ASSERT_TRUE(kvd_budget_set_params(admin, &bp) >= 0);
+		hist = rounds_after(admin, n);
+		assert_same_take(plan, hist, n, "budget");
+		plan = kvd_evictions_free(plan);
+		kvd_evictions_free(hist);
+	}
+	settle(&f, &a, &b);
+
+	/* A cap of half of what tenant a holds. */
+	{
+		kvd_tenant_params tp = { .size = sizeof(tp), .set = KVD_TENANT_SET_MAX,
+			                 .max_bytes = fixture_status(&f, "a", "used_bytes") / 2 };
+
+		ASSERT_OK(kvd_tenant_plan(admin, "a", &tp, &plan));
+		ASSERT_EQ(fixture_status(&f, "a", "max_bytes"), KVD_TENANT_NO_CAP);
+		n = rounds_now(admin);
+		ASSERT_TRUE(kvd_tenant_set_params(admin, "a", &tp) >= 0);
+		hist = rounds_after(admin, n);
+		assert_same_take(plan, hist, n, "cap");
+		plan = kvd_evictions_free(plan);
+		kvd_evictions_free(hist);
+	}
+	settle(&f, &a, &b);
+
+	/* An eviction from b. */
+	ASSERT_OK(kvd_evict_plan(admin, "b", 256u << 10, &plan));
+	n = rounds_now(admin);
+	ASSERT_OK(kvd_evict(admin, "b", 256u << 10, &freed));
+	hist = rounds_after(admin, n);
+	assert_same_take(plan, hist, n, "evict");
+	plan = kvd_evictions_free(plan);
+	kvd_evictions_free(hist);
+
+	/* A change that evicts nothing plans nothing. */
+	{
+		kvd_budget_params bp = { .size = sizeof(bp), .percent = 100 };
+		uint64_t target;
+
+		ASSERT_OK(kvd_budget_plan(admin, &bp, &plan));
+		ASSERT_OK(kvd_evictions_u64(plan, 0, "target_bytes", &target));
+		ASSERT_EQ(target, 0u);
+		ASSERT_EQ(kvd_evictions_tenants(plan, 0), 0u);
+		plan = kvd_evictions_free(plan);
+	}
+
+	/* The floor: the guaranteed minimums together, or one chunk. */
+	{
+		kvd_budget_params bp = { .size = sizeof(bp), .bytes = 1u << 20 };
+
+		ASSERT_TRUE(kvd_tenant_set(admin, "b", 2u << 20, KVD_TENANT_KEEP, 0) >= 0);
+		ASSERT_ERRNO(kvd_budget_set_params(admin, &bp), -ERANGE);
+		ASSERT_TRUE(strstr(kvd_client_last_error(admin), "guaranteed minimums"));
+		ASSERT_ERRNO(kvd_budget_plan(admin, &bp, &plan), -ERANGE);
+		ASSERT_ERRNO(kvd_budget_set(admin, 0), -ERANGE);
+		bp.flags = KVD_BUDGET_FORCE;
+		ASSERT_TRUE(kvd_budget_set_params(admin, &bp) >= 0);
+		ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 1u << 20);
+		bp = (kvd_budget_params){ .size = sizeof(bp), .percent = 50 };
+		ASSERT_TRUE(kvd_budget_set_params(admin, &bp) >= 0);
+		ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), pool / 2);
+	}
+	settle(&f, &a, &b);
+	eng_check(&a);
+	eng_check(&b);
+	eng_stop(&a);
+	eng_stop(&b);
 	kvd_client_unref(admin);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }

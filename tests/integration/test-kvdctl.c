@@ -1084,3 +1084,45 @@ TEST(connections_seqs_and_disconnect) {
 	unhold(&a);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+/* ---- Changes that evict ---- */
+
+TEST(budget_percent_floor_and_dry_run) {
+	struct fixture f;
+	struct holder a;
+	struct run *r;
+
+	fixture_start(&f, fixture_args);
+	hold(&a, &f, "alpha", 2);
+	r = kvdctl(f.socket, "budget set 50%%");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "8.0 MiB");
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 8u << 20);
+	ASSERT_EXIT(kvdctl(f.socket, "budget set 101%%"), 2);
+	ASSERT_EXIT(kvdctl(f.socket, "budget set 0%%"), 2);
+	/* Below the floor (one chunk here): refused unless forced. */
+	r = kvdctl(f.socket, "budget set 4KiB");
+	ASSERT_EXIT(r, 1);
+	ASSERT_CONTAINS(r->err, "below the floor of 1.0 MiB");
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 8u << 20);
+	/* A dry run changes nothing and says what it would take (nothing evictable here). */
+	r = kvdctl(f.socket, "budget set 4MiB --dry-run");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "dry run: budget set 4.0 MiB would evict nothing now");
+	ASSERT_CONTAINS(r->out, "nothing was changed");
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 8u << 20);
+	r = kvdctl(f.socket, "tenant set alpha --max 1MiB --dry-run");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "dry run: tenant set alpha would evict nothing now");
+	ASSERT_EQ(fixture_status(&f, "alpha", "max_bytes"), KVD_TENANT_NO_CAP);
+	r = kvdctl(f.socket, "evict --tenant alpha --dry-run");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "dry run: evict --tenant alpha would evict nothing now");
+	ASSERT_EXIT(kvdctl(f.socket, "status --dry-run"), 2);
+	ASSERT_EXIT(kvdctl(f.socket, "budget reset --force"), 2);
+	ASSERT_EXIT(kvdctl(f.socket, "tenant reset alpha --dry-run"), 2);
+	ASSERT_EXIT(kvdctl(f.socket, "budget set 4KiB --force"), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 4096u);
+	unhold(&a);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}

@@ -37,11 +37,13 @@ void help(void) {
 	       "  tenants [--json]         The tenant table alone\n"
 	       "  budget get [--json]      The node budget and where it comes from, the pool\n"
 	       "                           and what tenants use\n"
-	       "  budget set SIZE          Set the node budget live (e.g. 768MiB, 2G; at most the\n"
+	       "  budget set SIZE|N%% [--dry-run] [--force]\n"
+	       "                           Set the node budget live (e.g. 768MiB, 2G, 80%% of the\n"
 	       "                           pool). Kept across daemon restarts until reset\n"
 	       "  budget reset             Drop the live budget: back to kvd's --budget, the\n"
 	       "                           config file's value, or the pool size\n"
 	       "  tenant set NAME [--min SIZE] [--max SIZE|none] [--weight N] [--policy NAME]\n"
+	       "           [--dry-run]\n"
 	       "                           Create or change a tenant live; options left out keep\n"
 	       "                           their value (a new tenant starts with min 0, no cap,\n"
 	       "                           weight 1). Kept across daemon restarts until reset\n"
@@ -54,7 +56,7 @@ void help(void) {
 	       "  top [--interval SECONDS] [--once] [--json]\n"
 	       "                           Per-tenant usage, share of the budget and rates,\n"
 	       "                           redrawn in place until q or Ctrl-C\n"
-	       "  evict [--tenant NAME] [--bytes SIZE]\n"
+	       "  evict [--tenant NAME] [--bytes SIZE] [--dry-run]\n"
 	       "                           Run an eviction round now and wait for it: free SIZE\n"
 	       "                           (default: down to the low watermark) from NAME\n"
 	       "                           (default: ranked across all tenants)\n"
@@ -96,6 +98,11 @@ void help(void) {
 	       "                      sequences\n"
 	       "  --bytes SIZE        With evict: how much to free (default: down to the\n"
 	       "                      daemon's low watermark)\n"
+	       "  --dry-run           With budget set, tenant set and evict: print what the\n"
+	       "                      change would evict now, from whom (bytes, tokens,\n"
+	       "                      predicted cost), and change nothing\n"
+	       "  --force             With budget set: set a budget below the floor (the\n"
+	       "                      tenants' guaranteed minimums together, one chunk)\n"
 	       "  -h --help           Show this help and exit\n"
 	       "  --version           Show the versions of kvdctl and libkvd and exit\n"
 	       "\n"
@@ -140,10 +147,15 @@ static int parse_size_arg(const char *what, const char *s, uint64_t *ret) {
  * Parses the options every daemon command takes (--socket, --help, and --json where
  * json_ok) and leaves optind at the first operand. Returns -1 to go on, or the exit code.
  */
+/* --dry-run and --force, of the commands that have them (budget set, tenant set, evict). */
+static int arg_dry_run, arg_force;
+
 static int parse_common(int argc, char **argv, const char *cmd, int json_ok, int *ret_json) {
 	static const struct option options[] = {
 		{ "json", no_argument, NULL, 'j' },
 		{ "socket", required_argument, NULL, 's' },
+		{ "dry-run", no_argument, NULL, 'n' },
+		{ "force", no_argument, NULL, 'f' },
 		{ "help", no_argument, NULL, 'h' },
 		{},
 	};
@@ -162,13 +174,90 @@ static int parse_common(int argc, char **argv, const char *cmd, int json_ok, int
 		case 's':
 			arg_socket = optarg;
 			break;
+		case 'n':
+			arg_dry_run = 1;
+			break;
+		case 'f':
+			arg_force = 1;
+			break;
 		case 'h':
 			help();
 			return EXIT_OK;
 		default:
 			return usage_error("%s: bad option", cmd);
 		}
+	if ((arg_dry_run || arg_force) && strcmp(cmd, "budget") != 0)
+		return usage_error("%s: --dry-run and --force are options of budget set (and "
+				   "--dry-run of tenant set and evict)", cmd);
 	return -1;
+}
+
+/*
+ * Prints what a dry run says the change would take: one line, then per tenant the block
+ * bytes, token slots and predicted cost, and that nothing was changed.
+ */
+static int plan_print(const kvd_evictions *e, const char *change) {
+	uint32_t n = kvd_evictions_tenants(e, 0);
+	uint64_t planned = 0, target = 0;
+	char a[CELL_MAX], b[CELL_MAX];
+	const char *note;
+	double x;
+
+	(void)kvd_evictions_u64(e, 0, "planned_bytes", &planned);
+	(void)kvd_evictions_u64(e, 0, "target_bytes", &target);
+	if (planned == 0) {
+		printf("dry run: %s would evict nothing now", change);
+		if (kvd_evictions_str(e, 0, "note", &note) == 0)
+			printf(" (%s)", note);
+		printf("; nothing was changed\n");
+		return output_flush();
+	}
+	printf("dry run: %s would evict %s now (the round's target: %s", change,
+	       size_format(planned, a, sizeof(a)), size_format(target, b, sizeof(b)));
+	if (kvd_evictions_double(e, 0, "predicted_error", &x) == 0)
+		printf("; predicted cost %.4g", x);
+	printf("); nothing was changed\n");
+	{
+		static const char *const titles[] = { "TENANT", "EVICTED", "TOKENS", "PREDICTED" };
+		_cleanup_(freep) char(*cells)[CELL_MAX] = calloc((size_t)MAX(n, 1u) * 4, CELL_MAX);
+
+		if (!cells)
+			return EXIT_FAIL;
+		for (uint32_t t = 0; t < n; t++) {
+			const char *name;
+			uint64_t bytes, tokens;
+
+			if (kvd_evictions_tenant(e, 0, t, &name, &bytes, &tokens) < 0)
+				return EXIT_FAIL;
+			snprintf(cells[t * 4], CELL_MAX, "%s", name);
+			size_format(bytes, cells[t * 4 + 1], CELL_MAX);
+			snprintf(cells[t * 4 + 2], CELL_MAX, "%" PRIu64, tokens);
+			if (kvd_evictions_tenant_double(e, 0, t, "predicted_error", &x) == 0)
+				snprintf(cells[t * 4 + 3], CELL_MAX, "%.4g", x);
+			else
+				snprintf(cells[t * 4 + 3], CELL_MAX, "-");
+		}
+		table_print(stdout, &(struct table){ .n_cols = 4, .n_rows = n, .titles = titles,
+		                                     .cells = cells });
+	}
+	return output_flush();
+}
+
+/* Parses the budget's SIZE or N% (of the pool). */
+static int parse_budget_arg(const char *arg, kvd_budget_params *p) {
+	size_t n = strlen(arg);
+
+	if (n > 1 && arg[n - 1] == '%') {
+		char digits[8] = "";
+
+		if (n - 1 < sizeof(digits))
+			memcpy(digits, arg, n - 1);
+		if (n - 1 >= sizeof(digits) || number_parse_u32(digits, 1, 100, &p->percent) < 0)
+			return usage_error("budget set: '%s' is not a percent of the pool (1%% to 100%%)",
+					   arg);
+		return 0;
+	}
+	return parse_size_arg("budget set", arg, &p->bytes) < 0 ? EXIT_USAGE : 0;
 }
 
 /* Connects, gets a status snapshot and reports errors; returns EXIT_OK or EXIT_FAIL. */
@@ -499,7 +588,6 @@ static int cmd_budget(int argc, char **argv) {
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
 	const char *sub;
-	uint64_t bytes;
 	char buf[CELL_MAX], what[CELL_MAX + 16];
 	int json = 0, r;
 
@@ -520,17 +608,32 @@ static int cmd_budget(int argc, char **argv) {
 	}
 	if (json)
 		return usage_error("budget %s: --json is an option of 'budget get' only", sub);
+	if ((arg_dry_run || arg_force) && strcmp(sub, "set") != 0)
+		return usage_error("budget %s: --dry-run and --force are options of 'budget set'", sub);
 
 	if (strcmp(sub, "set") == 0) {
+		kvd_budget_params bp = { .size = sizeof(bp), .flags = arg_force ? KVD_BUDGET_FORCE : 0 };
+
 		if (argc - optind != 2)
-			return usage_error("budget set: expected exactly one SIZE");
-		if (parse_size_arg("budget set", argv[optind + 1], &bytes) < 0)
+			return usage_error("budget set: expected exactly one SIZE or N%%");
+		if (parse_budget_arg(argv[optind + 1], &bp) != 0)
 			return EXIT_USAGE;
 		r = connect_admin(&c);
 		if (r != EXIT_OK)
 			return r;
-		snprintf(what, sizeof(what), "budget set %s", size_format(bytes, buf, sizeof(buf)));
-		r = kvd_budget_set(c, bytes);
+		if (bp.percent)
+			snprintf(what, sizeof(what), "budget set %u%%", bp.percent);
+		else
+			snprintf(what, sizeof(what), "budget set %s", size_format(bp.bytes, buf, sizeof(buf)));
+		if (arg_dry_run) {
+			_cleanup_(kvd_evictions_freep) kvd_evictions *plan = NULL;
+
+			r = kvd_budget_plan(c, &bp, &plan);
+			if (r < 0)
+				return request_error(c, r, what);
+			return plan_print(plan, what);
+		}
+		r = kvd_budget_set_params(c, &bp);
 		if (r < 0)
 			return request_error(c, r, what);
 		change_warning(c, r, what);
@@ -606,12 +709,14 @@ static int cmd_tenant(int argc, char **argv) {
 		{ "max", required_argument, NULL, 'M' },
 		{ "weight", required_argument, NULL, 'w' },
 		{ "policy", required_argument, NULL, 'p' },
+		{ "dry-run", no_argument, NULL, 'n' },
 		{ "socket", required_argument, NULL, 's' },
 		{ "help", no_argument, NULL, 'h' },
 		{},
 	};
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	kvd_tenant_params p = { .size = sizeof(p) };
+	int dry_run = 0;
 	const char *sub, *name;
 	char what[128];
 	int opt, r;
@@ -646,6 +751,9 @@ static int cmd_tenant(int argc, char **argv) {
 			p.policy = optarg;
 			p.set |= KVD_TENANT_SET_POLICY;
 			break;
+		case 'n':
+			dry_run = 1;
+			break;
 		case 's':
 			arg_socket = optarg;
 			break;
@@ -664,6 +772,8 @@ static int cmd_tenant(int argc, char **argv) {
 	if (argc - optind != 2)
 		return usage_error("tenant %s: expected exactly one NAME", sub);
 	name = argv[optind + 1];
+	if (dry_run && strcmp(sub, "set") != 0)
+		return usage_error("tenant %s: --dry-run is an option of 'tenant set'", sub);
 
 	if (strcmp(sub, "delete") == 0) {
 		if (p.set)
@@ -701,6 +811,14 @@ static int cmd_tenant(int argc, char **argv) {
 	if (r != EXIT_OK)
 		return r;
 	snprintf(what, sizeof(what), "tenant set %s", name);
+	if (dry_run) {
+		_cleanup_(kvd_evictions_freep) kvd_evictions *plan = NULL;
+
+		r = kvd_tenant_plan(c, name, &p, &plan);
+		if (r < 0)
+			return request_error(c, r, what);
+		return plan_print(plan, what);
+	}
 	r = kvd_tenant_set_params(c, name, &p);
 	if (r < 0)
 		return request_error(c, r, what);
@@ -715,6 +833,7 @@ static int cmd_evict(int argc, char **argv) {
 	static const struct option options[] = {
 		{ "tenant", required_argument, NULL, 't' },
 		{ "bytes", required_argument, NULL, 'b' },
+		{ "dry-run", no_argument, NULL, 'n' },
 		{ "socket", required_argument, NULL, 's' },
 		{ "help", no_argument, NULL, 'h' },
 		{},
@@ -723,7 +842,7 @@ static int cmd_evict(int argc, char **argv) {
 	const char *tenant = NULL;
 	uint64_t bytes = 0, freed = 0;
 	char what[128], a[CELL_MAX], b[CELL_MAX];
-	int opt, r;
+	int opt, r, dry_run = 0;
 
 	optind = 0;
 	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
@@ -738,6 +857,9 @@ static int cmd_evict(int argc, char **argv) {
 			if (bytes == 0)
 				return usage_error("--bytes: must be more than 0 (leave it out to evict "
 						   "down to the low watermark)");
+			break;
+		case 'n':
+			dry_run = 1;
 			break;
 		case 's':
 			arg_socket = optarg;
@@ -755,6 +877,14 @@ static int cmd_evict(int argc, char **argv) {
 	if (r != EXIT_OK)
 		return r;
 	snprintf(what, sizeof(what), "evict%s%s", tenant ? " --tenant " : "", tenant ? tenant : "");
+	if (dry_run) {
+		_cleanup_(kvd_evictions_freep) kvd_evictions *plan = NULL;
+
+		r = kvd_evict_plan(c, tenant, bytes, &plan);
+		if (r < 0)
+			return request_error(c, r, what);
+		return plan_print(plan, what);
+	}
 	r = kvd_evict(c, tenant, bytes, &freed);
 	if (r < 0)
 		return request_error(c, r, what);

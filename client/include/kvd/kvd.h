@@ -140,7 +140,7 @@ typedef struct kvd_index_spec {
 
 /*
  * Parameter structs (kvd_client_connect_params, kvd_model_register_params,
- * kvd_tenant_set_params). Each starts with `size`, which the caller sets to the struct's
+ * kvd_tenant_set_params, kvd_budget_set_params). Each starts with `size`, which the caller sets to the struct's
  * size as it compiled it (sizeof); new features extend these structs at their end, not the
  * function list. The library reads `size` bytes: a field past them (a caller built against
  * an older kvd.h) reads as 0, which always means the default or "unchanged"; a struct larger
@@ -184,6 +184,18 @@ typedef struct kvd_tenant_params {
 	uint32_t reserved;         /* 0 */
 	const char *policy;        /* eviction policy, by the names of kvd.conf(5) (policy) */
 } kvd_tenant_params;
+
+/* kvd_budget_params.flags */
+#define KVD_BUDGET_FORCE (1u << 0) /* set it even below the floor (kvd_budget_set_params) */
+
+typedef struct kvd_budget_params {
+	uint32_t size;             /* sizeof(kvd_budget_params) */
+	uint32_t flags;            /* KVD_BUDGET_* */
+	uint64_t bytes;            /* the budget, when percent is 0 */
+	uint32_t percent;          /* 1..100: this share of the pool instead (every device's
+	                            * together); 0: bytes */
+	uint32_t reserved;         /* 0 */
+} kvd_budget_params;
 
 typedef struct kvd_event {
 	uint32_t type; /* KVD_EVENT_* */
@@ -649,6 +661,17 @@ KVD_EXPORT int kvd_tenant_set_params(kvd_client *c, const char *tenant,
 		                     const kvd_tenant_params *p);
 
 /*
+ * kvd_budget_set with parameters (see "Parameter structs"): the budget in bytes or as a
+ * percent of the pool. The daemon refuses a budget below its floor, the tenants' guaranteed
+ * minimums together and at least one chunk, with -ERANGE unless p->flags has
+ * KVD_BUDGET_FORCE. Returns what kvd_budget_set returns, and -ERANGE, -E2BIG; -EINVAL also
+ * for unknown flags, a percent above 100 or reserved not 0.
+ * Since KVD_1.6.
+ */
+KVD_EXPORT int kvd_budget_set_params(kvd_client *c, const kvd_budget_params *p);
+
+
+/*
  * Live settings are kept across daemon restarts (in the daemon's state directory) and win
  * over the config file until reset.
  * kvd_budget_reset: the budget goes back to the daemon's --budget, the config file's value,
@@ -771,6 +794,31 @@ KVD_EXPORT uint32_t kvd_evictions_tenants(const kvd_evictions *e, uint32_t round
 KVD_EXPORT int kvd_evictions_tenant(const kvd_evictions *e, uint32_t round, uint32_t index,
 		                    const char **ret_name, uint64_t *ret_freed_bytes,
 		                    uint64_t *ret_evicted_tokens);
+/* A tenant's value of a round by name: "predicted_error" (plans only, see below): -ENOENT
+ * when absent. Since KVD_1.6. */
+KVD_EXPORT int kvd_evictions_tenant_double(const kvd_evictions *e, uint32_t round,
+		                           uint32_t index, const char *key, double *ret);
+
+/*
+ * Dry runs: what a change would evict, without making it. The daemon plans the round the
+ * change would start now (kvd_budget_set_params: a budget below use; kvd_tenant_set_params:
+ * a cap below what the tenant holds; kvd_evict), scoring and selecting as that round would,
+ * and applies nothing. *ret gets it as a kvd_evictions of one round (see kvd_evictions_get)
+ * with no "id": "target_bytes", "planned_bytes", "sequences", "units", "predicted_error",
+ * "trigger", "note" (when it would take nothing: why), and per tenant (kvd_evictions_tenant)
+ * the block bytes and token slots it would take, and its predicted cost
+ * (kvd_evictions_tenant_double, "predicted_error"). A change that evicts nothing gives a
+ * round with target 0. Made right after, with nothing else changing in between, the change
+ * takes what the plan says. The rights are those of the change; the errors are the change's
+ * (a budget below the floor without KVD_BUDGET_FORCE is -ERANGE here too) and -EBUSY (too
+ * many rounds waiting).
+ * Since KVD_1.6.
+ */
+KVD_EXPORT int kvd_budget_plan(kvd_client *c, const kvd_budget_params *p, kvd_evictions **ret);
+KVD_EXPORT int kvd_tenant_plan(kvd_client *c, const char *tenant, const kvd_tenant_params *p,
+		               kvd_evictions **ret);
+KVD_EXPORT int kvd_evict_plan(kvd_client *c, const char *tenant, uint64_t bytes,
+		              kvd_evictions **ret);
 
 /*
  * Who holds what on the node, as rows whose values are read by name (a kvd_table):
