@@ -45,6 +45,7 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.max_tx_bytes = UINT64_C(4) << 20,
 		.max_violations = 8,
 		.metrics_listen = s->metrics_listen,
+		.metrics_remote = s->metrics_remote == SETTINGS_YES,
 		.socket_group = s->socket_group,
 		.ring_entries = s->ring_entries,
 		.ring_doorbell = s->ring_doorbell,

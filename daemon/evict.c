@@ -99,7 +99,7 @@ struct evictor {
 	uint32_t draining_seen;       /* chunks draining at the last tick */
 	uint64_t last_interval_ms;
 
-	uint64_t next_id, rounds_total, last_round_us;
+	uint64_t next_id, rounds_total, rounds_failed, last_round_us;
 	struct record history[EVICT_HISTORY];
 	uint32_t history_n, history_head;
 };
@@ -432,6 +432,7 @@ static struct record *record_round(struct evictor *e, const struct round *r) {
 			memcpy(rec->tenants[rec->n_tenants++].name, r->tenants[i].name,
 			       sizeof(rec->tenants[0].name));
 	e->rounds_total++;
+	e->rounds_failed += r->error < 0;
 	return rec;
 }
 
@@ -1460,6 +1461,14 @@ bool evict_running(const struct evictor *e) {
 
 uint64_t evict_rounds_total(const struct evictor *e) {
 	return e->rounds_total;
+}
+
+uint64_t evict_rounds_failed(const struct evictor *e) {
+	return e->rounds_failed;
+}
+
+uint32_t evict_grants_waiting(const struct evictor *e) {
+	return e->n_grants;
 }
 
 uint64_t evict_last_round_us(const struct evictor *e) {

@@ -156,6 +156,9 @@ bool evict_running(const struct evictor *e);
 
 /* Statistics and history for status and EvictionsReply. */
 uint64_t evict_rounds_total(const struct evictor *e);
+uint64_t evict_rounds_failed(const struct evictor *e);
+/* Grows waiting for a round now. */
+uint32_t evict_grants_waiting(const struct evictor *e);
 uint64_t evict_last_round_us(const struct evictor *e);
 /* Fills rep with the history; the strings and arrays live in e until the next round.
  * Returns 0 or -ENOMEM; free with evict_history_free(). */

@@ -56,7 +56,8 @@ struct http {
 };
 
 int http_address_parse(const char *s, struct http_address *ret, const char **ret_why) {
-	static const char *const usage = "expected 127.0.0.1:PORT, [::1]:PORT or unix:/PATH";
+	static const char *const usage = "expected 127.0.0.1:PORT, [::1]:PORT or unix:/PATH (another "
+	                                 "address with metrics-remote = yes)";
 	struct http_address a = {};
 	char host[INET6_ADDRSTRLEN];
 	const char *port, *end;
@@ -81,6 +82,7 @@ int http_address_parse(const char *s, struct http_address *ret, const char **ret
 		a.un.sun_family = AF_UNIX;
 		strcpy(a.un.sun_path, path);
 		a.len = sizeof(a.un);
+		a.local = true;
 		*ret = a;
 		return 0;
 	}
@@ -114,26 +116,17 @@ int http_address_parse(const char *s, struct http_address *ret, const char **ret
 		return -EINVAL;
 	}
 	if (!bracketed && inet_pton(AF_INET, host, &a.in.sin_addr) == 1) {
-		/* The endpoint has no authentication: it must not be reachable from elsewhere. */
-		if ((ntohl(a.in.sin_addr.s_addr) >> 24) != 127) {
-			*ret_why = "not a loopback address: the metrics endpoint listens only on "
-			           "127.0.0.0/8, [::1] or a unix: socket";
-			return -EINVAL;
-		}
+		a.local = (ntohl(a.in.sin_addr.s_addr) >> 24) == 127;
 		a.in.sin_family = AF_INET;
 		a.in.sin_port = htons(n);
 		a.len = sizeof(a.in);
 	} else if (bracketed && inet_pton(AF_INET6, host, &a.in6.sin6_addr) == 1) {
-		if (!IN6_IS_ADDR_LOOPBACK(&a.in6.sin6_addr)) {
-			*ret_why = "not a loopback address: the metrics endpoint listens only on "
-			           "127.0.0.0/8, [::1] or a unix: socket";
-			return -EINVAL;
-		}
+		a.local = IN6_IS_ADDR_LOOPBACK(&a.in6.sin6_addr);
 		a.in6.sin6_family = AF_INET6;
 		a.in6.sin6_port = htons(n);
 		a.len = sizeof(a.in6);
 	} else {
-		*ret_why = "not a numeric loopback address (127.0.0.1:PORT, [::1]:PORT or unix:/PATH)";
+		*ret_why = "not a numeric address (127.0.0.1:PORT, [::1]:PORT or unix:/PATH)";
 		return -EINVAL;
 	}
 	*ret = a;

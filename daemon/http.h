@@ -12,11 +12,12 @@
  * request of at most HTTP_REQUEST_MAX bytes (431 past it), and one deadline per connection,
  * counted from accept and enforced by http_tick(), for the whole exchange.
  *
- * It listens on loopback or a Unix socket only: the text names every tenant and there is
- * no authentication, so nothing here is meant to be reachable from another machine.
+ * It listens on loopback or a Unix socket unless the operator opts in (metrics-remote =
+ * yes, checked by settings.c): the text names every tenant and there is no authentication.
  */
 
 #include <netinet/in.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -37,12 +38,13 @@ struct http_address {
 		struct sockaddr_un un;
 	};
 	socklen_t len;
+	bool local;                   /* loopback (127.0.0.0/8, ::1) or a Unix socket */
 };
 
 /*
- * Parses a listen address: "127.0.0.1:PORT" (any of 127.0.0.0/8), "[::1]:PORT" or
- * "unix:/path". Returns 0, or -EINVAL with *ret_why (a static string) saying what is wrong,
- * a non-loopback address included.
+ * Parses a listen address: "IPV4:PORT", "[IPV6]:PORT" (numeric) or "unix:/path". Returns 0,
+ * or -EINVAL with *ret_why (a static string) saying what is wrong. ret->local says whether
+ * only this machine can reach it.
  */
 int http_address_parse(const char *s, struct http_address *ret, const char **ret_why);
 /* The same check for a setting's value, where "" means off: 0, or -EINVAL and *ret_why. */

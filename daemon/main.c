@@ -216,6 +216,7 @@ int main(int argc, char *argv[]) {
 	if (r < 0)
 		goto finish;
 	srv->keep = keep;
+	srv->backend_fell_back = cfg.backend == SETTINGS_BACKEND_AUTO && ops->host_access;
 	/* From here the admin holds the settings the server points into (socket, metrics). */
 	r = admin_new(srv, &cfg, &arg_flags, &admin);
 	if (r < 0) {

@@ -35,6 +35,9 @@ READER(access_refused, s->access_refused)
 READER(uid_connections_refused, s->uid_connections_refused)
 READER(rounds_total, evict_rounds_total(s->evictor))
 READER(last_round_us, evict_last_round_us(s->evictor))
+READER(rounds_failed, evict_rounds_failed(s->evictor))
+READER(grants_waiting, evict_grants_waiting(s->evictor))
+READER(backend_fell_back, s->backend_fell_back)
 READER(unmap_timeouts, s->unmap_timeouts)
 READER(unmap_disconnects, s->unmap_disconnects)
 READER(accept_pauses, s->accept_pauses)
@@ -110,6 +113,15 @@ const struct node_value node_values[] = {
 	{ "rounds_total", "kvd_eviction_rounds_total", COUNTER,
 	  "Eviction rounds run, failed ones included.", read_rounds_total },
 	{ "last_round_us", NULL, GAUGE, NULL, read_last_round_us },
+	{ NULL, "kvd_eviction_rounds_failed_total", COUNTER,
+	  "Eviction rounds that failed (out of memory, a device error): nothing was applied.",
+	  read_rounds_failed },
+	{ NULL, "kvd_grants_waiting", GAUGE,
+	  "Grows the budget could not meet that wait for an eviction round now (grant-wait).",
+	  read_grants_waiting },
+	{ NULL, "kvd_backend_fell_back", GAUGE,
+	  "1 when backend auto found no usable GPU and the pool is host memory (the log says "
+	  "why); 0 otherwise.", read_backend_fell_back },
 };
 
 const size_t n_node_values = ELEMENTSOF(node_values);

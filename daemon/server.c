@@ -932,7 +932,11 @@ int server_run(struct server *s) {
 		r = http_start(s->http);
 	if (r < 0)
 		return log_error_errno(r, "cannot start the event loop");
-	if (s->http)
+	if (s->http && s->limits.metrics_remote)
+		log_notice("serving metrics on %s, which other machines may reach (metrics-remote = "
+		           "yes): no authentication, and the metrics name every tenant",
+		           s->limits.metrics_listen);
+	else if (s->http)
 		log_info("serving metrics on %s", s->limits.metrics_listen);
 
 	format_status(s, s->notify_status, sizeof(s->notify_status));

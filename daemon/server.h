@@ -84,6 +84,7 @@ struct server_limits {
 	uint64_t max_tx_bytes;        /* queued replies and events per connection */
 	uint32_t max_violations;      /* protocol errors before a disconnect */
 	const char *metrics_listen;   /* --metrics-listen: NULL or "" for no metrics endpoint */
+	bool metrics_remote;          /* --metrics-remote: it may be reachable from elsewhere */
 	const char *socket_group;     /* --socket-group: NULL or "" for the daemon's group */
 	/* Eviction (evict.h). */
 	uint32_t high_watermark, low_watermark; /* percent of the budget */
@@ -170,6 +171,7 @@ struct server {
 	bool stopping;
 	uint64_t stop_ms;
 	uint32_t ring_doorbell;       /* RING_DOORBELL_*: limits.ring_doorbell, resolved at start */
+	bool backend_fell_back;       /* backend auto found no usable GPU: the pool is host memory */
 	uint32_t n_hot;               /* connections the poller reads itself (conn.h) */
 	char warnings[WARNINGS_MAX];  /* standing warnings, one per line (warnings.h) */
 	struct loop_poller poller;    /* the rings, and the spin before sleeping (loop.h) */

@@ -52,6 +52,15 @@ const char *settings_backend_to_string(int v) {
 	return v >= 0 && v < _SETTINGS_BACKEND_MAX ? names[v] : NULL;
 }
 
+const char *settings_yes_no_to_string(int v) {
+	static const char *const names[_SETTINGS_YES_NO_MAX] = {
+		[SETTINGS_NO] = "no",
+		[SETTINGS_YES] = "yes",
+	};
+
+	return v >= 0 && v < _SETTINGS_YES_NO_MAX ? names[v] : NULL;
+}
+
 const char *settings_tenant_create_to_string(int v) {
 	static const char *const names[_SETTINGS_TENANT_CREATE_MAX] = {
 		[SETTINGS_TENANT_CREATE_ANY] = "any",
@@ -225,6 +234,10 @@ static const struct setting node_table[] = {
 	{ "metrics-listen", SETTING_STRING, 0, "ADDR", "", "",
 	  "Prometheus endpoint: 127.0.0.1:PORT, [::1]:PORT or unix:PATH; off by default",
 	  NODE(metrics_listen), 0, 0, .check = http_address_check },
+	{ "metrics-remote", SETTING_ENUM, 0, "YES|NO", "no", NULL,
+	  "let metrics-listen be an address other machines reach: the endpoint has no "
+	  "authentication and its metrics name every tenant",
+	  NODE(metrics_remote), .enum_name = settings_yes_no_to_string, .enum_n = _SETTINGS_YES_NO_MAX },
 	{ "config", SETTING_STRING, SETTING_FLAG_ONLY, "FILE", SETTINGS_DEFAULT_CONFIG, NULL,
 	  "config file; a missing default one is fine, a missing named one is an error",
 	  NODE(config), 1, PATH_MAX },
@@ -831,6 +844,17 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 	if (s->pool_percent != 0 && s->backend == SETTINGS_BACKEND_HOST)
 		check_error(s, e, settings_index("pool-percent"), settings_index("backend"),
 		            "needs the cuda or auto backend");
+	if (s->metrics_listen && *s->metrics_listen && s->metrics_remote != SETTINGS_YES) {
+		struct http_address a;
+		const char *why;
+
+		/* The endpoint has no authentication and names every tenant: beyond this
+		 * machine only when the operator says so. */
+		if (http_address_parse(s->metrics_listen, &a, &why) == 0 && !a.local)
+			check_error(s, e, settings_index("metrics-listen"), settings_index("metrics-remote"),
+			            "is reachable from other machines: set metrics-remote = yes to serve "
+			            "metrics there (no authentication; they name every tenant)");
+	}
 
 	for (uint32_t i = 0; i < s->n_tenants; i++) {
 		const struct settings_tenant *t = &s->tenants[i];

@@ -118,6 +118,14 @@ enum settings_tenant_create {
 
 const char *settings_tenant_create_to_string(int v);
 
+enum settings_yes_no {
+	SETTINGS_NO,
+	SETTINGS_YES,
+	_SETTINGS_YES_NO_MAX,
+};
+
+const char *settings_yes_no_to_string(int v);
+
 /* The entries of the tenant table, by index. */
 enum settings_tenant_key {
 	SETTINGS_TENANT_MIN,
@@ -187,6 +195,8 @@ struct settings {
 	int log_level;                /* LOG_ERR..LOG_DEBUG */
 	char *state_dir;
 	char *metrics_listen;         /* "": off */
+	int metrics_remote;           /* enum settings_yes_no: may metrics_listen be reachable
+	                               * from other machines */
 	char *config;
 	char *check_config;           /* NULL: not asked; "": --config's file */
 

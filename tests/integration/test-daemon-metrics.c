@@ -643,7 +643,8 @@ static int run_kvd(const char *const *args, char *out, size_t n) {
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-TEST(only_loopback_addresses) {
+/* Other machines' addresses need metrics-remote = yes; malformed ones are refused. */
+TEST(remote_addresses_need_opt_in) {
 	static const char *const loopback_refused[] = { "0.0.0.0:9100", "192.168.1.1:9100",
 		                                        "[::]:9100", "[::ffff:127.0.0.1]:9100",
 		                                        "[fe80::1]:9100" };
@@ -657,9 +658,13 @@ TEST(only_loopback_addresses) {
 	for (size_t i = 0; i < sizeof(loopback_refused) / sizeof(loopback_refused[0]); i++) {
 		const char *args[] = { "--socket", sock, "--metrics-listen", loopback_refused[i], NULL };
 
+		const char *opted[] = { "--metrics-listen", loopback_refused[i], "--metrics-remote",
+			                "yes", "--backend", "host", "--check-config", "/dev/null", NULL };
+
 		ASSERT_EQ(run_kvd(args, out, sizeof(out)), 2);
 		ASSERT_TRUE(strstr(out, "--metrics-listen"));
-		ASSERT_TRUE(strstr(out, "not a loopback address"));
+		ASSERT_TRUE(strstr(out, "set metrics-remote = yes"));
+		ASSERT_EQ(run_kvd(opted, out, sizeof(out)), 0);
 	}
 	for (size_t i = 0; i < sizeof(malformed) / sizeof(malformed[0]); i++) {
 		const char *args[] = { "--socket", sock, "--metrics-listen", malformed[i], NULL };

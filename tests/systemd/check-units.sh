@@ -5,21 +5,26 @@
 #  - systemd-analyze security --offline=yes on kvd.service: the overall exposure at most
 #    THRESHOLD (tenths: 6 is "0.6"), and no failed check but the ones the unit leaves out
 #    on purpose, so that dropping any hardening line fails here with its name;
+#  - the same for kvd.service with the metrics drop-in (DROPIN) applied: verify silent, the
+#    exposure at most DROPIN_THRESHOLD, and only the network checks it opens on purpose
+#    failing besides;
 #  - the units meson installs have every @placeholder@ filled in;
 #  - systemd-sysusers and systemd-tmpfiles --root=TMP create the users, groups and
 #    directories.
 # Usage: check-units.sh TEST_UNIT_DIR INSTALL_UNIT_DIR SYSUSERS_CONF TMPFILES_CONF THRESHOLD
+#                       DROPIN DROPIN_THRESHOLD
 # TEST_UNIT_DIR holds the units generated with ExecStart= pointing at the built daemon, so
 # that verify can check the binary; INSTALL_UNIT_DIR the ones `meson install` installs.
 set -euo pipefail
 
-if [ "$#" -ne 5 ]; then
-	echo "usage: $0 TEST_UNIT_DIR INSTALL_UNIT_DIR SYSUSERS_CONF TMPFILES_CONF THRESHOLD" >&2
+if [ "$#" -ne 7 ]; then
+	echo "usage: $0 TEST_UNIT_DIR INSTALL_UNIT_DIR SYSUSERS_CONF TMPFILES_CONF THRESHOLD" \
+		"DROPIN DROPIN_THRESHOLD" >&2
 	exit 2
 fi
 # sysusers and tmpfiles read a relative path under --root: make them absolute.
 units=$(realpath "$1") installed=$(realpath "$2") sysusers=$(realpath "$3")
-tmpfiles=$(realpath "$4") threshold=$5
+tmpfiles=$(realpath "$4") threshold=$5 dropin=$(realpath "$6") dropin_threshold=$7
 
 for tool in systemd-analyze systemd-sysusers systemd-tmpfiles; do
 	if ! command -v "$tool" >/dev/null; then
@@ -90,25 +95,42 @@ allowed=(
 	'ProcSubset='                        # would hide /proc/driver/nvidia
 	'PrivateUsers='                      # device node ownership
 )
-report=$(systemd-analyze security --offline=yes "$units/kvd.service" 2>&1) || {
-	bad "systemd-analyze security failed"
-	printf '%s\n' "$report" >&2
+# security UNIT THRESHOLD EXTRA...: the failed checks of UNIT are allowed ones or EXTRA,
+# and its exposure is at most THRESHOLD.
+security() {
+	local unit=$1 limit=$2 report line name ok a overall
+	shift 2
+	report=$(systemd-analyze security --offline=yes "$unit" 2>&1) || {
+		bad "systemd-analyze security failed on $unit"
+		printf '%s\n' "$report" >&2
+	}
+	while IFS= read -r line; do
+		name=$(awk '{print $2}' <<<"$line")
+		ok=0
+		for a in "${allowed[@]}" "$@"; do
+			[ "$name" = "$a" ] && ok=1
+		done
+		[ "$ok" = 1 ] || bad "security of $unit: $line"
+	done < <(grep '^✗' <<<"$report" || true)
+	overall=$(grep -o 'Overall exposure level for kvd.service: [0-9.]* [A-Z]*' <<<"$report" || true)
+	echo "security of ${unit#"$tmp"/}: ${overall:-no overall exposure level}"
+	[ -n "$overall" ] || bad "security printed no overall exposure level for $unit"
+	if ! systemd-analyze security --offline=yes --threshold="$limit" "$unit" >/dev/null 2>&1; then
+		bad "security: exposure of $unit above the threshold $limit (tenths): $overall"
+	fi
 }
-while IFS= read -r line; do
-	name=$(awk '{print $2}' <<<"$line")
-	ok=0
-	for a in "${allowed[@]}"; do
-		[ "$name" = "$a" ] && ok=1
-	done
-	[ "$ok" = 1 ] || bad "security: $line"
-done < <(grep '^✗' <<<"$report" || true)
-overall=$(grep -o 'Overall exposure level for kvd.service: [0-9.]* [A-Z]*' <<<"$report" || true)
-echo "security: ${overall:-no overall exposure level}"
-[ -n "$overall" ] || bad "security printed no overall exposure level"
-if ! systemd-analyze security --offline=yes --threshold="$threshold" "$units/kvd.service" \
-	>/dev/null 2>&1; then
-	bad "security: exposure above the threshold $threshold (tenths): $overall"
-fi
+security "$units/kvd.service" "$threshold"
+
+# 2b. With the metrics drop-in: its lines appended to the unit, as systemd merges a
+# drop-in. It opens the network, and nothing else.
+mkdir -p "$tmp/dropin"
+cp "$units/kvd.socket" "$tmp/dropin/"
+cat "$units/kvd.service" "$dropin" >"$tmp/dropin/kvd.service"
+out=$(cd "$tmp/dropin" && systemd-analyze verify "${verify_opts[@]}" ./kvd.socket ./kvd.service 2>&1) ||
+	bad "verify with the drop-in exited $?"
+[ -z "$out" ] || bad "systemd-analyze verify with the drop-in said something: $out"
+security "$tmp/dropin/kvd.service" "$dropin_threshold" 'RestrictAddressFamilies=~AF_(INET|INET6)' \
+	'PrivateNetwork=' 'IPAddressDeny='
 
 # 3. The installed units: no placeholder left, ExecStart= an absolute path to kvd.
 for f in "$installed/kvd.service" "$installed/kvd.socket"; do

@@ -195,7 +195,7 @@ TEST(every_error_with_its_line) {
 	             "hello-timeout = soon\n"                /* 5 */
 	             "log-level = loud\n"                    /* 6 */
 	             "socket =\n"                            /* 7 */
-	             "metrics-listen = 0.0.0.0:9100\n"       /* 8 */
+	             "metrics-listen = localhost:9100\n"     /* 8 */
 	             "= 3\n"                                 /* 9 */
 	             "just words\n"                          /* 10 */
 	             "[tenant]\n"                            /* 11 */
@@ -221,7 +221,7 @@ TEST(every_error_with_its_line) {
 	ASSERT_ERROR(&e, 5, "hello-timeout: 'soon' is not a number");
 	ASSERT_ERROR(&e, 6, "log-level: unknown log-level 'loud' (err, warning, notice, info, debug)");
 	ASSERT_ERROR(&e, 7, "socket: must not be empty");
-	ASSERT_ERROR(&e, 8, "metrics-listen: '0.0.0.0:9100': ");
+	ASSERT_ERROR(&e, 8, "metrics-listen: 'localhost:9100': ");
 	ASSERT_ERROR(&e, 9, "a key is missing before '='");
 	ASSERT_ERROR(&e, 10, "expected 'key = value'");
 	ASSERT_ERROR(&e, 11, "unknown section [tenant]");

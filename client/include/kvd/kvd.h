@@ -726,7 +726,9 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *   tenant: "used_bytes", "block_bytes", "min_bytes", "max_bytes" (UINT64_MAX: no cap),
  *           "weight", "sequences", "connections", "chunks", "evicted_bytes" (block bytes
  *           evicted from it), "evicted_tokens" (token slots, summed over tables),
- *           "rounds" (rounds that evicted from it); strings "min_source",
+ *           "rounds" (rounds that evicted from it), "grants", "grants_refused" (chunk
+ *           grants to it and refused to it), "grants_waited" (its grows that waited for an
+ *           eviction round); strings "min_source",
  *           "max_source", "weight_source" ("default", "config" or "live"), "policy",
  *           "policy_source".
  * kvd_status_get returns 0, or -ENOMEM, -ECONNRESET, -ECHILD. The getters return 0, or
