@@ -312,6 +312,40 @@ class BindingTest(DaemonTest):
             self.assertIsNone(self.client.next_event())
             self.assertGreaterEqual(self.client.fileno(), 0)
 
+    def test_who_holds_what_and_dry_runs(self):
+        m = self.client.register_model(2, 4, 2, 64, F16, 16, unit=kvd.UNIT_LAYER_TOKEN, window=8)
+        s = self.client.open(m, 4096)
+        s.grow(2048)
+        with kvd.Client(self.daemon.socket) as admin:
+            conns = {c.get("tenant"): c for c in admin.connections()}
+            self.assertEqual(conns["py"]["pid"], os.getpid())
+            self.assertEqual(conns["py"]["sequences"], 1)
+            seqs = admin.sequences("py")
+            self.assertEqual([q["tokens"] for q in seqs], [2048])
+            self.assertEqual(seqs[0]["evictable"], 1)
+            # A dry run takes nothing; the eviction it plans then takes what it said.
+            plan = admin.evict_plan(1 << 20, tenant="py")
+            self.assertNotIn("id", plan)
+            self.assertGreater(plan["planned_bytes"], 0)
+            self.assertEqual(s.tokens(0), 2048)
+            self.assertGreaterEqual(plan["tenants"][0]["predicted_error"], 0.0)
+            admin.evict(1 << 20, tenant="py")
+            done = admin.evictions()[-1]
+            self.assertEqual(done["tenants"][0]["freed_bytes"], plan["tenants"][0]["freed_bytes"])
+            self.assertEqual(done["planned_bytes"], plan["planned_bytes"])
+            # Budgets as a percent of the pool; below the floor only with force.
+            admin.budget_set(percent=50)
+            self.assertEqual(admin.status().get("budget_bytes"), admin.status().get("pool_bytes") // 2)
+            with self.assertRaises(kvd.KvdError) as e:
+                admin.budget_set(1)
+            self.assertEqual(e.exception.errno, errno.ERANGE)
+            with self.assertRaises(TypeError):
+                admin.budget_set(1 << 20, percent=10)
+            self.assertEqual(admin.budget_plan(percent=100)["target_bytes"], 0)
+            self.assertEqual(admin.tenant_plan("py", weight=2)["target_bytes"], 0)
+            admin.budget_reset()
+        s.release()
+
 
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]

@@ -603,45 +603,77 @@ static PyObject *client_set_ring(PyObject *self, PyObject *args) {
 	return r < 0 ? raise_kvd(c, r) : Py_NewRef(Py_None);
 }
 
-static PyObject *client_budget_set(PyObject *self, PyObject *args) {
+/* The budget of budget_set() and budget_plan(): bytes, or percent= of the pool; force=. */
+static int budget_params(PyObject *args, PyObject *kwds, kvd_budget_params *p) {
+	static char *kwlist[] = { "bytes", "percent", "force", NULL };
+	PyObject *bytes = Py_None;
+	unsigned int percent = 0;
+	int force = 0;
+
+	*p = (kvd_budget_params){ .size = sizeof(*p) };
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$Ip", kwlist, &bytes, &percent, &force))
+		return -1;
+	if ((bytes == Py_None) == (percent == 0)) {
+		PyErr_SetString(PyExc_TypeError, "give the budget in bytes or as percent=, one of them");
+		return -1;
+	}
+	if (bytes != Py_None) {
+		p->bytes = PyLong_AsUnsignedLongLong(bytes);
+		if (PyErr_Occurred())
+			return -1;
+	}
+	p->percent = percent;
+	p->flags = force ? KVD_BUDGET_FORCE : 0;
+	return 0;
+}
+
+static PyObject *client_budget_set(PyObject *self, PyObject *args, PyObject *kwds) {
 	kvd_client *c = client_open((ClientObject *)self);
-	unsigned long long bytes;
+	kvd_budget_params p;
 	int r;
 
-	if (!c || !PyArg_ParseTuple(args, "K", &bytes))
+	if (!c || budget_params(args, kwds, &p) < 0)
 		return NULL;
-	CALL_NOGIL(r, kvd_budget_set(c, bytes));
+	CALL_NOGIL(r, kvd_budget_set_params(c, &p));
 	return r < 0 ? raise_kvd(c, r) : PyBool_FromLong(r == 0);
 }
 
-static PyObject *client_tenant_set(PyObject *self, PyObject *args, PyObject *kwds) {
+/* The change of tenant_set() and tenant_plan(): the fields given, by keyword. */
+static int tenant_params(PyObject *args, PyObject *kwds, const char **tenant, kvd_tenant_params *p) {
 	static char *kwlist[] = { "tenant", "min_bytes", "max_bytes", "weight", "policy", NULL };
-	kvd_client *c = client_open((ClientObject *)self);
-	kvd_tenant_params p = { .size = sizeof(p) };
 	PyObject *min = Py_None, *max = Py_None, *weight = Py_None;
-	const char *tenant, *policy = NULL;
-	int r;
+	const char *policy = NULL;
 
-	if (!c || !PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOOz", kwlist, &tenant, &min, &max,
-	                                       &weight, &policy))
-		return NULL;
+	*p = (kvd_tenant_params){ .size = sizeof(*p) };
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOOz", kwlist, tenant, &min, &max, &weight,
+	                                 &policy))
+		return -1;
 	if (min != Py_None) {
-		p.set |= KVD_TENANT_SET_MIN;
-		p.min_bytes = PyLong_AsUnsignedLongLong(min);
+		p->set |= KVD_TENANT_SET_MIN;
+		p->min_bytes = PyLong_AsUnsignedLongLong(min);
 	}
 	if (max != Py_None) {
-		p.set |= KVD_TENANT_SET_MAX;
-		p.max_bytes = PyLong_AsUnsignedLongLong(max);
+		p->set |= KVD_TENANT_SET_MAX;
+		p->max_bytes = PyLong_AsUnsignedLongLong(max);
 	}
 	if (weight != Py_None) {
-		p.set |= KVD_TENANT_SET_WEIGHT;
-		p.weight = (uint32_t)PyLong_AsUnsignedLong(weight);
+		p->set |= KVD_TENANT_SET_WEIGHT;
+		p->weight = (uint32_t)PyLong_AsUnsignedLong(weight);
 	}
 	if (policy) {
-		p.set |= KVD_TENANT_SET_POLICY;
-		p.policy = policy;
+		p->set |= KVD_TENANT_SET_POLICY;
+		p->policy = policy;
 	}
-	if (PyErr_Occurred())
+	return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *client_tenant_set(PyObject *self, PyObject *args, PyObject *kwds) {
+	kvd_client *c = client_open((ClientObject *)self);
+	kvd_tenant_params p;
+	const char *tenant;
+	int r;
+
+	if (!c || tenant_params(args, kwds, &tenant, &p) < 0)
 		return NULL;
 	CALL_NOGIL(r, kvd_tenant_set_params(c, tenant, &p));
 	return r < 0 ? raise_kvd(c, r) : PyBool_FromLong(r == 0);
@@ -653,7 +685,8 @@ static PyObject *client_reset(PyObject *self, PyObject *args, int which) {
 	const char *tenant = NULL;
 	int r;
 
-	if (!c || !PyArg_ParseTuple(args, which == 0 ? "" : "s", &tenant))
+	/* budget_reset is METH_NOARGS: it gets no tuple at all. */
+	if (!c || (which != 0 && !PyArg_ParseTuple(args, "s", &tenant)))
 		return NULL;
 	CALL_NOGIL(r, which == 0 ? kvd_budget_reset(c) :
 	              which == 1 ? kvd_tenant_reset(c, tenant) : kvd_tenant_delete(c, tenant));
@@ -690,8 +723,9 @@ static PyObject *client_evict(PyObject *self, PyObject *args, PyObject *kwds) {
 static PyObject *eviction_round(const kvd_evictions *e, uint32_t round) {
 	static const char *const u64_keys[] = { "id", "start_ms", "duration_us", "score_us",
 		                                "select_us", "compact_us", "target_bytes",
-		                                "freed_bytes", "sequences", "units" };
-	static const char *const str_keys[] = { "trigger", "error" };
+		                                "freed_bytes", "sequences", "units",
+		                                "planned_bytes", "waiting_bytes", "dropped_bytes" };
+	static const char *const str_keys[] = { "trigger", "error", "note" };
 	PyObject *d = PyDict_New(), *tenants = NULL, *v;
 	const char *str;
 	uint64_t u;
@@ -728,6 +762,15 @@ static PyObject *eviction_round(const kvd_evictions *e, uint32_t round) {
 			continue;
 		v = Py_BuildValue("{s:s,s:K,s:K}", "name", name, "freed_bytes",
 		                  (unsigned long long)freed, "evicted_tokens", (unsigned long long)tokens);
+		if (v && kvd_evictions_tenant_double(e, round, i, "predicted_error", &x) == 0) {
+			PyObject *px = PyFloat_FromDouble(x);
+
+			if (!px || PyDict_SetItemString(v, "predicted_error", px) < 0) {
+				Py_XDECREF(px);
+				goto fail;
+			}
+			Py_DECREF(px);
+		}
 		if (!v || PyList_Append(tenants, v) < 0)
 			goto fail;
 		Py_DECREF(v);
@@ -769,6 +812,137 @@ static PyObject *client_evictions(PyObject *self, PyObject *unused) {
 	}
 	kvd_evictions_free(e);
 	return list;
+}
+
+/* A dry run's answer: its one round, as evictions() gives rounds. */
+static PyObject *plan_result(kvd_client *c, int r, kvd_evictions *e) {
+	PyObject *d;
+
+	if (r < 0)
+		return raise_kvd(c, r);
+	d = eviction_round(e, 0);
+	kvd_evictions_free(e);
+	return d;
+}
+
+static PyObject *client_budget_plan(PyObject *self, PyObject *args, PyObject *kwds) {
+	kvd_client *c = client_open((ClientObject *)self);
+	kvd_evictions *e = NULL;
+	kvd_budget_params p;
+	int r;
+
+	if (!c || budget_params(args, kwds, &p) < 0)
+		return NULL;
+	CALL_NOGIL(r, kvd_budget_plan(c, &p, &e));
+	return plan_result(c, r, e);
+}
+
+static PyObject *client_tenant_plan(PyObject *self, PyObject *args, PyObject *kwds) {
+	kvd_client *c = client_open((ClientObject *)self);
+	kvd_evictions *e = NULL;
+	kvd_tenant_params p;
+	const char *tenant;
+	int r;
+
+	if (!c || tenant_params(args, kwds, &tenant, &p) < 0)
+		return NULL;
+	CALL_NOGIL(r, kvd_tenant_plan(c, tenant, &p, &e));
+	return plan_result(c, r, e);
+}
+
+static PyObject *client_evict_plan(PyObject *self, PyObject *args, PyObject *kwds) {
+	static char *kwlist[] = { "bytes", "tenant", NULL };
+	kvd_client *c = client_open((ClientObject *)self);
+	unsigned long long bytes = 0;
+	const char *tenant = NULL;
+	kvd_evictions *e = NULL;
+	int r;
+
+	if (!c || !PyArg_ParseTupleAndKeywords(args, kwds, "|K$z", kwlist, &bytes, &tenant))
+		return NULL;
+	CALL_NOGIL(r, kvd_evict_plan(c, tenant, bytes, &e));
+	return plan_result(c, r, e);
+}
+
+/* A kvd_table as a list of dicts, by the keys kvd.h lists for it. */
+static PyObject *table_rows(const kvd_table *t, const char *const *u64_keys, size_t n_u64,
+                            const char *const *str_keys, size_t n_str) {
+	PyObject *list = PyList_New(0);
+
+	for (uint32_t i = 0; list && i < kvd_table_rows(t); i++) {
+		PyObject *d = PyDict_New(), *v = NULL;
+		const char *s;
+		uint64_t u;
+		bool ok = d != NULL;
+
+		for (size_t k = 0; ok && k < n_u64 + n_str; k++) {
+			if (k < n_u64 ? kvd_table_u64(t, i, u64_keys[k], &u) != 0 :
+			                kvd_table_str(t, i, str_keys[k - n_u64], &s) != 0)
+				continue;
+			v = k < n_u64 ? PyLong_FromUnsignedLongLong(u) : PyUnicode_FromString(s);
+			ok = v && PyDict_SetItemString(d, k < n_u64 ? u64_keys[k] : str_keys[k - n_u64], v) == 0;
+			Py_XDECREF(v);
+		}
+		if (!ok || PyList_Append(list, d) < 0)
+			Py_CLEAR(list);
+		Py_XDECREF(d);
+	}
+	return list;
+}
+
+static PyObject *client_connections(PyObject *self, PyObject *unused) {
+	static const char *const u64_keys[] = { "id", "pid", "uid", "age_ms", "sequences", "pinned",
+		                                "bytes", "outstanding", "ring", "device" };
+	static const char *const str_keys[] = { "tenant", "process" };
+	kvd_client *c = client_open((ClientObject *)self);
+	kvd_table *t = NULL;
+	PyObject *list;
+	int r;
+
+	(void)unused;
+	if (!c)
+		return NULL;
+	CALL_NOGIL(r, kvd_connections_get(c, &t));
+	if (r < 0)
+		return raise_kvd(c, r);
+	list = table_rows(t, u64_keys, sizeof(u64_keys) / sizeof(u64_keys[0]), str_keys,
+	                  sizeof(str_keys) / sizeof(str_keys[0]));
+	kvd_table_free(t);
+	return list;
+}
+
+static PyObject *client_sequences(PyObject *self, PyObject *args, PyObject *kwds) {
+	static const char *const u64_keys[] = { "id", "connection", "tokens", "max_tokens", "pins",
+		                                "bytes", "evictable", "evicted_tokens", "evicted_bytes",
+		                                "waiting_bytes", "layers", "kv_heads", "head_dim" };
+	static const char *const str_keys[] = { "tenant" };
+	static char *kwlist[] = { "tenant", NULL };
+	kvd_client *c = client_open((ClientObject *)self);
+	const char *tenant = NULL;
+	kvd_table *t = NULL;
+	PyObject *list;
+	int r;
+
+	if (!c || !PyArg_ParseTupleAndKeywords(args, kwds, "|z", kwlist, &tenant))
+		return NULL;
+	CALL_NOGIL(r, kvd_sequences_get(c, tenant, &t));
+	if (r < 0)
+		return raise_kvd(c, r);
+	list = table_rows(t, u64_keys, sizeof(u64_keys) / sizeof(u64_keys[0]), str_keys,
+	                  sizeof(str_keys) / sizeof(str_keys[0]));
+	kvd_table_free(t);
+	return list;
+}
+
+static PyObject *client_disconnect(PyObject *self, PyObject *args) {
+	kvd_client *c = client_open((ClientObject *)self);
+	unsigned long long id;
+	int r;
+
+	if (!c || !PyArg_ParseTuple(args, "K", &id))
+		return NULL;
+	CALL_NOGIL(r, kvd_disconnect(c, id));
+	return r < 0 ? raise_kvd(c, r) : Py_NewRef(Py_None);
 }
 
 static PyObject *status_wrap(kvd_status *st);
@@ -841,8 +1015,27 @@ static PyMethodDef client_methods[] = {
 	  "reconnect(timeout_ms=10000)\n--\n\nConnects again after the daemon went away." },
 	{ "set_ring", client_set_ring, METH_VARARGS,
 	  "set_ring(enable)\n--\n\nPer-step calls through the rings (True) or the socket." },
-	{ "budget_set", client_budget_set, METH_VARARGS,
-	  "budget_set(bytes)\n--\n\nSets the node budget; False when applied but not saved." },
+	{ "budget_set", (PyCFunction)(void (*)(void))client_budget_set, METH_VARARGS | METH_KEYWORDS,
+	  "budget_set(bytes=None, *, percent=0, force=False)\n--\n\nSets the node budget, in bytes "
+	  "or as a percent of the pool (below the floor only with force); False when applied but "
+	  "not saved." },
+	{ "budget_plan", (PyCFunction)(void (*)(void))client_budget_plan, METH_VARARGS | METH_KEYWORDS,
+	  "budget_plan(bytes=None, *, percent=0, force=False)\n--\n\nA dry run of budget_set: the "
+	  "round it would start, as a dict like evictions() gives (planned_bytes, tenants with "
+	  "freed_bytes, evicted_tokens, predicted_error), changing nothing." },
+	{ "tenant_plan", (PyCFunction)(void (*)(void))client_tenant_plan, METH_VARARGS | METH_KEYWORDS,
+	  "tenant_plan(tenant, *, min_bytes=None, max_bytes=None, weight=None, policy=None)\n--\n\n"
+	  "A dry run of tenant_set, as budget_plan." },
+	{ "evict_plan", (PyCFunction)(void (*)(void))client_evict_plan, METH_VARARGS | METH_KEYWORDS,
+	  "evict_plan(bytes=0, *, tenant=None)\n--\n\nA dry run of evict, as budget_plan." },
+	{ "connections", client_connections, METH_NOARGS,
+	  "connections()\n--\n\nWho is connected, as dicts (kvd_connections_get: id, pid, uid, "
+	  "tenant, process, sequences, pinned, bytes, ...)." },
+	{ "sequences", (PyCFunction)(void (*)(void))client_sequences, METH_VARARGS | METH_KEYWORDS,
+	  "sequences(tenant=None)\n--\n\nThe open sequences (of tenant), as dicts "
+	  "(kvd_sequences_get: id, connection, tenant, tokens, pins, bytes, ...)." },
+	{ "disconnect", client_disconnect, METH_VARARGS,
+	  "disconnect(connection)\n--\n\nCloses a connection of connections()." },
 	{ "budget_reset", client_budget_reset, METH_NOARGS,
 	  "budget_reset()\n--\n\nBack to the configured budget." },
 	{ "tenant_set", (PyCFunction)(void (*)(void))client_tenant_set, METH_VARARGS | METH_KEYWORDS,
