@@ -188,46 +188,40 @@ static int parse(int argc, char **argv, const char *cmd, bool tenant_ok, int *js
 	return -1;
 }
 
-int cmd_connections(int argc, char **argv) {
+/* kvdctl connections and kvdctl seqs: a listing, as a table or JSON. */
+static int list_command(int argc, char **argv, bool sequences) {
+	const char *cmd = sequences ? "seqs" : "connections";
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	_cleanup_(kvd_table_freep) kvd_table *t = NULL;
 	const char *tenant = NULL;
 	int json, r;
 
-	r = parse(argc, argv, "connections", false, &json, &tenant);
+	r = parse(argc, argv, cmd, sequences, &json, &tenant);
 	if (r >= 0)
 		return r;
 	r = connect_admin(&c);
 	if (r != EXIT_OK)
 		return r;
-	r = kvd_connections_get(c, &t);
+	r = sequences ? kvd_sequences_get(c, tenant, &t) : kvd_connections_get(c, &t);
 	if (r < 0)
-		return request_error(c, r, "connections");
+		return request_error(c, r, cmd);
+	if (sequences)
+		return emit(&(struct listing){ t, sequence_columns, ELEMENTSOF(sequence_columns),
+		                               sequence_json_extra, ELEMENTSOF(sequence_json_extra),
+		                               "No open sequences." },
+		            json);
 	return emit(&(struct listing){ t, connection_columns, ELEMENTSOF(connection_columns),
 	                               connection_json_extra, ELEMENTSOF(connection_json_extra),
 	                               "No connections." },
 	            json);
 }
 
-int cmd_seqs(int argc, char **argv) {
-	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
-	_cleanup_(kvd_table_freep) kvd_table *t = NULL;
-	const char *tenant = NULL;
-	int json, r;
+int cmd_connections(int argc, char **argv) {
+	return list_command(argc, argv, false);
+}
 
-	r = parse(argc, argv, "seqs", true, &json, &tenant);
-	if (r >= 0)
-		return r;
-	r = connect_admin(&c);
-	if (r != EXIT_OK)
-		return r;
-	r = kvd_sequences_get(c, tenant, &t);
-	if (r < 0)
-		return request_error(c, r, "seqs");
-	return emit(&(struct listing){ t, sequence_columns, ELEMENTSOF(sequence_columns),
-	                               sequence_json_extra, ELEMENTSOF(sequence_json_extra),
-	                               "No open sequences." },
-	            json);
+int cmd_seqs(int argc, char **argv) {
+	return list_command(argc, argv, true);
 }
 
 int cmd_disconnect(int argc, char **argv) {

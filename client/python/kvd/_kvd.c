@@ -890,48 +890,45 @@ static PyObject *table_rows(const kvd_table *t, const char *const *u64_keys, siz
 	return list;
 }
 
-static PyObject *client_connections(PyObject *self, PyObject *unused) {
-	static const char *const u64_keys[] = { "id", "pid", "uid", "age_ms", "sequences", "pinned",
+/* connections() and sequences(tenant): a listing as a list of dicts. */
+static PyObject *listing(PyObject *self, bool sequences, const char *tenant) {
+	static const char *const conn_u64[] = { "id", "pid", "uid", "age_ms", "sequences", "pinned",
 		                                "bytes", "outstanding", "ring", "device" };
-	static const char *const str_keys[] = { "tenant", "process" };
+	static const char *const conn_str[] = { "tenant", "process" };
+	static const char *const seq_u64[] = { "id", "connection", "tokens", "max_tokens", "pins",
+		                               "bytes", "evictable", "evicted_tokens", "evicted_bytes",
+		                               "waiting_bytes", "layers", "kv_heads", "head_dim" };
+	static const char *const seq_str[] = { "tenant" };
 	kvd_client *c = client_open((ClientObject *)self);
 	kvd_table *t = NULL;
 	PyObject *list;
 	int r;
 
-	(void)unused;
 	if (!c)
 		return NULL;
-	CALL_NOGIL(r, kvd_connections_get(c, &t));
+	CALL_NOGIL(r, sequences ? kvd_sequences_get(c, tenant, &t) : kvd_connections_get(c, &t));
 	if (r < 0)
 		return raise_kvd(c, r);
-	list = table_rows(t, u64_keys, sizeof(u64_keys) / sizeof(u64_keys[0]), str_keys,
-	                  sizeof(str_keys) / sizeof(str_keys[0]));
+	list = sequences ? table_rows(t, seq_u64, sizeof(seq_u64) / sizeof(seq_u64[0]), seq_str,
+	                              sizeof(seq_str) / sizeof(seq_str[0])) :
+	                   table_rows(t, conn_u64, sizeof(conn_u64) / sizeof(conn_u64[0]), conn_str,
+	                              sizeof(conn_str) / sizeof(conn_str[0]));
 	kvd_table_free(t);
 	return list;
 }
 
-static PyObject *client_sequences(PyObject *self, PyObject *args, PyObject *kwds) {
-	static const char *const u64_keys[] = { "id", "connection", "tokens", "max_tokens", "pins",
-		                                "bytes", "evictable", "evicted_tokens", "evicted_bytes",
-		                                "waiting_bytes", "layers", "kv_heads", "head_dim" };
-	static const char *const str_keys[] = { "tenant" };
-	static char *kwlist[] = { "tenant", NULL };
-	kvd_client *c = client_open((ClientObject *)self);
-	const char *tenant = NULL;
-	kvd_table *t = NULL;
-	PyObject *list;
-	int r;
+static PyObject *client_connections(PyObject *self, PyObject *unused) {
+	(void)unused;
+	return listing(self, false, NULL);
+}
 
-	if (!c || !PyArg_ParseTupleAndKeywords(args, kwds, "|z", kwlist, &tenant))
+static PyObject *client_sequences(PyObject *self, PyObject *args, PyObject *kwds) {
+	static char *kwlist[] = { "tenant", NULL };
+	const char *tenant = NULL;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|z", kwlist, &tenant))
 		return NULL;
-	CALL_NOGIL(r, kvd_sequences_get(c, tenant, &t));
-	if (r < 0)
-		return raise_kvd(c, r);
-	list = table_rows(t, u64_keys, sizeof(u64_keys) / sizeof(u64_keys[0]), str_keys,
-	                  sizeof(str_keys) / sizeof(str_keys[0]));
-	kvd_table_free(t);
-	return list;
+	return listing(self, true, tenant);
 }
 
 static PyObject *client_disconnect(PyObject *self, PyObject *args) {
