@@ -1297,7 +1297,7 @@ static void handle_plan(struct conn *c, uint64_t id, const Envelope *request,
 	struct tenant *only = NULL;
 	enum round_trigger trigger;
 	char why[WHY_MAX];
-	uint64_t target;
+	uint64_t bytes = 0;
 	int r;
 
 	if (!!req->budget_set + !!req->tenant_set + !!req->evict != 1) {
@@ -1320,28 +1320,19 @@ static void handle_plan(struct conn *c, uint64_t id, const Envelope *request,
 		return;
 	}
 	if (req->budget_set) {
-		uint64_t bytes = 0;
-
 		r = budget_change(s, req->budget_set, &bytes, why);
 		if (r < 0) {
 			envelope_reply_error(c, id, r, "%s", why);
 			return;
 		}
 		trigger = ROUND_BUDGET;
-		target = evict_budget_target(s->evictor, bytes);
 	} else if (req->tenant_set) {
-		const struct tenant *t;
-
 		r = tenant_change(s, req->tenant_set, &patch, why);
 		if (r < 0) {
 			envelope_reply_error(c, id, r, "%s", why);
 			return;
 		}
-		t = tenant_find(&s->tenants, req->tenant_set->name);
 		trigger = ROUND_CAP;
-		/* Only a cap below what the tenant holds evicts at once. */
-		target = t && patch.max_bytes < t->used_bytes ?
-		                 evict_cap_target(s->evictor, t, patch.max_bytes) : 0;
 	} else {
 		if (req->evict->tenant) {
 			only = tenant_find(&s->tenants, req->evict->tenant);
@@ -1351,10 +1342,9 @@ static void handle_plan(struct conn *c, uint64_t id, const Envelope *request,
 			}
 		}
 		trigger = ROUND_EVICT;
-		target = req->evict->has_bytes && req->evict->bytes ? req->evict->bytes :
-		         evict_default_target(s->evictor);
+		bytes = req->evict->has_bytes ? req->evict->bytes : 0;
 	}
-	r = evict_plan(s->evictor, c, id, only, target, trigger, &patch);
+	r = evict_plan(s->evictor, c, id, trigger, only, bytes, &patch);
 	if (r == -EBUSY)
 		server_refused(s, c, LIMIT_EVICT_REQUESTS);
 	if (r < 0)

@@ -1079,6 +1079,53 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 	          round_trigger_to_string(why), r->n_seqs, (unsigned long long)target);
 }
 
+uint64_t evict_default_target(const struct evictor *e) {
+	const struct server *s = e->srv;
+	uint64_t used = used_not_taken(s), low = watermark(s->pool->budget_bytes, s->limits.low_watermark);
+
+	return used > low ? used - low : 0;
+}
+
+uint64_t evict_budget_target(const struct evictor *e, uint64_t budget) {
+	const struct server *s = e->srv;
+	uint64_t used = used_not_taken(s);
+
+	if (used <= watermark(budget, s->limits.high_watermark))
+		return 0;
+	return used - watermark(budget, s->limits.low_watermark);
+}
+
+uint64_t evict_cap_target(const struct evictor *e, const struct tenant *t, uint64_t t_max) {
+	const struct server *s = e->srv;
+	uint64_t over = 0;
+
+	for (uint32_t i = 0; i < s->tenants.n; i++) {
+		const struct tenant *o = s->tenants.tenants[i];
+		uint64_t max = o == t ? t_max : o->max_bytes;
+
+		if (max != KVD_TENANT_NO_CAP && o->used_bytes > max)
+			over += o->used_bytes - max;
+	}
+	return over;
+}
+
+/* What the change a plan is for would have a round free now (see evict_plan()). */
+static uint64_t plan_target(const struct evictor *e, const struct evict_waiter *w) {
+	const struct tenant *t;
+
+	switch (w->trigger) {
+	case ROUND_BUDGET:
+		return evict_budget_target(e, w->bytes);
+	case ROUND_CAP:
+		t = w->patch.tenant_id ? tenant_find_id(&e->srv->tenants, w->patch.tenant_id) : NULL;
+		/* Only a cap below what the tenant holds evicts at once. */
+		return t && w->patch.max_bytes < t->used_bytes ?
+		               evict_cap_target(e, t, w->patch.max_bytes) : 0;
+	default:
+		return w->bytes ? w->bytes : evict_default_target(e);
+	}
+}
+
 void evict_kick(struct evictor *e, enum round_trigger why) {
 	struct server *s = e->srv;
 	struct pool *p = s->pool;
@@ -1089,7 +1136,7 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		e->budget_lowered = true;
 	if (e->running || s->stopping)
 		return;
-	if (e->n_waiters > 0) {
+	while (e->n_waiters > 0) {
 		struct evict_waiter w = e->waiters[0];
 		int only = -1;
 
@@ -1098,13 +1145,21 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 			for (uint32_t i = 0; i < s->tenants.n; i++)
 				if (s->tenants.tenants[i]->id == w.tenant_id)
 					only = (int)i;
-		target = w.bytes;
-		if (w.tenant_id && only < 0) {
+		if (w.tenant_id && only < 0)
 			/* Its tenant was forgotten since (it held nothing): nothing to free, and
 			 * certainly not from the others. */
 			target = 0;
-		} else if (target == 0 && !w.dry) {
-			target = evict_default_target(e);
+		else if (w.dry)
+			/* Now, not when asked: a round that ran in between changed what is used. */
+			target = plan_target(e, &w);
+		else
+			target = w.bytes ? w.bytes : evict_default_target(e);
+		if (w.dry && target == 0) {
+			/* Nothing to plan: the answer says so at once, as a round would. */
+			struct round r = { .trigger = w.trigger, .only = -1 };
+
+			reply_plan(e, &w, &r);
+			continue;
 		}
 		e->running_request = true;
 		e->running_waiter = w;
@@ -1152,36 +1207,6 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 	e->budget_lowered = false;
 	e->cap_lowered = false;
 	start_round(e, why, target, -1, device);
-}
-
-uint64_t evict_default_target(const struct evictor *e) {
-	const struct server *s = e->srv;
-	uint64_t used = used_not_taken(s), low = watermark(s->pool->budget_bytes, s->limits.low_watermark);
-
-	return used > low ? used - low : 0;
-}
-
-uint64_t evict_budget_target(const struct evictor *e, uint64_t budget) {
-	const struct server *s = e->srv;
-	uint64_t used = used_not_taken(s);
-
-	if (used <= watermark(budget, s->limits.high_watermark))
-		return 0;
-	return used - watermark(budget, s->limits.low_watermark);
-}
-
-uint64_t evict_cap_target(const struct evictor *e, const struct tenant *t, uint64_t t_max) {
-	const struct server *s = e->srv;
-	uint64_t over = 0;
-
-	for (uint32_t i = 0; i < s->tenants.n; i++) {
-		const struct tenant *o = s->tenants.tenants[i];
-		uint64_t max = o == t ? t_max : o->max_bytes;
-
-		if (max != KVD_TENANT_NO_CAP && o->used_bytes > max)
-			over += o->used_bytes - max;
-	}
-	return over;
 }
 
 void evict_cap_lowered(struct evictor *e) {
@@ -1291,27 +1316,19 @@ void evict_chunks_back(struct evictor *e) {
 	}
 }
 
-int evict_plan(struct evictor *e, struct conn *c, uint64_t id, struct tenant *only, uint64_t target,
-               enum round_trigger trigger, const struct evict_patch *patch) {
+int evict_plan(struct evictor *e, struct conn *c, uint64_t id, enum round_trigger trigger,
+               struct tenant *only, uint64_t bytes, const struct evict_patch *patch) {
 	struct evict_waiter w = {
 		.conn_id = c->id,
 		.id = id,
 		.tenant_id = only ? only->id : 0,
-		.bytes = target,
+		.bytes = bytes,
 		.dry = true,
 		.trigger = trigger,
 	};
 
 	if (patch)
 		w.patch = *patch;
-	if (target == 0) {
-		/* Nothing to plan: the answer says so at once, as a round would. */
-		struct round r = { .trigger = trigger, .only = -1 };
-
-		c->outstanding++;
-		reply_plan(e, &w, &r);
-		return 0;
-	}
 	if (e->n_waiters == EVICT_WAITERS_MAX)
 		return -EBUSY;
 	e->waiters[e->n_waiters++] = w;

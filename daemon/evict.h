@@ -85,15 +85,18 @@ struct evict_patch {
 };
 
 /*
- * Queues a dry run (kvdctl --dry-run): a round that scores and selects as a round for
- * `trigger` would, with target bytes, from tenant only (NULL: ranked across all), with patch
- * (NULL: none) in its snapshot, and answers request id with what it would take (an
- * EvictionsReply of that one round, with the per-tenant planned bytes, tokens and predicted
- * cost), applying nothing and changing no smoothed score. A target of 0 is answered at once.
- * Returns 0, or -EBUSY (too many waiting), -ENOMEM.
+ * Queues a dry run (kvdctl --dry-run) of the change that would start a round for trigger:
+ * ROUND_BUDGET, a budget of `bytes`; ROUND_CAP, tenant patch->tenant_id's settings as patch
+ * says; ROUND_EVICT, kvd_evict of `bytes` (0: down to the low watermark) from tenant only
+ * (NULL: ranked across all). When its turn comes (after the round running now, so that it
+ * sees what that round left), the target is worked out as the change would work it out, and
+ * a round scores and selects with patch in its snapshot; request id is answered with what it
+ * would take (an EvictionsReply of that one round, with the per-tenant planned bytes, tokens
+ * and predicted cost), nothing applied, no smoothed score changed. A target of 0 is
+ * answered without a round. Returns 0, or -EBUSY (too many waiting).
  */
-int evict_plan(struct evictor *e, struct conn *c, uint64_t id, struct tenant *only, uint64_t target,
-               enum round_trigger trigger, const struct evict_patch *patch);
+int evict_plan(struct evictor *e, struct conn *c, uint64_t id, enum round_trigger trigger,
+               struct tenant *only, uint64_t bytes, const struct evict_patch *patch);
 
 /* What kvd_evict without a size sets out to free: down to the low watermark. */
 uint64_t evict_default_target(const struct evictor *e);

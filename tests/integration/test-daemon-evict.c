@@ -558,6 +558,57 @@ TEST(round_races_unpin) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* A dry run asked for while a round runs is planned after it, on what it left: not on use
+ * as it was when asked. */
+TEST(plan_waits_for_the_running_round) {
+	struct fixture f;
+	struct eng a;
+	char gate[64];
+	uint64_t used, budget, low, target = 0;
+	int fd, out[2];
+	pid_t pid, planner;
+
+	TEST_NEEDS_HOOKS();
+	gate_make(&f, gate, sizeof(gate));
+	eng_start(&f, &a, "a", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 31);
+	eng_grow(&a, 2048, 512);
+	used = fixture_status(&f, NULL, "used_bytes");
+	budget = used / 10 * 9;
+	low = budget / 100 * 85 + budget % 100 * 85 / 100; /* the daemon's low watermark */
+	pid = evict_async(&f, "a", 512u << 10);
+	fd = gate_wait(gate);
+	ASSERT_OK(pipe(out));
+	planner = fixture_fork();
+	if (planner == 0) {
+		kvd_budget_params bp = { .size = sizeof(bp), .bytes = budget };
+		kvd_evictions *plan = NULL;
+		kvd_client *c;
+
+		if (kvd_client_connect(f.socket, NULL, &c) < 0 || kvd_budget_plan(c, &bp, &plan) < 0 ||
+		    kvd_evictions_u64(plan, 0, "target_bytes", &target) < 0)
+			_exit(1);
+		_exit(write(out[1], &target, sizeof(target)) == sizeof(target) ? 0 : 2);
+	}
+	close(out[1]);
+	/* The plan reaches the daemon while the round waits at the gate. */
+	usleep(200000);
+	gate_release(fd);
+	ASSERT_EQ(wait_exit(pid), 0);
+	/* The plan's own round, at the gate in its turn. */
+	gate_release(gate_wait(gate));
+	ASSERT_EQ(wait_exit(planner), 0);
+	ASSERT_EQ(read(out[0], &target, sizeof(target)), (ssize_t)sizeof(target));
+	close(out[0]);
+	/* Planned on use as the round left it, which took something. */
+	ASSERT_TRUE(target > 0);
+	ASSERT_TRUE(target < used - low);
+	eng_drain(&a);
+	eng_check(&a);
+	eng_stop(&a);
+	unlink(gate);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* Lowering the budget below use starts a round that brings use under it. */
 TEST(budget_set_below_use) {
 	struct fixture f;
