@@ -634,6 +634,11 @@ static int cmd_budget(int argc, char **argv) {
 			return plan_print(plan, what);
 		}
 		r = kvd_budget_set_params(c, &bp);
+		if (r == -ERANGE && !arg_force) {
+			r = request_error(c, r, what);
+			fprintf(stderr, "kvdctl: add --force to set a budget below the floor anyway\n");
+			return r;
+		}
 		if (r < 0)
 			return request_error(c, r, what);
 		change_warning(c, r, what);
