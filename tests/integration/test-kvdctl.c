@@ -1008,6 +1008,7 @@ TEST(log_names_who_and_stays_quiet_for_kvdctl) {
 	struct holder a;
 	kvd_seq *extra;
 	kvd_client *c;
+	struct run *r;
 	int m;
 
 	fixture_setup(&f, config, true);
@@ -1032,7 +1033,11 @@ TEST(log_names_who_and_stays_quiet_for_kvdctl) {
 	         (unsigned)getuid());
 	ASSERT_TRUE(fixture_wait_log(&f, want, 1));
 	/* Rounds are logged, one line each, with what they applied. */
-	ASSERT_EXIT(kvdctl(f.socket, "evict --tenant alpha"), 0);
+	r = kvdctl(f.socket, "evict --tenant alpha --bytes 1MiB");
+	ASSERT_EXIT(r, 0);
+	/* It freed nothing, and says why: alpha's model has no eviction unit. */
+	ASSERT_CONTAINS(r->out, "freed 0 B of 1.0 MiB requested");
+	ASSERT_CONTAINS(r->out, "why: nothing to evict: no open sequence of tenant alpha");
 	ASSERT_TRUE(fixture_wait_log(&f, "eviction round 1 (evict): target ", 1));
 	unhold(&a);
 	/* kvdctl's hellos are not there: 7 connections, 2 hellos logged (the tenant's). */

@@ -901,6 +901,21 @@ static int cmd_evict(int argc, char **argv) {
 	if (tenant)
 		printf(" from tenant %s", tenant);
 	printf("\n");
+	/* Nothing freed: the round's note says why (the latest evict round is this one,
+	 * unless another kvdctl evict ran at the same moment). */
+	if (freed == 0) {
+		_cleanup_(kvd_evictions_freep) kvd_evictions *e = NULL;
+
+		for (uint32_t i = kvd_evictions_get(c, &e) < 0 ? 0 : kvd_evictions_count(e); i-- > 0;) {
+			const char *trigger, *note;
+
+			if (kvd_evictions_str(e, i, "trigger", &trigger) < 0 || strcmp(trigger, "evict") != 0)
+				continue;
+			if (kvd_evictions_str(e, i, "note", &note) == 0)
+				printf("why: %s\n", note);
+			break;
+		}
+	}
 	return output_flush();
 }
 
