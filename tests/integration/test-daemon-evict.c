@@ -689,15 +689,24 @@ static void assert_same_take(const kvd_evictions *plan, const kvd_evictions *his
 	ASSERT_EQ(bytes, planned);
 }
 
-/* Both engines' unmaps answered and back in the pool: the next plan and change see the
- * same node. */
+/* The node at rest: no chunk waiting for the engines to unmap it, and no round started for
+ * 20 looks in a row (a round may follow another, a watermark one after a budget one), so
+ * that the next plan and change see the same node. */
 static void settle(struct fixture *f, struct eng *a, struct eng *b) {
-	for (int i = 0; i < 500 && fixture_status(f, NULL, "chunks_draining") > 0; i++) {
+	uint64_t rounds = fixture_status(f, NULL, "rounds_total");
+	int quiet = 0;
+
+	for (int i = 0; i < 1000 && quiet < 20; i++) {
+		uint64_t now;
+
 		eng_drain(a);
 		eng_drain(b);
+		now = fixture_status(f, NULL, "rounds_total");
+		quiet = now == rounds && fixture_status(f, NULL, "chunks_draining") == 0 ? quiet + 1 : 0;
+		rounds = now;
 		usleep(10000);
 	}
-	ASSERT_EQ(fixture_status(f, NULL, "chunks_draining"), 0u);
+	ASSERT_EQ(quiet, 20);
 }
 
 /* A dry run says what the change then takes, tenant by tenant, and changes nothing; a
