@@ -116,8 +116,10 @@ static int snap_item(struct job *j, uint32_t h, float *scratch) {
 	r = kvd_attn_head_buf(in, h, probs, tmp + L);
 	if (r >= 0)
 		r = kvd_temporal_agg(j->p->temporal, j->p->alpha, probs, w, L, n, tmp);
+	/* AdaKV over a group pools after the group mean (kvd_bl_finish). */
 	if (r >= 0)
-		r = kvd_pool_row(j->p->pool, j->p->kernel, 0, tmp, n, row);
+		r = kvd_pool_row(kvd_bl_pool_after_mean(j->b, j->p, in) ? KVD_POOL_NONE : j->p->pool,
+				 j->p->kernel, 0, tmp, n, row);
 	memset(row + n, 0, (size_t)w * sizeof(float));
 	return r;
 }
@@ -392,10 +394,8 @@ int kvd_baseline_scores(enum kvd_baseline b, const struct kvd_baseline_params *p
 	r = kvd_bl_check(b, p, in, scores);
 	if (r < 0)
 		return r;
-	if (b == KVD_BASELINE_STREAMINGLLM) {
-		kvd_bl_finish(b, p, in, NULL, NULL, scores);
-		return 0;
-	}
+	if (b == KVD_BASELINE_STREAMINGLLM)
+		return kvd_bl_finish(b, p, in, NULL, NULL, kvd_pool_row, scores);
 
 	j.items = kvd_bl_per_kv_head(b) ? in->kv_heads : in->heads;
 	switch (b) {
@@ -457,7 +457,7 @@ int kvd_baseline_scores(enum kvd_baseline b, const struct kvd_baseline_params *p
 			j.ops->axpy(in->len, 1.0f, j.rows + (size_t)h * in->len, layer);
 		j.ops->scale(layer, in->len, 1.0f / (float)in->heads);
 	}
-	kvd_bl_finish(b, p, in, layer ? layer : j.rows, j.vnorm, scores);
+	r = kvd_bl_finish(b, p, in, layer ? layer : j.rows, j.vnorm, kvd_pool_row, scores);
 out:
 	free(j.rows), free(j.vnorm), free(rope), free(layer);
 	return r;

@@ -188,7 +188,8 @@ int kvd_baseline_scores(enum kvd_baseline b, const struct kvd_baseline_params *p
  *   step = (max - min) // (n_layers - 1);  budget[l] = max - l*step.
  *
  * As published, a prompt shorter than capacity is not compressed: every layer keeps all
- * len - window prefix tokens. With len >= capacity every budget lies in [0, len - window].
+ * len - window prefix tokens, and one shorter than 2B (capacity <= len < 2B) keeps B at
+ * every layer, as SnapKV. With len >= capacity every budget lies in [0, len - window].
  * Deviation: n_layers == 1 (a division by zero in the published code) gives B.
  * Published totals exceed n_layers*B by the rounding of step.
  *

@@ -21,15 +21,32 @@ int kvd_bl_per_kv_head(enum kvd_baseline b);
 int kvd_bl_check(enum kvd_baseline b, const struct kvd_baseline_params *p,
 		 const struct kvd_attn_in *in, const float *scores);
 
+/* A pooling of one row (kvd_pool_row or kvd_pool_row_ref, smooth.h). */
+typedef int (*kvd_bl_pool_fn)(enum kvd_pool_mode mode, uint32_t kernel, int32_t shift,
+			      const float *in, uint32_t n, float *out);
+
+/*
+ * Whether the snap pipeline pools after the group mean (kvd_bl_finish) rather than per
+ * query head before it: AdaKV over a GQA group, whose published code (FFY0/AdaKV, GQA
+ * support) averages the group's window scores and then max-pools them. SnapKV and PyramidKV
+ * pool per query head, as kvpress does (with average pooling the order does not matter).
+ */
+static inline int kvd_bl_pool_after_mean(enum kvd_baseline b, const struct kvd_baseline_params *p,
+					 const struct kvd_attn_in *in) {
+	return b == KVD_BASELINE_ADAKV && !p->per_query_head && in->heads != in->kv_heads &&
+	       p->pool != KVD_POOL_NONE;
+}
+
 /*
  * From per-item rows (qrows: [H][L] per query head, or [Hkv][L] per kv head for
  * kvd_bl_per_kv_head() baselines; TOVA: one layer row) to scores[rows][L]: the group mean
- * (fp32, head order) or a copy, then ExpectedAttention's (x + eps) * ||v|| (vnorm
- * [Hkv][L], or NULL), then NaN -> -inf and the protected tokens -> +inf.
+ * (fp32, head order) or a copy, pooled over the prefix with pool when
+ * kvd_bl_pool_after_mean(), then ExpectedAttention's (x + eps) * ||v|| (vnorm [Hkv][L], or
+ * NULL), then NaN -> -inf and the protected tokens -> +inf. Returns 0 or -ENOMEM.
  */
-void kvd_bl_finish(enum kvd_baseline b, const struct kvd_baseline_params *p,
-		   const struct kvd_attn_in *in, const float *qrows, const float *vnorm,
-		   float *scores);
+int kvd_bl_finish(enum kvd_baseline b, const struct kvd_baseline_params *p,
+		  const struct kvd_attn_in *in, const float *qrows, const float *vnorm,
+		  kvd_bl_pool_fn pool, float *scores);
 
 /* The view of rows [t0, t1) of in's window as a window of its own (keys 0..L-w+t1-1). */
 void kvd_bl_window_rows(const struct kvd_attn_in *in, uint32_t t0, uint32_t t1,

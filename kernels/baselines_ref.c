@@ -116,11 +116,16 @@ int kvd_bl_check(enum kvd_baseline b, const struct kvd_baseline_params *p,
 	return 0;
 }
 
-void kvd_bl_finish(enum kvd_baseline b, const struct kvd_baseline_params *p,
-		   const struct kvd_attn_in *in, const float *qrows, const float *vnorm,
-		   float *scores) {
+int kvd_bl_finish(enum kvd_baseline b, const struct kvd_baseline_params *p,
+		  const struct kvd_attn_in *in, const float *qrows, const float *vnorm,
+		  kvd_bl_pool_fn pool, float *scores) {
 	uint32_t rows = kvd_baseline_rows(p, in), L = in->len, g = in->heads / in->kv_heads;
 	uint32_t lo = 0, hi = 0; /* protected [lo, hi) */
+	int pool_after = kvd_bl_pool_after_mean(b, p, in);
+	float *mean = pool_after ? malloc((size_t)L * sizeof(float)) : NULL;
+
+	if (pool_after && !mean)
+		return -ENOMEM;
 
 	switch (b) {
 	case KVD_BASELINE_STREAMINGLLM:
@@ -164,6 +169,11 @@ void kvd_bl_finish(enum kvd_baseline b, const struct kvd_baseline_params *p,
 					acc += qrows[(size_t)h * L + i];
 				out[i] = acc / (float)g;
 			}
+			if (pool_after) {
+				/* The prefix only, as the per-head pooling does; checked arguments. */
+				memcpy(mean, out, (size_t)(L - in->window) * sizeof(float));
+				(void)pool(p->pool, p->kernel, 0, mean, L - in->window, out);
+			}
 		}
 		if (vnorm)
 			for (uint32_t i = 0; i < L; i++)
@@ -174,6 +184,8 @@ void kvd_bl_finish(enum kvd_baseline b, const struct kvd_baseline_params *p,
 		for (uint32_t i = lo; i < hi; i++)
 			out[i] = INFINITY;
 	}
+	free(mean);
+	return 0;
 }
 
 void kvd_bl_window_rows(const struct kvd_attn_in *in, uint32_t t0, uint32_t t1,
@@ -271,8 +283,11 @@ int kvd_pyramidkv_budgets(uint32_t capacity, uint32_t window, uint32_t len, uint
 			ret_budgets[l] = (uint32_t)n;
 		return 0;
 	}
-	if (n_layers == 1) {
-		ret_budgets[0] = (uint32_t)B;
+	if (n_layers == 1 || len < 2 * (uint64_t)B) {
+		/* Published: below 2B the pyramid would be clamped flat by len - w; every layer
+		 * keeps B, as SnapKV. */
+		for (uint32_t l = 0; l < n_layers; l++)
+			ret_budgets[l] = (uint32_t)B;
 		return 0;
 	}
 	min = B / beta;
@@ -455,9 +470,10 @@ out:
 	return r;
 }
 
-static int snap_ref(const struct kvd_baseline_params *p, const struct kvd_attn_in *in,
-		    float *qrows) {
+static int snap_ref(enum kvd_baseline b, const struct kvd_baseline_params *p,
+		    const struct kvd_attn_in *in, float *qrows) {
 	uint32_t L = in->len, w = in->window, n = L - w;
+	int pool_after = kvd_bl_pool_after_mean(b, p, in);
 	float *probs = malloc((size_t)w * L * sizeof(float));
 	float *tmp = malloc((size_t)L * sizeof(float));
 	int r = 0;
@@ -472,8 +488,10 @@ static int snap_ref(const struct kvd_baseline_params *p, const struct kvd_attn_i
 		r = kvd_attn_head_ref(in, h, probs);
 		if (r >= 0)
 			r = kvd_temporal_agg_ref(p->temporal, p->alpha, probs, w, L, n, tmp);
+		/* AdaKV over a group pools after the group mean (kvd_bl_finish). */
 		if (r >= 0)
-			r = kvd_pool_row_ref(p->pool, p->kernel, 0, tmp, n, row);
+			r = kvd_pool_row_ref(pool_after ? KVD_POOL_NONE : p->pool, p->kernel, 0, tmp, n,
+					     row);
 		for (uint32_t i = n; i < L; i++)
 			row[i] = 0;
 	}
@@ -706,7 +724,7 @@ int kvd_baseline_scores_ref(enum kvd_baseline b, const struct kvd_baseline_param
 	case KVD_BASELINE_SNAPKV:
 	case KVD_BASELINE_PYRAMIDKV:
 	case KVD_BASELINE_ADAKV:
-		r = snap_ref(p, in, qrows);
+		r = snap_ref(b, p, in, qrows);
 		break;
 	case KVD_BASELINE_TOVA:
 		r = tova_ref(in, qrows);
@@ -724,7 +742,7 @@ int kvd_baseline_scores_ref(enum kvd_baseline b, const struct kvd_baseline_param
 		break;
 	}
 	if (r >= 0)
-		kvd_bl_finish(b, p, in, qrows, vnorm, scores);
+		r = kvd_bl_finish(b, p, in, qrows, vnorm, kvd_pool_row_ref, scores);
 	free(qrows), free(vnorm);
 	return r < 0 ? r : 0;
 }

@@ -308,6 +308,58 @@ TEST(snapkv_matches_composition) {
 	free(q), free(k);
 }
 
+/* AdaKV over a GQA group, as its published code does it: the group's window scores
+ * averaged first, then max-pooled (not pooled per query head, then averaged). */
+TEST(adakv_group_mean_then_max_pool) {
+	enum { H = 4, Hkv = 1, w = 4, L = 40, d = 8 };
+	uint64_t seed = 21;
+	float *q = kt_random(&seed, KVD_DTYPE_F32, H * w * d, 3.0f);
+	float *k = kt_random(&seed, KVD_DTYPE_F32, Hkv * L * d, 3.0f);
+	struct kvd_attn_in in = f32_in(H, Hkv, w, L, d, q, k, NULL);
+	struct kvd_baseline_params p;
+	float probs[w * L], agg[L], pooled[L], mean[L] = { 0 }, want[L], s[L];
+	double other[L] = { 0 };
+	int differs = 0;
+
+	kvd_baseline_params_init(KVD_BASELINE_ADAKV, &p);
+	for (uint32_t h = 0; h < H; h++) {
+		ASSERT_OK(kvd_attn_head_ref(&in, h, probs));
+		ASSERT_OK(kvd_temporal_agg_ref(KVD_TEMPORAL_MEAN, 0, probs, w, L, L - w, agg));
+		for (uint32_t i = 0; i < L - w; i++)
+			mean[i] += agg[i];
+		/* The other order, pooled per head: what the test tells apart. */
+		ASSERT_OK(kvd_pool_row_ref(KVD_POOL_MAX, 7, 0, agg, L - w, pooled));
+		for (uint32_t i = 0; i < L - w; i++)
+			other[i] += pooled[i] / H;
+	}
+	for (uint32_t i = 0; i < L - w; i++)
+		mean[i] /= H;
+	ASSERT_OK(kvd_pool_row_ref(KVD_POOL_MAX, 7, 0, mean, L - w, want));
+	for (int f = 0; f < 2; f++) {
+		ASSERT_OK(paths[f](KVD_BASELINE_ADAKV, &p, &in, s));
+		for (uint32_t i = 0; i < L - w; i++) {
+			ASSERT_NEAR(s[i], want[i], 1e-6);
+			differs += fabs(s[i] - other[i]) > 1e-4;
+		}
+		for (uint32_t i = L - w; i < L; i++)
+			ASSERT_TRUE(s[i] == INFINITY);
+	}
+	ASSERT_GT(differs, 0);
+	/* Per query head, each head's own max pooling, as before. */
+	p.per_query_head = 1;
+	{
+		float sq[H * L];
+
+		ASSERT_OK(paths[1](KVD_BASELINE_ADAKV, &p, &in, sq));
+		ASSERT_OK(kvd_attn_head_ref(&in, 2, probs));
+		ASSERT_OK(kvd_temporal_agg_ref(KVD_TEMPORAL_MEAN, 0, probs, w, L, L - w, agg));
+		ASSERT_OK(kvd_pool_row_ref(KVD_POOL_MAX, 7, 0, agg, L - w, pooled));
+		for (uint32_t i = 0; i < L - w; i++)
+			ASSERT_NEAR(sq[2 * L + i], pooled[i], 1e-6);
+	}
+	free(q), free(k);
+}
+
 TEST(tova_layer_mean) {
 	enum { H = 4, Hkv = 2, w = 3, L = 20, d = 8 };
 	uint64_t seed = 11;
@@ -464,10 +516,18 @@ TEST(pyramidkv_budgets) {
 	for (uint32_t l = 0; l < 32; l++)
 		ASSERT_EQ(b[l], 188 - 5 * l);
 	ASSERT_EQ(b[31], 33u);
-	/* Short prompt: max = L - w = 128, min = 192 - 128 = 64, step = 64 // 31 = 2. */
+	/* capacity <= L < 2B (192): as published, B at every layer, not the pyramid clamped by
+	 * L - w (which would be 128 - 2l). */
 	ASSERT_OK(kvd_pyramidkv_budgets(128, 32, 160, 32, 20, b));
 	for (uint32_t l = 0; l < 32; l++)
-		ASSERT_EQ(b[l], 128 - 2 * l);
+		ASSERT_EQ(b[l], 96u);
+	ASSERT_OK(kvd_pyramidkv_budgets(128, 32, 191, 32, 20, b));
+	ASSERT_EQ(b[0], 96u);
+	ASSERT_EQ(b[31], 96u);
+	/* From 2B on, the pyramid: max = L - w = 160, min = 192 - 160 = 32, step = 128 // 31. */
+	ASSERT_OK(kvd_pyramidkv_budgets(128, 32, 192, 32, 20, b));
+	for (uint32_t l = 0; l < 32; l++)
+		ASSERT_EQ(b[l], 160 - 4 * l);
 	/* Exactly the capacity: max = 96 = min, step 0. */
 	ASSERT_OK(kvd_pyramidkv_budgets(128, 32, 128, 32, 20, b));
 	for (uint32_t l = 0; l < 32; l++)
