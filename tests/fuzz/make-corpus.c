@@ -229,6 +229,67 @@ static void tenant_reset(uint64_t id, const char *name) {
 	FINISH();
 }
 
+static void connections(uint64_t id, uint64_t after) {
+	Kvd__V1__ConnectionsRequest r = KVD__V1__CONNECTIONS_REQUEST__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	r.has_after = true;
+	r.after = after;
+	env.has_id = true;
+	env.id = id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_CONNECTIONS_REQUEST;
+	env.connections_request = &r;
+	payload_n = pack(&env, payload);
+}
+
+static void sequences_of(uint64_t id, const char *tenant) {
+	Kvd__V1__SequencesRequest r = KVD__V1__SEQUENCES_REQUEST__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	r.tenant = (char *)tenant;
+	env.has_id = true;
+	env.id = id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQUENCES_REQUEST;
+	env.sequences_request = &r;
+	payload_n = pack(&env, payload);
+}
+
+/* A dry run of a budget (bytes > 0) or of an eviction from tenant (bytes 0: its default). */
+static void plan(uint64_t id, uint64_t budget, const char *tenant) {
+	Kvd__V1__BudgetSet b = KVD__V1__BUDGET_SET__INIT;
+	Kvd__V1__Evict ev = KVD__V1__EVICT__INIT;
+	Kvd__V1__Plan pl = KVD__V1__PLAN__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (budget) {
+		b.has_bytes = true;
+		b.bytes = budget;
+		b.has_force = b.force = true;
+		pl.budget_set = &b;
+	} else {
+		ev.tenant = (char *)tenant;
+		pl.evict = &ev;
+	}
+	env.has_id = true;
+	env.id = id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_PLAN;
+	env.plan = &pl;
+	payload_n = pack(&env, payload);
+}
+
+static void disconnect(uint64_t id, uint64_t connection) {
+	Kvd__V1__Disconnect r = KVD__V1__DISCONNECT__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	r.has_connection = true;
+	r.connection = connection;
+	env.has_id = true;
+	env.id = id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_DISCONNECT;
+	env.disconnect = &r;
+	payload_n = pack(&env, payload);
+}
+
 static void status(uint64_t id) {
 	Kvd__V1__StatusRequest m = KVD__V1__STATUS_REQUEST__INIT;
 	ENVELOPE(id);
@@ -827,6 +888,26 @@ static void sequences(void) {
 	tenant_set(2, "e", -1, -1, 1);
 	req(1);
 	finish("tight-limits");
+
+	/* Who holds what, dry runs and a disconnect, from an administrative connection. */
+	start(7);
+	session(0, "a", 1);
+	seq_grow(4, 1, 64);
+	req(0);
+	admin(1);
+	connections(2, 0);
+	req(1);
+	sequences_of(3, "a");
+	req(1);
+	plan(4, 1 << 16, NULL);
+	req(1);
+	plan(5, 0, "a");
+	req(1);
+	disconnect(6, 1);
+	req(1);
+	connections(7, 0);
+	req(1);
+	finish("listings-plans-disconnect");
 
 	for (unsigned fill = 150; fill <= 164; fill++)
 		nested_reclaim(fill);
