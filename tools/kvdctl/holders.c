@@ -150,70 +150,34 @@ static int emit(const struct listing *l, int json) {
 	return output_flush();
 }
 
-/* Options of the listing commands: --json, --socket, --help, and --tenant for seqs. */
-static int parse(int argc, char **argv, const char *cmd, bool tenant_ok, int *json,
-                 const char **tenant) {
-	static const struct option options[] = {
-		{ "json", no_argument, NULL, 'j' },
-		{ "tenant", required_argument, NULL, 't' },
-		{ "socket", required_argument, NULL, 's' },
-		{ "help", no_argument, NULL, 'h' },
-		{},
-	};
-	int opt;
-
-	*json = arg_json;
-	optind = 0;
-	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
-		switch (opt) {
-		case 'j':
-			*json = 1;
-			break;
-		case 't':
-			if (!tenant_ok)
-				return usage_error("%s: --tenant is not an option of this command", cmd);
-			*tenant = optarg;
-			break;
-		case 's':
-			arg_socket = optarg;
-			break;
-		case 'h':
-			help();
-			return EXIT_OK;
-		default:
-			return usage_error("%s: bad option", cmd);
-		}
-	if (optind < argc)
-		return usage_error("%s: unexpected argument '%s'", cmd, argv[optind]);
-	return -1;
-}
-
 /* kvdctl connections and kvdctl seqs: a listing, as a table or JSON. */
 static int list_command(int argc, char **argv, bool sequences) {
 	const char *cmd = sequences ? "seqs" : "connections";
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	_cleanup_(kvd_table_freep) kvd_table *t = NULL;
-	const char *tenant = NULL;
-	int json, r;
+	struct common_args a;
+	int r;
 
-	r = parse(argc, argv, cmd, sequences, &json, &tenant);
+	r = parse_common(argc, argv, cmd, ARGS_JSON | (sequences ? ARGS_TENANT : 0), &a);
 	if (r >= 0)
 		return r;
+	if (optind < argc)
+		return usage_error("%s: unexpected argument '%s'", cmd, argv[optind]);
 	r = connect_admin(&c);
 	if (r != EXIT_OK)
 		return r;
-	r = sequences ? kvd_sequences_get(c, tenant, &t) : kvd_connections_get(c, &t);
+	r = sequences ? kvd_sequences_get(c, a.tenant, &t) : kvd_connections_get(c, &t);
 	if (r < 0)
 		return request_error(c, r, cmd);
 	if (sequences)
 		return emit(&(struct listing){ t, sequence_columns, ELEMENTSOF(sequence_columns),
 		                               sequence_json_extra, ELEMENTSOF(sequence_json_extra),
 		                               "No open sequences." },
-		            json);
+		            a.json);
 	return emit(&(struct listing){ t, connection_columns, ELEMENTSOF(connection_columns),
 	                               connection_json_extra, ELEMENTSOF(connection_json_extra),
 	                               "No connections." },
-	            json);
+	            a.json);
 }
 
 int cmd_connections(int argc, char **argv) {

@@ -144,55 +144,6 @@ static int parse_size_arg(const char *what, const char *s, uint64_t *ret) {
 }
 
 /*
- * Parses the options every daemon command takes (--socket, --help, and --json where
- * json_ok) and leaves optind at the first operand. Returns -1 to go on, or the exit code.
- */
-/* --dry-run and --force, of the commands that have them (budget set, tenant set, evict). */
-static int arg_dry_run, arg_force;
-
-static int parse_common(int argc, char **argv, const char *cmd, int json_ok, int *ret_json) {
-	static const struct option options[] = {
-		{ "json", no_argument, NULL, 'j' },
-		{ "socket", required_argument, NULL, 's' },
-		{ "dry-run", no_argument, NULL, 'n' },
-		{ "force", no_argument, NULL, 'f' },
-		{ "help", no_argument, NULL, 'h' },
-		{},
-	};
-	int opt;
-
-	/* "kvdctl --json status" as "kvdctl status --json". */
-	*ret_json = arg_json && json_ok;
-	optind = 0;
-	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
-		switch (opt) {
-		case 'j':
-			if (!json_ok)
-				return usage_error("%s: --json is not an option of this command", cmd);
-			*ret_json = 1;
-			break;
-		case 's':
-			arg_socket = optarg;
-			break;
-		case 'n':
-			arg_dry_run = 1;
-			break;
-		case 'f':
-			arg_force = 1;
-			break;
-		case 'h':
-			help();
-			return EXIT_OK;
-		default:
-			return usage_error("%s: bad option", cmd);
-		}
-	if ((arg_dry_run || arg_force) && strcmp(cmd, "budget") != 0)
-		return usage_error("%s: --dry-run and --force are options of budget set (and "
-				   "--dry-run of tenant set and evict)", cmd);
-	return -1;
-}
-
-/*
  * Prints what a dry run says the change would take: one line, then per tenant the block
  * bytes, token slots and predicted cost, and that nothing was changed.
  */
@@ -482,11 +433,13 @@ static int show_status(int argc, char **argv, const char *name,
 		       int (*table_write)(FILE *f, const void *st)) {
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
-	int json = 0, r;
+	struct common_args a;
+	int json, r;
 
-	r = parse_common(argc, argv, name, 1, &json);
+	r = parse_common(argc, argv, name, ARGS_JSON, &a);
 	if (r >= 0)
 		return r;
+	json = a.json;
 	if (optind < argc)
 		return usage_error("%s: unexpected argument '%s'", name, argv[optind]);
 
@@ -589,11 +542,13 @@ static int cmd_budget(int argc, char **argv) {
 	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
 	const char *sub;
 	char buf[CELL_MAX], what[CELL_MAX + 16];
-	int json = 0, r;
+	struct common_args a;
+	int json, r;
 
-	r = parse_common(argc, argv, "budget", 1, &json);
+	r = parse_common(argc, argv, "budget", ARGS_JSON | ARGS_CHANGE, &a);
 	if (r >= 0)
 		return r;
+	json = a.json;
 	if (optind >= argc)
 		return usage_error("budget: expected 'get', 'set SIZE' or 'reset'");
 	sub = argv[optind];
@@ -608,11 +563,11 @@ static int cmd_budget(int argc, char **argv) {
 	}
 	if (json)
 		return usage_error("budget %s: --json is an option of 'budget get' only", sub);
-	if ((arg_dry_run || arg_force) && strcmp(sub, "set") != 0)
+	if ((a.dry_run || a.force) && strcmp(sub, "set") != 0)
 		return usage_error("budget %s: --dry-run and --force are options of 'budget set'", sub);
 
 	if (strcmp(sub, "set") == 0) {
-		kvd_budget_params bp = { .size = sizeof(bp), .flags = arg_force ? KVD_BUDGET_FORCE : 0 };
+		kvd_budget_params bp = { .size = sizeof(bp), .flags = a.force ? KVD_BUDGET_FORCE : 0 };
 
 		if (argc - optind != 2)
 			return usage_error("budget set: expected exactly one SIZE or N%%");
@@ -625,7 +580,7 @@ static int cmd_budget(int argc, char **argv) {
 			snprintf(what, sizeof(what), "budget set %u%%", bp.percent);
 		else
 			snprintf(what, sizeof(what), "budget set %s", size_format(bp.bytes, buf, sizeof(buf)));
-		if (arg_dry_run) {
+		if (a.dry_run) {
 			_cleanup_(kvd_evictions_freep) kvd_evictions *plan = NULL;
 
 			r = kvd_budget_plan(c, &bp, &plan);
@@ -634,7 +589,7 @@ static int cmd_budget(int argc, char **argv) {
 			return plan_print(plan, what);
 		}
 		r = kvd_budget_set_params(c, &bp);
-		if (r == -ERANGE && !arg_force) {
+		if (r == -ERANGE && !a.force) {
 			r = request_error(c, r, what);
 			fprintf(stderr, "kvdctl: add --force to set a budget below the floor anyway\n");
 			return r;
@@ -1236,11 +1191,13 @@ static int cmd_evictions(int argc, char **argv) {
 	_cleanup_(kvd_evictions_freep) kvd_evictions *e = NULL;
 	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
 	struct evictions_view v = {};
-	int json = 0, r;
+	struct common_args a;
+	int json, r;
 
-	r = parse_common(argc, argv, "evictions", 1, &json);
+	r = parse_common(argc, argv, "evictions", ARGS_JSON, &a);
 	if (r >= 0)
 		return r;
+	json = a.json;
 	if (optind < argc)
 		return usage_error("evictions: unexpected argument '%s'", argv[optind]);
 

@@ -45,6 +45,21 @@ int connect_admin(kvd_client **ret);
 /* Prints the full help to stdout. */
 void help(void);
 
+/* What parse_common() may take besides --socket and --help. */
+#define ARGS_JSON (1u << 0)    /* --json (also before the command: arg_json) */
+#define ARGS_TENANT (1u << 1)  /* --tenant NAME */
+#define ARGS_CHANGE (1u << 2)  /* --dry-run and --force (budget set) */
+
+struct common_args {
+	int json, dry_run, force;
+	const char *tenant;        /* NULL: not given */
+};
+
+/* Parses the options of a daemon command: --socket, --help and those allow names, into
+ * *ret, and leaves optind at the first operand. Returns -1 to go on, or the exit code. */
+int parse_common(int argc, char **argv, const char *cmd, unsigned allow,
+		 struct common_args *ret);
+
 /*
  * Status values. Each returns 0 and the value, 1 when the daemon did not send it (an older
  * daemon: show "-", leave it out of JSON), or a negative errno.

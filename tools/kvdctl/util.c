@@ -6,6 +6,7 @@
  */
 
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -620,4 +621,51 @@ void warnings_lines(FILE *f, const kvd_status *st, const char *indent) {
 		end = strchrnul(line, '\n');
 		fprintf(f, "%swarning: %.*s\n", indent, (int)(end - line), line);
 	}
+}
+
+int parse_common(int argc, char **argv, const char *cmd, unsigned allow,
+		 struct common_args *ret) {
+	static const struct option options[] = {
+		{ "json", no_argument, NULL, 'j' },
+		{ "tenant", required_argument, NULL, 't' },
+		{ "dry-run", no_argument, NULL, 'n' },
+		{ "force", no_argument, NULL, 'f' },
+		{ "socket", required_argument, NULL, 's' },
+		{ "help", no_argument, NULL, 'h' },
+		{},
+	};
+	int opt;
+
+	/* "kvdctl --json status" as "kvdctl status --json". */
+	*ret = (struct common_args){ .json = arg_json && (allow & ARGS_JSON) };
+	optind = 0;
+	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
+		switch (opt) {
+		case 'j':
+			if (!(allow & ARGS_JSON))
+				return usage_error("%s: --json is not an option of this command", cmd);
+			ret->json = 1;
+			break;
+		case 't':
+			if (!(allow & ARGS_TENANT))
+				return usage_error("%s: --tenant is not an option of this command", cmd);
+			ret->tenant = optarg;
+			break;
+		case 'n':
+		case 'f':
+			if (!(allow & ARGS_CHANGE))
+				return usage_error("%s: --dry-run and --force are options of budget set "
+						   "(and --dry-run of tenant set and evict)", cmd);
+			*(opt == 'n' ? &ret->dry_run : &ret->force) = 1;
+			break;
+		case 's':
+			arg_socket = optarg;
+			break;
+		case 'h':
+			help();
+			return EXIT_OK;
+		default:
+			return usage_error("%s: bad option", cmd);
+		}
+	return -1;
 }
