@@ -212,21 +212,29 @@ int kvd_tenant_delete(kvd_client *c, const char *tenant) {
 
 /* ---- eviction ---- */
 
-static int do_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed) {
-	Kvd__V1__Evict req = KVD__V1__EVICT__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
-	int fds[WIRE_FDS_MAX];
-	int r;
-
+/* An Evict from its arguments, checked: of kvd_evict and kvd_evict_plan. */
+static int evict_request(kvd_client *c, const char *tenant, uint64_t bytes, Kvd__V1__Evict *req) {
 	if (!c)
 		return -EINVAL;
 	if (tenant && !tenant_name_valid(tenant))
 		return client_error(c, -EINVAL, TENANT_NAME_RULE);
 	if (client_forked(c))
 		return -ECHILD;
-	req.tenant = (char *)tenant;
-	req.has_bytes = bytes != 0;
-	req.bytes = bytes;
+	req->tenant = (char *)tenant;
+	req->has_bytes = bytes != 0;
+	req->bytes = bytes;
+	return 0;
+}
+
+static int do_evict(kvd_client *c, const char *tenant, uint64_t bytes, uint64_t *ret_freed) {
+	Kvd__V1__Evict req = KVD__V1__EVICT__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	r = evict_request(c, tenant, bytes, &req);
+	if (r < 0)
+		return r;
 	env.body_case = KVD__V1__ENVELOPE__BODY_EVICT;
 	env.evict = &req;
 
@@ -310,16 +318,11 @@ int kvd_tenant_plan(kvd_client *c, const char *tenant, const kvd_tenant_params *
 static int do_evict_plan(kvd_client *c, const char *tenant, uint64_t bytes, kvd_evictions **ret) {
 	Kvd__V1__Evict req = KVD__V1__EVICT__INIT;
 	Kvd__V1__Plan plan = KVD__V1__PLAN__INIT;
+	int r;
 
-	if (!c)
-		return -EINVAL;
-	if (tenant && !tenant_name_valid(tenant))
-		return client_error(c, -EINVAL, TENANT_NAME_RULE);
-	if (client_forked(c))
-		return -ECHILD;
-	req.tenant = (char *)tenant;
-	req.has_bytes = bytes != 0;
-	req.bytes = bytes;
+	r = evict_request(c, tenant, bytes, &req);
+	if (r < 0)
+		return r;
 	plan.evict = &req;
 	return plan_call(c, &plan, ret);
 }

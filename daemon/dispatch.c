@@ -1367,7 +1367,7 @@ static void handle_disconnect(struct conn *c, uint64_t id, const Envelope *reque
 		envelope_reply_error(c, id, -EINVAL, "a connection cannot disconnect itself");
 		return;
 	}
-	if (!(o->tenant ? listing_may_see(c, o->tenant) : listing_may_see(c, NULL))) {
+	if (!listing_may_see(c, o->tenant)) {
 		c->srv->access_refused++;
 		envelope_reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may "
 		                     "disconnect other tenants' connections",

@@ -62,7 +62,7 @@ void listing_connections(struct conn *c, uint64_t id, const Envelope *request, i
 	}
 	for (struct conn *o = s->conns; o && n < s->n_conns; o = o->next)
 		if (!o->closing && o->id > after && o->hello &&
-		    (o->tenant ? listing_may_see(c, o->tenant) : listing_may_see(c, NULL)))
+		    listing_may_see(c, o->tenant))
 			list[n++] = o;
 	qsort(list, n, sizeof(*list), cmp_conn_id);
 	page = MIN(n, (uint32_t)LISTING_PAGE);

@@ -22,5 +22,6 @@ struct tenant;
 void listing_connections(struct conn *c, uint64_t id, const Envelope *request, int fd);
 void listing_sequences(struct conn *c, uint64_t id, const Envelope *request, int fd);
 
-/* Whether c may see (and act on) what tenant t holds: the administrators, and t's own. */
+/* Whether c may see (and act on) what tenant t holds: the administrators, and t's own;
+ * t NULL (an administrative connection): the administrators only. */
 bool listing_may_see(const struct conn *c, const struct tenant *t);
