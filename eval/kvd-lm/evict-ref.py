@@ -119,7 +119,7 @@ def decode_kept(model, tokens, masks, max_new):
                     break
         finally:
             model._attend = plain
-    return bytes(t if t < 256 else 0 for t in out)
+    return model.tok.decode(t if t not in range(256, 260) else 0 for t in out)
 
 
 def main():
@@ -140,13 +140,15 @@ def main():
     hay = tasks.load_haystack()
     right = 0
     for i in range(args.n):
-        prompt, _q, answer = tasks.make(hay, args.task, tasks.SEEDS_REPORT.start + i, args.length)
-        tokens = [kvdlm.BOS] + list(prompt)
+        prompt, _q, answer = tasks.make(hay, args.task, tasks.SEEDS_REPORT.start + i, args.length,
+                                        model.tok)
+        tokens = kvdlm.encode(prompt, model.tok)
         n = len(tokens)
         masks = keep_masks(window_attention(model, tokens, args.window), n, args.window,
                            math.ceil(args.keep * n), args.policy)
-        at = prompt.find(answer.encode()) + 1   # + 1: BOS
-        dropped = sum(int((~m[:, at:at + len(answer)]).sum()) for m in masks)
+        # the answer's slots: its tokens (the value starts a piece), after BOS
+        at = 1 + model.tok.count(prompt[:prompt.find(answer.encode())])
+        dropped = sum(int((~m[:, at:at + model.tok.count(answer.encode())]).sum()) for m in masks)
         got = decode_kept(model, tokens, masks, tasks.GENERATE_MAX)
         good = tasks.score(answer, got)
         right += good

@@ -48,7 +48,6 @@ UNITS = {"none": kvd.UNIT_NONE, "head": kvd.UNIT_HEAD_TOKEN, "layer": kvd.UNIT_L
 # kvd_moments_header: 64 bytes (count, head_dim, ...), then mean_k, mean_v, var_k [hd] and
 # cov_vk [hd][hd], fp32 (kernels/moments.h).
 MOMENTS_HEADER_BYTES = 64
-SPECIAL = {kvdlm.BOS: "<bos>", kvdlm.EOS: "<eos>", kvdlm.PAD: "<pad>", kvdlm.RESERVED: "<259>"}
 
 
 class KvdCache:
@@ -252,7 +251,7 @@ def main(argv=None):
 
     torch.set_num_threads(1)    # the same summation order from run to run
     model = kvdlm.load(args.model)
-    tokens = kvdlm.encode(args.prompt)        # BOS + the prompt's bytes
+    tokens = kvdlm.encode(args.prompt, model.tok)   # BOS + the prompt's tokens
     cache, client = None, None
     with torch.no_grad():
         if args.no_daemon:
@@ -284,8 +283,9 @@ def main(argv=None):
             position += 1
             if args.evict_every and position % args.evict_every == 0:
                 client.evict(args.evict_bytes or client.chunk_bytes, tenant=args.tenant)
-    text = "".join(SPECIAL.get(t, chr(t)) if t >= 256 else chr(t) for t in out)
-    print(text if text.endswith("\n") else text + "\n", end="")
+    text = model.tok.decode(out)
+    sys.stdout.buffer.write(text if text.endswith(b"\n") else text + b"\n")
+    sys.stdout.flush()
     if cache is not None:
         if args.stats:
             print(f"kvd-lm-torch: {cache.changed} evictions rewrote the sequence", file=sys.stderr)

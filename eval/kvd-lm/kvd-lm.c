@@ -68,7 +68,8 @@ static void help(void) {
 	printf("Usage: kvd-lm --model FILE [OPTIONS]\n"
 	       "\n"
 	       "Greedy generation with a kvd-lm model (.kvdlm), its KV cache in a kvd daemon or,\n"
-	       "with --no-daemon, in a private full cache. The prompt is BOS + its bytes,\n"
+	       "with --no-daemon, in a private full cache. The prompt is BOS + its tokens (the\n"
+	       "tokenizer file beside the model, MODEL.kvdtok; none: one token per byte),\n"
 	       "prefilled in chunks; greedy decoding stops after a newline, EOS or --max-new\n"
 	       "tokens. The generated text goes to stdout, special tokens as <bos>, <eos>,\n"
 	       "<pad>, <259>, with a final newline added when it did not end with one.\n"
@@ -103,7 +104,8 @@ static void help(void) {
 	       "                      on this tenant (evictions at fixed points; default: off)\n"
 	       "  --evict-bytes B     Bytes each of those rounds frees (default: one chunk)\n"
 	       "  --print-logits      Before the text, print a line per generated token:\n"
-	       "                      'logits POSITION TOKEN' and the %u logits that chose it\n"
+	       "                      'logits POSITION TOKEN' and the vocabulary's logits that\n"
+	       "                      chose it\n"
 	       "  --stats             Print prefill and decode speeds (tokens/s) and what the\n"
 	       "                      cache holds on stderr\n"
 	       "  -h, --help          Show this help\n"
@@ -111,7 +113,7 @@ static void help(void) {
 	       "\n"
 	       "Exit status: 0 success, 1 failure, 2 usage error.\n",
 	       KVD_DEFAULT_SOCKET, PROMPT_FILE_MAX, MAX_NEW_MAX, KVDLM_THREADS_MAX, KVD_WINDOW_MAX,
-	       KVD_WINDOW_DEFAULT, KVDLM_CHUNK_MAX, KVDLM_CHUNK_DEFAULT, KVDLM_VOCAB);
+	       KVD_WINDOW_DEFAULT, KVDLM_CHUNK_MAX, KVDLM_CHUNK_DEFAULT);
 }
 
 /* -EINVAL: main() turns it into the usage exit status. */
@@ -340,15 +342,11 @@ static double now_s(void) {
 }
 
 /* The token as kvdlm.py decodes it. */
-static void put_token(FILE *f, uint32_t t) {
-	static const char *const names[] = { "<bos>", "<eos>", "<pad>" };
+static void put_token(FILE *f, const struct kvdlm_tokenizer *tok, uint32_t t) {
+	size_t n;
+	const uint8_t *b = kvdlm_tokenizer_token(tok, t, &n);
 
-	if (t < 256)
-		fputc((int)t, f);
-	else if (t - 256 < ELEMENTSOF(names))
-		fputs(names[t - 256], f);
-	else
-		fprintf(f, "<%" PRIu32 ">", t);
+	fwrite(b, 1, n, f);
 }
 
 static const char *daemon_error(kvd_client *c, int r) {
@@ -376,6 +374,7 @@ static uint64_t tenant_evicted(kvd_client *c) {
 static int run(void) {
 	_cleanup_(kvd_client_unrefp) kvd_client *client = NULL;
 	_cleanup_(kvdlm_model_freep) struct kvdlm_model *m = NULL;
+	_cleanup_(kvdlm_tokenizer_freep) struct kvdlm_tokenizer *tok = NULL;
 	_cleanup_(kvdlm_indexmem_freep) struct kvdlm_indexmem *im = NULL;
 	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *cache = NULL;
 	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
@@ -396,6 +395,11 @@ static int run(void) {
 		fprintf(stderr, "kvd-lm: %s\n", err);
 		return r;
 	}
+	r = kvdlm_tokenizer_for_model(arg_model, m->cfg.vocab, &tok, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "kvd-lm: %s\n", err);
+		return r;
+	}
 	if (arg_indexmem) {
 		r = kvdlm_indexmem_load(arg_indexmem, &m->cfg, &im, err, sizeof(err));
 		if (r < 0) {
@@ -412,22 +416,22 @@ static int run(void) {
 		}
 		prompt = file_prompt;
 	}
-	if (prompt_size + 1 + arg_max_new + SEQ_SLACK > KVDLM_FULL_MAX_TOKENS) {
-		fprintf(stderr, "kvd-lm: prompt of %zu bytes plus --max-new %u is over %u tokens\n",
-		        prompt_size, arg_max_new, KVDLM_FULL_MAX_TOKENS);
-		return -EFBIG;
-	}
-	n_prompt = (uint32_t)prompt_size + 1;
-	max_tokens = n_prompt + arg_max_new + SEQ_SLACK;
-	if (n_prompt + arg_max_new > m->cfg.max_positions)
-		fprintf(stderr, "kvd-lm: warning: %u positions, more than the %u the model was trained for\n",
-		        n_prompt + arg_max_new, m->cfg.max_positions);
-	tokens = malloc((size_t)n_prompt * sizeof(uint32_t));
+	tokens = malloc((prompt_size + 1) * sizeof(uint32_t));
 	logits = malloc(m->cfg.vocab * sizeof(float));
 	out = malloc(MAX(arg_max_new, 1u) * sizeof(uint32_t));
 	if (!tokens || !logits || !out)
 		return -ENOMEM;
-	kvdlm_tokenize(prompt, prompt_size, tokens);
+	tokens[0] = KVDLM_BOS;
+	n_prompt = 1 + (uint32_t)kvdlm_tokenizer_encode(tok, prompt, prompt_size, tokens + 1);
+	if (n_prompt + arg_max_new + SEQ_SLACK > KVDLM_FULL_MAX_TOKENS) {
+		fprintf(stderr, "kvd-lm: prompt of %u tokens plus --max-new %u is over %u tokens\n",
+		        n_prompt, arg_max_new, KVDLM_FULL_MAX_TOKENS);
+		return -EFBIG;
+	}
+	max_tokens = n_prompt + arg_max_new + SEQ_SLACK;
+	if (n_prompt + arg_max_new > m->cfg.max_positions)
+		fprintf(stderr, "kvd-lm: warning: %u positions, more than the %u the model was trained for\n",
+		        n_prompt + arg_max_new, m->cfg.max_positions);
 
 	if (arg_no_daemon) {
 		r = kvdlm_cache_full_new(&m->cfg, max_tokens, &cache);
@@ -483,7 +487,7 @@ static int run(void) {
 				printf(" %.9g", (double)logits[i]);
 			putchar('\n');
 		} else {
-			put_token(stdout, next);
+			put_token(stdout, tok, next);
 			fflush(stdout);
 		}
 		out[n_out++] = next;
@@ -509,7 +513,7 @@ static int run(void) {
 	t_decode = now_s() - t0;
 	if (arg_print_logits)
 		for (uint32_t i = 0; i < n_out; i++)
-			put_token(stdout, out[i]);
+			put_token(stdout, tok, out[i]);
 	if (n_out == 0 || out[n_out - 1] != '\n')
 		putchar('\n');
 	if (fflush(stdout) != 0) {

@@ -16,21 +16,22 @@ data of the C engine) and by hand.
 
 import argparse
 import math
+import os
 import struct
 import sys
 import zlib
 from dataclasses import dataclass, asdict
 
 if __name__ == "__main__":
-    import os
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # see train.py
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 import torch.nn.functional as F
 
-VOCAB = 260
-BOS, EOS, PAD, RESERVED = 256, 257, 258, 259
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tokenizer  # noqa: E402
+from tokenizer import BOS, EOS, PAD, RESERVED  # noqa: E402,F401
 
 MAGIC = b"KVDLM\0\0\0"
 VERSION = 1
@@ -48,7 +49,7 @@ class FormatError(Exception):
 
 @dataclass
 class Config:
-    vocab: int = VOCAB
+    vocab: int = tokenizer.FIRST_MERGE
     dim: int = 64
     layers: int = 2
     q_heads: int = 4
@@ -70,8 +71,9 @@ class Config:
                               f"{self.kv_heads}")
         if self.head_dim % 2:
             raise FormatError(f"head_dim {self.head_dim} is odd")
-        if self.vocab != VOCAB:
-            raise FormatError(f"vocab is {self.vocab}, must be {VOCAB}")
+        if not tokenizer.FIRST_MERGE <= self.vocab <= tokenizer.VOCAB_MAX:
+            raise FormatError(f"vocab is {self.vocab}, must be {tokenizer.FIRST_MERGE}.."
+                              f"{tokenizer.VOCAB_MAX}")
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
             raise FormatError(f"rope_theta {self.rope_theta} is not a positive number")
         if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
@@ -148,6 +150,7 @@ class Model(torch.nn.Module):
         super().__init__()
         cfg.check()
         self.cfg = cfg
+        self.tok = tokenizer.BYTES     # load() sets the file's (tokenizer.for_model)
         self.tok_emb = torch.nn.Parameter(torch.empty(cfg.vocab, cfg.dim))
         self.layers = torch.nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
         self.final_norm = torch.nn.Parameter(torch.empty(cfg.dim))
@@ -329,6 +332,10 @@ def load(path):
         raise FormatError(f"{path}: payload CRC-32 mismatch (stored {pcrc:08x}, computed "
                           f"{got:08x})")
     model = Model(cfg)
+    try:
+        model.tok = tokenizer.for_model(str(path), cfg.vocab)
+    except tokenizer.FormatError as e:
+        raise FormatError(str(e)) from None
     import numpy as np
     flat = np.frombuffer(payload, dtype="<f4")
     off = 0
@@ -341,20 +348,14 @@ def load(path):
     return model
 
 
-def encode(text):
-    """BOS + the UTF-8 bytes of text."""
-    if isinstance(text, str):
-        text = text.encode()
-    return [BOS] + list(text)
+def encode(text, tok=tokenizer.BYTES):
+    """BOS + the tokens of text (str: its UTF-8 bytes)."""
+    return [BOS] + tok.encode(text)
 
 
-def decode(tokens):
-    """Bytes of the byte tokens; special tokens as <bos>, <eos>, <pad>, <259>."""
-    out = bytearray()
-    names = {BOS: b"<bos>", EOS: b"<eos>", PAD: b"<pad>"}
-    for t in tokens:
-        out += bytes([t]) if t < 256 else names.get(t, b"<%d>" % t)
-    return bytes(out)
+def decode(tokens, tok=tokenizer.BYTES):
+    """The bytes of the tokens; special tokens as <bos>, <eos>, <pad>, <259>."""
+    return tok.decode(tokens)
 
 
 def main(argv=None):
@@ -373,6 +374,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     try:
         model = load(args.file)
+        tok = model.tok
     except (FormatError, OSError) as e:
         print(f"kvdlm.py: {e}", file=sys.stderr)
         return 1
@@ -387,8 +389,8 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     prompt = args.prompt.encode() if args.prompt is not None else open(args.prompt_file, "rb").read()
     stop = (EOS, 10) if args.stop_newline else (EOS,)
-    out = model.generate(encode(prompt), args.max_tokens, stop=stop)
-    sys.stdout.buffer.write(decode(out))
+    out = model.generate(encode(prompt, tok), args.max_tokens, stop=stop)
+    sys.stdout.buffer.write(decode(out, tok))
     if not args.stop_newline or (out and out[-1] != 10):
         sys.stdout.buffer.write(b"\n")
     return 0

@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,49 +11,13 @@
 #include <unistd.h>
 
 #include "basic/macro.h"
+#include "crc32.h"
 #include "model.h"
 
 static const char kvdlm_magic[8] = { 'K', 'V', 'D', 'L', 'M', 0, 0, 0 };
 #define KVDLM_VERSION 1u
 /* The header CRC covers bytes 0..67; it sits at 68. */
 #define HEADER_CRC_SPAN 68u
-
-/* ---- CRC-32 ---- */
-
-/* Slicing by 8: a 100 MB model is checked in well under a second. */
-static uint32_t crc_table[8][256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_init(void) {
-	for (uint32_t i = 0; i < 256; i++) {
-		uint32_t c = i;
-
-		for (int k = 0; k < 8; k++)
-			c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-		crc_table[0][i] = c;
-	}
-	for (uint32_t i = 0; i < 256; i++)
-		for (int t = 1; t < 8; t++)
-			crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
-}
-
-uint32_t kvdlm_crc32(uint32_t crc, const void *p, size_t n) {
-	const uint8_t *b = p;
-
-	pthread_once(&crc_once, crc_init);
-	crc = ~crc;
-	for (; n >= 8; n -= 8, b += 8) {
-		uint32_t lo = crc ^ ((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
-		                     (uint32_t)b[3] << 24);
-
-		crc = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
-		      crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^ crc_table[3][b[4]] ^
-		      crc_table[2][b[5]] ^ crc_table[1][b[6]] ^ crc_table[0][b[7]];
-	}
-	while (n--)
-		crc = crc_table[0][(crc ^ *b++) & 0xff] ^ (crc >> 8);
-	return ~crc;
-}
 
 /* ---- the header ---- */
 
@@ -101,7 +64,7 @@ static int config_check(const struct kvdlm_config *c, const char *name, char *er
 		size_t off;
 		uint32_t max;
 	} fields[] = {
-		{ "vocab", offsetof(struct kvdlm_config, vocab), KVDLM_VOCAB },
+		{ "vocab", offsetof(struct kvdlm_config, vocab), KVDLM_VOCAB_MAX },
 		{ "dim", offsetof(struct kvdlm_config, dim), KVDLM_DIM_MAX },
 		{ "layers", offsetof(struct kvdlm_config, layers), KVD_LAYERS_MAX },
 		{ "q_heads", offsetof(struct kvdlm_config, q_heads), KVD_HEADS_MAX },
@@ -126,8 +89,9 @@ static int config_check(const struct kvdlm_config *c, const char *name, char *er
 		            c->q_heads, c->kv_heads);
 	if (c->head_dim % 2)
 		return fail(err, errlen, -EINVAL, "%s: head_dim %u is odd", name, c->head_dim);
-	if (c->vocab != KVDLM_VOCAB)
-		return fail(err, errlen, -EINVAL, "%s: vocab is %u, must be %u", name, c->vocab, KVDLM_VOCAB);
+	if (c->vocab < KVDLM_BYTE_VOCAB)
+		return fail(err, errlen, -EINVAL, "%s: vocab is %u, must be %u..%u", name, c->vocab,
+		            KVDLM_BYTE_VOCAB, KVDLM_VOCAB_MAX);
 	if (!(isfinite(c->rope_theta) && c->rope_theta > 0))
 		return fail(err, errlen, -EINVAL, "%s: rope_theta %g is not a positive number", name,
 		            (double)c->rope_theta);
@@ -316,13 +280,4 @@ int kvdlm_model_load(const char *path, struct kvdlm_model **ret, char *err, size
 	model_views(m);
 	*ret = TAKE_PTR(m);
 	return 0;
-}
-
-size_t kvdlm_tokenize(const void *text, size_t n, uint32_t *out) {
-	const uint8_t *b = text;
-
-	out[0] = KVDLM_BOS;
-	for (size_t i = 0; i < n; i++)
-		out[i + 1] = b[i];
-	return n + 1;
 }

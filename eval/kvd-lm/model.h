@@ -21,12 +21,8 @@
 
 #include "kvd/kvd-abi.h"       /* KVD_LAYERS_MAX, KVD_HEADS_MAX, KVD_HEAD_DIM_MAX */
 
-/* Tokens: bytes 0..255, then the specials. */
-#define KVDLM_VOCAB 260u
-#define KVDLM_BOS 256u
-#define KVDLM_EOS 257u
-#define KVDLM_PAD 258u
-#define KVDLM_RESERVED 259u
+#include "crc32.h"
+#include "tokenizer.h"      /* the token ids, KVDLM_BYTE_VOCAB */
 
 #define KVDLM_HEADER_BYTES 128u
 /* Room for any message of this module, a file name of up to 256 bytes included. */
@@ -34,8 +30,9 @@
 
 /*
  * Bounds of a sane shape beyond the spec's (all >= 1, q_heads a multiple of kv_heads,
- * head_dim even, vocab 260): kvd_model_spec's for layers, heads and head_dim (kvd-abi.h),
- * kvd_model_output_proj's for dim, and a cap on ffn so that sizes stay in range.
+ * head_dim even, vocab 260..KVDLM_VOCAB_MAX): kvd_model_spec's for layers, heads and
+ * head_dim (kvd-abi.h), kvd_model_output_proj's for dim, and a cap on ffn so that sizes
+ * stay in range.
  */
 #define KVDLM_DIM_MAX 65536u
 #define KVDLM_FFN_MAX (1u << 20)
@@ -76,8 +73,8 @@ struct kvdlm_model {
  *                (header or payload), or a file size other than header + payload;
  *   -EOPNOTSUPP  a version other than 1;
  *   -EINVAL      an insane shape (a field 0 or over the bounds above, q_heads not a
- *                multiple of kv_heads, odd head_dim, vocab not 260, rope_theta or norm_eps
- *                not a positive number) or payload bytes that do not match it;
+ *                multiple of kv_heads, odd head_dim, vocab below 260, rope_theta or
+ *                norm_eps not a positive number) or payload bytes that do not match it;
  *   -ENOMEM, or the error of open(2), fstat(2), read(2) (-ENOENT, -EACCES, -EISDIR...).
  */
 int kvdlm_model_load(const char *path, struct kvdlm_model **ret, char *err, size_t errlen);
@@ -89,12 +86,3 @@ static inline void kvdlm_model_freep(struct kvdlm_model **m) {
 	if (m && *m)
 		kvdlm_model_free(*m);
 }
-
-/* zlib's CRC-32 (polynomial 0xEDB88320) of p[n], continuing from crc (0 to start). */
-uint32_t kvdlm_crc32(uint32_t crc, const void *p, size_t n);
-
-/*
- * The tokens of a prompt: BOS, then one token per byte of text[n]. out has room for n + 1;
- * returns n + 1.
- */
-size_t kvdlm_tokenize(const void *text, size_t n, uint32_t *out);

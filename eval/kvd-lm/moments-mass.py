@@ -43,8 +43,8 @@ def main():
     model = kvdlm.load(args.model)
     cfg = model.cfg
     prompt, _q, _a = tasks.make(tasks.load_haystack(), args.task, tasks.SEEDS_REPORT.start + args.seed,
-                                args.length)
-    tokens = torch.tensor([[kvdlm.BOS] + list(prompt)])
+                                args.length, model.tok)
+    tokens = torch.tensor([kvdlm.encode(prompt, model.tok)])
 
     cache = [None] * cfg.layers
     last_q = []

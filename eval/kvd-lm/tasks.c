@@ -14,6 +14,7 @@
 
 #include "basic/macro.h"
 #include "tasks.h"
+#include "tokenizer.h"
 
 #define HAYSTACK_SIZE_MAX (UINT64_C(64) << 20)
 
@@ -52,17 +53,57 @@ enum kvd_task kvd_task_from_string(const char *s) {
 struct kvd_haystack *kvd_haystack_free(struct kvd_haystack *h) {
 	if (h) {
 		free(h->text);
+		free(h->unit);
+		free(h->piece_start);
+		free(h->piece_tokens);
 		free(h);
 	}
 	return NULL;
 }
 
-int kvd_haystack_load(const char *path, struct kvd_haystack **ret) {
+static int stream_piece(const uint8_t *p, size_t size, void *userdata) {
+	struct kvd_haystack *h = userdata;
+	size_t i = h->pieces++;
+
+	h->piece_start[i + 1] = h->piece_start[i] + (uint32_t)size;
+	h->piece_tokens[i + 1] = h->piece_tokens[i] + (uint32_t)kvdlm_tokenizer_count(h->tok, p, size);
+	return 0;
+}
+
+/*
+ * The stream the needle tasks draw from: one space, then the text without its trailing
+ * spaces, cut into the tokenizer's pieces. Repeated, it reads on naturally, and no piece
+ * spans two repeats (a space starts a piece).
+ */
+static int haystack_stream(struct kvd_haystack *h) {
+	size_t n = h->size;
+
+	while (n > 0 && h->text[n - 1] == ' ')
+		n--;
+	if (n == 0)
+		return -EBADMSG;
+	h->unit = malloc(n + 2);
+	h->piece_start = malloc((n + 2) * sizeof(*h->piece_start));
+	h->piece_tokens = malloc((n + 2) * sizeof(*h->piece_tokens));
+	if (!h->unit || !h->piece_start || !h->piece_tokens)
+		return -ENOMEM;
+	h->unit[0] = ' ';
+	memcpy(h->unit + 1, h->text, n);
+	h->unit[n + 1] = 0;
+	h->unit_size = n + 1;
+	h->piece_start[0] = h->piece_tokens[0] = 0;
+	return kvdlm_pieces(h->unit, h->unit_size, stream_piece, h);
+}
+
+int kvd_haystack_load(const char *path, const struct kvdlm_tokenizer *tok, struct kvd_haystack **ret) {
 	_cleanup_(kvd_haystack_freep) struct kvd_haystack *h = NULL;
 	_cleanup_(closep) int fd = -EBADF;
 	struct stat st;
 	size_t n = 0;
+	int r;
 
+	if (!path || !tok)
+		return -EINVAL;
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return negative_errno();
@@ -99,6 +140,10 @@ int kvd_haystack_load(const char *path, struct kvd_haystack **ret) {
 			return -EBADMSG;
 	h->text[n] = 0;
 	h->size = n;
+	h->tok = tok;
+	r = haystack_stream(h);
+	if (r < 0)
+		return r;
 
 	*ret = TAKE_PTR(h);
 	return 0;
@@ -242,9 +287,56 @@ static void (*const planners[_KVD_TASK_MAX])(struct rng *r, struct plan *p) = {
 #define QUESTION_PREFIX "\nQuestion: "
 #define ANSWER_PREFIX "\nAnswer:"
 
-/* Bytes of the prompt that are not context: the question with its framing. */
-static size_t suffix_size(const struct plan *p) {
-	return strlen(QUESTION_PREFIX) + strlen(p->question) + strlen(ANSWER_PREFIX);
+/* A growing byte buffer; on -ENOMEM it stays as it was. */
+struct buf {
+	char *p;
+	size_t size, room;
+};
+
+static int buf_add(struct buf *b, const void *p, size_t n) {
+	if (b->size + n + 1 > b->room) {
+		size_t room = MAX(2 * b->room, b->size + n + 1);
+		char *q = realloc(b->p, room);
+
+		if (!q)
+			return -ENOMEM;
+		b->p = q;
+		b->room = room;
+	}
+	memcpy(b->p + b->size, p, n);
+	b->size += n;
+	b->p[b->size] = 0;
+	return 0;
+}
+
+static int buf_spaces(struct buf *b, size_t n) {
+	for (; n > 0; n--)
+		if (buf_add(b, " ", 1) < 0)
+			return -ENOMEM;
+	return 0;
+}
+
+/* unit[from..from + n) of the haystack stream repeated, wrapping around. */
+static int buf_stream(struct buf *b, const struct kvd_haystack *h, uint64_t from, uint64_t n) {
+	from %= h->unit_size;
+	while (n > 0) {
+		size_t k = (size_t)MIN(n, h->unit_size - from);
+
+		if (buf_add(b, h->unit + from, k) < 0)
+			return -ENOMEM;
+		n -= k;
+		from = 0;
+	}
+	return 0;
+}
+
+static size_t count(const struct kvd_haystack *h, const char *s) {
+	return kvdlm_tokenizer_count(h->tok, s, strlen(s));
+}
+
+/* The question with its framing, the prompt's tail. */
+static void suffix(const struct plan *p, char *ret, size_t size) {
+	snprintf(ret, size, "%s%s%s", QUESTION_PREFIX, p->question, ANSWER_PREFIX);
 }
 
 static size_t needles_size(const struct plan *p) {
@@ -258,26 +350,61 @@ static size_t needles_size(const struct plan *p) {
 uint32_t kvd_task_min_length(enum kvd_task t) {
 	struct rng r = { 0 };
 	struct plan p = {};
+	char tail[256];
 
 	if (t < 0 || t >= _KVD_TASK_MAX)
 		return 0;
-	/* Every needle, question and the cwe question have a fixed size whatever the seed. */
+	/* Every needle and question has a fixed size in bytes whatever the seed, and no
+	 * tokenizer makes more tokens than bytes. */
 	planners[t](&r, &p);
-	return (uint32_t)(1 + suffix_size(&p) + needles_size(&p) +
+	suffix(&p, tail, sizeof(tail));
+	return (uint32_t)(1 + strlen(tail) + needles_size(&p) +
 			  (t == KVD_TASK_CWE ? MIN_CWE_LIST : MIN_FILLER));
 }
 
 /*
- * Needle tasks: `size` bytes of context, the haystack from a random offset (wrapping) with
- * each needle inserted before the first space at or after its depth in the haystack part.
- * Depths are drawn after the needles and sorted, so needles keep their plan order.
+ * Where piece `a` (counted from the stream's start, repeats included) starts: in tokens and
+ * in bytes.
+ */
+static uint64_t piece_token(const struct kvd_haystack *h, uint64_t a) {
+	return a / h->pieces * h->piece_tokens[h->pieces] + h->piece_tokens[a % h->pieces];
+}
+
+static uint64_t piece_byte(const struct kvd_haystack *h, uint64_t a) {
+	return a / h->pieces * h->unit_size + h->piece_start[a % h->pieces];
+}
+
+/* The first piece, from the stream's start, that starts at or after token `t`. */
+static uint64_t piece_at_token(const struct kvd_haystack *h, uint64_t t) {
+	uint64_t total = h->piece_tokens[h->pieces], rep = t / total, rem = t % total;
+	size_t lo = 0, hi = h->pieces; /* the first j with piece_tokens[j] >= rem */
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (h->piece_tokens[mid] < rem)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return rep * h->pieces + lo;
+}
+
+/*
+ * Needle tasks: `size` tokens of context. The haystack part is the whole pieces of the
+ * stream from piece `offset` on that fit in what the needles leave, then single spaces up
+ * to that size; each needle goes before the first piece starting with a space at or after
+ * its depth (in tokens) of the haystack part, pads included. Depths are drawn after the
+ * needles and sorted, so needles keep their plan order.
  */
 static int make_needles(const struct kvd_haystack *h, struct rng *r, uint64_t offset,
-			const struct plan *p, size_t size, char *ret) {
-	_cleanup_(freep) char *filler = NULL;
-	size_t n_filler = size - needles_size(p), at[NEEDLES], prev = 0, o = 0;
+			const struct plan *p, size_t size, struct buf *out) {
+	uint64_t n_filler = size, first_tok = h->piece_tokens[offset], end, whole, got;
+	uint64_t at[NEEDLES], prev = 0, prev_byte;
 	unsigned depth[NEEDLES];
 
+	for (unsigned j = 0; j < p->n_needles; j++)
+		n_filler -= count(h, p->needle[j]);
 	for (unsigned j = 0; j < p->n_needles; j++) {
 		unsigned d = (unsigned)rand_below(r, 101), k = j;
 
@@ -286,45 +413,56 @@ static int make_needles(const struct kvd_haystack *h, struct rng *r, uint64_t of
 		depth[k] = d;
 	}
 
-	filler = malloc(n_filler);
-	if (!filler)
-		return -ENOMEM;
-	for (size_t done = 0; done < n_filler;) {
-		size_t k = MIN(n_filler - done, h->size - offset);
+	/* Whole pieces [offset, end) hold `got` tokens; the pads make up the rest. */
+	end = piece_at_token(h, first_tok + n_filler);
+	if (piece_token(h, end) > first_tok + n_filler)
+		end--;
+	whole = end - offset;
+	got = piece_token(h, end) - first_tok;
 
-		memcpy(filler + done, h->text + offset, k);
-		done += k;
-		offset = 0;
-	}
-
+	/* Positions: 0..whole are before whole piece k (whole: the first pad), whole + i before
+	 * pad i, whole + pads the end. */
 	for (unsigned j = 0; j < p->n_needles; j++) {
-		size_t from = (size_t)((uint64_t)n_filler * depth[j] / 100);
-		const char *sp = memchr(filler + from, ' ', n_filler - from);
+		uint64_t t = n_filler * depth[j] / 100, k;
 
-		at[j] = sp ? (size_t)(sp - filler) : n_filler;
+		k = t <= got ? piece_at_token(h, first_tok + t) - offset : whole + (t - got);
+		k = MAX(k, prev);
+		while (k < whole && h->unit[h->piece_start[(offset + k) % h->pieces]] != ' ')
+			k++;
+		at[j] = prev = k;
 	}
 
-	for (unsigned j = 0; j < p->n_needles; j++) {
-		size_t k = strlen(p->needle[j]);
+	prev = 0;
+	prev_byte = piece_byte(h, offset);
+	for (unsigned j = 0; j <= p->n_needles; j++) {
+		uint64_t k = j < p->n_needles ? at[j] : whole + (n_filler - got);
+		uint64_t upto = MIN(k, whole);
 
-		memcpy(ret + o, filler + prev, at[j] - prev);
-		o += at[j] - prev;
-		memcpy(ret + o, p->needle[j], k);
-		o += k;
-		prev = at[j];
+		if (upto > prev) {
+			uint64_t b = piece_byte(h, offset + upto);
+
+			if (buf_stream(out, h, prev_byte, b - prev_byte) < 0)
+				return -ENOMEM;
+			prev_byte = b;
+		}
+		if (k > MAX(prev, whole) && buf_spaces(out, (size_t)(k - MAX(prev, whole))) < 0)
+			return -ENOMEM;
+		prev = k;
+		if (j < p->n_needles && buf_add(out, p->needle[j], strlen(p->needle[j])) < 0)
+			return -ENOMEM;
 	}
-	memcpy(ret + o, filler + prev, n_filler - prev);
 	return 0;
 }
 
 /*
  * cwe: 30 distinct words (the first 3 common), then a list "1. w\n2. w\n..." of words drawn
  * with weight 6 for the common ones and 1 for the others, as long as the next item fits in
- * `size` bytes; spaces pad the rest. The answer comes from the counts in the list.
+ * `size` tokens; spaces pad the rest. The answer comes from the counts in the list.
  */
-static void make_cwe(struct rng *r, size_t size, struct plan *p, char *ret) {
+static int make_cwe(const struct kvd_haystack *h, struct rng *r, size_t size, struct plan *p,
+		    struct buf *out) {
 	char words[CWE_WORDS][16];
-	size_t count[CWE_WORDS] = {}, first[CWE_WORDS] = {}, o = 0;
+	size_t count_of[CWE_WORDS] = {}, first[CWE_WORDS] = {}, o = 0;
 	unsigned top[CWE_COMMON], n_top = 0;
 
 	for (unsigned w = 0; w < CWE_WORDS; w++)
@@ -336,15 +474,18 @@ static void make_cwe(struct rng *r, size_t size, struct plan *p, char *ret) {
 							 : (unsigned)(x - (CWE_COMMON * CWE_WEIGHT - CWE_COMMON));
 		char item[40];
 		int k = snprintf(item, sizeof(item), "%s%zu. %s", n ? "\n" : "", n + 1, words[w]);
+		size_t tokens = count(h, item);
 
-		if (o + (size_t)k > size)
+		if (o + tokens > size)
 			break;
-		memcpy(ret + o, item, (size_t)k);
-		o += (size_t)k;
-		if (count[w]++ == 0)
+		if (buf_add(out, item, (size_t)k) < 0)
+			return -ENOMEM;
+		o += tokens;
+		if (count_of[w]++ == 0)
 			first[w] = n;
 	}
-	memset(ret + o, ' ', size - o);
+	if (buf_spaces(out, size - o) < 0)
+		return -ENOMEM;
 
 	/* The 3 most frequent, ties to the earlier first appearance; fewer if fewer occur. */
 	for (; n_top < CWE_COMMON; n_top++) {
@@ -355,10 +496,10 @@ static void make_cwe(struct rng *r, size_t size, struct plan *p, char *ret) {
 
 			for (unsigned i = 0; i < n_top; i++)
 				taken = taken || top[i] == w;
-			if (taken || count[w] == 0)
+			if (taken || count_of[w] == 0)
 				continue;
-			if (best < 0 || count[w] > count[best] ||
-			    (count[w] == count[best] && first[w] < first[best]))
+			if (best < 0 || count_of[w] > count_of[best] ||
+			    (count_of[w] == count_of[best] && first[w] < first[best]))
 				best = (int)w;
 		}
 		if (best < 0)
@@ -371,15 +512,17 @@ static void make_cwe(struct rng *r, size_t size, struct plan *p, char *ret) {
 			strcat(p->answer, " ");
 		strcat(p->answer, words[top[i]]);
 	}
+	return 0;
 }
 
 int kvd_task_make(const struct kvd_haystack *h, enum kvd_task t, uint64_t seed, uint32_t length,
 		  struct kvd_task_sample *ret) {
-	_cleanup_(freep) char *prompt = NULL, *question = NULL, *answer = NULL;
+	_cleanup_(freep) char *question = NULL, *answer = NULL;
+	struct buf prompt = {};
 	struct rng r = { seed };
 	struct plan p = {};
 	uint64_t offset = 0;
-	size_t context, o;
+	char tail[256];
 	int k;
 
 	if (!h || h->size == 0 || t < 0 || t >= _KVD_TASK_MAX)
@@ -388,37 +531,26 @@ int kvd_task_make(const struct kvd_haystack *h, enum kvd_task t, uint64_t seed, 
 		return -EINVAL;
 
 	if (t != KVD_TASK_CWE)
-		offset = rand_below(&r, h->size);
+		offset = rand_below(&r, h->pieces);
 	planners[t](&r, &p);
+	suffix(&p, tail, sizeof(tail));
 
-	prompt = malloc(length);
-	if (!prompt)
-		return -ENOMEM;
-	context = length - 1 - suffix_size(&p);
-	if (t == KVD_TASK_CWE) {
-		make_cwe(&r, context, &p, prompt);
-	} else {
-		k = make_needles(h, &r, offset, &p, context, prompt);
-		if (k < 0)
-			return k;
-	}
-	o = context;
-	memcpy(prompt + o, QUESTION_PREFIX, strlen(QUESTION_PREFIX));
-	o += strlen(QUESTION_PREFIX);
-	memcpy(prompt + o, p.question, strlen(p.question));
-	o += strlen(p.question);
-	memcpy(prompt + o, ANSWER_PREFIX, strlen(ANSWER_PREFIX));
-	o += strlen(ANSWER_PREFIX);
-	prompt[o] = 0;
-
+	if (t == KVD_TASK_CWE)
+		k = make_cwe(h, &r, length - 1 - count(h, tail), &p, &prompt);
+	else
+		k = make_needles(h, &r, offset, &p, length - 1 - count(h, tail), &prompt);
+	if (k >= 0)
+		k = buf_add(&prompt, tail, strlen(tail));
 	question = strdup(p.question);
 	answer = strdup(p.answer);
-	if (!question || !answer)
+	if (k < 0 || !question || !answer) {
+		free(prompt.p);
 		return -ENOMEM;
+	}
 
 	*ret = (struct kvd_task_sample){
-		.prompt = TAKE_PTR(prompt),
-		.prompt_size = o,
+		.prompt = prompt.p,
+		.prompt_size = prompt.size,
 		.question = TAKE_PTR(question),
 		.answer = TAKE_PTR(answer),
 	};

@@ -8,9 +8,9 @@
  * with the very same prompts (tests/kvd-lm/test-tasks.c checks both against a golden file).
  *
  * A sample is a prompt, a question and an answer. The prompt holds the bytes that follow
- * BOS: in tokens it is BOS + prompt bytes, one token per byte, and `length` counts BOS, so
- * prompt_size == length - 1 always. Every byte is printable ASCII or '\n', never NUL, so
- * the strings are also NUL-terminated.
+ * BOS, sized in the tokens of the haystack's tokenizer: BOS + the prompt's tokens are
+ * exactly `length` tokens. Every byte is printable ASCII or '\n', never NUL, so the
+ * strings are also NUL-terminated.
  *
  * Nothing here prints, keeps global state or depends on the locale; a haystack is read-only
  * once loaded and may be shared by threads.
@@ -20,6 +20,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "tokenizer.h"
 
 enum kvd_task {
 	KVD_TASK_NIAH,
@@ -48,10 +50,19 @@ enum kvd_task {
  */
 #define KVD_TASK_GENERATE_MAX 48
 
-/* The haystack text (data/haystack.txt without its final newline): printable ASCII. */
+/*
+ * The haystack text (data/haystack.txt without its final newline): printable ASCII; and
+ * the stream the needle tasks cut from it, in the pieces of a tokenizer.
+ */
 struct kvd_haystack {
 	char *text;
 	size_t size;
+	const struct kvdlm_tokenizer *tok;
+	char *unit;              /* " " + text without its trailing spaces */
+	size_t unit_size;
+	size_t pieces;           /* how many pieces unit has */
+	uint32_t *piece_start;   /* [pieces + 1]: the byte where each starts in unit */
+	uint32_t *piece_tokens;  /* [pieces + 1]: the tokens before each */
 };
 
 struct kvd_task_sample {
@@ -68,10 +79,11 @@ enum kvd_task kvd_task_from_string(const char *s);
 
 /*
  * Reads a haystack file: one line of printable ASCII, at most 64 MiB, optionally ending
- * in '\n' (dropped). Returns 0, or -ENOMEM, -EFBIG (too large), -EBADMSG (empty, or a
- * byte that is not printable ASCII), or the -errno of open/fstat/read.
+ * in '\n' (dropped), and cuts it for tok, which must outlive the haystack. Returns 0, or
+ * -EINVAL (path or tok NULL), -ENOMEM, -EFBIG (too large), -EBADMSG (empty, spaces only,
+ * or a byte that is not printable ASCII), or the -errno of open/fstat/read.
  */
-int kvd_haystack_load(const char *path, struct kvd_haystack **ret);
+int kvd_haystack_load(const char *path, const struct kvdlm_tokenizer *tok, struct kvd_haystack **ret);
 /* Frees h (NULL is fine) and returns NULL. */
 struct kvd_haystack *kvd_haystack_free(struct kvd_haystack *h);
 static inline void kvd_haystack_freep(struct kvd_haystack **h) {
@@ -79,15 +91,17 @@ static inline void kvd_haystack_freep(struct kvd_haystack **h) {
 }
 
 /*
- * The smallest length (BOS included) task t accepts: the one that leaves 64 bytes of
- * haystack around the needles, or 128 bytes of word list for cwe. It does not depend on
- * the seed. 0 for an invalid task.
+ * The smallest length (BOS included) task t accepts: the one that leaves 64 tokens of
+ * haystack around the needles, or 128 tokens of word list for cwe, whatever the tokenizer
+ * (counting a token per byte of the needles and question, the most there can be). It
+ * does not depend on the seed. 0 for an invalid task.
  */
 uint32_t kvd_task_min_length(enum kvd_task t);
 
 /*
- * Generates the sample of task t for seed, with a prompt of exactly `length` tokens (BOS
- * included). cwe does not read the haystack, but h must be given all the same. On success
+ * Generates the sample of task t for seed, with a prompt of exactly `length` tokens of the
+ * haystack's tokenizer (BOS included). cwe does not read the haystack, but h must be given
+ * all the same (its tokenizer sizes the list). On success
  * *ret owns its strings (release them with kvd_task_sample_done()); on failure *ret is
  * untouched. Returns 0, -EINVAL (h NULL or empty, t invalid, length below
  * kvd_task_min_length(t) or above KVD_TASK_LENGTH_MAX) or -ENOMEM.

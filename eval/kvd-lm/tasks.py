@@ -39,8 +39,12 @@ As a command, it prints samples:
 """
 
 import argparse
+import bisect
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tokenizer  # noqa: E402
 
 TASKS = ("niah", "multikey", "multivalue", "vt", "cwe")
 BOS = 256
@@ -176,26 +180,72 @@ def min_length(task):
             + (_MIN_CWE_LIST if task == "cwe" else _MIN_FILLER))
 
 
-def _make_needles(haystack, rng, offset, needles, size):
-    n_filler = size - sum(len(n) for n in needles)
+class _Stream:
+    """The haystack as pieces of a tokenizer (tokenizer.pieces): the text is the haystack
+    without its trailing spaces, after one space, repeated; a piece never spans a
+    repetition, since every space starts one."""
+
+    def __init__(self, haystack, tok):
+        unit = b" " + haystack.rstrip(b" ")
+        self.pieces = tokenizer.pieces(unit)
+        self.starts = [0]      # byte offset of each piece in unit
+        self.cum = [0]         # tokens before each piece
+        for p in self.pieces:
+            self.starts.append(self.starts[-1] + len(p))
+            self.cum.append(self.cum[-1] + tok.count(p))
+        self.unit = unit
+        self.tokens = self.cum[-1]
+
+    def take(self, offset, n):
+        """(pieces, tokens): the whole pieces from piece `offset` on, wrapping around,
+        that fit in n tokens, and how many tokens they hold."""
+        out, got, at = [], 0, offset
+        if self.tokens - self.cum[at] <= n:     # the rest of the text, then whole repeats
+            out += self.pieces[at:]
+            got, at = self.tokens - self.cum[at], 0
+            reps = (n - got) // self.tokens
+            out += self.pieces * reps
+            got += reps * self.tokens
+        end = bisect.bisect_right(self.cum, self.cum[at] + n - got, at) - 1
+        out += self.pieces[at:end]
+        return out, got + self.cum[end] - self.cum[at]
+
+
+_streams = {}
+
+
+def _stream(haystack, tok):
+    key = (id(tok), hash(haystack), len(haystack))
+    s = _streams.get(key)
+    if s is None:
+        if len(_streams) > 8:
+            _streams.clear()
+        s = _streams[key] = _Stream(haystack, tok)
+    return s
+
+
+def _make_needles(haystack, tok, rng, offset, needles, size):
+    n_filler = size - sum(tok.count(n.encode("ascii")) for n in needles)
     depths = sorted(rng.below(101) for _ in needles)
-    end = offset + n_filler
-    if end <= len(haystack):
-        filler = haystack[offset:end]
-    else:
-        filler = (haystack * -(-end // len(haystack)))[offset:end]
+    filler, got = _stream(haystack, tok).take(offset, n_filler)
+    filler += [b" "] * (n_filler - got)
+    # where each piece starts, in tokens
+    at_token, t = [], 0
+    for p in filler:
+        at_token.append(t)
+        t += tok.count(p)
     parts, prev = [], 0
     for needle, d in zip(needles, depths):
-        at = filler.find(b" ", n_filler * d // 100)
-        if at < 0:
-            at = n_filler
-        parts += (filler[prev:at], needle.encode("ascii"))
-        prev = at
-    parts.append(filler[prev:])
+        k = bisect.bisect_left(at_token, n_filler * d // 100, prev)
+        while k < len(filler) and filler[k][:1] != b" ":
+            k += 1
+        parts += filler[prev:k] + [needle.encode("ascii")]
+        prev = k
+    parts += filler[prev:]
     return b"".join(parts)
 
 
-def _make_cwe(rng, size):
+def _make_cwe(tok, rng, size):
     words = []
     for _ in range(_CWE_WORDS):
         words.append(_distinct_word(rng, 0x61, 4 + rng.below(5), words))
@@ -205,19 +255,20 @@ def _make_cwe(rng, size):
         x = rng.below(n_common + _CWE_WORDS - _CWE_COMMON)
         w = x // _CWE_WEIGHT if x < n_common else x - (n_common - _CWE_COMMON)
         item = f"{chr(10) if items else ''}{len(items) + 1}. {words[w]}"
-        if o + len(item) > size:
+        n = tok.count(item.encode("ascii"))
+        if o + n > size:
             break
         if count[w] == 0:
             first[w] = len(items)
         count[w] += 1
         items.append(item)
-        o += len(item)
+        o += n
     top = sorted((w for w in range(_CWE_WORDS) if count[w]), key=lambda w: (-count[w], first[w]))
     context = "".join(items) + " " * (size - o)
     return context.encode("ascii"), " ".join(words[w] for w in top[:_CWE_COMMON])
 
 
-def make(haystack, task, seed, length):
+def make(haystack, task, seed, length, tok=tokenizer.BYTES):
     if task not in _PLANNERS:
         raise ValueError(f"unknown task {task!r}")
     if not 0 <= seed <= _M64:
@@ -227,14 +278,14 @@ def make(haystack, task, seed, length):
     if not haystack:
         raise ValueError("empty haystack")
     rng = _Rng(seed)
-    offset = rng.below(len(haystack)) if task != "cwe" else 0
+    offset = rng.below(len(_stream(haystack, tok).pieces)) if task != "cwe" else 0
     needles, question, answer = _PLANNERS[task](rng)
     suffix = _suffix(question)
-    size = length - 1 - len(suffix)
+    size = length - 1 - tok.count(suffix)
     if task == "cwe":
-        context, answer = _make_cwe(rng, size)
+        context, answer = _make_cwe(tok, rng, size)
     else:
-        context = _make_needles(haystack, rng, offset, needles, size)
+        context = _make_needles(haystack, tok, rng, offset, needles, size)
     return context + suffix, question, answer
 
 
@@ -247,9 +298,10 @@ def score(answer, generated):
     return line == answer
 
 
-def golden_record(task, seed, length, prompt, question, answer):
+def golden_record(task, seed, length, tok_name, prompt, question, answer):
     """One record of the golden file, as test-tasks.c prints it too."""
-    return (f"task {task} seed {seed} length {length}\nprompt {len(prompt)}\n".encode("ascii")
+    return (f"task {task} seed {seed} length {length} tokenizer {tok_name}\n"
+            f"prompt {len(prompt)}\n".encode("ascii")
             + prompt + f"\nquestion {question}\nanswer {answer}\n\n".encode("ascii"))
 
 
@@ -261,6 +313,8 @@ def main():
                     help="comma-separated lengths in tokens, BOS included; 'min' is the task's least")
     ap.add_argument("--format", choices=("text", "golden"), default="text")
     ap.add_argument("--haystack", default=DEFAULT_HAYSTACK)
+    ap.add_argument("--tokenizer", default="bytes",
+                    help="a .kvdtok file whose tokens size the prompts, or 'bytes'")
     args = ap.parse_args()
 
     task_list = TASKS if args.task == "all" else args.task.split(",")
@@ -274,17 +328,25 @@ def main():
         ap.error(str(e))
 
     haystack = load_haystack(args.haystack)
+    if args.tokenizer == "bytes":
+        tok, tok_name = tokenizer.BYTES, "bytes"
+    else:
+        try:
+            tok = tokenizer.load(args.tokenizer)
+        except (OSError, tokenizer.FormatError) as e:
+            sys.exit(f"tasks.py: {e}")
+        tok_name = os.path.splitext(os.path.basename(args.tokenizer))[0]
     out = sys.stdout.buffer
     for t in task_list:
         for seed in seeds:
             for length in lengths:
                 length = min_length(t) if length is None else length
                 try:
-                    prompt, question, answer = make(haystack, t, seed, length)
+                    prompt, question, answer = make(haystack, t, seed, length, tok)
                 except ValueError as e:
                     sys.exit(f"tasks.py: {e}")
                 if args.format == "golden":
-                    out.write(golden_record(t, seed, length, prompt, question, answer))
+                    out.write(golden_record(t, seed, length, tok_name, prompt, question, answer))
                 else:
                     out.write(f"== {t} seed {seed} length {length}\n".encode("ascii") + prompt
                               + f" {answer}\n\n".encode("ascii"))

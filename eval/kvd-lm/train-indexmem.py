@@ -170,10 +170,12 @@ class Sample:
         task = rng.choice(TASKS)
         length = max(rng.choice(lengths), tasks.min_length(task))
         seed = rng.randrange(seeds.start, seeds.stop)
-        prompt, question, answer = tasks.make(hay, task, seed, length)
-        self.prompt_end = len(prompt) + 1
-        self.context_end = self.prompt_end - len(f"\nQuestion: {question}\nAnswer:")
-        toks = [kvdlm.BOS] + list(prompt) + list(b" " + answer.encode() + b"\n")
+        tok = model.tok
+        prompt, question, answer = tasks.make(hay, task, seed, length, tok)
+        toks = kvdlm.encode(prompt, tok)
+        self.prompt_end = len(toks)
+        self.context_end = self.prompt_end - tok.count(f"\nQuestion: {question}\nAnswer:".encode())
+        toks += tok.encode(b" " + answer.encode() + b"\n")
         self.tokens = toks[:-1]
         self.layers = self.capture(model, torch.tensor(self.tokens))
 

@@ -58,6 +58,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import kvdlm  # noqa: E402
+import tokenizer  # noqa: E402
 
 NEWLINE = 10
 
@@ -144,12 +145,25 @@ def text_corpus(cache, limit=12 << 20):
 
 # --- samples ---------------------------------------------------------------------------------
 
+def text_tokens(text, tok, cache):
+    """The corpus as tokens (numpy int32), cached in the file cache."""
+    import numpy as np
+    if os.path.exists(cache):
+        return np.load(cache)
+    ids = np.array(tok.encode(text), dtype=np.int32)
+    np.save(cache + ".tmp.npy", ids)
+    os.replace(cache + ".tmp.npy", cache)
+    return ids
+
+
 class Data:
-    def __init__(self, args, rng):
+    def __init__(self, args, rng, tok):
         import tasks
         self.tasks = tasks
+        self.tok = tok
         self.hay = tasks.load_haystack()
-        self.text = text_corpus(os.path.join(args.out, "text.bin"))
+        text = text_corpus(os.path.join(args.out, "text.bin"))
+        self.text = text_tokens(text, tok, os.path.join(args.out, f"text-{tok.vocab}.npy"))
         self.rng = rng
         self.text_frac = args.text_frac
         self.copy_frac = args.copy_frac
@@ -169,7 +183,7 @@ class Data:
         x = r.random()
         if x < self.text_frac:
             off = r.randrange(len(self.text) - length)
-            return [kvdlm.BOS] + list(self.text[off:off + length - 1]), []
+            return [kvdlm.BOS] + self.text[off:off + length - 1].tolist(), []
         x -= self.text_frac
         if x < self.copy_frac:
             if r.random() < self.copy_random:
@@ -181,16 +195,19 @@ class Data:
         task = r.choices(self.task_names, self.task_weights)[0]
         seed = r.randrange(self.tasks.SEEDS_TRAIN.start, self.tasks.SEEDS_TRAIN.stop)
         n = max(length, self.tasks.min_length(task))
-        prompt, _q, answer = self.tasks.make(self.hay, task, seed, n)
-        toks = [kvdlm.BOS] + list(prompt) + list(b" " + answer.encode() + b"\n")
-        return toks, [(len(prompt) + 1, len(toks))]
+        prompt, _q, answer = self.tasks.make(self.hay, task, seed, n, self.tok)
+        toks = [kvdlm.BOS] + self.tok.encode(prompt)
+        a = len(toks)
+        toks += self.tok.encode(b" " + answer.encode() + b"\n")
+        return toks, [(a, len(toks))]
 
     def sample_periodic(self, length):
-        """Warm-up: random lowercase letters with a random period of 4..24, repeated to the
-        end. Nearly every token can only be predicted by copying, so induction heads form
-        in a few hundred steps (with text and tasks they had not in 900)."""
+        """Warm-up: random lowercase letters (byte tokens) with a random period of 4..24,
+        repeated to the end. Nearly every token can only be predicted by copying, so
+        induction heads form in a few hundred steps (with text and tasks they had not in
+        900)."""
         r = self.rng
-        span = list(r.choices(b"abcdefghijklmnopqrstuvwxyz", k=r.randint(4, 24)))
+        span = r.choices(b"abcdefghijklmnopqrstuvwxyz", k=r.randint(4, 24))
         return [kvdlm.BOS] + (span * (length // len(span) + 1))[:length - 1]
 
     def sample_copy(self, length):
@@ -207,7 +224,7 @@ class Data:
 
     def text_span(self, n):
         off = self.rng.randrange(len(self.text) - n - 1)
-        return list(self.text[off:off + n])
+        return self.text[off:off + n].tolist()
 
     def sample_drill(self, length):
         """Retrieval aid, in the tasks' own words but without filler: needles with random
@@ -215,19 +232,20 @@ class Data:
         r = self.rng
         word = lambda: "".join(chr(97 + r.randrange(26)) for _ in range(6))
         num = lambda: str(1000000 + r.randrange(9000000))
+        enc = self.tok.encode
         needles, size = [], 1
         while size < length * 0.55 or len(needles) < 2:
             k, v = word(), num()
-            s = f" The special magic number for {k} is {v}."
+            s = enc(f" The special magic number for {k} is {v}.")
             needles.append((k, v, s))
             size += len(s)
-        toks = [kvdlm.BOS] + list("".join(s for _, _, s in needles).encode())
+        toks = [kvdlm.BOS] + [t for _, _, s in needles for t in s]
         spans = []
         while len(toks) < length:
             k, v, _ = needles[r.randrange(len(needles))]
-            toks += list(f"\nQuestion: What is the special magic number for {k}?\nAnswer:".encode())
+            toks += enc(f"\nQuestion: What is the special magic number for {k}?\nAnswer:")
             a = len(toks)
-            toks += list(f" {v}\n".encode())
+            toks += enc(f" {v}\n")
             spans.append((a, len(toks)))
         return toks, spans
 
@@ -266,7 +284,7 @@ def lengths_at(curriculum, p):
 
 # --- evaluation ------------------------------------------------------------------------------
 
-def evaluate(model, tasks_mod, hay, task_list, lengths, seeds, n, verbose=False):
+def evaluate(model, tok, tasks_mod, hay, task_list, lengths, seeds, n, verbose=False):
     """{(task, length): (correct, n)}: greedy, full cache, exact match (tasks.score)."""
     was_training = model.training
     model.eval()
@@ -275,10 +293,10 @@ def evaluate(model, tasks_mod, hay, task_list, lengths, seeds, n, verbose=False)
         for length in lengths:
             ok = 0
             for i in range(n):
-                prompt, _q, answer = tasks_mod.make(hay, task, seeds.start + i, length)
-                out = model.generate([kvdlm.BOS] + list(prompt), tasks_mod.GENERATE_MAX,
+                prompt, _q, answer = tasks_mod.make(hay, task, seeds.start + i, length, tok)
+                out = model.generate(kvdlm.encode(prompt, tok), tasks_mod.GENERATE_MAX,
                                      stop=(NEWLINE, kvdlm.EOS))
-                gen = bytes(t if t < 256 else 0 for t in out)
+                gen = tok.decode(t if t not in range(256, 260) else 0 for t in out)
                 good = tasks_mod.score(answer, gen)
                 ok += good
                 if verbose and not good and i < 3:
@@ -302,11 +320,23 @@ def format_table(res, task_list, lengths, title):
 
 # --- training --------------------------------------------------------------------------------
 
-def model_config(args):
-    return kvdlm.Config(vocab=kvdlm.VOCAB, dim=args.dim, layers=args.layers,
+def model_config(args, vocab):
+    return kvdlm.Config(vocab=vocab, dim=args.dim, layers=args.layers,
                         q_heads=args.q_heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
                         ffn=args.ffn, max_positions=args.max_positions,
                         rope_theta=args.rope_theta, norm_eps=1e-5)
+
+
+def load_tokenizer(path):
+    return tokenizer.load(path) if path else tokenizer.BYTES
+
+
+def save_model(model, tok, path):
+    """The weights, and the tokenizer beside them unless it is the byte-level one."""
+    kvdlm.save(model, path)
+    if tok.merges:
+        with open(os.path.splitext(path)[0] + ".kvdtok", "wb") as f:
+            f.write(tok.to_bytes())
 
 
 def make_optimizer(model, args):
@@ -345,7 +375,9 @@ def train(args):
         for k in ("dim", "layers", "q_heads", "kv_heads", "head_dim", "ffn", "rope_theta",
                   "max_positions"):
             setattr(args, k, saved[k])
-        model = kvdlm.Model(model_config(args))
+        args.tokenizer = saved.get("tokenizer")
+        tok = load_tokenizer(args.tokenizer)
+        model = kvdlm.Model(model_config(args, tok.vocab))
         model.load_state_dict(ck["model"])
         opt = make_optimizer(model, args)
         opt.load_state_dict(ck["opt"])
@@ -354,14 +386,15 @@ def train(args):
         torch.set_rng_state(ck["torch_rng"])
         log(f"resumed at step {state['step']}, {state['elapsed'] / 60:.1f} min trained")
     else:
-        model = kvdlm.Model(model_config(args))
+        tok = load_tokenizer(args.tokenizer)
+        model = kvdlm.Model(model_config(args, tok.vocab))
         model.init_weights(torch.Generator().manual_seed(args.seed), std=args.init_std)
         opt = make_optimizer(model, args)
     with open(os.path.join(args.out, "args.json"), "w") as f:
         json.dump(vars(args), f, indent=1)
     log(f"model {vars(model.cfg)}, {model.cfg.n_elements()} parameters")
-    data = Data(args, rng)
-    log(f"text corpus {len(data.text)} bytes")
+    data = Data(args, rng, tok)
+    log(f"text corpus {len(data.text)} tokens")
     curriculum = parse_curriculum(args.curriculum)
     budget = args.minutes * 60.0
     model.train()
@@ -393,7 +426,7 @@ def train(args):
             mc = min(micro, count - m0)
             x, y, ans = data.batch(length, mc, warm=warm)
             logits = model(x, q_chunk=args.q_chunk)
-            ce = F.cross_entropy(logits.view(-1, kvdlm.VOCAB), y.view(-1), reduction="none",
+            ce = F.cross_entropy(logits.view(-1, tok.vocab), y.view(-1), reduction="none",
                                  ignore_index=-100).view(y.shape)
             valid = y != -100
             lm = ce[valid].mean()
@@ -417,12 +450,12 @@ def train(args):
         done = state["elapsed"] >= budget or (args.max_steps and state["step"] >= args.max_steps)
         if done or time.time() - last_ckpt > args.ckpt_minutes * 60:
             save_ckpt(ckpt_path, model, opt, state, rng, args)
-            kvdlm.save(model, os.path.join(args.out, "latest.kvdlm"))
+            save_model(model, tok, os.path.join(args.out, "latest.kvdlm"))
             if args.eval_n:
                 lens = sorted(set(min(l, 2048) for l in lengths_at(curriculum, p)
                                   if l >= 512) | {1024})
                 t1 = time.time()
-                res = evaluate(model, data.tasks, data.hay, ["niah", "multikey"], lens,
+                res = evaluate(model, tok, data.tasks, data.hay, ["niah", "multikey"], lens,
                                data.tasks.SEEDS_TUNE, args.eval_n)
                 summary = " ".join(f"{t}@{l} {ok}/{n}" for (t, l), (ok, n) in res.items())
                 state["history"].append((state["step"], state["elapsed"], summary))
@@ -431,7 +464,7 @@ def train(args):
                 save_ckpt(ckpt_path, model, opt, state, rng, args)
             last_ckpt = time.time()
     final = os.path.join(args.out, "final.kvdlm")
-    kvdlm.save(model, final)
+    save_model(model, tok, final)
     log(f"done: {state['step']} steps, {state['tokens'] / 1e6:.2f}M tokens, "
         f"{state['elapsed'] / 60:.1f} min; wrote {final}")
 
@@ -440,12 +473,13 @@ def cmd_eval(args):
     torch.set_num_threads(args.threads)
     import tasks
     model = kvdlm.load(args.model)
+    tok = model.tok
     hay = tasks.load_haystack()
     seeds = tasks.SEEDS_REPORT if args.seeds == "report" else tasks.SEEDS_TUNE
     task_list = args.tasks.split(",")
     lengths = [int(x) for x in args.lengths.split(",")]
     t0 = time.time()
-    res = evaluate(model, tasks, hay, task_list, lengths, seeds, args.n, verbose=args.verbose)
+    res = evaluate(model, tok, tasks, hay, task_list, lengths, seeds, args.n, verbose=args.verbose)
     title = (f"kvd-lm eval of {os.path.basename(args.model)}: exact match, greedy, full cache "
              f"(no eviction), {args.n} samples per cell, {args.seeds.upper()} seeds "
              f"[{seeds.start:#x}, +{args.n}), tasks.py; prompt length in tokens incl. BOS")
@@ -457,11 +491,40 @@ def cmd_eval(args):
             f.write(table)
 
 
+def cmd_tokenizer(args):
+    """Learns the subword vocabulary from the training text: the plain-text corpus, and
+    task and drill samples of TRAINING seeds as the mix draws them (byte-level, lengths
+    512..4096 bytes), in about the shares training sees them; the digit merges first."""
+    import tasks
+    os.makedirs(args.work, exist_ok=True)
+    text = text_corpus(os.path.join(args.work, "text.bin"))
+    rng = random.Random(args.seed)
+    hay = tasks.load_haystack()
+    mix = dict(kv.split(":") for kv in args.task_mix.split(","))
+    names, weights = list(mix), [float(mix[t]) for t in mix]
+    samples, size = [], 0
+    while size < args.task_bytes:
+        task = rng.choices(names, weights)[0]
+        seed = rng.randrange(tasks.SEEDS_TRAIN.start, tasks.SEEDS_TRAIN.stop)
+        n = max(rng.randint(512, 4096), tasks.min_length(task))
+        prompt, _q, answer = tasks.make(hay, task, seed, n)
+        samples.append(prompt + b" " + answer.encode() + b"\n")
+        size += len(samples[-1])
+    t0 = time.time()
+    counts = tokenizer.count_pieces([text] + samples)
+    tok = tokenizer.train(counts, args.vocab, tokenizer.digit_merges())
+    with open(args.out, "wb") as f:
+        f.write(tok.to_bytes())
+    per = len(text[:1 << 20]) / len(tok.encode(text[:1 << 20]))
+    log(f"{args.out}: vocab {tok.vocab} from {len(text)} bytes of text and {size} of tasks "
+        f"({time.time() - t0:.0f} s); {per:.2f} bytes a token on the text")
+
+
 def cmd_export(args):
     ck = torch.load(args.ckpt)
     model = kvdlm.Model(kvdlm.Config(**ck["config"]))
     model.load_state_dict(ck["model"])
-    kvdlm.save(model, args.output)
+    save_model(model, load_tokenizer(ck["args"].get("tokenizer")), args.output)
     print(f"{args.output}: step {ck['state']['step']}, {ck['state']['elapsed'] / 60:.1f} min")
 
 
@@ -473,6 +536,7 @@ def main():
     t.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
     t.add_argument("--minutes", type=float, default=48.0, help="training wall-clock budget")
     t.add_argument("--max-steps", type=int, default=0)
+    t.add_argument("--tokenizer", help="a .kvdtok file (train.py tokenizer); default: bytes")
     t.add_argument("--dim", type=int, default=128)
     t.add_argument("--layers", type=int, default=4)
     t.add_argument("--q-heads", type=int, default=8)
@@ -519,11 +583,19 @@ def main():
     e.add_argument("--table", help="also write the table to this file")
     e.add_argument("--verbose", action="store_true")
     e.add_argument("--threads", type=int, default=2)
+    k = sub.add_parser("tokenizer", help="learn the subword vocabulary (a .kvdtok file)")
+    k.add_argument("--out", required=True, help="the .kvdtok file to write")
+    k.add_argument("--vocab", type=int, default=3072)
+    k.add_argument("--work", default="/tmp/kvdlm-tokenizer", help="cache of the text corpus")
+    k.add_argument("--task-bytes", type=int, default=4 << 20, help="bytes of task samples")
+    k.add_argument("--task-mix", default="niah:0.35,multikey:0.35,multivalue:0.1,vt:0.1,cwe:0.1")
+    k.add_argument("--seed", type=int, default=1)
     x = sub.add_parser("export")
     x.add_argument("ckpt")
     x.add_argument("output")
     args = ap.parse_args()
-    {"train": train, "eval": cmd_eval, "export": cmd_export}[args.cmd](args)
+    {"train": train, "eval": cmd_eval, "export": cmd_export,
+     "tokenizer": cmd_tokenizer}[args.cmd](args)
 
 
 if __name__ == "__main__":

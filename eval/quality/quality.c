@@ -94,6 +94,8 @@
 #define LIST_MAX 8
 #define MULTI_MAX 4
 #define GEN_MAX KVD_TASK_GENERATE_MAX
+/* The most text GEN_MAX tokens make: no token is longer than a piece. */
+#define GEN_TEXT_MAX (GEN_MAX * KVDLM_PIECE_MAX)
 /* Room past prompt + answer in every sequence. */
 #define SEQ_SLACK KVDLM_KVD_BLOCK_TOKENS
 #define CHUNK_BYTES (64ull << 10)
@@ -221,6 +223,7 @@ struct quality {
 	struct kvdlm_model *m;
 	struct kvdlm_indexmem *im;          /* --indexmem, when a column needs it */
 	char *indexmem_path;                /* its default, made from --model's */
+	struct kvdlm_tokenizer *tok;
 	struct kvd_haystack *hay;
 	struct kvdlm_session *s;
 	struct daemon d;
@@ -555,9 +558,16 @@ static int sample_make(struct quality *Q, enum kvd_task task, uint64_t seed, uin
 		sample_done(&s);
 		return -ENOMEM;
 	}
-	kvdlm_tokenize(s.ts.prompt, s.ts.prompt_size, s.tokens);
-	s.n_q = (uint32_t)nt;
-	s.n_ctx = (uint32_t)(s.ts.prompt_size + 1 - nt);
+	/* The question's tail starts with a newline, which starts a piece: the context and the
+	 * tail tokenize apart as the whole prompt does. */
+	s.tokens[0] = KVDLM_BOS;
+	s.n_ctx = 1 + (uint32_t)kvdlm_tokenizer_encode(Q->tok, s.ts.prompt, s.ts.prompt_size - nt, s.tokens + 1);
+	s.n_q = (uint32_t)kvdlm_tokenizer_encode(Q->tok, tail, nt, s.tokens + s.n_ctx);
+	if (s.n_ctx + s.n_q != length) {
+		sample_done(&s);
+		return fail("%s seed %" PRIu64 ": %u tokens, not %u", kvd_task_to_string(task), seed,
+		            s.n_ctx + s.n_q, length);
+	}
 	*ret = s;
 	return 0;
 }
@@ -750,21 +760,28 @@ static int evict_to(struct quality *Q, struct tenant *t, kvd_seq *seq, uint32_t 
 
 /*
  * Greedy decoding from logits (overwritten): the argmax, then decode it and so on, until a
- * newline, EOS or GEN_MAX tokens. out[GEN_MAX + 1] receives the text, '\n' included,
- * special tokens as '?' (no answer holds one), EOS dropped.
+ * newline, EOS or GEN_MAX tokens. out[GEN_TEXT_MAX + 1] receives the text, '\n' included,
+ * NUL bytes and special tokens as '?' (no answer holds one), EOS dropped. Returns the
+ * decode steps taken, or a negative errno.
  */
-/* Greedy decoding into out; returns the decode steps taken, or a negative errno. */
 static int generate(struct quality *Q, float *logits, char *out) {
-	uint32_t n = 0, steps = 0;
+	uint32_t n = 0, tokens = 0, steps = 0;
 	int r;
 
 	for (;;) {
 		uint32_t next = kvdlm_argmax(logits, Q->vocab);
+		const uint8_t *b;
+		size_t k;
 
 		if (next == KVDLM_EOS)
 			break;
-		out[n++] = next < 256 && next != 0 ? (char)next : '?';
-		if (next == '\n' || n == GEN_MAX)
+		b = kvdlm_tokenizer_token(Q->tok, next, &k);
+		if (next >= KVDLM_BOS && next < KVDLM_BYTE_VOCAB)
+			out[n++] = '?';
+		else
+			for (size_t i = 0; i < k; i++)
+				out[n++] = b[i] ? (char)b[i] : '?';
+		if (next == '\n' || ++tokens == GEN_MAX)
 			break;
 		r = kvdlm_decode(Q->s, next, logits);
 		if (r < 0)
@@ -823,7 +840,7 @@ static int run_cell(struct quality *Q, const struct sample *s, struct master *ms
 	struct tenant *t = &Q->pol[p];
 	struct cell *cell = &Q->cells[cell_index(st, ti, li, (unsigned)p, bi)];
 	struct evict_result e = {};
-	char out[GEN_MAX + 1];
+	char out[GEN_TEXT_MAX + 1];
 	bool correct;
 	double t0;
 	int r;
@@ -919,7 +936,7 @@ static int run_sample(struct quality *Q, unsigned ti, unsigned li, uint32_t i) {
 	_cleanup_(freep) float *obs = NULL;
 	struct sample s;
 	struct master ms = {};
-	char full[GEN_MAX + 1], priv[GEN_MAX + 1];
+	char full[GEN_TEXT_MAX + 1], priv[GEN_TEXT_MAX + 1];
 	struct full_cell *fc = &Q->full[ti * arg_n_lengths + li];
 	double t0 = now_s(), el;
 	bool correct;
@@ -1069,7 +1086,7 @@ static int multi_round(struct quality *Q, struct sample *s, struct master *ms, u
 	}
 	for (unsigned j = 0; r >= 0 && j < arg_n_multi; j++) {
 		struct cell *cell = &Q->multi_cells[mode][bi][j];
-		char out[GEN_MAX + 1];
+		char out[GEN_TEXT_MAX + 1];
 		char setting[32];
 		bool correct;
 
@@ -1131,7 +1148,7 @@ static int run_multi(struct quality *Q) {
 			for (int mode = MULTI_GLOBAL; mode <= MULTI_STATIC && r >= 0; mode++)
 				r = multi_round(Q, s, ms, bi, mode);
 		for (unsigned j = 0; j < arg_n_multi && r >= 0; j++) {
-			char out[GEN_MAX + 1];
+			char out[GEN_TEXT_MAX + 1];
 			bool correct;
 
 			r = kvdlm_session_reset(Q->s, ms[j].cache);
@@ -1931,6 +1948,7 @@ static void quality_done(struct quality *Q) {
 	free(Q->indexmem_path);
 	kvdlm_model_free(Q->m);
 	kvd_haystack_free(Q->hay);
+	kvdlm_tokenizer_free(Q->tok);
 	if (Q->samples_csv)
 		fclose(Q->samples_csv);
 	free(Q->cells);
@@ -1950,7 +1968,10 @@ static int run(struct quality *Q, const char *cmdline) {
 	r = kvdlm_model_load(arg_model, &Q->m, err, sizeof(err));
 	if (r < 0)
 		return fail("%s", err);
-	r = kvd_haystack_load(arg_haystack, &Q->hay);
+	r = kvdlm_tokenizer_for_model(arg_model, Q->m->cfg.vocab, &Q->tok, err, sizeof(err));
+	if (r < 0)
+		return fail("%s", err);
+	r = kvd_haystack_load(arg_haystack, Q->tok, &Q->hay);
 	if (r < 0)
 		return fail("%s: %s (--haystack)", arg_haystack, strerror(-r));
 	Q->tables = Q->m->cfg.layers * Q->m->cfg.kv_heads;

@@ -99,13 +99,13 @@ static uint32_t prompt_tokens(uint32_t times, uint32_t **ret) {
 static void generate(struct kvdlm_cache *c, const uint32_t *tokens, uint32_t n, uint32_t chunk,
                      uint32_t steps, float *prefill, float *decode, uint32_t *out) {
 	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
-	float *last = prefill + (size_t)(n - 1) * KVDLM_VOCAB;
+	float *last = prefill + (size_t)(n - 1) * KVDLM_BYTE_VOCAB;
 
 	ASSERT_OK(kvdlm_session_new(model, c, &(struct kvdlm_session_opts){ THREADS, chunk }, &s));
 	ASSERT_OK(kvdlm_prefill(s, tokens, n, KVDLM_LOGITS_ALL, prefill));
 	for (uint32_t i = 0; i < steps; i++) {
-		out[i] = kvdlm_argmax(i ? decode + (size_t)(i - 1) * KVDLM_VOCAB : last, KVDLM_VOCAB);
-		ASSERT_OK(kvdlm_decode(s, out[i], decode + (size_t)i * KVDLM_VOCAB));
+		out[i] = kvdlm_argmax(i ? decode + (size_t)(i - 1) * KVDLM_BYTE_VOCAB : last, KVDLM_BYTE_VOCAB);
+		ASSERT_OK(kvdlm_decode(s, out[i], decode + (size_t)i * KVDLM_BYTE_VOCAB));
 	}
 }
 
@@ -141,7 +141,7 @@ static void same_as_full(uint32_t unit, uint32_t chunk, uint32_t compensation) {
 	_cleanup_(freep) uint32_t *tokens = NULL;
 	_cleanup_(freep) float *pf = NULL, *pk = NULL, *df = NULL, *dk = NULL;
 	uint32_t n = prompt_tokens(3, &tokens), of[GREEDY_STEPS], ok[GREEDY_STEPS];
-	size_t pn = (size_t)n * KVDLM_VOCAB, dn = (size_t)GREEDY_STEPS * KVDLM_VOCAB;
+	size_t pn = (size_t)n * KVDLM_BYTE_VOCAB, dn = (size_t)GREEDY_STEPS * KVDLM_BYTE_VOCAB;
 	struct kvdlm_cache_stats st;
 	struct kvdlm_kvd_model km;
 	kvd_client *c;
@@ -277,7 +277,7 @@ TEST(evicts_within_budget) {
 	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *kc = NULL;
 	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
 	uint32_t n = prompt_tokens(29, &tokens), steps = 48;
-	float lg[KVDLM_VOCAB];
+	float lg[KVDLM_BYTE_VOCAB];
 	struct kvdlm_cache_stats st;
 	struct kvdlm_kvd_model km;
 	kvd_client *c;
@@ -294,9 +294,9 @@ TEST(evicts_within_budget) {
 		ASSERT_TRUE(fixture_status(&f, NULL, "used_bytes") <= budget);
 	}
 	for (uint32_t i = 0; i < steps; i++) {
-		uint32_t t = kvdlm_argmax(lg, KVDLM_VOCAB);
+		uint32_t t = kvdlm_argmax(lg, KVDLM_BYTE_VOCAB);
 
-		for (uint32_t j = 0; j < KVDLM_VOCAB; j++)
+		for (uint32_t j = 0; j < KVDLM_BYTE_VOCAB; j++)
 			ASSERT_TRUE(isfinite(lg[j]));
 		ASSERT_OK(kvdlm_decode(s, t, lg));
 	}
@@ -481,8 +481,8 @@ static void evicted_attention(uint32_t compensation, enum kvd_moments_form form)
 	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
 	uint32_t n = prompt_tokens(20, &tokens), tables = model->cfg.layers * model->cfg.kv_heads;
 	int64_t before[64];
-	float lg[KVDLM_VOCAB];
-	double want[KVDLM_VOCAB], err = 0, scale = 1;
+	float lg[KVDLM_BYTE_VOCAB];
+	double want[KVDLM_BYTE_VOCAB], err = 0, scale = 1;
 	struct kvdlm_kvd_model km;
 	kvd_client *c, *admin;
 	kvd_seq *seq;
@@ -509,7 +509,7 @@ static void evicted_attention(uint32_t compensation, enum kvd_moments_form form)
 	ASSERT_OK(kvd_budget_set(admin, 64u << 20));
 	/* Two steps flush whatever plan was waiting for an unpin. */
 	for (int i = 0; i < 2; i++) {
-		tok = kvdlm_argmax(lg, KVDLM_VOCAB);
+		tok = kvdlm_argmax(lg, KVDLM_BYTE_VOCAB);
 		ASSERT_OK(kvdlm_decode(s, tok, lg));
 	}
 	ASSERT_OK(kvd_seq_pin(seq));
@@ -518,7 +518,7 @@ static void evicted_attention(uint32_t compensation, enum kvd_moments_form form)
 		uneven = uneven || before[t] != before[0];
 	}
 	ASSERT_OK(kvd_seq_unpin(seq));
-	tok = kvdlm_argmax(lg, KVDLM_VOCAB);
+	tok = kvdlm_argmax(lg, KVDLM_BYTE_VOCAB);
 	pos = kvdlm_session_position(s);
 	ASSERT_OK(kvdlm_decode(s, tok, lg));
 	ASSERT_OK(kvd_seq_pin(seq));
@@ -533,7 +533,7 @@ static void evicted_attention(uint32_t compensation, enum kvd_moments_form form)
 		ASSERT_EQ(m->count, (uint64_t)pos - (uint64_t)before[0]);
 	}
 	ASSERT_OK(kvd_seq_unpin(seq));
-	for (uint32_t i = 0; i < KVDLM_VOCAB; i++) {
+	for (uint32_t i = 0; i < KVDLM_BYTE_VOCAB; i++) {
 		err = fmax(err, fabs(lg[i] - want[i]));
 		scale = fmax(scale, fabs(want[i]));
 	}

@@ -107,8 +107,8 @@ static void run(struct kvdlm_cache *c, const uint32_t *tokens, uint32_t n, float
 	ASSERT_OK(kvdlm_session_new(model, c, &(struct kvdlm_session_opts){ THREADS, 64, im }, &s));
 	ASSERT_OK(kvdlm_prefill(s, tokens, n, KVDLM_LOGITS_LAST, logits));
 	for (uint32_t i = 0; i < STEPS; i++)
-		ASSERT_OK(kvdlm_decode(s, kvdlm_argmax(logits + (size_t)i * KVDLM_VOCAB, KVDLM_VOCAB),
-		                       logits + (size_t)(i + 1) * KVDLM_VOCAB));
+		ASSERT_OK(kvdlm_decode(s, kvdlm_argmax(logits + (size_t)i * KVDLM_BYTE_VOCAB, KVDLM_BYTE_VOCAB),
+		                       logits + (size_t)(i + 1) * KVDLM_BYTE_VOCAB));
 }
 
 static const kvd_index_spec *spec(void) {
@@ -120,8 +120,8 @@ static const kvd_index_spec *spec(void) {
 
 TEST(nothing_evicted_is_the_full_cache) {
 	uint32_t n = 300, tokens[300], D = model->cfg.dim, I = im->index_dim;
-	float *full = malloc((STEPS + 1) * KVDLM_VOCAB * sizeof(float));
-	float *kvd = malloc((STEPS + 1) * KVDLM_VOCAB * sizeof(float));
+	float *full = malloc((STEPS + 1) * KVDLM_BYTE_VOCAB * sizeof(float));
+	float *kvd = malloc((STEPS + 1) * KVDLM_BYTE_VOCAB * sizeof(float));
 	float *a = malloc(D * sizeof(float)), *iq = malloc((size_t)im->index_heads * I * sizeof(float));
 	float *ik = malloc(I * sizeof(float));
 	struct kvdlm_kvd_model km;
@@ -168,7 +168,7 @@ TEST(nothing_evicted_is_the_full_cache) {
 			}
 		ASSERT_OK(kvd_seq_unpin(seq));
 	}
-	ASSERT_TRUE(memcmp(full, kvd, (STEPS + 1) * KVDLM_VOCAB * sizeof(float)) == 0);
+	ASSERT_TRUE(memcmp(full, kvd, (STEPS + 1) * KVDLM_BYTE_VOCAB * sizeof(float)) == 0);
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 	free(full), free(kvd), free(a), free(iq), free(ik);
@@ -176,7 +176,7 @@ TEST(nothing_evicted_is_the_full_cache) {
 
 TEST(indexmem_evicts_and_the_latent_memory_holds_it) {
 	uint32_t n = 600, tokens[600];
-	float *logits = malloc((STEPS + 1) * KVDLM_VOCAB * sizeof(float));
+	float *logits = malloc((STEPS + 1) * KVDLM_BYTE_VOCAB * sizeof(float));
 	struct kvdlm_kvd_model km;
 	struct fixture f;
 	kvd_client *c;
@@ -196,7 +196,7 @@ TEST(indexmem_evicts_and_the_latent_memory_holds_it) {
 	ASSERT_OK(kvdlm_cache_kvd_new(&km, &model->cfg, n + STEPS + 1, &kc));
 	run(kc, tokens, n, logits);
 	ASSERT_TRUE(fixture_status(&f, "lm", "evicted_tokens") > 0);
-	for (uint32_t i = 0; i < (STEPS + 1) * KVDLM_VOCAB; i++)
+	for (uint32_t i = 0; i < (STEPS + 1) * KVDLM_BYTE_VOCAB; i++)
 		ASSERT_TRUE(isfinite(logits[i]));
 	seq = kvdlm_cache_seq(kc);
 	ASSERT_OK(kvd_seq_pin(seq));

@@ -74,18 +74,22 @@ struct ref {
 static void ref_load(struct ref *r, const char *model, const char *input, const char *logits) {
 	char err[KVDLM_ERROR_MAX];
 	_cleanup_(freep) char *text = NULL;
+	_cleanup_(kvdlm_tokenizer_freep) struct kvdlm_tokenizer *tok = NULL;
 	size_t len = read_file(input, &text);
 
 	*r = (struct ref){};
 	if (kvdlm_model_load(model, &r->m, err, sizeof(err)) < 0)
 		test_fail(__FILE__, __LINE__, "%s", err);
+	if (kvdlm_tokenizer_for_model(model, r->m->cfg.vocab, &tok, err, sizeof(err)) < 0)
+		test_fail(__FILE__, __LINE__, "%s", err);
 	r->tokens = malloc((len + 1) * sizeof(uint32_t));
 	ASSERT_NOT_NULL(r->tokens);
-	r->n = (uint32_t)kvdlm_tokenize(text, len, r->tokens);
+	r->tokens[0] = KVDLM_BOS;
+	r->n = 1 + (uint32_t)kvdlm_tokenizer_encode(tok, text, len, r->tokens + 1);
 	if (kvd_npy_open(logits, KVD_NPY_ACCEPT(KVD_NPY_F32), 2, &r->logits, err, sizeof(err)) < 0)
 		test_fail(__FILE__, __LINE__, "%s", err);
 	ASSERT_EQ(r->logits.shape[0], r->n);
-	ASSERT_EQ(r->logits.shape[1], KVDLM_VOCAB);
+	ASSERT_EQ(r->logits.shape[1], KVDLM_BYTE_VOCAB);
 	r->scale = 1.0f;
 	for (uint64_t i = 0; i < r->logits.count; i++)
 		r->scale = fmaxf(r->scale, fabsf(((const float *)r->logits.data)[i]));
@@ -102,7 +106,7 @@ static void ref_done(struct ref *r) {
 static float *run_logits(const struct ref *r, uint32_t chunk, uint32_t threads) {
 	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *c = NULL;
 	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
-	float *out = malloc((size_t)r->n * KVDLM_VOCAB * sizeof(float));
+	float *out = malloc((size_t)r->n * KVDLM_BYTE_VOCAB * sizeof(float));
 
 	ASSERT_NOT_NULL(out);
 	ASSERT_OK(kvdlm_cache_full_new(&r->m->cfg, r->n, &c));
@@ -112,7 +116,7 @@ static float *run_logits(const struct ref *r, uint32_t chunk, uint32_t threads) 
 	} else {
 		ASSERT_OK(kvdlm_prefill(s, r->tokens, 1, KVDLM_LOGITS_LAST, out));
 		for (uint32_t i = 1; i < r->n; i++)
-			ASSERT_OK(kvdlm_decode(s, r->tokens[i], out + (size_t)i * KVDLM_VOCAB));
+			ASSERT_OK(kvdlm_decode(s, r->tokens[i], out + (size_t)i * KVDLM_BYTE_VOCAB));
 	}
 	ASSERT_EQ(kvdlm_session_position(s), r->n);
 	/* The cache is full now: one more token is refused, and changes nothing. */
@@ -130,7 +134,7 @@ static double max_err(const float *a, const float *b, size_t n, float scale) {
 }
 
 static void check_against(const struct ref *r, const float *got, const float *want, double tol, const char *what) {
-	double e = max_err(got, want, (size_t)r->n * KVDLM_VOCAB, r->scale);
+	double e = max_err(got, want, (size_t)r->n * KVDLM_BYTE_VOCAB, r->scale);
 
 	printf("%s: %u positions, max |error| / %.3g = %.3g (tolerance %.0e)\n", what, r->n, (double)r->scale,
 	       e, tol);
@@ -169,7 +173,7 @@ static void check_greedy(const char *model, const char *input, const char *logit
 	_cleanup_(freep) char *want = NULL;
 	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *c = NULL;
 	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
-	float lg[KVDLM_VOCAB];
+	float lg[KVDLM_BYTE_VOCAB];
 	char got[GREEDY_STEPS * 4 + 1] = "";
 	struct ref r;
 
@@ -179,7 +183,7 @@ static void check_greedy(const char *model, const char *input, const char *logit
 	ASSERT_OK(kvdlm_session_new(r.m, c, NULL, &s));
 	ASSERT_OK(kvdlm_prefill(s, r.tokens, r.n, KVDLM_LOGITS_LAST, lg));
 	for (uint32_t i = 0; i < GREEDY_STEPS; i++) {
-		uint32_t t = kvdlm_argmax(lg, KVDLM_VOCAB);
+		uint32_t t = kvdlm_argmax(lg, KVDLM_BYTE_VOCAB);
 
 		snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%u", i ? " " : "", t);
 		ASSERT_OK(kvdlm_decode(s, t, lg));
@@ -217,8 +221,8 @@ TEST(split_keys) {
 	n = 1 + (r.n - 1) * times;
 	ASSERT_TRUE(n > first);
 	tokens = malloc(n * sizeof(uint32_t));
-	want = malloc((size_t)n * KVDLM_VOCAB * sizeof(float));
-	got = malloc((size_t)n * KVDLM_VOCAB * sizeof(float));
+	want = malloc((size_t)n * KVDLM_BYTE_VOCAB * sizeof(float));
+	got = malloc((size_t)n * KVDLM_BYTE_VOCAB * sizeof(float));
 	ASSERT_TRUE(tokens && want && got);
 	tokens[0] = KVDLM_BOS;
 	for (uint32_t i = 1; i < n; i++)
@@ -234,7 +238,7 @@ TEST(split_keys) {
 		 * kv heads x 1 tile leave 8 threads to split the keys among. */
 		ASSERT_OK(kvdlm_prefill(s, tokens, pass ? first : n, KVDLM_LOGITS_ALL, out));
 		for (uint32_t i = first; pass && i < n; i++)
-			ASSERT_OK(kvdlm_decode(s, tokens[i], out + (size_t)i * KVDLM_VOCAB));
+			ASSERT_OK(kvdlm_decode(s, tokens[i], out + (size_t)i * KVDLM_BYTE_VOCAB));
 	}
 	printf("split keys: ");
 	r.n = n;
@@ -268,8 +272,8 @@ TEST(bad_arguments) {
 	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *c = NULL;
 	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
 	struct kvdlm_cache *tmp = NULL;
-	uint32_t tok[2] = { KVDLM_BOS, KVDLM_VOCAB };
-	float lg[KVDLM_VOCAB];
+	uint32_t tok[2] = { KVDLM_BOS, KVDLM_BYTE_VOCAB };
+	float lg[KVDLM_BYTE_VOCAB];
 
 	ASSERT_OK(kvdlm_model_load(model, &m, NULL, 0));
 	ASSERT_ERRNO(kvdlm_cache_full_new(&m->cfg, 0, &tmp), -EINVAL);
@@ -284,7 +288,7 @@ TEST(bad_arguments) {
 	ASSERT_ERRNO(kvdlm_prefill(s, tok, 0, KVDLM_LOGITS_NONE, NULL), -EINVAL);
 	ASSERT_ERRNO(kvdlm_prefill(s, tok, 1, KVDLM_LOGITS_LAST, NULL), -EINVAL);
 	ASSERT_ERRNO(kvdlm_prefill(s, tok, 2, KVDLM_LOGITS_NONE, NULL), -EINVAL);
-	ASSERT_ERRNO(kvdlm_decode(s, KVDLM_VOCAB, lg), -EINVAL);
+	ASSERT_ERRNO(kvdlm_decode(s, KVDLM_BYTE_VOCAB, lg), -EINVAL);
 	/* Nothing was appended by the refusals. */
 	ASSERT_EQ(kvdlm_session_position(s), 0u);
 	ASSERT_OK(kvdlm_prefill(s, tok, 1, KVDLM_LOGITS_LAST, lg));

@@ -1,19 +1,23 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The kvd-lm task generators (eval/kvd-lm/tasks.c): every task over seeds of each seed
- * range and several lengths, checked for exact prompt length, ASCII, the question and the
- * answer's needles in the prompt, determinism, seed sensitivity and the scoring rule; and
- * byte-for-byte parity with tasks.py through a golden file that it wrote.
+ * range and several lengths, with the byte-level tokenizer and kvd-lm-base's, checked for
+ * exact prompt length in tokens, ASCII, the question and the answer's needles in the
+ * prompt, determinism, seed sensitivity and the scoring rule; and byte-for-byte parity
+ * with tasks.py through a golden file that it wrote.
  *
- * Environment (set by meson): KVD_LM_HAYSTACK, the haystack file, and KVD_LM_GOLDEN, the
- * golden file. The golden file is regenerated, from the repository root, with
+ * Environment (set by meson): KVD_LM_HAYSTACK, the haystack file, KVD_LM_TOKENIZER,
+ * kvd-lm-base's tokenizer, and KVD_LM_GOLDEN, the golden file. The golden file is
+ * regenerated, from the repository root, with
  *
- *   python3 eval/kvd-lm/tasks.py --format golden --task all \
- *       --seed 1,4294967303,1099511627779 --length min,512,1024 \
+ *   (for t in bytes eval/kvd-lm/models/kvd-lm-base.kvdtok; do
+ *       python3 eval/kvd-lm/tasks.py --format golden --task all --tokenizer $t \
+ *           --seed 1,4294967303,1099511627779 --length min,512,1024; done) \
  *       > tests/data/kvd-lm/tasks-golden.txt
  *
- * Each record there is "task T seed S length L\nprompt N\n" + N prompt bytes + "\nquestion
- * Q\nanswer A\n\n"; this test regenerates each record from its header line and compares.
+ * Each record there is "task T seed S length L tokenizer K\nprompt N\n" + N prompt bytes
+ * + "\nquestion Q\nanswer A\n\n" (K: bytes, or the tokenizer file's name without
+ * .kvdtok); this test regenerates each record from its header line and compares.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -24,24 +28,43 @@
 #include "tasks.h"
 #include "test.h"
 
-static struct kvd_haystack *haystack;
+/* The haystack cut for each tokenizer: the byte-level one, kvd-lm-base's. */
+static struct kvdlm_tokenizer *toks[2];
+static struct kvd_haystack *hays[2];
+static const char *tok_names[2] = { "bytes", "kvd-lm-base" };
+static struct kvd_haystack *haystack; /* hays[0] */
 
 static void cleanup(void) {
-	haystack = kvd_haystack_free(haystack);
+	for (unsigned i = 0; i < 2; i++) {
+		hays[i] = kvd_haystack_free(hays[i]);
+		toks[i] = kvdlm_tokenizer_free(toks[i]);
+	}
 }
 
 int test_setup(void) {
-	const char *path = getenv("KVD_LM_HAYSTACK");
+	const char *path = getenv("KVD_LM_HAYSTACK"), *tok = getenv("KVD_LM_TOKENIZER");
+	char err[256];
 	int r;
 
-	if (!path) {
-		fprintf(stderr, "KVD_LM_HAYSTACK is not set\n");
+	if (!path || !tok) {
+		fprintf(stderr, "KVD_LM_HAYSTACK or KVD_LM_TOKENIZER is not set\n");
 		return -EINVAL;
 	}
-	r = kvd_haystack_load(path, &haystack);
+	atexit(cleanup);
+	r = kvdlm_tokenizer_bytes(&toks[0]);
 	if (r < 0)
 		return r;
-	atexit(cleanup);
+	r = kvdlm_tokenizer_load(tok, &toks[1], err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "%s\n", err);
+		return r;
+	}
+	for (unsigned i = 0; i < 2; i++) {
+		r = kvd_haystack_load(path, toks[i], &hays[i]);
+		if (r < 0)
+			return r;
+	}
+	haystack = hays[0];
 	return 0;
 }
 
@@ -187,11 +210,12 @@ static void check_cwe(const struct kvd_task_sample *s, size_t context) {
 	}
 }
 
-static void check_sample(enum kvd_task t, uint32_t length, const struct kvd_task_sample *s) {
+static void check_sample(const struct kvd_haystack *h, enum kvd_task t, uint32_t length,
+			 const struct kvd_task_sample *s) {
 	char suffix[128], buf[128];
 	size_t n = strlen(s->answer);
 
-	ASSERT_EQ(s->prompt_size + 1, (size_t)length);
+	ASSERT_EQ(kvdlm_tokenizer_count(h->tok, s->prompt, s->prompt_size) + 1, (size_t)length);
 	ASSERT_EQ(strlen(s->prompt), s->prompt_size);
 	for (size_t i = 0; i < s->prompt_size; i++)
 		ASSERT_TRUE((s->prompt[i] >= 0x20 && s->prompt[i] <= 0x7e) || s->prompt[i] == '\n');
@@ -248,9 +272,28 @@ TEST(haystack) {
 	ASSERT_EQ(strlen(haystack->text), haystack->size);
 	ASSERT_NULL(strstr(haystack->text, "  "));
 	ASSERT_TRUE(haystack->text[0] != ' ');
-	ASSERT_ERRNO(kvd_haystack_load("/nonexistent/haystack.txt", &(struct kvd_haystack *){ NULL }),
-		     -ENOENT);
-	ASSERT_ERRNO(kvd_haystack_load("/dev/null", &(struct kvd_haystack *){ NULL }), -EBADMSG);
+	ASSERT_ERRNO(kvd_haystack_load("/nonexistent/haystack.txt", toks[0],
+				       &(struct kvd_haystack *){ NULL }), -ENOENT);
+	ASSERT_ERRNO(kvd_haystack_load("/dev/null", toks[0], &(struct kvd_haystack *){ NULL }),
+		     -EBADMSG);
+	ASSERT_ERRNO(kvd_haystack_load(getenv("KVD_LM_HAYSTACK"), NULL,
+				       &(struct kvd_haystack *){ NULL }), -EINVAL);
+	/* The stream: one space, then the text less its final space; its pieces tile it,
+	 * and the byte-level one has a token per byte. */
+	ASSERT_EQ(haystack->text[haystack->size - 1], ' ');
+	for (unsigned i = 0; i < 2; i++) {
+		const struct kvd_haystack *h = hays[i];
+
+		ASSERT_EQ(h->unit_size, h->size);
+		ASSERT_EQ(h->unit[0], ' ');
+		ASSERT_EQ(memcmp(h->unit + 1, h->text, h->size - 1), 0);
+		ASSERT_EQ(h->piece_start[h->pieces], h->unit_size);
+		ASSERT_EQ(h->piece_tokens[h->pieces],
+			  kvdlm_tokenizer_count(h->tok, h->unit, h->unit_size));
+	}
+	ASSERT_EQ(hays[0]->piece_tokens[hays[0]->pieces], hays[0]->unit_size);
+	/* kvd-lm-base's tokens hold about 3 bytes each of this text. */
+	ASSERT_GT(hays[1]->unit_size, 2 * (size_t)hays[1]->piece_tokens[hays[1]->pieces]);
 }
 
 /* The minimum lengths the README gives, and refusals around the bounds. */
@@ -264,21 +307,24 @@ TEST(bounds) {
 	};
 	struct kvd_task_sample s = {};
 
+	for (unsigned i = 0; i < 2; i++)
 	for (int t = 0; t < _KVD_TASK_MAX; t++) {
+		const struct kvd_haystack *h = hays[i];
+
 		ASSERT_EQ(kvd_task_min_length(t), min[t]);
-		ASSERT_ERRNO(kvd_task_make(haystack, t, 1, min[t] - 1, &s), -EINVAL);
-		ASSERT_ERRNO(kvd_task_make(haystack, t, 1, KVD_TASK_LENGTH_MAX + 1, &s), -EINVAL);
+		ASSERT_ERRNO(kvd_task_make(h, t, 1, min[t] - 1, &s), -EINVAL);
+		ASSERT_ERRNO(kvd_task_make(h, t, 1, KVD_TASK_LENGTH_MAX + 1, &s), -EINVAL);
 		ASSERT_ERRNO(kvd_task_make(NULL, t, 1, 1024, &s), -EINVAL);
 		ASSERT_NULL(s.prompt);
 
-		ASSERT_OK(kvd_task_make(haystack, t, 1, min[t], &s));
-		check_sample(t, min[t], &s);
+		ASSERT_OK(kvd_task_make(h, t, 1, min[t], &s));
+		check_sample(h, t, min[t], &s);
 		kvd_task_sample_done(&s);
 
 		/* The longest wraps around the haystack several times. */
-		ASSERT_OK(kvd_task_make(haystack, t, KVD_TASK_SEED_REPORT_BEGIN, KVD_TASK_LENGTH_MAX,
+		ASSERT_OK(kvd_task_make(h, t, KVD_TASK_SEED_REPORT_BEGIN, KVD_TASK_LENGTH_MAX,
 					&s));
-		check_sample(t, KVD_TASK_LENGTH_MAX, &s);
+		check_sample(h, t, KVD_TASK_LENGTH_MAX, &s);
 		kvd_task_sample_done(&s);
 		ASSERT_NULL(s.prompt);
 	}
@@ -288,22 +334,24 @@ TEST(bounds) {
 }
 
 TEST(samples) {
+	for (unsigned k = 0; k < 2; k++)
 	for (int t = 0; t < _KVD_TASK_MAX; t++)
 		for (size_t l = 0; l < ELEMENTSOF(lengths); l++) {
+			const struct kvd_haystack *h = hays[k];
 			uint32_t length = lengths[l];
 			struct kvd_task_sample prev = {};
 
 			if (length < kvd_task_min_length(t)) {
-				ASSERT_ERRNO(kvd_task_make(haystack, t, 1, length, &prev), -EINVAL);
+				ASSERT_ERRNO(kvd_task_make(h, t, 1, length, &prev), -EINVAL);
 				length = kvd_task_min_length(t);
 			}
 			for (size_t i = 0; i < ELEMENTSOF(seeds); i++) {
 				struct kvd_task_sample s = {}, again = {};
 
-				ASSERT_OK(kvd_task_make(haystack, t, seeds[i], length, &s));
-				check_sample(t, length, &s);
+				ASSERT_OK(kvd_task_make(h, t, seeds[i], length, &s));
+				check_sample(h, t, length, &s);
 
-				ASSERT_OK(kvd_task_make(haystack, t, seeds[i], length, &again));
+				ASSERT_OK(kvd_task_make(h, t, seeds[i], length, &again));
 				ASSERT_EQ(again.prompt_size, s.prompt_size);
 				ASSERT_EQ(memcmp(again.prompt, s.prompt, s.prompt_size), 0);
 				ASSERT_STREQ(again.question, s.question);
@@ -311,7 +359,8 @@ TEST(samples) {
 				kvd_task_sample_done(&again);
 
 				if (prev.prompt)
-					ASSERT_NE(memcmp(prev.prompt, s.prompt, s.prompt_size), 0);
+					ASSERT_TRUE(prev.prompt_size != s.prompt_size ||
+						    memcmp(prev.prompt, s.prompt, s.prompt_size) != 0);
 				kvd_task_sample_done(&prev);
 				prev = s;
 			}
@@ -344,7 +393,7 @@ TEST(golden) {
 	const char *path = getenv("KVD_LM_GOLDEN");
 	_cleanup_(freep) char *golden = NULL;
 	size_t size, o = 0, records = 0;
-	bool task_seen[_KVD_TASK_MAX] = {}, range_seen[3] = {};
+	bool task_seen[_KVD_TASK_MAX] = {}, range_seen[3] = {}, tok_seen[2] = {};
 
 	if (!path)
 		test_fail(__FILE__, __LINE__, "KVD_LM_GOLDEN is not set");
@@ -353,24 +402,32 @@ TEST(golden) {
 	while (o < size) {
 		_cleanup_(freep) char *record = NULL;
 		struct kvd_task_sample s = {};
-		char name[16];
+		char name[16], tok[32];
+		const struct kvd_haystack *h = NULL;
 		uint64_t seed;
 		uint32_t length;
 		size_t record_size, diff;
 		FILE *f;
 		enum kvd_task t;
 
-		if (sscanf(golden + o, "task %15s seed %" SCNu64 " length %" SCNu32, name, &seed,
-			   &length) != 3)
+		if (sscanf(golden + o, "task %15s seed %" SCNu64 " length %" SCNu32 " tokenizer %31s",
+			   name, &seed, &length, tok) != 4)
 			test_fail(__FILE__, __LINE__, "%s: no record header at byte %zu", path, o);
 		t = kvd_task_from_string(name);
 		ASSERT_GE(t, 0);
-		ASSERT_OK(kvd_task_make(haystack, t, seed, length, &s));
+		for (unsigned i = 0; i < 2; i++)
+			if (strcmp(tok, tok_names[i]) == 0) {
+				h = hays[i];
+				tok_seen[i] = true;
+			}
+		if (!h)
+			test_fail(__FILE__, __LINE__, "%s: unknown tokenizer %s", path, tok);
+		ASSERT_OK(kvd_task_make(h, t, seed, length, &s));
 
 		f = open_memstream(&record, &record_size);
 		ASSERT_NOT_NULL(f);
-		fprintf(f, "task %s seed %" PRIu64 " length %" PRIu32 "\nprompt %zu\n", name, seed,
-			length, s.prompt_size);
+		fprintf(f, "task %s seed %" PRIu64 " length %" PRIu32 " tokenizer %s\nprompt %zu\n",
+			name, seed, length, tok, s.prompt_size);
 		fwrite(s.prompt, 1, s.prompt_size, f);
 		fprintf(f, "\nquestion %s\nanswer %s\n\n", s.question, s.answer);
 		ASSERT_EQ(fclose(f), 0);
@@ -382,8 +439,8 @@ TEST(golden) {
 		if (diff < record_size)
 			test_fail(__FILE__, __LINE__,
 				  "%s: %s seed %" PRIu64 " length %" PRIu32
-				  " differs from tasks.py at byte %zu of its record",
-				  path, name, seed, length, diff);
+				  " tokenizer %s differs from tasks.py at byte %zu of its record",
+				  path, name, seed, length, tok, diff);
 		o += record_size;
 		records++;
 		task_seen[t] = true;
@@ -396,4 +453,6 @@ TEST(golden) {
 		ASSERT_TRUE(task_seen[t]);
 	for (unsigned i = 0; i < 3; i++)
 		ASSERT_TRUE(range_seen[i]);
+	for (unsigned i = 0; i < 2; i++)
+		ASSERT_TRUE(tok_seen[i]);
 }
