@@ -3,7 +3,7 @@
 """A torch reference for eviction on the kvd-lm tasks, independent of kvd.
 
     evict-ref.py [--model FILE] [--policy h2o|snapkv|recent] [--keep FRACTION]
-                 [--task niah] [--length 1024] [--n 6] [--window 32]
+                 [--task niah] [--length 1024] [--n 6] [--window 32] [--mass]
 
 The in-window setting of `kvd-quality`: BOS + context + question prefilled; the last
 --window queries of each layer are the observation; each (layer, kv head) keeps
@@ -17,6 +17,11 @@ how many of the value's (layer, kv head, digit) slots were dropped, and the accu
 
 The budget here is uniform over (layer, kv head); kvd ranks globally, so the two agree only
 where the ranking is flat enough (they do for H2O on niah at 1k: same wrong answers at 93%).
+
+With --mass it evicts nothing and reports, for needle tasks, where the window's attention
+goes: the share of its mass (every window query of every layer and query head, each
+summing to 1) that lands on the needles' tokens and on the asked value's tokens, against
+the needles' share of the prompt's tokens.
 """
 
 import argparse
@@ -122,6 +127,40 @@ def decode_kept(model, tokens, masks, max_new):
     return model.tok.decode(t if t not in range(256, 260) else 0 for t in out)
 
 
+def report_mass(model, hay, args):
+    tok, cfg = model.tok, model.cfg
+    tot = [0.0, 0.0, 0.0]
+    for i in range(args.n):
+        prompt, _q, answer = tasks.make(hay, args.task, tasks.SEEDS_REPORT.start + i, args.length, tok)
+        tokens = kvdlm.encode(prompt, tok)
+        sums = window_attention(model, tokens, args.window)
+        mass = sum(float(s.sum()) for s in sums)
+        needles, n_needle, at = 0.0, 0, 0
+        # every needle and the value: they start pieces, so their tokens are counted alone
+        for start in (b" The special magic number for ", b" VAR "):
+            at = prompt.find(start)
+            while at >= 0:
+                end = prompt.index(b".", at + len(start)) + 1
+                a, b = 1 + tok.count(prompt[:at]), 1 + tok.count(prompt[:end])
+                needles += sum(float(s[:, a:b].sum()) for s in sums)
+                n_needle += b - a
+                at = prompt.find(start, end)
+        v = prompt.find(b" " + answer.split(",")[0].split(" ")[0].encode() + b".")
+        a = 1 + tok.count(prompt[:v + 1])
+        b = a + tok.count(answer.split(",")[0].split(" ")[0].encode())
+        value = sum(float(s[:, a:b].sum()) for s in sums)
+        share = (needles / mass, value / mass, n_needle / len(tokens))
+        tot = [t + x for t, x in zip(tot, share)]
+        print(f"{i}: window mass on needles {100 * share[0]:.2f}%, on the value "
+              f"{100 * share[1]:.2f}%; needles are {100 * share[2]:.2f}% of the tokens")
+    tot = [t / args.n for t in tot]
+    print(f"{os.path.basename(args.model)} {args.task} at {args.length} tokens, window "
+          f"{args.window}, {args.n} samples: window mass on needles {100 * tot[0]:.2f}%, on the "
+          f"value {100 * tot[1]:.2f}%; needles {100 * tot[2]:.2f}% of the tokens "
+          f"({tot[0] / tot[2]:.1f}x their share)")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description="torch reference for eviction on kvd-lm tasks")
     ap.add_argument("--model", default=os.path.join(HERE, "models", "kvd-lm-small.kvdlm"))
@@ -132,12 +171,16 @@ def main():
     ap.add_argument("--n", type=int, default=6)
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mass", action="store_true",
+                    help="report the window's attention mass on needle tokens instead")
     args = ap.parse_args()
     if not 0 < args.keep <= 1:
         ap.error("--keep must be in (0, 1]")
     torch.set_num_threads(args.threads)
     model = kvdlm.load(args.model)
     hay = tasks.load_haystack()
+    if args.mass:
+        return report_mass(model, hay, args)
     right = 0
     for i in range(args.n):
         prompt, _q, answer = tasks.make(hay, args.task, tasks.SEEDS_REPORT.start + i, args.length,
@@ -158,4 +201,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

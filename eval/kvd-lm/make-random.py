@@ -152,7 +152,7 @@ def greedy(model, tokens, steps):
 
 def write_reference(model, model_path, text, logits_path, greedy_path=None, steps=16,
                     numpy_check=True):
-    tokens = kvdlm.encode(text)
+    tokens = kvdlm.encode(text, model.tok)
     ref = model.logits(tokens).numpy().astype("<f4")
     # what the C engine will read: the saved file, not the in-memory model
     again = kvdlm.load(model_path).logits(tokens).numpy()
@@ -172,7 +172,7 @@ def main():
     ap = argparse.ArgumentParser(description="random kvd-lm model and reference data")
     ap.add_argument("--out", help="directory for random.kvdlm and its reference files")
     ap.add_argument("--model", help="reference data of this model instead (with --input)")
-    ap.add_argument("--input", help="text file; tokens = BOS + its bytes")
+    ap.add_argument("--input", help="text file; tokens = BOS + its tokens (the model's tokenizer)")
     ap.add_argument("--logits", help="output .npy of the logits (with --model)")
     ap.add_argument("--greedy", help="output .txt of the greedy tokens (with --model)")
     ap.add_argument("--steps", type=int, default=16)

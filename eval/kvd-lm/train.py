@@ -2,10 +2,15 @@
 # SPDX-License-Identifier: MIT
 """Trains kvd-lm (README.md, "Training") on CPU with Debian's python3-torch.
 
-    train.py train --out DIR [--minutes 45] [--resume] [model and schedule options]
+    train.py tokenizer --out FILE.kvdtok [--vocab 3072]
+    train.py train --out DIR [--tokenizer FILE.kvdtok] [--minutes 48] [--resume]
+                   [model and schedule options]
     train.py eval MODEL.kvdlm [--seeds tune|report] [--n 50] [--lengths 1024,2048,4096]
                               [--tasks niah,multikey] [--table OUT.txt]
     train.py export DIR/ckpt.pt OUT.kvdlm
+
+The tokenizer (README.md, "Tokens") comes first for a subword model: without --tokenizer
+the model is byte-level (vocab 260). Lengths are in tokens throughout.
 
 Data: the retrieval tasks of tasks.py with TRAINING seeds only ([0, 2^32)), mostly niah
 and multikey, and plain English text from the Debian packages installed here (READMEs,
@@ -28,7 +33,9 @@ The schedule runs on wall-clock training time (--minutes; evaluation and checkpo
 counted): learning rate warmup then cosine decay, and a curriculum of context lengths by
 the fraction of that time spent (--curriculum). Every --ckpt-minutes it writes DIR/ckpt.pt
 (model, optimizer, progress, random states) and DIR/latest.kvdlm and evaluates a few
-TUNING seeds; --resume continues from DIR/ckpt.pt. At the end it writes DIR/final.kvdlm.
+TUNING seeds; --resume continues from DIR/ckpt.pt (with a larger --minutes, the schedule
+stretches to it). At the end it writes DIR/final.kvdlm, and the tokenizer beside each
+.kvdlm (.kvdtok) for a subword model.
 
 Threads: OpenBLAS single-threaded and OpenMP waiting passively (set below, before torch
 loads), torch.set_num_threads(--threads, 2); glibc malloc told not to mmap activations.
@@ -371,11 +378,13 @@ def train(args):
     state = {"step": 0, "elapsed": 0.0, "tokens": 0, "history": []}
     if args.resume:
         ck = torch.load(ckpt_path)
-        saved = ck["args"]
-        for k in ("dim", "layers", "q_heads", "kv_heads", "head_dim", "ffn", "rope_theta",
-                  "max_positions"):
-            setattr(args, k, saved[k])
-        args.tokenizer = saved.get("tokenizer")
+        # The run's own shape, data and schedule; a larger --minutes stretches the schedule.
+        for k, v in ck["args"].items():
+            if k not in ("out", "resume", "threads", "minutes", "max_steps", "ckpt_minutes",
+                         "eval_n", "log_every"):
+                setattr(args, k, v)
+        if args.minutes is None:
+            args.minutes = ck["args"]["minutes"]
         tok = load_tokenizer(args.tokenizer)
         model = kvdlm.Model(model_config(args, tok.vocab))
         model.load_state_dict(ck["model"])
@@ -386,6 +395,8 @@ def train(args):
         torch.set_rng_state(ck["torch_rng"])
         log(f"resumed at step {state['step']}, {state['elapsed'] / 60:.1f} min trained")
     else:
+        if args.minutes is None:
+            args.minutes = 48.0
         tok = load_tokenizer(args.tokenizer)
         model = kvdlm.Model(model_config(args, tok.vocab))
         model.init_weights(torch.Generator().manual_seed(args.seed), std=args.init_std)
@@ -534,7 +545,8 @@ def main():
     t = sub.add_parser("train")
     t.add_argument("--out", required=True, help="directory for checkpoints and results")
     t.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
-    t.add_argument("--minutes", type=float, default=48.0, help="training wall-clock budget")
+    t.add_argument("--minutes", type=float,
+                   help="training wall-clock budget (default: 48; with --resume, the run's)")
     t.add_argument("--max-steps", type=int, default=0)
     t.add_argument("--tokenizer", help="a .kvdtok file (train.py tokenizer); default: bytes")
     t.add_argument("--dim", type=int, default=128)

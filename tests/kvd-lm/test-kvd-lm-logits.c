@@ -89,7 +89,7 @@ static void ref_load(struct ref *r, const char *model, const char *input, const 
 	if (kvd_npy_open(logits, KVD_NPY_ACCEPT(KVD_NPY_F32), 2, &r->logits, err, sizeof(err)) < 0)
 		test_fail(__FILE__, __LINE__, "%s", err);
 	ASSERT_EQ(r->logits.shape[0], r->n);
-	ASSERT_EQ(r->logits.shape[1], KVDLM_BYTE_VOCAB);
+	ASSERT_EQ(r->logits.shape[1], r->m->cfg.vocab);
 	r->scale = 1.0f;
 	for (uint64_t i = 0; i < r->logits.count; i++)
 		r->scale = fmaxf(r->scale, fabsf(((const float *)r->logits.data)[i]));
@@ -106,7 +106,7 @@ static void ref_done(struct ref *r) {
 static float *run_logits(const struct ref *r, uint32_t chunk, uint32_t threads) {
 	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *c = NULL;
 	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
-	float *out = malloc((size_t)r->n * KVDLM_BYTE_VOCAB * sizeof(float));
+	float *out = malloc((size_t)r->n * r->m->cfg.vocab * sizeof(float));
 
 	ASSERT_NOT_NULL(out);
 	ASSERT_OK(kvdlm_cache_full_new(&r->m->cfg, r->n, &c));
@@ -116,7 +116,7 @@ static float *run_logits(const struct ref *r, uint32_t chunk, uint32_t threads) 
 	} else {
 		ASSERT_OK(kvdlm_prefill(s, r->tokens, 1, KVDLM_LOGITS_LAST, out));
 		for (uint32_t i = 1; i < r->n; i++)
-			ASSERT_OK(kvdlm_decode(s, r->tokens[i], out + (size_t)i * KVDLM_BYTE_VOCAB));
+			ASSERT_OK(kvdlm_decode(s, r->tokens[i], out + (size_t)i * r->m->cfg.vocab));
 	}
 	ASSERT_EQ(kvdlm_session_position(s), r->n);
 	/* The cache is full now: one more token is refused, and changes nothing. */
@@ -134,7 +134,7 @@ static double max_err(const float *a, const float *b, size_t n, float scale) {
 }
 
 static void check_against(const struct ref *r, const float *got, const float *want, double tol, const char *what) {
-	double e = max_err(got, want, (size_t)r->n * KVDLM_BYTE_VOCAB, r->scale);
+	double e = max_err(got, want, (size_t)r->n * r->m->cfg.vocab, r->scale);
 
 	printf("%s: %u positions, max |error| / %.3g = %.3g (tolerance %.0e)\n", what, r->n, (double)r->scale,
 	       e, tol);
@@ -173,17 +173,19 @@ static void check_greedy(const char *model, const char *input, const char *logit
 	_cleanup_(freep) char *want = NULL;
 	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *c = NULL;
 	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
-	float lg[KVDLM_BYTE_VOCAB];
-	char got[GREEDY_STEPS * 4 + 1] = "";
+	_cleanup_(freep) float *lg = NULL;
+	char got[GREEDY_STEPS * 6 + 1] = "";
 	struct ref r;
 
 	read_file(greedy, &want);
 	ref_load(&r, model, input, logits);
+	lg = malloc(r.m->cfg.vocab * sizeof(float));
+	ASSERT_NOT_NULL(lg);
 	ASSERT_OK(kvdlm_cache_full_new(&r.m->cfg, r.n + GREEDY_STEPS, &c));
 	ASSERT_OK(kvdlm_session_new(r.m, c, NULL, &s));
 	ASSERT_OK(kvdlm_prefill(s, r.tokens, r.n, KVDLM_LOGITS_LAST, lg));
 	for (uint32_t i = 0; i < GREEDY_STEPS; i++) {
-		uint32_t t = kvdlm_argmax(lg, KVDLM_BYTE_VOCAB);
+		uint32_t t = kvdlm_argmax(lg, r.m->cfg.vocab);
 
 		snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%u", i ? " " : "", t);
 		ASSERT_OK(kvdlm_decode(s, t, lg));
