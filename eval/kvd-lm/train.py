@@ -380,8 +380,8 @@ def train(args):
         ck = torch.load(ckpt_path)
         # The run's own shape, data and schedule; a larger --minutes stretches the schedule.
         for k, v in ck["args"].items():
-            if k not in ("out", "resume", "threads", "minutes", "max_steps", "ckpt_minutes",
-                         "eval_n", "log_every"):
+            if k not in ("out", "resume", "threads", "minutes", "max_steps", "session_minutes",
+                         "ckpt_minutes", "eval_n", "log_every"):
                 setattr(args, k, v)
         if args.minutes is None:
             args.minutes = ck["args"]["minutes"]
@@ -408,10 +408,13 @@ def train(args):
     log(f"text corpus {len(data.text)} tokens")
     curriculum = parse_curriculum(args.curriculum)
     budget = args.minutes * 60.0
+    # This invocation's share: a long schedule runs as several resumed runs.
+    stop_at = state["elapsed"] + args.session_minutes * 60.0 if args.session_minutes else budget
     model.train()
     last_ckpt = time.time()
     ema = None
-    while state["elapsed"] < budget and (not args.max_steps or state["step"] < args.max_steps):
+    while state["elapsed"] < min(budget, stop_at) and (not args.max_steps or
+                                                       state["step"] < args.max_steps):
         t0 = time.time()
         p = state["elapsed"] / budget
         if state.setdefault("warm_end", None) is None and (
@@ -458,7 +461,8 @@ def train(args):
                 f"len {length} x{count} lm {tot['lm']:.3f} ans {tot['ans']:.3f} "
                 f"(ema {ema['lm']:.3f} / {ema['ans']:.3f}) lr {lr:.2e} "
                 f"{count * length / dt:.0f} tok/s, {state['tokens'] / 1e6:.2f}M tokens")
-        done = state["elapsed"] >= budget or (args.max_steps and state["step"] >= args.max_steps)
+        done = state["elapsed"] >= min(budget, stop_at) or (args.max_steps and
+                                                            state["step"] >= args.max_steps)
         if done or time.time() - last_ckpt > args.ckpt_minutes * 60:
             save_ckpt(ckpt_path, model, opt, state, rng, args)
             save_model(model, tok, os.path.join(args.out, "latest.kvdlm"))
@@ -474,6 +478,10 @@ def train(args):
                     f"({time.time() - t1:.0f} s)")
                 save_ckpt(ckpt_path, model, opt, state, rng, args)
             last_ckpt = time.time()
+    if state["elapsed"] < budget and not (args.max_steps and state["step"] >= args.max_steps):
+        log(f"stopped after this run's {args.session_minutes} minutes at "
+            f"{state['elapsed'] / 60:.1f} of {args.minutes}: continue with --resume")
+        return
     final = os.path.join(args.out, "final.kvdlm")
     save_model(model, tok, final)
     log(f"done: {state['step']} steps, {state['tokens'] / 1e6:.2f}M tokens, "
@@ -548,6 +556,9 @@ def main():
     t.add_argument("--minutes", type=float,
                    help="training wall-clock budget (default: 48; with --resume, the run's)")
     t.add_argument("--max-steps", type=int, default=0)
+    t.add_argument("--session-minutes", type=float, default=0.0,
+                   help="stop, with a checkpoint, after this many minutes of training in this "
+                        "run (default: run to the end); --resume continues")
     t.add_argument("--tokenizer", help="a .kvdtok file (train.py tokenizer); default: bytes")
     t.add_argument("--dim", type=int, default=128)
     t.add_argument("--layers", type=int, default=4)

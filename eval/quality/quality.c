@@ -173,6 +173,9 @@ static enum kvd_policy col_policy(int p) {
 }
 
 static bool arg_policies[COLS];
+/* --policies given: its columns run or the command fails; the default (all) leaves out
+ * the columns a model has no IndexMem weights for. */
+static bool arg_policies_given;
 static uint32_t arg_threads;
 static uint32_t arg_window = KVD_WINDOW_DEFAULT;
 static bool arg_multi, arg_direct, arg_quick, arg_keep;
@@ -1665,7 +1668,9 @@ static void help(void) {
 	       "  --settings LIST    in-window, query-agnostic (default: both)\n"
 	       "  --policies LIST    Policies besides full, which always runs, and the compensated\n"
 	       "                     kvd+moments, kvd-mi+moments, kvd+moments-mass,\n"
-	       "                     indexmem+latent, kvd+latent (default: all)\n"
+	       "                     indexmem+latent, kvd+latent (default: all, less the\n"
+	       "                     indexmem and latent ones when the model has no IndexMem\n"
+	       "                     weights)\n"
 	       "  --indexmem FILE    IndexMem weights for the indexmem and latent columns\n"
 	       "                     (default: the model's path ending in %s instead)\n"
 	       "  --threads N        Engine threads (default: the online CPUs)\n"
@@ -1793,7 +1798,6 @@ static int parse_argv(int argc, char **argv) {
 		{},
 	};
 	bool have_samples = false, have_tasks = false, have_lengths = false, have_budgets = false;
-	bool have_policies = false;
 	int opt, n;
 
 	arg_haystack = getenv("KVD_LM_HAYSTACK");
@@ -1853,7 +1857,7 @@ static int parse_argv(int argc, char **argv) {
 			memset(arg_policies, 0, sizeof(arg_policies));
 			if (cli_parse_list(optarg, COLS, item_policy, NULL) < 0)
 				return usage_error("--policies: '%s' is not a list of policies", optarg);
-			have_policies = true;
+			arg_policies_given = true;
 			break;
 		case OPT_INDEXMEM:
 			arg_indexmem = optarg;
@@ -1915,7 +1919,7 @@ static int parse_argv(int argc, char **argv) {
 			arg_n_budgets = 2;
 		}
 	}
-	if (!have_policies)
+	if (!arg_policies_given)
 		for (int p = 0; p < COLS; p++)
 			arg_policies[p] = true;
 	if (!arg_settings[SETTING_IN_WINDOW] && !arg_settings[SETTING_AGNOSTIC])
@@ -1978,6 +1982,21 @@ static int run(struct quality *Q, const char *cmdline) {
 	Q->vocab = Q->m->cfg.vocab;
 	Q->slot_bytes = 2ull * Q->m->cfg.head_dim * sizeof(float);
 	Q->obs_floats = (size_t)Q->m->cfg.q_heads * arg_window * Q->m->cfg.head_dim;
+	if (!arg_indexmem && !arg_policies_given) {
+		size_t n = strlen(arg_model);
+		_cleanup_(freep) char *im = NULL;
+
+		if (n > 6 && strcmp(arg_model + n - 6, ".kvdlm") == 0 &&
+		    asprintf(&im, "%.*s" INDEXMEM_SUFFIX, (int)(n - 6), arg_model) < 0)
+			return -ENOMEM;
+		if (!im || access(im, F_OK) < 0) {
+			fprintf(stderr, PROG ": no IndexMem weights for %s (%s): the columns that need "
+			        "them are left out (train-indexmem.py makes them)\n", arg_model,
+			        im ? im : "no default");
+			for (int p = 0; p < COLS; p++)
+				arg_policies[p] = arg_policies[p] && !col_indexmem(p);
+		}
+	}
 	for (int p = 0; p < COLS && !Q->im; p++)
 		if ((arg_policies[p] && col_indexmem(p)) ||
 		    (arg_multi && p == KVD_POLICY_INDEXMEM && arg_multi_policy == KVD_POLICY_INDEXMEM)) {
