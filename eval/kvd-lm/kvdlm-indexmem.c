@@ -2,7 +2,6 @@
 /* The .kvdim loader; see indexmem.h and README.md, "IndexMem". */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,21 +17,6 @@
 #define FILE_MAX (UINT64_C(1) << 31)
 
 static const char magic[8] = { 'K', 'V', 'D', 'I', 'M', 0, 0, 0 };
-
-_printf_(4, 5) static int fail(char *err, size_t errlen, int r, const char *fmt, ...) {
-	va_list ap;
-
-	if (err && errlen > 0) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return r;
-}
-
-static uint32_t le32(const uint8_t *p) {
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 /* fp32 elements of one layer: wq, wk, ww, bw, lq, lb, lr, lbias (README.md's order). */
 static uint64_t layer_floats(uint64_t dim, uint64_t ih, uint64_t id, uint64_t hd, uint64_t qh) {
@@ -62,55 +46,55 @@ int kvdlm_indexmem_load(const char *path, const struct kvdlm_config *cfg,
 	ssize_t k;
 
 	if (!path || !cfg || !ret)
-		return fail(err, errlen, -EINVAL, "no IndexMem file given");
+		return kvdlm_fail(err, errlen, -EINVAL, "no IndexMem file given");
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0 || fstat(fd, &st) < 0) {
 		int r = negative_errno();
 
-		return fail(err, errlen, r, "%s: %s", path, strerror(-r));
+		return kvdlm_fail(err, errlen, r, "%s: %s", path, strerror(-r));
 	}
 	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < HEADER_BYTES || (uint64_t)st.st_size > FILE_MAX)
-		return fail(err, errlen, -EBADMSG, "%s: not a .kvdim file (size %llu)", path,
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: not a .kvdim file (size %llu)", path,
 		            (unsigned long long)st.st_size);
 	buf = malloc((size_t)st.st_size);
 	if (!buf)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+		return kvdlm_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
 	k = pread(fd, buf, (size_t)st.st_size, 0);
 	if (k != st.st_size)
-		return fail(err, errlen, k < 0 ? negative_errno() : -EBADMSG, "%s: short read", path);
-	if (memcmp(buf, magic, sizeof(magic)) != 0 || le32(buf + 8) != 1 || le32(buf + 12) != HEADER_BYTES)
-		return fail(err, errlen, -EBADMSG, "%s: bad magic or version, not a version 1 .kvdim file",
+		return kvdlm_fail(err, errlen, k < 0 ? negative_errno() : -EBADMSG, "%s: short read", path);
+	if (memcmp(buf, magic, sizeof(magic)) != 0 || kvdlm_le32(buf + 8) != 1 || kvdlm_le32(buf + 12) != HEADER_BYTES)
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: bad magic or version, not a version 1 .kvdim file",
 		            path);
-	if (kvdlm_crc32(0, buf, HEADER_CRC_SPAN) != le32(buf + 60))
-		return fail(err, errlen, -EBADMSG, "%s: header CRC-32 mismatch", path);
+	if (kvdlm_crc32(0, buf, HEADER_CRC_SPAN) != kvdlm_le32(buf + 60))
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: header CRC-32 mismatch", path);
 	for (int i = 0; i < 10; i++)
-		f[i] = le32(buf + 16 + 4 * i);
+		f[i] = kvdlm_le32(buf + 16 + 4 * i);
 	/* layers, dim, q_heads, kv_heads, head_dim, index_heads, index_dim, zero */
 	if (f[0] != cfg->layers || f[1] != cfg->dim || f[2] != cfg->q_heads || f[3] != cfg->kv_heads ||
 	    f[4] != cfg->head_dim)
-		return fail(err, errlen, -EBADMSG, "%s: made for another model shape (%u layers, dim %u, "
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: made for another model shape (%u layers, dim %u, "
 		            "%u/%u heads of %u)", path, f[0], f[1], f[2], f[3], f[4]);
 	ih = f[5], id = f[6], hd = f[4];
 	if (ih == 0 || ih > KVD_INDEX_HEADS_MAX || id == 0 || id > KVD_INDEX_DIM_MAX || f[7] != 0)
-		return fail(err, errlen, -EBADMSG, "%s: index heads %u of %u out of range", path, ih, id);
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: index heads %u of %u out of range", path, ih, id);
 	memcpy(&payload, buf + 48, 8);
 	want = 4 * layer_floats(cfg->dim, ih, id, hd, cfg->q_heads) * cfg->layers;
 	if (payload != want || (uint64_t)st.st_size != HEADER_BYTES + payload)
-		return fail(err, errlen, -EBADMSG, "%s: payload of %llu bytes, the shape needs %llu", path,
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: payload of %llu bytes, the shape needs %llu", path,
 		            (unsigned long long)payload, (unsigned long long)want);
-	if (kvdlm_crc32(0, buf + HEADER_BYTES, (size_t)payload) != le32(buf + 56))
-		return fail(err, errlen, -EBADMSG, "%s: payload CRC-32 mismatch", path);
+	if (kvdlm_crc32(0, buf + HEADER_BYTES, (size_t)payload) != kvdlm_le32(buf + 56))
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: payload CRC-32 mismatch", path);
 
 	im = calloc(1, sizeof(*im));
 	if (!im)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+		return kvdlm_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
 	im->layers = cfg->layers, im->index_heads = ih, im->index_dim = id;
 	im->indexer = calloc(cfg->layers, sizeof(*im->indexer));
 	im->readout = calloc(cfg->layers, sizeof(*im->readout));
 	im->bias = calloc(cfg->layers, sizeof(*im->bias));
 	im->payload_ = malloc((size_t)payload);
 	if (!im->indexer || !im->readout || !im->bias || !im->payload_)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+		return kvdlm_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
 	/* fp32 little-endian in the file, as in the host (model.c asserts it). */
 	memcpy(im->payload_, buf + HEADER_BYTES, (size_t)payload);
 	p = im->payload_;

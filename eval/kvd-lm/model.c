@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +10,7 @@
 #include <unistd.h>
 
 #include "basic/macro.h"
-#include "crc32.h"
+#include "format.h"
 #include "model.h"
 
 static const char kvdlm_magic[8] = { 'K', 'V', 'D', 'L', 'M', 0, 0, 0 };
@@ -21,31 +20,16 @@ static const char kvdlm_magic[8] = { 'K', 'V', 'D', 'L', 'M', 0, 0, 0 };
 
 /* ---- the header ---- */
 
-static uint32_t le32(const uint8_t *p) {
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 static uint64_t le64(const uint8_t *p) {
-	return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+	return (uint64_t)kvdlm_le32(p) | (uint64_t)kvdlm_le32(p + 4) << 32;
 }
 
 static float lef32(const uint8_t *p) {
-	uint32_t u = le32(p);
+	uint32_t u = kvdlm_le32(p);
 	float f;
 
 	memcpy(&f, &u, 4);
 	return f;
-}
-
-_printf_(4, 5) static int fail(char *err, size_t errlen, int r, const char *fmt, ...) {
-	va_list ap;
-
-	if (err && errlen > 0) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return r;
 }
 
 /* fp32 elements of the payload of cfg, or 0 when they overflow (never for a checked shape). */
@@ -79,24 +63,24 @@ static int config_check(const struct kvdlm_config *c, const char *name, char *er
 
 		memcpy(&v, (const char *)c + fields[i].off, sizeof(v));
 		if (v < 1)
-			return fail(err, errlen, -EINVAL, "%s: %s is 0, must be >= 1", name, fields[i].field);
+			return kvdlm_fail(err, errlen, -EINVAL, "%s: %s is 0, must be >= 1", name, fields[i].field);
 		if (v > fields[i].max)
-			return fail(err, errlen, -EINVAL, "%s: %s is %u, at most %u is supported", name,
+			return kvdlm_fail(err, errlen, -EINVAL, "%s: %s is %u, at most %u is supported", name,
 			            fields[i].field, v, fields[i].max);
 	}
 	if (c->q_heads % c->kv_heads)
-		return fail(err, errlen, -EINVAL, "%s: q_heads %u is not a multiple of kv_heads %u", name,
+		return kvdlm_fail(err, errlen, -EINVAL, "%s: q_heads %u is not a multiple of kv_heads %u", name,
 		            c->q_heads, c->kv_heads);
 	if (c->head_dim % 2)
-		return fail(err, errlen, -EINVAL, "%s: head_dim %u is odd", name, c->head_dim);
+		return kvdlm_fail(err, errlen, -EINVAL, "%s: head_dim %u is odd", name, c->head_dim);
 	if (c->vocab < KVDLM_BYTE_VOCAB)
-		return fail(err, errlen, -EINVAL, "%s: vocab is %u, must be %u..%u", name, c->vocab,
+		return kvdlm_fail(err, errlen, -EINVAL, "%s: vocab is %u, must be %u..%u", name, c->vocab,
 		            KVDLM_BYTE_VOCAB, KVDLM_VOCAB_MAX);
 	if (!(isfinite(c->rope_theta) && c->rope_theta > 0))
-		return fail(err, errlen, -EINVAL, "%s: rope_theta %g is not a positive number", name,
+		return kvdlm_fail(err, errlen, -EINVAL, "%s: rope_theta %g is not a positive number", name,
 		            (double)c->rope_theta);
 	if (!(isfinite(c->norm_eps) && c->norm_eps > 0))
-		return fail(err, errlen, -EINVAL, "%s: norm_eps %g is not a positive number", name,
+		return kvdlm_fail(err, errlen, -EINVAL, "%s: norm_eps %g is not a positive number", name,
 		            (double)c->norm_eps);
 	return 0;
 }
@@ -107,31 +91,31 @@ static int config_check(const struct kvdlm_config *c, const char *name, char *er
  */
 static int header_parse(const uint8_t *h, const char *name, struct kvdlm_config *cfg,
                         uint64_t *ret_payload, uint32_t *ret_crc, char *err, size_t errlen) {
-	uint32_t version = le32(h + 8), hbytes = le32(h + 12), stored = le32(h + 68), got;
+	uint32_t version = kvdlm_le32(h + 8), hbytes = kvdlm_le32(h + 12), stored = kvdlm_le32(h + 68), got;
 	uint64_t payload, want;
 	int r;
 
 	if (memcmp(h, kvdlm_magic, sizeof(kvdlm_magic)) != 0)
-		return fail(err, errlen, -EBADMSG, "%s: bad magic, not a .kvdlm file", name);
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: bad magic, not a .kvdlm file", name);
 	if (version != KVDLM_VERSION)
-		return fail(err, errlen, -EOPNOTSUPP, "%s: version %u, only %u is known", name, version,
+		return kvdlm_fail(err, errlen, -EOPNOTSUPP, "%s: version %u, only %u is known", name, version,
 		            KVDLM_VERSION);
 	if (hbytes != KVDLM_HEADER_BYTES)
-		return fail(err, errlen, -EBADMSG, "%s: header bytes %u, expected %u", name, hbytes,
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: header bytes %u, expected %u", name, hbytes,
 		            KVDLM_HEADER_BYTES);
 	got = kvdlm_crc32(0, h, HEADER_CRC_SPAN);
 	if (got != stored)
-		return fail(err, errlen, -EBADMSG,
+		return kvdlm_fail(err, errlen, -EBADMSG,
 		            "%s: header CRC-32 mismatch (stored %08x, computed %08x)", name, stored, got);
 	*cfg = (struct kvdlm_config){
-		.vocab = le32(h + 16),
-		.dim = le32(h + 20),
-		.layers = le32(h + 24),
-		.q_heads = le32(h + 28),
-		.kv_heads = le32(h + 32),
-		.head_dim = le32(h + 36),
-		.ffn = le32(h + 40),
-		.max_positions = le32(h + 44),
+		.vocab = kvdlm_le32(h + 16),
+		.dim = kvdlm_le32(h + 20),
+		.layers = kvdlm_le32(h + 24),
+		.q_heads = kvdlm_le32(h + 28),
+		.kv_heads = kvdlm_le32(h + 32),
+		.head_dim = kvdlm_le32(h + 36),
+		.ffn = kvdlm_le32(h + 40),
+		.max_positions = kvdlm_le32(h + 44),
 		.rope_theta = lef32(h + 48),
 		.norm_eps = lef32(h + 52),
 	};
@@ -141,11 +125,11 @@ static int header_parse(const uint8_t *h, const char *name, struct kvdlm_config 
 	payload = le64(h + 56);
 	want = 4 * config_elements(cfg);
 	if (payload != want)
-		return fail(err, errlen, -EINVAL,
+		return kvdlm_fail(err, errlen, -EINVAL,
 		            "%s: payload bytes %llu do not match the shape (%llu expected)", name,
 		            (unsigned long long)payload, (unsigned long long)want);
 	*ret_payload = payload;
-	*ret_crc = le32(h + 64);
+	*ret_crc = kvdlm_le32(h + 64);
 	return 0;
 }
 
@@ -226,54 +210,54 @@ int kvdlm_model_load(const char *path, struct kvdlm_model **ret, char *err, size
 	int r;
 
 	if (!path || !ret)
-		return fail(err, errlen, -EINVAL, "no model file given");
+		return kvdlm_fail(err, errlen, -EINVAL, "no model file given");
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		r = negative_errno();
-		return fail(err, errlen, r, "%s: %s", path, strerror(-r));
+		return kvdlm_fail(err, errlen, r, "%s: %s", path, strerror(-r));
 	}
 	if (fstat(fd, &st) < 0) {
 		r = negative_errno();
-		return fail(err, errlen, r, "%s: %s", path, strerror(-r));
+		return kvdlm_fail(err, errlen, r, "%s: %s", path, strerror(-r));
 	}
 	if (S_ISDIR(st.st_mode))
-		return fail(err, errlen, -EISDIR, "%s: is a directory", path);
+		return kvdlm_fail(err, errlen, -EISDIR, "%s: is a directory", path);
 	if (!S_ISREG(st.st_mode))
-		return fail(err, errlen, -EINVAL, "%s: not a regular file", path);
+		return kvdlm_fail(err, errlen, -EINVAL, "%s: not a regular file", path);
 	if ((uint64_t)st.st_size < KVDLM_HEADER_BYTES)
-		return fail(err, errlen, -EBADMSG, "%s: %llu bytes, shorter than the %u-byte header",
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: %llu bytes, shorter than the %u-byte header",
 		            path, (unsigned long long)st.st_size, KVDLM_HEADER_BYTES);
 	r = read_full(fd, h, sizeof(h), 0);
 	if (r < 0)
-		return fail(err, errlen, r, "%s: reading the header: %s", path, strerror(-r));
+		return kvdlm_fail(err, errlen, r, "%s: reading the header: %s", path, strerror(-r));
 
 	m = calloc(1, sizeof(*m));
 	if (!m)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+		return kvdlm_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
 	r = header_parse(h, path, &m->cfg, &payload, &crc, err, errlen);
 	if (r < 0)
 		return r;
 	/* The size is checked before anything of the payload's size is allocated. */
 	if ((uint64_t)st.st_size != KVDLM_HEADER_BYTES + payload)
-		return fail(err, errlen, -EBADMSG, "%s: file size %llu is not header + payload (%llu)",
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: file size %llu is not header + payload (%llu)",
 		            path, (unsigned long long)st.st_size,
 		            (unsigned long long)(KVDLM_HEADER_BYTES + payload));
 	if (payload > SIZE_MAX / 2)
-		return fail(err, errlen, -ENOMEM, "%s: payload of %llu bytes does not fit in memory",
+		return kvdlm_fail(err, errlen, -ENOMEM, "%s: payload of %llu bytes does not fit in memory",
 		            path, (unsigned long long)payload);
 	m->params = payload / 4;
 	m->layers = calloc(m->cfg.layers, sizeof(*m->layers));
 	if (!m->layers || posix_memalign((void **)&m->payload_, 64, (size_t)payload) != 0)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory for %llu bytes of weights", path,
+		return kvdlm_fail(err, errlen, -ENOMEM, "%s: out of memory for %llu bytes of weights", path,
 		            (unsigned long long)payload);
 	r = read_full(fd, m->payload_, (size_t)payload, KVDLM_HEADER_BYTES);
 	if (r == -EBADMSG)
-		return fail(err, errlen, r, "%s: truncated while reading the payload", path);
+		return kvdlm_fail(err, errlen, r, "%s: truncated while reading the payload", path);
 	if (r < 0)
-		return fail(err, errlen, r, "%s: reading the payload: %s", path, strerror(-r));
+		return kvdlm_fail(err, errlen, r, "%s: reading the payload: %s", path, strerror(-r));
 	got = kvdlm_crc32(0, m->payload_, (size_t)payload);
 	if (got != crc)
-		return fail(err, errlen, -EBADMSG,
+		return kvdlm_fail(err, errlen, -EBADMSG,
 		            "%s: payload CRC-32 mismatch (stored %08x, computed %08x)", path, crc, got);
 	/* fp32 little-endian in the file; this code runs on little-endian hosts only. */
 	_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "little-endian host expected");

@@ -21,7 +21,7 @@
 
 #include "kvd/kvd-abi.h"       /* KVD_LAYERS_MAX, KVD_HEADS_MAX, KVD_HEAD_DIM_MAX */
 
-#include "crc32.h"
+#include "format.h"
 #include "tokenizer.h"      /* the token ids, KVDLM_BYTE_VOCAB */
 
 #define KVDLM_HEADER_BYTES 128u

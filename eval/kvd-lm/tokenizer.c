@@ -5,7 +5,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +13,7 @@
 #include <unistd.h>
 
 #include "basic/macro.h"
-#include "crc32.h"
+#include "format.h"
 #include "tokenizer.h"
 
 static const char kvdtok_magic[8] = { 'K', 'V', 'D', 'T', 'O', 'K', 0, 0 };
@@ -33,17 +32,6 @@ struct kvdlm_tokenizer {
 	uint32_t *ranks;
 	size_t mask;
 };
-
-_printf_(4, 5) static int fail(char *err, size_t errlen, int r, const char *fmt, ...) {
-	va_list ap;
-
-	if (err && errlen > 0) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return r;
-}
 
 struct kvdlm_tokenizer *kvdlm_tokenizer_free(struct kvdlm_tokenizer *t) {
 	if (t) {
@@ -99,7 +87,7 @@ static int tokenizer_index(struct kvdlm_tokenizer *t, const char *name, char *er
 	t->keys = calloc(slots, sizeof(*t->keys));
 	t->ranks = calloc(slots, sizeof(*t->ranks));
 	if (!t->offset || !t->keys || !t->ranks)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory", name);
+		return kvdlm_fail(err, errlen, -ENOMEM, "%s: out of memory", name);
 	t->mask = slots - 1;
 
 	/* Sizes first (each merge is at most 2^16 times longer than a byte: no overflow). */
@@ -109,11 +97,11 @@ static int tokenizer_index(struct kvdlm_tokenizer *t, const char *name, char *er
 
 		if (a >= id || b >= id || (a >= KVDLM_BOS && a < KVDLM_BYTE_VOCAB) ||
 		    (b >= KVDLM_BOS && b < KVDLM_BYTE_VOCAB))
-			return fail(err, errlen, -EBADMSG,
+			return kvdlm_fail(err, errlen, -EBADMSG,
 			            "%s: merge %u (%u, %u) uses a special or a later token", name, i, a, b);
 		s = pair_slot(t, pair_key(a, b));
 		if (t->keys[s])
-			return fail(err, errlen, -EBADMSG, "%s: merge %u (%u, %u) repeats merge %u", name,
+			return kvdlm_fail(err, errlen, -EBADMSG, "%s: merge %u (%u, %u) repeats merge %u", name,
 			            i, a, b, t->ranks[s]);
 		t->keys[s] = pair_key(a, b);
 		t->ranks[s] = i;
@@ -126,13 +114,13 @@ static int tokenizer_index(struct kvdlm_tokenizer *t, const char *name, char *er
 		                                             t->offset[t->merge_right[id - KVDLM_BYTE_VOCAB]];
 
 		if (s > UINT32_MAX / 2 || size + s > UINT32_MAX)
-			return fail(err, errlen, -EBADMSG, "%s: token %u is too long", name, id);
+			return kvdlm_fail(err, errlen, -EBADMSG, "%s: token %u is too long", name, id);
 		t->offset[id] = (uint32_t)s;
 		size += s;
 	}
 	t->bytes = malloc(size);
 	if (!t->bytes)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory", name);
+		return kvdlm_fail(err, errlen, -ENOMEM, "%s: out of memory", name);
 	{
 		uint32_t o = 0;
 
@@ -175,10 +163,6 @@ int kvdlm_tokenizer_bytes(struct kvdlm_tokenizer **ret) {
 	return 0;
 }
 
-static uint32_t le32(const uint8_t *p) {
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 int kvdlm_tokenizer_load(const char *path, struct kvdlm_tokenizer **ret, char *err, size_t errlen) {
 	_cleanup_(kvdlm_tokenizer_freep) struct kvdlm_tokenizer *t = NULL;
 	_cleanup_(freep) uint8_t *data = NULL;
@@ -189,70 +173,70 @@ int kvdlm_tokenizer_load(const char *path, struct kvdlm_tokenizer **ret, char *e
 	int r;
 
 	if (!path)
-		return fail(err, errlen, -EINVAL, "no tokenizer file given");
+		return kvdlm_fail(err, errlen, -EINVAL, "no tokenizer file given");
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0 || fstat(fd, &st) < 0)
-		return fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+		return kvdlm_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
 	if (S_ISDIR(st.st_mode))
-		return fail(err, errlen, -EISDIR, "%s: is a directory", path);
+		return kvdlm_fail(err, errlen, -EISDIR, "%s: is a directory", path);
 	if ((uint64_t)st.st_size > max)
-		return fail(err, errlen, -EFBIG, "%s: %lld bytes, larger than any tokenizer", path,
+		return kvdlm_fail(err, errlen, -EFBIG, "%s: %lld bytes, larger than any tokenizer", path,
 		            (long long)st.st_size);
 	data = malloc((size_t)st.st_size + 1);
 	if (!data)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+		return kvdlm_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
 	while (n < (size_t)st.st_size) {
 		ssize_t k = read(fd, data + n, (size_t)st.st_size - n);
 
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0)
-			return fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+			return kvdlm_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
 		if (k == 0)
 			break;
 		n += (size_t)k;
 	}
 	if (n < KVDTOK_HEADER_BYTES)
-		return fail(err, errlen, -EBADMSG, "%s: %zu bytes, shorter than the %u-byte header", path,
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: %zu bytes, shorter than the %u-byte header", path,
 		            n, KVDTOK_HEADER_BYTES);
 	if (memcmp(data, kvdtok_magic, sizeof(kvdtok_magic)) != 0)
-		return fail(err, errlen, -EBADMSG, "%s: not a kvd-lm tokenizer (bad magic)", path);
-	if (le32(data + 8) != KVDTOK_VERSION)
-		return fail(err, errlen, -EBADMSG, "%s: version %u, only %u is known", path,
-		            le32(data + 8), KVDTOK_VERSION);
-	if (le32(data + 12) != KVDTOK_HEADER_BYTES)
-		return fail(err, errlen, -EBADMSG, "%s: header bytes %u, expected %u", path,
-		            le32(data + 12), KVDTOK_HEADER_BYTES);
-	if (kvdlm_crc32(0, data, HEADER_CRC_SPAN) != le32(data + 32))
-		return fail(err, errlen, -EBADMSG,
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: not a kvd-lm tokenizer (bad magic)", path);
+	if (kvdlm_le32(data + 8) != KVDTOK_VERSION)
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: version %u, only %u is known", path,
+		            kvdlm_le32(data + 8), KVDTOK_VERSION);
+	if (kvdlm_le32(data + 12) != KVDTOK_HEADER_BYTES)
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: header bytes %u, expected %u", path,
+		            kvdlm_le32(data + 12), KVDTOK_HEADER_BYTES);
+	if (kvdlm_crc32(0, data, HEADER_CRC_SPAN) != kvdlm_le32(data + 32))
+		return kvdlm_fail(err, errlen, -EBADMSG,
 		            "%s: header CRC-32 mismatch (stored %08x, computed %08x)", path,
-		            le32(data + 32), kvdlm_crc32(0, data, HEADER_CRC_SPAN));
-	vocab = le32(data + 16);
-	merges = le32(data + 20);
-	payload = le32(data + 24);
+		            kvdlm_le32(data + 32), kvdlm_crc32(0, data, HEADER_CRC_SPAN));
+	vocab = kvdlm_le32(data + 16);
+	merges = kvdlm_le32(data + 20);
+	payload = kvdlm_le32(data + 24);
 	if (vocab > KVDLM_VOCAB_MAX || vocab != KVDLM_BYTE_VOCAB + merges)
-		return fail(err, errlen, -EBADMSG,
+		return kvdlm_fail(err, errlen, -EBADMSG,
 		            "%s: vocab %u is not %u + merges (%u) or is over %u", path, vocab,
 		            KVDLM_BYTE_VOCAB, merges, KVDLM_VOCAB_MAX);
 	if (payload != 8 * merges || n != KVDTOK_HEADER_BYTES + (size_t)payload)
-		return fail(err, errlen, -EBADMSG, "%s: payload of %zu bytes, expected 8 x %u merges",
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: payload of %zu bytes, expected 8 x %u merges",
 		            path, n - KVDTOK_HEADER_BYTES, merges);
-	if (kvdlm_crc32(0, data + KVDTOK_HEADER_BYTES, payload) != le32(data + 28))
-		return fail(err, errlen, -EBADMSG,
+	if (kvdlm_crc32(0, data + KVDTOK_HEADER_BYTES, payload) != kvdlm_le32(data + 28))
+		return kvdlm_fail(err, errlen, -EBADMSG,
 		            "%s: payload CRC-32 mismatch (stored %08x, computed %08x)", path,
-		            le32(data + 28), kvdlm_crc32(0, data + KVDTOK_HEADER_BYTES, payload));
+		            kvdlm_le32(data + 28), kvdlm_crc32(0, data + KVDTOK_HEADER_BYTES, payload));
 
 	t = calloc(1, sizeof(*t));
 	if (!t)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+		return kvdlm_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
 	t->vocab = vocab;
 	t->merge_left = malloc(MAX(merges, 1u) * sizeof(uint32_t));
 	t->merge_right = malloc(MAX(merges, 1u) * sizeof(uint32_t));
 	if (!t->merge_left || !t->merge_right)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+		return kvdlm_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
 	for (uint32_t i = 0; i < merges; i++) {
-		t->merge_left[i] = le32(data + KVDTOK_HEADER_BYTES + 8 * (size_t)i);
-		t->merge_right[i] = le32(data + KVDTOK_HEADER_BYTES + 8 * (size_t)i + 4);
+		t->merge_left[i] = kvdlm_le32(data + KVDTOK_HEADER_BYTES + 8 * (size_t)i);
+		t->merge_right[i] = kvdlm_le32(data + KVDTOK_HEADER_BYTES + 8 * (size_t)i + 4);
 	}
 	r = tokenizer_index(t, path, err, errlen);
 	if (r < 0)
@@ -271,21 +255,21 @@ int kvdlm_tokenizer_for_model(const char *model_path, uint32_t vocab,
 
 	path = malloc(stem + sizeof(".kvdtok"));
 	if (!path)
-		return fail(err, errlen, -ENOMEM, "out of memory");
+		return kvdlm_fail(err, errlen, -ENOMEM, "out of memory");
 	memcpy(path, model_path, stem);
 	strcpy(path + stem, ".kvdtok");
 	if (access(path, F_OK) < 0 && errno == ENOENT) {
 		if (vocab != KVDLM_BYTE_VOCAB)
-			return fail(err, errlen, -EBADMSG, "%s: vocab %u needs a tokenizer file %s",
+			return kvdlm_fail(err, errlen, -EBADMSG, "%s: vocab %u needs a tokenizer file %s",
 			            model_path, vocab, path);
 		r = kvdlm_tokenizer_bytes(ret);
-		return r < 0 ? fail(err, errlen, r, "out of memory") : 0;
+		return r < 0 ? kvdlm_fail(err, errlen, r, "out of memory") : 0;
 	}
 	r = kvdlm_tokenizer_load(path, &t, err, errlen);
 	if (r < 0)
 		return r;
 	if (t->vocab != vocab)
-		return fail(err, errlen, -EBADMSG, "%s: vocab %u, the model's is %u", path, t->vocab,
+		return kvdlm_fail(err, errlen, -EBADMSG, "%s: vocab %u, the model's is %u", path, t->vocab,
 		            vocab);
 	*ret = TAKE_PTR(t);
 	return 0;

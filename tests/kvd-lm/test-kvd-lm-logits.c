@@ -18,12 +18,10 @@
  * Environment (set by meson): KVD_LM_DATA, the test data folder, and KVD_LM_MODELS, the
  * folder of trained models (eval/kvd-lm/models).
  */
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cache.h"
@@ -47,22 +45,6 @@ static char *data_path(const char *env, const char *name) {
 	return p;
 }
 
-/* The whole file at path, in *ret (NUL-terminated); its size. */
-static size_t read_file(const char *path, char **ret) {
-	_cleanup_(closep) int fd = open(path, O_RDONLY | O_CLOEXEC);
-	struct stat st;
-	char *buf;
-
-	ASSERT_TRUE(fd >= 0);
-	ASSERT_OK(fstat(fd, &st));
-	buf = malloc((size_t)st.st_size + 1);
-	ASSERT_NOT_NULL(buf);
-	ASSERT_EQ(read(fd, buf, (size_t)st.st_size), (ssize_t)st.st_size);
-	buf[st.st_size] = 0;
-	*ret = buf;
-	return (size_t)st.st_size;
-}
-
 struct ref {
 	struct kvdlm_model *m;
 	uint32_t *tokens;
@@ -75,8 +57,9 @@ static void ref_load(struct ref *r, const char *model, const char *input, const 
 	char err[KVDLM_ERROR_MAX];
 	_cleanup_(freep) char *text = NULL;
 	_cleanup_(kvdlm_tokenizer_freep) struct kvdlm_tokenizer *tok = NULL;
-	size_t len = read_file(input, &text);
+	size_t len;
 
+	text = test_read_file(input, &len);
 	*r = (struct ref){};
 	if (kvdlm_model_load(model, &r->m, err, sizeof(err)) < 0)
 		test_fail(__FILE__, __LINE__, "%s", err);
@@ -177,7 +160,7 @@ static void check_greedy(const char *model, const char *input, const char *logit
 	char got[GREEDY_STEPS * 6 + 1] = "";
 	struct ref r;
 
-	read_file(greedy, &want);
+	want = test_read_file(greedy, NULL);
 	ref_load(&r, model, input, logits);
 	lg = malloc(r.m->cfg.vocab * sizeof(float));
 	ASSERT_NOT_NULL(lg);

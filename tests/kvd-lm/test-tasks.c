@@ -368,26 +368,6 @@ TEST(samples) {
 		}
 }
 
-static char *read_file(const char *path, size_t *ret_size) {
-	FILE *f = fopen(path, "re");
-	char *buf = NULL;
-	long n;
-
-	if (!f)
-		test_fail(__FILE__, __LINE__, "cannot open %s", path);
-	ASSERT_EQ(fseek(f, 0, SEEK_END), 0);
-	n = ftell(f);
-	ASSERT_GT(n, 0);
-	rewind(f);
-	buf = malloc((size_t)n + 1);
-	ASSERT_NOT_NULL(buf);
-	ASSERT_EQ(fread(buf, 1, (size_t)n, f), (size_t)n);
-	buf[n] = 0;
-	fclose(f);
-	*ret_size = (size_t)n;
-	return buf;
-}
-
 /* Parity with tasks.py: every record of the golden file, regenerated here. */
 TEST(golden) {
 	const char *path = getenv("KVD_LM_GOLDEN");
@@ -397,7 +377,7 @@ TEST(golden) {
 
 	if (!path)
 		test_fail(__FILE__, __LINE__, "KVD_LM_GOLDEN is not set");
-	golden = read_file(path, &size);
+	golden = test_read_file(path, &size);
 
 	while (o < size) {
 		_cleanup_(freep) char *record = NULL;

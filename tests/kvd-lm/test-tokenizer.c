@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "basic/macro.h"
-#include "crc32.h"
+#include "format.h"
 #include "test.h"
 #include "tokenizer.h"
 
@@ -38,26 +38,6 @@ static void cleanup(void) {
 	free(image);
 	if (tmp_path[0])
 		unlink(tmp_path);
-}
-
-static uint8_t *read_file(const char *path, size_t *ret_size) {
-	FILE *f = fopen(path, "re");
-	uint8_t *buf;
-	long n;
-
-	if (!f)
-		test_fail(__FILE__, __LINE__, "cannot open %s", path);
-	ASSERT_EQ(fseek(f, 0, SEEK_END), 0);
-	n = ftell(f);
-	ASSERT_GT(n, 0);
-	rewind(f);
-	buf = malloc((size_t)n + 1);
-	ASSERT_NOT_NULL(buf);
-	ASSERT_EQ(fread(buf, 1, (size_t)n, f), (size_t)n);
-	buf[n] = 0;
-	fclose(f);
-	*ret_size = (size_t)n;
-	return buf;
 }
 
 int test_setup(void) {
@@ -75,7 +55,7 @@ int test_setup(void) {
 		fprintf(stderr, "%s\n", err);
 		return r;
 	}
-	image = read_file(path, &image_size);
+	image = (uint8_t *)test_read_file(path, &image_size);
 	snprintf(tmp_path, sizeof(tmp_path), "/tmp/test-tokenizer-%d.kvdtok", (int)getpid());
 	return 0;
 }
@@ -86,7 +66,7 @@ TEST(golden) {
 	_cleanup_(freep) uint8_t *golden = NULL;
 	size_t size, o = 0, records = 0, tokens = 0;
 
-	golden = read_file(path, &size);
+	golden = (uint8_t *)test_read_file(path, &size);
 	while (o < size) {
 		_cleanup_(freep) uint32_t *got = NULL;
 		const uint8_t *text;

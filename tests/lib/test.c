@@ -226,3 +226,22 @@ int main(int argc, char **argv) {
 	printf("%u passed, %u skipped\n", passed, skipped);
 	return passed == 0 && skipped > 0 ? EXIT_TEST_SKIP : EXIT_SUCCESS;
 }
+
+char *test_read_file(const char *path, size_t *ret_size) {
+	FILE *f = fopen(path, "re");
+	char *buf;
+	long n;
+
+	if (!f)
+		test_fail(__FILE__, __LINE__, "cannot open %s: %m", path);
+	if (fseek(f, 0, SEEK_END) < 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) < 0)
+		test_fail(__FILE__, __LINE__, "cannot size %s: %m", path);
+	buf = malloc((size_t)n + 1);
+	if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n)
+		test_fail(__FILE__, __LINE__, "cannot read %s", path);
+	buf[n] = 0;
+	fclose(f);
+	if (ret_size)
+		*ret_size = (size_t)n;
+	return buf;
+}

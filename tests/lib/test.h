@@ -99,6 +99,10 @@ int test_setup(void);
 			TEST_SKIP("needs the test hooks (meson -Dtest_hooks=true)");          \
 	} while (0)
 
+/* The whole file at path, NUL-terminated, its size in *ret_size (may be NULL); fails the
+ * test when it cannot be read. The caller frees it. */
+char *test_read_file(const char *path, size_t *ret_size);
+
 /* ---- Assertions ---- */
 
 void test_fail(const char *file, int line, const char *fmt, ...)

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* zlib's CRC-32; see crc32.h. */
+/* What the kvd-lm file formats share; see format.h. */
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 
-#include "crc32.h"
+#include "format.h"
 
 /* Slicing by 8: a 100 MB model is checked in well under a second. */
 static uint32_t crc_table[8][256];
@@ -37,4 +39,15 @@ uint32_t kvdlm_crc32(uint32_t crc, const void *p, size_t n) {
 	while (n--)
 		crc = crc_table[0][(crc ^ *b++) & 0xff] ^ (crc >> 8);
 	return ~crc;
+}
+
+int kvdlm_fail(char *err, size_t errlen, int r, const char *fmt, ...) {
+	va_list ap;
+
+	if (err && errlen > 0) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return r;
 }
