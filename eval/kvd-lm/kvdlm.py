@@ -172,9 +172,15 @@ class Model(torch.nn.Module):
                     p.copy_(torch.randn(p.shape, generator=gen) * s)
 
     def tensors(self):
-        """(name, parameter) in file order."""
-        params = dict(self.named_parameters())
-        return [(n, params[n]) for n, _ in self.cfg.tensor_shapes()]
+        """(name, parameter) in file order; a tied lm_head (train.py --tie-embeddings) is
+        tok_emb again."""
+        out = []
+        for n, _ in self.cfg.tensor_shapes():
+            obj = self
+            for part in n.split("."):
+                obj = getattr(obj, part)
+            out.append((n, obj))
+        return out
 
     # --- forward ------------------------------------------------------------------------
 

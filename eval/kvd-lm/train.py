@@ -334,6 +334,13 @@ def model_config(args, vocab):
                         rope_theta=args.rope_theta, norm_eps=1e-5)
 
 
+def tie_embeddings(model, args):
+    """With --tie-embeddings, lm_head is tok_emb: one matrix trained (and saved twice, as
+    the file format has both), so that copying a token is close to an identity map."""
+    if getattr(args, "tie_embeddings", False):
+        model.lm_head = model.tok_emb
+
+
 def load_tokenizer(path):
     return tokenizer.load(path) if path else tokenizer.BYTES
 
@@ -387,6 +394,7 @@ def train(args):
             args.minutes = ck["args"]["minutes"]
         tok = load_tokenizer(args.tokenizer)
         model = kvdlm.Model(model_config(args, tok.vocab))
+        tie_embeddings(model, args)
         model.load_state_dict(ck["model"])
         opt = make_optimizer(model, args)
         opt.load_state_dict(ck["opt"])
@@ -400,6 +408,7 @@ def train(args):
         tok = load_tokenizer(args.tokenizer)
         model = kvdlm.Model(model_config(args, tok.vocab))
         model.init_weights(torch.Generator().manual_seed(args.seed), std=args.init_std)
+        tie_embeddings(model, args)
         opt = make_optimizer(model, args)
     with open(os.path.join(args.out, "args.json"), "w") as f:
         json.dump(vars(args), f, indent=1)
@@ -569,6 +578,8 @@ def main():
     t.add_argument("--rope-theta", type=float, default=50000.0)
     t.add_argument("--max-positions", type=int, default=4096)
     t.add_argument("--init-std", type=float, default=0.05)
+    t.add_argument("--tie-embeddings", action="store_true",
+                   help="train lm_head and tok_emb as one matrix")
     t.add_argument("--lr", type=float, default=3e-3)
     t.add_argument("--min-lr-frac", type=float, default=0.1)
     t.add_argument("--warmup", type=int, default=50, help="warmup steps")
