@@ -4,6 +4,7 @@
 
     evict-ref.py [--model FILE] [--policy h2o|snapkv|recent] [--keep FRACTION]
                  [--task niah] [--length 1024] [--n 6] [--window 32] [--mass]
+                 [--answer-prefix]
 
 The in-window setting of `kvd-quality`: BOS + context + question prefilled; the last
 --window queries of each layer are the observation; each (layer, kv head) keeps
@@ -127,24 +128,36 @@ def decode_kept(model, tokens, masks, max_new):
     return model.tok.decode(t if t not in range(256, 260) else 0 for t in out)
 
 
+def sample(hay, args, i, tok):
+    """Sample i of the reporting seeds: (prompt, answer); with --answer-prefix the prompt
+    goes on as RULER's do, with the start of the answer sentence."""
+    prompt, question, answer = tasks.make(hay, args.task, tasks.SEEDS_REPORT.start + i,
+                                          args.length, tok)
+    if args.answer_prefix:
+        key = question.rstrip("?").split()[-1]
+        prompt += f" The special magic number for {key} is".encode()
+    return prompt, answer
+
+
 def report_mass(model, hay, args):
     tok, cfg = model.tok, model.cfg
     tot = [0.0, 0.0, 0.0]
     for i in range(args.n):
-        prompt, _q, answer = tasks.make(hay, args.task, tasks.SEEDS_REPORT.start + i, args.length, tok)
+        prompt, answer = sample(hay, args, i, tok)
         tokens = kvdlm.encode(prompt, tok)
         sums = window_attention(model, tokens, args.window)
         mass = sum(float(s.sum()) for s in sums)
         needles, n_needle, at = 0.0, 0, 0
         # every needle and the value: they start pieces, so their tokens are counted alone
+        context = prompt[:prompt.index(b"\nQuestion: ")]
         for start in (b" The special magic number for ", b" VAR "):
-            at = prompt.find(start)
+            at = context.find(start)
             while at >= 0:
                 end = prompt.index(b".", at + len(start)) + 1
                 a, b = 1 + tok.count(prompt[:at]), 1 + tok.count(prompt[:end])
                 needles += sum(float(s[:, a:b].sum()) for s in sums)
                 n_needle += b - a
-                at = prompt.find(start, end)
+                at = context.find(start, end)
         v = prompt.find(b" " + answer.split(",")[0].split(" ")[0].encode() + b".")
         a = 1 + tok.count(prompt[:v + 1])
         b = a + tok.count(answer.split(",")[0].split(" ")[0].encode())
@@ -171,6 +184,9 @@ def main():
     ap.add_argument("--n", type=int, default=6)
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--answer-prefix", action="store_true",
+                    help="niah, multikey: the prompt ends 'Answer: The special magic number "
+                         "for KEY is', as RULER's prompts end (not the tasks' format)")
     ap.add_argument("--mass", action="store_true",
                     help="report the window's attention mass on needle tokens instead")
     args = ap.parse_args()
@@ -183,8 +199,7 @@ def main():
         return report_mass(model, hay, args)
     right = 0
     for i in range(args.n):
-        prompt, _q, answer = tasks.make(hay, args.task, tasks.SEEDS_REPORT.start + i, args.length,
-                                        model.tok)
+        prompt, answer = sample(hay, args, i, model.tok)
         tokens = kvdlm.encode(prompt, model.tok)
         n = len(tokens)
         masks = keep_masks(window_attention(model, tokens, args.window), n, args.window,

@@ -1050,7 +1050,7 @@ TEST(log_names_who_and_stays_quiet_for_kvdctl) {
 TEST(connections_seqs_and_disconnect) {
 	struct fixture f;
 	struct holder a, b;
-	char cmd[64], *p;
+	char *p;
 	struct run *r;
 	unsigned long id;
 
@@ -1076,13 +1076,12 @@ TEST(connections_seqs_and_disconnect) {
 	id = strtoul(p + strlen("\"connection\": "), NULL, 10);
 	ASSERT_EXIT(kvdctl(f.socket, "seqs --tenant nobody"), 1);
 	/* Disconnect beta's connection: its sequence goes, alpha's stay. */
-	snprintf(cmd, sizeof(cmd), "disconnect %lu", id);
-	r = kvdctl(f.socket, cmd);
+	r = kvdctl(f.socket, "disconnect %lu", id);
 	ASSERT_EXIT(r, 0);
 	ASSERT_CONTAINS(r->out, "disconnected");
 	ASSERT_TRUE(fixture_wait_status(&f, "beta", "sequences", 0));
 	ASSERT_EQ(fixture_status(&f, "alpha", "sequences"), 2u);
-	ASSERT_EXIT(kvdctl(f.socket, cmd), 1);
+	ASSERT_EXIT(kvdctl(f.socket, "disconnect %lu", id), 1);
 	ASSERT_EXIT(kvdctl(f.socket, "disconnect"), 2);
 	ASSERT_EXIT(kvdctl(f.socket, "disconnect 12x"), 2);
 	/* The handle of a sequence the daemon dropped: released here, whatever it says. */
