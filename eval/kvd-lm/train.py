@@ -172,6 +172,11 @@ class Data:
         text = text_corpus(os.path.join(args.out, "text.bin"))
         self.text = text_tokens(text, tok, os.path.join(args.out, f"text-{tok.vocab}.npy"))
         self.rng = rng
+        # What the mix's periodic copies draw from: the letters of the warm-up, or every
+        # token but the specials, so that copying is learnt for each of them (the number
+        # tokens of a subword vocabulary are each rare in the text).
+        self.periodic_tokens = (list(range(256)) + list(range(260, tok.vocab))
+                                if args.periodic_vocab == "all" else None)
         self.text_frac = args.text_frac
         self.copy_frac = args.copy_frac
         self.copy_random = args.copy_random
@@ -194,7 +199,7 @@ class Data:
         x -= self.text_frac
         if x < self.copy_frac:
             if r.random() < self.copy_random:
-                return self.sample_periodic(length), []
+                return self.sample_periodic(length, self.periodic_tokens), []
             return self.sample_copy(length), []
         x -= self.copy_frac
         if x < self.drill_frac:
@@ -208,13 +213,13 @@ class Data:
         toks += self.tok.encode(b" " + answer.encode() + b"\n")
         return toks, [(a, len(toks))]
 
-    def sample_periodic(self, length):
-        """Warm-up: random lowercase letters (byte tokens) with a random period of 4..24,
-        repeated to the end. Nearly every token can only be predicted by copying, so
-        induction heads form in a few hundred steps (with text and tasks they had not in
-        900)."""
+    def sample_periodic(self, length, tokens=None):
+        """Warm-up: random lowercase letters (byte tokens; or random `tokens`) with a random
+        period of 4..24, repeated to the end. Nearly every token can only be predicted by
+        copying, so induction heads form in a few hundred steps (with text and tasks they
+        had not in 900)."""
         r = self.rng
-        span = r.choices(b"abcdefghijklmnopqrstuvwxyz", k=r.randint(4, 24))
+        span = r.choices(tokens or b"abcdefghijklmnopqrstuvwxyz", k=r.randint(4, 24))
         return [kvdlm.BOS] + (span * (length // len(span) + 1))[:length - 1]
 
     def sample_copy(self, length):
@@ -337,7 +342,7 @@ def model_config(args, vocab):
 def tie_embeddings(model, args):
     """With --tie-embeddings, lm_head is tok_emb: one matrix trained (and saved twice, as
     the file format has both), so that copying a token is close to an identity map."""
-    if getattr(args, "tie_embeddings", False):
+    if args.tie_embeddings:
         model.lm_head = model.tok_emb
 
 
@@ -594,6 +599,8 @@ def main():
     t.add_argument("--copy-random", type=float, default=0.6,
                    help="share of copies that are periodic random letters, not text")
     t.add_argument("--drill-frac", type=float, default=0.2, help="share of needle drills")
+    t.add_argument("--periodic-vocab", choices=("letters", "all"), default="letters",
+                   help="what the mix's periodic copies draw from (the warm-up: letters)")
     t.add_argument("--warm-until", type=float, default=1.0,
                    help="warm up on periodic copies (sample_periodic) until the loss is below this")
     t.add_argument("--warm-max", type=float, default=0.25, help="but at most this share of the time")
