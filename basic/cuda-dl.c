@@ -36,6 +36,19 @@ static void dl_load_once(void) {
 	}
 	CUDA_DL_SYMBOLS(CUDA_DL_RESOLVE)
 #undef CUDA_DL_RESOLVE
+	/* #name does not expand: it is the API's unversioned name. */
+#define CUDA_DL_RESOLVE_COMPAT(name)                                                          \
+	dl.name = (__typeof__(dl.name))dlsym(h, STR(name));                                   \
+	if (!dl.name)                                                                         \
+		dl.name = (__typeof__(dl.name))dlsym(h, #name);                               \
+	if (!dl.name) {                                                                       \
+		snprintf(dl_why, sizeof(dl_why), "the CUDA driver lacks %s and %s (too old?)", \
+		         STR(name), #name);                                                   \
+		dl_result = -ENOSYS;                                                          \
+		return;                                                                       \
+	}
+	CUDA_DL_COMPAT_SYMBOLS(CUDA_DL_RESOLVE_COMPAT)
+#undef CUDA_DL_RESOLVE_COMPAT
 
 	cr = dl.cuInit(0);
 	if (cr != CUDA_SUCCESS) {

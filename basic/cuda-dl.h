@@ -72,24 +72,34 @@
 	X(cuEventQuery)                                                                       \
 	X(cuIpcGetEventHandle)                                                                \
 	X(cuIpcOpenEventHandle)                                                               \
-	X(cuEventElapsedTime)                                                                 \
 	X(cuModuleLoadData)                                                                   \
 	X(cuModuleUnload)                                                                     \
 	X(cuModuleGetFunction)                                                                \
 	X(cuLaunchKernel)
 
+/*
+ * Entry points whose versioned name in these headers is newer than the oldest driver kvd
+ * supports (CUDA 11.4, R470: README.md): looked up under that name, else under the API's
+ * unversioned one, whose arguments are the same. cuEventElapsedTime_v2 came with CUDA 12.8
+ * (R570); R535 and R550 drivers, still common, have cuEventElapsedTime only. Never put a
+ * name here whose old entry point takes other arguments (cuMemGetInfo's took 32-bit
+ * sizes).
+ */
+#define CUDA_DL_COMPAT_SYMBOLS(X) X(cuEventElapsedTime)
+
 struct cuda_dl {
 #define CUDA_DL_MEMBER(name) __typeof__(&name) name;
 	CUDA_DL_SYMBOLS(CUDA_DL_MEMBER)
+	CUDA_DL_COMPAT_SYMBOLS(CUDA_DL_MEMBER)
 #undef CUDA_DL_MEMBER
 	int driver_version;           /* cuDriverGetVersion: 1000 * major + 10 * minor */
 	int device_count;
 };
 
 /*
- * Loads libcuda.so.1, resolves every symbol and calls cuInit(0). Returns 0 and the table in
- * *ret, or -ENOENT (no libcuda.so.1: no driver), -ENOSYS (a symbol is missing: a driver
- * older than kvd needs), -ENODEV (cuInit failed: no usable GPU, or the toolkit's stub
+ * Loads libcuda.so.1, resolves every symbol (those of CUDA_DL_COMPAT_SYMBOLS under either
+ * name) and calls cuInit(0). Returns 0 and the table in *ret, or -ENOENT (no libcuda.so.1:
+ * no driver), -ENOSYS (a symbol is missing: a driver older than kvd needs), -ENODEV (cuInit failed: no usable GPU, or the toolkit's stub
  * library was found instead of a driver), -ENXIO (a driver, but no device). *ret_why (may be
  * NULL) gets a sentence saying which, for messages.
  */

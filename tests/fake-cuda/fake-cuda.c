@@ -1827,7 +1827,13 @@ CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
 }
 
 /* The time between the two records; the driver refuses events that were never recorded or
- * that do not time (CUDA_ERROR_INVALID_HANDLE). */
+ * that do not time (CUDA_ERROR_INVALID_HANDLE). The driver of CUDA 12.8 and later exports
+ * it as cuEventElapsedTime_v2, what cuda.h maps the name to; older ones (R535, R550) under
+ * the plain name only, as the fake built with FAKE_CUDA_PRE_12_8 does. */
+#ifdef FAKE_CUDA_PRE_12_8
+#undef cuEventElapsedTime
+CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+#endif
 CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
 	CUresult r = need_ctx("cuEventElapsedTime", NULL);
 
