@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "config.h"
 #include "backend.h"
 #include "backend-cuda.h"
 #include "basic/macro.h"
@@ -94,6 +96,16 @@ int backend_open(const char *name, const char *devices, const struct backend_ops
 	snprintf(why, why_n, "no usable GPU (%s): falling back to host (memfd chunks)", cuda_why);
 	*ret = &backend_host_ops;
 	return 0;
+}
+
+bool backend_nvidia_driver_loaded(void) {
+	const char *path = "/proc/driver/nvidia/version";
+
+#if KVD_TEST_HOOKS
+	if (getenv("KVD_TEST_NVIDIA_DRIVER"))
+		path = getenv("KVD_TEST_NVIDIA_DRIVER");
+#endif
+	return access(path, F_OK) == 0;
 }
 
 uint32_t backend_n_devices(void) {

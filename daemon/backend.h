@@ -119,6 +119,14 @@ const struct backend_ops *backend_find(const char *name);
 int backend_open(const char *name, const char *devices, const struct backend_ops **ret,
                  char *why, size_t why_n);
 
+/*
+ * Whether this machine has the NVIDIA kernel driver loaded (/proc/driver/nvidia/version
+ * exists): where it has, an auto backend that fell back to host is a GPU node whose daemon
+ * cannot reach its GPUs (blocked devices, a missing nvidia-uvm, a broken driver), not a
+ * machine without GPUs. Test builds read the path from $KVD_TEST_NVIDIA_DRIVER if set.
+ */
+bool backend_nvidia_driver_loaded(void);
+
 /* How many devices the open backend pools: 1 on host. */
 uint32_t backend_n_devices(void);
 /* Device i of the open backend (0 to backend_n_devices() - 1), or NULL (host). */

@@ -217,6 +217,8 @@ int main(int argc, char *argv[]) {
 		goto finish;
 	srv->keep = keep;
 	srv->backend_fell_back = cfg.backend == SETTINGS_BACKEND_AUTO && ops->host_access;
+	if (srv->backend_fell_back && backend_nvidia_driver_loaded())
+		snprintf(srv->gpu_unreachable, sizeof(srv->gpu_unreachable), "%s", why);
 	/* From here the admin holds the settings the server points into (socket, metrics). */
 	r = admin_new(srv, &cfg, &arg_flags, &admin);
 	if (r < 0) {

@@ -172,6 +172,9 @@ struct server {
 	uint64_t stop_ms;
 	uint32_t ring_doorbell;       /* RING_DOORBELL_*: limits.ring_doorbell, resolved at start */
 	bool backend_fell_back;       /* backend auto found no usable GPU: the pool is host memory */
+	/* ... on a machine with the NVIDIA driver (a standing warning): why the GPU was not
+	 * usable; empty otherwise. */
+	char gpu_unreachable[256];
 	uint32_t n_hot;               /* connections the poller reads itself (conn.h) */
 	char warnings[WARNINGS_MAX];  /* standing warnings, one per line (warnings.h) */
 	struct loop_poller poller;    /* the rings, and the spin before sleeping (loop.h) */

@@ -65,6 +65,10 @@ static void compute(const struct server *s, struct text *t) {
 	uint64_t mem = physical_memory(), mins = 0;
 	char a[32], b[32];
 
+	if (s->gpu_unreachable[0])
+		add(t, "this machine has the NVIDIA driver, but %s: GPU engines cannot use this pool "
+		    "(under systemd: the unit's DeviceAllow= and nvidia-uvm, kvd(8) GPU)",
+		    s->gpu_unreachable);
 	if (p->ops->host_access && mem && p->pool_bytes > mem)
 		add(t, "the host pool (%s) is larger than physical memory (%s): chunks written "
 		    "past it swap, or the OOM killer ends a process",

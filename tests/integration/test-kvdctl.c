@@ -998,6 +998,37 @@ TEST(host_pool_above_memory_warns) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* The warning a GPU node gets when auto falls back to host: on a machine with the NVIDIA
+ * driver (KVD_TEST_NVIDIA_DRIVER names a file that exists), not on one without. */
+static bool auto_falls_back(bool driver, bool *ret_warned) {
+	struct fixture f;
+	struct run *r;
+	bool fell_back;
+
+	fixture_setup(&f, NULL, true);
+	ASSERT_OK(setenv("KVD_TEST_NVIDIA_DRIVER", driver ? "/proc/self/status" : "/nonexistent", 1));
+	fixture_launch(&f, (const char *const[]){ "--backend", "auto", NULL });
+	ASSERT_OK(unsetenv("KVD_TEST_NVIDIA_DRIVER"));
+	r = kvdctl(f.socket, "status");
+	ASSERT_EXIT(r, 0);
+	fell_back = fixture_log_count(&f, "backend auto: no usable GPU") == 1;
+	*ret_warned = strstr(r->out, "warning: this machine has the NVIDIA driver, but no usable GPU (") &&
+	              fixture_log_count(&f, "this machine has the NVIDIA driver") == 1;
+	ASSERT_EQ(fixture_stop(&f), 0);
+	return fell_back;
+}
+
+TEST(gpu_node_fallback_warns) {
+	bool warned;
+
+	TEST_NEEDS_HOOKS();
+	if (!auto_falls_back(true, &warned))
+		TEST_SKIP("a usable GPU here: auto did not fall back");
+	ASSERT_TRUE(warned);
+	ASSERT_TRUE(auto_falls_back(false, &warned));
+	ASSERT_FALSE(warned);
+}
+
 /* ---- The log ---- */
 
 TEST(log_names_who_and_stays_quiet_for_kvdctl) {

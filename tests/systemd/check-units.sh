@@ -9,6 +9,7 @@
 #    exposure at most DROPIN_THRESHOLD, and only the network checks it opens on purpose
 #    failing besides;
 #  - the units meson installs have every @placeholder@ filled in;
+#  - kvd.service admits the device classes the NVIDIA drivers register;
 #  - systemd-sysusers and systemd-tmpfiles --root=TMP create the users, groups and
 #    directories.
 # Usage: check-units.sh TEST_UNIT_DIR INSTALL_UNIT_DIR SYSUSERS_CONF TMPFILES_CONF THRESHOLD
@@ -142,7 +143,26 @@ done
 grep -q '^ExecStart=/[^ ]*/kvd\b' "$installed/kvd.service" ||
 	bad "the installed kvd.service has no ExecStart=/.../kvd"
 
-# 4. sysusers and tmpfiles into an empty root.
+# 4. GPU device access: every character device class the NVIDIA drivers register in
+# /proc/devices (kernel-open/nvidia*/ of the open GPU kernel modules: nvidia-frontend in
+# older drivers, nvidia and nvidiactl in current ones for major 195; nvidia-uvm; the
+# capability classes) is admitted by a DeviceAllow= of the unit, read-write but for the
+# read-only nvidia-caps; and the unit is ordered after nvidia-persistenced.
+allows=$(sed -n 's/^DeviceAllow=char-//p' "$units/kvd.service")
+for want in nvidia-frontend:rw nvidia:rw nvidiactl:rw nvidia-uvm:rw nvidia-caps:r \
+	nvidia-caps-imex-channels:rw; do
+	class=${want%%:*} mode=${want#*:} got=
+	while read -r pattern access; do
+		# shellcheck disable=SC2053 # systemd matches the class as a glob
+		[[ $class == $pattern ]] && got=$access
+	done <<<"$allows"
+	[ "$got" = "$mode" ] || bad "kvd.service admits char-$class with '${got:-nothing}', want '$mode'"
+done
+grep -q '^After=nvidia-persistenced.service$' "$units/kvd.service" ||
+	bad "kvd.service is not ordered after nvidia-persistenced.service"
+echo "devices: $(tr '\n' ' ' <<<"$allows")"
+
+# 5. sysusers and tmpfiles into an empty root.
 root=$tmp/root
 mkdir -p "$root/etc"
 if ! out=$(systemd-sysusers --root="$root" "$sysusers" 2>&1) || [ ! -f "$root/etc/group" ]; then
