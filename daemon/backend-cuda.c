@@ -357,7 +357,9 @@ static int cuda_chunk_adopt(uint32_t id, uint32_t device, int fd, uint64_t bytes
 		r = cu_fail(cr, "cuMemAddressReserve");
 		goto fail;
 	}
-	/* A size that is not the allocation's is refused here: not one of ours. */
+	/* cuMemMap refuses a size larger than the allocation, but maps a prefix of a larger
+	 * one: that the allocation is one chunk comes from the journal, whose chunk size
+	 * keep.c checked against this pool's before any chunk is adopted. */
 	cr = cuda.cu->cuMemMap(va, bytes, 0, h, 0);
 	if (cr != CUDA_SUCCESS) {
 		cuda.cu->cuMemAddressFree(va, bytes);

@@ -1260,7 +1260,8 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 }
 
 /*
- * Maps a whole allocation (offset 0: the driver takes no other yet) at a granularity-
+ * Maps an allocation, or a prefix of it as the real driver allows (offset 0: the driver
+ * takes no other yet), at a granularity-
  * aligned place of a reservation that is not mapped yet. The mapping has no access until
  * cuMemSetAccess ("calling cuMemMap does not make the address accessible"), so it stays
  * PROT_NONE: a CPU or copy that uses it before that fails, as on a GPU.
@@ -1286,8 +1287,8 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
 	a = alloc_find(handle);
 	if (!a)
 		why = "unknown handle";
-	else if (a->size != size)
-		why = "size is not the allocation's";
+	else if (size > a->size)
+		why = "larger than the allocation"; /* a prefix maps, as with the real driver */
 	else if (!reservation_of(va, size))
 		why = "not inside one reservation";
 	else
