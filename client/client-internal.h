@@ -132,6 +132,7 @@ struct kvd_client {
 	uint32_t memory;
 	uint64_t features;         /* HelloReply.features of the current connection */
 	uint32_t connect_timeout_ms; /* kvd_connect_params.timeout_ms; 0: the environment's */
+	int32_t want_device;       /* KVD_CONNECT_DEVICE's ordinal; -1: the current context's */
 	struct client_cuda *cuda;
 	/* KVD_MEMORY_HOST, a tenant's connection: the range its chunks are mapped in (range.h);
 	 * NULL when the daemon did not say the pool's size or the address space was short. */

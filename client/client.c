@@ -150,6 +150,7 @@ static int client_new(kvd_client **ret) {
 	c->serial = __atomic_add_fetch(&client_serials, 1, __ATOMIC_RELAXED);
 	c->pid = client_self_pid();
 	c->fd = c->epoll_fd = c->event_fd = -EBADF;
+	c->want_device = -1;
 	c->dead = true; /* until the hello is through */
 	if (pthread_mutex_init(&c->lock, NULL) != 0) {
 		free(TAKE_PTR(c));
@@ -206,7 +207,7 @@ static int client_hello(kvd_client *c, const char *tenant) {
 	uint8_t uuid[WIRE_DEVICE_UUID_BYTES];
 	int fds[WIRE_FDS_MAX];
 	uint32_t nfds = 0;
-	int r;
+	int named_r = -ENODEV, r;
 
 	/* A new connection knows none of the old one's events. */
 	c->n_cuda_events = 0;
@@ -220,8 +221,12 @@ static int client_hello(kvd_client *c, const char *tenant) {
 #ifdef KVD_HAVE_CUDA
 	hello.features |= KVD_FEATURE_DEVICE_CHUNKS;
 #endif
-	/* An engine's chunks come from its own GPU when the daemon pools several. */
-	if (tenant && client_cuda_current_uuid(uuid, sizeof(uuid)) == 0) {
+	/* An engine's chunks must come from its own GPU: the daemon refuses a GPU it does not
+	 * pool, and where it pools several, a tenant that names none. */
+	if (tenant)
+		named_r = c->want_device >= 0 ? client_cuda_device_uuid(c->want_device, uuid, sizeof(uuid)) :
+		          client_cuda_current_uuid(uuid, sizeof(uuid));
+	if (named_r == 0) {
 		hello.has_device_uuid = true;
 		hello.device_uuid.len = sizeof(uuid);
 		hello.device_uuid.data = uuid;
@@ -253,6 +258,16 @@ static int client_hello(kvd_client *c, const char *tenant) {
 		    !hr->has_pool_bytes) {
 			close_fds(fds, nfds);
 			return -EPROTO;
+		}
+		/* The GPU asked for is not one of this process's. */
+		if (named_r < 0 && c->want_device >= 0) {
+			close_fds(fds, nfds);
+			return named_r;
+		}
+		/* A daemon from before the refusal gave its first GPU for one it does not pool. */
+		if (named_r == 0 && memcmp(hr->device_uuid.data, uuid, sizeof(uuid)) != 0) {
+			close_fds(fds, nfds);
+			return -EXDEV;
 		}
 		memcpy(c->device_uuid, hr->device_uuid.data, WIRE_DEVICE_UUID_BYTES);
 		r = client_cuda_new(c->device_uuid, WIRE_DEVICE_UUID_BYTES, hr->pool_bytes,
@@ -328,7 +343,8 @@ int kvd_client_connect_params(const kvd_connect_params *params, kvd_client **ret
 	r = params_copy(&p, sizeof(p), params, KVD_CONNECT_PARAMS_SIZE_1_4);
 	if (r < 0)
 		return r;
-	if ((p.flags & ~KVD_CONNECT_NO_RING) || p.reserved != 0)
+	if ((p.flags & ~(KVD_CONNECT_NO_RING | KVD_CONNECT_DEVICE)) ||
+	    (!(p.flags & KVD_CONNECT_DEVICE) && p.device != 0) || p.device > INT32_MAX)
 		return -EINVAL;
 	socket_path = p.socket_path;
 	tenant = p.tenant;
@@ -353,6 +369,7 @@ int kvd_client_connect_params(const kvd_connect_params *params, kvd_client **ret
 	if (p.flags & KVD_CONNECT_NO_RING)
 		c->no_ring = true, c->want_ring = false;
 	c->connect_timeout_ms = p.timeout_ms;
+	c->want_device = p.flags & KVD_CONNECT_DEVICE ? (int32_t)p.device : -1;
 	memcpy(c->socket_path, socket_path, strlen(socket_path) + 1);
 	if (tenant) {
 		c->has_tenant = true;

@@ -178,6 +178,24 @@ int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len) {
 	return 0;
 }
 
+int client_cuda_device_uuid(int ordinal, uint8_t *uuid, size_t uuid_len) {
+	const struct cuda_dl *cu;
+	CUdevice dev;
+	CUuuid u;
+	int r;
+
+	if (uuid_len != sizeof(u.bytes))
+		return -EINVAL;
+	r = cuda_dl_load(&cu, NULL);
+	if (r < 0)
+		return r;
+	if (ordinal < 0 || ordinal >= cu->device_count || cu->cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS ||
+	    cu->cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS)
+		return -ENODEV;
+	memcpy(uuid, u.bytes, sizeof(u.bytes));
+	return 0;
+}
+
 int client_cuda_event_handle(void *event, uint8_t *handle, size_t len) {
 	const struct cuda_dl *cu;
 	CUipcEventHandle h;

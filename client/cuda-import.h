@@ -50,6 +50,9 @@ char *client_cuda_base(const struct client_cuda *cc);
  * the hello: 0, or -ENODEV when there is none (or the driver is not loaded in this process
  * already: libkvd does not load it just to ask). */
 int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len);
+/* The UUID of device `ordinal` of this process (loading the driver): 0, -ENODEV (no such
+ * device), or cuda_dl_load's error. */
+int client_cuda_device_uuid(int ordinal, uint8_t *uuid, size_t uuid_len);
 /* The IPC handle (len 64) of event, a CUevent made with CU_EVENT_INTERPROCESS, in the
  * context current on the calling thread. Returns 0, -EINVAL (not such an event), -errno. */
 int client_cuda_event_handle(void *event, uint8_t *handle, size_t len);
@@ -83,6 +86,10 @@ static inline char *client_cuda_base(const struct client_cuda *cc) {
 }
 static inline int client_cuda_current_uuid(uint8_t *uuid, size_t uuid_len) {
 	(void)uuid, (void)uuid_len;
+	return -ENODEV;
+}
+static inline int client_cuda_device_uuid(int ordinal, uint8_t *uuid, size_t uuid_len) {
+	(void)ordinal, (void)uuid, (void)uuid_len;
 	return -ENODEV;
 }
 static inline int client_cuda_event_handle(void *event, uint8_t *handle, size_t len) {

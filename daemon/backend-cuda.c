@@ -21,6 +21,9 @@
 #include "basic/cuda-dl.h"
 #include "log.h"
 
+/* The most GPUs a machine shows that kvd looks at (--devices numbers them up to 255). */
+#define DEVICE_VISIBLE_MAX 256
+
 /* One pooled GPU. */
 struct cuda_dev {
 	CUdevice dev;
@@ -45,58 +48,82 @@ static int cu_fail(CUresult cr, const char *call) {
 	return cuda_dl_errno(cr);
 }
 
-/* Whether device `ordinal` can hold a pool; why says what it lacks. */
-static bool device_usable(const struct cuda_dl *cu, int ordinal, CUdevice *ret_dev, char *why,
-                          size_t why_n) {
+/* Whether device `ordinal` (index `index` in PCI bus order) can hold a pool; why says what
+ * it lacks. */
+static bool device_usable(const struct cuda_dl *cu, int ordinal, int index, CUdevice *ret_dev,
+                          char *why, size_t why_n) {
 	int vmm = 0, posix_fd = 0;
 	CUdevice dev;
 	CUresult cr;
 
 	cr = cu->cuDeviceGet(&dev, ordinal);
 	if (cr != CUDA_SUCCESS) {
-		snprintf(why, why_n, "device %d: %s", ordinal, cuda_dl_strerror(cr));
+		snprintf(why, why_n, "device %d: %s", index, cuda_dl_strerror(cr));
 		return false;
 	}
 	if (cu->cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
 	                             dev) != CUDA_SUCCESS || !vmm) {
-		snprintf(why, why_n, "device %d: no virtual memory management (cuMemCreate)", ordinal);
+		snprintf(why, why_n, "device %d: no virtual memory management (cuMemCreate)", index);
 		return false;
 	}
 	if (cu->cuDeviceGetAttribute(&posix_fd,
 	                             CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
 	                             dev) != CUDA_SUCCESS || !posix_fd) {
-		snprintf(why, why_n, "device %d: cannot export memory as file descriptors", ordinal);
+		snprintf(why, why_n, "device %d: cannot export memory as file descriptors", index);
 		return false;
 	}
 	*ret_dev = dev;
 	return true;
 }
 
-/* Parses the next ordinal of a --devices list (checked by backend_devices_check). */
-static bool next_ordinal(const char **p, int *ret) {
-	static const char seps[] = " \t,";
-	char *end;
+/* A GPU the driver shows: where it sits on the PCI bus, what it is called across
+ * processes. */
+struct visible {
+	int ordinal;
+	uint32_t pci;                 /* domain << 16 | bus << 8 | device: the sort key */
+	uint8_t uuid[16];
+};
 
-	*p += strspn(*p, seps);
-	if (!**p)
-		return false;
-	*ret = (int)strtol(*p, &end, 10);
-	*p = end;
-	return true;
+/* The driver's devices (at most n) in PCI bus order, as nvidia-smi numbers them, into v:
+ * the driver's own order is CUDA_DEVICE_ORDER's, by default fastest first, which is
+ * neither stable across driver versions nor what operators see. Returns how many. */
+static int visible_devices(const struct cuda_dl *cu, struct visible *v, int n) {
+	int count = MIN(cu->device_count, n);
+
+	for (int i = 0; i < count; i++) {
+		int domain = 0, bus = 0, slot = 0, j;
+		struct visible d = { .ordinal = i };
+		CUuuid uuid;
+		CUdevice dev;
+
+		if (cu->cuDeviceGet(&dev, i) == CUDA_SUCCESS) {
+			(void)cu->cuDeviceGetAttribute(&domain, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev);
+			(void)cu->cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev);
+			(void)cu->cuDeviceGetAttribute(&slot, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev);
+			if (cu->cuDeviceGetUuid(&uuid, dev) == CUDA_SUCCESS)
+				memcpy(d.uuid, uuid.bytes, sizeof(d.uuid));
+		}
+		d.pci = (uint32_t)(domain & 0xffff) << 16 | (uint32_t)(bus & 0xff) << 8 | (uint32_t)(slot & 0xff);
+		for (j = i; j > 0 && v[j - 1].pci > d.pci; j--)
+			v[j] = v[j - 1];
+		v[j] = d;
+	}
+	return count;
 }
 
-/* Opens usable device `ordinal` as d: context, stream, allocation properties, memory.
- * Returns 0, or -ENODEV with why saying what failed (d is then closed). */
-static int device_open(struct cuda_dev *d, int ordinal, CUdevice dev, char *why, size_t why_n) {
+/* Opens usable device v, index `index` in PCI bus order, as d: context, stream,
+ * allocation properties, memory. Returns 0, or -ENODEV with why saying what failed (d is
+ * then closed). */
+static int device_open(struct cuda_dev *d, int index, const struct visible *v, CUdevice dev,
+                       char *why, size_t why_n) {
 	const struct cuda_dl *cu = cuda.cu;
 	size_t free_b = 0, total_b = 0, gran = 0;
-	CUuuid uuid;
 	CUresult cr;
 
 	*d = (struct cuda_dev){ .dev = dev };
 	cr = cu->cuDevicePrimaryCtxRetain(&d->ctx, dev);
 	if (cr != CUDA_SUCCESS) {
-		snprintf(why, why_n, "device %d: no context: %s", ordinal, cuda_dl_strerror(cr));
+		snprintf(why, why_n, "device %d: no context: %s", index, cuda_dl_strerror(cr));
 		d->ctx = NULL;
 		return -ENODEV;
 	}
@@ -106,7 +133,7 @@ static int device_open(struct cuda_dev *d, int ordinal, CUdevice dev, char *why,
 		 * the daemon's scrubs, nor the other way round. */
 		cr = cu->cuStreamCreate(&d->stream, CU_STREAM_NON_BLOCKING);
 	if (cr != CUDA_SUCCESS) {
-		snprintf(why, why_n, "device %d: no stream: %s", ordinal, cuda_dl_strerror(cr));
+		snprintf(why, why_n, "device %d: no stream: %s", index, cuda_dl_strerror(cr));
 		return -ENODEV;
 	}
 	d->prop = (CUmemAllocationProp){
@@ -124,13 +151,15 @@ static int device_open(struct cuda_dev *d, int ordinal, CUdevice dev, char *why,
 	if (cr == CUDA_SUCCESS)
 		cr = cu->cuMemGetInfo(&free_b, &total_b);
 	if (cr != CUDA_SUCCESS || gran == 0) {
-		snprintf(why, why_n, "device %d: cannot query memory: %s", ordinal, cuda_dl_strerror(cr));
+		snprintf(why, why_n, "device %d: cannot query memory: %s", index, cuda_dl_strerror(cr));
 		return -ENODEV;
 	}
-	d->info.ordinal = ordinal;
+	d->info.index = index;
+	d->info.ordinal = v->ordinal;
 	d->info.granularity = gran;
-	if (cu->cuDeviceGetUuid(&uuid, dev) == CUDA_SUCCESS)
-		memcpy(d->info.uuid, uuid.bytes, sizeof(d->info.uuid));
+	memcpy(d->info.uuid, v->uuid, sizeof(d->info.uuid));
+	snprintf(d->info.pci_bus_id, sizeof(d->info.pci_bus_id), "%04x:%02x:%02x.0", v->pci >> 16,
+	         v->pci >> 8 & 0xff, v->pci & 0xff);
 	if (cu->cuDeviceGetName(d->info.name, sizeof(d->info.name), dev) != CUDA_SUCCESS)
 		snprintf(d->info.name, sizeof(d->info.name), "?");
 	d->info.free_bytes = free_b;
@@ -147,39 +176,59 @@ static void device_close(struct cuda_dev *d) {
 	d->ctx = NULL;
 }
 
+/* Which of the n visible devices ref names: its index in v, or -1 (why says why). */
+static int resolve(const struct backend_device_ref *ref, const struct visible *v, int n,
+                   char *why, size_t why_n) {
+	char text[BACKEND_UUID_STRLEN];
+
+	if (ref->index >= 0) {
+		if (ref->index < n)
+			return ref->index;
+		snprintf(why, why_n, "device %d: no such device (%d found)", ref->index, n);
+		return -1;
+	}
+	for (int i = 0; i < n; i++)
+		if (memcmp(v[i].uuid, ref->uuid, sizeof(ref->uuid)) == 0)
+			return i;
+	backend_uuid_format(ref->uuid, text);
+	snprintf(why, why_n, "device %s: no such device here (nvidia-smi -L lists them)", text);
+	return -1;
+}
+
 int backend_cuda_open(const char *devices, char *why, size_t why_n) {
+	struct visible v[DEVICE_VISIBLE_MAX];
+	struct backend_device_ref ref;
 	const char *dl_why, *p = devices;
 	bool all = !devices || strcmp(devices, "all") == 0;
 	char skip[160] = "", *w = why;
-	int o, r;
+	int n_visible, r;
 
 	r = cuda_dl_load(&cuda.cu, &dl_why);
 	if (r < 0) {
 		snprintf(why, why_n, "%s", dl_why);
 		return -ENODEV;
 	}
-	for (int i = 0; all ? i < cuda.cu->device_count : next_ordinal(&p, &o); i++) {
-		int want = all ? i : o;
+	n_visible = visible_devices(cuda.cu, v, DEVICE_VISIBLE_MAX);
+	for (int i = 0; all ? i < n_visible : backend_devices_next(&p, &ref) > 0; i++) {
+		int want = all ? i : resolve(&ref, v, n_visible, skip, sizeof(skip));
 		bool listed = false;
 		CUdevice dev;
 
-		for (uint32_t k = 0; k < cuda.n; k++)
-			listed |= cuda.d[k].info.ordinal == want;
-		if (listed)
-			continue;
-		if (want >= cuda.cu->device_count) {
-			snprintf(skip, sizeof(skip), "device %d: no such device (%d found)", want,
-			         cuda.cu->device_count);
+		if (want < 0) {
 			log_warning("cuda: %s", skip);
 			continue;
 		}
+		for (uint32_t k = 0; k < cuda.n; k++)
+			listed |= cuda.d[k].info.index == want;
+		if (listed)
+			continue;
 		if (cuda.n == BACKEND_DEVICES_MAX) {
 			log_warning("cuda: device %d left alone: at most %u GPUs are pooled", want,
 			            BACKEND_DEVICES_MAX);
 			continue;
 		}
-		if (!device_usable(cuda.cu, want, &dev, skip, sizeof(skip)) ||
-		    device_open(&cuda.d[cuda.n], want, dev, skip, sizeof(skip)) < 0) {
+		if (!device_usable(cuda.cu, v[want].ordinal, want, &dev, skip, sizeof(skip)) ||
+		    device_open(&cuda.d[cuda.n], want, &v[want], dev, skip, sizeof(skip)) < 0) {
 			device_close(&cuda.d[cuda.n]);
 			log_warning("cuda: %s", skip);
 			continue;
@@ -196,12 +245,15 @@ int backend_cuda_open(const char *devices, char *why, size_t why_n) {
 	w += snprintf(w, why_n, "cuda on %u GPU%s:", cuda.n, cuda.n == 1 ? "" : "s");
 	for (uint32_t k = 0; k < cuda.n && (size_t)(w - why) < why_n; k++) {
 		const struct backend_device *info = &cuda.d[k].info;
+		char uuid[BACKEND_UUID_STRLEN];
 
+		backend_uuid_format(info->uuid, uuid);
 		w += snprintf(w, why_n - (size_t)(w - why), " GPU %d (%s, %llu of %llu MiB free, "
-		              "granularity %llu KiB)%s", info->ordinal, info->name,
+		              "granularity %llu KiB, %s at %s)%s", info->index, info->name,
 		              (unsigned long long)(info->free_bytes >> 20),
 		              (unsigned long long)(info->total_bytes >> 20),
-		              (unsigned long long)(info->granularity >> 10), k + 1 < cuda.n ? ";" : "");
+		              (unsigned long long)(info->granularity >> 10), uuid, info->pci_bus_id,
+		              k + 1 < cuda.n ? ";" : "");
 	}
 	if ((size_t)(w - why) < why_n)
 		snprintf(w, why_n - (size_t)(w - why), "; %s", dl_why);
@@ -326,7 +378,7 @@ static int cuda_chunk_create(uint32_t id, uint32_t device, uint64_t bytes,
 	if (r < 0)
 		goto fail;
 	log_debug("cuda: chunk %u: %llu bytes on GPU %d at device address 0x%llx", id,
-	          (unsigned long long)bytes, cuda.d[device].info.ordinal, (unsigned long long)va);
+	          (unsigned long long)bytes, cuda.d[device].info.index, (unsigned long long)va);
 	*ret = c;
 	return 0;
 fail:
@@ -373,7 +425,7 @@ static int cuda_chunk_adopt(uint32_t id, uint32_t device, int fd, uint64_t bytes
 		goto fail;
 	}
 	log_debug("cuda: chunk %u adopted on GPU %d at device address 0x%llx", id,
-	          cuda.d[device].info.ordinal, (unsigned long long)va);
+	          cuda.d[device].info.index, (unsigned long long)va);
 	*ret = c;
 	return 0;
 fail:

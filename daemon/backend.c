@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -11,8 +12,8 @@
 #include "backend-cuda.h"
 #include "basic/macro.h"
 
-/* Ordinals beyond this are typos, not GPUs. */
-#define DEVICE_ORDINAL_MAX 255
+/* Device numbers beyond this are typos, not GPUs. */
+#define DEVICE_INDEX_MAX 255
 
 const struct backend_ops *backend_find(const char *name) {
 	if (strcmp(name, "host") == 0 || strcmp(name, "auto") == 0)
@@ -24,22 +25,76 @@ const struct backend_ops *backend_find(const char *name) {
 	return NULL;
 }
 
-int backend_devices_check(const char *value, const char **ret_why) {
+void backend_uuid_format(const uint8_t uuid[16], char buf[BACKEND_UUID_STRLEN]) {
+	char *w = buf + sprintf(buf, "GPU-");
+
+	for (unsigned i = 0; i < 16; i++)
+		w += sprintf(w, "%s%02x", i == 4 || i == 6 || i == 8 || i == 10 ? "-" : "", uuid[i]);
+}
+
+/* Parses "GPU-" and 32 hex digits, dashed as nvidia-smi prints them (8-4-4-4-12; the
+ * dashes may be left out), up to end. */
+static bool uuid_parse(const char *p, const char *end, uint8_t uuid[16]) {
+	unsigned n = 0, dashed = 0;
+
+	if (end - p < 4 || strncasecmp(p, "GPU-", 4) != 0)
+		return false;
+	for (p += 4; p < end; p++) {
+		int v;
+
+		if (*p == '-' && (n == 8 || n == 12 || n == 16 || n == 20) && dashed != n) {
+			dashed = n;
+			continue;
+		}
+		if (n == 32)
+			return false;
+		v = *p >= '0' && *p <= '9' ? *p - '0' :
+		    *p >= 'a' && *p <= 'f' ? *p - 'a' + 10 :
+		    *p >= 'A' && *p <= 'F' ? *p - 'A' + 10 : -1;
+		if (v < 0)
+			return false;
+		uuid[n / 2] = (uint8_t)(n % 2 ? uuid[n / 2] | v : v << 4);
+		n++;
+	}
+	return n == 32;
+}
+
+int backend_devices_next(const char **p, struct backend_device_ref *ret) {
 	static const char seps[] = " \t,";
+	const char *start = *p + strspn(*p, seps), *end = start + strcspn(start, seps);
+
+	if (start == end)
+		return 0;
+	*p = end;
+	*ret = (struct backend_device_ref){ .index = -1 };
+	if (uuid_parse(start, end, ret->uuid))
+		return 1;
+	if (start[0] >= '0' && start[0] <= '9' && end - start <= 3) {
+		int v = 0;
+
+		for (const char *q = start; q < end && v >= 0; q++)
+			v = *q >= '0' && *q <= '9' ? v * 10 + *q - '0' : -1;
+		if (v >= 0 && v <= DEVICE_INDEX_MAX) {
+			ret->index = v;
+			return 1;
+		}
+	}
+	return -EINVAL;
+}
+
+int backend_devices_check(const char *value, const char **ret_why) {
+	struct backend_device_ref ref;
 	unsigned n = 0;
+	int r;
 
 	if (strcmp(value, "all") == 0)
 		return 0;
-	for (const char *p = value + strspn(value, seps); *p; p += strspn(p, seps)) {
-		char *end;
-		long v = strtol(p, &end, 10);
-
-		if (end == p || (*end && !strchr(seps, *end)) || v < 0 || v > DEVICE_ORDINAL_MAX) {
-			*ret_why = "must be all, or device numbers (0 to 255) separated by spaces or commas";
-			return -EINVAL;
-		}
-		p = end;
+	while ((r = backend_devices_next(&value, &ref)) > 0)
 		n++;
+	if (r < 0) {
+		*ret_why = "must be all, or GPUs separated by spaces or commas, each a number (0 to "
+		           "255, in PCI bus order) or a UUID (GPU-..., as nvidia-smi -L prints it)";
+		return -EINVAL;
 	}
 	if (n == 0) {
 		*ret_why = "must be all or name at least one device";

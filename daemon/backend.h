@@ -89,12 +89,31 @@ struct backend_ops {
 
 /* The GPU a device backend opened. */
 struct backend_device {
-	int ordinal;                  /* as the driver numbers them (CUDA_VISIBLE_DEVICES applies) */
+	int index;                    /* among the GPUs this daemon sees, in PCI bus order: what
+	                               * --devices, logs, status and metrics number it by */
+	int ordinal;                  /* the driver's (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER
+	                               * apply); for driver calls only */
 	uint8_t uuid[16];             /* what clients match their own devices against */
+	char pci_bus_id[16];          /* "0000:41:00.0" */
 	char name[96];
 	uint64_t free_bytes, total_bytes; /* when it was opened */
 	uint64_t granularity;         /* of its allocations (the minimum) */
 };
+
+/* "GPU-" and the UUID's 16 bytes in hex, dashed 8-4-4-4-12, as nvidia-smi prints it. */
+#define BACKEND_UUID_STRLEN 41
+void backend_uuid_format(const uint8_t uuid[16], char buf[BACKEND_UUID_STRLEN]);
+
+/* One GPU of a --devices list: by its index in PCI bus order, or by UUID (index -1). */
+struct backend_device_ref {
+	int index;
+	uint8_t uuid[16];
+};
+
+/* Parses the next GPU of a --devices list (not "all") at *p, moving *p past it: returns 1
+ * with it in *ret, 0 at the end of the list, or -EINVAL (neither a number of 0 to 255 nor a
+ * UUID). */
+int backend_devices_next(const char **p, struct backend_device_ref *ret);
 
 extern const struct backend_ops backend_host_ops;
 #ifdef KVD_HAVE_CUDA
@@ -110,9 +129,9 @@ const struct backend_ops *backend_find(const char *name);
 
 /*
  * Opens the backend the settings name: "host" always works (one device); "cuda" loads the
- * driver and takes every usable device of `devices` ("all", or ordinals separated by spaces
- * or commas; at most BACKEND_DEVICES_MAX), or fails when none is; "auto" tries cuda and
- * falls back to host. Returns 0 with the backend in *ret and, in why, a sentence saying
+ * driver and takes every usable device of `devices` ("all", or GPUs separated by spaces or
+ * commas, each its index in PCI bus order or its UUID; at most BACKEND_DEVICES_MAX), or
+ * fails when none is; "auto" tries cuda and falls back to host. Returns 0 with the backend in *ret and, in why, a sentence saying
  * what was chosen and why (for auto's fallback, what made the GPU unusable); or -ENODEV
  * (cuda asked for but not usable, why says why).
  */
@@ -136,5 +155,6 @@ const struct backend_device *backend_device(uint32_t i);
  * destroyed. */
 void backend_close(void);
 
-/* Whether a --devices value is "all" or a list of ordinals; for settings checks. */
+/* Whether a --devices value is "all" or a list of GPUs (backend_devices_next); for
+ * settings checks. */
 int backend_devices_check(const char *value, const char **ret_why);

@@ -99,6 +99,57 @@ static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptie
 	seq_free(q, s->pool, emptied);
 }
 
+/*
+ * Sets the GPU a tenant's chunks come from, on a device pool: the one the hello names by
+ * UUID (libkvd sends the GPU of the engine's current CUDA context, or the one it was asked
+ * for). Chunks on another GPU than the engine's would fault in its kernels: a UUID the pool
+ * does not hold is refused, and so is none at all where the pool has several GPUs to choose
+ * from. Returns 0, or -EXDEV, replied and logged, the connection closing.
+ */
+static int hello_device(struct conn *c, uint64_t id, const Kvd__V1__Hello *req) {
+	uint32_t n = c->srv->pool->n_devices;
+	char named[BACKEND_UUID_STRLEN] = "", pooled[BACKEND_UUID_STRLEN * 2 + 32] = "", why[256];
+	const struct backend_device *dev;
+
+	for (uint32_t i = 0; req->has_device_uuid && i < n; i++) {
+		dev = backend_device(i);
+		if (dev && req->device_uuid.len == sizeof(dev->uuid) &&
+		    memcmp(req->device_uuid.data, dev->uuid, sizeof(dev->uuid)) == 0) {
+			c->device = i;
+			return 0;
+		}
+	}
+	if (!req->has_device_uuid && n == 1) {
+		c->device = 0;
+		return 0;
+	}
+	/* The first two pooled GPUs, for the message. */
+	for (uint32_t i = 0; i < MIN(n, 2u); i++) {
+		char text[BACKEND_UUID_STRLEN];
+
+		dev = backend_device(i);
+		if (!dev)
+			continue;
+		backend_uuid_format(dev->uuid, text);
+		snprintf(pooled + strlen(pooled), sizeof(pooled) - strlen(pooled), "%s%s", i ? ", " : "", text);
+	}
+	if (n > 2)
+		snprintf(pooled + strlen(pooled), sizeof(pooled) - strlen(pooled), " and %u more", n - 2);
+	if (req->has_device_uuid && req->device_uuid.len == 16)
+		backend_uuid_format(req->device_uuid.data, named);
+	if (req->has_device_uuid)
+		snprintf(why, sizeof(why), "GPU %s is not pooled by this daemon (it pools %s)",
+		         named[0] ? named : "(a malformed UUID)", pooled);
+	else
+		snprintf(why, sizeof(why), "this daemon pools %u GPUs (%s): connect with the engine's "
+		         "CUDA context current, or name its GPU (KVD_CONNECT_DEVICE)", n, pooled);
+	log_warning("connection %llu (pid %d): tenant %s refused: %s", (unsigned long long)c->id,
+	            (int)c->cred.pid, req->tenant, why);
+	envelope_reply_error(c, id, -EXDEV, "%s", why);
+	c->close_when_sent = true;
+	return -EXDEV;
+}
+
 static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
                          int request_fd _unused_) {
 	const Kvd__V1__Hello *req = request->hello;
@@ -146,6 +197,11 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 		c->close_when_sent = true;
 		return;
 	}
+	if (req->tenant && s->pool->ops->memory != BACKEND_MEMORY_HOST) {
+		r = hello_device(c, id, req);
+		if (r < 0)
+			return;
+	}
 	if (req->tenant) {
 		r = tenant_get(&s->tenants, req->tenant, &t);
 		if (r == -EUSERS) {
@@ -171,13 +227,6 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 	c->hello = true;
 	c->version = KVD_PROTOCOL_VERSION_MAX;
 	c->tenant = t;
-	/* The GPU the client named, if pooled; else the first. */
-	for (uint32_t i = 0; req->has_device_uuid && i < s->pool->n_devices; i++) {
-		dev = backend_device(i);
-		if (dev && req->device_uuid.len == sizeof(dev->uuid) &&
-		    memcmp(req->device_uuid.data, dev->uuid, sizeof(dev->uuid)) == 0)
-			c->device = i;
-	}
 	dev = backend_device(c->device);
 	/* Names go into logs: keep them printable. */
 	snprintf(c->process_name, sizeof(c->process_name), "%s", req->process_name ? req->process_name : "");
@@ -187,7 +236,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 	if (t && dev)
 		log_info("connection %llu: hello from pid %d uid %u ('%s'), tenant %s, GPU %d",
 		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
-		         c->process_name, t->name, dev->ordinal);
+		         c->process_name, t->name, dev->index);
 	else if (t)
 		log_info("connection %llu: hello from pid %d uid %u ('%s'), tenant %s",
 		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
@@ -453,7 +502,7 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 		const struct backend_device *qd = backend_device(q->device);
 
 		envelope_reply_error(c, id, -EXDEV, "sequence %llu is on GPU %d; connect from that GPU to claim it",
-		            (unsigned long long)q->id, qd ? qd->ordinal : (int)q->device);
+		            (unsigned long long)q->id, qd ? qd->index : (int)q->device);
 		return;
 	}
 	list = malloc(p->n_chunks * sizeof(*list));

@@ -1013,9 +1013,9 @@ static struct round_gpu *const *gpus(struct evictor *e) {
 		k = why ? -ENODEV : round_gpu_new(d, &e->gpu[d], &why);
 		if (k < 0)
 			log_info("GPU %d: rounds score on the CPU, with the K/V copied there: %s",
-			         dev ? dev->ordinal : (int)d, why);
+			         dev ? dev->index : (int)d, why);
 		else
-			log_info("GPU %d: rounds score restkv, laprox and kvd there", dev ? dev->ordinal : (int)d);
+			log_info("GPU %d: rounds score restkv, laprox and kvd there", dev ? dev->index : (int)d);
 	}
 	e->gpu_tried = true;
 	return e->gpu;

@@ -93,7 +93,7 @@ void listing_connections(struct conn *c, uint64_t id, const Envelope *request, i
 		r->ring = o->ring != NULL;
 		if (o->tenant && dev) {
 			r->has_device = true;
-			r->device = (uint32_t)dev->ordinal;
+			r->device = (uint32_t)dev->index;
 		}
 		ptrs[i] = r;
 	}

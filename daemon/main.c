@@ -115,7 +115,7 @@ static int resolve_pool(const struct settings *cfg, const struct backend_ops **r
 		if (pool_bytes == 0) {
 			snprintf(why, why_n, "pool-percent %u of the %llu MiB free on GPU %d is less than "
 			         "one chunk", cfg->pool_percent, (unsigned long long)(dev->free_bytes >> 20),
-			         dev->ordinal);
+			         dev->index);
 			return -EINVAL;
 		}
 	}

@@ -345,12 +345,13 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	fprintf(f, "kvd_chunks{state=\"draining\"} %" PRIu32 "\n", p->chunks_draining);
 	fprintf(f, "kvd_chunks{state=\"pinned\"} %" PRIu32 "\n", p->chunks_pinned);
 	family(f, "kvd_device_free_chunks", "gauge",
-	       "Free chunks of each pooled device (its ordinal; 0 on host): a device whose chunks "
-	       "run out refuses grants there while the budget may have room.");
+	       "Free chunks of each pooled device (its number in PCI bus order, as --devices "
+	       "says; 0 on host): a device whose chunks run out refuses grants there while the "
+	       "budget may have room.");
 	for (uint32_t i = 0; i < p->n_devices; i++) {
 		const struct backend_device *dev = backend_device(i);
 
-		fprintf(f, "kvd_device_free_chunks{device=\"%d\"} %" PRIu32 "\n", dev ? dev->ordinal : 0,
+		fprintf(f, "kvd_device_free_chunks{device=\"%d\"} %" PRIu32 "\n", dev ? dev->index : 0,
 		        pool_device_free_chunks(p, i));
 	}
 

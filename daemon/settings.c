@@ -114,8 +114,9 @@ static const struct setting node_table[] = {
 	  "cuda when a GPU is usable and host otherwise, saying why", NODE(backend),
 	  .enum_name = settings_backend_to_string, .enum_n = _SETTINGS_BACKEND_MAX },
 	{ "devices", SETTING_STRING, 0, "LIST", "all", NULL,
-	  "cuda: the GPUs to pool, as the driver numbers them (0 1, or all), each with a pool of "
-	  "its own (pool-size each); unusable ones are skipped, saying why", NODE(devices), 1,
+	  "cuda: the GPUs to pool (all, or numbers in PCI bus order as nvidia-smi gives them, or "
+	  "UUIDs: 0,1 or GPU-...), each with a pool of its own (pool-size each); unusable ones "
+	  "are skipped, saying why", NODE(devices), 1,
 	  1023, .check = backend_devices_check },
 	{ "pool-percent", SETTING_U32, 0, "PERCENT", "0", NULL,
 	  "cuda: size each GPU's pool as this percent of the free memory of the GPU with least "

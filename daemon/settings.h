@@ -157,7 +157,7 @@ struct settings_tenant {
 struct settings {
 	/* One field per entry of the node table. */
 	int backend;                  /* enum settings_backend */
-	char *devices;                /* cuda: "all" or ordinals (backend_devices_check) */
+	char *devices;                /* cuda: "all" or a list of GPUs (backend_devices_next) */
 	uint32_t pool_percent;        /* cuda: pool as a percent of free device memory; 0: pool_size */
 	char *socket;
 	char *socket_group;           /* "": the daemon's group */

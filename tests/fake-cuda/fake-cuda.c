@@ -35,7 +35,9 @@
  * KVD_FAKE_CUDA_GRANULARITY_KIB (default 2048, as on real GPUs), KVD_FAKE_CUDA_STRICT=1
  * (above), KVD_FAKE_CUDA_TRACE=1 to print every refused call to stderr,
  * KVD_FAKE_CUDA_COUNT=PATH (read at cuInit) to count the driver calls (below),
- * KVD_FAKE_CUDA_LEDGER=DIR (read at each use) for device memory shared by processes (below).
+ * KVD_FAKE_CUDA_LEDGER=DIR (read at each use) for device memory shared by processes (below),
+ * KVD_FAKE_CUDA_PCI_BUS=41,1 (hex, one per ordinal; default ordinal + 1) the devices' PCI
+ * buses (domain and device numbers are 0).
  *
  * Ledger: without it each process counts only the allocations it made (cuMemCreate) against
  * its devices' memory. With it, as on a GPU, an allocation counts for as long as any
@@ -723,10 +725,28 @@ CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
 	return CUDA_SUCCESS;
 }
 
+/* Device dev's PCI bus: the dev-th number of KVD_FAKE_CUDA_PCI_BUS (hex, comma separated),
+ * or 1 + dev, so that CUDA's order (fastest first, on a GPU) may differ from the bus's. */
+static int pci_bus(CUdevice dev) {
+	const char *p = getenv("KVD_FAKE_CUDA_PCI_BUS");
+
+	for (int i = 0; p && *p; i++) {
+		char *end;
+		long v = strtol(p, &end, 16);
+
+		if (end == p || v < 0 || v > 0xff)
+			break;
+		if (i == dev)
+			return (int)v;
+		p = *end == ',' ? end + 1 : end;
+	}
+	return 1 + dev;
+}
+
 /*
  * What kvd asks: VMM and POSIX-fd export are supported (what the cuda backend needs).
- * A few other values are those of a plausible GPU for tools that print them; the rest are
- * 0. An attribute the enum does not have is CUDA_ERROR_INVALID_VALUE.
+ * A few other values are those of a plausible GPU for tools that print them, and the PCI bus
+ * is pci_bus()'s; the rest are 0. An attribute the enum does not have is CUDA_ERROR_INVALID_VALUE.
  */
 CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
 	COUNT(0);
@@ -753,6 +773,9 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
 		break;
 	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
 		*pi = 1024;
+		break;
+	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+		*pi = pci_bus(dev);
 		break;
 	default:
 		*pi = 0;

@@ -4,7 +4,8 @@
  * meson runs it with LD_LIBRARY_PATH there): --backend auto picks cuda when a GPU is usable
  * and says so, falls back to host when the driver has no device, --backend cuda refuses to
  * start without one, and a client imports chunks from a daemon that pooled another device
- * than the first, with chunks whose size is not a power of two.
+ * than the first, with chunks whose size is not a power of two. --devices numbers GPUs in
+ * PCI bus order or names them by UUID, and a tenant gets chunks on its own GPU or none.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +144,112 @@ TEST(second_device_odd_chunks) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* Connects tenant t to f's daemon with the given flags and device (KVD_CONNECT_DEVICE):
+ * returns 0 and the connection's ordinal in *ordinal, or the connect's error. */
+static int connect_as(struct fixture *f, const char *t, uint32_t flags, uint32_t device,
+                      int32_t *ordinal) {
+	kvd_connect_params p = { .size = sizeof(p), .socket_path = f->socket, .tenant = t,
+		                 .flags = flags, .device = device };
+	kvd_client *c = NULL;
+	int r;
+
+	r = kvd_client_connect_params(&p, &c);
+	if (r < 0)
+		return r;
+	*ordinal = -1;
+	ASSERT_EQ(kvd_client_memory(c, ordinal), KVD_MEMORY_CUDA);
+	kvd_client_unref(c);
+	return 0;
+}
+
+/*
+ * A tenant's chunks are on its own GPU or it is refused (-EXDEV), never on another that its
+ * kernels would fault on: with two GPUs pooled, one that names none (no current context) is
+ * refused and KVD_CONNECT_DEVICE names one; with one GPU pooled, a tenant on the other is
+ * refused, one without a context gets the pooled GPU, and a GPU this process does not have
+ * is -ENODEV.
+ */
+TEST(tenant_gets_its_own_gpu) {
+	static const char *const two[] = { "--backend=cuda", "--pool-size=8MiB", NULL };
+	static const char *const first[] = { "--backend=cuda", "--devices=0", "--pool-size=8MiB", NULL };
+	const struct cuda_dl *cu;
+	int32_t ordinal = -1;
+	struct fixture f;
+	CUcontext ctx;
+
+	ASSERT_OK(cuda_dl_load(&cu, NULL));
+	start(&f, "2", two);
+	ASSERT_EQ(connect_as(&f, "a", 0, 0, &ordinal), -EXDEV);
+	ASSERT_TRUE(fixture_wait_log(&f, "tenant a refused: this daemon pools 2 GPUs "
+	                                 "(GPU-6b76642d-6661-6b65-2d63-7564612d30fa, "
+	                                 "GPU-6b76642d-6661-6b65-2d63-7564612d31fa)", 1));
+	ASSERT_OK(connect_as(&f, "a", KVD_CONNECT_DEVICE, 1, &ordinal));
+	ASSERT_EQ(ordinal, 1);
+	ASSERT_OK(connect_as(&f, "a", KVD_CONNECT_DEVICE, 0, &ordinal));
+	ASSERT_EQ(ordinal, 0);
+	ASSERT_EQ(fixture_stop(&f), 0);
+
+	start(&f, "2", first);
+	ASSERT_OK(connect_as(&f, "b", 0, 0, &ordinal));
+	ASSERT_EQ(ordinal, 0);
+	ASSERT_EQ(connect_as(&f, "b", KVD_CONNECT_DEVICE, 1, &ordinal), -EXDEV);
+	ASSERT_TRUE(fixture_wait_log(&f, "tenant b refused: GPU GPU-6b76642d-6661-6b65-2d63-"
+	                                 "7564612d31fa is not pooled by this daemon (it pools "
+	                                 "GPU-6b76642d-6661-6b65-2d63-7564612d30fa)", 1));
+	/* The engine's current context says the same. */
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, 1), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+	ASSERT_EQ(connect_as(&f, "b", 0, 0, &ordinal), -EXDEV);
+	ASSERT_EQ(cu->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
+	ASSERT_EQ(connect_as(&f, "b", KVD_CONNECT_DEVICE, 7, &ordinal), -ENODEV);
+	/* Administrative connections get no chunks: no GPU to name. */
+	ASSERT_EQ(fixture_status(&f, NULL, "pool_bytes"), 8 * MiB);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/*
+ * --devices numbers GPUs in PCI bus order, not the driver's (fastest first on a GPU; here
+ * the fake puts CUDA's device 0 on bus 0x41, after device 1 on bus 0x01), and takes UUIDs;
+ * a client's ordinal is its own process's, the driver's.
+ */
+TEST(devices_by_bus_and_uuid) {
+	static const char *const by_number[] = { "--backend=cuda", "--devices=0", "--pool-size=8MiB", NULL };
+	static const char *const by_uuid[] = { "--backend=cuda", "--pool-size=8MiB",
+		"--devices=gpu-6b76642d66616b652d637564612d30FA", NULL };
+	int32_t ordinal = -1;
+	struct fixture f;
+	char out[4096];
+
+	setenv("KVD_FAKE_CUDA_PCI_BUS", "41,1", 1);
+	start(&f, "2", by_number);
+	ASSERT_TRUE(fixture_wait_log(&f, "backend cuda: cuda on 1 GPU: GPU 0 (kvd fake CUDA device 1, ", 1));
+	ASSERT_TRUE(fixture_wait_log(&f, "GPU-6b76642d-6661-6b65-2d63-7564612d31fa at 0000:01:00.0)", 1));
+	ASSERT_OK(connect_as(&f, "a", KVD_CONNECT_DEVICE, 1, &ordinal));
+	ASSERT_EQ(ordinal, 1);
+	ASSERT_EQ(fixture_stop(&f), 0);
+
+	start(&f, "2", by_uuid);
+	ASSERT_TRUE(fixture_wait_log(&f, "backend cuda: cuda on 1 GPU: GPU 1 (kvd fake CUDA device 0, ", 1));
+	ASSERT_TRUE(fixture_wait_log(&f, "at 0000:41:00.0)", 1));
+	ASSERT_OK(connect_as(&f, "a", KVD_CONNECT_DEVICE, 0, &ordinal));
+	ASSERT_EQ(ordinal, 0);
+	ASSERT_EQ(fixture_stop(&f), 0);
+	unsetenv("KVD_FAKE_CUDA_PCI_BUS");
+
+	/* A UUID no GPU has: skipped, and with none left, no start. */
+	ASSERT_EQ(fixture_run_daemon("--backend cuda --config /dev/null --socket /nonexistent/kvd.sock "
+	                             "--devices GPU-00000000-0000-0000-0000-000000000000",
+	                             out, sizeof(out)), 1);
+	if (!strstr(out, "device GPU-00000000-0000-0000-0000-000000000000: no such device here"))
+		test_fail(__FILE__, __LINE__, "no clear refusal: %s", out);
+	/* Neither a number nor a UUID: a usage error. */
+	ASSERT_EQ(fixture_run_daemon("--backend cuda --config /dev/null --socket /nonexistent/kvd.sock "
+	                             "--devices GPU-12", out, sizeof(out)), 2);
+	if (!strstr(out, "a number (0 to 255, in PCI bus order) or a UUID"))
+		test_fail(__FILE__, __LINE__, "no clear refusal: %s", out);
+}
+
 /* Writes one byte through the driver in device's primary context at block 0 of table 0 of
  * s, and returns whether the daemon's digest of s changed. */
 static bool daemon_sees_write(const struct cuda_dl *cu, kvd_seq *s, int device) {
@@ -165,7 +272,7 @@ static bool daemon_sees_write(const struct cuda_dl *cu, kvd_seq *s, int device) 
 /*
  * Both devices pooled (--devices all), pool-size on each: a client whose thread has device
  * 1's context current at connect gets device 1's chunks (ids from the second half), one
- * without a context the first device's; both share their memory with the daemon, and a
+ * with device 0's the first device's; both share their memory with the daemon, and a
  * device's chunks come back to that device's free list only.
  */
 TEST(every_device_pooled) {
@@ -187,7 +294,11 @@ TEST(every_device_pooled) {
 	ASSERT_EQ(fixture_status(&f, NULL, "pool_bytes"), 64 * MiB);
 	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 48 * MiB);
 
+	/* Each engine with its GPU's context current, as engines connect. */
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
 	a = fixture_connect(&f, "a");
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
 	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&ctx, 1), CUDA_SUCCESS);
 	ASSERT_EQ(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
 	b = fixture_connect(&f, "b");

@@ -63,19 +63,25 @@ static const void *written_block(void *userdata, struct kvd_block_ref ref) {
 	return NULL;
 }
 
-/* Makes the GPU the daemon pooled current here (the primary context, as libkvd uses). */
-static int use_device(kvd_client *c) {
+/* Makes device ordinal's primary context (the one libkvd uses) current here. */
+static int make_current(int ordinal) {
 	CUcontext ctx;
 	CUdevice dev;
-	int32_t ordinal = -1;
 
-	if (kvd_client_memory(c, &ordinal) != KVD_MEMORY_CUDA || ordinal < 0)
-		return -EPROTO;
 	if (cu->cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS ||
 	    cu->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
 	    cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
 		return -ENODEV;
 	return 0;
+}
+
+/* Makes the GPU the daemon pooled current here. */
+static int use_device(kvd_client *c) {
+	int32_t ordinal = -1;
+
+	if (kvd_client_memory(c, &ordinal) != KVD_MEMORY_CUDA || ordinal < 0)
+		return -EPROTO;
+	return make_current(ordinal);
 }
 
 /*
@@ -141,6 +147,9 @@ static int child_main(const char *socket) {
 	kvd_seq *s;
 	int model;
 
+	/* An engine on the first GPU, as a in the parent. */
+	if (make_current(0) < 0)
+		return 9;
 	if (kvd_client_connect(socket, "b", &c) < 0)
 		return 10;
 	if (use_device(c) < 0)

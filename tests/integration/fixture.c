@@ -259,9 +259,23 @@ static void kv_write(void *dst, const void *src, size_t n) {
 }
 
 kvd_client *fixture_connect(struct fixture *f, const char *tenant) {
+	kvd_connect_params p = { .size = sizeof(p), .socket_path = f->socket, .tenant = tenant };
 	kvd_client *c = NULL;
 
-	ASSERT_OK(kvd_client_connect(f->socket, tenant, &c));
+#ifdef KVD_HAVE_CUDA
+	/* An engine connects with its CUDA context current, and a daemon that pools several
+	 * GPUs refuses a tenant that names none: the tests' tenants are engines on the first
+	 * GPU unless a test made another's context current. */
+	if (tenant && fixture_backend_cuda()) {
+		const struct cuda_dl *cu;
+		CUcontext current = NULL;
+
+		if (cuda_dl_load(&cu, NULL) < 0 || cu->cuCtxGetCurrent(&current) != CUDA_SUCCESS ||
+		    !current)
+			p.flags |= KVD_CONNECT_DEVICE;
+	}
+#endif
+	ASSERT_OK(kvd_client_connect_params(&p, &c));
 #ifdef KVD_HAVE_CUDA
 	if (tenant && fixture_backend_cuda())
 		kv_device_setup(c);
@@ -425,6 +439,9 @@ int raw_recv_fds(int fd, struct wire_rx *rx, int timeout_ms, Envelope **ret,
 int raw_hello(int fd, struct wire_rx *rx, const char *tenant, uint32_t min, uint32_t max) {
 	Kvd__V1__Hello h = KVD__V1__HELLO__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *rep;
+#ifdef KVD_HAVE_CUDA
+	CUuuid uuid;
+#endif
 
 	h.has_min_version = h.has_max_version = true;
 	h.min_version = min;
@@ -436,6 +453,20 @@ int raw_hello(int fd, struct wire_rx *rx, const char *tenant, uint32_t min, uint
 		h.has_features = true;
 		h.features = KVD_FEATURE_DEVICE_CHUNKS;
 	}
+#ifdef KVD_HAVE_CUDA
+	/* And it names the first GPU, as fixture_connect's tenants are on it. */
+	if (fixture_backend_cuda() && tenant) {
+		const struct cuda_dl *cu;
+		CUdevice dev;
+
+		ASSERT_OK(cuda_dl_load(&cu, NULL));
+		ASSERT_EQ(cu->cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+		ASSERT_EQ(cu->cuDeviceGetUuid(&uuid, dev), CUDA_SUCCESS);
+		h.has_device_uuid = true;
+		h.device_uuid.len = sizeof(uuid.bytes);
+		h.device_uuid.data = (uint8_t *)uuid.bytes;
+	}
+#endif
 	env.has_id = true;
 	env.id = 1;
 	env.body_case = KVD__V1__ENVELOPE__BODY_HELLO;

@@ -197,6 +197,15 @@ class BindingTest(DaemonTest):
             kvd.Client(os.path.join(self.daemon.dir, "nothing.sock"), "py")
         self.assertEqual(e.exception.errno, errno.ENOENT)
         self.assertIn("max_tokens", kvd.strerror(errno.EFBIG))
+        with self.assertRaises(ValueError):
+            kvd.Client(self.daemon.socket, "py", device=-2)
+        if CUDA:                # the fake driver has one device: no CUDA device 5 here
+            with self.assertRaises(kvd.KvdError) as e:
+                kvd.Client(self.daemon.socket, "py", device=5)
+            self.assertEqual(e.exception.errno, errno.ENODEV)
+        else:                   # a host pool has no GPU to choose
+            with kvd.Client(self.daemon.socket, "py", device=5) as c:
+                self.assertEqual(c.memory, "cpu")
 
     def test_used_after_fork_raises(self):
         s = self.client.open(self.model, 64)

@@ -290,12 +290,37 @@ TEST(gpu_settings) {
 	ASSERT_EQ(s.pool_percent, 80u);
 	settings_done(&s);
 
+	/* UUIDs as nvidia-smi -L prints them, dashed or not, any case, beside numbers. */
+	write_config("[kvd]\ndevices = 1 GPU-6b76642d-6661-6b65-2d63-7564612d30fa,"
+	             "gpu-6B76642D66616B652D637564612D31FA\n");
+	ASSERT_OK(load(&s, &e, NULL));
+	settings_done(&s);
+
 	write_config("[kvd]\ndevices = gpu0\n");
 	ASSERT_ERRNO(load(&s, &e, NULL), -EINVAL);
-	ASSERT_ERROR(&e, 2, "devices: 'gpu0': must be all, or device numbers");
+	ASSERT_ERROR(&e, 2, "devices: 'gpu0': must be all, or GPUs separated by spaces or commas, "
+	             "each a number (0 to 255, in PCI bus order) or a UUID");
 	ASSERT_EQ(e.n, 1u);
 	inifile_errors_done(&e);
 	settings_done(&s);
+
+	/* A UUID one digit short, or long, and a number past 255, are typos. */
+	{
+		static const char *const bad[] = {
+			"GPU-6b76642d-6661-6b65-2d63-7564612d30f", "GPU-6b76642d-6661-6b65-2d63-7564612d30fa0",
+			"256", "-1", "0x1", "GPU-6b76642d--6661-6b65-2d63-7564612d30fa",
+		};
+
+		for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+			char text[128];
+
+			snprintf(text, sizeof(text), "[kvd]\ndevices = %s\n", bad[i]);
+			write_config(text);
+			ASSERT_ERRNO(load(&s, &e, NULL), -EINVAL);
+			inifile_errors_done(&e);
+			settings_done(&s);
+		}
+	}
 
 	write_config("[kvd]\nbackend = host\npool-percent = 50\n");
 	ASSERT_ERRNO(load(&s, &e, NULL), -EINVAL);

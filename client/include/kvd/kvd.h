@@ -150,6 +150,8 @@ typedef struct kvd_index_spec {
 
 /* kvd_client_connect_params() flags. */
 #define KVD_CONNECT_NO_RING (1u << 0) /* keep the per-step calls on the socket (KVD_NO_RING=1) */
+#define KVD_CONNECT_DEVICE (1u << 1)  /* the tenant's GPU is `device`, not the current context's
+                                       * (since KVD_1.6) */
 
 typedef struct kvd_connect_params {
 	uint32_t size;             /* sizeof(kvd_connect_params) */
@@ -158,7 +160,9 @@ typedef struct kvd_connect_params {
 	const char *tenant;        /* NULL: an administrative connection */
 	uint32_t timeout_ms;       /* for the connect and hello; 0: KVD_CONNECT_TIMEOUT_MS from
 	                            * the environment, or 5000 */
-	uint32_t reserved;         /* 0 */
+	uint32_t device;           /* with KVD_CONNECT_DEVICE: the CUDA ordinal, in this process,
+	                            * of the GPU whose chunks a tenant gets; else 0 (the field was
+	                            * reserved, 0, before KVD_1.6) */
 } kvd_connect_params;
 
 typedef struct kvd_model_params {
@@ -220,7 +224,10 @@ KVD_EXPORT const char *kvd_version(void);
  * memory and a libkvd built without CUDA), -EUSERS (daemon connection limit), -ETIMEDOUT
  * (the daemon did not accept or answer within 10 s, or KVD_CONNECT_TIMEOUT_MS from the
  * environment), -ENOMEM, or another error of socket(2)/connect(2). With a tenant and a GPU
- * pool (KVD_MEMORY_CUDA):
+ * pool (KVD_MEMORY_CUDA), the tenant's chunks are on the GPU of the CUDA context current on
+ * the calling thread (the engine's), or with none, on the daemon's only GPU; errors:
+ * -EXDEV when that GPU is not one the daemon pools, or no context is current and the daemon
+ * pools several (make the engine's context current first, or use KVD_CONNECT_DEVICE),
  * -ENOENT/-ENOSYS/-ENODEV/-ENXIO when no usable CUDA driver or device is found here,
  * -ENODEV when the daemon's GPU is not among this process's (CUDA_VISIBLE_DEVICES).
  */
@@ -314,9 +321,8 @@ KVD_EXPORT uint64_t kvd_client_chunk_bytes(kvd_client *c);
 /*
  * What the daemon's pool is: returns KVD_MEMORY_HOST or KVD_MEMORY_CUDA, or -ECHILD after
  * fork. With CUDA, *ret_device (may be NULL; -1 for host) is the ordinal in this process of
- * the connection's GPU (a daemon that pools several gives a tenant the GPU of the CUDA
- * context current on the thread that connected, else its first): the addresses kvd_seq_kv and kvd_seq_block return are device pointers on
- * it, valid in every context of the process (the CUDA runtime's too), and the CPU must not
+ * the connection's GPU (the engine's: kvd_client_connect): the addresses kvd_seq_kv and
+ * kvd_seq_block return are device pointers on it, valid in every context of the process (the CUDA runtime's too), and the CPU must not
  * dereference them. A chunk is unmapped when the daemon takes it back (after a release, or
  * a KVD_EVENT_CHUNKS_UNMAP event that kvd_client_next_event handles): work the engine
  * queued on a released sequence's blocks must be complete before it calls kvd_seq_release

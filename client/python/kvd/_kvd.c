@@ -340,22 +340,30 @@ static kvd_client *client_open(ClientObject *self) {
 }
 
 static PyObject *client_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-	static char *kwlist[] = { "socket", "tenant", "timeout_ms", "ring", NULL };
+	static char *kwlist[] = { "socket", "tenant", "timeout_ms", "ring", "device", NULL };
 	const char *socket = NULL, *tenant = NULL;
 	unsigned int timeout_ms = 0;
-	int ring = 1, r, memory;
+	int ring = 1, r, memory, want = -1;
 	int32_t device = -1;
 	kvd_connect_params p = { .size = sizeof(p) };
 	kvd_client *c = NULL;
 	ClientObject *self;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|zz$Ip", kwlist, &socket, &tenant,
-	                                 &timeout_ms, &ring))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|zz$Ipi", kwlist, &socket, &tenant,
+	                                 &timeout_ms, &ring, &want))
 		return NULL;
+	if (want < -1) {
+		PyErr_SetString(PyExc_ValueError, "device must be a CUDA ordinal, or -1");
+		return NULL;
+	}
 	p.socket_path = socket;
 	p.tenant = tenant;
 	p.timeout_ms = timeout_ms;
 	p.flags = ring ? 0 : KVD_CONNECT_NO_RING;
+	if (want >= 0) {
+		p.flags |= KVD_CONNECT_DEVICE;
+		p.device = (uint32_t)want;
+	}
 	Py_BEGIN_ALLOW_THREADS
 	r = kvd_client_connect_params(&p, &c);
 	Py_END_ALLOW_THREADS
@@ -1062,9 +1070,11 @@ static PyGetSetDef client_getset[] = {
 };
 
 static PyType_Slot client_slots[] = {
-	{ Py_tp_doc, "Client(socket=None, tenant=None, *, timeout_ms=0, ring=True)\n--\n\n"
+	{ Py_tp_doc, "Client(socket=None, tenant=None, *, timeout_ms=0, ring=True, device=-1)\n--\n\n"
 	             "A connection to kvd (kvd_client_connect_params): as a tenant, or "
-	             "administrative with tenant None. A context manager." },
+	             "administrative with tenant None. On a GPU pool, a tenant's chunks are on "
+	             "CUDA device `device` of this process (KVD_CONNECT_DEVICE), or with -1 on "
+	             "the device of the current CUDA context. A context manager." },
 	{ Py_tp_new, client_new },
 	{ Py_tp_dealloc, client_dealloc },
 	{ Py_tp_methods, client_methods },
