@@ -58,6 +58,7 @@
 	X(cuMemcpyDtoD)                                                                       \
 	X(cuMemcpy2D)                                                                         \
 	X(cuMemcpy2DAsync)                                                                    \
+	X(cuMemcpy2DUnaligned)                                                                \
 	X(cuMemcpyHtoDAsync)                                                                  \
 	X(cuMemcpyDtoHAsync)                                                                  \
 	X(cuMemAlloc)                                                                         \

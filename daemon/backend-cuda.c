@@ -455,15 +455,36 @@ static int cuda_read(uint32_t device, const void *src, void *dst, uint64_t bytes
 	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpyDtoH");
 }
 
-/* The row forms: one synchronous cuMemcpy2D in device's context. */
-static int memcpy_2d(uint32_t device, const CUDA_MEMCPY2D *m) {
-	int r = use(device);
+int backend_cuda_copy_2d(const CUDA_MEMCPY2D *m, CUstream stream) {
+	static bool said;
 	CUresult cr;
 
-	if (r < 0)
-		return r;
-	cr = cuda.cu->cuMemcpy2D(m);
-	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpy2D");
+	cr = stream ? cuda.cu->cuMemcpy2DAsync(m, stream) : cuda.cu->cuMemcpy2D(m);
+	if (cr != CUDA_ERROR_INVALID_VALUE || m->srcMemoryType != CU_MEMORYTYPE_DEVICE ||
+	    m->dstMemoryType != CU_MEMORYTYPE_DEVICE)
+		return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, stream ? "cuMemcpy2DAsync" : "cuMemcpy2D");
+	/* The driver may refuse intra-device pitches that cuMemAllocPitch did not make (ours
+	 * are block strides); cuMemcpy2DUnaligned takes any, synchronously on the legacy
+	 * stream, so the work queued on stream must be done before it overwrites what that
+	 * work may still read. */
+	if (!__atomic_exchange_n(&said, true, __ATOMIC_RELAXED))
+		log_info("cuda: the driver refused a device-to-device 2D copy's pitches (%llu, %llu): "
+		         "such copies go through cuMemcpy2DUnaligned, synchronously",
+		         (unsigned long long)m->srcPitch, (unsigned long long)m->dstPitch);
+	if (stream) {
+		cr = cuda.cu->cuStreamSynchronize(stream);
+		if (cr != CUDA_SUCCESS)
+			return cu_fail(cr, "cuStreamSynchronize");
+	}
+	cr = cuda.cu->cuMemcpy2DUnaligned(m);
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpy2DUnaligned");
+}
+
+/* The row forms: one synchronous 2D copy in device's context. */
+static int memcpy_2d(uint32_t device, const CUDA_MEMCPY2D *m) {
+	int r = use(device);
+
+	return r < 0 ? r : backend_cuda_copy_2d(m, NULL);
 }
 
 static int cuda_read_rows(uint32_t device, const void *src, uint64_t src_pitch, void *dst,

@@ -25,4 +25,12 @@ const struct backend_device *backend_cuda_device(uint32_t i);
 void backend_cuda_close(void);
 /* Device i's primary context (retained while the backend is open), or NULL. */
 CUcontext backend_cuda_context(uint32_t i);
+/*
+ * A 2D copy in the current context: on stream (asynchronous), or synchronous when stream is
+ * NULL. The driver may refuse a device-to-device copy whose pitches cuMemAllocPitch did not
+ * make (CUDA_ERROR_INVALID_VALUE, as its documentation allows): such a copy is done by
+ * cuMemcpy2DUnaligned after stream's queued work, and said once in the log. Returns 0 or
+ * -errno.
+ */
+int backend_cuda_copy_2d(const CUDA_MEMCPY2D *m, CUstream stream);
 #endif

@@ -149,13 +149,9 @@ int round_gpu_copy_rows(struct round_gpu *g, uint8_t *dst, uint64_t dst_pitch, c
 		.Height = rows,
 	};
 	int r = use(g);
-	CUresult cr;
 
-	if (r < 0)
-		return r;
 	/* On the rounds' stream: the scoring that reads it comes after on the same stream. */
-	cr = g->cu->cuMemcpy2DAsync(&m, g->stream);
-	return cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "cuMemcpy2DAsync");
+	return r < 0 ? r : backend_cuda_copy_2d(&m, g->stream);
 }
 
 int round_gpu_gather(struct round_gpu *g, const struct kvd_gather_table *t,

@@ -37,7 +37,7 @@
  * KVD_FAKE_CUDA_COUNT=PATH (read at cuInit) to count the driver calls (below),
  * KVD_FAKE_CUDA_LEDGER=DIR (read at each use) for device memory shared by processes (below),
  * KVD_FAKE_CUDA_PCI_BUS=41,1 (hex, one per ordinal; default ordinal + 1) the devices' PCI
- * buses (domain and device numbers are 0).
+ * buses (domain and device numbers are 0), KVD_FAKE_CUDA_PITCH_ALIGN (2D copies, below).
  *
  * Ledger: without it each process counts only the allocations it made (cuMemCreate) against
  * its devices' memory. With it, as on a GPU, an allocation counts for as long as any
@@ -1549,7 +1549,11 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
  * (arrays and unified memory: not in the fake). Checked as the driver does before anything
  * is copied: with more than one row, a pitch under the row's X offset plus width is
  * CUDA_ERROR_INVALID_VALUE; every device row must lie in accessible device memory, as a 1D
- * copy's range (dev_range). Then row by row through copy_locked, so that a row over two
+ * copy's range (dev_range). With KVD_FAKE_CUDA_PITCH_ALIGN=N, cuMemcpy2D and
+ * cuMemcpy2DAsync refuse (CUDA_ERROR_INVALID_VALUE) a device-to-device copy of more than one
+ * row whose pitches are not multiples of N: the driver documents that it may refuse intra-
+ * device pitches that cuMemAllocPitch did not make, and cuMemcpy2DUnaligned takes them.
+ * Then row by row through copy_locked, so that a row over two
  * mappings, or an overlapping device-to-device row, goes as in cuMemcpyDtoD (the driver
  * leaves overlapping 2D copies undefined). Nothing to copy (no width or no height): success,
  * whatever the pointers and pitches, as a 1D copy of 0 bytes.
@@ -1581,15 +1585,21 @@ static CUresult side_check(const char *call, const char *side, CUmemorytype type
 	return CUDA_SUCCESS;
 }
 
-static CUresult copy2d(const char *call, const CUDA_MEMCPY2D *p) {
+static CUresult copy2d(const char *call, const CUDA_MEMCPY2D *p, bool unaligned) {
 	bool dst_dev, src_dev;
 	uintptr_t dst, src;
 	CUresult r = need_ctx(call, NULL);
+	long align = env_long("KVD_FAKE_CUDA_PITCH_ALIGN", 0, 0, LONG_MAX);
 
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!p)
 		return fail(CUDA_ERROR_INVALID_VALUE, call, "NULL CUDA_MEMCPY2D");
+	if (!unaligned && align > 0 && p->srcMemoryType == CU_MEMORYTYPE_DEVICE &&
+	    p->dstMemoryType == CU_MEMORYTYPE_DEVICE && p->Height > 1 && p->WidthInBytes > 0 &&
+	    (p->srcPitch % (size_t)align != 0 || p->dstPitch % (size_t)align != 0))
+		return fail(CUDA_ERROR_INVALID_VALUE, call, "intra-device pitches %zu, %zu: not "
+		            "multiples of %ld (KVD_FAKE_CUDA_PITCH_ALIGN)", p->srcPitch, p->dstPitch, align);
 	r = side_check(call, "source", p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes,
 	               p->srcY, p->srcPitch, p);
 	if (r == CUDA_SUCCESS)
@@ -1622,14 +1632,20 @@ static CUresult copy2d(const char *call, const CUDA_MEMCPY2D *p) {
 
 CUresult CUDAAPI cuMemcpy2D(const CUDA_MEMCPY2D *pCopy) {
 	COUNT(pCopy ? (unsigned long long)pCopy->WidthInBytes * pCopy->Height : 0);
-	return copy2d("cuMemcpy2D", pCopy);
+	return copy2d("cuMemcpy2D", pCopy, false);
 }
 
 CUresult CUDAAPI cuMemcpy2DAsync(const CUDA_MEMCPY2D *pCopy, CUstream hStream) {
 	CUresult r = stream_check("cuMemcpy2DAsync", hStream);
 
 	COUNT(pCopy ? (unsigned long long)pCopy->WidthInBytes * pCopy->Height : 0);
-	return r != CUDA_SUCCESS ? r : copy2d("cuMemcpy2DAsync", pCopy);
+	return r != CUDA_SUCCESS ? r : copy2d("cuMemcpy2DAsync", pCopy, false);
+}
+
+/* Any pitches (KVD_FAKE_CUDA_PITCH_ALIGN does not apply), as the driver's. */
+CUresult CUDAAPI cuMemcpy2DUnaligned(const CUDA_MEMCPY2D *pCopy) {
+	COUNT(pCopy ? (unsigned long long)pCopy->WidthInBytes * pCopy->Height : 0);
+	return copy2d("cuMemcpy2DUnaligned", pCopy, true);
 }
 
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {

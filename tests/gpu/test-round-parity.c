@@ -192,3 +192,29 @@ TEST(same_tokens_on_every_path) {
 	assert_same(host, copied, "cuda, scored on the CPU", 0);
 	assert_same(host, scored, "cuda, scored on the GPU", tolerance);
 }
+
+/*
+ * Where the driver refuses the pitches of device-to-device 2D copies (as it may for pitches
+ * cuMemAllocPitch did not make), the compaction copies (CPU-scored run) and the device
+ * gathers (GPU-scored run) go through cuMemcpy2DUnaligned and keep the same tokens. The
+ * fake refuses them with KVD_FAKE_CUDA_PITCH_ALIGN; not on a GPU, whose pitches decide.
+ */
+TEST(same_tokens_when_the_driver_refuses_pitches) {
+	static const char refused[] = "the driver refused a device-to-device 2D copy's pitches";
+	const char *plain = getenv("KVD_DAEMON_PLAIN"), *gpu = getenv("KVD_DAEMON_GPU");
+	_cleanup_(freep) struct kept *host = calloc(1, sizeof(*host));
+	_cleanup_(freep) struct kept *copied = calloc(1, sizeof(*copied));
+	_cleanup_(freep) struct kept *scored = calloc(1, sizeof(*scored));
+
+	TEST_NEEDS_HOOKS();
+	if (!plain || !gpu || !getenv("KVD_FAKE_CUDA_DEVICES"))
+		TEST_SKIP("needs the fake driver (run the test through meson)");
+	ASSERT_TRUE(host && copied && scored);
+	run(plain, false, NULL, host);
+	setenv("KVD_FAKE_CUDA_PITCH_ALIGN", "1073741824", 1);
+	run(plain, true, refused, copied);
+	run(gpu, true, refused, scored);
+	unsetenv("KVD_FAKE_CUDA_PITCH_ALIGN");
+	assert_same(host, copied, "cuda, scored on the CPU, unaligned copies", 0);
+	assert_same(host, scored, "cuda, scored on the GPU, unaligned copies", 0);
+}
