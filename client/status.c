@@ -53,6 +53,7 @@ struct kvd_status {
 	char *budget_source;
 	char *state_error;
 	char *warnings;
+	char *devices;
 	uint32_t n_tenants;
 	struct status_tenant *tenants;
 };
@@ -104,6 +105,8 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 	if (rep->budget_source && !(st->budget_source = strdup(rep->budget_source)))
 		return -ENOMEM;
 	if (rep->warnings && !(st->warnings = strdup(rep->warnings)))
+		return -ENOMEM;
+	if (rep->devices && !(st->devices = strdup(rep->devices)))
 		return -ENOMEM;
 	if (rep->state_error && !(st->state_error = strdup(rep->state_error)))
 		return -ENOMEM;
@@ -171,6 +174,7 @@ kvd_status *kvd_status_free(kvd_status *st) {
 	free(st->budget_source);
 	free(st->state_error);
 	free(st->warnings);
+	free(st->devices);
 	free(st);
 	return NULL;
 }
@@ -250,6 +254,8 @@ int kvd_status_str(const kvd_status *st, const char *key, const char **ret) {
 		v = st->state_error;
 	else if (strcmp(key, "warnings") == 0)
 		v = st->warnings;
+	else if (strcmp(key, "devices") == 0)
+		v = st->devices;
 	if (!v)
 		return -ENOENT;
 	*ret = v;

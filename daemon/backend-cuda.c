@@ -118,6 +118,7 @@ static int device_open(struct cuda_dev *d, int index, const struct visible *v, C
                        char *why, size_t why_n) {
 	const struct cuda_dl *cu = cuda.cu;
 	size_t free_b = 0, total_b = 0, gran = 0;
+	int rdma = 0;
 	CUresult cr;
 
 	*d = (struct cuda_dev){ .dev = dev };
@@ -141,6 +142,13 @@ static int device_open(struct cuda_dev *d, int index, const struct visible *v, C
 		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
 		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev },
 	};
+	/* Engines that register KV with a NIC (NIXL, UCX, NCCL) need RDMA-capable memory; the
+	 * driver refuses the flag where the device cannot have it. */
+	if (cu->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+	                             dev) == CUDA_SUCCESS && rdma) {
+		d->prop.allocFlags.gpuDirectRDMACapable = 1;
+		d->info.rdma = true;
+	}
 	d->access = (CUmemAccessDesc){
 		.location = d->prop.location,
 		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,

@@ -180,6 +180,29 @@ const struct backend_device *backend_device(uint32_t i) {
 #endif
 }
 
+void backend_devices_text(char *buf, size_t n) {
+	size_t w = 0;
+
+	buf[0] = '\0';
+	for (uint32_t i = 0; i < backend_n_devices() && w < n; i++) {
+		const struct backend_device *dev = backend_device(i);
+		char uuid[BACKEND_UUID_STRLEN], name[sizeof(dev->name)];
+
+		if (!dev)
+			break;
+		backend_uuid_format(dev->uuid, uuid);
+		/* One word: the lines are split on spaces. */
+		snprintf(name, sizeof(name), "%s", dev->name);
+		for (char *p = name; *p; p++)
+			if (*p == ' ' || *p < 0x20 || *p > 0x7e)
+				*p = '_';
+		w += (size_t)snprintf(buf + w, n - w, "%sGPU %d %s %s name=%s memory_mib=%llu rdma=%s",
+		                      i ? "\n" : "", dev->index, uuid, dev->pci_bus_id, name,
+		                      (unsigned long long)(dev->total_bytes >> 20),
+		                      dev->rdma ? "yes" : "no");
+	}
+}
+
 void backend_close(void) {
 #ifdef KVD_HAVE_CUDA
 	backend_cuda_close();

@@ -98,6 +98,7 @@ struct backend_device {
 	char name[96];
 	uint64_t free_bytes, total_bytes; /* when it was opened */
 	uint64_t granularity;         /* of its allocations (the minimum) */
+	bool rdma;                    /* chunks are GPUDirect RDMA capable (NICs may register them) */
 };
 
 /* "GPU-" and the UUID's 16 bytes in hex, dashed 8-4-4-4-12, as nvidia-smi prints it. */
@@ -150,6 +151,10 @@ bool backend_nvidia_driver_loaded(void);
 uint32_t backend_n_devices(void);
 /* Device i of the open backend (0 to backend_n_devices() - 1), or NULL (host). */
 const struct backend_device *backend_device(uint32_t i);
+
+/* The open backend's devices for status, one line each (kvd.proto StatusReply.devices),
+ * into buf (truncated to n); "" on host. */
+void backend_devices_text(char *buf, size_t n);
 
 /* Releases what backend_open took (the CUDA context and stream); after every chunk is
  * destroyed. */

@@ -1275,6 +1275,8 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 	_cleanup_(freep) Kvd__V1__TenantStatus *ts = calloc(MAX(n, 1u), sizeof(*ts));
 	_cleanup_(freep) Kvd__V1__TenantStatus **tp = calloc(MAX(n, 1u), sizeof(*tp));
 	Kvd__V1__Counter refused[_LIMIT_MAX], *refused_ptrs[_LIMIT_MAX];
+	/* A line of at most ~300 bytes per GPU. */
+	char devices[BACKEND_DEVICES_MAX * 320];
 
 	if (!ts || !tp) {
 		envelope_reply_error(c, id, -ENOMEM, "out of memory");
@@ -1297,6 +1299,9 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 	/* What tenants hold changes without any setting changing: look again. */
 	warnings_update(s);
 	rep.warnings = (char *)warnings_text(s);
+	backend_devices_text(devices, sizeof(devices));
+	if (devices[0])
+		rep.devices = devices;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct tenant *t = s->tenants.tenants[i];
 

@@ -37,7 +37,9 @@
  * KVD_FAKE_CUDA_COUNT=PATH (read at cuInit) to count the driver calls (below),
  * KVD_FAKE_CUDA_LEDGER=DIR (read at each use) for device memory shared by processes (below),
  * KVD_FAKE_CUDA_PCI_BUS=41,1 (hex, one per ordinal; default ordinal + 1) the devices' PCI
- * buses (domain and device numbers are 0), KVD_FAKE_CUDA_PITCH_ALIGN (2D copies, below).
+ * buses (domain and device numbers are 0), KVD_FAKE_CUDA_PITCH_ALIGN (2D copies, below),
+ * KVD_FAKE_CUDA_RDMA=0 for devices without GPUDirect RDMA on VMM memory (default 1; then
+ * cuMemCreate refuses gpuDirectRDMACapable).
  *
  * Ledger: without it each process counts only the allocations it made (cuMemCreate) against
  * its devices' memory. With it, as on a GPU, an allocation counts for as long as any
@@ -725,6 +727,12 @@ CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
 	return CUDA_SUCCESS;
 }
 
+/* Whether the devices support GPUDirect RDMA on VMM memory (KVD_FAKE_CUDA_RDMA, default
+ * 1, as on current data-center GPUs). */
+static bool rdma_vmm(void) {
+	return env_long("KVD_FAKE_CUDA_RDMA", 1, 0, 1) != 0;
+}
+
 /* Device dev's PCI bus: the dev-th number of KVD_FAKE_CUDA_PCI_BUS (hex, comma separated),
  * or 1 + dev, so that CUDA's order (fastest first, on a GPU) may differ from the bus's. */
 static int pci_bus(CUdevice dev) {
@@ -776,6 +784,9 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
 		break;
 	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
 		*pi = pci_bus(dev);
+		break;
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+		*pi = rdma_vmm();
 		break;
 	default:
 		*pi = 0;
@@ -1043,6 +1054,10 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 	if (prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 		return fail(CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate", "handle types 0x%x",
 		            (unsigned)prop->requestedHandleTypes);
+	/* RDMA-capable memory where the device says it cannot have it: refused. */
+	if (prop->allocFlags.gpuDirectRDMACapable && !rdma_vmm())
+		return fail(CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate", "gpuDirectRDMACapable on a device "
+		            "without GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (KVD_FAKE_CUDA_RDMA=0)");
 	pthread_mutex_lock(&lock);
 	if (size + device_used(prop->location.id) > fk.total) {
 		pthread_mutex_unlock(&lock);

@@ -250,6 +250,42 @@ TEST(devices_by_bus_and_uuid) {
 		test_fail(__FILE__, __LINE__, "no clear refusal: %s", out);
 }
 
+/*
+ * Status lists the pooled GPUs (kvdctl status prints them), each with whether its chunks are
+ * GPUDirect RDMA capable: they are made so where the device supports RDMA on VMM memory,
+ * and not where it does not (the fake then refuses the flag, so a daemon that set it
+ * anyway could not make a chunk).
+ */
+TEST(status_lists_gpus_and_rdma) {
+	static const char *const args[] = { "--backend=cuda", "--pool-size=8MiB", NULL };
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	char text[1024];
+	struct fixture f;
+	kvd_seq *s;
+	int model;
+
+	start(&f, "2", args);
+	ASSERT_STREQ(fixture_status_str(&f, NULL, "devices", text, sizeof(text)),
+	             "GPU 0 GPU-6b76642d-6661-6b65-2d63-7564612d30fa 0000:01:00.0 "
+	             "name=kvd_fake_CUDA_device_0 memory_mib=1024 rdma=yes\n"
+	             "GPU 1 GPU-6b76642d-6661-6b65-2d63-7564612d31fa 0000:02:00.0 "
+	             "name=kvd_fake_CUDA_device_1 memory_mib=1024 rdma=yes");
+	ASSERT_EQ(fixture_stop(&f), 0);
+
+	setenv("KVD_FAKE_CUDA_RDMA", "0", 1);
+	start(&f, "1", args);
+	unsetenv("KVD_FAKE_CUDA_RDMA");
+	ASSERT_TRUE(strstr(fixture_status_str(&f, NULL, "devices", text, sizeof(text)), " rdma=no"));
+	c = fixture_connect(&f, "a");
+	model = kvd_model_register(c, &spec);
+	ASSERT_GT(model, 0);
+	ASSERT_OK(kvd_seq_open(c, model, 100, &s));
+	ASSERT_OK(kvd_seq_grow(s, 100));
+	ASSERT_OK(kvd_seq_release(s));
+	c = kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* Writes one byte through the driver in device's primary context at block 0 of table 0 of
  * s, and returns whether the daemon's digest of s changed. */
 static bool daemon_sees_write(const struct cuda_dl *cu, kvd_seq *s, int device) {

@@ -254,14 +254,14 @@ static const char *const node_str_keys[] = {
 	"state_error",
 };
 
-/* The daemon's standing warnings: ",\n  "warnings": [...]", one string each; nothing when
- * there are none. */
-static int warnings_json_write(FILE *f, const kvd_status *st) {
+/* A status string of lines (the standing warnings, the GPUs): ",\n  "KEY": [...]", one
+ * string a line; nothing when there is none. */
+static int lines_json_write(FILE *f, const kvd_status *st, const char *key) {
 	const char *text, *line, *end;
 
-	if (status_str(st, "warnings", &text) != 0 || !*text)
+	if (status_str(st, key, &text) != 0 || !*text)
 		return 0;
-	fprintf(f, ",\n  \"warnings\": [");
+	fprintf(f, ",\n  \"%s\": [", key);
 	for (line = text; *line; line = *end ? end + 1 : end) {
 		_cleanup_(freep) char *one = NULL;
 
@@ -286,7 +286,9 @@ static int status_json_write(FILE *f, const void *userdata) {
 			    ELEMENTSOF(node_str_keys));
 	if (r < 0)
 		return r;
-	r = warnings_json_write(f, st);
+	r = lines_json_write(f, st, "warnings");
+	if (r >= 0)
+		r = lines_json_write(f, st, "devices");
 	if (r < 0)
 		return r;
 	/* Refusals at each limit, by the daemon's names: an object, so new limits add keys. */
@@ -338,6 +340,7 @@ static int status_table_write(FILE *f, const void *userdata) {
 	const kvd_status *st = userdata;
 	uint64_t pool = 0, budget = 0, v;
 	char a[CELL_MAX], b[CELL_MAX];
+	const char *text;
 
 	(void)status_u64(st, "pool_bytes", &pool);
 	(void)status_u64(st, "budget_bytes", &budget);
@@ -361,6 +364,11 @@ static int status_table_write(FILE *f, const void *userdata) {
 	}
 	fprintf(f, "  %-13s %s\n", "socket", arg_socket);
 	fprintf(f, "  %-13s %s\n", "pool", fmt_size(st, "pool_bytes", a, sizeof(a)));
+	if (status_str(st, "devices", &text) == 0)
+		for (const char *line = text, *end; *line; line = *end ? end + 1 : end) {
+			end = strchrnul(line, '\n');
+			fprintf(f, "  %-13s %.*s\n", line == text ? "gpus" : "", (int)(end - line), line);
+		}
 	fprintf(f, "  %-13s %-11s %s of pool (source: %s)\n", "budget",
 		fmt_size(st, "budget_bytes", a, sizeof(a)), fmt_percent(budget, pool, b, sizeof(b)),
 		budget_source(st));

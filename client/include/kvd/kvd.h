@@ -728,7 +728,8 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           kvdctl, kept in the state file), "state_error": why live changes cannot
  *           be saved (present only while they cannot), and "warnings": the daemon's
  *           standing warnings about its settings, one per line (present only while there
- *           are some; see kvd(8), WARNINGS);
+ *           are some; see kvd(8), WARNINGS), and "devices": the pooled GPUs, one per line,
+ *           "GPU <n> <uuid> <pci bus id> <key>=<value>..." (on GPU pools only; kvd(8), GPU);
  *   tenant: "used_bytes", "block_bytes", "min_bytes", "max_bytes" (UINT64_MAX: no cap),
  *           "weight", "sequences", "connections", "chunks", "evicted_bytes" (block bytes
  *           evicted from it), "evicted_tokens" (token slots, summed over tables),
