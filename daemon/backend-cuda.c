@@ -20,6 +20,7 @@
 #include "basic/macro.h"
 #include "basic/cuda-dl.h"
 #include "log.h"
+#include "nvml.h"
 
 /* The most GPUs a machine shows that kvd looks at (--devices numbers them up to 255). */
 #define DEVICE_VISIBLE_MAX 256
@@ -118,6 +119,7 @@ static int device_open(struct cuda_dev *d, int index, const struct visible *v, C
                        char *why, size_t why_n) {
 	const struct cuda_dl *cu = cuda.cu;
 	size_t free_b = 0, total_b = 0, gran = 0;
+	char text[BACKEND_UUID_STRLEN];
 	int rdma = 0;
 	CUresult cr;
 
@@ -166,6 +168,10 @@ static int device_open(struct cuda_dev *d, int index, const struct visible *v, C
 	d->info.ordinal = v->ordinal;
 	d->info.granularity = gran;
 	memcpy(d->info.uuid, v->uuid, sizeof(d->info.uuid));
+	backend_uuid_format(d->info.uuid, text);
+	d->info.persistence = nvml_persistence_mode(text);
+	if (d->info.persistence < 0)
+		d->info.persistence = -1;
 	snprintf(d->info.pci_bus_id, sizeof(d->info.pci_bus_id), "%04x:%02x:%02x.0", v->pci >> 16,
 	         v->pci >> 8 & 0xff, v->pci & 0xff);
 	if (cu->cuDeviceGetName(d->info.name, sizeof(d->info.name), dev) != CUDA_SUCCESS)

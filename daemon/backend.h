@@ -99,6 +99,8 @@ struct backend_device {
 	uint64_t free_bytes, total_bytes; /* when it was opened */
 	uint64_t granularity;         /* of its allocations (the minimum) */
 	bool rdma;                    /* chunks are GPUDirect RDMA capable (NICs may register them) */
+	int persistence;              /* persistence mode when opened (nvml.h): 1 on, 0 off, -1
+	                               * unknown */
 };
 
 /* "GPU-" and the UUID's 16 bytes in hex, dashed 8-4-4-4-12, as nvidia-smi prints it. */

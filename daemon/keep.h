@@ -82,7 +82,7 @@ struct keep {
 /*
  * Takes the fds a service manager passed (sd_listen_fds_with_names()): the store's go to
  * k, the others to k->sockets. Turns keeping on when claim_ms is not 0, NOTIFY_SOCKET is
- * set, $FDSTORE (systemd 254 and later) is not 0, and the backend is host. Returns 0 or
+ * set, and $FDSTORE (systemd 254 and later) is not 0. Returns 0 or
  * -ENOMEM.
  */
 int keep_new(struct pool *p, uint64_t claim_ms, struct keep **ret);

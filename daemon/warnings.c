@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include "basic/size.h"
+#include "backend.h"
 #include "conn.h"
+#include "keep.h"
 #include "log.h"
 #include "pool.h"
 #include "seq.h"
@@ -69,6 +71,19 @@ static void compute(const struct server *s, struct text *t) {
 		add(t, "this machine has the NVIDIA driver, but %s: GPU engines cannot use this pool "
 		    "(under systemd: the unit's DeviceAllow= and nvidia-uvm, kvd(8) GPU)",
 		    s->gpu_unreachable);
+	/* A device nobody holds is torn down with every allocation on it, the fd store's too. */
+	for (uint32_t i = 0; s->keep && s->keep->on && i < p->n_devices; i++) {
+		const struct backend_device *dev = backend_device(i);
+
+		if (dev && dev->persistence == 0)
+			add(t, "GPU %d is not in persistence mode: the KV kept across a restart is lost "
+			    "when no engine holds the GPU while kvd restarts (nvidia-persistenced, "
+			    "kvd(8) GPU)", dev->index);
+		else if (dev && dev->persistence < 0)
+			add(t, "GPU %d: whether it is in persistence mode is unknown (no NVML): without "
+			    "it, the KV kept across a restart is lost when no engine holds the GPU "
+			    "while kvd restarts (kvd(8) GPU)", dev->index);
+	}
 	if (p->ops->host_access && mem && p->pool_bytes > mem)
 		add(t, "the host pool (%s) is larger than physical memory (%s): chunks written "
 		    "past it swap, or the OOM killer ends a process",

@@ -267,9 +267,9 @@ TEST(status_lists_gpus_and_rdma) {
 	start(&f, "2", args);
 	ASSERT_STREQ(fixture_status_str(&f, NULL, "devices", text, sizeof(text)),
 	             "GPU 0 GPU-6b76642d-6661-6b65-2d63-7564612d30fa 0000:01:00.0 "
-	             "name=kvd_fake_CUDA_device_0 memory_mib=1024 rdma=yes\n"
+	             "name=kvd_fake_CUDA_device_0 memory_mib=1024 rdma=yes persistence=on\n"
 	             "GPU 1 GPU-6b76642d-6661-6b65-2d63-7564612d31fa 0000:02:00.0 "
-	             "name=kvd_fake_CUDA_device_1 memory_mib=1024 rdma=yes");
+	             "name=kvd_fake_CUDA_device_1 memory_mib=1024 rdma=yes persistence=on");
 	ASSERT_EQ(fixture_stop(&f), 0);
 
 	setenv("KVD_FAKE_CUDA_RDMA", "0", 1);

@@ -541,6 +541,51 @@ TEST(keeping_off) {
 }
 
 /*
+ * On a GPU pool, kept KV needs the GPU kept alive while kvd restarts: a GPU not in
+ * persistence mode (the fake NVML says so with KVD_FAKE_NVML_PERSISTENCE=0) is a standing
+ * warning while keeping is on, and none while it is off; status says the mode either way.
+ */
+TEST(gpu_without_persistence_warns) {
+	char text[4096];
+	struct fixture f;
+	struct store st;
+
+	if (!fixture_backend_cuda())
+		TEST_SKIP("needs the cuda backend");
+	setenv("KVD_FAKE_NVML_PERSISTENCE", "0", 1);
+	fixture_setup(&f, NULL, true);
+	store_start(&st, &f);
+	launch(&f, &st, "--restore-claim=5000");
+	ASSERT_TRUE(strstr(fixture_status_str(&f, NULL, "warnings", text, sizeof(text)),
+	                   "GPU 0 is not in persistence mode: the KV kept across a restart is lost "
+	                   "when no engine holds the GPU while kvd restarts"));
+	ASSERT_TRUE(strstr(fixture_status_str(&f, NULL, "devices", text, sizeof(text)),
+	                   " persistence=off"));
+	ASSERT_EQ(fixture_halt(&f), 0);
+	store_stop(&st);
+	fixture_cleanup(&f);
+
+	fixture_setup(&f, NULL, true);
+	store_start(&st, &f);
+	launch(&f, &st, "--restore-claim=0");
+	ASSERT_NULL(fixture_status_str(&f, NULL, "warnings", text, sizeof(text)));
+	ASSERT_EQ(fixture_halt(&f), 0);
+	store_stop(&st);
+	fixture_cleanup(&f);
+	unsetenv("KVD_FAKE_NVML_PERSISTENCE");
+
+	fixture_setup(&f, NULL, true);
+	store_start(&st, &f);
+	launch(&f, &st, "--restore-claim=5000");
+	ASSERT_NULL(fixture_status_str(&f, NULL, "warnings", text, sizeof(text)));
+	ASSERT_TRUE(strstr(fixture_status_str(&f, NULL, "devices", text, sizeof(text)),
+	                   " persistence=on"));
+	ASSERT_EQ(fixture_halt(&f), 0);
+	store_stop(&st);
+	fixture_cleanup(&f);
+}
+
+/*
  * A process of the last life that keeps its fd and mapping of a kept chunk (a hostile
  * holder, fixture.h) and never claims: the chunk is freed at the restore-claim deadline,
  * and another tenant that then takes every chunk of the pool, that one included, writes
