@@ -140,8 +140,13 @@ struct kvd_client {
 	uint8_t device_uuid[16];   /* KVD_MEMORY_CUDA: the daemon's GPU, WIRE_DEVICE_UUID_BYTES */
 	/* Engines' CUDA events registered with the daemon (kvd_seq_unpin_after): event i has
 	 * id i + 1 on this connection; a reconnect starts over. */
-	void *cuda_events[KVD_CONN_EVENTS_MAX];
+	/* Known by their IPC handles, not their addresses: an event destroyed and another
+	 * made at its address have different handles. */
+	uint8_t cuda_events[KVD_CONN_EVENTS_MAX][64];
 	uint32_t n_cuda_events;
+	/* The daemon refused one (no IPC events on its GPU, none in its build, a /dev/shm it
+	 * does not share): the others are waited for here without asking again. */
+	bool cuda_events_refused;
 	uint64_t connection_id;
 	uint64_t next_id;
 
@@ -383,5 +388,6 @@ int client_request_unwaited(kvd_client *c, Envelope *env);
 
 /* The id of event (a CUevent) on c's connection, registering it first (RegisterEvent) if
  * needed; under c's lock. Returns 0, -EINVAL (not an interprocess event), -ENOSPC (too many
- * events), -EOPNOTSUPP (built without CUDA), or what the call returns. */
+ * events), -EOPNOTSUPP (built without CUDA, or the daemon refused one before), or what the
+ * call returns. */
 int client_event_id(kvd_client *c, void *event, uint32_t *ret);

@@ -211,6 +211,7 @@ static int client_hello(kvd_client *c, const char *tenant) {
 
 	/* A new connection knows none of the old one's events. */
 	c->n_cuda_events = 0;
+	c->cuda_events_refused = false;
 	hello.has_min_version = true;
 	hello.min_version = KVD_PROTOCOL_VERSION_MIN;
 	hello.has_max_version = true;
@@ -661,29 +662,33 @@ int client_event_id(kvd_client *c, void *event, uint32_t *ret) {
 	int fds[WIRE_FDS_MAX];
 	int r;
 
+	if (c->cuda_events_refused)
+		return -EOPNOTSUPP;
+	r = client_cuda_event_handle(event, handle, sizeof(handle));
+	if (r < 0)
+		return r;
 	for (uint32_t i = 0; i < c->n_cuda_events; i++)
-		if (c->cuda_events[i] == event) {
+		if (memcmp(c->cuda_events[i], handle, sizeof(handle)) == 0) {
 			*ret = i + 1;
 			return 0;
 		}
 	if (c->n_cuda_events == KVD_CONN_EVENTS_MAX)
 		return -ENOSPC;
-	r = client_cuda_event_handle(event, handle, sizeof(handle));
-	if (r < 0)
-		return r;
 	req.has_ipc_handle = true;
 	req.ipc_handle.len = sizeof(handle);
 	req.ipc_handle.data = handle;
 	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_EVENT;
 	env.register_event = &req;
 	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_REGISTER_EVENT_REPLY, false, &reply, fds, NULL);
+	if (r == -EOPNOTSUPP || r == -EINVAL || r == -ENODEV || r == -EPERM || r == -EACCES)
+		c->cuda_events_refused = true;
 	if (r < 0)
 		return r;
 	/* The reply stays the client's, as every reply does (client_read). */
 	if (!reply->register_event_reply->has_event_id ||
 	    reply->register_event_reply->event_id != c->n_cuda_events + 1)
 		return -EPROTO;
-	c->cuda_events[c->n_cuda_events++] = event;
+	memcpy(c->cuda_events[c->n_cuda_events++], handle, sizeof(handle));
 	*ret = c->n_cuda_events;
 	return 0;
 }

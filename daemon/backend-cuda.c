@@ -120,7 +120,7 @@ static int device_open(struct cuda_dev *d, int index, const struct visible *v, C
 	const struct cuda_dl *cu = cuda.cu;
 	size_t free_b = 0, total_b = 0, gran = 0;
 	char text[BACKEND_UUID_STRLEN];
-	int rdma = 0;
+	int rdma = 0, ipc_events = 0;
 	CUresult cr;
 
 	*d = (struct cuda_dev){ .dev = dev };
@@ -151,6 +151,10 @@ static int device_open(struct cuda_dev *d, int index, const struct visible *v, C
 		d->prop.allocFlags.gpuDirectRDMACapable = 1;
 		d->info.rdma = true;
 	}
+	/* Engines' events (kvd_seq_unpin_after) need it; libkvd waits for them itself where
+	 * the daemon cannot take them. */
+	d->info.ipc_events = cu->cuDeviceGetAttribute(&ipc_events, CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED,
+	                                              dev) == CUDA_SUCCESS && ipc_events;
 	d->access = (CUmemAccessDesc){
 		.location = d->prop.location,
 		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
@@ -559,6 +563,8 @@ static int cuda_event_open(uint32_t device, const void *handle, size_t len, void
 
 	if (len != sizeof(h.reserved))
 		return -EINVAL;
+	if (device >= cuda.n || !cuda.d[device].info.ipc_events)
+		return -EOPNOTSUPP;
 	r = use(device);
 	if (r < 0)
 		return r;

@@ -197,10 +197,11 @@ void backend_devices_text(char *buf, size_t n) {
 			if (*p == ' ' || *p < 0x20 || *p > 0x7e)
 				*p = '_';
 		w += (size_t)snprintf(buf + w, n - w, "%sGPU %d %s %s name=%s memory_mib=%llu rdma=%s "
-		                      "persistence=%s", i ? "\n" : "", dev->index, uuid,
+		                      "persistence=%s ipc_events=%s", i ? "\n" : "", dev->index, uuid,
 		                      dev->pci_bus_id, name, (unsigned long long)(dev->total_bytes >> 20),
 		                      dev->rdma ? "yes" : "no", dev->persistence > 0 ? "on" :
-		                      dev->persistence == 0 ? "off" : "unknown");
+		                      dev->persistence == 0 ? "off" : "unknown",
+		                      dev->ipc_events ? "yes" : "no");
 	}
 }
 

@@ -75,7 +75,7 @@ struct backend_ops {
 	/*
 	 * An engine's interprocess event (cuda; NULL on host): event_open opens it on device
 	 * from its IPC handle (len bytes, BACKEND_EVENT_HANDLE_BYTES) into *ret (-EINVAL: not
-	 * an event handle); event_query says, without blocking, whether the work recorded
+	 * an event handle; -EOPNOTSUPP: the device has no interprocess events); event_query says, without blocking, whether the work recorded
 	 * before it completed (0) or not yet (-EAGAIN); event_close closes it. Otherwise
 	 * -errno.
 	 */
@@ -101,6 +101,7 @@ struct backend_device {
 	bool rdma;                    /* chunks are GPUDirect RDMA capable (NICs may register them) */
 	int persistence;              /* persistence mode when opened (nvml.h): 1 on, 0 off, -1
 	                               * unknown */
+	bool ipc_events;              /* engines' interprocess events can be opened here */
 };
 
 /* "GPU-" and the UUID's 16 bytes in hex, dashed 8-4-4-4-12, as nvidia-smi prints it. */

@@ -39,7 +39,8 @@
  * KVD_FAKE_CUDA_PCI_BUS=41,1 (hex, one per ordinal; default ordinal + 1) the devices' PCI
  * buses (domain and device numbers are 0), KVD_FAKE_CUDA_PITCH_ALIGN (2D copies, below),
  * KVD_FAKE_CUDA_RDMA=0 for devices without GPUDirect RDMA on VMM memory (default 1; then
- * cuMemCreate refuses gpuDirectRDMACapable).
+ * cuMemCreate refuses gpuDirectRDMACapable), KVD_FAKE_CUDA_IPC_EVENTS=0 and
+ * KVD_FAKE_CUDA_IPC_EVENT_PENDING (interprocess events, below).
  *
  * Ledger: without it each process counts only the allocations it made (cuMemCreate) against
  * its devices' memory. With it, as on a GPU, an allocation counts for as long as any
@@ -98,6 +99,8 @@ struct CUevent_st {
 	unsigned flags;
 	bool recorded;
 	struct timespec at;
+	uint64_t serial;              /* this process's count of events made: IPC handles */
+	long pending;                 /* an opened IPC event: queries left that say not ready */
 };
 
 /* Physical memory, made by cuMemCreate or first imported here; one per memfd, however many
@@ -159,6 +162,7 @@ static struct {
 	struct devmem *devmems;
 	struct CUstream_st *streams;
 	struct CUevent_st *events;
+	uint64_t event_serial;
 } fk;
 static struct CUctx_st primary[FAKE_DEVICES_MAX];
 
@@ -733,6 +737,11 @@ static bool rdma_vmm(void) {
 	return env_long("KVD_FAKE_CUDA_RDMA", 1, 0, 1) != 0;
 }
 
+/* Whether the devices support interprocess events (KVD_FAKE_CUDA_IPC_EVENTS, default 1). */
+static bool ipc_events(void) {
+	return env_long("KVD_FAKE_CUDA_IPC_EVENTS", 1, 0, 1) != 0;
+}
+
 /* Device dev's PCI bus: the dev-th number of KVD_FAKE_CUDA_PCI_BUS (hex, comma separated),
  * or 1 + dev, so that CUDA's order (fastest first, on a GPU) may differ from the bus's. */
 static int pci_bus(CUdevice dev) {
@@ -787,6 +796,9 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
 		break;
 	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
 		*pi = rdma_vmm();
+		break;
+	case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED:
+		*pi = ipc_events();
 		break;
 	default:
 		*pi = 0;
@@ -1753,6 +1765,7 @@ CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
 		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuEventCreate", "no memory");
 	e->flags = Flags;
 	pthread_mutex_lock(&lock);
+	e->serial = ++fk.event_serial;
 	e->next = fk.events;
 	fk.events = e;
 	pthread_mutex_unlock(&lock);
@@ -1826,18 +1839,23 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
 
 /*
  * Interprocess events (legacy IPC): the handle names the event by its exporter's pid and
- * address; an opened one is an event of this process that is always complete, since every
- * copy and launch here finished when it returned. The driver refuses events made without
- * CU_EVENT_INTERPROCESS (CUDA_ERROR_INVALID_VALUE), as here.
+ * its serial (a new event at a destroyed one's address gets another handle, as from the
+ * driver, whose handles name shared memory made for each event); an opened one is an event
+ * of this process that is complete, since every copy and launch here finished when it
+ * returned; with KVD_FAKE_CUDA_IPC_EVENT_PENDING=N (read at the open), the first N
+ * cuEventQuery calls on it say CUDA_ERROR_NOT_READY, as while the engine's work runs. The
+ * driver refuses events made without CU_EVENT_INTERPROCESS (CUDA_ERROR_INVALID_VALUE), as
+ * here, and both calls on a device without CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED
+ * (KVD_FAKE_CUDA_IPC_EVENTS=0: CUDA_ERROR_NOT_SUPPORTED).
  */
 struct fake_ipc_event {
-	uint64_t magic, pid, addr;
+	uint64_t magic, pid, serial;
 };
 
 #define FAKE_IPC_EVENT_MAGIC UINT64_C(0x6b76642d69706365) /* "kvd-ipce" */
 
 CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event) {
-	struct fake_ipc_event h = { FAKE_IPC_EVENT_MAGIC, (uint64_t)getpid(), (uint64_t)(uintptr_t)event };
+	struct fake_ipc_event h = { FAKE_IPC_EVENT_MAGIC, (uint64_t)getpid(), 0 };
 	CUresult r = need_ctx("cuIpcGetEventHandle", NULL);
 	unsigned flags = 0;
 	bool ok;
@@ -1845,12 +1863,17 @@ CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event) {
 	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
+	if (!ipc_events())
+		return fail(CUDA_ERROR_NOT_SUPPORTED, "cuIpcGetEventHandle", "no IPC events "
+		            "(KVD_FAKE_CUDA_IPC_EVENTS=0)");
 	if (!pHandle)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuIpcGetEventHandle", "NULL");
 	pthread_mutex_lock(&lock);
 	ok = is_event(event);
-	if (ok)
+	if (ok) {
 		flags = event->flags;
+		h.serial = event->serial;
+	}
 	pthread_mutex_unlock(&lock);
 	if (!ok)
 		return fail(CUDA_ERROR_INVALID_HANDLE, "cuIpcGetEventHandle", "unknown event");
@@ -1869,16 +1892,37 @@ CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle)
 	COUNT(0);
 	if (r != CUDA_SUCCESS)
 		return r;
+	if (!ipc_events())
+		return fail(CUDA_ERROR_NOT_SUPPORTED, "cuIpcOpenEventHandle", "no IPC events "
+		            "(KVD_FAKE_CUDA_IPC_EVENTS=0)");
 	memcpy(&h, handle.reserved, sizeof(h));
 	if (!phEvent || h.magic != FAKE_IPC_EVENT_MAGIC)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuIpcOpenEventHandle", "not an event handle");
-	return cuEventCreate(phEvent, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS);
+	r = cuEventCreate(phEvent, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS);
+	if (r == CUDA_SUCCESS)
+		(*phEvent)->pending = env_long("KVD_FAKE_CUDA_IPC_EVENT_PENDING", 0, 0, LONG_MAX);
+	return r;
 }
 
-/* Complete at once, like everything here (cuEventSynchronize). */
+/* Complete at once, like everything here (cuEventSynchronize), but for an opened IPC
+ * event's pending queries (above). */
 CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
+	CUresult r = need_ctx("cuEventQuery", NULL);
+	bool ok, pending = false;
+
 	COUNT(0);
-	return event_complete("cuEventQuery", hEvent);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&lock);
+	ok = is_event(hEvent);
+	if (ok && hEvent->pending > 0) {
+		hEvent->pending--;
+		pending = true;
+	}
+	pthread_mutex_unlock(&lock);
+	if (!ok)
+		return fail(CUDA_ERROR_INVALID_HANDLE, "cuEventQuery", "unknown event %p", (void *)hEvent);
+	return pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 /* The time between the two records; the driver refuses events that were never recorded or

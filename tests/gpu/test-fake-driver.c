@@ -267,9 +267,9 @@ TEST(status_lists_gpus_and_rdma) {
 	start(&f, "2", args);
 	ASSERT_STREQ(fixture_status_str(&f, NULL, "devices", text, sizeof(text)),
 	             "GPU 0 GPU-6b76642d-6661-6b65-2d63-7564612d30fa 0000:01:00.0 "
-	             "name=kvd_fake_CUDA_device_0 memory_mib=1024 rdma=yes persistence=on\n"
+	             "name=kvd_fake_CUDA_device_0 memory_mib=1024 rdma=yes persistence=on ipc_events=yes\n"
 	             "GPU 1 GPU-6b76642d-6661-6b65-2d63-7564612d31fa 0000:02:00.0 "
-	             "name=kvd_fake_CUDA_device_1 memory_mib=1024 rdma=yes persistence=on");
+	             "name=kvd_fake_CUDA_device_1 memory_mib=1024 rdma=yes persistence=on ipc_events=yes");
 	ASSERT_EQ(fixture_stop(&f), 0);
 
 	setenv("KVD_FAKE_CUDA_RDMA", "0", 1);
@@ -547,6 +547,16 @@ TEST(unpin_after_an_engine_event) {
 	}
 	ASSERT_OK(kvd_seq_pin(s));
 	ASSERT_EQ(kvd_seq_unpin_after(s, ev[CLIENT_EVENTS]), 1);
+	/* A registered one again: its id, by its IPC handle. */
+	ASSERT_OK(kvd_seq_pin(s));
+	ASSERT_OK(kvd_seq_unpin_after(s, ev[3]));
+	/* A new event, where the allocator may well put it at a destroyed one's address, is
+	 * another event: the 17th, waited for here, never taken for the old one's id. */
+	ASSERT_EQ(cu->cuEventDestroy(ev[3]), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuEventCreate(&ev[3], CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING),
+	          CUDA_SUCCESS);
+	ASSERT_OK(kvd_seq_pin(s));
+	ASSERT_EQ(kvd_seq_unpin_after(s, ev[3]), 1);
 	ASSERT_OK(kvd_seq_pin(s));
 	ASSERT_OK(kvd_seq_unpin_after(s, NULL));
 	ASSERT_OK(kvd_seq_pin(s));
@@ -572,4 +582,101 @@ TEST(unpin_after_an_engine_event) {
 	ASSERT_EQ(cu->cuStreamDestroy(st), CUDA_SUCCESS);
 	ASSERT_EQ(cu->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
 	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+}
+
+/* An engine, with an interprocess event on its stream, and a sequence of 64 tokens. */
+struct engine {
+	kvd_client *c;
+	kvd_seq *s;
+	CUcontext ctx;
+	CUstream st;
+	CUevent ev[2];
+};
+
+static void engine_start(const struct cuda_dl *cu, struct fixture *f, struct engine *e) {
+	int model;
+
+	e->c = connect_on(cu, f, "a", 0);
+	model = kvd_model_register(e->c, &spec);
+	ASSERT_GT(model, 0);
+	ASSERT_OK(kvd_seq_open(e->c, model, 64, &e->s));
+	ASSERT_OK(kvd_seq_grow(e->s, 64));
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRetain(&e->ctx, 0), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxSetCurrent(e->ctx), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuStreamCreate(&e->st, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	for (unsigned i = 0; i < ELEMENTSOF(e->ev); i++)
+		ASSERT_EQ(cu->cuEventCreate(&e->ev[i], CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING),
+		          CUDA_SUCCESS);
+}
+
+static void engine_stop(const struct cuda_dl *cu, struct engine *e) {
+	ASSERT_OK(kvd_seq_release(e->s));
+	e->c = kvd_client_unref(e->c);
+	for (unsigned i = 0; i < ELEMENTSOF(e->ev); i++)
+		ASSERT_EQ(cu->cuEventDestroy(e->ev[i]), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuStreamDestroy(e->st), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+}
+
+/*
+ * While the engine's event is not done (the fake's opened event says CUDA_ERROR_NOT_READY
+ * to its first queries, KVD_FAKE_CUDA_IPC_EVENT_PENDING), the daemon leaves the sequence's
+ * K/V alone: a digest answers -EAGAIN, without blocking, until it is done; then one wait
+ * is counted.
+ */
+TEST(engine_event_not_done_yet) {
+	static const char *const args[] = { "--backend=cuda", "--pool-size=16MiB", NULL };
+	const struct cuda_dl *cu;
+	struct fixture f;
+	struct engine e;
+	uint64_t digest = 0, waits;
+	unsigned again = 0;
+	int r;
+
+	ASSERT_OK(cuda_dl_load(&cu, NULL));
+	setenv("KVD_FAKE_CUDA_IPC_EVENT_PENDING", "20", 1);
+	start(&f, "1", args);
+	unsetenv("KVD_FAKE_CUDA_IPC_EVENT_PENDING");
+	engine_start(cu, &f, &e);
+	waits = fixture_status(&f, NULL, "engine_events_done");
+	ASSERT_OK(kvd_seq_pin(e.s));
+	ASSERT_EQ(cu->cuEventRecord(e.ev[0], e.st), CUDA_SUCCESS);
+	ASSERT_OK(kvd_seq_unpin_after(e.s, e.ev[0]));
+	while ((r = kvd_seq_digest(e.s, &digest, NULL)) == -EAGAIN && again < 10000) {
+		again++;
+		usleep(1000);
+	}
+	ASSERT_OK(r);
+	ASSERT_GT(again, 0u);
+	ASSERT_EQ(fixture_status(&f, NULL, "engine_events_done"), waits + 1);
+	engine_stop(cu, &e);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/*
+ * A GPU without interprocess events (KVD_FAKE_CUDA_IPC_EVENTS=0 for the daemon): status says
+ * so, the daemon refuses the event, and libkvd waits for it itself (1), then for the
+ * connection's next events too.
+ */
+TEST(gpu_without_ipc_events) {
+	static const char *const args[] = { "--backend=cuda", "--pool-size=16MiB", NULL };
+	const struct cuda_dl *cu;
+	char text[1024];
+	struct fixture f;
+	struct engine e;
+
+	ASSERT_OK(cuda_dl_load(&cu, NULL));
+	setenv("KVD_FAKE_CUDA_IPC_EVENTS", "0", 1);
+	start(&f, "1", args);
+	unsetenv("KVD_FAKE_CUDA_IPC_EVENTS");
+	ASSERT_TRUE(strstr(fixture_status_str(&f, NULL, "devices", text, sizeof(text)), " ipc_events=no"));
+	engine_start(cu, &f, &e);
+	for (unsigned i = 0; i < ELEMENTSOF(e.ev); i++) {
+		ASSERT_OK(kvd_seq_pin(e.s));
+		ASSERT_EQ(cu->cuEventRecord(e.ev[i], e.st), CUDA_SUCCESS);
+		ASSERT_EQ(kvd_seq_unpin_after(e.s, e.ev[i]), 1);
+	}
+	engine_stop(cu, &e);
+	ASSERT_EQ(fixture_stop(&f), 0);
 }

@@ -329,3 +329,64 @@ TEST(rounds_evict_and_compact_on_the_device) {
 	ASSERT_OK(fixture_stop(&f));
 	ASSERT_EQ(cu->cuDevicePrimaryCtxRelease(dev), CUDA_SUCCESS);
 }
+
+/*
+ * An engine's step ordered by an interprocess event (kvd_seq_unpin_after): the engine
+ * queues a write of a block on its own stream, records an event after it and unpins
+ * without waiting; the daemon must not read the block before the write is done, so its
+ * digest (-EAGAIN while the event is pending) sees the written bytes. Where the GPU has no
+ * interprocess events (status ipc_events=no), libkvd waits itself and says so (1).
+ */
+TEST(engine_work_ordered_by_an_event) {
+	static const char *const args[] = { "--backend=cuda", "--pool-size=4MiB",
+		                            "--chunk-size=4MiB", NULL };
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	struct written w = {};
+	uint64_t daemon = 0, want = 0;
+	unsigned again = 0;
+	struct fixture f;
+	char text[1024];
+	CUstream st;
+	CUevent ev;
+	kvd_seq *s;
+	void *p;
+	int model, r;
+
+	fixture_start(&f, args);
+	c = fixture_connect(&f, "a");
+	ASSERT_OK(use_device(c));
+	model = kvd_model_register(c, &spec);
+	ASSERT_GT(model, 0);
+	ASSERT_OK(kvd_seq_open(c, model, TOKENS, &s));
+	ASSERT_OK(kvd_seq_grow(s, TOKENS));
+	ASSERT_OK(kvd_seq_pin(s));
+	ASSERT_OK(fill_blocks(s, 3, true, &w));
+	ASSERT_EQ(cu->cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuEventCreate(&ev, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+	/* The step's work: block 0 rewritten on the engine's stream, not waited for. */
+	ASSERT_OK(kvd_seq_block(s, 0, 0, &p));
+	ASSERT_EQ(cu->cuMemsetD8Async((CUdeviceptr)(uintptr_t)p, 0x5a,
+	                              kvd_seq_descriptor(s)->block_bytes, st), CUDA_SUCCESS);
+	memset(w.buf[0], 0x5a, kvd_seq_descriptor(s)->block_bytes);
+	ASSERT_EQ(cu->cuEventRecord(ev, st), CUDA_SUCCESS);
+	r = kvd_seq_unpin_after(s, ev);
+	ASSERT_TRUE(r == 0 || r == 1);
+	fixture_status_str(&f, NULL, "devices", text, sizeof(text));
+	printf("unpin_after: %s (%s)\n", r == 0 ? "the daemon waits for the event" :
+	       "libkvd waited", text);
+	if (strstr(text, "ipc_events=yes"))
+		ASSERT_EQ(r, 0);
+	while ((r = kvd_seq_digest(s, &daemon, NULL)) == -EAGAIN && again < 10000) {
+		again++;
+		usleep(1000);
+	}
+	ASSERT_OK(r);
+	ASSERT_OK(layout_digest(kvd_seq_header(s), kvd_seq_descriptor(s), written_block, &w, &want, NULL));
+	ASSERT_EQ(daemon, want);
+	ASSERT_OK(kvd_seq_release(s));
+	written_done(&w);
+	ASSERT_EQ(cu->cuEventDestroy(ev), CUDA_SUCCESS);
+	ASSERT_EQ(cu->cuStreamDestroy(st), CUDA_SUCCESS);
+	c = kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}

@@ -485,11 +485,15 @@ KVD_EXPORT int kvd_seq_unpin(kvd_seq *s);
  * recorded on the engine's stream after the step's work on the sequence's K/V, tells the
  * daemon when that work is done, and the daemon waits for it before it reads or moves
  * those K/V (rounds, compaction, digests). Call it with the context that made the event
- * current. The event is registered with the daemon at its first use and stays registered
- * for the connection's life (a reconnect registers it again): keep it alive as long (a
- * destroyed event whose address a new one gets would be taken for it). An event the daemon
- * cannot take (16 registered on this connection already, not interprocess, a daemon or a
- * libkvd without them) is waited for here instead, and the call returns 1 after unpinning.
+ * current. The event is registered with the daemon at its first use, known by its IPC
+ * handle (cuIpcGetEventHandle, asked at every call), and stays registered for the
+ * connection's life (a reconnect registers it again); a new event is registered anew, even
+ * at a destroyed one's address. An event the daemon cannot take (16 registered on this
+ * connection already, not interprocess, a GPU without interprocess events, a daemon that
+ * cannot open it: engine and daemon in containers that do not share /dev/shm, where the
+ * driver keeps events' shared memory; a daemon or libkvd without them) is waited for here
+ * instead, and the call returns 1 after unpinning; after the daemon refused one, the
+ * connection's later events are waited for here without asking it again.
  * With a host pool, or cuda_event NULL, this is kvd_seq_unpin. The engine's work must be
  * done before kvd_seq_release too (the daemon frees the blocks at once). Returns 0, 1, what
  * kvd_seq_unpin returns, or -errno from the driver's wait. Since KVD_1.3.
