@@ -28,6 +28,7 @@
 #include "basic/macro.h"
 #include "basic/cuda-dl.h"
 #include "fixture.h"
+#include "gpu-test.h"
 #include "test.h"
 
 #define TOKENS 40u
@@ -182,6 +183,7 @@ int test_setup(void) {
 	}
 	if (child)
 		_exit(child_main(child));
+	gpu_test_ran_on(cu, why);
 	/* The fixture's K/V helpers then use driver copies, as on any GPU. */
 	setenv("KVD_TEST_BACKEND", "cuda", 1);
 	return 0;

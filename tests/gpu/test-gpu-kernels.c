@@ -56,6 +56,7 @@ int test_setup(void) {
 }
 #else
 #include "cuda-kernels-internal.h"
+#include "gpu-test.h"
 
 static const struct cuda_dl *cu;
 static CUcontext ctx;
@@ -104,6 +105,7 @@ int test_setup(void) {
 		printf("no usable GPU: no context on device 0\n");
 		return EXIT_TEST_SKIP;
 	}
+	gpu_test_ran_on(cu, why);
 	r = kvd_cuda_kernels_new(cu, &K);
 	if (r < 0)
 		printf("loading the kernels (built for sm %s): %s\n", kvd_cuda_kernels_arch(),

@@ -23,6 +23,7 @@
 
 #include "basic/macro.h"
 #include "fixture.h"
+#include "gpu-test.h"
 #include "test.h"
 
 #define TOKENS 512u
@@ -45,6 +46,19 @@ static const kvd_model_spec spec = {
 	.block_tokens = 16,
 	.layout = KVD_LAYOUT_PER_LAYER,
 };
+
+/* Its daemons load the driver (the fake one in CI): without one, nothing to compare. */
+int test_setup(void) {
+	const struct cuda_dl *cu;
+	const char *why = NULL;
+
+	if (cuda_dl_load(&cu, &why) < 0) {
+		printf("no usable GPU: %s\n", why);
+		return EXIT_TEST_SKIP;
+	}
+	gpu_test_ran_on(cu, why);
+	return 0;
+}
 
 /* What one run kept: positions per (policy, layer, kv head). */
 struct kept {
