@@ -4,12 +4,13 @@
 #include <errno.h>
 
 /*
- * The daemon's one event loop, on io_uring. This is the only file that knows io_uring:
- * everything else submits operations described by a struct loop_op embedded in the object
- * that owns the operation, and gets its handler called with the result (a byte count, an
- * fd, or a negative errno) when it completes. Buffers, msghdrs and the owner itself must
- * stay alive until the handler ran: owners count their operations in flight and free
- * themselves only when none is left (see conn.c).
+ * The daemon's one event loop, on io_uring, or on epoll where io_uring is not allowed
+ * (loop-epoll.h). loop.c is the only file that knows io_uring: everything else submits
+ * operations described by a struct loop_op embedded in the object that owns the operation,
+ * and gets its handler called with the result (a byte count, an fd, or a negative errno)
+ * when it completes. Buffers, msghdrs and the owner itself must stay alive until the
+ * handler ran: owners count their operations in flight and free themselves only when none
+ * is left (see conn.c).
  *
  * Single-threaded: the loop, every handler and every submission run on one thread.
  */
@@ -27,16 +28,28 @@ typedef void (*loop_handler)(struct loop_op *op, int res, bool more);
 
 struct loop_op {
 	loop_handler handler;
+	/* The epoll loop's record of the operation while it waits (io_uring keeps its own). */
+	struct loop_op *next;
+	uint8_t kind;
+	int fd;
+	int res;
+	unsigned events;
+	void *buf;
+	size_t n;
+	uint64_t deadline_ns;
 };
 
 /*
- * The io_uring setup: LOOP_SETUP_AUTO asks for DEFER_TASKRUN and the taskrun flag (Linux
- * 6.1) and goes without them on older kernels; LOOP_SETUP_BASIC goes without them anyway,
- * so that the older kernels' path can be run on a newer one (--uring-setup).
+ * The loop's setup (--uring-setup): LOOP_SETUP_AUTO asks io_uring for DEFER_TASKRUN and the
+ * taskrun flag (Linux 6.1) and goes without them on older kernels, and on epoll where
+ * io_uring is not allowed (EPERM, ENOSYS: a seccomp profile, kernel.io_uring_disabled, a
+ * sandbox without it); LOOP_SETUP_BASIC goes without them anyway, so that the older
+ * kernels' path can be run on a newer one; LOOP_SETUP_EPOLL goes without io_uring.
  */
 enum loop_setup {
 	LOOP_SETUP_AUTO,
 	LOOP_SETUP_BASIC,
+	LOOP_SETUP_EPOLL,
 	_LOOP_SETUP_MAX,
 	_LOOP_SETUP_INVALID = -EINVAL,
 };
@@ -46,6 +59,9 @@ const char *loop_setup_to_string(int v);
 int loop_new(enum loop_setup setup, struct loop **ret);
 /* Whether the loop got DEFER_TASKRUN and the taskrun flag. */
 bool loop_deferred(const struct loop *l);
+/* What the loop runs on, and why, in a sentence for the log: io_uring (deferred or
+ * basic), or epoll (configured, or why io_uring was refused). */
+const char *loop_describe(const struct loop *l);
 struct loop *loop_free(struct loop *l);
 
 int loop_accept(struct loop *l, struct loop_op *op, int fd);  /* multishot */

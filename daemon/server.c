@@ -763,12 +763,10 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 		goto fail;
 	r = loop_new(s->limits.uring_setup, &s->loop);
 	if (r < 0) {
-		log_error_errno(r, "cannot set up io_uring");
+		log_error_errno(r, "cannot set up the event loop");
 		goto fail;
 	}
-	log_info("io_uring: %s", loop_deferred(s->loop) ? "deferred task running (Linux 6.1 and later)" :
-	         s->limits.uring_setup == LOOP_SETUP_BASIC ? "basic setup, as configured (--uring-setup=basic)" :
-	         "basic setup (the kernel has no DEFER_TASKRUN)");
+	log_info("event loop: %s", loop_describe(s->loop));
 	r = server_setup_rings(s);
 	if (r < 0)
 		goto fail;

@@ -220,7 +220,8 @@ static const struct setting node_table[] = {
 	  .enum_name = ring_doorbell_to_string, .enum_n = _RING_BELL_MAX },
 	{ "uring-setup", SETTING_ENUM, 0, "KIND", "auto", NULL,
 	  "how the event loop sets up io_uring: auto (deferred task running where the kernel has "
-	  "it, Linux 6.1) or basic (without it, as on older kernels)", NODE(uring_setup),
+	  "it, Linux 6.1), basic (without it, as on older kernels) or epoll (no io_uring, what "
+	  "both fall back to where io_uring is not allowed)", NODE(uring_setup),
 	  .enum_name = loop_setup_to_string, .enum_n = _LOOP_SETUP_MAX },
 	{ "log-level", SETTING_ENUM, SETTING_RUNTIME, "LEVEL", "info", NULL,
 	  "least important messages logged", NODE(log_level),

@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 #include <dirent.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -11,6 +14,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -51,6 +55,7 @@ void fixture_write_config(struct fixture *f, const char *text) {
 
 void fixture_setup(struct fixture *f, const char *config, bool log) {
 	f->fd_limit = 0;
+	f->deny_io_uring = false;
 	snprintf(f->dir, sizeof(f->dir), "/tmp/kvd-test-XXXXXX");
 	ASSERT_TRUE(mkdtemp(f->dir));
 	snprintf(f->socket, sizeof(f->socket), "%s/kvd.sock", f->dir);
@@ -78,6 +83,25 @@ void fixture_start(struct fixture *f, const char *const *args) {
 	fixture_launch(f, args);
 }
 
+/* In the child about to run the daemon: a seccomp filter under which io_uring_setup fails
+ * with EPERM, every other call allowed (what Docker's and containerd's default profiles do
+ * to io_uring). */
+static int deny_io_uring(void) {
+	/* io_uring_setup has the same number on every architecture (the generic table's). */
+	struct sock_filter code[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+	struct sock_fprog prog = { .len = ELEMENTSOF(code), .filter = code };
+
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 ||
+	    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) < 0)
+		return -errno;
+	return 0;
+}
+
 void fixture_launch(struct fixture *f, const char *const *args) {
 	const char *daemon = getenv("KVD_DAEMON");
 	const char *argv[64];
@@ -100,6 +124,10 @@ void fixture_launch(struct fixture *f, const char *const *args) {
 	 * KVD_TEST_BACKEND=cuda runs a test on the cuda backend instead (tests/gpu/meson.build
 	 * does so under the fake driver of tests/fake-cuda). */
 	argv[n++] = fixture_backend_cuda() ? "--backend=cuda" : "--backend=host";
+	/* KVD_TEST_LOOP=epoll: the loop kvd falls back to where io_uring is not allowed
+	 * (tests/integration/meson.build runs the suite so once). */
+	if (getenv("KVD_TEST_LOOP") && strcmp(getenv("KVD_TEST_LOOP"), "epoll") == 0)
+		argv[n++] = "--uring-setup=epoll";
 	for (; args && *args && n < sizeof(argv) / sizeof(argv[0]) - 1; args++)
 		argv[n++] = *args;
 	argv[n] = NULL;
@@ -118,6 +146,8 @@ void fixture_launch(struct fixture *f, const char *const *args) {
 			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
 				_exit(126);
 		}
+		if (f->deny_io_uring && deny_io_uring() < 0)
+			_exit(126);
 		execv(daemon, (char *const *)argv);
 		_exit(127);
 	}

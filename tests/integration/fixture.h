@@ -23,6 +23,9 @@ struct fixture {
 	char log[128];                /* the daemon's stderr (dir/kvd.log), or "" for the test's */
 	unsigned fd_limit;            /* when not 0, the daemon's RLIMIT_NOFILE (set before
 	                               * fixture_launch) */
+	bool deny_io_uring;           /* the daemon runs under a seccomp filter that refuses
+	                               * io_uring_setup with EPERM, as container runtimes' default
+	                               * profiles do (set before fixture_launch) */
 };
 
 /* Whether the daemon runs --backend cuda (KVD_TEST_BACKEND=cuda: tests/gpu/meson.build runs

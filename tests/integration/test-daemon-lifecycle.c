@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The daemon's life and the library's process rules: a stop tells clients, handles do not
- * survive fork(), and the command line says what it accepts.
+ * The daemon's life and the library's process rules: a stop tells clients, kvd starts where
+ * io_uring is refused, handles do not survive fork(), and the command line says what it
+ * accepts.
  */
 #include <errno.h>
 #include <poll.h>
@@ -48,6 +49,38 @@ TEST(sigterm_tells_clients) {
 	ASSERT_OK(kvd_seq_release(s) == -ECONNRESET ? 0 : -1);
 	kvd_client_unref(c);
 	rmdir(f.dir);
+}
+
+/*
+ * Where io_uring is not allowed (here a seccomp filter refusing io_uring_setup with EPERM,
+ * as the default profiles of Docker and containerd do), kvd starts on its epoll loop,
+ * says why in one line, and serves: a tenant's steps over the rings and the socket.
+ */
+TEST(starts_where_io_uring_is_refused) {
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *s;
+	int m;
+
+	fixture_setup(&f, NULL, true);
+	f.deny_io_uring = true;
+	fixture_launch(&f, small_pool);
+	ASSERT_TRUE(fixture_wait_log(&f, "event loop: epoll: io_uring is not allowed here "
+	                                 "(Operation not permitted: a seccomp profile", 1));
+	ASSERT_TRUE(fixture_wait_log(&f, "eventfd doorbell", 1));
+	c = fixture_connect(&f, "t");
+	m = kvd_model_register(c, &shape);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_seq_open(c, m, 64, &s));
+	for (int ring = 1; ring >= 0; ring--) {
+		ASSERT_OK(kvd_client_set_ring(c, ring));
+		ASSERT_OK(kvd_seq_grow(s, 16));
+		ASSERT_OK(kvd_seq_pin(s));
+		ASSERT_OK(kvd_seq_unpin(s));
+	}
+	ASSERT_OK(kvd_seq_release(s));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
 TEST(handles_do_not_survive_fork) {

@@ -13,8 +13,9 @@
  * doorbell protocol (proto/common/ring.h) but no libkvd and no daemon. Then one kvd
  * operation through libkvd, against a kvd this program starts: kvd_seq_pin and
  * kvd_seq_unpin, alternately, each timed on its own, over the socket
- * (kvd_client_set_ring(c, 0)) and through the rings. Floor and kvd are measured under the
- * same conditions:
+ * (kvd_client_set_ring(c, 0)) and through the rings, with kvd's loop on io_uring and again
+ * on epoll (--uring-setup=epoll, what kvd runs on where io_uring is not allowed). Floor and
+ * kvd are measured under the same conditions:
  *   - waiting: "spin", both sides spin and never sleep (kvd --poll-us 1000000, a client spin
  *     of 1 s, and the floors alike); "spin-sleep", both spin for --poll-us (server) and
  *     --spin-us (client) and then sleep, kvd's defaults; "sleep", neither spins, so that
@@ -103,6 +104,9 @@ struct row {
 	struct stats socket_floor, socket_fdroom_floor, socket_kvd, ring_floor, ring_kvd;
 	bool eventfd;                 /* the "sleep" rows also measure the eventfd doorbell */
 	struct stats ring_eventfd_kvd;
+	/* kvd on its epoll loop (--uring-setup=epoll, where io_uring is not allowed), whose
+	 * rings have the eventfd doorbell. */
+	struct stats socket_epoll_kvd, ring_epoll_kvd;
 };
 
 static cpu_set_t all_cpus;
@@ -411,8 +415,10 @@ static void daemon_stop(struct daemon *d) {
 	rmdir(d->dir);
 }
 
-/* Starts kvd on a socket of its own, on cpu (< 0: anywhere), and waits until it answers. */
-static int daemon_start(struct daemon *d, uint32_t poll_us, const char *doorbell, int cpu) {
+/* Starts kvd on a socket of its own, its loop set up as loop says (--uring-setup), on cpu
+ * (< 0: anywhere), and waits until it answers. */
+static int daemon_start(struct daemon *d, uint32_t poll_us, const char *doorbell, const char *loop,
+                        int cpu) {
 	char poll[16];
 
 	*d = (struct daemon){};
@@ -429,7 +435,7 @@ static int daemon_start(struct daemon *d, uint32_t poll_us, const char *doorbell
 		const char *argv[] = { arg_kvd, "--socket", d->socket, "--config", "/dev/null",
 			               "--state-dir", d->state, "--backend", arg_backend, "--pool-size",
 			               "64MiB", "--chunk-size", "1MiB", "--poll-us", poll,
-			               "--ring-doorbell", doorbell,
+			               "--ring-doorbell", doorbell, "--uring-setup", loop,
 			               "--log-level", "warning", NULL };
 
 		pin_cpu(cpu);
@@ -593,16 +599,25 @@ static int measure_row(struct row *row, int client_cpu) {
 		r = floor_ring(st, client_cpu, &row->ring_floor);
 	if (r < 0)
 		return r;
-	r = daemon_start(&d, st->server_spin_us, "auto", cpus[0]);
+	r = daemon_start(&d, st->server_spin_us, "auto", "auto", cpus[0]);
 	if (r < 0)
 		return r;
 	r = kvd_latency(d.socket, false, st->client_spin_us, client_cpu, &row->socket_kvd);
 	if (r >= 0)
 		r = kvd_latency(d.socket, true, st->client_spin_us, client_cpu, &row->ring_kvd);
 	daemon_stop(&d);
+	if (r < 0)
+		return r;
+	r = daemon_start(&d, st->server_spin_us, "auto", "epoll", cpus[0]);
+	if (r < 0)
+		return r;
+	r = kvd_latency(d.socket, false, st->client_spin_us, client_cpu, &row->socket_epoll_kvd);
+	if (r >= 0)
+		r = kvd_latency(d.socket, true, st->client_spin_us, client_cpu, &row->ring_epoll_kvd);
+	daemon_stop(&d);
 	if (r < 0 || !row->eventfd)
 		return r;
-	r = daemon_start(&d, st->server_spin_us, "eventfd", cpus[0]);
+	r = daemon_start(&d, st->server_spin_us, "eventfd", "auto", cpus[0]);
 	if (r < 0)
 		return r;
 	r = kvd_latency(d.socket, true, st->client_spin_us, client_cpu, &row->ring_eventfd_kvd);
@@ -863,6 +878,8 @@ static void print_text(const struct row *rows, unsigned n_rows, const double *tp
 		print_pair("ring", &r->ring_floor, &r->ring_kvd, RING_TARGET);
 		if (r->eventfd)
 			print_pair("ring (eventfd)", &r->ring_floor, &r->ring_eventfd_kvd, RING_TARGET);
+		print_pair("socket (epoll)", &r->socket_floor, &r->socket_epoll_kvd, SOCKET_TARGET);
+		print_pair("ring (epoll)", &r->ring_floor, &r->ring_epoll_kvd, RING_TARGET);
 	}
 	printf("throughput, pin and unpin back to back (ops/s, %.1f s, --poll-us %" PRIu32
 	       ", client spin %" PRIu32 " us, unpinned):\n", arg_seconds, arg_poll_us, arg_spin_us);
@@ -921,6 +938,8 @@ static void print_json(const struct row *rows, unsigned n_rows, const double *tp
 		json_pair("ring", &r->ring_floor, &r->ring_kvd, RING_TARGET);
 		if (r->eventfd)
 			json_pair("ring_eventfd", &r->ring_floor, &r->ring_eventfd_kvd, RING_TARGET);
+		json_pair("socket_epoll", &r->socket_floor, &r->socket_epoll_kvd, SOCKET_TARGET);
+		json_pair("ring_epoll", &r->ring_floor, &r->ring_epoll_kvd, RING_TARGET);
 		printf("}");
 	}
 	printf("\n  ],\n  \"throughput_seconds\": %.3f,\n  \"throughput\": [", arg_seconds);
@@ -949,7 +968,8 @@ static void help(void) {
 	       "Unix-socket round trip with recv()/send(); the same with kvd's recvmsg() with\n"
 	       "room for fds and sendmsg() (\"fd room\": the floor of any protocol that passes\n"
 	       "fds on its socket, as kvd's does); and a raw ring round trip. Each spinning,\n"
-	       "spinning then sleeping, and sleeping, on one core and across two; then\n"
+	       "spinning then sleeping, and sleeping, on one core and across two, with kvd on\n"
+	       "io_uring and again on its epoll loop (where io_uring is not allowed); then\n"
 	       "pin/unpin throughput with 1, 4 and 16 clients; then what a chunk grant costs\n"
 	       "when the chunk is the tenant's own freed one and when it was another tenant's\n"
 	       "(a new memory object); then what a client flooding the daemon with pipelined\n"
@@ -968,8 +988,9 @@ static void help(void) {
 	       "                    kvd's)\n"
 	       "  --json            Print JSON instead of tables; ratio fields are named\n"
 	       "                    ring_ratio_*, ring_eventfd_ratio_*, socket_ratio_* (against\n"
-	       "                    the plain floor) and socket_fdroom_ratio_* (against the\n"
-	       "                    fd-room floor, socket_fdroom_floor_*)\n"
+	       "                    the plain floor), socket_fdroom_ratio_* (against the\n"
+	       "                    fd-room floor, socket_fdroom_floor_*), and socket_epoll_*,\n"
+	       "                    ring_epoll_* for kvd on its epoll loop (--uring-setup=epoll)\n"
 	       "  -h --help         Show this help and exit\n"
 	       "\n"
 	       "Exit status: 0 when every figure was measured, 1 on errors, 2 on usage errors.\n",
@@ -1076,7 +1097,7 @@ int bench_ipc(int argc, char **argv) {
 	if (r >= 0) {
 		struct daemon d;
 
-		r = daemon_start(&d, arg_poll_us, "auto", -1);
+		r = daemon_start(&d, arg_poll_us, "auto", "auto", -1);
 		for (unsigned i = 0; r >= 0 && i < ELEMENTSOF(throughput_clients); i++) {
 			r = throughput(d.socket, true, throughput_clients[i], &tput[2 * i]);
 			if (r >= 0)
