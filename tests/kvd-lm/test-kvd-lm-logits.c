@@ -5,7 +5,8 @@
  * kvdlm.py (and checked against an independent float64 numpy forward), and the 16 greedy
  * tokens after it. The same logits must come out of one prefill, of prefills in chunks of
  * 7 tokens, of token-by-token decoding, and with 1 or 3 threads. The trained model
- * (eval/kvd-lm/models/kvd-lm-small.kvdlm) is checked the same way on small-input.txt.
+ * (eval/kvd-lm/models/kvd-lm-small.kvdlm) is checked the same way on small-input.txt, and
+ * the subword model (kvd-lm-base.kvdlm, with its tokenizer) on base-input.txt.
  *
  * Tolerance. The reference is fp32 torch; this engine is fp32 too but sums in other orders
  * (FMA contraction, blocked dot products, an online softmax, a polynomial exp). Such
@@ -247,6 +248,32 @@ TEST(small_greedy) {
 	_cleanup_(freep) char *logits = data_path("KVD_LM_DATA", "small-logits.npy");
 	_cleanup_(freep) char *greedy = data_path("KVD_LM_DATA", "small-greedy.txt");
 
+	check_greedy(model, input, logits, greedy);
+}
+
+/* The subword model (kvd-lm-base, its tokenizer beside it) on a short niah-like prompt: its
+ * logits over 3,072 tokens, and its greedy answer (" 994", "958", "5", the right one). Not
+ * in the sanitizer build, where the small model stands for the trained ones. */
+TEST(base_logits) {
+	_cleanup_(freep) char *model = data_path("KVD_LM_MODELS", "kvd-lm-base.kvdlm");
+	_cleanup_(freep) char *input = data_path("KVD_LM_DATA", "base-input.txt");
+	_cleanup_(freep) char *logits = data_path("KVD_LM_DATA", "base-logits.npy");
+
+#ifdef KVD_TEST_SANITIZED
+	TEST_SKIP("the base model stays out of the sanitizer build");
+#endif
+	check_model(model, input, logits);
+}
+
+TEST(base_greedy) {
+	_cleanup_(freep) char *model = data_path("KVD_LM_MODELS", "kvd-lm-base.kvdlm");
+	_cleanup_(freep) char *input = data_path("KVD_LM_DATA", "base-input.txt");
+	_cleanup_(freep) char *logits = data_path("KVD_LM_DATA", "base-logits.npy");
+	_cleanup_(freep) char *greedy = data_path("KVD_LM_DATA", "base-greedy.txt");
+
+#ifdef KVD_TEST_SANITIZED
+	TEST_SKIP("the base model stays out of the sanitizer build");
+#endif
 	check_greedy(model, input, logits, greedy);
 }
 
