@@ -125,8 +125,10 @@ void fixture_launch(struct fixture *f, const char *const *args) {
 	 * does so under the fake driver of tests/fake-cuda). */
 	argv[n++] = fixture_backend_cuda() ? "--backend=cuda" : "--backend=host";
 	/* KVD_TEST_LOOP=epoll: the loop kvd falls back to where io_uring is not allowed
-	 * (tests/integration/meson.build runs the suite so once). */
-	if (getenv("KVD_TEST_LOOP") && strcmp(getenv("KVD_TEST_LOOP"), "epoll") == 0)
+	 * (tests/integration/meson.build runs the suite so once); a daemon denied io_uring
+	 * must come to it by itself. */
+	if (getenv("KVD_TEST_LOOP") && strcmp(getenv("KVD_TEST_LOOP"), "epoll") == 0 &&
+	    !f->deny_io_uring)
 		argv[n++] = "--uring-setup=epoll";
 	for (; args && *args && n < sizeof(argv) / sizeof(argv[0]) - 1; args++)
 		argv[n++] = *args;
