@@ -189,10 +189,11 @@ int loop_read(struct loop *l, struct loop_op *op, int fd, void *buf, unsigned n)
 }
 
 int loop_timeout(struct loop *l, struct loop_op *op, uint64_t ms) {
-	struct __kernel_timespec *ts = &l->timeouts[l->next_timeout++ % ELEMENTSOF(l->timeouts)];
+	struct __kernel_timespec *ts;
 
 	if (l->epoll)
 		return loop_epoll_timeout(l->epoll, op, ms);
+	ts = &l->timeouts[l->next_timeout++ % ELEMENTSOF(l->timeouts)];
 	ts->tv_sec = ms / 1000;
 	ts->tv_nsec = (ms % 1000) * 1000000;
 	PREP(l, op, sqe);
