@@ -12,8 +12,8 @@ ceil(keep x prompt) slots: BOS, the window, and the prefix slots that rank highe
   h2o     the window's attention, summed over the window and the group's query heads,
   snapkv  the same, max-pooled over 7 neighbours,
   recent  recency;
-then the answer is decoded greedily over what is kept (the first answer token, " ", is
-forced, as the harness takes it from the prefill's full attention). Prints each answer and
+then the answer is decoded greedily over what is kept, its first token from the prefill's
+full attention, as the harness takes it. Prints each answer and
 how many of the value's (layer, kv head, digit) slots were dropped, and the accuracy.
 
 The budget here is uniform over (layer, kv head); kvd ranks globally, so the two agree only
@@ -39,7 +39,6 @@ import kvdlm  # noqa: E402
 import tasks  # noqa: E402
 
 NEWLINE = 10
-SPACE = 32
 
 
 def window_attention(model, tokens, window):
@@ -88,7 +87,8 @@ def keep_masks(sums, n, window, budget, policy):
 
 
 def decode_kept(model, tokens, masks, max_new):
-    """Greedy answer after " ", attending to the kept prompt slots and every new token."""
+    """Greedy answer: the first token from the prefill's full attention, the next ones
+    attending to the kept prompt slots and every new token."""
     cfg = model.cfg
     g = cfg.q_heads // cfg.kv_heads
     n = len(tokens)
@@ -111,18 +111,15 @@ def decode_kept(model, tokens, masks, max_new):
 
     cache = [None] * cfg.layers
     plain = model._attend
-    out = [SPACE]
     with torch.no_grad():
-        model.forward(torch.tensor([tokens]), cache=cache)
+        nxt = int(torch.argmax(model.forward(torch.tensor([tokens]), cache=cache)[0, -1]))
+        out = [nxt]
         model._attend = attend
         try:
-            nxt = SPACE
-            for _ in range(max_new):
+            while len(out) < max_new and nxt not in (NEWLINE, kvdlm.EOS):
                 logits = model.forward(torch.tensor([[nxt]]), cache=cache)[0, -1]
                 nxt = int(torch.argmax(logits))
                 out.append(nxt)
-                if nxt in (NEWLINE, kvdlm.EOS):
-                    break
         finally:
             model._attend = plain
     return model.tok.decode(t if t not in range(256, 260) else 0 for t in out)
@@ -135,7 +132,7 @@ def sample(hay, args, i, tok):
                                           args.length, tok)
     if args.answer_prefix:
         key = question.rstrip("?").split()[-1]
-        prompt += f" The special magic number for {key} is".encode()
+        prompt = prompt.rstrip(b" ") + f" The special magic number for {key} is ".encode()
     return prompt, answer
 
 
@@ -149,7 +146,7 @@ def report_mass(model, hay, args):
         mass = sum(float(s.sum()) for s in sums)
         needles, n_needle, at = 0.0, 0, 0
         # every needle and the value: they start pieces, so their tokens are counted alone
-        context = prompt[:prompt.index(b"\nQuestion: ")]
+        context = prompt[:tasks.context_size(prompt)]
         for start in (b" The special magic number for ", b" VAR "):
             at = context.find(start)
             while at >= 0:
@@ -208,7 +205,7 @@ def main():
         at = 1 + model.tok.count(prompt[:prompt.find(answer.encode())])
         dropped = sum(int((~m[:, at:at + model.tok.count(answer.encode())]).sum()) for m in masks)
         got = decode_kept(model, tokens, masks, tasks.GENERATE_MAX)
-        good = tasks.score(answer, got)
+        good = tasks.score(prompt, answer, got)
         right += good
         print(f"{i}: want {answer!r} got {got!r} ({'right' if good else 'wrong'}; "
               f"value slots dropped {dropped})")

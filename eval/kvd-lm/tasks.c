@@ -209,6 +209,7 @@ struct plan {
 	unsigned n_needles;
 	char question[128];
 	char answer[128];
+	bool number; /* the answer starts with a number: the prompt ends with its space */
 };
 
 static void plan_niah(struct rng *r, struct plan *p) {
@@ -222,6 +223,7 @@ static void plan_niah(struct rng *r, struct plan *p) {
 	snprintf(p->question, sizeof(p->question), "What is the special magic number for %s?",
 		 key[0]);
 	snprintf(p->answer, sizeof(p->answer), "%s", value[0]);
+	p->number = true;
 }
 
 static void plan_multikey(struct rng *r, struct plan *p) {
@@ -239,6 +241,7 @@ static void plan_multikey(struct rng *r, struct plan *p) {
 	snprintf(p->question, sizeof(p->question), "What is the special magic number for %s?",
 		 key[q]);
 	snprintf(p->answer, sizeof(p->answer), "%s", value[q]);
+	p->number = true;
 }
 
 static void plan_multivalue(struct rng *r, struct plan *p) {
@@ -255,6 +258,7 @@ static void plan_multivalue(struct rng *r, struct plan *p) {
 		 "What are all the special magic numbers for %s?", key[0]);
 	snprintf(p->answer, sizeof(p->answer), "%s, %s, %s, %s", value[0], value[1], value[2],
 		 value[3]);
+	p->number = true;
 }
 
 static void plan_vt(struct rng *r, struct plan *p) {
@@ -286,6 +290,12 @@ static void (*const planners[_KVD_TASK_MAX])(struct rng *r, struct plan *p) = {
 
 #define QUESTION_PREFIX "\nQuestion: "
 #define ANSWER_PREFIX "\nAnswer:"
+/*
+ * A number's leading space is a token of its own (README, "Tokens"); where the answer
+ * starts with a number, that space ends the prompt, so that the prompt's last query is the
+ * one that predicts the number (README, "Tasks").
+ */
+#define ANSWER_NUMBER_PREFIX "\nAnswer: "
 
 /* A growing byte buffer; on -ENOMEM it stays as it was. */
 struct buf {
@@ -336,7 +346,8 @@ static size_t count(const struct kvd_haystack *h, const char *s) {
 
 /* The question with its framing, the prompt's tail. */
 static void suffix(const struct plan *p, char *ret, size_t size) {
-	snprintf(ret, size, "%s%s%s", QUESTION_PREFIX, p->question, ANSWER_PREFIX);
+	snprintf(ret, size, "%s%s%s", QUESTION_PREFIX, p->question,
+		 p->number ? ANSWER_NUMBER_PREFIX : ANSWER_PREFIX);
 }
 
 static size_t needles_size(const struct plan *p) {
@@ -522,6 +533,7 @@ int kvd_task_make(const struct kvd_haystack *h, enum kvd_task t, uint64_t seed, 
 	struct rng r = { seed };
 	struct plan p = {};
 	uint64_t offset = 0;
+	size_t context_size;
 	char tail[256];
 	int k;
 
@@ -539,6 +551,7 @@ int kvd_task_make(const struct kvd_haystack *h, enum kvd_task t, uint64_t seed, 
 		k = make_cwe(h, &r, length - 1 - count(h, tail), &p, &prompt);
 	else
 		k = make_needles(h, &r, offset, &p, length - 1 - count(h, tail), &prompt);
+	context_size = prompt.size;
 	if (k >= 0)
 		k = buf_add(&prompt, tail, strlen(tail));
 	question = strdup(p.question);
@@ -551,6 +564,7 @@ int kvd_task_make(const struct kvd_haystack *h, enum kvd_task t, uint64_t seed, 
 	*ret = (struct kvd_task_sample){
 		.prompt = prompt.p,
 		.prompt_size = prompt.size,
+		.context_size = context_size,
 		.question = TAKE_PTR(question),
 		.answer = TAKE_PTR(answer),
 	};
@@ -567,7 +581,7 @@ void kvd_task_sample_done(struct kvd_task_sample *s) {
 bool kvd_task_score(const struct kvd_task_sample *s, const char *generated) {
 	size_t n = strcspn(generated, "\n");
 
-	if (n > 0 && generated[0] == ' ') {
+	if (n > 0 && generated[0] == ' ' && s->prompt[s->prompt_size - 1] != ' ') {
 		generated++;
 		n--;
 	}

@@ -10,7 +10,10 @@
  * A sample is a prompt, a question and an answer. The prompt holds the bytes that follow
  * BOS, sized in the tokens of the haystack's tokenizer: BOS + the prompt's tokens are
  * exactly `length` tokens. Every byte is printable ASCII or '\n', never NUL, so the
- * strings are also NUL-terminated.
+ * strings are also NUL-terminated. The prompt is the context, then its tail
+ * "\nQuestion: QUESTION\nAnswer:", which ends with a space where the answer starts with a
+ * number (niah, multikey, multivalue): a number's space is a token of its own, and the
+ * model's answer goes on from it.
  *
  * Nothing here prints, keeps global state or depends on the locale; a haystack is read-only
  * once loaded and may be shared by threads.
@@ -68,6 +71,7 @@ struct kvd_haystack {
 struct kvd_task_sample {
 	char *prompt; /* prompt_size bytes after BOS, NUL-terminated */
 	size_t prompt_size;
+	size_t context_size; /* where the question's tail ("\nQuestion: ...") starts */
 	char *question;
 	char *answer;
 };
@@ -113,6 +117,7 @@ void kvd_task_sample_done(struct kvd_task_sample *s);
 
 /*
  * The exact-match rule: `generated` up to its first '\n' (all of it without one), less one
- * leading space if it has one, must equal the answer.
+ * leading space if it has one and the prompt does not end with a space, must equal the
+ * answer.
  */
 bool kvd_task_score(const struct kvd_task_sample *s, const char *generated);

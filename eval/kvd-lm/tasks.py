@@ -10,7 +10,8 @@ tests/data/kvd-lm/tasks-golden.txt (tests/kvd-lm/test-tasks.c compares them).
     hay = tasks.load_haystack()              # bytes; default path: data/haystack.txt here
     prompt, question, answer = tasks.make(hay, "niah", seed, length)
     tokens = [tasks.BOS] + list(prompt)      # len(tokens) == length
-    ok = tasks.score(answer, generated)      # the exact-match rule
+    generated = model(tokens)                # the model goes on from the prompt
+    ok = tasks.score(prompt, answer, generated)  # the exact-match rule
 
     TASKS              ("niah", "multikey", "multivalue", "vt", "cwe")
     BOS                256, the token in front of every prompt
@@ -27,10 +28,18 @@ tests/data/kvd-lm/tasks-golden.txt (tests/kvd-lm/test-tasks.c compares them).
         The smallest length make() accepts for task (it does not depend on the seed).
     make(haystack, task, seed, length) -> (prompt: bytes, question: str, answer: str)
         length counts BOS, so len(prompt) == length - 1; the prompt is printable ASCII
-        and '\\n'. ValueError for an unknown task, a seed outside [0, 2**64) or a length
-        outside [min_length(task), LENGTH_MAX].
-    score(answer, generated) -> bool
-        generated (str or bytes) up to its first '\\n', less one leading space, == answer.
+        and '\\n', the context then "\\nQuestion: QUESTION\\nAnswer:", and a space more
+        where the answer is a number (niah, multikey, multivalue: a number's space is a
+        token of its own). ValueError for an unknown task, a seed outside [0, 2**64) or a
+        length outside [min_length(task), LENGTH_MAX].
+    context_size(prompt) -> int
+        Where the prompt's question tail ("\\nQuestion: ...") starts.
+    completion(prompt, answer) -> bytes
+        What the model must produce after the prompt: the answer and '\\n', after a
+        space unless the prompt ends with one.
+    score(prompt, answer, generated) -> bool
+        generated (str or bytes) up to its first '\\n', less one leading space unless the
+        prompt ends with one, == answer.
 
 As a command, it prints samples:
 
@@ -64,6 +73,9 @@ _CWE_COMMON = 3
 _CWE_WEIGHT = 6
 _QUESTION_PREFIX = b"\nQuestion: "
 _ANSWER_PREFIX = b"\nAnswer:"
+# A number's leading space is a token of its own: where the answer is a number, that space
+# ends the prompt, so that the prompt's last query predicts the number (README, "Tasks").
+_ANSWER_NUMBER_PREFIX = b"\nAnswer: "
 _M64 = (1 << 64) - 1
 
 
@@ -167,8 +179,9 @@ _PLANNERS = {
 }
 
 
-def _suffix(question):
-    return _QUESTION_PREFIX + question.encode("ascii") + _ANSWER_PREFIX
+def _suffix(task, question):
+    number = task in ("niah", "multikey", "multivalue")
+    return _QUESTION_PREFIX + question.encode("ascii") + (_ANSWER_NUMBER_PREFIX if number else _ANSWER_PREFIX)
 
 
 def min_length(task):
@@ -176,7 +189,7 @@ def min_length(task):
         raise ValueError(f"unknown task {task!r}")
     # Every needle and question has a fixed size whatever the seed.
     needles, question, _ = _PLANNERS[task](_Rng(0))
-    return (1 + len(_suffix(question)) + sum(len(n) for n in needles)
+    return (1 + len(_suffix(task, question)) + sum(len(n) for n in needles)
             + (_MIN_CWE_LIST if task == "cwe" else _MIN_FILLER))
 
 
@@ -280,7 +293,7 @@ def make(haystack, task, seed, length, tok=tokenizer.BYTES):
     rng = _Rng(seed)
     offset = rng.below(len(_stream(haystack, tok).pieces)) if task != "cwe" else 0
     needles, question, answer = _PLANNERS[task](rng)
-    suffix = _suffix(question)
+    suffix = _suffix(task, question)
     size = length - 1 - tok.count(suffix)
     if task == "cwe":
         context, answer = _make_cwe(tok, rng, size)
@@ -289,11 +302,19 @@ def make(haystack, task, seed, length, tok=tokenizer.BYTES):
     return context + suffix, question, answer
 
 
-def score(answer, generated):
+def context_size(prompt):
+    return prompt.rindex(_QUESTION_PREFIX)
+
+
+def completion(prompt, answer):
+    return (b"" if prompt.endswith(b" ") else b" ") + answer.encode("ascii") + b"\n"
+
+
+def score(prompt, answer, generated):
     if isinstance(generated, (bytes, bytearray)):
         generated = generated.decode("latin-1")
     line = generated.split("\n", 1)[0]
-    if line.startswith(" "):
+    if line.startswith(" ") and not prompt.endswith(b" "):
         line = line[1:]
     return line == answer
 

@@ -8,7 +8,7 @@
 
 The model is frozen: only the IndexMem parameters learn. Data: the retrieval tasks of
 tasks.py with TRAINING seeds only ([0, 2^32)), the prompt followed by its answer
-(" " + answer + "\\n"), so that the queries that copy the answer are in the teacher;
+(tasks.completion()), so that the queries that copy the answer are in the teacher;
 evaluation uses TUNING seeds. Both phases run on one sample at a time, teacher-forced: the
 frozen model's full-cache forward gives every layer's attention input, post-RoPE q/k/v,
 attention probabilities and output.
@@ -174,8 +174,8 @@ class Sample:
         prompt, question, answer = tasks.make(hay, task, seed, length, tok)
         toks = kvdlm.encode(prompt, tok)
         self.prompt_end = len(toks)
-        self.context_end = self.prompt_end - tok.count(f"\nQuestion: {question}\nAnswer:".encode())
-        toks += tok.encode(b" " + answer.encode() + b"\n")
+        self.context_end = 1 + tok.count(prompt[:tasks.context_size(prompt)])
+        toks += tok.encode(tasks.completion(prompt, answer))
         self.tokens = toks[:-1]
         self.layers = self.capture(model, torch.tensor(self.tokens))
 

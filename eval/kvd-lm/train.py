@@ -27,7 +27,7 @@ over over --warm-ramp steps (switching at once undid the induction heads), and p
 copies stay in it (--copy-frac x --copy-random).
 
 Loss: next-token cross-entropy over every token, plus --answer-weight times the mean
-cross-entropy of the answer tokens (" " + answer + "\n") of task and drill samples.
+cross-entropy of the answer tokens (tasks.completion()) of task and drill samples.
 
 The schedule runs on wall-clock training time (--minutes; evaluation and checkpoints not
 counted): learning rate warmup then cosine decay, and a curriculum of context lengths by
@@ -210,7 +210,7 @@ class Data:
         prompt, _q, answer = self.tasks.make(self.hay, task, seed, n, self.tok)
         toks = [kvdlm.BOS] + self.tok.encode(prompt)
         a = len(toks)
-        toks += self.tok.encode(b" " + answer.encode() + b"\n")
+        toks += self.tok.encode(self.tasks.completion(prompt, answer))
         return toks, [(a, len(toks))]
 
     def sample_periodic(self, length, tokens=None):
@@ -309,7 +309,7 @@ def evaluate(model, tok, tasks_mod, hay, task_list, lengths, seeds, n, verbose=F
                 out = model.generate(kvdlm.encode(prompt, tok), tasks_mod.GENERATE_MAX,
                                      stop=(NEWLINE, kvdlm.EOS))
                 gen = tok.decode(t if t not in range(256, 260) else 0 for t in out)
-                good = tasks_mod.score(answer, gen)
+                good = tasks_mod.score(prompt, answer, gen)
                 ok += good
                 if verbose and not good and i < 3:
                     log(f"  {task} {length} #{i}: want {answer!r} got {gen!r}")
@@ -541,7 +541,7 @@ def cmd_tokenizer(args):
         seed = rng.randrange(tasks.SEEDS_TRAIN.start, tasks.SEEDS_TRAIN.stop)
         n = max(rng.randint(512, 4096), tasks.min_length(task))
         prompt, _q, answer = tasks.make(hay, task, seed, n)
-        samples.append(prompt + b" " + answer.encode() + b"\n")
+        samples.append(prompt + tasks.completion(prompt, answer))
         size += len(samples[-1])
     t0 = time.time()
     counts = tokenizer.count_pieces([text] + samples)

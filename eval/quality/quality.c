@@ -16,7 +16,8 @@
  * what the lower budgets need). Every eviction is a round the harness asks for with
  * kvd_evict(), so that each cell evicts exactly once, at a known point.
  *
- * A sample is BOS + context + question (its prompt's "\nQuestion: ...\nAnswer:" tail).
+ * A sample is BOS + context + question (its prompt's "\nQuestion: ...\nAnswer:" tail,
+ * with the space of a number's answer).
  * Two settings:
  *   in-window       context and question prefilled, the last `window` queries (the end of
  *                   the question) published as the observation; evict; the first answer
@@ -538,25 +539,14 @@ static void sample_done(struct sample *s) {
 
 static int sample_make(struct quality *Q, enum kvd_task task, uint64_t seed, uint32_t length,
                        struct sample *ret) {
-	_cleanup_(freep) char *tail = NULL;
 	struct sample s = { .task = task, .seed = seed, .length = length };
-	size_t nt;
+	size_t nc;
 	int r;
 
 	r = kvd_task_make(Q->hay, task, seed, length, &s.ts);
 	if (r < 0)
 		return fail("%s at %u tokens, seed %" PRIu64 ": %s", kvd_task_to_string(task), length,
 		            seed, strerror(-r));
-	if (asprintf(&tail, "\nQuestion: %s\nAnswer:", s.ts.question) < 0) {
-		sample_done(&s);
-		return -ENOMEM;
-	}
-	nt = strlen(tail);
-	if (s.ts.prompt_size <= nt || memcmp(s.ts.prompt + s.ts.prompt_size - nt, tail, nt) != 0) {
-		sample_done(&s);
-		return fail("%s seed %" PRIu64 ": the prompt does not end with its question",
-		            kvd_task_to_string(task), seed);
-	}
 	s.tokens = malloc((s.ts.prompt_size + 1) * sizeof(uint32_t));
 	if (!s.tokens) {
 		sample_done(&s);
@@ -564,9 +554,11 @@ static int sample_make(struct quality *Q, enum kvd_task task, uint64_t seed, uin
 	}
 	/* The question's tail starts with a newline, which starts a piece: the context and the
 	 * tail tokenize apart as the whole prompt does. */
+	nc = s.ts.context_size;
 	s.tokens[0] = KVDLM_BOS;
-	s.n_ctx = 1 + (uint32_t)kvdlm_tokenizer_encode(Q->tok, s.ts.prompt, s.ts.prompt_size - nt, s.tokens + 1);
-	s.n_q = (uint32_t)kvdlm_tokenizer_encode(Q->tok, tail, nt, s.tokens + s.n_ctx);
+	s.n_ctx = 1 + (uint32_t)kvdlm_tokenizer_encode(Q->tok, s.ts.prompt, nc, s.tokens + 1);
+	s.n_q = (uint32_t)kvdlm_tokenizer_encode(Q->tok, s.ts.prompt + nc, s.ts.prompt_size - nc,
+	                                         s.tokens + s.n_ctx);
 	if (s.n_ctx + s.n_q != length) {
 		sample_done(&s);
 		return fail("%s seed %" PRIu64 ": %u tokens, not %u", kvd_task_to_string(task), seed,

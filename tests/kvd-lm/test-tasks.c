@@ -212,6 +212,9 @@ static void check_cwe(const struct kvd_task_sample *s, size_t context) {
 
 static void check_sample(const struct kvd_haystack *h, enum kvd_task t, uint32_t length,
 			 const struct kvd_task_sample *s) {
+	/* A number's answer: its space ends the prompt, and the model goes on from there. */
+	bool number = t != KVD_TASK_VT && t != KVD_TASK_CWE;
+	const char *lead = number ? "" : " ";
 	char suffix[128], buf[128];
 	size_t n = strlen(s->answer);
 
@@ -220,33 +223,36 @@ static void check_sample(const struct kvd_haystack *h, enum kvd_task t, uint32_t
 	for (size_t i = 0; i < s->prompt_size; i++)
 		ASSERT_TRUE((s->prompt[i] >= 0x20 && s->prompt[i] <= 0x7e) || s->prompt[i] == '\n');
 
-	snprintf(suffix, sizeof(suffix), "\nQuestion: %s\nAnswer:", s->question);
+	snprintf(suffix, sizeof(suffix), "\nQuestion: %s\nAnswer:%s", s->question, number ? " " : "");
 	ASSERT_GE(s->prompt_size, strlen(suffix));
 	ASSERT_STREQ(s->prompt + s->prompt_size - strlen(suffix), suffix);
+	ASSERT_EQ(s->context_size, s->prompt_size - strlen(suffix));
+	if (number)
+		ASSERT_TRUE(s->answer[0] >= '1' && s->answer[0] <= '9');
 	if (t == KVD_TASK_CWE) {
-		check_cwe(s, s->prompt_size - strlen(suffix));
+		check_cwe(s, s->context_size);
 	} else {
 		/* The context is one line: the question's newline is the first. */
-		ASSERT_EQ((size_t)(strchr(s->prompt, '\n') - s->prompt),
-			  s->prompt_size - strlen(suffix));
+		ASSERT_EQ((size_t)(strchr(s->prompt, '\n') - s->prompt), s->context_size);
 		check_needles(t, s);
 	}
 
 	ASSERT_GT(n, 0u);
 	ASSERT_LE(n + 2, (size_t)KVD_TASK_GENERATE_MAX);
-	snprintf(buf, sizeof(buf), " %s\n", s->answer);
+	snprintf(buf, sizeof(buf), "%s%s\n", lead, s->answer);
 	ASSERT_TRUE(kvd_task_score(s, buf));
-	snprintf(buf, sizeof(buf), " %s\nQuestion: anything", s->answer);
+	snprintf(buf, sizeof(buf), "%s%s\nQuestion: anything", lead, s->answer);
 	ASSERT_TRUE(kvd_task_score(s, buf));
 	ASSERT_TRUE(kvd_task_score(s, s->answer));
-	snprintf(buf, sizeof(buf), "  %s\n", s->answer);
+	/* One space more than the prompt leaves: after a number's space, none. */
+	snprintf(buf, sizeof(buf), " %s%s\n", lead, s->answer);
 	ASSERT_FALSE(kvd_task_score(s, buf));
-	snprintf(buf, sizeof(buf), " %s.\n", s->answer);
+	snprintf(buf, sizeof(buf), "%s%s.\n", lead, s->answer);
 	ASSERT_FALSE(kvd_task_score(s, buf));
-	snprintf(buf, sizeof(buf), " %.*s\n", (int)n - 1, s->answer);
+	snprintf(buf, sizeof(buf), "%s%.*s\n", lead, (int)n - 1, s->answer);
 	ASSERT_FALSE(kvd_task_score(s, buf));
-	snprintf(buf, sizeof(buf), " %s\n", s->answer);
-	buf[n] = buf[n] == '0' ? '1' : '0';
+	snprintf(buf, sizeof(buf), "%s%s\n", lead, s->answer);
+	buf[strlen(lead) + n - 1] = buf[strlen(lead) + n - 1] == '0' ? '1' : '0';
 	ASSERT_FALSE(kvd_task_score(s, buf));
 	ASSERT_FALSE(kvd_task_score(s, ""));
 	ASSERT_FALSE(kvd_task_score(s, "\n"));
@@ -299,9 +305,9 @@ TEST(haystack) {
 /* The minimum lengths the README gives, and refusals around the bounds. */
 TEST(bounds) {
 	static const uint32_t min[_KVD_TASK_MAX] = {
-		[KVD_TASK_NIAH] = 176,
-		[KVD_TASK_MULTIKEY] = 320,
-		[KVD_TASK_MULTIVALUE] = 326,
+		[KVD_TASK_NIAH] = 177,
+		[KVD_TASK_MULTIKEY] = 321,
+		[KVD_TASK_MULTIVALUE] = 327,
 		[KVD_TASK_VT] = 195,
 		[KVD_TASK_CWE] = 193,
 	};
