@@ -39,7 +39,8 @@ static const struct policy {
 	POLICY(EXPECTED_ATTENTION, "expected_attention", 0, KVD_BASELINE_EXPECTED_ATTENTION),
 	POLICY(RESTKV, "restkv", KVD_POLICY_LAYER_PIPELINE, NONE),
 	POLICY(LAPROX, "laprox", KVD_POLICY_LAYER_PIPELINE | KVD_POLICY_LAYERWIDE_TOPK, NONE),
-	POLICY(KVD, "kvd", KVD_POLICY_LAYER_PIPELINE | KVD_POLICY_LAYERWIDE_TOPK, NONE),
+	/* Not the layer pipeline alone: its key novelty reads K (novelty_union()). */
+	POLICY(KVD, "kvd", KVD_POLICY_LAYERWIDE_TOPK, NONE),
 	POLICY(KVD_MI, "kvd-mi", KVD_POLICY_NEEDS_MOMENTS | KVD_POLICY_LAYERWIDE_TOPK, NONE),
 	[KVD_POLICY_INDEXMEM] = { { "indexmem", KVD_POLICY_NEEDS_INDEX, KVD_POLICY_KVD }, NONE },
 #undef NONE
@@ -282,6 +283,81 @@ out:
 	return r;
 }
 
+/*
+ * A key whose unsigned order is select.h's order, ascending: the score's bits made monotonic
+ * in the high half (NaN 0, below -inf's 0x007fffff; -0.0 as +0.0), the complemented position
+ * in the low half, so that of equal scores the higher position ranks lower.
+ */
+static uint64_t rank_key(float f, uint32_t i) {
+	uint32_t u = 0;
+
+	if (!isnan(f)) {
+		if (f == 0)
+			f = 0.0f;
+		memcpy(&u, &f, sizeof(u));
+		u = u >> 31 ? ~u : u | 0x80000000u;
+	}
+	return (uint64_t)u << 32 | (uint32_t)~i;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* The positions of s[n] in select.h's order, ascending, into order[n] (key: scratch[n]). */
+static void rank_order(const float *s, uint32_t n, uint64_t *key, uint32_t *order) {
+	for (uint32_t i = 0; i < n; i++)
+		key[i] = rank_key(s[i], i);
+	qsort(key, n, sizeof(*key), cmp_u64);
+	for (uint32_t j = 0; j < n; j++)
+		order[j] = (uint32_t)~key[j];
+}
+
+/*
+ * kvd (docs/algorithms.md §7.5): ReST-KV's costs in scores[rows][stride] (prefix columns)
+ * joined with KeyDiff's key novelty. In each row, the token whose key is the j-th least
+ * novel of its kv head is worth at least the row's j-th lowest cost:
+ *
+ *     v_i = max(c_i, c_(j_i))
+ *
+ * So within the row a token ranks as the higher of its two ranks (kept when either the
+ * window's queries need it or its key stands out, for queries the window has not shown),
+ * and the row keeps ReST-KV's spread of values, which the node-wide ranking compares across
+ * rows. Non-finite costs lend nothing (a sink's +inf stays its own). In place.
+ */
+static int novelty_union(const struct kvd_policy_params *p, const struct kvd_attn_in *in,
+			 float *scores, size_t stride, uint32_t rows) {
+	uint32_t n = in->len - in->window;
+	float *novelty = malloc((size_t)rows * in->len * sizeof(float));
+	float *sorted = malloc(((size_t)n + 1) * sizeof(float));
+	uint64_t *key = malloc(((size_t)n + 1) * sizeof(uint64_t));
+	uint32_t *order = malloc(((size_t)n + 1) * sizeof(uint32_t));
+	int r = -ENOMEM;
+
+	if (!novelty || !sorted || !key || !order)
+		goto out;
+	r = baseline_scores(KVD_BASELINE_KEYDIFF, p, in, novelty);
+	if (r < 0)
+		goto out;
+	for (uint32_t row = 0; row < rows; row++) {
+		float *c = scores + (size_t)row * stride;
+
+		rank_order(c, n, key, order);
+		for (uint32_t j = 0; j < n; j++)
+			sorted[j] = c[order[j]];
+		rank_order(novelty + (size_t)row * in->len, n, key, order);
+		for (uint32_t j = 0; j < n; j++)
+			if (isfinite(sorted[j]) && !(c[order[j]] >= sorted[j]))
+				c[order[j]] = sorted[j];
+	}
+	r = 0;
+out:
+	free(novelty), free(sorted), free(key), free(order);
+	return r;
+}
+
 /* The checks both entry points share; the capacity is kvd_policy_keep's alone. */
 static int params_check(const struct kvd_policy_params *p, const struct kvd_attn_in *in) {
 	if (!p || kvd_attn_in_check(in) < 0 || (int)p->policy < 0 || p->policy >= _KVD_POLICY_MAX ||
@@ -369,6 +445,8 @@ int kvd_policy_keep(const struct kvd_policy_params *p, const struct kvd_attn_in 
 		     own_scores(p, in, gram, gram_group, NULL, NULL, scores);
 	if (r >= 0)
 		r = mi_modulate(p, in, scores, stride);
+	if (r >= 0 && p->policy == KVD_POLICY_KVD)
+		r = novelty_union(p, in, scores, stride, srows);
 	if (r < 0)
 		goto out;
 
@@ -462,29 +540,6 @@ uint32_t kvd_policy_score_rows(const struct kvd_policy_params *p, const struct k
 }
 
 /*
- * A key whose unsigned order is select.h's order, ascending: the score's bits made monotonic
- * in the high half (NaN 0, below -inf's 0x007fffff; -0.0 as +0.0), the complemented position
- * in the low half, so that of equal scores the higher position ranks lower.
- */
-static uint64_t rank_key(float f, uint32_t i) {
-	uint32_t u = 0;
-
-	if (!isnan(f)) {
-		if (f == 0)
-			f = 0.0f;
-		memcpy(&u, &f, sizeof(u));
-		u = u >> 31 ? ~u : u | 0x80000000u;
-	}
-	return (uint64_t)u << 32 | (uint32_t)~i;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return (x > y) - (x < y);
-}
-
-/*
  * N3: the ranks within each row of src[rows][stride] (its first n columns) into
  * dst[rows][n], rank r (0 lowest) as r + 1, scaled so that the layer sums to lambda.
  * A sort per row: O(n log n), and the keys make it deterministic whatever qsort does.
@@ -492,22 +547,20 @@ static int cmp_u64(const void *a, const void *b) {
 static int rank_shares(const float *src, size_t stride, uint32_t rows, uint32_t n, float lambda,
 		       float *dst) {
 	uint64_t *key = malloc((size_t)n * sizeof(uint64_t));
+	uint32_t *order = malloc((size_t)n * sizeof(uint32_t));
 	/* Ranks 1..n sum to n(n + 1)/2 per row. */
 	double unit = lambda / ((double)rows * n * (n + 1.0) / 2);
 
-	if (!key)
+	if (!key || !order) {
+		free(key), free(order);
 		return -ENOMEM;
-	for (uint32_t row = 0; row < rows; row++) {
-		const float *s = src + (size_t)row * stride;
-		float *d = dst + (size_t)row * n;
-
-		for (uint32_t i = 0; i < n; i++)
-			key[i] = rank_key(s[i], i);
-		qsort(key, n, sizeof(*key), cmp_u64);
-		for (uint32_t r = 0; r < n; r++)
-			d[(uint32_t)~key[r]] = (float)((r + 1.0) * unit);
 	}
-	free(key);
+	for (uint32_t row = 0; row < rows; row++) {
+		rank_order(src + (size_t)row * stride, n, key, order);
+		for (uint32_t r = 0; r < n; r++)
+			dst[(size_t)row * n + order[r]] = (float)((r + 1.0) * unit);
+	}
+	free(key), free(order);
 	return 0;
 }
 
@@ -592,6 +645,8 @@ static int policy_scores(const struct kvd_policy_params *p, const struct kvd_att
 		r = own_scores(&q, in, gram, gram_group, fn, userdata, scores);
 		if (r >= 0)
 			r = mi_modulate(&q, in, scores, n);
+		if (r >= 0 && p->policy == KVD_POLICY_KVD)
+			r = novelty_union(&q, in, scores, n, rows);
 		if (r < 0)
 			return r;
 		cost_shares(scores, total, p->layer_weight);

@@ -2,8 +2,10 @@
 /*
  * kvd_policy_scores() (policy.h): for every policy, values that are finite, >= 0 and sum to
  * the layer weight; the output-aware policies' values proportional to kvd_score_layer()'s
- * costs; the baselines' values the rank shares of kvd_baseline_scores() within each row;
- * non-finite inputs; the empty prefix; bad parameters.
+ * costs (kvd's to their union with KeyDiff's key novelty, counted here rank by rank); the
+ * baselines' values the rank shares of kvd_baseline_scores() within each row; a key that
+ * stands out kept by kvd where the window ignores it; non-finite inputs; the empty prefix;
+ * bad parameters.
  */
 #include <math.h>
 
@@ -127,6 +129,46 @@ static void check_ranks(const char *what, const float *base, uint32_t rows, cons
 	}
 }
 
+/*
+ * kvd's costs (docs/algorithms.md §7.5): each token worth at least the cost of its row's
+ * token whose rank among the costs is its key's rank among KeyDiff's novelty scores; ranks
+ * counted pair by pair, independently of policy.c's sorts.
+ */
+static void union_costs(const struct kvd_policy_params *p, const struct kt_layer *f,
+			uint32_t rows, float *cost) {
+	float *plain = kt_floats((size_t)rows * N), *novelty = kt_floats((size_t)rows * L);
+	struct kvd_baseline_params bp;
+	uint32_t by_rank[N];
+
+	raw_costs(p, f, plain);
+	memcpy(cost, plain, (size_t)rows * N * sizeof(float));
+	kvd_baseline_params_init(KVD_BASELINE_KEYDIFF, &bp);
+	bp.per_query_head = p->per_query_head;
+	ASSERT_OK(kvd_baseline_scores(KVD_BASELINE_KEYDIFF, &bp, &f->in, novelty));
+	for (uint32_t r = 0; r < rows; r++) {
+		const float *c = plain + (size_t)r * N, *s = novelty + (size_t)r * L;
+
+		for (uint32_t t = 0; t < N; t++) {
+			uint32_t rank = 0;
+
+			for (uint32_t j = 0; j < N; j++)
+				rank += ranks_below(c, j, t);
+			by_rank[rank] = t;
+		}
+		for (uint32_t i = 0; i < N; i++) {
+			uint32_t rank = 0;
+			float floor;
+
+			for (uint32_t j = 0; j < N; j++)
+				rank += ranks_below(s, j, i);
+			floor = c[by_rank[rank]];
+			if (isfinite(floor) && !(cost[(size_t)r * N + i] >= floor))
+				cost[(size_t)r * N + i] = floor;
+		}
+	}
+	free(plain), free(novelty);
+}
+
 TEST(every_policy) {
 	static const uint32_t dtypes[] = { KVD_DTYPE_F32, KVD_DTYPE_F16 };
 	static const uint32_t capacities[] = { 40, 0 };
@@ -168,7 +210,10 @@ TEST(every_policy) {
 					} else if (output_aware(policy)) {
 						float *cost = kt_floats((size_t)rows * N);
 
-						raw_costs(&p, &f, cost);
+						if (policy == KVD_POLICY_KVD)
+							union_costs(&p, &f, rows, cost);
+						else
+							raw_costs(&p, &f, cost);
 						check_proportional(what, cost, v, (size_t)rows * N, WEIGHT);
 						free(cost);
 					} else {
@@ -251,6 +296,8 @@ TEST(nonfinite_inputs) {
 					raw_costs(&p, &f, cost);
 					for (size_t i = 0; i < n; i++)
 						nonfinite += !isfinite(cost[i]);
+					if (pol == KVD_POLICY_KVD)
+						union_costs(&p, &f, kvd_policy_score_rows(&p, &f.in), cost);
 					check_proportional(what, cost, v, n, WEIGHT);
 				} else if (pol != KVD_POLICY_FULL) {
 					/* -inf (a score that met a NaN) ranks lowest. */
@@ -397,4 +444,60 @@ TEST(short_windows) {
 		}
 		kt_layer_done(&f);
 	}
+}
+
+/*
+ * A key that stands out from its head's keys, which the window's queries ignore: ReST-KV
+ * alone drops it, kvd keeps it (a question not yet asked may look for it), and both keep
+ * the token the window attends to most.
+ */
+TEST(kvd_keeps_a_key_that_stands_out) {
+	enum { KD = 8, KL = 64, KW = 8, NOVEL = 20, LOOKED_AT = 40 };
+	float *q = kt_floats((size_t)2 * KW * KD), *k = kt_floats((size_t)KL * KD);
+	float *v = kt_floats((size_t)KL * KD);
+	uint64_t seed = 5;
+	struct kvd_attn_in in = {
+		.dtype = KVD_DTYPE_F32, .heads = 2, .kv_heads = 1, .window = KW, .len = KL,
+		.dim = KD, .scale = 0.35f, .q = q, .k = k, .v = v,
+	};
+	enum kvd_policy policies[] = { KVD_POLICY_RESTKV, KVD_POLICY_KVD };
+	bool kept[2][2] = {};
+
+	kvd_attn_in_contiguous(&in);
+	/* Keys along e0 with noise in the next three coordinates; the novel key along e7, which
+	 * no query has a component on; the looked-at key three times as long along e0. */
+	for (uint32_t i = 0; i < KL; i++) {
+		k[i * KD] = i == NOVEL ? 0.0f : i == LOOKED_AT ? 3.0f : 1.0f;
+		for (uint32_t c = 1; c < 4; c++)
+			k[i * KD + c] = 0.3f * (kt_uniform(&seed) - 0.5f);
+		k[i * KD + 7] = i == NOVEL ? 1.5f : 0.0f;
+		for (uint32_t c = 0; c < KD; c++)
+			v[i * KD + c] = kt_uniform(&seed) - 0.5f;
+	}
+	for (uint32_t r = 0; r < 2 * KW; r++) {
+		q[r * KD] = 4.0f;
+		for (uint32_t c = 1; c < 4; c++)
+			q[r * KD + c] = kt_uniform(&seed) - 0.5f;
+	}
+	for (size_t t = 0; t < 2; t++) {
+		struct kvd_policy_params p;
+		struct kvd_keep *keep = NULL;
+
+		kvd_policy_params_default(policies[t], &p);
+		/* ReST-KV's pooling spreads the looked-at token's cost over its 5 neighbours; the
+		 * union keeps about the top 6 of each ranking. */
+		p.capacity = KW + 12;
+		ASSERT_OK(kvd_policy_keep(&p, &in, NULL, NULL, &keep));
+		ASSERT_EQ(keep->off[1], (size_t)p.capacity);
+		for (size_t j = 0; j < keep->off[1]; j++) {
+			kept[t][0] |= keep->pos[j] == NOVEL;
+			kept[t][1] |= keep->pos[j] == LOOKED_AT;
+		}
+		kvd_keep_free(keep);
+	}
+	ASSERT_FALSE(kept[0][0]);
+	ASSERT_TRUE(kept[1][0]);
+	ASSERT_TRUE(kept[0][1]);
+	ASSERT_TRUE(kept[1][1]);
+	free(q), free(k), free(v);
 }
