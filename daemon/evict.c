@@ -1015,7 +1015,7 @@ static struct round_gpu *const *gpus(struct evictor *e) {
 			log_info("GPU %d: rounds score on the CPU, with the K/V copied there: %s",
 			         dev ? dev->index : (int)d, why);
 		else
-			log_info("GPU %d: rounds score restkv, laprox and kvd there", dev ? dev->index : (int)d);
+			log_info("GPU %d: rounds score restkv and laprox there", dev ? dev->index : (int)d);
 	}
 	e->gpu_tried = true;
 	return e->gpu;

@@ -3,7 +3,7 @@
 
 /*
  * Scoring on the GPU, for rounds on a cuda pool. For the policies whose costs are score.h's
- * layer pipeline alone (kvd_policy_scores_via_layer(): restkv, laprox, kvd), a layer's K
+ * layer pipeline alone (kvd_policy_scores_via_layer(): restkv, laprox), a layer's K
  * and V are gathered on the device that holds the sequence (device-to-device copies of its
  * block runs, round.c), its window queries and Gram matrices are uploaded, the pipeline runs
  * as kvd_cuda_score_layer() (kernels/cuda-kernels.h) on a stream of the rounds', and only

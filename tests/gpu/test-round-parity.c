@@ -8,7 +8,7 @@
  * (kvd-hostkernels), which compute what the CPU path computes, bit for bit; so any
  * difference in the kept positions is a gather, upload or layout mistake of the path.
  *
- * Per policy (kvd, restkv and laprox score on the GPU; h2o on the CPU everywhere), one
+ * Per policy (restkv and laprox score on the GPU; kvd and h2o on the CPU everywhere), one
  * tenant fills a sequence with the fixture's pattern, publishes a window of fixed queries
  * per layer and gives the daemon a W_o per layer; one round on that tenant evicts half.
  *
@@ -201,7 +201,7 @@ TEST(same_tokens_on_every_path) {
 	ASSERT_TRUE(host && copied && scored);
 	run(plain, false, NULL, host);
 	run(plain, true, "GPU 0: rounds score on the CPU, with the K/V copied there", copied);
-	run(gpu, true, "GPU 0: rounds score restkv, laprox and kvd there", scored);
+	run(gpu, true, "GPU 0: rounds score restkv and laprox there", scored);
 	/* The copies move bytes: exact everywhere. */
 	assert_same(host, copied, "cuda, scored on the CPU", 0);
 	assert_same(host, scored, "cuda, scored on the GPU", tolerance);
