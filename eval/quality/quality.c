@@ -1357,6 +1357,69 @@ static void write_targets(const struct quality *Q, FILE *f) {
 	fputc('\n', f);
 }
 
+/* The 95% Wilson score interval of correct out of samples (samples > 0). */
+static void wilson(uint32_t correct, uint32_t samples, double *lo, double *hi) {
+	const double z = 1.959964, n = samples, p = (double)correct / samples;
+	double mid = (p + z * z / (2 * n)) / (1 + z * z / n);
+	double half = z * sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n);
+
+	*lo = MAX(mid - half, 0.0);
+	*hi = MIN(mid + half, 1.0);
+}
+
+static void md_acc_interval(FILE *f, struct cell c) {
+	double lo, hi;
+
+	wilson(c.correct, c.samples, &lo, &hi);
+	fprintf(f, " %.2f [%.2f, %.2f] |", acc(c.correct, c.samples), lo, hi);
+}
+
+/*
+ * Per setting and budget, the default policy against the best of the other policies that
+ * need no trained weights (every policy but full, kvd and indexmem; the compensated columns
+ * are not policies), all tasks and lengths pooled.
+ */
+static void write_default_vs_best(const struct quality *Q, FILE *f) {
+	fprintf(f, "## The default against the best other weight-free policy\n\nAll tasks and "
+	           "lengths pooled; 95%% Wilson intervals in brackets.\n\n");
+	if (!arg_policies[KVD_POLICY_KVD]) {
+		fprintf(f, "Not measured in this run (needs kvd).\n\n");
+		return;
+	}
+	fprintf(f, "| setting | budget | kvd | best other | kvd - best |\n|---|---:|---:|---:|---:|\n");
+	for (unsigned st = 0; st < _SETTING_MAX; st++) {
+		if (!arg_settings[st])
+			continue;
+		for (unsigned bi = 0; bi < arg_n_budgets; bi++) {
+			struct cell k = pooled(Q, st, -1, -1, KVD_POLICY_KVD, bi), best = {};
+			int bp = -1;
+
+			for (int p = 0; p < _KVD_POLICY_MAX; p++) {
+				struct cell c;
+
+				if (p == KVD_POLICY_FULL || p == KVD_POLICY_KVD || p == KVD_POLICY_INDEXMEM ||
+				    !arg_policies[p])
+					continue;
+				c = pooled(Q, st, -1, -1, p, bi);
+				if (c.samples && (bp < 0 || acc(c.correct, c.samples) > acc(best.correct, best.samples)))
+					best = c, bp = p;
+			}
+			if (!k.samples)
+				continue;
+			fprintf(f, "| %s | %u%% |", setting_names[st], arg_budgets[bi]);
+			md_acc_interval(f, k);
+			if (bp < 0) {
+				fputs(" - | - |\n", f);
+				continue;
+			}
+			fprintf(f, " %s", col_name(bp));
+			md_acc_interval(f, best);
+			fprintf(f, " %+.2f |\n", acc(k.correct, k.samples) - acc(best.correct, best.samples));
+		}
+	}
+	fputc('\n', f);
+}
+
 static void write_table(const struct quality *Q, FILE *f, const char *cmdline, double seconds) {
 	char lab[16];
 
@@ -1383,6 +1446,7 @@ static void write_table(const struct quality *Q, FILE *f, const char *cmdline, d
 		        arg_indexmem, Q->im->index_heads, Q->im->index_dim, Q->index_bytes * Q->tables,
 		        100.0 * (double)Q->index_bytes / (double)Q->slot_bytes);
 	write_targets(Q, f);
+	write_default_vs_best(Q, f);
 
 	for (unsigned st = 0; st < _SETTING_MAX; st++) {
 		if (!arg_settings[st])
