@@ -41,13 +41,14 @@
  *                      top-k over all rows of the layer: rows keep different numbers of
  *                      tokens, rows * (capacity - w) prefix tokens in all (§2.2).
  *   kvd                the default: ReST-KV costs with both smoothings (EMA + AWS), summed
- *                      over the GQA group, N1 shares, and the same layer-wide top-k as
- *                      laprox (§7.1, §7.5).
- *   kvd-mi             kvd with moment-informed costs (§4.4): each token's cost times
+ *                      over the GQA group, joined with KeyDiff's key novelty (each token
+ *                      worth at least the cost of its novelty rank), N1 shares, and the same
+ *                      layer-wide top-k as laprox (§7.1, §7.5).
+ *   kvd-mi             kvd's ReST-KV costs, moment-informed (§4.4): each token's cost times
  *                      1 + mi_eta * its misfit (moments.h) against its kv head's summary of
  *                      what was evicted before (mi_mean_k, mi_count). A head whose summary
  *                      is empty (a sequence's first round) is measured against a provisional
- *                      one: the key mean of the prefix tokens its kvd costs would drop
+ *                      one: the key mean of the prefix tokens those costs would drop
  *                      keeping capacity - w. Without summaries (mi_mean_k NULL) it is kvd
  *                      exactly; the daemon and kvdctl score pass empty ones for models
  *                      without moments.
