@@ -11,8 +11,9 @@
  *           fraction of the device's peak memory bandwidth (2 * memory clock * bus width,
  *           from the driver's attributes), and what it writes (the fp32 maps);
  *   round:  scoring (score.h's layer pipeline with its kvd defaults: ReST-KV with W_o, EMA,
- *           adaptive pooling, GQA sum, N1 shares; policy kvd's key novelty is the CPU's) of every layer, one node-wide top-k over all (layer, kv head) rows
- *           keeping a quarter, and the in-place gather of every (layer, kv head) table with
+ *           adaptive pooling, GQA sum, N1 shares; policy kvd's key novelty is the CPU's)
+ *           of every layer, one node-wide top-k over all (layer, kv head) rows keeping a
+ *           quarter, and the in-place gather of every (layer, kv head) table with
  *           the per-head layout (16-token blocks): the device side of an eviction round.
  *           The layers share one layer's K/V and tables (the work per layer is the same;
  *           32 distinct layers at 128k tokens would need 16 GiB of K/V).
