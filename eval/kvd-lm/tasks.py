@@ -181,7 +181,8 @@ _PLANNERS = {
 
 def _suffix(task, question):
     number = task in ("niah", "multikey", "multivalue")
-    return _QUESTION_PREFIX + question.encode("ascii") + (_ANSWER_NUMBER_PREFIX if number else _ANSWER_PREFIX)
+    answer = _ANSWER_NUMBER_PREFIX if number else _ANSWER_PREFIX
+    return _QUESTION_PREFIX + question.encode("ascii") + answer
 
 
 def min_length(task):

@@ -92,6 +92,15 @@ static int ranks_below(const float *s, uint32_t i, uint32_t j) {
 	return s[i] < s[j] || (s[i] == s[j] && i > j);
 }
 
+/* How many of the row's first N items rank below item i: its rank, 0 the lowest. */
+static uint32_t rank_of(const float *s, uint32_t i) {
+	uint32_t rank = 0;
+
+	for (uint32_t j = 0; j < N; j++)
+		rank += ranks_below(s, j, i);
+	return rank;
+}
+
 /* The baseline's own scores, with the parameters baseline_scores() in policy.c passes. */
 static void baseline_of(const struct kvd_policy_params *p, const struct kt_layer *f, float *ret) {
 	enum kvd_baseline b = kvd_baseline_from_string(kvd_policy_to_string(p->policy));
@@ -116,10 +125,8 @@ static void check_ranks(const char *what, const float *base, uint32_t rows, cons
 		const float *s = base + (size_t)r * L, *got = v + (size_t)r * N;
 
 		for (uint32_t i = 0; i < N; i++) {
-			uint32_t rank = 0;
+			uint32_t rank = rank_of(s, i);
 
-			for (uint32_t j = 0; j < N; j++)
-				rank += ranks_below(s, j, i);
 			if (!(fabs(got[i] - (rank + 1) * unit) <= 1e-6 * (rank + 1) * unit)) {
 				fprintf(stderr, "%s: row %u item %u (score %g): %.9g, want rank %u (%.9g)\n",
 					what, r, i, s[i], got[i], rank, (rank + 1) * unit);
@@ -148,20 +155,11 @@ static void union_costs(const struct kvd_policy_params *p, const struct kt_layer
 	for (uint32_t r = 0; r < rows; r++) {
 		const float *c = plain + (size_t)r * N, *s = novelty + (size_t)r * L;
 
-		for (uint32_t t = 0; t < N; t++) {
-			uint32_t rank = 0;
-
-			for (uint32_t j = 0; j < N; j++)
-				rank += ranks_below(c, j, t);
-			by_rank[rank] = t;
-		}
+		for (uint32_t t = 0; t < N; t++)
+			by_rank[rank_of(c, t)] = t;
 		for (uint32_t i = 0; i < N; i++) {
-			uint32_t rank = 0;
-			float floor;
+			float floor = c[by_rank[rank_of(s, i)]];
 
-			for (uint32_t j = 0; j < N; j++)
-				rank += ranks_below(s, j, i);
-			floor = c[by_rank[rank]];
 			if (isfinite(floor) && !(cost[(size_t)r * N + i] >= floor))
 				cost[(size_t)r * N + i] = floor;
 		}
