@@ -183,7 +183,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--answer-prefix", action="store_true",
                     help="niah, multikey: the prompt ends 'Answer: The special magic number "
-                         "for KEY is', as RULER's prompts end (not the tasks' format)")
+                         "for KEY is ', as RULER's prompts end (not the tasks' format)")
     ap.add_argument("--mass", action="store_true",
                     help="report the window's attention mass on needle tokens instead")
     args = ap.parse_args()
