@@ -106,7 +106,7 @@ void kvd_policy_params_default(enum kvd_policy policy, struct kvd_policy_params 
 		kvd_baseline_params_init(b, &bp);
 		p->temporal = bp.temporal, p->alpha = bp.alpha, p->pooling = bp.pool;
 		p->kernel = bp.kernel;
-	} else if (policy == KVD_POLICY_LAPROX || policy == KVD_POLICY_FULL)
+	} else if (policy == KVD_POLICY_FULL)
 		p->pooling = KVD_POOL_NONE;
 }
 

@@ -37,9 +37,10 @@
  *                      eq_q), sinks, plus the window.
  *   restkv             ReST-KV as published: output-reconstruction cost with the window EMA,
  *                      adaptive window pooling, per-row top-(capacity - w) (§1).
- *   laprox             LaProx-style CR costs (GQA-joint within a group), N1 shares, one
- *                      top-k over all rows of the layer: rows keep different numbers of
- *                      tokens, rows * (capacity - w) prefix tokens in all (§2.2).
+ *   laprox             LaProx-style CR costs (GQA-joint within a group), adaptive window
+ *                      pooling, N1 shares, one top-k over all rows of the layer: rows keep
+ *                      different numbers of tokens, rows * (capacity - w) prefix tokens in
+ *                      all (§2.2).
  *   kvd                the default: ReST-KV costs with both smoothings (EMA + AWS), summed
  *                      over the GQA group, joined with KeyDiff's key novelty (each token
  *                      worth at least the cost of its novelty rank), N1 shares, and the same
@@ -164,10 +165,10 @@ struct kvd_policy_params {
 };
 
 /*
- * The published defaults of policy (capacity left 0: set it). restkv/kvd/kvd-mi: after, EMA 0.3,
- * tau 1, adaptive pooling k 5, scale 2000; snapkv/pyramidkv: sum, avg k 5; adakv: mean,
- * max k 7; laprox: joint, no pooling; layer weight 1; n_layers 1, beta 20; kvd-mi: no summary,
- * mi_eta KVD_MI_ETA.
+ * The published defaults of policy (capacity left 0: set it). restkv/laprox/kvd/kvd-mi: after,
+ * EMA 0.3, tau 1, adaptive pooling k 5, scale 2000 (laprox's own are not published: §2.2);
+ * snapkv/pyramidkv: sum, avg k 5; adakv: mean, max k 7; laprox: joint; layer weight 1;
+ * n_layers 1, beta 20; kvd-mi: no summary, mi_eta KVD_MI_ETA.
  */
 #define KVD_MI_ETA 1.0f
 

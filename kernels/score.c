@@ -88,7 +88,7 @@ void kvd_score_params_default(enum kvd_score_kind kind, struct kvd_score_params 
 	*p = (struct kvd_score_params){
 		.kind = kind,
 		.laprox_joint = 1,
-		.pooling = kind == KVD_SCORE_RESTKV ? KVD_POOL_ADAPTIVE : KVD_POOL_NONE,
+		.pooling = KVD_POOL_ADAPTIVE,
 		.kernel = KVD_POOL_KERNEL,
 		.aws_scale = KVD_AWS_SCALE,
 		.layer_weight = 1.0f,

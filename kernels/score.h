@@ -66,8 +66,8 @@ struct kvd_score_params {
 
 /*
  * The kvd defaults for kind: ReST-KV's headline options (after, EMA 0.3, tau 1), adaptive
- * pooling with kernel 5 and scale 2000 for RESTKV, no pooling for LAPROX (joint), kv-head
- * rows, no normalisation, weight 1, automatic threads. aws_topk is left 0: set it.
+ * pooling with kernel 5 and scale 2000 for both kinds (LAPROX joint), kv-head rows, no
+ * normalisation, weight 1, automatic threads. aws_topk is left 0: set it.
  */
 void kvd_score_params_default(enum kvd_score_kind kind, struct kvd_score_params *p);
 

@@ -9,11 +9,12 @@
 #   static   the same budget split into equal per-tenant caps (max = budget / tenants)
 #
 # and a third without a daemon (the engine's private full cache) as the reference. Prints a
-# table of accuracy per tenant and writes DIR/results.csv (mode, tenant, task, length,
+# table of accuracy per tenant and writes DIR/results.csv (mode, run, tenant, task, length,
 # sample, right, answer, output) and DIR/table.md.
 #
 # Which tokens a round takes depends on what the other tenants hold at that moment, so the
-# figures move a little from run to run: this is a scenario, not a test.
+# figures move from run to run: --runs repeats the two daemon modes and the table gives the
+# spread. This is a scenario, not a test.
 #
 # Needs a built tree (build/ by default) and python3 (for the task prompts: tasks.py).
 set -euo pipefail
@@ -31,9 +32,11 @@ Options:
                    (default: niah:1024,multikey:2048,multikey:4096)
   --samples N      Samples per tenant, 1..1000 (default: 10), from the reporting seeds
   --percent P      Budget, percent of the tenants' full KV together, 1..100 (default: 25)
+  --runs N         Runs of each daemon mode, 1..20 (default: 1); the table gives their
+                   mean and range
   --policy P       The tenants' eviction policy (kvd.conf(5); default: kvd)
   --build DIR      Build tree with daemon/kvd and eval/kvd-lm/kvd-lm (default: build)
-  --model FILE     Weights (default: eval/kvd-lm/models/kvd-lm-small.kvdlm)
+  --model FILE     Weights (default: eval/kvd-lm/models/kvd-lm-base.kvdlm)
   --out DIR        Output directory (default: a new one under /tmp, printed)
   -h, --help       Show this help
 EOF
@@ -44,9 +47,10 @@ cd "$(dirname "$0")/../.."
 tenants=niah:1024,multikey:2048,multikey:4096
 samples=10
 percent=25
+runs=1
 policy=kvd
 build=build
-model=eval/kvd-lm/models/kvd-lm-small.kvdlm
+model=eval/kvd-lm/models/kvd-lm-base.kvdlm
 out=
 
 while [ $# -gt 0 ]; do
@@ -54,6 +58,7 @@ while [ $# -gt 0 ]; do
 	--tenants) tenants=${2:?--tenants needs a value}; shift 2 ;;
 	--samples) samples=${2:?--samples needs a value}; shift 2 ;;
 	--percent) percent=${2:?--percent needs a value}; shift 2 ;;
+	--runs) runs=${2:?--runs needs a value}; shift 2 ;;
 	--policy) policy=${2:?--policy needs a value}; shift 2 ;;
 	--build) build=${2:?--build needs a value}; shift 2 ;;
 	--model) model=${2:?--model needs a value}; shift 2 ;;
@@ -66,6 +71,7 @@ done
 is_int() { [[ $1 =~ ^[0-9]+$ ]] && [ "$1" -ge "$2" ] && [ "$1" -le "$3" ]; }
 is_int "$samples" 1 1000 || { echo "multi-tenant.sh: --samples must be 1..1000" >&2; exit 2; }
 is_int "$percent" 1 100 || { echo "multi-tenant.sh: --percent must be 1..100" >&2; exit 2; }
+is_int "$runs" 1 20 || { echo "multi-tenant.sh: --runs must be 1..20" >&2; exit 2; }
 IFS=, read -r -a specs <<<"$tenants"
 [ ${#specs[@]} -ge 2 ] && [ ${#specs[@]} -le 4 ] ||
 	{ echo "multi-tenant.sh: --tenants takes 2..4 TASK:LENGTH items" >&2; exit 2; }
@@ -81,18 +87,23 @@ if [ -z "$out" ]; then
 fi
 mkdir -p "$out/prompts"
 
-# The prompts and answers, one file pair per (tenant, sample); the seeds are the reporting
-# range's, tenant j's offset by j * 65536 as kvd-quality --multi does.
-python3 - "$out/prompts" "$samples" "${specs[@]}" <<'PY' || { echo "multi-tenant.sh: bad --tenants" >&2; exit 2; }
-import os, sys
+# The prompts and answers, one file pair per (tenant, sample), LENGTH tokens of the model's
+# tokenizer; the seeds are the reporting range's, tenant j's offset by j * 65536 as
+# kvd-quality --multi does.
+python3 - "$out/prompts" "$samples" "$model" "${specs[@]}" <<'PY' || { echo "multi-tenant.sh: bad --tenants" >&2; exit 2; }
+import os, struct, sys
 sys.path.insert(0, "eval/kvd-lm")
-import tasks
-outdir, n, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+import tasks, tokenizer
+outdir, n, model, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+with open(model, "rb") as f:
+    vocab = struct.unpack("<I", f.read(20)[16:20])[0]  # the header's third word
+tok = tokenizer.for_model(model, vocab)
 hay = tasks.load_haystack()
 for j, spec in enumerate(specs):
     task, length = spec.split(":")
     for i in range(n):
-        prompt, _q, answer = tasks.make(hay, task, tasks.SEEDS_REPORT.start + j * 65536 + i, int(length))
+        prompt, _q, answer = tasks.make(hay, task, tasks.SEEDS_REPORT.start + j * 65536 + i,
+                                        int(length), tok)
         with open(os.path.join(outdir, f"{j}-{i}.txt"), "wb") as f:
             f.write(prompt)
         with open(os.path.join(outdir, f"{j}-{i}.answer"), "w") as f:
@@ -119,19 +130,22 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# One tenant's samples, one kvd-lm process each, in order; "$@" are kvd-lm's extra options.
+# One tenant's samples, one kvd-lm process each, in order; RUN names the run ("full",
+# "global-1", ...); "$@" are kvd-lm's extra options.
 run_tenant() {
-	local mode=$1 j=$2
+	local run=$1 j=$2
 	shift 2
 	for ((i = 0; i < samples; i++)); do
 		"$kvdlm" --model "$model" --tenant "t$j" --prompt-file "$out/prompts/$j-$i.txt" \
-			--max-new 48 --threads 1 "$@" >"$out/$mode-$j-$i.out" 2>>"$out/$mode-$j.err" ||
-			echo "kvd-lm failed (exit $?)" >"$out/$mode-$j-$i.out"
+			--max-new 48 --threads 1 "$@" >"$out/$run-$j-$i.out" 2>>"$out/$run-$j.err" ||
+			echo "kvd-lm failed (exit $?)" >"$out/$run-$j-$i.out"
 	done
 }
 
+# One run of MODE (global or static) numbered R: a fresh daemon, all tenants at once.
 run_mode() {
-	local mode=$1 config=$out/$1.conf sock=$out/$1.sock
+	local mode=$1 run=$1-$2
+	local config=$out/$run.conf sock=$out/$run.sock
 	local -a pids=()
 
 	for j in "${!specs[@]}"; do
@@ -142,17 +156,17 @@ run_mode() {
 		fi
 		echo
 	done >"$config"
-	"$kvd" --backend=host --config "$config" --socket "$sock" --state-dir "$out/$mode.state" \
+	"$kvd" --backend=host --config "$config" --socket "$sock" --state-dir "$out/$run.state" \
 		--budget "$budget" --pool-size $((need + 16 * 1024 * 1024)) --chunk-size $chunk --eviction-floor 0 \
-		2>"$out/$mode.kvd.log" &
+		2>"$out/$run.kvd.log" &
 	daemon_pid=$!
 	for _ in $(seq 100); do
 		[ -S "$sock" ] && break
 		sleep 0.05
 	done
-	[ -S "$sock" ] || { echo "multi-tenant.sh: kvd did not start ($out/$mode.kvd.log)" >&2; exit 1; }
+	[ -S "$sock" ] || { echo "multi-tenant.sh: kvd did not start ($out/$run.kvd.log)" >&2; exit 1; }
 	for j in "${!specs[@]}"; do
-		run_tenant "$mode" "$j" --socket "$sock" &
+		run_tenant "$run" "$j" --socket "$sock" &
 		pids+=($!)
 	done
 	wait "${pids[@]}"
@@ -162,43 +176,59 @@ run_mode() {
 }
 
 start=$(date +%s)
-echo "multi-tenant.sh: ${#specs[@]} tenants (${specs[*]}), policy $policy, $samples samples each, budget $((budget / 1024)) KiB" \
-	"($percent% of $((need / 1024)) KiB; static caps $((cap / 1024)) KiB); output in $out"
+echo "multi-tenant.sh: ${#specs[@]} tenants (${specs[*]}), policy $policy, $samples samples each, $runs run(s)," \
+	"budget $((budget / 1024)) KiB ($percent% of $((need / 1024)) KiB; static caps $((cap / 1024)) KiB); output in $out"
 for j in "${!specs[@]}"; do
 	run_tenant full "$j" --no-daemon &
 done
 wait
-run_mode global
-run_mode static
+# Alternating the modes spreads a slow stretch of the machine over both.
+for ((r = 1; r <= runs; r++)); do
+	run_mode global "$r"
+	run_mode static "$r"
+done
 
-python3 - "$out" "$samples" "$percent" "$((budget / 1024))" "$policy" "${specs[@]}" <<'PY'
+python3 - "$out" "$samples" "$runs" "$percent" "$((budget / 1024))" "$policy" "${specs[@]}" <<'PY'
 import csv, os, sys
 sys.path.insert(0, "eval/kvd-lm")
 import tasks
-out, n, percent, budget_kib, policy, specs = (sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4],
-                                              sys.argv[5], sys.argv[6:])
-modes = ("full", "global", "static")
-right = {}
+out, n, runs, percent, budget_kib, policy, specs = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                                    sys.argv[4], sys.argv[5], sys.argv[6],
+                                                    sys.argv[7:])
+runs_of = {"full": ["full"], "global": [f"global-{r}" for r in range(1, runs + 1)],
+           "static": [f"static-{r}" for r in range(1, runs + 1)]}
+right = {}  # (run name, tenant) -> samples right
 with open(os.path.join(out, "results.csv"), "w", newline="") as f:
     w = csv.writer(f)
-    w.writerow(["mode", "tenant", "task", "length", "sample", "right", "answer", "output"])
-    for m in modes:
-        for j, spec in enumerate(specs):
-            task, length = spec.split(":")
-            for i in range(n):
-                answer = open(os.path.join(out, "prompts", f"{j}-{i}.answer")).read()
-                got = open(os.path.join(out, f"{m}-{j}-{i}.out"), "rb").read()
-                ok = tasks.score(answer, got)
-                right[m, j] = right.get((m, j), 0) + ok
-                w.writerow([m, f"t{j}", task, length, i, int(ok), answer, got.decode(errors="replace")])
+    w.writerow(["mode", "run", "tenant", "task", "length", "sample", "right", "answer", "output"])
+    for mode, names in runs_of.items():
+        for r, name in enumerate(names):
+            for j, spec in enumerate(specs):
+                task, length = spec.split(":")
+                for i in range(n):
+                    prompt = open(os.path.join(out, "prompts", f"{j}-{i}.txt"), "rb").read()
+                    answer = open(os.path.join(out, "prompts", f"{j}-{i}.answer")).read()
+                    got = open(os.path.join(out, f"{name}-{j}-{i}.out"), "rb").read()
+                    ok = tasks.score(prompt, answer, got)
+                    right[name, j] = right.get((name, j), 0) + ok
+                    w.writerow([mode, r + 1 if mode != "full" else 0, f"t{j}", task, length, i,
+                                int(ok), answer, got.decode(errors="replace")])
+
+
+def cell(mode, tenants):
+    accs = [sum(right[name, j] for j in tenants) / (n * len(tenants)) for name in runs_of[mode]]
+    mean = sum(accs) / len(accs)
+    return f"{mean:.2f}" if len(accs) == 1 else f"{mean:.2f} ({min(accs):.2f}-{max(accs):.2f})"
+
+
 lines = [f"Budget {budget_kib} KiB: {percent}% of the tenants' full KV together; policy {policy}; "
-         f"{n} samples per tenant.", "",
+         f"{n} samples per tenant; {runs} run(s) of each daemon mode"
+         + (", mean (range)" if runs > 1 else "") + ".", "",
          "| tenant | full cache | one budget, ranked globally | split statically |", "|---|---:|---:|---:|"]
 for j, spec in enumerate(specs):
-    lines.append(f"| t{j} ({spec.replace(':', '@')}) | " +
-                 " | ".join(f"{right[m, j] / n:.2f}" for m in modes) + " |")
-lines.append("| all | " + " | ".join(f"{sum(right[m, j] for j in range(len(specs))) / (n * len(specs)):.2f}"
-                                   for m in modes) + " |")
+    lines.append(f"| t{j} ({spec.replace(':', '@')}) | "
+                 + " | ".join(cell(m, [j]) for m in runs_of) + " |")
+lines.append("| all | " + " | ".join(cell(m, range(len(specs))) for m in runs_of) + " |")
 table = "\n".join(lines) + "\n"
 open(os.path.join(out, "table.md"), "w").write(table)
 print(table, end="")
