@@ -202,7 +202,7 @@ static int layer_scores(struct round *r, struct round_seq *q, uint32_t l, uint32
 static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_t kh0, uint32_t nkv,
                        float share, struct scratch *sc) {
 	uint32_t t0 = table_of(q, l, kh0), w = q->window;
-	uint32_t n = q->tokens[t0], end = q->window_end[t0];
+	uint32_t end = q->window_end[t0];
 	int policy = r->tenants[q->tenant].policy, k = -ENODEV;
 	uint32_t L, prefix;
 
@@ -212,9 +212,9 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	if (end > w) {
 		L = end;
 	} else {
-		/* No window for this layer: recency ranks it, over everything resident. */
+		/* No window for this layer: recency ranks it, over everything written. */
 		policy = KVD_POLICY_STREAMINGLLM;
-		L = n;
+		L = q->written[t0];
 	}
 	if (L <= w)
 		return 0;
@@ -336,7 +336,11 @@ static uint32_t unit_bytes(const struct round_seq *q) {
 /* Slots of a row that a round may take: after the sinks, before the protected end. */
 static void row_range(const struct round_seq *q, uint32_t rw, uint32_t *ret_lo, uint32_t *ret_hi) {
 	uint32_t t = round_table_of_row(q, rw), n = q->tokens[t], end = q->window_end[t];
-	uint32_t hi = end > q->window ? end - q->window : (n > q->window ? n - q->window : 0);
+	uint32_t written = q->written[t];
+	/* A layer without a window keeps the last window of what the engine has written, and
+	 * the slots of its open step: a round between a grow and the step that writes them
+	 * would otherwise take a new sequence's first tokens before they exist. */
+	uint32_t hi = end > q->window ? end - q->window : (written > q->window ? written - q->window : 0);
 
 	/* The open tail block is the engine's to fill. */
 	hi = MIN(hi, n - n % q->block_tokens);
@@ -534,16 +538,47 @@ static int select_pass(struct round *r, struct units *u, const bool *allowed, ui
 	return 0;
 }
 
+/*
+ * What each tenant keeps in a round ranked across tenants: its fair share of what the
+ * tenants that may give (those above their min) will hold once the rest of the target is
+ * taken, split by weight, or its min if higher. held: each tenant's bytes less what the
+ * round took already; rest: the bytes still to take. The shares sum to what is left, so
+ * the target is met from what tenants hold above them, unless those bytes are pinned,
+ * protected or waiting for an unpin: the round then takes less, and the next one the rest.
+ *
+ * Without the floor, whoever is between two steps pays for the growth of the tenants busy
+ * at that moment (their sequences pinned, their plans waiting), and a short sequence goes
+ * down to a few tokens one round and keeps all of them the next. With it a tenant keeps at
+ * least what equal caps would give it, and the value ranking shares out what some tenants
+ * do not need.
+ */
+static void fair_keep(const struct round *r, const uint64_t *held, uint64_t rest, uint64_t *keep) {
+	double weights = 0, hold = 0;
+
+	for (uint32_t tn = 0; tn < r->n_tenants; tn++)
+		if (held[tn] > r->tenants[tn].min)
+			weights += r->tenants[tn].weight, hold += (double)held[tn];
+	hold = hold > (double)rest ? hold - (double)rest : 0;
+	for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
+		const struct round_tenant *rt = &r->tenants[tn];
+		uint64_t fair = held[tn] > rt->min ? (uint64_t)(hold * rt->weight / weights) : 0;
+
+		keep[tn] = MAX(rt->min, fair);
+	}
+}
+
 static int select_units(struct round *r, struct units *u) {
 	_cleanup_(freep) uint64_t *allowance = calloc(MAX(r->n_tenants, 1u), sizeof(uint64_t));
 	_cleanup_(freep) bool *allowed = calloc(MAX(r->n_tenants, 1u), sizeof(bool));
+	_cleanup_(freep) uint64_t *held = calloc(MAX(r->n_tenants, 1u), sizeof(uint64_t));
+	_cleanup_(freep) uint64_t *keep = calloc(MAX(r->n_tenants, 1u), sizeof(uint64_t));
 	/* One scratch for every pass of the round: its pages fault in once. */
 	size_t scratch_bytes = kvd_evict_greedy_scratch_bytes((uint32_t)u->n);
 	_cleanup_(freep) void *scratch = malloc(scratch_bytes);
 	uint64_t taken = 0;
 	int k;
 
-	if (!allowance || !allowed || !scratch)
+	if (!allowance || !allowed || !held || !keep || !scratch)
 		return -ENOMEM;
 	/* First, each tenant over its cap gives up the excess, from its own units. */
 	for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
@@ -565,19 +600,24 @@ static int select_units(struct round *r, struct units *u) {
 	 * short of anything. */
 	if (taken >= r->target || r->trigger == ROUND_CAP)
 		return 0;
-	/* Then the rest, ranked across tenants, none below its guaranteed minimum. */
-	for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
-		const struct round_tenant *rt = &r->tenants[tn];
-
-		allowed[tn] = r->only < 0 || (uint32_t)r->only == tn;
-		allowance[tn] = rt->used > rt->min ? rt->used - rt->min : 0;
-	}
+	/* Then the rest: across tenants, none below what fair_keep() leaves it; from the one
+	 * named (a request on one tenant), down to its guaranteed minimum. */
+	for (uint32_t tn = 0; tn < r->n_tenants; tn++)
+		held[tn] = r->tenants[tn].used;
 	for (uint64_t i = 0; i < u->n; i++)
 		if (u->state[i] == UNIT_SELECTED) {
 			uint32_t tn = r->seqs[u->g_seq[u->group[i]]].tenant;
 
-			allowance[tn] -= MIN(allowance[tn], (uint64_t)u->bytes[i]);
+			held[tn] -= MIN(held[tn], (uint64_t)u->bytes[i]);
 		}
+	if (r->only < 0)
+		fair_keep(r, held, r->target - taken, keep);
+	for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
+		uint64_t floor = r->only < 0 ? keep[tn] : r->tenants[tn].min;
+
+		allowed[tn] = r->only < 0 || (uint32_t)r->only == tn;
+		allowance[tn] = held[tn] > floor ? held[tn] - floor : 0;
+	}
 	return select_pass(r, u, allowed, allowance, r->target - taken, &taken, scratch, scratch_bytes);
 }
 
@@ -756,6 +796,7 @@ static void round_seq_done(struct round_seq *q) {
 	free(q->tokens);
 	free(q->sink_slots);
 	free(q->window_end);
+	free(q->written);
 	free(q->block_off);
 	free(q->block_addr);
 	free(q->block_chunk);

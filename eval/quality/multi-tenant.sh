@@ -137,7 +137,7 @@ run_tenant() {
 	shift 2
 	for ((i = 0; i < samples; i++)); do
 		"$kvdlm" --model "$model" --tenant "t$j" --prompt-file "$out/prompts/$j-$i.txt" \
-			--max-new 48 --threads 1 "$@" >"$out/$run-$j-$i.out" 2>>"$out/$run-$j.err" ||
+			--max-new 48 --threads 1 --stats "$@" >"$out/$run-$j-$i.out" 2>"$out/$run-$j-$i.err" ||
 			echo "kvd-lm failed (exit $?)" >"$out/$run-$j-$i.out"
 	done
 }
@@ -189,7 +189,7 @@ for ((r = 1; r <= runs; r++)); do
 done
 
 python3 - "$out" "$samples" "$runs" "$percent" "$((budget / 1024))" "$policy" "${specs[@]}" <<'PY'
-import csv, os, sys
+import csv, os, re, sys
 sys.path.insert(0, "eval/kvd-lm")
 import tasks
 out, n, runs, percent, budget_kib, policy, specs = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
@@ -198,9 +198,19 @@ out, n, runs, percent, budget_kib, policy, specs = (sys.argv[1], int(sys.argv[2]
 runs_of = {"full": ["full"], "global": [f"global-{r}" for r in range(1, runs + 1)],
            "static": [f"static-{r}" for r in range(1, runs + 1)]}
 right = {}  # (run name, tenant) -> samples right
+kept = {}   # (run name, tenant) -> resident fractions at the end of each sample
+
+
+def resident(path):
+    """The fraction of the sample's table tokens resident when it ended (kvd-lm --stats)."""
+    m = re.search(rb"(\d+) of (\d+) table tokens resident", open(path, "rb").read())
+    return int(m[1]) / int(m[2]) if m and int(m[2]) else float("nan")
+
+
 with open(os.path.join(out, "results.csv"), "w", newline="") as f:
     w = csv.writer(f)
-    w.writerow(["mode", "run", "tenant", "task", "length", "sample", "right", "answer", "output"])
+    w.writerow(["mode", "run", "tenant", "task", "length", "sample", "right", "resident",
+                "answer", "output"])
     for mode, names in runs_of.items():
         for r, name in enumerate(names):
             for j, spec in enumerate(specs):
@@ -210,20 +220,27 @@ with open(os.path.join(out, "results.csv"), "w", newline="") as f:
                     answer = open(os.path.join(out, "prompts", f"{j}-{i}.answer")).read()
                     got = open(os.path.join(out, f"{name}-{j}-{i}.out"), "rb").read()
                     ok = tasks.score(prompt, answer, got)
+                    res = resident(os.path.join(out, f"{name}-{j}-{i}.err"))
                     right[name, j] = right.get((name, j), 0) + ok
+                    kept.setdefault((name, j), []).append(res)
                     w.writerow([mode, r + 1 if mode != "full" else 0, f"t{j}", task, length, i,
-                                int(ok), answer, got.decode(errors="replace")])
+                                int(ok), f"{res:.3f}", answer, got.decode(errors="replace")])
 
 
 def cell(mode, tenants):
     accs = [sum(right[name, j] for j in tenants) / (n * len(tenants)) for name in runs_of[mode]]
     mean = sum(accs) / len(accs)
-    return f"{mean:.2f}" if len(accs) == 1 else f"{mean:.2f} ({min(accs):.2f}-{max(accs):.2f})"
+    text = f"{mean:.2f}" if len(accs) == 1 else f"{mean:.2f} ({min(accs):.2f}-{max(accs):.2f})"
+    if mode == "full":
+        return text
+    res = [x for name in runs_of[mode] for j in tenants for x in kept[name, j]]
+    return f"{text}, kept {sum(res) / len(res):.2f}"
 
 
 lines = [f"Budget {budget_kib} KiB: {percent}% of the tenants' full KV together; policy {policy}; "
          f"{n} samples per tenant; {runs} run(s) of each daemon mode"
-         + (", mean (range)" if runs > 1 else "") + ".", "",
+         + (", mean (range)" if runs > 1 else "")
+         + "; kept: the mean fraction of a sample's KV resident when it ended.", "",
          "| tenant | full cache | one budget, ranked globally | split statically |", "|---|---:|---:|---:|"]
 for j, spec in enumerate(specs):
     lines.append(f"| t{j} ({spec.replace(':', '@')}) | "
