@@ -234,13 +234,16 @@ def cell(mode, tenants):
     if mode == "full":
         return text
     res = [x for name in runs_of[mode] for j in tenants for x in kept[name, j]]
-    return f"{text}, kept {sum(res) / len(res):.2f}"
+    ran = [x for x in res if x == x]  # a sample kvd-lm failed (a refused grow) has none
+    text += f", kept {sum(ran) / len(ran):.2f}" if ran else ""
+    return text + (f", {len(res) - len(ran)} failed" if len(ran) < len(res) else "")
 
 
 lines = [f"Budget {budget_kib} KiB: {percent}% of the tenants' full KV together; policy {policy}; "
          f"{n} samples per tenant; {runs} run(s) of each daemon mode"
          + (", mean (range)" if runs > 1 else "")
-         + "; kept: the mean fraction of a sample's KV resident when it ended.", "",
+         + "; kept: the mean fraction of a sample's KV resident when it ended; failed: samples"
+         + " whose kvd-lm stopped with an error (a grow refused), counted wrong.", "",
          "| tenant | full cache | one budget, ranked globally | split statically |", "|---|---:|---:|---:|"]
 for j, spec in enumerate(specs):
     lines.append(f"| t{j} ({spec.replace(':', '@')}) | "
