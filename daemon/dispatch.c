@@ -1121,10 +1121,8 @@ static int step_unpin(struct conn *c, uint64_t seq_id, uint32_t event_id, char w
 		q->wait_events |= UINT32_C(1) << (event_id - 1);
 	/* The plan applies before the answer, so that the engine sees the new tables once
 	 * its unpin returns. */
-	if (--q->pins == 0) {
-		q->step_open = false;
+	if (--q->pins == 0)
 		evict_apply_pending(c->srv->evictor, q);
-	}
 	return 0;
 }
 

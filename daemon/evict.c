@@ -255,11 +255,10 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 	q->tokens = malloc(m->n_tables * sizeof(uint32_t));
 	q->sink_slots = malloc(m->n_tables * sizeof(uint32_t));
 	q->window_end = malloc(m->n_tables * sizeof(uint32_t));
-	q->written = malloc(m->n_tables * sizeof(uint32_t));
 	q->block_off = malloc((m->n_tables + 1) * sizeof(uint64_t));
 	q->grams = calloc(m->layers, sizeof(*q->grams));
 	q->smooth_in = sq->smooth ? calloc(q->rows, sizeof(float *)) : NULL;
-	if (!q->tokens || !q->sink_slots || !q->window_end || !q->written || !q->block_off || !q->grams ||
+	if (!q->tokens || !q->sink_slots || !q->window_end || !q->block_off || !q->grams ||
 	    (sq->smooth && !q->smooth_in))
 		return -ENOMEM;
 	for (uint32_t t = 0; t < m->n_tables; t++) {
@@ -269,7 +268,6 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 		q->tokens[t] = layout_tokens(d)[t];
 		q->sink_slots[t] = slots_below(d, t, m->sinks);
 		q->window_end[t] = stamp ? slots_below(d, t, stamp) : 0;
-		q->written[t] = sq->step_open ? slots_below(d, t, sq->step_from) : q->tokens[t];
 		q->block_off[t] = nb;
 		nb += DIV_ROUND_UP(q->tokens[t], m->block_tokens);
 	}

@@ -202,7 +202,7 @@ static int layer_scores(struct round *r, struct round_seq *q, uint32_t l, uint32
 static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_t kh0, uint32_t nkv,
                        float share, struct scratch *sc) {
 	uint32_t t0 = table_of(q, l, kh0), w = q->window;
-	uint32_t end = q->window_end[t0];
+	uint32_t n = q->tokens[t0], end = q->window_end[t0];
 	int policy = r->tenants[q->tenant].policy, k = -ENODEV;
 	uint32_t L, prefix;
 
@@ -212,9 +212,9 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	if (end > w) {
 		L = end;
 	} else {
-		/* No window for this layer: recency ranks it, over everything written. */
+		/* No window for this layer: recency ranks it, over everything resident. */
 		policy = KVD_POLICY_STREAMINGLLM;
-		L = q->written[t0];
+		L = n;
 	}
 	if (L <= w)
 		return 0;
@@ -336,11 +336,7 @@ static uint32_t unit_bytes(const struct round_seq *q) {
 /* Slots of a row that a round may take: after the sinks, before the protected end. */
 static void row_range(const struct round_seq *q, uint32_t rw, uint32_t *ret_lo, uint32_t *ret_hi) {
 	uint32_t t = round_table_of_row(q, rw), n = q->tokens[t], end = q->window_end[t];
-	uint32_t written = q->written[t];
-	/* A layer without a window keeps the last window of what the engine has written, and
-	 * the slots of its open step: a round between a grow and the step that writes them
-	 * would otherwise take a new sequence's first tokens before they exist. */
-	uint32_t hi = end > q->window ? end - q->window : (written > q->window ? written - q->window : 0);
+	uint32_t hi = end > q->window ? end - q->window : (n > q->window ? n - q->window : 0);
 
 	/* The open tail block is the engine's to fill. */
 	hi = MIN(hi, n - n % q->block_tokens);
@@ -796,7 +792,6 @@ static void round_seq_done(struct round_seq *q) {
 	free(q->tokens);
 	free(q->sink_slots);
 	free(q->window_end);
-	free(q->written);
 	free(q->block_off);
 	free(q->block_addr);
 	free(q->block_chunk);

@@ -16,16 +16,13 @@
  * Costs. Per layer, kvd_policy_scores() (kernels/policy.h) with the tenant's policy gives
  * N1 shares of the layer (rank shares for the baselines), over the slots that precede the
  * window the engine last published for that layer; a layer without a window is scored by
- * recency (streamingllm) over the slots written (those before the engine's open step: from
- * a grow to its last unpin, seq.h), so that a tenant cannot shield its cache by publishing
- * nothing and a round between a grow and its step takes nothing not yet written.
+ * recency (streamingllm) so that a tenant cannot shield its cache by publishing nothing.
  * The round's cost x then enters the cross-round EMA S <- (1 - beta) S + beta x (the first
  * observation initialises S), and a unit's value is its S (summed over a block's slots)
  * times the tenant's weight.
  *
  * Protected, never units: slots whose original position is below the model's sinks, the
- * last `window` slots scored (written, without a window) and every slot after them, the
- * slots of the open tail block,
+ * last `window` slots scored and every slot after them, the slots of the open tail block,
  * slots that were never scored, and blocks the needle guard pins (block units). Floors:
  * each row gives up at most (100 - floor)% of its tokens.
  *
@@ -94,9 +91,8 @@ struct round_seq {
 	/* Per table, at the snapshot: resident slots, slots below the sinks, slots before the
 	 * end of the layer's published window (0: none), and the first entry of its blocks
 	 * in block_addr (the daemon's address of each block in use, in slot order: a device
-	 * address on cuda, read through round.read). written: the slots below the first
-	 * position of the engine's open step (seq.h), all of them when none is open. */
-	uint32_t *tokens, *sink_slots, *window_end, *written;
+	 * address on cuda, read through round.read). */
+	uint32_t *tokens, *sink_slots, *window_end;
 	uint64_t *block_off;
 	const uint8_t **block_addr;
 	uint32_t *block_chunk;        /* each block's chunk, alongside block_addr */

@@ -201,8 +201,6 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 			pos[tokens + i] = d->next_position + i;
 		desc_tokens(d)[t] = tokens + n;
 	}
-	if (!s->step_open)
-		s->step_open = true, s->step_from = d->next_position;
 	d->next_position += n;
 	desc_write_end(d);
 	return 0;

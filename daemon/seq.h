@@ -42,10 +42,6 @@ struct seq {
 	float **smooth;
 	uint32_t *smooth_cap;         /* floats allocated in each smooth[] array */
 	struct plan *pending;         /* a plan made while pinned, applied at the last unpin */
-	/* A step is open from a grow to the next last unpin: the slots from position step_from
-	 * on may not be written yet, and a round never takes them by recency. */
-	bool step_open;
-	uint64_t step_from;
 	/* Statistics for status. */
 	uint64_t evicted_tokens, evicted_bytes;
 	/* Kept across a restart (keep.h): 1 + its journal slot; 0: not kept. */

@@ -383,41 +383,6 @@ TEST(fair_share_kept) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
-/*
- * The slots of a grow are not the rounds' before the engine's step that writes them ends
- * (its unpin): a layer without a window is ranked by recency over what was written, and a
- * new sequence's first tokens do not go before they exist.
- */
-TEST(open_step_untouched) {
-	struct fixture f;
-	struct eng a;
-	kvd_client *admin;
-	uint64_t freed = 1;
-
-	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
-	admin = fixture_connect(&f, NULL);
-	eng_start(&f, &a, "stepper", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 10);
-	ASSERT_OK(kvd_seq_grow(a.s[0], 1024));
-	ASSERT_OK(kvd_evict(admin, "stepper", 64u << 10, &freed));
-	ASSERT_EQ(freed, 0u);
-	ASSERT_EQ(fixture_status(&f, "stepper", "evicted_tokens"), 0u);
-	/* Written, with no window published: recency takes the oldest, sinks aside. */
-	ASSERT_OK(kvd_seq_pin(a.s[0]));
-	fill_seq_from(a.s[0], a.tag, 0);
-	ASSERT_OK(kvd_seq_unpin(a.s[0]));
-	a.grown = 1024;
-	ASSERT_OK(kvd_evict(admin, "stepper", 64u << 10, &freed));
-	eng_drain(&a);
-	ASSERT_TRUE(fixture_status(&f, "stepper", "evicted_bytes") >= 64u << 10);
-	ASSERT_OK(kvd_seq_pin(a.s[0]));
-	ASSERT_TRUE(kvd_seq_position(a.s[0], 0, 0, SINKS) > SINKS);
-	ASSERT_OK(kvd_seq_unpin(a.s[0]));
-	eng_check(&a);
-	eng_stop(&a);
-	kvd_client_unref(admin);
-	ASSERT_EQ(fixture_stop(&f), 0);
-}
-
 /* A tenant over its cap gives up the excess first, and only it. */
 TEST(cap_evicts_first) {
 	struct fixture f;
