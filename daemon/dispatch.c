@@ -603,6 +603,21 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		reply_step(c, ring, id, r, why);
 		return;
 	}
+	/* Grows that wait are served first: a new one that needs blocks queues behind them, so
+	 * that the chunks a round frees for a waiting grow (often at another tenant's unpin)
+	 * are not taken by whoever asks next. */
+	if (!since_us && tokens > 0 && wait_until_ms > now_ms() && evict_grants_waiting(s->evictor) > 0 &&
+	    c->outstanding < s->limits.max_outstanding) {
+		uint64_t need = seq_grow_bytes(q, tokens);
+
+		if (need > 0 && evict_wait_grant(s->evictor, c,
+		                                 &(struct parked_grow){ id, seq_id, tokens, ring, now_us() },
+		                                 grow_retry, need, wait_until_ms) == 0) {
+			c->tenant->grants_waited++;
+			c->outstanding++;
+			return;
+		}
+	}
 	r = seq_grow(q, p, c->id, tokens, &g, &emptied);
 	if (r < 0) {
 		server_reclaim(s, &emptied, NULL, NULL);

@@ -102,6 +102,20 @@ static void free_blocks(struct pool *p, const struct kvd_block_ref *refs, uint64
 	}
 }
 
+uint64_t seq_grow_bytes(const struct seq *s, uint32_t n) {
+	const struct kvd_seq_desc *d = s->desc;
+	uint64_t blocks = 0;
+
+	for (uint32_t t = 0; t < d->n_tables; t++) {
+		uint32_t tokens = layout_tokens(d)[t];
+
+		blocks += DIV_ROUND_UP(tokens + (uint64_t)n, d->block_tokens) -
+		          DIV_ROUND_UP(tokens, d->block_tokens);
+	}
+	return blocks * s->model->block_bytes +
+	       (d->compensation && d->moments_blocks == 0 ? (uint64_t)d->layers * d->kv_heads * d->moments_bytes : 0);
+}
+
 int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
              struct seq_grants *grants, struct seq_emptied *emptied) {
 	static uint64_t grow_serial;

@@ -85,6 +85,10 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
              struct seq_grants *grants, struct seq_emptied *emptied);
 
+/* Bytes of the new blocks a grow by n would take (with the moments blocks of a first
+ * grow): 0 when its tokens fit in the blocks the tables hold. n must not pass max_tokens. */
+uint64_t seq_grow_bytes(const struct seq *s, uint32_t n);
+
 /* Frees every block of the sequence and the sequence itself; chunks left empty are added
  * to *emptied. */
 void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied);

@@ -511,6 +511,68 @@ static int wait_exit(pid_t pid) {
 	return WEXITSTATUS(status);
 }
 
+/* Forks a process of tenant that grows one sequence by tokens in one step; 0 on success. */
+static pid_t grow_async(struct fixture *f, const char *tenant, uint32_t tokens, uint32_t tag) {
+	pid_t pid = fixture_fork();
+
+	if (pid == 0) {
+		struct eng e;
+
+		eng_start(f, &e, tenant, KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, tag);
+		_exit(eng_step(&e, 0, tokens) == 0 ? 0 : 1);
+	}
+	return pid;
+}
+
+/*
+ * A grow waiting for a round is served before a grow asked later: the late one, which the
+ * budget could meet at once, queues behind it, so that the chunks the round frees for the
+ * first (here at the holder's unpin) are not taken by whoever asks next.
+ */
+TEST(waiting_grow_served_first) {
+	struct fixture f;
+	struct eng holder;
+	pid_t first, late;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--budget=4MiB", "--grant-wait=30000",
+	                                          NULL });
+	/* 14 of the budget's 16 chunks, pinned: a round's plan for them waits. */
+	eng_start(&f, &holder, "holder", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 11);
+	eng_grow(&holder, 3584, 512);
+	ASSERT_OK(kvd_seq_pin(holder.s[0]));
+	ASSERT_OK(kvd_seq_pin(holder.s[1]));
+	/* Three chunks, two free: it waits. */
+	first = grow_async(&f, "first", 1536, 12);
+	for (int i = 0; fixture_status(&f, "first", "grants_waited") == 0; i++) {
+		ASSERT_TRUE(i < 3000);
+		usleep(10000);
+	}
+	/* One chunk, which the budget has: it waits too. */
+	late = grow_async(&f, "late", 512, 13);
+	for (int i = 0; fixture_status(&f, "late", "grants_waited") == 0; i++) {
+		ASSERT_TRUE(i < 3000);
+		ASSERT_EQ(waitpid(late, NULL, WNOHANG), 0);
+		usleep(10000);
+	}
+	ASSERT_OK(kvd_seq_unpin(holder.s[0]));
+	ASSERT_OK(kvd_seq_unpin(holder.s[1]));
+	/* The holder unmaps what the round took from it; both grows are then served. */
+	for (int i = 0, left = 2; left > 0; i++) {
+		int status;
+		pid_t done = waitpid(-1, &status, WNOHANG);
+
+		ASSERT_TRUE(i < 3000);
+		if (done == first || done == late) {
+			ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+			left--;
+		}
+		eng_drain(&holder);
+		usleep(10000);
+	}
+	eng_stop(&holder);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* The owner disconnects while the round scores its sequences: nothing is applied to what
  * is gone, every chunk comes back, another tenant is unaffected. */
 TEST(round_races_disconnect) {
