@@ -327,6 +327,13 @@ static int snapshot(struct evictor *e, struct round *r) {
 		};
 		memcpy(r->tenants[i].name, t->name, sizeof(t->name));
 	}
+	for (uint32_t g = 0; g < e->n_grants; g++) {
+		const struct conn *c = server_find_conn(s, e->grants[g].conn_id);
+
+		for (uint32_t i = 0; c && i < r->n_tenants; i++)
+			if (s->tenants.tenants[i] == c->tenant)
+				r->tenants[i].waiting += e->grants[g].need_bytes;
+	}
 	/* A round for one tenant (kvd_evict on it) scores its sequences only: the others pay
 	 * nothing for it, and their smoothed scores stay as their own rounds left them. */
 	for (struct conn *c = s->conns; c; c = c->next)

@@ -576,14 +576,15 @@ static int select_units(struct round *r, struct units *u) {
 
 	if (!allowance || !allowed || !held || !keep || !scratch)
 		return -ENOMEM;
-	/* First, each tenant over its cap gives up the excess, from its own units. */
+	/* First, each tenant over its cap gives up the excess, from its own units, and so does
+	 * one whose waiting grows would pass it: only its own bytes can serve them. */
 	for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
 		const struct round_tenant *rt = &r->tenants[tn];
 		uint64_t excess, got = 0;
 
-		if (rt->max == KVD_TENANT_NO_CAP || rt->used <= rt->max)
+		if (rt->max == KVD_TENANT_NO_CAP || rt->used + rt->waiting <= rt->max)
 			continue;
-		excess = rt->used - rt->max;
+		excess = rt->used + rt->waiting - rt->max;
 		memset(allowed, 0, r->n_tenants * sizeof(bool));
 		allowed[tn] = true;
 		allowance[tn] = excess;

@@ -70,6 +70,7 @@ struct round_tenant {
 	uint32_t id;                  /* tenant id (never reused while the daemon runs) */
 	char name[KVD_TENANT_NAME_MAX + 1];
 	uint64_t used, min, max;      /* bytes, at the snapshot */
+	uint64_t waiting;             /* bytes its grows waiting for a round lack */
 	uint32_t weight;
 	int policy;                   /* enum kvd_policy */
 	/* Results. */

@@ -383,6 +383,35 @@ TEST(fair_share_kept) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/*
+ * A grow that waits at its tenant's cap is served from that tenant's own tokens, although
+ * the other tenant holds more than its fair share: no one else's bytes could serve it.
+ */
+TEST(grow_at_the_cap_served_from_its_own) {
+	struct fixture f;
+	struct eng a, b;
+	kvd_client *admin;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--grant-wait=30000", NULL });
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_tenant_set(admin, "capped", KVD_TENANT_KEEP, 1u << 20, 0));
+	eng_start(&f, &a, "capped", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 14);
+	eng_start(&f, &b, "other", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 15);
+	eng_grow(&b, 6144, 512);
+	/* 2048 tokens x 2 layers x 256 bytes: the whole 1 MiB cap. */
+	eng_grow(&a, 2048, 512);
+	ASSERT_EQ(fixture_status(&f, "capped", "used_bytes"), 1u << 20);
+	ASSERT_OK(eng_step(&a, 0, 512));
+	ASSERT_TRUE(fixture_status(&f, "capped", "evicted_tokens") > 0);
+	ASSERT_EQ(fixture_status(&f, "other", "evicted_tokens"), 0u);
+	eng_check(&a);
+	eng_check(&b);
+	eng_stop(&a);
+	eng_stop(&b);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* A tenant over its cap gives up the excess first, and only it. */
 TEST(cap_evicts_first) {
 	struct fixture f;
