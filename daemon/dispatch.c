@@ -620,6 +620,10 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 	}
 	r = seq_grow(q, p, c->id, tokens, &g, &emptied);
 	if (r < 0) {
+		/* Before the reclaim, which may give the budget room again: the refusal says
+		 * what was short when the grow failed. */
+		bool budget_full = !pool_budget_has_room(p);
+
 		server_reclaim(s, &emptied, NULL, NULL);
 		/* Memory an eviction round may free: wait for it rather than fail. */
 		if ((r == -ENOSPC || r == -EDQUOT) && wait_until_ms > now_ms()) {
@@ -662,12 +666,12 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 				refuse(why, r, "grow failed: %s", strerror(-r));
 			break;
 		case -ENOSPC:
-			if (!pool_budget_has_room(p) && p->chunks_draining > 0 &&
+			if (budget_full && p->chunks_draining > 0 &&
 			    server_slowest_holder(s, holder, sizeof(holder)))
 				refuse(why, r, "node budget exhausted: %llu bytes evicted wait for %s to "
 				       "unmap them", (unsigned long long)p->chunks_draining * p->chunk_bytes,
 				       holder);
-			else if (!pool_budget_has_room(p))
+			else if (budget_full)
 				refuse(why, r, "node budget exhausted (%llu of %llu bytes in use)",
 				       (unsigned long long)p->used_bytes, (unsigned long long)p->budget_bytes);
 			else

@@ -48,6 +48,12 @@ TEST(budget_refuses_and_recovers) {
 	ASSERT_EQ(kvd_seq_tokens(s[4], 0, 0), 0);
 
 	ASSERT_OK(kvd_seq_release(s[0]));
+	/* Two chunks with room for one: the grow takes it, fails on the second and gives it
+	 * back; the refusal names the budget, which was what it lacked. */
+	ASSERT_OK(kvd_seq_open(c, m, 4096, &s[0]));
+	ASSERT_EQ(kvd_seq_grow(s[0], 4096), -ENOSPC);
+	ASSERT_TRUE(strstr(kvd_client_last_error(c), "node budget exhausted"));
+	ASSERT_OK(kvd_seq_release(s[0]));
 	ASSERT_OK(kvd_seq_grow(s[4], 2048));
 	ASSERT_EQ(fixture_status(&f, NULL, "used_bytes"), 4 * MiB);
 
