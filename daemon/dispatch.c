@@ -606,8 +606,8 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 	/* Grows that wait are served first: a new one that needs blocks queues behind them, so
 	 * that the chunks a round frees for a waiting grow (often at another tenant's unpin)
 	 * are not taken by whoever asks next. */
-	if (!since_us && tokens > 0 && wait_until_ms > now_ms() && evict_grants_waiting(s->evictor) > 0 &&
-	    c->outstanding < s->limits.max_outstanding) {
+	if (!since_us && tokens > 0 && wait_until_ms > now_ms() &&
+	    evict_grants_waiting(s->evictor) > 0 && c->outstanding < s->limits.max_outstanding) {
 		uint64_t need = seq_grow_bytes(q, tokens);
 
 		if (need > 0 && evict_wait_grant(s->evictor, c,

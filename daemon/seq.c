@@ -113,7 +113,8 @@ uint64_t seq_grow_bytes(const struct seq *s, uint32_t n) {
 		          DIV_ROUND_UP(tokens, d->block_tokens);
 	}
 	return blocks * s->model->block_bytes +
-	       (d->compensation && d->moments_blocks == 0 ? (uint64_t)d->layers * d->kv_heads * d->moments_bytes : 0);
+	       (d->compensation && d->moments_blocks == 0 ?
+	                (uint64_t)d->layers * d->kv_heads * d->moments_bytes : 0);
 }
 
 int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
