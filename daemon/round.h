@@ -27,11 +27,11 @@
  * each row gives up at most (100 - floor)% of its tokens.
  *
  * Selection (kvd_evict_greedy, lowest value per byte first): a tenant over its cap loses
- * the excess first, from its own units (its waiting grows count: waiting); then the rest of the target is taken across the
- * ranked tenants, none going below its fair share of what the round leaves them (split by
- * weight among those above their minimum) or its guaranteed minimum; a round on one
- * tenant takes it down to its minimum. Units are bytes of K/V (block bytes); whether chunks come free is up to
- * compaction.
+ * the excess first, from its own units (its waiting grows count: waiting); then the rest
+ * of the target is taken across the ranked tenants, none going below its fair share of
+ * what the round leaves them (split by weight among those above their minimum) or its
+ * guaranteed minimum; a round on one tenant takes it down to its minimum. Units are bytes
+ * of K/V (block bytes); whether chunks come free is up to compaction.
  *
  * Compensation (models registered with moments or latent memory): the K/V of every slot
  * a round drops are summarised per (layer, kv head) on the worker (compensate.h), and
