@@ -6,10 +6,13 @@
 #include "kvd/kvd-abi.h"
 #include "moments.h"
 
+/* A moments fold: the summary's arrays, then its two key bounds (the header's, in a block). */
+#define FOLD_BOUNDS 2
+
 size_t compensate_floats(uint32_t compensation, uint32_t d) {
 	switch (compensation) {
 	case KVD_COMPENSATION_MOMENTS:
-		return kvd_moments_floats(d);
+		return kvd_moments_floats(d) + FOLD_BOUNDS;
 	case KVD_COMPENSATION_LATENT:
 		return kvd_latent_floats(d);
 	default:
@@ -21,12 +24,16 @@ int compensate_batch(uint32_t compensation, const void *k, const void *v, uint32
                      uint32_t n, uint32_t d, float *fold) {
 	struct kvd_moments m;
 	struct kvd_latent l;
+	float *bounds = fold + kvd_moments_floats(d);
+	int r;
 
 	/* The kernels' dtype numbers are the wire's (dtype.h). */
 	switch (compensation) {
 	case KVD_COMPENSATION_MOMENTS:
 		kvd_moments_view(&m, d, fold);
-		return kvd_moments_batch(k, d, v, d, dtype, n, &m);
+		r = kvd_moments_batch(k, d, v, d, dtype, n, &m);
+		bounds[0] = m.key_norm_max, bounds[1] = m.key_radius;
+		return r;
 	case KVD_COMPENSATION_LATENT:
 		kvd_latent_view(&l, d, fold);
 		return kvd_latent_batch(k, d, v, d, dtype, n, &l);
@@ -36,8 +43,8 @@ int compensate_batch(uint32_t compensation, const void *k, const void *v, uint32
 }
 
 int compensate_merge(uint32_t compensation, void *block, uint32_t d, const float *fold, uint64_t n) {
-	/* Both headers start with the count (kvd.h). */
-	uint64_t *count = block;
+	struct kvd_moments_header *h = block;
+	struct kvd_latent_header *lh = block;
 	struct kvd_moments ma, mb;
 	struct kvd_latent la, lb;
 	int r;
@@ -46,18 +53,23 @@ int compensate_merge(uint32_t compensation, void *block, uint32_t d, const float
 	case KVD_COMPENSATION_MOMENTS:
 		kvd_moments_view(&ma, d, (float *)((char *)block + KVD_MOMENTS_HEADER_BYTES));
 		kvd_moments_view(&mb, d, (float *)fold);
-		ma.count = *count, mb.count = n;
+		ma.count = h->count, mb.count = n;
+		ma.key_norm_max = h->key_norm_max, ma.key_radius = h->key_radius;
+		mb.key_norm_max = fold[kvd_moments_floats(d)];
+		mb.key_radius = fold[kvd_moments_floats(d) + 1];
 		r = kvd_moments_merge(&ma, &mb);
-		if (r == 0)
-			*count = ma.count;
+		if (r == 0) {
+			h->count = ma.count;
+			h->key_norm_max = ma.key_norm_max, h->key_radius = ma.key_radius;
+		}
 		return r;
 	case KVD_COMPENSATION_LATENT:
 		kvd_latent_view(&la, d, (float *)((char *)block + KVD_LATENT_HEADER_BYTES));
 		kvd_latent_view(&lb, d, (float *)fold);
-		la.count = *count, lb.count = n;
+		la.count = lh->count, lb.count = n;
 		r = kvd_latent_merge(&la, &lb);
 		if (r == 0)
-			*count = la.count;
+			lh->count = la.count;
 		return r;
 	default:
 		return -EINVAL;

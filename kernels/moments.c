@@ -49,6 +49,7 @@ int kvd_moments_batch(const void *k, size_t k_stride, const void *v, size_t v_st
 			ops->to_f32((const char *)k + (i0 + i) * k_stride * es, dtype, d, 1.0f, kt);
 			ops->to_f32((const char *)v + (i0 + i) * v_stride * es, dtype, d, 1.0f, vt);
 			ops->axpy(d, inv, kt, out->mean_k);
+			out->key_norm_max = fmaxf(out->key_norm_max, ops->dot(d, kt, kt));
 			ops->axpy(d, inv, vt, out->mean_v);
 		}
 	}
@@ -64,11 +65,13 @@ int kvd_moments_batch(const void *k, size_t k_stride, const void *v, size_t v_st
 			ops->axpy(d, -1.0f, out->mean_k, kr);
 			ops->axpy(d, -1.0f, out->mean_v, vr);
 			ops->sq_axpy(d, inv, kr, out->var_k);
+			out->key_radius = fmaxf(out->key_radius, ops->dot(d, kr, kr));
 		}
 		/* vtt[a][i] = vr_i[a] / n */
 		ops->to_f32_t(vt, KVD_DTYPE_F32, d, m, d, inv, vtt, m);
 		ops->gemm(d, d, m, vtt, m, kt, d, out->cov_vk, d, 1);
 	}
+	out->key_norm_max = sqrtf(out->key_norm_max), out->key_radius = sqrtf(out->key_radius);
 	out->count = n;
 	free(kt);
 	return 0;
@@ -95,12 +98,17 @@ int kvd_moments_entries(const struct kvd_moments *m, enum kvd_moments_form form,
 			continue;
 		}
 		logit[r] = scale * ops->dot(d, x, m->mean_k) + ln_n;
-		if (form == KVD_MOMENTS_MASS) {
+		if (form != KVD_MOMENTS_PLAIN) {
 			float mass = 0;
 
 			for (uint32_t a = 0; a < d; a++)
 				mass += m->var_k[a] * x[a] * x[a];
-			logit[r] += scale * scale * mass / 2;
+			if (form == KVD_MOMENTS_MASS)
+				logit[r] += scale * scale * mass / 2;
+			else
+				logit[r] = (float)kvd_moments_bounded_logit(
+					m, scale, logit[r], scale * scale * mass / 2,
+					sqrt(ops->dot(d, x, x)));
 		}
 		/* A few rows (decoding) per call: d dot products along C_vk's rows beat a gemm
 		 * that would need C_vk transposed first. */

@@ -16,7 +16,11 @@
  * merged into the online softmax like any key (the first-order, "plain" form; its value is
  * exact for jointly Gaussian keys and values, its mass a Jensen underestimate). The
  * mass-corrected form adds s^2 q^T diag(var_k) q / 2 to the logit, the Gaussian mass with
- * the diagonal of the key covariance.
+ * the diagonal of the key covariance; keys are not Gaussian, and on kvd-lm that estimate
+ * passes the exact log-mass by up to 490 (docs/algorithms.md §4.2). The bounded form caps
+ * the Gaussian log-mass by two upper bounds of the exact one, from two scalars the summary
+ * also keeps: ln n + s ||q|| max_j ||k_j|| and ln n + s q.mu_k + s ||q|| R, R >= max_j
+ * ||k_j - mu_k||; every form's logit is at least the plain one, which is a lower bound.
  *
  * Use 2, eviction (§4.4, kvd-mi): the misfit of a resident token j for the window queries,
  * mean over the queries of x_j(q)^2 with x_j(q) = s q.(k_j - mu_k), the linearisation error
@@ -36,21 +40,26 @@
 struct kvd_moments {
 	uint64_t count;        /* n: tokens folded in; 0 is the empty summary */
 	uint32_t dim;          /* d */
+	float key_norm_max;    /* max_j ||k_j|| (exact, through merges too) */
+	float key_radius;      /* R >= max_j ||k_j - mu_k||: exact after a batch, a bound after
+	                        * a merge (the two radii plus each mean's move) */
 	float *mean_k;         /* [d] */
 	float *mean_v;         /* [d] */
 	float *var_k;          /* [d] */
 	float *cov_vk;         /* [d][d], row-major: cov_vk[a * d + b] = C_vk(v_a, k_b) */
 };
 
-/* Floats a summary of dimension d holds (its four arrays, in the order above). */
+/* Floats a summary of dimension d holds (its four arrays, in the order above; the scalars
+ * live apart, e.g. in kvd_moments_header). */
 static inline size_t kvd_moments_floats(uint32_t d) {
 	return (size_t)d * (3 + (size_t)d);
 }
 
-/* Points m's arrays into f (kvd_moments_floats(d) floats, in that order); count 0. */
+/* Points m's arrays into f (kvd_moments_floats(d) floats, in that order); count and the
+ * key bounds 0. */
 void kvd_moments_view(struct kvd_moments *m, uint32_t d, float *f);
 
-/* Sets m to the empty summary (count 0, arrays 0). */
+/* Sets m to the empty summary (count, bounds and arrays 0). */
 void kvd_moments_clear(struct kvd_moments *m);
 
 /*
@@ -75,9 +84,17 @@ int kvd_moments_merge(struct kvd_moments *a, const struct kvd_moments *b);
 enum kvd_moments_form {
 	KVD_MOMENTS_PLAIN,     /* first order: logit s q.mu_k + ln n */
 	KVD_MOMENTS_MASS,      /* + s^2 q^T diag(var_k) q / 2: the Gaussian mass */
+	KVD_MOMENTS_BOUNDED,   /* the Gaussian mass capped by the key bounds (above) */
 	_KVD_MOMENTS_FORM_MAX,
 	_KVD_MOMENTS_FORM_INVALID = -1,
 };
+
+/*
+ * The bounded form's logit (one implementation, used by both paths): from the plain logit,
+ * the Gaussian term s^2 q^T diag(var_k) q / 2 and ||q||, for a summary with count > 0.
+ */
+double kvd_moments_bounded_logit(const struct kvd_moments *m, float scale, double plain,
+				 double gauss, double q_norm);
 
 /*
  * The virtual entries of the queries q[r * ldq] (r < rows, fp32, d = m->dim each): logit[r]

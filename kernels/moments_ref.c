@@ -26,6 +26,7 @@ void kvd_moments_clear(struct kvd_moments *m) {
 	size_t d = m->dim;
 
 	m->count = 0;
+	m->key_norm_max = m->key_radius = 0;
 	memset(m->mean_k, 0, d * sizeof(float));
 	memset(m->mean_v, 0, d * sizeof(float));
 	memset(m->var_k, 0, d * sizeof(float));
@@ -49,6 +50,16 @@ int kvd_moments_batch_ref(const void *k, size_t k_stride, const void *v, size_t 
 	kvd_moments_clear(out);
 	if (n == 0)
 		return 0;
+	for (uint32_t i = 0; i < n; i++) {
+		double nk = 0;
+
+		for (uint32_t a = 0; a < d; a++) {
+			double x = kvd_load((const char *)k + i * k_stride * es, dtype, a);
+
+			nk += x * x;
+		}
+		out->key_norm_max = fmaxf(out->key_norm_max, (float)sqrt(nk));
+	}
 	for (uint32_t a = 0; a < d; a++) {
 		double sk = 0, sv = 0;
 
@@ -78,13 +89,23 @@ int kvd_moments_batch_ref(const void *k, size_t k_stride, const void *v, size_t 
 			out->cov_vk[(size_t)a * d + b] = (float)(c / n);
 		}
 	}
+	for (uint32_t i = 0; i < n; i++) {
+		double rk = 0;
+
+		for (uint32_t a = 0; a < d; a++) {
+			double x = kvd_load((const char *)k + i * k_stride * es, dtype, a) - out->mean_k[a];
+
+			rk += x * x;
+		}
+		out->key_radius = fmaxf(out->key_radius, (float)sqrt(rk));
+	}
 	out->count = n;
 	return 0;
 }
 
 int kvd_moments_merge(struct kvd_moments *a, const struct kvd_moments *b) {
 	uint32_t d;
-	double na, nb, n, fa, fb, cross;
+	double na, nb, n, fa, fb, cross, move_a = 0, move_b = 0;
 
 	if (moments_check(a) < 0 || moments_check(b) < 0 || a->dim != b->dim)
 		return -EINVAL;
@@ -94,6 +115,20 @@ int kvd_moments_merge(struct kvd_moments *a, const struct kvd_moments *b) {
 		return -EOVERFLOW;
 	d = a->dim;
 	na = (double)a->count, nb = (double)b->count, n = na + nb;
+	if (a->count == 0) {
+		a->key_norm_max = b->key_norm_max, a->key_radius = b->key_radius;
+	} else {
+		/* Each side's keys lie within its radius of its mean, and its mean moves to the
+		 * union's by the other side's share of the means' difference. */
+		for (uint32_t x = 0; x < d; x++) {
+			double dk = (double)b->mean_k[x] - a->mean_k[x];
+
+			move_a += dk * dk;
+		}
+		move_b = sqrt(move_a) * na / n, move_a = sqrt(move_a) * nb / n;
+		a->key_radius = (float)fmax(a->key_radius + move_a, b->key_radius + move_b);
+		a->key_norm_max = fmaxf(a->key_norm_max, b->key_norm_max);
+	}
 	/* The co-moments M = n C add, plus the term of the means' difference:
 	 * M = M_a + M_b + (na nb / n) dv dk^T; in covariance form, divided by n. */
 	fa = na / n, fb = nb / n, cross = na * nb / (n * n);
@@ -134,6 +169,17 @@ void kvd_moments_softmax_add(float *mx, float *l, float *o, uint32_t d, float lo
 	*mx = nm;
 }
 
+double kvd_moments_bounded_logit(const struct kvd_moments *m, float scale, double plain,
+				 double gauss, double q_norm) {
+	double z = plain + gauss, ln_n = log((double)m->count);
+
+	z = fmin(z, ln_n + scale * q_norm * m->key_norm_max);
+	z = fmin(z, plain + scale * q_norm * m->key_radius);
+	/* The plain logit is a lower bound; bounds of 0 (a daemon that does not write them)
+	 * leave the plain form. */
+	return fmax(z, plain);
+}
+
 static int entries_check(const struct kvd_moments *m, enum kvd_moments_form form, const float *q,
 			 uint32_t rows, const float *logit, const float *value) {
 	if (moments_check(m) < 0 || (int)form < 0 || form >= _KVD_MOMENTS_FORM_MAX ||
@@ -152,7 +198,7 @@ int kvd_moments_entries_ref(const struct kvd_moments *m, enum kvd_moments_form f
 	for (uint32_t r = 0; r < rows; r++) {
 		const float *x = q + r * ldq;
 		float *val = value + (size_t)r * d;
-		double z = 0, mass = 0;
+		double z = 0, mass = 0, qq = 0;
 
 		if (m->count == 0) {
 			logit[r] = -INFINITY;
@@ -164,6 +210,7 @@ int kvd_moments_entries_ref(const struct kvd_moments *m, enum kvd_moments_form f
 
 			z += (double)x[a] * m->mean_k[a];
 			mass += (double)m->var_k[a] * x[a] * x[a];
+			qq += (double)x[a] * x[a];
 			for (uint32_t b = 0; b < d; b++)
 				c += (double)m->cov_vk[(size_t)a * d + b] * x[b];
 			val[a] = (float)(m->mean_v[a] + scale * c);
@@ -171,6 +218,9 @@ int kvd_moments_entries_ref(const struct kvd_moments *m, enum kvd_moments_form f
 		z = scale * z + log((double)m->count);
 		if (form == KVD_MOMENTS_MASS)
 			z += (double)scale * scale * mass / 2;
+		if (form == KVD_MOMENTS_BOUNDED)
+			z = kvd_moments_bounded_logit(m, scale, z, (double)scale * scale * mass / 2,
+						      sqrt(qq));
 		logit[r] = (float)z;
 	}
 	return 0;

@@ -310,6 +310,8 @@ static int kvd_begin(struct kvdlm_cache *c, uint32_t n, uint32_t *ret_pos0) {
 				kvd_moments_view(&c->moments[t], c->head_dim,
 				                 (float *)((char *)h + KVD_MOMENTS_HEADER_BYTES));
 				c->moments[t].count = h->count;
+				c->moments[t].key_norm_max = h->key_norm_max;
+				c->moments[t].key_radius = h->key_radius;
 				v->moments = &c->moments[t];
 				v->form = c->form;
 			}

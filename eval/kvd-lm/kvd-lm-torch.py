@@ -13,13 +13,13 @@ gathered from the pool with index_select), publishes the layer's last --window q
 once it has that many, unpins and drains the events. With --check, every step also
 attends over the same tokens read another way (Seq.block per block, Seq.position per slot)
 as a plain dense attention, and fails when the two differ. With --compensation moments
-(or moments-mass), the daemon keeps the MomentKV moments of what it evicts from each table,
+(or moments-mass, moments-bounded), the daemon keeps the MomentKV moments of what it evicts from each table,
 and attention adds them as one more softmax entry, as the C engine does (README.md,
 "Compensation"). With --no-daemon the cache is kvdlm.py's private full cache.
 
     kvd-lm-torch.py --model FILE [--socket PATH | --no-daemon] [--prompt TEXT]
                     [--max-new N] [--chunk N] [--unit head|layer|block|none]
-                    [--window W] [--compensation none|moments|moments-mass]
+                    [--window W] [--compensation none|moments|moments-mass|moments-bounded]
                     [--evict-every N [--evict-bytes B]] [--print-logits] [--check] [--stats]
 
 Output as kvd-lm's: with --print-logits a line 'logits POSITION TOKEN' and the 260 logits
@@ -56,7 +56,7 @@ class KvdCache:
     def __init__(self, client, model, unit, window, max_tokens, check, compensation):
         cfg = model.cfg
         self.cfg, self.client, self.window, self.check = cfg, client, window, check
-        self.compensation = compensation      # None, "moments" or "moments-mass"
+        self.compensation = compensation      # None, "moments", "moments-mass" or "moments-bounded"
         self.model_id = client.register_model(
             cfg.layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim, kvd.DTYPE_F32, BLOCK_TOKENS,
             kvd.LAYOUT_PER_HEAD, name="kvd-lm", unit=unit, window=window,
@@ -119,7 +119,8 @@ class KvdCache:
     def moments_entry(self, layer, kv_head, q):
         """The evicted tokens' softmax entry for q ([t][g][hd]): (logit [t][g], value
         [t][g][hd]), or None when nothing was evicted from the table (or no compensation).
-        Plain: logit s q.mu_k + ln n, value mu_v + s C_vk q; mass adds s^2 q.var_k q / 2."""
+        Plain: logit s q.mu_k + ln n, value mu_v + s C_vk q; mass adds s^2 q.var_k q / 2;
+        bounded caps that by ln n + s |q| key_norm_max and plain + s |q| key_radius."""
         if not self.compensation:
             return None
         raw = torch.from_dlpack(self.seq.moments(layer, kv_head))
@@ -131,9 +132,17 @@ class KvdCache:
         mean_k, mean_v, var_k = f[:hd], f[hd:2 * hd], f[2 * hd:3 * hd]
         cov_vk = f[3 * hd:3 * hd + hd * hd].view(hd, hd)
         s = hd ** -0.5
-        logit = s * (q @ mean_k) + torch.log(torch.tensor(float(count)))
-        if self.compensation == "moments-mass":
-            logit = logit + s * s * (q * q) @ var_k / 2
+        ln_n = torch.log(torch.tensor(float(count)))
+        plain = s * (q @ mean_k) + ln_n
+        logit = plain
+        if self.compensation in ("moments-mass", "moments-bounded"):
+            logit = plain + s * s * (q * q) @ var_k / 2
+        if self.compensation == "moments-bounded":
+            key_norm_max, key_radius = (float(x) for x in raw[12:20].view(torch.float32))
+            q_norm = q.norm(dim=-1)
+            logit = torch.minimum(logit, ln_n + s * q_norm * key_norm_max)
+            logit = torch.minimum(logit, plain + s * q_norm * key_radius)
+            logit = torch.maximum(logit, plain)
         value = mean_v + s * torch.einsum("ab,tgb->tga", cov_vk, q)
         return logit.clone(), value.clone()
 
@@ -229,7 +238,7 @@ def main(argv=None):
     ap.add_argument("--chunk", type=int, default=256, help="prefill step, tokens")
     ap.add_argument("--unit", choices=UNITS, default="head")
     ap.add_argument("--window", type=int, default=32)
-    ap.add_argument("--compensation", choices=["none", "moments", "moments-mass"],
+    ap.add_argument("--compensation", choices=["none", "moments", "moments-mass", "moments-bounded"],
                     default="none", help="what the daemon keeps of evicted tokens")
     ap.add_argument("--evict-every", type=int, default=0, metavar="N",
                     help="after each decode step that reaches a multiple of N positions, an "

@@ -91,8 +91,9 @@ static void help(void) {
 	       "                      daemon, 1..%u (default: %u)\n"
 	       "  --compensation C    What the daemon keeps of evicted tokens: none, moments\n"
 	       "                      (MomentKV moments, added to attention as one more\n"
-	       "                      softmax entry) or moments-mass (the same, with the\n"
-	       "                      mass corrected by the keys' variance) or latent\n"
+	       "                      softmax entry), moments-mass (the same, with the\n"
+	       "                      mass corrected by the keys' variance), moments-bounded\n"
+	       "                      (that mass capped by bounds of the exact one) or latent\n"
 	       "                      (IndexMem's latent memory, read out through the\n"
 	       "                      --indexmem weights) (default: none)\n"
 	       "  --indexmem FILE     IndexMem weights (.kvdim): register the model with an\n"
@@ -235,14 +236,20 @@ static int parse_argv(int argc, char **argv) {
 		case ARG_COMPENSATION:
 			if (strcmp(optarg, "none") == 0)
 				arg_compensation = KVD_COMPENSATION_NONE;
-			else if (strcmp(optarg, "moments") == 0 || strcmp(optarg, "moments-mass") == 0) {
+			else if (strcmp(optarg, "moments") == 0) {
 				arg_compensation = KVD_COMPENSATION_MOMENTS;
-				arg_form = optarg[7] ? KVD_MOMENTS_MASS : KVD_MOMENTS_PLAIN;
+				arg_form = KVD_MOMENTS_PLAIN;
+			} else if (strcmp(optarg, "moments-mass") == 0) {
+				arg_compensation = KVD_COMPENSATION_MOMENTS;
+				arg_form = KVD_MOMENTS_MASS;
+			} else if (strcmp(optarg, "moments-bounded") == 0) {
+				arg_compensation = KVD_COMPENSATION_MOMENTS;
+				arg_form = KVD_MOMENTS_BOUNDED;
 			} else if (strcmp(optarg, "latent") == 0)
 				arg_compensation = KVD_COMPENSATION_LATENT;
 			else
-				return usage_error("--compensation: '%s' is not none, moments, moments-mass "
-				                   "or latent", optarg);
+				return usage_error("--compensation: '%s' is not none, moments, moments-mass, "
+				                   "moments-bounded or latent", optarg);
 			break;
 		case ARG_INDEXMEM:
 			arg_indexmem = optarg;

@@ -5,8 +5,9 @@
  *
  * One daemon per run, started here with a generated config file: one tenant per policy
  * (q-POLICY, policy = POLICY), one per compensated column (kvd+moments, kvd-mi+moments,
- * kvd+moments-mass: tenants q-kvd.moments, ..., whose model keeps MomentKV moments and whose
- * engine adds them to attention, plainly or mass-corrected; indexmem+latent, kvd+latent,
+ * kvd+moments-mass, kvd+moments-bounded: tenants q-kvd.moments, ..., whose model keeps
+ * MomentKV moments and whose engine adds them to attention, plainly, mass-corrected or with
+ * the bounded mass; indexmem+latent, kvd+latent,
  * whose model keeps IndexMem's latent memory, read out through --indexmem's weights; the
  * indexmem columns' models also have an indexer: index keys in the pool, index queries in
  * the observation window), q-full for the reference sequences (its min is the whole
@@ -140,6 +141,7 @@ enum {
 	VARIANT_KVD_MOMENTS,
 	VARIANT_KVD_MI_MOMENTS,
 	VARIANT_KVD_MOMENTS_MASS,
+	VARIANT_KVD_MOMENTS_BOUNDED,
 	VARIANT_INDEXMEM_LATENT,
 	VARIANT_KVD_LATENT,
 	_VARIANT_MAX,
@@ -159,6 +161,8 @@ static const struct {
 		                     "q-kvd-mi.moments", KVD_COMPENSATION_MOMENTS },
 	[VARIANT_KVD_MOMENTS_MASS] = { KVD_POLICY_KVD, KVD_MOMENTS_MASS, "kvd+moments-mass",
 		                       "q-kvd.moments-mass", KVD_COMPENSATION_MOMENTS },
+	[VARIANT_KVD_MOMENTS_BOUNDED] = { KVD_POLICY_KVD, KVD_MOMENTS_BOUNDED, "kvd+moments-bounded",
+		                          "q-kvd.moments-bounded", KVD_COMPENSATION_MOMENTS },
 	[VARIANT_INDEXMEM_LATENT] = { KVD_POLICY_INDEXMEM, KVD_MOMENTS_PLAIN, "indexmem+latent",
 		                      "q-indexmem.latent", KVD_COMPENSATION_LATENT },
 	[VARIANT_KVD_LATENT] = { KVD_POLICY_KVD, KVD_MOMENTS_PLAIN, "kvd+latent", "q-kvd.latent",
@@ -1565,7 +1569,7 @@ static const char *const plot_colors[] = {
 	"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 	"#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000080", "#b00000",
 	"#006400", "#ff1493", "#4b0082", "#808000", "#00ced1", "#ff8c00", "#8b4513",
-	"#2f4f4f",
+	"#2f4f4f", "#9acd32",
 };
 _Static_assert(sizeof(plot_colors) / sizeof(plot_colors[0]) >= COLS, "a line type per column");
 
@@ -1725,7 +1729,8 @@ static void help(void) {
 	       "  --settings LIST    in-window, query-agnostic (default: both)\n"
 	       "  --policies LIST    Policies besides full, which always runs, and the compensated\n"
 	       "                     kvd+moments, kvd-mi+moments, kvd+moments-mass,\n"
-	       "                     indexmem+latent, kvd+latent (default: all, less the\n"
+	       "                     kvd+moments-bounded, indexmem+latent, kvd+latent\n"
+	       "                     (default: all, less the\n"
 	       "                     indexmem and latent ones when the model has no IndexMem\n"
 	       "                     weights)\n"
 	       "  --indexmem FILE    IndexMem weights for the indexmem and latent columns\n"

@@ -3,9 +3,9 @@
  * MomentKV compensation end to end: a model registered with moments gets its moments
  * blocks with the first grow, counted against the tenant and freed with the sequence;
  * every eviction round folds exactly the K/V it drops into them (checked against the
- * moments of the evicted positions, computed here from the values written), on every unit
- * and layout, with policies kvd and kvd-mi, across several rounds and a plan that waits for
- * an unpin.
+ * moments of the evicted positions, computed here from the values written, and the key
+ * bounds), on every unit and layout, with policies kvd and kvd-mi, across several rounds
+ * and a plan that waits for an unpin.
  */
 #include <errno.h>
 #include <math.h>
@@ -130,6 +130,26 @@ static uint64_t check_moments(kvd_seq *s) {
 			for (uint32_t a = 0; a < HEAD_DIM; a++) {
 				sk[a] /= n, sv[a] /= n;
 				ASSERT_TRUE(fabs(mk[a] - sk[a]) < 1e-5 && fabs(mv[a] - sv[a]) < 1e-5);
+			}
+			/* The key bounds: the largest norm exactly, a radius at least the largest
+			 * distance from the mean (rounds merged in several folds). */
+			{
+				double norm_max = 0, radius = 0;
+
+				for (uint32_t pos = 0; pos < next; pos++) {
+					double nn = 0, rr = 0;
+
+					if (resident[pos])
+						continue;
+					for (uint32_t a = 0; a < HEAD_DIM; a++) {
+						double x = kv_value(0, l, h, pos, a);
+
+						nn += x * x, rr += (x - sk[a]) * (x - sk[a]);
+					}
+					norm_max = fmax(norm_max, sqrt(nn)), radius = fmax(radius, sqrt(rr));
+				}
+				ASSERT_TRUE(fabs(m->key_norm_max - norm_max) < 1e-5 * (1 + norm_max));
+				ASSERT_TRUE(m->key_radius >= radius * (1 - 1e-5));
 			}
 			for (uint32_t a = 0; a < HEAD_DIM; a++) {
 				double vk = 0;

@@ -3,8 +3,9 @@
  * MomentKV's kernels (moments.h): the optimised batch summary, entries, corrected attention
  * and misfit against the references on every SIMD path; the merge against the summary of
  * the union; the correction against full attention where it is exact (one evicted token;
- * the direction for jointly Gaussian keys and values), and the mass-corrected form against
- * the plain one.
+ * the direction for jointly Gaussian keys and values), the mass-corrected form against
+ * the plain one, and the bounded form's caps against the exact mass of keys that are not
+ * Gaussian.
  */
 #include <errno.h>
 #include <math.h>
@@ -73,6 +74,11 @@ TEST(batch_matches_reference) {
 					ASSERT_OK(kvd_moments_batch(k, stride, v, stride, dtypes[t], n, &got.m));
 					snprintf(what, sizeof(what), "%s d %u n %u dtype %u", path, d, n, dtypes[t]);
 					ASSERT_TRUE(moments_close(what, &ref.m, &got.m, 2e-6, 2e-4));
+					ASSERT_TRUE(kt_close(what, &ref.m.key_norm_max, &got.m.key_norm_max, 1,
+							     1e-5, 1e-5));
+					ASSERT_TRUE(kt_close(what, &ref.m.key_radius, &got.m.key_radius, 1,
+							     1e-4, 1e-4));
+					ASSERT_TRUE(n > 0 || ref.m.key_norm_max + ref.m.key_radius == 0);
 					free(k), free(v), free(ref.f), free(got.f);
 				}
 }
@@ -96,6 +102,11 @@ TEST(merge_is_the_union) {
 		ASSERT_OK(kvd_moments_merge(&acc.m, &part.m));
 	}
 	ASSERT_TRUE(moments_close("merged", &all.m, &acc.m, 1e-5, 1e-4));
+	/* The largest key norm is the union's; the radius bounds the union's. */
+	ASSERT_TRUE(kt_close("norm", &all.m.key_norm_max, &acc.m.key_norm_max, 1, 1e-6, 1e-6));
+	fprintf(stderr, "radius: union %.4f, merged bound %.4f\n", all.m.key_radius,
+		acc.m.key_radius);
+	ASSERT_TRUE(acc.m.key_radius >= all.m.key_radius * (1 - 1e-6));
 	/* Merging the empty summary changes nothing; dims must agree; counts must not wrap. */
 	kvd_moments_clear(&part.m);
 	ASSERT_OK(kvd_moments_merge(&acc.m, &part.m));
@@ -301,6 +312,73 @@ TEST(gaussian_direction_and_mass) {
 		ASSERT_TRUE(e[2] < e[1]);
 	}
 	free(k), free(v), free(kk), free(vv), free(m.f);
+}
+
+/*
+ * Keys at +-c on the first axis (and noise on the others), q mostly along it: the exact
+ * log-mass is ln n + about s c q_0 - ln 2, the Gaussian estimate passes it by about
+ * (s c q_0)^2 / 2, and the bounded one stays within 1 of it, never below the plain logit and
+ * never above either cap. Then the same after a merge of two parts, whose radius is a bound
+ * only.
+ */
+TEST(bounded_mass_caps_the_gaussian) {
+	enum { N = 400, D = 16 };
+	static float k[N * D], v[N * D], q[D];
+	uint64_t seed = 17;
+	float s = 0.25f, logit[3], val[D];
+	double qn = 0, c, exact = 0, plain, gauss_t = 0;
+	struct owned m, half[2];
+
+	for (int a = 0; a < D; a++)
+		q[a] = a ? (float)(0.1 * gauss(&seed)) : 3.0f, qn += (double)q[a] * q[a];
+	qn = sqrt(qn);
+	c = 10.0 / (s * q[0]); /* s c q_0 = 10 */
+	for (int i = 0; i < N; i++) {
+		double z = 0;
+
+		for (int a = 0; a < D; a++) {
+			k[i * D + a] = (float)(a ? 0.01 * gauss(&seed) : i % 2 ? c : -c);
+			v[i * D + a] = (float)gauss(&seed);
+			z += (double)q[a] * k[i * D + a];
+		}
+		exact += exp(s * z);
+	}
+	exact = log(exact);
+	owned_new(&m, D), owned_new(&half[0], D), owned_new(&half[1], D);
+	for (int merged = 0; merged < 2; merged++) {
+		struct owned *mm = merged ? &half[0] : &m;
+
+		if (!merged)
+			ASSERT_OK(kvd_moments_batch(k, D, v, D, KVD_DTYPE_F32, N, &m.m));
+		else {
+			/* Halves with different means: the first 100 and the other 300 keys. */
+			ASSERT_OK(kvd_moments_batch(k, D, v, D, KVD_DTYPE_F32, 100, &half[0].m));
+			ASSERT_OK(kvd_moments_batch(k + 100 * D, D, v + 100 * D, D, KVD_DTYPE_F32, 300,
+						    &half[1].m));
+			ASSERT_OK(kvd_moments_merge(&half[0].m, &half[1].m));
+		}
+		for (int form = 0; form < 3; form++)
+			ASSERT_OK(kvd_moments_entries(&mm->m, form, s, q, D, 1, &logit[form], val));
+		plain = logit[KVD_MOMENTS_PLAIN];
+		gauss_t = logit[KVD_MOMENTS_MASS] - plain;
+		fprintf(stderr, "%s: exact %.3f, plain %.3f, gaussian %.3f, bounded %.3f\n",
+			merged ? "merged" : "batch", exact, plain, logit[KVD_MOMENTS_MASS],
+			logit[KVD_MOMENTS_BOUNDED]);
+		/* Both caps hold for the exact mass. */
+		ASSERT_TRUE(exact <= log((double)N) + s * qn * mm->m.key_norm_max + 1e-3);
+		ASSERT_TRUE(exact <= plain + s * qn * mm->m.key_radius + 1e-3);
+		ASSERT_TRUE(gauss_t > 40);
+		ASSERT_TRUE(logit[KVD_MOMENTS_BOUNDED] >= plain);
+		ASSERT_TRUE(logit[KVD_MOMENTS_BOUNDED] <= logit[KVD_MOMENTS_MASS]);
+		ASSERT_TRUE(logit[KVD_MOMENTS_BOUNDED] >= exact - 1e-3);
+		ASSERT_TRUE(logit[KVD_MOMENTS_BOUNDED] - exact < (merged ? 3.0 : 1.0));
+	}
+	/* Bounds of 0 (a daemon that does not keep them) give the plain logit. */
+	m.m.key_norm_max = m.m.key_radius = 0;
+	ASSERT_OK(kvd_moments_entries(&m.m, KVD_MOMENTS_BOUNDED, s, q, D, 1, &logit[2], val));
+	ASSERT_OK(kvd_moments_entries(&m.m, KVD_MOMENTS_PLAIN, s, q, D, 1, &logit[0], val));
+	ASSERT_TRUE(logit[2] == logit[0]);
+	free(m.f), free(half[0].f), free(half[1].f);
 }
 
 TEST(misfit_matches_reference) {

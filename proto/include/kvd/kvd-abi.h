@@ -167,12 +167,16 @@ struct kvd_seq_desc {
  * (row-major, cov_vk[a][b] = (1/count) sum (v_a - mean_v_a)(k_b - mean_k_b)). count 0: nothing
  * evicted yet, the arrays are 0. Keys are post-RoPE, as stored. Like the tables, a block is
  * only stable while the sequence is pinned. kvd_seq_moments() finds it; kernels/moments.h
- * has the attention correction that uses it.
+ * has the attention correction that uses it. The two key bounds (libkvd 1.6) were reserved
+ * words before, which daemons wrote as 0: a reader that finds count > 0 and both 0 has a
+ * daemon that does not keep them (the bounded correction then falls back to the plain one).
  */
 struct kvd_moments_header {
 	uint64_t count;        /* tokens folded in */
 	uint32_t head_dim;
-	uint32_t reserved[13];
+	float key_norm_max;    /* max ||k|| over the evicted keys */
+	float key_radius;      /* at least max ||k - mean_k|| over the evicted keys */
+	uint32_t reserved[11];
 };
 
 #define KVD_MOMENTS_HEADER_BYTES 64
