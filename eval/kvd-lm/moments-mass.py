@@ -10,6 +10,8 @@ query q it compares, in natural log, the two estimates of Z_E = sum_{j in E} exp
 (docs/algorithms.md §4.2; kernels/moments.h) with the exact value:
   first-order     ln n + s q.mu_k                         (kvd+moments; always <= exact)
   gaussian        ln n + s q.mu_k + s^2 sum_a var_a q_a^2 / 2   (kvd+moments-mass)
+  bounded         the gaussian one capped by ln n + s |q| max_j |k_j| and by
+                  ln n + s q.mu_k + s |q| max_j |k_j - mu_k|    (kvd+moments-bounded)
 and prints the median, min and max of ln(estimate / exact) over (layer, head).
 """
 

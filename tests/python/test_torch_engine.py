@@ -9,8 +9,8 @@ the C engine (kvd-lm) and its own private-cache run, on the trained model:
   the same steps, under the position-only policy streamingllm, so that both caches hold the
   same tokens), its logits equal the C engine's within the same tolerance, and differ from
   the unevicted run's;
-- with the moments of the evicted tokens added to attention (--compensation moments-mass),
-  the same, and the moments change the logits;
+- with the moments of the evicted tokens added to attention (--compensation moments-mass,
+  then moments-bounded), the same, and the moments change the logits;
 - every attention of its runs is checked against a dense one over the same tokens read
   another way (--check: Seq.block and Seq.position, not the block tables).
 
@@ -114,18 +114,20 @@ class TorchEngineTest(unittest.TestCase):
 
     def test_moments_compensation(self):
         evict = ["--evict-every", "4", "--evict-bytes", str(256 << 10)]
-        c, c_evicted, t, t_evicted = self.engines(evict + ["--compensation", "moments-mass"],
-                                                  policy="streamingllm")
-        self.assertGreater(c_evicted, 0)
-        self.assertEqual(t_evicted, c_evicted)
-        self.assert_same_logits(t, c)
-        # The moments' entry changed the logits of the same cache.
         plain, _ = self.run_engine([sys.executable, os.environ["KVD_LM_TORCH"], "--model", MODEL,
                                     "--prompt", self.prompt, "--max-new", "12", "--print-logits",
                                     "--unit", "layer", "--chunk", "128"] + evict, "streamingllm")
         plain = logits_of(plain)
-        self.assertTrue(any(float((t[p][1] - plain[p][1]).abs().max()) > 1e-3 for p in t
-                            if p in plain))
+        for form in ("moments-mass", "moments-bounded"):
+            with self.subTest(form=form):
+                c, c_evicted, t, t_evicted = self.engines(evict + ["--compensation", form],
+                                                          policy="streamingllm")
+                self.assertGreater(c_evicted, 0)
+                self.assertEqual(t_evicted, c_evicted)
+                self.assert_same_logits(t, c)
+                # The moments' entry changed the logits of the same cache.
+                self.assertTrue(any(float((t[p][1] - plain[p][1]).abs().max()) > 1e-3 for p in t
+                                    if p in plain))
 
 
 if __name__ == "__main__":
