@@ -102,19 +102,25 @@ static void free_blocks(struct pool *p, const struct kvd_block_ref *refs, uint64
 	}
 }
 
+/* Blocks a table that holds `tokens` takes to grow by n: it fills its last block first. */
+static uint32_t table_grow_blocks(const struct kvd_seq_desc *d, uint32_t tokens, uint32_t n) {
+	return (uint32_t)(DIV_ROUND_UP(tokens + (uint64_t)n, d->block_tokens) -
+	                  DIV_ROUND_UP(tokens, d->block_tokens));
+}
+
+/* The compensation blocks come with the first grow, so that their chunks reach the client
+ * the way every chunk does. */
+static uint32_t first_grow_moments(const struct kvd_seq_desc *d) {
+	return d->compensation && d->moments_blocks == 0 ? d->layers * d->kv_heads : 0;
+}
+
 uint64_t seq_grow_bytes(const struct seq *s, uint32_t n) {
 	const struct kvd_seq_desc *d = s->desc;
 	uint64_t blocks = 0;
 
-	for (uint32_t t = 0; t < d->n_tables; t++) {
-		uint32_t tokens = layout_tokens(d)[t];
-
-		blocks += DIV_ROUND_UP(tokens + (uint64_t)n, d->block_tokens) -
-		          DIV_ROUND_UP(tokens, d->block_tokens);
-	}
-	return blocks * s->model->block_bytes +
-	       (d->compensation && d->moments_blocks == 0 ?
-	                (uint64_t)d->layers * d->kv_heads * d->moments_bytes : 0);
+	for (uint32_t t = 0; t < d->n_tables; t++)
+		blocks += table_grow_blocks(d, layout_tokens(d)[t], n);
+	return blocks * s->model->block_bytes + (uint64_t)first_grow_moments(d) * d->moments_bytes;
 }
 
 int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
@@ -123,9 +129,8 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 	struct kvd_seq_desc *d = s->desc;
 	uint32_t bt = d->block_tokens;
 	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
-	/* The moments blocks come with the first grow, so that their chunks reach the client
-	 * the way every chunk does; they are the first `moments` of refs. */
-	uint32_t moments = d->compensation && d->moments_blocks == 0 ? d->layers * d->kv_heads : 0;
+	/* The compensation blocks are the first `moments` of refs. */
+	uint32_t moments = first_grow_moments(d);
 	uint64_t total = moments, done = 0;
 	int r;
 
@@ -140,7 +145,7 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 
 		if (n > d->max_tokens - tokens)
 			return -EFBIG;
-		total += DIV_ROUND_UP(tokens + (uint64_t)n, bt) - DIV_ROUND_UP(tokens, bt);
+		total += table_grow_blocks(d, tokens, n);
 	}
 	if (total > 0) {
 		refs = malloc(total * sizeof(*refs));
@@ -206,7 +211,7 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 	for (uint32_t t = 0; t < d->n_tables; t++) {
 		uint32_t *pos = desc_positions(d, t), tokens = desc_tokens(d)[t];
 		uint32_t old_blocks = DIV_ROUND_UP(tokens, bt);
-		uint32_t per = DIV_ROUND_UP(tokens + (uint64_t)n, bt) - old_blocks;
+		uint32_t per = table_grow_blocks(d, tokens, n);
 
 		/* A grow that stays inside the last blocks takes none, and refs may be NULL. */
 		if (per > 0)
