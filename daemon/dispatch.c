@@ -603,17 +603,21 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		reply_step(c, ring, id, r, why);
 		return;
 	}
-	/* Grows that wait are served first: a new one that needs blocks queues behind them, so
-	 * that the chunks a round frees for a waiting grow (often at another tenant's unpin)
-	 * are not taken by whoever asks next. */
-	if (!since_us && tokens > 0 && wait_until_ms > now_ms() &&
-	    evict_grants_waiting(s->evictor) > 0 && c->outstanding < s->limits.max_outstanding) {
+	/* Grows that wait for the pool are served in order: one that needs blocks queues
+	 * behind them, so that the chunks a round frees for a waiting grow (often at another
+	 * tenant's unpin) are not taken by whoever asks next; in a retry pass, behind those
+	 * retried before it that wait on. */
+	if (tokens > 0 && wait_until_ms > now_ms() && evict_grants_queued(s->evictor, c->device) > 0 &&
+	    c->outstanding < s->limits.max_outstanding) {
 		uint64_t need = seq_grow_bytes(q, tokens);
 
-		if (need > 0 && evict_wait_grant(s->evictor, c,
-		                                 &(struct parked_grow){ id, seq_id, tokens, ring, now_us() },
-		                                 grow_retry, need, wait_until_ms) == 0) {
-			c->tenant->grants_waited++;
+		if (need > 0 &&
+		    evict_wait_grant(s->evictor, c,
+		                     &(struct parked_grow){ id, seq_id, tokens, ring,
+		                                            since_us ? since_us : now_us() },
+		                     false, grow_retry, need, wait_until_ms) == 0) {
+			if (!since_us)
+				c->tenant->grants_waited++;
 			c->outstanding++;
 			return;
 		}
@@ -632,7 +636,8 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 			else if (evict_wait_grant(s->evictor, c,
 			                          &(struct parked_grow){ id, seq_id, tokens, ring,
 			                                                 since_us ? since_us : now_us() },
-			                          grow_retry, g.short_bytes, wait_until_ms) == 0) {
+			                          r == -EDQUOT, grow_retry, g.short_bytes,
+			                          wait_until_ms) == 0) {
 				if (!since_us)
 					c->tenant->grants_waited++;
 				c->outstanding++;

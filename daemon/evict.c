@@ -43,6 +43,7 @@ struct grant_waiter {
 	struct parked_grow grow;      /* the requester's, handed back to retry */
 	evict_grow_fn retry;
 	uint32_t device;              /* the pool device its blocks come from */
+	bool at_cap;                  /* waits at its tenant's max (evict_wait_grant) */
 	uint64_t deadline_ms;
 	uint64_t need_bytes;          /* the new chunks' bytes it lacked */
 };
@@ -1357,7 +1358,7 @@ int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant 
 	return 0;
 }
 
-int evict_wait_grant(struct evictor *e, struct conn *c, const struct parked_grow *grow,
+int evict_wait_grant(struct evictor *e, struct conn *c, const struct parked_grow *grow, bool at_cap,
                      evict_grow_fn retry, uint64_t need_bytes, uint64_t deadline_ms) {
 	struct server *s = e->srv;
 	struct grant_waiter *g;
@@ -1377,6 +1378,7 @@ int evict_wait_grant(struct evictor *e, struct conn *c, const struct parked_grow
 		.grow = *grow,
 		.retry = retry,
 		.device = c->device,
+		.at_cap = at_cap,
 		.deadline_ms = deadline_ms,
 		.need_bytes = need_bytes,
 	};
@@ -1493,6 +1495,14 @@ uint64_t evict_rounds_failed(const struct evictor *e) {
 
 uint32_t evict_grants_waiting(const struct evictor *e) {
 	return e->n_grants;
+}
+
+uint32_t evict_grants_queued(const struct evictor *e, uint32_t device) {
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < e->n_grants; i++)
+		n += !e->grants[i].at_cap && e->grants[i].device == device;
+	return n;
 }
 
 uint64_t evict_last_round_us(const struct evictor *e) {

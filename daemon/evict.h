@@ -128,11 +128,13 @@ typedef void (*evict_grow_fn)(struct conn *c, const struct parked_grow *g, uint6
 
 /*
  * Parks a grow that the budget could not meet (it lacked need_bytes of new chunks) until a
- * round makes room or deadline_ms passes: retry gets it back after each round, and once more
- * at the deadline, to answer it. Returns 0 when parked, or -EAGAIN (too many waiting,
- * stopping, or nothing anywhere is evictable) or -ENOMEM: then refuse it now.
+ * round makes room or deadline_ms passes: retry gets it back after each round, in the
+ * order they were parked, and once more at the deadline, to answer it. at_cap: it waits
+ * at its tenant's max, for its own tenant's memory, so grows of others do not queue behind
+ * it (evict_grants_queued). Returns 0 when parked, or -EAGAIN (too many waiting, stopping,
+ * or nothing anywhere is evictable) or -ENOMEM: then refuse it now.
  */
-int evict_wait_grant(struct evictor *e, struct conn *c, const struct parked_grow *grow,
+int evict_wait_grant(struct evictor *e, struct conn *c, const struct parked_grow *grow, bool at_cap,
                      evict_grow_fn retry, uint64_t need_bytes, uint64_t deadline_ms);
 
 /* Chunks that waited for their holders to unmap them came back to the pool: grows waiting
@@ -162,6 +164,10 @@ uint64_t evict_rounds_total(const struct evictor *e);
 uint64_t evict_rounds_failed(const struct evictor *e);
 /* Grows waiting for a round now. */
 uint32_t evict_grants_waiting(const struct evictor *e);
+/* Those of them a new grow on device queues behind: waiting for memory of that device's
+ * pool under the node budget, not at their tenant's max. During a retry pass, only those
+ * retried before and parked again: the grows ahead. */
+uint32_t evict_grants_queued(const struct evictor *e, uint32_t device);
 uint64_t evict_last_round_us(const struct evictor *e);
 /* Fills rep with the history; the strings and arrays live in e until the next round.
  * Returns 0 or -ENOMEM; free with evict_history_free(). */
