@@ -568,13 +568,14 @@ static int select_units(struct round *r, struct units *u) {
 	_cleanup_(freep) bool *allowed = calloc(MAX(r->n_tenants, 1u), sizeof(bool));
 	_cleanup_(freep) uint64_t *held = calloc(MAX(r->n_tenants, 1u), sizeof(uint64_t));
 	_cleanup_(freep) uint64_t *keep = calloc(MAX(r->n_tenants, 1u), sizeof(uint64_t));
+	_cleanup_(freep) uint64_t *slack = calloc(MAX(r->n_tenants, 1u), sizeof(uint64_t));
 	/* One scratch for every pass of the round: its pages fault in once. */
 	size_t scratch_bytes = kvd_evict_greedy_scratch_bytes((uint32_t)u->n);
 	_cleanup_(freep) void *scratch = malloc(scratch_bytes);
 	uint64_t taken = 0;
 	int k;
 
-	if (!allowance || !allowed || !held || !keep || !scratch)
+	if (!allowance || !allowed || !held || !keep || !slack || !scratch)
 		return -ENOMEM;
 	/* First, each tenant over its cap gives up the excess, from its own units, and so does
 	 * one whose waiting grows would pass it: only its own bytes can serve them. */
@@ -607,10 +608,20 @@ static int select_units(struct round *r, struct units *u) {
 
 			held[tn] -= MIN(held[tn], (uint64_t)u->bytes[i]);
 		}
-	if (r->only < 0)
+	if (r->only < 0) {
 		fair_keep(r, held, r->target - taken, keep);
+		/* Units are whole: a share that ends inside a unit would leave each tenant up to
+		 * one unit above it and the round short of its target by as many. Each may go
+		 * below its share (never its min) by less than its largest unit instead. */
+		for (uint64_t i = 0; i < u->n; i++) {
+			uint32_t tn = r->seqs[u->g_seq[u->group[i]]].tenant;
+
+			slack[tn] = MAX(slack[tn], (uint64_t)u->bytes[i] - 1);
+		}
+	}
 	for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
-		uint64_t floor = r->only < 0 ? keep[tn] : r->tenants[tn].min;
+		uint64_t floor = r->only < 0 ? MAX(r->tenants[tn].min, keep[tn] - MIN(keep[tn], slack[tn]))
+		                             : r->tenants[tn].min;
 
 		allowed[tn] = r->only < 0 || (uint32_t)r->only == tn;
 		allowance[tn] = held[tn] > floor ? held[tn] - floor : 0;

@@ -385,6 +385,40 @@ TEST(fair_share_kept) {
 }
 
 /*
+ * A round across tenants meets its target although the tenants' shares end inside a unit:
+ * three equal tenants, a target of 302 units plus half of one (a token of one layer, 256
+ * bytes), so that each share leaves a fraction of a unit. Before, each tenant stopped a
+ * unit short of it and the round planned 300 units.
+ */
+TEST(fair_shares_meet_the_target) {
+	static const char *const names[] = { "t0", "t1", "t2" };
+	struct last_round lr;
+	struct fixture f;
+	struct eng e[3];
+	kvd_client *admin;
+	uint64_t target = 302 * 256 + 128;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	admin = fixture_connect(&f, NULL);
+	for (int i = 0; i < 3; i++) {
+		eng_start(&f, &e[i], names[i], KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 19 + i);
+		eng_grow(&e[i], 1024, 512);
+	}
+	ASSERT_OK(kvd_evict(admin, NULL, target, NULL));
+	last_round(&f, &lr);
+	ASSERT_TRUE(lr.planned >= target);
+	ASSERT_TRUE(lr.planned < target + 256);
+	for (int i = 0; i < 3; i++) {
+		eng_drain(&e[i]);
+		ASSERT_TRUE(fixture_status(&f, names[i], "evicted_tokens") > 0);
+		eng_check(&e[i]);
+		eng_stop(&e[i]);
+	}
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/*
  * A grow that waits at its tenant's cap is served from that tenant's own tokens, although
  * the other tenant holds more than its fair share: no one else's bytes could serve it.
  */
