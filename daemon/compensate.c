@@ -24,7 +24,7 @@ int compensate_batch(uint32_t compensation, const void *k, const void *v, uint32
                      uint32_t n, uint32_t d, float *fold) {
 	struct kvd_moments m;
 	struct kvd_latent l;
-	float *bounds = fold + kvd_moments_floats(d);
+	float *bounds = fold + kvd_moments_floats(d); /* moments only: see FOLD_BOUNDS */
 	int r;
 
 	/* The kernels' dtype numbers are the wire's (dtype.h). */
@@ -45,6 +45,7 @@ int compensate_batch(uint32_t compensation, const void *k, const void *v, uint32
 int compensate_merge(uint32_t compensation, void *block, uint32_t d, const float *fold, uint64_t n) {
 	struct kvd_moments_header *h = block;
 	struct kvd_latent_header *lh = block;
+	const float *bounds = fold + kvd_moments_floats(d);
 	struct kvd_moments ma, mb;
 	struct kvd_latent la, lb;
 	int r;
@@ -55,8 +56,7 @@ int compensate_merge(uint32_t compensation, void *block, uint32_t d, const float
 		kvd_moments_view(&mb, d, (float *)fold);
 		ma.count = h->count, mb.count = n;
 		ma.key_norm_max = h->key_norm_max, ma.key_radius = h->key_radius;
-		mb.key_norm_max = fold[kvd_moments_floats(d)];
-		mb.key_radius = fold[kvd_moments_floats(d) + 1];
+		mb.key_norm_max = bounds[0], mb.key_radius = bounds[1];
 		r = kvd_moments_merge(&ma, &mb);
 		if (r == 0) {
 			h->count = ma.count;

@@ -599,26 +599,21 @@ static int select_units(struct round *r, struct units *u) {
 	if (taken >= r->target || r->trigger == ROUND_CAP)
 		return 0;
 	/* Then the rest: across tenants, none below what fair_keep() leaves it; from the one
-	 * named (a request on one tenant), down to its guaranteed minimum. */
+	 * named (a request on one tenant), down to its guaranteed minimum. Units are whole: a
+	 * share that ends inside a unit would leave each tenant up to one unit above it and
+	 * the round short of its target by as many, so each may go below its share (never its
+	 * min) by less than its largest unit (slack). */
 	for (uint32_t tn = 0; tn < r->n_tenants; tn++)
 		held[tn] = r->tenants[tn].used;
-	for (uint64_t i = 0; i < u->n; i++)
-		if (u->state[i] == UNIT_SELECTED) {
-			uint32_t tn = r->seqs[u->g_seq[u->group[i]]].tenant;
+	for (uint64_t i = 0; i < u->n; i++) {
+		uint32_t tn = r->seqs[u->g_seq[u->group[i]]].tenant;
 
+		if (u->state[i] == UNIT_SELECTED)
 			held[tn] -= MIN(held[tn], (uint64_t)u->bytes[i]);
-		}
-	if (r->only < 0) {
-		fair_keep(r, held, r->target - taken, keep);
-		/* Units are whole: a share that ends inside a unit would leave each tenant up to
-		 * one unit above it and the round short of its target by as many. Each may go
-		 * below its share (never its min) by less than its largest unit instead. */
-		for (uint64_t i = 0; i < u->n; i++) {
-			uint32_t tn = r->seqs[u->g_seq[u->group[i]]].tenant;
-
-			slack[tn] = MAX(slack[tn], (uint64_t)u->bytes[i] - 1);
-		}
+		slack[tn] = MAX(slack[tn], (uint64_t)u->bytes[i] - 1);
 	}
+	if (r->only < 0)
+		fair_keep(r, held, r->target - taken, keep);
 	for (uint32_t tn = 0; tn < r->n_tenants; tn++) {
 		uint64_t floor = r->only < 0 ? MAX(r->tenants[tn].min, keep[tn] - MIN(keep[tn], slack[tn]))
 		                             : r->tenants[tn].min;
