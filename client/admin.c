@@ -100,11 +100,14 @@ static int tenant_request(kvd_client *c, const char *tenant, const kvd_tenant_pa
 	if (r < 0)
 		return r;
 	if ((p.set & ~(KVD_TENANT_SET_MIN | KVD_TENANT_SET_MAX | KVD_TENANT_SET_WEIGHT |
-		       KVD_TENANT_SET_POLICY)) || p.reserved != 0 ||
-	    ((p.set & KVD_TENANT_SET_POLICY) && !p.policy))
+		       KVD_TENANT_SET_POLICY | KVD_TENANT_SET_TIER)) || p.reserved != 0 ||
+	    ((p.set & KVD_TENANT_SET_POLICY) && !p.policy) ||
+	    ((p.set & KVD_TENANT_SET_TIER) && !p.tier))
 		return -EINVAL;
 	/* A daemon that predates the field would drop it without a word. */
 	if ((p.set & KVD_TENANT_SET_POLICY) && !(c->features & KVD_FEATURE_TENANT_POLICY))
+		return -EOPNOTSUPP;
+	if ((p.set & KVD_TENANT_SET_TIER) && !(c->features & KVD_FEATURE_TIERS))
 		return -EOPNOTSUPP;
 	req->name = (char *)tenant;
 	req->has_min_bytes = p.set & KVD_TENANT_SET_MIN;
@@ -114,6 +117,7 @@ static int tenant_request(kvd_client *c, const char *tenant, const kvd_tenant_pa
 	req->has_weight = p.set & KVD_TENANT_SET_WEIGHT;
 	req->weight = p.weight;
 	req->policy = p.set & KVD_TENANT_SET_POLICY ? (char *)p.policy : NULL;
+	req->tier = p.set & KVD_TENANT_SET_TIER ? (char *)p.tier : NULL;
 	return 0;
 }
 

@@ -489,8 +489,9 @@ static int seq_grow_locked(kvd_seq *s, uint32_t n) {
  * A per-step request through the client's rings. Returns what the request returns, or
  * -EAGAIN when it must go on the socket instead (no rings, turned off, or all in use).
  */
-static int seq_ring_call(kvd_seq *s, uint8_t op, uint32_t arg, bool stop_after_submit,
-			 bool stop_before_sync) {
+/* seq_ring_call, with the completion's flags in *ret_flags. */
+static int seq_ring_call_flags(kvd_seq *s, uint8_t op, uint32_t arg, bool stop_after_submit,
+                               bool stop_before_sync, uint32_t *ret_flags) {
 	struct kvd_ring_sqe req = { .op = op, .arg = arg, .seq_id = s->id };
 	struct ring_done done;
 	int r;
@@ -506,7 +507,15 @@ static int seq_ring_call(kvd_seq *s, uint8_t op, uint32_t arg, bool stop_after_s
 		return r;
 	if (r < 0)
 		return client_ring_lost(s->client, r);
+	*ret_flags = done.cqe.flags;
 	return client_ring_finish(s->client, &done, stop_before_sync);
+}
+
+static int seq_ring_call(kvd_seq *s, uint8_t op, uint32_t arg, bool stop_after_submit,
+                         bool stop_before_sync) {
+	uint32_t flags;
+
+	return seq_ring_call_flags(s, op, arg, stop_after_submit, stop_before_sync, &flags);
 }
 
 static int do_seq_grow(kvd_seq *s, uint32_t n) {
@@ -623,31 +632,52 @@ static int seq_simple_call(kvd_seq *s, Envelope *env) {
 	return r;
 }
 
-static int do_seq_pin(kvd_seq *s) {
+static int do_seq_pin(kvd_seq *s, int *ret_recall) {
 	Kvd__V1__SeqPin req = KVD__V1__SEQ_PIN__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	uint32_t flags = 0;
+	int fds[WIRE_FDS_MAX];
 	int r;
 
+	if (ret_recall)
+		*ret_recall = KVD_RECALL_NONE;
 	if (!s)
 		return -EINVAL;
 	if (seq_forked(s))
 		return -ECHILD;
 	if (seq_stale(s))
 		return -ESTALE;
-	r = seq_ring_call(s, KVD_RING_OP_PIN, 0, false, false);
-	if (r != -EAGAIN)
+	r = seq_ring_call_flags(s, KVD_RING_OP_PIN, 0, false, false, &flags);
+	if (r != -EAGAIN) {
+		if (r >= 0 && ret_recall)
+			*ret_recall = (int)((flags & KVD_RING_CQE_F_RECALL_MASK) >>
+			                    KVD_RING_CQE_F_RECALL_SHIFT);
 		return r;
+	}
 	req.has_seq_id = true;
 	req.seq_id = s->id;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_PIN;
 	env.seq_pin = &req;
-	return seq_simple_call(s, &env);
+	client_lock(s->client);
+	r = client_call(s->client, &env, BODY_ANY, false, &reply, fds, NULL);
+	/* The body is there only when there is something to say (a recall). */
+	if (r >= 0 && ret_recall && reply->body_case == KVD__V1__ENVELOPE__BODY_SEQ_PIN_REPLY &&
+	    reply->seq_pin_reply->has_recall)
+		*ret_recall = (int)reply->seq_pin_reply->recall;
+	client_unlock(s->client);
+	return r;
 }
 
 int kvd_seq_pin(kvd_seq *s) {
 	uint64_t key = s ? client_key(s->client) : 0;
 
-	return (int)call_result(key, do_seq_pin(s), __func__);
+	return (int)call_result(key, do_seq_pin(s, NULL), __func__);
+}
+
+int kvd_seq_pin_recall(kvd_seq *s, int *ret_recall) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_pin(s, ret_recall), __func__);
 }
 
 /* kvd_seq_unpin, with an event id of the connection (0: none). */

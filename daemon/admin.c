@@ -12,6 +12,7 @@
 #include "log.h"
 #include "policy.h"
 #include "server.h"
+#include "tier.h"
 
 /* The eviction settings, all of which change on a reload. */
 static void admin_eviction_limits(const struct settings *s, struct server_limits *ret) {
@@ -22,6 +23,7 @@ static void admin_eviction_limits(const struct settings *s, struct server_limits
 	ret->grant_wait_ms = s->grant_wait_ms;
 	ret->round_interval_ms = s->round_interval_ms;
 	ret->max_observation_bytes = s->max_observation_bytes;
+	ret->tier_idle_ms = s->tier_idle_ms;
 }
 
 void admin_limits(const struct settings *s, struct server_limits *ret) {
@@ -51,6 +53,7 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.ring_doorbell = s->ring_doorbell,
 		.uring_setup = s->uring_setup,
 		.poll_us = s->poll_us,
+		.host_tier_bytes = s->host_tier_size,
 	};
 	admin_eviction_limits(s, ret);
 }
@@ -95,9 +98,10 @@ static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 	const struct state_tenant *lt = state_tenant_find(a->state, t->name);
 	uint64_t min = 0, max = KVD_TENANT_NO_CAP;
 	uint32_t weight = 1;
-	int policy = KVD_POLICY_KVD;
+	int policy = KVD_POLICY_KVD, tier = TIER_DROP;
 	uint8_t min_source = SOURCE_DEFAULT, max_source = SOURCE_DEFAULT,
-	        weight_source = SOURCE_DEFAULT, policy_source = SOURCE_DEFAULT;
+	        weight_source = SOURCE_DEFAULT, policy_source = SOURCE_DEFAULT,
+	        tier_source = SOURCE_DEFAULT;
 
 	if (lt && lt->has_min)
 		min = lt->min_bytes, min_source = SOURCE_LIVE;
@@ -115,18 +119,23 @@ static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 		policy = lt->policy, policy_source = SOURCE_LIVE;
 	else if (ct && ct->source[SETTINGS_TENANT_POLICY] == SOURCE_CONFIG)
 		policy = ct->policy, policy_source = SOURCE_CONFIG;
+	if (lt && lt->has_tier)
+		tier = lt->tier, tier_source = SOURCE_LIVE;
+	else if (ct && ct->source[SETTINGS_TENANT_TIER] == SOURCE_CONFIG)
+		tier = ct->tier, tier_source = SOURCE_CONFIG;
 
 	if (changes && (min != t->min_bytes || max != t->max_bytes || weight != t->weight ||
-	                policy != t->policy)) {
+	                policy != t->policy || tier != t->tier)) {
 		char old_min[32], old_max[32], new_min[32], new_max[32];
 
 		size_format(t->min_bytes, old_min, sizeof(old_min));
 		size_format(min, new_min, sizeof(new_min));
 		tenant_format_max(t->max_bytes, old_max, sizeof(old_max));
 		tenant_format_max(max, new_max, sizeof(new_max));
-		log_notice("tenant %s: min %s, max %s, weight %" PRIu32 ", policy %s (was %s, %s, %"
-		           PRIu32 ", %s)", t->name, new_min, new_max, weight, kvd_policy_to_string(policy),
-		           old_min, old_max, t->weight, kvd_policy_to_string(t->policy));
+		log_notice("tenant %s: min %s, max %s, weight %" PRIu32 ", policy %s, tier %s (was %s, "
+		           "%s, %" PRIu32 ", %s, %s)", t->name, new_min, new_max, weight,
+		           kvd_policy_to_string(policy), tier_mode_to_string(tier), old_min, old_max,
+		           t->weight, kvd_policy_to_string(t->policy), tier_mode_to_string(t->tier));
 	}
 	/* A live min above a max from the file is possible (the file changed under it): the
 	 * cap holds, and nothing acts on the min yet. */
@@ -137,6 +146,8 @@ static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 	t->max_bytes = max;
 	t->weight = weight;
 	t->policy = policy;
+	t->tier = tier;
+	t->tier_source = tier_source;
 	t->min_source = min_source;
 	t->max_source = max_source;
 	t->weight_source = weight_source;
@@ -437,6 +448,10 @@ int admin_tenant_set(struct admin *a, struct tenant *t, const struct state_tenan
 	if (change->has_policy) {
 		lt->has_policy = true;
 		lt->policy = change->policy;
+	}
+	if (change->has_tier) {
+		lt->has_tier = true;
+		lt->tier = change->tier;
 	}
 	apply_tenant(a, t, false);
 	warnings_update(a->srv);

@@ -7,7 +7,7 @@
  * budget and the tenants. For each value, the first that has one wins:
  *
  *   budget:               --budget  >  live  >  config file  >  the pool size
- *   tenant min/max/weight/policy:     live  >  config file  >  0 / none / 1 / kvd
+ *   tenant min/max/weight/policy/tier: live  >  config file  >  0 / none / 1 / kvd / drop
  *   tenant allow-users, allow-groups:           config file  >  none
  *
  * (--budget wins at start: a live budget kept from before is then dropped. Set live while

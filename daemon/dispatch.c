@@ -26,6 +26,7 @@
 #include "policy.h"
 #include "ring.h"
 #include "server.h"
+#include "tier.h"
 #include "upload.h"
 #include "basic/time-util.h"
 
@@ -73,7 +74,7 @@ static void reply_step(struct conn *c, bool ring, uint64_t id, int r, const char
 		if (r < 0)
 			log_debug("connection %llu: ring request refused: %s", (unsigned long long)c->id,
 			          why);
-		ring_complete(c->ring, id, r, 0, 0, r < 0 ? why : NULL);
+		ring_complete(c->ring, id, r, 0, 0, 0, r < 0 ? why : NULL);
 	} else if (r < 0)
 		envelope_reply_error(c, id, r, "%s", why);
 	else
@@ -93,6 +94,7 @@ static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link)
 /* Frees a sequence with what eviction attached to it. */
 static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptied) {
 	keep_seq_dropped(s->keep, q);
+	tier_forget(s->tier, q);
 	server_seq_closed(s, q);
 	q->obs = obs_unref(q->obs);
 	q->pending = evict_plan_drop(s->evictor, q->pending);
@@ -261,7 +263,8 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 	rep.features = c->ring ? KVD_FEATURE_RING : 0;
 	if (req->has_features) {
 		/* Every descriptor carries header_bytes; a client that offers the bit reads it. */
-		rep.features |= req->features & (KVD_FEATURE_SEQ_HEADER | KVD_FEATURE_TENANT_POLICY);
+		rep.features |= req->features & (KVD_FEATURE_SEQ_HEADER | KVD_FEATURE_TENANT_POLICY |
+		                                 KVD_FEATURE_TIERS);
 		if (s->pool->ops->memory != BACKEND_MEMORY_HOST)
 			rep.features |= req->features & KVD_FEATURE_DEVICE_CHUNKS;
 	}
@@ -575,6 +578,69 @@ static void grow_retry(struct conn *c, const struct parked_grow *g, uint64_t wai
 	dispatch_grow(c, g->id, g->ring, g->seq_id, g->tokens, wait_until_ms, g->since_us);
 }
 
+/*
+ * Brings q back from the host tier, if it is there, for request req of c (a pin or a grow,
+ * which retry answers). Returns 0 when q is resident (all along, or now: the chunks it
+ * took that c did not map went to c as EVENT_CHUNKS_GRANT events) or lost (q->recall says
+ * which); 1 when req was parked until an eviction round or an offload makes room (its
+ * deadline: wait_until_ms; past it, q is lost); or a refusal, with why.
+ */
+static int bring_back(struct conn *c, struct seq *q, const struct parked_grow *req,
+                      evict_grow_fn retry, uint64_t wait_until_ms, char why[static WHY_MAX]) {
+	struct server *s = c->srv;
+	struct pool *p = s->pool;
+	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
+	_cleanup_(freep) struct chunk **list = NULL;
+	struct envelope_grants grants;
+	struct seq_granted g;
+	int r;
+
+	if (!q->tiered)
+		return 0;
+	if (c->unmap_due_ms) {
+		server_refused(s, c, LIMIT_UNMAP_TIMEOUT);
+		return refuse(why, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
+		              "within unmap-timeout (%llu ms): no grants until it does",
+		              (unsigned long long)s->limits.unmap_timeout_ms);
+	}
+	/* Every chunk of the pool, at most, each granted once. */
+	list = malloc(p->n_chunks * sizeof(*list));
+	if (!list)
+		return refuse(why, -ENOMEM, "out of memory");
+	g = (struct seq_granted){ .chunks = list, .max = p->n_chunks };
+	r = tier_recall(s->tier, q, p, c->id, &g, &emptied);
+	server_reclaim(s, &emptied, NULL, NULL);
+	if (r == -ENOSPC || r == -EDQUOT) {
+		if (wait_until_ms > now_ms() && c->outstanding < s->limits.max_outstanding &&
+		    evict_wait_grant(s->evictor, c, req, r == -EDQUOT, retry, g.short_bytes,
+		                     wait_until_ms) == 0) {
+			c->outstanding++;
+			return 1;
+		}
+		log_info("sequence %llu (tenant %s): no memory came for its recall from the host "
+		         "tier within grant-wait: lost, as if evicted", (unsigned long long)q->id,
+		         q->tenant->name);
+		tier_lose(s->tier, q);
+		return 0;
+	}
+	if (r == -ENOMEM)
+		return refuse(why, r, "out of memory");
+	if (r < 0) {
+		log_warning("sequence %llu (tenant %s): %s at its recall from the host tier: lost, "
+		            "as if evicted, never served", (unsigned long long)q->id, q->tenant->name,
+		            r == -EBADMSG ? "a block failed its checksum" : strerror(-r));
+		return 0;
+	}
+	for (uint32_t i = 0; i < g.n; i += WIRE_FDS_MAX) {
+		envelope_grants(&grants, p, c->device, list + i, MIN(g.n - i, WIRE_FDS_MAX));
+		envelope_event_grants(c, &grants);
+		/* Closing dropped the sequence with the connection's state. */
+		if (c->closing)
+			return refuse(why, -ECONNRESET, "connection closing");
+	}
+	return 0;
+}
+
 /* since_us: when the grow was first parked, 0 when it never was. */
 static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
                           uint64_t wait_until_ms, uint64_t since_us) {
@@ -603,6 +669,19 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		reply_step(c, ring, id, r, why);
 		return;
 	}
+	/* A sequence moved to the host tier comes back before it grows. */
+	r = bring_back(c, q, &(struct parked_grow){ id, seq_id, tokens, ring,
+	                                            since_us ? since_us : now_us() },
+	               grow_retry, wait_until_ms, why);
+	if (r > 0 && !since_us)
+		c->tenant->grants_waited++;
+	if (r > 0)
+		return;
+	if (r < 0) {
+		reply_step(c, ring, id, r, why);
+		return;
+	}
+	q->used_ms = now_ms();
 	/* Grows that wait for the pool are served in order: one that needs blocks queues
 	 * behind them, so that the chunks a round frees for a waiting grow (often at another
 	 * tenant's unpin) are not taken by whoever asks next; in a retry pass, behind those
@@ -699,7 +778,7 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		 * completion (ring.h, "Socket"). */
 		if (g.n > 0)
 			envelope_event_grants(c, &grants);
-		ring_complete(c->ring, id, 0, q->desc->generation, layout_tokens(q->desc)[0], NULL);
+		ring_complete(c->ring, id, 0, q->desc->generation, layout_tokens(q->desc)[0], 0, NULL);
 	} else {
 		rep.has_tokens = true;
 		rep.tokens = layout_tokens(q->desc)[0];
@@ -975,6 +1054,11 @@ static int tenant_change(const struct server *s, const Kvd__V1__TenantSet *req,
 		return refuse(why, -EINVAL, "weight must be 1..%u", KVD_TENANT_WEIGHT_MAX);
 	if (req->policy && (int)kvd_policy_from_string(req->policy) < 0)
 		return refuse(why, -EINVAL, "unknown policy (kvd.conf(5) lists them)");
+	if (req->tier && tier_mode_from_string(req->tier) < 0)
+		return refuse(why, -EINVAL, "unknown tier '%s': drop or host", req->tier);
+	if (req->tier && tier_mode_from_string(req->tier) == TIER_HOST && s->tier->budget_bytes == 0)
+		return refuse(why, -EINVAL, "tier host needs a host tier: kvd runs without one "
+		              "(host-tier-size 0)");
 	t = tenant_find(&s->tenants, req->name);
 	*ret = (struct evict_patch){
 		.tenant_id = t ? t->id : 0,
@@ -1026,13 +1110,15 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 	change.weight = req->weight;
 	change.has_policy = req->policy != NULL;
 	change.policy = req->policy ? (int)kvd_policy_from_string(req->policy) : 0;
+	change.has_tier = req->tier != NULL;
+	change.tier = req->tier ? tier_mode_from_string(req->tier) : 0;
 	r = admin_tenant_set(c->srv->admin, t, &change, why, sizeof(why));
 	if (r >= 0)
-		log_notice("tenant %s set by pid %d uid %u: min %s, max %s, weight %u, policy %s",
-		           t->name, (int)c->cred.pid, (unsigned)c->cred.uid,
+		log_notice("tenant %s set by pid %d uid %u: min %s, max %s, weight %u, policy %s, "
+		           "tier %s", t->name, (int)c->cred.pid, (unsigned)c->cred.uid,
 		           size_format(t->min_bytes, min_s, sizeof(min_s)),
 		           tenant_format_max(t->max_bytes, max_s, sizeof(max_s)), t->weight,
-		           kvd_policy_to_string(t->policy));
+		           kvd_policy_to_string(t->policy), tier_mode_to_string(t->tier));
 	reply_live(c, id, r, why);
 	/* A cap lowered below what the tenant holds: the excess goes now, as a budget. */
 	if (r >= 0 && t->max_bytes != KVD_TENANT_NO_CAP && t->used_bytes > t->max_bytes)
@@ -1119,15 +1205,59 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope
 
 #define SEQ_PINS_MAX 255
 
-static int step_pin(struct conn *c, uint64_t seq_id, char why[static WHY_MAX]) {
-	struct seq *q = find_seq(c, seq_id, NULL);
+static void dispatch_pin(struct conn *c, uint64_t id, bool ring, uint64_t seq_id,
+                         uint64_t wait_until_ms, uint64_t since_us);
 
-	if (!q)
-		return refuse(why, -ENOENT, "no such sequence on this connection");
-	if (q->pins == SEQ_PINS_MAX)
-		return refuse(why, -EBUSY, "pinned %u times already", SEQ_PINS_MAX);
+static void pin_retry(struct conn *c, const struct parked_grow *g, uint64_t wait_until_ms) {
+	dispatch_pin(c, g->id, g->ring, g->seq_id, wait_until_ms, g->since_us);
+}
+
+/* Pins sequence seq_id of c, bringing it back from the host tier first, and answers with
+ * what it found (KVD_RECALL_*): in the ring completion's flags, or a SeqPinReply (none for
+ * KVD_RECALL_NONE, as from daemons that predate tiers). */
+static void dispatch_pin(struct conn *c, uint64_t id, bool ring, uint64_t seq_id,
+                         uint64_t wait_until_ms, uint64_t since_us) {
+	Kvd__V1__SeqPinReply rep = KVD__V1__SEQ_PIN_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct seq *q = find_seq(c, seq_id, NULL);
+	char why[WHY_MAX];
+	uint32_t recall;
+	int r;
+
+	if (!q) {
+		reply_step(c, ring, id, refuse(why, -ENOENT, "no such sequence on this connection"), why);
+		return;
+	}
+	if (q->pins == SEQ_PINS_MAX) {
+		reply_step(c, ring, id, refuse(why, -EBUSY, "pinned %u times already", SEQ_PINS_MAX), why);
+		return;
+	}
+	r = bring_back(c, q, &(struct parked_grow){ id, seq_id, 0, ring,
+	                                            since_us ? since_us : now_us() },
+	               pin_retry, wait_until_ms, why);
+	if (r > 0)
+		return;
+	if (r < 0) {
+		reply_step(c, ring, id, r, why);
+		return;
+	}
+	if (since_us)
+		metrics_observe_grant_wait(&c->srv->metrics, now_us() - since_us);
 	q->pins++;
-	return 0;
+	q->used_ms = now_ms();
+	recall = q->recall;
+	q->recall = KVD_RECALL_NONE;
+	if (ring) {
+		ring_complete(c->ring, id, 0, q->desc->generation, layout_tokens(q->desc)[0],
+		              recall << KVD_RING_CQE_F_RECALL_SHIFT, NULL);
+	} else if (recall != KVD_RECALL_NONE) {
+		rep.has_recall = true;
+		rep.recall = recall;
+		env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_PIN_REPLY;
+		env.seq_pin_reply = &rep;
+		envelope_reply(c, id, &env, NULL, 0);
+	} else
+		envelope_reply(c, id, &env, NULL, 0);
 }
 
 static int step_unpin(struct conn *c, uint64_t seq_id, uint32_t event_id, char why[static WHY_MAX]) {
@@ -1145,6 +1275,7 @@ static int step_unpin(struct conn *c, uint64_t seq_id, uint32_t event_id, char w
 		q->wait_events |= UINT32_C(1) << (event_id - 1);
 	/* The plan applies before the answer, so that the engine sees the new tables once
 	 * its unpin returns. */
+	q->used_ms = now_ms();
 	if (--q->pins == 0)
 		evict_apply_pending(c->srv->evictor, q);
 	return 0;
@@ -1153,9 +1284,9 @@ static int step_unpin(struct conn *c, uint64_t seq_id, uint32_t event_id, char w
 static void handle_seq_pin(struct conn *c, uint64_t id, const Envelope *request,
                            int request_fd _unused_) {
 	const Kvd__V1__SeqPin *req = request->seq_pin;
-	char why[WHY_MAX];
+	uint64_t wait = c->srv->limits.grant_wait_ms;
 
-	reply_step(c, false, id, step_pin(c, req->has_seq_id ? req->seq_id : 0, why), why);
+	dispatch_pin(c, id, false, req->has_seq_id ? req->seq_id : 0, wait ? now_ms() + wait : 0, 0);
 }
 
 static void handle_seq_unpin(struct conn *c, uint64_t id, const Envelope *request,
@@ -1355,6 +1486,12 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 		ts[i].grants = t->grants;
 		ts[i].grants_refused = t->grants_refused;
 		ts[i].grants_waited = t->grants_waited;
+		ts[i].tier = (char *)tier_mode_to_string(t->tier);
+		ts[i].tier_source = (char *)setting_source_to_string(t->tier_source);
+		ts[i].has_tier_bytes = ts[i].has_tier_sequences = ts[i].has_tier_lost = true;
+		ts[i].tier_bytes = t->tier_bytes;
+		ts[i].tier_sequences = t->tier_seqs;
+		ts[i].tier_lost = t->tier_lost;
 		tp[i] = &ts[i];
 	}
 	rep.n_tenants = n;
@@ -1599,7 +1736,7 @@ void dispatch_ring(struct conn *c, const struct kvd_ring_sqe *sqe) {
 		break;
 	case KVD_RING_OP_PIN:
 		type = METRICS_REQUEST_SEQ_PIN;
-		reply_step(c, true, sqe->user_data, step_pin(c, sqe->seq_id, why), why);
+		dispatch_pin(c, sqe->user_data, true, sqe->seq_id, wait ? now_ms() + wait : 0, 0);
 		break;
 	case KVD_RING_OP_UNPIN:
 		type = METRICS_REQUEST_SEQ_UNPIN;

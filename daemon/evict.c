@@ -21,9 +21,11 @@
 #include "evict.h"
 #include "log.h"
 #include "moments.h"
+#include "offload.h"
 #include "policy.h"
 #include "round-gpu.h"
 #include "server.h"
+#include "tier.h"
 
 /* A pressure round that found nothing to evict is not repeated sooner than this. */
 #define EVICT_IDLE_MS 1000
@@ -88,6 +90,7 @@ struct evictor {
 
 	/* The Evict request the running round answers, if it runs for one. */
 	bool running_request;
+	bool offloading;              /* evict_kick is moving idle sequences out (offload.h) */
 	struct evict_waiter running_waiter;
 	struct evict_waiter waiters[EVICT_WAITERS_MAX];
 	uint32_t n_waiters;
@@ -578,12 +581,7 @@ static void send_changed(struct server *s, struct seq *q) {
 		envelope_event_seq_changed(c, q->id, q->desc->generation);
 }
 
-/*
- * Packs the blocks of tenant t's unpinned evictable sequences so that chunks come free,
- * reclaims what emptied, and tells the owners of every sequence rewritten since `before`
- * (their epochs). Returns the chunk bytes given back.
- */
-static uint64_t settle_tenant(struct evictor *e, struct tenant *t, struct seq_emptied *emptied) {
+uint64_t evict_settle_tenant(struct evictor *e, struct tenant *t, struct seq_emptied *emptied) {
 	struct server *s = e->srv;
 	_cleanup_(freep) struct seq **seqs = NULL;
 	_cleanup_(freep) uint64_t *epochs = NULL, *ids = NULL;
@@ -652,8 +650,8 @@ void evict_apply_pending(struct evictor *e, struct seq *q) {
 			log_warning("sequence %llu: its eviction plan could not be applied: %s",
 			            (unsigned long long)q->id, strerror((int)-k));
 		record_plan_settled(e, p, q->tenant->name, k);
-		(void)settle_tenant(e, q->tenant, &emptied);
-		/* settle_tenant only tells about what it moved itself; and its sends may have
+		(void)evict_settle_tenant(e, q->tenant, &emptied);
+		/* evict_settle_tenant only tells about what it moved itself; and its sends may have
 		 * closed q's connection, so q is looked up again. */
 		q = find_seq(s, conn_id, seq_id);
 		if (q && q->epoch != before)
@@ -739,7 +737,7 @@ static uint64_t apply_round(struct evictor *e, struct round *r, struct record *r
 
 		if (t) {
 			t->rounds++;
-			freed += settle_tenant(e, t, &emptied);
+			freed += evict_settle_tenant(e, t, &emptied);
 		}
 	}
 	if (emptied.n > 0) {
@@ -999,8 +997,9 @@ static int device_over_watermark(const struct evictor *e, uint64_t *ret_target) 
 	return -1;
 }
 
+/* What a round, or moving idle sequences to the host tier before it (offload.h), may free. */
 static bool evictable_exists(const struct server *s) {
-	return s->evictable_seqs > 0;
+	return s->evictable_seqs > 0 || s->tier->budget_bytes > 0;
 }
 
 /* The GPUs' scoring for a round (round.h), loaded at the first round; NULL on host. */
@@ -1214,6 +1213,22 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		device = full_device(e);
 	e->budget_lowered = false;
 	e->cap_lowered = false;
+	/* Idle sequences leave whole before any token is evicted. Not again from inside: the
+	 * grows it serves kick again. */
+	if (why != ROUND_INTERVAL && why != ROUND_CAP && !e->offloading) {
+		uint64_t freed;
+
+		e->offloading = true;
+		freed = offload_for_pressure(s, target, device);
+		if (freed > 0)
+			evict_chunks_back(e);
+		e->offloading = false;
+		if (freed >= target || e->running)
+			return;
+		target -= freed;
+	}
+	if (s->evictable_seqs == 0)
+		return;
 	start_round(e, why, target, -1, device);
 }
 

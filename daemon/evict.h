@@ -36,6 +36,8 @@
 struct server;
 struct conn;
 struct seq;
+struct seq_emptied;
+struct tenant;
 struct evictor;
 
 /* A plan made while the sequence was pinned: applied at its last unpin if the sequence is
@@ -143,6 +145,13 @@ void evict_chunks_back(struct evictor *e);
 
 /* Refuses parked grows whose deadline passed, and checks the triggers; on every tick. */
 void evict_tick(struct evictor *e);
+
+/*
+ * Packs the blocks of tenant t's unpinned evictable sequences so that chunks come free,
+ * reclaims what emptied (*emptied, and what packing empties), and tells the owners of every
+ * sequence packing rewrote. Returns the chunk bytes given back.
+ */
+uint64_t evict_settle_tenant(struct evictor *e, struct tenant *t, struct seq_emptied *emptied);
 
 /* Applies q's pending plan if it is still valid (at the last unpin), then frees it. */
 void evict_apply_pending(struct evictor *e, struct seq *q);

@@ -6,6 +6,7 @@
 #include "node-values.h"
 #include "pool.h"
 #include "server.h"
+#include "tier.h"
 
 #define READER(name, expr)                                                                    \
 	static uint64_t read_##name(const struct server *s) {                                 \
@@ -47,6 +48,18 @@ READER(sequences, s->sequences)
 READER(sequences_max, server_seqs_max(s))
 READER(metadata_bytes, s->metadata_bytes)
 READER(metadata_max_bytes, server_metadata_max(s))
+READER(host_tier_bytes, s->tier->budget_bytes)
+READER(host_tier_used_bytes, s->tier->used_bytes)
+READER(host_tier_sequences, s->tier->n_seqs)
+READER(tier_offloads, s->tier->offloads)
+READER(tier_offload_bytes, s->tier->offload_bytes)
+READER(tier_offload_us, s->tier->offload_ns / 1000)
+READER(tier_recalls, s->tier->recalls)
+READER(tier_recall_bytes, s->tier->recall_bytes)
+READER(tier_recall_us, s->tier->recall_ns / 1000)
+READER(tier_lost_full, s->tier->lost_full)
+READER(tier_lost_corrupt, s->tier->lost_corrupt)
+READER(tier_lost_no_memory, s->tier->lost_no_memory)
 #undef READER
 
 #define GAUGE false
@@ -119,6 +132,32 @@ const struct node_value node_values[] = {
 	{ NULL, "kvd_grants_waiting", GAUGE,
 	  "Grows the budget could not meet that wait for an eviction round now (grant-wait).",
 	  read_grants_waiting },
+	{ "host_tier_bytes", "kvd_host_tier_bytes", GAUGE,
+	  "Size of the host tier (host-tier-size), outside the budget.", read_host_tier_bytes },
+	{ "host_tier_used_bytes", "kvd_host_tier_used_bytes", GAUGE,
+	  "K/V bytes of sequences moved out of the pool that the host tier holds now.",
+	  read_host_tier_used_bytes },
+	{ "host_tier_sequences", "kvd_host_tier_sequences", GAUGE,
+	  "Sequences the host tier holds now.", read_host_tier_sequences },
+	{ "tier_offloads", "kvd_tier_offloads_total", COUNTER,
+	  "Sequences moved out of the pool whole into the host tier.", read_tier_offloads },
+	{ "tier_offload_bytes", "kvd_tier_offload_bytes_total", COUNTER,
+	  "Bytes of the sequences moved into the host tier.", read_tier_offload_bytes },
+	{ "tier_offload_us", NULL, COUNTER, NULL, read_tier_offload_us },
+	{ "tier_recalls", "kvd_tier_recalls_total", COUNTER,
+	  "Sequences brought back from the host tier at their pin or grow.", read_tier_recalls },
+	{ "tier_recall_bytes", "kvd_tier_recall_bytes_total", COUNTER,
+	  "Bytes of the sequences brought back from the host tier.", read_tier_recall_bytes },
+	{ "tier_recall_us", NULL, COUNTER, NULL, read_tier_recall_us },
+	{ "tier_lost_full", "kvd_tier_lost_full_total", COUNTER,
+	  "Sequences the host tier dropped, oldest first, to make room: lost, as if evicted.",
+	  read_tier_lost_full },
+	{ "tier_lost_corrupt", "kvd_tier_lost_corrupt_total", COUNTER,
+	  "Sequences lost at their recall because a block failed its checksum (or could not be "
+	  "written back): never served.", read_tier_lost_corrupt },
+	{ "tier_lost_no_memory", "kvd_tier_lost_no_memory_total", COUNTER,
+	  "Sequences lost because no pool memory came for their recall within grant-wait.",
+	  read_tier_lost_no_memory },
 	{ NULL, "kvd_backend_fell_back", GAUGE,
 	  "1 when backend auto found no usable GPU and the pool is host memory (the log says "
 	  "why); 0 otherwise.", read_backend_fell_back },

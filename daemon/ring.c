@@ -192,8 +192,7 @@ int ring_poll(struct ring *r) {
 }
 
 void ring_complete(struct ring *r, uint64_t user_data, int res, uint64_t generation,
-                   uint32_t tokens, const char *msg) {
-	uint32_t flags = 0;
+                   uint32_t tokens, uint32_t flags, const char *msg) {
 	struct kvd_ring_cqe *e;
 
 	if (r->conn->closing)

@@ -81,14 +81,14 @@ void ring_close(struct ring *r);
 int ring_poll(struct ring *r);
 
 /*
- * Makes the completion of the submission with user_data (res 0 or a negative errno; msg, the
- * refusal's text, or NULL). Inside ring_poll() it is published with the pass; outside (a
+ * Makes the completion of the submission with user_data (res 0 or a negative errno; flags,
+ * KVD_RING_CQE_F_* beyond the message's; msg, the refusal's text, or NULL). Inside ring_poll() it is published with the pass; outside (a
  * grow that waited for a round), at once. Frames the request queued on the socket (grants,
  * unmap requests, the events of a plan applied at an unpin) were counted in the frames word
  * before (ring_sent()), so the client reads them before it goes on.
  */
 void ring_complete(struct ring *r, uint64_t user_data, int res, uint64_t generation,
-                   uint32_t tokens, const char *msg);
+                   uint32_t tokens, uint32_t flags, const char *msg);
 
 /* The connection was sent a frame (conn.h's frames counts it): tells the client, and wakes
  * its threads asleep on the completion ring, if any, to read it (unless a submission of the

@@ -91,9 +91,8 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
 	return 0;
 }
 
-/* Frees the blocks of refs; chunks this empties go to *emptied. */
-static void free_blocks(struct pool *p, const struct kvd_block_ref *refs, uint64_t n,
-                        struct seq_emptied *emptied) {
+void seq_blocks_free(struct pool *p, const struct kvd_block_ref *refs, uint64_t n,
+                     struct seq_emptied *emptied) {
 	for (uint64_t i = 0; i < n; i++) {
 		struct chunk *c = pool_chunk(p, refs[i].chunk_id);
 
@@ -123,15 +122,77 @@ uint64_t seq_grow_bytes(const struct seq *s, uint32_t n) {
 	return blocks * s->model->block_bytes + (uint64_t)first_grow_moments(d) * d->moments_bytes;
 }
 
+int seq_alloc_blocks(struct seq *s, struct pool *p, uint64_t conn_id, uint64_t n_moments,
+                     uint64_t total, struct kvd_block_ref *refs, struct seq_granted *g,
+                     struct seq_emptied *emptied) {
+	static uint64_t serial;
+	uint64_t done = 0;
+	int r;
+
+	g->n = 0;
+	g->short_bytes = 0;
+	/* Chunks handed out by one call are marked with its serial, so that each is granted
+	 * once however many of its blocks the call takes. */
+	serial++;
+	for (; done < total; done++) {
+		struct chunk *c;
+		uint32_t index;
+
+		r = pool_block_alloc(p, s->tenant, s->device,
+		                     done < n_moments ? s->desc->moments_bytes : s->model->block_bytes,
+		                     &c, &index);
+		if (r < 0)
+			goto rollback;
+		refs[done] = (struct kvd_block_ref){ .chunk_id = c->id, .index = index };
+		if (c->grant_serial == serial || chunk_has_holder(c, conn_id))
+			continue;
+		c->grant_serial = serial;
+		if (g->n == g->max) {
+			r = -E2BIG;
+			done++;
+			goto rollback;
+		}
+		g->chunks[g->n++] = c;
+	}
+	for (uint32_t i = 0; i < g->n; i++) {
+		r = chunk_add_holder(g->chunks[i], conn_id);
+		if (r < 0) {
+			while (i-- > 0)
+				pool_chunk_drop_holder(p, g->chunks[i], conn_id);
+			goto rollback;
+		}
+	}
+	return 0;
+
+rollback:
+	g->n = 0;
+	/* What a round must free for it: every block still lacking comes from a new chunk
+	 * (pool_block_alloc took the tenant's partial ones first). */
+	if (r == -ENOSPC || r == -EDQUOT)
+		g->short_bytes = DIV_ROUND_UP(total - done, p->chunk_bytes /
+		                                   ALIGN_TO(s->model->block_bytes, LAYOUT_BLOCK_ALIGN)) *
+		                      p->chunk_bytes;
+	seq_blocks_free(p, refs, done, emptied);
+	return r;
+}
+
+void seq_alloc_undo(struct pool *p, uint64_t conn_id, const struct kvd_block_ref *refs,
+                    uint64_t n, struct seq_granted *g, struct seq_emptied *emptied) {
+	for (uint32_t i = 0; i < g->n; i++)
+		pool_chunk_drop_holder(p, g->chunks[i], conn_id);
+	g->n = 0;
+	seq_blocks_free(p, refs, n, emptied);
+}
+
 int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
              struct seq_grants *grants, struct seq_emptied *emptied) {
-	static uint64_t grow_serial;
 	struct kvd_seq_desc *d = s->desc;
 	uint32_t bt = d->block_tokens;
 	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
 	/* The compensation blocks are the first `moments` of refs. */
 	uint32_t moments = first_grow_moments(d);
-	uint64_t total = moments, done = 0;
+	uint64_t total = moments, done;
+	struct seq_granted g = { .chunks = grants->chunks, .max = ELEMENTSOF(grants->chunks) };
 	int r;
 
 	grants->n = 0;
@@ -152,55 +213,27 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		if (!refs)
 			return -ENOMEM;
 	}
-
-	/* Chunks handed out by this grow are marked with its serial, so that each is granted
-	 * once however many of its blocks the grow takes. */
-	grow_serial++;
-	for (; done < total; done++) {
-		struct chunk *c;
-		uint32_t index;
-
-		r = pool_block_alloc(p, s->tenant, s->device,
-		                     done < moments ? d->moments_bytes : s->model->block_bytes, &c, &index);
-		if (r < 0)
-			goto rollback;
-		refs[done] = (struct kvd_block_ref){ .chunk_id = c->id, .index = index };
-		if (c->grant_serial == grow_serial || chunk_has_holder(c, conn_id))
-			continue;
-		c->grant_serial = grow_serial;
-		if (grants->n == ELEMENTSOF(grants->chunks)) {
-			r = -E2BIG;
-			done++;
-			goto rollback;
-		}
-		grants->chunks[grants->n++] = c;
-	}
+	r = seq_alloc_blocks(s, p, conn_id, moments, total, refs, &g, emptied);
+	grants->short_bytes = g.short_bytes;
+	if (r < 0)
+		return r;
 	/* A block may come from a chunk the tenant already used: the empty summary is 0
 	 * (moments and latent headers alike start with count and head_dim). Written through
 	 * the backend: on cuda the block is device memory. */
 	if (moments > 0) {
 		_cleanup_(freep) struct kvd_moments_header *empty = calloc(1, d->moments_bytes);
 
-		if (!empty) {
-			r = -ENOMEM;
-			goto rollback;
-		}
-		empty->head_dim = d->head_dim;
-		for (uint32_t i = 0; i < moments; i++) {
+		r = empty ? 0 : -ENOMEM;
+		if (empty)
+			empty->head_dim = d->head_dim;
+		for (uint32_t i = 0; r == 0 && i < moments; i++)
 			r = p->ops->write(s->device, pool_block_addr(p, refs[i]), empty, d->moments_bytes);
-			if (r < 0)
-				goto rollback;
-		}
-	}
-	/* Becoming a holder is the last step that can fail; nothing is visible before it. */
-	for (uint32_t i = 0; i < grants->n; i++) {
-		r = chunk_add_holder(grants->chunks[i], conn_id);
 		if (r < 0) {
-			while (i-- > 0)
-				pool_chunk_drop_holder(p, grants->chunks[i], conn_id);
-			goto rollback;
+			seq_alloc_undo(p, conn_id, refs, total, &g, emptied);
+			return r;
 		}
 	}
+	grants->n = g.n;
 
 	desc_write_begin(d);
 	if (moments > 0) {
@@ -224,17 +257,6 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 	d->next_position += n;
 	desc_write_end(d);
 	return 0;
-
-rollback:
-	grants->n = 0;
-	/* What a round must free for it: every block still lacking comes from a new chunk
-	 * (pool_block_alloc took the tenant's partial ones first). */
-	if (r == -ENOSPC || r == -EDQUOT)
-		grants->short_bytes = DIV_ROUND_UP(total - done, p->chunk_bytes /
-		                                   ALIGN_TO(s->model->block_bytes, LAYOUT_BLOCK_ALIGN)) *
-		                      p->chunk_bytes;
-	free_blocks(p, refs, done, emptied);
-	return r;
 }
 
 void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied) {
@@ -244,9 +266,9 @@ void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied) {
 		return;
 	d = s->desc;
 	for (uint32_t t = 0; t < d->n_tables; t++)
-		free_blocks(p, desc_blocks(d, t), DIV_ROUND_UP(desc_tokens(d)[t], d->block_tokens),
+		seq_blocks_free(p, desc_blocks(d, t), DIV_ROUND_UP(desc_tokens(d)[t], d->block_tokens),
 		            emptied);
-	free_blocks(p, desc_moments(d), d->moments_blocks, emptied);
+	seq_blocks_free(p, desc_moments(d), d->moments_blocks, emptied);
 	/* One smooth[] entry per table; read n_tables before the descriptor goes. */
 	if (s->smooth) {
 		for (uint32_t t = 0; t < d->n_tables; t++)

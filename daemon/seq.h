@@ -44,6 +44,12 @@ struct seq {
 	struct plan *pending;         /* a plan made while pinned, applied at the last unpin */
 	/* Statistics for status. */
 	uint64_t evicted_tokens, evicted_bytes;
+	/* The host tier (tier.h): its entry while moved out, NULL when resident; what its next
+	 * pin reports (KVD_RECALL_*, then back to NONE); when its engine last used it (open,
+	 * grow, pin, unpin; CLOCK_MONOTONIC ms), for idle offloads (offload.h). */
+	struct tier_seq *tiered;
+	uint8_t recall;
+	uint64_t used_ms;
 	/* Kept across a restart (keep.h): 1 + its journal slot; 0: not kept. */
 	uint32_t keep_slot;
 	/* What its metadata may take of the daemon's memory, at most: the descriptor, the
@@ -57,6 +63,14 @@ struct seq_grants {
 	struct chunk *chunks[253];
 	uint32_t n;
 	uint64_t short_bytes;         /* -ENOSPC, -EDQUOT: bytes of new chunks it lacked */
+};
+
+/* Chunks an allocation handed to a connection that had not mapped them yet: room for max
+ * in chunks (the caller's); short_bytes as in struct seq_grants. */
+struct seq_granted {
+	struct chunk **chunks;
+	uint32_t n, max;
+	uint64_t short_bytes;
 };
 
 /* Chunks whose last block an operation freed; the caller reclaims them. chunks has room
@@ -84,6 +98,27 @@ int seq_new(uint64_t id, const struct model *m, struct tenant *t, uint32_t max_t
  */
 int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
              struct seq_grants *grants, struct seq_emptied *emptied);
+
+/*
+ * Allocates `total` blocks for s from the pool on its device, the first n_moments of its
+ * compensation block size and the rest of its model's block size, into refs; chunks that
+ * conn_id does not hold yet are listed in *g (at most g->max) and conn_id is made their
+ * holder. All or nothing: returns 0, or -E2BIG (more than g->max new chunks), -ENOSPC,
+ * -EDQUOT (g->short_bytes: what it lacked), -ENOMEM, with the chunks the attempt emptied in
+ * *emptied. What seq_grow and a recall from a tier (tier.h) take blocks with.
+ */
+int seq_alloc_blocks(struct seq *s, struct pool *p, uint64_t conn_id, uint64_t n_moments,
+                     uint64_t total, struct kvd_block_ref *refs, struct seq_granted *g,
+                     struct seq_emptied *emptied);
+
+/* Undoes a seq_alloc_blocks that succeeded: conn_id stops holding the chunks of g, and the
+ * n blocks of refs are freed (emptied chunks into *emptied). */
+void seq_alloc_undo(struct pool *p, uint64_t conn_id, const struct kvd_block_ref *refs,
+                    uint64_t n, struct seq_granted *g, struct seq_emptied *emptied);
+
+/* Frees the n blocks of refs (chunks left empty into *emptied). */
+void seq_blocks_free(struct pool *p, const struct kvd_block_ref *refs, uint64_t n,
+                     struct seq_emptied *emptied);
 
 /* Bytes of the new blocks a grow by n would take (with the moments blocks of a first
  * grow): 0 when its tokens fit in the blocks the tables hold. n must not pass max_tokens. */

@@ -30,8 +30,10 @@
 #include "keep.h"
 #include "upload.h"
 #include "log.h"
+#include "offload.h"
 #include "ring.h"
 #include "server.h"
+#include "tier.h"
 #include "wire.h"
 #include "basic/time-util.h"
 
@@ -225,7 +227,8 @@ static void notify_tick(struct server *s) {
 }
 
 /*
- * The tick's period: a quarter of the shortest timeout it enforces, between 50 ms and a
+ * The tick's period: a quarter of the shortest timeout it enforces (tier-idle among them),
+ * between 50 ms and a
  * second, and at most half the service manager's watchdog interval. Recomputed at every
  * tick, so that a reload that shortens a timeout shortens the tick too.
  */
@@ -238,6 +241,8 @@ static uint64_t tick_interval(const struct server *s) {
 		ms = MIN(ms, s->limits.unmap_grace_ms / 4);
 	if (s->limits.tenant_forget_ms > 0)
 		ms = MIN(ms, s->limits.tenant_forget_ms / 4);
+	if (s->limits.tier_idle_ms > 0 && s->limits.host_tier_bytes > 0)
+		ms = MIN(ms, s->limits.tier_idle_ms / 4);
 	ms = MIN(MAX(ms, 50), 1000);
 	if (s->watchdog_usec)
 		ms = MIN(ms, MAX(s->watchdog_usec / 2000, 1));
@@ -396,6 +401,7 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 		http_tick(s->http, now, s->limits.hello_timeout_ms);
 	if (!s->stopping) {
 		evict_tick(s->evictor);
+		offload_tick(s);
 		keep_tick(s->keep, s);
 	}
 	s->tick_ms = tick_interval(s);
@@ -706,6 +712,7 @@ void server_seq_opened(struct server *s, struct seq *q) {
 		s->evictable_seqs++;
 	s->sequences++;
 	s->metadata_bytes += q->meta_bytes;
+	q->used_ms = now_ms();
 }
 
 void server_seq_closed(struct server *s, struct seq *q) {
@@ -748,6 +755,9 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	s->tick_ms = tick_interval(s);
 
 	r = tenant_table_init(&s->tenants, limits->max_tenants);
+	if (r < 0)
+		goto fail;
+	r = tier_new(limits->host_tier_bytes, &s->metadata_bytes, &s->tier);
 	if (r < 0)
 		goto fail;
 	s->scratch = calloc(pool->n_chunks, sizeof(*s->scratch));
@@ -828,6 +838,8 @@ struct server *server_free(struct server *s) {
 	/* After the connections: a running round holds references, not pointers, to them. */
 	s->evictor = evictor_free(s->evictor);
 	s->uploader = uploader_free(s->uploader);
+	/* After the connections, whose sequences dropped their entries. */
+	s->tier = tier_free(s->tier);
 	tenant_table_done(&s->tenants);
 	free(s->scratch);
 	free(s);

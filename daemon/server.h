@@ -22,6 +22,7 @@
 struct admin;
 struct conn;
 struct evictor;
+struct tier;
 struct keep;
 struct uploader;
 
@@ -93,6 +94,9 @@ struct server_limits {
 	uint64_t grant_wait_ms;
 	uint64_t round_interval_ms;   /* 0: off */
 	uint64_t max_observation_bytes;
+	/* The host tier (tier.h, offload.h). */
+	uint64_t host_tier_bytes;     /* 0: none */
+	uint64_t tier_idle_ms;        /* 0: offloads under pressure only */
 	/* The per-step rings (ring.h). */
 	uint32_t ring_entries;        /* of each ring; 0: no rings, clients use the socket */
 	int ring_doorbell;            /* enum ring_doorbell */
@@ -166,6 +170,7 @@ struct server {
 	struct http *http;            /* the metrics endpoint, NULL when off */
 	struct admin *admin;          /* settings and live state (admin.h); set by main() */
 	struct evictor *evictor;      /* eviction rounds (evict.h) */
+	struct tier *tier;            /* the host tier (tier.h) */
 	struct uploader *uploader;    /* output projection uploads (upload.h) */
 	struct keep *keep;            /* KV kept across a restart (keep.h); set by main() */
 	bool stopping;

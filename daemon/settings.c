@@ -24,6 +24,7 @@
 #include "policy.h"
 #include "ring.h"
 #include "settings.h"
+#include "tier.h"
 
 /* The smallest chunk: below it, the per-chunk bookkeeping outweighs what it manages. */
 #define CHUNK_SIZE_MIN (UINT64_C(64) << 10)
@@ -207,6 +208,14 @@ static const struct setting node_table[] = {
 	{ "max-observation-bytes", SETTING_SIZE, SETTING_RUNTIME, "SIZE", "64MiB", NULL,
 	  "largest observation buffer of one sequence (layers x q heads x window x head dim)",
 	  NODE(max_observation_bytes) },
+	{ "host-tier-size", SETTING_SIZE, 0, "SIZE", "0", NULL,
+	  "host memory kvd may keep sequences moved out of the pool in (tenants with tier = "
+	  "host), outside the budget; 0: no host tier", NODE(host_tier_size) },
+	{ "tier-idle", SETTING_MS, SETTING_RUNTIME, "MS", "60000", NULL,
+	  "a sequence of a tenant with tier = host that was not used for MS moves to the host "
+	  "tier whole, and comes back at its next pin or grow; under memory pressure, those "
+	  "unused for a second go before any token is evicted; 0: under pressure only",
+	  NODE(tier_idle_ms), 0, UINT32_MAX },
 	{ "poll-us", SETTING_U32, 0, "US", "50", NULL,
 	  "how long the event loop keeps looking at the rings and sockets once idle, before it "
 	  "sleeps; clients whose requests come within it make no system call; 0: sleep at once",
@@ -262,6 +271,10 @@ static const struct setting tenant_table[] = {
 	[SETTINGS_TENANT_POLICY] = { "policy", SETTING_ENUM, 0, "NAME", "kvd", NULL,
 	  "eviction policy", TENANT(policy),
 	  .enum_name = policy_name, .enum_n = _KVD_POLICY_MAX },
+	[SETTINGS_TENANT_TIER] = { "tier", SETTING_ENUM, 0, "WHERE", "drop", NULL,
+	  "what memory pressure does with the tenant's sequences: drop (evict tokens) or host "
+	  "(move idle sequences whole to the host tier first, host-tier-size)", TENANT(tier),
+	  .enum_name = tier_mode_to_string, .enum_n = _TIER_MODE_MAX },
 	[SETTINGS_TENANT_ALLOW_USERS] = { "allow-users", SETTING_LIST, 0, "NAMES", NULL, "none",
 	  "users (names or numbers) whose processes may act as the tenant, besides root; with "
 	  "neither list, anyone who may connect; repeat the key to add names, an empty value "
@@ -868,6 +881,9 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 		if (t->min_bytes > t->max_bytes)
 			inifile_error(e, path, t->key_line[SETTINGS_TENANT_MIN] ?: t->line,
 			              "tenant %s: min above max", t->name);
+		if (t->tier == TIER_HOST && s->host_tier_size == 0)
+			inifile_error(e, path, t->key_line[SETTINGS_TENANT_TIER] ?: t->line,
+			              "tenant %s: tier host needs a host tier (host-tier-size)", t->name);
 	}
 }
 

@@ -23,6 +23,7 @@
  *   max = 4GiB
  *   weight = 2
  *   policy = kvd
+ *   tier = host
  *   allow-users = alice bob
  *
  * Nothing here logs: errors are collected with their file:line (or flag) for the caller,
@@ -132,6 +133,7 @@ enum settings_tenant_key {
 	SETTINGS_TENANT_MAX,
 	SETTINGS_TENANT_WEIGHT,
 	SETTINGS_TENANT_POLICY,
+	SETTINGS_TENANT_TIER,
 	SETTINGS_TENANT_ALLOW_USERS,
 	SETTINGS_TENANT_ALLOW_GROUPS,
 	_SETTINGS_TENANT_KEY_MAX,
@@ -144,6 +146,7 @@ struct settings_tenant {
 	uint64_t max_bytes;           /* KVD_TENANT_NO_CAP: none */
 	uint32_t weight;
 	int policy;                   /* enum kvd_policy */
+	int tier;                     /* enum tier_mode */
 	char *allow_users;            /* as written; enforced at hello (access.h) */
 	char *allow_groups;
 	/* The lists resolved to ids by access_resolve(), at start and on every reload. */
@@ -188,6 +191,8 @@ struct settings {
 	uint32_t round_threads;       /* 0: the online CPUs */
 	uint32_t eviction_floor;      /* percent */
 	uint64_t max_observation_bytes;
+	uint64_t host_tier_size;      /* 0: no host tier */
+	uint64_t tier_idle_ms;        /* 0: offloads under pressure only */
 	uint32_t poll_us;
 	uint32_t ring_entries;        /* 0: no rings */
 	int ring_doorbell;            /* enum ring_doorbell */

@@ -13,6 +13,7 @@
 #include "basic/number.h"
 #include "basic/size.h"
 #include "policy.h"
+#include "tier.h"
 #include "state.h"
 #include "basic/io-util.h"
 
@@ -159,6 +160,13 @@ static void on_key(struct inifile_ctx *ctx, const char *section, const char *key
 			goto bad;
 		t->has_policy = true;
 		t->policy = p;
+	} else if (t && strcmp(key, "tier") == 0) {
+		int m = tier_mode_from_string(value);
+
+		if (m < 0)
+			goto bad;
+		t->has_tier = true;
+		t->tier = m;
 	} else
 		inifile_ctx_error(ctx, "unknown key '%s' in [%s]", key, section);
 	return;
@@ -204,6 +212,8 @@ int state_format(const struct state *st, char **ret) {
 			fprintf(f, "weight = %" PRIu32 "\n", t->weight);
 		if (t->has_policy)
 			fprintf(f, "policy = %s\n", kvd_policy_to_string(t->policy));
+		if (t->has_tier)
+			fprintf(f, "tier = %s\n", tier_mode_to_string(t->tier));
 	}
 	if (fclose(f) != 0) {
 		free(text);

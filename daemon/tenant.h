@@ -27,8 +27,9 @@ struct tenant {
 	uint64_t max_bytes;           /* cap on used_bytes, KVD_TENANT_NO_CAP for none */
 	uint32_t weight;
 	int policy;                   /* enum kvd_policy: how rounds rank its tokens */
-	/* Where min, max and weight come from: enum setting_source (see admin.h). */
-	uint8_t min_source, max_source, weight_source, policy_source;
+	int tier;                     /* enum tier_mode: where its idle sequences go (tier.h) */
+	/* Where min, max, weight, policy and tier come from: enum setting_source (admin.h). */
+	uint8_t min_source, max_source, weight_source, policy_source, tier_source;
 	char *allow_users;            /* from the config file: stored and reported only */
 	char *allow_groups;
 	uint64_t used_bytes;          /* bytes of the chunks it holds, draining ones included */
@@ -42,6 +43,10 @@ struct tenant {
 	/* Chunk grants, and refusals (as the pool's counters, per tenant); grows that waited
 	 * for an eviction round (each counted once, however often it was retried). */
 	uint64_t grants, grants_refused, grants_waited;
+	/* The host tier: bytes and sequences of it held now; sequences lost from it. */
+	uint64_t tier_bytes;
+	uint32_t tier_seqs;
+	uint64_t tier_lost;
 	struct chunk *partial;        /* owned chunks with at least one free block */
 	/* FREE chunks whose memory object is its own (pool.h), per device. */
 	struct chunk *free_chunks[BACKEND_DEVICES_MAX];

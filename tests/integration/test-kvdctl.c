@@ -466,6 +466,13 @@ TEST(status_tenants_budget) {
 	r = kvdctl(f.socket, "tenant set alpha --policy nonesuch");
 	ASSERT_EXIT(r, 1);
 	ASSERT_CONTAINS(r->err, "unknown policy");
+	/* This daemon has no host tier. */
+	r = kvdctl(f.socket, "tenant set alpha --tier host");
+	ASSERT_EXIT(r, 1);
+	ASSERT_CONTAINS(r->err, "tier host needs a host tier");
+	r = kvdctl(f.socket, "tenant set alpha --tier drop");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "policy keydiff (live), tier drop (live)");
 	hold(&a, &f, "alpha", 3);
 	hold(&b, &f, "beta", 1);
 
@@ -667,7 +674,7 @@ TEST(budget_and_tenant_reset) {
 	r = kvdctl(f.socket, "tenant set llama --max 4M --weight 5");
 	ASSERT_EXIT(r, 0);
 	ASSERT_STREQ(r->out, "tenant llama set: min 2.0 MiB (config), max 4.0 MiB (live), weight 5 "
-			     "(live), policy kvd (default)\n");
+			     "(live), policy kvd (default), tier drop (default)\n");
 	r = kvdctl(f.socket, "tenants");
 	ASSERT_CONTAINS(line_starting(r->out, "llama "), "2.0 MiB+");
 	ASSERT_CONTAINS(line_starting(r->out, "llama "), "4.0 MiB*");
@@ -689,7 +696,7 @@ TEST(budget_and_tenant_reset) {
 	}
 	ASSERT_EXIT(r, 0);
 	ASSERT_STREQ(r->out, "tenant llama reset: min 2.0 MiB (config), max 8.0 MiB (config), "
-			     "weight 2 (config), policy kvd (default)\n");
+			     "weight 2 (config), policy kvd (default), tier drop (default)\n");
 	r = kvdctl(f.socket, "tenants --json");
 	ASSERT_JSON(r->out, TENANT_VALUES("llama"), "[2097152, 8388608, 2]");
 	ASSERT_JSON(r->out, TENANT_SOURCES("llama"), "[\"config\", \"config\", \"config\"]");
@@ -701,7 +708,7 @@ TEST(budget_and_tenant_reset) {
 	r = kvdctl(f.socket, "tenant reset gamma");
 	ASSERT_EXIT(r, 0);
 	ASSERT_STREQ(r->out, "tenant gamma reset: min 0 B (default), max none (default), weight 1 "
-			     "(default), policy kvd (default)\n");
+			     "(default), policy kvd (default), tier drop (default)\n");
 	r = kvdctl(f.socket, "tenants --json");
 	ASSERT_JSON(r->out, TENANT_VALUES("gamma"), "[0, null, 1]");
 

@@ -50,3 +50,10 @@ int bench_table(int argc, char **argv);
  * Python binding with it. argv[0] is "step"; returns the process exit status.
  */
 int bench_step(int argc, char **argv);
+
+/*
+ * `kvd-bench tier` (tier.c): a sequence moved to the daemon's host tier and back, one
+ * Llama-3.1-8B-like layer and a whole model, next to a memcpy floor, against a running
+ * daemon with a host tier. argv[0] is "tier"; returns the process exit status.
+ */
+int bench_tier(int argc, char **argv);

@@ -1585,6 +1585,7 @@ static void help(void) {
 	       "       kvd-bench ipc [OPTIONS]     (see kvd-bench ipc --help)\n"
 	       "       kvd-bench table [OPTIONS]   (see kvd-bench table --help)\n"
 	       "       kvd-bench step [OPTIONS]    (see kvd-bench step --help)\n"
+	       "       kvd-bench tier [OPTIONS]    (see kvd-bench tier --help)\n"
 	       "\n"
 	       "Load generator and end-to-end checker for kvd: forks one client process per\n"
 	       "tenant (bench-0, bench-1, ...); each registers its own model shape, opens\n"
@@ -1675,6 +1676,8 @@ int main(int argc, char **argv) {
 		return bench_table(argc - 1, argv + 1);
 	if (argc > 1 && strcmp(argv[1], "step") == 0)
 		return bench_step(argc - 1, argv + 1);
+	if (argc > 1 && strcmp(argv[1], "tier") == 0)
+		return bench_tier(argc - 1, argv + 1);
 
 	arg_socket = getenv("KVD_SOCKET");
 	if (!arg_socket || !*arg_socket)
@@ -1686,11 +1689,11 @@ int main(int argc, char **argv) {
 		case 1:
 			if (strcmp(optarg, "score") == 0 || strcmp(optarg, "evict") == 0 ||
 			    strcmp(optarg, "ipc") == 0 || strcmp(optarg, "table") == 0 ||
-			    strcmp(optarg, "step") == 0)
+			    strcmp(optarg, "step") == 0 || strcmp(optarg, "tier") == 0)
 				return usage_error("'%s' must come first: kvd-bench %s [OPTIONS]", optarg,
 						   optarg);
 			if (strcmp(optarg, "load") != 0 || load)
-				return usage_error("unknown command '%s' (commands: load, score, evict, ipc, table, step)",
+				return usage_error("unknown command '%s' (commands: load, score, evict, ipc, table, step, tier)",
 						   optarg);
 			load = 1;
 			break;

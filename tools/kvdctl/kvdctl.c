@@ -43,12 +43,12 @@ void help(void) {
 	       "  budget reset             Drop the live budget: back to kvd's --budget, the\n"
 	       "                           config file's value, or the pool size\n"
 	       "  tenant set NAME [--min SIZE] [--max SIZE|none] [--weight N] [--policy NAME]\n"
-	       "           [--dry-run]\n"
+	       "           [--tier drop|host] [--dry-run]\n"
 	       "                           Create or change a tenant live; options left out keep\n"
 	       "                           their value (a new tenant starts with min 0, no cap,\n"
 	       "                           weight 1). Kept across daemon restarts until reset\n"
-	       "  tenant reset NAME        Drop the tenant's live min, max, weight and policy: back to\n"
-	       "                           the config file's values (or the defaults)\n"
+	       "  tenant reset NAME        Drop the tenant's live min, max, weight, policy and tier:\n"
+	       "                           back to the config file's values (or the defaults)\n"
 	       "  tenant delete NAME       Forget a tenant that holds nothing (no connection,\n"
 	       "                           sequence or chunk) and is not in the config file,\n"
 	       "                           with its live values; kvd forgets idle ones by itself\n"
@@ -88,6 +88,9 @@ void help(void) {
 	       "                      unchanged)\n"
 	       "  --policy NAME       With tenant set: eviction policy, a name kvd.conf(5) lists\n"
 	       "                      (default: unchanged)\n"
+	       "  --tier drop|host    With tenant set: what memory pressure does with its\n"
+	       "                      sequences: evict tokens, or first move idle ones whole\n"
+	       "                      to kvd's host tier (default: unchanged)\n"
 	       "  --interval SECONDS  With top: time between refreshes, 0.1 to 3600, fractions\n"
 	       "                      allowed (default: 2)\n"
 	       "  --once              With top: sample twice, SECONDS apart, print one frame\n"
@@ -115,7 +118,8 @@ void help(void) {
 	       "tenant so far, then the token slots (t) and the rounds (r) that took them.\n"
 	       "top: USED/s is the change of USED per second. EVICTED/s is the block bytes\n"
 	       "evicted from the tenant per second, - while the daemon does not report them;\n"
-	       "GRANTS/s and REFUSED/s (per tenant) appear once the daemon counts them. No rate\n"
+	       "GRANTS/s and REFUSED/s (per tenant) appear once the daemon counts them. HOST\n"
+	       "TIER is what the tenant's sequences moved out hold of kvd's host tier. No rate\n"
 	       "is ever estimated.\n"
 	       "evictions: TOOK is the whole round, SCORE, SELECT and COMPACT its phases; TARGET\n"
 	       "what it set out to free and FREED the chunk bytes it gave back; SEQS the\n"
@@ -637,7 +641,7 @@ static void tenant_report(kvd_client *c, const char *name, const char *done) {
 		{ "max", "max_bytes", "max_source", 1 },
 		{ "weight", "weight", "weight_source", 0 },
 	};
-	const char *policy, *policy_source;
+	const char *policy, *policy_source, *tier, *tier_source;
 	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
 	uint32_t t;
 
@@ -668,6 +672,11 @@ static void tenant_report(kvd_client *c, const char *name, const char *done) {
 		if (status_tenant_str(st, t, "policy_source", &policy_source) == 0)
 			printf(" (%s)", policy_source);
 	}
+	if (status_tenant_str(st, t, "tier", &tier) == 0) {
+		printf(", tier %s", tier);
+		if (status_tenant_str(st, t, "tier_source", &tier_source) == 0)
+			printf(" (%s)", tier_source);
+	}
 	printf("\n");
 }
 
@@ -677,6 +686,7 @@ static int cmd_tenant(int argc, char **argv) {
 		{ "max", required_argument, NULL, 'M' },
 		{ "weight", required_argument, NULL, 'w' },
 		{ "policy", required_argument, NULL, 'p' },
+		{ "tier", required_argument, NULL, 't' },
 		{ "dry-run", no_argument, NULL, 'n' },
 		{ "socket", required_argument, NULL, 's' },
 		{ "help", no_argument, NULL, 'h' },
@@ -719,6 +729,10 @@ static int cmd_tenant(int argc, char **argv) {
 			p.policy = optarg;
 			p.set |= KVD_TENANT_SET_POLICY;
 			break;
+		case 't':
+			p.tier = optarg;
+			p.set |= KVD_TENANT_SET_TIER;
+			break;
 		case 'n':
 			dry_run = 1;
 			break;
@@ -733,7 +747,8 @@ static int cmd_tenant(int argc, char **argv) {
 		}
 	if (optind >= argc)
 		return usage_error("tenant: expected 'set NAME [--min SIZE] [--max SIZE|none] "
-				   "[--weight N] [--policy NAME]', 'reset NAME' or 'delete NAME'");
+				   "[--weight N] [--policy NAME] [--tier drop|host]', 'reset NAME' or "
+				   "'delete NAME'");
 	sub = argv[optind];
 	if (strcmp(sub, "set") != 0 && strcmp(sub, "reset") != 0 && strcmp(sub, "delete") != 0)
 		return usage_error("tenant: unknown subcommand '%s' (set, reset, delete)", sub);
@@ -745,7 +760,7 @@ static int cmd_tenant(int argc, char **argv) {
 
 	if (strcmp(sub, "delete") == 0) {
 		if (p.set)
-			return usage_error("tenant delete: --min, --max, --weight and --policy belong "
+			return usage_error("tenant delete: --min, --max, --weight, --policy and --tier "
 					   "to 'tenant set'");
 		snprintf(what, sizeof(what), "tenant delete %s", name);
 		r = connect_admin(&c);
@@ -760,7 +775,7 @@ static int cmd_tenant(int argc, char **argv) {
 	}
 	if (strcmp(sub, "reset") == 0) {
 		if (p.set)
-			return usage_error("tenant reset: --min, --max, --weight and --policy belong "
+			return usage_error("tenant reset: --min, --max, --weight, --policy and --tier "
 					   "to 'tenant set'");
 		snprintf(what, sizeof(what), "tenant reset %s", name);
 		r = connect_admin(&c);

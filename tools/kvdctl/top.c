@@ -148,12 +148,13 @@ enum {
 	TOP_GRANTS,
 	TOP_REFUSED,
 	TOP_EVICTED,
+	TOP_TIER,
 	TOP_COLS,
 };
 
 static const char *const top_title[TOP_COLS] = {
 	"TENANT", "USED", "%BUDGET", "USED/s", "MAX", "SEQS", "CONNS", "GRANTS/s", "REFUSED/s",
-	"EVICTED/s",
+	"EVICTED/s", "HOST TIER",
 };
 
 static int top_row(const struct frame *fr, uint32_t t, uint64_t budget, char (*cells)[CELL_MAX]) {
@@ -220,6 +221,11 @@ static int top_row(const struct frame *fr, uint32_t t, uint64_t budget, char (*c
 		size_format((uint64_t)llround(x), cells[TOP_EVICTED], CELL_MAX);
 	else
 		snprintf(cells[TOP_EVICTED], CELL_MAX, "-");
+	/* What its sequences moved out hold of the host tier, outside the budget. */
+	if (status_tenant_u64(st, t, "tier_bytes", &v) == 0)
+		size_format(v, cells[TOP_TIER], CELL_MAX);
+	else
+		snprintf(cells[TOP_TIER], CELL_MAX, "-");
 	return 0;
 }
 
@@ -271,6 +277,13 @@ static int top_text(FILE *f, const void *userdata) {
 		fprintf(f, ", in blocks %s", size_format(v, a, sizeof(a)));
 	if (pool)
 		fprintf(f, ", pool %s", size_format(pool, a, sizeof(a)));
+	if (status_u64(st, "host_tier_bytes", &v) == 0 && v > 0) {
+		uint64_t held = 0;
+
+		(void)status_u64(st, "host_tier_used_bytes", &held);
+		fprintf(f, ", host tier %s of %s", size_format(held, a, sizeof(a)),
+			size_format(v, b, sizeof(b)));
+	}
 	fputc('\n', f);
 	if (status_str(st, "state_error", &s) == 0 && *s)
 		fprintf(f, "warning: live changes are not saved (lost on restart): %s\n", s);
@@ -374,7 +387,7 @@ static int top_json(FILE *f, const void *userdata) {
 	static const char *const node_u64[] = {
 		"pool_bytes",  "budget_bytes",   "used_bytes",     "block_bytes",     "connections",
 		"uptime_ms",   "grants",         "grants_refused", "protocol_errors", "evicted_bytes",
-		"rounds_total", "last_round_us",
+		"rounds_total", "last_round_us", "host_tier_bytes", "host_tier_used_bytes",
 	};
 	static const char *const node_str[] = {
 		"daemon_version",
@@ -385,7 +398,7 @@ static int top_json(FILE *f, const void *userdata) {
 	static const char *const tenant_u64[] = {
 		"used_bytes", "block_bytes", "min_bytes",      "max_bytes",     "weight",
 		"sequences",  "connections", "grants",         "grants_refused", "evicted_bytes",
-		"evicted_tokens", "rounds",
+		"evicted_tokens", "rounds", "tier_bytes",
 	};
 	const struct frame *fr = userdata;
 	const kvd_status *st = fr->cur->st;

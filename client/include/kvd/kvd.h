@@ -85,7 +85,7 @@ extern "C" {
 /* The library's version this header belongs to (libkvd.so.MAJOR.MINOR; symbols versioned
  * KVD_MAJOR.MINOR in libkvd.sym): a program may test for a function with it. */
 #define KVD_VERSION_MAJOR 1
-#define KVD_VERSION_MINOR 6
+#define KVD_VERSION_MINOR 7
 
 #if defined(__GNUC__)
 #define KVD_EXPORT __attribute__((visibility("default")))
@@ -178,6 +178,7 @@ typedef struct kvd_model_params {
 #define KVD_TENANT_SET_MAX (1u << 1)
 #define KVD_TENANT_SET_WEIGHT (1u << 2)
 #define KVD_TENANT_SET_POLICY (1u << 3)
+#define KVD_TENANT_SET_TIER (1u << 4)   /* since KVD_1.7 */
 
 typedef struct kvd_tenant_params {
 	uint32_t size;             /* sizeof(kvd_tenant_params) */
@@ -187,6 +188,9 @@ typedef struct kvd_tenant_params {
 	uint32_t weight;           /* 1..10000 */
 	uint32_t reserved;         /* 0 */
 	const char *policy;        /* eviction policy, by the names of kvd.conf(5) (policy) */
+	/* Since KVD_1.7: what memory pressure does with its sequences, "drop" or "host"
+	 * (kvd.conf(5), tier). */
+	const char *tier;
 } kvd_tenant_params;
 
 /* kvd_budget_params.flags */
@@ -480,6 +484,23 @@ KVD_EXPORT int kvd_seq_pin(kvd_seq *s);
 KVD_EXPORT int kvd_seq_unpin(kvd_seq *s);
 
 /*
+ * kvd_seq_pin, saying in *ret_recall (may be NULL) what the pin found: KVD_RECALL_NONE, the
+ * sequence was in the pool; KVD_RECALL_HOST, the daemon had moved it to its host tier
+ * (its tenant's tier is host: kvd.conf(5)) and brought it back, every K/V byte, token count
+ * and position as they were, in new blocks (the pin took longer; re-read the tables); or
+ * KVD_RECALL_LOST, it had been moved out and could not come back (the tier was full and
+ * dropped it, a block failed its checksum, or no memory came for it within grant-wait):
+ * every table is empty, as if evicted whole, and the engine prefills it again (releasing
+ * it and opening a new one is simplest: next_position went on). A recall or loss is told
+ * once, at the first pin after it, even when a kvd_seq_grow brought the sequence back
+ * first. With a daemon that predates tiers, always KVD_RECALL_NONE. kvd_seq_pin does all
+ * the same without telling. Returns what kvd_seq_pin returns, which since KVD_1.7 also
+ * includes, for a recall, -ETIMEDOUT (the connection did not unmap a chunk in time: no new
+ * chunk until it does) and -ENOMEM. Since KVD_1.7.
+ */
+KVD_EXPORT int kvd_seq_pin_recall(kvd_seq *s, int *ret_recall);
+
+/*
  * kvd_seq_unpin without waiting for the GPU first: cuda_event, a CUevent of this process
  * created with CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING on the connection's GPU and
  * recorded on the engine's stream after the step's work on the sequence's K/V, tells the
@@ -719,7 +740,12 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           "engine_events_done" (waits for engines' events, kvd_seq_unpin_after),
  *           "sequences" (open on the node), "sequences_max" (their bound),
  *           "metadata_bytes" (what their metadata may take of the daemon's memory),
- *           "metadata_max_bytes" (its bound),
+ *           "metadata_max_bytes" (its bound), the host tier (kvd(8), TIERS; since
+ *           KVD_1.7): "host_tier_bytes" (its size), "host_tier_used_bytes",
+ *           "host_tier_sequences" (what it holds), "tier_offloads", "tier_offload_bytes",
+ *           "tier_offload_us", "tier_recalls", "tier_recall_bytes", "tier_recall_us"
+ *           (sequences moved out and back, their bytes and time), "tier_lost_full",
+ *           "tier_lost_corrupt", "tier_lost_no_memory" (sequences lost from it, by cause),
  *           "refused_LIMIT" for each limit the daemon counts refusals at (LIMIT one of
  *           "connections", "connections_per_uid", "tenants", "models",
  *           "models_per_tenant", "seqs", "seqs_per_tenant", "seqs_node", "metadata",
@@ -739,9 +765,10 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           evicted from it), "evicted_tokens" (token slots, summed over tables),
  *           "rounds" (rounds that evicted from it), "grants", "grants_refused" (chunk
  *           grants to it and refused to it), "grants_waited" (its grows that waited for an
- *           eviction round); strings "min_source",
+ *           eviction round), "tier_bytes", "tier_sequences" (what the host tier holds
+ *           of it), "tier_lost" (its sequences lost from it); strings "min_source",
  *           "max_source", "weight_source" ("default", "config" or "live"), "policy",
- *           "policy_source".
+ *           "policy_source", "tier" ("drop" or "host"), "tier_source".
  * kvd_status_get returns 0, or -ENOMEM, -ECONNRESET, -ECHILD. The getters return 0, or
  * -ENOENT (no such value), -EINVAL (index out of range). Strings live as long as the status.
  */

@@ -648,13 +648,14 @@ static PyObject *client_budget_set(PyObject *self, PyObject *args, PyObject *kwd
 
 /* The change of tenant_set() and tenant_plan(): the fields given, by keyword. */
 static int tenant_params(PyObject *args, PyObject *kwds, const char **tenant, kvd_tenant_params *p) {
-	static char *kwlist[] = { "tenant", "min_bytes", "max_bytes", "weight", "policy", NULL };
+	static char *kwlist[] = { "tenant", "min_bytes", "max_bytes", "weight", "policy", "tier",
+		                  NULL };
 	PyObject *min = Py_None, *max = Py_None, *weight = Py_None;
-	const char *policy = NULL;
+	const char *policy = NULL, *tier = NULL;
 
 	*p = (kvd_tenant_params){ .size = sizeof(*p) };
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOOz", kwlist, tenant, &min, &max, &weight,
-	                                 &policy))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOOzz", kwlist, tenant, &min, &max, &weight,
+	                                 &policy, &tier))
 		return -1;
 	if (min != Py_None) {
 		p->set |= KVD_TENANT_SET_MIN;
@@ -671,6 +672,10 @@ static int tenant_params(PyObject *args, PyObject *kwds, const char **tenant, kv
 	if (policy) {
 		p->set |= KVD_TENANT_SET_POLICY;
 		p->policy = policy;
+	}
+	if (tier) {
+		p->set |= KVD_TENANT_SET_TIER;
+		p->tier = tier;
 	}
 	return PyErr_Occurred() ? -1 : 0;
 }
@@ -1029,7 +1034,7 @@ static PyMethodDef client_methods[] = {
 	  "round it would start, as a dict like evictions() gives (planned_bytes, tenants with "
 	  "freed_bytes, evicted_tokens, predicted_error), changing nothing." },
 	{ "tenant_plan", (PyCFunction)(void (*)(void))client_tenant_plan, METH_VARARGS | METH_KEYWORDS,
-	  "tenant_plan(tenant, *, min_bytes=None, max_bytes=None, weight=None, policy=None)\n--\n\n"
+	  "tenant_plan(tenant, *, min_bytes=None, max_bytes=None, weight=None, policy=None, tier=None)\n--\n\n"
 	  "A dry run of tenant_set, as budget_plan." },
 	{ "evict_plan", (PyCFunction)(void (*)(void))client_evict_plan, METH_VARARGS | METH_KEYWORDS,
 	  "evict_plan(bytes=0, *, tenant=None)\n--\n\nA dry run of evict, as budget_plan." },
@@ -1044,7 +1049,7 @@ static PyMethodDef client_methods[] = {
 	{ "budget_reset", client_budget_reset, METH_NOARGS,
 	  "budget_reset()\n--\n\nBack to the configured budget." },
 	{ "tenant_set", (PyCFunction)(void (*)(void))client_tenant_set, METH_VARARGS | METH_KEYWORDS,
-	  "tenant_set(tenant, *, min_bytes=None, max_bytes=None, weight=None, policy=None)\n--\n\n"
+	  "tenant_set(tenant, *, min_bytes=None, max_bytes=None, weight=None, policy=None, tier=None)\n--\n\n"
 	  "Changes the given settings of a tenant live; False when applied but not saved." },
 	{ "tenant_reset", client_tenant_reset, METH_VARARGS,
 	  "tenant_reset(tenant)\n--\n\nBack to the configured settings." },
@@ -1160,13 +1165,13 @@ static PyObject *seq_grow(PyObject *self, PyObject *args) {
 static PyObject *seq_pin(PyObject *self, PyObject *unused) {
 	SeqObject *so = (SeqObject *)self;
 	kvd_seq *s = seq_open(so);
-	int r;
+	int r, recall = KVD_RECALL_NONE;
 
 	(void)unused;
 	if (!s)
 		return NULL;
-	SEQ_CALL(so, r, kvd_seq_pin(s));
-	return seq_result(so, r);
+	SEQ_CALL(so, r, kvd_seq_pin_recall(s, &recall));
+	return seq_result(so, r < 0 ? r : recall);
 }
 
 /* A CUevent handle from an integer or from an object that passes itself to ctypes as one
@@ -1604,7 +1609,10 @@ static PyMethodDef seq_methods[] = {
 	{ "grow", seq_grow, METH_VARARGS,
 	  "grow(n)\n--\n\nAppends n token slots to every table (kvd_seq_grow); may wait for an "
 	  "eviction round, without the GIL." },
-	{ "pin", seq_pin, METH_NOARGS, "pin()\n--\n\nKeeps rounds off the sequence (nested)." },
+	{ "pin", seq_pin, METH_NOARGS,
+	  "pin()\n--\n\nKeeps rounds off the sequence (nested); returns what it found "
+	  "(kvd_seq_pin_recall): RECALL_NONE, RECALL_HOST (brought back from the daemon's host "
+	  "tier) or RECALL_LOST (moved out and lost: every table is empty)." },
 	{ "unpin", seq_unpin, METH_VARARGS,
 	  "unpin(cuda_event=None)\n--\n\nUndoes a pin; with an interprocess CUDA event "
 	  "(torch.cuda.Event(interprocess=True), or its CUevent handle as an int), once the GPU "
@@ -1899,6 +1907,8 @@ PyMODINIT_FUNC PyInit__kvd(void) {
 		{ "COMPENSATION_LATENT", KVD_COMPENSATION_LATENT },
 		{ "EVENT_STOPPING", KVD_EVENT_STOPPING }, { "EVENT_SEQ_CHANGED", KVD_EVENT_SEQ_CHANGED },
 		{ "EVENT_DISCONNECTED", KVD_EVENT_DISCONNECTED },
+		{ "RECALL_NONE", KVD_RECALL_NONE }, { "RECALL_HOST", KVD_RECALL_HOST },
+		{ "RECALL_LOST", KVD_RECALL_LOST },
 		{ "VERSION_MAJOR", KVD_VERSION_MAJOR }, { "VERSION_MINOR", KVD_VERSION_MINOR },
 	};
 	struct module_state *st;

@@ -31,6 +31,14 @@ extern "C" {
 #define KVD_FEATURE_DEVICE_CHUNKS (UINT64_C(1) << 1) /* the client imports GPU (cuMem) chunks */
 #define KVD_FEATURE_SEQ_HEADER (UINT64_C(1) << 2)    /* descriptors carry header_bytes */
 #define KVD_FEATURE_TENANT_POLICY (UINT64_C(1) << 3) /* TenantSet.policy is applied */
+#define KVD_FEATURE_TIERS (UINT64_C(1) << 4)         /* host tier: TenantSet.tier, recalls */
+
+/* What a pin found (kvd_seq_pin_recall; SeqPinReply.recall; the ring's completion flags):
+ * the sequence was resident; it was brought back from the host tier; it had been moved out
+ * and could not be brought back (its tables are empty: it behaves as evicted whole). */
+#define KVD_RECALL_NONE 0
+#define KVD_RECALL_HOST 1
+#define KVD_RECALL_LOST 2
 
 /* Default socket path of a system-wide daemon. */
 #define KVD_DEFAULT_SOCKET "/run/kvd/kvd.sock"
@@ -263,8 +271,11 @@ struct kvd_obs_header {
 #define KVD_RING_OP_UNPIN 3   /* SeqUnpin */
 #define KVD_RING_OP_RELEASE 4 /* SeqRelease */
 
-/* Completion flags: the refusal's text is in the completion slot's message. */
+/* Completion flags: the refusal's text is in the completion slot's message; a pin's
+ * recall (KVD_RECALL_*) in bits 1 and 2, 0 from daemons that predate tiers. */
 #define KVD_RING_CQE_F_MESSAGE (1u << 0)
+#define KVD_RING_CQE_F_RECALL_SHIFT 1
+#define KVD_RING_CQE_F_RECALL_MASK (3u << KVD_RING_CQE_F_RECALL_SHIFT)
 
 /* struct kvd_ring_geometry.doorbell: the values of kvd.proto's RingDoorbell. */
 #define KVD_RING_DOORBELL_FUTEX 1

@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "basic/macro.h"
+#include "basic/time-util.h"
+#include "conn.h"
+#include "envelope.h"
+#include "evict.h"
+#include "log.h"
+#include "offload.h"
+#include "server.h"
+#include "tier.h"
+
+/* A sequence that may move out, named by ids: sending events may close connections and
+ * free their sequences, so each is found again before anything is done to it. */
+struct candidate {
+	uint64_t used_ms;
+	uint64_t conn_id, seq_id;
+};
+
+static int by_use(const void *a, const void *b) {
+	const struct candidate *x = a, *y = b;
+
+	return x->used_ms < y->used_ms ? -1 : x->used_ms > y->used_ms;
+}
+
+static struct seq *find_seq(struct server *s, uint64_t conn_id, uint64_t seq_id) {
+	struct conn *c = server_find_conn(s, conn_id);
+
+	if (!c || c->closing)
+		return NULL;
+	for (struct seq *q = c->seqs; q; q = q->next)
+		if (q->id == seq_id)
+			return q;
+	return NULL;
+}
+
+static bool qualifies(struct server *s, struct seq *q, uint64_t now, uint64_t idle_ms,
+                      int device) {
+	return q->tenant->tier == TIER_HOST && !q->tiered && q->pins == 0 && !q->pending &&
+	       now - q->used_ms >= idle_ms && (device < 0 || q->device == (uint32_t)device) &&
+	       seq_resident_bytes(q) > 0 && evict_engine_done(s, q);
+}
+
+/* Moves out the sequences that qualify with idle_ms, least recently used first, until the
+ * chunks freed reach need_bytes (0: every one). Returns the chunk bytes freed. */
+static uint64_t offload(struct server *s, uint64_t idle_ms, uint64_t need_bytes, int device) {
+	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
+	_cleanup_(freep) struct candidate *cand = NULL;
+	_cleanup_(freep) struct tenant **touched = NULL;
+	uint64_t now = now_ms(), freed = 0, moved = 0;
+	uint32_t n = 0, n_touched = 0, done = 0;
+
+	if (s->tier->budget_bytes == 0 || s->sequences == 0)
+		return 0;
+	cand = malloc(s->sequences * sizeof(*cand));
+	touched = malloc(s->tenants.n * sizeof(*touched));
+	if (!cand || !touched) {
+		log_warning("cannot move sequences to the host tier: out of memory");
+		return 0;
+	}
+	for (struct conn *c = s->conns; c; c = c->next)
+		if (!c->closing)
+			for (struct seq *q = c->seqs; q && n < s->sequences; q = q->next)
+				if (qualifies(s, q, now, idle_ms, device))
+					cand[n++] = (struct candidate){ q->used_ms, q->conn_id, q->id };
+	if (n == 0)
+		return 0;
+	qsort(cand, n, sizeof(*cand), by_use);
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct seq *q = find_seq(s, cand[i].conn_id, cand[i].seq_id);
+		uint32_t before = emptied.n, j;
+		uint64_t bytes;
+		int r;
+
+		if (!q)
+			continue;
+		bytes = seq_resident_bytes(q);
+		r = tier_offload(s->tier, q, s->pool, server_metadata_max(s), &emptied);
+		if (r < 0) {
+			/* Too large for the tier, or no memory for it now: it stays. */
+			log_debug("sequence %llu (tenant %s): not moved to the host tier: %s",
+			          (unsigned long long)q->id, q->tenant->name, strerror(-r));
+			continue;
+		}
+		cand[done++] = cand[i];
+		moved += bytes;
+		freed += (uint64_t)(emptied.n - before) * s->pool->chunk_bytes;
+		for (j = 0; j < n_touched && touched[j] != q->tenant; j++)
+			;
+		if (j == n_touched)
+			touched[n_touched++] = q->tenant;
+		/* Packing frees what the blocks moved out leave scattered: count on it once
+		 * they cover the need. */
+		if (need_bytes > 0 && moved >= need_bytes)
+			break;
+	}
+	if (done == 0)
+		return 0;
+	log_info("moved %u sequences (%llu bytes) to the host tier: %s", done,
+	         (unsigned long long)moved, need_bytes ? "memory pressure" : "idle");
+	server_reclaim(s, &emptied, NULL, NULL);
+	/* Tenants are never forgotten while they hold sequences: the pointers stay valid
+	 * through the sends below. */
+	for (uint32_t j = 0; j < n_touched; j++) {
+		struct seq_emptied more = { .chunks = s->scratch + s->scratch_used };
+
+		freed += evict_settle_tenant(s->evictor, touched[j], &more);
+	}
+	for (uint32_t i = 0; i < done; i++) {
+		struct seq *q = find_seq(s, cand[i].conn_id, cand[i].seq_id);
+
+		if (q)
+			envelope_event_seq_changed(server_find_conn(s, q->conn_id), q->id,
+			                           q->desc->generation);
+	}
+	return freed;
+}
+
+void offload_tick(struct server *s) {
+	if (s->limits.tier_idle_ms > 0)
+		(void)offload(s, s->limits.tier_idle_ms, 0, -1);
+}
+
+uint64_t offload_for_pressure(struct server *s, uint64_t need_bytes, int device) {
+	if (need_bytes == 0)
+		return 0;
+	return offload(s, OFFLOAD_PRESSURE_IDLE_MS, need_bytes, device);
+}

@@ -1,0 +1,376 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The host tier (kvd.8, TIERS): sequences of a tenant whose tier is host leave the pool
+ * whole when idle (tier-idle) or under memory pressure before any token is evicted, and come
+ * back at their next pin or grow with every byte (digests, fill patterns), token count and
+ * original position as before; the pin says so (kvd_seq_pin_recall). A full tier drops the
+ * oldest, a block failing its checksum (KVD_TEST_TIER_CORRUPT) or a recall without memory
+ * loses the sequence, and the pin says that too; a released sequence takes its entry along.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "fixture.h"
+#include "test.h"
+
+/* 2 layers x 2 kv heads x 64 dims, f16, 16 tokens a block: a table (a layer) takes 512 bytes
+ * of K and V per token, 8 KiB per block. */
+static const kvd_model_spec shape = { "t", 2, 4, 2, 64, KVD_DTYPE_F16, 16, KVD_LAYOUT_PER_LAYER };
+#define BLOCK_BYTES 8192u
+#define MAX_TOKENS 2048
+
+static void pause_ms(long ms) {
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+static kvd_client *connect_tenant(struct fixture *f, const char *tenant, bool ring) {
+	kvd_connect_params p = { .size = sizeof(p), .socket_path = f->socket, .tenant = tenant,
+		                 .flags = ring ? 0 : KVD_CONNECT_NO_RING };
+	kvd_client *c;
+
+	ASSERT_OK(kvd_client_connect_params(&p, &c));
+	return c;
+}
+
+static void set_tier(struct fixture *f, const char *tenant, const char *tier, int want) {
+	kvd_client *admin = fixture_connect(f, NULL);
+	kvd_tenant_params p = { .size = sizeof(p), .set = KVD_TENANT_SET_TIER, .tier = tier };
+
+	ASSERT_EQ(kvd_tenant_set_params(admin, tenant, &p), want);
+	kvd_client_unref(admin);
+}
+
+/* What a sequence looked like: every table's tokens and positions, and its digest. */
+struct picture {
+	int64_t tokens[2];
+	int64_t pos[2][MAX_TOKENS];
+	uint64_t digest;
+};
+
+static void take_picture(kvd_seq *s, struct picture *p) {
+	for (uint32_t l = 0; l < 2; l++) {
+		p->tokens[l] = kvd_seq_tokens(s, l, 0);
+		ASSERT_TRUE(p->tokens[l] >= 0 && p->tokens[l] <= MAX_TOKENS);
+		for (int64_t i = 0; i < p->tokens[l]; i++)
+			p->pos[l][i] = kvd_seq_position(s, l, 0, (uint32_t)i);
+	}
+	p->digest = assert_digests_agree(s);
+}
+
+static void assert_same_picture(kvd_seq *s, const struct picture *want) {
+	struct picture now;
+
+	take_picture(s, &now);
+	for (uint32_t l = 0; l < 2; l++) {
+		ASSERT_EQ(now.tokens[l], want->tokens[l]);
+		for (int64_t i = 0; i < now.tokens[l]; i++)
+			ASSERT_EQ(now.pos[l][i], want->pos[l][i]);
+	}
+	ASSERT_EQ(now.digest, want->digest);
+}
+
+static void start(struct fixture *f, const char *tier_size, const char *idle, const char *extra) {
+	const char *args[] = { "--pool-size", "16MiB", "--chunk-size", "1MiB", "--host-tier-size",
+		               tier_size, "--tier-idle", idle, "--grant-wait", "300",
+		               extra ? extra : NULL, NULL };
+
+	fixture_start(f, args);
+}
+
+/* One sequence of tokens, filled with tag; its engine then leaves it alone. */
+static kvd_seq *filled_seq(kvd_client *c, int model, uint32_t tokens, uint32_t tag) {
+	kvd_seq *s;
+
+	ASSERT_OK(kvd_seq_open(c, model, MAX_TOKENS, &s));
+	ASSERT_OK(kvd_seq_grow(s, tokens));
+	ASSERT_OK(kvd_seq_pin(s));
+	fill_seq(s, tag);
+	ASSERT_OK(kvd_seq_unpin(s));
+	return s;
+}
+
+static void idle_round_trip(bool ring) {
+	struct fixture f;
+	static struct picture before;
+	kvd_client *c;
+	kvd_seq *s;
+	int model, recall = -1;
+
+	start(&f, "8MiB", "200", NULL);
+	set_tier(&f, "t", "host", 0);
+	c = connect_tenant(&f, "t", ring);
+	model = kvd_model_register(c, &shape);
+	ASSERT_OK(model);
+	s = filled_seq(c, model, 300, 7);
+	take_picture(s, &before);
+	ASSERT_EQ(fixture_status(&f, "t", "tier_sequences"), 0);
+
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	/* 19 blocks of each of 2 tables. */
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 19ull * 2 * BLOCK_BYTES);
+	ASSERT_EQ(fixture_status(&f, "t", "tier_bytes"), fixture_status(&f, NULL, "host_tier_used_bytes"));
+	ASSERT_EQ(fixture_status(&f, "t", "block_bytes"), 0);
+	/* Out of the pool, the tables are empty. */
+	ASSERT_EQ(kvd_seq_tokens(s, 0, 0), 0);
+
+	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_HOST);
+	ASSERT_EQ(check_seq(s, 7), 0);
+	assert_same_picture(s, &before);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_sequences"), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_recalls"), 1);
+	ASSERT_EQ(fixture_status(&f, "t", "evicted_tokens"), 0);
+	/* Told once. */
+	ASSERT_OK(kvd_seq_unpin(s));
+	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_NONE);
+	ASSERT_OK(kvd_seq_unpin(s));
+	ASSERT_OK(kvd_seq_release(s));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(idle_sequence_comes_back_exact_through_the_ring) {
+	idle_round_trip(true);
+}
+
+TEST(idle_sequence_comes_back_exact_through_the_socket) {
+	idle_round_trip(false);
+}
+
+TEST(grow_brings_it_back_and_the_pin_tells) {
+	struct fixture f;
+	struct picture before;
+	kvd_client *c;
+	kvd_seq *s;
+	int model, recall = -1;
+
+	start(&f, "8MiB", "200", NULL);
+	set_tier(&f, "t", "host", 0);
+	c = connect_tenant(&f, "t", true);
+	model = kvd_model_register(c, &shape);
+	s = filled_seq(c, model, 40, 3);
+	take_picture(s, &before);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	ASSERT_OK(kvd_seq_grow(s, 1));
+	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_HOST);
+	ASSERT_EQ(kvd_seq_tokens(s, 1, 0), 41);
+	ASSERT_EQ(kvd_seq_position(s, 1, 0, 40), 40);
+	/* The first 40 are as they were. */
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t i = 0; i < 40; i++)
+			ASSERT_EQ(kvd_seq_position(s, l, 0, i), before.pos[l][i]);
+	fill_seq_from(s, 3, 40);
+	ASSERT_EQ(check_seq(s, 3), 0);
+	ASSERT_OK(kvd_seq_unpin(s));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(drop_tenants_stay_in_the_pool) {
+	struct fixture f;
+	kvd_client *c;
+	int model;
+
+	start(&f, "8MiB", "100", NULL);
+	c = connect_tenant(&f, "t", true);
+	model = kvd_model_register(c, &shape);
+	(void)filled_seq(c, model, 64, 1);
+	pause_ms(600);
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_offloads"), 0);
+	ASSERT_TRUE(fixture_status(&f, "t", "block_bytes") > 0);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(full_tier_drops_the_oldest_and_the_pin_says_lost) {
+	struct fixture f;
+	struct picture before;
+	kvd_client *c;
+	kvd_seq *a, *b;
+	int model, recall = -1;
+
+	/* Each sequence takes 2 x 7 blocks of 8 KiB, 112 KiB: the tier holds one. */
+	start(&f, "160KiB", "300", NULL);
+	set_tier(&f, "t", "host", 0);
+	c = connect_tenant(&f, "t", true);
+	model = kvd_model_register(c, &shape);
+	a = filled_seq(c, model, 100, 1);
+	pause_ms(50);
+	b = filled_seq(c, model, 100, 2);
+	take_picture(b, &before);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "tier_lost_full", 1));
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_sequences"), 1);
+	ASSERT_EQ(fixture_status(&f, "t", "tier_lost"), 1);
+
+	ASSERT_OK(kvd_seq_pin_recall(a, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_LOST);
+	ASSERT_EQ(kvd_seq_tokens(a, 0, 0), 0);
+	ASSERT_EQ(kvd_seq_tokens(a, 1, 0), 0);
+	ASSERT_OK(kvd_seq_unpin(a));
+	ASSERT_OK(kvd_seq_pin_recall(b, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_HOST);
+	assert_same_picture(b, &before);
+	ASSERT_EQ(check_seq(b, 2), 0);
+	ASSERT_OK(kvd_seq_unpin(b));
+	ASSERT_EQ(fixture_status(&f, "t", "evicted_tokens"), 0);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(release_while_out_frees_its_entry) {
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *s;
+	pid_t pid;
+	int model;
+
+	start(&f, "8MiB", "100", NULL);
+	set_tier(&f, "t", "host", 0);
+	c = connect_tenant(&f, "t", true);
+	model = kvd_model_register(c, &shape);
+	s = filled_seq(c, model, 200, 1);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	ASSERT_OK(kvd_seq_release(s));
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_sequences"), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 0);
+	ASSERT_EQ(fixture_status(&f, "t", "tier_bytes"), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_recalls"), 0);
+	kvd_client_unref(c);
+	/* So does a process that exits with one out. */
+	pid = fixture_fork();
+	if (pid == 0) {
+		c = connect_tenant(&f, "t", true);
+		(void)filled_seq(c, kvd_model_register(c, &shape), 200, 1);
+		pause_ms(60000);
+		_exit(0);
+	}
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 0));
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 0);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(no_memory_for_the_recall_loses_it) {
+	struct fixture f;
+	kvd_client *c, *admin;
+	kvd_seq *s;
+	kvd_tenant_params cap = { .size = sizeof(cap), .set = KVD_TENANT_SET_MAX, .max_bytes = 0 };
+	int model, recall = -1;
+
+	start(&f, "8MiB", "100", NULL);
+	set_tier(&f, "t", "host", 0);
+	c = connect_tenant(&f, "t", true);
+	model = kvd_model_register(c, &shape);
+	s = filled_seq(c, model, 200, 1);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	/* Its cap leaves no room: the recall waits grant-wait (300 ms), then gives up. */
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_tenant_set_params(admin, "t", &cap));
+	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_LOST);
+	ASSERT_EQ(kvd_seq_tokens(s, 0, 0), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_lost_no_memory"), 1);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_sequences"), 0);
+	ASSERT_EQ(fixture_status(&f, "t", "evicted_tokens"), 0);
+	ASSERT_OK(kvd_seq_unpin(s));
+	kvd_client_unref(admin);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(corrupt_block_is_never_served) {
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *s;
+	int model, recall = -1;
+
+	TEST_NEEDS_HOOKS();
+	setenv("KVD_TEST_TIER_CORRUPT", "1", 1);
+	start(&f, "8MiB", "100", NULL);
+	unsetenv("KVD_TEST_TIER_CORRUPT");
+	set_tier(&f, "t", "host", 0);
+	c = connect_tenant(&f, "t", true);
+	model = kvd_model_register(c, &shape);
+	s = filled_seq(c, model, 200, 1);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_LOST);
+	ASSERT_EQ(kvd_seq_tokens(s, 0, 0), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_lost_corrupt"), 1);
+	/* Nothing it took for the recall stays taken. */
+	ASSERT_EQ(fixture_status(&f, "t", "block_bytes"), 0);
+	ASSERT_OK(kvd_seq_unpin(s));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(pressure_moves_idle_sequences_before_evicting_tokens) {
+	struct fixture f;
+	struct picture before;
+	kvd_client *c;
+	kvd_seq *idle, *busy;
+	int model, recall = -1;
+	kvd_model_spec spec = shape;
+	kvd_eviction_spec ev = { .unit = KVD_UNIT_LAYER_TOKEN, .window = 4, .sinks = 4 };
+
+	/* A budget of 4 chunks, no idle time: only pressure moves anything. */
+	start(&f, "8MiB", "0", "--budget=4MiB");
+	set_tier(&f, "t", "host", 0);
+	c = connect_tenant(&f, "t", true);
+	model = kvd_model_register_evictable(c, &spec, &ev);
+	ASSERT_OK(model);
+	/* 2 MiB, then idle for more than a second. */
+	idle = filled_seq(c, model, 2048, 5);
+	ASSERT_OK(kvd_seq_open(c, model, MAX_TOKENS, &busy));
+	take_picture(idle, &before);
+	pause_ms(1300);
+	/* Another 2 MiB: past the budget's high watermark. */
+	ASSERT_OK(kvd_seq_grow(busy, 2048));
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	ASSERT_EQ(fixture_status(&f, "t", "evicted_tokens"), 0);
+	ASSERT_OK(kvd_seq_release(busy));
+
+	ASSERT_OK(kvd_seq_pin_recall(idle, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_HOST);
+	assert_same_picture(idle, &before);
+	ASSERT_EQ(check_seq(idle, 5), 0);
+	ASSERT_OK(kvd_seq_unpin(idle));
+	ASSERT_EQ(fixture_status(&f, "t", "evicted_tokens"), 0);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(tier_host_needs_a_host_tier) {
+	struct fixture f;
+	char out[4096], args[256];
+
+	start(&f, "0", "100", NULL);
+	set_tier(&f, "t", "host", -EINVAL);
+	set_tier(&f, "t", "disk", -EINVAL);
+	set_tier(&f, "t", "drop", 0);
+	ASSERT_EQ(fixture_stop(&f), 0);
+
+	fixture_setup(&f, "[tenant t]\ntier = host\n", false);
+	snprintf(args, sizeof(args), "--check-config %s --backend host", f.config);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+	ASSERT_TRUE(strstr(out, "tenant t: tier host needs a host tier (host-tier-size)"));
+	snprintf(args, sizeof(args), "--check-config %s --backend host --host-tier-size 1GiB", f.config);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
+	ASSERT_TRUE(strstr(out, "policy kvd, tier host"));
+	fixture_cleanup(&f);
+}
