@@ -757,7 +757,7 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	r = tenant_table_init(&s->tenants, limits->max_tenants);
 	if (r < 0)
 		goto fail;
-	r = tier_new(limits->host_tier_bytes, &s->metadata_bytes, &s->tier);
+	r = tier_new(limits->host_tier_bytes, pool->chunk_bytes, &s->metadata_bytes, &s->tier);
 	if (r < 0)
 		goto fail;
 	s->scratch = calloc(pool->n_chunks, sizeof(*s->scratch));

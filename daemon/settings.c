@@ -850,6 +850,10 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 		            size_format(s->chunk_size, b, sizeof(b)));
 	else if (s->pool_size / s->chunk_size > UINT32_MAX)
 		check_error(s, e, pool, chunk, "holds more than %" PRIu32 " chunks", UINT32_MAX);
+	if (s->host_tier_size != 0 && s->host_tier_size < s->chunk_size)
+		check_error(s, e, settings_index("host-tier-size"), chunk, "must be 0 or at least "
+		            "chunk-size (%s): the tier holds whole chunks",
+		            size_format(s->chunk_size, b, sizeof(b)));
 	if (s->low_watermark > s->high_watermark)
 		check_error(s, e, settings_index("low-watermark"), settings_index("high-watermark"),
 		            "must be at most high-watermark (%u)", s->high_watermark);

@@ -2,24 +2,36 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "basic/macro.h"
 #include "basic/time-util.h"
 #include "config.h"
 #include "tier.h"
 
-/* One sequence moved out: its blocks' bytes, compensation blocks first, then each table's
- * blocks in table order, with a checksum each. */
+/*
+ * One sequence moved out: its blocks' bytes, compensation blocks first, then each table's
+ * blocks in table order, with a checksum each, packed into segments of the tier (at 64-byte
+ * aligned offsets; a block never spans two segments, and every block fits in one, since
+ * segments are the pool's chunk size).
+ */
 struct tier_seq {
 	struct seq *seq;
 	struct tier_seq *older, *newer;
 	uint64_t bytes;               /* of data */
-	uint64_t meta_bytes;          /* this struct, tokens and sums */
+	uint64_t meta_bytes;          /* this struct, tokens, sums and segs */
 	uint32_t n_moments;           /* compensation blocks */
 	uint64_t n_blocks;            /* all blocks */
 	uint32_t *tokens;             /* [n_tables]: each table's tokens when moved out */
 	uint64_t *sums;               /* [n_blocks] */
-	unsigned char *data;
+	uint32_t n_segs;
+	uint32_t *segs;               /* [n_segs]: the segments, in order */
+};
+
+/* Where the next block of an entry goes: segment index k of its list, at offset off. */
+struct cursor {
+	uint32_t k;
+	uint64_t off;
 };
 
 const char *tier_mode_to_string(int v) {
@@ -32,29 +44,39 @@ const char *tier_mode_to_string(int v) {
 }
 
 /*
- * A block's checksum: four lanes of a 64-bit Fletcher sum (a running sum, and the sum of
- * the running sums, which sees order) over little-endian 8-byte words, folded with the
- * length. Chosen over the digest's FNV (digest.h) because it keeps pace with a memcpy: its
- * adds do not wait on a multiply. Block sizes are multiples of 8 (rows of 2-byte elements
- * times even head dimensions, or 64-byte aligned compensation blocks); a tail is
- * zero-padded anyway.
+ * A block's checksum: a 64-bit Fletcher sum (a running sum of little-endian 8-byte words,
+ * and the sum of the running sums, which sees their order) in four lanes, a lane per word
+ * of each 32 bytes, folded with the length; a tail shorter than 32 bytes is zero-padded.
+ * Chosen over the digest's FNV (digest.h) because it keeps pace with a memcpy: its adds
+ * wait on no multiply, and the four lanes are one vector. Taken while copying (dst not
+ * NULL: the n bytes of src go there too), so that the bytes are read once: with AVX2 where
+ * the CPU has it, SSE2 otherwise (the same sum).
  */
-static uint64_t block_sum(const void *data, uint64_t n) {
-	const unsigned char *p = data;
-	uint64_t a[4] = { 0 }, b[4] = { 0 }, w, h = n;
-	uint64_t i = 0;
+typedef uint64_t u64x4 __attribute__((vector_size(32)));
 
-	for (; i + 32 <= n; i += 32)
-		for (int l = 0; l < 4; l++) {
-			memcpy(&w, p + i + 8 * l, 8);
-			a[l] += w;
-			b[l] += a[l];
-		}
-	for (int l = 0; i < n; i += 8, l = (l + 1) % 4) {
-		w = 0;
-		memcpy(&w, p + i, MIN(8, n - i));
-		a[l] += w;
-		b[l] += a[l];
+__attribute__((target_clones("avx2", "default")))
+static uint64_t copy_sum(void *dst, const void *src, uint64_t n) {
+	const unsigned char *p = src;
+	unsigned char *q = dst;
+	u64x4 a = { 0 }, b = { 0 }, w;
+	uint64_t h = n, i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		memcpy(&w, p + i, 32);
+		if (q)
+			memcpy(q + i, &w, 32);
+		a += w;
+		b += a;
+	}
+	if (i < n) {
+		unsigned char tail[32] = { 0 };
+
+		memcpy(tail, p + i, n - i);
+		if (q)
+			memcpy(q + i, tail, n - i);
+		memcpy(&w, tail, 32);
+		a += w;
+		b += a;
 	}
 	for (int l = 0; l < 4; l++) {
 		h = (h ^ a[l]) * UINT64_C(0x100000001b3);
@@ -70,13 +92,40 @@ int tier_mode_from_string(const char *name) {
 	return -EINVAL;
 }
 
-int tier_new(uint64_t budget, uint64_t *metadata_bytes, struct tier **ret) {
+int tier_new(uint64_t budget, uint64_t segment_bytes, uint64_t *metadata_bytes,
+             struct tier **ret) {
 	struct tier *tr = calloc(1, sizeof(*tr));
+	uint64_t n = segment_bytes ? budget / segment_bytes : 0;
 
 	if (!tr)
 		return -ENOMEM;
-	tr->budget_bytes = budget;
+	if (n > UINT32_MAX) {
+		free(tr);
+		return -EINVAL;
+	}
+	tr->n_segs = (uint32_t)n;
+	tr->seg_bytes = segment_bytes;
+	tr->budget_bytes = n * segment_bytes;
 	tr->metadata_bytes = metadata_bytes;
+	if (n > 0) {
+		/* Touched now, all of it, so that moving a sequence out never waits for the
+		 * kernel to find and zero pages. */
+		tr->base = mmap(NULL, tr->budget_bytes, PROT_READ | PROT_WRITE,
+		                MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+		tr->free_segs = malloc(n * sizeof(*tr->free_segs));
+		if (tr->base == MAP_FAILED || !tr->free_segs) {
+			int r = tr->base == MAP_FAILED ? -errno : -ENOMEM;
+
+			if (tr->base != MAP_FAILED)
+				munmap(tr->base, tr->budget_bytes);
+			free(tr->free_segs);
+			free(tr);
+			return r;
+		}
+		for (uint32_t i = 0; i < n; i++)
+			tr->free_segs[i] = (uint32_t)(n - 1 - i);
+		tr->n_free = (uint32_t)n;
+	}
 #if KVD_TEST_HOOKS
 	tr->corrupt = getenv("KVD_TEST_TIER_CORRUPT") != NULL;
 #endif
@@ -89,6 +138,9 @@ struct tier *tier_free(struct tier *tr) {
 		return NULL;
 	while (tr->oldest)
 		tier_forget(tr, tr->oldest->seq);
+	if (tr->base)
+		munmap(tr->base, tr->budget_bytes);
+	free(tr->free_segs);
 	free(tr);
 	return NULL;
 }
@@ -97,14 +149,37 @@ static uint64_t block_size(const struct tier_seq *e, const struct kvd_seq_desc *
 	return i < e->n_moments ? d->moments_bytes : d->block_bytes;
 }
 
-uint64_t tier_recall_bytes(const struct seq *q) {
-	const struct tier_seq *e = q->tiered;
+/* The address of the next block of n bytes of e, moving c past it. */
+static unsigned char *place(const struct tier *tr, const struct tier_seq *e, struct cursor *c,
+                            uint64_t n) {
+	unsigned char *p;
 
-	if (!e)
-		return 0;
-	return (uint64_t)e->n_moments * q->desc->moments_bytes +
-	       (e->n_blocks - e->n_moments) * q->desc->block_bytes;
+	if (c->off + n > tr->seg_bytes) {
+		c->k++;
+		c->off = 0;
+	}
+	p = tr->base + (uint64_t)e->segs[c->k] * tr->seg_bytes + c->off;
+	c->off += ALIGN_TO(n, 64);
+	return p;
 }
+
+/* Segments e's blocks take. */
+static uint32_t segments_needed(const struct tier *tr, const struct tier_seq *e,
+                                const struct kvd_seq_desc *d) {
+	struct cursor c = { 0, 0 };
+
+	for (uint64_t i = 0; i < e->n_blocks; i++) {
+		uint64_t n = block_size(e, d, i);
+
+		if (c.off + n > tr->seg_bytes) {
+			c.k++;
+			c.off = 0;
+		}
+		c.off += ALIGN_TO(n, 64);
+	}
+	return c.k + 1;
+}
+
 
 /* Takes e out of the tier and frees it; q->tiered becomes NULL. */
 static void entry_drop(struct tier *tr, struct tier_seq *e) {
@@ -119,13 +194,15 @@ static void entry_drop(struct tier *tr, struct tier_seq *e) {
 	else
 		tr->newest = e->older;
 	tr->n_seqs--;
-	tr->used_bytes -= e->bytes;
+	for (uint32_t i = 0; i < e->n_segs; i++)
+		tr->free_segs[tr->n_free++] = e->segs[i];
+	tr->used_bytes -= (uint64_t)e->n_segs * tr->seg_bytes;
 	tr->meta_bytes -= e->meta_bytes;
 	*tr->metadata_bytes -= e->meta_bytes;
-	q->tenant->tier_bytes -= e->bytes;
+	q->tenant->tier_bytes -= (uint64_t)e->n_segs * tr->seg_bytes;
 	q->tenant->tier_seqs--;
 	q->tiered = NULL;
-	free(e->data);
+	free(e->segs);
 	free(e->sums);
 	free(e->tokens);
 	free(e);
@@ -169,9 +246,12 @@ static void collect_refs(const struct seq *q, struct kvd_block_ref *refs) {
 	}
 }
 
-static struct tier_seq *entry_free(struct tier_seq *e) {
+/* An entry that never made it into the tier: its segments go back. */
+static struct tier_seq *entry_free(struct tier *tr, struct tier_seq *e) {
 	if (e) {
-		free(e->data);
+		for (uint32_t i = 0; i < e->n_segs; i++)
+			tr->free_segs[tr->n_free++] = e->segs[i];
+		free(e->segs);
 		free(e->sums);
 		free(e->tokens);
 		free(e);
@@ -179,16 +259,15 @@ static struct tier_seq *entry_free(struct tier_seq *e) {
 	return NULL;
 }
 
-static void entry_freep(struct tier_seq **e) {
-	entry_free(*e);
-}
 
 int tier_offload(struct tier *tr, struct seq *q, struct pool *p, uint64_t metadata_max,
                  struct seq_emptied *emptied) {
 	struct kvd_seq_desc *d = q->desc;
-	_cleanup_(entry_freep) struct tier_seq *e = NULL;
 	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
-	uint64_t start = now_ns(), off = 0;
+	struct tier_seq *e;
+	struct cursor c = { 0, 0 };
+	uint64_t start = now_ns();
+	uint32_t need;
 	int r;
 
 	e = calloc(1, sizeof(*e));
@@ -199,39 +278,54 @@ int tier_offload(struct tier *tr, struct seq *q, struct pool *p, uint64_t metada
 	e->n_blocks = e->n_moments;
 	for (uint32_t t = 0; t < d->n_tables; t++)
 		e->n_blocks += DIV_ROUND_UP(desc_tokens(d)[t], d->block_tokens);
-	if (e->n_blocks == e->n_moments)
-		return -ENODATA;
-	e->bytes = (uint64_t)e->n_moments * d->moments_bytes +
-	           (e->n_blocks - e->n_moments) * d->block_bytes;
-	if (e->bytes > tr->budget_bytes)
-		return -EFBIG;
-	e->meta_bytes = sizeof(*e) + 4ull * d->n_tables + 8 * e->n_blocks;
-	if (*tr->metadata_bytes + e->meta_bytes > metadata_max)
-		return -ENOMEM;
-	e->tokens = malloc(4ull * d->n_tables);
-	e->sums = malloc(8 * e->n_blocks);
-	refs = malloc(e->n_blocks * sizeof(*refs));
-	e->data = malloc(e->bytes);
-	if (!e->tokens || !e->sums || !refs || !e->data)
-		return -ENOMEM;
+	r = e->n_blocks == e->n_moments ? -ENODATA : 0;
+	need = r == 0 ? segments_needed(tr, e, d) : 0;
+	if (r == 0 && need > tr->n_segs)
+		r = -EFBIG;
+	e->meta_bytes = sizeof(*e) + 4ull * d->n_tables + 8 * e->n_blocks + 4ull * need;
+	if (r == 0 && *tr->metadata_bytes + e->meta_bytes > metadata_max)
+		r = -ENOMEM;
+	if (r == 0) {
+		e->tokens = malloc(4ull * d->n_tables);
+		e->sums = malloc(8 * e->n_blocks);
+		e->segs = malloc(4ull * need);
+		refs = malloc(e->n_blocks * sizeof(*refs));
+		if (!e->tokens || !e->sums || !e->segs || !refs)
+			r = -ENOMEM;
+	}
+	if (r < 0) {
+		entry_free(tr, e);
+		return r;
+	}
+	/* Room, oldest first: those lost are told at their next pin. */
+	while (tr->n_free < need) {
+		tr->lost_full++;
+		entry_lose(tr, tr->oldest);
+	}
+	for (uint32_t i = 0; i < need; i++)
+		e->segs[e->n_segs++] = tr->free_segs[--tr->n_free];
+
 	collect_refs(q, refs);
 	for (uint64_t i = 0; i < e->n_blocks; i++) {
 		uint64_t n = block_size(e, d, i);
+		unsigned char *dst = place(tr, e, &c, n);
 
-		r = p->ops->read(q->device, pool_block_addr(p, refs[i]), e->data + off, n);
-		if (r < 0)
-			return r;
-		/* Right after the copy, while the block is still in cache. */
-		e->sums[i] = block_sum(e->data + off, n);
-		off += n;
-	}
-	if (tr->corrupt)
-		e->data[e->bytes - 1] ^= 1;
+		const void *src = pool_block_addr(p, refs[i]);
 
-	/* Room, oldest first: those lost are told at their next pin. */
-	while (tr->used_bytes + e->bytes > tr->budget_bytes) {
-		tr->lost_full++;
-		entry_lose(tr, tr->oldest);
+		/* Device memory comes through the backend, and is summed in the tier. */
+		if (p->ops->host_access) {
+			e->sums[i] = copy_sum(dst, src, n);
+		} else {
+			r = p->ops->read(q->device, src, dst, n);
+			if (r < 0) {
+				entry_free(tr, e);
+				return r;
+			}
+			e->sums[i] = copy_sum(NULL, dst, n);
+		}
+		e->bytes += n;
+		if (tr->corrupt && i == e->n_blocks - 1)
+			dst[n - 1] ^= 1;
 	}
 
 	desc_write_begin(d);
@@ -251,15 +345,15 @@ int tier_offload(struct tier *tr, struct seq *q, struct pool *p, uint64_t metada
 		tr->oldest = e;
 	tr->newest = e;
 	tr->n_seqs++;
-	tr->used_bytes += e->bytes;
+	tr->used_bytes += (uint64_t)e->n_segs * tr->seg_bytes;
 	tr->meta_bytes += e->meta_bytes;
 	*tr->metadata_bytes += e->meta_bytes;
-	q->tenant->tier_bytes += e->bytes;
+	q->tenant->tier_bytes += (uint64_t)e->n_segs * tr->seg_bytes;
 	q->tenant->tier_seqs++;
 	tr->offloads++;
 	tr->offload_bytes += e->bytes;
 	tr->offload_ns += now_ns() - start;
-	q->tiered = TAKE_PTR(e);
+	q->tiered = e;
 	return 0;
 }
 
@@ -268,7 +362,8 @@ int tier_recall(struct tier *tr, struct seq *q, struct pool *p, uint64_t conn_id
 	struct tier_seq *e = q->tiered;
 	struct kvd_seq_desc *d = q->desc;
 	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
-	uint64_t start = now_ns(), off = 0, k;
+	struct cursor c = { 0, 0 };
+	uint64_t start = now_ns(), k;
 	int r;
 
 	if (!e)
@@ -281,19 +376,25 @@ int tier_recall(struct tier *tr, struct seq *q, struct pool *p, uint64_t conn_id
 		return r;
 	for (uint64_t i = 0; i < e->n_blocks; i++) {
 		uint64_t n = block_size(e, d, i);
+		const unsigned char *src = place(tr, e, &c, n);
 
-		/* Before it goes back, while it is read anyway: the write then finds it in
-		 * cache. */
-		r = block_sum(e->data + off, n) == e->sums[i] ? 0 : -EBADMSG;
-		if (r == 0)
-			r = p->ops->write(q->device, pool_block_addr(p, refs[i]), e->data + off, n);
+		void *dst = pool_block_addr(p, refs[i]);
+
+		/* A block that fails its sum is written into a new block of its own tenant,
+		 * never entered in a table, and freed below: not served. */
+		if (p->ops->host_access) {
+			r = copy_sum(dst, src, n) == e->sums[i] ? 0 : -EBADMSG;
+		} else {
+			r = copy_sum(NULL, src, n) == e->sums[i] ? 0 : -EBADMSG;
+			if (r == 0)
+				r = p->ops->write(q->device, dst, src, n);
+		}
 		if (r < 0) {
 			seq_alloc_undo(p, conn_id, refs, e->n_blocks, g, emptied);
 			tr->lost_corrupt++;
 			entry_lose(tr, e);
 			return r;
 		}
-		off += n;
 	}
 
 	desc_write_begin(d);

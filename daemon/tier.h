@@ -49,8 +49,16 @@ int tier_mode_from_string(const char *name);
 struct tier_seq;
 
 struct tier {
-	uint64_t budget_bytes;        /* host-tier-size; 0: no host tier */
-	uint64_t used_bytes;          /* K/V bytes held */
+	/* host-tier-size in whole segments of the pool's chunk size, one mapping made at
+	 * start and touched all through; 0: no host tier. A segment holds blocks of one
+	 * sequence. */
+	uint64_t budget_bytes;
+	uint64_t seg_bytes;
+	unsigned char *base;
+	uint32_t n_segs;
+	uint32_t *free_segs;          /* a stack of the free segments' indices */
+	uint32_t n_free;
+	uint64_t used_bytes;          /* of the segments held */
 	uint32_t n_seqs;
 	/* Oldest moved out first: what a full tier drops. */
 	struct tier_seq *oldest, *newest;
@@ -65,14 +73,13 @@ struct tier {
 	bool corrupt;                 /* KVD_TEST_TIER_CORRUPT */
 };
 
-/* A tier of budget bytes (0: none); metadata_bytes is the server's metadata count. Returns
- * 0 or -ENOMEM. */
-int tier_new(uint64_t budget, uint64_t *metadata_bytes, struct tier **ret);
+/* A tier of budget bytes in whole segments of segment_bytes (the pool's chunk size; below
+ * one segment: none); metadata_bytes is the server's metadata count. Returns 0, -ENOMEM
+ * (the mapping), -EINVAL (more than 2^32 segments). */
+int tier_new(uint64_t budget, uint64_t segment_bytes, uint64_t *metadata_bytes,
+             struct tier **ret);
 /* After every sequence was freed (tier_forget). Returns NULL. */
 struct tier *tier_free(struct tier *tr);
-
-/* Bytes of pool blocks a recall of q takes (0 when q is not in the tier). */
-uint64_t tier_recall_bytes(const struct seq *q);
 
 /*
  * Moves q (unpinned, no plan waiting, its engine's events done: the caller checks) out of

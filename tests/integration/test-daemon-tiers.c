@@ -116,8 +116,9 @@ static void idle_round_trip(bool ring) {
 	ASSERT_EQ(fixture_status(&f, "t", "tier_sequences"), 0);
 
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
-	/* 19 blocks of each of 2 tables. */
-	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 19ull * 2 * BLOCK_BYTES);
+	/* 19 blocks of each of 2 tables, in one segment of the chunk size. */
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_offload_bytes"), 19ull * 2 * BLOCK_BYTES);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 1 << 20);
 	ASSERT_EQ(fixture_status(&f, "t", "tier_bytes"), fixture_status(&f, NULL, "host_tier_used_bytes"));
 	ASSERT_EQ(fixture_status(&f, "t", "block_bytes"), 0);
 	/* Out of the pool, the tables are empty. */
@@ -202,8 +203,9 @@ TEST(full_tier_drops_the_oldest_and_the_pin_says_lost) {
 	kvd_seq *a, *b;
 	int model, recall = -1;
 
-	/* Each sequence takes 2 x 7 blocks of 8 KiB, 112 KiB: the tier holds one. */
-	start(&f, "160KiB", "300", NULL);
+	/* Each sequence takes 2 x 7 blocks of 8 KiB, in a segment of 1 MiB: the tier holds
+	 * one. */
+	start(&f, "1MiB", "300", NULL);
 	set_tier(&f, "t", "host", 0);
 	c = connect_tenant(&f, "t", true);
 	model = kvd_model_register(c, &shape);
