@@ -21,6 +21,7 @@
 #include "keep.h"
 #include "listing.h"
 #include "log.h"
+#include "mover.h"
 #include "node-values.h"
 #include "observe.h"
 #include "policy.h"
@@ -94,6 +95,7 @@ static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link)
 /* Frees a sequence with what eviction attached to it. */
 static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptied) {
 	keep_seq_dropped(s->keep, q);
+	mover_forget(s->mover, q);
 	tier_forget(s->tier, q);
 	server_seq_closed(s, q);
 	q->obs = obs_unref(q->obs);
@@ -580,19 +582,15 @@ static void grow_retry(struct conn *c, const struct parked_grow *g, uint64_t wai
 
 /*
  * Brings q back from the host tier, if it is there, for request req of c (a pin or a grow,
- * which retry answers). Returns 0 when q is resident (all along, or now: the chunks it
- * took that c did not map went to c as EVENT_CHUNKS_GRANT events) or lost (q->recall says
- * which); 1 when req was parked until an eviction round or an offload makes room (its
- * deadline: wait_until_ms; past it, q is lost); or a refusal, with why.
+ * which retry answers). Returns 0 when q is resident or lost (q->recall says which); 1
+ * when req waits: for the recall, copied off the loop (mover.h), or, parked, for an
+ * eviction round or a move out to make room (its deadline: wait_until_ms; past it, q is
+ * lost); or a refusal, with why.
  */
 static int bring_back(struct conn *c, struct seq *q, const struct parked_grow *req,
                       evict_grow_fn retry, uint64_t wait_until_ms, char why[static WHY_MAX]) {
 	struct server *s = c->srv;
-	struct pool *p = s->pool;
-	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
-	_cleanup_(freep) struct chunk **list = NULL;
-	struct envelope_grants grants;
-	struct seq_granted g;
+	uint64_t short_bytes;
 	int r;
 
 	if (!q->tiered)
@@ -603,16 +601,17 @@ static int bring_back(struct conn *c, struct seq *q, const struct parked_grow *r
 		              "within unmap-timeout (%llu ms): no grants until it does",
 		              (unsigned long long)s->limits.unmap_timeout_ms);
 	}
-	/* Every chunk of the pool, at most, each granted once. */
-	list = malloc(p->n_chunks * sizeof(*list));
-	if (!list)
-		return refuse(why, -ENOMEM, "out of memory");
-	g = (struct seq_granted){ .chunks = list, .max = p->n_chunks };
-	r = tier_recall(s->tier, q, p, c->id, &g, &emptied);
-	server_reclaim(s, &emptied, NULL, NULL);
+	if (c->outstanding >= s->limits.max_outstanding) {
+		server_refused(s, c, LIMIT_OUTSTANDING);
+		return refuse(why, -EBUSY, "at most %u requests of a connection wait at once "
+		              "(max-outstanding)", s->limits.max_outstanding);
+	}
+	r = mover_in(s->mover, c, q, req, retry, &short_bytes);
+	if (r == 0)
+		return 1;
 	if (r == -ENOSPC || r == -EDQUOT) {
-		if (wait_until_ms > now_ms() && c->outstanding < s->limits.max_outstanding &&
-		    evict_wait_grant(s->evictor, c, req, r == -EDQUOT, retry, g.short_bytes,
+		if (wait_until_ms > now_ms() &&
+		    evict_wait_grant(s->evictor, c, req, r == -EDQUOT, retry, short_bytes,
 		                     wait_until_ms) == 0) {
 			c->outstanding++;
 			return 1;
@@ -623,22 +622,8 @@ static int bring_back(struct conn *c, struct seq *q, const struct parked_grow *r
 		tier_lose(s->tier, q);
 		return 0;
 	}
-	if (r == -ENOMEM)
-		return refuse(why, r, "out of memory");
-	if (r < 0) {
-		log_warning("sequence %llu (tenant %s): %s at its recall from the host tier: lost, "
-		            "as if evicted, never served", (unsigned long long)q->id, q->tenant->name,
-		            r == -EBADMSG ? "a block failed its checksum" : strerror(-r));
-		return 0;
-	}
-	for (uint32_t i = 0; i < g.n; i += WIRE_FDS_MAX) {
-		envelope_grants(&grants, p, c->device, list + i, MIN(g.n - i, WIRE_FDS_MAX));
-		envelope_event_grants(c, &grants);
-		/* Closing dropped the sequence with the connection's state. */
-		if (c->closing)
-			return refuse(why, -ECONNRESET, "connection closing");
-	}
-	return 0;
+	return refuse(why, r, "cannot bring the sequence back from the host tier: %s",
+	              strerror(-r));
 }
 
 /* since_us: when the grow was first parked, 0 when it never was. */
@@ -1244,6 +1229,7 @@ static void dispatch_pin(struct conn *c, uint64_t id, bool ring, uint64_t seq_id
 	if (since_us)
 		metrics_observe_grant_wait(&c->srv->metrics, now_us() - since_us);
 	q->pins++;
+	q->pin_serial++;
 	q->used_ms = now_ms();
 	recall = q->recall;
 	q->recall = KVD_RECALL_NONE;

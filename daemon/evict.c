@@ -21,6 +21,7 @@
 #include "evict.h"
 #include "log.h"
 #include "moments.h"
+#include "mover.h"
 #include "offload.h"
 #include "policy.h"
 #include "round-gpu.h"
@@ -90,7 +91,6 @@ struct evictor {
 
 	/* The Evict request the running round answers, if it runs for one. */
 	bool running_request;
-	bool offloading;              /* evict_kick is moving idle sequences out (offload.h) */
 	struct evict_waiter running_waiter;
 	struct evict_waiter waiters[EVICT_WAITERS_MAX];
 	uint32_t n_waiters;
@@ -1213,19 +1213,16 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		device = full_device(e);
 	e->budget_lowered = false;
 	e->cap_lowered = false;
-	/* Idle sequences leave whole before any token is evicted. Not again from inside: the
-	 * grows it serves kick again. */
-	if (why != ROUND_INTERVAL && why != ROUND_CAP && !e->offloading) {
-		uint64_t freed;
+	/* Idle sequences leave whole before any token is evicted: those on their way out
+	 * count as freed, as bytes awaiting unmap do, and a round runs for the rest. */
+	if (why != ROUND_INTERVAL && why != ROUND_CAP) {
+		uint64_t coming = mover_out_bytes(s->mover);
 
-		e->offloading = true;
-		freed = offload_for_pressure(s, target, device);
-		if (freed > 0)
-			evict_chunks_back(e);
-		e->offloading = false;
-		if (freed >= target || e->running)
+		if (coming < target)
+			coming += offload_for_pressure(s, target - coming, device);
+		if (coming >= target)
 			return;
-		target -= freed;
+		target -= coming;
 	}
 	if (s->evictable_seqs == 0)
 		return;

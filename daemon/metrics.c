@@ -215,6 +215,7 @@ enum tenant_field {
 	TENANT_CHUNKS,
 	TENANT_SEQUENCES,
 	TENANT_CONNECTIONS,
+	TENANT_TIER,
 	_TENANT_FIELD_MAX,
 };
 
@@ -248,6 +249,9 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 		[TENANT_CHUNKS] = { "kvd_tenant_chunks", "Chunks the tenant holds, draining ones included." },
 		[TENANT_SEQUENCES] = { "kvd_tenant_sequences", "Sequences the tenant has open." },
 		[TENANT_CONNECTIONS] = { "kvd_tenant_connections", "Connections open as the tenant." },
+		[TENANT_TIER] = { "kvd_tenant_host_tier_bytes",
+		                  "Bytes of the host tier the tenant's sequences moved out hold "
+		                  "(outside the budget)." },
 	};
 
 	/* A family without samples says nothing; the format allows it, scrapers skip it. */
@@ -291,10 +295,17 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 			case TENANT_CONNECTIONS:
 				v = t->connections;
 				break;
+			case TENANT_TIER:
+				v = t->tier_bytes;
+				break;
 			}
 			fprintf(f, "%" PRIu64 "\n", v);
 		}
 	}
+	tenant_counter(f, tt, "kvd_tenant_tier_lost_total",
+	               "The tenant's sequences lost from the host tier (full, a failed checksum, "
+	               "no memory for the recall): as if evicted whole.",
+	               offsetof(struct tenant, tier_lost));
 	tenant_counter(f, tt, "kvd_tenant_evicted_bytes_total",
 	               "Bytes of K/V eviction rounds took from the tenant.",
 	               offsetof(struct tenant, evicted_bytes));

@@ -5,6 +5,7 @@
 #include "evict.h"
 #include "node-values.h"
 #include "pool.h"
+#include "mover.h"
 #include "server.h"
 #include "tier.h"
 
@@ -60,6 +61,7 @@ READER(tier_recall_us, s->tier->recall_ns / 1000)
 READER(tier_lost_full, s->tier->lost_full)
 READER(tier_lost_corrupt, s->tier->lost_corrupt)
 READER(tier_lost_no_memory, s->tier->lost_no_memory)
+READER(host_tier_moves, mover_moves(s->mover))
 #undef READER
 
 #define GAUGE false
@@ -158,6 +160,9 @@ const struct node_value node_values[] = {
 	{ "tier_lost_no_memory", "kvd_tier_lost_no_memory_total", COUNTER,
 	  "Sequences lost because no pool memory came for their recall within grant-wait.",
 	  read_tier_lost_no_memory },
+	{ "host_tier_moves", "kvd_host_tier_moves", GAUGE,
+	  "Sequences being moved to or from the host tier now (queued or copying).",
+	  read_host_tier_moves },
 	{ NULL, "kvd_backend_fell_back", GAUGE,
 	  "1 when backend auto found no usable GPU and the pool is host memory (the log says "
 	  "why); 0 otherwise.", read_backend_fell_back },

@@ -5,9 +5,9 @@
 #include "basic/macro.h"
 #include "basic/time-util.h"
 #include "conn.h"
-#include "envelope.h"
 #include "evict.h"
 #include "log.h"
+#include "mover.h"
 #include "offload.h"
 #include "server.h"
 #include "tier.h"
@@ -38,25 +38,22 @@ static struct seq *find_seq(struct server *s, uint64_t conn_id, uint64_t seq_id)
 
 static bool qualifies(struct server *s, struct seq *q, uint64_t now, uint64_t idle_ms,
                       int device) {
-	return q->tenant->tier == TIER_HOST && !q->tiered && q->pins == 0 && !q->pending &&
+	return q->tenant->tier == TIER_HOST && !q->tiered && !q->move && q->pins == 0 && !q->pending &&
 	       now - q->used_ms >= idle_ms && (device < 0 || q->device == (uint32_t)device) &&
 	       seq_resident_bytes(q) > 0 && evict_engine_done(s, q);
 }
 
-/* Moves out the sequences that qualify with idle_ms, least recently used first, until the
- * chunks freed reach need_bytes (0: every one). Returns the chunk bytes freed. */
+/* Starts moving out the sequences that qualify with idle_ms, least recently used first,
+ * until their bytes reach need_bytes (0: every one). Returns their bytes. */
 static uint64_t offload(struct server *s, uint64_t idle_ms, uint64_t need_bytes, int device) {
-	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
 	_cleanup_(freep) struct candidate *cand = NULL;
-	_cleanup_(freep) struct tenant **touched = NULL;
-	uint64_t now = now_ms(), freed = 0, moved = 0;
-	uint32_t n = 0, n_touched = 0, done = 0;
+	uint64_t now = now_ms(), started = 0;
+	uint32_t n = 0, done = 0;
 
 	if (s->tier->budget_bytes == 0 || s->sequences == 0)
 		return 0;
 	cand = malloc(s->sequences * sizeof(*cand));
-	touched = malloc(s->tenants.n * sizeof(*touched));
-	if (!cand || !touched) {
+	if (!cand) {
 		log_warning("cannot move sequences to the host tier: out of memory");
 		return 0;
 	}
@@ -65,58 +62,31 @@ static uint64_t offload(struct server *s, uint64_t idle_ms, uint64_t need_bytes,
 			for (struct seq *q = c->seqs; q && n < s->sequences; q = q->next)
 				if (qualifies(s, q, now, idle_ms, device))
 					cand[n++] = (struct candidate){ q->used_ms, q->conn_id, q->id };
-	if (n == 0)
-		return 0;
 	qsort(cand, n, sizeof(*cand), by_use);
-
-	for (uint32_t i = 0; i < n; i++) {
+	for (uint32_t i = 0; i < n && (need_bytes == 0 || started < need_bytes); i++) {
 		struct seq *q = find_seq(s, cand[i].conn_id, cand[i].seq_id);
-		uint32_t before = emptied.n, j;
 		uint64_t bytes;
 		int r;
 
 		if (!q)
 			continue;
 		bytes = seq_resident_bytes(q);
-		r = tier_offload(s->tier, q, s->pool, server_metadata_max(s), &emptied);
+		r = mover_out(s->mover, q);
+		if (r == -EBUSY)
+			break;
 		if (r < 0) {
-			/* Too large for the tier, or no memory for it now: it stays. */
+			/* Too large for the tier, or no room or memory for it now: it stays. */
 			log_debug("sequence %llu (tenant %s): not moved to the host tier: %s",
 			          (unsigned long long)q->id, q->tenant->name, strerror(-r));
 			continue;
 		}
-		cand[done++] = cand[i];
-		moved += bytes;
-		freed += (uint64_t)(emptied.n - before) * s->pool->chunk_bytes;
-		for (j = 0; j < n_touched && touched[j] != q->tenant; j++)
-			;
-		if (j == n_touched)
-			touched[n_touched++] = q->tenant;
-		/* Packing frees what the blocks moved out leave scattered: count on it once
-		 * they cover the need. */
-		if (need_bytes > 0 && moved >= need_bytes)
-			break;
+		started += bytes;
+		done++;
 	}
-	if (done == 0)
-		return 0;
-	log_info("moved %u sequences (%llu bytes) to the host tier: %s", done,
-	         (unsigned long long)moved, need_bytes ? "memory pressure" : "idle");
-	server_reclaim(s, &emptied, NULL, NULL);
-	/* Tenants are never forgotten while they hold sequences: the pointers stay valid
-	 * through the sends below. */
-	for (uint32_t j = 0; j < n_touched; j++) {
-		struct seq_emptied more = { .chunks = s->scratch + s->scratch_used };
-
-		freed += evict_settle_tenant(s->evictor, touched[j], &more);
-	}
-	for (uint32_t i = 0; i < done; i++) {
-		struct seq *q = find_seq(s, cand[i].conn_id, cand[i].seq_id);
-
-		if (q)
-			envelope_event_seq_changed(server_find_conn(s, q->conn_id), q->id,
-			                           q->desc->generation);
-	}
-	return freed;
+	if (done > 0)
+		log_info("moving %u sequences (%llu bytes) to the host tier: %s", done,
+		         (unsigned long long)started, need_bytes ? "memory pressure" : "idle");
+	return started;
 }
 
 void offload_tick(struct server *s) {

@@ -50,6 +50,8 @@ struct seq {
 	struct tier_seq *tiered;
 	uint8_t recall;
 	uint64_t used_ms;
+	uint64_t pin_serial;          /* pins since it opened: a move out in flight sees one */
+	struct job *move;             /* its move to or from the tier in flight (mover.h) */
 	/* Kept across a restart (keep.h): 1 + its journal slot; 0: not kept. */
 	uint32_t keep_slot;
 	/* What its metadata may take of the daemon's memory, at most: the descriptor, the

@@ -30,6 +30,7 @@
 #include "keep.h"
 #include "upload.h"
 #include "log.h"
+#include "mover.h"
 #include "offload.h"
 #include "ring.h"
 #include "server.h"
@@ -760,6 +761,9 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	r = tier_new(limits->host_tier_bytes, pool->chunk_bytes, &s->metadata_bytes, &s->tier);
 	if (r < 0)
 		goto fail;
+	r = mover_new(s, &s->mover);
+	if (r < 0)
+		goto fail;
 	s->scratch = calloc(pool->n_chunks, sizeof(*s->scratch));
 	if (!s->scratch) {
 		r = -ENOMEM;
@@ -838,7 +842,8 @@ struct server *server_free(struct server *s) {
 	/* After the connections: a running round holds references, not pointers, to them. */
 	s->evictor = evictor_free(s->evictor);
 	s->uploader = uploader_free(s->uploader);
-	/* After the connections, whose sequences dropped their entries. */
+	/* After the connections, whose sequences dropped their entries and moves. */
+	s->mover = mover_free(s->mover);
 	s->tier = tier_free(s->tier);
 	tenant_table_done(&s->tenants);
 	free(s->scratch);

@@ -23,6 +23,7 @@ struct admin;
 struct conn;
 struct evictor;
 struct tier;
+struct mover;
 struct keep;
 struct uploader;
 
@@ -171,6 +172,7 @@ struct server {
 	struct admin *admin;          /* settings and live state (admin.h); set by main() */
 	struct evictor *evictor;      /* eviction rounds (evict.h) */
 	struct tier *tier;            /* the host tier (tier.h) */
+	struct mover *mover;          /* moves to and from it, off the loop (mover.h) */
 	struct uploader *uploader;    /* output projection uploads (upload.h) */
 	struct keep *keep;            /* KV kept across a restart (keep.h); set by main() */
 	bool stopping;

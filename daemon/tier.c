@@ -26,6 +26,7 @@ struct tier_seq {
 	uint64_t *sums;               /* [n_blocks] */
 	uint32_t n_segs;
 	uint32_t *segs;               /* [n_segs]: the segments, in order */
+	bool busy;                    /* a recall copies from it: not to be dropped */
 };
 
 /* Where the next block of an entry goes: segment index k of its list, at offset off. */
@@ -181,8 +182,21 @@ static uint32_t segments_needed(const struct tier *tr, const struct tier_seq *e,
 }
 
 
-/* Takes e out of the tier and frees it; q->tiered becomes NULL. */
-static void entry_drop(struct tier *tr, struct tier_seq *e) {
+/* An entry out of the tier, or never in it: its segments go back. */
+static struct tier_seq *entry_free(struct tier *tr, struct tier_seq *e) {
+	if (e) {
+		for (uint32_t i = 0; i < e->n_segs; i++)
+			tr->free_segs[tr->n_free++] = e->segs[i];
+		free(e->segs);
+		free(e->sums);
+		free(e->tokens);
+		free(e);
+	}
+	return NULL;
+}
+
+/* Takes e out of the tier's list and counts, keeping its segments; q->tiered becomes NULL. */
+static void entry_unlink(struct tier *tr, struct tier_seq *e) {
 	struct seq *q = e->seq;
 
 	if (e->older)
@@ -193,19 +207,19 @@ static void entry_drop(struct tier *tr, struct tier_seq *e) {
 		e->newer->older = e->older;
 	else
 		tr->newest = e->older;
+	e->older = e->newer = NULL;
 	tr->n_seqs--;
-	for (uint32_t i = 0; i < e->n_segs; i++)
-		tr->free_segs[tr->n_free++] = e->segs[i];
 	tr->used_bytes -= (uint64_t)e->n_segs * tr->seg_bytes;
 	tr->meta_bytes -= e->meta_bytes;
 	*tr->metadata_bytes -= e->meta_bytes;
 	q->tenant->tier_bytes -= (uint64_t)e->n_segs * tr->seg_bytes;
 	q->tenant->tier_seqs--;
 	q->tiered = NULL;
-	free(e->segs);
-	free(e->sums);
-	free(e->tokens);
-	free(e);
+}
+
+static void entry_drop(struct tier *tr, struct tier_seq *e) {
+	entry_unlink(tr, e);
+	entry_free(tr, e);
 }
 
 /* q's entry goes, and with it its K/V: q is lost, and its engine hears so at its next pin. */
@@ -232,6 +246,16 @@ void tier_forget(struct tier *tr, struct seq *q) {
 		entry_drop(tr, q->tiered);
 }
 
+struct tier_seq *tier_detach(struct tier *tr, struct seq *q) {
+	struct tier_seq *e = q->tiered;
+
+	if (e) {
+		entry_unlink(tr, e);
+		e->seq = NULL;
+	}
+	return e;
+}
+
 /* The block refs of q in the tier's order: compensation blocks, then each table's. */
 static void collect_refs(const struct seq *q, struct kvd_block_ref *refs) {
 	struct kvd_seq_desc *d = q->desc;
@@ -246,27 +270,71 @@ static void collect_refs(const struct seq *q, struct kvd_block_ref *refs) {
 	}
 }
 
-/* An entry that never made it into the tier: its segments go back. */
-static struct tier_seq *entry_free(struct tier *tr, struct tier_seq *e) {
-	if (e) {
-		for (uint32_t i = 0; i < e->n_segs; i++)
-			tr->free_segs[tr->n_free++] = e->segs[i];
-		free(e->segs);
-		free(e->sums);
-		free(e->tokens);
-		free(e);
+
+
+/* A move between the pool and the tier (tier.h): what the loop set up, what the worker
+ * copies, and what the loop needs to finish it. */
+struct tier_move {
+	bool out;                     /* pool to tier; else tier to pool */
+	struct tier_seq *e;           /* out: not yet in the tier; in: q's entry */
+	uint64_t generation, pins;    /* out: q's, when it began */
+	const struct backend_ops *ops;
+	uint32_t device;
+	struct kvd_block_ref *refs;   /* [e->n_blocks]: the pool's blocks */
+	void **pool;                  /* [e->n_blocks]: their addresses in the daemon */
+	unsigned char **tier;         /* [e->n_blocks]: where they are in the tier */
+	uint64_t *len;                /* [e->n_blocks] */
+	bool corrupt;                 /* KVD_TEST_TIER_CORRUPT */
+	int error;                    /* the worker's */
+	uint64_t ns;                  /* the worker's time */
+};
+
+static struct tier_move *move_free(struct tier_move *mv) {
+	if (mv) {
+		free(mv->refs);
+		free(mv->pool);
+		free(mv->tier);
+		free(mv->len);
+		free(mv);
 	}
 	return NULL;
 }
 
-
-int tier_offload(struct tier *tr, struct seq *q, struct pool *p, uint64_t metadata_max,
-                 struct seq_emptied *emptied) {
-	struct kvd_seq_desc *d = q->desc;
-	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
-	struct tier_seq *e;
+/* A move of e's blocks: refs and the tier's places filled, the pool's addresses left to
+ * the caller (out: q's blocks; in: new ones). */
+static int move_new(struct tier *tr, struct tier_seq *e, const struct kvd_seq_desc *d,
+                    struct pool *p, uint32_t device, bool out, struct tier_move **ret) {
+	struct tier_move *mv = calloc(1, sizeof(*mv));
 	struct cursor c = { 0, 0 };
-	uint64_t start = now_ns();
+
+	if (!mv)
+		return -ENOMEM;
+	mv->out = out;
+	mv->e = e;
+	mv->ops = p->ops;
+	mv->device = device;
+	mv->corrupt = tr->corrupt;
+	mv->refs = malloc(e->n_blocks * sizeof(*mv->refs));
+	mv->pool = malloc(e->n_blocks * sizeof(*mv->pool));
+	mv->tier = malloc(e->n_blocks * sizeof(*mv->tier));
+	mv->len = malloc(e->n_blocks * sizeof(*mv->len));
+	if (!mv->refs || !mv->pool || !mv->tier || !mv->len) {
+		move_free(mv);
+		return -ENOMEM;
+	}
+	for (uint64_t i = 0; i < e->n_blocks; i++) {
+		mv->len[i] = block_size(e, d, i);
+		mv->tier[i] = place(tr, e, &c, mv->len[i]);
+	}
+	*ret = mv;
+	return 0;
+}
+
+int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t metadata_max,
+                       struct tier_move **ret) {
+	struct kvd_seq_desc *d = q->desc;
+	struct tier_move *mv;
+	struct tier_seq *e;
 	uint32_t need;
 	int r;
 
@@ -289,53 +357,105 @@ int tier_offload(struct tier *tr, struct seq *q, struct pool *p, uint64_t metada
 		e->tokens = malloc(4ull * d->n_tables);
 		e->sums = malloc(8 * e->n_blocks);
 		e->segs = malloc(4ull * need);
-		refs = malloc(e->n_blocks * sizeof(*refs));
-		if (!e->tokens || !e->sums || !e->segs || !refs)
+		if (!e->tokens || !e->sums || !e->segs)
 			r = -ENOMEM;
 	}
 	if (r < 0) {
 		entry_free(tr, e);
 		return r;
 	}
-	/* Room, oldest first: those lost are told at their next pin. */
+	/* Room, oldest first, but not from under a recall: those lost are told at their next
+	 * pin. The segments are taken now, so that moves running at once never share one. */
 	while (tr->n_free < need) {
+		struct tier_seq *old = tr->oldest;
+
+		while (old && old->busy)
+			old = old->newer;
+		if (!old) {
+			entry_free(tr, e);
+			return -ENOSPC;
+		}
 		tr->lost_full++;
-		entry_lose(tr, tr->oldest);
+		entry_lose(tr, old);
 	}
 	for (uint32_t i = 0; i < need; i++)
 		e->segs[e->n_segs++] = tr->free_segs[--tr->n_free];
-
-	collect_refs(q, refs);
+	r = move_new(tr, e, d, p, q->device, true, &mv);
+	if (r < 0) {
+		entry_free(tr, e);
+		return r;
+	}
+	collect_refs(q, mv->refs);
 	for (uint64_t i = 0; i < e->n_blocks; i++) {
-		uint64_t n = block_size(e, d, i);
-		unsigned char *dst = place(tr, e, &c, n);
-
-		const void *src = pool_block_addr(p, refs[i]);
-
-		/* Device memory comes through the backend, and is summed in the tier. */
-		if (p->ops->host_access) {
-			e->sums[i] = copy_sum(dst, src, n);
-		} else {
-			r = p->ops->read(q->device, src, dst, n);
-			if (r < 0) {
-				entry_free(tr, e);
-				return r;
-			}
-			e->sums[i] = copy_sum(NULL, dst, n);
-		}
-		e->bytes += n;
-		if (tr->corrupt && i == e->n_blocks - 1)
-			dst[n - 1] ^= 1;
+		mv->pool[i] = pool_block_addr(p, mv->refs[i]);
+		e->bytes += mv->len[i];
 	}
-
-	desc_write_begin(d);
-	for (uint32_t t = 0; t < d->n_tables; t++) {
+	for (uint32_t t = 0; t < d->n_tables; t++)
 		e->tokens[t] = desc_tokens(d)[t];
-		desc_tokens(d)[t] = 0;
+	mv->generation = d->generation;
+	mv->pins = q->pin_serial;
+	*ret = mv;
+	return 0;
+}
+
+void tier_move_run(struct tier_move *mv) {
+	struct tier_seq *e = mv->e;
+	uint64_t start = now_ns();
+
+	for (uint64_t i = 0; i < e->n_blocks && mv->error == 0; i++) {
+		uint64_t n = mv->len[i];
+
+		if (mv->out) {
+			/* Device memory comes through the backend, and is summed in the tier. */
+			if (mv->ops->host_access) {
+				e->sums[i] = copy_sum(mv->tier[i], mv->pool[i], n);
+			} else {
+				mv->error = mv->ops->read(mv->device, mv->pool[i], mv->tier[i], n);
+				e->sums[i] = copy_sum(NULL, mv->tier[i], n);
+			}
+			if (mv->corrupt && i == e->n_blocks - 1)
+				mv->tier[i][n - 1] ^= 1;
+		} else if (mv->ops->host_access) {
+			/* A block that fails its sum is written into a new block of its own
+			 * tenant, never entered in a table, and freed: not served. */
+			if (copy_sum(mv->pool[i], mv->tier[i], n) != e->sums[i])
+				mv->error = -EBADMSG;
+		} else {
+			if (copy_sum(NULL, mv->tier[i], n) != e->sums[i])
+				mv->error = -EBADMSG;
+			else
+				mv->error = mv->ops->write(mv->device, mv->pool[i], mv->tier[i], n);
+		}
 	}
+	mv->ns = now_ns() - start;
+}
+
+uint64_t tier_move_bytes(const struct tier_move *mv) {
+	return mv->e->bytes;
+}
+
+int tier_offload_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct pool *p,
+                     struct seq_emptied *emptied) {
+	struct tier_seq *e = mv->e;
+	struct kvd_seq_desc *d;
+	int r = mv->error;
+
+	/* Gone, or used meanwhile: the copy may be of bytes that changed since. */
+	if (r == 0 && (!q || q->pins > 0 || q->pin_serial != mv->pins ||
+	               q->desc->generation != mv->generation))
+		r = -ECANCELED;
+	if (r < 0) {
+		entry_free(tr, e);
+		move_free(mv);
+		return r;
+	}
+	d = q->desc;
+	desc_write_begin(d);
+	for (uint32_t t = 0; t < d->n_tables; t++)
+		desc_tokens(d)[t] = 0;
 	d->moments_blocks = 0;
 	desc_write_end(d);
-	seq_blocks_free(p, refs, e->n_blocks, emptied);
+	seq_blocks_free(p, mv->refs, e->n_blocks, emptied);
 	q->epoch++;
 
 	e->older = tr->newest;
@@ -352,59 +472,63 @@ int tier_offload(struct tier *tr, struct seq *q, struct pool *p, uint64_t metada
 	q->tenant->tier_seqs++;
 	tr->offloads++;
 	tr->offload_bytes += e->bytes;
-	tr->offload_ns += now_ns() - start;
+	tr->offload_ns += mv->ns;
 	q->tiered = e;
+	move_free(mv);
 	return 0;
 }
 
-int tier_recall(struct tier *tr, struct seq *q, struct pool *p, uint64_t conn_id,
-                struct seq_granted *g, struct seq_emptied *emptied) {
+int tier_recall_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t conn_id,
+                      struct seq_granted *g, struct seq_emptied *emptied,
+                      struct tier_move **ret) {
 	struct tier_seq *e = q->tiered;
-	struct kvd_seq_desc *d = q->desc;
-	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
-	struct cursor c = { 0, 0 };
-	uint64_t start = now_ns(), k;
+	struct tier_move *mv;
 	int r;
 
-	if (!e)
-		return 0;
-	refs = malloc(e->n_blocks * sizeof(*refs));
-	if (!refs)
-		return -ENOMEM;
-	r = seq_alloc_blocks(q, p, conn_id, e->n_moments, e->n_blocks, refs, g, emptied);
+	r = move_new(tr, e, q->desc, p, q->device, false, &mv);
 	if (r < 0)
 		return r;
-	for (uint64_t i = 0; i < e->n_blocks; i++) {
-		uint64_t n = block_size(e, d, i);
-		const unsigned char *src = place(tr, e, &c, n);
+	r = seq_alloc_blocks(q, p, conn_id, e->n_moments, e->n_blocks, mv->refs, g, emptied);
+	if (r < 0) {
+		move_free(mv);
+		return r;
+	}
+	for (uint64_t i = 0; i < e->n_blocks; i++)
+		mv->pool[i] = pool_block_addr(p, mv->refs[i]);
+	e->busy = true;
+	*ret = mv;
+	return 0;
+}
 
-		void *dst = pool_block_addr(p, refs[i]);
+int tier_recall_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct pool *p,
+                    uint64_t conn_id, struct seq_granted *g, struct seq_emptied *emptied) {
+	struct tier_seq *e = mv->e;
+	struct kvd_seq_desc *d;
+	uint64_t k;
+	int r = mv->error;
 
-		/* A block that fails its sum is written into a new block of its own tenant,
-		 * never entered in a table, and freed below: not served. */
-		if (p->ops->host_access) {
-			r = copy_sum(dst, src, n) == e->sums[i] ? 0 : -EBADMSG;
-		} else {
-			r = copy_sum(NULL, src, n) == e->sums[i] ? 0 : -EBADMSG;
-			if (r == 0)
-				r = p->ops->write(q->device, dst, src, n);
-		}
-		if (r < 0) {
-			seq_alloc_undo(p, conn_id, refs, e->n_blocks, g, emptied);
+	e->busy = false;
+	if (!q || r < 0) {
+		/* The blocks it filled go back; the connection never heard of their chunks. */
+		seq_alloc_undo(p, conn_id, mv->refs, e->n_blocks, g, emptied);
+		if (q) {
 			tr->lost_corrupt++;
 			entry_lose(tr, e);
-			return r;
-		}
+		} else
+			/* Detached when q went (tier_detach). */
+			entry_free(tr, e);
+		move_free(mv);
+		return q ? r : -ECANCELED;
 	}
-
+	d = q->desc;
 	desc_write_begin(d);
-	memcpy(desc_moments(d), refs, e->n_moments * sizeof(*refs));
+	memcpy(desc_moments(d), mv->refs, e->n_moments * sizeof(*mv->refs));
 	d->moments_blocks = e->n_moments;
 	k = e->n_moments;
 	for (uint32_t t = 0; t < d->n_tables; t++) {
 		uint32_t n = DIV_ROUND_UP(e->tokens[t], d->block_tokens);
 
-		memcpy(desc_blocks(d, t), refs + k, n * sizeof(*refs));
+		memcpy(desc_blocks(d, t), mv->refs + k, n * sizeof(*mv->refs));
 		desc_tokens(d)[t] = e->tokens[t];
 		k += n;
 	}
@@ -413,7 +537,8 @@ int tier_recall(struct tier *tr, struct seq *q, struct pool *p, uint64_t conn_id
 	q->recall = KVD_RECALL_HOST;
 	tr->recalls++;
 	tr->recall_bytes += e->bytes;
+	tr->recall_ns += mv->ns;
 	entry_drop(tr, e);
-	tr->recall_ns += now_ns() - start;
+	move_free(mv);
 	return 0;
 }

@@ -82,25 +82,58 @@ int tier_new(uint64_t budget, uint64_t segment_bytes, uint64_t *metadata_bytes,
 struct tier *tier_free(struct tier *tr);
 
 /*
- * Moves q (unpinned, no plan waiting, its engine's events done: the caller checks) out of
- * the pool into the tier, dropping the oldest entries while the tier lacks room; its
- * freed blocks' chunks, when emptied, go to *emptied. One descriptor rewrite and an epoch
- * bump. Returns 0, or, with nothing changed: -ENODATA (q holds no block), -EFBIG (q is
- * larger than the whole tier), -ENOMEM (host memory, or metadata past metadata_max), or
- * the backend's -errno reading a block.
+ * Moving a sequence between the pool and the tier takes three steps, so that the copy
+ * runs off the loop (mover.h): *_begin on the loop sets the move up, tier_move_run on a
+ * worker copies (and sums, or checks the sums), *_end on the loop finishes it. Between
+ * begin and end the worker reads the pool through the daemon's mapping: the caller holds
+ * pool_readers_begin() (pool.h) for it.
  */
-int tier_offload(struct tier *tr, struct seq *q, struct pool *p, uint64_t metadata_max,
-                 struct seq_emptied *emptied);
+struct tier_move;
 
 /*
- * Brings q back from the tier into new blocks of the pool (seq_alloc_blocks: chunks that
- * conn_id did not hold are listed in *g, which has room for every chunk of the pool). One
- * descriptor rewrite and an epoch bump. Returns 0, or: -ENOSPC, -EDQUOT (g->short_bytes),
- * -ENOMEM, with q still in the tier; -EBADMSG (a block failed its checksum) or the
- * backend's -errno writing a block, with q lost (tier_lose).
+ * Sets up moving q (resident, unpinned, no plan waiting, its engine's events done: the
+ * caller checks) out of the pool: takes its segments, dropping the oldest entries (never
+ * one a recall reads) while the tier lacks room. Changes nothing of q. Returns 0, or
+ * -ENODATA (q holds no block), -EFBIG (q is larger than the whole tier), -ENOSPC (the
+ * room is held by recalls running), -ENOMEM (memory, or metadata past metadata_max).
  */
-int tier_recall(struct tier *tr, struct seq *q, struct pool *p, uint64_t conn_id,
-                struct seq_granted *g, struct seq_emptied *emptied);
+int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t metadata_max,
+                       struct tier_move **ret);
+
+/*
+ * Finishes moving q out (q NULL: it went away meanwhile): when the copy worked and q was
+ * neither pinned nor rewritten since the begin (its descriptor's generation), its blocks
+ * go back to the pool (emptied chunks into *emptied) and its tables read empty (one
+ * rewrite, an epoch bump); else nothing changes and the segments go back. Frees mv.
+ * Returns 0, -ECANCELED (q gone, pinned or rewritten meanwhile), or the copy's -errno.
+ */
+int tier_offload_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct pool *p,
+                     struct seq_emptied *emptied);
+
+/*
+ * Sets up bringing q back: new blocks for it (seq_alloc_blocks: chunks that conn_id did
+ * not hold are listed in *g, which has room for every chunk of the pool). Changes nothing
+ * of q's tables. Returns 0, or -ENOSPC, -EDQUOT (g->short_bytes), -ENOMEM.
+ */
+int tier_recall_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t conn_id,
+                      struct seq_granted *g, struct seq_emptied *emptied,
+                      struct tier_move **ret);
+
+/*
+ * Finishes bringing q back (q NULL: it went away meanwhile, and tier_detach() gave its
+ * entry to the move): when every block matched its sum and was written, q's tables are
+ * its own again (one rewrite, an epoch bump) and its entry goes; else the new blocks go
+ * back (conn_id stops holding the chunks of *g) and q is lost. Frees mv. Returns 0,
+ * -ECANCELED (q gone), -EBADMSG (a block failed its sum) or the backend's -errno.
+ */
+int tier_recall_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct pool *p,
+                    uint64_t conn_id, struct seq_granted *g, struct seq_emptied *emptied);
+
+/* The copy, on a worker thread: touches only what the move holds. */
+void tier_move_run(struct tier_move *mv);
+
+/* K/V bytes a move copies. */
+uint64_t tier_move_bytes(const struct tier_move *mv);
 
 /* Drops q's entry: q stays empty, lost (behaves as evicted, seq.recall KVD_RECALL_LOST);
  * counts it in lost_no_memory (the caller's reason: no memory for it in time). */
@@ -108,3 +141,7 @@ void tier_lose(struct tier *tr, struct seq *q);
 
 /* Drops q's entry, if any, as q goes away (released, its connection closed). */
 void tier_forget(struct tier *tr, struct seq *q);
+
+/* Takes q's entry out of the tier's list and counts without freeing it, for a recall that
+ * reads it while q goes away: tier_recall_end() frees it. Returns it (NULL: none). */
+struct tier_seq *tier_detach(struct tier *tr, struct seq *q);

@@ -59,6 +59,7 @@
 #include "pool.h"
 #include "evict.h"
 #include "server.h"
+#include "mover.h"
 #include "tier.h"
 #include "upload.h"
 #include "settings.h"
@@ -557,6 +558,7 @@ static void setup(uint8_t config) {
 	s->metadata_derived = UINT64_C(8) << 20;
 	FUZZ_CHECK(tenant_table_init(&s->tenants, limits.max_tenants) == 0);
 	FUZZ_CHECK(tier_new(limits.host_tier_bytes, h.pool->chunk_bytes, &s->metadata_bytes, &s->tier) == 0);
+	FUZZ_CHECK(mover_new(s, &s->mover) == 0);
 	s->scratch = calloc(h.pool->n_chunks, sizeof(*s->scratch));
 	FUZZ_CHECK(s->scratch);
 	FUZZ_CHECK(evictor_new(s, &s->evictor) == 0);

@@ -54,6 +54,7 @@
 #include "pool.h"
 #include "ring.h"
 #include "server.h"
+#include "mover.h"
 #include "tier.h"
 #include "settings.h"
 #include "upload.h"
@@ -401,6 +402,7 @@ static void setup(uint8_t config) {
 	s->ring_doorbell = config & 4 ? KVD_RING_DOORBELL_EVENTFD : KVD_RING_DOORBELL_FUTEX;
 	FUZZ_CHECK(tenant_table_init(&s->tenants, limits.max_tenants) == 0);
 	FUZZ_CHECK(tier_new(limits.host_tier_bytes, h.pool->chunk_bytes, &s->metadata_bytes, &s->tier) == 0);
+	FUZZ_CHECK(mover_new(s, &s->mover) == 0);
 	s->scratch = calloc(h.pool->n_chunks, sizeof(*s->scratch));
 	FUZZ_CHECK(s->scratch);
 	FUZZ_CHECK(evictor_new(s, &s->evictor) == 0);

@@ -8,10 +8,13 @@
  * loses the sequence, and the pin says that too; a released sequence takes its entry along.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -375,4 +378,114 @@ TEST(tier_host_needs_a_host_tier) {
 	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
 	ASSERT_TRUE(strstr(out, "policy kvd, tier host"));
 	fixture_cleanup(&f);
+}
+
+/* The move gate: a FIFO the daemon's mover reads one byte from after each copy, before the
+ * loop finishes the move. */
+static void gate_start(struct fixture *f, char *path, size_t n, const char *idle) {
+	snprintf(path, n, "/tmp/kvd-move-gate-%d", (int)getpid());
+	unlink(path);
+	ASSERT_OK(mkfifo(path, 0600));
+	setenv("KVD_TEST_MOVE_GATE", path, 1);
+	start(f, "8MiB", idle, NULL);
+	unsetenv("KVD_TEST_MOVE_GATE");
+}
+
+/* Returns once a copy waits at the gate (the worker must have let go of the gate since
+ * the last one: the caller waits for that move's end first). */
+static int gate_wait(const char *path) {
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+
+	ASSERT_OK(fd);
+	return fd;
+}
+
+static void gate_release(int fd) {
+	ASSERT_EQ(write(fd, "x", 1), 1);
+	close(fd);
+}
+
+/* Lets the next copy through from another thread, for a call that waits for it. */
+static void *gate_pass(void *path) {
+	gate_release(gate_wait(path));
+	return NULL;
+}
+
+TEST(pin_during_a_move_out_keeps_it_in_the_pool) {
+	char gate[64];
+	struct fixture f;
+	pthread_t passer;
+	kvd_client *c;
+	kvd_seq *s;
+	int model, recall = -1, fd;
+
+	TEST_NEEDS_HOOKS();
+	gate_start(&f, gate, sizeof(gate), "200");
+	set_tier(&f, "t", "host", 0);
+	c = connect_tenant(&f, "t", true);
+	model = kvd_model_register(c, &shape);
+	s = filled_seq(c, model, 100, 4);
+	/* Copied, not yet finished: the engine pins and rewrites it now. */
+	fd = gate_wait(gate);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_moves"), 1);
+	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_NONE);
+	fill_seq(s, 9);
+	ASSERT_OK(kvd_seq_unpin(s));
+	gate_release(fd);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_moves", 0));
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_offloads"), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 0);
+	/* Idle again, it moves out with what it holds now, and comes back so. */
+	fd = gate_wait(gate);
+	gate_release(fd);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	ASSERT_OK(-pthread_create(&passer, NULL, gate_pass, gate));
+	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
+	pthread_join(passer, NULL);
+	ASSERT_EQ(recall, KVD_RECALL_HOST);
+	ASSERT_EQ(check_seq(s, 9), 0);
+	ASSERT_OK(kvd_seq_unpin(s));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+	unlink(gate);
+}
+
+TEST(engine_gone_during_a_recall) {
+	char gate[64];
+	struct fixture f;
+	pid_t pid;
+	int fd;
+
+	TEST_NEEDS_HOOKS();
+	gate_start(&f, gate, sizeof(gate), "100");
+	set_tier(&f, "t", "host", 0);
+	pid = fixture_fork();
+	if (pid == 0) {
+		kvd_client *c = connect_tenant(&f, "t", true);
+		kvd_seq *s = filled_seq(c, kvd_model_register(c, &shape), 300, 1);
+
+		/* Out (the parent lets the copy through), then back: the pin waits. */
+		while (fixture_status(&f, NULL, "host_tier_sequences") != 1)
+			pause_ms(10);
+		(void)kvd_seq_pin(s);
+		_exit(0);
+	}
+	gate_release(gate_wait(gate));
+	/* Once it is out, the worker has let go of the gate: the next to open it is the
+	 * recall's copy, which waits there while its engine goes. */
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	fd = gate_wait(gate);
+	ASSERT_TRUE(fixture_status(&f, "t", "block_bytes") > 0);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	ASSERT_TRUE(fixture_wait_status(&f, "t", "connections", 0));
+	gate_release(fd);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_moves", 0));
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_sequences"), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 0);
+	ASSERT_EQ(fixture_status(&f, "t", "block_bytes"), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_recalls"), 0);
+	ASSERT_EQ(fixture_stop(&f), 0);
+	unlink(gate);
 }

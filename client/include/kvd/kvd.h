@@ -742,7 +742,8 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           "metadata_bytes" (what their metadata may take of the daemon's memory),
  *           "metadata_max_bytes" (its bound), the host tier (kvd(8), TIERS; since
  *           KVD_1.7): "host_tier_bytes" (its size), "host_tier_used_bytes",
- *           "host_tier_sequences" (what it holds), "tier_offloads", "tier_offload_bytes",
+ *           "host_tier_sequences" (what it holds), "host_tier_moves" (sequences being
+ *           moved to or from it now), "tier_offloads", "tier_offload_bytes",
  *           "tier_offload_us", "tier_recalls", "tier_recall_bytes", "tier_recall_us"
  *           (sequences moved out and back, their bytes and time), "tier_lost_full",
  *           "tier_lost_corrupt", "tier_lost_no_memory" (sequences lost from it, by cause),
