@@ -36,12 +36,13 @@ static void pause_ms(long ms) {
 		;
 }
 
+/* An engine (on a GPU pool, with the fixture's CUDA context), its per-step calls through
+ * the rings or over the socket. */
 static kvd_client *connect_tenant(struct fixture *f, const char *tenant, bool ring) {
-	kvd_connect_params p = { .size = sizeof(p), .socket_path = f->socket, .tenant = tenant,
-		                 .flags = ring ? 0 : KVD_CONNECT_NO_RING };
-	kvd_client *c;
+	kvd_client *c = fixture_connect(f, tenant);
 
-	ASSERT_OK(kvd_client_connect_params(&p, &c));
+	ASSERT_OK(kvd_client_set_ring(c, ring));
+	ASSERT_EQ(kvd_client_get_ring(c), ring);
 	return c;
 }
 

@@ -16,6 +16,9 @@
  * attention over exactly the resident slots by their original positions, recomputed here
  * in double by plain loops from the daemon's K/V.
  *
+ * Moved to the host tier while it idles and brought back by its next pin, twice: bit for
+ * bit the full cache's logits too.
+ *
  * With compensation (MomentKV moments), the same: bit for bit the full cache's logits while
  * nothing is evicted, and after eviction the reference step adds each table's moments as
  * one more softmax entry, in both forms, from the moments the daemon folded.
@@ -92,18 +95,39 @@ static uint32_t prompt_tokens(uint32_t times, uint32_t **ret) {
 	return k;
 }
 
+/* With tiers: the daemon whose host tier takes the engine's sequence when it idles, and
+ * how many moves out it made so far. */
+struct idle {
+	struct fixture *f;
+	uint64_t offloads;
+};
+
+/* The engine idles until the daemon moved its sequence to the host tier. */
+static void idle_until_moved_out(struct idle *idle) {
+	if (!idle)
+		return;
+	ASSERT_TRUE(fixture_wait_status(idle->f, NULL, "tier_offloads", idle->offloads + 1));
+	idle->offloads++;
+}
+
 /*
  * Prefill (all logits into prefill[n][vocab]) then `steps` greedy decode steps (their
- * logits into decode[steps][vocab]); returns the generated tokens in out[steps].
+ * logits into decode[steps][vocab]); returns the generated tokens in out[steps]. With
+ * idle, the engine idles until its sequence is moved out after the prefill and half way
+ * through the steps, so that the next step's pin brings it back.
  */
 static void generate(struct kvdlm_cache *c, const uint32_t *tokens, uint32_t n, uint32_t chunk,
-                     uint32_t steps, float *prefill, float *decode, uint32_t *out) {
+                     uint32_t steps, float *prefill, float *decode, uint32_t *out,
+                     struct idle *idle) {
 	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
 	float *last = prefill + (size_t)(n - 1) * KVDLM_BYTE_VOCAB;
 
 	ASSERT_OK(kvdlm_session_new(model, c, &(struct kvdlm_session_opts){ THREADS, chunk }, &s));
 	ASSERT_OK(kvdlm_prefill(s, tokens, n, KVDLM_LOGITS_ALL, prefill));
+	idle_until_moved_out(idle);
 	for (uint32_t i = 0; i < steps; i++) {
+		if (i == steps / 2)
+			idle_until_moved_out(idle);
 		out[i] = kvdlm_argmax(i ? decode + (size_t)(i - 1) * KVDLM_BYTE_VOCAB : last, KVDLM_BYTE_VOCAB);
 		ASSERT_OK(kvdlm_decode(s, out[i], decode + (size_t)i * KVDLM_BYTE_VOCAB));
 	}
@@ -136,8 +160,9 @@ static void check_tables(struct kvdlm_cache *c) {
 	ASSERT_OK(kvd_seq_unpin(s));
 }
 
-static void same_as_full(uint32_t unit, uint32_t chunk, uint32_t compensation) {
+static void same_as_full(uint32_t unit, uint32_t chunk, uint32_t compensation, bool tiers) {
 	struct fixture f;
+	struct idle idle = { .f = &f };
 	_cleanup_(freep) uint32_t *tokens = NULL;
 	_cleanup_(freep) float *pf = NULL, *pk = NULL, *df = NULL, *dk = NULL;
 	uint32_t n = prompt_tokens(3, &tokens), of[GREEDY_STEPS], ok[GREEDY_STEPS];
@@ -155,43 +180,62 @@ static void same_as_full(uint32_t unit, uint32_t chunk, uint32_t compensation) {
 		_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *full = NULL;
 
 		ASSERT_OK(kvdlm_cache_full_new(&model->cfg, n + GREEDY_STEPS, &full));
-		generate(full, tokens, n, chunk, GREEDY_STEPS, pf, df, of);
+		generate(full, tokens, n, chunk, GREEDY_STEPS, pf, df, of, NULL);
 	}
 
-	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	if (tiers) {
+		kvd_client *admin;
+
+		fixture_start(&f, (const char *const[]){ POOL, CHUNK, "--host-tier-size=16MiB",
+		                                         "--tier-idle=100", NULL });
+		admin = fixture_connect(&f, NULL);
+		ASSERT_OK(kvd_tenant_set_params(admin, "lm", &(kvd_tenant_params){
+			.size = sizeof(kvd_tenant_params), .set = KVD_TENANT_SET_TIER, .tier = "host" }));
+		kvd_client_unref(admin);
+	} else
+		fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
 	c = fixture_connect(&f, "lm");
 	ASSERT_OK(kvdlm_kvd_register_compensated(c, model, "kvd-lm-test", unit, WINDOW, compensation, &km));
 	{
 		_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *kc = NULL;
 
 		ASSERT_OK(kvdlm_cache_kvd_new(&km, &model->cfg, n + GREEDY_STEPS, &kc));
-		generate(kc, tokens, n, chunk, GREEDY_STEPS, pk, dk, ok);
+		generate(kc, tokens, n, chunk, GREEDY_STEPS, pk, dk, ok, tiers ? &idle : NULL);
 		ASSERT_OK(kvdlm_cache_stats(kc, &st));
 		ASSERT_EQ(st.positions, (uint64_t)n + GREEDY_STEPS);
 		ASSERT_EQ(st.resident, st.positions * model->cfg.layers * model->cfg.kv_heads);
-		ASSERT_EQ(st.changed, 0u);
+		/* Each move out rewrites the descriptor (and says so); nothing else does. */
+		ASSERT_EQ(st.changed, tiers ? 2u : 0u);
 		check_tables(kc);
 	}
 	ASSERT_TRUE(memcmp(pf, pk, pn * sizeof(float)) == 0);
 	ASSERT_TRUE(memcmp(df, dk, dn * sizeof(float)) == 0);
 	ASSERT_TRUE(memcmp(of, ok, sizeof(of)) == 0);
 	ASSERT_EQ(fixture_status(&f, "lm", "evicted_tokens"), 0u);
+	if (tiers)
+		ASSERT_EQ(fixture_status(&f, NULL, "tier_recalls"), 2u);
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
 TEST(same_as_full_unit_head) {
-	same_as_full(KVD_UNIT_HEAD_TOKEN, KVDLM_CHUNK_DEFAULT, KVD_COMPENSATION_NONE);
+	same_as_full(KVD_UNIT_HEAD_TOKEN, KVDLM_CHUNK_DEFAULT, KVD_COMPENSATION_NONE, false);
 }
 
 /* Chunks that end inside daemon blocks, and another unit. */
 TEST(same_as_full_unit_layer_chunk_7) {
-	same_as_full(KVD_UNIT_LAYER_TOKEN, 7, KVD_COMPENSATION_NONE);
+	same_as_full(KVD_UNIT_LAYER_TOKEN, 7, KVD_COMPENSATION_NONE, false);
 }
 
 /* Moments that hold nothing add nothing: still bit for bit. */
 TEST(same_as_full_moments) {
-	same_as_full(KVD_UNIT_HEAD_TOKEN, KVDLM_CHUNK_DEFAULT, KVD_COMPENSATION_MOMENTS);
+	same_as_full(KVD_UNIT_HEAD_TOKEN, KVDLM_CHUNK_DEFAULT, KVD_COMPENSATION_MOMENTS, false);
+}
+
+/* Moved to the host tier after the prefill and again half way, brought back by the next
+ * step's pin each time: still bit for bit (moments blocks included). */
+TEST(same_as_full_after_recalls) {
+	same_as_full(KVD_UNIT_HEAD_TOKEN, KVDLM_CHUNK_DEFAULT, KVD_COMPENSATION_MOMENTS, true);
 }
 
 /* Runs command (a shell line), its stdout into out[n]; returns the exit status. */
