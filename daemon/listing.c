@@ -186,6 +186,8 @@ void listing_sequences(struct conn *c, uint64_t id, const Envelope *request, int
 		r->layers = q->model->layers;
 		r->kv_heads = q->model->kv_heads;
 		r->head_dim = q->model->head_dim;
+		r->place = (char *)(q->move ? (q->tiered ? "returning" : "leaving") :
+		                    q->tiered ? "host" : "pool");
 		ptrs[i] = r;
 	}
 	rep.n_sequences = page;

@@ -83,6 +83,20 @@ static void assert_same_picture(kvd_seq *s, const struct picture *want) {
 	ASSERT_EQ(now.digest, want->digest);
 }
 
+/* The one open sequence's place (kvd_sequences_get), as an operator sees it. */
+static void assert_place(struct fixture *f, const char *want) {
+	kvd_client *admin = fixture_connect(f, NULL);
+	kvd_table *t = NULL;
+	const char *place;
+
+	ASSERT_OK(kvd_sequences_get(admin, NULL, &t));
+	ASSERT_EQ(kvd_table_rows(t), 1);
+	ASSERT_OK(kvd_table_str(t, 0, "place", &place));
+	ASSERT_STREQ(place, want);
+	kvd_table_free(t);
+	kvd_client_unref(admin);
+}
+
 static void start(struct fixture *f, const char *tier_size, const char *idle, const char *extra) {
 	const char *args[] = { "--pool-size", "16MiB", "--chunk-size", "1MiB", "--host-tier-size",
 		               tier_size, "--tier-idle", idle, "--grant-wait", "300",
@@ -125,11 +139,13 @@ static void idle_round_trip(bool ring) {
 	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 1 << 20);
 	ASSERT_EQ(fixture_status(&f, "t", "tier_bytes"), fixture_status(&f, NULL, "host_tier_used_bytes"));
 	ASSERT_EQ(fixture_status(&f, "t", "block_bytes"), 0);
-	/* Out of the pool, the tables are empty. */
+	/* Out of the pool, the tables are empty, and the listing says where it is. */
 	ASSERT_EQ(kvd_seq_tokens(s, 0, 0), 0);
+	assert_place(&f, "host");
 
 	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
 	ASSERT_EQ(recall, KVD_RECALL_HOST);
+	assert_place(&f, "pool");
 	ASSERT_EQ(check_seq(s, 7), 0);
 	assert_same_picture(s, &before);
 	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_sequences"), 0);
@@ -378,6 +394,11 @@ TEST(tier_host_needs_a_host_tier) {
 	snprintf(args, sizeof(args), "--check-config %s --backend host --host-tier-size 1GiB", f.config);
 	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
 	ASSERT_TRUE(strstr(out, "policy kvd, tier host"));
+	/* The tier holds whole chunks. */
+	snprintf(args, sizeof(args), "--check-config %s --backend host --host-tier-size 1MiB",
+	         f.config);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+	ASSERT_TRUE(strstr(out, "--host-tier-size must be 0 or at least chunk-size (4.0 MiB)"));
 	fixture_cleanup(&f);
 }
 

@@ -1108,6 +1108,7 @@ TEST(connections_seqs_and_disconnect) {
 	r = kvdctl(f.socket, "seqs --tenant beta --json");
 	ASSERT_EXIT(r, 0);
 	ASSERT_CONTAINS(r->out, "\"tenant\": \"beta\", \"tokens\": 2048, \"max_tokens\": 2048");
+	ASSERT_CONTAINS(r->out, "\"place\": \"pool\"");
 	ASSERT_NOT_CONTAINS(r->out, "alpha");
 	p = strstr(r->out, "\"connection\": ");
 	ASSERT_NOT_NULL(p);

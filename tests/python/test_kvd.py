@@ -356,6 +356,51 @@ class BindingTest(DaemonTest):
         s.release()
 
 
+class TierTest(unittest.TestCase):
+    """The host tier through the binding: tenant_set(tier=), and pin() saying a recall."""
+
+    def setUp(self):
+        self.daemon = Daemon("--host-tier-size", "8MiB", "--tier-idle", "100")
+
+    def tearDown(self):
+        self.assertEqual(self.daemon.stop(), 0)
+
+    def test_pin_says_it_came_back(self):
+        with kvd.Client(self.daemon.socket) as admin:
+            admin.tenant_set("py", tier="host")
+            self.assertEqual(admin.status().tenant("py", "tier"), "host")
+            with self.assertRaises(kvd.KvdError) as e:
+                admin.tenant_set("py", tier="disk")
+            self.assertEqual(e.exception.errno, errno.EINVAL)
+            with kvd.Client(self.daemon.socket, "py") as c:
+                m = c.register_model(2, 4, 2, 64, F16, 16)
+                with c.open(m, 1024) as s:
+                    s.grow(100)
+                    if not CUDA:
+                        s.pin()
+                        for t in range(2):
+                            for b in range((100 + 15) // 16):
+                                a = np.asarray(s.block(t, b))
+                                a[:] = np.arange(a.size, dtype=np.float16).reshape(a.shape) * (t + b + 1)
+                                del a
+                        s.unpin()
+                    before, _ = s.digest()
+                    deadline = time.monotonic() + 30
+                    while admin.status().get("host_tier_sequences") != 1:
+                        self.assertLess(time.monotonic(), deadline)
+                        time.sleep(0.02)
+                    self.assertEqual(s.tokens(), 0)
+                    self.assertEqual(s.pin(), kvd.RECALL_HOST)
+                    self.assertEqual(s.tokens(), 100)
+                    after, local = s.digest()
+                    self.assertEqual(after, before)
+                    # A GPU pool's memory has no local digest.
+                    self.assertEqual(local, None if CUDA else before)
+                    self.assertEqual(s.unpin(), 0)
+                    self.assertEqual(s.pin(), kvd.RECALL_NONE)
+                    s.unpin()
+
+
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]
 

@@ -872,7 +872,8 @@ KVD_EXPORT int kvd_evict_plan(kvd_client *c, const char *tenant, uint64_t bytes,
  *   (connection, id) order: u64 "id", "connection", "tokens" (resident, first table),
  *   "max_tokens", "pins", "bytes", "evictable" (1: its model has an eviction unit),
  *   "evicted_tokens", "evicted_bytes", "waiting_bytes" (an eviction plan waiting for its
- *   unpin), "layers", "kv_heads", "head_dim"; str "tenant".
+ *   unpin), "layers", "kv_heads", "head_dim"; str "tenant", "place" (since KVD_1.7:
+ *   "pool", "host" in the host tier, "leaving" or "returning" while moving).
  * Root and the daemon's admin group see every tenant; a tenant's connection sees its own
  * tenant's; an administrative connection of anyone else gets -EPERM. The listing is read a
  * page at a time, so it is not one instant's: a connection or sequence may come or go
