@@ -196,6 +196,7 @@ TEST(grow_brings_it_back_and_the_pin_tells) {
 	fill_seq_from(s, 3, 40);
 	ASSERT_EQ(check_seq(s, 3), 0);
 	ASSERT_OK(kvd_seq_unpin(s));
+	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
@@ -203,15 +204,17 @@ TEST(grow_brings_it_back_and_the_pin_tells) {
 TEST(drop_tenants_stay_in_the_pool) {
 	struct fixture f;
 	kvd_client *c;
+	kvd_seq *s;
 	int model;
 
 	start(&f, "8MiB", "100", NULL);
 	c = connect_tenant(&f, "t", true);
 	model = kvd_model_register(c, &shape);
-	(void)filled_seq(c, model, 64, 1);
+	s = filled_seq(c, model, 64, 1);
 	pause_ms(600);
 	ASSERT_EQ(fixture_status(&f, NULL, "tier_offloads"), 0);
 	ASSERT_TRUE(fixture_status(&f, "t", "block_bytes") > 0);
+	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
@@ -248,6 +251,8 @@ TEST(full_tier_drops_the_oldest_and_the_pin_says_lost) {
 	ASSERT_EQ(check_seq(b, 2), 0);
 	ASSERT_OK(kvd_seq_unpin(b));
 	ASSERT_EQ(fixture_status(&f, "t", "evicted_tokens"), 0);
+	ASSERT_OK(kvd_seq_release(a));
+	ASSERT_OK(kvd_seq_release(b));
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
@@ -310,6 +315,7 @@ TEST(no_memory_for_the_recall_loses_it) {
 	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_sequences"), 0);
 	ASSERT_EQ(fixture_status(&f, "t", "evicted_tokens"), 0);
 	ASSERT_OK(kvd_seq_unpin(s));
+	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(admin);
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
@@ -337,6 +343,7 @@ TEST(corrupt_block_is_never_served) {
 	/* Nothing it took for the recall stays taken. */
 	ASSERT_EQ(fixture_status(&f, "t", "block_bytes"), 0);
 	ASSERT_OK(kvd_seq_unpin(s));
+	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
@@ -373,6 +380,7 @@ TEST(pressure_moves_idle_sequences_before_evicting_tokens) {
 	ASSERT_EQ(check_seq(idle, 5), 0);
 	ASSERT_OK(kvd_seq_unpin(idle));
 	ASSERT_EQ(fixture_status(&f, "t", "evicted_tokens"), 0);
+	ASSERT_OK(kvd_seq_release(idle));
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
@@ -468,6 +476,7 @@ TEST(pin_during_a_move_out_keeps_it_in_the_pool) {
 	ASSERT_EQ(recall, KVD_RECALL_HOST);
 	ASSERT_EQ(check_seq(s, 9), 0);
 	ASSERT_OK(kvd_seq_unpin(s));
+	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 	unlink(gate);
