@@ -658,8 +658,6 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 	r = bring_back(c, q, &(struct parked_grow){ id, seq_id, tokens, ring,
 	                                            since_us ? since_us : now_us() },
 	               grow_retry, wait_until_ms, why);
-	if (r > 0 && !since_us)
-		c->tenant->grants_waited++;
 	if (r > 0)
 		return;
 	if (r < 0) {

@@ -128,17 +128,6 @@ struct plan *plan_free(struct plan *p) {
 	return NULL;
 }
 
-static struct seq *find_seq(struct server *s, uint64_t conn_id, uint64_t seq_id) {
-	struct conn *c = server_find_conn(s, conn_id);
-
-	if (!c || c->closing)
-		return NULL;
-	for (struct seq *q = c->seqs; q; q = q->next)
-		if (q->id == seq_id)
-			return q;
-	return NULL;
-}
-
 static uint32_t tenant_index(const struct server *s, const struct tenant *t) {
 	for (uint32_t i = 0; i < s->tenants.n; i++)
 		if (s->tenants.tenants[i] == t)
@@ -618,7 +607,7 @@ uint64_t evict_settle_tenant(struct evictor *e, struct tenant *t, struct seq_emp
 	freed = (uint64_t)emptied->n * s->pool->chunk_bytes;
 	server_reclaim(s, emptied, NULL, NULL);
 	for (uint32_t j = 0; j < changed; j++) {
-		struct seq *q = find_seq(s, ids[2 * j], ids[2 * j + 1]);
+		struct seq *q = server_find_seq(s, ids[2 * j], ids[2 * j + 1]);
 
 		if (q)
 			send_changed(s, q);
@@ -653,7 +642,7 @@ void evict_apply_pending(struct evictor *e, struct seq *q) {
 		(void)evict_settle_tenant(e, q->tenant, &emptied);
 		/* evict_settle_tenant only tells about what it moved itself; and its sends may have
 		 * closed q's connection, so q is looked up again. */
-		q = find_seq(s, conn_id, seq_id);
+		q = server_find_seq(s, conn_id, seq_id);
 		if (q && q->epoch != before)
 			send_changed(s, q);
 		if (!e->running) {
@@ -685,7 +674,7 @@ static uint64_t apply_round(struct evictor *e, struct round *r, struct record *r
 
 		/* The sequence may be gone, or compacted since the snapshot (a plan waiting
 		 * for its unpin was applied): then this round's view of it is stale. */
-		q = find_seq(s, rq->conn_id, rq->seq_id);
+		q = server_find_seq(s, rq->conn_id, rq->seq_id);
 		if (!q || q->epoch != rq->epoch || !rq->smooth_out || smooth_fit(q) < 0) {
 			rec->dropped += bytes;
 			continue;
@@ -1426,7 +1415,7 @@ static void retry_waiting_plans(struct evictor *e) {
 				i++;
 			}
 	for (uint32_t j = 0; j < i; j++) {
-		struct seq *q = find_seq(s, ids[2 * j], ids[2 * j + 1]);
+		struct seq *q = server_find_seq(s, ids[2 * j], ids[2 * j + 1]);
 
 		if (q && q->pending && q->pins == 0)
 			evict_apply_pending(e, q);

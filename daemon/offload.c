@@ -25,17 +25,6 @@ static int by_use(const void *a, const void *b) {
 	return x->used_ms < y->used_ms ? -1 : x->used_ms > y->used_ms;
 }
 
-static struct seq *find_seq(struct server *s, uint64_t conn_id, uint64_t seq_id) {
-	struct conn *c = server_find_conn(s, conn_id);
-
-	if (!c || c->closing)
-		return NULL;
-	for (struct seq *q = c->seqs; q; q = q->next)
-		if (q->id == seq_id)
-			return q;
-	return NULL;
-}
-
 static bool qualifies(struct server *s, struct seq *q, uint64_t now, uint64_t idle_ms,
                       int device) {
 	return q->tenant->tier == TIER_HOST && !q->tiered && !q->move && q->pins == 0 && !q->pending &&
@@ -64,7 +53,7 @@ static uint64_t offload(struct server *s, uint64_t idle_ms, uint64_t need_bytes,
 					cand[n++] = (struct candidate){ q->used_ms, q->conn_id, q->id };
 	qsort(cand, n, sizeof(*cand), by_use);
 	for (uint32_t i = 0; i < n && (need_bytes == 0 || started < need_bytes); i++) {
-		struct seq *q = find_seq(s, cand[i].conn_id, cand[i].seq_id);
+		struct seq *q = server_find_seq(s, cand[i].conn_id, cand[i].seq_id);
 		uint64_t bytes;
 		int r;
 

@@ -858,6 +858,17 @@ struct conn *server_find_conn(struct server *s, uint64_t id) {
 	return NULL;
 }
 
+struct seq *server_find_seq(struct server *s, uint64_t conn_id, uint64_t seq_id) {
+	struct conn *c = server_find_conn(s, conn_id);
+
+	if (!c || c->closing)
+		return NULL;
+	for (struct seq *q = c->seqs; q; q = q->next)
+		if (q->id == seq_id)
+			return q;
+	return NULL;
+}
+
 uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct conn *requester,
                         uint32_t *ret_ids) {
 	uint32_t n_ids = 0, used = s->scratch_used;

@@ -199,6 +199,9 @@ int server_run(struct server *s);
 
 
 struct conn *server_find_conn(struct server *s, uint64_t id);
+/* Sequence seq_id of connection conn_id, unless either is gone or the connection closes:
+ * how code that sent events, which may close connections, finds what it named before. */
+struct seq *server_find_seq(struct server *s, uint64_t conn_id, uint64_t seq_id);
 
 /* Accepts again after a pause for want of fds (a connection closed, or the tick). */
 void server_accept_resume(struct server *s);

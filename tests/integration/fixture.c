@@ -14,6 +14,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -288,6 +289,24 @@ static void kv_write(void *dst, const void *src, size_t n) {
 	}
 #endif
 	memcpy(dst, src, n);
+}
+
+void fixture_gate_make(char *path, size_t n) {
+	snprintf(path, n, "/tmp/kvd-test-gate-%d", (int)getpid());
+	unlink(path);
+	ASSERT_OK(mkfifo(path, 0600));
+}
+
+int fixture_gate_wait(const char *path) {
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+
+	ASSERT_OK(fd);
+	return fd;
+}
+
+void fixture_gate_release(int fd) {
+	ASSERT_EQ(write(fd, "x", 1), 1);
+	close(fd);
 }
 
 kvd_client *fixture_connect(struct fixture *f, const char *tenant) {

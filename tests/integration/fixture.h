@@ -73,6 +73,16 @@ bool fixture_wait_log(struct fixture *f, const char *needle, unsigned count);
 /* How many times the daemon's log holds needle. */
 unsigned fixture_log_count(struct fixture *f, const char *needle);
 
+/*
+ * A test hook's gate (KVD_TEST_ROUND_GATE, KVD_TEST_MOVE_GATE): a FIFO at path (made here,
+ * under /tmp, named by this process) that a daemon worker opens and reads one byte from
+ * at a point of its work. fixture_gate_wait returns, with the FIFO's write end, once a
+ * worker waits there; fixture_gate_release lets it go on.
+ */
+void fixture_gate_make(char *path, size_t n);
+int fixture_gate_wait(const char *path);
+void fixture_gate_release(int fd);
+
 /* Connects as a tenant (NULL: administrative), failing the test on error. */
 kvd_client *fixture_connect(struct fixture *f, const char *tenant);
 

@@ -528,29 +528,14 @@ TEST(pinned_untouched_until_unpinned) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
-/* The round gate: a FIFO the daemon's round worker reads one byte from before it finishes. */
+/* The round gate: a FIFO the daemon's round worker reads one byte from before it finishes
+ * (fixture_gate_wait: its snapshot is taken, its selection made, and the loop has not seen
+ * the result yet). */
 static void gate_make(struct fixture *f, char *path, size_t n) {
-	snprintf(path, n, "/tmp/kvd-evict-gate-%d", (int)getpid());
-	unlink(path);
-	ASSERT_OK(mkfifo(path, 0600));
+	fixture_gate_make(path, n);
 	setenv("KVD_TEST_ROUND_GATE", path, 1);
 	fixture_start(f, (const char *const[]){ POOL, CHUNK, NULL });
 	unsetenv("KVD_TEST_ROUND_GATE");
-}
-
-/* Returns once the round worker waits at the gate: its snapshot is taken, its selection
- * made, and the loop has not seen the result yet. */
-static int gate_wait(const char *path) {
-	int fd = open(path, O_WRONLY | O_CLOEXEC);
-
-	ASSERT_OK(fd);
-	return fd;
-}
-
-/* Lets the waiting round finish. */
-static void gate_release(int fd) {
-	ASSERT_EQ(write(fd, "x", 1), 1);
-	close(fd);
 }
 
 /* Runs kvd_evict in a child (it blocks until the round is done); returns its pid. */
@@ -716,13 +701,13 @@ TEST(round_races_disconnect) {
 	eng_grow(&a, 1024, 512);
 	eng_grow(&b, 1024, 512);
 	pid = evict_async(&f, "leaving", 128u << 10);
-	fd = gate_wait(gate);
+	fd = fixture_gate_wait(gate);
 	/* The round has its plan for "leaving": the owner goes away before it lands. */
 	for (uint32_t i = 0; i < a.n; i++)
 		kvd_seq_release(a.s[i]);
 	kvd_client_unref(a.c);
 	ASSERT_TRUE(fixture_wait_status(&f, "leaving", "used_bytes", 0));
-	gate_release(fd);
+	fixture_gate_release(fd);
 	ASSERT_EQ(wait_exit(pid), 0);
 	ASSERT_EQ(fixture_status(&f, "leaving", "evicted_tokens"), 0u);
 	ASSERT_EQ(fixture_status(&f, "staying", "evicted_tokens"), 0u);
@@ -757,10 +742,10 @@ TEST(round_races_unpin) {
 
 	/* Unpinned at the snapshot, pinned when the round ends: the plan waits. */
 	pid = evict_async(&f, "racer", 128u << 10);
-	fd = gate_wait(gate);
+	fd = fixture_gate_wait(gate);
 	ASSERT_OK(kvd_seq_pin(a.s[0]));
 	gen = __atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE);
-	gate_release(fd);
+	fixture_gate_release(fd);
 	ASSERT_EQ(wait_exit(pid), 0);
 	ASSERT_EQ(__atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE), gen);
 	ASSERT_EQ(fixture_status(&f, "racer", "evicted_tokens"), 0u);
@@ -771,10 +756,10 @@ TEST(round_races_unpin) {
 	/* Pinned at the snapshot, unpinned before the round ends: applied when it ends. */
 	ASSERT_OK(kvd_seq_pin(a.s[0]));
 	pid = evict_async(&f, "racer", 128u << 10);
-	fd = gate_wait(gate);
+	fd = fixture_gate_wait(gate);
 	gen = __atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE);
 	ASSERT_OK(kvd_seq_unpin(a.s[0]));
-	gate_release(fd);
+	fixture_gate_release(fd);
 	ASSERT_EQ(wait_exit(pid), 0);
 	eng_drain(&a);
 	ASSERT_TRUE(__atomic_load_n(&kvd_seq_descriptor(a.s[0])->generation, __ATOMIC_ACQUIRE) != gen);
@@ -802,7 +787,7 @@ TEST(plan_waits_for_the_running_round) {
 	budget = used / 10 * 9;
 	low = budget / 100 * 85 + budget % 100 * 85 / 100; /* the daemon's low watermark */
 	pid = evict_async(&f, "a", 512u << 10);
-	fd = gate_wait(gate);
+	fd = fixture_gate_wait(gate);
 	ASSERT_OK(pipe(out));
 	planner = fixture_fork();
 	if (planner == 0) {
@@ -818,10 +803,10 @@ TEST(plan_waits_for_the_running_round) {
 	close(out[1]);
 	/* The plan reaches the daemon while the round waits at the gate. */
 	usleep(200000);
-	gate_release(fd);
+	fixture_gate_release(fd);
 	ASSERT_EQ(wait_exit(pid), 0);
 	/* The plan's own round, at the gate in its turn. */
-	gate_release(gate_wait(gate));
+	fixture_gate_release(fixture_gate_wait(gate));
 	ASSERT_EQ(wait_exit(planner), 0);
 	ASSERT_EQ(read(out[0], &target, sizeof(target)), (ssize_t)sizeof(target));
 	close(out[0]);

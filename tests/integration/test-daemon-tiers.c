@@ -8,13 +8,11 @@
  * loses the sequence, and the pin says that too; a released sequence takes its entry along.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,6 +50,17 @@ static void set_tier(struct fixture *f, const char *tenant, const char *tier, in
 
 	ASSERT_EQ(kvd_tenant_set_params(admin, tenant, &p), want);
 	kvd_client_unref(admin);
+}
+
+/* Tenant t's tier set to host, and an engine of it with the test model (*ret_model). */
+static kvd_client *host_engine(struct fixture *f, bool ring, int *ret_model) {
+	kvd_client *c;
+
+	set_tier(f, "t", "host", 0);
+	c = connect_tenant(f, "t", ring);
+	*ret_model = kvd_model_register(c, &shape);
+	ASSERT_OK(*ret_model);
+	return c;
 }
 
 /* What a sequence looked like: every table's tokens and positions, and its digest. */
@@ -125,9 +134,7 @@ static void idle_round_trip(bool ring) {
 	int model, recall = -1;
 
 	start(&f, "8MiB", "200", NULL);
-	set_tier(&f, "t", "host", 0);
-	c = connect_tenant(&f, "t", ring);
-	model = kvd_model_register(c, &shape);
+	c = host_engine(&f, ring, &model);
 	ASSERT_OK(model);
 	s = filled_seq(c, model, 300, 7);
 	take_picture(s, &before);
@@ -178,9 +185,7 @@ TEST(grow_brings_it_back_and_the_pin_tells) {
 	int model, recall = -1;
 
 	start(&f, "8MiB", "200", NULL);
-	set_tier(&f, "t", "host", 0);
-	c = connect_tenant(&f, "t", true);
-	model = kvd_model_register(c, &shape);
+	c = host_engine(&f, true, &model);
 	s = filled_seq(c, model, 40, 3);
 	take_picture(s, &before);
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
@@ -229,9 +234,7 @@ TEST(full_tier_drops_the_oldest_and_the_pin_says_lost) {
 	/* Each sequence takes 2 x 7 blocks of 8 KiB, in a segment of 1 MiB: the tier holds
 	 * one. */
 	start(&f, "1MiB", "300", NULL);
-	set_tier(&f, "t", "host", 0);
-	c = connect_tenant(&f, "t", true);
-	model = kvd_model_register(c, &shape);
+	c = host_engine(&f, true, &model);
 	a = filled_seq(c, model, 100, 1);
 	pause_ms(50);
 	b = filled_seq(c, model, 100, 2);
@@ -265,9 +268,7 @@ TEST(release_while_out_frees_its_entry) {
 	int model;
 
 	start(&f, "8MiB", "100", NULL);
-	set_tier(&f, "t", "host", 0);
-	c = connect_tenant(&f, "t", true);
-	model = kvd_model_register(c, &shape);
+	c = host_engine(&f, true, &model);
 	s = filled_seq(c, model, 200, 1);
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
 	ASSERT_OK(kvd_seq_release(s));
@@ -300,9 +301,7 @@ TEST(no_memory_for_the_recall_loses_it) {
 	int model, recall = -1;
 
 	start(&f, "8MiB", "100", NULL);
-	set_tier(&f, "t", "host", 0);
-	c = connect_tenant(&f, "t", true);
-	model = kvd_model_register(c, &shape);
+	c = host_engine(&f, true, &model);
 	s = filled_seq(c, model, 200, 1);
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
 	/* Its cap leaves no room: the recall waits grant-wait (300 ms), then gives up. */
@@ -331,9 +330,7 @@ TEST(corrupt_block_is_never_served) {
 	setenv("KVD_TEST_TIER_CORRUPT", "1", 1);
 	start(&f, "8MiB", "100", NULL);
 	unsetenv("KVD_TEST_TIER_CORRUPT");
-	set_tier(&f, "t", "host", 0);
-	c = connect_tenant(&f, "t", true);
-	model = kvd_model_register(c, &shape);
+	c = host_engine(&f, true, &model);
 	s = filled_seq(c, model, 200, 1);
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
 	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
@@ -411,33 +408,18 @@ TEST(tier_host_needs_a_host_tier) {
 }
 
 /* The move gate: a FIFO the daemon's mover reads one byte from after each copy, before the
- * loop finishes the move. */
+ * loop finishes the move (fixture_gate_wait returns then: the worker must have let go of
+ * the gate since the last one, so the caller waits for that move's end first). */
 static void gate_start(struct fixture *f, char *path, size_t n, const char *idle) {
-	snprintf(path, n, "/tmp/kvd-move-gate-%d", (int)getpid());
-	unlink(path);
-	ASSERT_OK(mkfifo(path, 0600));
+	fixture_gate_make(path, n);
 	setenv("KVD_TEST_MOVE_GATE", path, 1);
 	start(f, "8MiB", idle, NULL);
 	unsetenv("KVD_TEST_MOVE_GATE");
 }
 
-/* Returns once a copy waits at the gate (the worker must have let go of the gate since
- * the last one: the caller waits for that move's end first). */
-static int gate_wait(const char *path) {
-	int fd = open(path, O_WRONLY | O_CLOEXEC);
-
-	ASSERT_OK(fd);
-	return fd;
-}
-
-static void gate_release(int fd) {
-	ASSERT_EQ(write(fd, "x", 1), 1);
-	close(fd);
-}
-
 /* Lets the next copy through from another thread, for a call that waits for it. */
 static void *gate_pass(void *path) {
-	gate_release(gate_wait(path));
+	fixture_gate_release(fixture_gate_wait(path));
 	return NULL;
 }
 
@@ -451,24 +433,22 @@ TEST(pin_during_a_move_out_keeps_it_in_the_pool) {
 
 	TEST_NEEDS_HOOKS();
 	gate_start(&f, gate, sizeof(gate), "200");
-	set_tier(&f, "t", "host", 0);
-	c = connect_tenant(&f, "t", true);
-	model = kvd_model_register(c, &shape);
+	c = host_engine(&f, true, &model);
 	s = filled_seq(c, model, 100, 4);
 	/* Copied, not yet finished: the engine pins and rewrites it now. */
-	fd = gate_wait(gate);
+	fd = fixture_gate_wait(gate);
 	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_moves"), 1);
 	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
 	ASSERT_EQ(recall, KVD_RECALL_NONE);
 	fill_seq(s, 9);
 	ASSERT_OK(kvd_seq_unpin(s));
-	gate_release(fd);
+	fixture_gate_release(fd);
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_moves", 0));
 	ASSERT_EQ(fixture_status(&f, NULL, "tier_offloads"), 0);
 	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 0);
 	/* Idle again, it moves out with what it holds now, and comes back so. */
-	fd = gate_wait(gate);
-	gate_release(fd);
+	fd = fixture_gate_wait(gate);
+	fixture_gate_release(fd);
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
 	ASSERT_OK(-pthread_create(&passer, NULL, gate_pass, gate));
 	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
@@ -502,16 +482,16 @@ TEST(engine_gone_during_a_recall) {
 		(void)kvd_seq_pin(s);
 		_exit(0);
 	}
-	gate_release(gate_wait(gate));
+	fixture_gate_release(fixture_gate_wait(gate));
 	/* Once it is out, the worker has let go of the gate: the next to open it is the
 	 * recall's copy, which waits there while its engine goes. */
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
-	fd = gate_wait(gate);
+	fd = fixture_gate_wait(gate);
 	ASSERT_TRUE(fixture_status(&f, "t", "block_bytes") > 0);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
 	ASSERT_TRUE(fixture_wait_status(&f, "t", "connections", 0));
-	gate_release(fd);
+	fixture_gate_release(fd);
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_moves", 0));
 	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_sequences"), 0);
 	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 0);
