@@ -61,6 +61,8 @@
 	X(cuMemcpy2DUnaligned)                                                                \
 	X(cuMemcpyHtoDAsync)                                                                  \
 	X(cuMemcpyDtoHAsync)                                                                  \
+	X(cuMemHostRegister)                                                                  \
+	X(cuMemHostUnregister)                                                                \
 	X(cuMemAlloc)                                                                         \
 	X(cuMemFree)                                                                          \
 	X(cuStreamCreate)                                                                     \

@@ -593,6 +593,21 @@ static void cuda_event_close(uint32_t device, void *event) {
 		(void)cuda.cu->cuEventDestroy((CUevent)event);
 }
 
+static int cuda_host_register(void *addr, uint64_t bytes) {
+	int r = use(0);
+	CUresult cr;
+
+	if (r < 0)
+		return r;
+	cr = cuda.cu->cuMemHostRegister(addr, bytes, CU_MEMHOSTREGISTER_PORTABLE);
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemHostRegister");
+}
+
+static void cuda_host_unregister(void *addr) {
+	if (use(0) >= 0)
+		(void)cuda.cu->cuMemHostUnregister(addr);
+}
+
 const struct backend_ops backend_cuda_ops = {
 	.name = "cuda",
 	.memory = BACKEND_MEMORY_CUDA,
@@ -610,4 +625,6 @@ const struct backend_ops backend_cuda_ops = {
 	.copy = cuda_copy,
 	.copy_rows = cuda_copy_rows,
 	.chunk_destroy = cuda_chunk_destroy,
+	.host_register = cuda_host_register,
+	.host_unregister = cuda_host_unregister,
 };

@@ -73,6 +73,14 @@ struct backend_ops {
 	                 uint64_t width, uint64_t rows);
 	void (*chunk_destroy)(struct backend_chunk *c);
 	/*
+	 * Host memory the backend copies to and from often (the host tier), made quicker to
+	 * reach: on cuda pinned for every device (cuMemHostRegister, portable), so that read
+	 * and write are DMA without the driver's staging; NULL on host. Returns 0 or -errno;
+	 * host_unregister undoes it before the memory goes.
+	 */
+	int (*host_register)(void *addr, uint64_t bytes);
+	void (*host_unregister)(void *addr);
+	/*
 	 * An engine's interprocess event (cuda; NULL on host): event_open opens it on device
 	 * from its IPC handle (len bytes, BACKEND_EVENT_HANDLE_BYTES) into *ret (-EINVAL: not
 	 * an event handle; -EOPNOTSUPP: the device has no interprocess events); event_query says, without blocking, whether the work recorded

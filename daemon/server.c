@@ -764,6 +764,16 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	r = mover_new(s, &s->mover);
 	if (r < 0)
 		goto fail;
+	/* On a GPU pool the tier's copies are DMA from and to it: pinned when the driver
+	 * lets us, through its staging otherwise (slower, but the same bytes). */
+	if (s->tier->base && pool->ops->host_register) {
+		r = pool->ops->host_register(s->tier->base, s->tier->budget_bytes);
+		if (r < 0)
+			log_warning_errno(r, "the host tier (%" PRIu64 " bytes) cannot be pinned for "
+			                  "the GPU: its copies go through the driver's staging",
+			                  s->tier->budget_bytes);
+		s->tier_pinned = r >= 0;
+	}
 	s->scratch = calloc(pool->n_chunks, sizeof(*s->scratch));
 	if (!s->scratch) {
 		r = -ENOMEM;
@@ -844,6 +854,8 @@ struct server *server_free(struct server *s) {
 	s->uploader = uploader_free(s->uploader);
 	/* After the connections, whose sequences dropped their entries and moves. */
 	s->mover = mover_free(s->mover);
+	if (s->tier_pinned)
+		s->pool->ops->host_unregister(s->tier->base);
 	s->tier = tier_free(s->tier);
 	tenant_table_done(&s->tenants);
 	free(s->scratch);

@@ -173,6 +173,7 @@ struct server {
 	struct evictor *evictor;      /* eviction rounds (evict.h) */
 	struct tier *tier;            /* the host tier (tier.h) */
 	struct mover *mover;          /* moves to and from it, off the loop (mover.h) */
+	bool tier_pinned;             /* its memory is the backend's registered (host_register) */
 	struct uploader *uploader;    /* output projection uploads (upload.h) */
 	struct keep *keep;            /* KV kept across a restart (keep.h); set by main() */
 	bool stopping;

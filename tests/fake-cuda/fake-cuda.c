@@ -1533,6 +1533,25 @@ CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t
 	return copy("cuMemcpyHtoD", NULL, srcHost, ByteCount, dstDevice, 0, true, false);
 }
 
+/* Pinning changes nothing here but the count: host memory is host memory to the fake. */
+CUresult CUDAAPI cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
+	CUresult r = need_ctx("cuMemHostRegister", NULL);
+
+	COUNT(bytesize);
+	if (r != CUDA_SUCCESS)
+		return r;
+	return p && bytesize > 0 && (Flags & ~0xfu) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuMemHostUnregister(void *p) {
+	CUresult r = need_ctx("cuMemHostUnregister", NULL);
+
+	COUNT(0);
+	if (r != CUDA_SUCCESS)
+		return r;
+	return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
 	COUNT(ByteCount);
 	return copy("cuMemcpyDtoH", dstHost, NULL, ByteCount, 0, srcDevice, false, true);
