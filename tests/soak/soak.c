@@ -219,6 +219,7 @@ struct slot {
 	uint64_t frames_refused;  /* and its refused "frame" counter */
 	uint64_t bytes_written, bytes_verified, digests, mismatched_bytes, digest_mismatches;
 	uint64_t windows, seq_changed, checks_failed;
+	uint64_t recalls, lost;   /* pins that brought a sequence back from the host tier, or lost it */
 	uint64_t lives, exits, kills, cuts;
 	int kill_intended;
 	uint32_t n_fails;
@@ -237,6 +238,7 @@ static unsigned arg_tenants = 3;
 static unsigned arg_clients = 3;
 static uint64_t arg_seed;
 static int arg_evict;
+static int arg_tiers;
 static int arg_json;
 
 
@@ -359,6 +361,7 @@ struct sq {
 	uint32_t max_tokens;
 	uint32_t grown;       /* positions grown so far, the next one's original position */
 	uint64_t generation;  /* without eviction: the descriptor's after our last change */
+	bool lost;            /* a pin said KVD_RECALL_LOST: its K/V are gone; left alone */
 };
 
 struct worker {
@@ -371,6 +374,7 @@ struct worker {
 	uint64_t chunk_bytes;
 	bool dead;           /* the connection is gone: drop everything, reconnect */
 	bool evictable;      /* this tenant registers evictable models (--evict) */
+	bool tiers;          /* this tenant's sequences move to the host tier (--tiers) */
 	struct model models[MODELS_MAX];
 	unsigned n_models;
 	struct sq seqs[SEQS_MAX];
@@ -791,11 +795,25 @@ static void seq_observe(struct worker *w, struct sq *q) {
 	}
 }
 
-static bool seq_pin(struct worker *w, enum op op, const struct sq *q) {
-	return check(w, op, kvd_seq_pin(q->s), 0, 0, "kvd_seq_pin(seq %" PRIu64 ")", q->id);
+/* A pin, and what it found: a sequence back from the host tier was rewritten by the daemon
+ * (its generation is the new one), a lost one is empty and left alone from then on. */
+static bool seq_pin(struct worker *w, enum op op, struct sq *q) {
+	int recall = KVD_RECALL_NONE;
+
+	if (!check(w, op, kvd_seq_pin_recall(q->s, &recall), 0, 0, "kvd_seq_pin(seq %" PRIu64 ")", q->id))
+		return false;
+	if (recall == KVD_RECALL_HOST) {
+		w->st->recalls++;
+		q->generation = desc_generation(q->s);
+	} else if (recall == KVD_RECALL_LOST) {
+		w->st->lost++;
+		q->lost = true;
+	} else if (recall != KVD_RECALL_NONE)
+		corrupt(w, "seq %" PRIu64 ": a pin found %d", q->id, recall);
+	return true;
 }
 
-static bool seq_unpin(struct worker *w, enum op op, const struct sq *q) {
+static bool seq_unpin(struct worker *w, enum op op, struct sq *q) {
 	return check(w, op, kvd_seq_unpin(q->s), 0, 0, "kvd_seq_unpin(seq %" PRIu64 ")", q->id);
 }
 
@@ -826,10 +844,15 @@ static void op_grow(struct worker *w) {
 	m = &w->models[q->model];
 
 	/* With eviction, nothing may move between the grow and the writes; and evicted
-	 * tokens leave room, since max_tokens bounds what a table holds. */
-	pinned = m->unit != KVD_UNIT_NONE;
+	 * tokens leave room, since max_tokens bounds what a table holds. A tenant with a
+	 * host tier pins too: its sequences move whole when unpinned. */
+	pinned = m->unit != KVD_UNIT_NONE || w->tiers;
 	if (pinned && !seq_pin(w, OP_GROW, q))
 		return;
+	if (q->lost) {
+		seq_unpin(w, OP_GROW, q);
+		return;
+	}
 	room = q->max_tokens - seq_resident_max(w, q);
 	if (kind < 5) {
 		n = 0;
@@ -882,6 +905,8 @@ static void seq_verify(struct worker *w, unsigned i) {
 
 	if (!seq_pin(w, OP_VERIFY, q))
 		return;
+	if (q->lost)
+		goto unpin;
 	gen0 = desc_generation(q->s);
 	if (d->magic != KVD_SEQ_DESC_MAGIC || d->version != KVD_SEQ_DESC_VERSION || d->seq_id != q->id ||
 	    d->max_tokens != q->max_tokens || d->layers != m->layers || d->kv_heads != m->kv_heads ||
@@ -997,7 +1022,7 @@ static void op_digest(struct worker *w) {
 	if (w->n_seqs == 0)
 		return;
 	q = &w->seqs[rng_below(&w->rng, w->n_seqs)];
-	pin = w->models[q->model].unit != KVD_UNIT_NONE;
+	pin = w->models[q->model].unit != KVD_UNIT_NONE || w->tiers;
 	if (pin && !seq_pin(w, OP_DIGEST, q))
 		return;
 	r = kvd_seq_digest(q->s, &d_daemon, &d_local);
@@ -1705,6 +1730,7 @@ static int worker_main(struct shared *sh, unsigned slot, unsigned life) {
 	snprintf(w.name, sizeof(w.name), "soak-%u", w.tenant);
 	snprintf(w.who, sizeof(w.who), "%s client %u (pid %d)", w.name, slot % arg_clients, (int)getpid());
 	w.evictable = arg_evict && w.tenant % 2 == 0;
+	w.tiers = arg_tiers;
 	w.row = malloc(ROW_MAX);
 	w.rx = malloc(sizeof(*w.rx));
 	if (!w.row || !w.rx) {
@@ -1883,6 +1909,7 @@ struct limit {
 
 struct node_status {
 	uint64_t pool, budget, used, block, chunk, total, free, draining, connections, protocol_errors, rounds;
+	uint64_t tier_seqs, tier_moves; /* in the host tier, and moving (0 without one) */
 	uint64_t t_used[SOAK_TENANTS_MAX], t_max[SOAK_TENANTS_MAX], t_seqs[SOAK_TENANTS_MAX],
 		t_conns[SOAK_TENANTS_MAX];
 	bool t_known[SOAK_TENANTS_MAX];
@@ -1934,6 +1961,9 @@ static int status_read(kvd_client *c, struct node_status *ns) {
 		if (r < 0)
 			return r;
 	}
+	/* From daemons that have a host tier. */
+	(void)kvd_status_u64(st, "host_tier_sequences", &ns->tier_seqs);
+	(void)kvd_status_u64(st, "host_tier_moves", &ns->tier_moves);
 	for (uint32_t t = 0; t < kvd_status_tenants(st); t++) {
 		const char *name;
 		uint32_t i;
@@ -2276,7 +2306,7 @@ static bool idle(const struct node_status *ns) {
 	for (unsigned i = 0; i < arg_tenants; i++)
 		seqs += ns->t_seqs[i];
 	return ns->used == 0 && ns->block == 0 && ns->free == ns->total && ns->draining == 0 &&
-	       ns->connections == 1 && seqs == 0;
+	       ns->connections == 1 && seqs == 0 && ns->tier_seqs == 0 && ns->tier_moves == 0;
 }
 
 /* Waits up to IDLE_WAIT_MS for idle(); returns the last status read, or a negative errno. */
@@ -2319,6 +2349,8 @@ static void totals(const struct shared *sh, const struct slot *admin, struct slo
 		sum->digest_mismatches += st->digest_mismatches;
 		sum->windows += st->windows;
 		sum->seq_changed += st->seq_changed;
+		sum->recalls += st->recalls;
+		sum->lost += st->lost;
 		sum->checks_failed += st->checks_failed;
 		sum->lives += st->lives;
 		sum->exits += st->exits;
@@ -2411,6 +2443,9 @@ static void report_text(const struct report *rp) {
 	       " digest mismatches, %" PRIu64 " windows published, %" PRIu64 " KVD_EVENT_SEQ_CHANGED\n",
 	       size_format(sum->bytes_written, a, sizeof(a)), size_format(sum->bytes_verified, b, sizeof(b)), sum->digests,
 	       sum->mismatched_bytes, sum->digest_mismatches, sum->windows, sum->seq_changed);
+	if (arg_tiers)
+		printf("host tier: %" PRIu64 " pins brought a sequence back, %" PRIu64 " found it lost\n",
+		       sum->recalls, sum->lost);
 	printf("memory: max used %s (budget then %s; start budget %s, chunk %s), %" PRIu64 " polls, %" PRIu64
 	       " above a lowered budget, %" PRIu64 " tenant polls above a lowered max\n",
 	       size_format(rp->mon->used_max, a, sizeof(a)), size_format(rp->mon->budget_at_max, b, sizeof(b)),
@@ -2563,6 +2598,18 @@ static int run_soak(void) {
 			" connections but ours, %" PRIu64 " chunks draining): the soak needs a daemon of its own\n",
 			arg_socket, start.used, start.connections - 1, start.draining);
 		goto abort;
+	}
+	for (unsigned i = 0; arg_tiers && i < arg_tenants; i++) {
+		kvd_tenant_params p = { .size = sizeof(p), .set = KVD_TENANT_SET_TIER, .tier = "host" };
+		char name[32];
+
+		snprintf(name, sizeof(name), "soak-%u", i);
+		r = kvd_tenant_set_params(mc, name, &p);
+		if (r < 0) {
+			fprintf(stderr, "kvd-soak: --tiers: tenant %s: %s (%s)\n", name, strerror(-r),
+			        kvd_client_last_error(mc));
+			goto abort;
+		}
 	}
 	r = read_start(mc, budget_source, sizeof(budget_source), t0);
 	if (r < 0) {
@@ -2755,6 +2802,10 @@ static void help(void) {
 	       "                      connection asks for eviction rounds and changes the\n"
 	       "                      budget and the tenants' max now and then (restored at\n"
 	       "                      the end); all tenants ask for rounds on themselves\n"
+	       "  --tiers             Every tenant's tier is host (the daemon needs a host\n"
+	       "                      tier): idle sequences move out whole and come back at\n"
+	       "                      their next pin or grow; clients pin around every write\n"
+	       "                      and digest, and leave sequences a pin found lost alone\n"
 	       "  --json              Print the summary as one JSON object\n"
 	       "  -h --help           Show this help and exit\n"
 	       "  --version           Show the version and exit\n"
@@ -2771,8 +2822,8 @@ static void help(void) {
 #define usage_error(...) cli_usage_error("kvd-soak", __VA_ARGS__)
 
 int main(int argc, char **argv) {
-	enum { OPT_SOCKET = 0x100, OPT_DURATION, OPT_TENANTS, OPT_CLIENTS, OPT_SEED, OPT_EVICT, OPT_JSON,
-	       OPT_VERSION };
+	enum { OPT_SOCKET = 0x100, OPT_DURATION, OPT_TENANTS, OPT_CLIENTS, OPT_SEED, OPT_EVICT, OPT_TIERS,
+	       OPT_JSON, OPT_VERSION };
 	static const struct option options[] = {
 		{ "socket", required_argument, NULL, OPT_SOCKET },
 		{ "duration", required_argument, NULL, OPT_DURATION },
@@ -2780,6 +2831,7 @@ int main(int argc, char **argv) {
 		{ "clients", required_argument, NULL, OPT_CLIENTS },
 		{ "seed", required_argument, NULL, OPT_SEED },
 		{ "evict", no_argument, NULL, OPT_EVICT },
+		{ "tiers", no_argument, NULL, OPT_TIERS },
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, OPT_VERSION },
@@ -2820,6 +2872,9 @@ int main(int argc, char **argv) {
 			break;
 		case OPT_EVICT:
 			arg_evict = 1;
+			break;
+		case OPT_TIERS:
+			arg_tiers = 1;
 			break;
 		case OPT_JSON:
 			arg_json = 1;

@@ -10,9 +10,17 @@
 # Environment: KVD_DAEMON, KVD_SOAK (set by meson); SOAK_DURATION (seconds, default 5),
 # SOAK_SEED (default 1), SOAK_ARGS (more kvd-soak options), SOAK_WRAPPER (a command
 # the daemon runs under, e.g. "valgrind --error-exitcode=99 --undef-value-errors=no"),
-# SOAK_KEEP (keep the directory, with kvd.log, and print its path).
+# SOAK_KEEP (keep the directory, with kvd.log, and print its path); SOAK_TIERS=1 (a host
+# tier of 8 MiB that takes sequences idle for 50 ms, and kvd-soak --tiers).
 
 set -u
+
+tier_args=
+soak_tiers=
+if [ "${SOAK_TIERS:-}" = 1 ]; then
+	tier_args="--host-tier-size 8MiB --tier-idle 50"
+	soak_tiers=--tiers
+fi
 
 daemon=${KVD_DAEMON:?KVD_DAEMON is not set (run the test through meson)}
 soak=${KVD_SOAK:?KVD_SOAK is not set (run the test through meson)}
@@ -36,7 +44,7 @@ trap 'exit 1' INT TERM
 # The admin group is ours, so that the soak may change the budget and the tenants.
 JOURNAL_STREAM=soak ${SOAK_WRAPPER:-} "$daemon" --socket "$dir/kvd.sock" --config /dev/null \
 	--state-dir "$dir/state" --backend host --pool-size 64MiB --budget 16MiB --chunk-size 256KiB \
-	--grant-wait 200 --admin-group "$(id -g)" 2>"$dir/kvd.log" &
+	--grant-wait 200 --admin-group "$(id -g)" $tier_args 2>"$dir/kvd.log" &
 pid=$!
 
 # Ready means listening; valgrind takes a while to get there.
@@ -57,7 +65,7 @@ while [ ! -S "$dir/kvd.sock" ]; do
 done
 
 # shellcheck disable=SC2086 # SOAK_ARGS is a word list
-"$soak" --socket "$dir/kvd.sock" --duration "$duration" --evict --seed "$seed" ${SOAK_ARGS:-}
+"$soak" --socket "$dir/kvd.sock" --duration "$duration" --evict $soak_tiers --seed "$seed" ${SOAK_ARGS:-}
 bench_rc=$?
 
 kill -TERM "$pid" 2>/dev/null
