@@ -116,6 +116,9 @@ typedef struct kvd_model_spec {
  * descriptor (or call kvd_seq_tokens & co.) after pinning, and get a KVD_EVENT_SEQ_CHANGED
  * event after each rewrite. Protected, never evicted: positions below `sinks`, each table's
  * last `window` slots, the slots of its open (partially filled) tail block.
+ * The same holds for every model of a tenant whose tier is host (kvd_seq_pin_recall):
+ * the daemon may move an unpinned sequence out of the pool whole, so such an engine
+ * writes and reads K/V only while the sequence is pinned, whatever the model's unit.
  */
 typedef struct kvd_eviction_spec {
 	uint32_t unit;         /* KVD_UNIT_* */
