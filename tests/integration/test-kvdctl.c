@@ -434,6 +434,31 @@ TEST(unreachable_daemon_exits_1) {
 
 /* ---- Against a daemon ---- */
 
+/* A daemon with a host tier: its line in status, its numbers in JSON, a tenant's tier. */
+TEST(status_host_tier) {
+	struct fixture f;
+	struct run *r;
+
+	fixture_start(&f, (const char *const[]){ "--pool-size", "16MiB", "--chunk-size", "1MiB",
+	                                         "--host-tier-size", "4MiB", NULL });
+	r = kvdctl(f.socket, "status");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "host tier     0 B of 4.0 MiB, 0 sequences (outside the budget); 0 moved "
+	                        "out, 0 back, 0 lost\n");
+	r = kvdctl(f.socket, "tenant set alpha --tier host");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "tier host (live)");
+	r = kvdctl(f.socket, "--json status");
+	ASSERT_EXIT(r, 0);
+	ASSERT_JSON(r->out, "d['host_tier_bytes']", "4194304");
+	ASSERT_JSON(r->out, "d['tenants'][0]['tier']", "host");
+	r = kvdctl(f.socket, "top --once --interval 0.1");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "host tier 0 B of 4.0 MiB");
+	ASSERT_CONTAINS(r->out, "HOST TIER");
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 TEST(status_tenants_budget) {
 	struct fixture f;
 	struct holder a, b;

@@ -250,6 +250,10 @@ static const char *const node_u64_keys[] = {
 	"protocol_errors",  "access_refused",   "uid_connections_refused", "rounds_total",
 	"unmap_timeouts",   "unmap_disconnects", "engine_events_done", "sequences",
 	"sequences_max",    "metadata_bytes",   "metadata_max_bytes", "last_round_us",
+	"host_tier_bytes",  "host_tier_used_bytes", "host_tier_sequences", "host_tier_moves",
+	"tier_offloads",    "tier_offload_bytes", "tier_offload_us",  "tier_recalls",
+	"tier_recall_bytes", "tier_recall_us",  "tier_lost_full",   "tier_lost_corrupt",
+	"tier_lost_no_memory",
 };
 
 static const char *const node_str_keys[] = {
@@ -400,6 +404,22 @@ static int status_table_write(FILE *f, const void *userdata) {
 				"chunks", total, freec, draining);
 		else
 			fprintf(f, "  %-13s -\n", "chunks");
+	}
+	if (status_u64(st, "host_tier_bytes", &v) == 0 && v > 0) {
+		uint64_t used = 0, seqs = 0, in = 0, out = 0, lost = 0, k;
+
+		(void)status_u64(st, "host_tier_used_bytes", &used);
+		(void)status_u64(st, "host_tier_sequences", &seqs);
+		(void)status_u64(st, "tier_offloads", &out);
+		(void)status_u64(st, "tier_recalls", &in);
+		for (const char *const *key = (const char *const[]){ "tier_lost_full", "tier_lost_corrupt",
+								     "tier_lost_no_memory", NULL };
+		     *key; key++)
+			if (status_u64(st, *key, &k) == 0)
+				lost += k;
+		fprintf(f, "  %-13s %s of %s, %" PRIu64 " sequences (outside the budget); %" PRIu64
+			" moved out, %" PRIu64 " back, %" PRIu64 " lost\n", "host tier",
+			size_format(used, a, sizeof(a)), size_format(v, b, sizeof(b)), seqs, out, in, lost);
 	}
 	if (status_u64(st, "connections", &v) == 0)
 		fprintf(f, "  %-13s %" PRIu64 "\n", "connections", v);

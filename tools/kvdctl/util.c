@@ -482,6 +482,7 @@ static const char *const tenant_u64_keys[] = {
 	"used_bytes", "block_bytes", "min_bytes",   "max_bytes",
 	"weight",     "sequences",   "connections", "chunks",
 	"evicted_bytes", "evicted_tokens", "rounds", "grants", "grants_refused", "grants_waited",
+	"tier_bytes", "tier_sequences", "tier_lost",
 };
 
 static const char *const tenant_str_keys[] = {
@@ -490,6 +491,8 @@ static const char *const tenant_str_keys[] = {
 	"weight_source",
 	"policy",
 	"policy_source",
+	"tier",
+	"tier_source",
 };
 
 /*
