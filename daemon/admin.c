@@ -54,6 +54,8 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.uring_setup = s->uring_setup,
 		.poll_us = s->poll_us,
 		.host_tier_bytes = s->host_tier_size,
+		.file_tier_bytes = s->file_tier_size,
+		.file_tier_dir = s->file_tier_dir,
 	};
 	admin_eviction_limits(s, ret);
 }

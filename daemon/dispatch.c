@@ -1038,10 +1038,13 @@ static int tenant_change(const struct server *s, const Kvd__V1__TenantSet *req,
 	if (req->policy && (int)kvd_policy_from_string(req->policy) < 0)
 		return refuse(why, -EINVAL, "unknown policy (kvd.conf(5) lists them)");
 	if (req->tier && tier_mode_from_string(req->tier) < 0)
-		return refuse(why, -EINVAL, "unknown tier '%s': drop or host", req->tier);
-	if (req->tier && tier_mode_from_string(req->tier) == TIER_HOST && s->tier->budget_bytes == 0)
-		return refuse(why, -EINVAL, "tier host needs a host tier: kvd runs without one "
-		              "(host-tier-size 0)");
+		return refuse(why, -EINVAL, "unknown tier '%s': drop, host or host+file", req->tier);
+	if (req->tier && tier_mode_from_string(req->tier) != TIER_DROP && s->tier->budget_bytes == 0)
+		return refuse(why, -EINVAL, "tier %s needs a host tier: kvd runs without one "
+		              "(host-tier-size 0)", req->tier);
+	if (req->tier && tier_mode_from_string(req->tier) == TIER_HOST_FILE && !s->tier->file)
+		return refuse(why, -EINVAL, "tier host+file needs a file tier: kvd runs without one "
+		              "(file-tier-size 0)");
 	t = tenant_find(&s->tenants, req->name);
 	*ret = (struct evict_patch){
 		.tenant_id = t ? t->id : 0,
@@ -1095,6 +1098,9 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 	change.policy = req->policy ? (int)kvd_policy_from_string(req->policy) : 0;
 	change.has_tier = req->tier != NULL;
 	change.tier = req->tier ? tier_mode_from_string(req->tier) : 0;
+	/* Setting it again is how an operator takes back a tenant the file tier failed. */
+	if (req->tier)
+		t->tier_degraded = false;
 	r = admin_tenant_set(c->srv->admin, t, &change, why, sizeof(why));
 	if (r >= 0)
 		log_notice("tenant %s set by pid %d uid %u: min %s, max %s, weight %u, policy %s, "
@@ -1473,6 +1479,9 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 		ts[i].tier = (char *)tier_mode_to_string(t->tier);
 		ts[i].tier_source = (char *)setting_source_to_string(t->tier_source);
 		ts[i].has_tier_bytes = ts[i].has_tier_sequences = ts[i].has_tier_lost = true;
+		ts[i].has_tier_file_bytes = ts[i].has_tier_degraded = true;
+		ts[i].tier_file_bytes = t->tier_file_bytes;
+		ts[i].tier_degraded = t->tier_degraded;
 		ts[i].tier_bytes = t->tier_bytes;
 		ts[i].tier_sequences = t->tier_seqs;
 		ts[i].tier_lost = t->tier_lost;

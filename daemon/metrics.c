@@ -216,6 +216,8 @@ enum tenant_field {
 	TENANT_SEQUENCES,
 	TENANT_CONNECTIONS,
 	TENANT_TIER,
+	TENANT_FILE_TIER,
+	TENANT_TIER_DEGRADED,
 	_TENANT_FIELD_MAX,
 };
 
@@ -252,6 +254,12 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 		[TENANT_TIER] = { "kvd_tenant_host_tier_bytes",
 		                  "Bytes of the host tier the tenant's sequences moved out hold "
 		                  "(outside the budget)." },
+		[TENANT_FILE_TIER] = { "kvd_tenant_file_tier_bytes",
+		                       "Bytes of the file tier the tenant's sequences hold (outside the "
+		                       "budget)." },
+		[TENANT_TIER_DEGRADED] = { "kvd_tenant_tier_degraded",
+		                           "1 when the file tier failed the tenant (an I/O error, a full "
+		                           "disk): it drops until its tier is set again." },
 	};
 
 	/* A family without samples says nothing; the format allows it, scrapers skip it. */
@@ -297,6 +305,12 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 				break;
 			case TENANT_TIER:
 				v = t->tier_bytes;
+				break;
+			case TENANT_FILE_TIER:
+				v = t->tier_file_bytes;
+				break;
+			case TENANT_TIER_DEGRADED:
+				v = t->tier_degraded;
 				break;
 			}
 			fprintf(f, "%" PRIu64 "\n", v);

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "mover.h"
 #include "server.h"
+#include "tier-file.h"
 #include "tier.h"
 #include "wire.h"
 
@@ -28,11 +29,12 @@ struct waiter {
 struct job {
 	struct job *next;
 	struct tier_move *mv;
-	bool out;
+	enum tier_move_kind kind;
 	struct seq *q;                /* NULL once it went away */
 	uint64_t conn_id;             /* q's connection when it began */
 	uint64_t seq_id;
-	/* In: the chunks granted to the connection for the new blocks, and who waits. */
+	/* In: the chunks granted to the connection for the new blocks; in and demote: who
+	 * waits for it. */
 	struct seq_granted g;
 	struct waiter *waiters;
 	uint32_t n_waiters;
@@ -55,6 +57,7 @@ struct mover {
 	struct loop_op op;
 	uint64_t buf;
 	bool armed;
+	struct tier_io *io;           /* the file tier's, used by the worker only */
 	const char *gate;             /* KVD_TEST_MOVE_GATE */
 };
 
@@ -76,7 +79,7 @@ static void *worker(void *userdata) {
 		}
 		/* The loop never frees a job that is not done, nor touches its move. */
 		pthread_mutex_unlock(&m->lock);
-		tier_move_run(j->mv);
+		tier_move_run(j->mv, m->io);
 		if (m->gate) {
 			int fd = open(m->gate, O_RDONLY | O_CLOEXEC);
 			char b;
@@ -138,8 +141,37 @@ static int queue(struct mover *m, struct job *j) {
 	return 0;
 }
 
+/* Queues the demotions an offload's room took (tier_offload_begin), ahead of the offload:
+ * the worker writes their host segments out before anything queued after fills them. A
+ * demotion that cannot be queued loses its sequence at once (its segments are given). */
+static void queue_demotes(struct mover *m, struct tier_move **demotes, uint32_t n) {
+	struct server *s = m->srv;
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct seq *q = tier_move_seq(demotes[i]);
+		struct job *j = calloc(1, sizeof(*j));
+		int r = j ? 0 : -ENOMEM;
+
+		if (j) {
+			*j = (struct job){ .mv = demotes[i], .kind = TIER_MOVE_DEMOTE, .q = q,
+				           .conn_id = q->conn_id, .seq_id = q->id };
+			r = queue(m, j);
+		}
+		if (r < 0) {
+			log_error_errno(r, "sequence %llu: cannot move it to the file tier, lost",
+			                (unsigned long long)q->id);
+			tier_move_fail(demotes[i], r);
+			(void)tier_demote_end(s->tier, demotes[i], q);
+			free(j);
+		}
+	}
+	free(demotes);
+}
+
 int mover_out(struct mover *m, struct seq *q) {
 	struct server *s = m->srv;
+	struct tier_move **demotes;
+	uint32_t n_demotes;
 	struct job *j;
 	int r;
 
@@ -148,8 +180,10 @@ int mover_out(struct mover *m, struct seq *q) {
 	j = calloc(1, sizeof(*j));
 	if (!j)
 		return -ENOMEM;
-	*j = (struct job){ .out = true, .q = q, .conn_id = q->conn_id, .seq_id = q->id };
-	r = tier_offload_begin(s->tier, q, s->pool, server_metadata_max(s), &j->mv);
+	*j = (struct job){ .kind = TIER_MOVE_OUT, .q = q, .conn_id = q->conn_id, .seq_id = q->id };
+	r = tier_offload_begin(s->tier, q, s->pool, server_metadata_max(s), &j->mv, &demotes,
+	                       &n_demotes);
+	queue_demotes(m, demotes, n_demotes);
 	if (r >= 0) {
 		r = queue(m, j);
 		if (r < 0)
@@ -184,12 +218,12 @@ int mover_in(struct mover *m, struct conn *c, struct seq *q, const struct parked
 	int r;
 
 	*ret_short_bytes = 0;
-	if (j && !j->out)
+	if (j && j->kind != TIER_MOVE_OUT)
 		return add_waiter(j, c, req, retry);
 	j = calloc(1, sizeof(*j));
 	if (!j)
 		return -ENOMEM;
-	*j = (struct job){ .q = q, .conn_id = c->id, .seq_id = q->id };
+	*j = (struct job){ .kind = TIER_MOVE_IN, .q = q, .conn_id = c->id, .seq_id = q->id };
 	/* Every chunk of the pool, at most, each granted once. */
 	j->g.chunks = malloc(s->pool->n_chunks * sizeof(*j->g.chunks));
 	j->g.max = s->pool->n_chunks;
@@ -222,8 +256,8 @@ void mover_forget(struct mover *m, struct seq *q) {
 
 	if (!j)
 		return;
-	/* A recall reads q's entry until its end, which frees it. */
-	if (!j->out)
+	/* A recall or a demotion reads q's entry until its end, which frees it. */
+	if (j->kind != TIER_MOVE_OUT)
 		(void)tier_detach(m->srv->tier, q);
 	j->q = NULL;
 	q->move = NULL;
@@ -273,6 +307,33 @@ static void finish_out(struct mover *m, struct job *j) {
 	evict_chunks_back(s->evictor);
 }
 
+/* The file tier failed tenant t (an I/O error, a full disk): its sequences are dropped from
+ * now on, as with tier drop, until an operator sets its tier again. */
+static void degrade(struct tenant *t, int error) {
+	if (t->tier_degraded)
+		return;
+	t->tier_degraded = true;
+	log_error("tenant %s: the file tier failed (%s): its sequences are evicted as with tier "
+	          "drop from now on, until its tier is set again (kvdctl tenant set --tier)",
+	          t->name, strerror(-error));
+}
+
+/* The requests that waited for j run again, as if they came now. */
+static void run_waiters(struct mover *m, struct job *j) {
+	struct server *s = m->srv;
+
+	for (uint32_t i = 0; i < j->n_waiters; i++) {
+		struct waiter *w = &j->waiters[i];
+		uint64_t wait = s->limits.grant_wait_ms;
+		struct conn *c = server_find_conn(s, w->conn_id);
+
+		if (!c || c->closing)
+			continue;
+		c->outstanding--;
+		w->retry(c, &w->req, wait ? now_ms() + wait : 0);
+	}
+}
+
 static void finish_in(struct mover *m, struct job *j) {
 	struct server *s = m->srv;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
@@ -286,26 +347,37 @@ static void finish_in(struct mover *m, struct job *j) {
 	r = tier_recall_end(s->tier, j->mv, q, s->pool, j->conn_id, &j->g, &emptied);
 	server_reclaim(s, &emptied, NULL, NULL);
 	if (r < 0 && r != -ECANCELED)
-		log_warning("sequence %llu (tenant %s): %s at its recall from the host tier: lost, "
-		            "as if evicted, never served", (unsigned long long)j->seq_id,
+		log_warning("sequence %llu (tenant %s): %s at its recall from the tier: lost, as "
+		            "if evicted, never served", (unsigned long long)j->seq_id,
 		            q ? q->tenant->name : "?",
 		            r == -EBADMSG ? "a block failed its checksum" : strerror(-r));
+	/* Only the file's I/O fails otherwise (or a failing device). */
+	if (r < 0 && r != -ECANCELED && r != -EBADMSG && q && s->tier->file)
+		degrade(q->tenant, r);
 	/* Its chunks first, as a grow's (ring.h, "Socket"). */
 	for (uint32_t i = 0; r == 0 && c && !c->closing && i < j->g.n; i += WIRE_FDS_MAX) {
 		envelope_grants(&grants, s->pool, c->device, j->g.chunks + i,
 		                MIN(j->g.n - i, WIRE_FDS_MAX));
 		envelope_event_grants(c, &grants);
 	}
-	for (uint32_t i = 0; i < j->n_waiters; i++) {
-		struct waiter *w = &j->waiters[i];
-		uint64_t wait = s->limits.grant_wait_ms;
+	run_waiters(m, j);
+}
 
-		c = server_find_conn(s, w->conn_id);
-		if (!c || c->closing)
-			continue;
-		c->outstanding--;
-		w->retry(c, &w->req, wait ? now_ms() + wait : 0);
+static void finish_demote(struct mover *m, struct job *j) {
+	struct server *s = m->srv;
+	struct seq *q = j->q;
+	int r;
+
+	if (q)
+		q->move = NULL;
+	r = tier_demote_end(s->tier, j->mv, q);
+	if (r < 0 && q) {
+		log_warning("sequence %llu (tenant %s): writing it to the file tier failed: %s; lost, "
+		            "as if evicted", (unsigned long long)j->seq_id, q->tenant->name,
+		            strerror(-r));
+		degrade(q->tenant, r);
 	}
+	run_waiters(m, j);
 }
 
 static void on_done(struct loop_op *op, int res, bool more) {
@@ -329,10 +401,12 @@ static void on_done(struct loop_op *op, int res, bool more) {
 		pthread_mutex_unlock(&m->lock);
 		if (!done)
 			break;
-		if (j->out)
+		if (j->kind == TIER_MOVE_OUT)
 			finish_out(m, j);
-		else
+		else if (j->kind == TIER_MOVE_IN)
 			finish_in(m, j);
+		else
+			finish_demote(m, j);
 		job_free(j);
 		/* After the finish, which may free blocks the worker read. */
 		pool_readers_end(m->srv->pool);
@@ -359,6 +433,15 @@ int mover_new(struct server *s, struct mover **ret) {
 #if KVD_TEST_HOOKS
 	m->gate = getenv("KVD_TEST_MOVE_GATE");
 #endif
+	if (s->tier->file) {
+		int r = tier_io_new(s->tier->file, s->tier->base, s->tier->budget_bytes, &m->io);
+
+		if (r < 0) {
+			mover_free(m);
+			return r;
+		}
+		log_info("file tier: %s, %s", s->tier->file->path, tier_io_describe(m->io));
+	}
 	*ret = m;
 	return 0;
 }
@@ -379,14 +462,17 @@ struct mover *mover_free(struct mover *m) {
 		struct seq_emptied emptied = { .chunks = m->srv->scratch };
 
 		m->jobs = j->next;
-		if (j->out)
+		if (j->kind == TIER_MOVE_OUT)
 			(void)tier_offload_end(m->srv->tier, j->mv, NULL, m->srv->pool, &emptied);
-		else
+		else if (j->kind == TIER_MOVE_IN)
 			(void)tier_recall_end(m->srv->tier, j->mv, NULL, m->srv->pool, j->conn_id,
 			                      &j->g, &emptied);
+		else
+			(void)tier_demote_end(m->srv->tier, j->mv, NULL);
 		job_free(j);
 		pool_readers_end(m->srv->pool);
 	}
+	m->io = tier_io_free(m->io);
 	safe_close(m->efd);
 	pthread_cond_destroy(&m->cond);
 	pthread_mutex_destroy(&m->lock);

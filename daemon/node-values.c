@@ -7,6 +7,7 @@
 #include "pool.h"
 #include "mover.h"
 #include "server.h"
+#include "tier-file.h"
 #include "tier.h"
 
 #define READER(name, expr)                                                                    \
@@ -62,6 +63,16 @@ READER(tier_lost_full, s->tier->lost_full)
 READER(tier_lost_corrupt, s->tier->lost_corrupt)
 READER(tier_lost_no_memory, s->tier->lost_no_memory)
 READER(host_tier_moves, mover_moves(s->mover))
+READER(file_tier_bytes, s->tier->file ? (uint64_t)s->tier->file->n_segs * s->tier->seg_bytes : 0)
+READER(file_tier_used_bytes, s->tier->file_used_bytes)
+READER(file_tier_sequences, s->tier->file_seqs)
+READER(tier_demotes, s->tier->demotes)
+READER(tier_demote_bytes, s->tier->demote_bytes)
+READER(tier_demote_us, s->tier->demote_ns / 1000)
+READER(tier_file_recalls, s->tier->file_recalls)
+READER(tier_file_recall_bytes, s->tier->file_recall_bytes)
+READER(tier_file_recall_us, s->tier->file_recall_ns / 1000)
+READER(tier_lost_io, s->tier->lost_io)
 #undef READER
 
 #define GAUGE false
@@ -163,6 +174,26 @@ const struct node_value node_values[] = {
 	{ "host_tier_moves", "kvd_host_tier_moves", GAUGE,
 	  "Sequences being moved to or from the host tier now (queued or copying).",
 	  read_host_tier_moves },
+	{ "file_tier_bytes", "kvd_file_tier_bytes", GAUGE,
+	  "Size of the file tier (file-tier-size), on disk, outside the budget.",
+	  read_file_tier_bytes },
+	{ "file_tier_used_bytes", "kvd_file_tier_used_bytes", GAUGE,
+	  "Bytes of the file tier that sequences moved out hold now.", read_file_tier_used_bytes },
+	{ "file_tier_sequences", "kvd_file_tier_sequences", GAUGE,
+	  "Sequences the file tier holds now.", read_file_tier_sequences },
+	{ "tier_demotes", "kvd_tier_demotes_total", COUNTER,
+	  "Sequences moved from a full host tier to the file tier.", read_tier_demotes },
+	{ "tier_demote_bytes", "kvd_tier_demote_bytes_total", COUNTER,
+	  "Bytes written to the file tier.", read_tier_demote_bytes },
+	{ "tier_demote_us", NULL, COUNTER, NULL, read_tier_demote_us },
+	{ "tier_file_recalls", "kvd_tier_file_recalls_total", COUNTER,
+	  "Sequences brought back from the file tier at their pin or grow.", read_tier_file_recalls },
+	{ "tier_file_recall_bytes", "kvd_tier_file_recall_bytes_total", COUNTER,
+	  "Bytes of the sequences brought back from the file tier.", read_tier_file_recall_bytes },
+	{ "tier_file_recall_us", NULL, COUNTER, NULL, read_tier_file_recall_us },
+	{ "tier_lost_io", "kvd_tier_lost_io_total", COUNTER,
+	  "Sequences lost because the file tier's I/O failed (an I/O error, a full disk); their "
+	  "tenants drop from then on.", read_tier_lost_io },
 	{ NULL, "kvd_backend_fell_back", GAUGE,
 	  "1 when backend auto found no usable GPU and the pool is host memory (the log says "
 	  "why); 0 otherwise.", read_backend_fell_back },

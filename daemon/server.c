@@ -34,6 +34,7 @@
 #include "offload.h"
 #include "ring.h"
 #include "server.h"
+#include "tier-file.h"
 #include "tier.h"
 #include "wire.h"
 #include "basic/time-util.h"
@@ -761,6 +762,19 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	r = tier_new(limits->host_tier_bytes, pool->chunk_bytes, &s->metadata_bytes, &s->tier);
 	if (r < 0)
 		goto fail;
+	if (limits->file_tier_bytes > 0) {
+		const char *what;
+
+		r = tier_file_add(s->tier, limits->file_tier_dir, limits->file_tier_bytes, &what);
+		if (r < 0) {
+			log_error_errno(r, "cannot set up the file tier in %s (%s)", limits->file_tier_dir,
+			                what);
+			goto fail;
+		}
+		if (!s->tier->file->direct)
+			log_notice("file tier: the file system of %s refuses O_DIRECT: buffered I/O, "
+			           "through the page cache", limits->file_tier_dir);
+	}
 	r = mover_new(s, &s->mover);
 	if (r < 0)
 		goto fail;

@@ -97,6 +97,8 @@ struct server_limits {
 	uint64_t max_observation_bytes;
 	/* The host tier (tier.h, offload.h). */
 	uint64_t host_tier_bytes;     /* 0: none */
+	uint64_t file_tier_bytes;     /* 0: none */
+	const char *file_tier_dir;
 	uint64_t tier_idle_ms;        /* 0: offloads under pressure only */
 	/* The per-step rings (ring.h). */
 	uint32_t ring_entries;        /* of each ring; 0: no rings, clients use the socket */

@@ -211,6 +211,12 @@ static const struct setting node_table[] = {
 	{ "host-tier-size", SETTING_SIZE, 0, "SIZE", "0", NULL,
 	  "host memory kvd may keep sequences moved out of the pool in (tenants with tier = "
 	  "host), outside the budget; 0: no host tier", NODE(host_tier_size) },
+	{ "file-tier-size", SETTING_SIZE, 0, "SIZE", "0", NULL,
+	  "disk space kvd may keep sequences in when the host tier is full (tenants with tier = "
+	  "host+file), in a file of file-tier-dir; 0: no file tier", NODE(file_tier_size) },
+	{ "file-tier-dir", SETTING_STRING, 0, "DIR", "/var/cache/kvd", NULL,
+	  "where the file tier's file is (mode 0600, emptied at every start); under systemd the "
+	  "unit's CacheDirectory", NODE(file_tier_dir), 1, PATH_MAX - 16 },
 	{ "tier-idle", SETTING_MS, SETTING_RUNTIME, "MS", "60000", NULL,
 	  "a sequence of a tenant with tier = host that was not used for MS moves to the host "
 	  "tier whole, and comes back at its next pin or grow; under memory pressure, those "
@@ -272,8 +278,9 @@ static const struct setting tenant_table[] = {
 	  "eviction policy", TENANT(policy),
 	  .enum_name = policy_name, .enum_n = _KVD_POLICY_MAX },
 	[SETTINGS_TENANT_TIER] = { "tier", SETTING_ENUM, 0, "WHERE", "drop", NULL,
-	  "what memory pressure does with the tenant's sequences: drop (evict tokens) or host "
-	  "(move idle sequences whole to the host tier first, host-tier-size)", TENANT(tier),
+	  "what memory pressure does with the tenant's sequences: drop (evict tokens), host "
+	  "(move idle sequences whole to the host tier first, host-tier-size) or host+file (and "
+	  "from a full host tier to the file tier, file-tier-size)", TENANT(tier),
 	  .enum_name = tier_mode_to_string, .enum_n = _TIER_MODE_MAX },
 	[SETTINGS_TENANT_ALLOW_USERS] = { "allow-users", SETTING_LIST, 0, "NAMES", NULL, "none",
 	  "users (names or numbers) whose processes may act as the tenant, besides root; with "
@@ -854,6 +861,13 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 		check_error(s, e, settings_index("host-tier-size"), chunk, "must be 0 or at least "
 		            "chunk-size (%s): the tier holds whole chunks",
 		            size_format(s->chunk_size, b, sizeof(b)));
+	if (s->file_tier_size != 0 && s->file_tier_size < s->chunk_size)
+		check_error(s, e, settings_index("file-tier-size"), chunk, "must be 0 or at least "
+		            "chunk-size (%s): the tier holds whole chunks",
+		            size_format(s->chunk_size, b, sizeof(b)));
+	else if (s->file_tier_size != 0 && s->host_tier_size == 0)
+		check_error(s, e, settings_index("file-tier-size"), settings_index("host-tier-size"),
+		            "needs a host tier: sequences reach the file through it");
 	if (s->low_watermark > s->high_watermark)
 		check_error(s, e, settings_index("low-watermark"), settings_index("high-watermark"),
 		            "must be at most high-watermark (%u)", s->high_watermark);
@@ -885,9 +899,13 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 		if (t->min_bytes > t->max_bytes)
 			inifile_error(e, path, t->key_line[SETTINGS_TENANT_MIN] ?: t->line,
 			              "tenant %s: min above max", t->name);
-		if (t->tier == TIER_HOST && s->host_tier_size == 0)
+		if (t->tier != TIER_DROP && s->host_tier_size == 0)
 			inifile_error(e, path, t->key_line[SETTINGS_TENANT_TIER] ?: t->line,
-			              "tenant %s: tier host needs a host tier (host-tier-size)", t->name);
+			              "tenant %s: tier %s needs a host tier (host-tier-size)", t->name,
+			              tier_mode_to_string(t->tier));
+		else if (t->tier == TIER_HOST_FILE && s->file_tier_size == 0)
+			inifile_error(e, path, t->key_line[SETTINGS_TENANT_TIER] ?: t->line,
+			              "tenant %s: tier host+file needs a file tier (file-tier-size)", t->name);
 	}
 }
 

@@ -46,7 +46,7 @@
 #define SETTINGS_LIST_MAX 64
 #define SETTINGS_LIST_NAME_MAX 64
 /* Entries in the node table (a bound for the per-entry arrays below). */
-#define SETTINGS_MAX 48
+#define SETTINGS_MAX 52
 /* Budget and sizes that are not set: the budget is then the pool. */
 #define SETTINGS_UNSET UINT64_MAX
 /* A size given as a percent of the pool (SETTING_PERCENT): this bit, and the percent. */
@@ -192,6 +192,8 @@ struct settings {
 	uint32_t eviction_floor;      /* percent */
 	uint64_t max_observation_bytes;
 	uint64_t host_tier_size;      /* 0: no host tier */
+	uint64_t file_tier_size;      /* 0: no file tier */
+	char *file_tier_dir;
 	uint64_t tier_idle_ms;        /* 0: offloads under pressure only */
 	uint32_t poll_us;
 	uint32_t ring_entries;        /* 0: no rings */

@@ -43,10 +43,14 @@ struct tenant {
 	/* Chunk grants, and refusals (as the pool's counters, per tenant); grows that waited
 	 * for an eviction round (each counted once, however often it was retried). */
 	uint64_t grants, grants_refused, grants_waited;
-	/* The host tier: bytes and sequences of it held now; sequences lost from it. */
-	uint64_t tier_bytes;
+	/* The tiers: bytes of the host tier and of the file held now, sequences in either;
+	 * sequences lost from them; whether the file tier failed it (an I/O error, a full
+	 * disk): its sequences are then dropped, as with tier drop, until its tier is set
+	 * again. */
+	uint64_t tier_bytes, tier_file_bytes;
 	uint32_t tier_seqs;
 	uint64_t tier_lost;
+	bool tier_degraded;
 	struct chunk *partial;        /* owned chunks with at least one free block */
 	/* FREE chunks whose memory object is its own (pool.h), per device. */
 	struct chunk *free_chunks[BACKEND_DEVICES_MAX];

@@ -7,6 +7,7 @@
 #include "basic/macro.h"
 #include "basic/time-util.h"
 #include "config.h"
+#include "tier-file.h"
 #include "tier.h"
 
 /*
@@ -25,8 +26,10 @@ struct tier_seq {
 	uint32_t *tokens;             /* [n_tables]: each table's tokens when moved out */
 	uint64_t *sums;               /* [n_blocks] */
 	uint32_t n_segs;
-	uint32_t *segs;               /* [n_segs]: the segments, in order */
-	bool busy;                    /* a recall copies from it: not to be dropped */
+	uint32_t *segs;               /* [n_segs]: the segments, in order, of the host tier's
+	                               * or, in_file, of the file's */
+	bool in_file;
+	bool busy;                    /* a recall or a demotion reads it: not to be dropped */
 };
 
 /* Where the next block of an entry goes: segment index k of its list, at offset off. */
@@ -39,6 +42,7 @@ const char *tier_mode_to_string(int v) {
 	static const char *const names[_TIER_MODE_MAX] = {
 		[TIER_DROP] = "drop",
 		[TIER_HOST] = "host",
+		[TIER_HOST_FILE] = "host+file",
 	};
 
 	return v >= 0 && v < _TIER_MODE_MAX ? names[v] : NULL;
@@ -134,6 +138,15 @@ int tier_new(uint64_t budget, uint64_t segment_bytes, uint64_t *metadata_bytes,
 	return 0;
 }
 
+int tier_file_add(struct tier *tr, const char *dir, uint64_t bytes, const char **ret_what) {
+	uint64_t n = tr->seg_bytes ? bytes / tr->seg_bytes : 0;
+
+	*ret_what = "its size";
+	if (n == 0 || n > UINT32_MAX)
+		return -EINVAL;
+	return tier_file_open(dir, (uint32_t)n, tr->seg_bytes, &tr->file, ret_what);
+}
+
 struct tier *tier_free(struct tier *tr) {
 	if (!tr)
 		return NULL;
@@ -141,6 +154,7 @@ struct tier *tier_free(struct tier *tr) {
 		tier_forget(tr, tr->oldest->seq);
 	if (tr->base)
 		munmap(tr->base, tr->budget_bytes);
+	tr->file = tier_file_close(tr->file);
 	free(tr->free_segs);
 	free(tr);
 	return NULL;
@@ -150,18 +164,18 @@ static uint64_t block_size(const struct tier_seq *e, const struct kvd_seq_desc *
 	return i < e->n_moments ? d->moments_bytes : d->block_bytes;
 }
 
-/* The address of the next block of n bytes of e, moving c past it. */
-static unsigned char *place(const struct tier *tr, const struct tier_seq *e, struct cursor *c,
-                            uint64_t n) {
-	unsigned char *p;
+/* Moves c past the next block of n bytes of an entry (a block never spans two segments);
+ * returns the block's offset in segment c->k. */
+static uint64_t advance(const struct tier *tr, struct cursor *c, uint64_t n) {
+	uint64_t off;
 
 	if (c->off + n > tr->seg_bytes) {
 		c->k++;
 		c->off = 0;
 	}
-	p = tr->base + (uint64_t)e->segs[c->k] * tr->seg_bytes + c->off;
+	off = c->off;
 	c->off += ALIGN_TO(n, 64);
-	return p;
+	return off;
 }
 
 /* Segments e's blocks take. */
@@ -169,30 +183,42 @@ static uint32_t segments_needed(const struct tier *tr, const struct tier_seq *e,
                                 const struct kvd_seq_desc *d) {
 	struct cursor c = { 0, 0 };
 
-	for (uint64_t i = 0; i < e->n_blocks; i++) {
-		uint64_t n = block_size(e, d, i);
-
-		if (c.off + n > tr->seg_bytes) {
-			c.k++;
-			c.off = 0;
-		}
-		c.off += ALIGN_TO(n, 64);
-	}
+	for (uint64_t i = 0; i < e->n_blocks; i++)
+		(void)advance(tr, &c, block_size(e, d, i));
 	return c.k + 1;
 }
 
-
-/* An entry out of the tier, or never in it: its segments go back. */
+/* An entry out of the tier, or never in it: its segments go back, where they are. */
 static struct tier_seq *entry_free(struct tier *tr, struct tier_seq *e) {
 	if (e) {
 		for (uint32_t i = 0; i < e->n_segs; i++)
-			tr->free_segs[tr->n_free++] = e->segs[i];
+			if (e->in_file)
+				tr->file->free_segs[tr->file->n_free++] = e->segs[i];
+			else
+				tr->free_segs[tr->n_free++] = e->segs[i];
 		free(e->segs);
 		free(e->sums);
 		free(e->tokens);
 		free(e);
 	}
 	return NULL;
+}
+
+/* Counts e (sign 1) or stops counting it (-1) where it is. */
+static void account(struct tier *tr, const struct tier_seq *e, int64_t sign) {
+	struct tenant *t = e->seq->tenant;
+	uint64_t bytes = (uint64_t)e->n_segs * tr->seg_bytes;
+
+	if (e->in_file) {
+		tr->file_used_bytes += (uint64_t)sign * bytes;
+		tr->file_seqs += (uint32_t)sign;
+		t->tier_file_bytes += (uint64_t)sign * bytes;
+	} else {
+		tr->used_bytes += (uint64_t)sign * bytes;
+		tr->n_seqs += (uint32_t)sign;
+		t->tier_bytes += (uint64_t)sign * bytes;
+	}
+	t->tier_seqs += (uint32_t)sign;
 }
 
 /* Takes e out of the tier's list and counts, keeping its segments; q->tiered becomes NULL. */
@@ -208,12 +234,9 @@ static void entry_unlink(struct tier *tr, struct tier_seq *e) {
 	else
 		tr->newest = e->older;
 	e->older = e->newer = NULL;
-	tr->n_seqs--;
-	tr->used_bytes -= (uint64_t)e->n_segs * tr->seg_bytes;
+	account(tr, e, -1);
 	tr->meta_bytes -= e->meta_bytes;
 	*tr->metadata_bytes -= e->meta_bytes;
-	q->tenant->tier_bytes -= (uint64_t)e->n_segs * tr->seg_bytes;
-	q->tenant->tier_seqs--;
 	q->tiered = NULL;
 }
 
@@ -275,15 +298,22 @@ static void collect_refs(const struct seq *q, struct kvd_block_ref *refs) {
 /* A move between the pool and the tier (tier.h): what the loop set up, what the worker
  * copies, and what the loop needs to finish it. */
 struct tier_move {
-	bool out;                     /* pool to tier; else tier to pool */
-	struct tier_seq *e;           /* out: not yet in the tier; in: q's entry */
+	enum tier_move_kind kind;
+	struct tier_seq *e;           /* out: not yet in the tier; in, demote: the entry */
 	uint64_t generation, pins;    /* out: q's, when it began */
 	const struct backend_ops *ops;
 	uint32_t device;
+	struct tier_file *file;
+	/* out, in: e's blocks. */
 	struct kvd_block_ref *refs;   /* [e->n_blocks]: the pool's blocks */
 	void **pool;                  /* [e->n_blocks]: their addresses in the daemon */
-	unsigned char **tier;         /* [e->n_blocks]: where they are in the tier */
+	uint32_t *seg;                /* [e->n_blocks]: the index in e->segs of the segment... */
+	uint64_t *off;                /* [e->n_blocks]: ...and the offset in it of each block */
 	uint64_t *len;                /* [e->n_blocks] */
+	unsigned char *host;          /* the host tier's mapping */
+	uint64_t seg_bytes;
+	/* demote: the host segments e leaves, written to e->segs (the file's) in order. */
+	unsigned char **src;
 	bool corrupt;                 /* KVD_TEST_TIER_CORRUPT */
 	int error;                    /* the worker's */
 	uint64_t ns;                  /* the worker's time */
@@ -293,51 +323,116 @@ static struct tier_move *move_free(struct tier_move *mv) {
 	if (mv) {
 		free(mv->refs);
 		free(mv->pool);
-		free(mv->tier);
+		free(mv->seg);
+		free(mv->off);
 		free(mv->len);
+		free(mv->src);
 		free(mv);
 	}
 	return NULL;
 }
 
-/* A move of e's blocks: refs and the tier's places filled, the pool's addresses left to
- * the caller (out: q's blocks; in: new ones). */
+/* A move of e's blocks: refs and their places in e's segments filled, the pool's
+ * addresses left to the caller (out: q's blocks; in: new ones). */
 static int move_new(struct tier *tr, struct tier_seq *e, const struct kvd_seq_desc *d,
-                    struct pool *p, uint32_t device, bool out, struct tier_move **ret) {
+                    struct pool *p, uint32_t device, enum tier_move_kind kind,
+                    struct tier_move **ret) {
 	struct tier_move *mv = calloc(1, sizeof(*mv));
 	struct cursor c = { 0, 0 };
 
 	if (!mv)
 		return -ENOMEM;
-	mv->out = out;
+	mv->kind = kind;
 	mv->e = e;
 	mv->ops = p->ops;
 	mv->device = device;
+	mv->file = tr->file;
+	mv->host = tr->base;
+	mv->seg_bytes = tr->seg_bytes;
 	mv->corrupt = tr->corrupt;
 	mv->refs = malloc(e->n_blocks * sizeof(*mv->refs));
 	mv->pool = malloc(e->n_blocks * sizeof(*mv->pool));
-	mv->tier = malloc(e->n_blocks * sizeof(*mv->tier));
+	mv->seg = malloc(e->n_blocks * sizeof(*mv->seg));
+	mv->off = malloc(e->n_blocks * sizeof(*mv->off));
 	mv->len = malloc(e->n_blocks * sizeof(*mv->len));
-	if (!mv->refs || !mv->pool || !mv->tier || !mv->len) {
+	if (!mv->refs || !mv->pool || !mv->seg || !mv->off || !mv->len) {
 		move_free(mv);
 		return -ENOMEM;
 	}
 	for (uint64_t i = 0; i < e->n_blocks; i++) {
 		mv->len[i] = block_size(e, d, i);
-		mv->tier[i] = place(tr, e, &c, mv->len[i]);
+		mv->off[i] = advance(tr, &c, mv->len[i]);
+		mv->seg[i] = c.k;
 	}
 	*ret = mv;
 	return 0;
 }
 
+/* Whether e may go to the file rather than be lost: its tenant's tier says so, the file
+ * tier did not fail it, and the file has room, or can be given it by dropping its oldest
+ * entries (not from under a move). */
+static bool demotable(struct tier *tr, const struct tier_seq *e) {
+	const struct tenant *t = e->seq->tenant;
+	uint32_t room;
+
+	if (!tr->file || t->tier != TIER_HOST_FILE || t->tier_degraded || e->n_segs > tr->file->n_segs)
+		return false;
+	room = tr->file->n_free;
+	for (const struct tier_seq *o = tr->oldest; o && room < e->n_segs; o = o->newer)
+		if (o->in_file && !o->busy)
+			room += o->n_segs;
+	return room >= e->n_segs;
+}
+
+/* Sets up writing host entry e to the file: its file segments are taken (the file's oldest
+ * entries lost for room), its host segments go back at once (the worker writes them out
+ * before any move queued after this one fills them), and it counts in the file. */
+static int demote_begin(struct tier *tr, struct tier_seq *e, struct tier_move **ret) {
+	struct tier_move *mv = calloc(1, sizeof(*mv));
+
+	if (!mv)
+		return -ENOMEM;
+	mv->src = malloc(e->n_segs * sizeof(*mv->src));
+	if (!mv->src) {
+		free(mv);
+		return -ENOMEM;
+	}
+	mv->kind = TIER_MOVE_DEMOTE;
+	mv->e = e;
+	mv->file = tr->file;
+	while (tr->file->n_free < e->n_segs) {
+		struct tier_seq *old = tr->oldest;
+
+		while (!old->in_file || old->busy)
+			old = old->newer;
+		tr->lost_full++;
+		entry_lose(tr, old);
+	}
+	account(tr, e, -1);
+	for (uint32_t i = 0; i < e->n_segs; i++) {
+		mv->src[i] = tr->base + (uint64_t)e->segs[i] * tr->seg_bytes;
+		tr->free_segs[tr->n_free++] = e->segs[i];
+		e->segs[i] = tr->file->free_segs[--tr->file->n_free];
+	}
+	e->in_file = true;
+	e->busy = true;
+	account(tr, e, 1);
+	*ret = mv;
+	return 0;
+}
+
 int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t metadata_max,
-                       struct tier_move **ret) {
+                       struct tier_move **ret, struct tier_move ***ret_demotes,
+                       uint32_t *ret_n_demotes) {
 	struct kvd_seq_desc *d = q->desc;
+	_cleanup_(freep) struct tier_move **demotes = NULL;
+	uint32_t need, n_demotes = 0;
 	struct tier_move *mv;
 	struct tier_seq *e;
-	uint32_t need;
 	int r;
 
+	*ret_demotes = NULL;
+	*ret_n_demotes = 0;
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		return -ENOMEM;
@@ -357,30 +452,41 @@ int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t 
 		e->tokens = malloc(4ull * d->n_tables);
 		e->sums = malloc(8 * e->n_blocks);
 		e->segs = malloc(4ull * need);
-		if (!e->tokens || !e->sums || !e->segs)
+		/* Each entry that makes room frees at least a segment. */
+		demotes = malloc(need * sizeof(*demotes));
+		if (!e->tokens || !e->sums || !e->segs || !demotes)
 			r = -ENOMEM;
 	}
 	if (r < 0) {
 		entry_free(tr, e);
 		return r;
 	}
-	/* Room, oldest first, but not from under a recall: those lost are told at their next
-	 * pin. The segments are taken now, so that moves running at once never share one. */
+	/* Room in the host tier, oldest first, never from under a move: to the file where
+	 * the tenant's tier says so, else lost (told at the next pin). The segments are
+	 * taken now, so that moves running at once never share one. */
 	while (tr->n_free < need) {
 		struct tier_seq *old = tr->oldest;
 
-		while (old && old->busy)
+		while (old && (old->busy || old->in_file))
 			old = old->newer;
 		if (!old) {
 			entry_free(tr, e);
+			*ret_demotes = TAKE_PTR(demotes);
+			*ret_n_demotes = n_demotes;
 			return -ENOSPC;
+		}
+		if (demotable(tr, old) && demote_begin(tr, old, &demotes[n_demotes]) == 0) {
+			n_demotes++;
+			continue;
 		}
 		tr->lost_full++;
 		entry_lose(tr, old);
 	}
 	for (uint32_t i = 0; i < need; i++)
 		e->segs[e->n_segs++] = tr->free_segs[--tr->n_free];
-	r = move_new(tr, e, d, p, q->device, true, &mv);
+	*ret_demotes = TAKE_PTR(demotes);
+	*ret_n_demotes = n_demotes;
+	r = move_new(tr, e, d, p, q->device, TIER_MOVE_OUT, &mv);
 	if (r < 0) {
 		entry_free(tr, e);
 		return r;
@@ -398,40 +504,92 @@ int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t 
 	return 0;
 }
 
-void tier_move_run(struct tier_move *mv) {
+/* Block i of a move from or to the host tier. */
+static unsigned char *host_block(const struct tier_move *mv, uint64_t i) {
+	return mv->host + (uint64_t)mv->e->segs[mv->seg[i]] * mv->seg_bytes + mv->off[i];
+}
+
+/* Puts back block i from src (in the host tier, or a staging segment), checking its sum. A
+ * block that fails it is written into a new block of its own tenant, never entered in a
+ * table, and freed: not served. */
+static int restore_block(struct tier_move *mv, uint64_t i, const unsigned char *src) {
+	uint64_t n = mv->len[i];
+
+	if (mv->ops->host_access)
+		return copy_sum(mv->pool[i], src, n) == mv->e->sums[i] ? 0 : -EBADMSG;
+	if (copy_sum(NULL, src, n) != mv->e->sums[i])
+		return -EBADMSG;
+	return mv->ops->write(mv->device, mv->pool[i], src, n);
+}
+
+/* A recall from the file: a batch of segments at a time into staging, each block put
+ * back from there. */
+static int recall_from_file(struct tier_move *mv, struct tier_io *io) {
+	struct tier_seq *e = mv->e;
+	unsigned char *buf[TIER_IO_DEPTH];
+	uint64_t i = 0;
+	int r = 0;
+
+	for (uint32_t k0 = 0; k0 < e->n_segs && r == 0; k0 += TIER_IO_DEPTH) {
+		uint32_t n = MIN(e->n_segs - k0, TIER_IO_DEPTH);
+
+		r = tier_io_read(io, e->segs + k0, n, buf);
+		for (; r == 0 && i < e->n_blocks && mv->seg[i] < k0 + n; i++)
+			r = restore_block(mv, i, buf[mv->seg[i] - k0] + mv->off[i]);
+	}
+	return r;
+}
+
+void tier_move_run(struct tier_move *mv, struct tier_io *io) {
 	struct tier_seq *e = mv->e;
 	uint64_t start = now_ns();
 
-	for (uint64_t i = 0; i < e->n_blocks && mv->error == 0; i++) {
-		uint64_t n = mv->len[i];
+	switch (mv->kind) {
+	case TIER_MOVE_OUT:
+		for (uint64_t i = 0; i < e->n_blocks && mv->error == 0; i++) {
+			unsigned char *dst = host_block(mv, i);
+			uint64_t n = mv->len[i];
 
-		if (mv->out) {
 			/* Device memory comes through the backend, and is summed in the tier. */
 			if (mv->ops->host_access) {
-				e->sums[i] = copy_sum(mv->tier[i], mv->pool[i], n);
+				e->sums[i] = copy_sum(dst, mv->pool[i], n);
 			} else {
-				mv->error = mv->ops->read(mv->device, mv->pool[i], mv->tier[i], n);
-				e->sums[i] = copy_sum(NULL, mv->tier[i], n);
+				mv->error = mv->ops->read(mv->device, mv->pool[i], dst, n);
+				e->sums[i] = copy_sum(NULL, dst, n);
 			}
 			if (mv->corrupt && i == e->n_blocks - 1)
-				mv->tier[i][n - 1] ^= 1;
-		} else if (mv->ops->host_access) {
-			/* A block that fails its sum is written into a new block of its own
-			 * tenant, never entered in a table, and freed: not served. */
-			if (copy_sum(mv->pool[i], mv->tier[i], n) != e->sums[i])
-				mv->error = -EBADMSG;
-		} else {
-			if (copy_sum(NULL, mv->tier[i], n) != e->sums[i])
-				mv->error = -EBADMSG;
-			else
-				mv->error = mv->ops->write(mv->device, mv->pool[i], mv->tier[i], n);
+				dst[n - 1] ^= 1;
 		}
+		break;
+	case TIER_MOVE_IN:
+		if (e->in_file) {
+			mv->error = io ? recall_from_file(mv, io) : -EIO;
+			break;
+		}
+		for (uint64_t i = 0; i < e->n_blocks && mv->error == 0; i++)
+			mv->error = restore_block(mv, i, host_block(mv, i));
+		break;
+	case TIER_MOVE_DEMOTE:
+		mv->error = io ? tier_io_write(io, mv->src, e->segs, e->n_segs) : -EIO;
+		break;
 	}
 	mv->ns = now_ns() - start;
 }
 
+enum tier_move_kind tier_move_kind(const struct tier_move *mv) {
+	return mv->kind;
+}
+
+struct seq *tier_move_seq(const struct tier_move *mv) {
+	return mv->e->seq;
+}
+
+void tier_move_fail(struct tier_move *mv, int error) {
+	mv->error = error;
+}
+
 uint64_t tier_move_bytes(const struct tier_move *mv) {
-	return mv->e->bytes;
+	return mv->kind == TIER_MOVE_DEMOTE ? (uint64_t)mv->e->n_segs * mv->seg_bytes : mv->e->bytes;
 }
 
 int tier_offload_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct pool *p,
@@ -464,18 +622,35 @@ int tier_offload_end(struct tier *tr, struct tier_move *mv, struct seq *q, struc
 	else
 		tr->oldest = e;
 	tr->newest = e;
-	tr->n_seqs++;
-	tr->used_bytes += (uint64_t)e->n_segs * tr->seg_bytes;
+	account(tr, e, 1);
 	tr->meta_bytes += e->meta_bytes;
 	*tr->metadata_bytes += e->meta_bytes;
-	q->tenant->tier_bytes += (uint64_t)e->n_segs * tr->seg_bytes;
-	q->tenant->tier_seqs++;
 	tr->offloads++;
 	tr->offload_bytes += e->bytes;
 	tr->offload_ns += mv->ns;
 	q->tiered = e;
 	move_free(mv);
 	return 0;
+}
+
+int tier_demote_end(struct tier *tr, struct tier_move *mv, struct seq *q) {
+	struct tier_seq *e = mv->e;
+	int r = mv->error;
+
+	e->busy = false;
+	if (!q) {
+		/* Detached when q went (tier_detach). */
+		entry_free(tr, e);
+	} else if (r < 0) {
+		tr->lost_io++;
+		entry_lose(tr, e);
+	} else {
+		tr->demotes++;
+		tr->demote_bytes += tier_move_bytes(mv);
+		tr->demote_ns += mv->ns;
+	}
+	move_free(mv);
+	return r;
 }
 
 int tier_recall_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t conn_id,
@@ -485,7 +660,7 @@ int tier_recall_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t c
 	struct tier_move *mv;
 	int r;
 
-	r = move_new(tr, e, q->desc, p, q->device, false, &mv);
+	r = move_new(tr, e, q->desc, p, q->device, TIER_MOVE_IN, &mv);
 	if (r < 0)
 		return r;
 	r = seq_alloc_blocks(q, p, conn_id, e->n_moments, e->n_blocks, mv->refs, g, emptied);
@@ -511,12 +686,16 @@ int tier_recall_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct
 	if (!q || r < 0) {
 		/* The blocks it filled go back; the connection never heard of their chunks. */
 		seq_alloc_undo(p, conn_id, mv->refs, e->n_blocks, g, emptied);
-		if (q) {
-			tr->lost_corrupt++;
-			entry_lose(tr, e);
-		} else
+		if (!q)
 			/* Detached when q went (tier_detach). */
 			entry_free(tr, e);
+		else {
+			if (r == -EBADMSG)
+				tr->lost_corrupt++;
+			else
+				tr->lost_io++;
+			entry_lose(tr, e);
+		}
 		move_free(mv);
 		return q ? r : -ECANCELED;
 	}
@@ -534,10 +713,16 @@ int tier_recall_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct
 	}
 	desc_write_end(d);
 	q->epoch++;
-	q->recall = KVD_RECALL_HOST;
-	tr->recalls++;
-	tr->recall_bytes += e->bytes;
-	tr->recall_ns += mv->ns;
+	q->recall = e->in_file ? KVD_RECALL_FILE : KVD_RECALL_HOST;
+	if (e->in_file) {
+		tr->file_recalls++;
+		tr->file_recall_bytes += e->bytes;
+		tr->file_recall_ns += mv->ns;
+	} else {
+		tr->recalls++;
+		tr->recall_bytes += e->bytes;
+		tr->recall_ns += mv->ns;
+	}
 	entry_drop(tr, e);
 	move_free(mv);
 	return 0;

@@ -38,15 +38,18 @@
 enum tier_mode {
 	TIER_DROP,
 	TIER_HOST,
+	TIER_HOST_FILE,               /* and from the host tier, when it is full, to the file */
 	_TIER_MODE_MAX,
 };
 
-/* "drop", "host"; NULL for other values. */
+/* "drop", "host", "host+file"; NULL for other values. */
 const char *tier_mode_to_string(int v);
 /* The mode called name, or -EINVAL. */
 int tier_mode_from_string(const char *name);
 
 struct tier_seq;
+struct tier_file;
+struct tier_io;
 
 struct tier {
 	/* host-tier-size in whole segments of the pool's chunk size, one mapping made at
@@ -60,6 +63,11 @@ struct tier {
 	uint32_t n_free;
 	uint64_t used_bytes;          /* of the segments held */
 	uint32_t n_seqs;
+	/* The file tier (tier-file.h; NULL: none): its segments held, and the sequences in it
+	 * (which are on the list below too, in_file). */
+	struct tier_file *file;
+	uint64_t file_used_bytes;
+	uint32_t file_seqs;
 	/* Oldest moved out first: what a full tier drops. */
 	struct tier_seq *oldest, *newest;
 	uint64_t *metadata_bytes;     /* the server's count, which the entries' metadata joins */
@@ -67,9 +75,13 @@ struct tier {
 	/* Since the start: sequences moved out and back, their bytes and the time it took. */
 	uint64_t offloads, offload_bytes, offload_ns;
 	uint64_t recalls, recall_bytes, recall_ns;
+	/* Moved from the host tier to the file (segment bytes), and back from the file. */
+	uint64_t demotes, demote_bytes, demote_ns;
+	uint64_t file_recalls, file_recall_bytes, file_recall_ns;
 	/* Sequences lost: dropped by a full tier, a block failing its checksum (or a failing
 	 * device write) at the recall, no pool memory for the recall within grant-wait. */
 	uint64_t lost_full, lost_corrupt, lost_no_memory;
+	uint64_t lost_io;             /* the file's I/O failed (writing it out, or reading it) */
 	bool corrupt;                 /* KVD_TEST_TIER_CORRUPT */
 };
 
@@ -81,6 +93,10 @@ int tier_new(uint64_t budget, uint64_t segment_bytes, uint64_t *metadata_bytes,
 /* After every sequence was freed (tier_forget). Returns NULL. */
 struct tier *tier_free(struct tier *tr);
 
+/* Adds the file tier: bytes in whole segments, the file in dir (tier-file.h). Returns 0, or
+ * -EINVAL (less than a segment), or tier_file_open()'s -errno with *ret_what. */
+int tier_file_add(struct tier *tr, const char *dir, uint64_t bytes, const char **ret_what);
+
 /*
  * Moving a sequence between the pool and the tier takes three steps, so that the copy
  * runs off the loop (mover.h): *_begin on the loop sets the move up, tier_move_run on a
@@ -90,15 +106,29 @@ struct tier *tier_free(struct tier *tr);
  */
 struct tier_move;
 
+enum tier_move_kind {
+	TIER_MOVE_OUT,                /* pool to host tier */
+	TIER_MOVE_IN,                 /* host tier or file to pool */
+	TIER_MOVE_DEMOTE,             /* host tier to file */
+};
+
 /*
  * Sets up moving q (resident, unpinned, no plan waiting, its engine's events done: the
- * caller checks) out of the pool: takes its segments, dropping the oldest entries (never
- * one a recall reads) while the tier lacks room. Changes nothing of q. Returns 0, or
- * -ENODATA (q holds no block), -EFBIG (q is larger than the whole tier), -ENOSPC (the
- * room is held by recalls running), -ENOMEM (memory, or metadata past metadata_max).
+ * caller checks) out of the pool: takes its segments, making room in the host tier from its
+ * oldest entries (never one a move reads): each goes to the file where its tenant's tier is
+ * host+file and the file has room or can make it the same way (a demotion, which
+ * *ret_demotes lists, allocated, *ret_n_demotes of them: they must run before this move),
+ * else is lost. Changes nothing of q. Returns 0, or -ENODATA (q holds no block), -EFBIG (q
+ * is larger than the whole tier), -ENOSPC (the room is held by moves running), -ENOMEM
+ * (memory, or metadata past metadata_max); demotions may be listed on failure too.
  */
 int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t metadata_max,
-                       struct tier_move **ret);
+                       struct tier_move **ret, struct tier_move ***ret_demotes,
+                       uint32_t *ret_n_demotes);
+
+/* Finishes a demotion of q's entry (q NULL: it went away, and tier_detach() gave the entry
+ * to the move). On an I/O error q is lost. Frees mv. Returns 0 or the write's -errno. */
+int tier_demote_end(struct tier *tr, struct tier_move *mv, struct seq *q);
 
 /*
  * Finishes moving q out (q NULL: it went away meanwhile): when the copy worked and q was
@@ -124,15 +154,25 @@ int tier_recall_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t c
  * entry to the move): when every block matched its sum and was written, q's tables are
  * its own again (one rewrite, an epoch bump) and its entry goes; else the new blocks go
  * back (conn_id stops holding the chunks of *g) and q is lost. Frees mv. Returns 0,
- * -ECANCELED (q gone), -EBADMSG (a block failed its sum) or the backend's -errno.
+ * -ECANCELED (q gone), -EBADMSG (a block failed its sum), or the backend's or the file's
+ * -errno.
  */
 int tier_recall_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct pool *p,
                     uint64_t conn_id, struct seq_granted *g, struct seq_emptied *emptied);
 
-/* The copy, on a worker thread: touches only what the move holds. */
-void tier_move_run(struct tier_move *mv);
+/* The copy, on a worker thread: touches only what the move holds, and the file through io
+ * (the worker's: NULL without a file tier). */
+void tier_move_run(struct tier_move *mv, struct tier_io *io);
 
-/* K/V bytes a move copies. */
+enum tier_move_kind tier_move_kind(const struct tier_move *mv);
+
+/* The sequence whose entry a demotion moves (tier_offload_begin's list). */
+struct seq *tier_move_seq(const struct tier_move *mv);
+
+/* Marks a move failed with error without running it (one that could not be queued). */
+void tier_move_fail(struct tier_move *mv, int error);
+
+/* K/V bytes a move copies (a demotion: its segments'). */
 uint64_t tier_move_bytes(const struct tier_move *mv);
 
 /* Drops q's entry: q stays empty, lost (behaves as evicted, seq.recall KVD_RECALL_LOST);

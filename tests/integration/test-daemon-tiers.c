@@ -8,11 +8,13 @@
  * loses the sequence, and the pin says that too; a released sequence takes its entry along.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -499,4 +501,266 @@ TEST(engine_gone_during_a_recall) {
 	ASSERT_EQ(fixture_status(&f, NULL, "tier_recalls"), 0);
 	ASSERT_EQ(fixture_stop(&f), 0);
 	unlink(gate);
+}
+
+/* ---- The file tier ---- */
+
+/* A daemon with a host tier of one 1 MiB segment and a file tier of file_size in dir (NULL:
+ * the fixture's directory), tenant t's tier host+file, and an engine of t. */
+static kvd_client *file_engine(struct fixture *f, const char *dir, const char *file_size,
+                               const char *idle, int *ret_model) {
+	char dir_arg[256];
+	kvd_client *c;
+
+	fixture_setup(f, NULL, true);
+	snprintf(dir_arg, sizeof(dir_arg), "--file-tier-dir=%s", dir ? dir : f->dir);
+	fixture_launch(f, (const char *const[]){ "--pool-size", "16MiB", "--chunk-size", "1MiB",
+	                                         "--host-tier-size", "1MiB", "--file-tier-size",
+	                                         file_size, dir_arg, "--tier-idle", idle,
+	                                         "--grant-wait", "300", NULL });
+	set_tier(f, "t", "host+file", 0);
+	c = connect_tenant(f, "t", true);
+	*ret_model = kvd_model_register(c, &shape);
+	ASSERT_OK(*ret_model);
+	return c;
+}
+
+/* Two sequences out in turn: the first leaves the one-segment host tier for the file. */
+static void two_out(struct fixture *f, kvd_client *c, int model, kvd_seq **a, kvd_seq **b,
+                    struct picture *pa, struct picture *pb) {
+	*a = filled_seq(c, model, 100, 1);
+	take_picture(*a, pa);
+	ASSERT_TRUE(fixture_wait_status(f, NULL, "host_tier_sequences", 1));
+	*b = filled_seq(c, model, 100, 2);
+	take_picture(*b, pb);
+	ASSERT_TRUE(fixture_wait_status(f, NULL, "file_tier_sequences", 1));
+	ASSERT_TRUE(fixture_wait_status(f, NULL, "host_tier_sequences", 1));
+	ASSERT_TRUE(fixture_wait_status(f, NULL, "host_tier_moves", 0));
+}
+
+TEST(full_host_tier_moves_the_oldest_to_the_file) {
+	static struct picture pa, pb;
+	struct fixture f;
+	char path[300];
+	struct stat st;
+	kvd_client *c;
+	kvd_seq *a, *b;
+	int model, recall = -1;
+
+	c = file_engine(&f, NULL, "8MiB", "100", &model);
+	snprintf(path, sizeof(path), "%s/tier", f.dir);
+	ASSERT_OK(stat(path, &st));
+	ASSERT_EQ(st.st_mode & 07777, 0600);
+	ASSERT_EQ((uint64_t)st.st_size, 8u << 20);
+	ASSERT_TRUE(fixture_wait_log(&f, "file tier: ", 1));
+	two_out(&f, c, model, &a, &b, &pa, &pb);
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_demotes"), 1);
+	ASSERT_EQ(fixture_status(&f, NULL, "file_tier_used_bytes"), 1u << 20);
+	ASSERT_EQ(fixture_status(&f, "t", "tier_file_bytes"), 1u << 20);
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_lost_full"), 0);
+
+	ASSERT_OK(kvd_seq_pin_recall(a, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_FILE);
+	assert_same_picture(a, &pa);
+	ASSERT_EQ(check_seq(a, 1), 0);
+	ASSERT_OK(kvd_seq_unpin(a));
+	ASSERT_OK(kvd_seq_pin_recall(b, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_HOST);
+	assert_same_picture(b, &pb);
+	ASSERT_OK(kvd_seq_unpin(b));
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_file_recalls"), 1);
+	ASSERT_EQ(fixture_status(&f, NULL, "file_tier_sequences"), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "file_tier_used_bytes"), 0);
+	ASSERT_OK(kvd_seq_release(a));
+	ASSERT_OK(kvd_seq_release(b));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(corrupt_file_block_is_never_served) {
+	static struct picture pa, pb;
+	struct fixture f;
+	char path[300], junk[4096];
+	kvd_client *c;
+	kvd_seq *a, *b;
+	int model, recall = -1, fd;
+
+	c = file_engine(&f, NULL, "8MiB", "100", &model);
+	two_out(&f, c, model, &a, &b, &pa, &pb);
+	/* Its one segment is the file's first. */
+	snprintf(path, sizeof(path), "%s/tier", f.dir);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	ASSERT_OK(fd);
+	memset(junk, 0x5a, sizeof(junk));
+	ASSERT_EQ(pwrite(fd, junk, sizeof(junk), 0), (ssize_t)sizeof(junk));
+	ASSERT_OK(fsync(fd));
+	close(fd);
+	ASSERT_OK(kvd_seq_pin_recall(a, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_LOST);
+	ASSERT_EQ(kvd_seq_tokens(a, 0, 0), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "tier_lost_corrupt"), 1);
+	/* A corrupt block is the tier's word against the disk's: the tenant keeps its tier. */
+	ASSERT_EQ(fixture_status(&f, "t", "tier_degraded"), 0);
+	ASSERT_OK(kvd_seq_unpin(a));
+	ASSERT_OK(kvd_seq_release(a));
+	ASSERT_OK(kvd_seq_release(b));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(file_io_error_degrades_the_tenant_to_drop) {
+	static struct picture pa, pb;
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *a, *b, *d;
+	int model, recall = -1;
+
+	TEST_NEEDS_HOOKS();
+	/* The first segment written fails: the demotion of a. */
+	setenv("KVD_TEST_TIER_IO_ERROR", "1", 1);
+	c = file_engine(&f, NULL, "8MiB", "100", &model);
+	unsetenv("KVD_TEST_TIER_IO_ERROR");
+	a = filled_seq(c, model, 100, 1);
+	take_picture(a, &pa);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	b = filled_seq(c, model, 100, 2);
+	take_picture(b, &pb);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "tier_lost_io", 1));
+	ASSERT_TRUE(fixture_wait_log(&f, "the file tier failed", 1));
+	ASSERT_EQ(fixture_status(&f, "t", "tier_degraded"), 1);
+	ASSERT_EQ(fixture_status(&f, NULL, "file_tier_sequences"), 0);
+	ASSERT_OK(kvd_seq_pin_recall(a, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_LOST);
+	ASSERT_OK(kvd_seq_unpin(a));
+	/* b made it to the host tier before; from now on nothing of t leaves the pool. */
+	ASSERT_OK(kvd_seq_pin_recall(b, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_HOST);
+	assert_same_picture(b, &pb);
+	ASSERT_OK(kvd_seq_unpin(b));
+	d = filled_seq(c, model, 50, 3);
+	pause_ms(500);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_sequences"), 0);
+	/* Setting its tier again takes it back. */
+	set_tier(&f, "t", "host+file", 0);
+	ASSERT_EQ(fixture_status(&f, "t", "tier_degraded"), 0);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "file_tier_sequences", 1));
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	ASSERT_OK(kvd_seq_release(a));
+	ASSERT_OK(kvd_seq_release(b));
+	ASSERT_OK(kvd_seq_release(d));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* Where the file system refuses O_DIRECT (tmpfs before Linux 6.6): buffered, and said so. */
+TEST(buffered_where_o_direct_is_refused) {
+	static struct picture pa, pb;
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *a, *b;
+	int model, recall = -1;
+
+	TEST_NEEDS_HOOKS();
+	setenv("KVD_TEST_TIER_NO_DIRECT", "1", 1);
+	c = file_engine(&f, NULL, "8MiB", "100", &model);
+	unsetenv("KVD_TEST_TIER_NO_DIRECT");
+	ASSERT_TRUE(fixture_wait_log(&f, "refuses O_DIRECT: buffered I/O", 1));
+	two_out(&f, c, model, &a, &b, &pa, &pb);
+	ASSERT_OK(kvd_seq_pin_recall(a, &recall));
+	ASSERT_EQ(recall, KVD_RECALL_FILE);
+	assert_same_picture(a, &pa);
+	ASSERT_EQ(check_seq(a, 1), 0);
+	ASSERT_OK(kvd_seq_unpin(a));
+	ASSERT_OK(kvd_seq_release(a));
+	ASSERT_OK(kvd_seq_release(b));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* What is in the file at a start cannot be proven to be what it was: purged. */
+TEST(file_tier_purged_at_start_and_checked) {
+	struct fixture f;
+	char path[300], out[4096], args[512];
+	struct stat st;
+	int fd;
+
+	fixture_setup(&f, NULL, false);
+	snprintf(path, sizeof(path), "%s/tier", f.dir);
+	fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+	ASSERT_OK(fd);
+	ASSERT_EQ(pwrite(fd, "stale", 5, 0), 5);
+	close(fd);
+	snprintf(args, sizeof(args), "--file-tier-dir=%s", f.dir);
+	fixture_launch(&f, (const char *const[]){ "--pool-size", "16MiB", "--chunk-size", "1MiB",
+	                                          "--host-tier-size", "1MiB", "--file-tier-size",
+	                                          "4MiB", args, NULL });
+	ASSERT_OK(stat(path, &st));
+	ASSERT_EQ(st.st_mode & 07777, 0600);
+	ASSERT_EQ(st.st_blocks, 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "file_tier_bytes"), 4u << 20);
+	set_tier(&f, "t", "host+file", 0);
+	ASSERT_EQ(fixture_halt(&f), 0);
+	ASSERT_TRUE(access(path, F_OK) < 0);
+	fixture_cleanup(&f);
+
+	/* A file tier needs a host tier, and host+file a file tier. */
+	fixture_setup(&f, "[tenant t]\ntier = host+file\n", false);
+	snprintf(args, sizeof(args), "--check-config %s --backend host --host-tier-size 4MiB",
+	         f.config);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+	ASSERT_TRUE(strstr(out, "tenant t: tier host+file needs a file tier (file-tier-size)"));
+	snprintf(args, sizeof(args), "--check-config /dev/null --backend host --file-tier-size 4MiB");
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+	ASSERT_TRUE(strstr(out, "--file-tier-size needs a host tier"));
+	fixture_cleanup(&f);
+	start(&f, "4MiB", "100", NULL);
+	set_tier(&f, "t", "host+file", -EINVAL);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/*
+ * A full disk: a file tier larger than the small file system it is on (an ext4 on a loop
+ * device the test makes), so that writing sequences to it runs out of space. Needs root and
+ * loop devices: skipped without them.
+ */
+TEST(disk_full_degrades_the_tenant_to_drop) {
+	char img[] = "/tmp/kvd-test-fs-XXXXXX", mnt[] = "/tmp/kvd-test-mnt-XXXXXX", cmd[512];
+	struct fixture f;
+	kvd_seq *s[12];
+	kvd_client *c;
+	int model, fd, n = 0;
+
+	if (geteuid() != 0)
+		TEST_SKIP("needs root to mount a file system");
+	fd = mkstemp(img);
+	ASSERT_OK(fd);
+	ASSERT_OK(ftruncate(fd, 6 << 20));
+	close(fd);
+	ASSERT_TRUE(mkdtemp(mnt));
+	snprintf(cmd, sizeof(cmd), "mkfs.ext4 -q -F %s >/dev/null 2>&1 && mount -o loop %s %s "
+	         ">/dev/null 2>&1", img, img, mnt);
+	if (system(cmd) != 0) {
+		unlink(img);
+		rmdir(mnt);
+		TEST_SKIP("cannot make and mount a loop file system here");
+	}
+	c = file_engine(&f, mnt, "64MiB", "50", &model);
+	/* Each sequence fills the one host segment and pushes the one before to the file,
+	 * until the 6 MiB file system is full. */
+	while (n < 12 && fixture_status(&f, NULL, "tier_lost_io") == 0) {
+		s[n] = filled_seq(c, model, 100, (uint32_t)n);
+		n++;
+		fixture_wait_status(&f, NULL, "tier_offloads", (uint64_t)n);
+	}
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "tier_lost_io", 1));
+	ASSERT_TRUE(fixture_wait_log(&f, "No space left on device", 1));
+	ASSERT_EQ(fixture_status(&f, "t", "tier_degraded"), 1);
+	for (int i = 0; i < n; i++)
+		ASSERT_OK(kvd_seq_release(s[i]));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+	snprintf(cmd, sizeof(cmd), "umount %s", mnt);
+	ASSERT_EQ(system(cmd), 0);
+	rmdir(mnt);
+	unlink(img);
 }

@@ -35,10 +35,12 @@ extern "C" {
 
 /* What a pin found (kvd_seq_pin_recall; SeqPinReply.recall; the ring's completion flags):
  * the sequence was resident; it was brought back from the host tier; it had been moved out
- * and could not be brought back (its tables are empty: it behaves as evicted whole). */
+ * and could not be brought back (its tables are empty: it behaves as evicted whole); it was
+ * brought back from the file tier. */
 #define KVD_RECALL_NONE 0
 #define KVD_RECALL_HOST 1
 #define KVD_RECALL_LOST 2
+#define KVD_RECALL_FILE 3  /* brought back from the file tier */
 
 /* Default socket path of a system-wide daemon. */
 #define KVD_DEFAULT_SOCKET "/run/kvd/kvd.sock"
