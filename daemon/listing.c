@@ -14,6 +14,7 @@
 #include "conn.h"
 #include "envelope.h"
 #include "listing.h"
+#include "tier.h"
 #include "seq.h"
 #include "server.h"
 
@@ -186,8 +187,7 @@ void listing_sequences(struct conn *c, uint64_t id, const Envelope *request, int
 		r->layers = q->model->layers;
 		r->kv_heads = q->model->kv_heads;
 		r->head_dim = q->model->head_dim;
-		r->place = (char *)(q->move ? (q->tiered ? "returning" : "leaving") :
-		                    q->tiered ? "host" : "pool");
+		r->place = (char *)tier_place(q);
 		ptrs[i] = r;
 	}
 	rep.n_sequences = page;

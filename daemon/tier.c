@@ -30,6 +30,7 @@ struct tier_seq {
 	                               * or, in_file, of the file's */
 	bool in_file;
 	bool busy;                    /* a recall or a demotion reads it: not to be dropped */
+	bool returning;               /* a recall reads it */
 };
 
 /* Where the next block of an entry goes: segment index k of its list, at offset off. */
@@ -262,6 +263,14 @@ void tier_lose(struct tier *tr, struct seq *q) {
 		return;
 	tr->lost_no_memory++;
 	entry_lose(tr, q->tiered);
+}
+
+const char *tier_place(const struct seq *q) {
+	if (!q->tiered)
+		return q->move ? "leaving" : "pool";
+	if (q->tiered->returning)
+		return "returning";
+	return q->tiered->in_file ? "file" : "host";
 }
 
 void tier_forget(struct tier *tr, struct seq *q) {
@@ -670,7 +679,7 @@ int tier_recall_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t c
 	}
 	for (uint64_t i = 0; i < e->n_blocks; i++)
 		mv->pool[i] = pool_block_addr(p, mv->refs[i]);
-	e->busy = true;
+	e->busy = e->returning = true;
 	*ret = mv;
 	return 0;
 }
@@ -682,7 +691,7 @@ int tier_recall_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct
 	uint64_t k;
 	int r = mv->error;
 
-	e->busy = false;
+	e->busy = e->returning = false;
 	if (!q || r < 0) {
 		/* The blocks it filled go back; the connection never heard of their chunks. */
 		seq_alloc_undo(p, conn_id, mv->refs, e->n_blocks, g, emptied);

@@ -179,6 +179,10 @@ uint64_t tier_move_bytes(const struct tier_move *mv);
  * counts it in lost_no_memory (the caller's reason: no memory for it in time). */
 void tier_lose(struct tier *tr, struct seq *q);
 
+/* Where q's K/V are, for listings: "pool", "host", "file" (on its way there too),
+ * "leaving" (moving out) or "returning" (being brought back). */
+const char *tier_place(const struct seq *q);
+
 /* Drops q's entry, if any, as q goes away (released, its connection closed). */
 void tier_forget(struct tier *tr, struct seq *q);
 

@@ -43,7 +43,7 @@ void help(void) {
 	       "  budget reset             Drop the live budget: back to kvd's --budget, the\n"
 	       "                           config file's value, or the pool size\n"
 	       "  tenant set NAME [--min SIZE] [--max SIZE|none] [--weight N] [--policy NAME]\n"
-	       "           [--tier drop|host] [--dry-run]\n"
+	       "           [--tier drop|host|host+file] [--dry-run]\n"
 	       "                           Create or change a tenant live; options left out keep\n"
 	       "                           their value (a new tenant starts with min 0, no cap,\n"
 	       "                           weight 1). Kept across daemon restarts until reset\n"
@@ -89,9 +89,10 @@ void help(void) {
 	       "                      unchanged)\n"
 	       "  --policy NAME       With tenant set: eviction policy, a name kvd.conf(5) lists\n"
 	       "                      (default: unchanged)\n"
-	       "  --tier drop|host    With tenant set: what memory pressure does with its\n"
-	       "                      sequences: evict tokens, or first move idle ones whole\n"
-	       "                      to kvd's host tier (default: unchanged)\n"
+	       "  --tier WHERE        With tenant set: what memory pressure does with its\n"
+	       "                      sequences: drop (evict tokens), host (first move idle\n"
+	       "                      ones whole to kvd's host tier) or host+file (and from a\n"
+	       "                      full host tier to its file tier) (default: unchanged)\n"
 	       "  --interval SECONDS  With top: time between refreshes, 0.1 to 3600, fractions\n"
 	       "                      allowed (default: 2)\n"
 	       "  --once              With top: sample twice, SECONDS apart, print one frame\n"
@@ -253,7 +254,9 @@ static const char *const node_u64_keys[] = {
 	"host_tier_bytes",  "host_tier_used_bytes", "host_tier_sequences", "host_tier_moves",
 	"tier_offloads",    "tier_offload_bytes", "tier_offload_us",  "tier_recalls",
 	"tier_recall_bytes", "tier_recall_us",  "tier_lost_full",   "tier_lost_corrupt",
-	"tier_lost_no_memory",
+	"tier_lost_no_memory", "file_tier_bytes", "file_tier_used_bytes", "file_tier_sequences",
+	"tier_demotes",     "tier_demote_bytes", "tier_demote_us",   "tier_file_recalls",
+	"tier_file_recall_bytes", "tier_file_recall_us", "tier_lost_io",
 };
 
 static const char *const node_str_keys[] = {
@@ -413,13 +416,25 @@ static int status_table_write(FILE *f, const void *userdata) {
 		(void)status_u64(st, "tier_offloads", &out);
 		(void)status_u64(st, "tier_recalls", &in);
 		for (const char *const *key = (const char *const[]){ "tier_lost_full", "tier_lost_corrupt",
-								     "tier_lost_no_memory", NULL };
+								     "tier_lost_no_memory", "tier_lost_io",
+								     NULL };
 		     *key; key++)
 			if (status_u64(st, *key, &k) == 0)
 				lost += k;
 		fprintf(f, "  %-13s %s of %s, %" PRIu64 " sequences (outside the budget); %" PRIu64
 			" moved out, %" PRIu64 " back, %" PRIu64 " lost\n", "host tier",
 			size_format(used, a, sizeof(a)), size_format(v, b, sizeof(b)), seqs, out, in, lost);
+	}
+	if (status_u64(st, "file_tier_bytes", &v) == 0 && v > 0) {
+		uint64_t used = 0, seqs = 0, in = 0, down = 0;
+
+		(void)status_u64(st, "file_tier_used_bytes", &used);
+		(void)status_u64(st, "file_tier_sequences", &seqs);
+		(void)status_u64(st, "tier_demotes", &down);
+		(void)status_u64(st, "tier_file_recalls", &in);
+		fprintf(f, "  %-13s %s of %s, %" PRIu64 " sequences; %" PRIu64 " moved in from the "
+			"host tier, %" PRIu64 " back\n", "file tier", size_format(used, a, sizeof(a)),
+			size_format(v, b, sizeof(b)), seqs, down, in);
 	}
 	if (status_u64(st, "connections", &v) == 0)
 		fprintf(f, "  %-13s %" PRIu64 "\n", "connections", v);
@@ -768,7 +783,7 @@ static int cmd_tenant(int argc, char **argv) {
 		}
 	if (optind >= argc)
 		return usage_error("tenant: expected 'set NAME [--min SIZE] [--max SIZE|none] "
-				   "[--weight N] [--policy NAME] [--tier drop|host]', 'reset NAME' or "
+				   "[--weight N] [--policy NAME] [--tier WHERE]', 'reset NAME' or "
 				   "'delete NAME'");
 	sub = argv[optind];
 	if (strcmp(sub, "set") != 0 && strcmp(sub, "reset") != 0 && strcmp(sub, "delete") != 0)

@@ -482,7 +482,7 @@ static const char *const tenant_u64_keys[] = {
 	"used_bytes", "block_bytes", "min_bytes",   "max_bytes",
 	"weight",     "sequences",   "connections", "chunks",
 	"evicted_bytes", "evicted_tokens", "rounds", "grants", "grants_refused", "grants_waited",
-	"tier_bytes", "tier_sequences", "tier_lost",
+	"tier_bytes", "tier_file_bytes", "tier_sequences", "tier_lost", "tier_degraded",
 };
 
 static const char *const tenant_str_keys[] = {

@@ -191,8 +191,8 @@ typedef struct kvd_tenant_params {
 	uint32_t weight;           /* 1..10000 */
 	uint32_t reserved;         /* 0 */
 	const char *policy;        /* eviction policy, by the names of kvd.conf(5) (policy) */
-	/* Since KVD_1.7: what memory pressure does with its sequences, "drop" or "host"
-	 * (kvd.conf(5), tier). */
+	/* Since KVD_1.7: what memory pressure does with its sequences, "drop", "host" or
+	 * "host+file" (kvd.conf(5), tier). */
 	const char *tier;
 } kvd_tenant_params;
 
@@ -490,11 +490,12 @@ KVD_EXPORT int kvd_seq_unpin(kvd_seq *s);
  * kvd_seq_pin, saying in *ret_recall (may be NULL) what the pin found: KVD_RECALL_NONE, the
  * sequence was in the pool; KVD_RECALL_HOST, the daemon had moved it to its host tier
  * (its tenant's tier is host: kvd.conf(5)) and brought it back, every K/V byte, token count
- * and position as they were, in new blocks (the pin took longer; re-read the tables); or
- * KVD_RECALL_LOST, it had been moved out and could not come back (the tier was full and
+ * and position as they were, in new blocks (the pin took longer; re-read the tables);
+ * KVD_RECALL_FILE, the same from the file tier (tier host+file); or KVD_RECALL_LOST, it had been moved out and could not come back (the tier was full and
  * dropped it, a block failed its checksum, or no memory came for it within grant-wait):
- * every table is empty, as if evicted whole, and the engine prefills it again (releasing
- * it and opening a new one is simplest: next_position went on). A recall or loss is told
+ * or reading the file tier failed): every table is empty, as if evicted whole, and the
+ * engine prefills it again (releasing it and opening a new one is simplest: next_position
+ * went on). A recall or loss is told
  * once, at the first pin after it, even when a kvd_seq_grow brought the sequence back
  * first. With a daemon that predates tiers, always KVD_RECALL_NONE. kvd_seq_pin does all
  * the same without telling. Returns what kvd_seq_pin returns, which since KVD_1.7 also
@@ -750,6 +751,11 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           "tier_offload_us", "tier_recalls", "tier_recall_bytes", "tier_recall_us"
  *           (sequences moved out and back, their bytes and time), "tier_lost_full",
  *           "tier_lost_corrupt", "tier_lost_no_memory" (sequences lost from it, by cause),
+ *           the file tier: "file_tier_bytes", "file_tier_used_bytes",
+ *           "file_tier_sequences", "tier_demotes", "tier_demote_bytes", "tier_demote_us"
+ *           (moved to it from a full host tier), "tier_file_recalls",
+ *           "tier_file_recall_bytes", "tier_file_recall_us", "tier_lost_io" (lost to its
+ *           I/O failing),
  *           "refused_LIMIT" for each limit the daemon counts refusals at (LIMIT one of
  *           "connections", "connections_per_uid", "tenants", "models",
  *           "models_per_tenant", "seqs", "seqs_per_tenant", "seqs_node", "metadata",
@@ -769,10 +775,12 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           evicted from it), "evicted_tokens" (token slots, summed over tables),
  *           "rounds" (rounds that evicted from it), "grants", "grants_refused" (chunk
  *           grants to it and refused to it), "grants_waited" (its grows that waited for an
- *           eviction round), "tier_bytes", "tier_sequences" (what the host tier holds
- *           of it), "tier_lost" (its sequences lost from it); strings "min_source",
- *           "max_source", "weight_source" ("default", "config" or "live"), "policy",
- *           "policy_source", "tier" ("drop" or "host"), "tier_source".
+ *           eviction round), "tier_bytes", "tier_file_bytes", "tier_sequences" (what
+ *           the host and file tiers hold of it), "tier_lost" (its sequences lost from
+ *           them), "tier_degraded" (1: the file tier failed it, it drops until its tier is
+ *           set again); strings "min_source", "max_source", "weight_source" ("default",
+ *           "config" or "live"), "policy", "policy_source", "tier" ("drop", "host" or
+ *           "host+file"), "tier_source".
  * kvd_status_get returns 0, or -ENOMEM, -ECONNRESET, -ECHILD. The getters return 0, or
  * -ENOENT (no such value), -EINVAL (index out of range). Strings live as long as the status.
  */
@@ -876,7 +884,7 @@ KVD_EXPORT int kvd_evict_plan(kvd_client *c, const char *tenant, uint64_t bytes,
  *   "max_tokens", "pins", "bytes", "evictable" (1: its model has an eviction unit),
  *   "evicted_tokens", "evicted_bytes", "waiting_bytes" (an eviction plan waiting for its
  *   unpin), "layers", "kv_heads", "head_dim"; str "tenant", "place" (since KVD_1.7:
- *   "pool", "host" in the host tier, "leaving" or "returning" while moving).
+ *   "pool", "host" or "file" in a tier, "leaving" or "returning" while moving).
  * Root and the daemon's admin group see every tenant; a tenant's connection sees its own
  * tenant's; an administrative connection of anyone else gets -EPERM. The listing is read a
  * page at a time, so it is not one instant's: a connection or sequence may come or go

@@ -1611,8 +1611,9 @@ static PyMethodDef seq_methods[] = {
 	  "eviction round, without the GIL." },
 	{ "pin", seq_pin, METH_NOARGS,
 	  "pin()\n--\n\nKeeps rounds off the sequence (nested); returns what it found "
-	  "(kvd_seq_pin_recall): RECALL_NONE, RECALL_HOST (brought back from the daemon's host "
-	  "tier) or RECALL_LOST (moved out and lost: every table is empty)." },
+	  "(kvd_seq_pin_recall): RECALL_NONE, RECALL_HOST or RECALL_FILE (brought back from the "
+	  "daemon's host or file tier) or RECALL_LOST (moved out and lost: every table is "
+	  "empty)." },
 	{ "unpin", seq_unpin, METH_VARARGS,
 	  "unpin(cuda_event=None)\n--\n\nUndoes a pin; with an interprocess CUDA event "
 	  "(torch.cuda.Event(interprocess=True), or its CUevent handle as an int), once the GPU "
@@ -1908,7 +1909,7 @@ PyMODINIT_FUNC PyInit__kvd(void) {
 		{ "EVENT_STOPPING", KVD_EVENT_STOPPING }, { "EVENT_SEQ_CHANGED", KVD_EVENT_SEQ_CHANGED },
 		{ "EVENT_DISCONNECTED", KVD_EVENT_DISCONNECTED },
 		{ "RECALL_NONE", KVD_RECALL_NONE }, { "RECALL_HOST", KVD_RECALL_HOST },
-		{ "RECALL_LOST", KVD_RECALL_LOST },
+		{ "RECALL_LOST", KVD_RECALL_LOST }, { "RECALL_FILE", KVD_RECALL_FILE },
 		{ "VERSION_MAJOR", KVD_VERSION_MAJOR }, { "VERSION_MINOR", KVD_VERSION_MINOR },
 	};
 	struct module_state *st;
