@@ -219,7 +219,8 @@ struct slot {
 	uint64_t frames_refused;  /* and its refused "frame" counter */
 	uint64_t bytes_written, bytes_verified, digests, mismatched_bytes, digest_mismatches;
 	uint64_t windows, seq_changed, checks_failed;
-	uint64_t recalls, lost;   /* pins that brought a sequence back from the host tier, or lost it */
+	uint64_t recalls, lost;   /* pins that brought a sequence back from a tier, or lost it */
+	uint64_t file_recalls;    /* of the recalls, from the file tier */
 	uint64_t lives, exits, kills, cuts;
 	int kill_intended;
 	uint32_t n_fails;
@@ -802,8 +803,9 @@ static bool seq_pin(struct worker *w, enum op op, struct sq *q) {
 
 	if (!check(w, op, kvd_seq_pin_recall(q->s, &recall), 0, 0, "kvd_seq_pin(seq %" PRIu64 ")", q->id))
 		return false;
-	if (recall == KVD_RECALL_HOST) {
+	if (recall == KVD_RECALL_HOST || recall == KVD_RECALL_FILE) {
 		w->st->recalls++;
+		w->st->file_recalls += recall == KVD_RECALL_FILE;
 		q->generation = desc_generation(q->s);
 	} else if (recall == KVD_RECALL_LOST) {
 		w->st->lost++;
@@ -1910,6 +1912,7 @@ struct limit {
 struct node_status {
 	uint64_t pool, budget, used, block, chunk, total, free, draining, connections, protocol_errors, rounds;
 	uint64_t tier_seqs, tier_moves; /* in the host tier, and moving (0 without one) */
+	uint64_t file_tier, file_seqs;  /* the file tier's size, and what it holds */
 	uint64_t t_used[SOAK_TENANTS_MAX], t_max[SOAK_TENANTS_MAX], t_seqs[SOAK_TENANTS_MAX],
 		t_conns[SOAK_TENANTS_MAX];
 	bool t_known[SOAK_TENANTS_MAX];
@@ -1964,6 +1967,8 @@ static int status_read(kvd_client *c, struct node_status *ns) {
 	/* From daemons that have a host tier. */
 	(void)kvd_status_u64(st, "host_tier_sequences", &ns->tier_seqs);
 	(void)kvd_status_u64(st, "host_tier_moves", &ns->tier_moves);
+	(void)kvd_status_u64(st, "file_tier_bytes", &ns->file_tier);
+	(void)kvd_status_u64(st, "file_tier_sequences", &ns->file_seqs);
 	for (uint32_t t = 0; t < kvd_status_tenants(st); t++) {
 		const char *name;
 		uint32_t i;
@@ -2306,7 +2311,8 @@ static bool idle(const struct node_status *ns) {
 	for (unsigned i = 0; i < arg_tenants; i++)
 		seqs += ns->t_seqs[i];
 	return ns->used == 0 && ns->block == 0 && ns->free == ns->total && ns->draining == 0 &&
-	       ns->connections == 1 && seqs == 0 && ns->tier_seqs == 0 && ns->tier_moves == 0;
+	       ns->connections == 1 && seqs == 0 && ns->tier_seqs == 0 && ns->tier_moves == 0 &&
+	       ns->file_seqs == 0;
 }
 
 /* Waits up to IDLE_WAIT_MS for idle(); returns the last status read, or a negative errno. */
@@ -2351,6 +2357,7 @@ static void totals(const struct shared *sh, const struct slot *admin, struct slo
 		sum->seq_changed += st->seq_changed;
 		sum->recalls += st->recalls;
 		sum->lost += st->lost;
+		sum->file_recalls += st->file_recalls;
 		sum->checks_failed += st->checks_failed;
 		sum->lives += st->lives;
 		sum->exits += st->exits;
@@ -2444,8 +2451,8 @@ static void report_text(const struct report *rp) {
 	       size_format(sum->bytes_written, a, sizeof(a)), size_format(sum->bytes_verified, b, sizeof(b)), sum->digests,
 	       sum->mismatched_bytes, sum->digest_mismatches, sum->windows, sum->seq_changed);
 	if (arg_tiers)
-		printf("host tier: %" PRIu64 " pins brought a sequence back, %" PRIu64 " found it lost\n",
-		       sum->recalls, sum->lost);
+		printf("tiers: %" PRIu64 " pins brought a sequence back (%" PRIu64 " from the file), %"
+		       PRIu64 " found it lost\n", sum->recalls, sum->file_recalls, sum->lost);
 	printf("memory: max used %s (budget then %s; start budget %s, chunk %s), %" PRIu64 " polls, %" PRIu64
 	       " above a lowered budget, %" PRIu64 " tenant polls above a lowered max\n",
 	       size_format(rp->mon->used_max, a, sizeof(a)), size_format(rp->mon->budget_at_max, b, sizeof(b)),
@@ -2600,7 +2607,8 @@ static int run_soak(void) {
 		goto abort;
 	}
 	for (unsigned i = 0; arg_tiers && i < arg_tenants; i++) {
-		kvd_tenant_params p = { .size = sizeof(p), .set = KVD_TENANT_SET_TIER, .tier = "host" };
+		kvd_tenant_params p = { .size = sizeof(p), .set = KVD_TENANT_SET_TIER,
+			                .tier = start.file_tier ? "host+file" : "host" };
 		char name[32];
 
 		snprintf(name, sizeof(name), "soak-%u", i);
@@ -2803,7 +2811,8 @@ static void help(void) {
 	       "                      budget and the tenants' max now and then (restored at\n"
 	       "                      the end); all tenants ask for rounds on themselves\n"
 	       "  --tiers             Every tenant's tier is host (the daemon needs a host\n"
-	       "                      tier): idle sequences move out whole and come back at\n"
+	       "                      tier), or host+file where it has a file tier: idle\n"
+	       "                      sequences move out whole and come back at\n"
 	       "                      their next pin or grow; clients pin around every write\n"
 	       "                      and digest, and leave sequences a pin found lost alone\n"
 	       "  --json              Print the summary as one JSON object\n"

@@ -11,16 +11,10 @@
 # SOAK_SEED (default 1), SOAK_ARGS (more kvd-soak options), SOAK_WRAPPER (a command
 # the daemon runs under, e.g. "valgrind --error-exitcode=99 --undef-value-errors=no"),
 # SOAK_KEEP (keep the directory, with kvd.log, and print its path); SOAK_TIERS=1 (a host
-# tier of 8 MiB that takes sequences idle for 50 ms, and kvd-soak --tiers).
+# tier of 4 MiB that takes sequences idle for 50 ms and a file tier of 16 MiB below it, and
+# kvd-soak --tiers).
 
 set -u
-
-tier_args=
-soak_tiers=
-if [ "${SOAK_TIERS:-}" = 1 ]; then
-	tier_args="--host-tier-size 8MiB --tier-idle 50"
-	soak_tiers=--tiers
-fi
 
 daemon=${KVD_DAEMON:?KVD_DAEMON is not set (run the test through meson)}
 soak=${KVD_SOAK:?KVD_SOAK is not set (run the test through meson)}
@@ -28,6 +22,12 @@ duration=${SOAK_DURATION:-5}
 seed=${SOAK_SEED:-1}
 
 dir=$(mktemp -d /tmp/kvd-soak-XXXXXX) || exit 1
+tier_args=
+soak_tiers=
+if [ "${SOAK_TIERS:-}" = 1 ]; then
+	tier_args="--host-tier-size 4MiB --tier-idle 50 --file-tier-size 16MiB --file-tier-dir $dir"
+	soak_tiers=--tiers
+fi
 pid=
 cleanup() {
 	[ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
