@@ -72,6 +72,7 @@ READER(tier_demote_us, s->tier->demote_ns / 1000)
 READER(tier_file_recalls, s->tier->file_recalls)
 READER(tier_file_recall_bytes, s->tier->file_recall_bytes)
 READER(tier_file_recall_us, s->tier->file_recall_ns / 1000)
+READER(tier_file_read_us, s->tier->file_read_ns / 1000)
 READER(tier_lost_io, s->tier->lost_io)
 #undef READER
 
@@ -191,6 +192,7 @@ const struct node_value node_values[] = {
 	{ "tier_file_recall_bytes", "kvd_tier_file_recall_bytes_total", COUNTER,
 	  "Bytes of the sequences brought back from the file tier.", read_tier_file_recall_bytes },
 	{ "tier_file_recall_us", NULL, COUNTER, NULL, read_tier_file_recall_us },
+	{ "tier_file_read_us", NULL, COUNTER, NULL, read_tier_file_read_us },
 	{ "tier_lost_io", "kvd_tier_lost_io_total", COUNTER,
 	  "Sequences lost because the file tier's I/O failed (an I/O error, a full disk); their "
 	  "tenants drop from then on.", read_tier_lost_io },

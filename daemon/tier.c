@@ -326,6 +326,7 @@ struct tier_move {
 	bool corrupt;                 /* KVD_TEST_TIER_CORRUPT */
 	int error;                    /* the worker's */
 	uint64_t ns;                  /* the worker's time */
+	uint64_t io_ns;               /* of which reading or writing the file */
 };
 
 static struct tier_move *move_free(struct tier_move *mv) {
@@ -409,6 +410,7 @@ static int demote_begin(struct tier *tr, struct tier_seq *e, struct tier_move **
 	mv->kind = TIER_MOVE_DEMOTE;
 	mv->e = e;
 	mv->file = tr->file;
+	mv->seg_bytes = tr->seg_bytes;
 	while (tr->file->n_free < e->n_segs) {
 		struct tier_seq *old = tr->oldest;
 
@@ -542,7 +544,10 @@ static int recall_from_file(struct tier_move *mv, struct tier_io *io) {
 	for (uint32_t k0 = 0; k0 < e->n_segs && r == 0; k0 += TIER_IO_DEPTH) {
 		uint32_t n = MIN(e->n_segs - k0, TIER_IO_DEPTH);
 
+		uint64_t t0 = now_ns();
+
 		r = tier_io_read(io, e->segs + k0, n, buf);
+		mv->io_ns += now_ns() - t0;
 		for (; r == 0 && i < e->n_blocks && mv->seg[i] < k0 + n; i++)
 			r = restore_block(mv, i, buf[mv->seg[i] - k0] + mv->off[i]);
 	}
@@ -727,6 +732,7 @@ int tier_recall_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct
 		tr->file_recalls++;
 		tr->file_recall_bytes += e->bytes;
 		tr->file_recall_ns += mv->ns;
+		tr->file_read_ns += mv->io_ns;
 	} else {
 		tr->recalls++;
 		tr->recall_bytes += e->bytes;

@@ -12,7 +12,9 @@
  * chunks costs). A benchmark: nothing asserts on timings.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <liburing.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,8 +38,12 @@
 #define GROW_STEP 1024u
 #define WAIT_MS 60000
 #define FLOOR_BYTES (UINT64_C(1) << 30)
+/* The file tier's requests in flight (daemon/tier-file.h). */
+#define TIER_DEPTH 16u
+/* Sequences that fill the host tier until one goes to the file, at most. */
+#define FILLERS_MAX 64u
 
-static const char *arg_socket;
+static const char *arg_socket, *arg_file_dir;
 static uint32_t arg_tokens = 32768, arg_layers = 32;
 
 static int usage(FILE *f) {
@@ -55,6 +61,11 @@ static int usage(FILE *f) {
 	        "  --socket PATH    Daemon socket (default: $KVD_SOCKET if set, else %s)\n"
 	        "  --tokens N       Tokens of the sequence, 16..1048576 (default: 32768)\n"
 	        "  --layers N       Layers of the whole model, 1..128 (default: 32)\n"
+	        "  --file-dir DIR   Also through the file tier: the daemon's file-tier-dir, whose\n"
+	        "                   file system the io_uring O_DIRECT floor is measured on (the\n"
+	        "                   daemon then needs a file tier larger than the sequence, and\n"
+	        "                   a host tier it fills with sequences like it until the first\n"
+	        "                   goes to the file: at most 64)\n"
 	        "  -h, --help       Show this help\n",
 	        KVD_DEFAULT_SOCKET);
 	return f == stdout ? 0 : 2;
@@ -128,27 +139,18 @@ static double memcpy_floor(uint64_t bytes) {
 	return best;
 }
 
-/* One sequence of `layers` layers moved out and back. */
-static int run(kvd_client *c, kvd_client *admin, uint32_t layers) {
-	kvd_model_spec spec = { "bench-tier", layers, 32, KV_HEADS, HEAD_DIM, KVD_DTYPE_BF16,
-		                BLOCK_TOKENS, KVD_LAYOUT_PER_LAYER };
-	uint64_t bytes = (uint64_t)arg_tokens * layers * TOKEN_LAYER_BYTES;
-	uint64_t out0, out_us0, back_us0, out_us, back_us, pin_ns, t0, v;
+/* A sequence of the model (m: its id) grown to --tokens and written, then left alone. */
+static int filled(kvd_client *c, int m, uint32_t layers, kvd_seq **ret) {
 	uint64_t blocks = (arg_tokens + BLOCK_TOKENS - 1) / BLOCK_TOKENS;
-	double floor_gbs, shm_gbs;
 	kvd_seq *s = NULL;
-	int m, r, recall = -1;
+	int r;
 
-	m = kvd_model_register(c, &spec);
-	if (m < 0)
-		return fail(c, "registering the model", m);
 	r = kvd_seq_open(c, m, arg_tokens, &s);
 	for (uint32_t done = 0; r >= 0 && done < arg_tokens; done += GROW_STEP)
 		r = kvd_seq_grow(s, MIN(GROW_STEP, arg_tokens - done));
-	if (r < 0)
-		return fail(c, "growing the sequence", r);
 	/* Written, so that every page is there to move. */
-	r = kvd_seq_pin(s);
+	if (r >= 0)
+		r = kvd_seq_pin(s);
 	for (uint32_t l = 0; r >= 0 && l < layers; l++)
 		for (uint64_t b = 0; r >= 0 && b < blocks; b++) {
 			void *p;
@@ -159,28 +161,60 @@ static int run(kvd_client *c, kvd_client *admin, uint32_t layers) {
 		}
 	if (r >= 0)
 		r = kvd_seq_unpin(s);
-	if (r < 0)
-		return fail(c, "writing the sequence", r);
+	if (r < 0) {
+		(void)kvd_seq_release(s);
+		return fail(c, "a sequence to move", r);
+	}
+	*ret = s;
+	return 0;
+}
 
+/* Waits until status key passes was. Returns 0, or 1 (not within WAIT_MS, said). */
+static int wait_past(kvd_client *admin, const char *key, uint64_t was) {
+	uint64_t t0 = now_ms(), v = was;
+
+	while (v <= was && now_ms() - t0 < WAIT_MS) {
+		struct timespec ts = { 0, 10 * 1000 * 1000 };
+		int r;
+
+		nanosleep(&ts, NULL);
+		r = status_u64(admin, key, &v);
+		if (r < 0)
+			return fail(admin, "reading the status", r);
+	}
+	if (v > was)
+		return 0;
+	fprintf(stderr, "kvd-bench tier: %s did not move within %d s: start kvd with a host tier "
+	        "(and a file tier) large enough and a short --tier-idle (see --help)\n", key,
+	        WAIT_MS / 1000);
+	return 1;
+}
+
+static int model(kvd_client *c, uint32_t layers) {
+	kvd_model_spec spec = { "bench-tier", layers, 32, KV_HEADS, HEAD_DIM, KVD_DTYPE_BF16,
+		                BLOCK_TOKENS, KVD_LAYOUT_PER_LAYER };
+	int m = kvd_model_register(c, &spec);
+
+	return m < 0 ? fail(c, "registering the model", m), -1 : m;
+}
+
+/* One sequence of `layers` layers moved out and back. */
+static int run(kvd_client *c, kvd_client *admin, uint32_t layers) {
+	uint64_t bytes = (uint64_t)arg_tokens * layers * TOKEN_LAYER_BYTES;
+	uint64_t out0, out_us0, back_us0, out_us, back_us, pin_ns, t0;
+	double floor_gbs, shm_gbs;
+	kvd_seq *s = NULL;
+	int m, r, recall = -1;
+
+	m = model(c, layers);
+	if (m < 0 || filled(c, m, layers, &s) != 0)
+		return 1;
 	if ((r = status_u64(admin, "tier_offloads", &out0)) < 0 ||
 	    (r = status_u64(admin, "tier_offload_us", &out_us0)) < 0 ||
 	    (r = status_u64(admin, "tier_recall_us", &back_us0)) < 0)
 		return fail(admin, "reading the status (a kvd without a host tier?)", r);
-	t0 = now_ms();
-	do {
-		struct timespec ts = { 0, 10 * 1000 * 1000 };
-
-		nanosleep(&ts, NULL);
-		r = status_u64(admin, "tier_offloads", &v);
-		if (r < 0)
-			return fail(admin, "reading the status", r);
-	} while (v == out0 && now_ms() - t0 < WAIT_MS);
-	if (v == out0) {
-		fprintf(stderr, "kvd-bench tier: the sequence did not move out within %d s: start kvd "
-		        "with --host-tier-size above %" PRIu64 " bytes and a short --tier-idle\n",
-		        WAIT_MS / 1000, bytes);
+	if (wait_past(admin, "tier_offloads", out0) != 0)
 		return 1;
-	}
 	t0 = now_ns();
 	r = kvd_seq_pin_recall(s, &recall);
 	pin_ns = now_ns() - t0;
@@ -219,12 +253,194 @@ static int run(kvd_client *c, kvd_client *admin, uint32_t layers) {
 	return 0;
 }
 
+/*
+ * The raw floor of the file tier's I/O on dir's file system: n segments of seg bytes
+ * written to a new file with O_DIRECT through io_uring, TIER_DEPTH in flight, from one
+ * registered buffer, then read back the same way; GB/s of each, the best of 2.
+ */
+static int uring_floor(const char *dir, uint64_t seg, uint32_t n, double *ret_write,
+                       double *ret_read) {
+	char path[4096];
+	struct io_uring ring;
+	struct iovec iov;
+	void *buf = NULL;
+	int fd, r;
+
+	*ret_write = *ret_read = 0;
+	snprintf(path, sizeof(path), "%s/kvd-bench-tier-floor", dir);
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	(void)unlink(path);
+	r = posix_memalign(&buf, 4096, seg * TIER_DEPTH) == 0 ? 0 : -ENOMEM;
+	if (r == 0)
+		memset(buf, 0x5a, seg * TIER_DEPTH);
+	if (r == 0)
+		r = io_uring_queue_init(TIER_DEPTH, &ring, 0);
+	if (r < 0) {
+		free(buf);
+		close(fd);
+		return r;
+	}
+	iov = (struct iovec){ buf, seg * TIER_DEPTH };
+	r = io_uring_register_buffers(&ring, &iov, 1);
+	for (int pass = 0; r >= 0 && pass < 4; pass++) {
+		bool write = pass % 2 == 0;
+		uint64_t t0 = now_ns();
+		double gbs;
+
+		for (uint32_t done = 0; r >= 0 && done < n;) {
+			uint32_t batch = MIN(n - done, TIER_DEPTH);
+
+			for (uint32_t i = 0; i < batch; i++) {
+				struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+				char *p = (char *)buf + (uint64_t)i * seg;
+				uint64_t off = (uint64_t)(done + i) * seg;
+
+				if (write)
+					io_uring_prep_write_fixed(sqe, fd, p, (unsigned)seg, off, 0);
+				else
+					io_uring_prep_read_fixed(sqe, fd, p, (unsigned)seg, off, 0);
+			}
+			r = io_uring_submit_and_wait(&ring, batch);
+			for (uint32_t i = 0; r >= 0 && i < batch; i++) {
+				struct io_uring_cqe *cqe;
+
+				r = io_uring_wait_cqe(&ring, &cqe);
+				if (r >= 0 && (uint64_t)cqe->res != seg)
+					r = cqe->res < 0 ? cqe->res : -EIO;
+				if (r >= 0)
+					io_uring_cqe_seen(&ring, cqe);
+			}
+			done += batch;
+		}
+		gbs = (double)n * (double)seg / (double)MAX(now_ns() - t0, 1);
+		if (write)
+			*ret_write = MAX(*ret_write, gbs);
+		else
+			*ret_read = MAX(*ret_read, gbs);
+	}
+	io_uring_queue_exit(&ring);
+	free(buf);
+	close(fd);
+	return r < 0 ? r : 0;
+}
+
+/*
+ * One sequence of `layers` layers moved to the host tier, from there to the file (sequences
+ * like it fill the host tier after it until the oldest, it, goes to the file), and back from
+ * the file, next to the floor of the file's I/O on the same file system.
+ */
+static int run_file(kvd_client *c, kvd_client *admin, uint32_t layers) {
+	uint64_t bytes = (uint64_t)arg_tokens * layers * TOKEN_LAYER_BYTES, seg = kvd_client_chunk_bytes(c);
+	uint64_t out0, down0, down_us0, down_bytes0, back_us0, down_us, down_bytes, back_us, pin_ns;
+	uint64_t read_us0, read_us, seg_bytes;
+	kvd_seq *x = NULL, *fill[FILLERS_MAX];
+	double w_gbs, r_gbs;
+	uint32_t n_fill = 0;
+	int m, r, rc = 1, recall = -1;
+
+	m = model(c, layers);
+	if (m < 0)
+		return 1;
+	/* Before kvd's I/O and after it (below): a disk behind caches of its own (a VM's)
+	 * writes slower while it flushes what came before. The floor is the better of both. */
+	r = uring_floor(arg_file_dir, seg, (uint32_t)MIN(DIV_ROUND_UP(bytes, seg), FLOOR_BYTES / seg),
+	                &w_gbs, &r_gbs);
+	if (r < 0) {
+		fprintf(stderr, "kvd-bench tier: the io_uring O_DIRECT floor in %s: %s\n", arg_file_dir,
+		        strerror(-r));
+		return 1;
+	}
+	if ((r = status_u64(admin, "tier_offloads", &out0)) < 0 ||
+	    (r = status_u64(admin, "tier_demotes", &down0)) < 0 ||
+	    (r = status_u64(admin, "tier_demote_us", &down_us0)) < 0 ||
+	    (r = status_u64(admin, "tier_demote_bytes", &down_bytes0)) < 0 ||
+	    (r = status_u64(admin, "tier_file_recall_us", &back_us0)) < 0 ||
+	    (r = status_u64(admin, "tier_file_read_us", &read_us0)) < 0)
+		return fail(admin, "reading the status (a kvd without a file tier?)", r);
+	if (filled(c, m, layers, &x) != 0 || wait_past(admin, "tier_offloads", out0++) != 0)
+		goto out;
+	for (uint64_t v = down0; v == down0 && n_fill < FILLERS_MAX;) {
+		if (filled(c, m, layers, &fill[n_fill]) != 0)
+			goto out;
+		n_fill++;
+		if (wait_past(admin, "tier_offloads", out0++) != 0 ||
+		    (r = status_u64(admin, "tier_demotes", &v)) < 0)
+			goto out;
+	}
+	if (wait_past(admin, "tier_demotes", down0) != 0)
+		goto out;
+	/* Its demotion is done when its recall can begin: the pin waits for it anyway. */
+	pin_ns = now_ns();
+	r = kvd_seq_pin_recall(x, &recall);
+	pin_ns = now_ns() - pin_ns;
+	if (r < 0) {
+		fail(c, "pinning", r);
+		goto out;
+	}
+	if (recall != KVD_RECALL_FILE) {
+		fprintf(stderr, "kvd-bench tier: the pin found %d, not KVD_RECALL_FILE\n", recall);
+		goto out;
+	}
+	(void)kvd_seq_unpin(x);
+	if ((r = status_u64(admin, "tier_demote_us", &down_us)) < 0 ||
+	    (r = status_u64(admin, "tier_demote_bytes", &down_bytes)) < 0 ||
+	    (r = status_u64(admin, "tier_file_recall_us", &back_us)) < 0 ||
+	    (r = status_u64(admin, "tier_file_read_us", &read_us)) < 0) {
+		fail(admin, "reading the status", r);
+		goto out;
+	}
+	read_us -= read_us0;
+	/* What it wrote to the file is what it read back. */
+	seg_bytes = down_bytes;
+	down_us -= down_us0;
+	down_bytes -= down_bytes0;
+	back_us -= back_us0;
+	{
+		double w2, r2;
+
+		r = uring_floor(arg_file_dir, seg,
+		                (uint32_t)MIN(DIV_ROUND_UP(bytes, seg), FLOOR_BYTES / seg), &w2, &r2);
+		if (r < 0) {
+			fprintf(stderr, "kvd-bench tier: the io_uring O_DIRECT floor in %s: %s\n",
+			        arg_file_dir, strerror(-r));
+			goto out;
+		}
+		w_gbs = MAX(w_gbs, w2);
+		r_gbs = MAX(r_gbs, r2);
+	}
+	printf("%u layer%s x %u tokens through the file tier (%s; %u filler sequence%s)\n", layers,
+	       layers > 1 ? "s" : "", arg_tokens, arg_file_dir, n_fill, n_fill == 1 ? "" : "s");
+	printf("  io_uring O_DIRECT floor: write %.2f GB/s, read %.2f GB/s (%u in flight, %.1f MiB "
+	       "each; the better of a run before kvd's and one after)\n", w_gbs, r_gbs, TIER_DEPTH,
+	       (double)seg / (1 << 20));
+	printf("  to the file (kvd)  %8.2f GB/s  %8.1f ms  %.2f of the write floor\n",
+	       (double)down_bytes / (double)MAX(down_us, 1) / 1e3, (double)down_us / 1e3,
+	       (double)down_bytes / (double)MAX(down_us, 1) / 1e3 / w_gbs);
+	printf("  recall (kvd)       %8.2f GB/s  %8.1f ms  %.2f of the read floor (read, check, "
+	       "write into the pool)\n", (double)bytes / (double)MAX(back_us, 1) / 1e3,
+	       (double)back_us / 1e3, (double)bytes / (double)MAX(back_us, 1) / 1e3 / r_gbs);
+	printf("  of which reading   %8.2f GB/s  %8.1f ms  %.2f of the read floor (%u segments at "
+	       "a time)\n", (double)seg_bytes / (double)MAX(read_us, 1) / 1e3,
+	       (double)read_us / 1e3, (double)seg_bytes / (double)MAX(read_us, 1) / 1e3 / r_gbs,
+	       TIER_DEPTH);
+	printf("  pin that recalls   %8.1f ms\n", (double)pin_ns / 1e6);
+	rc = 0;
+out:
+	(void)kvd_seq_release(x);
+	for (uint32_t i = 0; i < n_fill; i++)
+		(void)kvd_seq_release(fill[i]);
+	return rc;
+}
+
 int bench_tier(int argc, char **argv) {
-	enum { OPT_SOCKET = 256, OPT_TOKENS, OPT_LAYERS };
+	enum { OPT_SOCKET = 256, OPT_TOKENS, OPT_LAYERS, OPT_FILE_DIR };
 	static const struct option options[] = {
 		{ "socket", required_argument, NULL, OPT_SOCKET },
 		{ "tokens", required_argument, NULL, OPT_TOKENS },
 		{ "layers", required_argument, NULL, OPT_LAYERS },
+		{ "file-dir", required_argument, NULL, OPT_FILE_DIR },
 		{ "help", no_argument, NULL, 'h' },
 		{},
 	};
@@ -247,6 +463,9 @@ int bench_tier(int argc, char **argv) {
 				        optarg);
 				return 2;
 			}
+			break;
+		case OPT_FILE_DIR:
+			arg_file_dir = optarg;
 			break;
 		case OPT_LAYERS:
 			if (number_parse_u32(optarg, 1, 128, &arg_layers) < 0) {
@@ -280,6 +499,15 @@ int bench_tier(int argc, char **argv) {
 	       "layers: 8 kv heads x 128, bf16)\n");
 	if (run(c, admin, 1) == 0 && (arg_layers == 1 || run(c, admin, arg_layers) == 0))
 		rc = 0;
+	if (rc == 0 && arg_file_dir) {
+		tier.tier = "host+file";
+		r = kvd_tenant_set_params(admin, "bench-tier", &tier);
+		if (r < 0)
+			rc = fail(admin, "setting tenant bench-tier's tier to host+file", r);
+		else if (run_file(c, admin, 1) != 0 ||
+		         (arg_layers > 1 && run_file(c, admin, arg_layers) != 0))
+			rc = 1;
+	}
 out:
 	kvd_client_unref(c);
 	kvd_client_unref(admin);

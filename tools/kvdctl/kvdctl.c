@@ -256,7 +256,7 @@ static const char *const node_u64_keys[] = {
 	"tier_recall_bytes", "tier_recall_us",  "tier_lost_full",   "tier_lost_corrupt",
 	"tier_lost_no_memory", "file_tier_bytes", "file_tier_used_bytes", "file_tier_sequences",
 	"tier_demotes",     "tier_demote_bytes", "tier_demote_us",   "tier_file_recalls",
-	"tier_file_recall_bytes", "tier_file_recall_us", "tier_lost_io",
+	"tier_file_recall_bytes", "tier_file_recall_us", "tier_file_read_us", "tier_lost_io",
 };
 
 static const char *const node_str_keys[] = {
