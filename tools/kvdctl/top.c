@@ -284,6 +284,13 @@ static int top_text(FILE *f, const void *userdata) {
 		fprintf(f, ", host tier %s of %s", size_format(held, a, sizeof(a)),
 			size_format(v, b, sizeof(b)));
 	}
+	if (status_u64(st, "file_tier_bytes", &v) == 0 && v > 0) {
+		uint64_t held = 0;
+
+		(void)status_u64(st, "file_tier_used_bytes", &held);
+		fprintf(f, ", file tier %s of %s", size_format(held, a, sizeof(a)),
+			size_format(v, b, sizeof(b)));
+	}
 	fputc('\n', f);
 	if (status_str(st, "state_error", &s) == 0 && *s)
 		fprintf(f, "warning: live changes are not saved (lost on restart): %s\n", s);
