@@ -238,9 +238,11 @@ int mover_in(struct mover *m, struct conn *c, struct seq *q, const struct parked
 	if (r >= 0) {
 		r = queue(m, j);
 		if (r < 0) {
+			/* Never run: q stays in the tier, its new blocks go back. */
 			c->outstanding--;
 			emptied = (struct seq_emptied){ .chunks = s->scratch + s->scratch_used };
-			(void)tier_recall_end(s->tier, j->mv, NULL, s->pool, c->id, &j->g, &emptied);
+			tier_move_fail(j->mv, -ECANCELED);
+			(void)tier_recall_end(s->tier, j->mv, q, s->pool, c->id, &j->g, &emptied);
 			server_reclaim(s, &emptied, NULL, NULL);
 		}
 	}

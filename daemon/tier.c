@@ -703,7 +703,7 @@ int tier_recall_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct
 		if (!q)
 			/* Detached when q went (tier_detach). */
 			entry_free(tr, e);
-		else {
+		else if (r != -ECANCELED) {
 			if (r == -EBADMSG)
 				tr->lost_corrupt++;
 			else

@@ -154,9 +154,10 @@ int tier_recall_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t c
  * Finishes bringing q back (q NULL: it went away meanwhile, and tier_detach() gave its
  * entry to the move): when every block matched its sum and was written, q's tables are
  * its own again (one rewrite, an epoch bump) and its entry goes; else the new blocks go
- * back (conn_id stops holding the chunks of *g) and q is lost. Frees mv. Returns 0,
- * -ECANCELED (q gone), -EBADMSG (a block failed its sum), or the backend's or the file's
- * -errno.
+ * back (conn_id stops holding the chunks of *g) and q is lost, unless the move failed with
+ * -ECANCELED (tier_move_fail: it never ran), which leaves q in the tier. Frees mv. Returns
+ * 0, -ECANCELED (q gone, or never run), -EBADMSG (a block failed its sum), or the
+ * backend's or the file's -errno.
  */
 int tier_recall_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct pool *p,
                     uint64_t conn_id, struct seq_granted *g, struct seq_emptied *emptied);
