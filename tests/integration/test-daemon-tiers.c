@@ -764,3 +764,41 @@ TEST(disk_full_degrades_the_tenant_to_drop) {
 	rmdir(mnt);
 	unlink(img);
 }
+
+/* kvd-bench tier end to end on a small shape, both tiers: it runs and measures (timings
+ * are not checked: a benchmark). A 2-layer sequence of 512 tokens takes 4 one-MiB
+ * segments: the host tier of 6 holds one, and the next sends it to the file. */
+TEST(bench_runs) {
+	const char *bench = getenv("KVD_BENCH");
+	char cmd[1024], out[8192], dir_arg[256];
+	struct fixture f;
+	size_t n;
+	FILE *p;
+	int status;
+
+	if (!bench)
+		TEST_SKIP("KVD_BENCH is not set (run the test through meson)");
+	/* The fake driver's device memory is only the CPU's to touch in the fake. */
+	if (fixture_backend_cuda())
+		TEST_SKIP("the bench's own figures on a GPU pool come from tools/gpu-check");
+	fixture_setup(&f, NULL, false);
+	snprintf(dir_arg, sizeof(dir_arg), "--file-tier-dir=%s", f.dir);
+	fixture_launch(&f, (const char *const[]){ "--pool-size", "16MiB", "--chunk-size", "1MiB",
+	                                          "--host-tier-size", "6MiB", "--file-tier-size",
+	                                          "16MiB", dir_arg, "--tier-idle", "50", NULL });
+	snprintf(cmd, sizeof(cmd), "%s tier --socket %s --tokens 512 --layers 2 --file-dir %s 2>&1",
+	         bench, f.socket, f.dir);
+	p = popen(cmd, "re");
+	ASSERT_NOT_NULL(p);
+	n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = 0;
+	status = pclose(p);
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		fprintf(stderr, "%s", out);
+	ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	ASSERT_TRUE(strstr(out, "2 layers x 512 tokens: 4.0 MiB"));
+	ASSERT_TRUE(strstr(out, "recall (kvd)"));
+	ASSERT_TRUE(strstr(out, "2 layers x 512 tokens through the file tier"));
+	ASSERT_TRUE(strstr(out, "of which reading"));
+	ASSERT_EQ(fixture_stop(&f), 0);
+}

@@ -148,10 +148,12 @@ static int filled(kvd_client *c, int m, uint32_t layers, kvd_seq **ret) {
 	r = kvd_seq_open(c, m, arg_tokens, &s);
 	for (uint32_t done = 0; r >= 0 && done < arg_tokens; done += GROW_STEP)
 		r = kvd_seq_grow(s, MIN(GROW_STEP, arg_tokens - done));
-	/* Written, so that every page is there to move. */
+	/* Written, so that every page is there to move; a GPU pool's blocks are device
+	 * memory, allocated whole already, which the CPU must not touch. */
 	if (r >= 0)
 		r = kvd_seq_pin(s);
-	for (uint32_t l = 0; r >= 0 && l < layers; l++)
+	for (uint32_t l = 0; r >= 0 && kvd_client_memory(c, NULL) == KVD_MEMORY_HOST && l < layers;
+	     l++)
 		for (uint64_t b = 0; r >= 0 && b < blocks; b++) {
 			void *p;
 
