@@ -58,6 +58,7 @@ struct mover {
 	uint64_t buf;
 	bool armed;
 	struct tier_io *io;           /* the file tier's, used by the worker only */
+	bool staging_pinned;          /* its staging is the backend's registered (host_register) */
 	const char *gate;             /* KVD_TEST_MOVE_GATE */
 };
 
@@ -443,6 +444,13 @@ int mover_new(struct server *s, struct mover **ret) {
 			return r;
 		}
 		log_info("file tier: %s, %s", s->tier->file->path, tier_io_describe(m->io));
+		/* On a GPU pool a recall from the file writes device memory from staging. */
+		if (s->pool->ops->host_register) {
+			uint64_t bytes;
+			void *staging = tier_io_staging(m->io, &bytes);
+
+			m->staging_pinned = s->pool->ops->host_register(staging, bytes) >= 0;
+		}
 	}
 	*ret = m;
 	return 0;
@@ -473,6 +481,11 @@ struct mover *mover_free(struct mover *m) {
 			(void)tier_demote_end(m->srv->tier, j->mv, NULL);
 		job_free(j);
 		pool_readers_end(m->srv->pool);
+	}
+	if (m->staging_pinned) {
+		uint64_t bytes;
+
+		m->srv->pool->ops->host_unregister(tier_io_staging(m->io, &bytes));
 	}
 	m->io = tier_io_free(m->io);
 	safe_close(m->efd);

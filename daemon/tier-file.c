@@ -165,6 +165,11 @@ struct tier_io *tier_io_free(struct tier_io *io) {
 	return NULL;
 }
 
+void *tier_io_staging(const struct tier_io *io, uint64_t *ret_bytes) {
+	*ret_bytes = TIER_IO_DEPTH * io->f->seg_bytes;
+	return io->staging;
+}
+
 const char *tier_io_describe(const struct tier_io *io) {
 	return io->why;
 }

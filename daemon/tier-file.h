@@ -60,6 +60,10 @@ struct tier_io;
 int tier_io_new(struct tier_file *f, void *host, uint64_t host_bytes, struct tier_io **ret);
 struct tier_io *tier_io_free(struct tier_io *io);
 
+/* The staging segments reads land in (TIER_IO_DEPTH of the file's segment size), for a
+ * backend that pins them (backend.h, host_register). */
+void *tier_io_staging(const struct tier_io *io, uint64_t *ret_bytes);
+
 /* "io_uring, fixed buffers", "io_uring", or "pread/pwrite" (why), for the log. */
 const char *tier_io_describe(const struct tier_io *io);
 
