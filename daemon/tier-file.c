@@ -98,6 +98,8 @@ struct tier_io {
 	unsigned host_bufs;           /* registered buffers of host, FIXED_MAX each but the last */
 	char why[128];
 	uint64_t fail_at, count;      /* KVD_TEST_TIER_IO_ERROR */
+	uint32_t reading;             /* reads of the batch started, not yet finished */
+	int read_error;               /* without io_uring: the started batch's result */
 };
 
 int tier_io_new(struct tier_file *f, void *host, uint64_t host_bytes, struct tier_io **ret) {
@@ -254,10 +256,62 @@ int tier_io_write(struct tier_io *io, unsigned char *const *src, const uint32_t 
 	return transfer(io, true, src, seg, n);
 }
 
-int tier_io_read(struct tier_io *io, const uint32_t *seg, uint32_t n, unsigned char **ret) {
-	if (n > TIER_IO_DEPTH)
+int tier_io_read_start(struct tier_io *io, const uint32_t *seg, uint32_t n, unsigned half,
+                       unsigned char **ret) {
+	uint64_t len = io->f->seg_bytes;
+	int r;
+
+	if (n > TIER_IO_DEPTH / 2 || half > 1 || io->reading > 0)
 		return -EINVAL;
 	for (uint32_t i = 0; i < n; i++)
-		ret[i] = io->staging + (uint64_t)i * io->f->seg_bytes;
-	return transfer(io, false, ret, seg, n);
+		ret[i] = io->staging + ((uint64_t)half * (TIER_IO_DEPTH / 2) + i) * len;
+	/* Without io_uring there is nothing to overlap: read now, say so at the finish. */
+	if (!io->uring) {
+		io->read_error = transfer(io, false, ret, seg, n);
+		return 0;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
+		uint64_t off = (uint64_t)seg[i] * len;
+
+		if (io->fixed)
+			io_uring_prep_read_fixed(sqe, io->f->fd, ret[i], (unsigned)len, off,
+			                         (int)io->host_bufs);
+		else
+			io_uring_prep_read(sqe, io->f->fd, ret[i], (unsigned)len, off);
+	}
+	for (io->reading = 0; io->reading < n;) {
+		r = io_uring_submit(&io->ring);
+		if (r <= 0)
+			return r < 0 ? r : -EIO;
+		io->reading += (uint32_t)r;
+	}
+	return 0;
+}
+
+int tier_io_read_finish(struct tier_io *io) {
+	uint64_t len = io->f->seg_bytes;
+	int r = 0;
+
+	if (!io->uring) {
+		r = io->read_error;
+		io->read_error = 0;
+		return r;
+	}
+	for (; io->reading > 0; io->reading--) {
+		struct io_uring_cqe *cqe;
+		int k = io_uring_wait_cqe(&io->ring, &cqe);
+
+		if (k < 0)
+			return k;
+		k = cqe->res;
+		io_uring_cqe_seen(&io->ring, cqe);
+		if (injected(io))
+			k = -EIO;
+		if (r == 0 && k < 0)
+			r = k;
+		else if (r == 0 && (uint64_t)k != len)
+			r = -EIO;
+	}
+	return r;
 }

@@ -15,7 +15,8 @@
  *
  * The I/O runs on the mover's worker thread (mover.h) through io_uring, with the host
  * tier's mapping and TIER_IO_DEPTH staging segments (what reads land in) registered as
- * fixed buffers, a segment per request and up to TIER_IO_DEPTH in flight; where io_uring or the registration is not allowed
+ * fixed buffers, a segment per request and up to TIER_IO_DEPTH in flight (half of that for
+ * reads, which overlap with writing what the batch before brought into the pool); where io_uring or the registration is not allowed
  * (seccomp filters, RLIMIT_MEMLOCK), with plain requests, or pread(2)/pwrite(2), which
  * tier_io_describe() says.
  *
@@ -71,7 +72,14 @@ const char *tier_io_describe(const struct tier_io *io);
  * or the first -errno (a short write is -EIO). */
 int tier_io_write(struct tier_io *io, unsigned char *const *src, const uint32_t *seg, uint32_t n);
 
-/* Reads the n (at most TIER_IO_DEPTH) file segments seg[i] into staging segments, whose
- * addresses it puts in ret[i] (valid until the next read). Returns 0, or the first -errno
- * (a short read is -EIO). */
-int tier_io_read(struct tier_io *io, const uint32_t *seg, uint32_t n, unsigned char **ret);
+/*
+ * Reads in two halves of the staging, so that a recall checks and writes one batch while
+ * the next is read: tier_io_read_start queues reading the n (at most TIER_IO_DEPTH / 2)
+ * file segments seg[i] into staging half `half` (0 or 1), whose addresses it puts in
+ * ret[i]; tier_io_read_finish waits for that batch (one at a time in flight). Return 0, or
+ * the first -errno (a short read is -EIO); a started batch must be finished, even after an
+ * error, before its half is used or the I/O freed.
+ */
+int tier_io_read_start(struct tier_io *io, const uint32_t *seg, uint32_t n, unsigned half,
+                       unsigned char **ret);
+int tier_io_read_finish(struct tier_io *io);

@@ -533,24 +533,36 @@ static int restore_block(struct tier_move *mv, uint64_t i, const unsigned char *
 	return mv->ops->write(mv->device, mv->pool[i], src, n);
 }
 
-/* A recall from the file: a batch of segments at a time into staging, each block put
- * back from there. */
+/* A recall from the file: batches of segments into the two halves of the staging in turn,
+ * each batch's blocks put back from there while the next batch is read. mv->io_ns is the
+ * time spent waiting for the file. */
 static int recall_from_file(struct tier_move *mv, struct tier_io *io) {
+	const uint32_t half = TIER_IO_DEPTH / 2;
 	struct tier_seq *e = mv->e;
-	unsigned char *buf[TIER_IO_DEPTH];
-	uint64_t i = 0;
-	int r = 0;
+	unsigned char *buf[2][TIER_IO_DEPTH / 2];
+	uint32_t k0 = 0, n = MIN(e->n_segs, half);
+	uint64_t i = 0, t0 = now_ns();
+	unsigned cur = 0;
+	int r;
 
-	for (uint32_t k0 = 0; k0 < e->n_segs && r == 0; k0 += TIER_IO_DEPTH) {
-		uint32_t n = MIN(e->n_segs - k0, TIER_IO_DEPTH);
+	r = tier_io_read_start(io, e->segs, n, cur, buf[cur]);
+	mv->io_ns += now_ns() - t0;
+	while (r == 0 && n > 0) {
+		uint32_t next = k0 + n, nn = MIN(e->n_segs - next, half);
 
-		uint64_t t0 = now_ns();
-
-		r = tier_io_read(io, e->segs + k0, n, buf);
+		t0 = now_ns();
+		r = tier_io_read_finish(io);
+		if (r == 0 && nn > 0)
+			r = tier_io_read_start(io, e->segs + next, nn, cur ^ 1, buf[cur ^ 1]);
 		mv->io_ns += now_ns() - t0;
-		for (; r == 0 && i < e->n_blocks && mv->seg[i] < k0 + n; i++)
-			r = restore_block(mv, i, buf[mv->seg[i] - k0] + mv->off[i]);
+		for (; r == 0 && i < e->n_blocks && mv->seg[i] < next; i++)
+			r = restore_block(mv, i, buf[cur][mv->seg[i] - k0] + mv->off[i]);
+		k0 = next;
+		n = nn;
+		cur ^= 1;
 	}
+	/* Nothing may still be landing in the staging when the next move uses it. */
+	(void)tier_io_read_finish(io);
 	return r;
 }
 

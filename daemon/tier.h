@@ -78,7 +78,7 @@ struct tier {
 	/* Moved from the host tier to the file (segment bytes), and back from the file. */
 	uint64_t demotes, demote_bytes, demote_ns;
 	uint64_t file_recalls, file_recall_bytes, file_recall_ns;
-	uint64_t file_read_ns;        /* of file_recall_ns, reading the file */
+	uint64_t file_read_ns;        /* of file_recall_ns, waiting for the file's reads */
 	/* Sequences lost: dropped by a full tier, a block failing its checksum (or a failing
 	 * device write) at the recall, no pool memory for the recall within grant-wait. */
 	uint64_t lost_full, lost_corrupt, lost_no_memory;

@@ -799,6 +799,6 @@ TEST(bench_runs) {
 	ASSERT_TRUE(strstr(out, "2 layers x 512 tokens: 4.0 MiB"));
 	ASSERT_TRUE(strstr(out, "recall (kvd)"));
 	ASSERT_TRUE(strstr(out, "2 layers x 512 tokens through the file tier"));
-	ASSERT_TRUE(strstr(out, "of which reading"));
+	ASSERT_TRUE(strstr(out, "of which waiting"));
 	ASSERT_EQ(fixture_stop(&f), 0);
 }

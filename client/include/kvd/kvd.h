@@ -754,8 +754,8 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           the file tier: "file_tier_bytes", "file_tier_used_bytes",
  *           "file_tier_sequences", "tier_demotes", "tier_demote_bytes", "tier_demote_us"
  *           (moved to it from a full host tier), "tier_file_recalls",
- *           "tier_file_recall_bytes", "tier_file_recall_us" (of which reading the file:
- *           "tier_file_read_us"), "tier_lost_io" (lost to its
+ *           "tier_file_recall_bytes", "tier_file_recall_us" (of which waiting for the
+ *           file's reads: "tier_file_read_us"), "tier_lost_io" (lost to its
  *           I/O failing),
  *           "refused_LIMIT" for each limit the daemon counts refusals at (LIMIT one of
  *           "connections", "connections_per_uid", "tenants", "models",
