@@ -98,7 +98,7 @@ struct tier_io {
 	unsigned host_bufs;           /* registered buffers of host, FIXED_MAX each but the last */
 	char why[128];
 	uint64_t fail_at, count;      /* KVD_TEST_TIER_IO_ERROR */
-	uint32_t reading;             /* reads of the batch started, not yet finished */
+	uint32_t in_flight;           /* requests submitted, not yet reaped */
 	int read_error;               /* without io_uring: the started batch's result */
 };
 
@@ -188,117 +188,45 @@ static unsigned buf_index(const struct tier_io *io, const unsigned char *p) {
 	return io->host_bufs;
 }
 
-/* n requests of a segment each, addr[i] to or from file segment seg[i]. */
-static int transfer(struct tier_io *io, bool write, unsigned char *const *addr, const uint32_t *seg,
-                    uint32_t n) {
+/* Queues and submits n (at most TIER_IO_DEPTH) requests of a segment each, addr[i] to or
+ * from file segment seg[i]; io->in_flight counts what reap() must wait for. */
+static int submit(struct tier_io *io, bool write, unsigned char *const *addr, const uint32_t *seg,
+                  uint32_t n) {
 	uint64_t len = io->f->seg_bytes;
-	uint32_t done = 0;
-	int r = 0;
-
-	if (!io->uring) {
-		for (uint32_t i = 0; i < n && r == 0; i++) {
-			off_t off = (off_t)((uint64_t)seg[i] * len);
-			ssize_t k = injected(io) ? -1 : write ? pwrite(io->f->fd, addr[i], len, off) :
-			                                       pread(io->f->fd, addr[i], len, off);
-
-			if (k < 0)
-				r = io->fail_at && io->count == io->fail_at ? -EIO : -errno;
-			else if ((uint64_t)k != len)
-				r = -EIO;
-		}
-		return r;
-	}
-	while (done < n) {
-		uint32_t batch = MIN(n - done, TIER_IO_DEPTH), got = 0;
-
-		for (uint32_t i = done; i < done + batch; i++) {
-			struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
-			uint64_t off = (uint64_t)seg[i] * len;
-
-			if (write && io->fixed)
-				io_uring_prep_write_fixed(sqe, io->f->fd, addr[i], (unsigned)len, off,
-				                          (int)buf_index(io, addr[i]));
-			else if (io->fixed)
-				io_uring_prep_read_fixed(sqe, io->f->fd, addr[i], (unsigned)len, off,
-				                         (int)buf_index(io, addr[i]));
-			else if (write)
-				io_uring_prep_write(sqe, io->f->fd, addr[i], (unsigned)len, off);
-			else
-				io_uring_prep_read(sqe, io->f->fd, addr[i], (unsigned)len, off);
-		}
-		r = io_uring_submit(&io->ring);
-		if (r < 0)
-			return r;
-		r = 0;
-		for (; got < batch; got++) {
-			struct io_uring_cqe *cqe;
-			int k = io_uring_wait_cqe(&io->ring, &cqe);
-
-			if (k < 0)
-				return k;
-			k = cqe->res;
-			io_uring_cqe_seen(&io->ring, cqe);
-			if (injected(io))
-				k = -EIO;
-			if (r == 0 && k < 0)
-				r = k;
-			else if (r == 0 && (uint64_t)k != len)
-				r = -EIO;
-		}
-		if (r < 0)
-			return r;
-		done += batch;
-	}
-	return 0;
-}
-
-int tier_io_write(struct tier_io *io, unsigned char *const *src, const uint32_t *seg, uint32_t n) {
-	return transfer(io, true, src, seg, n);
-}
-
-int tier_io_read_start(struct tier_io *io, const uint32_t *seg, uint32_t n, unsigned half,
-                       unsigned char **ret) {
-	uint64_t len = io->f->seg_bytes;
+	uint32_t queued = 0;
 	int r;
 
-	if (n > TIER_IO_DEPTH / 2 || half > 1 || io->reading > 0)
-		return -EINVAL;
-	for (uint32_t i = 0; i < n; i++)
-		ret[i] = io->staging + ((uint64_t)half * (TIER_IO_DEPTH / 2) + i) * len;
-	/* Without io_uring there is nothing to overlap: read now, say so at the finish. */
-	if (!io->uring) {
-		io->read_error = transfer(io, false, ret, seg, n);
-		return 0;
-	}
 	for (uint32_t i = 0; i < n; i++) {
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
 		uint64_t off = (uint64_t)seg[i] * len;
 
-		if (io->fixed)
-			io_uring_prep_read_fixed(sqe, io->f->fd, ret[i], (unsigned)len, off,
-			                         (int)io->host_bufs);
+		if (write && io->fixed)
+			io_uring_prep_write_fixed(sqe, io->f->fd, addr[i], (unsigned)len, off,
+			                          (int)buf_index(io, addr[i]));
+		else if (io->fixed)
+			io_uring_prep_read_fixed(sqe, io->f->fd, addr[i], (unsigned)len, off,
+			                         (int)buf_index(io, addr[i]));
+		else if (write)
+			io_uring_prep_write(sqe, io->f->fd, addr[i], (unsigned)len, off);
 		else
-			io_uring_prep_read(sqe, io->f->fd, ret[i], (unsigned)len, off);
+			io_uring_prep_read(sqe, io->f->fd, addr[i], (unsigned)len, off);
 	}
-	for (io->reading = 0; io->reading < n;) {
+	while (queued < n) {
 		r = io_uring_submit(&io->ring);
 		if (r <= 0)
 			return r < 0 ? r : -EIO;
-		io->reading += (uint32_t)r;
+		queued += (uint32_t)r;
+		io->in_flight += (uint32_t)r;
 	}
 	return 0;
 }
 
-int tier_io_read_finish(struct tier_io *io) {
-	uint64_t len = io->f->seg_bytes;
+/* Waits for every request in flight. Returns 0, or the first -errno (a short transfer is
+ * -EIO). */
+static int reap(struct tier_io *io) {
 	int r = 0;
 
-	if (!io->uring) {
-		r = io->read_error;
-		io->read_error = 0;
-		return r;
-	}
-	for (; io->reading > 0; io->reading--) {
+	for (; io->in_flight > 0; io->in_flight--) {
 		struct io_uring_cqe *cqe;
 		int k = io_uring_wait_cqe(&io->ring, &cqe);
 
@@ -310,8 +238,72 @@ int tier_io_read_finish(struct tier_io *io) {
 			k = -EIO;
 		if (r == 0 && k < 0)
 			r = k;
-		else if (r == 0 && (uint64_t)k != len)
+		else if (r == 0 && (uint64_t)k != io->f->seg_bytes)
 			r = -EIO;
 	}
 	return r;
+}
+
+/* n requests of a segment each, addr[i] to or from file segment seg[i], done when it
+ * returns. */
+static int transfer(struct tier_io *io, bool write, unsigned char *const *addr, const uint32_t *seg,
+                    uint32_t n) {
+	uint64_t len = io->f->seg_bytes;
+	int r = 0;
+
+	if (!io->uring) {
+		for (uint32_t i = 0; i < n && r == 0; i++) {
+			off_t off = (off_t)((uint64_t)seg[i] * len);
+			ssize_t k = write ? pwrite(io->f->fd, addr[i], len, off) :
+			                    pread(io->f->fd, addr[i], len, off);
+
+			if (injected(io))
+				r = -EIO;
+			else if (k < 0)
+				r = -errno;
+			else if ((uint64_t)k != len)
+				r = -EIO;
+		}
+		return r;
+	}
+	for (uint32_t done = 0; done < n && r == 0; done += TIER_IO_DEPTH) {
+		uint32_t batch = MIN(n - done, TIER_IO_DEPTH);
+		int k;
+
+		r = submit(io, write, addr + done, seg + done, batch);
+		/* What was submitted is waited for, even after an error. */
+		k = reap(io);
+		if (r == 0)
+			r = k;
+	}
+	return r;
+}
+
+int tier_io_write(struct tier_io *io, unsigned char *const *src, const uint32_t *seg, uint32_t n) {
+	return transfer(io, true, src, seg, n);
+}
+
+int tier_io_read_start(struct tier_io *io, const uint32_t *seg, uint32_t n, unsigned half,
+                       unsigned char **ret) {
+	if (n > TIER_IO_DEPTH / 2 || half > 1 || io->in_flight > 0)
+		return -EINVAL;
+	for (uint32_t i = 0; i < n; i++)
+		ret[i] = io->staging + ((uint64_t)half * (TIER_IO_DEPTH / 2) + i) * io->f->seg_bytes;
+	/* Without io_uring there is nothing to overlap: read now, say so at the finish. */
+	if (!io->uring) {
+		io->read_error = transfer(io, false, ret, seg, n);
+		return 0;
+	}
+	return submit(io, false, ret, seg, n);
+}
+
+int tier_io_read_finish(struct tier_io *io) {
+	int r;
+
+	if (!io->uring) {
+		r = io->read_error;
+		io->read_error = 0;
+		return r;
+	}
+	return reap(io);
 }
