@@ -66,6 +66,17 @@ _printf_(3, 4) static int refuse(char why[static WHY_MAX], int code, const char 
 	return code;
 }
 
+/* A connection past unmap-timeout gets no new chunk (server.h, server_unmap_due): -ETIMEDOUT
+ * with why, counted; 0 otherwise. */
+static int refuse_if_unmap_late(struct conn *c, char why[static WHY_MAX]) {
+	if (!c->unmap_due_ms)
+		return 0;
+	server_refused(c->srv, c, LIMIT_UNMAP_TIMEOUT);
+	return refuse(why, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
+	              "within unmap-timeout (%llu ms): no grants until it does",
+	              (unsigned long long)c->srv->limits.unmap_timeout_ms);
+}
+
 /* Answers a step with nothing but its result: a status on the socket (id), a completion on
  * the ring (id is the submission's user_data). */
 static void reply_step(struct conn *c, bool ring, uint64_t id, int r, const char *why) {
@@ -470,6 +481,7 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 	struct envelope_grants grants;
 	const struct model *m;
 	struct kvd_seq_desc *d;
+	char why[WHY_MAX];
 	uint32_t n = 0;
 	struct seq *q;
 	int r;
@@ -484,11 +496,9 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 		return;
 	}
 	/* A claim grants chunks too. */
-	if (c->unmap_due_ms) {
-		server_refused(s, c, LIMIT_UNMAP_TIMEOUT);
-		envelope_reply_error(c, id, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
-		            "within unmap-timeout (%llu ms): no grants until it does",
-		            (unsigned long long)s->limits.unmap_timeout_ms);
+	r = refuse_if_unmap_late(c, why);
+	if (r < 0) {
+		envelope_reply_error(c, id, r, "%s", why);
 		return;
 	}
 	m = &c->models[req->model_id - 1];
@@ -595,12 +605,9 @@ static int bring_back(struct conn *c, struct seq *q, const struct parked_grow *r
 
 	if (!q->tiered)
 		return 0;
-	if (c->unmap_due_ms) {
-		server_refused(s, c, LIMIT_UNMAP_TIMEOUT);
-		return refuse(why, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
-		              "within unmap-timeout (%llu ms): no grants until it does",
-		              (unsigned long long)s->limits.unmap_timeout_ms);
-	}
+	r = refuse_if_unmap_late(c, why);
+	if (r < 0)
+		return r;
 	if (c->outstanding >= s->limits.max_outstanding) {
 		server_refused(s, c, LIMIT_OUTSTANDING);
 		return refuse(why, -EBUSY, "at most %u requests of a connection wait at once "
@@ -616,13 +623,13 @@ static int bring_back(struct conn *c, struct seq *q, const struct parked_grow *r
 			c->outstanding++;
 			return 1;
 		}
-		log_info("sequence %llu (tenant %s): no memory came for its recall from the host "
-		         "tier within grant-wait: lost, as if evicted", (unsigned long long)q->id,
+		log_info("sequence %llu (tenant %s): no memory came for its recall from the tier "
+		         "within grant-wait: lost, as if evicted", (unsigned long long)q->id,
 		         q->tenant->name);
 		tier_lose(s->tier, q);
 		return 0;
 	}
-	return refuse(why, r, "cannot bring the sequence back from the host tier: %s",
+	return refuse(why, r, "cannot bring the sequence back from its tier: %s",
 	              strerror(-r));
 }
 
@@ -646,11 +653,8 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		reply_step(c, ring, id, r, why);
 		return;
 	}
-	if (c->unmap_due_ms) {
-		server_refused(s, c, LIMIT_UNMAP_TIMEOUT);
-		r = refuse(why, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
-		           "within unmap-timeout (%llu ms): no grants until it does",
-		           (unsigned long long)s->limits.unmap_timeout_ms);
+	r = refuse_if_unmap_late(c, why);
+	if (r < 0) {
 		reply_step(c, ring, id, r, why);
 		return;
 	}
