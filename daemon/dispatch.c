@@ -591,7 +591,7 @@ static void grow_retry(struct conn *c, const struct parked_grow *g, uint64_t wai
 }
 
 /*
- * Brings q back from the host tier, if it is there, for request req of c (a pin or a grow,
+ * Brings q back from its tier, if it is in one, for request req of c (a pin or a grow,
  * which retry answers). Returns 0 when q is resident or lost (q->recall says which); 1
  * when req waits: for the recall, copied off the loop (mover.h), or, parked, for an
  * eviction round or a move out to make room (its deadline: wait_until_ms; past it, q is
@@ -658,7 +658,7 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		reply_step(c, ring, id, r, why);
 		return;
 	}
-	/* A sequence moved to the host tier comes back before it grows. */
+	/* A sequence moved to a tier comes back before it grows. */
 	r = bring_back(c, q, &(struct parked_grow){ id, seq_id, tokens, ring,
 	                                            since_us ? since_us : now_us() },
 	               grow_retry, wait_until_ms, why);
@@ -1205,7 +1205,7 @@ static void pin_retry(struct conn *c, const struct parked_grow *g, uint64_t wait
 	dispatch_pin(c, g->id, g->ring, g->seq_id, wait_until_ms, g->since_us);
 }
 
-/* Pins sequence seq_id of c, bringing it back from the host tier first, and answers with
+/* Pins sequence seq_id of c, bringing it back from its tier first, and answers with
  * what it found (KVD_RECALL_*): in the ring completion's flags, or a SeqPinReply (none for
  * KVD_RECALL_NONE, as from daemons that predate tiers). */
 static void dispatch_pin(struct conn *c, uint64_t id, bool ring, uint64_t seq_id,
@@ -1244,14 +1244,15 @@ static void dispatch_pin(struct conn *c, uint64_t id, bool ring, uint64_t seq_id
 	if (ring) {
 		ring_complete(c->ring, id, 0, q->desc->generation, layout_tokens(q->desc)[0],
 		              recall << KVD_RING_CQE_F_RECALL_SHIFT, NULL);
-	} else if (recall != KVD_RECALL_NONE) {
+		return;
+	}
+	if (recall != KVD_RECALL_NONE) {
 		rep.has_recall = true;
 		rep.recall = recall;
 		env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_PIN_REPLY;
 		env.seq_pin_reply = &rep;
-		envelope_reply(c, id, &env, NULL, 0);
-	} else
-		envelope_reply(c, id, &env, NULL, 0);
+	}
+	envelope_reply(c, id, &env, NULL, 0);
 }
 
 static int step_unpin(struct conn *c, uint64_t seq_id, uint32_t event_id, char why[static WHY_MAX]) {

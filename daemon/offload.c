@@ -12,11 +12,10 @@
 #include "server.h"
 #include "tier.h"
 
-/* A sequence that may move out, named by ids: sending events may close connections and
- * free their sequences, so each is found again before anything is done to it. */
+/* A sequence that may move out. Queuing moves sends nothing, so none goes away meanwhile. */
 struct candidate {
 	uint64_t used_ms;
-	uint64_t conn_id, seq_id;
+	struct seq *q;
 };
 
 static int by_use(const void *a, const void *b) {
@@ -51,16 +50,13 @@ static uint64_t offload(struct server *s, uint64_t idle_ms, uint64_t need_bytes,
 		if (!c->closing)
 			for (struct seq *q = c->seqs; q && n < s->sequences; q = q->next)
 				if (qualifies(s, q, now, idle_ms, device))
-					cand[n++] = (struct candidate){ q->used_ms, q->conn_id, q->id };
+					cand[n++] = (struct candidate){ q->used_ms, q };
 	qsort(cand, n, sizeof(*cand), by_use);
 	for (uint32_t i = 0; i < n && (need_bytes == 0 || started < need_bytes); i++) {
-		struct seq *q = server_find_seq(s, cand[i].conn_id, cand[i].seq_id);
-		uint64_t bytes;
+		struct seq *q = cand[i].q;
+		uint64_t bytes = seq_resident_bytes(q);
 		int r;
 
-		if (!q)
-			continue;
-		bytes = seq_resident_bytes(q);
 		r = mover_out(s->mover, q);
 		if (r == -EBUSY)
 			break;

@@ -236,7 +236,6 @@ static void entry_unlink(struct tier *tr, struct tier_seq *e) {
 		tr->newest = e->older;
 	e->older = e->newer = NULL;
 	account(tr, e, -1);
-	tr->meta_bytes -= e->meta_bytes;
 	*tr->metadata_bytes -= e->meta_bytes;
 	q->tiered = NULL;
 }
@@ -302,8 +301,6 @@ static void collect_refs(const struct seq *q, struct kvd_block_ref *refs) {
 	}
 }
 
-
-
 /* A move between the pool and the tier (tier.h): what the loop set up, what the worker
  * copies, and what the loop needs to finish it. */
 struct tier_move {
@@ -312,7 +309,6 @@ struct tier_move {
 	uint64_t generation, pins;    /* out: q's, when it began */
 	const struct backend_ops *ops;
 	uint32_t device;
-	struct tier_file *file;
 	/* out, in: e's blocks. */
 	struct kvd_block_ref *refs;   /* [e->n_blocks]: the pool's blocks */
 	void **pool;                  /* [e->n_blocks]: their addresses in the daemon */
@@ -326,7 +322,7 @@ struct tier_move {
 	bool corrupt;                 /* KVD_TEST_TIER_CORRUPT */
 	int error;                    /* the worker's */
 	uint64_t ns;                  /* the worker's time */
-	uint64_t io_ns;               /* of which reading or writing the file */
+	uint64_t io_ns;               /* of which waiting for the file's reads */
 };
 
 static struct tier_move *move_free(struct tier_move *mv) {
@@ -356,7 +352,6 @@ static int move_new(struct tier *tr, struct tier_seq *e, const struct kvd_seq_de
 	mv->e = e;
 	mv->ops = p->ops;
 	mv->device = device;
-	mv->file = tr->file;
 	mv->host = tr->base;
 	mv->seg_bytes = tr->seg_bytes;
 	mv->corrupt = tr->corrupt;
@@ -409,7 +404,6 @@ static int demote_begin(struct tier *tr, struct tier_seq *e, struct tier_move **
 	}
 	mv->kind = TIER_MOVE_DEMOTE;
 	mv->e = e;
-	mv->file = tr->file;
 	mv->seg_bytes = tr->seg_bytes;
 	while (tr->file->n_free < e->n_segs) {
 		struct tier_seq *old = tr->oldest;
@@ -602,10 +596,6 @@ void tier_move_run(struct tier_move *mv, struct tier_io *io) {
 	mv->ns = now_ns() - start;
 }
 
-enum tier_move_kind tier_move_kind(const struct tier_move *mv) {
-	return mv->kind;
-}
-
 struct seq *tier_move_seq(const struct tier_move *mv) {
 	return mv->e->seq;
 }
@@ -649,7 +639,6 @@ int tier_offload_end(struct tier *tr, struct tier_move *mv, struct seq *q, struc
 		tr->oldest = e;
 	tr->newest = e;
 	account(tr, e, 1);
-	tr->meta_bytes += e->meta_bytes;
 	*tr->metadata_bytes += e->meta_bytes;
 	tr->offloads++;
 	tr->offload_bytes += e->bytes;

@@ -71,7 +71,6 @@ struct tier {
 	/* Oldest moved out first: what a full tier drops. */
 	struct tier_seq *oldest, *newest;
 	uint64_t *metadata_bytes;     /* the server's count, which the entries' metadata joins */
-	uint64_t meta_bytes;          /* of which the tier's */
 	/* Since the start: sequences moved out and back, their bytes and the time it took. */
 	uint64_t offloads, offload_bytes, offload_ns;
 	uint64_t recalls, recall_bytes, recall_ns;
@@ -165,8 +164,6 @@ int tier_recall_end(struct tier *tr, struct tier_move *mv, struct seq *q, struct
 /* The copy, on a worker thread: touches only what the move holds, and the file through io
  * (the worker's: NULL without a file tier). */
 void tier_move_run(struct tier_move *mv, struct tier_io *io);
-
-enum tier_move_kind tier_move_kind(const struct tier_move *mv);
 
 /* The sequence whose entry a demotion moves (tier_offload_begin's list). */
 struct seq *tier_move_seq(const struct tier_move *mv);
