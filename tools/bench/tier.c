@@ -448,9 +448,7 @@ int bench_tier(int argc, char **argv) {
 	kvd_client *c = NULL, *admin = NULL;
 	int opt, r, rc = 1;
 
-	arg_socket = getenv("KVD_SOCKET");
-	if (!arg_socket || !*arg_socket)
-		arg_socket = KVD_DEFAULT_SOCKET;
+	/* NULL: libkvd's default, $KVD_SOCKET or KVD_DEFAULT_SOCKET. */
 	optind = 0;
 	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
 		switch (opt) {
