@@ -38,8 +38,12 @@ static uint64_t offload(struct server *s, uint64_t idle_ms, uint64_t need_bytes,
 	_cleanup_(freep) struct candidate *cand = NULL;
 	uint64_t now = now_ms(), started = 0;
 	uint32_t n = 0, done = 0;
+	bool any = false;
 
-	if (s->tier->budget_bytes == 0 || s->sequences == 0)
+	/* Every tick: nothing to look at unless some tenant takes part. */
+	for (uint32_t i = 0; i < s->tenants.n && !any; i++)
+		any = s->tenants.tenants[i]->tier != TIER_DROP && !s->tenants.tenants[i]->tier_degraded;
+	if (!any || s->tier->budget_bytes == 0 || s->sequences == 0)
 		return 0;
 	cand = malloc(s->sequences * sizeof(*cand));
 	if (!cand) {

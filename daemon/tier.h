@@ -15,12 +15,17 @@
  * no memory in time. A lost sequence behaves as evicted whole: its tables stay empty and
  * its engine, told at its next pin (KVD_RECALL_LOST), prefills it again.
  *
+ * Below it, the file tier (tier-file.h): where a tenant's tier is host+file, the oldest
+ * entries a full host tier makes room from go to a file instead of being lost (a
+ * demotion), and come back from there the same way. Its I/O failing loses the entry and
+ * degrades the tenant (tenant.tier_degraded) to drop until its tier is set again.
+ *
  * The tier's bytes never count against the pool budget or a tenant's min and max; its
  * entries' metadata counts against max-metadata-bytes (server.metadata_bytes). A
  * sequence released, or a tenant forgotten with it, drops its entry.
  *
- * The checksum is for corruption, not tampering: tier memory is the daemon's own and
- * never leaves it.
+ * The checksum is for corruption, not tampering: tier memory is the daemon's own, the file
+ * kvd's (0600).
  *
  * Test hook (builds with -Dtest_hooks=true): with KVD_TEST_TIER_CORRUPT in the environment,
  * each sequence moved out gets one bit of its last block flipped after its checksum was
