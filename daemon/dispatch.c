@@ -27,6 +27,7 @@
 #include "policy.h"
 #include "ring.h"
 #include "server.h"
+#include "recall.h"
 #include "tier.h"
 #include "upload.h"
 #include "basic/time-util.h"
@@ -108,6 +109,7 @@ static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptie
 	keep_seq_dropped(s->keep, q);
 	mover_forget(s->mover, q);
 	tier_forget(s->tier, q);
+	q->kept = recall_store_free(s->tier, q->kept);
 	server_seq_closed(s, q);
 	q->obs = obs_unref(q->obs);
 	q->pending = evict_plan_drop(s->evictor, q->pending);
@@ -1284,6 +1286,47 @@ static void handle_seq_pin(struct conn *c, uint64_t id, const Envelope *request,
 	dispatch_pin(c, id, false, req->has_seq_id ? req->seq_id : 0, wait ? now_ms() + wait : 0, 0);
 }
 
+/* Brings back kept tokens the sequence's window needs (recall.h): answered when its round
+ * traded them (evict_recall). */
+static void handle_seq_recall(struct conn *c, uint64_t id, const Envelope *request,
+                              int request_fd _unused_) {
+	const Kvd__V1__SeqRecall *req = request->seq_recall;
+	struct server *s = c->srv;
+	struct seq *q = find_seq(c, req->has_seq_id ? req->seq_id : 0, NULL);
+	int r;
+
+	if (!q) {
+		envelope_reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		return;
+	}
+	if (c->tenant->recall == 0) {
+		envelope_reply_error(c, id, -EOPNOTSUPP, "tenant %s has recall off (kvd.conf(5), "
+		                     "recall; kvdctl tenant set --recall)", c->tenant->name);
+		return;
+	}
+	if (q->model->unit == KVD_UNIT_NONE || q->model->compensation != KVD_COMPENSATION_NONE) {
+		envelope_reply_error(c, id, -EOPNOTSUPP, "the sequence's model %s: only models "
+		                     "registered with an eviction unit and without compensation "
+		                     "recall", q->model->unit == KVD_UNIT_NONE ? "is never evicted" :
+		                     "keeps moments of what is evicted");
+		return;
+	}
+	if (c->outstanding >= s->limits.max_outstanding) {
+		server_refused(s, c, LIMIT_OUTSTANDING);
+		envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection "
+		                     "(max-outstanding)", c->outstanding);
+		return;
+	}
+	r = evict_recall(s->evictor, c, id, q);
+	if (r == -EBUSY && q->pins > 0)
+		envelope_reply_error(c, id, r, "the sequence is pinned: ask for a recall between steps");
+	else if (r == -EBUSY)
+		envelope_reply_error(c, id, r, "%u recalls wait already", EVICT_WAITERS_MAX);
+	else if (r < 0)
+		envelope_reply_error(c, id, r, "the sequence is moved out of the pool or its engine's "
+		                     "last step has not completed: pin it, or wait for the step");
+}
+
 static void handle_seq_unpin(struct conn *c, uint64_t id, const Envelope *request,
                              int request_fd _unused_) {
 	const Kvd__V1__SeqUnpin *req = request->seq_unpin;
@@ -1642,6 +1685,7 @@ static const struct request_type request_types[] = {
 	REQUEST(SEQUENCES_REQUEST, listing_sequences, 0, SEQUENCES),
 	REQUEST(DISCONNECT, handle_disconnect, 0, DISCONNECT),
 	REQUEST(PLAN, handle_plan, 0, PLAN),
+	REQUEST(SEQ_RECALL, handle_seq_recall, REQUEST_NEEDS_TENANT, SEQ_RECALL),
 #undef REQUEST
 };
 

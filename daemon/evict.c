@@ -24,6 +24,7 @@
 #include "mover.h"
 #include "offload.h"
 #include "policy.h"
+#include "recall.h"
 #include "round-gpu.h"
 #include "server.h"
 #include "tier.h"
@@ -39,6 +40,11 @@ struct evict_waiter {
 	bool dry;
 	enum round_trigger trigger;
 	struct evict_patch patch;
+};
+
+/* A SeqRecall waiting for its round. */
+struct recall_waiter {
+	uint64_t conn_id, id, seq_id;
 };
 
 struct grant_waiter {
@@ -66,6 +72,7 @@ struct record {
 	 * unpin and what was dropped (sequence gone or rewritten since the snapshot): planned
 	 * = applied (the tenants') + waiting + dropped. */
 	uint64_t planned, waiting, dropped;
+	uint64_t recalled, scored;    /* a recall: token slots brought back, kept ones scored */
 	uint32_t sequences;
 	uint64_t units;
 	double predicted_error;
@@ -94,6 +101,10 @@ struct evictor {
 	struct evict_waiter running_waiter;
 	struct evict_waiter waiters[EVICT_WAITERS_MAX];
 	uint32_t n_waiters;
+	/* SeqRecalls: the one the running round answers, and those waiting, in order. */
+	struct recall_waiter running_recall;
+	struct recall_waiter recalls[EVICT_WAITERS_MAX];
+	uint32_t n_recalls;
 	struct grant_waiter *grants;
 	uint32_t n_grants;
 
@@ -546,6 +557,15 @@ static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *dro
 			continue;
 		drops[n++] = (struct compact_drop){ .table = t, .n = c, .slots = drop_slots + drop_off[t] };
 		slots += c;
+	}
+	/* A tenant with recall keeps what leaves (recall.h): read before compaction moves the
+	 * survivors over it. Not with compensation, whose summaries count what left. */
+	if (q->tenant->recall > 0 && q->model->compensation == KVD_COMPENSATION_NONE) {
+		int64_t kept = recall_keep(e->srv->tier, q, e->srv->pool, drops, n);
+
+		if (kept < 0)
+			log_warning("sequence %llu: what its round evicts could not be kept for recall: %s",
+			            (unsigned long long)q->id, strerror((int)-kept));
 	}
 	k = seq_compact(q, e->srv->pool, e->gpu[q->device], drops, n, q->smooth, emptied, &blocks,
 	                &copy_error);
@@ -1017,6 +1037,23 @@ static struct round_gpu *const *gpus(struct evictor *e) {
 	return e->gpu;
 }
 
+/* Runs r on the worker. Returns 0 or a negative errno (nothing started). */
+static int launch(struct evictor *e, struct round *r) {
+	int k = arm(e);
+
+	if (k < 0)
+		return k;
+	e->running = r;
+	/* The worker reads blocks at the snapshot's addresses until on_round_done(). */
+	pool_readers_begin(e->srv->pool);
+	k = -pthread_create(&e->thread, NULL, round_thread, e);
+	if (k < 0) {
+		e->running = NULL;
+		pool_readers_end(e->srv->pool);
+	}
+	return k;
+}
+
 static void start_round(struct evictor *e, enum round_trigger why, uint64_t target, int only,
                         int device) {
 	struct server *s = e->srv;
@@ -1048,17 +1085,7 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 	if (k >= 0 && dry)
 		patch_snapshot(r, &e->running_waiter.patch);
 	if (k >= 0)
-		k = arm(e);
-	if (k >= 0) {
-		e->running = r;
-		/* The worker reads blocks at the snapshot's addresses until on_round_done(). */
-		pool_readers_begin(s->pool);
-		k = -pthread_create(&e->thread, NULL, round_thread, e);
-		if (k < 0) {
-			e->running = NULL;
-			pool_readers_end(s->pool);
-		}
-	}
+		k = launch(e, r);
 	if (k < 0) {
 		log_error_errno(k, "cannot start an eviction round");
 		r->error = k;
@@ -1122,6 +1149,8 @@ static uint64_t plan_target(const struct evictor *e, const struct evict_waiter *
 	}
 }
 
+static bool start_recall(struct evictor *e, const struct recall_waiter *w);
+
 void evict_kick(struct evictor *e, enum round_trigger why) {
 	struct server *s = e->srv;
 	struct pool *p = s->pool;
@@ -1132,6 +1161,14 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		e->budget_lowered = true;
 	if (e->running || s->stopping)
 		return;
+	/* A recall first: its engine waits for it before its next step. */
+	while (e->n_recalls > 0) {
+		struct recall_waiter w = e->recalls[0];
+
+		memmove(e->recalls, e->recalls + 1, --e->n_recalls * sizeof(*e->recalls));
+		if (start_recall(e, &w))
+			return;
+	}
 	while (e->n_waiters > 0) {
 		struct evict_waiter w = e->waiters[0];
 		int only = -1;
@@ -1218,6 +1255,256 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 	start_round(e, why, target, -1, device);
 }
 
+/* ---- recall ---- */
+
+static void reply_recall(struct evictor *e, const struct recall_waiter *w, int error,
+                         const char *why, const struct round_seq *rq, uint64_t tokens) {
+	Kvd__V1__SeqRecallReply rep = KVD__V1__SEQ_RECALL_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct conn *c = server_find_conn(e->srv, w->conn_id);
+
+	if (!c || c->closing)
+		return;
+	c->outstanding--;
+	if (error < 0) {
+		envelope_reply_error(c, w->id, error, "%s", why);
+		return;
+	}
+	rep.has_tokens = rep.has_bytes = rep.has_candidates = true;
+	rep.tokens = tokens;
+	rep.bytes = rq ? tokens * slot_bytes_of(rq->layout, rq->dtype, rq->head_dim, rq->kv_heads,
+	                                        rq->index_dim) : 0;
+	rep.candidates = rq ? rq->candidates : 0;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RECALL_REPLY;
+	env.seq_recall_reply = &rep;
+	envelope_reply(c, w->id, &env, NULL, 0);
+}
+
+/* The policy recalls of q score with (kvd.conf(5), recall-policy). */
+static int recall_policy(const struct server *s, const struct seq *q) {
+	if (s->limits.recall_policy >= 0)
+		return s->limits.recall_policy;
+	return q->model->index_dim ? KVD_POLICY_INDEXMEM : KVD_POLICY_KVD;
+}
+
+/* Why q cannot be recalled into now (0: it can). */
+static int recall_refusal(struct evictor *e, struct seq *q, const char **why) {
+	if (q->pins > 0)
+		return *why = "the sequence is pinned: ask for a recall between steps", -EBUSY;
+	if (q->tiered || q->move)
+		return *why = "the sequence is moved out of the pool, or moving: pin it first", -EAGAIN;
+	if (!evict_engine_done(e->srv, q))
+		return *why = "the engine's last step on the sequence has not completed", -EAGAIN;
+	return 0;
+}
+
+/* Snapshot of a recall round: q alone, its tenant ranking by the recall policy. */
+static int recall_snapshot(struct evictor *e, struct seq *q, struct round *r) {
+	struct server *s = e->srv;
+	const struct kvd_seq_desc *d = q->desc;
+	struct round_seq *rq;
+	uint64_t n = 0;
+	int k;
+
+	r->tenants = calloc(1, sizeof(*r->tenants));
+	r->seqs = calloc(1, sizeof(*r->seqs));
+	if (!r->tenants || !r->seqs)
+		return -ENOMEM;
+	r->n_tenants = 1;
+	r->tenants[0] = (struct round_tenant){
+		.id = q->tenant->id,
+		.weight = q->tenant->weight,
+		.policy = recall_policy(s, q),
+	};
+	memcpy(r->tenants[0].name, q->tenant->name, sizeof(q->tenant->name));
+	rq = &r->seqs[0];
+	k = snapshot_seq(s, q, 0, rq);
+	r->n_seqs = 1;
+	if (k < 0)
+		return k;
+	rq->pos_off = malloc((d->n_tables + 1) * sizeof(uint64_t));
+	if (!rq->pos_off)
+		return -ENOMEM;
+	for (uint32_t t = 0; t < d->n_tables; t++) {
+		rq->pos_off[t] = n;
+		n += layout_tokens(d)[t];
+	}
+	rq->pos_off[d->n_tables] = n;
+	rq->positions = malloc(MAX(n, 1u) * sizeof(uint32_t));
+	if (!rq->positions)
+		return -ENOMEM;
+	for (uint32_t t = 0; t < d->n_tables; t++)
+		memcpy(rq->positions + rq->pos_off[t], layout_positions(d, t),
+		       layout_tokens(d)[t] * sizeof(uint32_t));
+	rq->recall_max = q->tenant->recall;
+	return 0;
+}
+
+/*
+ * Starts the round of recall w, or answers it at once (the sequence gone, refused, or
+ * nothing kept). Returns whether a round runs.
+ */
+static bool start_recall(struct evictor *e, const struct recall_waiter *w) {
+	struct server *s = e->srv;
+	struct seq *q = server_find_seq(s, w->conn_id, w->seq_id);
+	const char *why = "";
+	struct round *r;
+	int k;
+
+	/* A plan waiting for the unpin goes first: the recall sees what it left. */
+	if (q && q->pending && q->pins == 0) {
+		evict_apply_pending(e, q);
+		q = server_find_seq(s, w->conn_id, w->seq_id);
+	}
+	if (!q) {
+		reply_recall(e, w, -ENOENT, "the sequence was released", NULL, 0);
+		return false;
+	}
+	k = recall_refusal(e, q, &why);
+	if (k == 0 && q->pending)
+		k = -EAGAIN, why = "an eviction plan for the sequence waits for its engine";
+	if (k < 0) {
+		reply_recall(e, w, k, why, NULL, 0);
+		return false;
+	}
+	if (recall_kept_total(q->kept) == 0) {
+		reply_recall(e, w, 0, NULL, NULL, 0);
+		return false;
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r) {
+		reply_recall(e, w, -ENOMEM, "out of memory", NULL, 0);
+		return false;
+	}
+	r->id = ++e->next_id;
+	r->recall = true;
+	r->trigger = ROUND_RECALL;
+	r->start_ms = now_ms() - s->start_ms;
+	r->only = -1;
+	r->device = -1;
+	r->threads = s->limits.round_threads;
+	r->mem = s->pool->ops;
+	k = recall_snapshot(e, q, r);
+	if (k >= 0) {
+		/* The round holds the kept tokens until it is applied: nothing else adds to
+		 * them meanwhile (one round at a time), and an offload waits (offload.h). */
+		r->seqs[0].kept = TAKE_PTR(q->kept);
+		q->recalling = true;
+		e->running_recall = *w;
+		k = launch(e, r);
+		if (k < 0) {
+			q->kept = TAKE_PTR(r->seqs[0].kept);
+			q->recalling = false;
+		}
+	}
+	if (k < 0) {
+		log_error_errno(k, "cannot start a recall round");
+		reply_recall(e, w, k, "cannot start the recall round", NULL, 0);
+		round_free(r);
+		return false;
+	}
+	return true;
+}
+
+/* Trades what the recall round r picked in q. Returns the token slots brought back, or a
+ * negative errno. */
+static int64_t recall_apply(struct evictor *e, struct round *r, struct seq *q, struct recall_store *st) {
+	struct round_seq *rq = &r->seqs[0];
+	_cleanup_(freep) struct recall_trade *trades = NULL;
+	int k, copy_error;
+
+	if (smooth_fit(q) < 0)
+		return -ENOMEM;
+	for (uint32_t rw = 0; rw < rq->rows; rw++) {
+		uint32_t t = round_table_of_row(rq, rw), n = MIN(rq->tokens[t], q->smooth_cap[t]);
+
+		if (n > 0)
+			memcpy(q->smooth[t], rq->smooth_out[rw], n * sizeof(float));
+	}
+	if (!rq->drop_off)
+		return 0;
+	trades = calloc(rq->n_tables, sizeof(*trades));
+	if (!trades)
+		return -ENOMEM;
+	for (uint32_t t = 0; t < rq->n_tables; t++)
+		trades[t] = (struct recall_trade){
+			.n = rq->drop_off[t + 1] - rq->drop_off[t],
+			.drop = rq->drop_slots + rq->drop_off[t],
+			.take = rq->take + rq->take_off[t],
+			.take_s = rq->take_s + rq->take_off[t],
+		};
+	k = recall_swap(q, e->srv->pool, st, trades, &copy_error);
+	if (k < 0)
+		return k;
+	if (copy_error < 0)
+		log_error("sequence %llu: a K/V copy of its recall failed: %s; its K/V are not to be "
+		          "trusted", (unsigned long long)q->id, strerror(-copy_error));
+	return rq->drop_off[rq->n_tables];
+}
+
+static void recall_done(struct evictor *e, struct round *r) {
+	struct server *s = e->srv;
+	struct round_seq *rq = &r->seqs[0];
+	struct recall_store *st = TAKE_PTR(rq->kept);
+	struct seq *q = server_find_seq(s, rq->conn_id, rq->seq_id);
+	struct recall_waiter w = e->running_recall;
+	const char *why = "the recall round failed";
+	uint64_t t0 = now_us();
+	struct record *rec;
+	int64_t k = r->error;
+
+	rec = record_round(e, r);
+	rec->planned = 0;
+	rec->scored = rq->candidates;
+	if (!q) {
+		recall_store_free(s->tier, st);
+		k = -ENOENT, why = "the sequence was released during its recall";
+	} else {
+		q->recalling = false;
+		if (k >= 0 && (k = recall_refusal(e, q, &why)) == 0 && q->epoch != rq->epoch)
+			k = -EAGAIN, why = "the sequence was rewritten during its recall";
+		if (k >= 0) {
+			k = recall_apply(e, r, q, st);
+			if (k < 0)
+				why = "its tables could not be rewritten";
+		}
+		q->kept = st;
+	}
+	if (k >= 0 && rq->drop_off)
+		rec->recalled = (uint64_t)k;
+	rec->compact_us = now_us() - t0;
+	rec->duration_us = r->score_us + rec->compact_us;
+	s->tier->token_recalls++;
+	s->tier->tokens_recalled += rec->recalled;
+	s->tier->tokens_scored += rq->candidates;
+	s->tier->token_recall_us += rec->duration_us;
+	log_info("recall round %llu: sequence %llu: %llu token slots back of %llu kept ones scored; "
+	         "%.1f ms (score %.1f, trade %.1f)%s%s", (unsigned long long)r->id,
+	         (unsigned long long)rq->seq_id, (unsigned long long)rec->recalled,
+	         (unsigned long long)rq->candidates, rec->duration_us / 1e3, r->score_us / 1e3,
+	         rec->compact_us / 1e3, k < 0 ? ": " : "", k < 0 ? why : "");
+	reply_recall(e, &w, k < 0 ? (int)k : 0, why, rq, rec->recalled);
+	if (q && rec->recalled > 0) {
+		q->tenant->recalled_tokens += rec->recalled;
+		send_changed(s, q);
+	}
+}
+
+int evict_recall(struct evictor *e, struct conn *c, uint64_t id, struct seq *q) {
+	const char *why;
+	int k;
+
+	if (e->n_recalls == EVICT_WAITERS_MAX)
+		return -EBUSY;
+	k = recall_refusal(e, q, &why);
+	if (k < 0)
+		return k;
+	e->recalls[e->n_recalls++] = (struct recall_waiter){ c->id, id, q->id };
+	c->outstanding++;
+	evict_kick(e, ROUND_RECALL);
+	return 0;
+}
+
 void evict_cap_lowered(struct evictor *e) {
 	e->cap_lowered = true;
 	evict_kick(e, ROUND_CAP);
@@ -1279,6 +1566,13 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 		log_warning("reading the round's eventfd failed: %s", strerror(-res));
 	pthread_join(e->thread, NULL);
 	e->running = NULL;
+	if (r->recall) {
+		recall_done(e, r);
+		round_free(r);
+		pool_readers_end(e->srv->pool);
+		evict_kick(e, ROUND_WATERMARK);
+		return;
+	}
 	if (r->dry_run) {
 		/* A plan: answered, and nothing else; no state of the daemon changes. */
 		e->running_request = false;
@@ -1547,6 +1841,11 @@ int evict_history(const struct evictor *e, Kvd__V1__EvictionsReply *rep) {
 		r->predicted_error = rec->predicted_error;
 		r->has_planned_bytes = r->has_waiting_bytes = r->has_dropped_bytes = true;
 		r->planned_bytes = rec->planned;
+		if (rec->trigger == ROUND_RECALL) {
+			r->has_recalled_tokens = r->has_scored_tokens = true;
+			r->recalled_tokens = rec->recalled;
+			r->scored_tokens = rec->scored;
+		}
 		r->waiting_bytes = rec->waiting;
 		r->dropped_bytes = rec->dropped;
 		if (rec->note[0])

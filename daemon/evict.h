@@ -78,6 +78,15 @@ void evict_kick(struct evictor *e, enum round_trigger why);
  */
 int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes);
 
+/*
+ * Queues a SeqRecall of connection c (request id) for q (docs/recall.md): its round runs
+ * before any other waiting (its engine waits for it), and request id is answered when the
+ * trade is done: a SeqRecallReply, or an error (the sequence released, pinned or rewritten
+ * meanwhile: -ENOENT, -EBUSY, -EAGAIN). Returns 0, or -EBUSY (too many waiting; q
+ * pinned), -EAGAIN (q moved out of the pool, or its engine's step not complete).
+ */
+int evict_recall(struct evictor *e, struct conn *c, uint64_t id, struct seq *q);
+
 /* A tenant's settings as a change would make them, for a plan (evict_plan). */
 struct evict_patch {
 	uint32_t tenant_id;           /* 0: none */

@@ -27,6 +27,7 @@ static int by_use(const void *a, const void *b) {
 static bool qualifies(struct server *s, struct seq *q, uint64_t now, uint64_t idle_ms,
                       int device) {
 	return q->tenant->tier != TIER_DROP && !q->tenant->tier_degraded && !q->tiered && !q->move &&
+	       !q->recalling &&
 	       q->pins == 0 && !q->pending &&
 	       now - q->used_ms >= idle_ms && (device < 0 || q->device == (uint32_t)device) &&
 	       seq_resident_bytes(q) > 0 && evict_engine_done(s, q);

@@ -21,6 +21,7 @@ static const char *const trigger_names[_ROUND_TRIGGER_MAX] = {
 	[ROUND_EVICT] = "evict",
 	[ROUND_INTERVAL] = "interval",
 	[ROUND_CAP] = "cap",
+	[ROUND_RECALL] = "recall",
 };
 
 const char *round_trigger_to_string(enum round_trigger t) {
@@ -125,31 +126,19 @@ struct scratch {
 };
 
 /*
- * The costs of kv heads [kh0, kh0 + nkv) of layer l over its first L slots into
- * sc->scores, by policy: with gpu on that GPU (round-gpu.h), the K/V gathered there, else
- * on the CPU. Returns 0 or a negative errno.
+ * The costs of kv heads [kh0, kh0 + nkv) of layer l by policy, from the K and V rows of
+ * L slots in kb and vb (head after head, L rows each) and their index keys in ik (with
+ * indexmem), the window's being the last: with gpu on that GPU, kb and vb there. Returns
+ * 0 or a negative errno.
  */
-static int layer_scores(struct round *r, struct round_seq *q, uint32_t l, uint32_t kh0, uint32_t nkv,
-                        int policy, uint32_t L, struct round_gpu *gpu, struct scratch *sc) {
-	uint32_t t0 = table_of(q, l, kh0), g = q->q_heads / q->kv_heads, w = q->window;
+static int policy_layer(struct round *r, struct round_seq *q, uint32_t l, uint32_t kh0, uint32_t nkv,
+                        int policy, uint32_t L, const uint8_t *kb, const uint8_t *vb,
+                        const uint8_t *ik, struct round_gpu *gpu, float *scores) {
+	uint32_t g = q->q_heads / q->kv_heads, w = q->window;
 	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
-	uint8_t *kb = sc->k, *vb = sc->v;
 	struct kvd_policy_params p;
 	struct kvd_attn_in in;
 	const float *gram;
-	int k;
-
-	if (gpu) {
-		k = round_gpu_kv(gpu, (uint64_t)nkv * L * row, &kb, &vb);
-		if (k < 0)
-			return k;
-	}
-	for (uint32_t j = 0; j < nkv; j++) {
-		k = gather(r, q, gpu, l, kh0 + j, L, kb + (uint64_t)j * L * row,
-		           vb + (uint64_t)j * L * row);
-		if (k < 0)
-			return k;
-	}
 
 	in = (struct kvd_attn_in){
 		.dtype = q->dtype,
@@ -179,21 +168,50 @@ static int layer_scores(struct round *r, struct round_seq *q, uint32_t l, uint32
 		p.mi_count = q->mi_count + first;
 	}
 	if (kvd_policy_info(policy)->flags & KVD_POLICY_NEEDS_INDEX) {
-		/* The aligned tables of a layer hold the same tokens: kh0's keys stand for all. */
-		k = gather_index(r, q, t0, L, sc->ik);
-		if (k < 0)
-			return k;
 		p.index_q = obs_index_queries(q->obs, l);
-		p.index_k = sc->ik;
+		p.index_k = ik;
 		p.index_k_stride = q->index_dim;
 		p.index_heads = q->index_heads;
 		p.index_dim = q->index_dim;
 	}
 	gram = q->grams && q->grams[l] ? q->grams[l]->g + (uint64_t)kh0 * g * q->head_dim * q->head_dim
 	                               : NULL;
-	return gpu ? kvd_policy_scores_via(&p, &in, gram, NULL, round_gpu_score_layer, gpu, sc->scores)
-	           : kvd_policy_scores(&p, &in, gram, NULL, sc->scores);
+	return gpu ? kvd_policy_scores_via(&p, &in, gram, NULL, round_gpu_score_layer, gpu, scores)
+	           : kvd_policy_scores(&p, &in, gram, NULL, scores);
 }
+
+/*
+ * The costs of kv heads [kh0, kh0 + nkv) of layer l over its first L slots into
+ * sc->scores, by policy: with gpu on that GPU (round-gpu.h), the K/V gathered there, else
+ * on the CPU. Returns 0 or a negative errno.
+ */
+static int layer_scores(struct round *r, struct round_seq *q, uint32_t l, uint32_t kh0, uint32_t nkv,
+                        int policy, uint32_t L, struct round_gpu *gpu, struct scratch *sc) {
+	uint32_t t0 = table_of(q, l, kh0);
+	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
+	uint8_t *kb = sc->k, *vb = sc->v;
+	int k;
+
+	if (gpu) {
+		k = round_gpu_kv(gpu, (uint64_t)nkv * L * row, &kb, &vb);
+		if (k < 0)
+			return k;
+	}
+	for (uint32_t j = 0; j < nkv; j++) {
+		k = gather(r, q, gpu, l, kh0 + j, L, kb + (uint64_t)j * L * row,
+		           vb + (uint64_t)j * L * row);
+		if (k < 0)
+			return k;
+	}
+	if (kvd_policy_info(policy)->flags & KVD_POLICY_NEEDS_INDEX) {
+		/* The aligned tables of a layer hold the same tokens: kh0's keys stand for all. */
+		k = gather_index(r, q, t0, L, sc->ik);
+		if (k < 0)
+			return k;
+	}
+	return policy_layer(r, q, l, kh0, nkv, policy, L, kb, vb, sc->ik, gpu, sc->scores);
+}
+
 
 /*
  * Scores kv heads [kh0, kh0 + nkv) of layer l (their tables all hold the same slots when
@@ -731,12 +749,319 @@ static int fold_seq(const struct round *r, struct round_seq *q) {
 	return 0;
 }
 
+/* ---- recall ---- */
+
+/* A recall's work buffers, per row. */
+struct recall_scratch {
+	uint8_t *tk, *tv, *ti;        /* one head's resident rows [0, window end), index keys */
+	uint8_t *kb, *vb, *ib;        /* the candidates then the window, head after head */
+	float *scores;
+	int64_t *src;                 /* per candidate: its resident slot, or -1 - its kept index */
+	uint32_t *order;
+};
+
+static void recall_scratch_done(struct recall_scratch *sc) {
+	free(sc->tk);
+	free(sc->tv);
+	free(sc->ti);
+	free(sc->kb);
+	free(sc->vb);
+	free(sc->ib);
+	free(sc->scores);
+	free(sc->src);
+	free(sc->order);
+	*sc = (struct recall_scratch){};
+}
+
+/* Per table, what a recall trades, before they are laid out in the round_seq. */
+struct recall_pick {
+	uint32_t n;
+	uint32_t *drop, *take;
+	float *take_s;
+};
+
+/* Candidates by cost, ascending (ties: the earlier first). */
+static int cmp_cost(const void *a, const void *b, void *userdata) {
+	const float *cost = userdata;
+	float x = cost[*(const uint32_t *)a], y = cost[*(const uint32_t *)b];
+
+	return x < y ? -1 : x > y ? 1 : (*(const uint32_t *)a > *(const uint32_t *)b) -
+	                                      (*(const uint32_t *)a < *(const uint32_t *)b);
+}
+
+static int cmp_u32(const void *a, const void *b) {
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Where a kept slot's rows of kv head kh are in its record (recall.h's layout). */
+static const uint8_t *kept_part(const struct round_seq *q, uint32_t t, uint32_t i, uint32_t kh,
+                                uint32_t part) {
+	uint32_t heads = q->layout == KVD_LAYOUT_PER_HEAD ? 1 : q->kv_heads;
+	uint32_t h = q->layout == KVD_LAYOUT_PER_HEAD ? 0 : kh;
+	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
+	const uint8_t *rec = recall_record(q->kept, t, i);
+
+	return part == 0 ? rec + h * row : part == 1 ? rec + (heads + h) * row : rec + 2 * heads * row;
+}
+
+/*
+ * Scores the candidates of kv heads [kh0, kh0 + nkv) of layer l (one row: their tables
+ * hold the same slots when nkv > 1) and picks its trades into picks[] (each table of the
+ * row the same). Returns 0 or a negative errno.
+ */
+static int recall_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_t kh0, uint32_t nkv,
+                        float share, struct recall_pick *picks) {
+	uint32_t t0 = table_of(q, l, kh0), w = q->window, end = q->window_end[t0];
+	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
+	uint64_t irow = (uint64_t)q->index_dim * layout_dtype_bytes(q->dtype);
+	const uint32_t *pos = q->positions + q->pos_off[t0];
+	int policy = r->tenants[q->tenant].policy;
+	bool index = kvd_policy_info(policy)->flags & KVD_POLICY_NEEDS_INDEX;
+	struct recall_scratch sc = {};
+	uint32_t ws, T, M, L, ne = 0, nk = 0, n = 0;
+	uint32_t *E, *K;
+	float *x;
+	int k = -ENOMEM;
+
+	if (end <= w)
+		return 0;                 /* no window: nothing asks for anything */
+	ws = end - w;
+	T = recall_kept(q->kept, t0);
+	/* Kept slots after the window's start are not candidates (a window republished
+	 * over slots evicted since it was first published). */
+	while (T > 0 && recall_positions(q->kept, t0)[T - 1] >= pos[ws])
+		T--;
+	for (uint32_t j = 1; j < nkv; j++) {
+		uint32_t t = table_of(q, l, kh0 + j);
+
+		/* The tables of a layer row lose and keep the same slots: one that does not is
+		 * left as it is rather than traded out of line. */
+		if (recall_kept(q->kept, t) < T ||
+		    memcmp(recall_positions(q->kept, t), recall_positions(q->kept, t0), T * 4) != 0)
+			return 0;
+	}
+	if (T == 0)
+		return 0;
+	M = ws + T;
+	L = M + w;
+	if (index && q->index_dim == 0)
+		policy = kvd_policy_info(policy)->fallback, index = false;
+	sc.tk = malloc(MAX((uint64_t)end * row, 1u));
+	sc.tv = malloc(MAX((uint64_t)end * row, 1u));
+	sc.kb = malloc((uint64_t)nkv * L * row);
+	sc.vb = malloc((uint64_t)nkv * L * row);
+	sc.scores = malloc((uint64_t)q->q_heads * L * sizeof(float));
+	sc.src = malloc(M * sizeof(int64_t));
+	sc.order = malloc(2 * (uint64_t)M * sizeof(uint32_t));
+	if (index) {
+		sc.ti = malloc(MAX((uint64_t)end * irow, 1u));
+		sc.ib = malloc(MAX((uint64_t)L * irow, 1u));
+	}
+	if (!sc.tk || !sc.tv || !sc.kb || !sc.vb || !sc.scores || !sc.src || !sc.order ||
+	    (index && (!sc.ti || !sc.ib)))
+		goto out;
+	/* Candidates in position order: the resident slots before the window and the kept. */
+	{
+		const uint32_t *kp = recall_positions(q->kept, t0);
+
+		for (uint32_t i = 0, j = 0, m = 0; m < M; m++)
+			sc.src[m] = j >= T || (i < ws && pos[i] < kp[j]) ? (int64_t)i++ : -1 - (int64_t)j++;
+	}
+	for (uint32_t j = 0; j < nkv; j++) {
+		uint32_t t = table_of(q, l, kh0 + j);
+		uint8_t *kd = sc.kb + (uint64_t)j * L * row, *vd = sc.vb + (uint64_t)j * L * row;
+
+		k = gather(r, q, NULL, l, kh0 + j, end, sc.tk, sc.tv);
+		if (k < 0)
+			goto out;
+		for (uint32_t m = 0; m < M; m++) {
+			int64_t s = sc.src[m];
+
+			memcpy(kd + m * row, s >= 0 ? sc.tk + s * row : kept_part(q, t, (uint32_t)(-1 - s), kh0 + j, 0), row);
+			memcpy(vd + m * row, s >= 0 ? sc.tv + s * row : kept_part(q, t, (uint32_t)(-1 - s), kh0 + j, 1), row);
+		}
+		memcpy(kd + (uint64_t)M * row, sc.tk + (uint64_t)ws * row, (uint64_t)w * row);
+		memcpy(vd + (uint64_t)M * row, sc.tv + (uint64_t)ws * row, (uint64_t)w * row);
+	}
+	if (index) {
+		k = gather_index(r, q, t0, end, sc.ti);
+		if (k < 0)
+			goto out;
+		for (uint32_t m = 0; m < M; m++) {
+			int64_t s = sc.src[m];
+
+			memcpy(sc.ib + m * irow, s >= 0 ? sc.ti + s * irow : kept_part(q, t0, (uint32_t)(-1 - s), kh0, 2), irow);
+		}
+		memcpy(sc.ib + (uint64_t)M * irow, sc.ti + (uint64_t)ws * irow, (uint64_t)w * irow);
+	}
+	k = policy_layer(r, q, l, kh0, nkv, policy, L, sc.kb, sc.vb, sc.ib, NULL, sc.scores);
+	if (k < 0)
+		goto out;
+	x = sc.scores;
+	for (uint32_t j = 1; j < nkv; j++)
+		for (uint32_t m = 0; m < M; m++)
+			x[m] += x[(uint64_t)j * M + m];
+	for (uint32_t m = 0; m < M; m++)
+		x[m] *= share;
+	/* The pairs: kept slots from the most valuable, resident ones (sinks protected) from
+	 * the least, as long as the kept one is worth more. */
+	E = sc.order;
+	K = sc.order + M;
+	for (uint32_t m = 0; m < M; m++) {
+		if (sc.src[m] < 0)
+			K[nk++] = m;
+		else if ((uint32_t)sc.src[m] >= q->sink_slots[t0])
+			E[ne++] = m;
+	}
+	qsort_r(E, ne, sizeof(*E), cmp_cost, x);
+	qsort_r(K, nk, sizeof(*K), cmp_cost, x);
+	while (n < MIN(MIN(ne, nk), q->recall_max) && x[K[nk - 1 - n]] > x[E[n]])
+		n++;
+	q->candidates += T;
+	{
+		uint32_t rw = round_row_of_table(q, t0);
+
+		/* The window is new: its costs replace what the resident slots had. */
+		for (uint32_t m = 0; m < M; m++)
+			if (sc.src[m] >= 0)
+				q->smooth_out[rw][sc.src[m]] = x[m];
+	}
+	if (n > 0) {
+		/* As slots and kept indices, each ascending; the costs follow their slots. */
+		uint32_t *drop = malloc(n * sizeof(*drop)), *take = malloc(n * sizeof(*take));
+		float *take_s = malloc(n * sizeof(*take_s));
+
+		if (!drop || !take || !take_s) {
+			free(drop);
+			free(take);
+			free(take_s);
+			k = -ENOMEM;
+			goto out;
+		}
+		for (uint32_t i = 0; i < n; i++) {
+			drop[i] = (uint32_t)sc.src[E[i]];
+			take[i] = K[nk - 1 - i];  /* a candidate index for now */
+		}
+		qsort(drop, n, sizeof(*drop), cmp_u32);
+		qsort(take, n, sizeof(*take), cmp_u32);
+		for (uint32_t i = 0; i < n; i++) {
+			take_s[i] = x[take[i]];
+			take[i] = (uint32_t)(-1 - sc.src[take[i]]);
+		}
+		for (uint32_t j = 0; j < nkv; j++) {
+			struct recall_pick *pk = &picks[table_of(q, l, kh0 + j)];
+
+			pk->n = n;
+			pk->drop = j == 0 ? drop : malloc(n * sizeof(*drop));
+			pk->take = j == 0 ? take : malloc(n * sizeof(*take));
+			pk->take_s = j == 0 ? take_s : malloc(n * sizeof(*take_s));
+			if (!pk->drop || !pk->take || !pk->take_s) {
+				k = -ENOMEM;
+				goto out;
+			}
+			if (j > 0) {
+				memcpy(pk->drop, drop, n * sizeof(*drop));
+				memcpy(pk->take, take, n * sizeof(*take));
+				memcpy(pk->take_s, take_s, n * sizeof(*take_s));
+			}
+		}
+	}
+	k = 0;
+out:
+	recall_scratch_done(&sc);
+	return k;
+}
+
+/* Lays the picks out in q's results (table order, prefix sums). */
+static int recall_plan(struct round_seq *q, const struct recall_pick *picks) {
+	uint64_t total = 0, at = 0;
+
+	for (uint32_t t = 0; t < q->n_tables; t++)
+		total += picks[t].n;
+	if (total == 0)
+		return 0;
+	q->drop_off = malloc((q->n_tables + 1) * sizeof(uint32_t));
+	q->take_off = malloc((q->n_tables + 1) * sizeof(uint32_t));
+	q->drop_slots = malloc(total * sizeof(uint32_t));
+	q->take = malloc(total * sizeof(uint32_t));
+	q->take_s = malloc(total * sizeof(float));
+	if (!q->drop_off || !q->take_off || !q->drop_slots || !q->take || !q->take_s)
+		return -ENOMEM;
+	for (uint32_t t = 0; t < q->n_tables; t++) {
+		q->drop_off[t] = q->take_off[t] = (uint32_t)at;
+		memcpy(q->drop_slots + at, picks[t].drop, picks[t].n * sizeof(uint32_t));
+		memcpy(q->take + at, picks[t].take, picks[t].n * sizeof(uint32_t));
+		memcpy(q->take_s + at, picks[t].take_s, picks[t].n * sizeof(float));
+		at += picks[t].n;
+	}
+	q->drop_off[q->n_tables] = q->take_off[q->n_tables] = (uint32_t)at;
+	q->dropped_units = at;
+	return 0;
+}
+
+static int recall_seq(struct round *r, struct round_seq *q) {
+	bool aligned = q->layout == KVD_LAYOUT_PER_LAYER || rows_are_layers(q);
+	struct recall_pick *picks = calloc(q->n_tables, sizeof(*picks));
+	int k = 0;
+
+	if (!picks)
+		return -ENOMEM;
+	q->smooth_out = calloc(q->rows, sizeof(float *));
+	if (!q->smooth_out)
+		k = -ENOMEM;
+	for (uint32_t rw = 0; rw < q->rows && k >= 0; rw++) {
+		uint32_t n = q->tokens[round_table_of_row(q, rw)];
+		const float *S0 = q->smooth_in ? q->smooth_in[rw] : NULL;
+
+		q->smooth_out[rw] = malloc(MAX(n, 1u) * sizeof(float));
+		if (!q->smooth_out[rw])
+			k = -ENOMEM;
+		for (uint32_t i = 0; k >= 0 && i < n; i++)
+			q->smooth_out[rw][i] = S0 ? S0[i] : ROUND_UNSCORED;
+	}
+	for (uint32_t l = 0; l < q->layers && k >= 0; l++) {
+		if (aligned) {
+			k = recall_heads(r, q, l, 0, q->kv_heads, 1.0f, picks);
+			continue;
+		}
+		for (uint32_t kh = 0; kh < q->kv_heads && k >= 0; kh++)
+			k = recall_heads(r, q, l, kh, 1, 1.0f / (float)q->kv_heads, picks);
+	}
+	if (k >= 0)
+		k = recall_plan(q, picks);
+	for (uint32_t t = 0; t < q->n_tables; t++) {
+		free(picks[t].drop);
+		free(picks[t].take);
+		free(picks[t].take_s);
+	}
+	free(picks);
+	return k;
+}
+
+/* A recall round: scores and picks, on the worker; the loop trades (recall_swap). */
+static void recall_run(struct round *r) {
+	uint64_t t0 = now_us();
+	int k = 0;
+
+	for (uint32_t s = 0; s < r->n_seqs && k >= 0; s++)
+		k = recall_seq(r, &r->seqs[s]);
+	r->score_us = now_us() - t0;
+	if (k < 0)
+		r->error = k;
+}
+
 void round_run(struct round *r) {
 	struct scratch sc = {};
 	struct units u = {};
 	uint64_t t0 = now_us(), kv = 0, sc_n = 0, ik = 0;
 	int k = 0;
 
+	if (r->recall) {
+		recall_run(r);
+		return;
+	}
 	/* Buffers for the largest layer of the round. */
 	for (uint32_t s = 0; s < r->n_seqs; s++) {
 		const struct round_seq *q = &r->seqs[s];
@@ -822,6 +1147,11 @@ static void round_seq_done(struct round_seq *q) {
 	free(q->mi_count);
 	free(q->fold);
 	free(q->fold_count);
+	free(q->positions);
+	free(q->pos_off);
+	free(q->take_off);
+	free(q->take);
+	free(q->take_s);
 }
 
 struct round *round_free(struct round *r) {

@@ -39,6 +39,14 @@
  * so that no token leaves the pool unaccounted for. kvd-mi reads the moments' key means as
  * they were at the snapshot.
  *
+ * Recall (round.recall, one sequence): every row with a window scores its resident slots
+ * before the window and its kept ones (recall.h) together, in position order, with the
+ * window's own slots after them as a round does, by the tenant's policy as the snapshot set
+ * it (the recall policy); the kept slots with the highest costs are paired with the
+ * evictable resident slots (not sinks) with the lowest, as long as the kept one's cost is
+ * higher, at most recall_max pairs per row. The costs replace the slots' smoothed ones: the
+ * window is new.
+ *
  * Indexer (models registered with one): policy indexmem scores a layer from the index keys
  * in its blocks and the index queries of its observation window, never from its K/V.
  */
@@ -49,6 +57,7 @@
 #include "backend.h"
 
 #include "observe.h"
+#include "recall.h"
 #include "tenant.h"
 
 #define ROUND_BETA 0.5f               /* cross-round EMA weight of the new round */
@@ -61,6 +70,8 @@ enum round_trigger {
 	ROUND_EVICT,
 	ROUND_INTERVAL,
 	ROUND_CAP,                    /* a tenant's cap was lowered below what it holds */
+	ROUND_RECALL,                 /* a SeqRecall: one sequence's kept tokens against its
+	                               * window (recall.h) */
 	_ROUND_TRIGGER_MAX,
 };
 
@@ -115,12 +126,26 @@ struct round_seq {
 	 * (compensate_floats() floats each, count in fold_count: 0 for none). */
 	float *fold;
 	uint64_t *fold_count;
+	/* A recall (round.recall): the sequence's kept tokens (recall.h), the round's until
+	 * it is applied; each table's positions at the snapshot (positions + block_off-like
+	 * pos_off[t]); tokens per row it may bring back. Results: per table, the kept slots to
+	 * bring back (take_off, take: indices into the table's kept slots, ascending; take_s:
+	 * the smoothed cost each comes back with), one for each resident slot of drop_slots;
+	 * the kept slots scored. */
+	struct recall_store *kept;
+	uint32_t *positions;
+	uint64_t *pos_off;
+	uint32_t recall_max;
+	uint32_t *take_off, *take;
+	float *take_s;
+	uint64_t candidates;
 };
 
 struct round {
 	uint64_t id;
 	enum round_trigger trigger;
 	bool dry_run;                 /* a plan to show (evict_plan): nothing is applied */
+	bool recall;                  /* ROUND_RECALL: scores and trades, frees nothing */
 	uint64_t start_ms;
 	uint64_t target;              /* bytes of units to evict */
 	int only;                     /* index of the one tenant to evict from, or -1 */

@@ -7,6 +7,7 @@
  * tables: the daemon reads what it wrote there, so the two can never disagree.
  */
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/layout.h"
@@ -16,6 +17,7 @@
 
 struct obs;
 struct plan;
+struct recall_store;
 
 struct seq {
 	uint64_t id;
@@ -52,6 +54,10 @@ struct seq {
 	uint64_t used_ms;
 	uint64_t pin_serial;          /* pins since it opened: a move out in flight sees one */
 	struct job *move;             /* its move to or from the tier in flight (mover.h) */
+	/* Its evicted tokens kept for recall (recall.h; NULL: none), and whether a recall of
+	 * it runs (its round holds them meanwhile). */
+	struct recall_store *kept;
+	bool recalling;
 	/* Kept across a restart (keep.h): 1 + its journal slot; 0: not kept. */
 	uint32_t keep_slot;
 	/* What its metadata may take of the daemon's memory, at most: the descriptor, the

@@ -67,6 +67,7 @@ void server_refused(struct server *s, const struct conn *c, enum server_limit l)
 
 /* Limits on what clients control; most are settings (settings.c), see admin_limits(). */
 struct server_limits {
+	int recall_policy;            /* enum kvd_policy recalls score with; -1: auto (recall.h) */
 	uint32_t max_connections;
 	uint32_t max_connections_per_uid;
 	uint32_t max_tenants;

@@ -28,6 +28,7 @@ struct tenant {
 	uint32_t weight;
 	int policy;                   /* enum kvd_policy: how rounds rank its tokens */
 	int tier;                     /* enum tier_mode: where its idle sequences go (tier.h) */
+	uint32_t recall;              /* tokens per row a recall may bring back; 0: off (recall.h) */
 	/* Where min, max, weight, policy and tier come from: enum setting_source (admin.h). */
 	uint8_t min_source, max_source, weight_source, policy_source, tier_source;
 	char *allow_users;            /* from the config file: stored and reported only */
@@ -50,6 +51,8 @@ struct tenant {
 	uint64_t tier_bytes, tier_file_bytes;
 	uint32_t tier_seqs;
 	uint64_t tier_lost;
+	/* Token recall: slots brought back by its sequences' recalls, all together. */
+	uint64_t recalled_tokens;
 	bool tier_degraded;
 	struct chunk *partial;        /* owned chunks with at least one free block */
 	/* FREE chunks whose memory object is its own (pool.h), per device. */

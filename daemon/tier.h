@@ -87,6 +87,11 @@ struct tier {
 	 * device write) at the recall, no pool memory for the recall within grant-wait. */
 	uint64_t lost_full, lost_corrupt, lost_no_memory;
 	uint64_t lost_io;             /* the file's I/O failed (writing it out, or reading it) */
+	/* Token recall (recall.h): segments the sequences' kept tokens hold (in used_bytes
+	 * too), the slots kept now, and since the start: slots not kept for want of room,
+	 * recalls answered, slots brought back, kept slots scored. */
+	uint64_t kept_bytes, kept_tokens, kept_lost;
+	uint64_t token_recalls, tokens_recalled, tokens_scored, token_recall_us;
 	bool corrupt;                 /* KVD_TEST_TIER_CORRUPT */
 };
 

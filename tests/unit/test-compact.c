@@ -4,7 +4,9 @@
  * element sizes and several block sizes, checked row by row against a pattern keyed by each
  * slot's original position; whole blocks unlinked rather than copied; refused input that
  * changes nothing; growing tables of unequal length; and compact_chunks() packing blocks
- * into fewer chunks without ever handing a connection a chunk it does not hold.
+ * into fewer chunks without ever handing a connection a chunk it does not hold; and token
+ * recall's store and trades (recall.h): what rounds drop kept bit for bit with its
+ * positions, traded back in position order with nothing allocated or freed.
  */
 
 #include <fcntl.h>
@@ -18,9 +20,11 @@
 #include "compact.h"
 #include "model.h"
 #include "pool.h"
+#include "recall.h"
 #include "seq.h"
 #include "tenant.h"
 #include "test.h"
+#include "tier.h"
 
 #define DESC_MAX (UINT64_C(64) << 20)
 /* Connection ids the tests use: 1 .. N_CONNS. */
@@ -752,5 +756,237 @@ TEST(seq_free_releases_eviction_state) {
 	seq_free(s, f.p, &f.emptied);
 	ASSERT_EQ(fcntl(fd, F_GETFD), -1);
 	ASSERT_EQ(errno, EBADF);
+	fixture_done(&f);
+}
+
+/* The kept slots of table t hold, bit for bit, the pattern of their positions, which are
+ * those of want[0..n) (ascending). */
+static void kept_check(const struct recall_store *st, const struct seq *s, uint32_t t,
+                       const uint32_t *want, uint32_t n) {
+	const struct kvd_seq_desc *d = s->desc;
+	uint32_t esz = layout_dtype_bytes(d->dtype), per_head = d->layout == KVD_LAYOUT_PER_HEAD;
+	uint32_t heads = per_head ? 1 : d->kv_heads, layer = per_head ? t / d->kv_heads : t;
+	uint64_t row = layout_row_bytes(d);
+
+	ASSERT_EQ(recall_kept(st, t), n);
+	for (uint32_t i = 0; i < n; i++) {
+		const uint8_t *rec = recall_record(st, t, i);
+
+		ASSERT_EQ(recall_positions(st, t)[i], want[i]);
+		for (uint32_t h = 0; h < heads; h++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				for (uint32_t e = 0; e < d->head_dim; e++) {
+					uint64_t v = pattern(s->id, layer, per_head ? t % d->kv_heads : h, want[i],
+					                     kv, e);
+					uint32_t got = 0;
+
+					memcpy(&got, rec + (kv * heads + h) * row + (uint64_t)e * esz, esz);
+					ASSERT_EQ(got, esz == 2 ? (uint16_t)v : (uint32_t)v);
+				}
+	}
+}
+
+static int cmp_u32(const void *a, const void *b) {
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* n distinct values below m, ascending, into out. */
+static void pick_sorted(uint32_t m, uint32_t n, uint32_t *out) {
+	for (uint32_t k = 0, i = 0; i < m && k < n; i++)
+		if (rng_below(m - i) < n - k)
+			out[k++] = i;
+}
+
+TEST(recall_keeps_and_trades) {
+	static const uint32_t layouts[] = { KVD_LAYOUT_PER_LAYER, KVD_LAYOUT_PER_HEAD };
+	static const uint32_t dtypes[] = { KVD_DTYPE_F16, KVD_DTYPE_F32 };
+	static const uint32_t bts[] = { 1, 4, 16 };
+	/* Positions ever given out stay below 4 x max_tokens: room for each table's kept. */
+	const uint32_t max_tokens = 64, kstride = 4 * max_tokens;
+
+	rng_state = 7;
+	for (uint32_t li = 0; li < ELEMENTSOF(layouts); li++)
+		for (uint32_t di = 0; di < ELEMENTSOF(dtypes); di++)
+			for (uint32_t bi = 0; bi < ELEMENTSOF(bts); bi++) {
+				struct model m = model_of(3, 2, 8, dtypes[di], bts[bi], layouts[li]);
+				uint32_t nt = m.n_tables;
+				uint64_t meta = 0;
+				struct tier *tr;
+				struct fixture f;
+				struct tseq q;
+				struct compact_drop *drops = calloc(nt, sizeof(*drops));
+				uint32_t *slots = calloc(nt * max_tokens, sizeof(*slots));
+				uint32_t *kept = calloc(nt * kstride, sizeof(*kept)), *nk = calloc(nt, 4);
+				struct recall_trade *trades = calloc(nt, sizeof(*trades));
+				uint32_t *drop = calloc(nt * max_tokens, 4), *take = calloc(nt * max_tokens, 4);
+				float *take_s = calloc(nt * max_tokens, sizeof(float));
+
+				ASSERT_TRUE(drops && slots && kept && nk && trades && drop && take && take_s);
+				fixture_init(&f, 4 * page, 16);
+				ASSERT_OK(tier_new(64 * page, 4 * page, &meta, &tr));
+				tseq_new(&f, &q, 5, &m, max_tokens, 1);
+				tseq_grow(&f, &q, 40);
+				/* recall_swap moves the sequence's own side arrays: the test's. */
+				q.s->smooth = q.side;
+				q.s->smooth_cap = calloc(nt, sizeof(uint32_t));
+				ASSERT_NOT_NULL(q.s->smooth_cap);
+				for (uint32_t t = 0; t < nt; t += 2)
+					q.s->smooth_cap[t] = max_tokens;
+				for (uint32_t round = 0; round < 5; round++) {
+					uint32_t nd = drops_random(&q, drops, slots);
+					uint64_t block_bytes = f.p->block_bytes, gen, epoch, traded = 0;
+					uint32_t most = 0;
+					int copy_error = -1;
+					int64_t total = 0;
+
+					/* Drop, keeping what leaves: the expected kept sets gain their
+					 * positions. */
+					for (uint32_t i = 0; i < nd; i++) {
+						uint32_t t = drops[i].table, *kp = kept + t * kstride;
+
+						total += drops[i].n;
+						for (uint32_t j = 0; j < drops[i].n; j++)
+							kp[nk[t]++] = tseq_pos(&q, t)[drops[i].slots[j]];
+						qsort(kp, nk[t], sizeof(*kp), cmp_u32);
+					}
+					ASSERT_EQ(recall_keep(tr, q.s, f.p, drops, nd), total);
+					if (nd > 0)
+						tseq_compact(&f, &q, drops, nd);
+					reclaim_emptied(&f);
+					tseq_check(&f, &q);
+					for (uint32_t t = 0; t < nt; t++)
+						kept_check(q.s->kept, q.s, t, kept + t * kstride, nk[t]);
+					ASSERT_EQ(recall_kept_total(q.s->kept), tr->kept_tokens);
+
+					/* Trade a random number of slots of each table back. */
+					block_bytes = f.p->block_bytes;
+					for (uint32_t t = 0; t < nt; t++) {
+						uint32_t n = MIN(q.n[t], nk[t]), *dp = drop + t * max_tokens;
+						uint32_t *tk = take + t * max_tokens, *kp = kept + t * kstride;
+						uint32_t *pos = tseq_pos(&q, t), w = 0, a = 0;
+						_cleanup_(freep) uint32_t *np = calloc(q.n[t] + 1, 4);
+						_cleanup_(freep) uint32_t *nkp = calloc(nk[t] + 1, 4);
+
+						ASSERT_TRUE(np && nkp);
+						n = n ? rng_below(n + 1) : 0;
+						pick_sorted(q.n[t], n, dp);
+						pick_sorted(nk[t], n, tk);
+						for (uint32_t j = 0; j < n; j++)
+							take_s[t * max_tokens + j] = (float)kp[tk[j]] + 0.5f;
+						trades[t] = (struct recall_trade){ n, dp, tk, take_s + t * max_tokens };
+						traded += n;
+						/* Expected: residents without the dropped, with the taken, by
+						 * position; kept ones the other way round. */
+						for (uint32_t i = 0, j = 0; i < q.n[t]; i++)
+							if (j < n && dp[j] == i)
+								nkp[a++] = pos[i], j++;
+							else
+								np[w++] = pos[i];
+						for (uint32_t i = 0, j = 0; i < nk[t]; i++)
+							if (j < n && tk[j] == i)
+								np[w++] = kp[i], j++;
+							else
+								nkp[a++] = kp[i];
+						ASSERT_EQ(w, q.n[t]);
+						ASSERT_EQ(a, nk[t]);
+						qsort(np, w, 4, cmp_u32);
+						qsort(nkp, a, 4, cmp_u32);
+						memcpy(pos, np, w * 4);
+						memcpy(kp, nkp, a * 4);
+					}
+					gen = q.s->desc->generation;
+					epoch = q.s->epoch;
+					ASSERT_OK(recall_swap(q.s, f.p, q.s->kept, trades, &copy_error));
+					ASSERT_EQ(copy_error, 0);
+					/* Nothing allocated or freed: the budget cannot pass. */
+					ASSERT_EQ(f.p->block_bytes, block_bytes);
+					ASSERT_EQ(f.emptied.n, 0u);
+					/* One rewrite, where any table traded. */
+					ASSERT_EQ(q.s->desc->generation, gen + (traded ? 2 : 0));
+					ASSERT_EQ(q.s->epoch, epoch + (traded ? 1 : 0));
+					tseq_check(&f, &q);
+					for (uint32_t t = 0; t < nt; t++)
+						kept_check(q.s->kept, q.s, t, kept + t * kstride, nk[t]);
+					/* Room for what comes next. */
+					for (uint32_t t = 0; t < nt; t++)
+						most = MAX(most, q.n[t]);
+					if (most + 8 <= max_tokens)
+						tseq_grow(&f, &q, 8);
+				}
+				/* A trade out of range changes nothing. */
+				memset(trades, 0, nt * sizeof(*trades));
+				drop[0] = q.n[0];
+				take[0] = 0;
+				trades[0] = (struct recall_trade){ 1, drop, take, NULL };
+				{
+					uint64_t gen = q.s->desc->generation;
+					int copy_error;
+
+					ASSERT_EQ(recall_swap(q.s, f.p, q.s->kept, trades, &copy_error), -EINVAL);
+					ASSERT_EQ(q.s->desc->generation, gen);
+				}
+				ASSERT_GT(meta, 0u);
+				q.s->kept = recall_store_free(tr, q.s->kept);
+				ASSERT_EQ(meta, 0u);
+				ASSERT_EQ(tr->kept_tokens, 0u);
+				ASSERT_EQ(tr->kept_bytes, 0u);
+				ASSERT_EQ(tr->used_bytes, 0u);
+				ASSERT_EQ(tr->n_free, tr->n_segs);
+				q.s->smooth = NULL;
+				free(q.s->smooth_cap);
+				q.s->smooth_cap = NULL;
+				tseq_free(&f, &q);
+				tier_free(tr);
+				reclaim_emptied(&f);
+				fixture_done(&f);
+				free(drops);
+				free(slots);
+				free(kept);
+				free(nk);
+				free(trades);
+				free(drop);
+				free(take);
+				free(take_s);
+			}
+}
+
+TEST(recall_keeps_all_or_nothing) {
+	/* Records of 2 x 32 f16 elements: 128 bytes, 128 of them in a segment of 4 pages of
+	 * 4 KiB (the test's page; more on larger pages, then scaled). */
+	struct model m = model_of(2, 2, 32, KVD_DTYPE_F16, 4, KVD_LAYOUT_PER_HEAD);
+	uint32_t per_seg = (uint32_t)(4 * page / 128), each = per_seg / 4 - 2, slots[64];
+	struct compact_drop drops[4];
+	uint64_t meta = 0;
+	struct tier *tr;
+	struct fixture f;
+	struct tseq q;
+
+	fixture_init(&f, 4 * page, 64);
+	ASSERT_OK(tier_new(4 * page, 4 * page, &meta, &tr));
+	tseq_new(&f, &q, 9, &m, MAX(64u, each + 2), 1);
+	tseq_grow(&f, &q, each + 2);
+	for (uint32_t i = 0; i < MIN(each, 64u); i++)
+		slots[i] = i;
+	each = MIN(each, 64u);
+	for (uint32_t t = 0; t < 4; t++)
+		drops[t] = (struct compact_drop){ .table = t, .n = each, .slots = slots };
+	/* 4 x each fit in the one segment; twice that does not: none of it is kept. */
+	ASSERT_EQ(recall_keep(tr, q.s, f.p, drops, 4), (int64_t)(4 * each));
+	ASSERT_EQ(tr->n_free, 0u);
+	if (8 * each > per_seg) {
+		ASSERT_EQ(recall_keep(tr, q.s, f.p, drops, 4), 0);
+		ASSERT_EQ(tr->kept_lost, 4u * each);
+	}
+	ASSERT_EQ(recall_kept_total(q.s->kept), 4u * each);
+	for (uint32_t t = 0; t < 4; t++)
+		ASSERT_EQ(recall_kept(q.s->kept, t), each);
+	q.s->kept = recall_store_free(tr, q.s->kept);
+	ASSERT_EQ(meta, 0u);
+	ASSERT_EQ(tr->n_free, 1u);
+	tseq_free(&f, &q);
+	tier_free(tr);
+	reclaim_emptied(&f);
 	fixture_done(&f);
 }
