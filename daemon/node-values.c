@@ -57,6 +57,13 @@ READER(tier_offloads, s->tier->offloads)
 READER(tier_offload_bytes, s->tier->offload_bytes)
 READER(tier_offload_us, s->tier->offload_ns / 1000)
 READER(tier_recalls, s->tier->recalls)
+READER(recall_kept_tokens, s->tier->kept_tokens)
+READER(recall_kept_bytes, s->tier->kept_bytes)
+READER(recall_lost_tokens, s->tier->kept_lost)
+READER(recalls, s->tier->token_recalls)
+READER(recalled_tokens, s->tier->tokens_recalled)
+READER(recall_scored_tokens, s->tier->tokens_scored)
+READER(recall_us, s->tier->token_recall_us)
 READER(tier_recall_bytes, s->tier->recall_bytes)
 READER(tier_recall_us, s->tier->recall_ns / 1000)
 READER(tier_lost_full, s->tier->lost_full)
@@ -196,6 +203,22 @@ const struct node_value node_values[] = {
 	{ "tier_lost_io", "kvd_tier_lost_io_total", COUNTER,
 	  "Sequences lost because the file tier's I/O failed (an I/O error, a full disk); their "
 	  "tenants drop from then on.", read_tier_lost_io },
+	{ "recall_kept_tokens", "kvd_recall_kept_tokens", GAUGE,
+	  "Token slots rounds evicted that the host tier keeps for recall now.",
+	  read_recall_kept_tokens },
+	{ "recall_kept_bytes", "kvd_recall_kept_bytes", GAUGE,
+	  "Bytes of host tier segments the kept token slots hold now.", read_recall_kept_bytes },
+	{ "recall_lost_tokens", "kvd_recall_lost_tokens_total", COUNTER,
+	  "Token slots of tenants with recall that rounds evicted and the host tier had no room "
+	  "to keep.", read_recall_lost_tokens },
+	{ "recalls", "kvd_recalls_total", COUNTER, "SeqRecalls answered after their round.",
+	  read_recalls },
+	{ "recalled_tokens", "kvd_recalled_tokens_total", COUNTER,
+	  "Kept token slots recalls brought back, each in place of a resident one.",
+	  read_recalled_tokens },
+	{ "recall_scored_tokens", "kvd_recall_scored_tokens_total", COUNTER,
+	  "Kept token slots recalls scored against their windows.", read_recall_scored_tokens },
+	{ "recall_us", NULL, COUNTER, NULL, read_recall_us },
 	{ NULL, "kvd_backend_fell_back", GAUGE,
 	  "1 when backend auto found no usable GPU and the pool is host memory (the log says "
 	  "why); 0 otherwise.", read_backend_fell_back },
