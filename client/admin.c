@@ -100,7 +100,8 @@ static int tenant_request(kvd_client *c, const char *tenant, const kvd_tenant_pa
 	if (r < 0)
 		return r;
 	if ((p.set & ~(KVD_TENANT_SET_MIN | KVD_TENANT_SET_MAX | KVD_TENANT_SET_WEIGHT |
-		       KVD_TENANT_SET_POLICY | KVD_TENANT_SET_TIER)) || p.reserved != 0 ||
+		       KVD_TENANT_SET_POLICY | KVD_TENANT_SET_TIER | KVD_TENANT_SET_RECALL)) ||
+	    p.reserved != 0 || p.reserved2 != 0 ||
 	    ((p.set & KVD_TENANT_SET_POLICY) && !p.policy) ||
 	    ((p.set & KVD_TENANT_SET_TIER) && !p.tier))
 		return -EINVAL;
@@ -108,6 +109,8 @@ static int tenant_request(kvd_client *c, const char *tenant, const kvd_tenant_pa
 	if ((p.set & KVD_TENANT_SET_POLICY) && !(c->features & KVD_FEATURE_TENANT_POLICY))
 		return -EOPNOTSUPP;
 	if ((p.set & KVD_TENANT_SET_TIER) && !(c->features & KVD_FEATURE_TIERS))
+		return -EOPNOTSUPP;
+	if ((p.set & KVD_TENANT_SET_RECALL) && !(c->features & KVD_FEATURE_RECALL))
 		return -EOPNOTSUPP;
 	req->name = (char *)tenant;
 	req->has_min_bytes = p.set & KVD_TENANT_SET_MIN;
@@ -118,6 +121,8 @@ static int tenant_request(kvd_client *c, const char *tenant, const kvd_tenant_pa
 	req->weight = p.weight;
 	req->policy = p.set & KVD_TENANT_SET_POLICY ? (char *)p.policy : NULL;
 	req->tier = p.set & KVD_TENANT_SET_TIER ? (char *)p.tier : NULL;
+	req->has_recall = p.set & KVD_TENANT_SET_RECALL;
+	req->recall = p.recall;
 	return 0;
 }
 

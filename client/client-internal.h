@@ -219,9 +219,10 @@ void client_tell_unmapped(kvd_client *c, uint32_t *ids, uint32_t n);
 #define KVD_TENANT_PARAMS_SIZE_1_4 40u
 #define KVD_BUDGET_PARAMS_SIZE_1_6 24u
 #define KVD_TENANT_PARAMS_SIZE_1_7 48u
+#define KVD_TENANT_PARAMS_SIZE_1_8 56u
 _Static_assert(sizeof(kvd_connect_params) == KVD_CONNECT_PARAMS_SIZE_1_4, "kvd_connect_params");
 _Static_assert(sizeof(kvd_model_params) == KVD_MODEL_PARAMS_SIZE_1_4, "kvd_model_params");
-_Static_assert(sizeof(kvd_tenant_params) == KVD_TENANT_PARAMS_SIZE_1_7, "kvd_tenant_params");
+_Static_assert(sizeof(kvd_tenant_params) == KVD_TENANT_PARAMS_SIZE_1_8, "kvd_tenant_params");
 _Static_assert(sizeof(kvd_budget_params) == KVD_BUDGET_PARAMS_SIZE_1_6, "kvd_budget_params");
 
 /* An empty kvd_evictions, and an EvictionsReply copied into one (status.c), for

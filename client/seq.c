@@ -680,6 +680,49 @@ int kvd_seq_pin_recall(kvd_seq *s, int *ret_recall) {
 	return (int)call_result(key, do_seq_pin(s, ret_recall), __func__);
 }
 
+static int do_seq_recall(kvd_seq *s, uint64_t *ret_tokens, uint64_t *ret_bytes) {
+	Kvd__V1__SeqRecall req = KVD__V1__SEQ_RECALL__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	int fds[WIRE_FDS_MAX];
+	int r;
+
+	if (ret_tokens)
+		*ret_tokens = 0;
+	if (ret_bytes)
+		*ret_bytes = 0;
+	if (!s)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
+	if (!(s->client->features & KVD_FEATURE_RECALL))
+		return -EOPNOTSUPP;
+	req.has_seq_id = true;
+	req.seq_id = s->id;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RECALL;
+	env.seq_recall = &req;
+	client_lock(s->client);
+	r = client_call(s->client, &env, KVD__V1__ENVELOPE__BODY_SEQ_RECALL_REPLY, false, &reply, fds,
+	                NULL);
+	if (r >= 0) {
+		const Kvd__V1__SeqRecallReply *rep = reply->seq_recall_reply;
+
+		if (ret_tokens && rep->has_tokens)
+			*ret_tokens = rep->tokens;
+		if (ret_bytes && rep->has_bytes)
+			*ret_bytes = rep->bytes;
+	}
+	client_unlock(s->client);
+	return r;
+}
+
+int kvd_seq_recall(kvd_seq *s, uint64_t *ret_tokens, uint64_t *ret_bytes) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_recall(s, ret_tokens, ret_bytes), __func__);
+}
+
 /* kvd_seq_unpin, with an event id of the connection (0: none). */
 static int seq_unpin(kvd_seq *s, uint32_t event_id) {
 	Kvd__V1__SeqUnpin req = KVD__V1__SEQ_UNPIN__INIT;

@@ -102,9 +102,10 @@ static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 	uint64_t min = 0, max = KVD_TENANT_NO_CAP;
 	uint32_t weight = 1;
 	int policy = KVD_POLICY_KVD, tier = TIER_DROP;
+	uint32_t recall = 0;
 	uint8_t min_source = SOURCE_DEFAULT, max_source = SOURCE_DEFAULT,
 	        weight_source = SOURCE_DEFAULT, policy_source = SOURCE_DEFAULT,
-	        tier_source = SOURCE_DEFAULT;
+	        tier_source = SOURCE_DEFAULT, recall_source = SOURCE_DEFAULT;
 
 	if (lt && lt->has_min)
 		min = lt->min_bytes, min_source = SOURCE_LIVE;
@@ -126,19 +127,24 @@ static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 		tier = lt->tier, tier_source = SOURCE_LIVE;
 	else if (ct && ct->source[SETTINGS_TENANT_TIER] == SOURCE_CONFIG)
 		tier = ct->tier, tier_source = SOURCE_CONFIG;
+	if (lt && lt->has_recall)
+		recall = lt->recall, recall_source = SOURCE_LIVE;
+	else if (ct && ct->source[SETTINGS_TENANT_RECALL] == SOURCE_CONFIG)
+		recall = ct->recall, recall_source = SOURCE_CONFIG;
 
 	if (changes && (min != t->min_bytes || max != t->max_bytes || weight != t->weight ||
-	                policy != t->policy || tier != t->tier)) {
+	                policy != t->policy || tier != t->tier || recall != t->recall)) {
 		char old_min[32], old_max[32], new_min[32], new_max[32];
 
 		size_format(t->min_bytes, old_min, sizeof(old_min));
 		size_format(min, new_min, sizeof(new_min));
 		tenant_format_max(t->max_bytes, old_max, sizeof(old_max));
 		tenant_format_max(max, new_max, sizeof(new_max));
-		log_notice("tenant %s: min %s, max %s, weight %" PRIu32 ", policy %s, tier %s (was %s, "
-		           "%s, %" PRIu32 ", %s, %s)", t->name, new_min, new_max, weight,
-		           kvd_policy_to_string(policy), tier_mode_to_string(tier), old_min, old_max,
-		           t->weight, kvd_policy_to_string(t->policy), tier_mode_to_string(t->tier));
+		log_notice("tenant %s: min %s, max %s, weight %" PRIu32 ", policy %s, tier %s, recall "
+		           "%" PRIu32 " (was %s, %s, %" PRIu32 ", %s, %s, %" PRIu32 ")", t->name, new_min,
+		           new_max, weight, kvd_policy_to_string(policy), tier_mode_to_string(tier),
+		           recall, old_min, old_max, t->weight, kvd_policy_to_string(t->policy),
+		           tier_mode_to_string(t->tier), t->recall);
 	}
 	/* A live min above a max from the file is possible (the file changed under it): the
 	 * cap holds, and nothing acts on the min yet. */
@@ -151,6 +157,8 @@ static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 	t->policy = policy;
 	t->tier = tier;
 	t->tier_source = tier_source;
+	t->recall = recall;
+	t->recall_source = recall_source;
 	t->min_source = min_source;
 	t->max_source = max_source;
 	t->weight_source = weight_source;
@@ -455,6 +463,10 @@ int admin_tenant_set(struct admin *a, struct tenant *t, const struct state_tenan
 	if (change->has_tier) {
 		lt->has_tier = true;
 		lt->tier = change->tier;
+	}
+	if (change->has_recall) {
+		lt->has_recall = true;
+		lt->recall = change->recall;
 	}
 	apply_tenant(a, t, false);
 	warnings_update(a->srv);

@@ -279,7 +279,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 	if (req->has_features) {
 		/* Every descriptor carries header_bytes; a client that offers the bit reads it. */
 		rep.features |= req->features & (KVD_FEATURE_SEQ_HEADER | KVD_FEATURE_TENANT_POLICY |
-		                                 KVD_FEATURE_TIERS);
+		                                 KVD_FEATURE_TIERS | KVD_FEATURE_RECALL);
 		if (s->pool->ops->memory != BACKEND_MEMORY_HOST)
 			rep.features |= req->features & KVD_FEATURE_DEVICE_CHUNKS;
 	}
@@ -1048,6 +1048,11 @@ static int tenant_change(const struct server *s, const Kvd__V1__TenantSet *req,
 	if (req->tier && tier_mode_from_string(req->tier) != TIER_DROP && s->tier->budget_bytes == 0)
 		return refuse(why, -EINVAL, "tier %s needs a host tier: kvd runs without one "
 		              "(host-tier-size 0)", req->tier);
+	if (req->has_recall && req->recall > TENANT_RECALL_MAX)
+		return refuse(why, -EINVAL, "recall must be 0..%u tokens per row", TENANT_RECALL_MAX);
+	if (req->has_recall && req->recall > 0 && s->tier->budget_bytes == 0)
+		return refuse(why, -EINVAL, "recall needs a host tier, where evicted tokens are kept: "
+		              "kvd runs without one (host-tier-size 0)");
 	if (req->tier && tier_mode_from_string(req->tier) == TIER_HOST_FILE && !s->tier->file)
 		return refuse(why, -EINVAL, "tier host+file needs a file tier: kvd runs without one "
 		              "(file-tier-size 0)");
@@ -1104,16 +1109,18 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 	change.policy = req->policy ? (int)kvd_policy_from_string(req->policy) : 0;
 	change.has_tier = req->tier != NULL;
 	change.tier = req->tier ? tier_mode_from_string(req->tier) : 0;
+	change.has_recall = req->has_recall;
+	change.recall = req->recall;
 	/* Setting it again is how an operator takes back a tenant the file tier failed. */
 	if (req->tier)
 		t->tier_degraded = false;
 	r = admin_tenant_set(c->srv->admin, t, &change, why, sizeof(why));
 	if (r >= 0)
 		log_notice("tenant %s set by pid %d uid %u: min %s, max %s, weight %u, policy %s, "
-		           "tier %s", t->name, (int)c->cred.pid, (unsigned)c->cred.uid,
+		           "tier %s, recall %u", t->name, (int)c->cred.pid, (unsigned)c->cred.uid,
 		           size_format(t->min_bytes, min_s, sizeof(min_s)),
 		           tenant_format_max(t->max_bytes, max_s, sizeof(max_s)), t->weight,
-		           kvd_policy_to_string(t->policy), tier_mode_to_string(t->tier));
+		           kvd_policy_to_string(t->policy), tier_mode_to_string(t->tier), t->recall);
 	reply_live(c, id, r, why);
 	/* A cap lowered below what the tenant holds: the excess goes now, as a budget. */
 	if (r >= 0 && t->max_bytes != KVD_TENANT_NO_CAP && t->used_bytes > t->max_bytes)
@@ -1533,6 +1540,10 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 		ts[i].tier_bytes = t->tier_bytes;
 		ts[i].tier_sequences = t->tier_seqs;
 		ts[i].tier_lost = t->tier_lost;
+		ts[i].has_recall = ts[i].has_recalled_tokens = true;
+		ts[i].recall = t->recall;
+		ts[i].recall_source = (char *)setting_source_to_string(t->recall_source);
+		ts[i].recalled_tokens = t->recalled_tokens;
 		tp[i] = &ts[i];
 	}
 	rep.n_tenants = n;

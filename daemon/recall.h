@@ -31,9 +31,6 @@
 struct tier;
 struct recall_store;
 
-/* Tokens per row one recall may bring back, at most (kvd.conf(5), recall). */
-#define RECALL_TOKENS_MAX (1u << 20)
-
 /*
  * Keeps the slots drops[0..n) name of q (their K/V still in the pool: before seq_compact
  * removes them) in q's store, creating it. All or nothing. Returns the slots kept (0 when

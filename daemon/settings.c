@@ -282,6 +282,11 @@ static const struct setting tenant_table[] = {
 	  "(move idle sequences whole to the host tier first, host-tier-size) or host+file (and "
 	  "from a full host tier to the file tier, file-tier-size)", TENANT(tier),
 	  .enum_name = tier_mode_to_string, .enum_n = _TIER_MODE_MAX },
+	[SETTINGS_TENANT_RECALL] = { "recall", SETTING_U32, 0, "N", "0", NULL,
+	  "token recall: the tokens rounds evict from the tenant's sequences are kept in the host "
+	  "tier, and a recall (kvd_seq_recall) brings back at most N per row of those its new "
+	  "window needs, each for a resident one worth less; 0: off (docs/recall.md)",
+	  TENANT(recall), 0, TENANT_RECALL_MAX },
 	[SETTINGS_TENANT_ALLOW_USERS] = { "allow-users", SETTING_LIST, 0, "NAMES", NULL, "none",
 	  "users (names or numbers) whose processes may act as the tenant, besides root; with "
 	  "neither list, anyone who may connect; repeat the key to add names, an empty value "
@@ -906,6 +911,9 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 		else if (t->tier == TIER_HOST_FILE && s->file_tier_size == 0)
 			inifile_error(e, path, t->key_line[SETTINGS_TENANT_TIER] ?: t->line,
 			              "tenant %s: tier host+file needs a file tier (file-tier-size)", t->name);
+		if (t->recall > 0 && s->host_tier_size == 0)
+			inifile_error(e, path, t->key_line[SETTINGS_TENANT_RECALL] ?: t->line,
+			              "tenant %s: recall needs a host tier (host-tier-size)", t->name);
 	}
 }
 

@@ -134,6 +134,7 @@ enum settings_tenant_key {
 	SETTINGS_TENANT_WEIGHT,
 	SETTINGS_TENANT_POLICY,
 	SETTINGS_TENANT_TIER,
+	SETTINGS_TENANT_RECALL,
 	SETTINGS_TENANT_ALLOW_USERS,
 	SETTINGS_TENANT_ALLOW_GROUPS,
 	_SETTINGS_TENANT_KEY_MAX,
@@ -147,6 +148,7 @@ struct settings_tenant {
 	uint32_t weight;
 	int policy;                   /* enum kvd_policy */
 	int tier;                     /* enum tier_mode */
+	uint32_t recall;              /* tokens per row a recall may bring back; 0: off */
 	char *allow_users;            /* as written; enforced at hello (access.h) */
 	char *allow_groups;
 	/* The lists resolved to ids by access_resolve(), at start and on every reload. */

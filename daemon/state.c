@@ -167,6 +167,11 @@ static void on_key(struct inifile_ctx *ctx, const char *section, const char *key
 			goto bad;
 		t->has_tier = true;
 		t->tier = m;
+	} else if (t && strcmp(key, "recall") == 0) {
+		if (number_parse_u64(value, 0, TENANT_RECALL_MAX, &v) < 0)
+			goto bad;
+		t->has_recall = true;
+		t->recall = (uint32_t)v;
 	} else
 		inifile_ctx_error(ctx, "unknown key '%s' in [%s]", key, section);
 	return;
@@ -214,6 +219,8 @@ int state_format(const struct state *st, char **ret) {
 			fprintf(f, "policy = %s\n", kvd_policy_to_string(t->policy));
 		if (t->has_tier)
 			fprintf(f, "tier = %s\n", tier_mode_to_string(t->tier));
+		if (t->has_recall)
+			fprintf(f, "recall = %" PRIu32 "\n", t->recall);
 	}
 	if (fclose(f) != 0) {
 		free(text);

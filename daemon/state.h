@@ -32,12 +32,13 @@
 
 struct state_tenant {
 	char name[KVD_TENANT_NAME_MAX + 1];
-	bool has_min, has_max, has_weight, has_policy, has_tier;
+	bool has_min, has_max, has_weight, has_policy, has_tier, has_recall;
 	uint64_t min_bytes;
 	uint64_t max_bytes;           /* KVD_TENANT_NO_CAP: none */
 	uint32_t weight;
 	int policy;                   /* enum kvd_policy */
 	int tier;                     /* enum tier_mode */
+	uint32_t recall;
 };
 
 struct state {

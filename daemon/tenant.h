@@ -20,6 +20,9 @@
 
 struct chunk;
 
+/* Tokens per row one recall may bring back, at most (kvd.conf(5), recall). */
+#define TENANT_RECALL_MAX (1u << 20)
+
 struct tenant {
 	uint32_t id;                  /* never reused while the daemon runs */
 	char name[KVD_TENANT_NAME_MAX + 1];
@@ -29,8 +32,8 @@ struct tenant {
 	int policy;                   /* enum kvd_policy: how rounds rank its tokens */
 	int tier;                     /* enum tier_mode: where its idle sequences go (tier.h) */
 	uint32_t recall;              /* tokens per row a recall may bring back; 0: off (recall.h) */
-	/* Where min, max, weight, policy and tier come from: enum setting_source (admin.h). */
-	uint8_t min_source, max_source, weight_source, policy_source, tier_source;
+	/* Where min, max, weight, policy, tier and recall come from: enum setting_source (admin.h). */
+	uint8_t min_source, max_source, weight_source, policy_source, tier_source, recall_source;
 	char *allow_users;            /* from the config file: stored and reported only */
 	char *allow_groups;
 	uint64_t used_bytes;          /* bytes of the chunks it holds, draining ones included */

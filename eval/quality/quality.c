@@ -144,6 +144,8 @@ enum {
 	VARIANT_KVD_MOMENTS_BOUNDED,
 	VARIANT_INDEXMEM_LATENT,
 	VARIANT_KVD_LATENT,
+	VARIANT_KVD_RECALL,
+	VARIANT_INDEXMEM_RECALL,
 	_VARIANT_MAX,
 };
 
@@ -154,6 +156,7 @@ static const struct {
 	enum kvd_moments_form form;
 	const char *name, *tenant; /* '+' is not a tenant name's */
 	uint32_t compensation;
+	bool recall;               /* its tenant has recall on (docs/recall.md) */
 } variants[_VARIANT_MAX] = {
 	[VARIANT_KVD_MOMENTS] = { KVD_POLICY_KVD, KVD_MOMENTS_PLAIN, "kvd+moments", "q-kvd.moments",
 		                  KVD_COMPENSATION_MOMENTS },
@@ -167,7 +170,16 @@ static const struct {
 		                      "q-indexmem.latent", KVD_COMPENSATION_LATENT },
 	[VARIANT_KVD_LATENT] = { KVD_POLICY_KVD, KVD_MOMENTS_PLAIN, "kvd+latent", "q-kvd.latent",
 		                 KVD_COMPENSATION_LATENT },
+	[VARIANT_KVD_RECALL] = { KVD_POLICY_KVD, KVD_MOMENTS_PLAIN, "kvd+recall", "q-kvd.recall",
+		                 KVD_COMPENSATION_NONE, true },
+	[VARIANT_INDEXMEM_RECALL] = { KVD_POLICY_INDEXMEM, KVD_MOMENTS_PLAIN, "indexmem+recall",
+		                      "q-indexmem.recall", KVD_COMPENSATION_NONE, true },
 };
+
+/* Whether column p's tenant has recall on. */
+static bool col_recall(int p) {
+	return p >= _KVD_POLICY_MAX && variants[p - _KVD_POLICY_MAX].recall;
+}
 
 /* A column's name in every table, and the policy its tenant ranks with. */
 static const char *col_name(int p) {
@@ -184,6 +196,11 @@ static bool arg_policies[COLS];
 static bool arg_policies_given;
 static uint32_t arg_threads;
 static uint32_t arg_window = KVD_WINDOW_DEFAULT;
+/* Recall columns: token slots per (layer, kv head) a recall may bring back (kvd.conf(5),
+ * recall). */
+#define RECALL_TOKENS_DEFAULT 64
+#define RECALL_TOKENS_MAX (1u << 20)     /* the daemon's bound (kvd.conf(5), recall) */
+static uint32_t arg_recall_tokens = RECALL_TOKENS_DEFAULT;
 static bool arg_multi, arg_direct, arg_quick, arg_keep;
 static struct {
 	enum kvd_task task;
@@ -201,6 +218,10 @@ static enum kvd_policy arg_multi_policy = KVD_POLICY_KVD;
 struct cell {
 	uint32_t samples, correct, violations, rounds;
 	double kept, round_ms;
+	/* Recall columns: the largest resident share of the context at any step (after the
+	 * round, after the recall), token slots brought back, the recalls' time. */
+	double max_kept, recall_ms;
+	uint64_t recalled;
 	uint64_t decode_steps;
 	double decode_ms;
 };
@@ -215,6 +236,7 @@ struct tenant {
 	uint32_t compensation;        /* KVD_COMPENSATION_* of its model */
 	enum kvd_moments_form form;   /* with moments: how its engine adds them */
 	bool indexed;                 /* its model has an indexer (policy indexmem; q-full) */
+	bool recall;                  /* recall on: a new window asks for what it needs back */
 	kvd_client *client;
 	struct kvdlm_kvd_model km;
 };
@@ -407,7 +429,24 @@ static uint64_t pool_bytes(const struct quality *Q, uint64_t chunk) {
 	return ALIGN_TO(bytes, MAX(chunk, 1ull << 20));
 }
 
-static int write_config(const struct quality *Q, const char *path, uint64_t pool, uint64_t chunk) {
+/* The host tier recall columns need: a sequence of the longest length, twice over; 0 when
+ * none runs. */
+static uint64_t recall_tier_bytes(const struct quality *Q, uint64_t chunk) {
+	uint64_t per_token = (Q->slot_bytes + Q->index_bytes) * Q->tables;
+	uint32_t lmax = 0;
+	bool any = false;
+
+	for (int p = 0; p < COLS; p++)
+		any |= arg_policies[p] && col_recall(p);
+	if (!any)
+		return 0;
+	for (unsigned i = 0; i < arg_n_lengths; i++)
+		lmax = MAX(lmax, arg_lengths[i]);
+	return ALIGN_TO(2 * per_token * (lmax + GEN_MAX + SEQ_SLACK), chunk);
+}
+
+static int write_config(const struct quality *Q, const char *path, uint64_t pool, uint64_t chunk,
+                        uint64_t tier) {
 	FILE *f = fopen(path, "we");
 	int r;
 
@@ -426,17 +465,27 @@ static int write_config(const struct quality *Q, const char *path, uint64_t pool
 	        "eviction-floor = 0\n"
 	        "log-level = warning\n"
 	        "tenant-create = any\n"
-	        "admin-group = %u\n"
+	        "admin-group = %u\n",
+	        pool, chunk, (unsigned)getgid());
+	/* Room in the host tier for what a recall column's cell evicts (one at a time). */
+	if (tier > 0)
+		fprintf(f, "host-tier-size = %" PRIu64 "\n", tier);
+	fprintf(f,
 	        "\n"
 	        "# The masters: never evicted.\n"
 	        "[tenant q-full]\n"
 	        "policy = full\n"
 	        "min = %" PRIu64 "\n",
-	        pool, chunk, (unsigned)getgid(), pool);
-	for (int p = 0; p < COLS; p++)
-		if (p != KVD_POLICY_FULL)
-			fprintf(f, "\n[tenant %s]\npolicy = %s\n", Q->pol[p].name,
-			        kvd_policy_to_string(col_policy(p)));
+	        pool);
+	for (int p = 0; p < COLS; p++) {
+		if (p == KVD_POLICY_FULL)
+			continue;
+		fprintf(f, "\n[tenant %s]\npolicy = %s\n", Q->pol[p].name,
+		        kvd_policy_to_string(col_policy(p)));
+		/* A recall column: what rounds evict waits in the host tier for the question. */
+		if (col_recall(p))
+			fprintf(f, "recall = %u\n", arg_recall_tokens);
+	}
 	for (unsigned j = 0; arg_multi && j < arg_n_multi; j++)
 		fprintf(f, "\n[tenant %s]\npolicy = %s\n", Q->multi[j].name,
 		        kvd_policy_to_string(arg_multi_policy));
@@ -466,7 +515,7 @@ static int daemon_start(struct quality *Q) {
 	snprintf(d->config, sizeof(d->config), "%s/kvd.conf", d->dir);
 	snprintf(d->state, sizeof(d->state), "%s/state", d->dir);
 	snprintf(d->log, sizeof(d->log), "%s/kvd.log", arg_out);
-	r = write_config(Q, d->config, pool, chunk);
+	r = write_config(Q, d->config, pool, chunk, recall_tier_bytes(Q, chunk));
 	if (r < 0)
 		return r;
 	logfd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -730,6 +779,37 @@ static int check_eviction(struct quality *Q, kvd_seq *seq, uint64_t budget_total
 	return 0;
 }
 
+/* Resident slots of s whose original position is below n (the context's), over every
+ * table; a negative errno. */
+static int64_t context_resident(kvd_seq *s, uint32_t layers, uint32_t kv_heads, uint32_t n) {
+	int64_t sum = 0;
+	int r = kvd_seq_pin(s);
+
+	if (r < 0)
+		return r;
+	for (uint32_t l = 0; l < layers; l++)
+		for (uint32_t h = 0; h < kv_heads; h++) {
+			int64_t lo = 0, hi = kvd_seq_tokens(s, l, h);
+
+			if (hi < 0) {
+				(void)kvd_seq_unpin(s);
+				return hi;
+			}
+			/* Positions ascend: the first slot at n or later. */
+			while (lo < hi) {
+				int64_t mid = lo + (hi - lo) / 2;
+
+				if (kvd_seq_position(s, l, h, (uint32_t)mid) < n)
+					lo = mid + 1;
+				else
+					hi = mid;
+			}
+			sum += lo;
+		}
+	r = kvd_seq_unpin(s);
+	return r < 0 ? r : sum;
+}
+
 /* Evicts seq (of tenant t) down to budget tokens per table, on t's own connection. */
 static int evict_to(struct quality *Q, struct tenant *t, kvd_seq *seq, uint32_t budget,
                     struct evict_result *ret) {
@@ -840,8 +920,10 @@ static int run_cell(struct quality *Q, const struct sample *s, struct master *ms
 	struct tenant *t = &Q->pol[p];
 	struct cell *cell = &Q->cells[cell_index(st, ti, li, (unsigned)p, bi)];
 	struct evict_result e = {};
+	uint64_t budget_total = (uint64_t)budget_tokens(arg_budgets[bi], s->n_ctx) * Q->tables, max_ctx;
 	char out[GEN_TEXT_MAX + 1];
 	bool correct;
+	int64_t ctx;
 	double t0;
 	int r;
 
@@ -865,11 +947,44 @@ static int run_cell(struct quality *Q, const struct sample *s, struct master *ms
 	r = evict_to(Q, t, kvdlm_cache_seq(c), budget_tokens(arg_budgets[bi], s->n_ctx), &e);
 	if (r < 0)
 		return r;
+	ctx = context_resident(kvdlm_cache_seq(c), Q->m->cfg.layers, Q->m->cfg.kv_heads, s->n_ctx);
+	if (ctx < 0)
+		return fail("%s: reading the tables: %s", t->name, client_error(t->client, (int)ctx));
+	max_ctx = (uint64_t)ctx;
 	if (st == SETTING_AGNOSTIC) {
-		r = kvdlm_prefill(Q->s, s->tokens + s->n_ctx, s->n_q, KVDLM_LOGITS_LAST, Q->logits);
+		/* A recall column prefills the question but its last token, whose logits give
+		 * the first answer token, then recalls: what the question's window needs may
+		 * come back, each for a resident token of the context worth less, before the
+		 * last token and the answer attend to the cache. */
+		uint32_t first = t->recall && s->n_q > 1 ? s->n_q - 1 : 0;
+
+		r = first ? kvdlm_prefill(Q->s, s->tokens + s->n_ctx, first, KVDLM_LOGITS_NONE, NULL) : 0;
+		if (r < 0)
+			return fail("%s: prefilling the question: %s", t->name, client_error(t->client, r));
+		if (t->recall) {
+			uint64_t tokens;
+
+			t0 = now_s();
+			r = kvd_seq_recall(kvdlm_cache_seq(c), &tokens, NULL);
+			if (r < 0)
+				return fail("%s: recall: %s", t->name, client_error(t->client, r));
+			cell->recall_ms += (now_s() - t0) * 1e3;
+			cell->recalled += tokens;
+			ctx = context_resident(kvdlm_cache_seq(c), Q->m->cfg.layers, Q->m->cfg.kv_heads,
+			                       s->n_ctx);
+			if (ctx < 0)
+				return fail("%s: reading the tables: %s", t->name,
+				            client_error(t->client, (int)ctx));
+			max_ctx = MAX(max_ctx, (uint64_t)ctx);
+			e.ok = e.ok && max_ctx <= MAX(budget_total, (uint64_t)protected_tokens(s->n_ctx) *
+			                                                    Q->tables);
+		}
+		r = kvdlm_prefill(Q->s, s->tokens + s->n_ctx + first, s->n_q - first, KVDLM_LOGITS_LAST,
+		                  Q->logits);
 		if (r < 0)
 			return fail("%s: prefilling the question: %s", t->name, client_error(t->client, r));
 	}
+	cell->max_kept = MAX(cell->max_kept, (double)max_ctx / ((double)s->n_ctx * Q->tables));
 	t0 = now_s();
 	r = generate(Q, Q->logits, out);
 	if (r < 0)
@@ -1217,7 +1332,7 @@ static struct cell pooled(const struct quality *Q, unsigned st, int ti, int li, 
 /* What a column's sequences keep besides their K/V and index keys: the moments or the
  * latent memory of every (layer, kv head). */
 static uint64_t state_bytes(const struct quality *Q, int p) {
-	if (p < _KVD_POLICY_MAX)
+	if (p < _KVD_POLICY_MAX || variants[p - _KVD_POLICY_MAX].compensation == KVD_COMPENSATION_NONE)
 		return 0;
 	return (uint64_t)Q->tables * (variants[p - _KVD_POLICY_MAX].compensation == KVD_COMPENSATION_LATENT
 	                                      ? KVD_LATENT_BYTES(Q->m->cfg.head_dim)
@@ -1255,7 +1370,8 @@ static int write_csv(const struct quality *Q) {
 	if (!f)
 		return fail("%s: %s", path, strerror(errno));
 	fprintf(f, "policy,setting,task,length,budget,samples,correct,accuracy,kept_fraction,"
-	           "round_ms,over_budget,state_bytes,decode_ms\n");
+	           "round_ms,over_budget,state_bytes,decode_ms,max_kept_fraction,recalled_tokens,"
+	           "recall_ms\n");
 	for (unsigned st = 0; st < _SETTING_MAX; st++) {
 		if (!arg_settings[st])
 			continue;
@@ -1263,7 +1379,8 @@ static int write_csv(const struct quality *Q) {
 			for (unsigned li = 0; li < arg_n_lengths; li++) {
 				const struct full_cell *fc = &Q->full[ti * arg_n_lengths + li];
 
-				fprintf(f, "full,%s,%s,%u,100,%u,%u,%.4f,1.0000,0.000,0,0,\n", setting_names[st],
+				fprintf(f, "full,%s,%s,%u,100,%u,%u,%.4f,1.0000,0.000,0,0,,1.0000,0,0.000\n",
+				        setting_names[st],
 				        kvd_task_to_string(arg_tasks[ti]), arg_lengths[li], fc->samples,
 				        fc->correct, acc(fc->correct, fc->samples));
 				for (int p = 0; p < COLS; p++) {
@@ -1272,14 +1389,18 @@ static int write_csv(const struct quality *Q) {
 					for (unsigned bi = 0; bi < arg_n_budgets; bi++) {
 						const struct cell *c = &Q->cells[cell_index(st, ti, li, (unsigned)p, bi)];
 
-						fprintf(f, "%s,%s,%s,%u,%u,%u,%u,%.4f,%.4f,%.3f,%u,%" PRIu64 ",%.3f\n",
+						fprintf(f, "%s,%s,%s,%u,%u,%u,%u,%.4f,%.4f,%.3f,%u,%" PRIu64 ",%.3f,"
+						        "%.4f,%.1f,%.3f\n",
 						        col_name(p), setting_names[st],
 						        kvd_task_to_string(arg_tasks[ti]), arg_lengths[li], arg_budgets[bi],
 						        c->samples, c->correct, acc(c->correct, c->samples),
 						        c->samples ? c->kept / c->samples : NAN,
 						        c->rounds ? c->round_ms / c->rounds : 0.0, c->violations,
 						        state_bytes(Q, p),
-						        c->decode_steps ? c->decode_ms / c->decode_steps : 0.0);
+						        c->decode_steps ? c->decode_ms / c->decode_steps : 0.0,
+						        c->max_kept,
+						        c->samples ? (double)c->recalled / c->samples : 0.0,
+						        c->samples ? c->recall_ms / c->samples : 0.0);
 					}
 				}
 			}
@@ -1569,7 +1690,7 @@ static const char *const plot_colors[] = {
 	"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 	"#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000080", "#b00000",
 	"#006400", "#ff1493", "#4b0082", "#808000", "#00ced1", "#ff8c00", "#8b4513",
-	"#2f4f4f", "#9acd32",
+	"#2f4f4f", "#9acd32", "#dc143c", "#00008b",
 };
 _Static_assert(sizeof(plot_colors) / sizeof(plot_colors[0]) >= COLS, "a line type per column");
 
@@ -1729,14 +1850,16 @@ static void help(void) {
 	       "  --settings LIST    in-window, query-agnostic (default: both)\n"
 	       "  --policies LIST    Policies besides full, which always runs, and the compensated\n"
 	       "                     kvd+moments, kvd-mi+moments, kvd+moments-mass,\n"
-	       "                     kvd+moments-bounded, indexmem+latent, kvd+latent\n"
-	       "                     (default: all, less the\n"
-	       "                     indexmem and latent ones when the model has no IndexMem\n"
-	       "                     weights)\n"
+	       "                     kvd+moments-bounded, indexmem+latent, kvd+latent, and the\n"
+	       "                     recall columns kvd+recall, indexmem+recall (default: all,\n"
+	       "                     less the indexmem and latent ones when the model has no\n"
+	       "                     IndexMem weights)\n"
 	       "  --indexmem FILE    IndexMem weights for the indexmem and latent columns\n"
 	       "                     (default: the model's path ending in %s instead)\n"
 	       "  --threads N        Engine threads (default: the online CPUs)\n"
 	       "  --window W         Observation window, 1..%u (default: %u)\n"
+	       "  --recall-tokens N  Recall columns: tokens per (layer, kv head) a recall may\n"
+	       "                     bring back, 1..%u (default: %u)\n"
 	       "  --multi            Also the multi-tenant scenario: one budget ranked globally\n"
 	       "                     vs split statically\n"
 	       "  --multi-tenants L  Its tenants, TASK:LENGTH,... 2..%u (default:\n"
@@ -1753,7 +1876,7 @@ static void help(void) {
 	       "answer that differs from the engine's private full cache), 2 on usage errors.\n",
 	       MODEL_DEFAULT, HAYSTACK_DEFAULT, OUT_DEFAULT, SAMPLES_MAX, SAMPLES_DEFAULT, INDEXMEM_SUFFIX,
 	       KVD_WINDOW_MAX,
-	       KVD_WINDOW_DEFAULT, MULTI_MAX, QUICK_SAMPLES);
+	       KVD_WINDOW_DEFAULT, RECALL_TOKENS_MAX, RECALL_TOKENS_DEFAULT, MULTI_MAX, QUICK_SAMPLES);
 }
 
 static int item_task(const char *s, unsigned i, void *userdata _unused_) {
@@ -1829,6 +1952,7 @@ static int parse_argv(int argc, char **argv) {
 		OPT_INDEXMEM,
 		OPT_THREADS,
 		OPT_WINDOW,
+		OPT_RECALL_TOKENS,
 		OPT_MULTI,
 		OPT_MULTI_TENANTS,
 		OPT_MULTI_POLICY,
@@ -1850,6 +1974,7 @@ static int parse_argv(int argc, char **argv) {
 		{ "indexmem", required_argument, NULL, OPT_INDEXMEM },
 		{ "threads", required_argument, NULL, OPT_THREADS },
 		{ "window", required_argument, NULL, OPT_WINDOW },
+		{ "recall-tokens", required_argument, NULL, OPT_RECALL_TOKENS },
 		{ "multi", no_argument, NULL, OPT_MULTI },
 		{ "multi-tenants", required_argument, NULL, OPT_MULTI_TENANTS },
 		{ "multi-policy", required_argument, NULL, OPT_MULTI_POLICY },
@@ -1931,6 +2056,11 @@ static int parse_argv(int argc, char **argv) {
 		case OPT_WINDOW:
 			if (number_parse_u32(optarg, 1, KVD_WINDOW_MAX, &arg_window) < 0)
 				return usage_error("--window: '%s' is not in 1..%u", optarg, KVD_WINDOW_MAX);
+			break;
+		case OPT_RECALL_TOKENS:
+			if (number_parse_u32(optarg, 1, RECALL_TOKENS_MAX, &arg_recall_tokens) < 0)
+				return usage_error("--recall-tokens: '%s' is not in 1..%u", optarg,
+				                   RECALL_TOKENS_MAX);
 			break;
 		case OPT_MULTI:
 			arg_multi = true;
@@ -2107,6 +2237,7 @@ static int run(struct quality *Q, const char *cmdline) {
 			         variants[p - _KVD_POLICY_MAX].tenant);
 			Q->pol[p].compensation = variants[p - _KVD_POLICY_MAX].compensation;
 			Q->pol[p].form = variants[p - _KVD_POLICY_MAX].form;
+			Q->pol[p].recall = variants[p - _KVD_POLICY_MAX].recall;
 		}
 		Q->pol[p].indexed = col_policy(p) == KVD_POLICY_INDEXMEM;
 	}

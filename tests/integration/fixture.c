@@ -265,7 +265,7 @@ static void kv_device_setup(kvd_client *c) {
 }
 #endif
 
-static void kv_read(const void *src, void *dst, size_t n) {
+void kv_read(const void *src, void *dst, size_t n) {
 #ifdef KVD_HAVE_CUDA
 	if (fixture_backend_cuda()) {
 		if (!kv_ctx || kv_ctx_pid != getpid())
@@ -278,7 +278,7 @@ static void kv_read(const void *src, void *dst, size_t n) {
 	memcpy(dst, src, n);
 }
 
-static void kv_write(void *dst, const void *src, size_t n) {
+void kv_write(void *dst, const void *src, size_t n) {
 #ifdef KVD_HAVE_CUDA
 	if (fixture_backend_cuda()) {
 		if (!kv_ctx || kv_ctx_pid != getpid())

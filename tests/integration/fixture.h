@@ -145,6 +145,11 @@ void hostile_assert_reads(const struct hostile_hold *k, uint8_t v);
 void hostile_write(const struct hostile_hold *k);
 void hostile_done(struct hostile_hold *k);
 
+/* Copies n bytes from K/V memory (kvd_seq_kv's addresses: device memory on a GPU pool) to
+ * dst, and to it from src. */
+void kv_read(const void *src, void *dst, size_t n);
+void kv_write(void *dst, const void *src, size_t n);
+
 /* Writes into every resident K/V byte of s a value derived from (tag, layer, kv head,
  * original position, byte, K or V). */
 void fill_seq(kvd_seq *s, uint32_t tag);

@@ -342,6 +342,7 @@ int bench_evict(int argc, char **argv) {
 		{ "layers", required_argument, NULL, OPT_ROUND },
 		{ "unit", required_argument, NULL, OPT_ROUND },
 		{ "bytes", required_argument, NULL, OPT_ROUND },
+		{ "recall", required_argument, NULL, OPT_ROUND },
 		{ "help", no_argument, NULL, 'h' },
 		{},
 	};

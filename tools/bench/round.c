@@ -12,6 +12,12 @@
  * select and compact phases, units and sequences, bytes freed against the target, and the
  * scoring throughput. The set-up steps are timed here and printed apart.
  *
+ * With --recall N the tenant has token recall on (N tokens per row; docs/recall.md): the
+ * round keeps what it evicts in the host tier, then every sequence publishes a new window
+ * and asks for a recall (kvd_seq_recall), a round of its own that scores the sequence's
+ * resident and kept tokens together; their durations, summed, stand against the eviction
+ * round's, which scored as many tokens (every token of every sequence once).
+ *
  * K, V, queries and W_o are small random f16 numbers from a xorshift generator, made a
  * 64-bit word (four elements) at a time so that filling runs near memory speed: the
  * figures are of scoring work, not of what the numbers are. This is a benchmark: nothing
@@ -48,12 +54,14 @@
 #define ROUND_TOKENS_MAX (1u << 20)
 /* One grow may need at most 253 new chunks (kvd_seq_grow): stay well below. */
 #define ROUND_GROW_CHUNKS 128
+#define ROUND_RECALL_MAX (1u << 20)  /* the daemon's bound (kvd.conf(5), recall) */
 
 static uint32_t arg_tokens = 32768;
 static uint32_t arg_seqs = 4;
 static uint32_t arg_layers = 4;
 static uint32_t arg_unit = KVD_UNIT_LAYER_TOKEN;
 static uint64_t arg_bytes; /* 0: half of what the tenant holds */
+static uint32_t arg_recall; /* tokens per row a recall may bring back; 0: no recall */
 
 
 static double ms_since(uint64_t t0) {
@@ -392,6 +400,70 @@ static int round_last_id(struct round *b, uint64_t *ret) {
 	return 0;
 }
 
+/* One value of round `id` in the daemon's list (0 where absent). */
+static uint64_t round_value(struct round *b, uint64_t id, const char *key) {
+	_cleanup_(kvd_evictions_freep) kvd_evictions *e = NULL;
+	uint64_t v = 0, x;
+
+	if (kvd_evictions_get(b->client, &e) < 0)
+		return 0;
+	for (uint32_t k = 0; k < kvd_evictions_count(e); k++)
+		if (kvd_evictions_u64(e, k, "id", &x) >= 0 && x == id)
+			(void)kvd_evictions_u64(e, k, key, &v);
+	return v;
+}
+
+/*
+ * After the eviction round (round id evict_id + 1): a new window and a recall for every
+ * sequence; prints each recall round's figures and their sum against the eviction round.
+ */
+static int round_recalls(struct round *b, uint64_t evict_id) {
+	uint64_t state = UINT64_C(0x6b76642d72656361), sum = 0, sum_score = 0, back = 0, scored = 0;
+	uint64_t round_us = round_value(b, evict_id + 1, "duration_us");
+	uint64_t round_score = round_value(b, evict_id + 1, "score_us"), id = evict_id + 1;
+
+	printf("\nrecalls: a new window per sequence, then kvd_seq_recall (at most %u tokens per "
+	       "row):\n", arg_recall);
+	for (uint32_t i = 0; i < b->n_seqs; i++) {
+		uint64_t tokens = 0, t0, us, score;
+		int r;
+
+		r = kvd_seq_pin(b->seqs[i]);
+		if (r >= 0)
+			r = round_observe(b, i, &state);
+		if (r >= 0)
+			r = kvd_seq_unpin(b->seqs[i]);
+		if (r < 0)
+			return round_fail(b, r, "publishing a new window (seq %u)", i);
+		t0 = now_ns();
+		r = kvd_seq_recall(b->seqs[i], &tokens, NULL);
+		if (r < 0)
+			return round_fail(b, r, "kvd_seq_recall(seq %u)", i);
+		r = round_events(b);
+		if (r < 0)
+			return r;
+		r = round_last_id(b, &id);
+		if (r < 0)
+			return r;
+		us = round_value(b, id, "duration_us");
+		score = round_value(b, id, "score_us");
+		printf("  seq %u: round #%" PRIu64 ", %" PRIu64 " kept tokens scored, %" PRIu64
+		       " back; %.3f ms (score %.3f, trade %.3f); the call %.3f ms\n", i, id,
+		       round_value(b, id, "scored_tokens"), tokens, us / 1e3, score / 1e3,
+		       round_value(b, id, "compact_us") / 1e3, ms_since(t0));
+		sum += us;
+		sum_score += score;
+		back += tokens;
+		scored += round_value(b, id, "scored_tokens");
+	}
+	printf("recall rounds: %.3f ms together (score %.3f) for %" PRIu64 " kept tokens scored, %" PRIu64
+	       " back; the eviction round %.3f ms (score %.3f) for as many tokens: ratio %.2f (score "
+	       "%.2f)\n", sum / 1e3, sum_score / 1e3, scored, back, round_us / 1e3, round_score / 1e3,
+	       round_us ? (double)sum / (double)round_us : 0.0,
+	       round_score ? (double)sum_score / (double)round_score : 0.0);
+	return 0;
+}
+
 static int round_run(struct round *b) {
 	kvd_eviction_spec ev = { .unit = arg_unit, .window = ROUND_WINDOW, .sinks = KVD_SINKS_DEFAULT };
 	uint64_t kv_bytes = (uint64_t)arg_seqs * arg_tokens * arg_layers * ROUND_KV_HEADS * ROUND_HEAD_DIM * 2 * 2;
@@ -436,6 +508,15 @@ static int round_run(struct round *b) {
 	r = round_device_open(b, block_bytes);
 	if (r < 0)
 		return r;
+	if (arg_recall) {
+		kvd_tenant_params p = { .size = sizeof(p), .set = KVD_TENANT_SET_RECALL,
+			                .recall = arg_recall };
+
+		r = kvd_tenant_set_params(b->client, ROUND_TENANT, &p);
+		if (r < 0)
+			return round_fail(b, r, "turning recall on for %s (needs root or admin-group, "
+			                  "and a host tier: kvd --host-tier-size)", ROUND_TENANT);
+	}
 	b->model_id = kvd_model_register_evictable(b->client, &b->spec, &ev);
 	if (b->model_id < 0)
 		return round_fail(b, b->model_id, "kvd_model_register_evictable");
@@ -524,6 +605,11 @@ static int round_run(struct round *b) {
 	       " before, %" PRIu64 " after\n",
 	       size_format(freed, a, sizeof(a)), size_format(used, c, sizeof(c)), b->events, rounds_before,
 	       rounds_after);
+	if (arg_recall) {
+		r = round_recalls(b, last_id);
+		if (r < 0)
+			return r;
+	}
 
 	t0 = now_ns();
 	for (uint32_t i = 0; i < b->n_seqs; i++) {
@@ -539,7 +625,7 @@ static int round_run(struct round *b) {
 
 static void round_help(void) {
 	printf("Usage: kvd-bench evict --socket PATH [--tokens N] [--seqs N] [--layers N]\n"
-	       "                       [--unit head|layer|block] [--bytes SIZE]\n"
+	       "                       [--unit head|layer|block] [--bytes SIZE] [--recall N]\n"
 	       "\n"
 	       "The full-round benchmark against the running daemon at PATH: as the tenant\n"
 	       "%s, fills sequences of a Llama-3.1-8B-like slice (32 q heads, 8 kv heads,\n"
@@ -564,15 +650,19 @@ static void round_help(void) {
 	       "  --unit U         What one eviction frees: head (per_head layout), layer or\n"
 	       "                   block (per_layer layout) (default: layer)\n"
 	       "  --bytes SIZE     Bytes the round frees (default: half the tenant's chunk\n"
-	       "                   bytes)\n",
+	       "                   bytes)\n"
+	       "  --recall N       Token recall on (N tokens per row, 1..%u): the round keeps\n"
+	       "                   what it evicts in the host tier (kvd --host-tier-size), then\n"
+	       "                   each sequence publishes a new window and recalls; prints the\n"
+	       "                   recall rounds against the eviction round\n",
 	       ROUND_TENANT, ROUND_BLOCK_TOKENS, ROUND_WINDOW, ROUND_TOKENS_MAX, ROUND_SEQS_MAX,
-	       KVD_LAYERS_MAX);
+	       KVD_LAYERS_MAX, ROUND_RECALL_MAX);
 }
 
 #define round_usage_error(...) cli_usage_error("kvd-bench evict", __VA_ARGS__)
 
 int bench_evict_round(const char *socket, int argc, char **argv) {
-	enum { OPT_TOKENS = 0x100, OPT_SEQS, OPT_LAYERS, OPT_UNIT, OPT_BYTES, OPT_IGNORED };
+	enum { OPT_TOKENS = 0x100, OPT_SEQS, OPT_LAYERS, OPT_UNIT, OPT_BYTES, OPT_RECALL, OPT_IGNORED };
 	/* evict.c's own options come along in argv: they are known here and skipped. */
 	static const struct option options[] = {
 		{ "tokens", required_argument, NULL, OPT_TOKENS },
@@ -580,6 +670,7 @@ int bench_evict_round(const char *socket, int argc, char **argv) {
 		{ "layers", required_argument, NULL, OPT_LAYERS },
 		{ "unit", required_argument, NULL, OPT_UNIT },
 		{ "bytes", required_argument, NULL, OPT_BYTES },
+		{ "recall", required_argument, NULL, OPT_RECALL },
 		{ "socket", required_argument, NULL, OPT_IGNORED },
 		{ "units", required_argument, NULL, OPT_IGNORED },
 		{ "groups", required_argument, NULL, OPT_IGNORED },
@@ -619,6 +710,11 @@ int bench_evict_round(const char *socket, int argc, char **argv) {
 		case OPT_BYTES:
 			if (size_parse(optarg, &arg_bytes) < 0 || arg_bytes == 0)
 				return round_usage_error("--bytes: '%s' is not a size above 0", optarg);
+			break;
+		case OPT_RECALL:
+			if (number_parse_u32(optarg, 1, ROUND_RECALL_MAX, &arg_recall) < 0)
+				return round_usage_error("--recall: '%s' is not in 1..%u", optarg,
+				                         ROUND_RECALL_MAX);
 			break;
 		case OPT_IGNORED:
 			break;

@@ -85,7 +85,7 @@ extern "C" {
 /* The library's version this header belongs to (libkvd.so.MAJOR.MINOR; symbols versioned
  * KVD_MAJOR.MINOR in libkvd.sym): a program may test for a function with it. */
 #define KVD_VERSION_MAJOR 1
-#define KVD_VERSION_MINOR 7
+#define KVD_VERSION_MINOR 8
 
 #if defined(__GNUC__)
 #define KVD_EXPORT __attribute__((visibility("default")))
@@ -182,6 +182,7 @@ typedef struct kvd_model_params {
 #define KVD_TENANT_SET_WEIGHT (1u << 2)
 #define KVD_TENANT_SET_POLICY (1u << 3)
 #define KVD_TENANT_SET_TIER (1u << 4)   /* since KVD_1.7 */
+#define KVD_TENANT_SET_RECALL (1u << 5) /* since KVD_1.8 */
 
 typedef struct kvd_tenant_params {
 	uint32_t size;             /* sizeof(kvd_tenant_params) */
@@ -194,6 +195,10 @@ typedef struct kvd_tenant_params {
 	/* Since KVD_1.7: what memory pressure does with its sequences, "drop", "host" or
 	 * "host+file" (kvd.conf(5), tier). */
 	const char *tier;
+	/* Since KVD_1.8: token recall, at most this many tokens per row a kvd_seq_recall may
+	 * bring back; 0: off (kvd.conf(5), recall; docs/recall.md). Needs a host tier. */
+	uint32_t recall;
+	uint32_t reserved2;        /* 0 */
 } kvd_tenant_params;
 
 /* kvd_budget_params.flags */
@@ -503,6 +508,24 @@ KVD_EXPORT int kvd_seq_unpin(kvd_seq *s);
  * chunk until it does) and -ENOMEM. Since KVD_1.7.
  */
 KVD_EXPORT int kvd_seq_pin_recall(kvd_seq *s, int *ret_recall);
+
+/*
+ * Token recall (docs/recall.md; the tenant's recall setting on, KVD_TENANT_SET_RECALL):
+ * after publishing the window of a new question (kvd_seq_observe), asks the daemon for the
+ * tokens its rounds evicted from s and kept that this window needs most. Each comes back
+ * in place of a resident token worth less, at its original position in position order, in
+ * the same blocks: token counts and blocks do not change, positions and K/V of the slots
+ * traded do (one generation step and a KVD_EVENT_SEQ_CHANGED, as after a round: re-read
+ * the tables after pinning). Call it between steps, unpinned. Blocks until the trade is
+ * done; *ret_tokens (may be NULL) gets the token slots brought back over every table,
+ * *ret_bytes (may be NULL) their K/V bytes. Returns 0, or -EOPNOTSUPP (the daemon has no
+ * recall, the tenant's recall is 0, or the model was registered without an eviction unit
+ * or with compensation), -EBUSY (s is pinned, or too many recalls wait), -EAGAIN (s is
+ * moved out of the pool, its engine's last step has not completed, or s was rewritten
+ * while its recall was scored: ask again), -ENOENT, -ECONNRESET, -ECHILD, -ESTALE.
+ * Since KVD_1.8.
+ */
+KVD_EXPORT int kvd_seq_recall(kvd_seq *s, uint64_t *ret_tokens, uint64_t *ret_bytes);
 
 /*
  * kvd_seq_unpin without waiting for the GPU first: cuda_event, a CUevent of this process
