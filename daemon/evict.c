@@ -1284,7 +1284,7 @@ static void reply_recall(struct evictor *e, const struct recall_waiter *w, int e
 static int recall_policy(const struct server *s, const struct seq *q) {
 	if (s->limits.recall_policy >= 0)
 		return s->limits.recall_policy;
-	return q->model->index_dim ? KVD_POLICY_INDEXMEM : KVD_POLICY_KVD;
+	return q->model->index_dim ? KVD_POLICY_INDEXMEM : KVD_POLICY_RESTKV;
 }
 
 /* Why q cannot be recalled into now (0: it can). */

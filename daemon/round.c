@@ -755,7 +755,7 @@ static int fold_seq(const struct round *r, struct round_seq *q) {
 struct recall_scratch {
 	uint8_t *tk, *tv, *ti;        /* one head's resident rows [0, window end), index keys */
 	uint8_t *kb, *vb, *ib;        /* the candidates then the window, head after head */
-	float *scores;
+	float *scores, *pooled;
 	int64_t *src;                 /* per candidate: its resident slot, or -1 - its kept index */
 	uint32_t *order;
 };
@@ -768,6 +768,7 @@ static void recall_scratch_done(struct recall_scratch *sc) {
 	free(sc->vb);
 	free(sc->ib);
 	free(sc->scores);
+	free(sc->pooled);
 	free(sc->src);
 	free(sc->order);
 	*sc = (struct recall_scratch){};
@@ -853,13 +854,14 @@ static int recall_heads(struct round *r, struct round_seq *q, uint32_t l, uint32
 	sc.kb = malloc((uint64_t)nkv * L * row);
 	sc.vb = malloc((uint64_t)nkv * L * row);
 	sc.scores = malloc((uint64_t)q->q_heads * L * sizeof(float));
+	sc.pooled = malloc((uint64_t)M * sizeof(float));
 	sc.src = malloc(M * sizeof(int64_t));
 	sc.order = malloc(2 * (uint64_t)M * sizeof(uint32_t));
 	if (index) {
 		sc.ti = malloc(MAX((uint64_t)end * irow, 1u));
 		sc.ib = malloc(MAX((uint64_t)L * irow, 1u));
 	}
-	if (!sc.tk || !sc.tv || !sc.kb || !sc.vb || !sc.scores || !sc.src || !sc.order ||
+	if (!sc.tk || !sc.tv || !sc.kb || !sc.vb || !sc.scores || !sc.pooled || !sc.src || !sc.order ||
 	    (index && (!sc.ti || !sc.ib)))
 		goto out;
 	/* Candidates in position order: the resident slots before the window and the kept. */
@@ -905,6 +907,17 @@ static int recall_heads(struct round *r, struct round_seq *q, uint32_t l, uint32
 			x[m] += x[(uint64_t)j * M + m];
 	for (uint32_t m = 0; m < M; m++)
 		x[m] *= share;
+	/* Runs, not tokens: what the window matches is rarely all the answer needs (a value
+	 * follows its key, and the answer copies it), so each candidate is worth the most of
+	 * its neighbours within RECALL_SPAN positions in candidate order. */
+	for (uint32_t m = 0; m < M; m++) {
+		float v = x[m];
+
+		for (uint32_t j = m > RECALL_SPAN ? m - RECALL_SPAN : 0; j <= MIN(m + RECALL_SPAN, M - 1); j++)
+			v = MAX(v, x[j]);
+		sc.pooled[m] = v;
+	}
+	x = sc.pooled;
 	/* The pairs: kept slots from the most valuable, resident ones (sinks protected) from
 	 * the least, as long as the kept one is worth more. */
 	E = sc.order;

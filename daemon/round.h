@@ -42,7 +42,8 @@
  * Recall (round.recall, one sequence): every row with a window scores its resident slots
  * before the window and its kept ones (recall.h) together, in position order, with the
  * window's own slots after them as a round does, by the tenant's policy as the snapshot set
- * it (the recall policy); the kept slots with the highest costs are paired with the
+ * it (the recall policy), each candidate then worth the most of its neighbours within
+ * RECALL_SPAN in position order; the kept slots with the highest costs are paired with the
  * evictable resident slots (not sinks) with the lowest, as long as the kept one's cost is
  * higher, at most recall_max pairs per row. The costs replace the slots' smoothed ones: the
  * window is new.
@@ -62,6 +63,8 @@
 
 #define ROUND_BETA 0.5f               /* cross-round EMA weight of the new round */
 #define ROUND_UNSCORED (-1.0f)        /* S of a slot never scored */
+#define RECALL_SPAN 4                 /* a recall's candidate is worth the most of its
+                                       * neighbours this many positions either way */
 
 enum round_trigger {
 	ROUND_WATERMARK,

@@ -141,6 +141,24 @@ int kvdlm_cache_stats(struct kvdlm_cache *c, struct kvdlm_cache_stats *ret) {
 	return c->ops->stats(c, ret);
 }
 
+int kvdlm_cache_copy_queries(struct kvdlm_cache *dst, const struct kvdlm_cache *src) {
+	size_t q = (size_t)src->layers * src->window * src->q_heads * src->head_dim;
+
+	if (!dst || !src || !dst->ring || !src->ring || dst->layers != src->layers ||
+	    dst->window != src->window || dst->q_heads != src->q_heads ||
+	    dst->head_dim != src->head_dim ||
+	    (dst->iring && (!src->iring || dst->index_heads != src->index_heads ||
+	                    dst->index_dim != src->index_dim)))
+		return -EINVAL;
+	memcpy(dst->ring, src->ring, q * sizeof(float));
+	if (dst->iring)
+		memcpy(dst->iring, src->iring, (size_t)src->layers * src->window * src->index_heads *
+		                                       src->index_dim * sizeof(float));
+	memcpy(dst->ring_next, src->ring_next, src->layers * sizeof(uint32_t));
+	memcpy(dst->ring_count, src->ring_count, src->layers * sizeof(uint32_t));
+	return 0;
+}
+
 kvd_seq *kvdlm_cache_seq(const struct kvdlm_cache *c) {
 	return c ? c->seq : NULL;
 }

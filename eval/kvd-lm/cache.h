@@ -180,5 +180,14 @@ uint32_t kvdlm_cache_position(const struct kvdlm_cache *c);
  * Returns 0, or the errors of kvd_seq_pin()/kvd_seq_unpin(). */
 int kvdlm_cache_stats(struct kvdlm_cache *c, struct kvdlm_cache_stats *ret);
 
+/*
+ * Makes the queries kvd cache dst has seen those of kvd cache src (same model and window):
+ * the recent queries it publishes as its observation windows. What a cell whose K/V are a
+ * byte copy of src's needs, so that its next steps publish the windows a cache that ran
+ * src's steps itself would (index queries too, where dst has an indexer: then src must
+ * have the same). Returns 0, or -EINVAL (not two kvd caches of one geometry).
+ */
+int kvdlm_cache_copy_queries(struct kvdlm_cache *dst, const struct kvdlm_cache *src);
+
 /* The kvd sequence of a kvd cache, NULL for the full cache. */
 kvd_seq *kvdlm_cache_seq(const struct kvdlm_cache *c);

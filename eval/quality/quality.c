@@ -198,7 +198,7 @@ static uint32_t arg_threads;
 static uint32_t arg_window = KVD_WINDOW_DEFAULT;
 /* Recall columns: token slots per (layer, kv head) a recall may bring back (kvd.conf(5),
  * recall). */
-#define RECALL_TOKENS_DEFAULT 64
+#define RECALL_TOKENS_DEFAULT 256
 #define RECALL_TOKENS_MAX (1u << 20)     /* the daemon's bound (kvd.conf(5), recall) */
 static uint32_t arg_recall_tokens = RECALL_TOKENS_DEFAULT;
 static bool arg_multi, arg_direct, arg_quick, arg_keep;
@@ -939,6 +939,9 @@ static int run_cell(struct quality *Q, const struct sample *s, struct master *ms
 			r = kvdlm_prefill(Q->s, s->tokens + s->n_ctx, s->n_q, KVDLM_LOGITS_LAST, Q->logits);
 	} else {
 		r = seq_copy(Q, kvdlm_cache_seq(c), ms);
+		/* And the queries the engine saw, which its next steps publish from. */
+		if (r >= 0)
+			r = kvdlm_cache_copy_queries(c, ms->cache);
 		if (r >= 0 && st == SETTING_IN_WINDOW)
 			memcpy(Q->logits, Q->master_logits, Q->vocab * sizeof(float));
 	}
