@@ -19,7 +19,7 @@
 /* The strings kvd_status_tenant_str() knows, in the order of status_tenant.str. */
 static const char *const tenant_str_keys[] = {
 	"min_source", "max_source", "weight_source", "policy", "policy_source", "tier",
-	"tier_source",
+	"tier_source", "recall_source",
 };
 #define TENANT_STR_KEYS ELEMENTSOF(tenant_str_keys)
 
@@ -147,7 +147,7 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 
 		const char *const strs[TENANT_STR_KEYS] = {
 			ts->min_source, ts->max_source, ts->weight_source, ts->policy,
-			ts->policy_source, ts->tier, ts->tier_source,
+			ts->policy_source, ts->tier, ts->tier_source, ts->recall_source,
 		};
 
 		for (size_t k = 0; k < TENANT_STR_KEYS; k++)

@@ -85,6 +85,13 @@ static const char *policy_name(int v) {
 	return kvd_policy_to_string((enum kvd_policy)v);
 }
 
+/* recall-policy: 0 auto, else a policy + 1 (full is not one: it ranks nothing). */
+static const char *recall_policy_name(int v) {
+	if (v == 0)
+		return "auto";
+	return v - 1 == KVD_POLICY_FULL ? NULL : kvd_policy_to_string((enum kvd_policy)(v - 1));
+}
+
 static char *mfree_str(char *p) {
 	free(p);
 	return NULL;
@@ -222,6 +229,11 @@ static const struct setting node_table[] = {
 	  "tier whole, and comes back at its next pin or grow; under memory pressure, those "
 	  "unused for a second go before any token is evicted; 0: under pressure only",
 	  NODE(tier_idle_ms), 0, UINT32_MAX },
+	{ "recall-policy", SETTING_ENUM, SETTING_RUNTIME, "NAME", "auto", NULL,
+	  "what a recall scores kept and resident tokens with against the new window "
+	  "(docs/recall.md): auto is indexmem for a model with an indexer, else restkv; or any "
+	  "eviction policy but full", NODE(recall_policy),
+	  .enum_name = recall_policy_name, .enum_n = _KVD_POLICY_MAX + 1 },
 	{ "poll-us", SETTING_U32, 0, "US", "50", NULL,
 	  "how long the event loop keeps looking at the rings and sockets once idle, before it "
 	  "sleeps; clients whose requests come within it make no system call; 0: sleep at once",

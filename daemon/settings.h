@@ -197,6 +197,7 @@ struct settings {
 	uint64_t file_tier_size;      /* 0: no file tier */
 	char *file_tier_dir;
 	uint64_t tier_idle_ms;        /* 0: offloads under pressure only */
+	int recall_policy;            /* 0: auto; else enum kvd_policy + 1 */
 	uint32_t poll_us;
 	uint32_t ring_entries;        /* 0: no rings */
 	int ring_doorbell;            /* enum ring_doorbell */

@@ -401,6 +401,66 @@ class TierTest(unittest.TestCase):
                     s.unpin()
 
 
+@cpu_memory
+class RecallTest(unittest.TestCase):
+    """Token recall through the binding: tenant_set(recall=), Sequence.recall()."""
+
+    def setUp(self):
+        self.daemon = Daemon("--host-tier-size", "8MiB")
+
+    def tearDown(self):
+        self.assertEqual(self.daemon.stop(), 0)
+
+    def test_recall_brings_back_what_the_window_wants(self):
+        rng = np.random.default_rng(3)
+        with kvd.Client(self.daemon.socket) as admin:
+            # Recency evicts the oldest: the needle (positions 40..47) among them.
+            admin.tenant_set("pyr", policy="streamingllm", recall=4096)
+            self.assertEqual(admin.status().tenant("pyr", "recall"), 4096)
+            with kvd.Client(self.daemon.socket, "pyr") as c:
+                m = c.register_model(2, 4, 2, 64, F16, 16, unit=kvd.UNIT_LAYER_TOKEN, window=8)
+                with c.open(m, 1024) as s:
+                    s.grow(256)
+                    s.pin()
+                    for layer in range(2):
+                        for head in range(2):
+                            for slot in range(256):
+                                k, v = s.kv(layer, head, slot)
+                                key = np.asarray(k)
+                                key[:] = 1.0 if 40 <= slot < 48 else rng.choice([-0.5, 0.5], 64)
+                                np.asarray(v)[:] = rng.choice([-0.5, 0.5], 64)
+                                del key, k, v
+                        q = np.asarray(s.observation(layer))
+                        q[:] = rng.choice([-0.5, 0.5], q.shape)
+                        del q
+                        s.observe(layer)
+                    s.unpin()
+                    admin.evict(2 * 128 * 2 * 2 * 64 * 2, tenant="pyr")
+                    s.pin()
+                    kept = {s.position(0, 0, i) for i in range(s.tokens(0, 0))}
+                    self.assertFalse(kept & set(range(40, 48)))
+                    tokens = s.tokens(0, 0)
+                    # The question: a window that looks for the needle.
+                    for layer in range(2):
+                        q = np.asarray(s.observation(layer))
+                        q[:] = 1.0
+                        del q
+                        s.observe(layer)
+                    s.unpin()
+                    n = s.recall()
+                    self.assertGreaterEqual(n, 2 * 8)
+                    s.pin()
+                    self.assertEqual(s.tokens(0, 0), tokens)
+                    back = {s.position(0, 0, i) for i in range(s.tokens(0, 0))}
+                    self.assertTrue(set(range(40, 48)) <= back)
+                    self.assertTrue(np.all(np.asarray(s.kv(1, 1, sorted(back).index(44))[0]) == 1.0))
+                    with self.assertRaises(kvd.KvdError) as e:
+                        s.recall()
+                    self.assertEqual(e.exception.errno, errno.EBUSY)
+                    s.unpin()
+            self.assertEqual(admin.status().get("recalled_tokens"), n)
+
+
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]
 

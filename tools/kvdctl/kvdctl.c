@@ -43,11 +43,12 @@ void help(void) {
 	       "  budget reset             Drop the live budget: back to kvd's --budget, the\n"
 	       "                           config file's value, or the pool size\n"
 	       "  tenant set NAME [--min SIZE] [--max SIZE|none] [--weight N] [--policy NAME]\n"
-	       "           [--tier drop|host|host+file] [--dry-run]\n"
+	       "           [--tier drop|host|host+file] [--recall N] [--dry-run]\n"
 	       "                           Create or change a tenant live; options left out keep\n"
 	       "                           their value (a new tenant starts with min 0, no cap,\n"
 	       "                           weight 1). Kept across daemon restarts until reset\n"
-	       "  tenant reset NAME        Drop the tenant's live min, max, weight, policy and tier:\n"
+	       "  tenant reset NAME        Drop the tenant's live min, max, weight, policy, tier and\n"
+	       "                           recall:\n"
 	       "                           back to the config file's values (or the defaults)\n"
 	       "  tenant delete NAME       Forget a tenant that holds nothing (no connection,\n"
 	       "                           sequence or chunk) and is not in the config file,\n"
@@ -93,6 +94,10 @@ void help(void) {
 	       "                      sequences: drop (evict tokens), host (first move idle\n"
 	       "                      ones whole to kvd's host tier) or host+file (and from a\n"
 	       "                      full host tier to its file tier) (default: unchanged)\n"
+	       "  --recall N          With tenant set: token recall, at most N tokens per row a\n"
+	       "                      recall (kvd_seq_recall) brings back of those its rounds\n"
+	       "                      evicted and kept in the host tier; 0 turns it off\n"
+	       "                      (default: unchanged)\n"
 	       "  --interval SECONDS  With top: time between refreshes, 0.1 to 3600, fractions\n"
 	       "                      allowed (default: 2)\n"
 	       "  --once              With top: sample twice, SECONDS apart, print one frame\n"
@@ -257,6 +262,8 @@ static const char *const node_u64_keys[] = {
 	"tier_lost_no_memory", "file_tier_bytes", "file_tier_used_bytes", "file_tier_sequences",
 	"tier_demotes",     "tier_demote_bytes", "tier_demote_us",   "tier_file_recalls",
 	"tier_file_recall_bytes", "tier_file_recall_us", "tier_file_read_us", "tier_lost_io",
+	"recall_kept_tokens", "recall_kept_bytes", "recall_lost_tokens", "recalls",
+	"recalled_tokens", "recall_scored_tokens", "recall_us",
 };
 
 static const char *const node_str_keys[] = {
@@ -424,6 +431,18 @@ static int status_table_write(FILE *f, const void *userdata) {
 		fprintf(f, "  %-13s %s of %s, %" PRIu64 " sequences (outside the budget); %" PRIu64
 			" moved out, %" PRIu64 " back, %" PRIu64 " lost\n", "host tier",
 			size_format(used, a, sizeof(a)), size_format(v, b, sizeof(b)), seqs, out, in, lost);
+		/* Token recall keeps its tokens there too (docs/recall.md). */
+		if (status_u64(st, "recall_kept_tokens", &k) == 0) {
+			uint64_t bytes = 0, n = 0, back = 0, not_kept = 0;
+
+			(void)status_u64(st, "recall_kept_bytes", &bytes);
+			(void)status_u64(st, "recalls", &n);
+			(void)status_u64(st, "recalled_tokens", &back);
+			(void)status_u64(st, "recall_lost_tokens", &not_kept);
+			fprintf(f, "  %-13s %" PRIu64 " evicted tokens kept (%s of the host tier); %" PRIu64
+				" recalls brought %" PRIu64 " back; %" PRIu64 " not kept\n", "recall", k,
+				size_format(bytes, a, sizeof(a)), n, back, not_kept);
+		}
 	}
 	if (status_u64(st, "file_tier_bytes", &v) == 0 && v > 0) {
 		uint64_t used = 0, seqs = 0, in = 0, down = 0;
@@ -677,7 +696,7 @@ static void tenant_report(kvd_client *c, const char *name, const char *done) {
 		{ "max", "max_bytes", "max_source", 1 },
 		{ "weight", "weight", "weight_source", 0 },
 	};
-	const char *policy, *policy_source, *tier, *tier_source;
+	const char *policy, *policy_source, *tier, *tier_source, *recall_source;
 	_cleanup_(kvd_status_freep) kvd_status *st = NULL;
 	uint32_t t;
 
@@ -713,6 +732,15 @@ static void tenant_report(kvd_client *c, const char *name, const char *done) {
 		if (status_tenant_str(st, t, "tier_source", &tier_source) == 0)
 			printf(" (%s)", tier_source);
 	}
+	{
+		uint64_t recall;
+
+		if (status_tenant_u64(st, t, "recall", &recall) == 0) {
+			printf(", recall %" PRIu64, recall);
+			if (status_tenant_str(st, t, "recall_source", &recall_source) == 0)
+				printf(" (%s)", recall_source);
+		}
+	}
 	printf("\n");
 }
 
@@ -723,6 +751,7 @@ static int cmd_tenant(int argc, char **argv) {
 		{ "weight", required_argument, NULL, 'w' },
 		{ "policy", required_argument, NULL, 'p' },
 		{ "tier", required_argument, NULL, 't' },
+		{ "recall", required_argument, NULL, 'r' },
 		{ "dry-run", no_argument, NULL, 'n' },
 		{ "socket", required_argument, NULL, 's' },
 		{ "help", no_argument, NULL, 'h' },
@@ -769,6 +798,12 @@ static int cmd_tenant(int argc, char **argv) {
 			p.tier = optarg;
 			p.set |= KVD_TENANT_SET_TIER;
 			break;
+		case 'r':
+			/* The daemon says what it allows (its bound, a host tier). */
+			if (number_parse_u32(optarg, 0, UINT32_MAX, &p.recall) < 0)
+				return usage_error("--recall: '%s' is not a number of tokens", optarg);
+			p.set |= KVD_TENANT_SET_RECALL;
+			break;
 		case 'n':
 			dry_run = 1;
 			break;
@@ -783,7 +818,7 @@ static int cmd_tenant(int argc, char **argv) {
 		}
 	if (optind >= argc)
 		return usage_error("tenant: expected 'set NAME [--min SIZE] [--max SIZE|none] "
-				   "[--weight N] [--policy NAME] [--tier WHERE]', 'reset NAME' or "
+				   "[--weight N] [--policy NAME] [--tier WHERE] [--recall N]', 'reset NAME' or "
 				   "'delete NAME'");
 	sub = argv[optind];
 	if (strcmp(sub, "set") != 0 && strcmp(sub, "reset") != 0 && strcmp(sub, "delete") != 0)
@@ -796,7 +831,7 @@ static int cmd_tenant(int argc, char **argv) {
 
 	if (strcmp(sub, "delete") == 0) {
 		if (p.set)
-			return usage_error("tenant delete: --min, --max, --weight, --policy and --tier "
+			return usage_error("tenant delete: --min, --max, --weight, --policy, --tier and --recall "
 					   "to 'tenant set'");
 		snprintf(what, sizeof(what), "tenant delete %s", name);
 		r = connect_admin(&c);
@@ -811,7 +846,7 @@ static int cmd_tenant(int argc, char **argv) {
 	}
 	if (strcmp(sub, "reset") == 0) {
 		if (p.set)
-			return usage_error("tenant reset: --min, --max, --weight, --policy and --tier "
+			return usage_error("tenant reset: --min, --max, --weight, --policy, --tier and --recall "
 					   "to 'tenant set'");
 		snprintf(what, sizeof(what), "tenant reset %s", name);
 		r = connect_admin(&c);
@@ -1058,6 +1093,14 @@ static int round_tenants_text(const kvd_evictions *e, uint32_t i, char **ret) {
 			}
 		if (kvd_evictions_str(e, i, "note", &note) == 0)
 			fprintf(f, "%s%s", ftell(f) ? "; " : "", note);
+		/* A recall (docs/recall.md) frees nothing: it trades. */
+		if (kvd_evictions_u64(e, i, "recalled_tokens", &v) == 0) {
+			uint64_t scored = 0;
+
+			(void)kvd_evictions_u64(e, i, "scored_tokens", &scored);
+			fprintf(f, "%s%" PRIu64 " tokens back of %" PRIu64 " kept ones scored",
+				ftell(f) ? "; " : "", v, scored);
+		}
 	}
 	if (fclose(f) != 0)
 		return -ENOMEM;
@@ -1180,7 +1223,7 @@ static int evictions_json(FILE *f, const void *userdata) {
 	static const char *const u64_keys[] = {
 		"id",         "start_ms",     "duration_us", "score_us",  "select_us",
 		"compact_us", "target_bytes", "freed_bytes", "sequences", "units",
-		"planned_bytes", "waiting_bytes", "dropped_bytes",
+		"planned_bytes", "waiting_bytes", "dropped_bytes", "recalled_tokens", "scored_tokens",
 	};
 	static const char *const str_keys[] = { "trigger", "error", "note" };
 	const struct evictions_view *v = userdata;

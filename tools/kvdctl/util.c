@@ -483,6 +483,7 @@ static const char *const tenant_u64_keys[] = {
 	"weight",     "sequences",   "connections", "chunks",
 	"evicted_bytes", "evicted_tokens", "rounds", "grants", "grants_refused", "grants_waited",
 	"tier_bytes", "tier_file_bytes", "tier_sequences", "tier_lost", "tier_degraded",
+	"recall", "recalled_tokens",
 };
 
 static const char *const tenant_str_keys[] = {
@@ -493,6 +494,7 @@ static const char *const tenant_str_keys[] = {
 	"policy_source",
 	"tier",
 	"tier_source",
+	"recall_source",
 };
 
 /*

@@ -649,13 +649,13 @@ static PyObject *client_budget_set(PyObject *self, PyObject *args, PyObject *kwd
 /* The change of tenant_set() and tenant_plan(): the fields given, by keyword. */
 static int tenant_params(PyObject *args, PyObject *kwds, const char **tenant, kvd_tenant_params *p) {
 	static char *kwlist[] = { "tenant", "min_bytes", "max_bytes", "weight", "policy", "tier",
-		                  NULL };
-	PyObject *min = Py_None, *max = Py_None, *weight = Py_None;
+		                  "recall", NULL };
+	PyObject *min = Py_None, *max = Py_None, *weight = Py_None, *recall = Py_None;
 	const char *policy = NULL, *tier = NULL;
 
 	*p = (kvd_tenant_params){ .size = sizeof(*p) };
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOOzz", kwlist, tenant, &min, &max, &weight,
-	                                 &policy, &tier))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOOzzO", kwlist, tenant, &min, &max, &weight,
+	                                 &policy, &tier, &recall))
 		return -1;
 	if (min != Py_None) {
 		p->set |= KVD_TENANT_SET_MIN;
@@ -676,6 +676,14 @@ static int tenant_params(PyObject *args, PyObject *kwds, const char **tenant, kv
 	if (tier) {
 		p->set |= KVD_TENANT_SET_TIER;
 		p->tier = tier;
+	}
+	if (recall != Py_None) {
+		unsigned long v = PyLong_AsUnsignedLong(recall);
+
+		if (!PyErr_Occurred() && v > UINT32_MAX)
+			PyErr_SetString(PyExc_OverflowError, "recall: at most 2^32 - 1 tokens");
+		p->set |= KVD_TENANT_SET_RECALL;
+		p->recall = (uint32_t)v;
 	}
 	return PyErr_Occurred() ? -1 : 0;
 }
@@ -1034,7 +1042,7 @@ static PyMethodDef client_methods[] = {
 	  "round it would start, as a dict like evictions() gives (planned_bytes, tenants with "
 	  "freed_bytes, evicted_tokens, predicted_error), changing nothing." },
 	{ "tenant_plan", (PyCFunction)(void (*)(void))client_tenant_plan, METH_VARARGS | METH_KEYWORDS,
-	  "tenant_plan(tenant, *, min_bytes=None, max_bytes=None, weight=None, policy=None, tier=None)\n--\n\n"
+	  "tenant_plan(tenant, *, min_bytes=None, max_bytes=None, weight=None, policy=None, tier=None, recall=None)\n--\n\n"
 	  "A dry run of tenant_set, as budget_plan." },
 	{ "evict_plan", (PyCFunction)(void (*)(void))client_evict_plan, METH_VARARGS | METH_KEYWORDS,
 	  "evict_plan(bytes=0, *, tenant=None)\n--\n\nA dry run of evict, as budget_plan." },
@@ -1049,7 +1057,7 @@ static PyMethodDef client_methods[] = {
 	{ "budget_reset", client_budget_reset, METH_NOARGS,
 	  "budget_reset()\n--\n\nBack to the configured budget." },
 	{ "tenant_set", (PyCFunction)(void (*)(void))client_tenant_set, METH_VARARGS | METH_KEYWORDS,
-	  "tenant_set(tenant, *, min_bytes=None, max_bytes=None, weight=None, policy=None, tier=None)\n--\n\n"
+	  "tenant_set(tenant, *, min_bytes=None, max_bytes=None, weight=None, policy=None, tier=None, recall=None)\n--\n\n"
 	  "Changes the given settings of a tenant live; False when applied but not saved." },
 	{ "tenant_reset", client_tenant_reset, METH_VARARGS,
 	  "tenant_reset(tenant)\n--\n\nBack to the configured settings." },
@@ -1172,6 +1180,19 @@ static PyObject *seq_pin(PyObject *self, PyObject *unused) {
 		return NULL;
 	SEQ_CALL(so, r, kvd_seq_pin_recall(s, &recall));
 	return seq_result(so, r < 0 ? r : recall);
+}
+
+static PyObject *seq_recall(PyObject *self, PyObject *unused) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	uint64_t tokens = 0;
+	int r;
+
+	(void)unused;
+	if (!s)
+		return NULL;
+	SEQ_CALL(so, r, kvd_seq_recall(s, &tokens, NULL));
+	return r < 0 ? raise_kvd(so->client->c, r) : PyLong_FromUnsignedLongLong(tokens);
 }
 
 /* A CUevent handle from an integer or from an object that passes itself to ctypes as one
@@ -1614,6 +1635,11 @@ static PyMethodDef seq_methods[] = {
 	  "(kvd_seq_pin_recall): RECALL_NONE, RECALL_HOST or RECALL_FILE (brought back from the "
 	  "daemon's host or file tier) or RECALL_LOST (moved out and lost: every table is "
 	  "empty)." },
+	{ "recall", seq_recall, METH_NOARGS,
+	  "recall()\n--\n\nAfter publishing a new question's window, unpinned: brings back "
+	  "the evicted tokens the daemon kept that the window needs most, each for a resident one "
+	  "worth less (kvd_seq_recall; the tenant's recall on, docs/recall.md), without the GIL; "
+	  "returns the token slots brought back over every table." },
 	{ "unpin", seq_unpin, METH_VARARGS,
 	  "unpin(cuda_event=None)\n--\n\nUndoes a pin; with an interprocess CUDA event "
 	  "(torch.cuda.Event(interprocess=True), or its CUevent handle as an int), once the GPU "
