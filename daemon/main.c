@@ -58,9 +58,10 @@ static int check_config(const struct settings *s, const struct inifile_errors *e
 			snprintf(max, sizeof(max), "none");
 		else
 			size_format(t->max_bytes, max, sizeof(max));
-		printf("tenant %s: min %s, max %s, weight %" PRIu32 ", policy %s, tier %s%s%s%s%s\n",
+		printf("tenant %s: min %s, max %s, weight %" PRIu32 ", policy %s, tier %s, recall %" PRIu32
+		       "%s%s%s%s\n",
 		       t->name, min, max, t->weight, kvd_policy_to_string((enum kvd_policy)t->policy),
-		       tier_mode_to_string(t->tier),
+		       tier_mode_to_string(t->tier), t->recall,
 		       t->allow_users ? ", allow-users " : "", t->allow_users ? t->allow_users : "",
 		       t->allow_groups ? ", allow-groups " : "", t->allow_groups ? t->allow_groups : "");
 	}

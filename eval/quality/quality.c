@@ -779,37 +779,6 @@ static int check_eviction(struct quality *Q, kvd_seq *seq, uint64_t budget_total
 	return 0;
 }
 
-/* Resident slots of s whose original position is below n (the context's), over every
- * table; a negative errno. */
-static int64_t context_resident(kvd_seq *s, uint32_t layers, uint32_t kv_heads, uint32_t n) {
-	int64_t sum = 0;
-	int r = kvd_seq_pin(s);
-
-	if (r < 0)
-		return r;
-	for (uint32_t l = 0; l < layers; l++)
-		for (uint32_t h = 0; h < kv_heads; h++) {
-			int64_t lo = 0, hi = kvd_seq_tokens(s, l, h);
-
-			if (hi < 0) {
-				(void)kvd_seq_unpin(s);
-				return hi;
-			}
-			/* Positions ascend: the first slot at n or later. */
-			while (lo < hi) {
-				int64_t mid = lo + (hi - lo) / 2;
-
-				if (kvd_seq_position(s, l, h, (uint32_t)mid) < n)
-					lo = mid + 1;
-				else
-					hi = mid;
-			}
-			sum += lo;
-		}
-	r = kvd_seq_unpin(s);
-	return r < 0 ? r : sum;
-}
-
 /* Evicts seq (of tenant t) down to budget tokens per table, on t's own connection. */
 static int evict_to(struct quality *Q, struct tenant *t, kvd_seq *seq, uint32_t budget,
                     struct evict_result *ret) {
@@ -920,11 +889,9 @@ static int run_cell(struct quality *Q, const struct sample *s, struct master *ms
 	struct tenant *t = &Q->pol[p];
 	struct cell *cell = &Q->cells[cell_index(st, ti, li, (unsigned)p, bi)];
 	struct evict_result e = {};
-	uint64_t budget_total = (uint64_t)budget_tokens(arg_budgets[bi], s->n_ctx) * Q->tables, max_ctx;
 	char out[GEN_TEXT_MAX + 1];
+	double t0, max_kept;
 	bool correct;
-	int64_t ctx;
-	double t0;
 	int r;
 
 	r = cache_new(Q, t, sample_max_tokens(s), &c);
@@ -950,10 +917,7 @@ static int run_cell(struct quality *Q, const struct sample *s, struct master *ms
 	r = evict_to(Q, t, kvdlm_cache_seq(c), budget_tokens(arg_budgets[bi], s->n_ctx), &e);
 	if (r < 0)
 		return r;
-	ctx = context_resident(kvdlm_cache_seq(c), Q->m->cfg.layers, Q->m->cfg.kv_heads, s->n_ctx);
-	if (ctx < 0)
-		return fail("%s: reading the tables: %s", t->name, client_error(t->client, (int)ctx));
-	max_ctx = (uint64_t)ctx;
+	max_kept = e.kept;
 	if (st == SETTING_AGNOSTIC) {
 		/* A recall column prefills the question but its last token, whose logits give
 		 * the first answer token, then recalls: what the question's window needs may
@@ -965,29 +929,33 @@ static int run_cell(struct quality *Q, const struct sample *s, struct master *ms
 		if (r < 0)
 			return fail("%s: prefilling the question: %s", t->name, client_error(t->client, r));
 		if (t->recall) {
-			uint64_t tokens;
+			uint64_t tokens, before, after;
+			uint32_t positions;
 
+			/* What the round left plus the question so far: a trade must not add
+			 * to it, not even for a moment (the daemon allocates nothing for it). */
+			r = seq_resident(kvdlm_cache_seq(c), &before, &positions);
 			t0 = now_s();
-			r = kvd_seq_recall(kvdlm_cache_seq(c), &tokens, NULL);
+			if (r >= 0)
+				r = kvd_seq_recall(kvdlm_cache_seq(c), &tokens, NULL);
 			if (r < 0)
 				return fail("%s: recall: %s", t->name, client_error(t->client, r));
 			cell->recall_ms += (now_s() - t0) * 1e3;
 			cell->recalled += tokens;
-			ctx = context_resident(kvdlm_cache_seq(c), Q->m->cfg.layers, Q->m->cfg.kv_heads,
-			                       s->n_ctx);
-			if (ctx < 0)
-				return fail("%s: reading the tables: %s", t->name,
-				            client_error(t->client, (int)ctx));
-			max_ctx = MAX(max_ctx, (uint64_t)ctx);
-			e.ok = e.ok && max_ctx <= MAX(budget_total, (uint64_t)protected_tokens(s->n_ctx) *
-			                                                    Q->tables);
+			r = seq_resident(kvdlm_cache_seq(c), &after, &positions);
+			if (r < 0)
+				return fail("%s: reading the tables: %s", t->name, client_error(t->client, r));
+			/* As a share of the context: what is resident less the question's slots. */
+			max_kept = MAX(max_kept, (double)(after - MIN(after, before - e.resident)) /
+			                                 ((double)s->n_ctx * Q->tables));
+			e.ok = e.ok && after <= before;
 		}
 		r = kvdlm_prefill(Q->s, s->tokens + s->n_ctx + first, s->n_q - first, KVDLM_LOGITS_LAST,
 		                  Q->logits);
 		if (r < 0)
 			return fail("%s: prefilling the question: %s", t->name, client_error(t->client, r));
 	}
-	cell->max_kept = MAX(cell->max_kept, (double)max_ctx / ((double)s->n_ctx * Q->tables));
+	cell->max_kept = MAX(cell->max_kept, max_kept);
 	t0 = now_s();
 	r = generate(Q, Q->logits, out);
 	if (r < 0)

@@ -475,3 +475,23 @@ TEST(recall_refusals_and_nothing_kept) {
 	ASSERT_OK(fixture_stop(&f));
 	fixture_cleanup(&f);
 }
+
+/* The settings: a tenant's recall needs a host tier (check-config says so), the
+ * recall-policy is auto or a policy that ranks (not full). */
+TEST(recall_settings_checked) {
+	struct fixture f;
+	char out[4096], args[512];
+
+	fixture_setup(&f, "[kvd]\nrecall-policy = snapkv\n[tenant t]\nrecall = 64\n", false);
+	snprintf(args, sizeof(args), "--check-config %s --backend host", f.config);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+	ASSERT_NOT_NULL(strstr(out, "tenant t: recall needs a host tier (host-tier-size)"));
+	snprintf(args, sizeof(args), "--check-config %s --backend host --host-tier-size 1GiB", f.config);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
+	ASSERT_NOT_NULL(strstr(out, "tier drop, recall 64"));
+	snprintf(args, sizeof(args), "--check-config %s --backend host --host-tier-size 1GiB "
+	         "--recall-policy full", f.config);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+	ASSERT_NOT_NULL(strstr(out, "unknown recall-policy 'full'"));
+	fixture_cleanup(&f);
+}

@@ -434,7 +434,8 @@ TEST(unreachable_daemon_exits_1) {
 
 /* ---- Against a daemon ---- */
 
-/* A daemon with a host tier: its line in status, its numbers in JSON, a tenant's tier. */
+/* A daemon with a host tier: its line in status (and token recall's), its numbers in JSON,
+ * a tenant's tier and recall. */
 TEST(status_host_tier) {
 	struct fixture f;
 	struct run *r;
@@ -445,13 +446,24 @@ TEST(status_host_tier) {
 	ASSERT_EXIT(r, 0);
 	ASSERT_CONTAINS(r->out, "host tier     0 B of 4.0 MiB, 0 sequences (outside the budget); 0 moved "
 	                        "out, 0 back, 0 lost\n");
+	ASSERT_CONTAINS(r->out, "recall        0 evicted tokens kept (0 B of the host tier); 0 recalls "
+	                        "brought 0 back; 0 not kept\n");
 	r = kvdctl(f.socket, "tenant set alpha --tier host");
 	ASSERT_EXIT(r, 0);
-	ASSERT_CONTAINS(r->out, "tier host (live)");
+	ASSERT_CONTAINS(r->out, "tier host (live), recall 0 (default)");
+	r = kvdctl(f.socket, "tenant set alpha --recall 64");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "tier host (live), recall 64 (live)");
+	r = kvdctl(f.socket, "tenant set alpha --recall 2000000");
+	ASSERT_EXIT(r, 1);
+	ASSERT_CONTAINS(r->err, "recall must be 0..1048576 tokens per row");
 	r = kvdctl(f.socket, "--json status");
 	ASSERT_EXIT(r, 0);
 	ASSERT_JSON(r->out, "d['host_tier_bytes']", "4194304");
 	ASSERT_JSON(r->out, "d['tenants'][0]['tier']", "host");
+	ASSERT_JSON(r->out, "d['tenants'][0]['recall']", "64");
+	ASSERT_JSON(r->out, "d['tenants'][0]['recall_source']", "live");
+	ASSERT_JSON(r->out, "d['recall_kept_tokens']", "0");
 	r = kvdctl(f.socket, "top --once --interval 0.1");
 	ASSERT_EXIT(r, 0);
 	ASSERT_CONTAINS(r->out, "host tier 0 B of 4.0 MiB");
@@ -495,6 +507,9 @@ TEST(status_tenants_budget) {
 	r = kvdctl(f.socket, "tenant set alpha --tier host");
 	ASSERT_EXIT(r, 1);
 	ASSERT_CONTAINS(r->err, "tier host needs a host tier");
+	r = kvdctl(f.socket, "tenant set alpha --recall 8");
+	ASSERT_EXIT(r, 1);
+	ASSERT_CONTAINS(r->err, "recall needs a host tier");
 	r = kvdctl(f.socket, "tenant set alpha --tier drop");
 	ASSERT_EXIT(r, 0);
 	ASSERT_CONTAINS(r->out, "policy keydiff (live), tier drop (live)");
@@ -699,7 +714,7 @@ TEST(budget_and_tenant_reset) {
 	r = kvdctl(f.socket, "tenant set llama --max 4M --weight 5");
 	ASSERT_EXIT(r, 0);
 	ASSERT_STREQ(r->out, "tenant llama set: min 2.0 MiB (config), max 4.0 MiB (live), weight 5 "
-			     "(live), policy kvd (default), tier drop (default)\n");
+			     "(live), policy kvd (default), tier drop (default), recall 0 (default)\n");
 	r = kvdctl(f.socket, "tenants");
 	ASSERT_CONTAINS(line_starting(r->out, "llama "), "2.0 MiB+");
 	ASSERT_CONTAINS(line_starting(r->out, "llama "), "4.0 MiB*");
@@ -721,7 +736,7 @@ TEST(budget_and_tenant_reset) {
 	}
 	ASSERT_EXIT(r, 0);
 	ASSERT_STREQ(r->out, "tenant llama reset: min 2.0 MiB (config), max 8.0 MiB (config), "
-			     "weight 2 (config), policy kvd (default), tier drop (default)\n");
+			     "weight 2 (config), policy kvd (default), tier drop (default), recall 0 (default)\n");
 	r = kvdctl(f.socket, "tenants --json");
 	ASSERT_JSON(r->out, TENANT_VALUES("llama"), "[2097152, 8388608, 2]");
 	ASSERT_JSON(r->out, TENANT_SOURCES("llama"), "[\"config\", \"config\", \"config\"]");
@@ -733,7 +748,7 @@ TEST(budget_and_tenant_reset) {
 	r = kvdctl(f.socket, "tenant reset gamma");
 	ASSERT_EXIT(r, 0);
 	ASSERT_STREQ(r->out, "tenant gamma reset: min 0 B (default), max none (default), weight 1 "
-			     "(default), policy kvd (default), tier drop (default)\n");
+			     "(default), policy kvd (default), tier drop (default), recall 0 (default)\n");
 	r = kvdctl(f.socket, "tenants --json");
 	ASSERT_JSON(r->out, TENANT_VALUES("gamma"), "[0, null, 1]");
 

@@ -56,7 +56,7 @@ csv=$out/results.csv
 status=0
 for p in full streamingllm h2o snapkv pyramidkv adakv tova knorm keydiff expected_attention \
 	restkv laprox kvd kvd-mi indexmem kvd+moments kvd-mi+moments kvd+moments-mass \
-	kvd+moments-bounded indexmem+latent kvd+latent; do
+	kvd+moments-bounded indexmem+latent kvd+latent kvd+recall indexmem+recall; do
 	if ! awk -F, -v p="$p" 'NR > 1 && $1 == p && $6 > 0 { found = 1 } END { exit !found }' "$csv"; then
 		echo "quality-quick.sh: policy $p has no sample in $csv" >&2
 		status=1
