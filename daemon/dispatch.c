@@ -94,6 +94,17 @@ static void reply_step(struct conn *c, bool ring, uint64_t id, int r, const char
 		envelope_reply(c, id, &env, NULL, 0);
 }
 
+/* Refuses request id when c has max-outstanding replies waiting: answered, counted. Returns
+ * whether it did. */
+static bool refuse_if_outstanding(struct conn *c, uint64_t id) {
+	if (c->outstanding < c->srv->limits.max_outstanding)
+		return false;
+	server_refused(c->srv, c, LIMIT_OUTSTANDING);
+	envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection "
+	                     "(max-outstanding)", c->outstanding);
+	return true;
+}
+
 static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link) {
 	for (struct seq **l = &c->seqs; *l; l = &(*l)->next)
 		if ((*l)->id == id) {
@@ -1318,12 +1329,8 @@ static void handle_seq_recall(struct conn *c, uint64_t id, const Envelope *reque
 		                     "keeps moments of what is evicted");
 		return;
 	}
-	if (c->outstanding >= s->limits.max_outstanding) {
-		server_refused(s, c, LIMIT_OUTSTANDING);
-		envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection "
-		                     "(max-outstanding)", c->outstanding);
+	if (refuse_if_outstanding(c, id))
 		return;
-	}
 	r = evict_recall(s->evictor, c, id, q);
 	if (r == -EBUSY && q->pins > 0)
 		envelope_reply_error(c, id, r, "the sequence is pinned: ask for a recall between steps");
@@ -1427,12 +1434,8 @@ static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
 		            "other tenants", c->srv->admin->cfg.admin_group);
 		return;
 	}
-	if (c->outstanding >= c->srv->limits.max_outstanding) {
-		server_refused(c->srv, c, LIMIT_OUTSTANDING);
-		envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
-		            c->outstanding);
+	if (refuse_if_outstanding(c, id))
 		return;
-	}
 	if (!admin && !evict_rate_allows(c)) {
 		server_refused(c->srv, c, LIMIT_EVICT_RATE);
 		envelope_reply_error(c, id, -EAGAIN, "at most %u eviction requests a second per connection "
@@ -1580,12 +1583,8 @@ static void handle_plan(struct conn *c, uint64_t id, const Envelope *request,
 		                     "this change", s->admin->cfg.admin_group);
 		return;
 	}
-	if (c->outstanding >= s->limits.max_outstanding) {
-		server_refused(s, c, LIMIT_OUTSTANDING);
-		envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection "
-		                     "(max-outstanding)", c->outstanding);
+	if (refuse_if_outstanding(c, id))
 		return;
-	}
 	if (req->budget_set) {
 		r = budget_change(s, req->budget_set, &bytes, why);
 		if (r < 0) {

@@ -214,18 +214,7 @@ static int snapshot_moments(struct server *s, struct seq *sq, struct round_seq *
 
 /* Slots of table t whose original position is below pos (positions ascend). */
 static uint32_t slots_below(const struct kvd_seq_desc *d, uint32_t t, uint64_t pos) {
-	const uint32_t *p = layout_positions(d, t);
-	uint32_t lo = 0, hi = layout_tokens(d)[t];
-
-	while (lo < hi) {
-		uint32_t mid = lo + (hi - lo) / 2;
-
-		if (p[mid] < pos)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
+	return layout_slots_below(layout_positions(d, t), layout_tokens(d)[t], pos);
 }
 
 static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struct round_seq *q) {

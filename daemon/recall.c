@@ -265,21 +265,6 @@ fail:
 	return k;
 }
 
-/* Slots of the n positions pos (ascending) below position x. */
-static uint32_t below(const uint32_t *pos, uint32_t n, uint32_t x) {
-	uint32_t lo = 0, hi = n;
-
-	while (lo < hi) {
-		uint32_t mid = lo + (hi - lo) / 2;
-
-		if (pos[mid] < x)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
-}
-
 static int trade_check(const struct kvd_seq_desc *d, const struct recall_store *st,
                        const struct recall_trade *x, uint32_t t) {
 	uint32_t tokens = layout_tokens(d)[t];
@@ -312,7 +297,7 @@ static int table_trade(struct seq *q, struct pool *p, struct recall_store *st, u
 	_cleanup_(freep) uint8_t *img = NULL, *out = NULL;
 	_cleanup_(freep) uint32_t *tpos = NULL, *left_pos = NULL, *left_rec = NULL;
 
-	first = MIN(x->drop[0], below(pos, tokens, kt->pos[x->take[0]]));
+	first = MIN(x->drop[0], layout_slots_below(pos, tokens, kt->pos[x->take[0]]));
 	b0 = first / bt;
 	img = malloc((nb - b0) * bb);
 	out = malloc((nb - b0) * bb);

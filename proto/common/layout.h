@@ -89,6 +89,22 @@ static inline const uint32_t *layout_positions(const struct kvd_seq_desc *d, uin
 	return layout_positions_at(d, d, table);
 }
 
+/* How many of the n ascending positions pos are below x: the slot of the first at x or
+ * later. */
+static inline uint32_t layout_slots_below(const uint32_t *pos, uint32_t n, uint64_t x) {
+	uint32_t lo = 0, hi = n;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (pos[mid] < x)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 static inline const struct kvd_block_ref *layout_blocks(const struct kvd_seq_desc *d, uint32_t table) {
 	return layout_blocks_at(d, d, table);
 }
