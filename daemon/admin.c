@@ -24,7 +24,7 @@ static void admin_eviction_limits(const struct settings *s, struct server_limits
 	ret->round_interval_ms = s->round_interval_ms;
 	ret->max_observation_bytes = s->max_observation_bytes;
 	ret->tier_idle_ms = s->tier_idle_ms;
-	ret->recall_policy = s->recall_policy - 1;
+	ret->recall_policy = settings_recall_policy(s);
 }
 
 void admin_limits(const struct settings *s, struct server_limits *ret) {

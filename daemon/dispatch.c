@@ -1059,8 +1059,8 @@ static int tenant_change(const struct server *s, const Kvd__V1__TenantSet *req,
 	if (req->tier && tier_mode_from_string(req->tier) != TIER_DROP && s->tier->budget_bytes == 0)
 		return refuse(why, -EINVAL, "tier %s needs a host tier: kvd runs without one "
 		              "(host-tier-size 0)", req->tier);
-	if (req->has_recall && req->recall > TENANT_RECALL_MAX)
-		return refuse(why, -EINVAL, "recall must be 0..%u tokens per row", TENANT_RECALL_MAX);
+	if (req->has_recall && req->recall > KVD_TENANT_RECALL_MAX)
+		return refuse(why, -EINVAL, "recall must be 0..%u tokens per row", KVD_TENANT_RECALL_MAX);
 	if (req->has_recall && req->recall > 0 && s->tier->budget_bytes == 0)
 		return refuse(why, -EINVAL, "recall needs a host tier, where evicted tokens are kept: "
 		              "kvd runs without one (host-tier-size 0)");

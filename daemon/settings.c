@@ -298,7 +298,7 @@ static const struct setting tenant_table[] = {
 	  "token recall: the tokens rounds evict from the tenant's sequences are kept in the host "
 	  "tier, and a recall (kvd_seq_recall) brings back at most N per row of those its new "
 	  "window needs, each for a resident one worth less; 0: off (docs/recall.md)",
-	  TENANT(recall), 0, TENANT_RECALL_MAX },
+	  TENANT(recall), 0, KVD_TENANT_RECALL_MAX },
 	[SETTINGS_TENANT_ALLOW_USERS] = { "allow-users", SETTING_LIST, 0, "NAMES", NULL, "none",
 	  "users (names or numbers) whose processes may act as the tenant, besides root; with "
 	  "neither list, anyone who may connect; repeat the key to add names, an empty value "
@@ -927,6 +927,10 @@ void settings_check(const struct settings *s, struct inifile_errors *e) {
 			inifile_error(e, path, t->key_line[SETTINGS_TENANT_RECALL] ?: t->line,
 			              "tenant %s: recall needs a host tier (host-tier-size)", t->name);
 	}
+}
+
+int settings_recall_policy(const struct settings *s) {
+	return s->recall_policy - 1;
 }
 
 uint64_t settings_budget(const struct settings *s, uint64_t pool_bytes) {

@@ -197,7 +197,7 @@ struct settings {
 	uint64_t file_tier_size;      /* 0: no file tier */
 	char *file_tier_dir;
 	uint64_t tier_idle_ms;        /* 0: offloads under pressure only */
-	int recall_policy;            /* 0: auto; else enum kvd_policy + 1 */
+	int recall_policy;            /* 0: auto; else enum kvd_policy + 1: settings_recall_policy() */
 	uint32_t poll_us;
 	uint32_t ring_entries;        /* 0: no rings */
 	int ring_doorbell;            /* enum ring_doorbell */
@@ -260,6 +260,9 @@ void settings_check_pool(const struct settings *s, uint64_t granularity, uint64_
 
 /* The budget s says for a pool of pool_bytes (all devices together): the pool when unset,
  * a share of it when a percent (rounded down), else the bytes given. */
+/* The policy recalls score with: an enum kvd_policy, or -1 for auto (recall.h). */
+int settings_recall_policy(const struct settings *s);
+
 uint64_t settings_budget(const struct settings *s, uint64_t pool_bytes);
 
 /* Whether entry i (of the node table) has the same value in a and b. */

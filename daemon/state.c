@@ -168,7 +168,7 @@ static void on_key(struct inifile_ctx *ctx, const char *section, const char *key
 		t->has_tier = true;
 		t->tier = m;
 	} else if (t && strcmp(key, "recall") == 0) {
-		if (number_parse_u64(value, 0, TENANT_RECALL_MAX, &v) < 0)
+		if (number_parse_u64(value, 0, KVD_TENANT_RECALL_MAX, &v) < 0)
 			goto bad;
 		t->has_recall = true;
 		t->recall = (uint32_t)v;

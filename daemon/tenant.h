@@ -20,9 +20,6 @@
 
 struct chunk;
 
-/* Tokens per row one recall may bring back, at most (kvd.conf(5), recall). */
-#define TENANT_RECALL_MAX (1u << 20)
-
 struct tenant {
 	uint32_t id;                  /* never reused while the daemon runs */
 	char name[KVD_TENANT_NAME_MAX + 1];

@@ -13,6 +13,7 @@
 #include "pool.h"
 #include "seq.h"
 #include "server.h"
+#include "tier.h"
 #include "warnings.h"
 
 struct text {
@@ -94,6 +95,16 @@ static void compute(const struct server *s, struct text *t) {
 		add(t, "the tenants' guaranteed minimums (%s together) exceed the budget (%s): "
 		    "eviction cannot honour them all",
 		    size_format(mins, a, sizeof(a)), size_format(p->budget_bytes, b, sizeof(b)));
+	/* A live recall outlives a restart without a host tier (the file's is refused): its
+	 * rounds then keep nothing, and say so per sequence; one standing line says why. */
+	for (uint32_t i = 0; s->tier->budget_bytes == 0 && i < s->tenants.n; i++) {
+		const struct tenant *tn = s->tenants.tenants[i];
+
+		if (tn->recall > 0)
+			add(t, "tenant %s: recall is %" PRIu32 " but kvd runs without a host tier "
+			    "(host-tier-size 0): nothing its rounds evict is kept for recall (kvdctl "
+			    "tenant set %s --recall 0, or a host tier)", tn->name, tn->recall, tn->name);
+	}
 	for (uint32_t i = 0; i < s->tenants.n; i++) {
 		const struct tenant *tn = s->tenants.tenants[i];
 		uint64_t held;

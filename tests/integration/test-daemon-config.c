@@ -401,6 +401,87 @@ TEST(live_changes_survive_restarts_until_reset) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* Token recall's settings: a tenant's recall from the file, checked against the host tier
+ * (--check-config and a start refuse it without one), a live value over it that survives a
+ * restart until reset, and recall-policy, which a reload changes (and a bad one does not). */
+TEST(recall_settings) {
+	static const char *const tier[] = { "--chunk-size", "1MiB", "--host-tier-size", "2MiB",
+		                            NULL };
+	kvd_tenant_params p = { .size = sizeof(p), .set = KVD_TENANT_SET_RECALL };
+	char args[512], out[8192], state[256];
+	struct fixture f;
+	kvd_client *admin;
+
+	fixture_setup(&f, "[kvd]\npool-size = 16MiB\nrecall-policy = kvd\n[tenant a]\nweight = 2\n"
+	              "recall = 64\n", true);
+	snprintf(state, sizeof(state), "%s/state", f.state_dir);
+	snprintf(args, sizeof(args), "--check-config %s --backend host --chunk-size 1MiB", f.config);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+	assert_contains(out, "kvd.conf:6: tenant a: recall needs a host tier (host-tier-size)");
+	snprintf(args, sizeof(args), "--config %s --socket %s/refused.sock --backend host "
+	         "--chunk-size 1MiB", f.config, f.dir);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+	assert_contains(out, "kvd.conf:6: tenant a: recall needs a host tier (host-tier-size)");
+	snprintf(args, sizeof(args), "--check-config %s --backend host --chunk-size 1MiB "
+	         "--host-tier-size 2MiB", f.config);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
+	assert_contains(out, "tenant a: min 0 B, max none, weight 2, policy kvd, tier drop, "
+	                     "recall 64\n");
+	snprintf(args, sizeof(args), "--check-config %s --backend host --chunk-size 1MiB "
+	         "--host-tier-size 2MiB --recall-policy full", f.config);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+	assert_contains(out, "--recall-policy: unknown recall-policy 'full' (");
+
+	fixture_launch(&f, tier);
+	ASSERT_EQ(fixture_status(&f, "a", "recall"), 64u);
+	assert_str(&f, "a", "recall_source", "config");
+	admin = fixture_connect(&f, NULL);
+	p.recall = KVD_TENANT_RECALL_MAX + 1;
+	ASSERT_EQ(kvd_tenant_set_params(admin, "a", &p), -EINVAL);
+	p.recall = 0;
+	ASSERT_OK(kvd_tenant_set_params(admin, "a", &p));
+	ASSERT_EQ(fixture_status(&f, "a", "recall"), 0u);
+	assert_str(&f, "a", "recall_source", "live");
+	ASSERT_TRUE(file_contains(state, "[tenant a]\nrecall = 0\n"));
+	kvd_client_unref(admin);
+
+	/* The live 0 wins over the file's 64 after a restart, and over a reload. */
+	ASSERT_EQ(fixture_halt(&f), 0);
+	fixture_launch(&f, tier);
+	ASSERT_EQ(fixture_status(&f, "a", "recall"), 0u);
+	assert_str(&f, "a", "recall_source", "live");
+	fixture_write_config(&f, "[kvd]\npool-size = 16MiB\nrecall-policy = laprox\n[tenant a]\n"
+	                         "recall = 128\n");
+	reload(&f, "reloaded", 1);
+	ASSERT_EQ(fixture_log_count(&f, "kvd.conf: recall-policy laprox (was kvd)"), 1u);
+	ASSERT_EQ(fixture_status(&f, "a", "recall"), 0u);
+	fixture_write_config(&f, "[kvd]\npool-size = 16MiB\nrecall-policy = full\n");
+	reload(&f, "reload failed", 1);
+	ASSERT_EQ(fixture_log_count(&f, "kvd.conf:3: recall-policy: unknown recall-policy "
+	                                "'full'"), 1u);
+	/* Reset: back to the file's value. */
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_tenant_reset(admin, "a"));
+	ASSERT_EQ(fixture_status(&f, "a", "recall"), 128u);
+	assert_str(&f, "a", "recall_source", "config");
+	p.recall = 32;
+	ASSERT_OK(kvd_tenant_set_params(admin, "a", &p));
+	ASSERT_EQ(fixture_status_str(&f, NULL, "warnings", out, sizeof(out)), NULL);
+	kvd_client_unref(admin);
+
+	/* A live recall kept across a restart without a host tier (which the file's cannot
+	 * be): it starts, and a standing warning says that nothing will be kept. */
+	ASSERT_EQ(fixture_halt(&f), 0);
+	fixture_write_config(&f, "[kvd]\npool-size = 16MiB\n");
+	fixture_launch(&f, small);
+	ASSERT_EQ(fixture_status(&f, "a", "recall"), 32u);
+	ASSERT_TRUE(fixture_status_str(&f, NULL, "warnings", out, sizeof(out)));
+	assert_contains(out, "tenant a: recall is 32 but kvd runs without a host tier");
+	ASSERT_EQ(fixture_log_count(&f, "tenant a: recall is 32 but kvd runs without a host "
+	                                "tier"), 1u);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 TEST(unsaved_live_change_says_so) {
 	char blocker[256], state_dir[300], buf[512];
 	const char *args[] = { "--chunk-size", "1MiB", "--state-dir", state_dir, NULL };

@@ -193,12 +193,14 @@ enum refusal {
 	REFUSAL_EUSERS,
 	REFUSAL_E2BIG,
 	REFUSAL_ENOENT,
+	REFUSAL_EAGAIN,
+	REFUSAL_EOPNOTSUPP,
 	REFUSAL_MAX,
 	REFUSAL_INVALID = -EINVAL,
 };
 
 static const int refusal_errno[REFUSAL_MAX] = {
-	ENOSPC, EDQUOT, EMFILE, EBUSY, EUSERS, E2BIG, ENOENT,
+	ENOSPC, EDQUOT, EMFILE, EBUSY, EUSERS, E2BIG, ENOENT, EAGAIN, EOPNOTSUPP,
 };
 
 #define R_(e) (1u << REFUSAL_##e)
@@ -221,6 +223,7 @@ struct slot {
 	uint64_t windows, seq_changed, checks_failed;
 	uint64_t recalls, lost;   /* pins that brought a sequence back from a tier, or lost it */
 	uint64_t file_recalls;    /* of the recalls, from the file tier */
+	uint64_t token_recalls, tokens_back; /* kvd_seq_recall answered, token slots it traded */
 	uint64_t lives, exits, kills, cuts;
 	int kill_intended;
 	uint32_t n_fails;
@@ -1087,6 +1090,27 @@ static void op_lookup(struct worker *w) {
 }
 
 /* Windows for a sequence with eviction, or the documented refusals. */
+/*
+ * With --tiers (and recall, 32 tokens per row): asks for what the window just published
+ * needs of what rounds evicted, then checks every resident slot against the pattern of its
+ * position, which a trade must keep. Refused only as documented: the sequence moved out
+ * or rewritten meanwhile (-EAGAIN), a model with compensation (-EOPNOTSUPP).
+ */
+static void seq_recall(struct worker *w, unsigned i) {
+	struct sq *q = &w->seqs[i];
+	uint64_t tokens = 0;
+	int r;
+
+	r = kvd_seq_recall(q->s, &tokens, NULL);
+	if (!check(w, OP_OBSERVE, r, 0, R_(EAGAIN) | R_(EOPNOTSUPP), "kvd_seq_recall(seq %" PRIu64 ")",
+	           q->id) || r < 0)
+		return;
+	w->st->token_recalls++;
+	w->st->tokens_back += tokens;
+	if (tokens > 0)
+		seq_verify(w, i);
+}
+
 static void op_observe(struct worker *w) {
 	const struct model *m;
 	struct sq *q;
@@ -1113,6 +1137,8 @@ static void op_observe(struct worker *w) {
 		return;
 	seq_observe(w, q);
 	seq_unpin(w, OP_OBSERVE, q);
+	if (w->tiers)
+		seq_recall(w, (unsigned)(q - w->seqs));
 }
 
 static void op_release(struct worker *w) {
@@ -2358,6 +2384,8 @@ static void totals(const struct shared *sh, const struct slot *admin, struct slo
 		sum->recalls += st->recalls;
 		sum->lost += st->lost;
 		sum->file_recalls += st->file_recalls;
+		sum->token_recalls += st->token_recalls;
+		sum->tokens_back += st->tokens_back;
 		sum->checks_failed += st->checks_failed;
 		sum->lives += st->lives;
 		sum->exits += st->exits;
@@ -2452,7 +2480,8 @@ static void report_text(const struct report *rp) {
 	       sum->mismatched_bytes, sum->digest_mismatches, sum->windows, sum->seq_changed);
 	if (arg_tiers)
 		printf("tiers: %" PRIu64 " pins brought a sequence back (%" PRIu64 " from the file), %"
-		       PRIu64 " found it lost\n", sum->recalls, sum->file_recalls, sum->lost);
+		       PRIu64 " found it lost; %" PRIu64 " token recalls traded %" PRIu64 " slots back\n",
+		       sum->recalls, sum->file_recalls, sum->lost, sum->token_recalls, sum->tokens_back);
 	printf("memory: max used %s (budget then %s; start budget %s, chunk %s), %" PRIu64 " polls, %" PRIu64
 	       " above a lowered budget, %" PRIu64 " tenant polls above a lowered max\n",
 	       size_format(rp->mon->used_max, a, sizeof(a)), size_format(rp->mon->budget_at_max, b, sizeof(b)),
@@ -2607,8 +2636,9 @@ static int run_soak(void) {
 		goto abort;
 	}
 	for (unsigned i = 0; arg_tiers && i < arg_tenants; i++) {
-		kvd_tenant_params p = { .size = sizeof(p), .set = KVD_TENANT_SET_TIER,
-			                .tier = start.file_tier ? "host+file" : "host" };
+		/* And token recall: what rounds evict is kept, and new windows ask for it. */
+		kvd_tenant_params p = { .size = sizeof(p), .set = KVD_TENANT_SET_TIER | KVD_TENANT_SET_RECALL,
+			                .tier = start.file_tier ? "host+file" : "host", .recall = 32 };
 		char name[32];
 
 		snprintf(name, sizeof(name), "soak-%u", i);

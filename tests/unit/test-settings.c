@@ -14,6 +14,7 @@
 #include <syslog.h>
 #include <unistd.h>
 
+#include "policy.h"
 #include "settings.h"
 #include "state.h"
 #include "test.h"
@@ -400,6 +401,79 @@ TEST(list_bounds) {
 	ASSERT_ERROR(&e, SETTINGS_LIST_MAX + 2, "allow-users: more than 64 names");
 	inifile_errors_done(&e);
 	settings_done(&s);
+}
+
+/* Token recall: the tenant key (bounded, needing a host tier), the node's recall-policy (auto
+ * or a policy that ranks: not full), and the live value's round trip through the state file. */
+TEST(recall_settings) {
+	static const char *const flag[] = { "--recall-policy=kvd", NULL };
+	struct inifile_errors e = {};
+	struct settings s;
+	struct state *st, *back;
+	struct state_tenant *t;
+	char state_dir[160];
+
+	ASSERT_OK(settings_init(&s));
+	ASSERT_EQ(settings_recall_policy(&s), -1);
+	settings_done(&s);
+
+	write_config("[kvd]\nhost-tier-size = 8MiB\nrecall-policy = laprox\n"
+	             "[tenant a]\nrecall = 256\n[tenant b]\n");
+	ASSERT_OK(load(&s, &e, NULL));
+	ASSERT_EQ(settings_recall_policy(&s), KVD_POLICY_LAPROX);
+	ASSERT_EQ(s.source[settings_index("recall-policy")], SOURCE_CONFIG);
+	ASSERT_EQ(settings_tenant_find(&s, "a")->recall, 256u);
+	ASSERT_EQ(settings_tenant_find(&s, "a")->source[SETTINGS_TENANT_RECALL], SOURCE_CONFIG);
+	ASSERT_EQ(settings_tenant_find(&s, "b")->recall, 0u);
+	ASSERT_EQ(settings_tenant_find(&s, "b")->source[SETTINGS_TENANT_RECALL], SOURCE_DEFAULT);
+	settings_done(&s);
+	ASSERT_OK(load(&s, &e, flag));
+	ASSERT_EQ(settings_recall_policy(&s), KVD_POLICY_KVD);
+	ASSERT_EQ(s.source[settings_index("recall-policy")], SOURCE_FLAG);
+	settings_done(&s);
+
+	write_config("[kvd]\n"                   /* 1 */
+	             "recall-policy = full\n"    /* 2 */
+	             "[tenant a]\n"              /* 3 */
+	             "recall = 1048577\n"        /* 4 */
+	             "[kvd]\n"                   /* 5 */
+	             "recall-policy = lru\n");   /* 6 */
+	ASSERT_ERRNO(load(&s, &e, NULL), -EINVAL);
+	ASSERT_ERROR(&e, 2, "recall-policy: unknown recall-policy 'full' (auto, streamingllm, ");
+	ASSERT_ERROR(&e, 4, "recall: '1048577' is not a number in 0..1048576");
+	ASSERT_ERROR(&e, 6, "recall-policy: unknown recall-policy 'lru'");
+	ASSERT_EQ(e.n, 3u);
+	inifile_errors_done(&e);
+	settings_done(&s);
+	/* Checked across values: kept tokens live in the host tier. */
+	write_config("[kvd]\n[tenant b]\nweight = 2\nrecall = 8\n[tenant c]\nrecall = 0\n");
+	ASSERT_ERRNO(load(&s, &e, NULL), -EINVAL);
+	ASSERT_ERROR(&e, 4, "tenant b: recall needs a host tier (host-tier-size)");
+	ASSERT_EQ(e.n, 1u);
+	inifile_errors_done(&e);
+	settings_done(&s);
+
+	/* A live recall, and a live 0 over a file's value, come back from the state file. */
+	snprintf(state_dir, sizeof(state_dir), "%s/recall-state", dir);
+	ASSERT_OK(state_new(state_dir, 4, &st));
+	ASSERT_OK(state_tenant_get(st, "a", &t));
+	t->has_recall = true;
+	t->recall = 1u << 20;
+	ASSERT_OK(state_tenant_get(st, "b", &t));
+	t->has_recall = true;
+	t->recall = 0;
+	ASSERT_OK(state_save(st));
+	ASSERT_OK(state_new(state_dir, 4, &back));
+	ASSERT_OK(state_load(back, &e));
+	ASSERT_EQ(e.n, 0u);
+	ASSERT_TRUE(state_tenant_find(back, "a")->has_recall);
+	ASSERT_EQ(state_tenant_find(back, "a")->recall, 1u << 20);
+	ASSERT_TRUE(state_tenant_find(back, "b")->has_recall);
+	ASSERT_EQ(state_tenant_find(back, "b")->recall, 0u);
+	state_free(back);
+	unlink(st->path);
+	rmdir(state_dir);
+	state_free(st);
 }
 
 TEST(argv_errors) {

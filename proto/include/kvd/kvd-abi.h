@@ -43,6 +43,10 @@ extern "C" {
 #define KVD_RECALL_LOST 2
 #define KVD_RECALL_FILE 3  /* brought back from the file tier */
 
+/* Token recall (TenantSet.recall, kvd_tenant_params.recall): tokens per row one recall may
+ * bring back, at most. */
+#define KVD_TENANT_RECALL_MAX (1u << 20)
+
 /* Default socket path of a system-wide daemon. */
 #define KVD_DEFAULT_SOCKET "/run/kvd/kvd.sock"
 
