@@ -169,6 +169,18 @@ static void seq_digest(uint64_t id, uint64_t seq) {
 	FINISH();
 }
 
+/* Refused here: the fuzz daemon has no host tier, so no tenant has recall. */
+static void seq_recall(uint64_t id, uint64_t seq) {
+	Kvd__V1__SeqRecall m = KVD__V1__SEQ_RECALL__INIT;
+	ENVELOPE(id);
+
+	m.has_seq_id = true;
+	m.seq_id = seq;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RECALL;
+	env.seq_recall = &m;
+	FINISH();
+}
+
 static void chunks_unmapped(uint64_t id, uint32_t first, uint32_t n) {
 	Kvd__V1__ChunksUnmapped m = KVD__V1__CHUNKS_UNMAPPED__INIT;
 	uint32_t ids[16];
@@ -688,6 +700,8 @@ static void sequences(void) {
 	seq_grow(5, 1, 100);
 	req(0);
 	seq_digest(6, 1);
+	req(0);
+	seq_recall(6, 1);
 	req(0);
 	status(7);
 	req(0);
