@@ -1752,6 +1752,9 @@ struct evictor *evictor_free(struct evictor *e) {
 		return NULL;
 	if (e->running) {
 		pthread_join(e->thread, NULL);
+		/* A recall's round holds its sequence's kept tokens (gone with it by now). */
+		if (e->running->recall)
+			recall_store_free(e->srv->tier, e->running->seqs[0].kept);
 		round_free(e->running);
 		pool_readers_end(e->srv->pool);
 	}

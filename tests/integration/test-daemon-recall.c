@@ -115,15 +115,22 @@ static void step(kvd_seq *s, uint32_t n, bool question) {
 	ASSERT_OK(kvd_seq_unpin(s));
 }
 
-static void start(struct fixture *f, const char *tier_size, const char *extra_env) {
+/* A daemon with a host tier of tier_size, its rounds held at gate (NULL: none), its log
+ * in a file with log. */
+static void start_logged(struct fixture *f, const char *tier_size, const char *gate, bool log) {
 	const char *args[] = { "--pool-size", "16MiB", "--chunk-size", "1MiB", "--host-tier-size",
 		               tier_size, "--high-watermark", "100", NULL };
 
-	if (extra_env)
-		ASSERT_OK(setenv("KVD_TEST_ROUND_GATE", extra_env, 1));
-	fixture_start(f, args);
-	if (extra_env)
+	if (gate)
+		ASSERT_OK(setenv("KVD_TEST_ROUND_GATE", gate, 1));
+	fixture_setup(f, NULL, log);
+	fixture_launch(f, args);
+	if (gate)
 		ASSERT_OK(unsetenv("KVD_TEST_ROUND_GATE"));
+}
+
+static void start(struct fixture *f, const char *tier_size, const char *gate) {
+	start_logged(f, tier_size, gate, false);
 }
 
 /* Tenant r: evicts by recency (so that the needles go first), recall on. */
@@ -326,6 +333,37 @@ TEST(recall_never_passes_the_budget) {
 	kvd_client_unref(c);
 	ASSERT_OK(fixture_stop(&f));
 	fixture_cleanup(&f);
+	unlink(gate);
+}
+
+/* The daemon stopped while a recall round waits at the gate: it exits cleanly, the round's
+ * kept tokens freed with it (the sanitizer build checks for leaks), the engine's call
+ * failing instead of hanging. */
+TEST(recall_daemon_stops_during_its_round) {
+	char gate[128];
+	struct fixture f;
+	struct call k;
+	kvd_client *c;
+	kvd_seq *s;
+	int fd;
+
+	fixture_gate_make(gate, sizeof(gate));
+	start_logged(&f, "8MiB", gate, true);
+	tenant_recall(&f, "r", RECALL_MAX);
+	c = engine(&f, "r", KVD_LAYOUT_PER_LAYER, KVD_UNIT_LAYER_TOKEN, &s);
+	step(s, CONTEXT, false);
+	call_start(&k, &f, NULL);
+	fixture_gate_release(fixture_gate_wait(gate));
+	ASSERT_OK(call_end(&k));
+	step(s, QUESTION, true);
+	call_start(&k, &f, s);
+	fd = fixture_gate_wait(gate);
+	ASSERT_EQ(kill(f.pid, SIGTERM), 0);
+	ASSERT_TRUE(fixture_wait_log(&f, "stopping", 1));
+	fixture_gate_release(fd);
+	ASSERT_LT(call_end(&k), 0);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
 	unlink(gate);
 }
 
