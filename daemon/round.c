@@ -963,7 +963,9 @@ static int recall_heads(struct round *r, struct round_seq *q, uint32_t l, uint32
 			take_s[i] = x[take[i]];
 			take[i] = (uint32_t)(-1 - sc.src[take[i]]);
 		}
-		for (uint32_t j = 0; j < nkv; j++) {
+		/* Each table of the row (one per kv head on the per-head layout; the per-layer
+		 * layout's one table holds them all). */
+		for (uint32_t j = 0; j < (q->layout == KVD_LAYOUT_PER_HEAD ? nkv : 1); j++) {
 			struct recall_pick *pk = &picks[table_of(q, l, kh0 + j)];
 
 			pk->n = n;

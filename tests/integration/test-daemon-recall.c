@@ -330,6 +330,7 @@ TEST(recall_never_passes_the_budget) {
 	ASSERT_NE(assert_digests_agree(s), digest);
 	ASSERT_EQ(fixture_status(&f, "r", "block_bytes"), block_bytes);
 	ASSERT_EQ(fixture_status(&f, NULL, "used_bytes"), used);
+	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	ASSERT_OK(fixture_stop(&f));
 	fixture_cleanup(&f);
@@ -362,6 +363,8 @@ TEST(recall_daemon_stops_during_its_round) {
 	ASSERT_TRUE(fixture_wait_log(&f, "stopping", 1));
 	fixture_gate_release(fd);
 	ASSERT_LT(call_end(&k), 0);
+	/* The daemon is gone: the handle is freed all the same. */
+	(void)kvd_seq_release(s);
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 	unlink(gate);
@@ -453,6 +456,7 @@ TEST(recall_bounded_per_row) {
 	ASSERT_GT(tokens, 0u);
 	ASSERT_TRUE(needles_resident(s));
 	slots(s, 0, false);
+	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	ASSERT_OK(fixture_stop(&f));
 	fixture_cleanup(&f);
@@ -478,6 +482,7 @@ TEST(recall_refusals_and_nothing_kept) {
 	ASSERT_OK(kvd_seq_unpin(s));
 	o = engine(&f, "off", KVD_LAYOUT_PER_LAYER, KVD_UNIT_LAYER_TOKEN, &t);
 	ASSERT_EQ(kvd_seq_recall(t, &tokens, NULL), -EOPNOTSUPP);
+	ASSERT_OK(kvd_seq_release(t));
 	kvd_client_unref(o);
 	/* 2 x 2900 evicted slots of 256 bytes do not fit in the one 1 MiB segment: none is
 	 * kept, all are counted lost, and a recall finds nothing. */
@@ -495,6 +500,7 @@ TEST(recall_refusals_and_nothing_kept) {
 	ASSERT_OK(kvd_seq_recall(s, &tokens, NULL));
 	ASSERT_EQ(tokens, 0u);
 	(void)before;
+	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	ASSERT_OK(fixture_stop(&f));
 	fixture_cleanup(&f);
