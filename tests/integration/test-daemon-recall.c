@@ -252,7 +252,6 @@ TEST(recall_brings_back_what_the_question_needs) {
 		kvd_client_unref(admin);
 		kvd_client_unref(c);
 		ASSERT_OK(fixture_stop(&f));
-		fixture_cleanup(&f);
 	}
 }
 
@@ -289,6 +288,26 @@ static int call_end(struct call *k) {
 	return k->r;
 }
 
+/*
+ * A daemon whose rounds wait at gate (its log in a file with log), tenant r with recall, and
+ * its engine (*ret_c, *ret_s) through the context, evicted by a round let through the gate,
+ * and the question's step: ready for a recall.
+ */
+static void gated_question(struct fixture *f, const char *gate, bool log, kvd_client **ret_c,
+                           kvd_seq **ret_s) {
+	struct call k;
+
+	start_logged(f, "8MiB", gate, log);
+	tenant_recall(f, "r", RECALL_MAX);
+	*ret_c = engine(f, "r", KVD_LAYOUT_PER_LAYER, KVD_UNIT_LAYER_TOKEN, ret_s);
+	step(*ret_s, CONTEXT, false);
+	call_start(&k, f, NULL);
+	fixture_gate_release(fixture_gate_wait(gate));
+	ASSERT_OK(call_end(&k));
+	ASSERT_FALSE(needles_resident(*ret_s));
+	step(*ret_s, QUESTION, true);
+}
+
 /* Between its scoring and its trade (the round gate), the pool and the tenant hold what
  * they held, and after it too: a trade allocates nothing and frees nothing; the sequence's
  * digest changes only by the trade, every slot's bytes matching its position. */
@@ -301,15 +320,7 @@ TEST(recall_never_passes_the_budget) {
 	kvd_seq *s;
 
 	fixture_gate_make(gate, sizeof(gate));
-	start(&f, "8MiB", gate);
-	tenant_recall(&f, "r", RECALL_MAX);
-	c = engine(&f, "r", KVD_LAYOUT_PER_LAYER, KVD_UNIT_LAYER_TOKEN, &s);
-	step(s, CONTEXT, false);
-	call_start(&k, &f, NULL);
-	fixture_gate_release(fixture_gate_wait(gate));
-	ASSERT_OK(call_end(&k));
-	ASSERT_FALSE(needles_resident(s));
-	step(s, QUESTION, true);
+	gated_question(&f, gate, false, &c, &s);
 	block_bytes = fixture_status(&f, "r", "block_bytes");
 	used = fixture_status(&f, NULL, "used_bytes");
 	digest = assert_digests_agree(s);
@@ -333,7 +344,6 @@ TEST(recall_never_passes_the_budget) {
 	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	ASSERT_OK(fixture_stop(&f));
-	fixture_cleanup(&f);
 	unlink(gate);
 }
 
@@ -349,14 +359,7 @@ TEST(recall_daemon_stops_during_its_round) {
 	int fd;
 
 	fixture_gate_make(gate, sizeof(gate));
-	start_logged(&f, "8MiB", gate, true);
-	tenant_recall(&f, "r", RECALL_MAX);
-	c = engine(&f, "r", KVD_LAYOUT_PER_LAYER, KVD_UNIT_LAYER_TOKEN, &s);
-	step(s, CONTEXT, false);
-	call_start(&k, &f, NULL);
-	fixture_gate_release(fixture_gate_wait(gate));
-	ASSERT_OK(call_end(&k));
-	step(s, QUESTION, true);
+	gated_question(&f, gate, true, &c, &s);
 	call_start(&k, &f, s);
 	fd = fixture_gate_wait(gate);
 	ASSERT_EQ(kill(f.pid, SIGTERM), 0);
@@ -429,7 +432,6 @@ TEST(recall_engine_killed_during_its_round) {
 		close(to_parent[i]);
 	}
 	ASSERT_OK(fixture_stop(&f));
-	fixture_cleanup(&f);
 	unlink(gate);
 }
 
@@ -459,7 +461,6 @@ TEST(recall_bounded_per_row) {
 	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	ASSERT_OK(fixture_stop(&f));
-	fixture_cleanup(&f);
 }
 
 /* Refused: a tenant with recall off, a pinned sequence; answered with nothing: a sequence
@@ -503,7 +504,6 @@ TEST(recall_refusals_and_nothing_kept) {
 	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	ASSERT_OK(fixture_stop(&f));
-	fixture_cleanup(&f);
 
 	/* Without a host tier, recall cannot be set. */
 	start(&f, "0", NULL);
@@ -517,7 +517,6 @@ TEST(recall_refusals_and_nothing_kept) {
 		kvd_client_unref(admin);
 	}
 	ASSERT_OK(fixture_stop(&f));
-	fixture_cleanup(&f);
 }
 
 /* The settings: a tenant's recall needs a host tier (check-config says so), the
