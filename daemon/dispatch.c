@@ -1060,7 +1060,8 @@ static int tenant_change(const struct server *s, const Kvd__V1__TenantSet *req,
 		return refuse(why, -EINVAL, "tier %s needs a host tier: kvd runs without one "
 		              "(host-tier-size 0)", req->tier);
 	if (req->has_recall && req->recall > KVD_TENANT_RECALL_MAX)
-		return refuse(why, -EINVAL, "recall must be 0..%u tokens per row", KVD_TENANT_RECALL_MAX);
+		return refuse(why, -EINVAL, "recall must be 0..%u tokens per row",
+		              KVD_TENANT_RECALL_MAX);
 	if (req->has_recall && req->recall > 0 && s->tier->budget_bytes == 0)
 		return refuse(why, -EINVAL, "recall needs a host tier, where evicted tokens are kept: "
 		              "kvd runs without one (host-tier-size 0)");

@@ -1397,7 +1397,8 @@ static bool start_recall(struct evictor *e, const struct recall_waiter *w) {
 
 /* Trades what the recall round r picked in q. Returns the token slots brought back, or a
  * negative errno. */
-static int64_t recall_apply(struct evictor *e, struct round *r, struct seq *q, struct recall_store *st) {
+static int64_t recall_apply(struct evictor *e, struct round *r, struct seq *q,
+                            struct recall_store *st) {
 	struct round_seq *rq = &r->seqs[0];
 	_cleanup_(freep) struct recall_trade *trades = NULL;
 	int k, copy_error;

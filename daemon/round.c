@@ -880,9 +880,10 @@ static int recall_heads(struct round *r, struct round_seq *q, uint32_t l, uint32
 			goto out;
 		for (uint32_t m = 0; m < M; m++) {
 			int64_t s = sc.src[m];
+			uint32_t i = (uint32_t)(-1 - s);
 
-			memcpy(kd + m * row, s >= 0 ? sc.tk + s * row : kept_part(q, t, (uint32_t)(-1 - s), kh0 + j, 0), row);
-			memcpy(vd + m * row, s >= 0 ? sc.tv + s * row : kept_part(q, t, (uint32_t)(-1 - s), kh0 + j, 1), row);
+			memcpy(kd + m * row, s >= 0 ? sc.tk + s * row : kept_part(q, t, i, kh0 + j, 0), row);
+			memcpy(vd + m * row, s >= 0 ? sc.tv + s * row : kept_part(q, t, i, kh0 + j, 1), row);
 		}
 		memcpy(kd + (uint64_t)M * row, sc.tk + (uint64_t)ws * row, (uint64_t)w * row);
 		memcpy(vd + (uint64_t)M * row, sc.tv + (uint64_t)ws * row, (uint64_t)w * row);
@@ -893,8 +894,10 @@ static int recall_heads(struct round *r, struct round_seq *q, uint32_t l, uint32
 			goto out;
 		for (uint32_t m = 0; m < M; m++) {
 			int64_t s = sc.src[m];
+			const uint8_t *from = s >= 0 ? sc.ti + s * irow :
+			                               kept_part(q, t0, (uint32_t)(-1 - s), kh0, 2);
 
-			memcpy(sc.ib + m * irow, s >= 0 ? sc.ti + s * irow : kept_part(q, t0, (uint32_t)(-1 - s), kh0, 2), irow);
+			memcpy(sc.ib + m * irow, from, irow);
 		}
 		memcpy(sc.ib + (uint64_t)M * irow, sc.ti + (uint64_t)ws * irow, (uint64_t)w * irow);
 	}
@@ -1006,6 +1009,8 @@ static int recall_plan(struct round_seq *q, const struct recall_pick *picks) {
 		return -ENOMEM;
 	for (uint32_t t = 0; t < q->n_tables; t++) {
 		q->drop_off[t] = q->take_off[t] = (uint32_t)at;
+		if (picks[t].n == 0)
+			continue;             /* its arrays are NULL */
 		memcpy(q->drop_slots + at, picks[t].drop, picks[t].n * sizeof(uint32_t));
 		memcpy(q->take + at, picks[t].take, picks[t].n * sizeof(uint32_t));
 		memcpy(q->take_s + at, picks[t].take_s, picks[t].n * sizeof(float));
