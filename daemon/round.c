@@ -834,6 +834,8 @@ static int recall_heads(struct round *r, struct round_seq *q, uint32_t l, uint32
 	 * over slots evicted since it was first published). */
 	while (T > 0 && recall_positions(q->kept, t0)[T - 1] >= pos[ws])
 		T--;
+	if (T == 0)
+		return 0;
 	for (uint32_t j = 1; j < nkv; j++) {
 		uint32_t t = table_of(q, l, kh0 + j);
 
@@ -843,8 +845,6 @@ static int recall_heads(struct round *r, struct round_seq *q, uint32_t l, uint32
 		    memcmp(recall_positions(q->kept, t), recall_positions(q->kept, t0), T * 4) != 0)
 			return 0;
 	}
-	if (T == 0)
-		return 0;
 	M = ws + T;
 	L = M + w;
 	if (index && q->index_dim == 0)
