@@ -9,8 +9,10 @@
 #include "admin.h"
 #include "basic/macro.h"
 #include "basic/size.h"
+#include "conn.h"
 #include "log.h"
 #include "policy.h"
+#include "recall.h"
 #include "server.h"
 #include "tier.h"
 
@@ -94,6 +96,14 @@ static int strdup_or_null(char **dst, const char *src) {
 	return 0;
 }
 
+/* A tenant whose recall is off keeps nothing: its sequences' kept tokens go back to the host
+ * tier (a recall running holds its sequence's until it ends, and drops them then). */
+static void drop_kept(struct server *s, const struct tenant *t) {
+	for (struct conn *c = s->conns; c; c = c->next)
+		for (struct seq *q = c->tenant == t ? c->seqs : NULL; q; q = q->next)
+			q->kept = recall_store_free(s->tier, q->kept);
+}
+
 /* Sets t's values from the live state, the config file or the defaults; with changes, logs
  * what changed. */
 static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
@@ -157,6 +167,8 @@ static void apply_tenant(struct admin *a, struct tenant *t, bool changes) {
 	t->policy = policy;
 	t->tier = tier;
 	t->tier_source = tier_source;
+	if (recall == 0 && t->recall > 0)
+		drop_kept(a->srv, t);
 	t->recall = recall;
 	t->recall_source = recall_source;
 	t->min_source = min_source;

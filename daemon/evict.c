@@ -1458,7 +1458,8 @@ static void recall_done(struct evictor *e, struct round *r) {
 			if (k < 0)
 				why = "its tables could not be rewritten";
 		}
-		q->kept = st;
+		/* Recall turned off meanwhile: nothing is kept any more (admin.c). */
+		q->kept = q->tenant->recall > 0 ? st : recall_store_free(s->tier, st);
 	}
 	if (k >= 0 && rq->drop_off)
 		rec->recalled = (uint64_t)k;

@@ -436,7 +436,8 @@ TEST(recall_engine_killed_during_its_round) {
 }
 
 /* The tenant's recall bounds a recall per row: 4 slots of each row come back, 4 more at
- * the next recall; raised live, the next brings back the rest the window wants. */
+ * the next recall; raised live, the next brings back the rest the window wants; turned off,
+ * the kept tokens are gone. */
 TEST(recall_bounded_per_row) {
 	struct fixture f;
 	kvd_client *c;
@@ -458,6 +459,12 @@ TEST(recall_bounded_per_row) {
 	ASSERT_GT(tokens, 0u);
 	ASSERT_TRUE(needles_resident(s));
 	slots(s, 0, false);
+	/* Turned off, the tenant keeps nothing: its kept tokens go back to the host tier. */
+	ASSERT_GT(fixture_status(&f, NULL, "recall_kept_tokens"), 0u);
+	tenant_recall(&f, "r", 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "recall_kept_tokens"), 0u);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 0u);
+	ASSERT_EQ(kvd_seq_recall(s, &tokens, NULL), -EOPNOTSUPP);
 	ASSERT_OK(kvd_seq_release(s));
 	kvd_client_unref(c);
 	ASSERT_OK(fixture_stop(&f));
