@@ -64,10 +64,11 @@ struct conn {
 	void *events[KVD_CONN_EVENTS_MAX];
 	uint32_t n_events;
 	uint32_t outstanding;         /* requests whose reply waits (evict.h, upload.h) */
-	/* Eviction requests of a tenant that is not an operator: a token bucket of
-	 * EVICT_RATE_BURST, refilled at EVICT_RATE_PER_S (dispatch.c). */
-	uint32_t evict_tokens;
-	uint64_t evict_refill_ms;
+	/* Requests that run a round (Evict, Plan, SeqRecall) of a tenant that is not an
+	 * operator: a token bucket of ROUND_RATE_BURST, refilled at ROUND_RATE_PER_S
+	 * (dispatch.c). */
+	uint32_t round_tokens;
+	uint64_t round_refill_ms;
 	struct ring *ring;            /* the per-step rings (ring.h), NULL without */
 	uint64_t frames;              /* frames conn_send() took so far */
 	/* The first unmap deadline (server_unmap_due()) it missed of the draining chunks it

@@ -1305,6 +1305,39 @@ static void handle_seq_pin(struct conn *c, uint64_t id, const Envelope *request,
 	dispatch_pin(c, id, false, req->has_seq_id ? req->seq_id : 0, wait ? now_ms() + wait : 0, 0);
 }
 
+/*
+ * A tenant's own requests that run a round (Evict, Plan, SeqRecall), per connection: rounds
+ * run one at a time, so a tenant looping on them would keep the worker to itself. Grows'
+ * rounds go first whatever waits (evict_kick), and the rate bounds what the others wait.
+ * Operators (root, admin-group) are not limited.
+ */
+#define ROUND_RATE_BURST 8u
+#define ROUND_RATE_PER_S 10u
+
+/* Whether c may queue one more round now; when not, refuses request id and counts it. */
+static bool round_rate_allows(struct conn *c, uint64_t id) {
+	uint64_t now = now_ms(), add;
+
+	if (c->round_refill_ms == 0) {
+		c->round_tokens = ROUND_RATE_BURST;
+		c->round_refill_ms = now;
+	}
+	add = (now - c->round_refill_ms) * ROUND_RATE_PER_S / 1000;
+	if (add > 0) {
+		c->round_tokens = (uint32_t)MIN(c->round_tokens + add, ROUND_RATE_BURST);
+		c->round_refill_ms += add * 1000 / ROUND_RATE_PER_S;
+	}
+	if (c->round_tokens > 0) {
+		c->round_tokens--;
+		return true;
+	}
+	server_refused(c->srv, c, LIMIT_EVICT_RATE);
+	envelope_reply_error(c, id, -EAGAIN, "at most %u requests a second that run a round "
+	                     "(evictions, plans, recalls) per connection (%u at once)",
+	                     ROUND_RATE_PER_S, ROUND_RATE_BURST);
+	return false;
+}
+
 /* Brings back kept tokens the sequence's window needs (recall.h): answered when its round
  * traded them (evict_recall). */
 static void handle_seq_recall(struct conn *c, uint64_t id, const Envelope *request,
@@ -1330,7 +1363,8 @@ static void handle_seq_recall(struct conn *c, uint64_t id, const Envelope *reque
 		                     "keeps moments of what is evicted");
 		return;
 	}
-	if (refuse_if_outstanding(c, id))
+	if (refuse_if_outstanding(c, id) ||
+	    (!access_admin(&s->admin->cfg, c->fd, &c->cred) && !round_rate_allows(c, id)))
 		return;
 	r = evict_recall(s->evictor, c, id, q);
 	if (r == -EBUSY && q->pins > 0)
@@ -1387,32 +1421,6 @@ static void handle_register_event(struct conn *c, uint64_t id, const Envelope *r
 	envelope_reply(c, id, &env, NULL, 0);
 }
 
-/*
- * A tenant's own eviction requests, per connection: each runs a round (for that tenant
- * only, but rounds run one at a time), so a tenant looping on kvd_evict would hold up the
- * rounds that serve everyone's grows. Operators (root, admin-group) are not limited.
- */
-#define EVICT_RATE_BURST 8u
-#define EVICT_RATE_PER_S 10u
-
-static bool evict_rate_allows(struct conn *c) {
-	uint64_t now = now_ms(), add;
-
-	if (c->evict_refill_ms == 0) {
-		c->evict_tokens = EVICT_RATE_BURST;
-		c->evict_refill_ms = now;
-	}
-	add = (now - c->evict_refill_ms) * EVICT_RATE_PER_S / 1000;
-	if (add > 0) {
-		c->evict_tokens = (uint32_t)MIN(c->evict_tokens + add, EVICT_RATE_BURST);
-		c->evict_refill_ms += add * 1000 / EVICT_RATE_PER_S;
-	}
-	if (c->evict_tokens == 0)
-		return false;
-	c->evict_tokens--;
-	return true;
-}
-
 static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
                          int request_fd _unused_) {
 	const Kvd__V1__Evict *req = request->evict;
@@ -1437,12 +1445,8 @@ static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
 	}
 	if (refuse_if_outstanding(c, id))
 		return;
-	if (!admin && !evict_rate_allows(c)) {
-		server_refused(c->srv, c, LIMIT_EVICT_RATE);
-		envelope_reply_error(c, id, -EAGAIN, "at most %u eviction requests a second per connection "
-		            "(%u at once)", EVICT_RATE_PER_S, EVICT_RATE_BURST);
+	if (!admin && !round_rate_allows(c, id))
 		return;
-	}
 	r = evict_request(c->srv->evictor, c, id, t, req->has_bytes ? req->bytes : 0);
 	if (r == -EBUSY)
 		server_refused(c->srv, c, LIMIT_EVICT_REQUESTS);
@@ -1584,7 +1588,7 @@ static void handle_plan(struct conn *c, uint64_t id, const Envelope *request,
 		                     "this change", s->admin->cfg.admin_group);
 		return;
 	}
-	if (refuse_if_outstanding(c, id))
+	if (refuse_if_outstanding(c, id) || (!admin && !round_rate_allows(c, id)))
 		return;
 	if (req->budget_set) {
 		r = budget_change(s, req->budget_set, &bytes, why);

@@ -624,7 +624,7 @@ uint64_t evict_settle_tenant(struct evictor *e, struct tenant *t, struct seq_emp
 	return freed;
 }
 
-static void retry_grants(struct evictor *e, bool final);
+static void retry_grants(struct evictor *e);
 
 void evict_apply_pending(struct evictor *e, struct seq *q) {
 	struct server *s = e->srv;
@@ -656,7 +656,7 @@ void evict_apply_pending(struct evictor *e, struct seq *q) {
 			send_changed(s, q);
 		if (!e->running) {
 			e->idle_until_ms = 0;
-			retry_grants(e, false);
+			retry_grants(e);
 		}
 	} else {
 		/* Rewritten since the round's snapshot (kept across a restart and claimed). */
@@ -864,7 +864,7 @@ static void reply_evict(struct evictor *e, const struct evict_waiter *w, const s
 }
 
 /* Retries parked grows; those that still fail wait on, until their deadline. */
-static void retry_grants(struct evictor *e, bool final) {
+static void retry_grants(struct evictor *e) {
 	uint64_t now = now_ms();
 	uint32_t n = e->n_grants;
 	struct grant_waiter *list = e->grants;
@@ -879,9 +879,40 @@ static void retry_grants(struct evictor *e, bool final) {
 		if (!c || c->closing)
 			continue;
 		c->outstanding--;
-		g->retry(c, &g->grow, final || now >= g->deadline_ms ? 0 : g->deadline_ms);
+		g->retry(c, &g->grow, now >= g->deadline_ms ? 0 : g->deadline_ms);
 	}
 	free(list);
+}
+
+/*
+ * Grows past their deadline get a last try and, short of memory still, their refusal;
+ * the others wait on. Whatever runs meanwhile: a round that lasts, or one request's round
+ * after another, never holds a grow past grant-wait.
+ */
+static void expire_grants(struct evictor *e, uint64_t now) {
+	_cleanup_(freep) struct grant_waiter *due = NULL;
+	uint32_t n = 0, kept = 0;
+
+	for (uint32_t i = 0; i < e->n_grants; i++)
+		n += now >= e->grants[i].deadline_ms;
+	/* Without memory for the list, the next tick tries again. */
+	if (n == 0 || !(due = malloc(n * sizeof(*due))))
+		return;
+	n = 0;
+	for (uint32_t i = 0; i < e->n_grants; i++)
+		if (now >= e->grants[i].deadline_ms)
+			due[n++] = e->grants[i];
+		else
+			e->grants[kept++] = e->grants[i];
+	e->n_grants = kept;
+	for (uint32_t i = 0; i < n; i++) {
+		struct conn *c = server_find_conn(e->srv, due[i].conn_id);
+
+		if (!c || c->closing)
+			continue;
+		c->outstanding--;
+		due[i].retry(c, &due[i].grow, 0);
+	}
 }
 
 /* ---- scheduling ---- */
@@ -1140,26 +1171,24 @@ static uint64_t plan_target(const struct evictor *e, const struct evict_waiter *
 
 static bool start_recall(struct evictor *e, const struct recall_waiter *w);
 
-void evict_kick(struct evictor *e, enum round_trigger why) {
+/*
+ * Starts the round an Evict request, a plan or a SeqRecall waits for, the oldest first
+ * (recalls before the others: their engines wait for them before their next step).
+ * Returns whether one started.
+ */
+static bool start_request(struct evictor *e) {
 	struct server *s = e->srv;
-	struct pool *p = s->pool;
-	uint64_t now = now_ms(), high, low, target = 0, cap_target = 0, used = used_not_taken(s);
-	int device = -1;
 
-	if (why == ROUND_BUDGET)
-		e->budget_lowered = true;
-	if (e->running || s->stopping)
-		return;
-	/* A recall first: its engine waits for it before its next step. */
 	while (e->n_recalls > 0) {
 		struct recall_waiter w = e->recalls[0];
 
 		memmove(e->recalls, e->recalls + 1, --e->n_recalls * sizeof(*e->recalls));
 		if (start_recall(e, &w))
-			return;
+			return true;
 	}
 	while (e->n_waiters > 0) {
 		struct evict_waiter w = e->waiters[0];
+		uint64_t target;
 		int only = -1;
 
 		memmove(e->waiters, e->waiters + 1, --e->n_waiters * sizeof(*e->waiters));
@@ -1186,10 +1215,25 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		e->running_request = true;
 		e->running_waiter = w;
 		start_round(e, w.dry ? w.trigger : ROUND_EVICT, target, only, -1);
-		return;
+		return true;
 	}
+	return false;
+}
+
+/*
+ * Starts the round that pressure calls for, if any: grows waiting for memory, a budget or
+ * a cap set below use, use past the high watermark, or the interval. Returns whether one
+ * started.
+ */
+static bool start_pressure(struct evictor *e) {
+	struct server *s = e->srv;
+	struct pool *p = s->pool;
+	uint64_t now = now_ms(), high, low, target = 0, cap_target = 0, used = used_not_taken(s);
+	enum round_trigger why;
+	int device = -1;
+
 	if (!evictable_exists(s))
-		return;
+		return false;
 	high = watermark(p->budget_bytes, s->limits.high_watermark);
 	low = watermark(p->budget_bytes, s->limits.low_watermark);
 	if (e->n_grants > 0)
@@ -1205,9 +1249,9 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 	else if (s->limits.round_interval_ms && now - e->last_interval_ms >= s->limits.round_interval_ms)
 		why = ROUND_INTERVAL;
 	else
-		return;
+		return false;
 	if (why != ROUND_INTERVAL && now < e->idle_until_ms)
-		return;
+		return false;
 	if (why == ROUND_INTERVAL)
 		e->last_interval_ms = now;
 	else if (why == ROUND_CAP)
@@ -1223,7 +1267,7 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 	 * to unmap covers the rest, and the grows waiting for it are served when it is back
 	 * (evict_chunks_back). */
 	if (why != ROUND_INTERVAL && target == 0)
-		return;
+		return false;
 	if (why == ROUND_GRANT)
 		device = full_device(e);
 	e->budget_lowered = false;
@@ -1236,12 +1280,33 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 		if (coming < target)
 			coming += offload_for_pressure(s, target - coming, device);
 		if (coming >= target)
-			return;
+			return false;
 		target -= coming;
 	}
 	if (s->evictable_seqs == 0)
-		return;
+		return false;
 	start_round(e, why, target, -1, device);
+	return true;
+}
+
+/*
+ * Starts the next round, if none runs. Grows waiting for memory come first: a round for
+ * them runs before any request's (Evict, Plan, SeqRecall), which a tenant could otherwise
+ * queue without end in front of everyone's grows (docs/security.md); requests then go
+ * before the other pressure rounds, as their clients wait for them.
+ */
+void evict_kick(struct evictor *e, enum round_trigger why) {
+	bool grants = e->n_grants > 0;
+
+	if (why == ROUND_BUDGET)
+		e->budget_lowered = true;
+	if (e->running || e->srv->stopping)
+		return;
+	if (grants && start_pressure(e))
+		return;
+	/* With grows waiting, pressure was looked at already. */
+	if (!start_request(e) && !grants)
+		start_pressure(e);
 }
 
 /* ---- recall ---- */
@@ -1599,14 +1664,14 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 	pool_readers_end(e->srv->pool);
 	/* Grows still short of memory wait on, for a plan waiting for an unpin or the next
 	 * round, until their deadline. */
-	retry_grants(e, false);
+	retry_grants(e);
 	evict_kick(e, ROUND_WATERMARK);
 }
 
 void evict_chunks_back(struct evictor *e) {
 	if (e->n_grants > 0 && !e->running) {
 		e->idle_until_ms = 0;
-		retry_grants(e, false);
+		retry_grants(e);
 	}
 }
 
@@ -1707,12 +1772,11 @@ static void retry_waiting_plans(struct evictor *e) {
 	}
 }
 
-/* Grows whose deadline passed get their refusal, on the tick; plans that waited for an
+/* Grows whose deadline passed get their refusal, on the tick, whatever runs; plans that waited for an
  * engine's event apply once it completed. */
 void evict_tick(struct evictor *e) {
 	uint32_t draining = e->srv->pool->chunks_draining;
 	uint64_t now = now_ms();
-	bool due = false;
 
 	retry_waiting_plans(e);
 	/* Holders that went away, or whose processes exited, gave chunks back. */
@@ -1720,10 +1784,7 @@ void evict_tick(struct evictor *e) {
 		evict_chunks_back(e);
 	e->draining_seen = draining;
 
-	for (uint32_t i = 0; i < e->n_grants; i++)
-		due = due || now >= e->grants[i].deadline_ms;
-	if (due && !e->running)
-		retry_grants(e, true);
+	expire_grants(e, now);
 	evict_kick(e, ROUND_WATERMARK);
 }
 

@@ -46,7 +46,7 @@ enum server_limit {
 	LIMIT_OBSERVATION,            /* max-observation-bytes */
 	LIMIT_UPLOADS,                /* output projections computing at once */
 	LIMIT_EVICT_REQUESTS,         /* Evict requests waiting */
-	LIMIT_EVICT_RATE,             /* a tenant's own Evict requests, per connection */
+	LIMIT_EVICT_RATE,             /* a tenant's own Evict, Plan, SeqRecall, per connection */
 	LIMIT_GRANT_WAITERS,          /* grows waiting for a round, node-wide */
 	LIMIT_RING_COMPLETIONS,       /* a client that leaves its completion ring full (ring.h) */
 	LIMIT_UNMAP_TIMEOUT,          /* grants to a connection past unmap-timeout */

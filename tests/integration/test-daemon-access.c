@@ -32,9 +32,11 @@ static const char config[] =
 	"admin-group = 4243\n"
 	"tenant-create = none\n"
 	"max-connections-per-uid = 3\n"
+	"host-tier-size = 4MiB\n"
 	"\n"
 	"[tenant alpha]\n"
 	"allow-users = 12345\n"
+	"recall = 16\n"
 	"\n"
 	"[tenant beta]\n"
 	"allow-groups = 4244\n"
@@ -48,6 +50,9 @@ enum op {
 	OP_STATUS,                    /* an admin connection, then status */
 	OP_CONNECTIONS,               /* 4 connections as tenant open at once: the 4th's result */
 	OP_EVICT_FLOOD,               /* 12 kvd_evict on its own tenant at once: the first error */
+	OP_PLAN_FLOOD,                /* 12 kvd_evict_plan on its own tenant: the first error */
+	OP_RECALL_FLOOD,              /* 12 kvd_seq_recall: the first error other than nothing
+	                               * kept */
 	OP_LIST,                      /* an admin connection, then kvd_connections_get */
 	OP_LIST_OWN,                  /* as tenant: its listing has its own tenant only; then
 	                               * kvd_sequences_get of tenant open */
@@ -56,6 +61,21 @@ enum op {
 
 /* The connection OP_DISCONNECT asks to close. */
 static uint64_t disconnect_target;
+
+/* Opens a sequence of an evictable model, grown a little, for recalls (nothing kept:
+ * each is answered -ENODATA once it passed the rate limit). */
+static int recall_seq(kvd_client *c, kvd_seq **ret) {
+	kvd_model_spec spec = { .name = "access", .layers = 1, .q_heads = 1, .kv_heads = 1,
+	                        .head_dim = 16, .dtype = KVD_DTYPE_F16, .block_tokens = 16,
+	                        .layout = KVD_LAYOUT_PER_LAYER };
+	kvd_eviction_spec ev = { .unit = KVD_UNIT_LAYER_TOKEN, .window = 4 };
+	int model = kvd_model_register_evictable(c, &spec, &ev), r;
+
+	if (model < 0)
+		return model;
+	r = kvd_seq_open(c, model, 256, ret);
+	return r < 0 ? r : kvd_seq_grow(*ret, 32);
+}
 
 /*
  * Runs op in a child as uid/gid with the given supplementary groups; returns the libkvd
@@ -115,14 +135,29 @@ static int run_as(struct fixture *f, uid_t uid, gid_t gid, const gid_t *groups, 
 			break;
 		}
 		case OP_EVICT_FLOOD:
+		case OP_PLAN_FLOOD:
+		case OP_RECALL_FLOOD: {
+			kvd_seq *s = NULL;
+
 			r = kvd_client_connect(f->socket, tenant, &c[0]);
 			if (r < 0)
 				_exit(201);
-			for (unsigned i = 0; i < 12 && r >= 0; i++)
-				r = kvd_evict(c[0], tenant, 4096, NULL);
+			if (op == OP_RECALL_FLOOD && (r = recall_seq(c[0], &s)) < 0) {
+				fprintf(stderr, "recall_seq: %d %s\n", r, kvd_client_last_error(c[0]));
+				_exit(205);
+			}
+			for (unsigned i = 0; i < 12 && (r >= 0 || r == -ENODATA); i++) {
+				kvd_evictions *plan = NULL;
+
+				r = op == OP_EVICT_FLOOD ? kvd_evict(c[0], tenant, 4096, NULL) :
+				    op == OP_PLAN_FLOOD ? kvd_evict_plan(c[0], tenant, 4096, &plan) :
+				    kvd_seq_recall(s, NULL, NULL);
+				kvd_evictions_free(plan);
+			}
 			if (r == -EAGAIN && !strstr(kvd_client_last_error(c[0]), "a second"))
 				_exit(203);
 			break;
+		}
 		default:
 			for (unsigned i = 0; i < 3; i++)
 				if (kvd_client_connect(f->socket, tenant, &c[i]) < 0)
@@ -275,8 +310,9 @@ TEST(reload_changes_who_may_act) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
-/* A tenant's own eviction requests are rate-limited per connection (8 at once, then 10 a
- * second): a loop on kvd_evict would otherwise hold up every round. Operators are not. */
+/* A tenant's own requests that run a round (evictions, plans, recalls) are rate-limited
+ * per connection (8 at once, then 10 a second), together: a loop on them would otherwise
+ * keep the round worker to itself. Operators are not. */
 TEST(evict_rate_limited) {
 	static const gid_t sock[] = { SOCK_GID };
 	struct fixture f;
@@ -292,6 +328,18 @@ TEST(evict_rate_limited) {
 	for (int i = 0; i < 12; i++)
 		ASSERT_OK(kvd_evict(admin, "alpha", 4096, &freed));
 	ASSERT_EQ(fixture_status(&f, NULL, "refused_evict_rate"), 1u);
+	/* Dry runs and recalls too: each the work of a round. */
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_PLAN_FLOOD, "alpha"), -EAGAIN);
+	ASSERT_EQ(fixture_status(&f, NULL, "refused_evict_rate"), 2u);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_RECALL_FLOOD, "alpha"), -EAGAIN);
+	ASSERT_EQ(fixture_status(&f, NULL, "refused_evict_rate"), 3u);
+	for (int i = 0; i < 12; i++) {
+		kvd_evictions *plan = NULL;
+
+		ASSERT_OK(kvd_evict_plan(admin, "alpha", 4096, &plan));
+		kvd_evictions_free(plan);
+	}
+	ASSERT_EQ(fixture_status(&f, NULL, "refused_evict_rate"), 3u);
 	kvd_client_unref(admin);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }

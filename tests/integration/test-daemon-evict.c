@@ -820,6 +820,145 @@ TEST(plan_waits_for_the_running_round) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* Runs kvd_evict_plan of tenant as an operator in a child (it waits for the plan's round);
+ * returns its pid. */
+static pid_t plan_async(struct fixture *f, const char *tenant) {
+	pid_t pid = fixture_fork();
+
+	if (pid == 0) {
+		kvd_evictions *plan = NULL;
+		kvd_client *c;
+
+		if (kvd_client_connect(f->socket, NULL, &c) < 0)
+			_exit(3);
+		_exit(kvd_evict_plan(c, tenant, 64u << 10, &plan) < 0 ? 1 : 0);
+	}
+	return pid;
+}
+
+/* Replies the daemon's connections wait for, all together. */
+static uint64_t outstanding(struct fixture *f) {
+	kvd_client *c = fixture_connect(f, NULL);
+	kvd_table *t = NULL;
+	uint64_t n = 0, v;
+
+	ASSERT_OK(kvd_connections_get(c, &t));
+	for (uint32_t i = 0; i < kvd_table_rows(t); i++)
+		if (kvd_table_u64(t, i, "outstanding", &v) == 0)
+			n += v;
+	kvd_table_free(t);
+	kvd_client_unref(c);
+	return n;
+}
+
+/* Opens the gate for every round from now on (the FIFO stays open with bytes for them,
+ * and is gone for rounds after those); returns the fd to close at the end. */
+static int gate_open(const char *gate) {
+	char x[64];
+	int fd = open(gate, O_RDWR | O_CLOEXEC);
+
+	ASSERT_OK(fd);
+	memset(x, 'x', sizeof(x));
+	ASSERT_EQ(write(fd, x, sizeof(x)), (ssize_t)sizeof(x));
+	ASSERT_OK(unlink(gate));
+	return fd;
+}
+
+/* A daemon whose rounds wait at the gate, with a 4 MiB budget that grows fill without a
+ * watermark round, and tenant "a" in 14 of its 16 chunks. */
+static void gated_full(struct fixture *f, struct eng *a, char *gate, size_t n, const char *wait) {
+	fixture_gate_make(gate, n);
+	setenv("KVD_TEST_ROUND_GATE", gate, 1);
+	fixture_start(f, (const char *const[]){ POOL, CHUNK, "--budget=4MiB", "--high-watermark=100",
+	                                         wait, NULL });
+	unsetenv("KVD_TEST_ROUND_GATE");
+	eng_start(f, a, "a", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 2, 41);
+	eng_grow(a, 3584, 512);
+}
+
+/*
+ * Grows come before requests: with dry runs queued behind the one whose round runs, the
+ * round after it is the one for a grow that parked later, not the next plan (a tenant's
+ * flood of plans once starved every grow on the node).
+ */
+TEST(grant_round_before_queued_plans) {
+	struct fixture f;
+	struct eng a;
+	kvd_client *admin;
+	kvd_evictions *ev = NULL;
+	const char *trigger;
+	char gate[64];
+	pid_t plans[4], grow;
+	int fd, status;
+
+	TEST_NEEDS_HOOKS();
+	gated_full(&f, &a, gate, sizeof(gate), "--grant-wait=30000");
+	plans[0] = plan_async(&f, "a");
+	fd = fixture_gate_wait(gate);
+	for (int i = 1; i < 4; i++)
+		plans[i] = plan_async(&f, "a");
+	for (int i = 0; outstanding(&f) < 4; i++) {
+		ASSERT_TRUE(i < 3000);
+		usleep(10000);
+	}
+	/* Three chunks, two free: it waits for a round. */
+	grow = grow_async(&f, "b", 1536, 42);
+	wait_grant_waited(&f, "b", grow);
+	/* The first plan's round ends; the one after it must be the grow's. */
+	fixture_gate_release(fd);
+	fixture_gate_release(fixture_gate_wait(gate));
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "rounds_total", 1));
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_evictions_get(admin, &ev));
+	ASSERT_EQ(kvd_evictions_count(ev), 1u);
+	ASSERT_OK(kvd_evictions_str(ev, 0, "trigger", &trigger));
+	ASSERT_STREQ(trigger, "grant");
+	kvd_evictions_free(ev);
+	fd = gate_open(gate);
+	/* The grow gets what the round took from "a" once "a" unmaps it; every plan is
+	 * answered. */
+	for (int i = 0; waitpid(grow, &status, WNOHANG) == 0; i++) {
+		ASSERT_TRUE(i < 3000);
+		eng_drain(&a);
+		usleep(10000);
+	}
+	ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	for (int i = 0; i < 4; i++)
+		ASSERT_EQ(wait_exit(plans[i]), 0);
+	close(fd);
+	eng_stop(&a);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* grant-wait holds whatever runs: a grow is refused at its deadline while a round (here a
+ * plan's, held at the gate) has the worker. */
+TEST(grant_wait_holds_while_a_round_runs) {
+	struct fixture f;
+	struct eng a;
+	char gate[64];
+	pid_t plan, grow;
+	int fd, status;
+
+	TEST_NEEDS_HOOKS();
+	gated_full(&f, &a, gate, sizeof(gate), "--grant-wait=500");
+	plan = plan_async(&f, "a");
+	fd = fixture_gate_wait(gate);
+	grow = grow_async(&f, "b", 1536, 43);
+	for (int i = 0; waitpid(grow, &status, WNOHANG) == 0; i++) {
+		ASSERT_TRUE(i < 3000);
+		usleep(10000);
+	}
+	/* Refused (-ENOSPC), while the plan's round still waits. */
+	ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+	ASSERT_EQ(waitpid(plan, NULL, WNOHANG), 0);
+	fixture_gate_release(fd);
+	ASSERT_EQ(wait_exit(plan), 0);
+	unlink(gate);
+	eng_stop(&a);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* Lowering the budget below use starts a round that brings use under it. */
 TEST(budget_set_below_use) {
 	struct fixture f;
