@@ -421,14 +421,16 @@ static int client_peer_gone(kvd_client *c) {
  * charged to its tenant until this process exits (kvd(8), ISOLATION).
  */
 void client_tell_unmapped(kvd_client *c, uint32_t *ids, uint32_t n) {
-	Kvd__V1__ChunksUnmapped done = KVD__V1__CHUNKS_UNMAPPED__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
+	for (uint32_t i = 0; i < n; i += WIRE_IDS_MAX) {
+		Kvd__V1__ChunksUnmapped done = KVD__V1__CHUNKS_UNMAPPED__INIT;
+		Envelope env = KVD__V1__ENVELOPE__INIT;
 
-	done.n_chunk_ids = n;
-	done.chunk_ids = ids;
-	env.body_case = KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED;
-	env.chunks_unmapped = &done;
-	(void)client_request_unwaited(c, &env);
+		done.n_chunk_ids = MIN(n - i, WIRE_IDS_MAX);
+		done.chunk_ids = ids + i;
+		env.body_case = KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED;
+		env.chunks_unmapped = &done;
+		(void)client_request_unwaited(c, &env);
+	}
 }
 
 /* Handles an event; takes its fds. Returns 0, or a negative errno when the daemon broke

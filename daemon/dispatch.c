@@ -855,7 +855,11 @@ static void handle_seq_release(struct conn *c, uint64_t id, const Envelope *requ
 		envelope_reply_error(c, id, r, "%s", why);
 		return;
 	}
-	rep.n_unmap_chunk_ids = n;
+	/* What one message holds goes in the reply, the rest ahead of it as unmap requests,
+	 * which the client answers while it waits for the reply. */
+	if (n > WIRE_IDS_MAX)
+		envelope_event_unmap(c, ids + WIRE_IDS_MAX, n - WIRE_IDS_MAX);
+	rep.n_unmap_chunk_ids = MIN(n, WIRE_IDS_MAX);
 	rep.unmap_chunk_ids = ids;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RELEASE_REPLY;
 	env.seq_release_reply = &rep;

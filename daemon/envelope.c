@@ -9,9 +9,6 @@
 #include "log.h"
 #include "pool.h"
 
-/* EVENT_CHUNKS_UNMAP frames stay well inside WIRE_PAYLOAD_MAX. */
-#define UNMAP_BATCH 4096u
-
 static void send_or_close(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds,
                           const char *what) {
 	if (conn_send(c, env, fds, nfds) < 0 && !c->closing)
@@ -122,11 +119,11 @@ void envelope_event_grants(struct conn *c, struct envelope_grants *g) {
 }
 
 void envelope_event_unmap(struct conn *c, const uint32_t *ids, uint32_t n) {
-	for (uint32_t i = 0; i < n && !c->closing; i += UNMAP_BATCH) {
+	for (uint32_t i = 0; i < n && !c->closing; i += WIRE_IDS_MAX) {
 		Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
 
 		ev.type = KVD__V1__EVENT_TYPE__EVENT_CHUNKS_UNMAP;
-		ev.n_chunk_ids = MIN(n - i, UNMAP_BATCH);
+		ev.n_chunk_ids = MIN(n - i, WIRE_IDS_MAX);
 		ev.chunk_ids = (uint32_t *)ids + i;
 		event(c, &ev, NULL, 0, "cannot queue an unmap request");
 	}

@@ -26,6 +26,12 @@
  * its size. A hostile one built to need more (thousands of empty submessages) runs out of
  * arena and fails to decode with -EBADMSG, which is the bound working. */
 #define WIRE_ARENA_BYTES (4u * WIRE_PAYLOAD_MAX)
+/* Chunk ids one message carries at most (an unmap request, a release reply, ChunksUnmapped);
+ * a longer list goes in several. Packed, each id is at most 5 bytes of payload and 4 of
+ * arena; unpacked, as libkvd 1.8 and earlier send them, protobuf-c's bookkeeping of each
+ * repeated field takes about 64 bytes of arena per id, and the arena decodes 4080 of them:
+ * half of that leaves such a peer room (test-wire, ids_at_the_limit). */
+#define WIRE_IDS_MAX 2048u
 
 typedef Kvd__V1__Envelope Envelope;
 

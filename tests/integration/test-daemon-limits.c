@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "basic/macro.h"
 #include "basic/time-util.h"
 #include "fixture.h"
 #include "test.h"
@@ -452,5 +453,46 @@ TEST(connect_times_out) {
 	/* Served again once it runs. */
 	ASSERT_OK(kvd_client_connect(f.socket, "t", &c));
 	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/*
+ * A release of more chunks than one message carries (WIRE_IDS_MAX, 2048): the ids that do
+ * not fit the reply come ahead of it as unmap requests, on the socket and through the ring
+ * alike, and every chunk is back when release returns. A model of 32 layers whose blocks
+ * are 64 KiB each fills one 64 KiB chunk per layer and block; sizes at the limit, one past
+ * it, and past what a message once decoded (4080).
+ */
+TEST(release_of_many_chunks) {
+	static const kvd_model_spec big = { "many", 32, 8, 8, 128, KVD_DTYPE_F16, 16,
+	                                    KVD_LAYOUT_PER_LAYER };
+	static const uint32_t blocks[] = { 64, 65, 128 };
+	struct fixture f;
+
+	fixture_start(&f, (const char *const[]){ "--chunk-size=64KiB", "--pool-size=272MiB", NULL });
+	for (int ring = 0; ring < 2; ring++)
+		for (size_t i = 0; i < ELEMENTSOF(blocks); i++) {
+			kvd_connect_params p = { .size = sizeof(p), .socket_path = f.socket,
+			                         .tenant = "many",
+			                         .flags = ring ? 0 : KVD_CONNECT_NO_RING };
+			kvd_client *c;
+			kvd_seq *s;
+			int model;
+
+			ASSERT_OK(kvd_client_connect_params(&p, &c));
+			model = kvd_model_register(c, &big);
+			ASSERT_OK(model);
+			ASSERT_OK(kvd_seq_open(c, model, blocks[i] * 16, &s));
+			/* 7 blocks a grow: 224 new chunks, within the fds one message carries. */
+			for (uint32_t b = 0; b < blocks[i]; b += 7)
+				ASSERT_OK(kvd_seq_grow(s, MIN(7u, blocks[i] - b) * 16));
+			ASSERT_EQ(fixture_status(&f, NULL, "used_bytes"), blocks[i] * 32ull << 16);
+			ASSERT_OK(kvd_seq_release(s));
+			ASSERT_EQ(fixture_status(&f, NULL, "used_bytes"), 0u);
+			ASSERT_EQ(fixture_status(&f, NULL, "chunks_free"),
+			          fixture_status(&f, NULL, "chunks_total"));
+			kvd_client_unref(c);
+		}
+	ASSERT_EQ(fixture_status(&f, NULL, "protocol_errors"), 0u);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }

@@ -640,3 +640,82 @@ TEST(fd_fifo_full) {
 	safe_close(efd);
 	free(rx);
 }
+
+static size_t put_varint(uint8_t *p, uint32_t v) {
+	size_t n = 0;
+
+	for (; v >= 0x80; v >>= 7)
+		p[n++] = (uint8_t)(v | 0x80);
+	p[n++] = (uint8_t)v;
+	return n;
+}
+
+/* Decodes a ChunksUnmapped of n ids (first + i) sent unpacked, as libkvd 1.8 and earlier
+ * encode them: its wire_rx_next() result, the ids checked when it decoded. */
+static int decode_unpacked(uint32_t n, uint32_t first) {
+	_cleanup_(freep) uint8_t *payload = malloc(WIRE_PAYLOAD_MAX), *inner = malloc(WIRE_PAYLOAD_MAX);
+	struct wire_rx *rx = rx_new();
+	size_t len = 0, m = 0;
+	int fds[WIRE_FDS_MAX], r;
+	uint32_t nfds;
+	Envelope *got;
+
+	ASSERT_NOT_NULL(payload);
+	ASSERT_NOT_NULL(inner);
+	for (uint32_t i = 0; i < n; i++) {
+		inner[m++] = 0x08;    /* field 1, varint */
+		m += put_varint(inner + m, first + i);
+	}
+	payload[len++] = 0xa2;        /* Envelope field 20 (chunks_unmapped), length-delimited */
+	payload[len++] = 0x01;
+	len += put_varint(payload + len, (uint32_t)m);
+	ASSERT_LE(len + m, WIRE_PAYLOAD_MAX);
+	memcpy(payload + len, inner, m);
+	feed_raw(rx, payload, (uint32_t)(len + m), 0);
+	r = wire_rx_next(rx, &got, fds, &nfds);
+	if (r == 1) {
+		ASSERT_EQ(got->body_case, KVD__V1__ENVELOPE__BODY_CHUNKS_UNMAPPED);
+		ASSERT_EQ(got->chunks_unmapped->n_chunk_ids, n);
+		for (uint32_t i = 0; i < n; i++)
+			ASSERT_EQ(got->chunks_unmapped->chunk_ids[i], first + i);
+	}
+	rx_free(rx);
+	return r;
+}
+
+/*
+ * Lists of chunk ids: WIRE_IDS_MAX of the largest ids, packed as this side sends them, fit
+ * a frame and decode; sent unpacked, as older peers do, they decode too, with room to
+ * spare, while the 4081 a release once put in one message do not (the arena is the bound).
+ */
+TEST(ids_at_the_limit) {
+	_cleanup_(freep) uint32_t *ids = malloc(WIRE_IDS_MAX * sizeof(*ids));
+	Kvd__V1__Event ev = KVD__V1__EVENT__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *got;
+	struct wire_rx *rx = rx_new();
+	_cleanup_(freep) uint8_t *f = NULL;
+	int fds[WIRE_FDS_MAX];
+	uint32_t nfds;
+	size_t size;
+
+	ASSERT_NOT_NULL(ids);
+	for (uint32_t i = 0; i < WIRE_IDS_MAX; i++)
+		ids[i] = UINT32_MAX - i;
+	ev.has_type = true;
+	ev.type = KVD__V1__EVENT_TYPE__EVENT_CHUNKS_UNMAP;
+	ev.n_chunk_ids = WIRE_IDS_MAX;
+	ev.chunk_ids = ids;
+	env.body_case = KVD__V1__ENVELOPE__BODY_EVENT;
+	env.event = &ev;
+	ASSERT_OK(wire_encode(&env, 0, &f, &size));
+	/* Packed: one key and length, then at most 5 bytes an id. */
+	ASSERT_LE(size, WIRE_HEADER_BYTES + 16 + 5 * WIRE_IDS_MAX);
+	feed(rx, f, size);
+	ASSERT_EQ(wire_rx_next(rx, &got, fds, &nfds), 1);
+	ASSERT_EQ(got->event->n_chunk_ids, WIRE_IDS_MAX);
+	ASSERT_EQ(memcmp(got->event->chunk_ids, ids, WIRE_IDS_MAX * sizeof(*ids)), 0);
+	rx_free(rx);
+
+	ASSERT_EQ(decode_unpacked(WIRE_IDS_MAX, 1u << 21), 1);
+	ASSERT_EQ(decode_unpacked(4081, 0), -EBADMSG);
+}
