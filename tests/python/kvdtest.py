@@ -37,6 +37,11 @@ class Daemon:
         self.dir = tempfile.mkdtemp(prefix="kvd-py-")
         self.socket = os.path.join(self.dir, "kvd.sock")
         self.log = open(os.path.join(self.dir, "kvd.log"), "w+")
+        self.args = args
+        self._start()
+
+    def _start(self):
+        args = self.args
         self.proc = subprocess.Popen(
             [os.environ["KVD_DAEMON"], "--backend", "cuda" if CUDA else "host",
              "--socket", self.socket,
@@ -53,6 +58,13 @@ class Daemon:
                     self.log.seek(0)
                     raise RuntimeError("kvd did not start: " + self.log.read())
                 time.sleep(0.02)
+
+    def restart(self):
+        """Stops it with SIGTERM and starts it again on the same socket: its clients must
+        reconnect."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+        self._start()
 
     def stop(self):
         """Stops it with SIGTERM; returns its exit status."""

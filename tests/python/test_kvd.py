@@ -124,6 +124,34 @@ class BindingTest(DaemonTest):
         s2.release()
 
     @cpu_memory
+    def test_views_keep_their_client(self):
+        # Closing or reconnecting unmaps every chunk: a live view of a sequence's K/V (not
+        # only of the block range) refuses both, and the view stays readable.
+        s = self.client.open(self.model, 256)
+        s.grow(32)
+        a = np.asarray(s.block(0, 1))
+        a[:] = 0.25
+        t = torch.from_dlpack(s.kv(1, 0, 5)[0])
+        self.daemon.restart()
+        with self.assertRaises(kvd.KvdError):
+            self.client.status()       # how the client learns that the daemon went away
+        for call in (lambda: self.client.reconnect(10000), self.client.close):
+            with self.assertRaises(BufferError):
+                call()
+        self.assertTrue((a == 0.25).all())
+        del a
+        with self.assertRaises(BufferError):
+            self.client.reconnect(10000)
+        self.assertEqual(float(t.sum()), 0.0)
+        del t
+        self.client.reconnect(10000)
+        s.release()                    # stale: only this side is freed
+        m = self.client.register_model(2, 4, 2, 64, F16, 16)
+        with self.client.open(m, 64) as s2:
+            s2.grow(16)
+            self.assertEqual(np.asarray(s2.block(0, 0)).shape, (2, 2, 16, 64))
+
+    @cpu_memory
     def test_views_keep_their_sequence(self):
         s = self.client.open(self.model, 256)
         s.grow(32)

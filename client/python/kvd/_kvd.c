@@ -9,7 +9,8 @@
  * The safety contract (docs/python.md): a View of a sequence's K/V pins the sequence for as
  * long as the View lives, and every array or tensor made from a View keeps the View alive,
  * so the daemon never compacts or takes back the memory under it; releasing a sequence (or
- * closing and reconnecting a client) while Views of it live raises BufferError instead.
+ * closing and reconnecting a client) while Views of its memory live raises BufferError
+ * instead.
  * The memory behind a View therefore stays mapped until the last array over it is gone.
  *
  * Calls that talk to the daemon release the GIL. A Seq counts the calls in flight on it,
@@ -110,7 +111,7 @@ typedef struct {
 struct ClientObject {
 	PyObject_HEAD
 	kvd_client *c;      /* NULL once closed */
-	Py_ssize_t exports; /* live Views of its block range */
+	Py_ssize_t views;   /* live Views of its memory: its block range, its sequences' */
 	int memory;         /* KVD_MEMORY_* */
 	int device;         /* CUDA ordinal, -1 on host */
 	PyObject *models;   /* model id -> (q_heads, window, head_dim), for the shapes of views
@@ -137,10 +138,11 @@ static void view_dealloc(PyObject *self) {
 		SeqObject *s = (SeqObject *)v->owner;
 
 		s->views--;
+		s->client->views--;
 		if (v->pinned)
 			(void)seq_unpin_quiet(s);
 	} else if (v->owner && st && PyObject_TypeCheck(v->owner, st->client_type)) {
-		((ClientObject *)v->owner)->exports--;
+		((ClientObject *)v->owner)->views--;
 	}
 	if (v->owns_data)
 		free(v->data);
@@ -400,15 +402,26 @@ static void client_dealloc(PyObject *self) {
 	Py_DECREF(tp);
 }
 
+/*
+ * Raises BufferError when Views of c's memory live: closing or reconnecting unmaps every
+ * chunk and the block range, and an array over them would then crash its reader.
+ */
+static bool views_alive(const ClientObject *c) {
+	if (c->views == 0)
+		return false;
+	PyErr_Format(PyExc_BufferError, "%zd views of this client's memory (its block range, its "
+	             "sequences' K/V and windows) are alive: drop them (and the arrays and tensors "
+	             "made from them) first", c->views);
+	return true;
+}
+
 static PyObject *client_close(PyObject *self, PyObject *unused) {
 	ClientObject *c = (ClientObject *)self;
 	kvd_client *k = c->c;
 
 	(void)unused;
-	if (c->exports > 0) {
-		PyErr_Format(PyExc_BufferError, "%zd views of this client's block range are alive", c->exports);
+	if (views_alive(c))
 		return NULL;
-	}
 	c->c = NULL;
 	if (k) {
 		Py_BEGIN_ALLOW_THREADS
@@ -547,7 +560,7 @@ static PyObject *client_block_pool(PyObject *self, PyObject *args) {
 		return NULL;
 	v->device = co->memory == KVD_MEMORY_CUDA;
 	v->device_id = co->device < 0 ? 0 : co->device;
-	co->exports++;
+	co->views++;
 	return Py_BuildValue("(NK)", (PyObject *)v, (unsigned long long)stride);
 }
 
@@ -587,10 +600,8 @@ static PyObject *client_reconnect(PyObject *self, PyObject *args) {
 
 	if (!c || !PyArg_ParseTuple(args, "|I", &timeout_ms))
 		return NULL;
-	if (co->exports > 0) {
-		PyErr_Format(PyExc_BufferError, "%zd views of this client's block range are alive", co->exports);
+	if (views_alive(co))
 		return NULL;
-	}
 	CALL_NOGIL(r, kvd_client_reconnect(c, timeout_ms));
 	if (r < 0)
 		return raise_kvd(c, r);
@@ -1007,7 +1018,7 @@ static PyObject *client_get_closed(PyObject *self, void *closure) {
 static PyMethodDef client_methods[] = {
 	{ "close", client_close, METH_NOARGS,
 	  "close()\n--\n\nDrops this handle; the connection closes once its sequences are "
-	  "released too. BufferError while views of the block range live." },
+	  "released too. BufferError while views of its memory live." },
 	{ "__enter__", client_enter, METH_NOARGS, NULL },
 	{ "__exit__", client_exit, METH_VARARGS, NULL },
 	{ "register_model", (PyCFunction)(void (*)(void))client_register_model,
@@ -1030,7 +1041,8 @@ static PyMethodDef client_methods[] = {
 	{ "fileno", client_fileno, METH_NOARGS,
 	  "fileno()\n--\n\nThe fd that polls readable when events may be pending." },
 	{ "reconnect", client_reconnect, METH_VARARGS,
-	  "reconnect(timeout_ms=10000)\n--\n\nConnects again after the daemon went away." },
+	  "reconnect(timeout_ms=10000)\n--\n\nConnects again after the daemon went away. "
+	  "BufferError while views of its memory live." },
 	{ "set_ring", client_set_ring, METH_VARARGS,
 	  "set_ring(enable)\n--\n\nPer-step calls through the rings (True) or the socket." },
 	{ "budget_set", (PyCFunction)(void (*)(void))client_budget_set, METH_VARARGS | METH_KEYWORDS,
@@ -1318,6 +1330,7 @@ static PyObject *seq_chunk_view(SeqObject *so, void *data, enum view_dtype dtype
 	v->device = so->client->memory == KVD_MEMORY_CUDA;
 	v->device_id = so->client->device < 0 ? 0 : so->client->device;
 	so->views++;
+	so->client->views++;
 	return (PyObject *)v;
 }
 
@@ -1533,6 +1546,7 @@ static PyObject *seq_window(PyObject *self, PyObject *args, bool index) {
 	if (!v)
 		return NULL;
 	so->views++;
+	so->client->views++;
 	return (PyObject *)v;
 }
 
