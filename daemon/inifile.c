@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "inifile.h"
 
@@ -156,7 +158,21 @@ static int on_key(void *user, const char *section, const char *name, const char 
 
 int inifile_parse(const char *path, bool must_exist, size_t max_bytes,
                   const struct inifile_ops *ops, void *userdata, struct inifile_errors *e) {
-	_cleanup_(fclosep) FILE *f = NULL;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), r;
+
+	if (fd < 0) {
+		r = -errno;
+		if (r == -ENOENT && !must_exist)
+			return r;
+		inifile_error(e, path, 0, "cannot open: %s", strerror(-r));
+		return r;
+	}
+	return inifile_parse_fd(fd, path, max_bytes, ops, userdata, e);
+}
+
+int inifile_parse_fd(int fd, const char *path, size_t max_bytes, const struct inifile_ops *ops,
+                     void *userdata, struct inifile_errors *e) {
+	_cleanup_(fclosep) FILE *f = fdopen(fd, "re");
 	struct inifile_stream st = {
 		.ctx = { .path = path, .errors = e, .userdata = userdata },
 		.ops = ops,
@@ -166,12 +182,10 @@ int inifile_parse(const char *path, bool must_exist, size_t max_bytes,
 	unsigned before = inifile_errors_count(e);
 	int r;
 
-	f = fopen(path, "re");
 	if (!f) {
 		r = -errno;
-		if (r == -ENOENT && !must_exist)
-			return r;
-		inifile_error(e, path, 0, "cannot open: %s", strerror(-r));
+		close(fd);
+		inifile_error(e, path, 0, "cannot read: %s", strerror(-r));
 		return r;
 	}
 	if (fstat(fileno(f), &sb) < 0) {

@@ -64,3 +64,6 @@ struct inifile_ops {
  */
 int inifile_parse(const char *path, bool must_exist, size_t max_bytes,
                   const struct inifile_ops *ops, void *userdata, struct inifile_errors *e);
+/* The same, of the file open as fd (taken, closed when done), known as path. */
+int inifile_parse_fd(int fd, const char *path, size_t max_bytes, const struct inifile_ops *ops,
+                     void *userdata, struct inifile_errors *e);

@@ -179,12 +179,77 @@ bad:
 	inifile_ctx_error(ctx, "%s: invalid value '%s'", key, value);
 }
 
+/*
+ * Whether fd (the state directory, or the file) may be trusted: whoever may write either
+ * decides the node's budget and tenants at the next start, so both must be kvd's user's
+ * and writable by it alone, the file a regular one with no other link. When not, why says
+ * so (never anything of the file's contents).
+ */
+static bool trusted(int fd, bool dir, char *why, size_t n) {
+	struct stat sb;
+
+	if (fstat(fd, &sb) < 0)
+		snprintf(why, n, "cannot stat: %s", strerror(errno));
+	else if (!dir && !S_ISREG(sb.st_mode))
+		snprintf(why, n, "not a regular file");
+	else if (sb.st_uid != geteuid())
+		snprintf(why, n, "owned by uid %u, not by kvd's (%u)", (unsigned)sb.st_uid,
+		         (unsigned)geteuid());
+	else if (sb.st_mode & (S_IWGRP | S_IWOTH))
+		snprintf(why, n, "writable by others (mode %04o)", (unsigned)(sb.st_mode & 07777));
+	else if (!dir && sb.st_nlink != 1)
+		snprintf(why, n, "has %ju links", (uintmax_t)sb.st_nlink);
+	else
+		return true;
+	return false;
+}
+
+/* Opens the state directory when it exists and may be trusted; -ENOENT when it does not
+ * exist, else -EPERM or the error, with why. */
+static int open_dir(const struct state *st, char *why, size_t n) {
+	int fd = open(st->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (fd < 0) {
+		snprintf(why, n, "cannot open: %s", strerror(errno));
+		return negative_errno();
+	}
+	if (!trusted(fd, true, why, n)) {
+		close(fd);
+		return -EPERM;
+	}
+	return fd;
+}
+
+/* A state that is not read: said in e (logged) and in st->error (status), until a save. */
+static int refuse_load(struct state *st, struct inifile_errors *e, const char *path, const char *why) {
+	inifile_error(e, path, 0, "refused, the live settings there are not applied: %s", why);
+	snprintf(st->error, sizeof(st->error), "live settings in %s not read: %s", path, why);
+	return 0;
+}
+
 int state_load(struct state *st, struct inifile_errors *e) {
 	static const struct inifile_ops ops = { .section = on_section, .key = on_key };
 	struct load l = { .st = st };
-	int r;
+	_cleanup_(closep) int dir_fd = -EBADF;
+	char why[128];
+	int fd, r;
 
-	r = inifile_parse(st->path, false, STATE_FILE_MAX, &ops, &l, e);
+	dir_fd = open_dir(st, why, sizeof(why));
+	if (dir_fd == -ENOENT)
+		return 0;
+	if (dir_fd < 0)
+		return refuse_load(st, e, st->dir, why);
+	/* Never blocks (a FIFO), never follows a link planted there. */
+	fd = openat(dir_fd, STATE_FILE_NAME, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		return 0;
+	if (fd < 0)
+		return refuse_load(st, e, st->path, errno == ELOOP ? "a symbolic link" : strerror(errno));
+	if (!trusted(fd, false, why, sizeof(why))) {
+		close(fd);
+		return refuse_load(st, e, st->path, why);
+	}
+	r = inifile_parse_fd(fd, st->path, STATE_FILE_MAX, &ops, &l, e);
 	return r == -ENOMEM ? r : 0;
 }
 
@@ -238,6 +303,7 @@ static int save_error(struct state *st, int r, const char *what, const char *pat
 int state_save(struct state *st) {
 	_cleanup_(freep) char *text = NULL, *tmp = NULL;
 	_cleanup_(closep) int fd = -EBADF, dir_fd = -EBADF;
+	char why[128];
 	size_t len;
 	int r;
 
@@ -251,6 +317,11 @@ int state_save(struct state *st) {
 		return save_error(st, -EFBIG, "write", st->path);
 	if (mkdir(st->dir, 0700) < 0 && errno != EEXIST)
 		return save_error(st, negative_errno(), "create", st->dir);
+	dir_fd = open_dir(st, why, sizeof(why));
+	if (dir_fd < 0) {
+		snprintf(st->error, sizeof(st->error), "cannot write in %s: %s", st->dir, why);
+		return dir_fd;
+	}
 	if (asprintf(&tmp, "%s/.%s.XXXXXX", st->dir, STATE_FILE_NAME) < 0) {
 		tmp = NULL;
 		return save_error(st, -ENOMEM, "write", st->path);
@@ -273,8 +344,7 @@ int state_save(struct state *st) {
 		return save_error(st, r, "write", st->path);
 	}
 	/* And the rename itself, so that a crash cannot bring the old file back. */
-	dir_fd = open(st->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dir_fd < 0 || fsync(dir_fd) < 0)
+	if (fsync(dir_fd) < 0)
 		return save_error(st, negative_errno(), "sync", st->dir);
 	free(st->saved);
 	st->saved = TAKE_PTR(text);

@@ -512,3 +512,80 @@ TEST(unsaved_live_change_says_so) {
 	kvd_client_unref(admin);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+/* Writes text to path with mode. */
+static void write_file(const char *path, const char *text, mode_t mode) {
+	FILE *file = fopen(path, "we");
+
+	ASSERT_TRUE(file);
+	ASSERT_EQ(fputs(text, file) >= 0, true);
+	ASSERT_OK(fclose(file));
+	ASSERT_OK(chmod(path, mode));
+}
+
+/* Starts the daemon on f's state as it is now; the budget's source then, and the state
+ * error into buf; stops it, keeping the directory. */
+static const char *start_on_state(struct fixture *f, char *buf, size_t n) {
+	char source[32];
+
+	fixture_launch(f, small);
+	ASSERT_TRUE(fixture_status_str(f, NULL, "budget_source", source, sizeof(source)));
+	if (!fixture_status_str(f, NULL, "state_error", buf, n))
+		buf[0] = '\0';
+	ASSERT_EQ(fixture_halt(f), 0);
+	return strcmp(source, "live") == 0 ? "live" : "not live";
+}
+
+/*
+ * The state directory is trusted only when it is kvd's user's alone: a state file planted
+ * where others may write, one that is a link (to a secret kvd could read), a FIFO, or owned
+ * by another user, is refused, never applied, never quoted, and never blocks the start.
+ */
+TEST(state_file_trusted_only) {
+	char state[256], secret[256], buf[512];
+	struct fixture f;
+
+	fixture_setup(&f, "[kvd]\npool-size = 16MiB\n", true);
+	snprintf(state, sizeof(state), "%s/state", f.state_dir);
+	snprintf(secret, sizeof(secret), "%s/secret", f.dir);
+	ASSERT_OK(mkdir(f.state_dir, 0700));
+	/* Kvd's own: applied. */
+	write_file(state, "[kvd]\nbudget = 8MiB\n", 0600);
+	ASSERT_STREQ(start_on_state(&f, buf, sizeof(buf)), "live");
+	ASSERT_STREQ(buf, "");
+	/* In a directory others may write. */
+	ASSERT_OK(chmod(f.state_dir, 0777));
+	ASSERT_STREQ(start_on_state(&f, buf, sizeof(buf)), "not live");
+	assert_contains(buf, "writable by others (mode 0777)");
+	ASSERT_OK(chmod(f.state_dir, 0700));
+	/* Writable by others itself. */
+	ASSERT_OK(chmod(state, 0666));
+	ASSERT_STREQ(start_on_state(&f, buf, sizeof(buf)), "not live");
+	assert_contains(buf, "writable by others");
+	/* Another user's. */
+	ASSERT_OK(chmod(state, 0600));
+	if (geteuid() == 0) {
+		ASSERT_OK(chown(state, 12345, 12345));
+		ASSERT_STREQ(start_on_state(&f, buf, sizeof(buf)), "not live");
+		assert_contains(buf, "owned by uid 12345");
+	}
+	/* A link to a file only kvd may read: neither applied nor quoted. */
+	ASSERT_OK(unlink(state));
+	write_file(secret, "[kvd]\nbudget = hunter2\n", 0600);
+	ASSERT_OK(symlink(secret, state));
+	ASSERT_STREQ(start_on_state(&f, buf, sizeof(buf)), "not live");
+	assert_contains(buf, "a symbolic link");
+	/* A second name of it. */
+	ASSERT_OK(unlink(state));
+	ASSERT_OK(link(secret, state));
+	ASSERT_STREQ(start_on_state(&f, buf, sizeof(buf)), "not live");
+	assert_contains(buf, "has 2 links");
+	/* A FIFO: the start goes on. */
+	ASSERT_OK(unlink(state));
+	ASSERT_OK(mkfifo(state, 0600));
+	ASSERT_STREQ(start_on_state(&f, buf, sizeof(buf)), "not live");
+	assert_contains(buf, "not a regular file");
+	ASSERT_EQ(fixture_log_count(&f, "hunter2"), 0u);
+	ASSERT_TRUE(fixture_log_count(&f, "refused, the live settings there are not applied") >= 5);
+	fixture_cleanup(&f);
+}
