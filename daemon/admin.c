@@ -34,6 +34,7 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.max_connections = s->max_connections,
 		.max_connections_per_uid = s->max_connections_per_uid,
 		.max_tenants = s->max_tenants,
+		.max_tenants_per_uid = s->max_tenants_per_uid,
 		.max_models = s->max_models,
 		.max_models_per_tenant = s->max_models_per_tenant,
 		.max_outstanding = s->max_outstanding,
@@ -391,6 +392,7 @@ void admin_reload(struct admin *a) {
 		}
 	s->limits.max_connections = a->cfg.max_connections;
 	s->limits.max_connections_per_uid = a->cfg.max_connections_per_uid;
+	s->limits.max_tenants_per_uid = a->cfg.max_tenants_per_uid;
 	s->limits.max_seqs = a->cfg.max_seqs;
 	s->limits.max_models_per_tenant = a->cfg.max_models_per_tenant;
 	s->limits.max_outstanding = a->cfg.max_outstanding;

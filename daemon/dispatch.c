@@ -188,6 +188,7 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 	uint32_t min = req->has_min_version ? req->min_version : 1;
 	uint32_t max = req->has_max_version ? req->max_version : min;
 	struct tenant *t = NULL;
+	bool creates;
 	int r;
 
 	if (c->hello) {
@@ -230,8 +231,25 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 		if (r < 0)
 			return;
 	}
+	/* A user's hello that brings a tenant into being counts against its uid, so that one
+	 * user cannot fill the tenant table for everyone (tenant-create = any); root's and
+	 * operators' do not. */
+	creates = req->tenant && !tenant_find(&s->tenants, req->tenant) && c->cred.uid != 0 &&
+	          !access_admin(&s->admin->cfg, c->fd, &c->cred);
+	if (creates && tenant_count_created_by(&s->tenants, c->cred.uid) >=
+	               s->limits.max_tenants_per_uid) {
+		server_refused(s, c, LIMIT_TENANTS_PER_UID);
+		envelope_reply_error(c, id, -EUSERS, "uid %u brought %u tenants into being already "
+		                     "(max-tenants-per-uid); idle ones are forgotten after "
+		                     "tenant-forget", (unsigned)c->cred.uid,
+		                     s->limits.max_tenants_per_uid);
+		c->close_when_sent = true;
+		return;
+	}
 	if (req->tenant) {
 		r = tenant_get(&s->tenants, req->tenant, &t);
+		if (r >= 0 && creates)
+			t->creator_uid = c->cred.uid;
 		if (r == -EUSERS) {
 			server_refused(s, c, LIMIT_TENANTS);
 			log_warning("connection %llu (pid %d): new tenant %s refused: max-tenants (%u) "

@@ -44,6 +44,7 @@
 static const char *const limit_names[_LIMIT_MAX] = {
 	[LIMIT_CONNECTIONS] = "connections",
 	[LIMIT_CONNECTIONS_PER_UID] = "connections_per_uid",
+	[LIMIT_TENANTS_PER_UID] = "tenants_per_uid",
 	[LIMIT_TENANTS] = "tenants",
 	[LIMIT_MODELS] = "models",
 	[LIMIT_MODELS_PER_TENANT] = "models_per_tenant",

@@ -32,6 +32,7 @@ enum server_limit {
 	LIMIT_CONNECTIONS,            /* max-connections */
 	LIMIT_CONNECTIONS_PER_UID,    /* max-connections-per-uid */
 	LIMIT_TENANTS,                /* max-tenants */
+	LIMIT_TENANTS_PER_UID,        /* max-tenants-per-uid */
 	LIMIT_MODELS,                 /* max-models, per connection */
 	LIMIT_MODELS_PER_TENANT,      /* max-models-per-tenant */
 	LIMIT_SEQS,                   /* max-seqs, per connection */
@@ -71,6 +72,7 @@ struct server_limits {
 	uint32_t max_connections;
 	uint32_t max_connections_per_uid;
 	uint32_t max_tenants;
+	uint32_t max_tenants_per_uid;
 	uint32_t max_models;          /* per connection */
 	uint32_t max_models_per_tenant;
 	uint32_t max_outstanding;     /* replies a connection may be waiting for */

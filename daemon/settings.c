@@ -158,6 +158,9 @@ static const struct setting node_table[] = {
 	  UINT32_MAX },
 	{ "max-tenants", SETTING_U32, 0, "N", "64", NULL,
 	  "tenants known at once", NODE(max_tenants), 1, UINT32_MAX },
+	{ "max-tenants-per-uid", SETTING_U32, SETTING_RUNTIME, "N", "8", NULL,
+	  "tenants one user (not root or admin-group) may bring into being by a hello as a tenant "
+	  "the config file does not declare", NODE(max_tenants_per_uid), 1, UINT32_MAX },
 	{ "max-models", SETTING_U32, 0, "N", "16", NULL,
 	  "models per connection", NODE(max_models), 1, UINT32_MAX },
 	{ "max-models-per-tenant", SETTING_U32, SETTING_RUNTIME, "N", "64", NULL,

@@ -174,6 +174,7 @@ struct settings {
 	uint32_t max_connections;
 	uint32_t max_connections_per_uid;
 	uint32_t max_tenants;
+	uint32_t max_tenants_per_uid;
 	uint32_t max_models;
 	uint32_t max_models_per_tenant;
 	uint32_t max_outstanding;

@@ -74,6 +74,14 @@ struct tenant *tenant_find(const struct tenant_table *t, const char *name) {
 	return NULL;
 }
 
+uint32_t tenant_count_created_by(const struct tenant_table *t, uint32_t uid) {
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < t->n; i++)
+		n += t->tenants[i]->creator_uid == uid;
+	return n;
+}
+
 int tenant_get(struct tenant_table *t, const char *name, struct tenant **ret) {
 	struct tenant *x;
 
@@ -90,6 +98,7 @@ int tenant_get(struct tenant_table *t, const char *name, struct tenant **ret) {
 	if (!x)
 		return -ENOMEM;
 	x->id = t->next_id++;
+	x->creator_uid = TENANT_NO_CREATOR;
 	strcpy(x->name, name);
 	x->max_bytes = KVD_TENANT_NO_CAP;
 	x->weight = 1;

@@ -31,6 +31,9 @@ struct tenant {
 	uint32_t recall;              /* tokens per row a recall may bring back; 0: off (recall.h) */
 	/* Where min, max, weight, policy, tier and recall come from: enum setting_source (admin.h). */
 	uint8_t min_source, max_source, weight_source, policy_source, tier_source, recall_source;
+	/* The uid whose hello brought it into being, counted against max-tenants-per-uid;
+	 * TENANT_NO_CREATOR when the config file, an operator or a restart's claim did. */
+	uint32_t creator_uid;
 	char *allow_users;            /* from the config file: stored and reported only */
 	char *allow_groups;
 	uint64_t used_bytes;          /* bytes of the chunks it holds, draining ones included */
@@ -61,6 +64,8 @@ struct tenant {
 	uint64_t idle_since_ms;
 };
 
+#define TENANT_NO_CREATOR UINT32_MAX
+
 struct tenant_table {
 	struct tenant **tenants;
 	uint32_t n, max;
@@ -73,6 +78,8 @@ bool tenant_name_valid(const char *name);
 int tenant_table_init(struct tenant_table *t, uint32_t max);
 void tenant_table_done(struct tenant_table *t);
 struct tenant *tenant_find(const struct tenant_table *t, const char *name);
+/* Tenants that uid brought into being (tenant.creator_uid). */
+uint32_t tenant_count_created_by(const struct tenant_table *t, uint32_t uid);
 /* Finds or creates; returns 0, or -EINVAL (bad name), -EUSERS (table full), -ENOMEM. */
 int tenant_get(struct tenant_table *t, const char *name, struct tenant **ret);
 /* Whether t has no connection, sequence (open or kept), model or chunk (owned or

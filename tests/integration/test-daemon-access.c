@@ -57,6 +57,8 @@ enum op {
 	OP_LIST_OWN,                  /* as tenant: its listing has its own tenant only; then
 	                               * kvd_sequences_get of tenant open */
 	OP_DISCONNECT,                /* as tenant (or admin), kvd_disconnect(disconnect_target) */
+	OP_NEW_TENANTS,               /* hellos as tenant-0, tenant-1, ... tenant-3 (tenant is
+	                               * the prefix), one after the other: the first error */
 };
 
 /* The connection OP_DISCONNECT asks to close. */
@@ -158,6 +160,17 @@ static int run_as(struct fixture *f, uid_t uid, gid_t gid, const gid_t *groups, 
 				_exit(203);
 			break;
 		}
+		case OP_NEW_TENANTS:
+			r = 0;
+			for (unsigned i = 0; i < 4 && r >= 0; i++) {
+				char name[64];
+
+				snprintf(name, sizeof(name), "%s-%u", tenant, i);
+				r = kvd_client_connect(f->socket, name, &c[0]);
+				if (r >= 0)
+					c[0] = kvd_client_unref(c[0]);
+			}
+			break;
 		default:
 			for (unsigned i = 0; i < 3; i++)
 				if (kvd_client_connect(f->socket, tenant, &c[i]) < 0)
@@ -357,5 +370,30 @@ TEST(connections_per_uid) {
 	ASSERT_TRUE(fixture_wait_status(&f, "open", "connections", 0));
 	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, sock, 1, OP_TENANT, "open"), 0);
 	ASSERT_TRUE(fixture_wait_log(&f, "uid 12345: its user's limit of", 1));
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* With tenant-create = any, one user brings at most max-tenants-per-uid tenants into being:
+ * it cannot fill the table for everyone else; a tenant that exists takes it as ever, and
+ * root is not counted. */
+TEST(tenants_per_uid) {
+	static const gid_t sock[] = { SOCK_GID };
+	struct fixture f;
+
+	if (geteuid() != 0)
+		TEST_SKIP("needs root to run clients as other users");
+	fixture_setup(&f, "[kvd]\npool-size = 16MiB\nsocket-group = 4242\ntenant-create = any\n"
+	              "max-tenants-per-uid = 3\n", true);
+	ASSERT_OK(chmod(f.dir, 0711));
+	fixture_launch(&f, NULL);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_NEW_TENANTS, "mine"), -EUSERS);
+	ASSERT_EQ(fixture_status(&f, NULL, "refused_tenants_per_uid"), 1u);
+	ASSERT_EQ(fixture_status(&f, "mine-2", "connections"), 0u);
+	ASSERT_EQ(fixture_status(&f, "mine-3", "connections"), UINT64_MAX);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_TENANT, "mine-0"), 0);
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, sock, 1, OP_NEW_TENANTS, "other"), -EUSERS);
+	ASSERT_EQ(fixture_status(&f, NULL, "refused_tenants_per_uid"), 2u);
+	ASSERT_EQ(run_as(&f, 0, 0, sock, 1, OP_NEW_TENANTS, "root"), 0);
+	ASSERT_TRUE(fixture_wait_log(&f, "refused at limit tenants_per_uid", 1));
 	ASSERT_EQ(fixture_stop(&f), 0);
 }

@@ -40,7 +40,8 @@ static uint64_t refused(struct fixture *f, const char *limit) {
 /* Every counter the daemon keeps, all zero on a fresh daemon, listed by the library. */
 TEST(every_limit_listed) {
 	static const char *const names[] = {
-		"connections", "connections_per_uid", "tenants", "models", "models_per_tenant",
+		"connections", "connections_per_uid", "tenants", "tenants_per_uid", "models",
+		"models_per_tenant",
 		"seqs", "seqs_per_tenant", "seqs_node", "metadata", "seq_tokens", "descriptor",
 		"frame", "send_queue",
 		"outstanding", "observation", "uploads", "evict_requests", "evict_rate", "grant_waiters",

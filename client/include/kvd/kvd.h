@@ -781,7 +781,7 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           file's reads: "tier_file_read_us"), "tier_lost_io" (lost to its
  *           I/O failing),
  *           "refused_LIMIT" for each limit the daemon counts refusals at (LIMIT one of
- *           "connections", "connections_per_uid", "tenants", "models",
+ *           "connections", "connections_per_uid", "tenants", "tenants_per_uid", "models",
  *           "models_per_tenant", "seqs", "seqs_per_tenant", "seqs_node", "metadata",
  *           "seq_tokens", "descriptor",
  *           "frame", "send_queue", "outstanding", "observation", "uploads",
