@@ -443,7 +443,8 @@ int mover_new(struct server *s, struct mover **ret) {
 			mover_free(m);
 			return r;
 		}
-		log_info("file tier: %s, %s", s->tier->file->path, tier_io_describe(m->io));
+		log_info("file tier: an unlinked file in %s, %s", s->tier->file->dir,
+		         tier_io_describe(m->io));
 		/* On a GPU pool a recall from the file writes device memory from staging. */
 		if (s->pool->ops->host_register) {
 			uint64_t bytes;

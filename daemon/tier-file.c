@@ -16,10 +16,29 @@
 /* The most one registered buffer may span. */
 #define FIXED_MAX (UINT64_C(1) << 30)
 
+/*
+ * Opens a file of its own in dir_fd, with flags (O_DIRECT or not): unlinked from the start
+ * (O_TMPFILE), so that nobody can open it by a name; where the file system has no
+ * O_TMPFILE, created exclusively under a name and unlinked at once.
+ */
+static int open_unlinked(int dir_fd, int flags) {
+	int fd = openat(dir_fd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC | flags, 0600);
+
+	if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR))
+		return fd;
+	(void)unlinkat(dir_fd, TIER_FILE_NAME, 0);
+	fd = openat(dir_fd, TIER_FILE_NAME, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | flags,
+	            0600);
+	if (fd >= 0)
+		(void)unlinkat(dir_fd, TIER_FILE_NAME, 0);
+	return fd;
+}
+
 int tier_file_open(const char *dir, uint32_t n_segs, uint64_t seg_bytes, struct tier_file **ret,
                    const char **ret_what) {
 	struct tier_file *f = calloc(1, sizeof(*f));
-	int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW;
+	_cleanup_(closep) int dir_fd = -EBADF;
+	struct stat sb;
 	int r;
 
 	*ret_what = "memory";
@@ -29,12 +48,26 @@ int tier_file_open(const char *dir, uint32_t n_segs, uint64_t seg_bytes, struct 
 	f->seg_bytes = seg_bytes;
 	f->n_segs = n_segs;
 	*ret_what = "the directory's name";
-	if ((size_t)snprintf(f->path, sizeof(f->path), "%s/tier", dir) >= sizeof(f->path)) {
+	if ((size_t)snprintf(f->dir, sizeof(f->dir), "%s", dir) >= sizeof(f->dir)) {
 		r = -ENAMETOOLONG;
 		goto fail;
 	}
+	*ret_what = "the directory";
+	dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dir_fd < 0 || fstat(dir_fd, &sb) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	/* Whoever may write the directory could swap what kvd writes for files of their own. */
+	*ret_what = "the directory: it must be kvd's user's or root's, writable by no one else";
+	if ((sb.st_uid != geteuid() && sb.st_uid != 0) || (sb.st_mode & (S_IWGRP | S_IWOTH))) {
+		r = -EPERM;
+		goto fail;
+	}
+	/* A file an earlier kvd left under the name it once used. */
+	(void)unlinkat(dir_fd, TIER_FILE_NAME, 0);
 	*ret_what = "creating the file";
-	f->fd = open(f->path, flags | O_DIRECT, 0600);
+	f->fd = open_unlinked(dir_fd, O_DIRECT);
 #if KVD_TEST_HOOKS
 	if (f->fd >= 0 && getenv("KVD_TEST_TIER_NO_DIRECT")) {
 		close(f->fd);
@@ -44,15 +77,14 @@ int tier_file_open(const char *dir, uint32_t n_segs, uint64_t seg_bytes, struct 
 #endif
 	f->direct = f->fd >= 0;
 	if (f->fd < 0 && errno == EINVAL)
-		f->fd = open(f->path, flags, 0600);
+		f->fd = open_unlinked(dir_fd, 0);
 	if (f->fd < 0) {
 		r = -errno;
 		goto fail;
 	}
-	/* A file that was there keeps its mode through O_CREAT. */
-	*ret_what = "its mode (0600)";
-	if (fchmod(f->fd, 0600) < 0) {
-		r = -errno;
+	*ret_what = "the file: it must be kvd's own, with no name";
+	if (fstat(f->fd, &sb) < 0 || sb.st_uid != geteuid() || sb.st_nlink != 0) {
+		r = -EPERM;
 		goto fail;
 	}
 	*ret_what = "its size";
@@ -79,10 +111,8 @@ fail:
 struct tier_file *tier_file_close(struct tier_file *f) {
 	if (!f)
 		return NULL;
-	if (f->fd >= 0) {
+	if (f->fd >= 0)
 		close(f->fd);
-		(void)unlink(f->path);
-	}
 	free(f->free_segs);
 	free(f);
 	return NULL;
@@ -99,7 +129,7 @@ struct tier_io {
 	char why[128];
 	uint64_t fail_at, count;      /* KVD_TEST_TIER_IO_ERROR */
 	uint32_t in_flight;           /* requests submitted, not yet reaped */
-	int read_error;               /* without io_uring: the started batch's result */
+	int sync_error;               /* without io_uring: the started batch's result */
 };
 
 int tier_io_new(struct tier_file *f, void *host, uint64_t host_bytes, struct tier_io **ret) {
@@ -244,43 +274,44 @@ static int reap(struct tier_io *io) {
 	return r;
 }
 
-/* n requests of a segment each, addr[i] to or from file segment seg[i], done when it
- * returns. */
+/* Without io_uring: n segments, addr[i] to or from file segment seg[i], with pwrite(2) or
+ * pread(2), done when it returns. */
 static int transfer(struct tier_io *io, bool write, unsigned char *const *addr, const uint32_t *seg,
                     uint32_t n) {
 	uint64_t len = io->f->seg_bytes;
 	int r = 0;
 
-	if (!io->uring) {
-		for (uint32_t i = 0; i < n && r == 0; i++) {
-			off_t off = (off_t)((uint64_t)seg[i] * len);
-			ssize_t k = write ? pwrite(io->f->fd, addr[i], len, off) :
-			                    pread(io->f->fd, addr[i], len, off);
+	for (uint32_t i = 0; i < n && r == 0; i++) {
+		off_t off = (off_t)((uint64_t)seg[i] * len);
+		ssize_t k = write ? pwrite(io->f->fd, addr[i], len, off) :
+		                    pread(io->f->fd, addr[i], len, off);
 
-			if (injected(io))
-				r = -EIO;
-			else if (k < 0)
-				r = -errno;
-			else if ((uint64_t)k != len)
-				r = -EIO;
-		}
-		return r;
-	}
-	for (uint32_t done = 0; done < n && r == 0; done += TIER_IO_DEPTH) {
-		uint32_t batch = MIN(n - done, TIER_IO_DEPTH);
-		int k;
-
-		r = submit(io, write, addr + done, seg + done, batch);
-		/* What was submitted is waited for, even after an error. */
-		k = reap(io);
-		if (r == 0)
-			r = k;
+		if (injected(io))
+			r = -EIO;
+		else if (k < 0)
+			r = -errno;
+		else if ((uint64_t)k != len)
+			r = -EIO;
 	}
 	return r;
 }
 
-int tier_io_write(struct tier_io *io, unsigned char *const *src, const uint32_t *seg, uint32_t n) {
-	return transfer(io, true, src, seg, n);
+/* Without io_uring there is nothing to overlap: the I/O runs now, and tier_io_finish()
+ * says how it went. */
+static int start(struct tier_io *io, bool write, unsigned char *const *addr, const uint32_t *seg,
+                 uint32_t n) {
+	if (!io->uring) {
+		io->sync_error = transfer(io, write, addr, seg, n);
+		return 0;
+	}
+	return submit(io, write, addr, seg, n);
+}
+
+int tier_io_write_start(struct tier_io *io, unsigned char *const *src, const uint32_t *seg,
+                        uint32_t n) {
+	if (n > TIER_IO_DEPTH || io->in_flight > 0)
+		return -EINVAL;
+	return start(io, true, src, seg, n);
 }
 
 int tier_io_read_start(struct tier_io *io, const uint32_t *seg, uint32_t n, unsigned half,
@@ -289,20 +320,15 @@ int tier_io_read_start(struct tier_io *io, const uint32_t *seg, uint32_t n, unsi
 		return -EINVAL;
 	for (uint32_t i = 0; i < n; i++)
 		ret[i] = io->staging + ((uint64_t)half * (TIER_IO_DEPTH / 2) + i) * io->f->seg_bytes;
-	/* Without io_uring there is nothing to overlap: read now, say so at the finish. */
-	if (!io->uring) {
-		io->read_error = transfer(io, false, ret, seg, n);
-		return 0;
-	}
-	return submit(io, false, ret, seg, n);
+	return start(io, false, ret, seg, n);
 }
 
-int tier_io_read_finish(struct tier_io *io) {
+int tier_io_finish(struct tier_io *io) {
 	int r;
 
 	if (!io->uring) {
-		r = io->read_error;
-		io->read_error = 0;
+		r = io->sync_error;
+		io->sync_error = 0;
 		return r;
 	}
 	return reap(io);

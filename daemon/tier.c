@@ -20,11 +20,12 @@ struct tier_seq {
 	struct seq *seq;
 	struct tier_seq *older, *newer;
 	uint64_t bytes;               /* of data */
-	uint64_t meta_bytes;          /* this struct, tokens, sums and segs */
+	uint64_t meta_bytes;          /* this struct, tokens, sums, macs and segs */
 	uint32_t n_moments;           /* compensation blocks */
 	uint64_t n_blocks;            /* all blocks */
 	uint32_t *tokens;             /* [n_tables]: each table's tokens when moved out */
 	uint64_t *sums;               /* [n_blocks] */
+	uint64_t *macs;               /* [n_segs]: in_file, each file segment's MAC (mac.h) */
 	uint32_t n_segs;
 	uint32_t *segs;               /* [n_segs]: the segments, in order, of the host tier's
 	                               * or, in_file, of the file's */
@@ -142,9 +143,15 @@ int tier_new(uint64_t budget, uint64_t segment_bytes, uint64_t *metadata_bytes,
 int tier_file_add(struct tier *tr, const char *dir, uint64_t bytes, const char **ret_what) {
 	uint64_t n = tr->seg_bytes ? bytes / tr->seg_bytes : 0;
 
+	int r;
+
 	*ret_what = "its size";
 	if (n == 0 || n > UINT32_MAX)
 		return -EINVAL;
+	*ret_what = "a key for its MACs";
+	r = mac_key_new(&tr->file_key);
+	if (r < 0)
+		return r;
 	return tier_file_open(dir, (uint32_t)n, tr->seg_bytes, &tr->file, ret_what);
 }
 
@@ -198,6 +205,7 @@ static struct tier_seq *entry_free(struct tier *tr, struct tier_seq *e) {
 			else
 				tr->free_segs[tr->n_free++] = e->segs[i];
 		free(e->segs);
+		free(e->macs);
 		free(e->sums);
 		free(e->tokens);
 		free(e);
@@ -319,6 +327,7 @@ struct tier_move {
 	uint64_t seg_bytes;
 	/* demote: the host segments e leaves, written to e->segs (the file's) in order. */
 	unsigned char **src;
+	const struct mac_key *key;    /* demote, in from the file: of e->macs */
 	bool corrupt;                 /* KVD_TEST_TIER_CORRUPT */
 	int error;                    /* the worker's */
 	uint64_t ns;                  /* the worker's time */
@@ -354,6 +363,7 @@ static int move_new(struct tier *tr, struct tier_seq *e, const struct kvd_seq_de
 	mv->device = device;
 	mv->host = tr->base;
 	mv->seg_bytes = tr->seg_bytes;
+	mv->key = &tr->file_key;
 	mv->corrupt = tr->corrupt;
 	mv->refs = malloc(e->n_blocks * sizeof(*mv->refs));
 	mv->pool = malloc(e->n_blocks * sizeof(*mv->pool));
@@ -405,6 +415,7 @@ static int demote_begin(struct tier *tr, struct tier_seq *e, struct tier_move **
 	mv->kind = TIER_MOVE_DEMOTE;
 	mv->e = e;
 	mv->seg_bytes = tr->seg_bytes;
+	mv->key = &tr->file_key;
 	while (tr->file->n_free < e->n_segs) {
 		struct tier_seq *old = tr->oldest;
 
@@ -450,16 +461,17 @@ int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t 
 	need = r == 0 ? segments_needed(tr, e, d) : 0;
 	if (r == 0 && need > tr->n_segs)
 		r = -EFBIG;
-	e->meta_bytes = sizeof(*e) + 4ull * d->n_tables + 8 * e->n_blocks + 4ull * need;
+	e->meta_bytes = sizeof(*e) + 4ull * d->n_tables + 8 * e->n_blocks + 12ull * need;
 	if (r == 0 && *tr->metadata_bytes + e->meta_bytes > metadata_max)
 		r = -ENOMEM;
 	if (r == 0) {
 		e->tokens = malloc(4ull * d->n_tables);
 		e->sums = malloc(8 * e->n_blocks);
 		e->segs = malloc(4ull * need);
+		e->macs = tr->file ? malloc(8ull * need) : NULL;
 		/* Each entry that makes room frees at least a segment. */
 		demotes = malloc(need * sizeof(*demotes));
-		if (!e->tokens || !e->sums || !e->segs || !demotes)
+		if (!e->tokens || !e->sums || !e->segs || (tr->file && !e->macs) || !demotes)
 			r = -ENOMEM;
 	}
 	if (r < 0) {
@@ -534,7 +546,7 @@ static int recall_from_file(struct tier_move *mv, struct tier_io *io) {
 	const uint32_t half = TIER_IO_DEPTH / 2;
 	struct tier_seq *e = mv->e;
 	unsigned char *buf[2][TIER_IO_DEPTH / 2];
-	uint32_t k0 = 0, n = MIN(e->n_segs, half);
+	uint32_t k0 = 0, n = MIN(e->n_segs, half), checked = UINT32_MAX;
 	uint64_t i = 0, t0 = now_ns();
 	unsigned cur = 0;
 	int r;
@@ -545,18 +557,51 @@ static int recall_from_file(struct tier_move *mv, struct tier_io *io) {
 		uint32_t next = k0 + n, nn = MIN(e->n_segs - next, half);
 
 		t0 = now_ns();
-		r = tier_io_read_finish(io);
+		r = tier_io_finish(io);
 		if (r == 0 && nn > 0)
 			r = tier_io_read_start(io, e->segs + next, nn, cur ^ 1, buf[cur ^ 1]);
 		mv->io_ns += now_ns() - t0;
-		for (; r == 0 && i < e->n_blocks && mv->seg[i] < next; i++)
-			r = restore_block(mv, i, buf[cur][mv->seg[i] - k0] + mv->off[i]);
+		for (; r == 0 && i < e->n_blocks && mv->seg[i] < next; i++) {
+			const unsigned char *seg = buf[cur][mv->seg[i] - k0];
+
+			/* Whoever may write the file could have rewritten what was read: a
+			 * segment that fails its MAC is never served (the sums, unkeyed, could
+			 * be forged). Checked before its first block, while it is in cache. */
+			if (mv->seg[i] != checked) {
+				checked = mv->seg[i];
+				if (mac_sum(mv->key, seg, mv->seg_bytes) != e->macs[checked]) {
+					r = -EBADMSG;
+					break;
+				}
+			}
+			r = restore_block(mv, i, seg + mv->off[i]);
+		}
 		k0 = next;
 		n = nn;
 		cur ^= 1;
 	}
 	/* Nothing may still be landing in the staging when the next move uses it. */
-	(void)tier_io_read_finish(io);
+	(void)tier_io_finish(io);
+	return r;
+}
+
+/* A demotion: batches of segments written to the file, each batch's MACs taken while it is
+ * written (the host segments stay as they are until the move ends). */
+static int demote_to_file(struct tier_move *mv, struct tier_io *io) {
+	struct tier_seq *e = mv->e;
+	int r = 0;
+
+	for (uint32_t k0 = 0; r == 0 && k0 < e->n_segs; k0 += TIER_IO_DEPTH) {
+		uint32_t n = MIN(e->n_segs - k0, TIER_IO_DEPTH);
+		int k;
+
+		r = tier_io_write_start(io, mv->src + k0, e->segs + k0, n);
+		for (uint32_t j = 0; j < n; j++)
+			e->macs[k0 + j] = mac_sum(mv->key, mv->src[k0 + j], mv->seg_bytes);
+		k = tier_io_finish(io);
+		if (r == 0)
+			r = k;
+	}
 	return r;
 }
 
@@ -590,7 +635,7 @@ void tier_move_run(struct tier_move *mv, struct tier_io *io) {
 			mv->error = restore_block(mv, i, host_block(mv, i));
 		break;
 	case TIER_MOVE_DEMOTE:
-		mv->error = io ? tier_io_write(io, mv->src, e->segs, e->n_segs) : -EIO;
+		mv->error = io ? demote_to_file(mv, io) : -EIO;
 		break;
 	}
 	mv->ns = now_ns() - start;

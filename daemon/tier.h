@@ -32,6 +32,7 @@
  * taken, so that its recall must find it.
  */
 
+#include "mac.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -71,6 +72,7 @@ struct tier {
 	/* The file tier (tier-file.h; NULL: none): its segments held, and the sequences in it
 	 * (which are on the list below too, in_file). */
 	struct tier_file *file;
+	struct mac_key file_key;      /* of the segments' MACs (mac.h), drawn with the file */
 	uint64_t file_used_bytes;
 	uint32_t file_seqs;
 	/* Oldest moved out first: what a full tier drops. */
@@ -83,8 +85,9 @@ struct tier {
 	uint64_t demotes, demote_bytes, demote_ns;
 	uint64_t file_recalls, file_recall_bytes, file_recall_ns;
 	uint64_t file_read_ns;        /* of file_recall_ns, waiting for the file's reads */
-	/* Sequences lost: dropped by a full tier, a block failing its checksum (or a failing
-	 * device write) at the recall, no pool memory for the recall within grant-wait. */
+	/* Sequences lost: dropped by a full tier, a block failing its checksum or a file
+	 * segment its MAC (or a failing device write) at the recall, no pool memory for the
+	 * recall within grant-wait. */
 	uint64_t lost_full, lost_corrupt, lost_no_memory;
 	uint64_t lost_io;             /* the file's I/O failed (writing it out, or reading it) */
 	/* Token recall (recall.h): segments the sequences' kept tokens hold (in used_bytes

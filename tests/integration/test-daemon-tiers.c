@@ -505,6 +505,35 @@ TEST(engine_gone_during_a_recall) {
 
 /* ---- The file tier ---- */
 
+/*
+ * The daemon's file tier file, opened through /proc/PID/fd (it has no name): the fd whose
+ * link is a deleted file in dir (or dir/tier, the name kvd 1.8 gave it). A non-dumpable
+ * daemon's fds take root to open: -1 (the caller skips) without.
+ */
+static int open_tier_file(struct fixture *f, const char *dir, int flags) {
+	static const char deleted[] = " (deleted)";
+	char path[128], link[512], named[512];
+	int fd = -1;
+
+	snprintf(named, sizeof(named), "%s/tier", dir);
+	for (int i = 0; i < 1024 && fd < 0; i++) {
+		ssize_t n;
+
+		snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)f->pid, i);
+		n = readlink(path, link, sizeof(link) - 1);
+		if (n < 0)
+			continue;
+		link[n] = '\0';
+		if (strcmp(link, named) == 0 ||
+		    (strncmp(link, dir, strlen(dir)) == 0 && link[strlen(dir)] == '/' &&
+		     (size_t)n > sizeof(deleted) && strcmp(link + n - strlen(deleted), deleted) == 0))
+			fd = open(path, flags | O_CLOEXEC);
+	}
+	if (fd < 0 && geteuid() == 0)
+		test_fail(__FILE__, __LINE__, "no tier file among kvd's fds");
+	return fd;
+}
+
 /* A daemon with a host tier of one 1 MiB segment and a file tier of file_size in dir (NULL:
  * the fixture's directory), tenant t's tier host+file, and an engine of t. */
 static kvd_client *file_engine(struct fixture *f, const char *dir, const char *file_size,
@@ -545,14 +574,21 @@ TEST(full_host_tier_moves_the_oldest_to_the_file) {
 	struct stat st;
 	kvd_client *c;
 	kvd_seq *a, *b;
-	int model, recall = -1;
+	int model, recall = -1, fd;
 
 	c = file_engine(&f, NULL, "8MiB", "100", &model);
+	/* The file has no name: nobody can open it but through kvd's fd. */
 	snprintf(path, sizeof(path), "%s/tier", f.dir);
-	ASSERT_OK(stat(path, &st));
-	ASSERT_EQ(st.st_mode & 07777, 0600);
-	ASSERT_EQ((uint64_t)st.st_size, 8u << 20);
-	ASSERT_TRUE(fixture_wait_log(&f, "file tier: ", 1));
+	ASSERT_TRUE(access(path, F_OK) < 0);
+	fd = open_tier_file(&f, f.dir, O_RDONLY);
+	if (fd >= 0) {
+		ASSERT_OK(fstat(fd, &st));
+		ASSERT_EQ(st.st_mode & 07777, 0600);
+		ASSERT_EQ(st.st_nlink, 0u);
+		ASSERT_EQ((uint64_t)st.st_size, 8u << 20);
+		close(fd);
+	}
+	ASSERT_TRUE(fixture_wait_log(&f, "file tier: an unlinked file in", 1));
 	two_out(&f, c, model, &a, &b, &pa, &pb);
 	ASSERT_EQ(fixture_status(&f, NULL, "tier_demotes"), 1);
 	ASSERT_EQ(fixture_status(&f, NULL, "file_tier_used_bytes"), 1u << 20);
@@ -577,10 +613,15 @@ TEST(full_host_tier_moves_the_oldest_to_the_file) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
-TEST(corrupt_file_block_is_never_served) {
+/*
+ * What is read back from the file is checked with a keyed MAC: junk, and a change made to
+ * keep the blocks' (unkeyed) checksums (+1, -2, +1 to one lane's words of three 32-byte
+ * groups leaves both Fletcher sums as they were), are never served.
+ */
+static void corrupt_file_block(bool keep_sums) {
 	static struct picture pa, pb;
 	struct fixture f;
-	char path[300], junk[4096];
+	char junk[4096];
 	kvd_client *c;
 	kvd_seq *a, *b;
 	int model, recall = -1, fd;
@@ -588,11 +629,23 @@ TEST(corrupt_file_block_is_never_served) {
 	c = file_engine(&f, NULL, "8MiB", "100", &model);
 	two_out(&f, c, model, &a, &b, &pa, &pb);
 	/* Its one segment is the file's first. */
-	snprintf(path, sizeof(path), "%s/tier", f.dir);
-	fd = open(path, O_WRONLY | O_CLOEXEC);
-	ASSERT_OK(fd);
-	memset(junk, 0x5a, sizeof(junk));
-	ASSERT_EQ(pwrite(fd, junk, sizeof(junk), 0), (ssize_t)sizeof(junk));
+	fd = open_tier_file(&f, f.dir, O_RDWR);
+	if (fd < 0) {
+		fixture_stop(&f);
+		TEST_SKIP("needs root to open a non-dumpable kvd's file");
+	}
+	if (keep_sums) {
+		uint64_t w[9];
+
+		ASSERT_EQ(pread(fd, w, sizeof(w), 0), (ssize_t)sizeof(w));
+		w[0] += 1;
+		w[4] -= 2;
+		w[8] += 1;
+		ASSERT_EQ(pwrite(fd, w, sizeof(w), 0), (ssize_t)sizeof(w));
+	} else {
+		memset(junk, 0x5a, sizeof(junk));
+		ASSERT_EQ(pwrite(fd, junk, sizeof(junk), 0), (ssize_t)sizeof(junk));
+	}
 	ASSERT_OK(fsync(fd));
 	close(fd);
 	ASSERT_OK(kvd_seq_pin_recall(a, &recall));
@@ -606,6 +659,31 @@ TEST(corrupt_file_block_is_never_served) {
 	ASSERT_OK(kvd_seq_release(b));
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(corrupt_file_block_is_never_served) {
+	corrupt_file_block(false);
+}
+
+TEST(forged_file_block_is_never_served) {
+	corrupt_file_block(true);
+}
+
+/* A file tier directory others may write is refused: they could swap the file for theirs. */
+TEST(file_tier_dir_others_may_write_refused) {
+	struct fixture f;
+	char dir[200], args[768], out[4096];
+
+	fixture_setup(&f, NULL, false);
+	snprintf(dir, sizeof(dir), "%s/open", f.dir);
+	ASSERT_OK(mkdir(dir, 0700));
+	ASSERT_OK(chmod(dir, 01777));
+	snprintf(args, sizeof(args), "--socket %s/s --config /dev/null --state-dir %s/state "
+	         "--backend host --pool-size 16MiB --chunk-size 1MiB --host-tier-size 1MiB "
+	         "--file-tier-size 4MiB --file-tier-dir %s", f.dir, f.dir, dir);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 1);
+	ASSERT_TRUE(strstr(out, "writable by no one else"));
+	fixture_cleanup(&f);
 }
 
 TEST(file_io_error_degrades_the_tenant_to_drop) {
@@ -694,9 +772,15 @@ TEST(file_tier_purged_at_start_and_checked) {
 	fixture_launch(&f, (const char *const[]){ "--pool-size", "16MiB", "--chunk-size", "1MiB",
 	                                          "--host-tier-size", "1MiB", "--file-tier-size",
 	                                          "4MiB", args, NULL });
-	ASSERT_OK(stat(path, &st));
-	ASSERT_EQ(st.st_mode & 07777, 0600);
-	ASSERT_EQ(st.st_blocks, 0);
+	/* The name an earlier kvd used is gone; the new file has none, and nothing in it. */
+	ASSERT_TRUE(access(path, F_OK) < 0);
+	fd = open_tier_file(&f, f.dir, O_RDONLY);
+	if (fd >= 0) {
+		ASSERT_OK(fstat(fd, &st));
+		ASSERT_EQ(st.st_mode & 07777, 0600);
+		ASSERT_EQ(st.st_blocks, 0);
+		close(fd);
+	}
 	ASSERT_EQ(fixture_status(&f, NULL, "file_tier_bytes"), 4u << 20);
 	set_tier(&f, "t", "host+file", 0);
 	ASSERT_EQ(fixture_halt(&f), 0);
