@@ -24,7 +24,7 @@ static const char *const tenant_str_keys[] = {
 #define TENANT_STR_KEYS ELEMENTSOF(tenant_str_keys)
 
 /* Fields of a reply message, at most: the bits of `present`. */
-#define VALUES_MAX 64u
+#define VALUES_MAX 128u
 
 /*
  * Numbers read by name (status, tenants, evictions): every optional integer field of a
@@ -34,7 +34,7 @@ static const char *const tenant_str_keys[] = {
 struct status_values {
 	const ProtobufCMessageDescriptor *desc; /* NULL: nothing read */
 	uint64_t v[VALUES_MAX];
-	uint64_t present; /* bit i: v[i] was sent */
+	uint64_t present[VALUES_MAX / 64]; /* bit i: v[i] was sent */
 };
 
 struct status_tenant {
@@ -69,7 +69,7 @@ static void status_values_read(struct status_values *sv, const ProtobufCMessage 
 	const char *base = (const char *)m;
 
 	sv->desc = d;
-	sv->present = 0;
+	memset(sv->present, 0, sizeof(sv->present));
 	for (unsigned i = 0; i < d->n_fields && i < VALUES_MAX; i++) {
 		const ProtobufCFieldDescriptor *f = &d->fields[i];
 
@@ -77,7 +77,7 @@ static void status_values_read(struct status_values *sv, const ProtobufCMessage 
 			continue;
 		sv->v[i] = f->type == PROTOBUF_C_TYPE_UINT32 ? *(const uint32_t *)(base + f->offset) :
 		                                                *(const uint64_t *)(base + f->offset);
-		sv->present |= UINT64_C(1) << i;
+		sv->present[i / 64] |= UINT64_C(1) << (i % 64);
 	}
 }
 
@@ -87,7 +87,7 @@ static int status_get(const struct status_values *sv, const char *key, uint64_t 
 
 		if (!field_is_number(f) || strcmp(f->name, key) != 0)
 			continue;
-		if (!(sv->present & (UINT64_C(1) << i)))
+		if (!(sv->present[i / 64] & (UINT64_C(1) << (i % 64))))
 			return -ENOENT;
 		*ret = sv->v[i];
 		return 0;

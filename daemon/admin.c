@@ -47,6 +47,9 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.hello_timeout_ms = s->hello_timeout_ms,
 		.unmap_timeout_ms = s->unmap_timeout_ms,
 		.unmap_grace_ms = s->unmap_grace_ms,
+		.max_pinned_percent = s->max_pinned_percent,
+		.pin_report_ms = s->pin_report_ms,
+		.pin_timeout_ms = s->pin_timeout_ms,
 		.tenant_forget_ms = s->tenant_forget_ms,
 		.max_tx_bytes = UINT64_C(4) << 20,
 		.max_violations = 8,
@@ -404,6 +407,9 @@ void admin_reload(struct admin *a) {
 	s->limits.hello_timeout_ms = a->cfg.hello_timeout_ms;
 	s->limits.unmap_timeout_ms = a->cfg.unmap_timeout_ms;
 	s->limits.unmap_grace_ms = a->cfg.unmap_grace_ms;
+	s->limits.max_pinned_percent = a->cfg.max_pinned_percent;
+	s->limits.pin_report_ms = a->cfg.pin_report_ms;
+	s->limits.pin_timeout_ms = a->cfg.pin_timeout_ms;
 	s->limits.tenant_forget_ms = a->cfg.tenant_forget_ms;
 	admin_eviction_limits(&a->cfg, &s->limits);
 	log_set_max_level(a->cfg.log_level);

@@ -24,6 +24,7 @@
 #include "mover.h"
 #include "node-values.h"
 #include "observe.h"
+#include "pins.h"
 #include "policy.h"
 #include "ring.h"
 #include "server.h"
@@ -117,6 +118,7 @@ static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link)
 
 /* Frees a sequence with what eviction attached to it. */
 static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptied) {
+	pins_release(q);
 	keep_seq_dropped(s->keep, q);
 	mover_forget(s->mover, q);
 	tier_forget(s->tier, q);
@@ -719,7 +721,16 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 			return;
 		}
 	}
+	/* A pinned sequence's grow is held to max-pinned-percent, once it is a grow at all. */
+	r = seq_grow_check(q, tokens) < 0 ? 0 : pins_may_grow(s, q, seq_grow_bytes(q, tokens),
+	                                                      why, WHY_MAX);
+	if (r < 0) {
+		reply_step(c, ring, id, r, why);
+		return;
+	}
 	r = seq_grow(q, p, c->id, tokens, &g, &emptied);
+	if (r >= 0)
+		pins_grown(q);
 	if (r < 0) {
 		/* Before the reclaim, which may give the budget room again: the refusal says
 		 * what was short when the grow failed. */
@@ -1279,6 +1290,12 @@ static void dispatch_pin(struct conn *c, uint64_t id, bool ring, uint64_t seq_id
 	}
 	if (since_us)
 		metrics_observe_grant_wait(&c->srv->metrics, now_us() - since_us);
+	/* After the recall: what comes back is what the pin holds. */
+	r = pins_take(c->srv, q, why, WHY_MAX);
+	if (r < 0) {
+		reply_step(c, ring, id, r, why);
+		return;
+	}
 	q->pins++;
 	q->pin_serial++;
 	q->used_ms = now_ms();
@@ -1314,8 +1331,10 @@ static int step_unpin(struct conn *c, uint64_t seq_id, uint32_t event_id, char w
 	/* The plan applies before the answer, so that the engine sees the new tables once
 	 * its unpin returns. */
 	q->used_ms = now_ms();
-	if (--q->pins == 0)
+	if (--q->pins == 0) {
+		pins_release(q);
 		evict_apply_pending(c->srv->evictor, q);
+	}
 	return 0;
 }
 
@@ -1574,6 +1593,9 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 		ts[i].recall = t->recall;
 		ts[i].recall_source = (char *)setting_source_to_string(t->recall_source);
 		ts[i].recalled_tokens = t->recalled_tokens;
+		ts[i].has_pinned_bytes = ts[i].has_pins_overdue = true;
+		ts[i].pinned_bytes = t->pinned_bytes;
+		ts[i].pins_overdue = t->pins_overdue;
 		tp[i] = &ts[i];
 	}
 	rep.n_tenants = n;

@@ -219,6 +219,7 @@ enum tenant_field {
 	TENANT_TIER,
 	TENANT_FILE_TIER,
 	TENANT_TIER_DEGRADED,
+	TENANT_PINNED,
 	_TENANT_FIELD_MAX,
 };
 
@@ -258,6 +259,9 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 		[TENANT_FILE_TIER] = { "kvd_tenant_file_tier_bytes",
 		                       "Bytes of the file tier the tenant's sequences hold (outside the "
 		                       "budget)." },
+		[TENANT_PINNED] = { "kvd_tenant_pinned_bytes",
+		                    "Resident bytes of the tenant's pinned sequences: nothing a round "
+		                    "can take." },
 		[TENANT_TIER_DEGRADED] = { "kvd_tenant_tier_degraded",
 		                           "1 when the file tier failed the tenant (an I/O error, a full "
 		                           "disk): it drops until its tier is set again." },
@@ -313,6 +317,9 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 			case TENANT_TIER_DEGRADED:
 				v = t->tier_degraded;
 				break;
+			case TENANT_PINNED:
+				v = t->pinned_bytes;
+				break;
 			}
 			fprintf(f, "%" PRIu64 "\n", v);
 		}
@@ -321,6 +328,9 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 	               "The tenant's sequences lost from the host tier (full, a failed checksum, "
 	               "no memory for the recall): as if evicted whole.",
 	               offsetof(struct tenant, tier_lost));
+	tenant_counter(f, tt, "kvd_tenant_pins_overdue_total",
+	               "The tenant's sequences held pinned past pin-report.",
+	               offsetof(struct tenant, pins_overdue));
 	tenant_counter(f, tt, "kvd_tenant_evicted_bytes_total",
 	               "Bytes of K/V eviction rounds took from the tenant.",
 	               offsetof(struct tenant, evicted_bytes));

@@ -36,6 +36,8 @@ READER(grants_refused, p->grants_refused)
 READER(protocol_errors, s->protocol_errors)
 READER(access_refused, s->access_refused)
 READER(uid_connections_refused, s->uid_connections_refused)
+READER(pins_overdue, s->pins_overdue)
+READER(pin_disconnects, s->pin_disconnects)
 READER(rounds_total, evict_rounds_total(s->evictor))
 READER(last_round_us, evict_last_round_us(s->evictor))
 READER(rounds_failed, evict_rounds_failed(s->evictor))
@@ -131,6 +133,10 @@ const struct node_value node_values[] = {
 	{ "uid_connections_refused", "kvd_uid_connections_refused_total", COUNTER,
 	  "Connections refused because their user had max-connections-per-uid.",
 	  read_uid_connections_refused },
+	{ "pins_overdue", "kvd_pins_overdue_total", COUNTER,
+	  "Sequences held pinned past pin-report (each pin reported once).", read_pins_overdue },
+	{ "pin_disconnects", "kvd_pin_disconnects_total", COUNTER,
+	  "Connections disconnected for holding a pin past pin-timeout.", read_pin_disconnects },
 	{ "unmap_timeouts", "kvd_unmap_timeouts_total", COUNTER,
 	  "Connections that did not unmap a chunk the daemon took back within unmap-timeout.",
 	  read_unmap_timeouts },

@@ -113,6 +113,17 @@ static uint32_t first_grow_moments(const struct kvd_seq_desc *d) {
 	return d->compensation && d->moments_blocks == 0 ? d->layers * d->kv_heads : 0;
 }
 
+int seq_grow_check(const struct seq *s, uint32_t n) {
+	const struct kvd_seq_desc *d = s->desc;
+
+	if (n == 0)
+		return -EINVAL;
+	for (uint32_t t = 0; t < d->n_tables; t++)
+		if (n > d->max_tokens - layout_tokens(d)[t])
+			return -EFBIG;
+	return 0;
+}
+
 uint64_t seq_grow_bytes(const struct seq *s, uint32_t n) {
 	const struct kvd_seq_desc *d = s->desc;
 	uint64_t blocks = 0;
@@ -197,17 +208,13 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 
 	grants->n = 0;
 	grants->short_bytes = 0;
-	if (n == 0)
-		return -EINVAL;
+	r = seq_grow_check(s, n);
+	if (r < 0)
+		return r;
 	/* After an eviction the tables may hold different numbers of tokens: each grows from
 	 * its own count, so each may need a different number of blocks. */
-	for (uint32_t t = 0; t < d->n_tables; t++) {
-		uint32_t tokens = desc_tokens(d)[t];
-
-		if (n > d->max_tokens - tokens)
-			return -EFBIG;
-		total += table_grow_blocks(d, tokens, n);
-	}
+	for (uint32_t t = 0; t < d->n_tables; t++)
+		total += table_grow_blocks(d, desc_tokens(d)[t], n);
 	if (total > 0) {
 		refs = malloc(total * sizeof(*refs));
 		if (!refs)

@@ -37,6 +37,10 @@ struct seq {
 	struct obs *obs;              /* observation buffer, shared with rounds (observe.h) */
 	int obs_fd;                   /* kept until the open reply took a copy */
 	uint32_t pins;                /* kvd_seq_pin nesting */
+	/* While pinned (pins.h): the bytes charged to its tenant's pinned_bytes, since when,
+	 * and whether pin-report reported it. */
+	uint64_t pin_charge, pinned_ms;
+	bool pin_reported;
 	uint64_t epoch;               /* bumped by every compaction: plans name the epoch they
 	                               * were made for */
 	/* Smoothed per-slot costs, one array per table (max_tokens floats, allocated at the
@@ -131,6 +135,8 @@ void seq_blocks_free(struct pool *p, const struct kvd_block_ref *refs, uint64_t 
 /* Bytes of the new blocks a grow by n would take (with the moments blocks of a first
  * grow): 0 when its tokens fit in the blocks the tables hold. n must not pass max_tokens. */
 uint64_t seq_grow_bytes(const struct seq *s, uint32_t n);
+/* Whether s may grow by n tokens: 0, -EINVAL (n is 0) or -EFBIG (past max_tokens). */
+int seq_grow_check(const struct seq *s, uint32_t n);
 
 /* Frees every block of the sequence and the sequence itself; chunks left empty are added
  * to *emptied. */

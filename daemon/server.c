@@ -28,6 +28,7 @@
 #include "envelope.h"
 #include "evict.h"
 #include "keep.h"
+#include "pins.h"
 #include "upload.h"
 #include "log.h"
 #include "mover.h"
@@ -63,6 +64,7 @@ static const char *const limit_names[_LIMIT_MAX] = {
 	[LIMIT_EVICT_RATE] = "evict_rate",
 	[LIMIT_GRANT_WAITERS] = "grant_waiters",
 	[LIMIT_RING_COMPLETIONS] = "ring_completions",
+	[LIMIT_PINNED] = "pinned",
 	[LIMIT_UNMAP_TIMEOUT] = "unmap_timeout",
 };
 
@@ -244,6 +246,10 @@ static uint64_t tick_interval(const struct server *s) {
 		ms = MIN(ms, s->limits.unmap_grace_ms / 4);
 	if (s->limits.tenant_forget_ms > 0)
 		ms = MIN(ms, s->limits.tenant_forget_ms / 4);
+	if (s->limits.pin_report_ms > 0)
+		ms = MIN(ms, s->limits.pin_report_ms / 4);
+	if (s->limits.pin_timeout_ms > 0)
+		ms = MIN(ms, s->limits.pin_timeout_ms / 4);
 	if (s->limits.tier_idle_ms > 0 && s->limits.host_tier_bytes > 0)
 		ms = MIN(ms, s->limits.tier_idle_ms / 4);
 	ms = MIN(MAX(ms, 50), 1000);
@@ -395,6 +401,7 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 			}
 		}
 		unmap_tick(s, now);
+		pins_tick(s, now);
 		server_accept_resume(s);
 		pool_retry_pinned(s->pool);
 		if (s->admin)

@@ -51,6 +51,7 @@ enum server_limit {
 	LIMIT_GRANT_WAITERS,          /* grows waiting for a round, node-wide */
 	LIMIT_RING_COMPLETIONS,       /* a client that leaves its completion ring full (ring.h) */
 	LIMIT_UNMAP_TIMEOUT,          /* grants to a connection past unmap-timeout */
+	LIMIT_PINNED,                 /* max-pinned-percent, per tenant (pins.h) */
 	_LIMIT_MAX,
 };
 
@@ -85,6 +86,9 @@ struct server_limits {
 	uint64_t hello_timeout_ms;
 	uint64_t unmap_timeout_ms;    /* 0: holders of a draining chunk may take forever */
 	uint64_t unmap_grace_ms;      /* past unmap_timeout_ms, before the disconnect */
+	uint32_t max_pinned_percent;  /* of the budget, per tenant (pins.h) */
+	uint64_t pin_report_ms;       /* 0: never */
+	uint64_t pin_timeout_ms;      /* 0: never */
 	uint64_t tenant_forget_ms;    /* a tenant that holds nothing is forgotten after; 0: never */
 	uint64_t max_tx_bytes;        /* queued replies and events per connection */
 	uint32_t max_violations;      /* protocol errors before a disconnect */
@@ -160,6 +164,8 @@ struct server {
 	uint64_t protocol_errors;
 	uint64_t access_refused;      /* hellos and admin requests refused (access.h) */
 	uint64_t uid_connections_refused; /* connections over max-connections-per-uid */
+	uint64_t pins_overdue;        /* pins held past pin-report (pins.h) */
+	uint64_t pin_disconnects;     /* connections closed for a pin past pin-timeout */
 	uint64_t refused[_LIMIT_MAX];     /* refusals at each limit */
 	uint64_t unmap_scan_ms;       /* the tick that last counted struct conn's unmap_late */
 	/* DRAINING chunks past their unmap deadline at that tick, per device: what rounds no

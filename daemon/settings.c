@@ -192,6 +192,17 @@ static const struct setting node_table[] = {
 	{ "unmap-grace", SETTING_MS, SETTING_RUNTIME, "MS", "5000", NULL,
 	  "time a connection past unmap-timeout has before it is disconnected; 0: at once",
 	  NODE(unmap_grace_ms), 0, UINT32_MAX },
+	{ "max-pinned-percent", SETTING_U32, SETTING_RUNTIME, "PERCENT", "100", NULL,
+	  "of the budget one tenant may hold pinned (its pinned sequences' resident bytes); past "
+	  "it a first pin, or a grow of a pinned sequence, is refused",
+	  NODE(max_pinned_percent), 1, 100 },
+	{ "pin-report", SETTING_MS, SETTING_RUNTIME, "MS", "600000", NULL,
+	  "a sequence pinned this long is reported (a warning naming the holder, pins_overdue); "
+	  "0: never", NODE(pin_report_ms), 0, UINT32_MAX },
+	{ "pin-timeout", SETTING_MS, SETTING_RUNTIME, "MS", "0", NULL,
+	  "a connection holding a pin this long is disconnected as a stuck holder, which drops "
+	  "its pins; 0: never (long decodes and live Python views are not cut short)",
+	  NODE(pin_timeout_ms), 0, UINT32_MAX },
 	{ "tenant-forget", SETTING_MS, SETTING_RUNTIME, "MS", "300000", NULL,
 	  "time a tenant that holds nothing (no connection, sequence or chunk, and no setting in "
 	  "the config file or set live) stays known before it is forgotten; 0: never",

@@ -186,6 +186,9 @@ struct settings {
 	uint64_t hello_timeout_ms;
 	uint64_t unmap_timeout_ms;    /* 0: wait forever */
 	uint64_t unmap_grace_ms;
+	uint32_t max_pinned_percent;
+	uint64_t pin_report_ms;       /* 0: never */
+	uint64_t pin_timeout_ms;      /* 0: never */
 	uint64_t tenant_forget_ms;
 	uint32_t high_watermark, low_watermark; /* percent of the budget */
 	uint64_t grant_wait_ms;

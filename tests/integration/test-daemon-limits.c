@@ -45,7 +45,7 @@ TEST(every_limit_listed) {
 		"seqs", "seqs_per_tenant", "seqs_node", "metadata", "seq_tokens", "descriptor",
 		"frame", "send_queue",
 		"outstanding", "observation", "uploads", "evict_requests", "evict_rate", "grant_waiters",
-		"ring_completions", "unmap_timeout",
+		"ring_completions", "unmap_timeout", "pinned",
 	};
 	struct fixture f;
 	kvd_client *c;
@@ -495,5 +495,75 @@ TEST(release_of_many_chunks) {
 			kvd_client_unref(c);
 		}
 	ASSERT_EQ(fixture_status(&f, NULL, "protocol_errors"), 0u);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/*
+ * Pins (kvd(8), PINS): a tenant holds at most max-pinned-percent of the budget pinned (a
+ * first pin, or a grow of a pinned sequence, past it is refused, -EDQUOT, counted); a pin
+ * held past pin-report is reported, once; with pin-timeout, its holder is disconnected.
+ */
+TEST(pins_bounded_reported_and_timed_out) {
+	/* 4 layers x 4 kv heads x 128, f16, 16-token blocks: 8 KiB a token. */
+	static const kvd_model_spec wide = { "pins", 4, 4, 4, 128, KVD_DTYPE_F16, 16,
+	                                     KVD_LAYOUT_PER_LAYER };
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *a, *b;
+	int model;
+
+	fixture_setup(&f, NULL, true);
+	fixture_launch(&f, (const char *const[]){ "--pool-size=64MiB", "--chunk-size=1MiB",
+	                                          "--max-pinned-percent=50", "--pin-report=300",
+	                                          "--grant-wait=0", NULL });
+	c = fixture_connect(&f, "holder");
+	model = kvd_model_register(c, &wide);
+	ASSERT_OK(model);
+	ASSERT_OK(kvd_seq_open(c, model, 8192, &a));
+	ASSERT_OK(kvd_seq_open(c, model, 8192, &b));
+	/* 20 MiB each: one may be pinned, not both (32 MiB). */
+	ASSERT_OK(kvd_seq_grow(a, 2560));
+	ASSERT_OK(kvd_seq_grow(b, 2560));
+	ASSERT_OK(kvd_seq_pin(a));
+	ASSERT_EQ(fixture_status(&f, "holder", "pinned_bytes"), 20u << 20);
+	ASSERT_EQ(kvd_seq_pin(b), -EDQUOT);
+	ASSERT_TRUE(strstr(kvd_client_last_error(c), "max-pinned-percent"));
+	ASSERT_EQ(refused(&f, "pinned"), 1u);
+	/* Pins nest: a second pin of a charges nothing more. */
+	ASSERT_OK(kvd_seq_pin(a));
+	ASSERT_OK(kvd_seq_unpin(a));
+	/* Pinned, it may grow up to the bound, not past it. */
+	ASSERT_OK(kvd_seq_grow(a, 1024));
+	ASSERT_EQ(fixture_status(&f, "holder", "pinned_bytes"), 28u << 20);
+	ASSERT_EQ(kvd_seq_grow(a, 1024), -EDQUOT);
+	ASSERT_EQ(refused(&f, "pinned"), 2u);
+	/* Held past pin-report: reported once, the holder named. */
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "pins_overdue", 1));
+	ASSERT_EQ(fixture_status(&f, "holder", "pins_overdue"), 1u);
+	ASSERT_TRUE(fixture_wait_log(&f, "pinned for", 1));
+	ASSERT_OK(kvd_seq_unpin(a));
+	ASSERT_EQ(fixture_status(&f, "holder", "pinned_bytes"), 0u);
+	ASSERT_OK(kvd_seq_pin(b));
+	ASSERT_OK(kvd_seq_release(b));
+	ASSERT_EQ(fixture_status(&f, "holder", "pinned_bytes"), 0u);
+	ASSERT_OK(kvd_seq_release(a));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_halt(&f), 0);
+
+	/* With pin-timeout, a holder that keeps its pin is disconnected, and its pins go. */
+	fixture_launch(&f, (const char *const[]){ "--pool-size=64MiB", "--chunk-size=1MiB",
+	                                          "--pin-timeout=300", NULL });
+	c = fixture_connect(&f, "holder");
+	model = kvd_model_register(c, &wide);
+	ASSERT_OK(model);
+	ASSERT_OK(kvd_seq_open(c, model, 8192, &a));
+	ASSERT_OK(kvd_seq_grow(a, 256));
+	ASSERT_OK(kvd_seq_pin(a));
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "pin_disconnects", 1));
+	ASSERT_TRUE(fixture_wait_status(&f, "holder", "pinned_bytes", 0));
+	ASSERT_TRUE(fixture_wait_log(&f, "pinned past pin-timeout", 1));
+	ASSERT_TRUE(kvd_seq_unpin(a) < 0);
+	kvd_seq_release(a);
+	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
