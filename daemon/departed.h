@@ -31,6 +31,31 @@ int departed_watch(struct server *s, uint64_t conn_id, int pidfd, pid_t pid, con
 
 /* Whether conn_id is a departed holder still watched. */
 bool departed_find(const struct server *s, uint64_t conn_id);
+/* The tenant departed holder conn_id held for, or NULL. */
+const char *departed_tenant(const struct server *s, uint64_t conn_id);
+
+/* A departed holder, as listings show it (kvdctl connections). */
+struct departed_info {
+	uint64_t conn_id;
+	pid_t pid;
+	const char *tenant;           /* valid until the holder ends */
+	uint64_t since_ms;            /* when its connection closed (CLOCK_MONOTONIC) */
+	uint32_t chunks;              /* chunks still charged for it */
+};
+
+/* The departed holders with an id above after, at most max, in no order. */
+uint32_t departed_list(const struct server *s, uint64_t after, struct departed_info *out,
+                       uint32_t max);
+
+/*
+ * An operator ends departed holder conn_id's charge while its process lives (kvdctl
+ * disconnect): its holds go, and each chunk that comes free by it loses its memory object,
+ * so that whatever the process still maps is never what kvd hands out next (on the host
+ * backend its pages go back to the system; on a GPU an allocation it still imports stays
+ * allocated until it lets go, and a chunk that cannot get new memory meanwhile is charged
+ * as pinned, pool.h). by names the operator, for the log. Returns 0 or -ENOENT.
+ */
+int departed_end(struct server *s, uint64_t conn_id, const char *by);
 
 /* Ends every hold as if the processes had exited, without the loop, which must not run
  * again: server_free(), after loop_free(); the fuzz harness, after a stop. */

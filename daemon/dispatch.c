@@ -1671,8 +1671,24 @@ static void handle_disconnect(struct conn *c, uint64_t id, const Envelope *reque
                               int request_fd _unused_) {
 	const Kvd__V1__Disconnect *req = request->disconnect;
 	struct conn *o = req->has_connection ? server_find_conn(c->srv, req->connection) : NULL;
+	const char *departed = req->has_connection ? departed_tenant(c->srv, req->connection) : NULL;
 	char why[160];
 
+	snprintf(why, sizeof(why), "pid %d uid %u", (int)c->cred.pid, (unsigned)c->cred.uid);
+	/* A connection that closed while its process lives on and maps its chunks: what
+	 * ending it means is ending that charge (departed.h). */
+	if ((!o || o->closing) && departed) {
+		if (!listing_may_see(c, tenant_find(&c->srv->tenants, departed))) {
+			c->srv->access_refused++;
+			envelope_reply_error(c, id, -EPERM, "only root and members of admin-group (%s) "
+			                     "may end other tenants' charges",
+			                     c->srv->admin->cfg.admin_group);
+			return;
+		}
+		(void)departed_end(c->srv, req->connection, why);
+		envelope_reply(c, id, &(Envelope)KVD__V1__ENVELOPE__INIT, NULL, 0);
+		return;
+	}
 	if (!o || o->closing) {
 		envelope_reply_error(c, id, -ENOENT, "no connection %llu",
 		                     (unsigned long long)(req->has_connection ? req->connection : 0));
@@ -1873,7 +1889,7 @@ void dispatch_disconnect(struct conn *c) {
 	    departed_watch(s, c->id, c->pidfd, c->cred.pid, c->tenant->name, held) == 0)
 		c->pidfd = -EBADF;
 	else if (held > 0)
-		pool_drop_holder_everywhere(p, c->id);
+		pool_drop_holder_everywhere(p, c->id, false);
 	if (c->n_seqs > 0)
 		log_info("connection %llu (pid %d, uid %u, tenant %s) went away with %u open "
 		         "sequences; their blocks are back", (unsigned long long)c->id,

@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "basic/macro.h"
 #include "conn.h"
+#include "departed.h"
 #include "envelope.h"
 #include "listing.h"
 #include "tier.h"
@@ -35,8 +36,15 @@ static bool may_list(struct conn *c, uint64_t id) {
 	return false;
 }
 
-static int cmp_conn_id(const void *a, const void *b) {
-	uint64_t x = (*(struct conn *const *)a)->id, y = (*(struct conn *const *)b)->id;
+/* A row of the connections listing: a connection, or a departed holder (departed.h). */
+struct conn_row {
+	uint64_t id;
+	const struct conn *o;         /* NULL: departed */
+	struct departed_info d;
+};
+
+static int cmp_conn_row(const void *a, const void *b) {
+	uint64_t x = ((const struct conn_row *)a)->id, y = ((const struct conn_row *)b)->id;
 
 	return x < y ? -1 : x > y;
 }
@@ -45,43 +53,61 @@ void listing_connections(struct conn *c, uint64_t id, const Envelope *request, i
 	const Kvd__V1__ConnectionsRequest *req = request->connections_request;
 	struct server *s = c->srv;
 	uint64_t after = req->has_after ? req->after : 0, now = now_ms();
-	_cleanup_(freep) struct conn **list = NULL;
+	_cleanup_(freep) struct conn_row *list = NULL;
+	_cleanup_(freep) struct departed_info *gone = NULL;
 	_cleanup_(freep) Kvd__V1__ConnectionInfo *rows = NULL;
 	_cleanup_(freep) Kvd__V1__ConnectionInfo **ptrs = NULL;
 	Kvd__V1__ConnectionsReply rep = KVD__V1__CONNECTIONS_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
-	uint32_t n = 0, page;
+	uint32_t n = 0, n_gone, page;
 
 	if (!may_list(c, id))
 		return;
-	list = calloc(MAX(s->n_conns, 1u), sizeof(*list));
+	list = calloc(s->n_conns + s->n_departed + 1, sizeof(*list));
+	gone = calloc(s->n_departed + 1, sizeof(*gone));
 	rows = calloc(LISTING_PAGE, sizeof(*rows));
 	ptrs = calloc(LISTING_PAGE, sizeof(*ptrs));
-	if (!list || !rows || !ptrs) {
+	if (!list || !gone || !rows || !ptrs) {
 		envelope_reply_error(c, id, -ENOMEM, "out of memory");
 		return;
 	}
 	for (struct conn *o = s->conns; o && n < s->n_conns; o = o->next)
 		if (!o->closing && o->id > after && o->hello &&
 		    listing_may_see(c, o->tenant))
-			list[n++] = o;
-	qsort(list, n, sizeof(*list), cmp_conn_id);
+			list[n++] = (struct conn_row){ .id = o->id, .o = o };
+	n_gone = departed_list(s, after, gone, s->n_departed);
+	for (uint32_t i = 0; i < n_gone; i++)
+		if (listing_may_see(c, tenant_find(&s->tenants, gone[i].tenant)))
+			list[n++] = (struct conn_row){ .id = gone[i].conn_id, .d = gone[i] };
+	qsort(list, n, sizeof(*list), cmp_conn_row);
 	page = MIN(n, (uint32_t)LISTING_PAGE);
 	for (uint32_t i = 0; i < page; i++) {
-		const struct conn *o = list[i];
+		const struct conn *o = list[i].o;
 		Kvd__V1__ConnectionInfo *r = &rows[i];
-		const struct backend_device *dev = backend_device(o->device);
+		const struct backend_device *dev;
 		uint32_t pinned = 0;
 		uint64_t bytes = 0;
 
+		kvd__v1__connection_info__init(r);
+		ptrs[i] = r;
+		r->has_id = r->has_pid = r->has_age_ms = r->has_departed = true;
+		r->id = list[i].id;
+		if (!o) {
+			r->departed = 1;
+			r->pid = (uint32_t)list[i].d.pid;
+			r->tenant = (char *)list[i].d.tenant;
+			r->age_ms = now - list[i].d.since_ms;
+			r->has_chunks = true;
+			r->chunks = list[i].d.chunks;
+			continue;
+		}
+		dev = backend_device(o->device);
 		for (const struct seq *q = o->seqs; q; q = q->next) {
 			pinned += q->pins > 0;
 			bytes += seq_resident_bytes(q);
 		}
-		kvd__v1__connection_info__init(r);
-		r->has_id = r->has_pid = r->has_uid = r->has_age_ms = r->has_sequences = true;
+		r->has_uid = r->has_sequences = true;
 		r->has_pinned = r->has_bytes = r->has_outstanding = r->has_ring = true;
-		r->id = o->id;
 		r->pid = (uint32_t)o->cred.pid;
 		r->uid = (uint32_t)o->cred.uid;
 		r->tenant = o->tenant ? (char *)o->tenant->name : NULL;
@@ -96,7 +122,6 @@ void listing_connections(struct conn *c, uint64_t id, const Envelope *request, i
 			r->has_device = true;
 			r->device = (uint32_t)dev->index;
 		}
-		ptrs[i] = r;
 	}
 	rep.n_connections = page;
 	rep.connections = ptrs;

@@ -463,11 +463,18 @@ bool pool_chunk_drop_holder(struct pool *p, struct chunk *c, uint64_t conn_id) {
 	return false;
 }
 
-uint32_t pool_drop_holder_everywhere(struct pool *p, uint64_t conn_id) {
+uint32_t pool_drop_holder_everywhere(struct pool *p, uint64_t conn_id, bool renew) {
 	uint32_t n = 0;
 
-	for (uint32_t i = 0; i < p->n_chunks; i++)
-		n += p->chunks[i].n_holders > 0 && pool_chunk_drop_holder(p, &p->chunks[i], conn_id);
+	for (uint32_t i = 0; i < p->n_chunks; i++) {
+		struct chunk *c = &p->chunks[i];
+
+		if (c->n_holders == 0 || !pool_chunk_drop_holder(p, c, conn_id))
+			continue;
+		n++;
+		if (renew && c->state == CHUNK_FREE && c->mem.fd >= 0)
+			free_drop_memory(p, c);
+	}
 	return n;
 }
 

@@ -191,8 +191,10 @@ int chunk_add_holder(struct chunk *c, uint64_t conn_id);
 /* Removes a holder; a DRAINING chunk left without holders goes back to FREE. Returns
  * whether conn_id was a holder. */
 bool pool_chunk_drop_holder(struct pool *p, struct chunk *c, uint64_t conn_id);
-/* pool_chunk_drop_holder() on every chunk. Returns how many conn_id held. */
-uint32_t pool_drop_holder_everywhere(struct pool *p, uint64_t conn_id);
+/* pool_chunk_drop_holder() on every chunk. Returns how many conn_id held. With renew, a
+ * chunk that goes back to FREE loses its memory object (the next owner gets a new one): a
+ * holder that may still map it, alive, must never see what is put there next. */
+uint32_t pool_drop_holder_everywhere(struct pool *p, uint64_t conn_id, bool renew);
 
 /*
  * Allocates a free block of chunk c for its owner, as pool_block_alloc does, for callers

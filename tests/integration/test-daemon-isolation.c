@@ -173,7 +173,7 @@ TEST(own_chunk_comes_back_as_it_is) {
  * mapping: her chunk stays hers and charged to her, draining, and bob gets nothing, until
  * her process exits (departed.h); then bob gets the chunk, as a new memory object.
  */
-static void unacknowledged(bool pidfd_open) {
+static void unacknowledged(bool pidfd_open, bool operator_ends) {
 	struct fixture f;
 	kvd_client *b;
 	kvd_seq *sb;
@@ -216,6 +216,52 @@ static void unacknowledged(bool pidfd_open) {
 	ASSERT_OK(kvd_seq_open(b, mb, 4096, &sb));
 	ASSERT_ERRNO(kvd_seq_grow(sb, 16), -ENOSPC);
 
+	if (operator_ends) {
+		/* The operator sees the departed holder, and ends its charge while it lives:
+		 * bob gets the chunk as a new memory object, which alice's kept fd and mapping
+		 * never reach. */
+		kvd_client *admin = fixture_connect(&f, NULL);
+		uint64_t conn = 0, v;
+		kvd_table *t = NULL;
+		const char *tenant;
+
+		ASSERT_OK(kvd_connections_get(admin, &t));
+		for (uint32_t i = 0; i < kvd_table_rows(t); i++)
+			if (kvd_table_u64(t, i, "departed", &v) == 0 && v == 1) {
+				ASSERT_OK(kvd_table_u64(t, i, "pid", &v));
+				ASSERT_EQ(v, (uint64_t)alice);
+				ASSERT_OK(kvd_table_u64(t, i, "chunks", &v));
+				ASSERT_EQ(v, 1u);
+				ASSERT_OK(kvd_table_str(t, i, "tenant", &tenant));
+				ASSERT_STREQ(tenant, "alice");
+				ASSERT_OK(kvd_table_u64(t, i, "id", &conn));
+			}
+		kvd_table_free(t);
+		ASSERT_TRUE(conn != 0);
+		ASSERT_OK(kvd_disconnect(admin, conn));
+		ASSERT_EQ(fixture_status(&f, NULL, "used_bytes"), 0u);
+		ASSERT_OK(kvd_connections_get(admin, &t));
+		for (uint32_t i = 0; i < kvd_table_rows(t); i++)
+			ASSERT_TRUE(kvd_table_u64(t, i, "departed", &v) == 0 && v == 0);
+		kvd_table_free(t);
+		ASSERT_TRUE(fixture_wait_log(&f, "charge of its 1 chunks ended by", 1));
+		ASSERT_ERRNO(kvd_disconnect(admin, conn), -ENOENT);
+		kvd_client_unref(admin);
+		ASSERT_OK(kvd_seq_grow(sb, FILL_TOKENS));
+		ASSERT_EQ(assert_digests_agree(sb), zero_digest(sb));
+		fill_seq(sb, 2);
+		/* What alice's process still reaches is her old memory, not bob's. */
+		close(go[1]);
+		ASSERT_EQ(waitpid(alice, NULL, 0), alice);
+		ASSERT_EQ(check_seq(sb, 2), 0u);
+		ASSERT_OK(kvd_seq_release(sb));
+		kvd_client_unref(b);
+		close(ready[0]);
+		ASSERT_EQ(fixture_log_count(&f, "exited: the"), 0u);
+		ASSERT_EQ(fixture_stop(&f), 0);
+		return;
+	}
+
 	/* Alice's process exits: her charge ends, and bob gets the chunk, reading zeros. */
 	close(go[1]);
 	ASSERT_EQ(waitpid(alice, NULL, 0), alice);
@@ -232,14 +278,20 @@ static void unacknowledged(bool pidfd_open) {
 }
 
 TEST(unacknowledged_chunk_charged_until_the_process_exits) {
-	unacknowledged(false);
+	unacknowledged(false, false);
+}
+
+/* A departed holder is listed (kvdctl connections), and an operator ends its charge while
+ * its process lives (kvdctl disconnect): the budget comes back, as new memory. */
+TEST(unacknowledged_chunk_charge_ended_by_an_operator) {
+	unacknowledged(false, true);
 }
 
 /* The same with the peer's pidfd from pidfd_open(), the path of kernels before 6.5, which
  * newer ones take only when forced. */
 TEST(unacknowledged_chunk_charged_until_the_process_exits_pidfd_open) {
 	TEST_NEEDS_HOOKS();
-	unacknowledged(true);
+	unacknowledged(true, false);
 }
 
 /*

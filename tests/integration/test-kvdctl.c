@@ -1160,6 +1160,17 @@ TEST(connections_seqs_and_disconnect) {
 	ASSERT_CONTAINS(r->out, "disconnected");
 	ASSERT_TRUE(fixture_wait_status(&f, "beta", "sequences", 0));
 	ASSERT_EQ(fixture_status(&f, "alpha", "sequences"), 2u);
+	/* This process, which held beta's chunk, never said it unmapped it: the connection
+	 * departed, listed, its chunk charged to beta until an operator ends that. */
+	r = kvdctl(f.socket, "--json connections");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "\"tenant\": \"beta\"");
+	ASSERT_CONTAINS(r->out, "\"departed\": 1, \"chunks\": 1");
+	ASSERT_EQ(fixture_status(&f, "beta", "used_bytes"), 1u << 20);
+	r = kvdctl(f.socket, "disconnect %lu", id);
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "the charge of its 1 chunks ended");
+	ASSERT_EQ(fixture_status(&f, "beta", "used_bytes"), 0u);
 	ASSERT_EXIT(kvdctl(f.socket, "disconnect %lu", id), 1);
 	ASSERT_EXIT(kvdctl(f.socket, "disconnect"), 2);
 	ASSERT_EXIT(kvdctl(f.socket, "disconnect 12x"), 2);

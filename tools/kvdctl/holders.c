@@ -28,7 +28,7 @@ static const struct column connection_columns[] = {
 	{ "PROCESS", "process", COL_STR }, { "AGE", "age_ms", COL_AGE },
 	{ "SEQS", "sequences", COL_U64 }, { "PINNED", "pinned", COL_U64 },
 	{ "BYTES", "bytes", COL_SIZE },   { "WAITING", "outstanding", COL_U64 },
-	{ "RING", "ring", COL_FLAG },
+	{ "RING", "ring", COL_FLAG },     { "DEPARTED", "departed", COL_FLAG },
 };
 
 static const struct column sequence_columns[] = {
@@ -41,7 +41,7 @@ static const struct column sequence_columns[] = {
 };
 
 /* Columns past the table's: JSON has every value a row carries, tables what fits. */
-static const char *const connection_json_extra[] = { "device" };
+static const char *const connection_json_extra[] = { "device", "chunks" };
 static const char *const sequence_json_extra[] = { "evicted_tokens", "layers", "kv_heads", "head_dim" };
 
 struct listing {
@@ -196,6 +196,8 @@ int cmd_disconnect(int argc, char **argv) {
 		{},
 	};
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	_cleanup_(kvd_table_freep) kvd_table *t = NULL;
+	uint64_t departed = 0, chunks = 0, v;
 	unsigned long long id;
 	char what[64], *end;
 	int opt, r;
@@ -222,9 +224,21 @@ int cmd_disconnect(int argc, char **argv) {
 	if (r != EXIT_OK)
 		return r;
 	snprintf(what, sizeof(what), "disconnect %llu", id);
+	/* A departed holder (closed, its process alive) is ended, not disconnected: say so. */
+	if (kvd_connections_get(c, &t) < 0)
+		t = NULL;
+	for (uint32_t i = 0; i < kvd_table_rows(t); i++)
+		if (kvd_table_u64(t, i, "id", &v) == 0 && v == id) {
+			(void)kvd_table_u64(t, i, "departed", &departed);
+			(void)kvd_table_u64(t, i, "chunks", &chunks);
+		}
 	r = kvd_disconnect(c, id);
 	if (r < 0)
 		return request_error(c, r, what);
-	printf("connection %llu disconnected\n", id);
+	if (departed)
+		printf("departed connection %llu: the charge of its %" PRIu64 " chunks ended; they "
+		       "get new memory objects\n", id, chunks);
+	else
+		printf("connection %llu disconnected\n", id);
 	return output_flush();
 }

@@ -903,7 +903,11 @@ KVD_EXPORT int kvd_evict_plan(kvd_client *c, const char *tenant, uint64_t bytes,
  *   "uid", "age_ms", "sequences", "pinned" (sequences pinned now), "bytes" (block bytes of
  *   its sequences' resident tokens), "outstanding" (replies it waits for), "ring" (1: its
  *   per-step requests use the rings), "device" (the GPU ordinal of its chunks; tenant
- *   connections); str "tenant" (absent: administrative), "process" (its hello's name).
+ *   connections), "departed" (1: a departed holder, a connection that closed while its
+ *   process lives on and maps chunks it never said it unmapped, charged to its tenant;
+ *   such a row has "id", "pid", "age_ms" since it closed, "chunks" and "tenant", and
+ *   kvd_disconnect of its id ends that charge); str "tenant" (absent: administrative),
+ *   "process" (its hello's name).
  * kvd_sequences_get: a row per open sequence (of `tenant` only, unless NULL), in
  *   (connection, id) order: u64 "id", "connection", "tokens" (resident, first table),
  *   "max_tokens", "pins", "bytes", "evictable" (1: its model has an eviction unit),
@@ -918,9 +922,11 @@ KVD_EXPORT int kvd_evict_plan(kvd_client *c, const char *tenant, uint64_t bytes,
  * row), -EINVAL (row out of range); strings live as long as the table.
  * kvd_disconnect: closes connection `connection` (an id from kvd_connections_get): the
  * daemon releases its sequences; chunks its process still maps stay charged to its tenant
- * until the process unmaps them or exits. Administrators may close any connection, a
- * tenant's connection those of its own tenant (not itself). Returns 0, or -ENOENT (no such
- * connection), -EPERM, -EINVAL (itself), -ECONNRESET, -ECHILD.
+ * until the process unmaps them or exits (a departed holder, listed so). Of a departed
+ * holder's id, it ends that charge: its chunks come back, each with a new memory object.
+ * Administrators may close any connection, a tenant's connection those of its own tenant
+ * (not itself). Returns 0, or -ENOENT (no such connection), -EPERM, -EINVAL (itself),
+ * -ECONNRESET, -ECHILD.
  * Since KVD_1.6.
  */
 typedef struct kvd_table kvd_table;
