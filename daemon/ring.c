@@ -25,7 +25,13 @@ const char *ring_doorbell_to_string(int v) {
 	return v >= 0 && v < _RING_BELL_MAX ? names[v] : NULL;
 }
 
+/* Doorbells that find nothing (ring.h, "Doorbells"): the most a window may have. */
+#define RING_WAKE_WINDOW_MS 100
+#define RING_EMPTY_WAKES_MAX 32u
+#define RING_BACKOFF_MAX_MS 1000u
+
 static void ring_bell_done(struct loop_op *op, int res, bool more);
+static void ring_timer_done(struct loop_op *op, int res, bool more);
 
 /* With the eventfd doorbell, a read of it is always in flight. */
 static int ring_arm_eventfd(struct ring *r) {
@@ -49,6 +55,7 @@ int ring_new(struct conn *c, uint32_t entries, uint32_t doorbell, struct ring **
 	r->conn = c;
 	r->memfd = r->efd = -EBADF;
 	r->bell_op.handler = ring_bell_done;
+	r->timer_op.handler = ring_timer_done;
 	k = ring_layout(entries, doorbell, &r->geo);
 	if (k < 0)
 		goto fail;
@@ -91,6 +98,55 @@ void ring_close(struct ring *r) {
 	if (r->bell_armed && r->conn->srv->loop && loop_cancel(r->conn->srv->loop, &r->bell_op) < 0)
 		log_error("connection %llu: cannot cancel its ring's doorbell; it stays until exit",
 		          (unsigned long long)r->conn->id);
+	if (r->timer_armed && r->conn->srv->loop && loop_cancel(r->conn->srv->loop, &r->timer_op) < 0)
+		log_error("connection %llu: cannot cancel its ring's timer; it stays until exit",
+		          (unsigned long long)r->conn->id);
+}
+
+/* Whether r's doorbell is off for a back-off now. */
+static bool backing_off(struct ring *r) {
+	if (r->backoff_until_ms == 0)
+		return false;
+	if (now_ms() < r->backoff_until_ms)
+		return true;
+	r->backoff_until_ms = 0;
+	return false;
+}
+
+/* A doorbell found nothing to take: counted, and past the window's bound, a back-off. */
+static void ring_empty_wake(struct ring *r) {
+	uint64_t now = now_ms();
+
+	if (now >= r->window_ms + RING_WAKE_WINDOW_MS) {
+		if (r->empty_wakes < RING_EMPTY_WAKES_MAX)
+			r->backoff_ms = 0;
+		r->window_ms = now;
+		r->empty_wakes = 0;
+	}
+	if (++r->empty_wakes < RING_EMPTY_WAKES_MAX)
+		return;
+	r->backoff_ms = r->backoff_ms ? MIN(2 * r->backoff_ms, RING_BACKOFF_MAX_MS) : 1;
+	r->backoff_until_ms = now + r->backoff_ms;
+	/* The next window begins when the back-off ends: another full one doubles it, a
+	 * clean one ends the episode. */
+	r->window_ms = r->backoff_until_ms;
+	r->empty_wakes = 0;
+	server_refused(r->conn->srv, r->conn, LIMIT_RING_DOORBELL);
+}
+
+static void ring_timer_done(struct loop_op *op, int res, bool more) {
+	struct ring *r = container_of(op, struct ring, timer_op);
+	struct conn *c = r->conn;
+
+	(void)res;
+	(void)more;
+	r->timer_armed = false;
+	c->inflight--;
+	if (conn_maybe_free(c) || c->closing)
+		return;
+	/* The loop is awake and looks at the ring; the eventfd doorbell is armed again. */
+	if (r->efd >= 0 && !r->bell_armed && ring_arm_eventfd(r) < 0)
+		conn_close(c, "cannot re-arm the ring's doorbell");
 }
 
 static void ring_bell_done(struct loop_op *op, int res, bool more) {
@@ -98,6 +154,7 @@ static void ring_bell_done(struct loop_op *op, int res, bool more) {
 	struct conn *c = r->conn;
 
 	r->bell_armed = false;
+	r->woken = true;
 	c->inflight--;
 	if (conn_maybe_free(c) || c->closing)
 		return;
@@ -110,7 +167,8 @@ static void ring_bell_done(struct loop_op *op, int res, bool more) {
 		conn_maybe_free(c);
 		return;
 	}
-	if (r->efd >= 0 && ring_arm_eventfd(r) < 0)
+	/* Backing off, the timer armed before the loop sleeps re-arms it. */
+	if (r->efd >= 0 && !backing_off(r) && ring_arm_eventfd(r) < 0)
 		conn_close(c, "cannot re-arm the ring's doorbell");
 }
 
@@ -163,6 +221,13 @@ int ring_poll(struct ring *r) {
 
 	tail = ring_load_acquire(&r->sh->sq_tail);
 	n = tail - r->sq_head;
+	/* A doorbell whose submissions a pass took before it rang through is no abuse. */
+	if (r->woken) {
+		r->woken = false;
+		if (n == 0 && !r->took)
+			ring_empty_wake(r);
+		r->took = false;
+	}
 	if (n == 0)
 		return 0;
 	if (n > r->geo.entries)
@@ -180,6 +245,7 @@ int ring_poll(struct ring *r) {
 		dispatch_ring(c, &sqe);
 	}
 	r->polling = false;
+	r->took |= taken > 0;
 	if (k == 0 && !r->stalled) {
 		/* Counted once per episode: a client that does not read its completions. */
 		r->stalled = true;
@@ -249,8 +315,25 @@ bool ring_sleep_prepare(struct ring *r) {
 	 * when it submits); a corrupted ring counts as work, for ring_poll() to find. */
 	if (tail != r->sq_head && (tail - r->sq_head > r->geo.entries || ring_room(r) != 0))
 		return false;
-	if (r->bell_armed || r->efd >= 0)
+	if (backing_off(r)) {
+		/* No doorbell: the ring is looked at when the back-off ends. */
+		if (!r->timer_armed) {
+			if (loop_timeout(r->conn->srv->loop, &r->timer_op,
+			                 r->backoff_until_ms - now_ms() + 1) < 0)
+				return false;
+			r->timer_armed = true;
+			r->conn->inflight++;
+		}
 		return true;
+	}
+	if (r->bell_armed)
+		return true;
+	if (r->efd >= 0) {
+		/* After a back-off, before the timer re-armed it. */
+		if (ring_arm_eventfd(r) < 0)
+			return false;
+		return true;
+	}
 	if (loop_futex_wait(r->conn->srv->loop, &r->bell_op, &r->sh->sq_wake.v, 1) < 0)
 		return false; /* the loop's queue is full: spin once more instead */
 	r->bell_armed = true;

@@ -20,7 +20,14 @@
  * with the futex doorbell, arms an IORING_OP_FUTEX_WAIT on the ring's sq_wake word; with the
  * eventfd doorbell a read of the connection's eventfd is always armed. Either completion
  * only wakes the loop. Both count as operations of the connection (conn.h, inflight), and
- * closing the connection cancels them (ring_close()) so that it can be freed.
+ * closing the connection cancels them (ring_close()) so that it can be freed. A client
+ * rings only when it submitted, so a doorbell that finds nothing to take, with nothing
+ * taken since the doorbell before, is abuse (a loop on FUTEX_WAKE or the eventfd, or a
+ * wake word kept at 0, each costing the daemon a turn):
+ * past RING_EMPTY_WAKES_MAX of them in RING_WAKE_WINDOW_MS, the ring's doorbell is not
+ * armed for a back-off (1 ms, doubling while the abuse goes on, at most
+ * RING_BACKOFF_MAX_MS; a clean window resets it) and a timer looks at the ring instead, so
+ * one client cannot take a core; each back-off is counted (the ring_doorbell limit).
  *
  * The socket: every frame the connection is sent is counted in the rings' frames word
  * (ring_sent()), before the completions that follow it are published (ring.h, "Socket").
@@ -60,6 +67,18 @@ struct ring {
 	bool bell_armed;              /* the futex wait or eventfd read is in flight */
 	struct loop_op bell_op;
 	uint64_t efd_buf;
+	/* Doorbells that found nothing to take (see "Doorbells" above): how many in the window
+	 * that began at window_ms, whether one rang since the last pass, whether a pass took
+	 * submissions since the last doorbell (which then explains one found empty: it rang
+	 * for them), and the back-off: no doorbell armed before backoff_until_ms (0: none), a
+	 * timer instead. */
+	bool woken, took;
+	uint32_t empty_wakes;
+	uint64_t window_ms;
+	uint32_t backoff_ms;
+	uint64_t backoff_until_ms;
+	bool timer_armed;
+	struct loop_op timer_op;
 };
 
 /*

@@ -65,6 +65,7 @@ static const char *const limit_names[_LIMIT_MAX] = {
 	[LIMIT_GRANT_WAITERS] = "grant_waiters",
 	[LIMIT_RING_COMPLETIONS] = "ring_completions",
 	[LIMIT_PINNED] = "pinned",
+	[LIMIT_RING_DOORBELL] = "ring_doorbell",
 	[LIMIT_UNMAP_TIMEOUT] = "unmap_timeout",
 };
 

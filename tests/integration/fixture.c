@@ -756,3 +756,21 @@ int fixture_run_daemon(const char *args, char *out, size_t n) {
 	ASSERT_TRUE(WIFEXITED(status));
 	return WEXITSTATUS(status);
 }
+
+unsigned long long fixture_cpu_ticks(pid_t pid) {
+	unsigned long long utime = 0, stime = 0;
+	char path[64], buf[1024], *p;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "re");
+	ASSERT_NOT_NULL(f);
+	ASSERT_NOT_NULL(fgets(buf, sizeof(buf), f));
+	fclose(f);
+	/* After the command name's closing parenthesis: state is field 3, utime 14, stime 15. */
+	p = strrchr(buf, ')');
+	ASSERT_NOT_NULL(p);
+	ASSERT_EQ(sscanf(p + 2, "%*c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu", &utime,
+	                 &stime), 2);
+	return utime + stime;
+}

@@ -99,6 +99,9 @@ const char *fixture_status_str(struct fixture *f, const char *tenant, const char
  * whether it got there. For state the daemon reaches asynchronously (a peer's hang-up). */
 bool fixture_wait_status(struct fixture *f, const char *tenant, const char *key, uint64_t want);
 
+/* Clock ticks of CPU (user and system, all threads) process pid has used. */
+unsigned long long fixture_cpu_ticks(pid_t pid);
+
 /* A raw connection for sending what libkvd never sends. */
 int raw_connect(struct fixture *f);
 /* Sends an envelope (with nfds fds attached, as the frame announces), or raw bytes. Return 0

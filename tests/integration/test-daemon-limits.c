@@ -45,7 +45,7 @@ TEST(every_limit_listed) {
 		"seqs", "seqs_per_tenant", "seqs_node", "metadata", "seq_tokens", "descriptor",
 		"frame", "send_queue",
 		"outstanding", "observation", "uploads", "evict_requests", "evict_rate", "grant_waiters",
-		"ring_completions", "unmap_timeout", "pinned",
+		"ring_completions", "unmap_timeout", "pinned", "ring_doorbell",
 	};
 	struct fixture f;
 	kvd_client *c;
@@ -297,25 +297,6 @@ TEST(frame_over_the_cap) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
-/* Clock ticks of CPU (user and system) the process has used. */
-static unsigned long long cpu_ticks(pid_t pid) {
-	unsigned long long utime = 0, stime = 0;
-	char path[64], buf[1024], *p;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	f = fopen(path, "re");
-	ASSERT_NOT_NULL(f);
-	ASSERT_NOT_NULL(fgets(buf, sizeof(buf), f));
-	fclose(f);
-	/* After the command name's closing parenthesis: state is field 3, utime 14, stime 15. */
-	p = strrchr(buf, ')');
-	ASSERT_NOT_NULL(p);
-	ASSERT_EQ(sscanf(p + 2, "%*c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu", &utime,
-			 &stime), 2);
-	return utime + stime;
-}
-
 /*
  * A daemon out of file descriptors pauses accepting: it neither spins on EMFILE (which
  * took a core, with millions of suppressed log lines) nor stops serving; it says so once,
@@ -399,12 +380,12 @@ TEST(out_of_fds_pauses_accepting) {
 			close(fds[i]);
 	}
 	usleep(300 * 1000);
-	t0 = cpu_ticks(f.pid);
+	t0 = fixture_cpu_ticks(f.pid);
 	logged = fixture_log_count(&f, "accepting paused");
 	usleep(1000 * 1000);
 	/* Not spinning: well under a tenth of a core (a spinning loop takes all of one), and
 	 * not a line more while nothing changes (one when a pause begins). */
-	ASSERT_LT(cpu_ticks(f.pid) - t0, (unsigned long long)sysconf(_SC_CLK_TCK) / 10);
+	ASSERT_LT(fixture_cpu_ticks(f.pid) - t0, (unsigned long long)sysconf(_SC_CLK_TCK) / 10);
 	ASSERT_TRUE(fixture_wait_log(&f, "accepting paused", 1));
 	ASSERT_EQ(fixture_log_count(&f, "accepting paused"), logged);
 	ASSERT_LE(logged, 3u);

@@ -636,3 +636,73 @@ TEST(corrupted_indices_disconnect) {
 	kvd_client_unref(good);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+/*
+ * Doorbells as a CPU sink: a client rings in a loop with nothing submitted (and keeps the
+ * futex doorbell's word at 0, so that every wait ends at once). The daemon backs off its
+ * doorbell (counted as ring_doorbell) and stays far from a core; another client's ring
+ * works after, and the abuser's too once it submits.
+ */
+static void doorbell_abuse(const char *kind) {
+	struct fixture f;
+	struct raw_ring rr;
+	kvd_client *good;
+	unsigned long long t0, used;
+	uint64_t start, wall;
+	long hz = sysconf(_SC_CLK_TCK);
+	pid_t noisy;
+	int m, status;
+
+	fixture_start(&f, (const char *const[]){ "--ring-doorbell", kind, "--poll-us", "0", NULL });
+	good = fixture_connect(&f, "good");
+	m = kvd_model_register(good, &shape);
+	ASSERT_OK(m);
+	raw_ring_open(&f, "noisy", &rr);
+	/* What a start leaves to do (the first tick's work) is done by then. */
+	usleep(300 * 1000);
+	t0 = fixture_cpu_ticks(f.pid);
+	start = now_ms();
+	/* The abuser rings as fast as it can, in a process of its own. */
+	noisy = fixture_fork();
+	if (noisy == 0) {
+		while (now_ms() - start < 1000)
+			if (rr.efd >= 0) {
+				if (write(rr.efd, &(uint64_t){ 1 }, sizeof(uint64_t)) < 0)
+					_exit(1);
+			} else {
+				__atomic_store_n(&rr.sh->sq_wake.v, 0, __ATOMIC_RELAXED);
+				(void)ring_futex_wake(&rr.sh->sq_wake);
+			}
+		_exit(0);
+	}
+	ASSERT_EQ(waitpid(noisy, &status, 0), noisy);
+	ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	wall = now_ms() - start;
+	used = fixture_cpu_ticks(f.pid) - t0;
+	fprintf(stderr, "doorbell (%s): the daemon used %llu ms of CPU in %llu ms, %llu back-offs\n",
+	        kind, used * 1000 / (unsigned long long)hz, (unsigned long long)wall,
+	        (unsigned long long)fixture_status(&f, NULL, "refused_ring_doorbell"));
+	/* Before the back-off it took 40 to 80% of a core here (docs/security.md). */
+	ASSERT_LT(used * 1000 / (unsigned long long)hz, wall / 10);
+	ASSERT_GE(fixture_status(&f, NULL, "refused_ring_doorbell"), 1u);
+	step_through(good, m, 1);
+	/* The abuser's own submission is still served. */
+	*ring_sqe_at(rr.sh, &rr.geo, rr.sq_tail++) =
+		(struct kvd_ring_sqe){ .op = KVD_RING_OP_PIN, .seq_id = 999, .user_data = 1 };
+	raw_ring_publish(&rr);
+	ASSERT_EQ(raw_ring_wait(&rr, 1, 5000), 1u);
+	ASSERT_EQ(ring_cqe_at(rr.sh, &rr.geo, rr.cq_head)->res, -ENOENT);
+	raw_ring_close(&rr);
+	kvd_client_unref(good);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+TEST(doorbell_abuse_futex) {
+	if (getenv("KVD_TEST_LOOP") && strcmp(getenv("KVD_TEST_LOOP"), "epoll") == 0)
+		TEST_SKIP("the futex doorbell needs io_uring");
+	doorbell_abuse("futex");
+}
+
+TEST(doorbell_abuse_eventfd) {
+	doorbell_abuse("eventfd");
+}

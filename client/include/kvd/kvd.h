@@ -786,7 +786,7 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           "seq_tokens", "descriptor",
  *           "frame", "send_queue", "outstanding", "observation", "uploads",
  *           "evict_requests", "evict_rate", "grant_waiters", "ring_completions", "unmap_timeout",
- *           "pinned";
+ *           "pinned", "ring_doorbell";
  *           kvd_status_refusal() lists them all);
  *           strings "daemon_version", "backend", "budget_source": where the budget
  *           comes from, "default", "config", "flag" (kvd --budget) or "live" (set with
