@@ -50,9 +50,9 @@ enum server_limit {
 	LIMIT_EVICT_RATE,             /* a tenant's own Evict, Plan, SeqRecall, per connection */
 	LIMIT_GRANT_WAITERS,          /* grows waiting for a round, node-wide */
 	LIMIT_RING_COMPLETIONS,       /* a client that leaves its completion ring full (ring.h) */
-	LIMIT_RING_DOORBELL,          /* a client whose doorbells find nothing (ring.h) */
 	LIMIT_UNMAP_TIMEOUT,          /* grants to a connection past unmap-timeout */
 	LIMIT_PINNED,                 /* max-pinned-percent, per tenant (pins.h) */
+	LIMIT_RING_DOORBELL,          /* a client whose doorbells find nothing (ring.h) */
 	_LIMIT_MAX,
 };
 
