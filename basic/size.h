@@ -45,6 +45,12 @@ static inline int size_parse(const char *s, uint64_t *ret) {
 	return -EINVAL;
 }
 
+/* pct percent of bytes, rounded down, without overflow; 100 is all of it (bytes / 100 *
+ * 100 is not, and a full pool would then count as past a share of 100). */
+static inline uint64_t size_percent(uint64_t bytes, uint32_t pct) {
+	return bytes / 100 * pct + bytes % 100 * pct / 100;
+}
+
 /* Formats a size for people ("1.5 GiB", "512 B") into buf and returns buf. */
 static inline char *size_format(uint64_t v, char *buf, size_t n) {
 	static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };

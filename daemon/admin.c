@@ -48,6 +48,7 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.unmap_timeout_ms = s->unmap_timeout_ms,
 		.unmap_grace_ms = s->unmap_grace_ms,
 		.max_pinned_percent = s->max_pinned_percent,
+		.tier_max_percent = s->tier_max_percent,
 		.pin_report_ms = s->pin_report_ms,
 		.pin_timeout_ms = s->pin_timeout_ms,
 		.tenant_forget_ms = s->tenant_forget_ms,
@@ -408,6 +409,7 @@ void admin_reload(struct admin *a) {
 	s->limits.unmap_timeout_ms = a->cfg.unmap_timeout_ms;
 	s->limits.unmap_grace_ms = a->cfg.unmap_grace_ms;
 	s->limits.max_pinned_percent = a->cfg.max_pinned_percent;
+	s->limits.tier_max_percent = a->cfg.tier_max_percent;
 	s->limits.pin_report_ms = a->cfg.pin_report_ms;
 	s->limits.pin_timeout_ms = a->cfg.pin_timeout_ms;
 	s->limits.tenant_forget_ms = a->cfg.tenant_forget_ms;

@@ -997,23 +997,17 @@ static int full_device(const struct evictor *e) {
 	return pool_device_free_chunks(p, d) > 0 ? -1 : (int)d;
 }
 
-/* pct percent of bytes, rounded down; 100 is all of it (bytes / 100 * 100 is not, and a
- * full pool would then count as past a high watermark of 100). */
-static uint64_t watermark(uint64_t bytes, uint32_t pct) {
-	return bytes / 100 * pct + bytes % 100 * pct / 100;
-}
-
 /*
  * With several devices, the first whose own pool is used past the high watermark (the
  * watermarks apply to each device's share as to the budget), or -1; *ret_target gets the
  * bytes down to its low watermark. A device can fill while the budget has room: its grows
  * would then wait for a round aimed at it (full_device()); this one comes first.
  */
-static int device_over_watermark(const struct evictor *e, uint64_t *ret_target) {
+static int device_over_size_percent(const struct evictor *e, uint64_t *ret_target) {
 	const struct pool *p = e->srv->pool;
 	uint64_t share = (uint64_t)p->device_chunks * p->chunk_bytes;
-	uint64_t high = watermark(share, e->srv->limits.high_watermark);
-	uint64_t low = watermark(share, e->srv->limits.low_watermark);
+	uint64_t high = size_percent(share, e->srv->limits.high_watermark);
+	uint64_t low = size_percent(share, e->srv->limits.low_watermark);
 
 	for (uint32_t d = 0; p->n_devices > 1 && d < p->n_devices; d++) {
 		uint64_t used = pool_device_used_bytes(p, d) - awaiting_unmap(e->srv, (int)d);
@@ -1124,7 +1118,7 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 
 uint64_t evict_default_target(const struct evictor *e) {
 	const struct server *s = e->srv;
-	uint64_t used = used_not_taken(s), low = watermark(s->pool->budget_bytes, s->limits.low_watermark);
+	uint64_t used = used_not_taken(s), low = size_percent(s->pool->budget_bytes, s->limits.low_watermark);
 
 	return used > low ? used - low : 0;
 }
@@ -1133,9 +1127,9 @@ uint64_t evict_budget_target(const struct evictor *e, uint64_t budget) {
 	const struct server *s = e->srv;
 	uint64_t used = used_not_taken(s);
 
-	if (used <= watermark(budget, s->limits.high_watermark))
+	if (used <= size_percent(budget, s->limits.high_watermark))
 		return 0;
-	return used - watermark(budget, s->limits.low_watermark);
+	return used - size_percent(budget, s->limits.low_watermark);
 }
 
 uint64_t evict_cap_target(const struct evictor *e, const struct tenant *t, uint64_t t_max) {
@@ -1234,8 +1228,8 @@ static bool start_pressure(struct evictor *e) {
 
 	if (!evictable_exists(s))
 		return false;
-	high = watermark(p->budget_bytes, s->limits.high_watermark);
-	low = watermark(p->budget_bytes, s->limits.low_watermark);
+	high = size_percent(p->budget_bytes, s->limits.high_watermark);
+	low = size_percent(p->budget_bytes, s->limits.low_watermark);
 	if (e->n_grants > 0)
 		why = ROUND_GRANT;
 	else if (e->budget_lowered && used > p->budget_bytes)
@@ -1244,7 +1238,7 @@ static bool start_pressure(struct evictor *e) {
 		why = ROUND_CAP;
 	else if (used > high)
 		why = ROUND_WATERMARK;
-	else if ((device = device_over_watermark(e, &target)) >= 0)
+	else if ((device = device_over_size_percent(e, &target)) >= 0)
 		why = ROUND_WATERMARK;
 	else if (s->limits.round_interval_ms && now - e->last_interval_ms >= s->limits.round_interval_ms)
 		why = ROUND_INTERVAL;

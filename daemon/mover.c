@@ -182,8 +182,8 @@ int mover_out(struct mover *m, struct seq *q) {
 	if (!j)
 		return -ENOMEM;
 	*j = (struct job){ .kind = TIER_MOVE_OUT, .q = q, .conn_id = q->conn_id, .seq_id = q->id };
-	r = tier_offload_begin(s->tier, q, s->pool, server_metadata_max(s), &j->mv, &demotes,
-	                       &n_demotes);
+	r = tier_offload_begin(s->tier, q, s->pool, server_metadata_max(s), s->limits.tier_max_percent,
+	                       &j->mv, &demotes, &n_demotes);
 	queue_demotes(m, demotes, n_demotes);
 	if (r >= 0) {
 		r = queue(m, j);

@@ -15,10 +15,7 @@
 /* What a tenant may hold pinned (below 100 percent: at 100, a tenant's pins are bounded
  * by what it holds, and the budget may be below use after a lowering). */
 static uint64_t bound(const struct server *s) {
-	uint64_t budget = s->pool->budget_bytes;
-
-	return budget / 100 * s->limits.max_pinned_percent +
-	       budget % 100 * s->limits.max_pinned_percent / 100;
+	return size_percent(s->pool->budget_bytes, s->limits.max_pinned_percent);
 }
 
 static int refuse_over(struct server *s, struct seq *q, uint64_t more, char *why, size_t n) {

@@ -88,6 +88,7 @@ struct server_limits {
 	uint64_t unmap_timeout_ms;    /* 0: holders of a draining chunk may take forever */
 	uint64_t unmap_grace_ms;      /* past unmap_timeout_ms, before the disconnect */
 	uint32_t max_pinned_percent;  /* of the budget, per tenant (pins.h) */
+	uint32_t tier_max_percent;    /* of each tier, per tenant (tier.h) */
 	uint64_t pin_report_ms;       /* 0: never */
 	uint64_t pin_timeout_ms;      /* 0: never */
 	uint64_t tenant_forget_ms;    /* a tenant that holds nothing is forgotten after; 0: never */

@@ -238,6 +238,9 @@ static const struct setting node_table[] = {
 	{ "file-tier-dir", SETTING_STRING, 0, "DIR", "/var/cache/kvd", NULL,
 	  "where the file tier's file is (mode 0600, emptied at every start); under systemd the "
 	  "unit's CacheDirectory", NODE(file_tier_dir), 1, PATH_MAX - 16 },
+	{ "tier-max-percent", SETTING_U32, SETTING_RUNTIME, "PERCENT", "100", NULL,
+	  "of the host tier, and of the file tier, one tenant's sequences may hold; a move past "
+	  "it makes room from the tenant's own oldest first", NODE(tier_max_percent), 1, 100 },
 	{ "tier-idle", SETTING_MS, SETTING_RUNTIME, "MS", "60000", NULL,
 	  "a sequence of a tenant with tier = host that was not used for MS moves to the host "
 	  "tier whole, and comes back at its next pin or grow; under memory pressure, those "

@@ -46,7 +46,7 @@
 #define SETTINGS_LIST_MAX 64
 #define SETTINGS_LIST_NAME_MAX 64
 /* Entries in the node table (a bound for the per-entry arrays below). */
-#define SETTINGS_MAX 52
+#define SETTINGS_MAX 64
 /* Budget and sizes that are not set: the budget is then the pool. */
 #define SETTINGS_UNSET UINT64_MAX
 /* A size given as a percent of the pool (SETTING_PERCENT): this bit, and the percent. */
@@ -187,6 +187,7 @@ struct settings {
 	uint64_t unmap_timeout_ms;    /* 0: wait forever */
 	uint64_t unmap_grace_ms;
 	uint32_t max_pinned_percent;
+	uint32_t tier_max_percent;
 	uint64_t pin_report_ms;       /* 0: never */
 	uint64_t pin_timeout_ms;      /* 0: never */
 	uint64_t tenant_forget_ms;

@@ -46,7 +46,8 @@ void tenant_table_done(struct tenant_table *t) {
 }
 
 bool tenant_holds_nothing(const struct tenant *t) {
-	return t->connections == 0 && t->sequences == 0 && t->models == 0 && t->chunks == 0;
+	return t->connections == 0 && t->sequences == 0 && t->models == 0 && t->chunks == 0 &&
+	       t->tier_moving == 0;
 }
 
 void tenant_table_remove(struct tenant_table *tt, struct tenant *t) {

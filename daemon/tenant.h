@@ -54,6 +54,8 @@ struct tenant {
 	uint64_t tier_bytes, tier_file_bytes;
 	uint32_t tier_seqs;
 	uint64_t tier_lost;
+	uint32_t tier_mark;           /* tier.c's count of the tenants holding a tier */
+	uint64_t tier_moving;         /* host tier bytes its moves out in flight took */
 	/* Pins (pins.h): resident bytes of its pinned sequences; pins held past pin-report. */
 	uint64_t pinned_bytes, pins_overdue;
 	/* Token recall: slots brought back by its sequences' recalls, all together. */

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include "basic/macro.h"
+#include "basic/size.h"
 #include "basic/time-util.h"
 #include "config.h"
 #include "tier-file.h"
@@ -328,6 +329,7 @@ struct tier_move {
 	/* demote: the host segments e leaves, written to e->segs (the file's) in order. */
 	unsigned char **src;
 	const struct mac_key *key;    /* demote, in from the file: of e->macs */
+	struct tenant *tenant;        /* out: q's, charged tier_moving until the end */
 	bool corrupt;                 /* KVD_TEST_TIER_CORRUPT */
 	int error;                    /* the worker's */
 	uint64_t ns;                  /* the worker's time */
@@ -383,6 +385,59 @@ static int move_new(struct tier *tr, struct tier_seq *e, const struct kvd_seq_de
 	return 0;
 }
 
+/* ---- shares (tier_offload_begin) ---- */
+
+/* What t holds of a tier, its moves out in flight included (their segments are taken). */
+static uint64_t usage(const struct tenant *t, bool in_file) {
+	return in_file ? t->tier_file_bytes : t->tier_bytes + t->tier_moving;
+}
+
+static uint64_t capacity(const struct tier *tr, bool in_file) {
+	return in_file ? (uint64_t)tr->file->n_segs * tr->seg_bytes : tr->budget_bytes;
+}
+
+/* A tenant's share of a tier: an equal part among the tenants holding entries there, the
+ * one that wants room (wants) counted. */
+static uint64_t share(struct tier *tr, bool in_file, struct tenant *wants) {
+	uint32_t n = 1;
+
+	tr->mark++;
+	wants->tier_mark = tr->mark;
+	for (struct tier_seq *e = tr->oldest; e; e = e->newer) {
+		struct tenant *t = e->seq->tenant;
+
+		if (e->in_file == in_file && t->tier_mark != tr->mark) {
+			t->tier_mark = tr->mark;
+			n++;
+		}
+	}
+	return capacity(tr, in_file) / n;
+}
+
+/*
+ * The entry that makes room where in_file says for need more bytes of wants (never one a
+ * move reads), or NULL when none may: past wants' cap (max_pct), its own oldest; else the
+ * oldest of a tenant over its share; else, when wants would pass its own share, its own
+ * oldest; else the oldest.
+ */
+static struct tier_seq *victim(struct tier *tr, bool in_file, struct tenant *wants, uint64_t need,
+                               uint32_t max_pct) {
+	uint64_t cap = size_percent(capacity(tr, in_file), max_pct), fair = share(tr, in_file, wants);
+	struct tier_seq *own = NULL, *any = NULL;
+
+	for (struct tier_seq *e = tr->oldest; e; e = e->newer) {
+		if (e->busy || e->in_file != in_file)
+			continue;
+		if (usage(e->seq->tenant, in_file) > fair && usage(wants, in_file) + need <= cap)
+			return e;
+		if (!own && e->seq->tenant == wants)
+			own = e;
+		if (!any)
+			any = e;
+	}
+	return usage(wants, in_file) + need > MIN(fair, cap) ? own : any;
+}
+
 /* Whether e may go to the file rather than be lost: its tenant's tier says so, the file
  * tier did not fail it, and the file has room, or can be given it by dropping its oldest
  * entries (not from under a move). */
@@ -402,9 +457,22 @@ static bool demotable(struct tier *tr, const struct tier_seq *e) {
 /* Sets up writing host entry e to the file: its file segments are taken (the file's oldest
  * entries lost for room), its host segments go back at once (the worker writes them out
  * before any move queued after this one fills them), and it counts in the file. */
-static int demote_begin(struct tier *tr, struct tier_seq *e, struct tier_move **ret) {
-	struct tier_move *mv = calloc(1, sizeof(*mv));
+static int demote_begin(struct tier *tr, struct tier_seq *e, uint32_t max_pct,
+                        struct tier_move **ret) {
+	struct tenant *t = e->seq->tenant;
+	uint64_t bytes = (uint64_t)e->n_segs * tr->seg_bytes;
+	struct tier_move *mv;
 
+	/* Room in the file, by shares (victim()). */
+	while (tr->file->n_free < e->n_segs || usage(t, true) + bytes > size_percent(capacity(tr, true), max_pct)) {
+		struct tier_seq *old = victim(tr, true, t, bytes, max_pct);
+
+		if (!old)
+			return -ENOSPC;
+		tr->lost_full++;
+		entry_lose(tr, old);
+	}
+	mv = calloc(1, sizeof(*mv));
 	if (!mv)
 		return -ENOMEM;
 	mv->src = malloc(e->n_segs * sizeof(*mv->src));
@@ -416,14 +484,6 @@ static int demote_begin(struct tier *tr, struct tier_seq *e, struct tier_move **
 	mv->e = e;
 	mv->seg_bytes = tr->seg_bytes;
 	mv->key = &tr->file_key;
-	while (tr->file->n_free < e->n_segs) {
-		struct tier_seq *old = tr->oldest;
-
-		while (!old->in_file || old->busy)
-			old = old->newer;
-		tr->lost_full++;
-		entry_lose(tr, old);
-	}
 	account(tr, e, -1);
 	for (uint32_t i = 0; i < e->n_segs; i++) {
 		mv->src[i] = tr->base + (uint64_t)e->segs[i] * tr->seg_bytes;
@@ -438,7 +498,7 @@ static int demote_begin(struct tier *tr, struct tier_seq *e, struct tier_move **
 }
 
 int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t metadata_max,
-                       struct tier_move **ret, struct tier_move ***ret_demotes,
+                       uint32_t max_pct, struct tier_move **ret, struct tier_move ***ret_demotes,
                        uint32_t *ret_n_demotes) {
 	struct kvd_seq_desc *d = q->desc;
 	_cleanup_(freep) struct tier_move **demotes = NULL;
@@ -478,21 +538,20 @@ int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t 
 		entry_free(tr, e);
 		return r;
 	}
-	/* Room in the host tier, oldest first, never from under a move: to the file where
-	 * the tenant's tier says so, else lost (told at the next pin). The segments are
+	/* Room in the host tier, by shares (victim()), never from under a move: to the file
+	 * where the tenant's tier says so, else lost (told at the next pin). The segments are
 	 * taken now, so that moves running at once never share one. */
-	while (tr->n_free < need) {
-		struct tier_seq *old = tr->oldest;
+	while (tr->n_free < need ||
+	       usage(q->tenant, false) + need * tr->seg_bytes > size_percent(tr->budget_bytes, max_pct)) {
+		struct tier_seq *old = victim(tr, false, q->tenant, need * tr->seg_bytes, max_pct);
 
-		while (old && (old->busy || old->in_file))
-			old = old->newer;
 		if (!old) {
 			entry_free(tr, e);
 			*ret_demotes = TAKE_PTR(demotes);
 			*ret_n_demotes = n_demotes;
 			return -ENOSPC;
 		}
-		if (demotable(tr, old) && demote_begin(tr, old, &demotes[n_demotes]) == 0) {
+		if (demotable(tr, old) && demote_begin(tr, old, max_pct, &demotes[n_demotes]) == 0) {
 			n_demotes++;
 			continue;
 		}
@@ -508,6 +567,9 @@ int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t 
 		entry_free(tr, e);
 		return r;
 	}
+	/* Counted in its tenant's share until it lands (or not). */
+	mv->tenant = q->tenant;
+	mv->tenant->tier_moving += (uint64_t)need * tr->seg_bytes;
 	collect_refs(q, mv->refs);
 	for (uint64_t i = 0; i < e->n_blocks; i++) {
 		mv->pool[i] = pool_block_addr(p, mv->refs[i]);
@@ -659,6 +721,7 @@ int tier_offload_end(struct tier *tr, struct tier_move *mv, struct seq *q, struc
 	struct kvd_seq_desc *d;
 	int r = mv->error;
 
+	mv->tenant->tier_moving -= (uint64_t)e->n_segs * tr->seg_bytes;
 	/* Gone, or used meanwhile: the copy may be of bytes that changed since. */
 	if (r == 0 && (!q || q->pins > 0 || q->pin_serial != mv->pins ||
 	               q->desc->generation != mv->generation))

@@ -96,6 +96,7 @@ struct tier {
 	uint64_t kept_bytes, kept_tokens, kept_lost;
 	uint64_t token_recalls, tokens_recalled, tokens_scored, token_recall_us;
 	bool corrupt;                 /* KVD_TEST_TIER_CORRUPT */
+	uint32_t mark;                /* the last tenant.tier_mark given (tier.c, shares) */
 };
 
 /* A tier of budget bytes in whole segments of segment_bytes (the pool's chunk size; below
@@ -127,16 +128,20 @@ enum tier_move_kind {
 
 /*
  * Sets up moving q (resident, unpinned, no plan waiting, its engine's events done: the
- * caller checks) out of the pool: takes its segments, making room in the host tier from its
- * oldest entries (never one a move reads): each goes to the file where its tenant's tier is
- * host+file and the file has room or can make it the same way (a demotion, which
- * *ret_demotes lists, allocated, *ret_n_demotes of them: they must run before this move),
- * else is lost. Changes nothing of q. Returns 0, or -ENODATA (q holds no block), -EFBIG (q
+ * caller checks) out of the pool: takes its segments, making room in the host tier (never
+ * from an entry a move reads), by shares: each tenant's share of a tier is an equal part of
+ * it among the tenants holding entries there (q's counted), and room comes first from the
+ * oldest entry of a tenant over its share; where none is, from q's tenant's own oldest when
+ * q would take it over its share, else from the oldest; and a tenant never holds more than
+ * max_pct percent of a tier (tier-max-percent): past it, its own oldest make the room.
+ * Each entry that makes room goes to the file where its tenant's tier is host+file and the
+ * file has room or can make it the same way (a demotion, which *ret_demotes lists,
+ * allocated, *ret_n_demotes of them: they must run before this move), else is lost. Changes nothing of q. Returns 0, or -ENODATA (q holds no block), -EFBIG (q
  * is larger than the whole tier), -ENOSPC (the room is held by moves running), -ENOMEM
  * (memory, or metadata past metadata_max); demotions may be listed on failure too.
  */
 int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t metadata_max,
-                       struct tier_move **ret, struct tier_move ***ret_demotes,
+                       uint32_t max_pct, struct tier_move **ret, struct tier_move ***ret_demotes,
                        uint32_t *ret_n_demotes);
 
 /* Finishes a demotion of q's entry (q NULL: it went away, and tier_detach() gave the entry

@@ -886,3 +886,77 @@ TEST(bench_runs) {
 	ASSERT_TRUE(strstr(out, "of which waiting"));
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+/* Waits until tenant's sequences are all out of the pool: in the tier or lost. */
+static void wait_all_out(struct fixture *f, const char *tenant, uint64_t n) {
+	for (int i = 0; fixture_status(f, tenant, "tier_sequences") + fixture_status(f, tenant, "tier_lost") < n; i++) {
+		ASSERT_TRUE(i < 1000);
+		pause_ms(10);
+	}
+	ASSERT_TRUE(fixture_wait_status(f, NULL, "host_tier_moves", 0));
+}
+
+/*
+ * Tenants share the tiers: one that floods the host tier with small idle sequences (each
+ * takes a whole segment) loses its own oldest once past its share (an equal part among the
+ * tenants in the tier), never another's within its share; and tier-max-percent caps what
+ * one tenant holds, however much is free.
+ */
+TEST(tiers_shared_by_tenants) {
+	struct fixture f;
+	kvd_client *v, *h;
+	kvd_seq *vs[2], *hs[10];
+	int mv, mh, recall = -1;
+
+	/* 8 segments: the victim's 2 sequences take 2, the flood wants 10. */
+	start(&f, "8MiB", "100", NULL);
+	set_tier(&f, "v", "host", 0);
+	set_tier(&f, "h", "host", 0);
+	v = connect_tenant(&f, "v", true);
+	h = connect_tenant(&f, "h", true);
+	mv = kvd_model_register(v, &shape);
+	mh = kvd_model_register(h, &shape);
+	ASSERT_OK(mv);
+	ASSERT_OK(mh);
+	for (int i = 0; i < 2; i++)
+		vs[i] = filled_seq(v, mv, 100, 1 + i);
+	wait_all_out(&f, "v", 2);
+	for (int i = 0; i < 10; i++)
+		hs[i] = filled_seq(h, mh, 16, 10 + i);
+	wait_all_out(&f, "h", 10);
+	/* The flood's share is 4 of the 8 segments while the tier is full: 6 stay (it took
+	 * what was free), 4 lost; the victim keeps both. */
+	ASSERT_EQ(fixture_status(&f, "v", "tier_lost"), 0u);
+	ASSERT_EQ(fixture_status(&f, "v", "tier_sequences"), 2u);
+	ASSERT_EQ(fixture_status(&f, "h", "tier_lost"), 4u);
+	ASSERT_EQ(fixture_status(&f, "h", "tier_sequences"), 6u);
+	for (int i = 0; i < 2; i++) {
+		ASSERT_OK(kvd_seq_pin_recall(vs[i], &recall));
+		ASSERT_EQ(recall, KVD_RECALL_HOST);
+		ASSERT_EQ(check_seq(vs[i], 1 + i), 0);
+		ASSERT_OK(kvd_seq_unpin(vs[i]));
+		ASSERT_OK(kvd_seq_release(vs[i]));
+	}
+	for (int i = 0; i < 10; i++)
+		ASSERT_OK(kvd_seq_release(hs[i]));
+	kvd_client_unref(v);
+	kvd_client_unref(h);
+	ASSERT_EQ(fixture_stop(&f), 0);
+
+	/* Capped at 25%: 2 segments, with 6 free. */
+	start(&f, "8MiB", "100", "--tier-max-percent=25");
+	set_tier(&f, "h", "host", 0);
+	h = connect_tenant(&f, "h", true);
+	mh = kvd_model_register(h, &shape);
+	ASSERT_OK(mh);
+	for (int i = 0; i < 4; i++)
+		hs[i] = filled_seq(h, mh, 16, 10 + i);
+	wait_all_out(&f, "h", 4);
+	ASSERT_EQ(fixture_status(&f, "h", "tier_sequences"), 2u);
+	ASSERT_EQ(fixture_status(&f, "h", "tier_lost"), 2u);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 2u << 20);
+	for (int i = 0; i < 4; i++)
+		ASSERT_OK(kvd_seq_release(hs[i]));
+	kvd_client_unref(h);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
