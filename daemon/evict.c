@@ -1437,11 +1437,13 @@ static bool start_recall(struct evictor *e, const struct recall_waiter *w) {
 		/* The round holds the kept tokens until it is applied: nothing else adds to
 		 * them meanwhile (one round at a time), and an offload waits (offload.h). */
 		r->seqs[0].kept = TAKE_PTR(q->kept);
+		recall_store_hold(r->seqs[0].kept, true);
 		q->recalling = true;
 		e->running_recall = *w;
 		k = launch(e, r);
 		if (k < 0) {
 			q->kept = TAKE_PTR(r->seqs[0].kept);
+			recall_store_hold(q->kept, false);
 			q->recalling = false;
 		}
 	}
@@ -1518,6 +1520,7 @@ static void recall_done(struct evictor *e, struct round *r) {
 				why = "its tables could not be rewritten";
 		}
 		/* Recall turned off meanwhile: nothing is kept any more (admin.c). */
+		recall_store_hold(st, false);
 		q->kept = q->tenant->recall > 0 ? st : recall_store_free(s->tier, st);
 	}
 	if (k >= 0 && rq->drop_off)

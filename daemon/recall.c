@@ -18,6 +18,14 @@ struct kept_table {
 
 struct recall_store {
 	struct tier *tr;
+	/* Its sequence's (q->kept), unless held: a recall round took it (recall_store_hold);
+	 * its tenant, charged for its segments (tenant.tier_kept_bytes); the tier's list of
+	 * stores, oldest first, which whole sequences moving out take room from
+	 * (recall_yield). */
+	struct seq *seq;
+	struct tenant *tenant;
+	bool held;
+	struct recall_store *older, *newer;
 	uint32_t n_tables;
 	uint32_t heads;               /* kv heads a table covers: the per-layer layout's all */
 	uint64_t row_bytes, index_bytes, rec_bytes;
@@ -55,12 +63,15 @@ static void meta_add(struct recall_store *st, int64_t bytes) {
 	*st->tr->metadata_bytes += (uint64_t)bytes;
 }
 
-static struct recall_store *store_new(struct tier *tr, const struct kvd_seq_desc *d) {
+static struct recall_store *store_new(struct tier *tr, struct seq *q) {
+	const struct kvd_seq_desc *d = q->desc;
 	struct recall_store *st = calloc(1, sizeof(*st));
 
 	if (!st)
 		return NULL;
 	st->tr = tr;
+	st->seq = q;
+	st->tenant = q->tenant;
 	st->n_tables = d->n_tables;
 	st->heads = d->layout == KVD_LAYOUT_PER_HEAD ? 1 : d->kv_heads;
 	st->row_bytes = layout_row_bytes(d);
@@ -73,12 +84,27 @@ static struct recall_store *store_new(struct tier *tr, const struct kvd_seq_desc
 		return NULL;
 	}
 	meta_add(st, (int64_t)(sizeof(*st) + d->n_tables * sizeof(*st->tables)));
+	st->older = tr->kept_newest;
+	if (tr->kept_newest)
+		tr->kept_newest->newer = st;
+	else
+		tr->kept_oldest = st;
+	tr->kept_newest = st;
 	return st;
 }
 
 struct recall_store *recall_store_free(struct tier *tr, struct recall_store *st) {
 	if (!st)
 		return NULL;
+	if (st->older)
+		st->older->newer = st->newer;
+	else
+		tr->kept_oldest = st->newer;
+	if (st->newer)
+		st->newer->older = st->older;
+	else
+		tr->kept_newest = st->older;
+	st->tenant->tier_kept_bytes -= (uint64_t)st->n_segs * tr->seg_bytes;
 	for (uint32_t i = 0; i < st->n_segs; i++)
 		tr->free_segs[tr->n_free++] = st->segs[i];
 	tr->used_bytes -= (uint64_t)st->n_segs * tr->seg_bytes;
@@ -129,6 +155,7 @@ static int reserve(struct recall_store *st, uint64_t n) {
 	}
 	tr->used_bytes += segs * tr->seg_bytes;
 	tr->kept_bytes += segs * tr->seg_bytes;
+	st->tenant->tier_kept_bytes += segs * tr->seg_bytes;
 	return 0;
 }
 
@@ -210,7 +237,7 @@ int64_t recall_keep(struct tier *tr, struct seq *q, struct pool *p, const struct
 	if (total == 0)
 		return 0;
 	if (!st) {
-		st = q->kept = store_new(tr, d);
+		st = q->kept = store_new(tr, q);
 		if (!st)
 			return -ENOMEM;
 	}
@@ -397,4 +424,21 @@ int recall_swap(struct seq *q, struct pool *p, struct recall_store *st,
 	desc_write_end(d);
 	q->epoch++;
 	return k;
+}
+
+void recall_store_hold(struct recall_store *st, bool held) {
+	if (st)
+		st->held = held;
+}
+
+bool recall_yield(struct tier *tr) {
+	struct recall_store *st = tr->kept_oldest;
+
+	while (st && st->held)
+		st = st->newer;
+	if (!st)
+		return false;
+	tr->kept_lost += st->kept;
+	st->seq->kept = recall_store_free(tr, st);
+	return true;
 }

@@ -43,6 +43,17 @@ int64_t recall_keep(struct tier *tr, struct seq *q, struct pool *p, const struct
 /* Frees a store, its segments back to the tier. Accepts NULL. Returns NULL. */
 struct recall_store *recall_store_free(struct tier *tr, struct recall_store *st);
 
+/* Marks st held by a recall round (off its sequence, which may go meanwhile), or back. */
+void recall_store_hold(struct recall_store *st, bool held);
+
+/*
+ * Kept tokens yield to whole sequences: frees the oldest store no recall round holds, its
+ * slots counted lost (kept_lost), for a sequence moving out that needs the room. Evicted
+ * tokens kept on the chance of a question go before a whole sequence an engine will come
+ * back to. Returns whether one was freed.
+ */
+bool recall_yield(struct tier *tr);
+
 /* Slots kept in table t, their positions (ascending), and the record of the i-th. */
 uint32_t recall_kept(const struct recall_store *st, uint32_t t);
 const uint32_t *recall_positions(const struct recall_store *st, uint32_t t);

@@ -56,6 +56,7 @@ struct tenant {
 	uint64_t tier_lost;
 	uint32_t tier_mark;           /* tier.c's count of the tenants holding a tier */
 	uint64_t tier_moving;         /* host tier bytes its moves out in flight took */
+	uint64_t tier_kept_bytes;     /* host tier bytes its sequences' kept tokens hold */
 	/* Pins (pins.h): resident bytes of its pinned sequences; pins held past pin-report. */
 	uint64_t pinned_bytes, pins_overdue;
 	/* Token recall: slots brought back by its sequences' recalls, all together. */

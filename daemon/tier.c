@@ -8,6 +8,7 @@
 #include "basic/size.h"
 #include "basic/time-util.h"
 #include "config.h"
+#include "recall.h"
 #include "tier-file.h"
 #include "tier.h"
 
@@ -389,7 +390,7 @@ static int move_new(struct tier *tr, struct tier_seq *e, const struct kvd_seq_de
 
 /* What t holds of a tier, its moves out in flight included (their segments are taken). */
 static uint64_t usage(const struct tenant *t, bool in_file) {
-	return in_file ? t->tier_file_bytes : t->tier_bytes + t->tier_moving;
+	return in_file ? t->tier_file_bytes : t->tier_bytes + t->tier_moving + t->tier_kept_bytes;
 }
 
 static uint64_t capacity(const struct tier *tr, bool in_file) {
@@ -543,7 +544,12 @@ int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t 
 	 * taken now, so that moves running at once never share one. */
 	while (tr->n_free < need ||
 	       usage(q->tenant, false) + need * tr->seg_bytes > size_percent(tr->budget_bytes, max_pct)) {
-		struct tier_seq *old = victim(tr, false, q->tenant, need * tr->seg_bytes, max_pct);
+		struct tier_seq *old;
+
+		/* Kept tokens go first (recall_yield). */
+		if (tr->n_free < need && recall_yield(tr))
+			continue;
+		old = victim(tr, false, q->tenant, need * tr->seg_bytes, max_pct);
 
 		if (!old) {
 			entry_free(tr, e);

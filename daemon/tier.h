@@ -97,6 +97,8 @@ struct tier {
 	uint64_t token_recalls, tokens_recalled, tokens_scored, token_recall_us;
 	bool corrupt;                 /* KVD_TEST_TIER_CORRUPT */
 	uint32_t mark;                /* the last tenant.tier_mark given (tier.c, shares) */
+	/* Token recall's stores, oldest first (recall.c). */
+	struct recall_store *kept_oldest, *kept_newest;
 };
 
 /* A tier of budget bytes in whole segments of segment_bytes (the pool's chunk size; below

@@ -545,3 +545,46 @@ TEST(recall_settings_checked) {
 	ASSERT_NOT_NULL(strstr(out, "unknown recall-policy 'full'"));
 	fixture_cleanup(&f);
 }
+
+/*
+ * Kept tokens yield to whole sequences: tenant r's kept tokens hold the whole host tier
+ * (one segment); another tenant's idle sequence moving out takes their room, and they are
+ * counted lost, rather than the sequence staying in the pool for want of a tier. Kept
+ * bytes count in r's share of the tier (tier.c).
+ */
+TEST(kept_tokens_yield_to_whole_sequences) {
+	const char *args[] = { "--pool-size", "16MiB", "--chunk-size", "1MiB", "--host-tier-size",
+		               "1MiB", "--high-watermark", "100", "--tier-idle", "100", NULL };
+	kvd_client *c, *t, *admin;
+	int64_t before[LAYERS * KV_HEADS];
+	kvd_tenant_params p = { .size = sizeof(p), .set = KVD_TENANT_SET_TIER, .tier = "host" };
+	uint64_t kept;
+	struct fixture f;
+	kvd_seq *s, *idle;
+
+	fixture_setup(&f, NULL, false);
+	fixture_launch(&f, args);
+	tenant_recall(&f, "r", 64);
+	c = engine(&f, "r", KVD_LAYOUT_PER_HEAD, KVD_UNIT_HEAD_TOKEN, &s);
+	context_then_question(&f, c, s, "r", before);
+	kept = fixture_status(&f, NULL, "recall_kept_tokens");
+	ASSERT_GT(kept, 0u);
+	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_used_bytes"), 1u << 20);
+	/* Tenant t's sequence goes idle: it takes the segment. */
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_tenant_set_params(admin, "t", &p));
+	kvd_client_unref(admin);
+	t = engine(&f, "t", KVD_LAYOUT_PER_HEAD, KVD_UNIT_NONE, &idle);
+	ASSERT_OK(kvd_seq_grow(idle, 32));
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "host_tier_sequences", 1));
+	ASSERT_EQ(fixture_status(&f, NULL, "recall_kept_tokens"), 0u);
+	ASSERT_EQ(fixture_status(&f, NULL, "recall_lost_tokens"), kept);
+	ASSERT_EQ(fixture_status(&f, "t", "tier_lost"), 0u);
+	/* r's sequence goes on, without its kept tokens. */
+	ASSERT_EQ(kvd_seq_recall(s, NULL, NULL), 0);
+	ASSERT_OK(kvd_seq_release(idle));
+	ASSERT_OK(kvd_seq_release(s));
+	kvd_client_unref(t);
+	kvd_client_unref(c);
+	ASSERT_OK(fixture_stop(&f));
+}
