@@ -154,10 +154,15 @@ static void ring_bell_done(struct loop_op *op, int res, bool more) {
 	struct conn *c = r->conn;
 
 	r->bell_armed = false;
-	r->woken = true;
 	c->inflight--;
 	if (conn_maybe_free(c) || c->closing)
 		return;
+	/* Rung with nothing submitted, and nothing a pass took since the doorbell before
+	 * (which it would have rung for): abuse, counted here, at each completion, as a loop
+	 * may complete several before it looks at the rings. */
+	if (ring_load_acquire(&r->sh->sq_tail) == r->sq_head && !r->took)
+		ring_empty_wake(r);
+	r->took = false;
 	/* Woken (0), or the word was no longer 1 when the wait was armed (-EAGAIN): the loop
 	 * is awake either way, and looks at the rings. */
 	if (res < 0 && res != -EAGAIN && res != -EINTR) {
@@ -221,13 +226,6 @@ int ring_poll(struct ring *r) {
 
 	tail = ring_load_acquire(&r->sh->sq_tail);
 	n = tail - r->sq_head;
-	/* A doorbell whose submissions a pass took before it rang through is no abuse. */
-	if (r->woken) {
-		r->woken = false;
-		if (n == 0 && !r->took)
-			ring_empty_wake(r);
-		r->took = false;
-	}
 	if (n == 0)
 		return 0;
 	if (n > r->geo.entries)

@@ -68,11 +68,10 @@ struct ring {
 	struct loop_op bell_op;
 	uint64_t efd_buf;
 	/* Doorbells that found nothing to take (see "Doorbells" above): how many in the window
-	 * that began at window_ms, whether one rang since the last pass, whether a pass took
-	 * submissions since the last doorbell (which then explains one found empty: it rang
-	 * for them), and the back-off: no doorbell armed before backoff_until_ms (0: none), a
-	 * timer instead. */
-	bool woken, took;
+	 * that began at window_ms, whether a pass took submissions since the last doorbell
+	 * (which then explains one found empty: it rang for them), and the back-off: no
+	 * doorbell armed before backoff_until_ms (0: none), a timer instead. */
+	bool took;
 	uint32_t empty_wakes;
 	uint64_t window_ms;
 	uint32_t backoff_ms;
