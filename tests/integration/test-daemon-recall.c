@@ -319,6 +319,7 @@ TEST(recall_never_passes_the_budget) {
 	uint64_t block_bytes, used, digest;
 	kvd_seq *s;
 
+	TEST_NEEDS_HOOKS();
 	fixture_gate_make(gate, sizeof(gate));
 	gated_question(&f, gate, false, &c, &s);
 	block_bytes = fixture_status(&f, "r", "block_bytes");
@@ -358,6 +359,7 @@ TEST(recall_daemon_stops_during_its_round) {
 	kvd_seq *s;
 	int fd;
 
+	TEST_NEEDS_HOOKS();
 	fixture_gate_make(gate, sizeof(gate));
 	gated_question(&f, gate, true, &c, &s);
 	call_start(&k, &f, s);
@@ -383,6 +385,7 @@ TEST(recall_engine_killed_during_its_round) {
 	pid_t pid;
 	char b;
 
+	TEST_NEEDS_HOOKS();
 	fixture_gate_make(gate, sizeof(gate));
 	start(&f, "8MiB", gate);
 	tenant_recall(&f, "r", RECALL_MAX);
