@@ -133,9 +133,14 @@ int conn_new(struct server *s, int fd, struct conn **ret) {
 		r = negative_errno();
 		goto fail;
 	}
-	r = conn_arm_recv(c);
+	r = idmap_put(&s->conn_ids, c->id, c);
 	if (r < 0)
 		goto fail;
+	r = conn_arm_recv(c);
+	if (r < 0) {
+		idmap_del(&s->conn_ids, c->id);
+		goto fail;
+	}
 	*ret = c;
 	return 0;
 fail:
@@ -521,6 +526,7 @@ void conn_close(struct conn *c, const char *why) {
 		s->conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
+	idmap_del(&s->conn_ids, c->id);
 	s->n_conns--;
 	/* An fd comes free (once the connection's last operation completes): accept again. */
 	server_accept_resume(s);
@@ -537,4 +543,36 @@ void conn_close(struct conn *c, const char *why) {
 void conn_destroy(struct conn *c) {
 	conn_close(c, NULL);
 	conn_free(c);
+}
+
+int conn_seq_add(struct conn *c, struct seq *q) {
+	int r = idmap_put(&c->srv->seq_ids, q->id, q);
+
+	if (r < 0)
+		return r;
+	q->prev = NULL;
+	q->next = c->seqs;
+	if (c->seqs)
+		c->seqs->prev = q;
+	c->seqs = q;
+	c->n_seqs++;
+	return 0;
+}
+
+void conn_seq_remove(struct conn *c, struct seq *q) {
+	idmap_del(&c->srv->seq_ids, q->id);
+	if (q->prev)
+		q->prev->next = q->next;
+	else
+		c->seqs = q->next;
+	if (q->next)
+		q->next->prev = q->prev;
+	q->next = q->prev = NULL;
+	c->n_seqs--;
+}
+
+struct seq *conn_seq(const struct conn *c, uint64_t id) {
+	struct seq *q = idmap_get(&c->srv->seq_ids, id);
+
+	return q && q->conn_id == c->id ? q : NULL;
 }

@@ -133,6 +133,12 @@ void conn_violation(struct conn *c, const char *what);
 int conn_open_pidfd(struct conn *c);
 void conn_close(struct conn *c, const char *why);
 
+/* c's sequences, in its list and the server's registry (server.h, seq_ids): adds q (0 or
+ * -ENOMEM, nothing added), removes q, finds id among them (NULL: not c's). */
+int conn_seq_add(struct conn *c, struct seq *q);
+void conn_seq_remove(struct conn *c, struct seq *q);
+struct seq *conn_seq(const struct conn *c, uint64_t id);
+
 /* Frees c if it is closing and none of its operations is in flight any more; returns
  * whether it did. Handlers of c's operations call it after counting theirs done, and the
  * server's poller for closed connections that have none (hot ones, see conn_poll()). */

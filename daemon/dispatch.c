@@ -106,15 +106,6 @@ static bool refuse_if_outstanding(struct conn *c, uint64_t id) {
 	return true;
 }
 
-static struct seq *find_seq(struct conn *c, uint64_t id, struct seq ***ret_link) {
-	for (struct seq **l = &c->seqs; *l; l = &(*l)->next)
-		if ((*l)->id == id) {
-			if (ret_link)
-				*ret_link = l;
-			return *l;
-		}
-	return NULL;
-}
 
 /* Frees a sequence with what eviction attached to it. */
 static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptied) {
@@ -471,10 +462,15 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 			return;
 		}
 	}
+	r = conn_seq_add(c, q);
+	if (r < 0) {
+		struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
+
+		seq_free(q, s->pool, &none);
+		envelope_reply_error(c, id, r, "out of memory");
+		return;
+	}
 	s->next_seq_id++;
-	q->next = c->seqs;
-	c->seqs = q;
-	c->n_seqs++;
 	server_seq_opened(s, q);
 	/* While the descriptor's fd is still open, for the fd store. */
 	keep_seq_opened(s->keep, q, s->next_seq_id);
@@ -578,11 +574,17 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 			list[n++] = ch;
 		}
 	}
-	keep_adopt(s->keep, q, m);
 	q->conn_id = c->id;
-	q->next = c->seqs;
-	c->seqs = q;
-	c->n_seqs++;
+	r = conn_seq_add(c, q);
+	if (r < 0) {
+		/* Still the keeper's, unclaimed. */
+		q->conn_id = 0;
+		while (n > 0)
+			pool_chunk_drop_holder(p, list[--n], c->id);
+		envelope_reply_error(c, id, r, "out of memory");
+		return;
+	}
+	keep_adopt(s->keep, q, m);
 	log_info("connection %llu (tenant %s) claimed sequence %llu kept across the restart",
 	         (unsigned long long)c->id, c->tenant->name, (unsigned long long)q->id);
 
@@ -680,7 +682,7 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 	struct seq *q;
 	int r;
 
-	q = find_seq(c, seq_id, NULL);
+	q = conn_seq(c, seq_id);
 	if (!q) {
 		r = refuse(why, -ENOENT, "no such sequence on this connection");
 		reply_step(c, ring, id, r, why);
@@ -827,7 +829,7 @@ static void handle_seq_grow(struct conn *c, uint64_t id, const Envelope *request
 	const Kvd__V1__SeqGrow *req = request->seq_grow;
 	uint64_t wait = c->srv->limits.grant_wait_ms;
 
-	if (!req->has_seq_id || !find_seq(c, req->seq_id, NULL)) {
+	if (!req->has_seq_id || !conn_seq(c, req->seq_id)) {
 		envelope_reply_error(c, id, -ENOENT, "no such sequence on this connection");
 		return;
 	}
@@ -847,14 +849,13 @@ static int step_release(struct conn *c, uint64_t seq_id, uint32_t **ret_ids, uin
                         char why[static WHY_MAX]) {
 	struct server *s = c->srv;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
-	struct seq **link, *q;
+	struct seq *q;
 	uint32_t *ids = NULL, n = 0;
 
-	q = find_seq(c, seq_id, &link);
+	q = conn_seq(c, seq_id);
 	if (!q)
 		return refuse(why, -ENOENT, "no such sequence on this connection");
-	*link = q->next;
-	c->n_seqs--;
+	conn_seq_remove(c, q);
 	drop_seq(s, q, &emptied);
 	if (emptied.n > 0) {
 		ids = malloc(emptied.n * sizeof(*ids));
@@ -975,7 +976,7 @@ static void handle_seq_digest(struct conn *c, uint64_t id, const Envelope *reque
 	struct seq *q;
 	int r;
 
-	q = req->has_seq_id ? find_seq(c, req->seq_id, NULL) : NULL;
+	q = req->has_seq_id ? conn_seq(c, req->seq_id) : NULL;
 	if (!q) {
 		envelope_reply_error(c, id, -ENOENT, "no such sequence on this connection");
 		return;
@@ -1266,7 +1267,7 @@ static void dispatch_pin(struct conn *c, uint64_t id, bool ring, uint64_t seq_id
                          uint64_t wait_until_ms, uint64_t since_us) {
 	Kvd__V1__SeqPinReply rep = KVD__V1__SEQ_PIN_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
-	struct seq *q = find_seq(c, seq_id, NULL);
+	struct seq *q = conn_seq(c, seq_id);
 	char why[WHY_MAX];
 	uint32_t recall;
 	int r;
@@ -1316,7 +1317,7 @@ static void dispatch_pin(struct conn *c, uint64_t id, bool ring, uint64_t seq_id
 }
 
 static int step_unpin(struct conn *c, uint64_t seq_id, uint32_t event_id, char why[static WHY_MAX]) {
-	struct seq *q = find_seq(c, seq_id, NULL);
+	struct seq *q = conn_seq(c, seq_id);
 
 	if (!q)
 		return refuse(why, -ENOENT, "no such sequence on this connection");
@@ -1385,7 +1386,7 @@ static void handle_seq_recall(struct conn *c, uint64_t id, const Envelope *reque
                               int request_fd _unused_) {
 	const Kvd__V1__SeqRecall *req = request->seq_recall;
 	struct server *s = c->srv;
-	struct seq *q = find_seq(c, req->has_seq_id ? req->seq_id : 0, NULL);
+	struct seq *q = conn_seq(c, req->has_seq_id ? req->seq_id : 0);
 	int r;
 
 	if (!q) {
@@ -1901,10 +1902,9 @@ void dispatch_disconnect(struct conn *c) {
 	while (c->seqs) {
 		struct seq *q = c->seqs;
 
-		c->seqs = q->next;
+		conn_seq_remove(c, q);
 		drop_seq(s, q, &emptied);
 	}
-	c->n_seqs = 0;
 	server_reclaim(s, &emptied, NULL, NULL);
 	if (c->tenant) {
 		c->tenant->connections--;

@@ -31,7 +31,7 @@ struct seq {
 	uint32_t wait_events;
 	int desc_fd;                  /* kept until the open reply took a copy */
 	struct kvd_seq_desc *desc;    /* the daemon's writable mapping */
-	struct seq *next;             /* in the owning connection's list */
+	struct seq *next, *prev;      /* in the owning connection's list (conn_seq_add) */
 
 	/* Eviction (model->unit != KVD_UNIT_NONE). */
 	struct obs *obs;              /* observation buffer, shared with rounds (observe.h) */

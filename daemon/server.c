@@ -867,6 +867,8 @@ struct server *server_free(struct server *s) {
 		conn_destroy(s->conns);
 	while (s->closed)
 		conn_destroy(s->closed);
+	idmap_done(&s->conn_ids);
+	idmap_done(&s->seq_ids);
 	/* A socket file the service manager made is its own: it outlives us. */
 	if (s->listen_fd >= 0 && s->socket_owned)
 		unlink(s->socket_path);
@@ -887,21 +889,13 @@ struct server *server_free(struct server *s) {
 }
 
 struct conn *server_find_conn(struct server *s, uint64_t id) {
-	for (struct conn *c = s->conns; c; c = c->next)
-		if (c->id == id)
-			return c;
-	return NULL;
+	return idmap_get(&s->conn_ids, id);
 }
 
 struct seq *server_find_seq(struct server *s, uint64_t conn_id, uint64_t seq_id) {
-	struct conn *c = server_find_conn(s, conn_id);
+	struct seq *q = idmap_get(&s->seq_ids, seq_id);
 
-	if (!c || c->closing)
-		return NULL;
-	for (struct seq *q = c->seqs; q; q = q->next)
-		if (q->id == seq_id)
-			return q;
-	return NULL;
+	return q && q->conn_id == conn_id ? q : NULL;
 }
 
 uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct conn *requester,

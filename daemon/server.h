@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <sys/signalfd.h>
 
+#include "idmap.h"
 #include "http.h"
 #include "loop.h"
 #include "metrics.h"
@@ -143,6 +144,9 @@ struct server {
 
 	struct conn *conns;
 	uint32_t n_conns;
+	/* By id: the open connections, and their sequences (idmap.h): what server_find_conn()
+	 * and server_find_seq() look up. */
+	struct idmap conn_ids, seq_ids;
 	/* Closed, but an operation still refers to them: freed when it completes, or by
 	 * server_free() when the loop stopped first. */
 	struct conn *closed;
