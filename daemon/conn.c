@@ -366,7 +366,7 @@ static bool conn_dispatch_frames(struct conn *c) {
 			            r == -EMSGSIZE ? "frame over the size cap" : "bad frame header");
 			return false;
 		}
-		dispatch(c, env, fds, nfds);
+		c->srv->handlers->request(c, env, fds, nfds);
 		n++;
 	}
 	/* fds no frame announced would stay queued, held by the daemon, until it closes. */
@@ -515,7 +515,7 @@ void conn_close(struct conn *c, const char *why) {
 	c->closing = true;
 	/* A hot connection has no receive in flight: the server's sweep frees it. */
 	conn_unhot(c);
-	dispatch_disconnect(c);
+	c->srv->handlers->disconnect(c);
 	/* Makes the pending receive and send complete, so that the struct can go. */
 	shutdown(c->fd, SHUT_RDWR);
 	if (c->ring)

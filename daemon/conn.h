@@ -165,7 +165,16 @@ void conn_cool(struct conn *c);
 /* Closes and frees at once; only once the loop is gone and no operation can complete. */
 void conn_destroy(struct conn *c);
 
-/* Defined in dispatch.c: handles one decoded request. fds are owned by the callee. */
-void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds);
-/* Defined in dispatch.c: drops the session state of a closing connection. */
-void dispatch_disconnect(struct conn *c);
+struct kvd_ring_sqe;
+
+/* What the server does with a connection's traffic: the transport (conn.c, ring.c) calls
+ * up through this table, which the server installs (server.handlers; dispatch.h's), and
+ * knows no handler by name. */
+struct conn_handlers {
+	/* One decoded request; fds are owned by the callee. */
+	void (*request)(struct conn *c, const Envelope *env, int *fds, uint32_t nfds);
+	/* One ring submission, copied out of shared memory and ready to check. */
+	void (*ring)(struct conn *c, const struct kvd_ring_sqe *sqe);
+	/* Drops the session state of a closing connection. */
+	void (*disconnect)(struct conn *c);
+};

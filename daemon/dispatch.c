@@ -16,6 +16,7 @@
 #include "config.h"
 #include "conn.h"
 #include "departed.h"
+#include "dispatch.h"
 #include "envelope.h"
 #include "evict.h"
 #include "keep.h"
@@ -1820,7 +1821,7 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 
 /* Times every request, refused ones included, for kvd_request_duration_seconds: two reads
  * of the vDSO clock and a short bucket scan, next to a reply's encode and send. */
-void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
+static void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
 	const struct request_type *rt = request_type(env->body_case);
 	struct server *s = c->srv;
 	uint64_t start = now_ns();
@@ -1831,7 +1832,7 @@ void dispatch(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
 	                        now_ns() - start);
 }
 
-void dispatch_ring(struct conn *c, const struct kvd_ring_sqe *sqe) {
+static void dispatch_ring(struct conn *c, const struct kvd_ring_sqe *sqe) {
 	struct server *s = c->srv;
 	uint64_t start = now_ns(), wait = s->limits.grant_wait_ms;
 	enum metrics_request type = METRICS_REQUEST_OTHER;
@@ -1875,7 +1876,7 @@ done:
 	metrics_observe_request(&s->metrics, type, now_ns() - start);
 }
 
-void dispatch_disconnect(struct conn *c) {
+static void dispatch_disconnect(struct conn *c) {
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
@@ -1911,3 +1912,9 @@ void dispatch_disconnect(struct conn *c) {
 		c->tenant->models -= c->n_models;
 	}
 }
+
+const struct conn_handlers dispatch_handlers = {
+	.request = dispatch,
+	.ring = dispatch_ring,
+	.disconnect = dispatch_disconnect,
+};

@@ -240,7 +240,7 @@ int ring_poll(struct ring *r) {
 		ring_take(r, r->sq_head, &sqe);
 		r->sq_head++;
 		r->owed++;
-		dispatch_ring(c, &sqe);
+		c->srv->handlers->ring(c, &sqe);
 	}
 	r->polling = false;
 	r->took |= taken > 0;

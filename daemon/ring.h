@@ -7,7 +7,8 @@
  * the ring feature; freed with the connection.
  *
  * The daemon reads submissions in ring_poll(), from the loop's poller (server.c), and hands
- * each, copied out of shared memory, to dispatch_ring(), which answers it with
+ * each, copied out of shared memory, to the server's ring handler (conn.h, struct
+ * conn_handlers), which answers it with
  * ring_complete(), at once or later (a grow that waits for an eviction round). Completions
  * made in one pass are published together; one made outside a pass is published at once.
  *
@@ -119,5 +120,3 @@ bool ring_sleep_prepare(struct ring *r);
 /* The loop woke up: the client need not ring any more. */
 void ring_sleep_done(struct ring *r);
 
-/* Defined in dispatch.c: handles one submission, copied and ready to check. */
-void dispatch_ring(struct conn *c, const struct kvd_ring_sqe *sqe);

@@ -25,6 +25,7 @@
 #include "config.h"
 #include "conn.h"
 #include "departed.h"
+#include "dispatch.h"
 #include "envelope.h"
 #include "evict.h"
 #include "keep.h"
@@ -747,6 +748,7 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 		return -ENOMEM;
 	}
 	s->listen_fd = s->signal_fd = -EBADF;
+	s->handlers = &dispatch_handlers;
 	s->pool = pool;
 	s->limits = *limits;
 	s->socket_path = socket_path;

@@ -142,6 +142,7 @@ struct server {
 	uint64_t watchdog_usec;       /* the service manager's watchdog interval, 0: none */
 	char notify_status[256];      /* the STATUS= last sent to the service manager */
 
+	const struct conn_handlers *handlers; /* the requests' (dispatch.h) */
 	struct conn *conns;
 	uint32_t n_conns;
 	/* By id: the open connections, and their sequences (idmap.h): what server_find_conn()

@@ -10,7 +10,7 @@
  * harness is the accept and the tick. Connections are socketpairs: the daemon's end goes to
  * conn_new() as accept hands it over; the harness keeps the client's end. Requests are
  * decoded through a struct wire_rx (the arena bound of a connection) and handed to
- * dispatch() directly, or written to the socket for the connection's own receive handler.
+ * the request handler (dispatch.h) directly, or written to the socket for the connection's own receive handler.
  * After each step the harness turns the loop without waiting (loop_turn()) until nothing
  * moves, so replies really go through conn_send(), io_uring's sendmsg and the socket, and
  * it reads and decodes them as a client would, closing the fds they carry.
@@ -20,7 +20,7 @@
  * that stalled clients overflow it); bit 5 a budget of half the pool; bit 6 tight limits
  * (2 models, 2 sequences per connection, 3 tenants); bit 7 a config-file tenant "cfg"
  * capped at two chunks. Op: bits 0-1 the client (0..3), bits 2-4 what it does:
- *   0 u16le len, len bytes     an Envelope, to dispatch() directly
+ *   0 u16le len, len bytes     an Envelope, to the request handler directly
  *   1 n, u16le len, bytes      the same with n % 4 fds attached
  *   2 n, u16le len, bytes      a frame with n % 4 fds, written to the socket
  *   3                          the client disconnects
@@ -58,6 +58,7 @@
 #include "log.h"
 #include "pool.h"
 #include "evict.h"
+#include "dispatch.h"
 #include "server.h"
 #include "mover.h"
 #include "tier.h"
@@ -429,7 +430,7 @@ static void request_direct(struct client *cl, const uint8_t *payload, uint16_t l
 	if (!env)
 		return;
 	expect_reply(cl, env);
-	dispatch(c, env, fds, nfds);
+	dispatch_handlers.request(c, env, fds, nfds);
 }
 
 /* Sends all of buf on the client's socket, fds with the first byte; false when the daemon
@@ -539,6 +540,7 @@ static void setup(uint8_t config) {
 	s = calloc(1, sizeof(*s));
 	FUZZ_CHECK(s);
 	s->listen_fd = s->signal_fd = -EBADF;
+	s->handlers = &dispatch_handlers;
 	s->pool = h.pool;
 	/* The pidfd of the clients' process, not of this one (the socketpair's peer). */
 	s->pidfd_by_pid = true;

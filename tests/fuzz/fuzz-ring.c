@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Fuzz target: the daemon's ring consumer (daemon/ring.c, dispatch_ring() in dispatch.c), fed
+ * Fuzz target: the daemon's ring consumer (daemon/ring.c, the ring handler in dispatch.c), fed
  * by a client that writes whatever it likes into its rings.
  *
  * Each input gets a fresh daemon in process, set up like fuzz-dispatch.c's (a host pool of
  * 64 KiB chunks, the admin, a server with its real io_uring loop and no listening socket),
  * and one connection on a socketpair: the harness says hello with the ring feature,
  * registers a model (blocks of 512 bytes) and opens three sequences (ids 1, 2 and 3), all
- * through dispatch(), then maps the rings the HelloReply carried. From there the input
+ * through the request handler, then maps the rings the HelloReply carried. From there the input
  * drives the client side of the rings, and the harness runs the consumer (ring_poll(), as
  * the server's poller does) whenever the input publishes. Frames the daemon sends (grants,
  * unmap requests) are read back as libkvd would: fds closed, unmap requests answered.
@@ -53,6 +53,7 @@
 #include "log.h"
 #include "pool.h"
 #include "ring.h"
+#include "dispatch.h"
 #include "server.h"
 #include "mover.h"
 #include "tier.h"
@@ -132,7 +133,7 @@ static void check_state(bool all_closed) {
 static void request(struct conn *c, Envelope *env) {
 	env->has_id = true;
 	env->id = ++h.next_id;
-	dispatch(c, env, NULL, 0);
+	dispatch_handlers.request(c, env, NULL, 0);
 }
 
 /* Reads what the daemon sent: fds are closed, unmap requests answered as libkvd does. */
@@ -391,6 +392,7 @@ static void setup(uint8_t config) {
 	s = calloc(1, sizeof(*s));
 	FUZZ_CHECK(s);
 	s->listen_fd = s->signal_fd = -EBADF;
+	s->handlers = &dispatch_handlers;
 	s->pool = h.pool;
 	s->limits = limits;
 	s->socket_path = "(fuzz)";
