@@ -9,8 +9,9 @@
  * server with its real io_uring loop, but no listening socket, signals or timer: the
  * harness is the accept and the tick. Connections are socketpairs: the daemon's end goes to
  * conn_new() as accept hands it over; the harness keeps the client's end. Requests are
- * decoded through a struct wire_rx (the arena bound of a connection) and handed to
- * the request handler (dispatch.h) directly, or written to the socket for the connection's own receive handler.
+ * decoded through a struct wire_rx (the arena bound of a connection) and handed to the
+ * request handler (dispatch.h) directly, or written to the socket for the connection's own
+ * receive handler.
  * After each step the harness turns the loop without waiting (loop_turn()) until nothing
  * moves, so replies really go through conn_send(), io_uring's sendmsg and the socket, and
  * it reads and decodes them as a client would, closing the fds they carry.
