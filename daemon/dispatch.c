@@ -1348,6 +1348,140 @@ static void handle_seq_pin(struct conn *c, uint64_t id, const Envelope *request,
 	dispatch_pin(c, id, false, req->has_seq_id ? req->seq_id : 0, wait ? now_ms() + wait : 0, 0);
 }
 
+/* ---- answers to requests that waited for a round (evict.h, evict_done_fn) ---- */
+
+/* The connection whose request waited, one reply less outstanding; NULL when it closed
+ * meanwhile: nobody to answer. */
+static struct conn *waiter(struct server *s, uint64_t conn_id) {
+	struct conn *c = server_find_conn(s, conn_id);
+
+	if (!c || c->closing)
+		return NULL;
+	c->outstanding--;
+	return c;
+}
+
+/* One Round of an EvictionsReply: a round of the history, or (id 0) a plan; ts and tp have
+ * room for rec's tenants, of which those it took from are listed. */
+static void round_message(const struct evict_record *rec, Kvd__V1__Round *r,
+                          Kvd__V1__RoundTenant *ts, Kvd__V1__RoundTenant **tp) {
+	bool plan = rec->id == 0;
+
+	kvd__v1__round__init(r);
+	r->trigger = (char *)round_trigger_to_string(rec->trigger);
+	r->has_target_bytes = r->has_planned_bytes = r->has_sequences = r->has_units = true;
+	r->has_predicted_error = r->has_score_us = r->has_select_us = true;
+	r->target_bytes = rec->target;
+	r->planned_bytes = rec->planned;
+	r->sequences = rec->sequences;
+	r->units = rec->units;
+	r->predicted_error = rec->predicted_error;
+	r->score_us = rec->score_us;
+	r->select_us = rec->select_us;
+	if (rec->note[0])
+		r->note = (char *)rec->note;
+	if (!plan) {
+		r->has_id = r->has_start_ms = r->has_duration_us = r->has_compact_us = true;
+		r->has_freed_bytes = r->has_waiting_bytes = r->has_dropped_bytes = true;
+		r->id = rec->id;
+		r->start_ms = rec->start_ms;
+		r->duration_us = rec->duration_us;
+		r->compact_us = rec->compact_us;
+		r->freed_bytes = rec->freed;
+		r->waiting_bytes = rec->waiting;
+		r->dropped_bytes = rec->dropped;
+		if (rec->trigger == ROUND_RECALL) {
+			r->has_recalled_tokens = r->has_scored_tokens = true;
+			r->recalled_tokens = rec->recalled;
+			r->scored_tokens = rec->scored;
+		}
+		if (rec->error < 0)
+			r->error = strerror(-rec->error);
+	}
+	/* A round's: what was applied (a tenant whose share waits or was dropped is in those
+	 * sums); a plan's: what it would take, and at what predicted cost. */
+	r->tenants = tp;
+	for (uint32_t j = 0; j < rec->n_tenants; j++) {
+		Kvd__V1__RoundTenant *t = &ts[r->n_tenants];
+
+		if (rec->tenants[j].applied_bytes == 0)
+			continue;
+		kvd__v1__round_tenant__init(t);
+		t->name = (char *)rec->tenants[j].name;
+		t->has_freed_bytes = t->has_evicted_tokens = true;
+		t->freed_bytes = rec->tenants[j].applied_bytes;
+		t->evicted_tokens = rec->tenants[j].applied_tokens;
+		if (plan) {
+			t->has_predicted_error = true;
+			t->predicted_error = rec->tenants[j].predicted_error;
+		}
+		tp[r->n_tenants++] = t;
+	}
+}
+
+static void evict_answered(struct server *s, uint64_t conn_id, uint64_t id,
+                           const struct evict_outcome *o) {
+	struct conn *c = waiter(s, conn_id);
+
+	if (!c)
+		return;
+	if (o->error < 0)
+		envelope_reply_error(c, id, o->error, "%s", o->why);
+	else
+		envelope_reply_evict(c, id, o->round->id, o->round->target, o->round->freed);
+}
+
+/* A plan's answer: an EvictionsReply of the one round it would be. */
+static void plan_answered(struct server *s, uint64_t conn_id, uint64_t id,
+                          const struct evict_outcome *o) {
+	struct conn *c = waiter(s, conn_id);
+	Kvd__V1__EvictionsReply rep = KVD__V1__EVICTIONS_REPLY__INIT;
+	Kvd__V1__Round round, *rounds[1] = { &round };
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	_cleanup_(freep) Kvd__V1__RoundTenant *ts = NULL;
+	_cleanup_(freep) Kvd__V1__RoundTenant **tp = NULL;
+
+	if (!c)
+		return;
+	if (o->error < 0) {
+		envelope_reply_error(c, id, o->error, "%s", o->why);
+		return;
+	}
+	ts = calloc(MAX(o->round->n_tenants, 1u), sizeof(*ts));
+	tp = calloc(MAX(o->round->n_tenants, 1u), sizeof(*tp));
+	if (!ts || !tp) {
+		envelope_reply_error(c, id, -ENOMEM, "out of memory");
+		return;
+	}
+	round_message(o->round, &round, ts, tp);
+	rep.n_rounds = 1;
+	rep.rounds = rounds;
+	env.body_case = KVD__V1__ENVELOPE__BODY_EVICTIONS_REPLY;
+	env.evictions_reply = &rep;
+	envelope_reply(c, id, &env, NULL, 0);
+}
+
+static void recall_answered(struct server *s, uint64_t conn_id, uint64_t id,
+                            const struct evict_outcome *o) {
+	struct conn *c = waiter(s, conn_id);
+	Kvd__V1__SeqRecallReply rep = KVD__V1__SEQ_RECALL_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!c)
+		return;
+	if (o->error < 0) {
+		envelope_reply_error(c, id, o->error, "%s", o->why);
+		return;
+	}
+	rep.has_tokens = rep.has_bytes = rep.has_candidates = true;
+	rep.tokens = o->tokens;
+	rep.bytes = o->bytes;
+	rep.candidates = o->candidates;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RECALL_REPLY;
+	env.seq_recall_reply = &rep;
+	envelope_reply(c, id, &env, NULL, 0);
+}
+
 /*
  * A tenant's own requests that run a round (Evict, Plan, SeqRecall), per connection: rounds
  * run one at a time, so a tenant looping on them would keep the worker to itself. Grows'
@@ -1409,7 +1543,7 @@ static void handle_seq_recall(struct conn *c, uint64_t id, const Envelope *reque
 	if (refuse_if_outstanding(c, id) ||
 	    (!access_admin(&s->admin->cfg, c->fd, &c->cred) && !round_rate_allows(c, id)))
 		return;
-	r = evict_recall(s->evictor, c, id, q);
+	r = evict_recall(s->evictor, c, id, q, recall_answered);
 	if (r == -EBUSY && q->pins > 0)
 		envelope_reply_error(c, id, r, "the sequence is pinned: ask for a recall between steps");
 	else if (r == -EBUSY)
@@ -1490,7 +1624,7 @@ static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
 		return;
 	if (!admin && !round_rate_allows(c, id))
 		return;
-	r = evict_request(c->srv->evictor, c, id, t, req->has_bytes ? req->bytes : 0);
+	r = evict_request(c->srv->evictor, c, id, t, req->has_bytes ? req->bytes : 0, evict_answered);
 	if (r == -EBUSY)
 		server_refused(c->srv, c, LIMIT_EVICT_REQUESTS);
 	if (r >= 0)
@@ -1502,18 +1636,38 @@ static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
 
 static void handle_evictions(struct conn *c, uint64_t id, const Envelope *request _unused_,
                              int request_fd _unused_) {
+	const struct evictor *e = c->srv->evictor;
+	uint32_t n = evict_records(e), n_tenants = 0;
 	Kvd__V1__EvictionsReply rep = KVD__V1__EVICTIONS_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
+	_cleanup_(freep) Kvd__V1__Round *rounds = NULL;
+	_cleanup_(freep) Kvd__V1__Round **rp = NULL;
+	_cleanup_(freep) Kvd__V1__RoundTenant *ts = NULL;
+	_cleanup_(freep) Kvd__V1__RoundTenant **tp = NULL;
 
-	if (evict_history(c->srv->evictor, &rep) < 0) {
-		evict_history_free(&rep);
+	for (uint32_t i = 0; i < n; i++)
+		n_tenants += evict_record_at(e, i)->n_tenants;
+	rounds = calloc(MAX(n, 1u), sizeof(*rounds));
+	rp = calloc(MAX(n, 1u), sizeof(*rp));
+	ts = calloc(MAX(n_tenants, 1u), sizeof(*ts));
+	tp = calloc(MAX(n_tenants, 1u), sizeof(*tp));
+	if (!rounds || !rp || !ts || !tp) {
 		envelope_reply_error(c, id, -ENOMEM, "out of memory");
 		return;
 	}
+	n_tenants = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct evict_record *rec = evict_record_at(e, i);
+
+		round_message(rec, &rounds[i], ts + n_tenants, tp + n_tenants);
+		n_tenants += rec->n_tenants;
+		rp[i] = &rounds[i];
+	}
+	rep.n_rounds = n;
+	rep.rounds = rp;
 	env.body_case = KVD__V1__ENVELOPE__BODY_EVICTIONS_REPLY;
 	env.evictions_reply = &rep;
 	envelope_reply(c, id, &env, NULL, 0);
-	evict_history_free(&rep);
 }
 
 static void handle_status(struct conn *c, uint64_t id, const Envelope *request _unused_,
@@ -1661,7 +1815,7 @@ static void handle_plan(struct conn *c, uint64_t id, const Envelope *request,
 		trigger = ROUND_EVICT;
 		bytes = req->evict->has_bytes ? req->evict->bytes : 0;
 	}
-	r = evict_plan(s->evictor, c, id, trigger, only, bytes, &patch);
+	r = evict_plan(s->evictor, c, id, trigger, only, bytes, &patch, plan_answered);
 	if (r == -EBUSY)
 		server_refused(s, c, LIMIT_EVICT_REQUESTS);
 	if (r < 0)

@@ -34,6 +34,7 @@
 
 struct evict_waiter {
 	uint64_t conn_id, id;
+	evict_done_fn done;
 	uint32_t tenant_id;           /* 0: all */
 	uint64_t bytes;
 	/* A plan (evict_plan): bytes is the exact target, trigger and patch as it says. */
@@ -45,6 +46,7 @@ struct evict_waiter {
 /* A SeqRecall waiting for its round. */
 struct recall_waiter {
 	uint64_t conn_id, id, seq_id;
+	evict_done_fn done;
 };
 
 struct grant_waiter {
@@ -55,31 +57,6 @@ struct grant_waiter {
 	bool at_cap;                  /* waits at its tenant's max (evict_wait_grant) */
 	uint64_t deadline_ms;
 	uint64_t need_bytes;          /* the new chunks' bytes it lacked */
-};
-
-/* What a round applied to one tenant; plans applied later (at an unpin) add to it. */
-struct record_tenant {
-	char name[KVD_TENANT_NAME_MAX + 1];
-	uint64_t applied_bytes, applied_tokens;
-};
-
-struct record {
-	uint64_t id;
-	enum round_trigger trigger;
-	uint64_t start_ms, duration_us, score_us, select_us, compact_us;
-	uint64_t target, freed;
-	/* Block bytes of what the round selected, and of that what waits for its sequences'
-	 * unpin and what was dropped (sequence gone or rewritten since the snapshot): planned
-	 * = applied (the tenants') + waiting + dropped. */
-	uint64_t planned, waiting, dropped;
-	uint64_t recalled, scored;    /* a recall: token slots brought back, kept ones scored */
-	uint32_t sequences;
-	uint64_t units;
-	double predicted_error;
-	int error;
-	char note[192];               /* why it freed nothing, when it did not */
-	struct record_tenant *tenants;
-	uint32_t n_tenants;
 };
 
 struct evictor {
@@ -115,7 +92,7 @@ struct evictor {
 	uint64_t last_interval_ms;
 
 	uint64_t next_id, rounds_total, rounds_failed, last_round_us;
-	struct record history[EVICT_HISTORY];
+	struct evict_record history[EVICT_HISTORY];
 	uint32_t history_n, history_head;
 };
 
@@ -400,8 +377,8 @@ static uint64_t seq_plan_bytes(const struct round_seq *rq) {
 
 /* Enters a finished round in the history, with a tenant entry for each tenant it selected
  * from; what is applied is added as it is (record_applied). */
-static struct record *record_round(struct evictor *e, const struct round *r) {
-	struct record *rec = &e->history[(e->history_head + e->history_n) % EVICT_HISTORY];
+static struct evict_record *record_round(struct evictor *e, const struct round *r) {
+	struct evict_record *rec = &e->history[(e->history_head + e->history_n) % EVICT_HISTORY];
 	uint32_t n = 0;
 
 	if (e->history_n == EVICT_HISTORY) {
@@ -410,7 +387,7 @@ static struct record *record_round(struct evictor *e, const struct round *r) {
 	} else
 		e->history_n++;
 	free(rec->tenants);
-	*rec = (struct record){
+	*rec = (struct evict_record){
 		.id = r->id,
 		.trigger = r->trigger,
 		.start_ms = r->start_ms,
@@ -436,14 +413,14 @@ static struct record *record_round(struct evictor *e, const struct round *r) {
 	return rec;
 }
 
-static struct record *record_find(struct evictor *e, uint64_t id) {
+static struct evict_record *record_find(struct evictor *e, uint64_t id) {
 	for (uint32_t i = 0; i < e->history_n; i++)
 		if (e->history[i].id == id)
 			return &e->history[i];
 	return NULL;
 }
 
-static void record_applied(struct record *rec, const char *tenant, uint64_t bytes, uint64_t tokens) {
+static void record_applied(struct evict_record *rec, const char *tenant, uint64_t bytes, uint64_t tokens) {
 	for (uint32_t i = 0; rec && i < rec->n_tenants; i++)
 		if (strcmp(rec->tenants[i].name, tenant) == 0) {
 			rec->tenants[i].applied_bytes += bytes;
@@ -452,7 +429,7 @@ static void record_applied(struct record *rec, const char *tenant, uint64_t byte
 		}
 }
 
-static uint64_t record_applied_bytes(const struct record *rec) {
+static uint64_t record_applied_bytes(const struct evict_record *rec) {
 	uint64_t bytes = 0;
 
 	for (uint32_t i = 0; i < rec->n_tenants; i++)
@@ -463,7 +440,7 @@ static uint64_t record_applied_bytes(const struct record *rec) {
 /* A plan that waited for an unpin is settled: applied (tokens >= 0) or dropped. */
 static void record_plan_settled(struct evictor *e, const struct plan *p, const char *tenant,
                                 int64_t tokens) {
-	struct record *rec = record_find(e, p->round_id);
+	struct evict_record *rec = record_find(e, p->round_id);
 
 	/* Older than the history: nothing left to correct. */
 	if (!rec)
@@ -667,7 +644,7 @@ void evict_apply_pending(struct evictor *e, struct seq *q) {
 
 /* Applies a finished round on the loop, entering what it applied, parked and dropped in its
  * record; returns the chunk bytes it gave back. */
-static uint64_t apply_round(struct evictor *e, struct round *r, struct record *rec) {
+static uint64_t apply_round(struct evictor *e, struct round *r, struct evict_record *rec) {
 	struct server *s = e->srv;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
 	_cleanup_(freep) bool *touched = calloc(MAX(r->n_tenants, 1u), sizeof(bool));
@@ -770,69 +747,46 @@ static bool why_nothing(const struct round *r, uint64_t planned, char *buf, size
 	return true;
 }
 
-/* A plan's answer: the round it would be, one Round of an EvictionsReply, with each
- * tenant's planned bytes, token slots and predicted cost. */
-static void reply_plan(struct evictor *e, const struct evict_waiter *w, const struct round *r) {
-	struct conn *c = server_find_conn(e->srv, w->conn_id);
-	Kvd__V1__EvictionsReply rep = KVD__V1__EVICTIONS_REPLY__INIT;
-	Kvd__V1__Round round = KVD__V1__ROUND__INIT, *rounds[1] = { &round };
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-	_cleanup_(freep) Kvd__V1__RoundTenant *ts = NULL;
-	_cleanup_(freep) Kvd__V1__RoundTenant **tp = NULL;
-	char note[192];
+/* A plan's answer: the round it would be, as a record (id 0), with each tenant's planned
+ * bytes, token slots and predicted cost. */
+static void answer_plan(struct evictor *e, const struct evict_waiter *w, const struct round *r) {
+	struct evict_record plan = {
+		.trigger = r->trigger,
+		.target = r->target,
+		.sequences = r->n_seqs,
+		.units = r->units,
+		.predicted_error = r->predicted_error,
+		.score_us = r->score_us,
+		.select_us = r->select_us + r->fold_us,
+	};
+	_cleanup_(freep) struct evict_record_tenant *ts = NULL;
+	struct evict_outcome o = { .error = r->error, .why = "planning the round failed",
+	                           .round = &plan };
 
-	if (!c || c->closing)
-		return;
-	c->outstanding--;
-	if (r->error < 0) {
-		envelope_reply_error(c, w->id, r->error, "planning the round failed");
-		return;
-	}
-	ts = calloc(MAX(r->n_tenants, 1u), sizeof(*ts));
-	tp = calloc(MAX(r->n_tenants, 1u), sizeof(*tp));
-	if (!ts || !tp) {
-		envelope_reply_error(c, w->id, -ENOMEM, "out of memory");
-		return;
-	}
-	for (uint32_t i = 0; i < r->n_tenants; i++)
-		kvd__v1__round_tenant__init(&ts[i]);
-	for (uint32_t i = 0; i < r->n_seqs; i++) {
+	ts = r->error >= 0 ? calloc(MAX(r->n_tenants, 1u), sizeof(*ts)) : NULL;
+	if (r->error >= 0 && !ts)
+		o = (struct evict_outcome){ .error = -ENOMEM, .why = "out of memory" };
+	for (uint32_t i = 0; ts && i < r->n_seqs; i++) {
 		const struct round_seq *rq = &r->seqs[i];
-		Kvd__V1__RoundTenant *t = &ts[rq->tenant];
 
 		if (!rq->drop_off)
 			continue;
-		t->freed_bytes += seq_plan_bytes(rq);
-		t->evicted_tokens += rq->drop_off[rq->n_tables];
-		round.planned_bytes += seq_plan_bytes(rq);
+		ts[rq->tenant].applied_bytes += seq_plan_bytes(rq);
+		ts[rq->tenant].applied_tokens += rq->drop_off[rq->n_tables];
+		plan.planned += seq_plan_bytes(rq);
 	}
-	for (uint32_t i = 0; i < r->n_tenants; i++) {
-		Kvd__V1__RoundTenant *t = &ts[i];
-
-		if (t->freed_bytes == 0)
+	/* Only the tenants it takes from, in place. */
+	for (uint32_t i = 0; ts && i < r->n_tenants; i++) {
+		if (ts[i].applied_bytes == 0)
 			continue;
-		t->name = (char *)r->tenants[i].name;
-		t->has_freed_bytes = t->has_evicted_tokens = t->has_predicted_error = true;
-		t->predicted_error = r->tenants[i].predicted;
-		tp[round.n_tenants++] = t;
+		ts[plan.n_tenants] = ts[i];
+		memcpy(ts[plan.n_tenants].name, r->tenants[i].name, sizeof(ts[0].name));
+		ts[plan.n_tenants].predicted_error = r->tenants[i].predicted;
+		plan.n_tenants++;
 	}
-	round.tenants = tp;
-	round.trigger = (char *)round_trigger_to_string(r->trigger);
-	round.has_target_bytes = round.has_planned_bytes = round.has_sequences = true;
-	round.has_units = round.has_predicted_error = round.has_score_us = round.has_select_us = true;
-	round.target_bytes = r->target;
-	round.sequences = r->n_seqs;
-	round.units = r->units;
-	round.predicted_error = r->predicted_error;
-	round.score_us = r->score_us;
-	round.select_us = r->select_us + r->fold_us;
-	if (why_nothing(r, round.planned_bytes, note, sizeof(note)))
-		round.note = note;
-	rep.n_rounds = 1;
-	rep.rounds = rounds;
-	env.body_case = KVD__V1__ENVELOPE__BODY_EVICTIONS_REPLY;
-	env.evictions_reply = &rep;
-	envelope_reply(c, w->id, &env, NULL, 0);
+	plan.tenants = ts;
+	why_nothing(r, plan.planned, plan.note, sizeof(plan.note));
+	w->done(e->srv, w->conn_id, w->id, &o);
 }
 
 /* Sets a plan's snapshot to the tenant's settings as the change would make them. */
@@ -846,21 +800,18 @@ static void patch_snapshot(struct round *r, const struct evict_patch *patch) {
 		}
 }
 
-static void reply_evict(struct evictor *e, const struct evict_waiter *w, const struct round *r,
-                        uint64_t freed) {
-	struct conn *c = server_find_conn(e->srv, w->conn_id);
+/* An Evict request's answer, from its round's record (NULL when none was made: the round
+ * never started). */
+static void answer_evict(struct evictor *e, const struct evict_waiter *w, const struct round *r,
+                         const struct evict_record *rec) {
+	struct evict_record none = { .id = r->id, .target = r->target, .error = r->error };
+	struct evict_outcome o = { .error = r->error, .why = "the eviction round failed",
+	                           .round = rec ? rec : &none };
 
-	if (w->dry) {
-		reply_plan(e, w, r);
-		return;
-	}
-	if (!c || c->closing)
-		return;
-	c->outstanding--;
-	if (r->error < 0)
-		envelope_reply_error(c, w->id, r->error, "the eviction round failed");
+	if (w->dry)
+		answer_plan(e, w, r);
 	else
-		envelope_reply_evict(c, w->id, r->id, r->target, freed);
+		w->done(e->srv, w->conn_id, w->id, &o);
 }
 
 /* Retries parked grows; those that still fail wait on, until their deadline. */
@@ -1072,12 +1023,19 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
                         int device) {
 	struct server *s = e->srv;
 	bool dry = e->running_request && e->running_waiter.dry;
+	struct evict_record *rec;
 	struct round *r;
 	int k;
 
 	r = calloc(1, sizeof(*r));
 	if (!r) {
+		struct round none = { .error = -ENOMEM, .trigger = why, .only = -1 };
+
 		log_error("cannot start an eviction round: out of memory");
+		if (e->running_request) {
+			e->running_request = false;
+			answer_evict(e, &e->running_waiter, &none, NULL);
+		}
 		return;
 	}
 	/* A plan is not a round: it takes no id of the history's. */
@@ -1103,10 +1061,9 @@ static void start_round(struct evictor *e, enum round_trigger why, uint64_t targ
 	if (k < 0) {
 		log_error_errno(k, "cannot start an eviction round");
 		r->error = k;
-		if (!dry)
-			record_round(e, r);
+		rec = dry ? NULL : record_round(e, r);
 		if (e->running_request) {
-			reply_evict(e, &e->running_waiter, r, 0);
+			answer_evict(e, &e->running_waiter, r, rec);
 			e->running_request = false;
 		}
 		round_free(r);
@@ -1203,7 +1160,7 @@ static bool start_request(struct evictor *e) {
 			/* Nothing to plan: the answer says so at once, as a round would. */
 			struct round r = { .trigger = w.trigger, .only = -1 };
 
-			reply_plan(e, &w, &r);
+			answer_plan(e, &w, &r);
 			continue;
 		}
 		e->running_request = true;
@@ -1305,27 +1262,17 @@ void evict_kick(struct evictor *e, enum round_trigger why) {
 
 /* ---- recall ---- */
 
-static void reply_recall(struct evictor *e, const struct recall_waiter *w, int error,
-                         const char *why, const struct round_seq *rq, uint64_t tokens) {
-	Kvd__V1__SeqRecallReply rep = KVD__V1__SEQ_RECALL_REPLY__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-	struct conn *c = server_find_conn(e->srv, w->conn_id);
+/* A SeqRecall's answer: an error with why, or what rq traded (tokens slots back). */
+static void answer_recall(struct evictor *e, const struct recall_waiter *w, int error,
+                          const char *why, const struct round_seq *rq, uint64_t tokens) {
+	struct evict_outcome o = { .error = error, .why = why, .tokens = tokens };
 
-	if (!c || c->closing)
-		return;
-	c->outstanding--;
-	if (error < 0) {
-		envelope_reply_error(c, w->id, error, "%s", why);
-		return;
+	if (rq) {
+		o.bytes = tokens * slot_bytes_of(rq->layout, rq->dtype, rq->head_dim, rq->kv_heads,
+		                                 rq->index_dim);
+		o.candidates = rq->candidates;
 	}
-	rep.has_tokens = rep.has_bytes = rep.has_candidates = true;
-	rep.tokens = tokens;
-	rep.bytes = rq ? tokens * slot_bytes_of(rq->layout, rq->dtype, rq->head_dim, rq->kv_heads,
-	                                        rq->index_dim) : 0;
-	rep.candidates = rq ? rq->candidates : 0;
-	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_RECALL_REPLY;
-	env.seq_recall_reply = &rep;
-	envelope_reply(c, w->id, &env, NULL, 0);
+	w->done(e->srv, w->conn_id, w->id, &o);
 }
 
 /* The policy recalls of q score with (kvd.conf(5), recall-policy). */
@@ -1405,23 +1352,23 @@ static bool start_recall(struct evictor *e, const struct recall_waiter *w) {
 		q = server_find_seq(s, w->conn_id, w->seq_id);
 	}
 	if (!q) {
-		reply_recall(e, w, -ENOENT, "the sequence was released", NULL, 0);
+		answer_recall(e, w, -ENOENT, "the sequence was released", NULL, 0);
 		return false;
 	}
 	k = recall_refusal(e, q, &why);
 	if (k == 0 && q->pending)
 		k = -EAGAIN, why = "an eviction plan for the sequence waits for its engine";
 	if (k < 0) {
-		reply_recall(e, w, k, why, NULL, 0);
+		answer_recall(e, w, k, why, NULL, 0);
 		return false;
 	}
 	if (recall_kept_total(q->kept) == 0) {
-		reply_recall(e, w, 0, NULL, NULL, 0);
+		answer_recall(e, w, 0, NULL, NULL, 0);
 		return false;
 	}
 	r = calloc(1, sizeof(*r));
 	if (!r) {
-		reply_recall(e, w, -ENOMEM, "out of memory", NULL, 0);
+		answer_recall(e, w, -ENOMEM, "out of memory", NULL, 0);
 		return false;
 	}
 	r->id = ++e->next_id;
@@ -1449,7 +1396,7 @@ static bool start_recall(struct evictor *e, const struct recall_waiter *w) {
 	}
 	if (k < 0) {
 		log_error_errno(k, "cannot start a recall round");
-		reply_recall(e, w, k, "cannot start the recall round", NULL, 0);
+		answer_recall(e, w, k, "cannot start the recall round", NULL, 0);
 		round_free(r);
 		return false;
 	}
@@ -1501,7 +1448,7 @@ static void recall_done(struct evictor *e, struct round *r) {
 	struct recall_waiter w = e->running_recall;
 	const char *why = "the recall round failed";
 	uint64_t t0 = now_us();
-	struct record *rec;
+	struct evict_record *rec;
 	int64_t k = r->error;
 
 	rec = record_round(e, r);
@@ -1536,14 +1483,15 @@ static void recall_done(struct evictor *e, struct round *r) {
 	         (unsigned long long)rq->seq_id, (unsigned long long)rec->recalled,
 	         (unsigned long long)rq->candidates, rec->duration_us / 1e3, r->score_us / 1e3,
 	         rec->compact_us / 1e3, k < 0 ? ": " : "", k < 0 ? why : "");
-	reply_recall(e, &w, k < 0 ? (int)k : 0, why, rq, rec->recalled);
+	answer_recall(e, &w, k < 0 ? (int)k : 0, why, rq, rec->recalled);
 	if (q && rec->recalled > 0) {
 		q->tenant->recalled_tokens += rec->recalled;
 		send_changed(s, q);
 	}
 }
 
-int evict_recall(struct evictor *e, struct conn *c, uint64_t id, struct seq *q) {
+int evict_recall(struct evictor *e, struct conn *c, uint64_t id, struct seq *q,
+                 evict_done_fn done) {
 	const char *why;
 	int k;
 
@@ -1552,7 +1500,7 @@ int evict_recall(struct evictor *e, struct conn *c, uint64_t id, struct seq *q) 
 	k = recall_refusal(e, q, &why);
 	if (k < 0)
 		return k;
-	e->recalls[e->n_recalls++] = (struct recall_waiter){ c->id, id, q->id };
+	e->recalls[e->n_recalls++] = (struct recall_waiter){ c->id, id, q->id, done };
 	c->outstanding++;
 	evict_kick(e, ROUND_RECALL);
 	return 0;
@@ -1564,7 +1512,7 @@ void evict_cap_lowered(struct evictor *e) {
 }
 
 /* Why a round gave no chunk back, in its record's note (nothing when it did, or failed). */
-static void note_nothing_freed(const struct round *r, struct record *rec) {
+static void note_nothing_freed(const struct round *r, struct evict_record *rec) {
 	uint64_t applied = record_applied_bytes(rec);
 	char a[32];
 
@@ -1583,7 +1531,7 @@ static void note_nothing_freed(const struct round *r, struct record *rec) {
 }
 
 /* One line per round at info level (rate-limited like every message: kvd(8), LOGGING). */
-static void log_round(const struct round *r, struct record *rec) {
+static void log_round(const struct round *r, struct evict_record *rec) {
 	char target[32], planned[32], applied[32], waiting[32], dropped[32], freed[32];
 	uint32_t tenants = 0;
 
@@ -1609,7 +1557,7 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 	struct evictor *e = container_of(op, struct evictor, efd_op);
 	struct round *r = e->running;
 	uint64_t t0 = now_us(), freed = 0;
-	struct record *rec;
+	struct evict_record *rec;
 
 	(void)more;
 	e->efd_armed = false;
@@ -1629,7 +1577,7 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 	if (r->dry_run) {
 		/* A plan: answered, and nothing else; no state of the daemon changes. */
 		e->running_request = false;
-		reply_plan(e, &e->running_waiter, r);
+		answer_plan(e, &e->running_waiter, r);
 		round_free(r);
 		pool_readers_end(e->srv->pool);
 		evict_kick(e, ROUND_WATERMARK);
@@ -1650,7 +1598,7 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 		log_round(r, rec);
 	if (e->running_request) {
 		e->running_request = false;
-		reply_evict(e, &e->running_waiter, r, freed);
+		answer_evict(e, &e->running_waiter, r, rec);
 	}
 	/* Nothing evictable: do not spin on pressure nothing can relieve. A round that evicted
 	 * without emptying a chunk still made room inside the tenants' chunks (their grows
@@ -1673,10 +1621,12 @@ void evict_chunks_back(struct evictor *e) {
 }
 
 int evict_plan(struct evictor *e, struct conn *c, uint64_t id, enum round_trigger trigger,
-               struct tenant *only, uint64_t bytes, const struct evict_patch *patch) {
+               struct tenant *only, uint64_t bytes, const struct evict_patch *patch,
+               evict_done_fn done) {
 	struct evict_waiter w = {
 		.conn_id = c->id,
 		.id = id,
+		.done = done,
 		.tenant_id = only ? only->id : 0,
 		.bytes = bytes,
 		.dry = true,
@@ -1693,12 +1643,14 @@ int evict_plan(struct evictor *e, struct conn *c, uint64_t id, enum round_trigge
 	return 0;
 }
 
-int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes) {
+int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes,
+                  evict_done_fn done) {
 	if (e->n_waiters == EVICT_WAITERS_MAX)
 		return -EBUSY;
 	e->waiters[e->n_waiters++] = (struct evict_waiter){
 		.conn_id = c->id,
 		.id = id,
+		.done = done,
 		.tenant_id = t ? t->id : 0,
 		.bytes = bytes,
 	};
@@ -1856,76 +1808,10 @@ uint64_t evict_last_round_us(const struct evictor *e) {
 	return e->last_round_us;
 }
 
-int evict_history(const struct evictor *e, Kvd__V1__EvictionsReply *rep) {
-	uint32_t n = e->history_n;
-
-	rep->n_rounds = 0;
-	rep->rounds = calloc(MAX(n, 1u), sizeof(*rep->rounds));
-	if (!rep->rounds)
-		return -ENOMEM;
-	for (uint32_t i = 0; i < n; i++) {
-		const struct record *rec = &e->history[(e->history_head + i) % EVICT_HISTORY];
-		Kvd__V1__Round *r = calloc(1, sizeof(*r) + rec->n_tenants * (sizeof(Kvd__V1__RoundTenant) +
-		                                                               sizeof(void *)));
-		uint32_t n_tenants = 0;
-		Kvd__V1__RoundTenant *ts;
-
-		if (!r)
-			return -ENOMEM;
-		rep->rounds[rep->n_rounds++] = r;
-		kvd__v1__round__init(r);
-		ts = (Kvd__V1__RoundTenant *)(r + 1);
-		r->tenants = (Kvd__V1__RoundTenant **)(ts + rec->n_tenants);
-		r->has_id = r->has_start_ms = r->has_duration_us = r->has_score_us = true;
-		r->has_select_us = r->has_compact_us = r->has_target_bytes = r->has_freed_bytes = true;
-		r->has_sequences = r->has_units = r->has_predicted_error = true;
-		r->id = rec->id;
-		r->trigger = (char *)round_trigger_to_string(rec->trigger);
-		r->start_ms = rec->start_ms;
-		r->duration_us = rec->duration_us;
-		r->score_us = rec->score_us;
-		r->select_us = rec->select_us;
-		r->compact_us = rec->compact_us;
-		r->target_bytes = rec->target;
-		r->freed_bytes = rec->freed;
-		r->sequences = rec->sequences;
-		r->units = rec->units;
-		r->predicted_error = rec->predicted_error;
-		r->has_planned_bytes = r->has_waiting_bytes = r->has_dropped_bytes = true;
-		r->planned_bytes = rec->planned;
-		if (rec->trigger == ROUND_RECALL) {
-			r->has_recalled_tokens = r->has_scored_tokens = true;
-			r->recalled_tokens = rec->recalled;
-			r->scored_tokens = rec->scored;
-		}
-		r->waiting_bytes = rec->waiting;
-		r->dropped_bytes = rec->dropped;
-		if (rec->note[0])
-			r->note = (char *)rec->note;
-		if (rec->error < 0)
-			r->error = strerror(-rec->error);
-		/* What was applied; a tenant whose share waits or was dropped is in those sums. */
-		for (uint32_t j = 0; j < rec->n_tenants; j++) {
-			Kvd__V1__RoundTenant *t = &ts[n_tenants];
-
-			if (rec->tenants[j].applied_bytes == 0)
-				continue;
-			kvd__v1__round_tenant__init(t);
-			t->name = (char *)rec->tenants[j].name;
-			t->has_freed_bytes = t->has_evicted_tokens = true;
-			t->freed_bytes = rec->tenants[j].applied_bytes;
-			t->evicted_tokens = rec->tenants[j].applied_tokens;
-			r->tenants[n_tenants++] = t;
-		}
-		r->n_tenants = n_tenants;
-	}
-	return 0;
+uint32_t evict_records(const struct evictor *e) {
+	return e->history_n;
 }
 
-void evict_history_free(Kvd__V1__EvictionsReply *rep) {
-	for (size_t i = 0; i < rep->n_rounds; i++)
-		free(rep->rounds[i]);
-	free(rep->rounds);
-	rep->rounds = NULL;
-	rep->n_rounds = 0;
+const struct evict_record *evict_record_at(const struct evictor *e, uint32_t i) {
+	return i < e->history_n ? &e->history[(e->history_head + i) % EVICT_HISTORY] : NULL;
 }

@@ -30,7 +30,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "kvd.pb-c.h"
+#include "kvd/kvd-abi.h"
 #include "round.h"
 
 struct server;
@@ -57,6 +57,52 @@ struct plan *plan_free(struct plan *p);
  * dropped in its round's history. Returns NULL. */
 struct plan *evict_plan_drop(struct evictor *e, struct plan *p);
 
+/* What one round did, as kvdctl evictions shows it: a record of the history, or (id 0) a
+ * plan's answer, what a round would do. A plan's tenants carry their predicted cost; a
+ * round's, what was applied (by the round, or at a later unpin). */
+struct evict_record_tenant {
+	char name[KVD_TENANT_NAME_MAX + 1];
+	uint64_t applied_bytes, applied_tokens;
+	double predicted_error;       /* plans only */
+};
+
+struct evict_record {
+	uint64_t id;                  /* 0: a plan */
+	enum round_trigger trigger;
+	uint64_t start_ms, duration_us, score_us, select_us, compact_us;
+	uint64_t target, freed;
+	/* Block bytes of what the round selected, and of that what waits for its sequences'
+	 * unpin and what was dropped (sequence gone or rewritten since the snapshot): planned
+	 * = applied (the tenants') + waiting + dropped. */
+	uint64_t planned, waiting, dropped;
+	uint64_t recalled, scored;    /* a recall: token slots brought back, kept ones scored */
+	uint32_t sequences;
+	uint64_t units;
+	double predicted_error;
+	int error;
+	char note[192];               /* why it freed nothing, when it did not */
+	struct evict_record_tenant *tenants;
+	uint32_t n_tenants;
+};
+
+/*
+ * How a request the evictor queued came out, for its answer (the evictor builds no reply:
+ * the requests do, dispatch.c): error < 0 and why, or, for an Evict or a plan, the round
+ * (or plan) it ran; for a SeqRecall, the token slots it brought back, their bytes, and the
+ * kept slots it scored.
+ */
+struct evict_outcome {
+	int error;
+	const char *why;
+	const struct evict_record *round;
+	uint64_t tokens, bytes, candidates;
+};
+
+/* Answers request id of connection conn_id (which may be gone by now) with outcome o; on
+ * the loop. */
+typedef void (*evict_done_fn)(struct server *s, uint64_t conn_id, uint64_t id,
+                              const struct evict_outcome *o);
+
 /* Rounds kept for kvdctl evictions. */
 #define EVICT_HISTORY 64
 /* Evict requests waiting for their round, and grows waiting for memory, at most. */
@@ -76,7 +122,8 @@ void evict_kick(struct evictor *e, enum round_trigger why);
  * watermark; tenant NULL means ranked across all. The reply comes when its round is done.
  * Returns 0, or -EBUSY (too many waiting), -ENOMEM.
  */
-int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes);
+int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant *t, uint64_t bytes,
+                  evict_done_fn done);
 
 /*
  * Queues a SeqRecall of connection c (request id) for q (docs/recall.md): its round runs
@@ -85,7 +132,8 @@ int evict_request(struct evictor *e, struct conn *c, uint64_t id, struct tenant 
  * meanwhile: -ENOENT, -EBUSY, -EAGAIN). Returns 0, or -EBUSY (too many waiting; q
  * pinned), -EAGAIN (q moved out of the pool, or its engine's step not complete).
  */
-int evict_recall(struct evictor *e, struct conn *c, uint64_t id, struct seq *q);
+int evict_recall(struct evictor *e, struct conn *c, uint64_t id, struct seq *q,
+                 evict_done_fn done);
 
 /* A tenant's settings as a change would make them, for a plan (evict_plan). */
 struct evict_patch {
@@ -107,7 +155,8 @@ struct evict_patch {
  * answered without a round. Returns 0, or -EBUSY (too many waiting).
  */
 int evict_plan(struct evictor *e, struct conn *c, uint64_t id, enum round_trigger trigger,
-               struct tenant *only, uint64_t bytes, const struct evict_patch *patch);
+               struct tenant *only, uint64_t bytes, const struct evict_patch *patch,
+               evict_done_fn done);
 
 /* What kvd_evict without a size sets out to free: down to the low watermark. */
 uint64_t evict_default_target(const struct evictor *e);
@@ -187,7 +236,7 @@ uint32_t evict_grants_waiting(const struct evictor *e);
  * retried before and parked again: the grows ahead. */
 uint32_t evict_grants_queued(const struct evictor *e, uint32_t device);
 uint64_t evict_last_round_us(const struct evictor *e);
-/* Fills rep with the history; the strings and arrays live in e until the next round.
- * Returns 0 or -ENOMEM; free with evict_history_free(). */
-int evict_history(const struct evictor *e, Kvd__V1__EvictionsReply *rep);
-void evict_history_free(Kvd__V1__EvictionsReply *rep);
+/* The history: how many rounds it holds, and the i-th, oldest first (valid until the
+ * next round ends). */
+uint32_t evict_records(const struct evictor *e);
+const struct evict_record *evict_record_at(const struct evictor *e, uint32_t i);
