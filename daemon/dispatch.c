@@ -670,34 +670,112 @@ static int bring_back(struct conn *c, struct seq *q, const struct parked_grow *r
 }
 
 /* since_us: when the grow was first parked, 0 when it never was. */
+/* Parks grow req of c for an eviction round (evict_wait_grant: at_cap, short of need bytes)
+ * until wait_until_ms; counted once per grow, however often it is retried. Returns whether
+ * it waits. */
+static bool park_grow(struct conn *c, const struct parked_grow *req, bool at_cap, uint64_t need,
+                      uint64_t wait_until_ms, bool retried) {
+	if (evict_wait_grant(c->srv->evictor, c, req, at_cap, grow_retry, need, wait_until_ms) < 0)
+		return false;
+	if (!retried)
+		c->tenant->grants_waited++;
+	c->outstanding++;
+	return true;
+}
+
+/* Why grow of q failed with r (seq_grow()'s errors), into why; budget_full: whether the
+ * budget had no room when it did. */
+static void grow_refusal(struct conn *c, const struct seq *q, int r, bool budget_full,
+                         char why[static WHY_MAX]) {
+	struct server *s = c->srv;
+	struct pool *p = s->pool;
+	char holder[WHY_MAX];
+
+	switch (r) {
+	case -EINVAL:
+		refuse(why, r, "cannot grow by 0 tokens");
+		break;
+	case -EFBIG:
+		refuse(why, r, "the sequence holds at most %u tokens", q->desc->max_tokens);
+		break;
+	case -E2BIG:
+		refuse(why, r, "one grow may map at most %u new chunks; grow in smaller steps",
+		       WIRE_FDS_MAX);
+		break;
+	case -EDQUOT:
+		refuse(why, r, "tenant %s reached its max of %llu bytes", c->tenant->name,
+		       (unsigned long long)c->tenant->max_bytes);
+		break;
+	case -ENOMEM:
+		if (p->pinned_by[0])
+			refuse(why, r, "no device memory for a new chunk: the free one was tenant %s's, "
+			       "and processes of %s that still import its old allocation keep it "
+			       "allocated; it is back when they release it or exit", p->pinned_by,
+			       p->pinned_by);
+		else
+			refuse(why, r, "grow failed: %s", strerror(-r));
+		break;
+	case -ENOSPC:
+		if (budget_full && p->chunks_draining > 0 &&
+		    server_slowest_holder(s, holder, sizeof(holder)))
+			refuse(why, r, "node budget exhausted: %llu bytes evicted wait for %s to unmap "
+			       "them", (unsigned long long)p->chunks_draining * p->chunk_bytes, holder);
+		else if (budget_full)
+			refuse(why, r, "node budget exhausted (%llu of %llu bytes in use)",
+			       (unsigned long long)p->used_bytes, (unsigned long long)p->budget_bytes);
+		else
+			refuse(why, r, "pool exhausted");
+		break;
+	default:
+		refuse(why, r, "grow failed: %s", strerror(-r));
+	}
+}
+
+/* Answers a grow that took the grants g: on the ring (the new chunks on the socket ahead
+ * of the completion) or with a SeqGrowReply carrying them. */
+static void grow_answer(struct conn *c, uint64_t id, bool ring, const struct seq *q,
+                        const struct seq_grants *g) {
+	Kvd__V1__SeqGrowReply rep = KVD__V1__SEQ_GROW_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	struct envelope_grants grants;
+
+	envelope_grants(&grants, c->srv->pool, c->device, g->chunks, g->n);
+	if (ring) {
+		/* fds cannot travel in a ring: the new chunks go on the socket, ahead of the
+		 * completion (ring.h, "Socket"). */
+		if (g->n > 0)
+			envelope_event_grants(c, &grants);
+		ring_complete(c->ring, id, 0, q->desc->generation, layout_tokens(q->desc)[0], 0, NULL);
+		return;
+	}
+	rep.has_tokens = true;
+	rep.tokens = layout_tokens(q->desc)[0];
+	rep.has_generation = true;
+	rep.generation = q->desc->generation;
+	rep.n_grants = grants.n;
+	rep.grants = grants.ptrs;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_GROW_REPLY;
+	env.seq_grow_reply = &rep;
+	envelope_reply(c, id, &env, grants.fds, grants.n);
+}
+
 static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
                           uint64_t wait_until_ms, uint64_t since_us) {
 	struct server *s = c->srv;
 	struct pool *p = s->pool;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
-	Kvd__V1__SeqGrowReply rep = KVD__V1__SEQ_GROW_REPLY__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-	struct envelope_grants grants;
-	char why[WHY_MAX], holder[WHY_MAX];
+	const struct parked_grow req = { id, seq_id, tokens, ring, since_us ? since_us : now_us() };
+	bool waits = wait_until_ms > now_ms(), budget_full;
+	char why[WHY_MAX];
 	struct seq_grants g;
 	struct seq *q;
 	int r;
 
 	q = conn_seq(c, seq_id);
-	if (!q) {
-		r = refuse(why, -ENOENT, "no such sequence on this connection");
-		reply_step(c, ring, id, r, why);
-		return;
-	}
-	r = refuse_if_unmap_late(c, why);
-	if (r < 0) {
-		reply_step(c, ring, id, r, why);
-		return;
-	}
+	r = q ? refuse_if_unmap_late(c, why) : refuse(why, -ENOENT, "no such sequence on this connection");
 	/* A sequence moved to a tier comes back before it grows. */
-	r = bring_back(c, q, &(struct parked_grow){ id, seq_id, tokens, ring,
-	                                            since_us ? since_us : now_us() },
-	               grow_retry, wait_until_ms, why);
+	if (r >= 0)
+		r = bring_back(c, q, &req, grow_retry, wait_until_ms, why);
 	if (r > 0)
 		return;
 	if (r < 0) {
@@ -709,21 +787,10 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 	 * behind them, so that the chunks a round frees for a waiting grow (often at another
 	 * tenant's unpin) are not taken by whoever asks next; in a retry pass, behind those
 	 * retried before it that wait on. */
-	if (tokens > 0 && wait_until_ms > now_ms() && evict_grants_queued(s->evictor, c->device) > 0 &&
-	    c->outstanding < s->limits.max_outstanding) {
-		uint64_t need = seq_grow_bytes(q, tokens);
-
-		if (need > 0 &&
-		    evict_wait_grant(s->evictor, c,
-		                     &(struct parked_grow){ id, seq_id, tokens, ring,
-		                                            since_us ? since_us : now_us() },
-		                     false, grow_retry, need, wait_until_ms) == 0) {
-			if (!since_us)
-				c->tenant->grants_waited++;
-			c->outstanding++;
-			return;
-		}
-	}
+	if (tokens > 0 && waits && evict_grants_queued(s->evictor, c->device) > 0 &&
+	    c->outstanding < s->limits.max_outstanding && seq_grow_bytes(q, tokens) > 0 &&
+	    park_grow(c, &req, false, seq_grow_bytes(q, tokens), wait_until_ms, since_us != 0))
+		return;
 	/* A pinned sequence's grow is held to max-pinned-percent, once it is a grow at all. */
 	r = seq_grow_check(q, tokens) < 0 ? 0 : pins_may_grow(s, q, seq_grow_bytes(q, tokens),
 	                                                      why, WHY_MAX);
@@ -732,96 +799,32 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		return;
 	}
 	r = seq_grow(q, p, c->id, tokens, &g, &emptied);
-	if (r >= 0)
-		pins_grown(q);
 	if (r < 0) {
 		/* Before the reclaim, which may give the budget room again: the refusal says
 		 * what was short when the grow failed. */
-		bool budget_full = !pool_budget_has_room(p);
-
+		budget_full = !pool_budget_has_room(p);
 		server_reclaim(s, &emptied, NULL, NULL);
 		/* Memory an eviction round may free: wait for it rather than fail. */
-		if ((r == -ENOSPC || r == -EDQUOT) && wait_until_ms > now_ms()) {
+		if ((r == -ENOSPC || r == -EDQUOT) && waits) {
 			if (c->outstanding >= s->limits.max_outstanding)
 				server_refused(s, c, LIMIT_OUTSTANDING);
-			else if (evict_wait_grant(s->evictor, c,
-			                          &(struct parked_grow){ id, seq_id, tokens, ring,
-			                                                 since_us ? since_us : now_us() },
-			                          r == -EDQUOT, grow_retry, g.short_bytes,
-			                          wait_until_ms) == 0) {
-				if (!since_us)
-					c->tenant->grants_waited++;
-				c->outstanding++;
+			else if (park_grow(c, &req, r == -EDQUOT, g.short_bytes, wait_until_ms,
+			                   since_us != 0))
 				return;
-			}
 		}
 		if (since_us)
 			metrics_observe_grant_wait(&s->metrics, now_us() - since_us);
-		switch (r) {
-		case -EINVAL:
-			refuse(why, r, "cannot grow by 0 tokens");
-			break;
-		case -EFBIG:
-			refuse(why, r, "the sequence holds at most %u tokens", q->desc->max_tokens);
-			break;
-		case -E2BIG:
-			refuse(why, r, "one grow may map at most %u new chunks; grow in smaller steps",
-			       WIRE_FDS_MAX);
-			break;
-		case -EDQUOT:
-			refuse(why, r, "tenant %s reached its max of %llu bytes", c->tenant->name,
-			       (unsigned long long)c->tenant->max_bytes);
-			break;
-		case -ENOMEM:
-			if (p->pinned_by[0])
-				refuse(why, r, "no device memory for a new chunk: the free one was tenant "
-				       "%s's, and processes of %s that still import its old allocation "
-				       "keep it allocated; it is back when they release it or exit",
-				       p->pinned_by, p->pinned_by);
-			else
-				refuse(why, r, "grow failed: %s", strerror(-r));
-			break;
-		case -ENOSPC:
-			if (budget_full && p->chunks_draining > 0 &&
-			    server_slowest_holder(s, holder, sizeof(holder)))
-				refuse(why, r, "node budget exhausted: %llu bytes evicted wait for %s to "
-				       "unmap them", (unsigned long long)p->chunks_draining * p->chunk_bytes,
-				       holder);
-			else if (budget_full)
-				refuse(why, r, "node budget exhausted (%llu of %llu bytes in use)",
-				       (unsigned long long)p->used_bytes, (unsigned long long)p->budget_bytes);
-			else
-				refuse(why, r, "pool exhausted");
-			break;
-		default:
-			refuse(why, r, "grow failed: %s", strerror(-r));
-		}
+		grow_refusal(c, q, r, budget_full, why);
 		log_info("connection %llu (pid %d, uid %u, tenant %s): grow refused: %s",
 		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
 		         c->tenant->name, why);
 		reply_step(c, ring, id, r, why);
 		return;
 	}
+	pins_grown(q);
 	if (since_us)
 		metrics_observe_grant_wait(&s->metrics, now_us() - since_us);
-	envelope_grants(&grants, p, c->device, g.chunks, g.n);
-	if (ring) {
-		/* fds cannot travel in a ring: the new chunks go on the socket, ahead of the
-		 * completion (ring.h, "Socket"). */
-		if (g.n > 0)
-			envelope_event_grants(c, &grants);
-		ring_complete(c->ring, id, 0, q->desc->generation, layout_tokens(q->desc)[0], 0, NULL);
-	} else {
-		rep.has_tokens = true;
-		rep.tokens = layout_tokens(q->desc)[0];
-		rep.has_generation = true;
-		rep.generation = q->desc->generation;
-		rep.n_grants = grants.n;
-		rep.grants = grants.ptrs;
-		env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_GROW_REPLY;
-		env.seq_grow_reply = &rep;
-		envelope_reply(c, id, &env, grants.fds, grants.n);
-	}
+	grow_answer(c, id, ring, q, &g);
 	evict_kick(s->evictor, ROUND_WATERMARK);
 }
 
