@@ -172,33 +172,22 @@ static int hello_device(struct conn *c, uint64_t id, const Kvd__V1__Hello *req) 
 	return -EXDEV;
 }
 
-static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
-                         int request_fd _unused_) {
-	const Kvd__V1__Hello *req = request->hello;
+/*
+ * Admits the tenant a hello names (NULL: an administrative connection, *ret NULL): its
+ * access rules, device chunks on a GPU pool and the GPU, the per-uid and table bounds.
+ * Returns 0, or a negative errno once it refused, replied and closed.
+ */
+static int hello_tenant(struct conn *c, uint64_t id, const Kvd__V1__Hello *req,
+                        struct tenant **ret) {
 	struct server *s = c->srv;
-	Kvd__V1__HelloReply rep = KVD__V1__HELLO_REPLY__INIT;
-	const struct backend_device *dev;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-	uint32_t min = req->has_min_version ? req->min_version : 1;
-	uint32_t max = req->has_max_version ? req->max_version : min;
-	struct tenant *t = NULL;
 	bool creates;
+	char why[256];
 	int r;
 
-	if (c->hello) {
-		envelope_reply_error(c, id, -EPROTO, "hello was already said");
-		conn_violation(c, "second hello");
-		return;
-	}
-	if (min > KVD_PROTOCOL_VERSION_MAX || max < KVD_PROTOCOL_VERSION_MAX || min > max) {
-		envelope_reply_error(c, id, -EPROTONOSUPPORT, "protocol versions %u..%u requested, daemon speaks %u",
-		            min, max, KVD_PROTOCOL_VERSION_MAX);
-		c->close_when_sent = true;
-		return;
-	}
-	if (req->tenant && tenant_name_valid(req->tenant)) {
-		char why[256];
-
+	*ret = NULL;
+	if (!req->tenant)
+		return 0;
+	if (tenant_name_valid(req->tenant)) {
 		r = access_tenant(&s->admin->cfg, c->fd, &c->cred, req->tenant, why, sizeof(why));
 		if (r < 0) {
 			s->access_refused++;
@@ -206,29 +195,28 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 			            (int)c->cred.pid, (unsigned)c->cred.uid, why);
 			envelope_reply_error(c, id, r, "%s", why);
 			c->close_when_sent = true;
-			return;
+			return r;
 		}
 	}
 	/* A client that does not know device chunks would mmap() a cuMem fd and fail, or
 	 * worse, at its first grant; it is told now. Administrative connections get no
 	 * chunks and stay welcome. */
-	if (req->tenant && s->pool->ops->memory != BACKEND_MEMORY_HOST &&
-	    !(req->has_features && (req->features & KVD_FEATURE_DEVICE_CHUNKS))) {
-		envelope_reply_error(c, id, -EPROTONOSUPPORT, "the pool is GPU memory (backend %s) and this "
-		            "client cannot import device chunks (a libkvd built with CUDA is needed)",
-		            s->pool->ops->name);
-		c->close_when_sent = true;
-		return;
-	}
-	if (req->tenant && s->pool->ops->memory != BACKEND_MEMORY_HOST) {
+	if (s->pool->ops->memory != BACKEND_MEMORY_HOST) {
+		if (!(req->has_features && (req->features & KVD_FEATURE_DEVICE_CHUNKS))) {
+			envelope_reply_error(c, id, -EPROTONOSUPPORT, "the pool is GPU memory (backend "
+			                     "%s) and this client cannot import device chunks (a libkvd "
+			                     "built with CUDA is needed)", s->pool->ops->name);
+			c->close_when_sent = true;
+			return -EPROTONOSUPPORT;
+		}
 		r = hello_device(c, id, req);
 		if (r < 0)
-			return;
+			return r;
 	}
 	/* A user's hello that brings a tenant into being counts against its uid, so that one
 	 * user cannot fill the tenant table for everyone (tenant-create = any); root's and
 	 * operators' do not. */
-	creates = req->tenant && !tenant_find(&s->tenants, req->tenant) && c->cred.uid != 0 &&
+	creates = !tenant_find(&s->tenants, req->tenant) && c->cred.uid != 0 &&
 	          !access_admin(&s->admin->cfg, c->fd, &c->cred);
 	if (creates && tenant_count_created_by(&s->tenants, c->cred.uid) >=
 	               s->limits.max_tenants_per_uid) {
@@ -238,63 +226,60 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 		                     "tenant-forget", (unsigned)c->cred.uid,
 		                     s->limits.max_tenants_per_uid);
 		c->close_when_sent = true;
-		return;
+		return -EUSERS;
 	}
-	if (req->tenant) {
-		r = tenant_get(&s->tenants, req->tenant, &t);
-		if (r >= 0 && creates)
-			t->creator_uid = c->cred.uid;
-		if (r == -EUSERS) {
-			server_refused(s, c, LIMIT_TENANTS);
-			log_warning("connection %llu (pid %d): new tenant %s refused: max-tenants (%u) "
-			            "are known (idle ones are forgotten after tenant-forget; kvdctl "
-			            "tenant delete forgets one now)", (unsigned long long)c->id,
-			            (int)c->cred.pid, req->tenant, s->limits.max_tenants);
-		}
-		if (r < 0) {
-			envelope_reply_error(c, id, r, r == -EINVAL ? "invalid tenant name" : "too many tenants (%u)",
-			            s->limits.max_tenants);
-			c->close_when_sent = true;
-			return;
-		}
-		t->connections++;
-		r = conn_open_pidfd(c);
-		if (r < 0)
-			log_warning("connection %llu (pid %d): no pidfd of the peer (%s): chunks it "
-			            "leaves mapped stop being charged when it disconnects",
-			            (unsigned long long)c->id, (int)c->cred.pid, strerror(-r));
+	r = tenant_get(&s->tenants, req->tenant, ret);
+	if (r == -EUSERS) {
+		server_refused(s, c, LIMIT_TENANTS);
+		log_warning("connection %llu (pid %d): new tenant %s refused: max-tenants (%u) are "
+		            "known (idle ones are forgotten after tenant-forget; kvdctl tenant delete "
+		            "forgets one now)", (unsigned long long)c->id, (int)c->cred.pid,
+		            req->tenant, s->limits.max_tenants);
 	}
-	c->hello = true;
-	c->version = KVD_PROTOCOL_VERSION_MAX;
-	c->tenant = t;
-	dev = backend_device(c->device);
-	/* Names go into logs: keep them printable. */
-	snprintf(c->process_name, sizeof(c->process_name), "%s", req->process_name ? req->process_name : "");
-	for (char *p = c->process_name; *p; p++)
-		if (*p < 0x20 || *p > 0x7e)
-			*p = '?';
-	if (t && dev)
+	if (r < 0) {
+		envelope_reply_error(c, id, r, r == -EINVAL ? "invalid tenant name" :
+		                     "too many tenants (%u)", s->limits.max_tenants);
+		c->close_when_sent = true;
+		return r;
+	}
+	if (creates)
+		(*ret)->creator_uid = c->cred.uid;
+	(*ret)->connections++;
+	r = conn_open_pidfd(c);
+	if (r < 0)
+		log_warning("connection %llu (pid %d): no pidfd of the peer (%s): chunks it leaves "
+		            "mapped stop being charged when it disconnects",
+		            (unsigned long long)c->id, (int)c->cred.pid, strerror(-r));
+	return 0;
+}
+
+/* The hello's log line: a tenant's at info, an administrative one at debug (kvdctl top
+ * connects at every refresh while it cannot reach the daemon, and scripts poll status). */
+static void hello_log(const struct conn *c) {
+	const struct backend_device *dev = backend_device(c->device);
+
+	if (c->tenant && dev)
 		log_info("connection %llu: hello from pid %d uid %u ('%s'), tenant %s, GPU %d",
 		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
-		         c->process_name, t->name, dev->index);
-	else if (t)
+		         c->process_name, c->tenant->name, dev->index);
+	else if (c->tenant)
 		log_info("connection %llu: hello from pid %d uid %u ('%s'), tenant %s",
 		         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
-		         c->process_name, t->name);
+		         c->process_name, c->tenant->name);
 	else
-		/* kvdctl top connects every refresh while it cannot reach the daemon, and
-		 * scripts poll status: administrative hellos would flood the log. */
 		log_debug("connection %llu: hello from pid %d uid %u ('%s'), administrative",
 		          (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
 		          c->process_name);
+}
 
-	/* The rings are for a tenant's per-step requests; without them, the socket serves. */
-	if (t && req->has_features && (req->features & KVD_FEATURE_RING) && s->limits.ring_entries > 0) {
-		r = ring_new(c, s->limits.ring_entries, s->ring_doorbell, &c->ring);
-		if (r < 0)
-			log_warning_errno(r, "connection %llu: cannot set up its rings, it has the socket "
-			                  "only", (unsigned long long)c->id);
-	}
+/* The HelloReply: the version, the features both sides have, the pool, and the rings'
+ * memfd (and eventfd) when c has rings. */
+static void hello_reply(struct conn *c, uint64_t id, const Kvd__V1__Hello *req) {
+	struct server *s = c->srv;
+	const struct backend_device *dev = backend_device(c->device);
+	Kvd__V1__HelloReply rep = KVD__V1__HELLO_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
 	rep.has_version = true;
 	rep.version = KVD_PROTOCOL_VERSION_MAX;
 	rep.has_features = true;
@@ -332,6 +317,47 @@ static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
 		c->ring->memfd = safe_close(c->ring->memfd);
 	} else
 		envelope_reply(c, id, &env, NULL, 0);
+}
+
+static void handle_hello(struct conn *c, uint64_t id, const Envelope *request,
+                         int request_fd _unused_) {
+	const Kvd__V1__Hello *req = request->hello;
+	struct server *s = c->srv;
+	uint32_t min = req->has_min_version ? req->min_version : 1;
+	uint32_t max = req->has_max_version ? req->max_version : min;
+	struct tenant *t;
+	int r;
+
+	if (c->hello) {
+		envelope_reply_error(c, id, -EPROTO, "hello was already said");
+		conn_violation(c, "second hello");
+		return;
+	}
+	if (min > KVD_PROTOCOL_VERSION_MAX || max < KVD_PROTOCOL_VERSION_MAX || min > max) {
+		envelope_reply_error(c, id, -EPROTONOSUPPORT, "protocol versions %u..%u requested, "
+		                     "daemon speaks %u", min, max, KVD_PROTOCOL_VERSION_MAX);
+		c->close_when_sent = true;
+		return;
+	}
+	if (hello_tenant(c, id, req, &t) < 0)
+		return;
+	c->hello = true;
+	c->version = KVD_PROTOCOL_VERSION_MAX;
+	c->tenant = t;
+	/* Names go into logs: keep them printable. */
+	snprintf(c->process_name, sizeof(c->process_name), "%s", req->process_name ? req->process_name : "");
+	for (char *p = c->process_name; *p; p++)
+		if (*p < 0x20 || *p > 0x7e)
+			*p = '?';
+	hello_log(c);
+	/* The rings are for a tenant's per-step requests; without them, the socket serves. */
+	if (t && req->has_features && (req->features & KVD_FEATURE_RING) && s->limits.ring_entries > 0) {
+		r = ring_new(c, s->limits.ring_entries, s->ring_doorbell, &c->ring);
+		if (r < 0)
+			log_warning_errno(r, "connection %llu: cannot set up its rings, it has the socket "
+			                  "only", (unsigned long long)c->id);
+	}
+	hello_reply(c, id, req);
 }
 
 static void handle_register_model(struct conn *c, uint64_t id, const Envelope *request,
