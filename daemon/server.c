@@ -621,13 +621,6 @@ static int server_setup_rings(struct server *s) {
 	default:
 		s->ring_doorbell = futex ? KVD_RING_DOORBELL_FUTEX : KVD_RING_DOORBELL_EVENTFD;
 	}
-	s->poller = (struct loop_poller){
-		.spin_ns = (uint64_t)s->limits.poll_us * 1000,
-		.poll = server_poll,
-		.sleep = server_sleep,
-		.userdata = s,
-	};
-	loop_set_poller(s->loop, &s->poller);
 	return 0;
 }
 
@@ -735,38 +728,23 @@ void server_seq_closed(struct server *s, struct seq *q) {
 	s->metadata_bytes -= q->meta_bytes;
 }
 
-int server_new(struct pool *pool, const struct server_limits *limits, const char *socket_path,
-               int *sockets, unsigned n_sockets, struct server **ret) {
+int server_new_local(struct pool *pool, const struct server_limits *limits, struct server **ret) {
 	struct server *s;
-	sigset_t mask;
 	int r;
 
 	s = calloc(1, sizeof(*s));
-	if (!s) {
-		for (unsigned i = 0; i < n_sockets; i++)
-			safe_close(sockets[i]);
+	if (!s)
 		return -ENOMEM;
-	}
 	s->listen_fd = s->signal_fd = -EBADF;
 	s->handlers = &dispatch_handlers;
 	s->pool = pool;
 	s->limits = *limits;
-	s->socket_path = socket_path;
+	s->socket_path = "(in process)";
 	s->start_ms = now_ms();
 #if KVD_TEST_HOOKS
 	s->pidfd_by_pid = getenv("KVD_TEST_PIDFD_OPEN") != NULL;
 #endif
 	derive_bounds(s);
-	s->accept_op.handler = on_accept;
-	s->signal_op.handler = on_signal;
-	s->tick_op.handler = on_tick;
-	r = sd_watchdog_enabled(0, &s->watchdog_usec);
-	if (r < 0)
-		log_warning_errno(r, "cannot read the service manager's watchdog settings, ignoring");
-	if (r <= 0)
-		s->watchdog_usec = 0;
-	s->tick_ms = tick_interval(s);
-
 	r = tenant_table_init(&s->tenants, limits->max_tenants);
 	if (r < 0)
 		goto fail;
@@ -819,6 +797,43 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 	r = server_setup_rings(s);
 	if (r < 0)
 		goto fail;
+	*ret = s;
+	return 0;
+fail:
+	server_free(s);
+	return r;
+}
+
+int server_new(struct pool *pool, const struct server_limits *limits, const char *socket_path,
+               int *sockets, unsigned n_sockets, struct server **ret) {
+	struct server *s;
+	sigset_t mask;
+	int r;
+
+	r = server_new_local(pool, limits, &s);
+	if (r < 0) {
+		for (unsigned i = 0; i < n_sockets; i++)
+			safe_close(sockets[i]);
+		return r;
+	}
+	s->socket_path = socket_path;
+	/* The loop looks at the rings and the hot sockets between completions (loop.h). */
+	s->poller = (struct loop_poller){
+		.spin_ns = (uint64_t)s->limits.poll_us * 1000,
+		.poll = server_poll,
+		.sleep = server_sleep,
+		.userdata = s,
+	};
+	loop_set_poller(s->loop, &s->poller);
+	s->accept_op.handler = on_accept;
+	s->signal_op.handler = on_signal;
+	s->tick_op.handler = on_tick;
+	r = sd_watchdog_enabled(0, &s->watchdog_usec);
+	if (r < 0)
+		log_warning_errno(r, "cannot read the service manager's watchdog settings, ignoring");
+	if (r <= 0)
+		s->watchdog_usec = 0;
+	s->tick_ms = tick_interval(s);
 	/* Before the clients' socket: a daemon that accepts connections also serves metrics. */
 	if (limits->metrics_listen && *limits->metrics_listen) {
 		r = http_new(s->loop, limits->metrics_listen, render_metrics, s, &s->http);

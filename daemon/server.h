@@ -206,6 +206,16 @@ struct server {
 	struct loop_poller poller;    /* the rings, and the spin before sleeping (loop.h) */
 };
 
+/*
+ * What a daemon is without its sockets, signals, timer and loop poller: the registry,
+ * tenants, tiers, mover, evictor, uploader and the event loop, over pool with limits (the
+ * node's bounds derived from the machine, as server_new() does). server_new() adds the
+ * rest; the fuzz harnesses drive it as it is, handing it connections and turning the loop
+ * themselves. Returns 0, or -errno
+ * (logged where it says why).
+ */
+int server_new_local(struct pool *pool, const struct server_limits *limits, struct server **ret);
+
 /* sockets: the fds a service manager passed that are not the fd store's (keep.h), n_sockets
  * of them, taken over whatever happens; the listening socket is among them when
  * socket-activated. */

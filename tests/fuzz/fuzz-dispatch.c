@@ -537,14 +537,7 @@ static void setup(uint8_t config) {
 	/* The rings have a target of their own, fuzz-ring.c. */
 	limits.ring_entries = 0;
 
-	/* What server_new() does, less the sockets, signals and timer. */
-	s = calloc(1, sizeof(*s));
-	FUZZ_CHECK(s);
-	s->listen_fd = s->signal_fd = -EBADF;
-	s->handlers = &dispatch_handlers;
-	s->pool = h.pool;
-	/* The pidfd of the clients' process, not of this one (the socketpair's peer). */
-	s->pidfd_by_pid = true;
+	/* The clients' process, forked first: it inherits none of the daemon's fds. */
 	h.clients_pid = fork();
 	FUZZ_CHECK(h.clients_pid >= 0);
 	if (h.clients_pid == 0) {
@@ -552,21 +545,15 @@ static void setup(uint8_t config) {
 		pause();
 		_exit(0);
 	}
-	s->limits = limits;
+	/* The daemon in process: server_new() less the sockets, signals and timer. */
+	FUZZ_CHECK(server_new_local(h.pool, &limits, &s) == 0);
 	s->socket_path = "(fuzz)";
-	s->start_ms = now_ms();
-	/* The node's bounds server_new() derives from the machine: low enough to be met. */
+	/* The pidfd of the clients' process, not of this one (the socketpair's peer). */
+	s->pidfd_by_pid = true;
+	/* The node's bounds derived from the machine: low enough to be met here. */
 	s->conns_by_fds = UINT32_MAX;
 	s->seqs_node_derived = 24;
 	s->metadata_derived = UINT64_C(8) << 20;
-	FUZZ_CHECK(tenant_table_init(&s->tenants, limits.max_tenants) == 0);
-	FUZZ_CHECK(tier_new(limits.host_tier_bytes, h.pool->chunk_bytes, &s->metadata_bytes, &s->tier) == 0);
-	FUZZ_CHECK(mover_new(s, &s->mover) == 0);
-	s->scratch = calloc(h.pool->n_chunks, sizeof(*s->scratch));
-	FUZZ_CHECK(s->scratch);
-	FUZZ_CHECK(evictor_new(s, &s->evictor) == 0);
-	FUZZ_CHECK(uploader_new(s, &s->uploader) == 0);
-	FUZZ_CHECK(loop_new(LOOP_SETUP_AUTO, &s->loop) == 0);
 	h.srv = s;
 	FUZZ_CHECK(admin_new(s, &cfg, &h.flags, &h.admin) == 0);
 	settings_done(&cfg);

@@ -388,28 +388,14 @@ static void setup(uint8_t config) {
 		limits.max_tx_bytes = 2048;
 	limits.metrics_listen = NULL;
 
-	/* What server_new() does, less the sockets, signals, timer and poller. */
-	s = calloc(1, sizeof(*s));
-	FUZZ_CHECK(s);
-	s->listen_fd = s->signal_fd = -EBADF;
-	s->handlers = &dispatch_handlers;
-	s->pool = h.pool;
-	s->limits = limits;
+	/* The daemon in process: server_new() less the sockets, signals, timer and poller. */
+	FUZZ_CHECK(server_new_local(h.pool, &limits, &s) == 0);
 	s->socket_path = "(fuzz)";
-	s->start_ms = now_ms();
-	/* The node's bounds server_new() derives from the machine: low enough to be met. */
+	/* The node's bounds derived from the machine: low enough to be met here. */
 	s->conns_by_fds = UINT32_MAX;
 	s->seqs_node_derived = 24;
 	s->metadata_derived = UINT64_C(8) << 20;
 	s->ring_doorbell = config & 4 ? KVD_RING_DOORBELL_EVENTFD : KVD_RING_DOORBELL_FUTEX;
-	FUZZ_CHECK(tenant_table_init(&s->tenants, limits.max_tenants) == 0);
-	FUZZ_CHECK(tier_new(limits.host_tier_bytes, h.pool->chunk_bytes, &s->metadata_bytes, &s->tier) == 0);
-	FUZZ_CHECK(mover_new(s, &s->mover) == 0);
-	s->scratch = calloc(h.pool->n_chunks, sizeof(*s->scratch));
-	FUZZ_CHECK(s->scratch);
-	FUZZ_CHECK(evictor_new(s, &s->evictor) == 0);
-	FUZZ_CHECK(uploader_new(s, &s->uploader) == 0);
-	FUZZ_CHECK(loop_new(LOOP_SETUP_AUTO, &s->loop) == 0);
 	h.srv = s;
 	FUZZ_CHECK(admin_new(s, &cfg, &h.flags, &h.admin) == 0);
 	settings_done(&cfg);
