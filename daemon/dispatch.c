@@ -1899,13 +1899,6 @@ static void handle_disconnect(struct conn *c, uint64_t id, const Envelope *reque
 	envelope_reply(c, id, &(Envelope)KVD__V1__ENVELOPE__INIT, NULL, 0);
 }
 
-/* What a request needs before its handler runs. */
-enum {
-	REQUEST_NEEDS_TENANT = 1 << 0, /* a connection with a tenant (not an admin one) */
-	REQUEST_NEEDS_ADMIN = 1 << 1,  /* root or admin-group (access.h) */
-	REQUEST_TAKES_FD = 1 << 2,     /* exactly one fd travels with it */
-};
-
 /* A request's handler: the body of request is what it handles; fd is its fd (REQUEST_TAKES_FD), which the
  * handler does not own, or -EBADF. */
 typedef void (*request_handler)(struct conn *c, uint64_t id, const Envelope *request, int fd);
@@ -1955,6 +1948,14 @@ static const struct request_type *request_type(Kvd__V1__Envelope__BodyCase body)
 	if ((size_t)body >= ELEMENTSOF(request_types) || !request_types[body].handler)
 		return NULL;
 	return &request_types[body];
+}
+
+bool dispatch_serves(int body, unsigned *ret_flags) {
+	const struct request_type *rt = request_type((Kvd__V1__Envelope__BodyCase)body);
+
+	if (rt && ret_flags)
+		*ret_flags = rt->flags;
+	return rt != NULL;
 }
 
 static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint32_t nfds) {
