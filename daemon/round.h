@@ -2,54 +2,23 @@
 #pragma once
 
 /*
- * The computing half of an eviction round (docs/architecture.md §5, docs/algorithms.md §7): from a
- * snapshot of the sequences it ranks, score every (sequence, layer) against its window,
- * smooth across rounds, and select globally what to evict. It runs on a worker thread and
- * touches nothing but the round: evict.c takes the snapshot and applies the result on the
- * loop, where the sequences may meanwhile have grown, been pinned, or gone.
+ * The computing half of an eviction round: from a snapshot of the sequences it ranks,
+ * score every (sequence, layer) against its window, smooth across rounds, and select
+ * globally what to evict; or, for a token recall (round.recall), trade one sequence's kept
+ * slots against its resident ones. The math, what is protected and the selection are
+ * docs/algorithms.md §7; the round's life is docs/architecture.md §5.4 (and §5.8 for
+ * recall). What this file holds to:
  *
- * Units and rows. A sequence's costs live in rows: one per table for KVD_UNIT_HEAD_TOKEN and
- * KVD_UNIT_BLOCK, one per layer for KVD_UNIT_LAYER_TOKEN (with the per-head layout a layer's
- * tables then stay aligned: they always lose the same slots). A row holds one smoothed cost
- * per slot; a unit is a slot of a row (token units) or a full block of it (block units).
- *
- * Costs. Per layer, kvd_policy_scores() (kernels/policy.h) with the tenant's policy gives
- * N1 shares of the layer (rank shares for the baselines), over the slots that precede the
- * window the engine last published for that layer; a layer without a window is scored by
- * recency (streamingllm) so that a tenant cannot shield its cache by publishing nothing.
- * The round's cost x then enters the cross-round EMA S <- (1 - beta) S + beta x (the first
- * observation initialises S), and a unit's value is its S (summed over a block's slots)
- * times the tenant's weight.
- *
- * Protected, never units: slots whose original position is below the model's sinks, the
- * last `window` slots scored and every slot after them, the slots of the open tail block,
- * slots that were never scored, and blocks the needle guard pins (block units). Floors:
- * each row gives up at most (100 - floor)% of its tokens.
- *
- * Selection (kvd_evict_greedy, lowest value per byte first): a tenant over its cap loses
- * the excess first, from its own units (its waiting grows count: waiting); then the rest
- * of the target is taken across the ranked tenants, none going below its fair share of
- * what the round leaves them (split by weight among those above their minimum) or its
- * guaranteed minimum; a round on one tenant takes it down to its minimum. Units are bytes
- * of K/V (block bytes); whether chunks come free is up to compaction.
- *
- * Compensation (models registered with moments or latent memory): the K/V of every slot
- * a round drops are summarised per (layer, kv head) on the worker (compensate.h), and
- * evict.c merges those summaries into the sequence's compensation blocks when it compacts,
- * so that no token leaves the pool unaccounted for. kvd-mi reads the moments' key means as
- * they were at the snapshot.
- *
- * Recall (round.recall, one sequence): every row with a window scores its resident slots
- * before the window and its kept ones (recall.h) together, in position order, with the
- * window's own slots after them as a round does, by the tenant's policy as the snapshot set
- * it (the recall policy), each candidate then worth the most of its neighbours within
- * RECALL_SPAN in position order; the kept slots with the highest costs are paired with the
- * evictable resident slots (not sinks) with the lowest, as long as the kept one's cost is
- * higher, at most recall_max pairs per row. The costs replace the slots' smoothed ones: the
- * window is new.
- *
- * Indexer (models registered with one): policy indexmem scores a layer from the index keys
- * in its blocks and the index queries of its observation window, never from its K/V.
+ * - round_run() runs on a worker thread and touches nothing but the round: evict.c takes
+ *   the snapshot and applies the result on the loop, where the sequences may meanwhile
+ *   have grown, been pinned, rewritten (epoch) or gone.
+ * - A sequence's costs live in rows (one per table for head-token and block units, one per
+ *   layer for layer-token units); a row's smoothed costs are read at the snapshot and
+ *   written back only at the apply, for a sequence still at the snapshot's epoch.
+ * - A round never selects a protected slot, never takes a tenant below its minimum or a
+ *   row past its floor, and a plan (dry_run) changes no smoothed cost.
+ * - Compensation summaries (compensate.h) are made here for every slot dropped, so that
+ *   the apply merges them with the compaction that drops the slots.
  */
 
 #include <stdbool.h>
