@@ -1379,14 +1379,20 @@ static void handle_seq_pin(struct conn *c, uint64_t id, const Envelope *request,
 
 /* ---- answers to requests that waited for a round (evict.h, evict_done_fn) ---- */
 
-/* The connection whose request waited, one reply less outstanding; NULL when it closed
- * meanwhile: nobody to answer. */
-static struct conn *waiter(struct server *s, uint64_t conn_id) {
+/* The connection whose request id waited, one reply less outstanding, when o is a success
+ * to answer; NULL when it closed meanwhile (nobody to answer), or when o is an error,
+ * answered here. */
+static struct conn *waiter(struct server *s, uint64_t conn_id, uint64_t id,
+                           const struct evict_outcome *o) {
 	struct conn *c = server_find_conn(s, conn_id);
 
 	if (!c || c->closing)
 		return NULL;
 	c->outstanding--;
+	if (o->error < 0) {
+		envelope_reply_error(c, id, o->error, "%s", o->why);
+		return NULL;
+	}
 	return c;
 }
 
@@ -1450,20 +1456,16 @@ static void round_message(const struct evict_record *rec, Kvd__V1__Round *r,
 
 static void evict_answered(struct server *s, uint64_t conn_id, uint64_t id,
                            const struct evict_outcome *o) {
-	struct conn *c = waiter(s, conn_id);
+	struct conn *c = waiter(s, conn_id, id, o);
 
-	if (!c)
-		return;
-	if (o->error < 0)
-		envelope_reply_error(c, id, o->error, "%s", o->why);
-	else
+	if (c)
 		envelope_reply_evict(c, id, o->round->id, o->round->target, o->round->freed);
 }
 
 /* A plan's answer: an EvictionsReply of the one round it would be. */
 static void plan_answered(struct server *s, uint64_t conn_id, uint64_t id,
                           const struct evict_outcome *o) {
-	struct conn *c = waiter(s, conn_id);
+	struct conn *c = waiter(s, conn_id, id, o);
 	Kvd__V1__EvictionsReply rep = KVD__V1__EVICTIONS_REPLY__INIT;
 	Kvd__V1__Round round, *rounds[1] = { &round };
 	Envelope env = KVD__V1__ENVELOPE__INIT;
@@ -1472,10 +1474,6 @@ static void plan_answered(struct server *s, uint64_t conn_id, uint64_t id,
 
 	if (!c)
 		return;
-	if (o->error < 0) {
-		envelope_reply_error(c, id, o->error, "%s", o->why);
-		return;
-	}
 	ts = calloc(MAX(o->round->n_tenants, 1u), sizeof(*ts));
 	tp = calloc(MAX(o->round->n_tenants, 1u), sizeof(*tp));
 	if (!ts || !tp) {
@@ -1492,16 +1490,12 @@ static void plan_answered(struct server *s, uint64_t conn_id, uint64_t id,
 
 static void recall_answered(struct server *s, uint64_t conn_id, uint64_t id,
                             const struct evict_outcome *o) {
-	struct conn *c = waiter(s, conn_id);
+	struct conn *c = waiter(s, conn_id, id, o);
 	Kvd__V1__SeqRecallReply rep = KVD__V1__SEQ_RECALL_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 
 	if (!c)
 		return;
-	if (o->error < 0) {
-		envelope_reply_error(c, id, o->error, "%s", o->why);
-		return;
-	}
 	rep.has_tokens = rep.has_bytes = rep.has_candidates = true;
 	rep.tokens = o->tokens;
 	rep.bytes = o->bytes;

@@ -601,7 +601,7 @@ uint64_t evict_settle_tenant(struct evictor *e, struct tenant *t, struct seq_emp
 	return freed;
 }
 
-static void retry_grants(struct evictor *e);
+static void retry_grants(struct evictor *e, bool due_only);
 
 void evict_apply_pending(struct evictor *e, struct seq *q) {
 	struct server *s = e->srv;
@@ -633,7 +633,7 @@ void evict_apply_pending(struct evictor *e, struct seq *q) {
 			send_changed(s, q);
 		if (!e->running) {
 			e->idle_until_ms = 0;
-			retry_grants(e);
+			retry_grants(e, false);
 		}
 	} else {
 		/* Rewritten since the round's snapshot (kept across a restart and claimed). */
@@ -814,15 +814,39 @@ static void answer_evict(struct evictor *e, const struct evict_waiter *w, const 
 		w->done(e->srv, w->conn_id, w->id, &o);
 }
 
-/* Retries parked grows; those that still fail wait on, until their deadline. */
-static void retry_grants(struct evictor *e) {
+/*
+ * Retries parked grows: all of them (those that still fail wait on, until their deadline),
+ * or with due_only those past their deadline alone, which get a last try and, short of
+ * memory still, their refusal, whatever runs meanwhile: a round that lasts, or one
+ * request's round after another, never holds a grow past grant-wait.
+ */
+static void retry_grants(struct evictor *e, bool due_only) {
 	uint64_t now = now_ms();
-	uint32_t n = e->n_grants;
 	struct grant_waiter *list = e->grants;
+	uint32_t n = e->n_grants, kept = 0;
 
-	/* A retry may park its grow again: give it a fresh list to do so. */
-	e->grants = NULL;
-	e->n_grants = 0;
+	if (due_only) {
+		/* Those not due stay where they are, in order; the due ones are taken out. */
+		for (uint32_t i = 0; i < e->n_grants; i++)
+			kept += now < e->grants[i].deadline_ms;
+		if (kept == e->n_grants)
+			return;
+		/* Without memory for the list, the next tick tries again. */
+		list = malloc((e->n_grants - kept) * sizeof(*list));
+		if (!list)
+			return;
+		n = kept = 0;
+		for (uint32_t i = 0; i < e->n_grants; i++)
+			if (now < e->grants[i].deadline_ms)
+				e->grants[kept++] = e->grants[i];
+			else
+				list[n++] = e->grants[i];
+		e->n_grants = kept;
+	} else {
+		/* A retry may park its grow again: give it a fresh list to do so. */
+		e->grants = NULL;
+		e->n_grants = 0;
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		struct grant_waiter *g = &list[i];
 		struct conn *c = server_find_conn(e->srv, g->conn_id);
@@ -833,37 +857,6 @@ static void retry_grants(struct evictor *e) {
 		g->retry(c, &g->grow, now >= g->deadline_ms ? 0 : g->deadline_ms);
 	}
 	free(list);
-}
-
-/*
- * Grows past their deadline get a last try and, short of memory still, their refusal;
- * the others wait on. Whatever runs meanwhile: a round that lasts, or one request's round
- * after another, never holds a grow past grant-wait.
- */
-static void expire_grants(struct evictor *e, uint64_t now) {
-	_cleanup_(freep) struct grant_waiter *due = NULL;
-	uint32_t n = 0, kept = 0;
-
-	for (uint32_t i = 0; i < e->n_grants; i++)
-		n += now >= e->grants[i].deadline_ms;
-	/* Without memory for the list, the next tick tries again. */
-	if (n == 0 || !(due = malloc(n * sizeof(*due))))
-		return;
-	n = 0;
-	for (uint32_t i = 0; i < e->n_grants; i++)
-		if (now >= e->grants[i].deadline_ms)
-			due[n++] = e->grants[i];
-		else
-			e->grants[kept++] = e->grants[i];
-	e->n_grants = kept;
-	for (uint32_t i = 0; i < n; i++) {
-		struct conn *c = server_find_conn(e->srv, due[i].conn_id);
-
-		if (!c || c->closing)
-			continue;
-		c->outstanding--;
-		due[i].retry(c, &due[i].grow, 0);
-	}
 }
 
 /* ---- scheduling ---- */
@@ -954,7 +947,7 @@ static int full_device(const struct evictor *e) {
  * bytes down to its low watermark. A device can fill while the budget has room: its grows
  * would then wait for a round aimed at it (full_device()); this one comes first.
  */
-static int device_over_size_percent(const struct evictor *e, uint64_t *ret_target) {
+static int device_over_watermark(const struct evictor *e, uint64_t *ret_target) {
 	const struct pool *p = e->srv->pool;
 	uint64_t share = (uint64_t)p->device_chunks * p->chunk_bytes;
 	uint64_t high = size_percent(share, e->srv->limits.high_watermark);
@@ -1195,7 +1188,7 @@ static bool start_pressure(struct evictor *e) {
 		why = ROUND_CAP;
 	else if (used > high)
 		why = ROUND_WATERMARK;
-	else if ((device = device_over_size_percent(e, &target)) >= 0)
+	else if ((device = device_over_watermark(e, &target)) >= 0)
 		why = ROUND_WATERMARK;
 	else if (s->limits.round_interval_ms && now - e->last_interval_ms >= s->limits.round_interval_ms)
 		why = ROUND_INTERVAL;
@@ -1609,14 +1602,14 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 	pool_readers_end(e->srv->pool);
 	/* Grows still short of memory wait on, for a plan waiting for an unpin or the next
 	 * round, until their deadline. */
-	retry_grants(e);
+	retry_grants(e, false);
 	evict_kick(e, ROUND_WATERMARK);
 }
 
 void evict_chunks_back(struct evictor *e) {
 	if (e->n_grants > 0 && !e->running) {
 		e->idle_until_ms = 0;
-		retry_grants(e);
+		retry_grants(e, false);
 	}
 }
 
@@ -1721,11 +1714,10 @@ static void retry_waiting_plans(struct evictor *e) {
 	}
 }
 
-/* Grows whose deadline passed get their refusal, on the tick, whatever runs; plans that waited for an
- * engine's event apply once it completed. */
+/* Grows whose deadline passed get their refusal, on the tick, whatever runs; plans that
+ * waited for an engine's event apply once it completed. */
 void evict_tick(struct evictor *e) {
 	uint32_t draining = e->srv->pool->chunks_draining;
-	uint64_t now = now_ms();
 
 	retry_waiting_plans(e);
 	/* Holders that went away, or whose processes exited, gave chunks back. */
@@ -1733,7 +1725,7 @@ void evict_tick(struct evictor *e) {
 		evict_chunks_back(e);
 	e->draining_seen = draining;
 
-	expire_grants(e, now);
+	retry_grants(e, true);
 	evict_kick(e, ROUND_WATERMARK);
 }
 

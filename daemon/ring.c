@@ -140,13 +140,11 @@ static void ring_timer_done(struct loop_op *op, int res, bool more) {
 
 	(void)res;
 	(void)more;
+	/* The loop is awake and looks at the ring; the doorbell is armed again before it
+	 * sleeps (ring_sleep_prepare). */
 	r->timer_armed = false;
 	c->inflight--;
-	if (conn_maybe_free(c) || c->closing)
-		return;
-	/* The loop is awake and looks at the ring; the eventfd doorbell is armed again. */
-	if (r->efd >= 0 && !r->bell_armed && ring_arm_eventfd(r) < 0)
-		conn_close(c, "cannot re-arm the ring's doorbell");
+	conn_maybe_free(c);
 }
 
 static void ring_bell_done(struct loop_op *op, int res, bool more) {
@@ -326,12 +324,9 @@ bool ring_sleep_prepare(struct ring *r) {
 	}
 	if (r->bell_armed)
 		return true;
-	if (r->efd >= 0) {
-		/* After a back-off, before the timer re-armed it. */
-		if (ring_arm_eventfd(r) < 0)
-			return false;
-		return true;
-	}
+	/* The eventfd doorbell after a back-off (else always armed: ring_bell_done). */
+	if (r->efd >= 0)
+		return ring_arm_eventfd(r) >= 0;
 	if (loop_futex_wait(r->conn->srv->loop, &r->bell_op, &r->sh->sq_wake.v, 1) < 0)
 		return false; /* the loop's queue is full: spin once more instead */
 	r->bell_armed = true;

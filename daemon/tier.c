@@ -415,6 +415,16 @@ static uint64_t share(struct tier *tr, bool in_file, struct tenant *wants) {
 	return capacity(tr, in_file) / n;
 }
 
+/* Whether where in_file says has the free segments for need more bytes of wants, within
+ * its cap (max_pct percent of it). */
+static bool fits(const struct tier *tr, bool in_file, const struct tenant *wants, uint64_t need,
+                 uint32_t max_pct) {
+	uint64_t free_bytes = (uint64_t)(in_file ? tr->file->n_free : tr->n_free) * tr->seg_bytes;
+
+	return free_bytes >= need &&
+	       usage(wants, in_file) + need <= size_percent(capacity(tr, in_file), max_pct);
+}
+
 /*
  * The entry that makes room where in_file says for need more bytes of wants (never one a
  * move reads), or NULL when none may: past wants' cap (max_pct), its own oldest; else the
@@ -465,7 +475,7 @@ static int demote_begin(struct tier *tr, struct tier_seq *e, uint32_t max_pct,
 	struct tier_move *mv;
 
 	/* Room in the file, by shares (victim()). */
-	while (tr->file->n_free < e->n_segs || usage(t, true) + bytes > size_percent(capacity(tr, true), max_pct)) {
+	while (!fits(tr, true, t, bytes, max_pct)) {
 		struct tier_seq *old = victim(tr, true, t, bytes, max_pct);
 
 		if (!old)
@@ -542,8 +552,7 @@ int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t 
 	/* Room in the host tier, by shares (victim()), never from under a move: to the file
 	 * where the tenant's tier says so, else lost (told at the next pin). The segments are
 	 * taken now, so that moves running at once never share one. */
-	while (tr->n_free < need ||
-	       usage(q->tenant, false) + need * tr->seg_bytes > size_percent(tr->budget_bytes, max_pct)) {
+	while (!fits(tr, false, q->tenant, need * tr->seg_bytes, max_pct)) {
 		struct tier_seq *old;
 
 		/* Kept tokens go first (recall_yield). */
