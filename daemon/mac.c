@@ -26,6 +26,21 @@
 		v2 = ROTL(v2, 32);                                                         \
 	} while (0)
 
+/* One message block m through the state, and the finish after the last block. */
+#define SIPBLOCK(v0, v1, v2, v3, m)                                                        \
+	do {                                                                               \
+		v3 ^= (m);                                                                 \
+		SIPROUND(v0, v1, v2, v3);                                                  \
+		SIPROUND(v0, v1, v2, v3);                                                  \
+		v0 ^= (m);                                                                 \
+	} while (0)
+#define SIPFINISH(v0, v1, v2, v3)                                                          \
+	do {                                                                               \
+		v2 ^= 0xff;                                                                \
+		for (int r_ = 0; r_ < 4; r_++)                                             \
+			SIPROUND(v0, v1, v2, v3);                                          \
+	} while (0)
+
 #define C0 UINT64_C(0x736f6d6570736575)
 #define C1 UINT64_C(0x646f72616e646f6d)
 #define C2 UINT64_C(0x6c7967656e657261)
@@ -45,23 +60,12 @@ uint64_t siphash24(uint64_t k0, uint64_t k1, const void *data, size_t n) {
 	uint64_t last = (uint64_t)n << 56;
 	size_t i = 0;
 
-	for (; i + 8 <= n; i += 8) {
-		uint64_t m = load64(p + i);
-
-		v3 ^= m;
-		SIPROUND(v0, v1, v2, v3);
-		SIPROUND(v0, v1, v2, v3);
-		v0 ^= m;
-	}
+	for (; i + 8 <= n; i += 8)
+		SIPBLOCK(v0, v1, v2, v3, load64(p + i));
 	for (size_t j = 0; i + j < n; j++)
 		last |= (uint64_t)p[i + j] << (8 * j);
-	v3 ^= last;
-	SIPROUND(v0, v1, v2, v3);
-	SIPROUND(v0, v1, v2, v3);
-	v0 ^= last;
-	v2 ^= 0xff;
-	for (int r = 0; r < 4; r++)
-		SIPROUND(v0, v1, v2, v3);
+	SIPBLOCK(v0, v1, v2, v3, last);
+	SIPFINISH(v0, v1, v2, v3);
 	return v0 ^ v1 ^ v2 ^ v3;
 }
 
@@ -105,20 +109,12 @@ static void lanes(const struct mac_key *k, const unsigned char *p, size_t groups
 
 	for (size_t g = 0; g < groups; g++) {
 		memcpy(&m, p + 32 * g, 32);
-		v3 ^= m;
-		SIPROUND(v0, v1, v2, v3);
-		SIPROUND(v0, v1, v2, v3);
-		v0 ^= m;
+		SIPBLOCK(v0, v1, v2, v3, m);
 	}
 	/* Each lane's message is groups words long: its last block is the length alone. */
 	m = (u64x4){ 0, 0, 0, 0 } + ((uint64_t)(8 * groups) << 56);
-	v3 ^= m;
-	SIPROUND(v0, v1, v2, v3);
-	SIPROUND(v0, v1, v2, v3);
-	v0 ^= m;
-	v2 ^= 0xff;
-	for (int r = 0; r < 4; r++)
-		SIPROUND(v0, v1, v2, v3);
+	SIPBLOCK(v0, v1, v2, v3, m);
+	SIPFINISH(v0, v1, v2, v3);
 	v0 ^= v1 ^ v2 ^ v3;
 	memcpy(tags, &v0, 32);
 }
