@@ -10,7 +10,7 @@
  * v_offset (half a block) further on.
  *
  * Gathering keep[0..n_keep) (ascending slot indices) writes kept slot keep[j] to slot j:
- * the survivors move down and keep their order, bit for bit, as daemon/compact.c does on
+ * the survivors move down and keep their order, bit for bit, as daemon/eviction/compact.c does on
  * the CPU. Positions and other per-slot host metadata are the caller's (they live in the
  * sequence descriptor, not in pool memory).
  *

@@ -7,7 +7,7 @@ one that exists.
 Checked in every text file of the tree (build directories and test data aside):
   - documents: README.md and other capitalised .md names, bare (the file's own directory,
     then the top) or as a path, and any .md under docs/;
-  - paths under the top-level folders (daemon/round.c, docs/abi.md, eval/kvd-lm/), except
+  - paths under the top-level folders (daemon/eviction/round.c, docs/abi.md, eval/kvd-lm/), except
     patterns (simd-*.c, cuda-kernels.{h,cu}, regular expressions), #include lines (system headers share the
     names) and, on a line that speaks of a build, what the build makes (daemon/kvd);
   - "docs/NAME.md §N.M" or "docs/NAME.md section N": NAME.md has a heading numbered N.M.

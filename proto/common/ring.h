@@ -3,7 +3,7 @@
 
 /*
  * The hot path's shared-memory rings (docs/architecture.md §4), written down once for the daemon
- * (daemon/ring.c), libkvd (client/ring.c) and the floor that kvd-bench ipc measures them
+ * (daemon/net/ring.c), libkvd (client/ring.c) and the floor that kvd-bench ipc measures them
  * against.
  *
  * Region. Per connection, the daemon creates a memfd, seals it against resizing, maps it,

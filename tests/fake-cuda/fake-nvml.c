@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A fake NVML: the libnvidia-ml.so.1 that daemon/nvml.c loads in place of the driver's when
+ * A fake NVML: the libnvidia-ml.so.1 that daemon/memory/nvml.c loads in place of the driver's when
  * this directory leads LD_LIBRARY_PATH, beside the fake CUDA driver. It knows the fake
  * driver's devices by the UUIDs that driver gives them (KVD_FAKE_CUDA_DEVICES of them) and
  * says they are in persistence mode unless KVD_FAKE_NVML_PERSISTENCE=0. Only the calls kvd

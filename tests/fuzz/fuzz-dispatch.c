@@ -108,7 +108,7 @@ static void pump(void);
 /* ---- invariants ---- */
 
 static struct tenant *conn_tenant_of(uint64_t conn_id) {
-	struct conn *c = server_find_conn(h.srv, conn_id);
+	struct conn *c = registry_conn(h.srv, conn_id);
 
 	return c ? c->tenant : NULL;
 }
@@ -270,7 +270,7 @@ static void client_connect(struct client *cl) {
 
 /* The client's connection if requests can go to it: live and not about to close. */
 static struct conn *client_conn(struct client *cl) {
-	struct conn *c = cl->conn_id ? server_find_conn(h.srv, cl->conn_id) : NULL;
+	struct conn *c = cl->conn_id ? registry_conn(h.srv, cl->conn_id) : NULL;
 
 	return c && !c->close_when_sent ? c : NULL;
 }

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Fuzz target: the daemon's ring consumer (daemon/ring.c, the ring handler in dispatch.c), fed
+ * Fuzz target: the daemon's ring consumer (daemon/net/ring.c, the ring handler in dispatch.c), fed
  * by a client that writes whatever it likes into its rings.
  *
  * Each input gets a fresh daemon in process, set up like fuzz-dispatch.c's (a host pool of
@@ -87,7 +87,7 @@ static struct {
 } h = { .null_fd = -1, .peer = -1 };
 
 static struct conn *client_conn(void) {
-	return h.conn_id ? server_find_conn(h.srv, h.conn_id) : NULL;
+	return h.conn_id ? registry_conn(h.srv, h.conn_id) : NULL;
 }
 
 /* ---- invariants ---- */

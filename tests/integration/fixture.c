@@ -305,7 +305,18 @@ int fixture_gate_wait(const char *path) {
 }
 
 void fixture_gate_release(int fd) {
+	struct pollfd pfd = { .fd = fd };
+	int r;
+
 	ASSERT_EQ(write(fd, "x", 1), 1);
+	/* Held open until the worker has closed its end (POLLERR: no reader is left), so that
+	 * the next fixture_gate_wait() meets the next wait's open, not this one's close: a
+	 * write into that closing end would be lost, or raise SIGPIPE. */
+	do
+		r = poll(&pfd, 1, 60000);
+	while (r < 0 && errno == EINTR);
+	ASSERT_EQ(r, 1);
+	ASSERT_TRUE(pfd.revents & POLLERR);
 	close(fd);
 }
 

@@ -432,7 +432,7 @@ TEST(short_windows) {
 				continue;
 			v = kt_floats((size_t)H * (L - w));
 			kvd_policy_params_default(pol, &p);
-			/* As the daemon's rounds score (daemon/round.c). */
+			/* As the daemon's rounds score (daemon/eviction/round.c). */
 			p.capacity = w + (L - w) / 2;
 			p.laprox_joint = 0;
 			if (kvd_policy_scores(&p, &f.in, output_aware(pol) ? f.gram : NULL, NULL, v) < 0)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The id registry (daemon/idmap.h): every lookup agrees with a plain array through a long
+ * The id registry (daemon/base/idmap.h): every lookup agrees with a plain array through a long
  * random run of puts, replacements and removals (counters as ids, as the daemon makes
  * them, and ids spread wide), across growth; removal leaves no hole a probe could stop at.
  */

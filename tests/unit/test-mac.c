@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The file tier's MAC (daemon/mac.h): SipHash-2-4 as its authors published it (the
+ * The file tier's MAC (daemon/tiers/mac.h): SipHash-2-4 as its authors published it (the
  * reference vectors of their reference code, key 00..0f, messages 00, 01, ... of every
  * length up to 15); the four-lane MAC equal to its definition computed one lane at a time
  * with that SipHash, for lengths around the 32-byte groups; a different key gives a

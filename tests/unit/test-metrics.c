@@ -8,6 +8,7 @@
 
 #include "http.h"
 #include "metrics.h"
+#include "prometheus.h"
 #include "node-values.h"
 #include "test.h"
 
@@ -79,7 +80,7 @@ TEST(label_values_escaped) {
 	FILE *f = open_memstream(&out, &n);
 
 	ASSERT_TRUE(f);
-	metrics_write_label_value(f, "a\"b\\c\nd.e-f_g");
+	prometheus_label_value(f, "a\"b\\c\nd.e-f_g");
 	ASSERT_EQ(fclose(f), 0);
 	ASSERT_STREQ(out, "a\\\"b\\\\c\\nd.e-f_g");
 	free(out);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The request table (daemon/dispatch.c), the one index of what the daemon serves, against
+ * The request table (daemon/requests/dispatch.c), the one index of what the daemon serves, against
  * kvd.proto: every member of Envelope's body that is a request is served, no reply or event
  * is; the changes of the node (budget, tenants) need an operator, what works on a tenant's
  * memory needs a tenant's connection, and the one request that carries an fd says so.

@@ -7,7 +7,7 @@
  * each way with plain recv() and send() (the "socket" floor); the same round trip the way
  * kvd's socket path makes it (the "fd-room" floor): both sides send with sendmsg() and
  * receive with recvmsg() offering a control buffer of WIRE_CMSG_SPACE, room for
- * WIRE_FDS_MAX SCM_RIGHTS fds, with MSG_CMSG_CLOEXEC, as the daemon (daemon/conn.c) and
+ * WIRE_FDS_MAX SCM_RIGHTS fds, with MSG_CMSG_CLOEXEC, as the daemon (daemon/net/conn.c) and
  * libkvd (client/client.c) must on a socket that carries fds, and with their flags; and a
  * raw round trip on a pair of shared-memory rings with kvd's own layout and
  * doorbell protocol (proto/common/ring.h) but no libkvd and no daemon. Then one kvd

@@ -38,7 +38,7 @@
 #define GROW_STEP 1024u
 #define WAIT_MS 60000
 #define FLOOR_BYTES (UINT64_C(1) << 30)
-/* The file tier's requests in flight (daemon/tier-file.h). */
+/* The file tier's requests in flight (daemon/tiers/tier-file.h). */
 #define TIER_DEPTH 16u
 /* Sequences that fill the host tier until one goes to the file, at most. */
 #define FILLERS_MAX 64u

@@ -12,53 +12,8 @@
 #include "evict.h"
 #include "metrics.h"
 #include "node-values.h"
+#include "prometheus.h"
 #include "server.h"
-
-static const char *const request_names[_METRICS_REQUEST_MAX] = {
-	[METRICS_REQUEST_HELLO] = "hello",
-	[METRICS_REQUEST_REGISTER_MODEL] = "register_model",
-	[METRICS_REQUEST_SEQ_OPEN] = "seq_open",
-	[METRICS_REQUEST_SEQ_GROW] = "seq_grow",
-	[METRICS_REQUEST_SEQ_RELEASE] = "seq_release",
-	[METRICS_REQUEST_CHUNKS_UNMAPPED] = "chunks_unmapped",
-	[METRICS_REQUEST_SEQ_DIGEST] = "seq_digest",
-	[METRICS_REQUEST_BUDGET_SET] = "budget_set",
-	[METRICS_REQUEST_TENANT_SET] = "tenant_set",
-	[METRICS_REQUEST_STATUS] = "status",
-	[METRICS_REQUEST_MODEL_OUTPUT_PROJ] = "model_output_proj",
-	[METRICS_REQUEST_SEQ_PIN] = "seq_pin",
-	[METRICS_REQUEST_SEQ_UNPIN] = "seq_unpin",
-	[METRICS_REQUEST_SEQ_CLAIM] = "seq_claim",
-	[METRICS_REQUEST_REGISTER_EVENT] = "register_event",
-	[METRICS_REQUEST_BUDGET_RESET] = "budget_reset",
-	[METRICS_REQUEST_TENANT_RESET] = "tenant_reset",
-	[METRICS_REQUEST_TENANT_DELETE] = "tenant_delete",
-	[METRICS_REQUEST_EVICT] = "evict",
-	[METRICS_REQUEST_EVICTIONS] = "evictions",
-	[METRICS_REQUEST_CONNECTIONS] = "connections",
-	[METRICS_REQUEST_SEQUENCES] = "sequences",
-	[METRICS_REQUEST_DISCONNECT] = "disconnect",
-	[METRICS_REQUEST_PLAN] = "plan",
-	[METRICS_REQUEST_SEQ_RECALL] = "seq_recall",
-	[METRICS_REQUEST_OTHER] = "other",
-};
-
-/*
- * Bucket bounds in nanoseconds, and as `le` labels spelled as Go's client library spells
- * them (strconv 'g'), so that queries by le match other exporters' series.
- */
-static const struct {
-	uint64_t ns;
-	const char *le;
-} latency_buckets[METRICS_LATENCY_BUCKETS] = {
-	{ 10000, "1e-05" },       { 25000, "2.5e-05" },    { 50000, "5e-05" },
-	{ 100000, "0.0001" },     { 250000, "0.00025" },   { 500000, "0.0005" },
-	{ 1000000, "0.001" },     { 2500000, "0.0025" },   { 5000000, "0.005" },
-	{ 10000000, "0.01" },     { 25000000, "0.025" },   { 50000000, "0.05" },
-	{ 100000000, "0.1" },     { 250000000, "0.25" },   { 500000000, "0.5" },
-	{ 1000000000, "1" },      { 2500000000, "2.5" },   { 5000000000, "5" },
-	{ 10000000000, "10" },
-};
 
 static const char *const phase_names[_METRICS_PHASE_MAX] = {
 	[METRICS_PHASE_SCORE] = "score",
@@ -74,42 +29,7 @@ static const char *const refusal_names[_POOL_REFUSED_MAX] = {
 	[POOL_REFUSED_PINNED] = "pinned",
 };
 
-static void observe(struct metrics_histogram *h, uint64_t ns) {
-	unsigned i;
-
-	/* Most requests take microseconds: a forward scan stops in the first buckets. */
-	for (i = 0; i < METRICS_LATENCY_BUCKETS && ns > latency_buckets[i].ns; i++)
-		;
-	h->buckets[i]++;
-	h->count++;
-	h->sum_ns += ns;
-}
-
-void metrics_observe_request(struct metrics *m, enum metrics_request type, uint64_t ns) {
-	if (type < 0 || type >= _METRICS_REQUEST_MAX)
-		type = METRICS_REQUEST_OTHER;
-	observe(&m->requests[type], ns);
-}
-
-void metrics_observe_grant_wait(struct metrics *m, uint64_t ns) {
-	observe(&m->grant_wait, ns);
-}
-
-void metrics_observe_round(struct metrics *m, uint64_t duration_us, uint64_t score_us,
-                           uint64_t select_us, uint64_t compact_us) {
-	observe(&m->rounds, duration_us * 1000);
-	m->phase_ns[METRICS_PHASE_SCORE] += score_us * 1000;
-	m->phase_ns[METRICS_PHASE_SELECT] += select_us * 1000;
-	m->phase_ns[METRICS_PHASE_COMPACT] += compact_us * 1000;
-}
-
-const char *metrics_request_name(enum metrics_request type) {
-	if (type < 0 || type >= _METRICS_REQUEST_MAX)
-		return NULL;
-	return request_names[type];
-}
-
-void metrics_write_label_value(FILE *f, const char *value) {
+void prometheus_label_value(FILE *f, const char *value) {
 	for (const char *p = value; *p; p++)
 		switch (*p) {
 		case '\\':
@@ -155,8 +75,10 @@ static void histogram(FILE *f, const char *name, const char *label, const struct
 
 	for (unsigned i = 0; i < METRICS_LATENCY_BUCKETS; i++) {
 		cumulative += h->buckets[i];
-		fprintf(f, "%s_bucket{%sle=\"%s\"} %" PRIu64 "\n", name, label, latency_buckets[i].le,
-		        cumulative);
+		/* %g spells these bounds as Go's client library does (strconv 'g': 1e-05,
+		 * 0.0001, 2.5), so that queries by le match other exporters' series. */
+		fprintf(f, "%s_bucket{%sle=\"%g\"} %" PRIu64 "\n", name, label,
+		        (double)metrics_bucket_ns[i] / 1e9, cumulative);
 	}
 	cumulative += h->buckets[METRICS_LATENCY_BUCKETS];
 	fprintf(f, "%s_bucket{%sle=\"+Inf\"} %" PRIu64 "\n", name, label, cumulative);
@@ -175,7 +97,7 @@ static void histogram(FILE *f, const char *name, const char *label, const struct
 static void render_requests(FILE *f, const struct metrics *m) {
 	family(f, "kvd_requests_total", "counter", "Requests handled, by type.");
 	for (unsigned t = 0; t < _METRICS_REQUEST_MAX; t++)
-		fprintf(f, "kvd_requests_total{type=\"%s\"} %" PRIu64 "\n", request_names[t],
+		fprintf(f, "kvd_requests_total{type=\"%s\"} %" PRIu64 "\n", metrics_request_name(t),
 		        m->requests[t].count);
 
 	family(f, "kvd_request_duration_seconds", "histogram",
@@ -183,7 +105,7 @@ static void render_requests(FILE *f, const struct metrics *m) {
 	for (unsigned t = 0; t < _METRICS_REQUEST_MAX; t++) {
 		char label[64];
 
-		snprintf(label, sizeof(label), "type=\"%s\",", request_names[t]);
+		snprintf(label, sizeof(label), "type=\"%s\",", metrics_request_name(t));
 		histogram(f, "kvd_request_duration_seconds", label, &m->requests[t]);
 	}
 }
@@ -232,7 +154,7 @@ static void tenant_counter(FILE *f, const struct tenant_table *tt, const char *n
 
 		memcpy(&v, (const char *)tt->tenants[i] + offset, sizeof(v));
 		fprintf(f, "%s{tenant=\"", name);
-		metrics_write_label_value(f, tt->tenants[i]->name);
+		prometheus_label_value(f, tt->tenants[i]->name);
 		fprintf(f, "\"} %" PRIu64 "\n", v);
 	}
 }
@@ -277,7 +199,7 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 			uint64_t v = 0;
 
 			fprintf(f, "%s{tenant=\"", fields[k].name);
-			metrics_write_label_value(f, t->name);
+			prometheus_label_value(f, t->name);
 			fputs("\"} ", f);
 			switch (k) {
 			case TENANT_USED:
@@ -347,7 +269,7 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 	               offsetof(struct tenant, grants_waited));
 }
 
-int metrics_render(struct server *s, char **ret, size_t *ret_size) {
+int prometheus_render(struct server *s, char **ret, size_t *ret_size) {
 	const struct pool *p = s->pool;
 	uint32_t owned = p->n_chunks - p->chunks_free - p->chunks_draining - p->chunks_pinned;
 	_cleanup_(freep) char *buf = NULL;
@@ -361,9 +283,9 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 
 	family(f, "kvd_build_info", "gauge", "The daemon's version and memory backend; always 1.");
 	fputs("kvd_build_info{version=\"", f);
-	metrics_write_label_value(f, KVD_VERSION);
+	prometheus_label_value(f, KVD_VERSION);
 	fputs("\",backend=\"", f);
-	metrics_write_label_value(f, p->ops->name);
+	prometheus_label_value(f, p->ops->name);
 	fputs("\"} 1\n", f);
 
 	for (size_t i = 0; i < n_node_values; i++) {
@@ -410,7 +332,7 @@ int metrics_render(struct server *s, char **ret, size_t *ret_size) {
 	family(f, "kvd_refused_total", "counter",
 	       "Connections and requests refused at a limit, by limit (see kvd(8), LIMITS).");
 	for (unsigned i = 0; i < _LIMIT_MAX; i++)
-		fprintf(f, "kvd_refused_total{limit=\"%s\"} %" PRIu64 "\n", server_limit_to_string(i),
+		fprintf(f, "kvd_refused_total{limit=\"%s\"} %" PRIu64 "\n", limit_to_string(i),
 		        s->refused[i]);
 	family(f, "kvd_eviction_last_round_seconds", "gauge",
 	       "Duration of the last eviction round: scoring, selection and compaction.");

@@ -243,7 +243,7 @@ int conn_send(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds
 		/* A client that does not read what it is sent would make us buffer forever. */
 		free(t->frame);
 		free(t);
-		server_refused(c->srv, c, LIMIT_SEND_QUEUE);
+		registry_refused(c->srv, c, LIMIT_SEND_QUEUE);
 		conn_close(c, "client does not read its replies (send queue full)");
 		return -ENOBUFS;
 	}
@@ -355,7 +355,7 @@ static bool conn_dispatch_frames(struct conn *c) {
 		if (r < 0) {
 			c->srv->protocol_errors++;
 			if (r == -EMSGSIZE)
-				server_refused(c->srv, c, LIMIT_FRAME);
+				registry_refused(c->srv, c, LIMIT_FRAME);
 			(void)envelope_reply_status(c, 0, r,
 			                  r == -EMSGSIZE ? "frame larger than 64 KiB" : "bad frame header");
 			c->close_when_sent = true;
@@ -366,7 +366,7 @@ static bool conn_dispatch_frames(struct conn *c) {
 			            r == -EMSGSIZE ? "frame over the size cap" : "bad frame header");
 			return false;
 		}
-		c->srv->handlers->request(c, env, fds, nfds);
+		c->srv->handlers.request(c, env, fds, nfds);
 		n++;
 	}
 	/* fds no frame announced would stay queued, held by the daemon, until it closes. */
@@ -515,7 +515,7 @@ void conn_close(struct conn *c, const char *why) {
 	c->closing = true;
 	/* A hot connection has no receive in flight: the server's sweep frees it. */
 	conn_unhot(c);
-	c->srv->handlers->disconnect(c);
+	c->srv->handlers.disconnect(c);
 	/* Makes the pending receive and send complete, so that the struct can go. */
 	shutdown(c->fd, SHUT_RDWR);
 	if (c->ring)
@@ -528,8 +528,9 @@ void conn_close(struct conn *c, const char *why) {
 		c->next->prev = c->prev;
 	idmap_del(&s->conn_ids, c->id);
 	s->n_conns--;
-	/* An fd comes free (once the connection's last operation completes): accept again. */
-	server_accept_resume(s);
+	/* An fd comes free (once the connection's last operation completes). */
+	if (s->handlers.closed)
+		s->handlers.closed(s);
 	/* Its pending operations still refer to it; listed so that a stop which ends the
 	 * loop before they complete can still free it. */
 	c->closed_next = s->closed;

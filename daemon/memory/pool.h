@@ -70,7 +70,7 @@ struct chunk {
 	struct chunk *own_next, *own_prev;
 	uint64_t grant_serial;        /* last grow that granted it (see seq_grow) */
 	bool dirty;                   /* FREE with its last owner's data: scrubbed when taken */
-	/* DRAINING: when its holders were asked to unmap it (server_reclaim()), where
+	/* DRAINING: when its holders were asked to unmap it (unmap_reclaim()), where
 	 * unmap-timeout starts; 0: they could not be asked, and no deadline runs. */
 	uint64_t unmap_asked_ms;
 };

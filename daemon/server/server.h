@@ -11,6 +11,8 @@
 #include <sys/signalfd.h>
 
 #include "idmap.h"
+#include "registry.h"
+#include "conn.h"
 #include "http.h"
 #include "loop.h"
 #include "metrics.h"
@@ -27,47 +29,6 @@ struct tier;
 struct mover;
 struct keep;
 struct uploader;
-
-/* The limits whose refusals are counted (status "refused", metrics kvd_refused_total). */
-enum server_limit {
-	LIMIT_CONNECTIONS,            /* max-connections */
-	LIMIT_CONNECTIONS_PER_UID,    /* max-connections-per-uid */
-	LIMIT_TENANTS,                /* max-tenants */
-	LIMIT_TENANTS_PER_UID,        /* max-tenants-per-uid */
-	LIMIT_MODELS,                 /* max-models, per connection */
-	LIMIT_MODELS_PER_TENANT,      /* max-models-per-tenant */
-	LIMIT_SEQS,                   /* max-seqs, per connection */
-	LIMIT_SEQS_PER_TENANT,        /* max-seqs-per-tenant */
-	LIMIT_SEQS_NODE,              /* max-seqs-node */
-	LIMIT_METADATA,               /* max-metadata-bytes */
-	LIMIT_SEQ_TOKENS,             /* max-seq-tokens */
-	LIMIT_DESCRIPTOR,             /* a descriptor over 64 MiB */
-	LIMIT_FRAME,                  /* a frame over 64 KiB */
-	LIMIT_SEND_QUEUE,             /* a client that does not read its replies */
-	LIMIT_OUTSTANDING,            /* max-outstanding, per connection */
-	LIMIT_OBSERVATION,            /* max-observation-bytes */
-	LIMIT_UPLOADS,                /* output projections computing at once */
-	LIMIT_EVICT_REQUESTS,         /* Evict requests waiting */
-	LIMIT_EVICT_RATE,             /* a tenant's own Evict, Plan, SeqRecall, per connection */
-	LIMIT_GRANT_WAITERS,          /* grows waiting for a round, node-wide */
-	LIMIT_RING_COMPLETIONS,       /* a client that leaves its completion ring full (ring.h) */
-	LIMIT_UNMAP_TIMEOUT,          /* grants to a connection past unmap-timeout */
-	LIMIT_PINNED,                 /* max-pinned-percent, per tenant (pins.h) */
-	LIMIT_RING_DOORBELL,          /* a client whose doorbells find nothing (ring.h) */
-	_LIMIT_MAX,
-};
-
-/* The names status and metrics use ("connections", "models_per_tenant", ...). */
-const char *server_limit_to_string(enum server_limit l);
-
-struct conn;
-/* Counts a refusal at limit l of a request of connection c, and logs it (info, with the
- * peer's pid, uid and tenant; rate-limited like every message). */
-void server_refused(struct server *s, const struct conn *c, enum server_limit l);
-
-/* Connections past max-connections (and max-connections-per-uid) that root and
- * admin-group still get, so that kvdctl works on a node clients filled. */
-#define ADMIN_CONNECTIONS_RESERVED 4u
 
 /* Limits on what clients control; most are settings (settings.c), see admin_limits(). */
 struct server_limits {
@@ -142,11 +103,11 @@ struct server {
 	uint64_t watchdog_usec;       /* the service manager's watchdog interval, 0: none */
 	char notify_status[256];      /* the STATUS= last sent to the service manager */
 
-	const struct conn_handlers *handlers; /* the requests' (dispatch.h) */
+	struct conn_handlers handlers; /* the requests' (dispatch.h), and listen_resume() */
 	struct conn *conns;
 	uint32_t n_conns;
-	/* By id: the open connections, and their sequences (idmap.h): what server_find_conn()
-	 * and server_find_seq() look up. */
+	/* By id: the open connections, and their sequences (idmap.h): what registry_conn()
+	 * and registry_seq() look up. */
 	struct idmap conn_ids, seq_ids;
 	/* Closed, but an operation still refers to them: freed when it completes, or by
 	 * server_free() when the loop stopped first. */
@@ -156,7 +117,7 @@ struct server {
 	uint32_t evictable_seqs;      /* open sequences of models with an eviction unit */
 	/* Open sequences (kept ones waiting to be claimed included) and their metadata's
 	 * bound (seq.meta_bytes), node-wide; and the bounds derived at start for
-	 * max-seqs-node and max-metadata-bytes 0 (server_seqs_max()). */
+	 * max-seqs-node and max-metadata-bytes 0 (registry_seqs_max()). */
 	uint32_t sequences;
 	uint64_t metadata_bytes;
 	uint32_t seqs_node_derived;
@@ -164,7 +125,7 @@ struct server {
 	uint32_t conns_by_fds;        /* connections the fd limit leaves room for */
 	struct chunk **scratch;       /* room for every chunk: see struct seq_emptied */
 	/* Entries of scratch that lists being reclaimed hold: a list starts after them (see
-	 * server_reclaim()). */
+	 * unmap_reclaim()). */
 	uint32_t scratch_used;
 
 	uint64_t start_ms;
@@ -225,53 +186,6 @@ struct server *server_free(struct server *s);
 
 /* Runs the loop until a stop signal; returns the exit status. */
 int server_run(struct server *s);
-
-
-struct conn *server_find_conn(struct server *s, uint64_t id);
-/* Sequence seq_id of connection conn_id, unless either is gone or the connection closes:
- * how code that sent events, which may close connections, finds what it named before. */
-struct seq *server_find_seq(struct server *s, uint64_t conn_id, uint64_t seq_id);
-
-/* Accepts again after a pause for want of fds (a connection closed, or the tick). */
-void server_accept_resume(struct server *s);
-
-/* Forgets t (tenant_holds_nothing): destroys its free chunks' memory and takes it out of
- * the table; logs why. */
-void server_forget_tenant(struct server *s, struct tenant *t, const char *why);
-
-/*
- * Gives back chunks whose last block was freed: free at once when nobody maps them, else
- * every holder is asked to unmap; `requester`, when not NULL, collects the ids it holds
- * into ret_ids (room for n_chunks) instead of getting an event. Returns how many ids it put
- * in ret_ids.
- */
-uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct conn *requester,
-                        uint32_t *ret_ids);
-
-/*
- * When a draining chunk's holders must have unmapped it (unmap-timeout after they were
- * asked); 0 when no deadline runs: the chunk does not drain, its holders could not be
- * asked, or unmap-timeout is 0. The tick enforces it (struct conn, unmap_due_ms).
- */
-uint64_t server_unmap_due(const struct server *s, const struct chunk *ch);
-
-/*
- * Names, in buf, the holder that has kept a draining chunk waiting longest (the first
- * holder of the chunk asked to unmap longest ago): "pid P (tenant T) for M ms"; a process
- * that left without unmapping is named by its connection. Returns false,
- * with buf empty, when nothing drains.
- */
-bool server_slowest_holder(struct server *s, char *buf, size_t n);
-
-/* Counts q as open (its tenant's and the node's sequences and metadata), or no longer. */
-void server_seq_opened(struct server *s, struct seq *q);
-void server_seq_closed(struct server *s, struct seq *q);
-
-/* The node's bounds in force: the settings, or what was derived at start for 0; the
- * connections' is also at most what the fd limit leaves room for. */
-uint32_t server_conns_max(const struct server *s);
-uint32_t server_seqs_max(const struct server *s);
-uint64_t server_metadata_max(const struct server *s);
 
 /* Starts a clean stop: clients are told, then disconnected. */
 void server_stop(struct server *s);

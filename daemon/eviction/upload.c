@@ -69,7 +69,7 @@ static void job_free(struct job *j) {
 
 /* Installs and answers a finished job, if its connection and model are still there. */
 static void finish(struct uploader *u, struct job *j) {
-	struct conn *c = server_find_conn(u->srv, j->conn_id);
+	struct conn *c = registry_conn(u->srv, j->conn_id);
 	int r = j->error;
 
 	if (!c || c->closing)

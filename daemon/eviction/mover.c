@@ -15,6 +15,7 @@
 #include "log.h"
 #include "mover.h"
 #include "server.h"
+#include "unmap.h"
 #include "tier-file.h"
 #include "tier.h"
 #include "wire.h"
@@ -182,7 +183,7 @@ int mover_out(struct mover *m, struct seq *q) {
 	if (!j)
 		return -ENOMEM;
 	*j = (struct job){ .kind = TIER_MOVE_OUT, .q = q, .conn_id = q->conn_id, .seq_id = q->id };
-	r = tier_offload_begin(s->tier, q, s->pool, server_metadata_max(s), s->limits.tier_max_percent,
+	r = tier_offload_begin(s->tier, q, s->pool, registry_metadata_max(s), s->limits.tier_max_percent,
 	                       &j->mv, &demotes, &n_demotes);
 	queue_demotes(m, demotes, n_demotes);
 	if (r >= 0) {
@@ -232,7 +233,7 @@ int mover_in(struct mover *m, struct conn *c, struct seq *q, const struct parked
 	if (r >= 0) {
 		r = tier_recall_begin(s->tier, q, s->pool, c->id, &j->g, &emptied, &j->mv);
 		*ret_short_bytes = j->g.short_bytes;
-		server_reclaim(s, &emptied, NULL, NULL);
+		unmap_reclaim(s, &emptied, NULL, NULL);
 		if (r < 0)
 			c->outstanding--;
 	}
@@ -244,7 +245,7 @@ int mover_in(struct mover *m, struct conn *c, struct seq *q, const struct parked
 			emptied = (struct seq_emptied){ .chunks = s->scratch + s->scratch_used };
 			tier_move_fail(j->mv, -ECANCELED);
 			(void)tier_recall_end(s->tier, j->mv, q, s->pool, c->id, &j->g, &emptied);
-			server_reclaim(s, &emptied, NULL, NULL);
+			unmap_reclaim(s, &emptied, NULL, NULL);
 		}
 	}
 	if (r < 0) {
@@ -295,13 +296,13 @@ static void finish_out(struct mover *m, struct job *j) {
 	}
 	log_debug("sequence %llu (tenant %s): moved to the host tier, %llu bytes",
 	          (unsigned long long)q->id, t->name, (unsigned long long)bytes);
-	server_reclaim(s, &emptied, NULL, NULL);
+	unmap_reclaim(s, &emptied, NULL, NULL);
 	/* What the blocks moved out leave scattered comes free by packing, as after a
 	 * round. Tenants are never forgotten while they hold a sequence. */
 	emptied = (struct seq_emptied){ .chunks = s->scratch + s->scratch_used };
 	(void)evict_settle_tenant(s->evictor, t, &emptied);
 	{
-		struct conn *c = server_find_conn(s, j->conn_id);
+		struct conn *c = registry_conn(s, j->conn_id);
 
 		if (c && !c->closing)
 			envelope_event_seq_changed(c, j->seq_id, q->desc->generation);
@@ -328,7 +329,7 @@ static void run_waiters(struct mover *m, struct job *j) {
 	for (uint32_t i = 0; i < j->n_waiters; i++) {
 		struct waiter *w = &j->waiters[i];
 		uint64_t wait = s->limits.grant_wait_ms;
-		struct conn *c = server_find_conn(s, w->conn_id);
+		struct conn *c = registry_conn(s, w->conn_id);
 
 		if (!c || c->closing)
 			continue;
@@ -340,7 +341,7 @@ static void run_waiters(struct mover *m, struct job *j) {
 static void finish_in(struct mover *m, struct job *j) {
 	struct server *s = m->srv;
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
-	struct conn *c = server_find_conn(s, j->conn_id);
+	struct conn *c = registry_conn(s, j->conn_id);
 	struct envelope_grants grants;
 	struct seq *q = j->q;
 	int r;
@@ -348,7 +349,7 @@ static void finish_in(struct mover *m, struct job *j) {
 	if (q)
 		q->move = NULL;
 	r = tier_recall_end(s->tier, j->mv, q, s->pool, j->conn_id, &j->g, &emptied);
-	server_reclaim(s, &emptied, NULL, NULL);
+	unmap_reclaim(s, &emptied, NULL, NULL);
 	if (r < 0 && r != -ECANCELED)
 		log_warning("sequence %llu (tenant %s): %s at its recall from the tier: lost, as "
 		            "if evicted, never served", (unsigned long long)j->seq_id,

@@ -27,6 +27,7 @@
 #include "recall.h"
 #include "round-gpu.h"
 #include "server.h"
+#include "unmap.h"
 #include "tier.h"
 
 /* A pressure round that found nothing to evict is not repeated sooner than this. */
@@ -128,7 +129,7 @@ bool evict_engine_done(struct server *s, struct seq *q) {
 
 	if (!q->wait_events)
 		return true;
-	c = server_find_conn(s, q->conn_id);
+	c = registry_conn(s, q->conn_id);
 	for (uint32_t i = 0; c && i < c->n_events; i++) {
 		int r;
 
@@ -298,7 +299,7 @@ static int snapshot(struct evictor *e, struct round *r) {
 		memcpy(r->tenants[i].name, t->name, sizeof(t->name));
 	}
 	for (uint32_t g = 0; g < e->n_grants; g++) {
-		const struct conn *c = server_find_conn(s, e->grants[g].conn_id);
+		const struct conn *c = registry_conn(s, e->grants[g].conn_id);
 
 		for (uint32_t i = 0; c && i < r->n_tenants; i++)
 			if (s->tenants.tenants[i] == c->tenant)
@@ -550,7 +551,7 @@ static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *dro
 }
 
 static void send_changed(struct server *s, struct seq *q) {
-	struct conn *c = server_find_conn(s, q->conn_id);
+	struct conn *c = registry_conn(s, q->conn_id);
 
 	if (c && !c->closing)
 		envelope_event_seq_changed(c, q->id, q->desc->generation);
@@ -591,9 +592,9 @@ uint64_t evict_settle_tenant(struct evictor *e, struct tenant *t, struct seq_emp
 			}
 	}
 	freed = (uint64_t)emptied->n * s->pool->chunk_bytes;
-	server_reclaim(s, emptied, NULL, NULL);
+	unmap_reclaim(s, emptied, NULL, NULL);
 	for (uint32_t j = 0; j < changed; j++) {
-		struct seq *q = server_find_seq(s, ids[2 * j], ids[2 * j + 1]);
+		struct seq *q = registry_seq(s, ids[2 * j], ids[2 * j + 1]);
 
 		if (q)
 			send_changed(s, q);
@@ -628,7 +629,7 @@ void evict_apply_pending(struct evictor *e, struct seq *q) {
 		(void)evict_settle_tenant(e, q->tenant, &emptied);
 		/* evict_settle_tenant only tells about what it moved itself; and its sends may have
 		 * closed q's connection, so q is looked up again. */
-		q = server_find_seq(s, conn_id, seq_id);
+		q = registry_seq(s, conn_id, seq_id);
 		if (q && q->epoch != before)
 			send_changed(s, q);
 		if (!e->running) {
@@ -660,7 +661,7 @@ static uint64_t apply_round(struct evictor *e, struct round *r, struct evict_rec
 
 		/* The sequence may be gone, or compacted since the snapshot (a plan waiting
 		 * for its unpin was applied): then this round's view of it is stale. */
-		q = server_find_seq(s, rq->conn_id, rq->seq_id);
+		q = registry_seq(s, rq->conn_id, rq->seq_id);
 		if (!q || q->epoch != rq->epoch || !rq->smooth_out || smooth_fit(q) < 0) {
 			rec->dropped += bytes;
 			continue;
@@ -717,7 +718,7 @@ static uint64_t apply_round(struct evictor *e, struct round *r, struct evict_rec
 	}
 	if (emptied.n > 0) {
 		freed += (uint64_t)emptied.n * s->pool->chunk_bytes;
-		server_reclaim(s, &emptied, NULL, NULL);
+		unmap_reclaim(s, &emptied, NULL, NULL);
 	}
 	return freed;
 }
@@ -849,7 +850,7 @@ static void retry_grants(struct evictor *e, bool due_only) {
 	}
 	for (uint32_t i = 0; i < n; i++) {
 		struct grant_waiter *g = &list[i];
-		struct conn *c = server_find_conn(e->srv, g->conn_id);
+		struct conn *c = registry_conn(e->srv, g->conn_id);
 
 		if (!c || c->closing)
 			continue;
@@ -1334,7 +1335,7 @@ static int recall_snapshot(struct evictor *e, struct seq *q, struct round *r) {
  */
 static bool start_recall(struct evictor *e, const struct recall_waiter *w) {
 	struct server *s = e->srv;
-	struct seq *q = server_find_seq(s, w->conn_id, w->seq_id);
+	struct seq *q = registry_seq(s, w->conn_id, w->seq_id);
 	const char *why = "";
 	struct round *r;
 	int k;
@@ -1342,7 +1343,7 @@ static bool start_recall(struct evictor *e, const struct recall_waiter *w) {
 	/* A plan waiting for the unpin goes first: the recall sees what it left. */
 	if (q && q->pending && q->pins == 0) {
 		evict_apply_pending(e, q);
-		q = server_find_seq(s, w->conn_id, w->seq_id);
+		q = registry_seq(s, w->conn_id, w->seq_id);
 	}
 	if (!q) {
 		answer_recall(e, w, -ENOENT, "the sequence was released", NULL, 0);
@@ -1437,7 +1438,7 @@ static void recall_done(struct evictor *e, struct round *r) {
 	struct server *s = e->srv;
 	struct round_seq *rq = &r->seqs[0];
 	struct recall_store *st = TAKE_PTR(rq->kept);
-	struct seq *q = server_find_seq(s, rq->conn_id, rq->seq_id);
+	struct seq *q = registry_seq(s, rq->conn_id, rq->seq_id);
 	struct recall_waiter w = e->running_recall;
 	const char *why = "the recall round failed";
 	uint64_t t0 = now_us();
@@ -1657,7 +1658,7 @@ int evict_wait_grant(struct evictor *e, struct conn *c, const struct parked_grow
 	struct grant_waiter *g;
 
 	if (e->n_grants >= GRANT_WAITERS_MAX) {
-		server_refused(s, c, LIMIT_GRANT_WAITERS);
+		registry_refused(s, c, LIMIT_GRANT_WAITERS);
 		return -EAGAIN;
 	}
 	if (s->stopping || !evictable_exists(s))
@@ -1707,7 +1708,7 @@ static void retry_waiting_plans(struct evictor *e) {
 				i++;
 			}
 	for (uint32_t j = 0; j < i; j++) {
-		struct seq *q = server_find_seq(s, ids[2 * j], ids[2 * j + 1]);
+		struct seq *q = registry_seq(s, ids[2 * j], ids[2 * j + 1]);
 
 		if (q && q->pending && q->pins == 0)
 			evict_apply_pending(e, q);

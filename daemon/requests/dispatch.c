@@ -29,6 +29,7 @@
 #include "policy.h"
 #include "ring.h"
 #include "server.h"
+#include "unmap.h"
 #include "recall.h"
 #include "tier.h"
 #include "upload.h"
@@ -69,12 +70,12 @@ _printf_(3, 4) static int refuse(char why[static WHY_MAX], int code, const char 
 	return code;
 }
 
-/* A connection past unmap-timeout gets no new chunk (server.h, server_unmap_due): -ETIMEDOUT
+/* A connection past unmap-timeout gets no new chunk (server.h, unmap_due): -ETIMEDOUT
  * with why, counted; 0 otherwise. */
 static int refuse_if_unmap_late(struct conn *c, char why[static WHY_MAX]) {
 	if (!c->unmap_due_ms)
 		return 0;
-	server_refused(c->srv, c, LIMIT_UNMAP_TIMEOUT);
+	registry_refused(c->srv, c, LIMIT_UNMAP_TIMEOUT);
 	return refuse(why, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
 	              "within unmap-timeout (%llu ms): no grants until it does",
 	              (unsigned long long)c->srv->limits.unmap_timeout_ms);
@@ -101,7 +102,7 @@ static void reply_step(struct conn *c, bool ring, uint64_t id, int r, const char
 static bool refuse_if_outstanding(struct conn *c, uint64_t id) {
 	if (c->outstanding < c->srv->limits.max_outstanding)
 		return false;
-	server_refused(c->srv, c, LIMIT_OUTSTANDING);
+	registry_refused(c->srv, c, LIMIT_OUTSTANDING);
 	envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection "
 	                     "(max-outstanding)", c->outstanding);
 	return true;
@@ -115,7 +116,7 @@ static void drop_seq(struct server *s, struct seq *q, struct seq_emptied *emptie
 	mover_forget(s->mover, q);
 	tier_forget(s->tier, q);
 	q->kept = recall_store_free(s->tier, q->kept);
-	server_seq_closed(s, q);
+	registry_seq_closed(s, q);
 	q->obs = obs_unref(q->obs);
 	q->pending = evict_plan_drop(s->evictor, q->pending);
 	seq_free(q, s->pool, emptied);
@@ -220,7 +221,7 @@ static int hello_tenant(struct conn *c, uint64_t id, const Kvd__V1__Hello *req,
 	          !access_admin(&s->admin->cfg, c->fd, &c->cred);
 	if (creates && tenant_count_created_by(&s->tenants, c->cred.uid) >=
 	               s->limits.max_tenants_per_uid) {
-		server_refused(s, c, LIMIT_TENANTS_PER_UID);
+		registry_refused(s, c, LIMIT_TENANTS_PER_UID);
 		envelope_reply_error(c, id, -EUSERS, "uid %u brought %u tenants into being already "
 		                     "(max-tenants-per-uid); idle ones are forgotten after "
 		                     "tenant-forget", (unsigned)c->cred.uid,
@@ -230,7 +231,7 @@ static int hello_tenant(struct conn *c, uint64_t id, const Kvd__V1__Hello *req,
 	}
 	r = tenant_get(&s->tenants, req->tenant, ret);
 	if (r == -EUSERS) {
-		server_refused(s, c, LIMIT_TENANTS);
+		registry_refused(s, c, LIMIT_TENANTS);
 		log_warning("connection %llu (pid %d): new tenant %s refused: max-tenants (%u) are "
 		            "known (idle ones are forgotten after tenant-forget; kvdctl tenant delete "
 		            "forgets one now)", (unsigned long long)c->id, (int)c->cred.pid,
@@ -370,12 +371,12 @@ static void handle_register_model(struct conn *c, uint64_t id, const Envelope *r
 	int r;
 
 	if (c->n_models >= c->srv->limits.max_models) {
-		server_refused(c->srv, c, LIMIT_MODELS);
+		registry_refused(c->srv, c, LIMIT_MODELS);
 		envelope_reply_error(c, id, -EMFILE, "at most %u models per connection", c->srv->limits.max_models);
 		return;
 	}
 	if (c->tenant->models >= c->srv->limits.max_models_per_tenant) {
-		server_refused(c->srv, c, LIMIT_MODELS_PER_TENANT);
+		registry_refused(c->srv, c, LIMIT_MODELS_PER_TENANT);
 		envelope_reply_error(c, id, -EMFILE, "at most %u models per tenant (max-models-per-tenant)",
 		            c->srv->limits.max_models_per_tenant);
 		return;
@@ -384,7 +385,7 @@ static void handle_register_model(struct conn *c, uint64_t id, const Envelope *r
 	r = model_from_request(req, c->srv->pool->chunk_bytes, c->srv->limits.max_observation_bytes, m,
 	                       &why);
 	if (r == -EFBIG)
-		server_refused(c->srv, c, LIMIT_OBSERVATION);
+		registry_refused(c->srv, c, LIMIT_OBSERVATION);
 	if (r < 0) {
 		envelope_reply_error(c, id, r, "bad model: %s", why);
 		return;
@@ -429,34 +430,34 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	}
 	if (!req->has_max_tokens || req->max_tokens < 1 || req->max_tokens > s->limits.max_seq_tokens) {
 		if (req->has_max_tokens && req->max_tokens > s->limits.max_seq_tokens)
-			server_refused(s, c, LIMIT_SEQ_TOKENS);
+			registry_refused(s, c, LIMIT_SEQ_TOKENS);
 		envelope_reply_error(c, id, -EINVAL, "max_tokens must be 1..%u", s->limits.max_seq_tokens);
 		return;
 	}
 	if (c->n_seqs >= s->limits.max_seqs) {
-		server_refused(s, c, LIMIT_SEQS);
+		registry_refused(s, c, LIMIT_SEQS);
 		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
 		return;
 	}
 	/* One tenant's many processes must not exhaust the daemon's descriptors together. */
 	if (c->tenant->sequences >= s->limits.max_seqs_per_tenant) {
-		server_refused(s, c, LIMIT_SEQS_PER_TENANT);
+		registry_refused(s, c, LIMIT_SEQS_PER_TENANT);
 		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per tenant (max-seqs-per-tenant)",
 		            s->limits.max_seqs_per_tenant);
 		return;
 	}
 	/* Every tenant's together must not take the daemon to vm.max_map_count, where it
-	 * would fail for everyone (server.h, server_seqs_max()). */
-	if (s->sequences >= server_seqs_max(s)) {
-		server_refused(s, c, LIMIT_SEQS_NODE);
+	 * would fail for everyone (server.h, registry_seqs_max()). */
+	if (s->sequences >= registry_seqs_max(s)) {
+		registry_refused(s, c, LIMIT_SEQS_NODE);
 		envelope_reply_error(c, id, -EMFILE, "the node holds its most sequences, %u (max-seqs-node)",
-		            server_seqs_max(s));
+		            registry_seqs_max(s));
 		return;
 	}
 	r = seq_new(s->next_seq_id + 1, &c->models[req->model_id - 1], c->tenant, req->max_tokens,
 	            s->limits.max_descriptor_bytes, &q);
 	if (r == -EINVAL) {
-		server_refused(s, c, LIMIT_DESCRIPTOR);
+		registry_refused(s, c, LIMIT_DESCRIPTOR);
 		envelope_reply_error(c, id, r, "the descriptor for %u tokens would exceed %llu bytes",
 		            req->max_tokens, (unsigned long long)s->limits.max_descriptor_bytes);
 		return;
@@ -466,13 +467,13 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 		envelope_reply_error(c, id, r, "cannot create the sequence descriptor");
 		return;
 	}
-	if (s->metadata_bytes + q->meta_bytes > server_metadata_max(s)) {
+	if (s->metadata_bytes + q->meta_bytes > registry_metadata_max(s)) {
 		struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
 
-		server_refused(s, c, LIMIT_METADATA);
+		registry_refused(s, c, LIMIT_METADATA);
 		envelope_reply_error(c, id, -ENOMEM, "the sequences' metadata would pass %llu bytes "
 		            "(max-metadata-bytes); this one takes %llu", (unsigned long long)
-		            server_metadata_max(s), (unsigned long long)q->meta_bytes);
+		            registry_metadata_max(s), (unsigned long long)q->meta_bytes);
 		seq_free(q, s->pool, &none);
 		return;
 	}
@@ -498,7 +499,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 		return;
 	}
 	s->next_seq_id++;
-	server_seq_opened(s, q);
+	registry_seq_opened(s, q);
 	/* While the descriptor's fd is still open, for the fd store. */
 	keep_seq_opened(s->keep, q, s->next_seq_id);
 
@@ -547,7 +548,7 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 		return;
 	}
 	if (c->n_seqs >= s->limits.max_seqs) {
-		server_refused(s, c, LIMIT_SEQS);
+		registry_refused(s, c, LIMIT_SEQS);
 		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
 		return;
 	}
@@ -671,7 +672,7 @@ static int bring_back(struct conn *c, struct seq *q, const struct parked_grow *r
 	if (r < 0)
 		return r;
 	if (c->outstanding >= s->limits.max_outstanding) {
-		server_refused(s, c, LIMIT_OUTSTANDING);
+		registry_refused(s, c, LIMIT_OUTSTANDING);
 		return refuse(why, -EBUSY, "at most %u requests of a connection wait at once "
 		              "(max-outstanding)", s->limits.max_outstanding);
 	}
@@ -743,7 +744,7 @@ static void grow_refusal(struct conn *c, const struct seq *q, int r, bool budget
 		break;
 	case -ENOSPC:
 		if (budget_full && p->chunks_draining > 0 &&
-		    server_slowest_holder(s, holder, sizeof(holder)))
+		    unmap_slowest_holder(s, holder, sizeof(holder)))
 			refuse(why, r, "node budget exhausted: %llu bytes evicted wait for %s to unmap "
 			       "them", (unsigned long long)p->chunks_draining * p->chunk_bytes, holder);
 		else if (budget_full)
@@ -829,11 +830,11 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		/* Before the reclaim, which may give the budget room again: the refusal says
 		 * what was short when the grow failed. */
 		budget_full = !pool_budget_has_room(p);
-		server_reclaim(s, &emptied, NULL, NULL);
+		unmap_reclaim(s, &emptied, NULL, NULL);
 		/* Memory an eviction round may free: wait for it rather than fail. */
 		if ((r == -ENOSPC || r == -EDQUOT) && waits) {
 			if (c->outstanding >= s->limits.max_outstanding)
-				server_refused(s, c, LIMIT_OUTSTANDING);
+				registry_refused(s, c, LIMIT_OUTSTANDING);
 			else if (park_grow(c, &req, r == -EDQUOT, g.short_bytes, wait_until_ms,
 			                   since_us != 0))
 				return;
@@ -891,9 +892,9 @@ static int step_release(struct conn *c, uint64_t seq_id, uint32_t **ret_ids, uin
 		ids = malloc(emptied.n * sizeof(*ids));
 		if (!ids) {
 			/* Fall back to events for the requester too: slower, but nothing leaks. */
-			server_reclaim(s, &emptied, NULL, NULL);
+			unmap_reclaim(s, &emptied, NULL, NULL);
 		} else
-			n = server_reclaim(s, &emptied, c, ids);
+			n = unmap_reclaim(s, &emptied, c, ids);
 	}
 	*ret_ids = ids;
 	*ret_n = n;
@@ -943,7 +944,7 @@ static void handle_chunks_unmapped(struct conn *c, uint64_t id, const Envelope *
 			continue;
 		/* Before the drop, which may free the chunk. Late chunks the tick's scan
 		 * counted are those due by then. */
-		due = server_unmap_due(s, ch);
+		due = unmap_due(s, ch);
 		if (pool_chunk_drop_holder(s->pool, ch, c->id) && c->unmap_late > 0 && due != 0 &&
 		    due <= s->unmap_scan_ms)
 			c->unmap_late--;
@@ -1168,7 +1169,7 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 	r = tenant_get(&c->srv->tenants, req->name, &t);
 	if (r < 0) {
 		if (r == -EUSERS) {
-			server_refused(c->srv, c, LIMIT_TENANTS);
+			registry_refused(c->srv, c, LIMIT_TENANTS);
 			log_warning("tenant set by pid %d: new tenant %s refused: max-tenants (%u) are "
 			            "known", (int)c->cred.pid, req->name, c->srv->limits.max_tenants);
 		}
@@ -1264,7 +1265,7 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope
 	}
 	if (c->outstanding >= c->srv->limits.max_outstanding) {
 		wo_map_done(&wo);
-		server_refused(c->srv, c, LIMIT_OUTSTANDING);
+		registry_refused(c->srv, c, LIMIT_OUTSTANDING);
 		envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
 		            c->outstanding);
 		return;
@@ -1272,7 +1273,7 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope
 	/* The reply comes from the uploader, once the Gram matrices are computed. */
 	r = upload_start(c->srv->uploader, c, id, req->model_id, req->layer, &wo);
 	if (r == -EBUSY)
-		server_refused(c->srv, c, LIMIT_UPLOADS);
+		registry_refused(c->srv, c, LIMIT_UPLOADS);
 	if (r >= 0)
 		c->outstanding++;
 	else if (r == -EBUSY)
@@ -1384,7 +1385,7 @@ static void handle_seq_pin(struct conn *c, uint64_t id, const Envelope *request,
  * answered here. */
 static struct conn *waiter(struct server *s, uint64_t conn_id, uint64_t id,
                            const struct evict_outcome *o) {
-	struct conn *c = server_find_conn(s, conn_id);
+	struct conn *c = registry_conn(s, conn_id);
 
 	if (!c || c->closing)
 		return NULL;
@@ -1531,7 +1532,7 @@ static bool round_rate_allows(struct conn *c, uint64_t id) {
 		c->round_tokens--;
 		return true;
 	}
-	server_refused(c->srv, c, LIMIT_EVICT_RATE);
+	registry_refused(c->srv, c, LIMIT_EVICT_RATE);
 	envelope_reply_error(c, id, -EAGAIN, "at most %u requests a second that run a round "
 	                     "(evictions, plans, recalls) per connection (%u at once)",
 	                     ROUND_RATE_PER_S, ROUND_RATE_BURST);
@@ -1649,7 +1650,7 @@ static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
 		return;
 	r = evict_request(c->srv->evictor, c, id, t, req->has_bytes ? req->bytes : 0, evict_answered);
 	if (r == -EBUSY)
-		server_refused(c->srv, c, LIMIT_EVICT_REQUESTS);
+		registry_refused(c->srv, c, LIMIT_EVICT_REQUESTS);
 	if (r >= 0)
 		c->outstanding++;
 	else
@@ -1715,7 +1716,7 @@ static void handle_status(struct conn *c, uint64_t id, const Envelope *request _
 	node_values_status(s, &rep);
 	for (unsigned i = 0; i < _LIMIT_MAX; i++) {
 		kvd__v1__counter__init(&refused[i]);
-		refused[i].name = (char *)server_limit_to_string(i);
+		refused[i].name = (char *)limit_to_string(i);
 		refused[i].has_value = true;
 		refused[i].value = s->refused[i];
 		refused_ptrs[i] = &refused[i];
@@ -1840,7 +1841,7 @@ static void handle_plan(struct conn *c, uint64_t id, const Envelope *request,
 	}
 	r = evict_plan(s->evictor, c, id, trigger, only, bytes, &patch, plan_answered);
 	if (r == -EBUSY)
-		server_refused(s, c, LIMIT_EVICT_REQUESTS);
+		registry_refused(s, c, LIMIT_EVICT_REQUESTS);
 	if (r < 0)
 		envelope_reply_error(c, id, r, r == -EBUSY ? "too many eviction requests waiting (%u)" :
 		                     "out of memory", EVICT_WAITERS_MAX);
@@ -1849,7 +1850,7 @@ static void handle_plan(struct conn *c, uint64_t id, const Envelope *request,
 static void handle_disconnect(struct conn *c, uint64_t id, const Envelope *request,
                               int request_fd _unused_) {
 	const Kvd__V1__Disconnect *req = request->disconnect;
-	struct conn *o = req->has_connection ? server_find_conn(c->srv, req->connection) : NULL;
+	struct conn *o = req->has_connection ? registry_conn(c->srv, req->connection) : NULL;
 	const char *departed = req->has_connection ? departed_tenant(c->srv, req->connection) : NULL;
 	char why[160];
 
@@ -2084,7 +2085,7 @@ static void dispatch_disconnect(struct conn *c) {
 		conn_seq_remove(c, q);
 		drop_seq(s, q, &emptied);
 	}
-	server_reclaim(s, &emptied, NULL, NULL);
+	unmap_reclaim(s, &emptied, NULL, NULL);
 	if (c->tenant) {
 		c->tenant->connections--;
 		c->tenant->models -= c->n_models;

@@ -22,6 +22,7 @@
 #include "log.h"
 #include "memfd.h"
 #include "server.h"
+#include "unmap.h"
 
 #define NAME_JOURNAL "kvd-journal"
 #define NAME_CHUNK "kvd-chunk-"
@@ -729,7 +730,7 @@ static void restore_commit(struct restore *rs) {
 		struct seq *q = rs->orphans[i].seq;
 
 		q->keep_slot = rs->orphan_slot[i] + 1;
-		server_seq_opened(rs->s, q);
+		registry_seq_opened(rs->s, q);
 		desc_name(q->id, name);
 		if (store_push(name, q->desc_fd) < 0)
 			log_warning("cannot put sequence %" PRIu64 "'s descriptor in the fd store; it "
@@ -943,14 +944,14 @@ void keep_tick(struct keep *k, struct server *s) {
 			continue;
 		k->orphans[i].seq = NULL;
 		keep_seq_dropped(k, q);
-		server_seq_closed(s, q);
+		registry_seq_closed(s, q);
 		seq_free(q, s->pool, &emptied);
 		n++;
 	}
 	k->orphans_left = 0;
 	/* Nobody holds them: the chunks are free at once (their memory stays their tenant's:
 	 * pool.h, "Isolation"). */
-	server_reclaim(s, &emptied, NULL, NULL);
+	unmap_reclaim(s, &emptied, NULL, NULL);
 	log_notice("%" PRIu32 " sequences kept across the restart were not claimed within %" PRIu64
 	           " ms (restore-claim): freed", n, k->claim_ms);
 }

@@ -71,7 +71,7 @@ int admin_budget_reset(struct admin *a, char *why, size_t why_n);
 int admin_tenant_set(struct admin *a, struct tenant *t, const struct state_tenant *change,
                      char *why, size_t why_n);
 int admin_tenant_reset(struct admin *a, const char *name, char *why, size_t why_n);
-/* Forgets a tenant and its live values (server_forget_tenant). Returns as above, or -ENOENT
+/* Forgets a tenant and its live values (registry_forget_tenant). Returns as above, or -ENOENT
  * (unknown), -EBUSY (it holds something, or the config file declares it). */
 int admin_tenant_delete(struct admin *a, const char *name, char *why, size_t why_n);
 

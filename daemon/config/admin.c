@@ -525,7 +525,7 @@ int admin_tenant_delete(struct admin *a, const char *name, char *why, size_t why
 		         "reload", name);
 		return -EBUSY;
 	}
-	server_forget_tenant(a->srv, t, "deleted");
+	registry_forget_tenant(a->srv, t, "deleted");
 	if (!state_tenant_remove(a->state, name))
 		return 0;
 	return save(a, why, why_n);

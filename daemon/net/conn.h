@@ -71,7 +71,7 @@ struct conn {
 	uint64_t round_refill_ms;
 	struct ring *ring;            /* the per-step rings (ring.h), NULL without */
 	uint64_t frames;              /* frames conn_send() took so far */
-	/* The first unmap deadline (server_unmap_due()) it missed of the draining chunks it
+	/* The first unmap deadline (unmap_due()) it missed of the draining chunks it
 	 * still holds, 0: none; while set it gets no grants, and unmap-grace after it, it is
 	 * disconnected (server.c, unmap_tick()). unmap_late counts those chunks, as of the
 	 * tick's scan, so that answering the last of them lifts the ban at once. */
@@ -177,4 +177,6 @@ struct conn_handlers {
 	void (*ring)(struct conn *c, const struct kvd_ring_sqe *sqe);
 	/* Drops the session state of a closing connection. */
 	void (*disconnect)(struct conn *c);
+	/* After a connection closed, with the server's state updated; may be NULL. */
+	void (*closed)(struct server *s);
 };

@@ -19,11 +19,11 @@ static uint64_t bound(const struct server *s) {
 }
 
 static int refuse_over(struct server *s, struct seq *q, uint64_t more, char *why, size_t n) {
-	const struct conn *c = server_find_conn(s, q->conn_id);
+	const struct conn *c = registry_conn(s, q->conn_id);
 	char held[32], lim[32];
 
 	if (c)
-		server_refused(s, c, LIMIT_PINNED);
+		registry_refused(s, c, LIMIT_PINNED);
 	snprintf(why, n, "tenant %s holds %s pinned, and %llu bytes more would pass "
 	         "max-pinned-percent (%u%% of the budget: %s)", q->tenant->name,
 	         size_format(q->tenant->pinned_bytes, held, sizeof(held)), (unsigned long long)more,

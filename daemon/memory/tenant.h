@@ -5,7 +5,7 @@
  * Tenants: the parties the node budget is shared between. A tenant comes into being when a
  * process first says hello as it or when an operator sets it, and outlives its connections
  * so that its settings stay; one that holds nothing and has no settings of its own is
- * forgotten after --tenant-forget, or by kvdctl tenant delete (server_forget_tenant). The
+ * forgotten after --tenant-forget, or by kvdctl tenant delete (registry_forget_tenant). The
  * table is bounded (--max-tenants).
  */
 

@@ -2,13 +2,9 @@
 #pragma once
 
 /*
- * Metrics in the Prometheus text exposition format, version 0.0.4, served by http.c.
- *
- * Most values are read where they already live (the pool, the tenants, the server) when a
- * scrape renders them, so they cost nothing between scrapes and always agree with
- * kvd_status. Only what no other module keeps is counted here: requests by type and how long
- * the daemon took to handle each, as one histogram per type; how long grows waited for an
- * eviction round; how long rounds took, and their phases.
+ * What the metrics endpoint (prometheus.h) shows that no other module keeps: requests by
+ * type and how long the daemon took to handle each, as one histogram per type; how long
+ * grows waited for an eviction round; how long rounds took, and their phases.
  *
  * Single-threaded like the rest of the daemon: plain integers, updated and read on the
  * loop's thread.
@@ -18,8 +14,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>
-
-struct server;
 
 /* Request types, the `type` label of kvd_requests_total and kvd_request_duration_seconds. */
 enum metrics_request {
@@ -55,6 +49,8 @@ enum metrics_request {
 
 /* Upper bounds from 10 us to 10 s; a last bucket, +Inf, takes the rest. */
 #define METRICS_LATENCY_BUCKETS 19
+/* Each bucket's upper bound in nanoseconds: 1, 2.5 and 5 times each power of ten. */
+extern const uint64_t metrics_bucket_ns[METRICS_LATENCY_BUCKETS];
 
 struct metrics_histogram {
 	uint64_t buckets[METRICS_LATENCY_BUCKETS + 1]; /* per bucket, not cumulative */
@@ -89,12 +85,3 @@ void metrics_observe_round(struct metrics *m, uint64_t duration_us, uint64_t sco
 
 /* The label value of a request type ("seq_grow"), or NULL when out of range. */
 const char *metrics_request_name(enum metrics_request type);
-
-/* Writes value to f as the inside of a quoted label value: \, " and newline escaped. */
-void metrics_write_label_value(FILE *f, const char *value);
-
-/*
- * Renders every metric of s. Returns 0 with the text (NUL-terminated, ret_size bytes
- * without the NUL) in *ret, for the caller to free(), or -ENOMEM.
- */
-int metrics_render(struct server *s, char **ret, size_t *ret_size);

@@ -35,140 +35,16 @@
 #include "mover.h"
 #include "offload.h"
 #include "ring.h"
+#include "listen.h"
+#include "prometheus.h"
 #include "server.h"
+#include "unmap.h"
 #include "tier-file.h"
 #include "tier.h"
 #include "wire.h"
 #include "basic/time-util.h"
 
 #define STOP_GRACE_MS 2000
-
-static const char *const limit_names[_LIMIT_MAX] = {
-	[LIMIT_CONNECTIONS] = "connections",
-	[LIMIT_CONNECTIONS_PER_UID] = "connections_per_uid",
-	[LIMIT_TENANTS_PER_UID] = "tenants_per_uid",
-	[LIMIT_TENANTS] = "tenants",
-	[LIMIT_MODELS] = "models",
-	[LIMIT_MODELS_PER_TENANT] = "models_per_tenant",
-	[LIMIT_SEQS] = "seqs",
-	[LIMIT_SEQS_PER_TENANT] = "seqs_per_tenant",
-	[LIMIT_SEQS_NODE] = "seqs_node",
-	[LIMIT_METADATA] = "metadata",
-	[LIMIT_SEQ_TOKENS] = "seq_tokens",
-	[LIMIT_DESCRIPTOR] = "descriptor",
-	[LIMIT_FRAME] = "frame",
-	[LIMIT_SEND_QUEUE] = "send_queue",
-	[LIMIT_OUTSTANDING] = "outstanding",
-	[LIMIT_OBSERVATION] = "observation",
-	[LIMIT_UPLOADS] = "uploads",
-	[LIMIT_EVICT_REQUESTS] = "evict_requests",
-	[LIMIT_EVICT_RATE] = "evict_rate",
-	[LIMIT_GRANT_WAITERS] = "grant_waiters",
-	[LIMIT_RING_COMPLETIONS] = "ring_completions",
-	[LIMIT_PINNED] = "pinned",
-	[LIMIT_RING_DOORBELL] = "ring_doorbell",
-	[LIMIT_UNMAP_TIMEOUT] = "unmap_timeout",
-};
-
-const char *server_limit_to_string(enum server_limit l) {
-	return l < _LIMIT_MAX ? limit_names[l] : NULL;
-}
-
-void server_refused(struct server *s, const struct conn *c, enum server_limit l) {
-	s->refused[l]++;
-	log_info("connection %llu (pid %d, uid %u, tenant %s): refused at limit %s (kvd(8), LIMITS)",
-	         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
-	         c->tenant ? c->tenant->name : "-", limit_names[l]);
-}
-
-/* Tells a client we cannot serve why, in a frame with id 0, and closes it. The socket
- * is new and its buffer empty, so the small frame goes out at once or not at all. */
-static void refuse(int fd, int code, const char *why) {
-	Kvd__V1__Status st = KVD__V1__STATUS__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT;
-	_cleanup_(freep) uint8_t *frame = NULL;
-	size_t size;
-
-	st.has_code = true;
-	st.code = code;
-	st.message = (char *)why;
-	env.status = &st;
-	if (wire_encode(&env, 0, &frame, &size) == 0)
-		(void)!send(fd, frame, size, MSG_NOSIGNAL | MSG_DONTWAIT);
-	safe_close(fd);
-}
-
-static void on_accept(struct loop_op *op, int res, bool more) {
-	struct server *s = container_of(op, struct server, accept_op);
-	struct conn *c;
-	int r;
-
-	if (res >= 0) {
-		struct ucred cred = {};
-		socklen_t len = sizeof(cred);
-		uint32_t same_uid = 0, max;
-		bool admin;
-
-		/* The per-user limit: a user cannot take every connection from the others. */
-		if (getsockopt(res, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
-			for (struct conn *o = s->conns; o; o = o->next)
-				same_uid += o->cred.uid == cred.uid;
-		/* Root and admin-group have ADMIN_CONNECTIONS_RESERVED past both limits, so that
-		 * an operator can always look and act (kvdctl) on a node clients filled. */
-		admin = access_admin(&s->admin->cfg, res, &cred);
-		max = server_conns_max(s) + (admin ? ADMIN_CONNECTIONS_RESERVED : 0);
-		if (s->stopping) {
-			refuse(res, -ESHUTDOWN, "the daemon is stopping");
-		} else if (s->n_conns >= max) {
-			s->refused[LIMIT_CONNECTIONS]++;
-			refuse(res, -EUSERS, "connection limit reached");
-			log_warning("refusing a connection of pid %d uid %u: limit of %u reached",
-			            (int)cred.pid, (unsigned)cred.uid, max);
-		} else if (same_uid >= s->limits.max_connections_per_uid +
-		                       (admin ? ADMIN_CONNECTIONS_RESERVED : 0)) {
-			s->uid_connections_refused++;
-			s->refused[LIMIT_CONNECTIONS_PER_UID]++;
-			refuse(res, -EUSERS, "connection limit of this user reached (max-connections-per-uid)");
-			log_warning("refusing a connection of pid %d uid %u: its user's limit of %u reached",
-			            (int)cred.pid, (unsigned)cred.uid, s->limits.max_connections_per_uid);
-		} else if ((r = conn_new(s, res, &c)) < 0) {
-			log_error_errno(r, "setting up a connection failed, ignoring");
-		} else {
-			if (s->n_conns >= server_conns_max(s))
-				log_notice("connection limit reached: administrative connection %llu "
-				           "goes in on the reserve", (unsigned long long)c->id);
-			c->next = s->conns;
-			if (s->conns)
-				s->conns->prev = c;
-			s->conns = c;
-			s->n_conns++;
-		}
-		s->accept_pause_logged = false;
-	} else if ((res == -EMFILE || res == -ENFILE) && !more) {
-		/* Accepting again at once would fail again at once, a core spent on it: wait for
-		 * a connection to close, or the tick (an error ends the multishot accept). */
-		s->accept_paused = true;
-		s->accept_pauses++;
-		if (!s->accept_pause_logged)
-			log_warning_errno(res, "out of file descriptors: accepting paused until a "
-			                  "connection closes (new clients wait in the listen backlog)");
-		s->accept_pause_logged = true;
-		return;
-	} else if (res != -EINTR && res != -ECONNABORTED) {
-		log_warning_errno(res, "accept failed");
-	}
-	/* Multishot accept stops on errors and overflow; start it again. */
-	if (!more && !s->stopping && loop_accept(s->loop, &s->accept_op, s->listen_fd) < 0)
-		log_error("cannot re-arm accept; no new connections will be served");
-}
-
-void server_accept_resume(struct server *s) {
-	if (!s->accept_paused || s->stopping)
-		return;
-	s->accept_paused = false;
-	if (loop_accept(s->loop, &s->accept_op, s->listen_fd) < 0)
-		log_error("cannot re-arm accept; no new connections will be served");
-}
 
 static void on_signal(struct loop_op *op, int res, bool more) {
 	struct server *s = container_of(op, struct server, signal_op);
@@ -260,102 +136,6 @@ static uint64_t tick_interval(const struct server *s) {
 	return ms;
 }
 
-uint64_t server_unmap_due(const struct server *s, const struct chunk *ch) {
-	if (ch->state != CHUNK_DRAINING || ch->unmap_asked_ms == 0 || s->limits.unmap_timeout_ms == 0)
-		return 0;
-	return ch->unmap_asked_ms + s->limits.unmap_timeout_ms;
-}
-
-/*
- * Enforces unmap-timeout: memfds and cuMem handles cannot be revoked, so a chunk a holder
- * does not unmap stays out of the pool until it does, or disconnects. A connection that
- * missed a deadline gets no new grants (it would only take more), and once unmap-grace
- * has passed too it is disconnected, which drops its holds. The scan walks every chunk,
- * but only while some drain, and looks holders up only past their deadline.
- */
-static void unmap_tick(struct server *s, uint64_t now) {
-	struct pool *p = s->pool;
-
-	for (struct conn *c = s->conns; c; c = c->next) {
-		c->unmap_was_late = c->unmap_due_ms != 0;
-		c->unmap_due_ms = 0;
-		c->unmap_late = 0;
-	}
-	s->unmap_scan_ms = now;
-	memset(s->draining_late, 0, sizeof(s->draining_late));
-	for (uint32_t i = 0; i < p->n_chunks && p->chunks_draining > 0; i++) {
-		const struct chunk *ch = &p->chunks[i];
-		uint64_t due = server_unmap_due(s, ch);
-
-		if (due == 0 || now < due)
-			continue;
-		s->draining_late[ch->mem.device]++;
-		for (uint32_t h = 0; h < ch->n_holders; h++) {
-			struct conn *c = server_find_conn(s, ch->holders[h]);
-
-			if (!c)
-				continue;
-			c->unmap_late++;
-			if (c->unmap_due_ms == 0 || due < c->unmap_due_ms)
-				c->unmap_due_ms = due;
-		}
-	}
-	for (struct conn *c = s->conns, *next; c; c = next) {
-		next = c->next;
-		/* Closed by an earlier disconnect here: its holds are gone already. */
-		if (c->closing || c->unmap_due_ms == 0)
-			continue;
-		if (!c->unmap_was_late) {
-			s->unmap_timeouts++;
-			log_warning("connection %llu (pid %d, tenant %s) did not unmap a chunk within "
-			            "unmap-timeout (%llu ms): no new grants, and a disconnect in %llu ms "
-			            "unless it does", (unsigned long long)c->id, (int)c->cred.pid,
-			            c->tenant ? c->tenant->name : "-",
-			            (unsigned long long)s->limits.unmap_timeout_ms,
-			            (unsigned long long)s->limits.unmap_grace_ms);
-		}
-		if (now - c->unmap_due_ms >= s->limits.unmap_grace_ms) {
-			s->unmap_disconnects++;
-			conn_close(c, "did not unmap a chunk within unmap-timeout and unmap-grace");
-		}
-	}
-}
-
-bool server_slowest_holder(struct server *s, char *buf, size_t n) {
-	const struct pool *p = s->pool;
-	const struct chunk *oldest = NULL;
-	const struct conn *c;
-
-	buf[0] = '\0';
-	for (uint32_t i = 0; i < p->n_chunks && p->chunks_draining > 0; i++) {
-		const struct chunk *ch = &p->chunks[i];
-
-		if (ch->state == CHUNK_DRAINING && ch->n_holders > 0 && ch->unmap_asked_ms > 0 &&
-		    (!oldest || ch->unmap_asked_ms < oldest->unmap_asked_ms))
-			oldest = ch;
-	}
-	if (!oldest)
-		return false;
-	c = server_find_conn(s, oldest->holders[0]);
-	if (c)
-		snprintf(buf, n, "pid %d (tenant %s) for %llu ms", (int)c->cred.pid,
-		         c->tenant ? c->tenant->name : "-",
-		         (unsigned long long)(now_ms() - oldest->unmap_asked_ms));
-	else
-		snprintf(buf, n, "departed connection %llu for %llu ms",
-		         (unsigned long long)oldest->holders[0],
-		         (unsigned long long)(now_ms() - oldest->unmap_asked_ms));
-	return true;
-}
-
-void server_forget_tenant(struct server *s, struct tenant *t, const char *why) {
-	uint32_t n = pool_forget_tenant(s->pool, t);
-
-	log_info("tenant %s forgotten: %s (the memory of its %" PRIu32 " free chunks destroyed)",
-	         t->name, why, n);
-	tenant_table_remove(&s->tenants, t);
-}
-
 /*
  * Forgets the tenants that held nothing for tenant-forget: with a tenant name per job, the
  * table (max-tenants) would otherwise fill and refuse every new tenant until a restart. A
@@ -373,7 +153,7 @@ static void forget_tick(struct server *s, uint64_t now) {
 		if (idle && s->limits.tenant_forget_ms > 0 &&
 		    now - t->idle_since_ms >= s->limits.tenant_forget_ms)
 			/* The next tenant moves into slot i. */
-			server_forget_tenant(s, t, "it held nothing for tenant-forget");
+			registry_forget_tenant(s, t, "it held nothing for tenant-forget");
 		else
 			i++;
 	}
@@ -404,7 +184,7 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 		}
 		unmap_tick(s, now);
 		pins_tick(s, now);
-		server_accept_resume(s);
+		listen_resume(s);
 		pool_retry_pinned(s->pool);
 		if (s->admin)
 			forget_tick(s, now);
@@ -419,124 +199,6 @@ static void on_tick(struct loop_op *op, int res, bool more) {
 	s->tick_ms = tick_interval(s);
 	if (loop_timeout(s->loop, &s->tick_op, s->tick_ms) < 0)
 		log_error("cannot re-arm the timer");
-}
-
-/* The gid of socket-group, a name or a number. */
-static int socket_gid(const char *group, gid_t *ret) {
-	const struct group *g;
-	uint64_t v;
-
-	if (number_parse_u64(group, 0, UINT32_MAX - 1, &v) >= 0) {
-		*ret = (gid_t)v;
-		return 0;
-	}
-	errno = 0;
-	g = getgrnam(group);
-	if (!g)
-		return errno > 0 ? -errno : -ENOENT;
-	*ret = g->gr_gid;
-	return 0;
-}
-
-static int listen_socket(const char *path, const char *group, int *ret) {
-	_cleanup_(closep) int fd = -EBADF, probe = -EBADF;
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	mode_t old;
-	int r;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return -ENAMETOOLONG;
-	strcpy(sa.sun_path, path);
-
-	/* A socket file left by a daemon that died is removed; a live one is not taken over. */
-	probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (probe < 0)
-		return negative_errno();
-	if (connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-		return -EADDRINUSE;
-	if (errno == ECONNREFUSED)
-		unlink(path);
-
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0)
-		return negative_errno();
-	/* Owner and group only: access control starts with who may connect. */
-	old = umask(0117);
-	r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-	umask(old);
-	if (r < 0)
-		return negative_errno();
-	if (group && *group) {
-		gid_t gid;
-
-		r = socket_gid(group, &gid);
-		if (r < 0)
-			return log_error_errno(r, "socket-group %s does not exist", group);
-		/* Not fchown: on a socket it changes nothing on the file. lchown, so that a link
-		 * put in its place is not followed; bind() already made it 0660. */
-		if (lchown(path, (uid_t)-1, gid) < 0)
-			return log_error_errno(negative_errno(), "cannot give %s to group %s", path,
-			                       group);
-	}
-	if (listen(fd, SOMAXCONN) < 0)
-		return negative_errno();
-	*ret = TAKE_FD(fd);
-	return 0;
-}
-
-/*
- * Takes the listening socket a service manager passed (kvd.socket, systemd-socket-activate):
- * exactly one, an AF_UNIX stream socket already listening. Returns 1 when it did, 0 when
- * none was passed (the caller binds its own), or a logged error.
- */
-static int inherit_socket(struct server *s, int *sockets, unsigned n) {
-	struct sockaddr_un sa = {};
-	socklen_t len = sizeof(sa);
-	int r, fd;
-
-	/* The fd store's fds were taken out before (keep.h): what is left are sockets. */
-	if (n == 0)
-		return 0;
-	if (n > 1) {
-		log_error("the service manager passed %u sockets, expected one", n);
-		for (unsigned i = 0; i < n; i++)
-			safe_close(sockets[i]);
-		return -EINVAL;
-	}
-	fd = sockets[0];
-	r = sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0);
-	if (r <= 0) {
-		if (r < 0)
-			log_error_errno(r, "cannot inspect the socket passed by the service manager");
-		else
-			log_error("the socket passed by the service manager is not a listening "
-			          "AF_UNIX stream socket");
-		safe_close(fd);
-		return r < 0 ? r : -ENOTSOCK;
-	}
-	if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
-		r = log_error_errno(negative_errno(), "getsockname on the passed socket failed");
-		safe_close(fd);
-		return r;
-	}
-	/* Not always NUL-terminated; an abstract name starts with one and is shown with '@'. */
-	len = len > offsetof(struct sockaddr_un, sun_path) ?
-	      MIN(len - offsetof(struct sockaddr_un, sun_path), sizeof(s->inherited_path) - 1) : 0;
-	if (len > 0 && sa.sun_path[0] == 0)
-		snprintf(s->inherited_path, sizeof(s->inherited_path), "@%.*s", (int)len - 1,
-		         sa.sun_path + 1);
-	else if (len > 0)
-		snprintf(s->inherited_path, sizeof(s->inherited_path), "%.*s", (int)len, sa.sun_path);
-	else
-		snprintf(s->inherited_path, sizeof(s->inherited_path), "(unnamed)");
-	if (strcmp(s->inherited_path, s->socket_path) != 0)
-		log_notice("using the socket passed by the service manager, %s, instead of --socket %s",
-		           s->inherited_path, s->socket_path);
-	else
-		log_info("using the socket passed by the service manager, %s", s->inherited_path);
-	s->socket_path = s->inherited_path;
-	s->listen_fd = fd;
-	return 1;
 }
 
 /* The poller (loop.h): takes the submissions of every connection's rings, and reads the
@@ -625,7 +287,7 @@ static int server_setup_rings(struct server *s) {
 }
 
 static int render_metrics(void *userdata, char **ret, size_t *ret_size) {
-	return metrics_render(userdata, ret, ret_size);
+	return prometheus_render(userdata, ret, ret_size);
 }
 
 /*
@@ -690,42 +352,13 @@ static void derive_bounds(struct server *s) {
 	s->metadata_derived = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : UINT64_C(1) << 30;
 	log_info("node bounds: %u connections, %u sequences (vm.max_map_count %llu), %llu bytes of "
 	         "sequence metadata (a quarter of memory), unless set lower",
-	         server_conns_max(s), s->seqs_node_derived, (unsigned long long)maps,
+	         registry_conns_max(s), s->seqs_node_derived, (unsigned long long)maps,
 	         (unsigned long long)s->metadata_derived);
 	if (s->limits.max_seqs_node > s->seqs_node_derived)
 		log_warning("max-seqs-node %u is above what vm.max_map_count (%llu) leaves for "
 		            "sequences (%u): raise vm.max_map_count, or new connections may fail "
 		            "once they are all open", s->limits.max_seqs_node,
 		            (unsigned long long)maps, s->seqs_node_derived);
-}
-
-uint32_t server_conns_max(const struct server *s) {
-	return MIN(s->limits.max_connections, s->conns_by_fds);
-}
-
-uint32_t server_seqs_max(const struct server *s) {
-	return s->limits.max_seqs_node ? s->limits.max_seqs_node : s->seqs_node_derived;
-}
-
-uint64_t server_metadata_max(const struct server *s) {
-	return s->limits.max_metadata_bytes ? s->limits.max_metadata_bytes : s->metadata_derived;
-}
-
-void server_seq_opened(struct server *s, struct seq *q) {
-	q->tenant->sequences++;
-	if (q->model->unit != KVD_UNIT_NONE)
-		s->evictable_seqs++;
-	s->sequences++;
-	s->metadata_bytes += q->meta_bytes;
-	q->used_ms = now_ms();
-}
-
-void server_seq_closed(struct server *s, struct seq *q) {
-	q->tenant->sequences--;
-	if (q->model->unit != KVD_UNIT_NONE)
-		s->evictable_seqs--;
-	s->sequences--;
-	s->metadata_bytes -= q->meta_bytes;
 }
 
 int server_new_local(struct pool *pool, const struct server_limits *limits, struct server **ret) {
@@ -736,7 +369,10 @@ int server_new_local(struct pool *pool, const struct server_limits *limits, stru
 	if (!s)
 		return -ENOMEM;
 	s->listen_fd = s->signal_fd = -EBADF;
-	s->handlers = &dispatch_handlers;
+	/* The requests' handlers, and accepting again when a connection closes (fds come
+	 * free). */
+	s->handlers = dispatch_handlers;
+	s->handlers.closed = listen_resume;
 	s->pool = pool;
 	s->limits = *limits;
 	s->socket_path = "(in process)";
@@ -825,7 +461,6 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 		.userdata = s,
 	};
 	loop_set_poller(s->loop, &s->poller);
-	s->accept_op.handler = on_accept;
 	s->signal_op.handler = on_signal;
 	s->tick_op.handler = on_tick;
 	r = sd_watchdog_enabled(0, &s->watchdog_usec);
@@ -842,18 +477,10 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 			goto fail;
 		}
 	}
-	r = inherit_socket(s, sockets, n_sockets);
+	r = listen_open(s, socket_path, sockets, n_sockets);
 	n_sockets = 0;
 	if (r < 0)
 		goto fail;
-	if (r == 0) {
-		r = listen_socket(socket_path, limits->socket_group, &s->listen_fd);
-		if (r < 0) {
-			log_error_errno(r, "cannot listen on %s", socket_path);
-			goto fail;
-		}
-		s->socket_owned = true;
-	}
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
@@ -886,10 +513,7 @@ struct server *server_free(struct server *s) {
 		conn_destroy(s->closed);
 	idmap_done(&s->conn_ids);
 	idmap_done(&s->seq_ids);
-	/* A socket file the service manager made is its own: it outlives us. */
-	if (s->listen_fd >= 0 && s->socket_owned)
-		unlink(s->socket_path);
-	safe_close(s->listen_fd);
+	listen_close(s);
 	safe_close(s->signal_fd);
 	/* After the connections: a running round holds references, not pointers, to them. */
 	s->evictor = evictor_free(s->evictor);
@@ -903,69 +527,6 @@ struct server *server_free(struct server *s) {
 	free(s->scratch);
 	free(s);
 	return NULL;
-}
-
-struct conn *server_find_conn(struct server *s, uint64_t id) {
-	return idmap_get(&s->conn_ids, id);
-}
-
-struct seq *server_find_seq(struct server *s, uint64_t conn_id, uint64_t seq_id) {
-	struct seq *q = idmap_get(&s->seq_ids, seq_id);
-
-	return q && q->conn_id == conn_id ? q : NULL;
-}
-
-uint32_t server_reclaim(struct server *s, struct seq_emptied *emptied, struct conn *requester,
-                        uint32_t *ret_ids) {
-	uint32_t n_ids = 0, used = s->scratch_used;
-
-	/* An unmap request that cannot be queued closes its connection, and closing frees its
-	 * sequences, whose emptied chunks are reclaimed through here before this walk goes on:
-	 * that list must start after this one in s->scratch, not overwrite it. Both fit: a
-	 * chunk joins a list when its last block is freed, and nothing is allocated until the
-	 * outermost reclaim returns, so no chunk is on two lists. */
-	s->scratch_used = (uint32_t)(emptied->chunks - s->scratch) + emptied->n;
-	for (uint32_t i = 0; i < emptied->n; i++) {
-		struct chunk *ch = emptied->chunks[i];
-		uint32_t id = ch->id;
-
-		if (pool_chunk_reclaim(s->pool, ch) == 0)
-			continue;
-		/* Walk a copy of the holders: an event that cannot be queued closes its
-		 * connection, which drops it from the list. */
-		uint32_t n = ch->n_holders;
-		_cleanup_(freep) uint64_t *holders = malloc(n * sizeof(uint64_t));
-
-		if (!holders) {
-			/* Without memory to ask the holders, the chunk stays DRAINING until they
-			 * disconnect: safe, only slow. Holders never asked are not held to
-			 * unmap-timeout. */
-			ch->unmap_asked_ms = 0;
-			log_error("out of memory reclaiming chunk %u; it stays draining", id);
-			continue;
-		}
-		ch->unmap_asked_ms = now_ms();
-		memcpy(holders, ch->holders, n * sizeof(uint64_t));
-		for (uint32_t h = 0; h < n; h++) {
-			struct conn *c = server_find_conn(s, holders[h]);
-
-			if (c == requester && ret_ids) {
-				ret_ids[n_ids++] = id;
-				continue;
-			}
-			if (!c) {
-				/* A process that left without unmapping keeps its hold until it
-				 * exits (departed.h). */
-				if (!departed_find(s, holders[h]))
-					pool_chunk_drop_holder(s->pool, ch, holders[h]);
-				continue;
-			}
-			envelope_event_unmap(c, &id, 1);
-		}
-	}
-	s->scratch_used = used;
-	emptied->n = 0;
-	return n_ids;
 }
 
 void server_stop(struct server *s) {
@@ -995,7 +556,7 @@ int server_run(struct server *s) {
 	char status[sizeof(s->notify_status) + 32];
 	int r;
 
-	r = loop_accept(s->loop, &s->accept_op, s->listen_fd);
+	r = listen_start(s);
 	if (r >= 0)
 		r = loop_read(s->loop, &s->signal_op, s->signal_fd, &s->siginfo, sizeof(s->siginfo));
 	if (r >= 0)
