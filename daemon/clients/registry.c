@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <inttypes.h>
 
-#include "conn.h"
 #include "log.h"
 #include "registry.h"
 #include "server.h"
@@ -36,13 +35,6 @@ static const char *const limit_names[_LIMIT_MAX] = {
 
 const char *limit_to_string(enum server_limit l) {
 	return l < _LIMIT_MAX ? limit_names[l] : NULL;
-}
-
-void registry_refused(struct server *s, const struct conn *c, enum server_limit l) {
-	s->refused[l]++;
-	log_info("connection %llu (pid %d, uid %u, tenant %s): refused at limit %s (kvd(8), LIMITS)",
-	         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
-	         c->tenant ? c->tenant->name : "-", limit_names[l]);
 }
 
 void registry_forget_tenant(struct server *s, struct tenant *t, const char *why) {

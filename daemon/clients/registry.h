@@ -47,9 +47,6 @@ enum server_limit {
 const char *limit_to_string(enum server_limit l);
 
 struct conn;
-/* Counts a refusal at limit l of a request of connection c, and logs it (info, with the
- * peer's pid, uid and tenant; rate-limited like every message). */
-void registry_refused(struct server *s, const struct conn *c, enum server_limit l);
 
 /* Connections past max-connections (and max-connections-per-uid) that root and
  * admin-group still get, so that kvdctl works on a node clients filled. */

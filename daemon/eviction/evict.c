@@ -1658,7 +1658,7 @@ int evict_wait_grant(struct evictor *e, struct conn *c, const struct parked_grow
 	struct grant_waiter *g;
 
 	if (e->n_grants >= GRANT_WAITERS_MAX) {
-		registry_refused(s, c, LIMIT_GRANT_WAITERS);
+		conn_refused(c, LIMIT_GRANT_WAITERS);
 		return -EAGAIN;
 	}
 	if (s->stopping || !evictable_exists(s))

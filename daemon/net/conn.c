@@ -243,7 +243,7 @@ int conn_send(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds
 		/* A client that does not read what it is sent would make us buffer forever. */
 		free(t->frame);
 		free(t);
-		registry_refused(c->srv, c, LIMIT_SEND_QUEUE);
+		conn_refused(c, LIMIT_SEND_QUEUE);
 		conn_close(c, "client does not read its replies (send queue full)");
 		return -ENOBUFS;
 	}
@@ -355,7 +355,7 @@ static bool conn_dispatch_frames(struct conn *c) {
 		if (r < 0) {
 			c->srv->protocol_errors++;
 			if (r == -EMSGSIZE)
-				registry_refused(c->srv, c, LIMIT_FRAME);
+				conn_refused(c, LIMIT_FRAME);
 			(void)envelope_reply_status(c, 0, r,
 			                  r == -EMSGSIZE ? "frame larger than 64 KiB" : "bad frame header");
 			c->close_when_sent = true;
@@ -576,4 +576,11 @@ struct seq *conn_seq(const struct conn *c, uint64_t id) {
 	struct seq *q = idmap_get(&c->srv->seq_ids, id);
 
 	return q && q->conn_id == c->id ? q : NULL;
+}
+
+void conn_refused(const struct conn *c, enum server_limit l) {
+	c->srv->refused[l]++;
+	log_info("connection %llu (pid %d, uid %u, tenant %s): refused at limit %s (kvd(8), LIMITS)",
+	         (unsigned long long)c->id, (int)c->cred.pid, (unsigned)c->cred.uid,
+	         c->tenant ? c->tenant->name : "-", limit_to_string(l));
 }

@@ -14,6 +14,7 @@
 
 #include "loop.h"
 #include "model.h"
+#include "registry.h"
 #include "seq.h"
 #include "wire.h"
 
@@ -112,6 +113,10 @@ int conn_send(struct conn *c, const Envelope *env, const int *fds, uint32_t nfds
 
 /* Counts a protocol violation; past the limit the connection is closed. */
 void conn_violation(struct conn *c, const char *what);
+
+/* Counts a refusal at limit l of a request of c (registry.h), and logs it (info, with the
+ * peer's pid, uid and tenant; rate-limited like every message). */
+void conn_refused(const struct conn *c, enum server_limit l);
 
 /*
  * fds a client's connection may have sent that no frame has taken yet: a client request

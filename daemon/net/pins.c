@@ -23,7 +23,7 @@ static int refuse_over(struct server *s, struct seq *q, uint64_t more, char *why
 	char held[32], lim[32];
 
 	if (c)
-		registry_refused(s, c, LIMIT_PINNED);
+		conn_refused(c, LIMIT_PINNED);
 	snprintf(why, n, "tenant %s holds %s pinned, and %llu bytes more would pass "
 	         "max-pinned-percent (%u%% of the budget: %s)", q->tenant->name,
 	         size_format(q->tenant->pinned_bytes, held, sizeof(held)), (unsigned long long)more,

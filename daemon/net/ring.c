@@ -131,7 +131,7 @@ static void ring_empty_wake(struct ring *r) {
 	 * clean one ends the episode. */
 	r->window_ms = r->backoff_until_ms;
 	r->empty_wakes = 0;
-	registry_refused(r->conn->srv, r->conn, LIMIT_RING_DOORBELL);
+	conn_refused(r->conn, LIMIT_RING_DOORBELL);
 }
 
 static void ring_timer_done(struct loop_op *op, int res, bool more) {
@@ -245,7 +245,7 @@ int ring_poll(struct ring *r) {
 	if (k == 0 && !r->stalled) {
 		/* Counted once per episode: a client that does not read its completions. */
 		r->stalled = true;
-		registry_refused(c->srv, c, LIMIT_RING_COMPLETIONS);
+		conn_refused(c, LIMIT_RING_COMPLETIONS);
 	} else if (k > 0)
 		r->stalled = false;
 	ring_store_release(&r->sh->sq_head, r->sq_head);

@@ -75,7 +75,7 @@ _printf_(3, 4) static int refuse(char why[static WHY_MAX], int code, const char 
 static int refuse_if_unmap_late(struct conn *c, char why[static WHY_MAX]) {
 	if (!c->unmap_due_ms)
 		return 0;
-	registry_refused(c->srv, c, LIMIT_UNMAP_TIMEOUT);
+	conn_refused(c, LIMIT_UNMAP_TIMEOUT);
 	return refuse(why, -ETIMEDOUT, "this connection did not unmap a chunk it was asked to "
 	              "within unmap-timeout (%llu ms): no grants until it does",
 	              (unsigned long long)c->srv->limits.unmap_timeout_ms);
@@ -102,7 +102,7 @@ static void reply_step(struct conn *c, bool ring, uint64_t id, int r, const char
 static bool refuse_if_outstanding(struct conn *c, uint64_t id) {
 	if (c->outstanding < c->srv->limits.max_outstanding)
 		return false;
-	registry_refused(c->srv, c, LIMIT_OUTSTANDING);
+	conn_refused(c, LIMIT_OUTSTANDING);
 	envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection "
 	                     "(max-outstanding)", c->outstanding);
 	return true;
@@ -221,7 +221,7 @@ static int hello_tenant(struct conn *c, uint64_t id, const Kvd__V1__Hello *req,
 	          !access_admin(&s->admin->cfg, c->fd, &c->cred);
 	if (creates && tenant_count_created_by(&s->tenants, c->cred.uid) >=
 	               s->limits.max_tenants_per_uid) {
-		registry_refused(s, c, LIMIT_TENANTS_PER_UID);
+		conn_refused(c, LIMIT_TENANTS_PER_UID);
 		envelope_reply_error(c, id, -EUSERS, "uid %u brought %u tenants into being already "
 		                     "(max-tenants-per-uid); idle ones are forgotten after "
 		                     "tenant-forget", (unsigned)c->cred.uid,
@@ -231,7 +231,7 @@ static int hello_tenant(struct conn *c, uint64_t id, const Kvd__V1__Hello *req,
 	}
 	r = tenant_get(&s->tenants, req->tenant, ret);
 	if (r == -EUSERS) {
-		registry_refused(s, c, LIMIT_TENANTS);
+		conn_refused(c, LIMIT_TENANTS);
 		log_warning("connection %llu (pid %d): new tenant %s refused: max-tenants (%u) are "
 		            "known (idle ones are forgotten after tenant-forget; kvdctl tenant delete "
 		            "forgets one now)", (unsigned long long)c->id, (int)c->cred.pid,
@@ -371,12 +371,12 @@ static void handle_register_model(struct conn *c, uint64_t id, const Envelope *r
 	int r;
 
 	if (c->n_models >= c->srv->limits.max_models) {
-		registry_refused(c->srv, c, LIMIT_MODELS);
+		conn_refused(c, LIMIT_MODELS);
 		envelope_reply_error(c, id, -EMFILE, "at most %u models per connection", c->srv->limits.max_models);
 		return;
 	}
 	if (c->tenant->models >= c->srv->limits.max_models_per_tenant) {
-		registry_refused(c->srv, c, LIMIT_MODELS_PER_TENANT);
+		conn_refused(c, LIMIT_MODELS_PER_TENANT);
 		envelope_reply_error(c, id, -EMFILE, "at most %u models per tenant (max-models-per-tenant)",
 		            c->srv->limits.max_models_per_tenant);
 		return;
@@ -385,7 +385,7 @@ static void handle_register_model(struct conn *c, uint64_t id, const Envelope *r
 	r = model_from_request(req, c->srv->pool->chunk_bytes, c->srv->limits.max_observation_bytes, m,
 	                       &why);
 	if (r == -EFBIG)
-		registry_refused(c->srv, c, LIMIT_OBSERVATION);
+		conn_refused(c, LIMIT_OBSERVATION);
 	if (r < 0) {
 		envelope_reply_error(c, id, r, "bad model: %s", why);
 		return;
@@ -430,18 +430,18 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	}
 	if (!req->has_max_tokens || req->max_tokens < 1 || req->max_tokens > s->limits.max_seq_tokens) {
 		if (req->has_max_tokens && req->max_tokens > s->limits.max_seq_tokens)
-			registry_refused(s, c, LIMIT_SEQ_TOKENS);
+			conn_refused(c, LIMIT_SEQ_TOKENS);
 		envelope_reply_error(c, id, -EINVAL, "max_tokens must be 1..%u", s->limits.max_seq_tokens);
 		return;
 	}
 	if (c->n_seqs >= s->limits.max_seqs) {
-		registry_refused(s, c, LIMIT_SEQS);
+		conn_refused(c, LIMIT_SEQS);
 		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
 		return;
 	}
 	/* One tenant's many processes must not exhaust the daemon's descriptors together. */
 	if (c->tenant->sequences >= s->limits.max_seqs_per_tenant) {
-		registry_refused(s, c, LIMIT_SEQS_PER_TENANT);
+		conn_refused(c, LIMIT_SEQS_PER_TENANT);
 		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per tenant (max-seqs-per-tenant)",
 		            s->limits.max_seqs_per_tenant);
 		return;
@@ -449,7 +449,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	/* Every tenant's together must not take the daemon to vm.max_map_count, where it
 	 * would fail for everyone (server.h, registry_seqs_max()). */
 	if (s->sequences >= registry_seqs_max(s)) {
-		registry_refused(s, c, LIMIT_SEQS_NODE);
+		conn_refused(c, LIMIT_SEQS_NODE);
 		envelope_reply_error(c, id, -EMFILE, "the node holds its most sequences, %u (max-seqs-node)",
 		            registry_seqs_max(s));
 		return;
@@ -457,7 +457,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	r = seq_new(s->next_seq_id + 1, &c->models[req->model_id - 1], c->tenant, req->max_tokens,
 	            s->limits.max_descriptor_bytes, &q);
 	if (r == -EINVAL) {
-		registry_refused(s, c, LIMIT_DESCRIPTOR);
+		conn_refused(c, LIMIT_DESCRIPTOR);
 		envelope_reply_error(c, id, r, "the descriptor for %u tokens would exceed %llu bytes",
 		            req->max_tokens, (unsigned long long)s->limits.max_descriptor_bytes);
 		return;
@@ -470,7 +470,7 @@ static void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request
 	if (s->metadata_bytes + q->meta_bytes > registry_metadata_max(s)) {
 		struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
 
-		registry_refused(s, c, LIMIT_METADATA);
+		conn_refused(c, LIMIT_METADATA);
 		envelope_reply_error(c, id, -ENOMEM, "the sequences' metadata would pass %llu bytes "
 		            "(max-metadata-bytes); this one takes %llu", (unsigned long long)
 		            registry_metadata_max(s), (unsigned long long)q->meta_bytes);
@@ -548,7 +548,7 @@ static void handle_seq_claim(struct conn *c, uint64_t id, const Envelope *reques
 		return;
 	}
 	if (c->n_seqs >= s->limits.max_seqs) {
-		registry_refused(s, c, LIMIT_SEQS);
+		conn_refused(c, LIMIT_SEQS);
 		envelope_reply_error(c, id, -EMFILE, "at most %u sequences per connection", s->limits.max_seqs);
 		return;
 	}
@@ -672,7 +672,7 @@ static int bring_back(struct conn *c, struct seq *q, const struct parked_grow *r
 	if (r < 0)
 		return r;
 	if (c->outstanding >= s->limits.max_outstanding) {
-		registry_refused(s, c, LIMIT_OUTSTANDING);
+		conn_refused(c, LIMIT_OUTSTANDING);
 		return refuse(why, -EBUSY, "at most %u requests of a connection wait at once "
 		              "(max-outstanding)", s->limits.max_outstanding);
 	}
@@ -834,7 +834,7 @@ static void dispatch_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_i
 		/* Memory an eviction round may free: wait for it rather than fail. */
 		if ((r == -ENOSPC || r == -EDQUOT) && waits) {
 			if (c->outstanding >= s->limits.max_outstanding)
-				registry_refused(s, c, LIMIT_OUTSTANDING);
+				conn_refused(c, LIMIT_OUTSTANDING);
 			else if (park_grow(c, &req, r == -EDQUOT, g.short_bytes, wait_until_ms,
 			                   since_us != 0))
 				return;
@@ -1169,7 +1169,7 @@ static void handle_tenant_set(struct conn *c, uint64_t id, const Envelope *reque
 	r = tenant_get(&c->srv->tenants, req->name, &t);
 	if (r < 0) {
 		if (r == -EUSERS) {
-			registry_refused(c->srv, c, LIMIT_TENANTS);
+			conn_refused(c, LIMIT_TENANTS);
 			log_warning("tenant set by pid %d: new tenant %s refused: max-tenants (%u) are "
 			            "known", (int)c->cred.pid, req->name, c->srv->limits.max_tenants);
 		}
@@ -1265,7 +1265,7 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope
 	}
 	if (c->outstanding >= c->srv->limits.max_outstanding) {
 		wo_map_done(&wo);
-		registry_refused(c->srv, c, LIMIT_OUTSTANDING);
+		conn_refused(c, LIMIT_OUTSTANDING);
 		envelope_reply_error(c, id, -EBUSY, "%u replies outstanding on this connection (max-outstanding)",
 		            c->outstanding);
 		return;
@@ -1273,7 +1273,7 @@ static void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope
 	/* The reply comes from the uploader, once the Gram matrices are computed. */
 	r = upload_start(c->srv->uploader, c, id, req->model_id, req->layer, &wo);
 	if (r == -EBUSY)
-		registry_refused(c->srv, c, LIMIT_UPLOADS);
+		conn_refused(c, LIMIT_UPLOADS);
 	if (r >= 0)
 		c->outstanding++;
 	else if (r == -EBUSY)
@@ -1532,7 +1532,7 @@ static bool round_rate_allows(struct conn *c, uint64_t id) {
 		c->round_tokens--;
 		return true;
 	}
-	registry_refused(c->srv, c, LIMIT_EVICT_RATE);
+	conn_refused(c, LIMIT_EVICT_RATE);
 	envelope_reply_error(c, id, -EAGAIN, "at most %u requests a second that run a round "
 	                     "(evictions, plans, recalls) per connection (%u at once)",
 	                     ROUND_RATE_PER_S, ROUND_RATE_BURST);
@@ -1650,7 +1650,7 @@ static void handle_evict(struct conn *c, uint64_t id, const Envelope *request,
 		return;
 	r = evict_request(c->srv->evictor, c, id, t, req->has_bytes ? req->bytes : 0, evict_answered);
 	if (r == -EBUSY)
-		registry_refused(c->srv, c, LIMIT_EVICT_REQUESTS);
+		conn_refused(c, LIMIT_EVICT_REQUESTS);
 	if (r >= 0)
 		c->outstanding++;
 	else
@@ -1841,7 +1841,7 @@ static void handle_plan(struct conn *c, uint64_t id, const Envelope *request,
 	}
 	r = evict_plan(s->evictor, c, id, trigger, only, bytes, &patch, plan_answered);
 	if (r == -EBUSY)
-		registry_refused(s, c, LIMIT_EVICT_REQUESTS);
+		conn_refused(c, LIMIT_EVICT_REQUESTS);
 	if (r < 0)
 		envelope_reply_error(c, id, r, r == -EBUSY ? "too many eviction requests waiting (%u)" :
 		                     "out of memory", EVICT_WAITERS_MAX);

@@ -30,6 +30,7 @@
 #include "evict.h"
 #include "keep.h"
 #include "pins.h"
+#include "recall.h"
 #include "upload.h"
 #include "log.h"
 #include "mover.h"
@@ -387,6 +388,7 @@ int server_new_local(struct pool *pool, const struct server_limits *limits, stru
 	r = tier_new(limits->host_tier_bytes, pool->chunk_bytes, &s->metadata_bytes, &s->tier);
 	if (r < 0)
 		goto fail;
+	s->tier->yield = recall_yield;
 	if (limits->file_tier_bytes > 0) {
 		const char *what;
 

@@ -8,7 +8,6 @@
 #include "basic/size.h"
 #include "basic/time-util.h"
 #include "config.h"
-#include "recall.h"
 #include "tier-file.h"
 #include "tier.h"
 
@@ -555,8 +554,8 @@ int tier_offload_begin(struct tier *tr, struct seq *q, struct pool *p, uint64_t 
 	while (!fits(tr, false, q->tenant, need * tr->seg_bytes, max_pct)) {
 		struct tier_seq *old;
 
-		/* Kept tokens go first (recall_yield). */
-		if (tr->n_free < need && recall_yield(tr))
+		/* Kept tokens go first. */
+		if (tr->n_free < need && tr->yield && tr->yield(tr))
 			continue;
 		old = victim(tr, false, q->tenant, need * tr->seg_bytes, max_pct);
 

@@ -99,6 +99,10 @@ struct tier {
 	uint32_t mark;                /* the last tenant.tier_mark given (tier.c, shares) */
 	/* Token recall's stores, oldest first (recall.c). */
 	struct recall_store *kept_oldest, *kept_newest;
+	/* Frees the oldest store that no round holds, to make room for a sequence: returns
+	 * false when there is none. Token recall's (recall_yield(), set by the server); NULL:
+	 * the tier has no stores to give back. */
+	bool (*yield)(struct tier *tr);
 };
 
 /* A tier of budget bytes in whole segments of segment_bytes (the pool's chunk size; below
