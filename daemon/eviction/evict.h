@@ -2,29 +2,17 @@
 #pragma once
 
 /*
- * The eviction scheduler, on the event loop: when to run a round, the snapshot it scores,
- * what happens with its result. At most one round runs at a time, on a worker thread
- * (round.h); the loop never waits for it.
+ * The eviction scheduler, on the event loop: when a round runs, the snapshot it scores, and
+ * applying its result. The triggers, targets and steps are docs/architecture.md §5; what
+ * operators and engines see, docs/eviction.md (with the KVD_TEST_ROUND_GATE hook).
  *
- * Triggers: use above high-watermark percent of the budget, a grow the budget cannot
- * meet (it waits up to grant-wait for rounds, then is refused), a budget set below use,
- * an Evict request (kvdctl evict: its reply waits for its own round), and every
- * round-interval. Pressure rounds free down to low-watermark percent of the budget (and
- * at least what waiting grows need); one that finds nothing to evict is not repeated for
- * a second, unless something changes. Bytes earlier rounds took that wait for their
- * holders to unmap them count as freed: a round runs for what is still short, so a holder
- * that does not answer loses no more than the first round's share.
- *
- * Applying a round: each sequence that still exists and was not compacted since the
- * snapshot takes its smoothed costs; if the round evicts from it, it is compacted at once
- * (compact.h), or at its last unpin when pinned. Then the blocks of each tenant touched
- * are packed so that chunks come free, emptied chunks are reclaimed (their holders asked
- * to unmap them), and each owner gets an EVENT_SEQ_CHANGED per sequence rewritten.
- *
- * Test hook (builds with -Dtest_hooks=true): with KVD_TEST_ROUND_GATE=PATH in the
- * environment, the worker opens PATH (a FIFO) and reads one byte after scoring and
- * selecting, before the loop learns the round is done, so that a test can disconnect,
- * unpin or release in between without relying on timing.
+ * Invariants: at most one round runs at a time, on a worker thread (round.h) that changes
+ * no daemon state, and the loop never waits for it. A result applies only to sequences
+ * that still exist and were not compacted since the snapshot; a pinned one takes it at its
+ * last unpin. Bytes that earlier rounds took and that wait for their holders to unmap count
+ * as freed, so a holder that does not answer loses no more than one round's share. Every
+ * request that waits for a round is answered through its callback (evict_done_fn,
+ * evict_grow_fn), whatever happens to the round.
  */
 
 #include <stdbool.h>
@@ -87,7 +75,7 @@ struct evict_record {
 
 /*
  * How a request the evictor queued came out, for its answer (the evictor builds no reply:
- * the requests do, dispatch.c): error < 0 and why, or, for an Evict or a plan, the round
+ * the requests do, rounds.c): error < 0 and why, or, for an Evict or a plan, the round
  * (or plan) it ran; for a SeqRecall, the token slots it brought back, their bytes, and the
  * kept slots it scored.
  */

@@ -67,7 +67,7 @@ struct conn {
 	uint32_t outstanding;         /* requests whose reply waits (evict.h, upload.h) */
 	/* Requests that run a round (Evict, Plan, SeqRecall) of a tenant that is not an
 	 * operator: a token bucket of ROUND_RATE_BURST, refilled at ROUND_RATE_PER_S
-	 * (dispatch.c). */
+	 * (rounds.c). */
 	uint32_t round_tokens;
 	uint64_t round_refill_ms;
 	struct ring *ring;            /* the per-step rings (ring.h), NULL without */
