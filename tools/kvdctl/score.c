@@ -127,10 +127,6 @@ static int parse_double(const char *opt, const char *s, double *ret) {
 	return 0;
 }
 
-static void npy_closep(struct kvd_npy *a) {
-	kvd_npy_close(a);
-}
-
 /* Opens path as a float32/float16 array of ndim dimensions; prints why not. */
 static int open_tensor(const char *path, int ndim, struct kvd_npy *ret) {
 	char err[KVD_NPY_ERROR_MAX];
@@ -160,7 +156,20 @@ static void print_json_double(double v) {
 		printf("null");
 }
 
-int cmd_score(int argc, char **argv) {
+/* The options as given; applied over the policy's defaults once the policy is known. */
+struct score_opts {
+	const char *policy_s, *q_path, *k_path, *v_path, *wo_path, *granularity_s, *temporal_s,
+		*pooling_s, *metric_s;
+	uint32_t capacity, window, kernel, layer, layers, threads;
+	bool have_capacity, have_window, have_kernel, have_alpha, per_query_head, use_norm,
+	     laprox_diagonal, reference, json;
+	double alpha, scale, tau, layer_weight, softmax_scale;
+	enum kvd_policy policy;
+};
+
+/* Parses argv into o. Returns -1 to go on, or the exit status (after --help, or a usage
+ * error, printed). */
+static int parse_options(int argc, char **argv, struct score_opts *o) {
 	enum {
 		OPT_POLICY = 0x100, OPT_Q, OPT_K, OPT_V, OPT_WO, OPT_CAPACITY, OPT_WINDOW,
 		OPT_GRANULARITY, OPT_PER_QUERY_HEAD, OPT_ALPHA, OPT_TEMPORAL, OPT_POOLING,
@@ -197,132 +206,118 @@ int cmd_score(int argc, char **argv) {
 		{ "help", no_argument, NULL, 'h' },
 		{},
 	};
-	/* Options as given; applied over the policy's defaults once the policy is known. */
-	const char *policy_s = NULL, *q_path = NULL, *k_path = NULL, *v_path = NULL,
-		   *wo_path = NULL, *granularity_s = "head", *temporal_s = NULL, *pooling_s = NULL,
-		   *metric_s = "after";
-	uint32_t capacity = 0, window = 0, kernel = 0, layer = 0, layers = 1, threads = 0;
-	int have_capacity = 0, have_window = 0, have_kernel = 0, have_alpha = 0,
-	    per_query_head = 0, use_norm = 0, laprox_diagonal = 0, reference = 0, json = 0;
-	double alpha = KVD_TEMPORAL_EMA_ALPHA, scale = KVD_AWS_SCALE, tau = 1, layer_weight = 1,
-	       softmax_scale = 0;
-	_cleanup_(npy_closep) struct kvd_npy q = {}, k = {}, v = {}, wo = {};
-	_cleanup_(freep) float *qf = NULL, *kf = NULL, *vf = NULL, *gram = NULL,
-			       *gram_group = NULL, *mi_mean_k = NULL;
-	_cleanup_(freep) uint64_t *mi_count = NULL;
-	struct kvd_policy_params pp;
-	struct kvd_attn_in in = {};
-	struct kvd_keep *keep = NULL;
-	enum kvd_policy policy;
-	uint32_t H, Hkv, L, d, g, dtype;
-	int opt, r;
+	int opt;
 
+	*o = (struct score_opts){
+		.granularity_s = "head", .metric_s = "after", .layers = 1,
+		.alpha = KVD_TEMPORAL_EMA_ALPHA, .scale = KVD_AWS_SCALE, .tau = 1, .layer_weight = 1,
+	};
 	optind = 0;
 	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
 		switch (opt) {
 		case OPT_POLICY:
-			policy_s = optarg;
+			o->policy_s = optarg;
 			break;
 		case OPT_Q:
-			q_path = optarg;
+			o->q_path = optarg;
 			break;
 		case OPT_K:
-			k_path = optarg;
+			o->k_path = optarg;
 			break;
 		case OPT_V:
-			v_path = optarg;
+			o->v_path = optarg;
 			break;
 		case OPT_WO:
-			wo_path = optarg;
+			o->wo_path = optarg;
 			break;
 		case OPT_CAPACITY:
-			if (parse_u32("--capacity", optarg, &capacity) < 0)
+			if (parse_u32("--capacity", optarg, &o->capacity) < 0)
 				return EXIT_USAGE;
-			have_capacity = 1;
+			o->have_capacity = true;
 			break;
 		case OPT_WINDOW:
-			if (parse_u32("--window", optarg, &window) < 0)
+			if (parse_u32("--window", optarg, &o->window) < 0)
 				return EXIT_USAGE;
-			have_window = 1;
+			o->have_window = true;
 			break;
 		case OPT_GRANULARITY:
-			granularity_s = optarg;
+			o->granularity_s = optarg;
 			break;
 		case OPT_PER_QUERY_HEAD:
-			per_query_head = 1;
+			o->per_query_head = true;
 			break;
 		case OPT_ALPHA:
-			if (parse_double("--alpha", optarg, &alpha) < 0)
+			if (parse_double("--alpha", optarg, &o->alpha) < 0)
 				return EXIT_USAGE;
-			if (!(alpha > 0) || alpha > 1)
+			if (!(o->alpha > 0) || o->alpha > 1)
 				return usage("--alpha: %s is not in (0, 1]", optarg);
-			have_alpha = 1;
+			o->have_alpha = true;
 			break;
 		case OPT_TEMPORAL:
-			temporal_s = optarg;
+			o->temporal_s = optarg;
 			break;
 		case OPT_POOLING:
-			pooling_s = optarg;
+			o->pooling_s = optarg;
 			break;
 		case OPT_KERNEL:
-			if (parse_u32("--kernel", optarg, &kernel) < 0)
+			if (parse_u32("--kernel", optarg, &o->kernel) < 0)
 				return EXIT_USAGE;
-			if (kernel % 2 == 0)
-				return usage("--kernel: %u is not an odd number", kernel);
-			have_kernel = 1;
+			if (o->kernel % 2 == 0)
+				return usage("--kernel: %u is not an odd number", o->kernel);
+			o->have_kernel = true;
 			break;
 		case OPT_SCALE:
-			if (parse_double("--scale", optarg, &scale) < 0)
+			if (parse_double("--scale", optarg, &o->scale) < 0)
 				return EXIT_USAGE;
-			if (!(scale > 0))
+			if (!(o->scale > 0))
 				return usage("--scale: %s is not positive", optarg);
 			break;
 		case OPT_TAU:
-			if (parse_double("--tau", optarg, &tau) < 0)
+			if (parse_double("--tau", optarg, &o->tau) < 0)
 				return EXIT_USAGE;
-			if (!(tau > 0))
+			if (!(o->tau > 0))
 				return usage("--tau: %s is not positive", optarg);
 			break;
 		case OPT_METRIC:
-			metric_s = optarg;
+			o->metric_s = optarg;
 			break;
 		case OPT_USE_NORM:
-			use_norm = 1;
+			o->use_norm = true;
 			break;
 		case OPT_LAPROX_DIAGONAL:
-			laprox_diagonal = 1;
+			o->laprox_diagonal = true;
 			break;
 		case OPT_LAYER_WEIGHT:
-			if (parse_double("--layer-weight", optarg, &layer_weight) < 0)
+			if (parse_double("--layer-weight", optarg, &o->layer_weight) < 0)
 				return EXIT_USAGE;
-			if (layer_weight < 0)
+			if (o->layer_weight < 0)
 				return usage("--layer-weight: %s is negative", optarg);
 			break;
 		case OPT_LAYER:
-			if (parse_u32("--layer", optarg, &layer) < 0)
+			if (parse_u32("--layer", optarg, &o->layer) < 0)
 				return EXIT_USAGE;
 			break;
 		case OPT_LAYERS:
-			if (parse_u32("--layers", optarg, &layers) < 0)
+			if (parse_u32("--layers", optarg, &o->layers) < 0)
 				return EXIT_USAGE;
-			if (layers == 0)
+			if (o->layers == 0)
 				return usage("--layers: must be at least 1");
 			break;
 		case OPT_SOFTMAX_SCALE:
-			if (parse_double("--softmax-scale", optarg, &softmax_scale) < 0)
+			if (parse_double("--softmax-scale", optarg, &o->softmax_scale) < 0)
 				return EXIT_USAGE;
-			if (!(softmax_scale > 0))
+			if (!(o->softmax_scale > 0))
 				return usage("--softmax-scale: %s is not positive", optarg);
 			break;
 		case OPT_THREADS:
-			if (parse_u32("--threads", optarg, &threads) < 0)
+			if (parse_u32("--threads", optarg, &o->threads) < 0)
 				return EXIT_USAGE;
 			break;
 		case OPT_REFERENCE:
-			reference = 1;
+			o->reference = true;
 			break;
 		case OPT_JSON:
-			json = 1;
+			o->json = true;
 			break;
 		case 'h':
 			help();
@@ -332,200 +327,270 @@ int cmd_score(int argc, char **argv) {
 		}
 	if (optind < argc)
 		return usage("unexpected argument '%s'", argv[optind]);
-	if (!policy_s)
+	if (!o->policy_s)
 		return usage("--policy is required");
-	policy = kvd_policy_from_string(policy_s);
-	if (policy < 0)
-		return usage("--policy: unknown policy '%s'", policy_s);
+	o->policy = kvd_policy_from_string(o->policy_s);
+	if (o->policy < 0)
+		return usage("--policy: unknown policy '%s'", o->policy_s);
 	/* Its inputs are index keys, which only an engine's pool has. */
-	if (policy == KVD_POLICY_INDEXMEM)
+	if (o->policy == KVD_POLICY_INDEXMEM)
 		return usage("--policy: indexmem ranks by index keys, which only an engine computes; "
 		             "it is for the daemon's rounds (kvd.conf(5))");
-	if (!q_path || !k_path)
+	if (!o->q_path || !o->k_path)
 		return usage("--q and --k are required");
-	if (!have_capacity || !have_window)
+	if (!o->have_capacity || !o->have_window)
 		return usage("--capacity and --window are required");
-	if (window == 0)
+	if (o->window == 0)
 		return usage("--window: must be at least 1");
-	if (capacity < window)
-		return usage("--capacity %u is smaller than --window %u", capacity, window);
-	if (layer >= layers)
-		return usage("--layer %u: the model has %u layers (--layers)", layer, layers);
+	if (o->capacity < o->window)
+		return usage("--capacity %u is smaller than --window %u", o->capacity, o->window);
+	if (o->layer >= o->layers)
+		return usage("--layer %u: the model has %u layers (--layers)", o->layer, o->layers);
+	return -1;
+}
 
-	kvd_policy_params_default(policy, &pp);
-	pp.capacity = capacity;
-	pp.granularity = kvd_granularity_from_string(granularity_s);
-	if ((int)pp.granularity < 0)
-		return usage("--granularity: '%s' is not head or layer", granularity_s);
-	pp.per_query_head = per_query_head;
-	if (have_alpha)
-		pp.alpha = (float)alpha;
-	if (temporal_s) {
-		pp.temporal = kvd_temporal_mode_from_string(temporal_s);
-		if ((int)pp.temporal < 0)
-			return usage("--temporal: '%s' is not ema, mean, last or sum", temporal_s);
+/* The options applied over the policy's defaults into pp. Returns -1 to go on, or
+ * EXIT_USAGE (printed). */
+static int policy_params(const struct score_opts *o, struct kvd_policy_params *pp) {
+	kvd_policy_params_default(o->policy, pp);
+	pp->capacity = o->capacity;
+	pp->granularity = kvd_granularity_from_string(o->granularity_s);
+	if ((int)pp->granularity < 0)
+		return usage("--granularity: '%s' is not head or layer", o->granularity_s);
+	pp->per_query_head = o->per_query_head;
+	if (o->have_alpha)
+		pp->alpha = (float)o->alpha;
+	if (o->temporal_s) {
+		pp->temporal = kvd_temporal_mode_from_string(o->temporal_s);
+		if ((int)pp->temporal < 0)
+			return usage("--temporal: '%s' is not ema, mean, last or sum", o->temporal_s);
 	}
-	if (pooling_s) {
-		pp.pooling = kvd_pool_mode_from_string(pooling_s);
-		if ((int)pp.pooling < 0)
-			return usage("--pooling: '%s' is not none, avg, max or adaptive", pooling_s);
+	if (o->pooling_s) {
+		pp->pooling = kvd_pool_mode_from_string(o->pooling_s);
+		if ((int)pp->pooling < 0)
+			return usage("--pooling: '%s' is not none, avg, max or adaptive", o->pooling_s);
 	}
-	if (have_kernel)
-		pp.kernel = kernel;
-	pp.aws_scale = scale;
-	pp.restkv.tau = (float)tau;
-	pp.restkv.metric = kvd_restkv_metric_from_string(metric_s);
-	if ((int)pp.restkv.metric < 0)
-		return usage("--metric: '%s' is not after or before", metric_s);
-	pp.restkv.use_norm = use_norm;
-	pp.laprox_joint = !laprox_diagonal;
-	pp.layer_weight = (float)layer_weight;
-	pp.layer = layer, pp.n_layers = layers;
-	pp.threads = threads;
-	pp.reference = reference;
-	if (pooling_s && pp.pooling == KVD_POOL_ADAPTIVE && policy != KVD_POLICY_RESTKV &&
-	    policy != KVD_POLICY_KVD && policy != KVD_POLICY_KVD_MI && policy != KVD_POLICY_LAPROX)
+	if (o->have_kernel)
+		pp->kernel = o->kernel;
+	pp->aws_scale = o->scale;
+	pp->restkv.tau = (float)o->tau;
+	pp->restkv.metric = kvd_restkv_metric_from_string(o->metric_s);
+	if ((int)pp->restkv.metric < 0)
+		return usage("--metric: '%s' is not after or before", o->metric_s);
+	pp->restkv.use_norm = o->use_norm;
+	pp->laprox_joint = !o->laprox_diagonal;
+	pp->layer_weight = (float)o->layer_weight;
+	pp->layer = o->layer, pp->n_layers = o->layers;
+	pp->threads = o->threads;
+	pp->reference = o->reference;
+	if (o->pooling_s && pp->pooling == KVD_POOL_ADAPTIVE && o->policy != KVD_POLICY_RESTKV &&
+	    o->policy != KVD_POLICY_KVD && o->policy != KVD_POLICY_KVD_MI &&
+	    o->policy != KVD_POLICY_LAPROX)
 		return usage("--pooling adaptive: only restkv, laprox, kvd and kvd-mi use it");
+	return -1;
+}
 
-	/* The tensors: every refusal names its file. */
-	if (open_tensor(q_path, 3, &q) || open_tensor(k_path, 3, &k))
+/* What a policy scores: the tensors as opened, float32 copies where their dtypes differ,
+ * the kernels' view of them, and the Gram matrices of --wo. */
+struct score_inputs {
+	struct kvd_npy q, k, v, wo;
+	float *qf, *kf, *vf, *gram, *gram_group;
+	struct kvd_attn_in in;
+	uint32_t heads, kv_heads, len, dim;
+};
+
+static void score_inputs_done(struct score_inputs *x) {
+	kvd_npy_close(&x->q);
+	kvd_npy_close(&x->k);
+	kvd_npy_close(&x->v);
+	kvd_npy_close(&x->wo);
+	free(x->qf);
+	free(x->kf);
+	free(x->vf);
+	free(x->gram);
+	free(x->gram_group);
+}
+
+static bool uses_v(enum kvd_policy p) {
+	return p == KVD_POLICY_RESTKV || p == KVD_POLICY_LAPROX || p == KVD_POLICY_KVD ||
+	       p == KVD_POLICY_KVD_MI || p == KVD_POLICY_EXPECTED_ATTENTION;
+}
+
+/* Opens the tensors of o and checks their shapes against each other and the options:
+ * every refusal names its file. Returns -1 to go on, or the exit status (printed). */
+static int load_tensors(const struct score_opts *o, struct score_inputs *x) {
+	uint32_t H, Hkv, L, d, dtype;
+	float scale;
+
+	if (open_tensor(o->q_path, 3, &x->q) || open_tensor(o->k_path, 3, &x->k))
 		return EXIT_FAIL;
-	if (v_path && open_tensor(v_path, 3, &v))
+	if (o->v_path && open_tensor(o->v_path, 3, &x->v))
 		return EXIT_FAIL;
-	if (wo_path && open_tensor(wo_path, 2, &wo))
+	if (o->wo_path && open_tensor(o->wo_path, 2, &x->wo))
 		return EXIT_FAIL;
-	H = (uint32_t)q.shape[0], Hkv = (uint32_t)k.shape[0], L = (uint32_t)k.shape[1];
-	d = (uint32_t)k.shape[2];
-	if (q.shape[0] == 0 || q.shape[0] > UINT32_MAX || k.shape[0] == 0 ||
-	    k.shape[1] > UINT32_MAX || k.shape[2] == 0 || k.shape[2] > UINT32_MAX)
-		return fail("%s, %s: empty or oversized dimensions", q_path, k_path);
-	if (q.shape[2] != d)
-		return fail("%s: head dimension %llu differs from %s's %u", q_path,
-			    (unsigned long long)q.shape[2], k_path, d);
-	if (q.shape[1] != window)
-		return fail("%s: %llu window queries, but --window is %u", q_path,
-			    (unsigned long long)q.shape[1], window);
+	H = (uint32_t)x->q.shape[0], Hkv = (uint32_t)x->k.shape[0], L = (uint32_t)x->k.shape[1];
+	d = (uint32_t)x->k.shape[2];
+	if (x->q.shape[0] == 0 || x->q.shape[0] > UINT32_MAX || x->k.shape[0] == 0 ||
+	    x->k.shape[1] > UINT32_MAX || x->k.shape[2] == 0 || x->k.shape[2] > UINT32_MAX)
+		return fail("%s, %s: empty or oversized dimensions", o->q_path, o->k_path);
+	if (x->q.shape[2] != d)
+		return fail("%s: head dimension %llu differs from %s's %u", o->q_path,
+			    (unsigned long long)x->q.shape[2], o->k_path, d);
+	if (x->q.shape[1] != o->window)
+		return fail("%s: %llu window queries, but --window is %u", o->q_path,
+			    (unsigned long long)x->q.shape[1], o->window);
 	if (H % Hkv != 0)
-		return fail("%s: %u heads are not a multiple of %s's %u kv heads", q_path, H, k_path,
-			    Hkv);
-	if (window > L)
-		return fail("%s: %u tokens, fewer than the window (%u)", k_path, L, window);
-	if (v_path && (v.shape[0] != Hkv || v.shape[1] != L || v.shape[2] != d))
-		return fail("%s: shape (%llu, %llu, %llu) differs from %s's (%u, %u, %u)", v_path,
-			    (unsigned long long)v.shape[0], (unsigned long long)v.shape[1],
-			    (unsigned long long)v.shape[2], k_path, Hkv, L, d);
-	if (!v_path && (policy == KVD_POLICY_RESTKV || policy == KVD_POLICY_LAPROX ||
-			policy == KVD_POLICY_KVD || policy == KVD_POLICY_KVD_MI ||
-			policy == KVD_POLICY_EXPECTED_ATTENTION))
-		return usage("--policy %s needs --v", policy_s);
-	if (wo_path && (wo.shape[1] != (uint64_t)H * d || wo.shape[0] == 0 ||
-			wo.shape[0] > UINT32_MAX))
-		return fail("%s: expected [c_out, heads*d] = [*, %llu], got (%llu, %llu)", wo_path,
-			    (unsigned long long)H * d, (unsigned long long)wo.shape[0],
-			    (unsigned long long)wo.shape[1]);
+		return fail("%s: %u heads are not a multiple of %s's %u kv heads", o->q_path, H,
+			    o->k_path, Hkv);
+	if (o->window > L)
+		return fail("%s: %u tokens, fewer than the window (%u)", o->k_path, L, o->window);
+	if (o->v_path && (x->v.shape[0] != Hkv || x->v.shape[1] != L || x->v.shape[2] != d))
+		return fail("%s: shape (%llu, %llu, %llu) differs from %s's (%u, %u, %u)", o->v_path,
+			    (unsigned long long)x->v.shape[0], (unsigned long long)x->v.shape[1],
+			    (unsigned long long)x->v.shape[2], o->k_path, Hkv, L, d);
+	if (!o->v_path && uses_v(o->policy))
+		return usage("--policy %s needs --v", o->policy_s);
+	if (o->wo_path && (x->wo.shape[1] != (uint64_t)H * d || x->wo.shape[0] == 0 ||
+			   x->wo.shape[0] > UINT32_MAX))
+		return fail("%s: expected [c_out, heads*d] = [*, %llu], got (%llu, %llu)", o->wo_path,
+			    (unsigned long long)H * d, (unsigned long long)x->wo.shape[0],
+			    (unsigned long long)x->wo.shape[1]);
 
 	/* One dtype for q, k and v, as the kernels take them: float32 copies if they differ. */
-	dtype = q.dtype;
-	if (k.dtype != dtype || (v_path && v.dtype != dtype)) {
-		qf = to_f32(&q), kf = to_f32(&k), vf = v_path ? to_f32(&v) : NULL;
-		if (!qf || !kf || (v_path && !vf))
+	dtype = x->q.dtype;
+	if (x->k.dtype != dtype || (o->v_path && x->v.dtype != dtype)) {
+		x->qf = to_f32(&x->q), x->kf = to_f32(&x->k);
+		x->vf = o->v_path ? to_f32(&x->v) : NULL;
+		if (!x->qf || !x->kf || (o->v_path && !x->vf))
 			return fail("out of memory");
 		dtype = KVD_DTYPE_F32;
 	}
-	in = (struct kvd_attn_in){
-		.dtype = dtype, .heads = H, .kv_heads = Hkv, .window = window, .len = L, .dim = d,
-		.scale = softmax_scale > 0 ? (float)softmax_scale : 1.0f / sqrtf((float)d),
-		.q = qf ? qf : q.data, .k = kf ? kf : k.data,
-		.v = vf ? vf : v_path ? v.data : NULL,
+	scale = o->softmax_scale > 0 ? (float)o->softmax_scale : 1.0f / sqrtf((float)d);
+	x->in = (struct kvd_attn_in){
+		.dtype = dtype, .heads = H, .kv_heads = Hkv, .window = o->window, .len = L,
+		.dim = d, .scale = scale,
+		.q = x->qf ? x->qf : x->q.data, .k = x->kf ? x->kf : x->k.data,
+		.v = x->vf ? x->vf : o->v_path ? x->v.data : NULL,
 	};
-	kvd_attn_in_contiguous(&in);
-	g = H / Hkv;
+	kvd_attn_in_contiguous(&x->in);
+	x->heads = H, x->kv_heads = Hkv, x->len = L, x->dim = d;
+	return -1;
+}
 
-	if (wo_path && (policy == KVD_POLICY_RESTKV || policy == KVD_POLICY_LAPROX ||
-			policy == KVD_POLICY_KVD || policy == KVD_POLICY_KVD_MI)) {
-		struct kvd_wo w = {
-			.dtype = wo.dtype, .c_out = (uint32_t)wo.shape[0], .heads = H, .dim = d,
-			.w = wo.data, .row_stride = (size_t)H * d,
-		};
+/* The Gram matrices of --wo for the policies that reconstruct outputs: per query head, and
+ * per kv head's group for LaProx's joint form. Returns -1 to go on, or EXIT_FAIL (printed). */
+static int load_grams(const struct score_opts *o, const struct kvd_policy_params *pp,
+                      struct score_inputs *x) {
+	uint32_t H = x->heads, Hkv = x->kv_heads, d = x->dim, g = H / Hkv;
+	struct kvd_wo w = {
+		.dtype = x->wo.dtype, .c_out = (uint32_t)x->wo.shape[0], .heads = H, .dim = d,
+		.w = x->wo.data, .row_stride = (size_t)H * d,
+	};
+	int r;
 
-		gram = malloc((size_t)H * d * d * sizeof(float));
-		if (!gram)
-			return fail("out of memory");
-		for (uint32_t h = 0; h < H; h++) {
-			r = (reference ? kvd_gram_ref : kvd_gram)(&w, h, 1, gram + (size_t)h * d * d);
-			if (r < 0)
-				return fail("%s: Gram matrices: %s", wo_path, strerror(-r));
-		}
-		if (policy == KVD_POLICY_LAPROX && pp.laprox_joint && !per_query_head) {
-			gram_group = malloc((size_t)Hkv * g * d * g * d * sizeof(float));
-			if (!gram_group)
-				return fail("out of memory");
-			for (uint32_t kv = 0; kv < Hkv; kv++) {
-				r = (reference ? kvd_gram_ref : kvd_gram)(
-					&w, kv * g, g, gram_group + (size_t)kv * g * d * g * d);
-				if (r < 0)
-					return fail("%s: Gram matrices: %s", wo_path, strerror(-r));
-			}
-		}
+	if (!o->wo_path || (o->policy != KVD_POLICY_RESTKV && o->policy != KVD_POLICY_LAPROX &&
+			    o->policy != KVD_POLICY_KVD && o->policy != KVD_POLICY_KVD_MI))
+		return -1;
+	x->gram = malloc((size_t)H * d * d * sizeof(float));
+	if (!x->gram)
+		return fail("out of memory");
+	for (uint32_t h = 0; h < H; h++) {
+		r = (o->reference ? kvd_gram_ref : kvd_gram)(&w, h, 1, x->gram + (size_t)h * d * d);
+		if (r < 0)
+			return fail("%s: Gram matrices: %s", o->wo_path, strerror(-r));
 	}
+	if (o->policy != KVD_POLICY_LAPROX || !pp->laprox_joint || o->per_query_head)
+		return -1;
+	x->gram_group = malloc((size_t)Hkv * g * d * g * d * sizeof(float));
+	if (!x->gram_group)
+		return fail("out of memory");
+	for (uint32_t kv = 0; kv < Hkv; kv++) {
+		r = (o->reference ? kvd_gram_ref : kvd_gram)(
+			&w, kv * g, g, x->gram_group + (size_t)kv * g * d * g * d);
+		if (r < 0)
+			return fail("%s: Gram matrices: %s", o->wo_path, strerror(-r));
+	}
+	return -1;
+}
 
-	if (policy == KVD_POLICY_KVD_MI) {
+static void print_json(const struct score_opts *o, const struct kvd_policy_params *pp,
+                       const struct score_inputs *x, const struct kvd_keep *keep) {
+	printf("{\"keep\": [");
+	for (uint32_t row = 0; row < keep->rows; row++) {
+		printf("%s[", row ? ", " : "");
+		for (uint32_t i = keep->off[row]; i < keep->off[row + 1]; i++)
+			printf("%s%u", i > keep->off[row] ? ", " : "", keep->pos[i]);
+		printf("]");
+	}
+	printf("], \"settings\": {\"policy\": \"%s\", \"capacity\": %u, \"window\": %u, "
+	       "\"granularity\": \"%s\", \"rows\": \"%s\", \"heads\": %u, \"kv_heads\": %u, "
+	       "\"len\": %u, \"dim\": %u, \"dtype\": \"%s\", \"use_wo\": %s",
+	       o->policy_s, o->capacity, o->window, kvd_granularity_to_string(pp->granularity),
+	       pp->granularity == KVD_GRANULARITY_LAYER ? "layer" :
+	       o->per_query_head ? "query_head" : "kv_head",
+	       x->heads, x->kv_heads, x->len, x->dim, kvd_npy_dtype_name(x->q.dtype),
+	       x->gram ? "true" : "false");
+	printf(", \"temporal\": \"%s\", \"alpha\": ", kvd_temporal_mode_to_string(pp->temporal));
+	print_json_double(pp->alpha);
+	printf(", \"pooling\": \"%s\", \"kernel\": %u, \"scale\": ",
+	       kvd_pool_mode_to_string(pp->pooling), pp->kernel);
+	print_json_double(pp->aws_scale);
+	printf(", \"metric\": \"%s\", \"tau\": ", kvd_restkv_metric_to_string(pp->restkv.metric));
+	print_json_double(pp->restkv.tau);
+	printf(", \"use_norm\": %s, \"laprox_joint\": %s, \"layer_weight\": ",
+	       o->use_norm ? "true" : "false", pp->laprox_joint ? "true" : "false");
+	print_json_double(pp->layer_weight);
+	printf(", \"layer\": %u, \"layers\": %u, \"softmax_scale\": ", o->layer, o->layers);
+	print_json_double(x->in.scale);
+	printf(", \"threads\": %u, \"reference\": %s}}\n", o->threads,
+	       o->reference ? "true" : "false");
+}
+
+static void print_text(const struct score_opts *o, const struct kvd_policy_params *pp,
+                       const struct kvd_keep *keep) {
+	const char *unit = pp->granularity == KVD_GRANULARITY_LAYER ? "layer" :
+			   o->per_query_head ? "head" : "kv head";
+
+	for (uint32_t row = 0; row < keep->rows; row++) {
+		if (pp->granularity == KVD_GRANULARITY_LAYER)
+			printf("%s (%u kept):", unit, keep->off[row + 1] - keep->off[row]);
+		else
+			printf("%s %u (%u kept):", unit, row, keep->off[row + 1] - keep->off[row]);
+		for (uint32_t i = keep->off[row]; i < keep->off[row + 1]; i++)
+			printf(" %u", keep->pos[i]);
+		printf("\n");
+	}
+}
+
+int cmd_score(int argc, char **argv) {
+	_cleanup_(score_inputs_done) struct score_inputs x = {};
+	_cleanup_(freep) float *mi_mean_k = NULL;
+	_cleanup_(freep) uint64_t *mi_count = NULL;
+	struct kvd_policy_params pp;
+	struct kvd_keep *keep = NULL;
+	struct score_opts o;
+	int r;
+
+	if ((r = parse_options(argc, argv, &o)) >= 0 || (r = policy_params(&o, &pp)) >= 0 ||
+	    (r = load_tensors(&o, &x)) >= 0 || (r = load_grams(&o, &pp, &x)) >= 0)
+		return r;
+	if (o.policy == KVD_POLICY_KVD_MI) {
 		/* No moments offline: empty summaries, so that kvd-mi measures the misfit against
 		 * its provisional one, as the daemon does for a model without moments. */
-		mi_mean_k = calloc((size_t)Hkv * d, sizeof(float));
-		mi_count = calloc(Hkv, sizeof(uint64_t));
+		mi_mean_k = calloc((size_t)x.kv_heads * x.dim, sizeof(float));
+		mi_count = calloc(x.kv_heads, sizeof(uint64_t));
 		if (!mi_mean_k || !mi_count)
 			return fail("out of memory");
 		pp.mi_mean_k = mi_mean_k, pp.mi_count = mi_count;
 	}
-	r = kvd_policy_keep(&pp, &in, gram, gram_group, &keep);
+	r = kvd_policy_keep(&pp, &x.in, x.gram, x.gram_group, &keep);
 	if (r < 0)
-		return fail("policy %s: %s", policy_s,
+		return fail("policy %s: %s", o.policy_s,
 			    r == -EINVAL ? "invalid settings for these tensors" : strerror(-r));
-
-	if (json) {
-		printf("{\"keep\": [");
-		for (uint32_t row = 0; row < keep->rows; row++) {
-			printf("%s[", row ? ", " : "");
-			for (uint32_t i = keep->off[row]; i < keep->off[row + 1]; i++)
-				printf("%s%u", i > keep->off[row] ? ", " : "", keep->pos[i]);
-			printf("]");
-		}
-		printf("], \"settings\": {\"policy\": \"%s\", \"capacity\": %u, \"window\": %u, "
-		       "\"granularity\": \"%s\", \"rows\": \"%s\", \"heads\": %u, \"kv_heads\": %u, "
-		       "\"len\": %u, \"dim\": %u, \"dtype\": \"%s\", \"use_wo\": %s",
-		       policy_s, capacity, window, kvd_granularity_to_string(pp.granularity),
-		       pp.granularity == KVD_GRANULARITY_LAYER ? "layer" :
-		       per_query_head ? "query_head" : "kv_head",
-		       H, Hkv, L, d, kvd_npy_dtype_name(q.dtype), gram ? "true" : "false");
-		printf(", \"temporal\": \"%s\", \"alpha\": ", kvd_temporal_mode_to_string(pp.temporal));
-		print_json_double(pp.alpha);
-		printf(", \"pooling\": \"%s\", \"kernel\": %u, \"scale\": ",
-		       kvd_pool_mode_to_string(pp.pooling), pp.kernel);
-		print_json_double(pp.aws_scale);
-		printf(", \"metric\": \"%s\", \"tau\": ", kvd_restkv_metric_to_string(pp.restkv.metric));
-		print_json_double(pp.restkv.tau);
-		printf(", \"use_norm\": %s, \"laprox_joint\": %s, \"layer_weight\": ",
-		       use_norm ? "true" : "false", pp.laprox_joint ? "true" : "false");
-		print_json_double(pp.layer_weight);
-		printf(", \"layer\": %u, \"layers\": %u, \"softmax_scale\": ", layer, layers);
-		print_json_double(in.scale);
-		printf(", \"threads\": %u, \"reference\": %s}}\n", threads,
-		       reference ? "true" : "false");
-	} else {
-		const char *unit = pp.granularity == KVD_GRANULARITY_LAYER ? "layer" :
-				   per_query_head ? "head" : "kv head";
-
-		for (uint32_t row = 0; row < keep->rows; row++) {
-			if (pp.granularity == KVD_GRANULARITY_LAYER)
-				printf("%s (%u kept):", unit, keep->off[row + 1] - keep->off[row]);
-			else
-				printf("%s %u (%u kept):", unit, row, keep->off[row + 1] - keep->off[row]);
-			for (uint32_t i = keep->off[row]; i < keep->off[row + 1]; i++)
-				printf(" %u", keep->pos[i]);
-			printf("\n");
-		}
-	}
+	if (o.json)
+		print_json(&o, &pp, &x, keep);
+	else
+		print_text(&o, &pp, keep);
 	kvd_keep_free(keep);
 	if (fflush(stdout) != 0)
 		return fail("writing the result failed: %m");
