@@ -808,6 +808,135 @@ static const uint8_t *kept_part(const struct round_seq *q, uint32_t t, uint32_t 
 }
 
 /*
+ * Gathers the candidates of a recall (recall_heads) into sc: the resident slots before the
+ * window (ws of them) and the T kept, in position order, then the window, for each kv head
+ * of the row, and their index keys where the policy ranks by them. Returns 0 or a negative
+ * errno.
+ */
+static int recall_gather(struct round *r, struct round_seq *q, uint32_t l, uint32_t kh0,
+                         uint32_t nkv, uint32_t ws, uint32_t T, bool index,
+                         struct recall_scratch *sc) {
+	uint32_t t0 = table_of(q, l, kh0), w = q->window, end = q->window_end[t0];
+	uint32_t M = ws + T, L = M + w;
+	uint64_t row = (uint64_t)q->head_dim * layout_dtype_bytes(q->dtype);
+	uint64_t irow = (uint64_t)q->index_dim * layout_dtype_bytes(q->dtype);
+	const uint32_t *pos = q->positions + q->pos_off[t0];
+	int k;
+
+	/* Candidates in position order: the resident slots before the window and the kept. */
+	{
+		const uint32_t *kp = recall_positions(q->kept, t0);
+
+		for (uint32_t i = 0, j = 0, m = 0; m < M; m++)
+			sc->src[m] = j >= T || (i < ws && pos[i] < kp[j]) ? (int64_t)i++ : -1 - (int64_t)j++;
+	}
+	for (uint32_t j = 0; j < nkv; j++) {
+		uint32_t t = table_of(q, l, kh0 + j);
+		uint8_t *kd = sc->kb + (uint64_t)j * L * row, *vd = sc->vb + (uint64_t)j * L * row;
+
+		k = gather(r, q, NULL, l, kh0 + j, end, sc->tk, sc->tv);
+		if (k < 0)
+			return k;
+		for (uint32_t m = 0; m < M; m++) {
+			int64_t s = sc->src[m];
+			uint32_t i = (uint32_t)(-1 - s);
+
+			memcpy(kd + m * row, s >= 0 ? sc->tk + s * row : kept_part(q, t, i, kh0 + j, 0), row);
+			memcpy(vd + m * row, s >= 0 ? sc->tv + s * row : kept_part(q, t, i, kh0 + j, 1), row);
+		}
+		memcpy(kd + (uint64_t)M * row, sc->tk + (uint64_t)ws * row, (uint64_t)w * row);
+		memcpy(vd + (uint64_t)M * row, sc->tv + (uint64_t)ws * row, (uint64_t)w * row);
+	}
+	if (index) {
+		k = gather_index(r, q, t0, end, sc->ti);
+		if (k < 0)
+			return k;
+		for (uint32_t m = 0; m < M; m++) {
+			int64_t s = sc->src[m];
+			const uint8_t *from = s >= 0 ? sc->ti + s * irow :
+			                               kept_part(q, t0, (uint32_t)(-1 - s), kh0, 2);
+
+			memcpy(sc->ib + m * irow, from, irow);
+		}
+		memcpy(sc->ib + (uint64_t)M * irow, sc->ti + (uint64_t)ws * irow, (uint64_t)w * irow);
+	}
+	return 0;
+}
+
+/*
+ * The value of each of M candidates (sc->pooled), from the scores of nkv heads (sc->scores,
+ * summed) times share: runs, not tokens. What the window matches is rarely all the answer
+ * needs (a value follows its key, and the answer copies it), so each candidate is worth
+ * the most of its neighbours within RECALL_SPAN positions in candidate order.
+ */
+static void recall_pool(uint32_t nkv, uint32_t M, float share, struct recall_scratch *sc) {
+	float *x = sc->scores;
+
+	for (uint32_t j = 1; j < nkv; j++)
+		for (uint32_t m = 0; m < M; m++)
+			x[m] += x[(uint64_t)j * M + m];
+	for (uint32_t m = 0; m < M; m++)
+		x[m] *= share;
+	for (uint32_t m = 0; m < M; m++) {
+		float v = x[m];
+
+		for (uint32_t j = m > RECALL_SPAN ? m - RECALL_SPAN : 0; j <= MIN(m + RECALL_SPAN, M - 1); j++)
+			v = MAX(v, x[j]);
+		sc->pooled[m] = v;
+	}
+}
+
+/*
+ * Records n trades of a row into picks[] (each table of the row the same): the resident
+ * candidates drop_from[0..n) go, the kept ones take_from[0..n) come back (candidate
+ * indices into sc->src; costs in sc->pooled). Returns 0 or -ENOMEM.
+ */
+static int recall_give_picks(struct round_seq *q, uint32_t l, uint32_t kh0, uint32_t nkv,
+                             uint32_t n, const struct recall_scratch *sc,
+                             const uint32_t *drop_from, const uint32_t *take_from,
+                             struct recall_pick *picks) {
+	/* As slots and kept indices, each ascending; the costs follow their slots. */
+	uint32_t *drop = malloc(n * sizeof(*drop)), *take = malloc(n * sizeof(*take));
+	float *take_s = malloc(n * sizeof(*take_s));
+	const float *x = sc->pooled;
+
+	if (!drop || !take || !take_s) {
+		free(drop);
+		free(take);
+		free(take_s);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		drop[i] = (uint32_t)sc->src[drop_from[i]];
+		take[i] = take_from[n - 1 - i];  /* a candidate index for now */
+	}
+	qsort(drop, n, sizeof(*drop), cmp_u32);
+	qsort(take, n, sizeof(*take), cmp_u32);
+	for (uint32_t i = 0; i < n; i++) {
+		take_s[i] = x[take[i]];
+		take[i] = (uint32_t)(-1 - sc->src[take[i]]);
+	}
+	/* Each table of the row (one per kv head on the per-head layout; the per-layer
+	 * layout's one table holds them all). */
+	for (uint32_t j = 0; j < (q->layout == KVD_LAYOUT_PER_HEAD ? nkv : 1); j++) {
+		struct recall_pick *pk = &picks[table_of(q, l, kh0 + j)];
+
+		pk->n = n;
+		pk->drop = j == 0 ? drop : malloc(n * sizeof(*drop));
+		pk->take = j == 0 ? take : malloc(n * sizeof(*take));
+		pk->take_s = j == 0 ? take_s : malloc(n * sizeof(*take_s));
+		if (!pk->drop || !pk->take || !pk->take_s)
+			return -ENOMEM;
+		if (j > 0) {
+			memcpy(pk->drop, drop, n * sizeof(*drop));
+			memcpy(pk->take, take, n * sizeof(*take));
+			memcpy(pk->take_s, take_s, n * sizeof(*take_s));
+		}
+	}
+	return 0;
+}
+
+/*
  * Scores the candidates of kv heads [kh0, kh0 + nkv) of layer l (one row: their tables
  * hold the same slots when nkv > 1) and picks its trades into picks[] (each table of the
  * row the same). Returns 0 or a negative errno.
@@ -864,62 +993,13 @@ static int recall_heads(struct round *r, struct round_seq *q, uint32_t l, uint32
 	if (!sc.tk || !sc.tv || !sc.kb || !sc.vb || !sc.scores || !sc.pooled || !sc.src || !sc.order ||
 	    (index && (!sc.ti || !sc.ib)))
 		goto out;
-	/* Candidates in position order: the resident slots before the window and the kept. */
-	{
-		const uint32_t *kp = recall_positions(q->kept, t0);
-
-		for (uint32_t i = 0, j = 0, m = 0; m < M; m++)
-			sc.src[m] = j >= T || (i < ws && pos[i] < kp[j]) ? (int64_t)i++ : -1 - (int64_t)j++;
-	}
-	for (uint32_t j = 0; j < nkv; j++) {
-		uint32_t t = table_of(q, l, kh0 + j);
-		uint8_t *kd = sc.kb + (uint64_t)j * L * row, *vd = sc.vb + (uint64_t)j * L * row;
-
-		k = gather(r, q, NULL, l, kh0 + j, end, sc.tk, sc.tv);
-		if (k < 0)
-			goto out;
-		for (uint32_t m = 0; m < M; m++) {
-			int64_t s = sc.src[m];
-			uint32_t i = (uint32_t)(-1 - s);
-
-			memcpy(kd + m * row, s >= 0 ? sc.tk + s * row : kept_part(q, t, i, kh0 + j, 0), row);
-			memcpy(vd + m * row, s >= 0 ? sc.tv + s * row : kept_part(q, t, i, kh0 + j, 1), row);
-		}
-		memcpy(kd + (uint64_t)M * row, sc.tk + (uint64_t)ws * row, (uint64_t)w * row);
-		memcpy(vd + (uint64_t)M * row, sc.tv + (uint64_t)ws * row, (uint64_t)w * row);
-	}
-	if (index) {
-		k = gather_index(r, q, t0, end, sc.ti);
-		if (k < 0)
-			goto out;
-		for (uint32_t m = 0; m < M; m++) {
-			int64_t s = sc.src[m];
-			const uint8_t *from = s >= 0 ? sc.ti + s * irow :
-			                               kept_part(q, t0, (uint32_t)(-1 - s), kh0, 2);
-
-			memcpy(sc.ib + m * irow, from, irow);
-		}
-		memcpy(sc.ib + (uint64_t)M * irow, sc.ti + (uint64_t)ws * irow, (uint64_t)w * irow);
-	}
+	k = recall_gather(r, q, l, kh0, nkv, ws, T, index, &sc);
+	if (k < 0)
+		goto out;
 	k = policy_layer(r, q, l, kh0, nkv, policy, L, sc.kb, sc.vb, sc.ib, NULL, sc.scores);
 	if (k < 0)
 		goto out;
-	x = sc.scores;
-	for (uint32_t j = 1; j < nkv; j++)
-		for (uint32_t m = 0; m < M; m++)
-			x[m] += x[(uint64_t)j * M + m];
-	for (uint32_t m = 0; m < M; m++)
-		x[m] *= share;
-	/* Runs, not tokens: what the window matches is rarely all the answer needs (a value
-	 * follows its key, and the answer copies it), so each candidate is worth the most of
-	 * its neighbours within RECALL_SPAN positions in candidate order. */
-	for (uint32_t m = 0; m < M; m++) {
-		float v = x[m];
-
-		for (uint32_t j = m > RECALL_SPAN ? m - RECALL_SPAN : 0; j <= MIN(m + RECALL_SPAN, M - 1); j++)
-			v = MAX(v, x[j]);
-		sc.pooled[m] = v;
-	}
+	recall_pool(nkv, M, share, &sc);
 	x = sc.pooled;
 	/* The pairs: kept slots from the most valuable, resident ones (sinks protected) from
 	 * the least, as long as the kept one is worth more. */
@@ -944,49 +1024,7 @@ static int recall_heads(struct round *r, struct round_seq *q, uint32_t l, uint32
 			if (sc.src[m] >= 0)
 				q->smooth_out[rw][sc.src[m]] = x[m];
 	}
-	if (n > 0) {
-		/* As slots and kept indices, each ascending; the costs follow their slots. */
-		uint32_t *drop = malloc(n * sizeof(*drop)), *take = malloc(n * sizeof(*take));
-		float *take_s = malloc(n * sizeof(*take_s));
-
-		if (!drop || !take || !take_s) {
-			free(drop);
-			free(take);
-			free(take_s);
-			k = -ENOMEM;
-			goto out;
-		}
-		for (uint32_t i = 0; i < n; i++) {
-			drop[i] = (uint32_t)sc.src[E[i]];
-			take[i] = K[nk - 1 - i];  /* a candidate index for now */
-		}
-		qsort(drop, n, sizeof(*drop), cmp_u32);
-		qsort(take, n, sizeof(*take), cmp_u32);
-		for (uint32_t i = 0; i < n; i++) {
-			take_s[i] = x[take[i]];
-			take[i] = (uint32_t)(-1 - sc.src[take[i]]);
-		}
-		/* Each table of the row (one per kv head on the per-head layout; the per-layer
-		 * layout's one table holds them all). */
-		for (uint32_t j = 0; j < (q->layout == KVD_LAYOUT_PER_HEAD ? nkv : 1); j++) {
-			struct recall_pick *pk = &picks[table_of(q, l, kh0 + j)];
-
-			pk->n = n;
-			pk->drop = j == 0 ? drop : malloc(n * sizeof(*drop));
-			pk->take = j == 0 ? take : malloc(n * sizeof(*take));
-			pk->take_s = j == 0 ? take_s : malloc(n * sizeof(*take_s));
-			if (!pk->drop || !pk->take || !pk->take_s) {
-				k = -ENOMEM;
-				goto out;
-			}
-			if (j > 0) {
-				memcpy(pk->drop, drop, n * sizeof(*drop));
-				memcpy(pk->take, take, n * sizeof(*take));
-				memcpy(pk->take_s, take_s, n * sizeof(*take_s));
-			}
-		}
-	}
-	k = 0;
+	k = n > 0 ? recall_give_picks(q, l, kh0, nkv, n, &sc, E, K + nk - n, picks) : 0;
 out:
 	recall_scratch_done(&sc);
 	return k;
