@@ -8,26 +8,22 @@
 #include <unistd.h>
 
 #include "basic/macro.h"
-#include "conn.h"
-#include "envelope.h"
 #include "log.h"
-#include "server.h"
 #include "upload.h"
 
 struct job {
 	struct job *next;
 	struct uploader *u;
 	pthread_t thread;
-	uint64_t conn_id, id;
-	uint32_t model_id, layer;
 	struct wo_map wo;
-	struct gram_layer *result;
-	int error;
+	struct upload_done d;         /* what the callback gets */
+	upload_done_fn done_fn;
 	bool done;
 };
 
 struct uploader {
-	struct server *srv;
+	struct loop *loop;
+	void *userdata;               /* the callbacks' */
 	int efd;
 	struct loop_op op;
 	uint64_t buf;
@@ -41,7 +37,7 @@ static void *job_thread(void *userdata) {
 	struct job *j = userdata;
 	uint64_t one = 1;
 
-	j->error = gram_layer_compute(&j->wo, &j->result);
+	j->d.error = gram_layer_compute(&j->wo, &j->d.result);
 	pthread_mutex_lock(&j->u->lock);
 	j->done = true;
 	pthread_mutex_unlock(&j->u->lock);
@@ -54,7 +50,7 @@ static int arm(struct uploader *u) {
 
 	if (u->armed)
 		return 0;
-	r = loop_read(u->srv->loop, &u->op, u->efd, &u->buf, sizeof(u->buf));
+	r = loop_read(u->loop, &u->op, u->efd, &u->buf, sizeof(u->buf));
 	if (r >= 0)
 		u->armed = true;
 	return r;
@@ -63,32 +59,8 @@ static int arm(struct uploader *u) {
 static void job_free(struct job *j) {
 	pthread_join(j->thread, NULL);
 	wo_map_done(&j->wo);
-	gram_layer_unref(j->result);
+	gram_layer_unref(j->d.result);
 	free(j);
-}
-
-/* Installs and answers a finished job, if its connection and model are still there. */
-static void finish(struct uploader *u, struct job *j) {
-	struct conn *c = registry_conn(u->srv, j->conn_id);
-	int r = j->error;
-
-	if (!c || c->closing)
-		return;
-	c->outstanding--;
-	if (j->model_id > c->n_models)
-		return;
-	if (r >= 0) {
-		r = grams_install(&c->models[j->model_id - 1], j->layer, j->result);
-		if (r >= 0)
-			j->result = NULL;
-	}
-	if (r < 0)
-		log_warning("connection %llu: the Gram matrices of layer %u could not be computed: %s",
-		            (unsigned long long)c->id, j->layer, strerror(-r));
-	if (r < 0)
-		envelope_reply_error(c, j->id, r, "cannot compute the Gram matrices");
-	else
-		envelope_reply(c, j->id, NULL, NULL, 0);
 }
 
 static void on_done(struct loop_op *op, int res, bool more) {
@@ -110,15 +82,15 @@ static void on_done(struct loop_op *op, int res, bool more) {
 		}
 		*l = j->next;
 		u->n_jobs--;
-		finish(u, j);
+		j->done_fn(u->userdata, &j->d);
 		job_free(j);
 	}
 	if (u->n_jobs > 0 && arm(u) < 0)
 		log_error("cannot wait for uploads: the loop refused");
 }
 
-int upload_start(struct uploader *u, struct conn *c, uint64_t id, uint32_t model_id,
-                 uint32_t layer, struct wo_map *wo) {
+int upload_start(struct uploader *u, uint64_t conn_id, uint64_t id, uint32_t model_id,
+                 uint32_t layer, struct wo_map *wo, upload_done_fn done) {
 	struct job *j;
 	int r;
 
@@ -133,11 +105,9 @@ int upload_start(struct uploader *u, struct conn *c, uint64_t id, uint32_t model
 	}
 	*j = (struct job){
 		.u = u,
-		.conn_id = c->id,
-		.id = id,
-		.model_id = model_id,
-		.layer = layer,
 		.wo = *wo,
+		.d = { .conn_id = conn_id, .id = id, .model_id = model_id, .layer = layer },
+		.done_fn = done,
 	};
 	*wo = (struct wo_map){};
 	r = arm(u);
@@ -154,12 +124,13 @@ int upload_start(struct uploader *u, struct conn *c, uint64_t id, uint32_t model
 	return 0;
 }
 
-int uploader_new(struct server *s, struct uploader **ret) {
+int uploader_new(struct loop *loop, void *userdata, struct uploader **ret) {
 	struct uploader *u = calloc(1, sizeof(*u));
 
 	if (!u)
 		return -ENOMEM;
-	u->srv = s;
+	u->loop = loop;
+	u->userdata = userdata;
 	u->op.handler = on_done;
 	pthread_mutex_init(&u->lock, NULL);
 	u->efd = eventfd(0, EFD_CLOEXEC);

@@ -350,6 +350,30 @@ void handle_register_model(struct conn *c, uint64_t id, const Envelope *request,
 	envelope_reply(c, id, &env, NULL, 0);
 }
 
+/* Installs and answers a finished upload, if its connection and model are still there. */
+static void upload_answered(void *userdata, struct upload_done *d) {
+	struct conn *c = registry_conn(userdata, d->conn_id);
+	int r = d->error;
+
+	if (!c || c->closing)
+		return;
+	c->outstanding--;
+	if (d->model_id > c->n_models)
+		return;
+	if (r >= 0) {
+		r = grams_install(&c->models[d->model_id - 1], d->layer, d->result);
+		if (r >= 0)
+			d->result = NULL;
+	}
+	if (r < 0) {
+		log_warning("connection %llu: the Gram matrices of layer %u could not be computed: %s",
+		            (unsigned long long)c->id, d->layer, strerror(-r));
+		envelope_reply_error(c, d->id, r, "cannot compute the Gram matrices");
+	} else {
+		envelope_reply(c, d->id, NULL, NULL, 0);
+	}
+}
+
 void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope *request, int fd) {
 	const Kvd__V1__ModelOutputProj *req = request->model_output_proj;
 	struct wo_map wo;
@@ -379,7 +403,8 @@ void handle_model_output_proj(struct conn *c, uint64_t id, const Envelope *reque
 		return;
 	}
 	/* The reply comes from the uploader, once the Gram matrices are computed. */
-	r = upload_start(c->srv->uploader, c, id, req->model_id, req->layer, &wo);
+	r = upload_start(c->srv->uploader, c->id, id, req->model_id, req->layer, &wo,
+	                 upload_answered);
 	if (r == -EBUSY)
 		conn_refused(c, LIMIT_UPLOADS);
 	if (r >= 0)

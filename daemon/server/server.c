@@ -423,15 +423,15 @@ int server_new_local(struct pool *pool, const struct server_limits *limits, stru
 	r = evictor_new(s, &s->evictor);
 	if (r < 0)
 		goto fail;
-	r = uploader_new(s, &s->uploader);
-	if (r < 0)
-		goto fail;
 	r = loop_new(s->limits.uring_setup, &s->loop);
 	if (r < 0) {
 		log_error_errno(r, "cannot set up the event loop");
 		goto fail;
 	}
 	log_info("event loop: %s", loop_describe(s->loop));
+	r = uploader_new(s->loop, s, &s->uploader);
+	if (r < 0)
+		goto fail;
 	r = server_setup_rings(s);
 	if (r < 0)
 		goto fail;
