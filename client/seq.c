@@ -723,6 +723,32 @@ int kvd_seq_recall(kvd_seq *s, uint64_t *ret_tokens, uint64_t *ret_bytes) {
 	return (int)call_result(key, do_seq_recall(s, ret_tokens, ret_bytes), __func__);
 }
 
+static int do_seq_truncate(kvd_seq *s, uint32_t n) {
+	Kvd__V1__SeqTruncate req = KVD__V1__SEQ_TRUNCATE__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!s)
+		return -EINVAL;
+	if (n == 0)
+		return client_error(s->client, -EINVAL, "kvd_seq_truncate: n is 0 (drop 1 or more)");
+	if (seq_forked(s))
+		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
+	req.has_seq_id = req.has_tokens = true;
+	req.seq_id = s->id;
+	req.tokens = n;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_TRUNCATE;
+	env.seq_truncate = &req;
+	return seq_simple_call(s, &env);
+}
+
+int kvd_seq_truncate(kvd_seq *s, uint32_t n) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_truncate(s, n), __func__);
+}
+
 /* kvd_seq_unpin, with an event id of the connection (0: none). */
 static int seq_unpin(kvd_seq *s, uint32_t event_id) {
 	Kvd__V1__SeqUnpin req = KVD__V1__SEQ_UNPIN__INIT;

@@ -426,6 +426,19 @@ int recall_swap(struct seq *q, struct pool *p, struct recall_store *st,
 	return k;
 }
 
+void recall_truncate(struct recall_store *st, uint32_t end) {
+	for (uint32_t t = 0; st && t < st->n_tables; t++) {
+		struct kept_table *kt = &st->tables[t];
+
+		/* Ascending: what a truncate dropped is at the end. */
+		while (kt->n > 0 && kt->pos[kt->n - 1] >= end) {
+			st->free[st->n_free++] = kt->rec[--kt->n];
+			st->kept--;
+			st->tr->kept_tokens--;
+		}
+	}
+}
+
 void recall_store_hold(struct recall_store *st, bool held) {
 	if (st)
 		st->held = held;

@@ -43,6 +43,10 @@ int64_t recall_keep(struct tier *tr, struct seq *q, struct pool *p, const struct
 /* Frees a store, its segments back to the tier. Accepts NULL. Returns NULL. */
 struct recall_store *recall_store_free(struct tier *tr, struct recall_store *st);
 
+/* Forgets the kept tokens of positions at or past end (a truncated sequence's next
+ * position), their records free for later keeps. */
+void recall_truncate(struct recall_store *st, uint32_t end);
+
 /* Marks st held by a recall round (off its sequence, which may go meanwhile), or back. */
 void recall_store_hold(struct recall_store *st, bool held);
 

@@ -266,6 +266,32 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 	return 0;
 }
 
+int seq_truncate(struct seq *s, struct pool *p, uint32_t n, struct seq_emptied *emptied) {
+	struct kvd_seq_desc *d = s->desc;
+	uint32_t bt = d->block_tokens, end;
+
+	if (n == 0 || n > d->next_position)
+		return -EINVAL;
+	end = d->next_position - n;
+	desc_write_begin(d);
+	for (uint32_t t = 0; t < d->n_tables; t++) {
+		const uint32_t *pos = desc_positions(d, t);
+		uint32_t tokens = desc_tokens(d)[t], keep = tokens;
+
+		/* A table's slots are in position order: the dropped ones are its last. */
+		while (keep > 0 && pos[keep - 1] >= end)
+			keep--;
+		seq_blocks_free(p, desc_blocks(d, t) + DIV_ROUND_UP(keep, bt),
+		                DIV_ROUND_UP(tokens, bt) - DIV_ROUND_UP(keep, bt), emptied);
+		desc_tokens(d)[t] = keep;
+	}
+	d->next_position = end;
+	desc_write_end(d);
+	/* Plans and rounds made before no longer fit its tables (evict.h). */
+	s->epoch++;
+	return 0;
+}
+
 void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied) {
 	struct kvd_seq_desc *d;
 

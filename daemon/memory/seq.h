@@ -138,6 +138,14 @@ uint64_t seq_grow_bytes(const struct seq *s, uint32_t n);
 /* Whether s may grow by n tokens: 0, -EINVAL (n is 0) or -EFBIG (past max_tokens). */
 int seq_grow_check(const struct seq *s, uint32_t n);
 
+/*
+ * Drops the last n positions of s: each table keeps its slots of positions below
+ * next_position - n, the blocks past them are freed (chunks left empty into *emptied),
+ * next_position goes back by n, and the epoch moves on. Returns 0, or -EINVAL (n is 0 or
+ * more than next_position).
+ */
+int seq_truncate(struct seq *s, struct pool *p, uint32_t n, struct seq_emptied *emptied);
+
 /* Frees every block of the sequence and the sequence itself; chunks left empty are added
  * to *emptied. */
 void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied);

@@ -58,7 +58,7 @@ int pins_may_grow(struct server *s, struct seq *q, uint64_t need, char *why, siz
 	return refuse_over(s, q, need, why, n);
 }
 
-void pins_grown(struct seq *q) {
+void pins_recharge(struct seq *q) {
 	uint64_t bytes;
 
 	if (q->pins == 0)

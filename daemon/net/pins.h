@@ -30,7 +30,7 @@ int pins_take(struct server *s, struct seq *q, char *why, size_t n);
 void pins_release(struct seq *q);
 /* Before a grow of need bytes of pinned q: -EDQUOT past the bound, with why (counted). */
 int pins_may_grow(struct server *s, struct seq *q, uint64_t need, char *why, size_t n);
-/* After a grow of pinned q: charges what it grew by. */
-void pins_grown(struct seq *q);
+/* After a grow or a truncate of pinned q: charges what it holds now. */
+void pins_recharge(struct seq *q);
 /* Once per tick: reports pins past pin-report, disconnects holders past pin-timeout. */
 void pins_tick(struct server *s, uint64_t now);

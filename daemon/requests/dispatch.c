@@ -116,6 +116,7 @@ static const struct request_type request_types[] = {
 	REQUEST(DISCONNECT, handle_disconnect, 0, DISCONNECT),
 	REQUEST(PLAN, handle_plan, 0, PLAN),
 	REQUEST(SEQ_RECALL, handle_seq_recall, REQUEST_NEEDS_TENANT, SEQ_RECALL),
+	REQUEST(SEQ_TRUNCATE, handle_seq_truncate, REQUEST_NEEDS_TENANT, SEQ_TRUNCATE),
 #undef REQUEST
 };
 

@@ -28,6 +28,7 @@
 #include "mover.h"
 #include "observe.h"
 #include "pins.h"
+#include "recall.h"
 #include "pool.h"
 #include "registry.h"
 #include "requests.h"
@@ -473,7 +474,7 @@ void step_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t
 		reply_step(c, ring, id, r, why);
 		return;
 	}
-	pins_grown(q);
+	pins_recharge(q);
 	if (since_us)
 		metrics_observe_grant_wait(&s->metrics, now_us() - since_us);
 	grow_answer(c, id, ring, q, &g);
@@ -622,6 +623,54 @@ static int seq_digest_copied(struct seq *q, struct pool *p, uint64_t *ret_digest
 	dc.buf = buf;
 	r = layout_digest(q->desc, q->desc, digest_copy_block, &dc, ret_digest, ret_bytes);
 	return dc.error < 0 ? dc.error : r;
+}
+
+void handle_seq_truncate(struct conn *c, uint64_t id, const Envelope *request,
+                         int request_fd _unused_) {
+	const Kvd__V1__SeqTruncate *req = request->seq_truncate;
+	struct server *s = c->srv;
+	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
+	struct seq *q = req->has_seq_id ? conn_seq(c, req->seq_id) : NULL;
+	int r;
+
+	if (!q) {
+		envelope_reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		return;
+	}
+	if (!req->has_tokens || req->tokens == 0 || req->tokens > q->desc->next_position) {
+		envelope_reply_error(c, id, -EINVAL, "tokens must be 1..%u, the positions the "
+		                     "sequence has", q->desc->next_position);
+		return;
+	}
+	/* Its blocks are the tier's or the mover's now, or a recall's round holds its kept
+	 * tokens: a pin brings it back, and the round ends. */
+	if (q->tiered || q->move || q->recalling) {
+		envelope_reply_error(c, id, -EBUSY, "the sequence is %s; pin it first",
+		                     q->recalling ? "being recalled into" : "in its host tier");
+		return;
+	}
+	/* The blocks go back to the pool: not while the engine's kernels may still write
+	 * them. */
+	if (!evict_engine_done(s, q)) {
+		envelope_reply_error(c, id, -EAGAIN, "the engine's event of its last unpin has not completed");
+		return;
+	}
+	r = seq_truncate(q, s->pool, req->tokens, &emptied);
+	if (r < 0) {
+		envelope_reply_error(c, id, r, "cannot truncate: %s", strerror(-r));
+		return;
+	}
+	/* A plan made while it was pinned no longer fits (seq_truncate moved the epoch on). */
+	q->pending = evict_plan_drop(s->evictor, q->pending);
+	recall_truncate(q->kept, q->desc->next_position);
+	pins_recharge(q);
+	q->used_ms = now_ms();
+	s->truncates++;
+	s->truncated_tokens += req->tokens;
+	/* Chunks left empty are asked back with events, which libkvd answers while it waits
+	 * for the reply. */
+	unmap_reclaim(s, &emptied, NULL, NULL);
+	envelope_reply(c, id, NULL, NULL, 0);
 }
 
 void handle_seq_digest(struct conn *c, uint64_t id, const Envelope *request,

@@ -133,6 +133,7 @@ struct server {
 	uint64_t access_refused;      /* hellos and admin requests refused (access.h) */
 	uint64_t uid_connections_refused; /* connections over max-connections-per-uid */
 	uint64_t pins_overdue;        /* pins held past pin-report (pins.h) */
+	uint64_t truncates, truncated_tokens; /* SeqTruncates applied, positions dropped */
 	uint64_t pin_disconnects;     /* connections closed for a pin past pin-timeout */
 	uint64_t refused[_LIMIT_MAX];     /* refusals at each limit */
 	uint64_t unmap_scan_ms;       /* the tick that last counted struct conn's unmap_late */

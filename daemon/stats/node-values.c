@@ -38,6 +38,8 @@ READER(access_refused, s->access_refused)
 READER(uid_connections_refused, s->uid_connections_refused)
 READER(pins_overdue, s->pins_overdue)
 READER(pin_disconnects, s->pin_disconnects)
+READER(truncates, s->truncates)
+READER(truncated_tokens, s->truncated_tokens)
 READER(rounds_total, evict_rounds_total(s->evictor))
 READER(last_round_us, evict_last_round_us(s->evictor))
 READER(rounds_failed, evict_rounds_failed(s->evictor))
@@ -137,6 +139,10 @@ const struct node_value node_values[] = {
 	  "Sequences held pinned past pin-report (each pin reported once).", read_pins_overdue },
 	{ "pin_disconnects", "kvd_pin_disconnects_total", COUNTER,
 	  "Connections disconnected for holding a pin past pin-timeout.", read_pin_disconnects },
+	{ "truncates", "kvd_truncates_total", COUNTER,
+	  "SeqTruncates applied: sequences rolled back by engines.", read_truncates },
+	{ "truncated_tokens", "kvd_truncated_tokens_total", COUNTER,
+	  "Token positions SeqTruncates dropped.", read_truncated_tokens },
 	{ "unmap_timeouts", "kvd_unmap_timeouts_total", COUNTER,
 	  "Connections that did not unmap a chunk the daemon took back within unmap-timeout.",
 	  read_unmap_timeouts },

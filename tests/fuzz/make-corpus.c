@@ -181,6 +181,18 @@ static void seq_recall(uint64_t id, uint64_t seq) {
 	FINISH();
 }
 
+static void seq_truncate(uint64_t id, uint64_t seq, uint32_t tokens) {
+	Kvd__V1__SeqTruncate m = KVD__V1__SEQ_TRUNCATE__INIT;
+	ENVELOPE(id);
+
+	m.has_seq_id = m.has_tokens = true;
+	m.seq_id = seq;
+	m.tokens = tokens;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_TRUNCATE;
+	env.seq_truncate = &m;
+	FINISH();
+}
+
 static void chunks_unmapped(uint64_t id, uint32_t first, uint32_t n) {
 	Kvd__V1__ChunksUnmapped m = KVD__V1__CHUNKS_UNMAPPED__INIT;
 	uint32_t ids[16];
@@ -702,6 +714,8 @@ static void sequences(void) {
 	seq_digest(6, 1);
 	req(0);
 	seq_recall(6, 1);
+	req(0);
+	seq_truncate(6, 1, 100);
 	req(0);
 	status(7);
 	req(0);

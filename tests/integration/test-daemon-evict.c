@@ -769,6 +769,57 @@ TEST(round_races_unpin) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* The engine rolls back while the round scores its sequence: the round's plan no longer
+ * fits and is dropped, the truncate stands, and what is left is intact. Then again with
+ * the plan waiting for an unpin: the truncate drops it. */
+TEST(round_races_truncate) {
+	struct last_round lr;
+	struct fixture f;
+	struct eng a;
+	char gate[64];
+	pid_t pid;
+	int fd;
+
+	TEST_NEEDS_HOOKS();
+	gate_make(&f, gate, sizeof(gate));
+	eng_start(&f, &a, "drafter", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 12);
+	eng_grow(&a, 2048, 512);
+	pid = evict_async(&f, "drafter", 128u << 10);
+	fd = fixture_gate_wait(gate);
+	ASSERT_OK(kvd_seq_truncate(a.s[0], 100));
+	fixture_gate_release(fd);
+	ASSERT_EQ(wait_exit(pid), 0);
+	ASSERT_EQ(fixture_status(&f, "drafter", "evicted_tokens"), 0u);
+	last_round(&f, &lr);
+	ASSERT_TRUE(lr.planned > 0);
+	ASSERT_EQ(lr.dropped, lr.planned);
+	ASSERT_EQ(kvd_seq_descriptor(a.s[0])->next_position, 1948u);
+	for (uint32_t l = 0; l < LAYERS; l++)
+		ASSERT_EQ(kvd_seq_tokens(a.s[0], l, 0), 1948);
+	eng_check(&a);
+
+	/* Pinned when the round ends: its plan waits for the unpin, and the truncate in
+	 * between drops it. */
+	pid = evict_async(&f, "drafter", 128u << 10);
+	fd = fixture_gate_wait(gate);
+	ASSERT_OK(kvd_seq_pin(a.s[0]));
+	fixture_gate_release(fd);
+	ASSERT_EQ(wait_exit(pid), 0);
+	last_round(&f, &lr);
+	ASSERT_TRUE(lr.waiting > 0);
+	ASSERT_OK(kvd_seq_truncate(a.s[0], 48));
+	ASSERT_OK(kvd_seq_unpin(a.s[0]));
+	ASSERT_EQ(fixture_status(&f, "drafter", "evicted_tokens"), 0u);
+	for (uint32_t l = 0; l < LAYERS; l++)
+		ASSERT_EQ(kvd_seq_tokens(a.s[0], l, 0), 1900);
+	eng_check(&a);
+	ASSERT_EQ(fixture_status(&f, NULL, "truncates"), 2u);
+	ASSERT_EQ(fixture_status(&f, NULL, "truncated_tokens"), 148u);
+	eng_stop(&a);
+	unlink(gate);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* A dry run asked for while a round runs is planned after it, on what it left: not on use
  * as it was when asked. */
 TEST(plan_waits_for_the_running_round) {

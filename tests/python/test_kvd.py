@@ -124,6 +124,34 @@ class BindingTest(DaemonTest):
         s2.release()
 
     @cpu_memory
+    def test_truncate_rolls_back(self):
+        s = self.client.open(self.model, 1024)
+        s.grow(40)
+        blk = np.asarray(s.block(0, 1)).view(np.uint8)
+        blk[:] = 9
+        # Not while a view of the sequence lives: its blocks may go back to the pool.
+        with self.assertRaises(BufferError):
+            s.truncate(10)
+        del blk
+        gen = s.generation
+        s.truncate(10)
+        self.assertNotEqual(s.generation, gen)
+        blocks, positions, _ = s.block_table(0)
+        self.assertEqual(list(np.asarray(positions)), list(range(30)))
+        self.assertEqual(len(np.asarray(blocks)), 2)
+        del blocks, positions
+        blk = np.asarray(s.block(0, 1)).view(np.uint8)
+        self.assertTrue((blk == 9).all())
+        del blk
+        s.grow(3)
+        blocks, positions, _ = s.block_table(1)
+        self.assertEqual(list(np.asarray(positions)), list(range(33)))
+        del blocks, positions
+        with self.assertRaises(kvd.KvdError) as e:
+            s.truncate(34)
+        self.assertEqual(e.exception.errno, errno.EINVAL)
+        s.release()
+
     def test_views_keep_their_client(self):
         # Closing or reconnecting unmaps every chunk: a live view of a sequence's K/V (not
         # only of the block range) refuses both, and the view stays readable.

@@ -85,7 +85,7 @@ extern "C" {
 /* The library's version this header belongs to (libkvd.so.MAJOR.MINOR; symbols versioned
  * KVD_MAJOR.MINOR in libkvd.sym): a program may test for a function with it. */
 #define KVD_VERSION_MAJOR 1
-#define KVD_VERSION_MINOR 8
+#define KVD_VERSION_MINOR 9
 
 #if defined(__GNUC__)
 #define KVD_EXPORT __attribute__((visibility("default")))
@@ -447,6 +447,23 @@ KVD_EXPORT int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kv
  * -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_seq_grow(kvd_seq *s, uint32_t n);
+
+/*
+ * Drops the last n positions of the sequence: what a speculative decoder does with the draft
+ * tokens it rejected. Every table keeps its slots of the positions before
+ * next_position - n (a table that lost some of those to eviction keeps fewer), the blocks
+ * left without a slot go back to the pool, and the next grow gives positions from
+ * next_position - n on. The tables change in one generation step; a truncate of a pinned
+ * sequence is the caller's own change and keeps its pin. A round scored before the
+ * truncate leaves the sequence as it is (docs/engines.md, "Rollback"); kept tokens of the
+ * dropped positions are forgotten. Blocks until the daemon applied it.
+ * Returns 0, or -EINVAL (n is 0 or more than next_position), -EBUSY (s is moved out of the
+ * pool or being recalled into: pin it first), -EAGAIN (the event of its last
+ * kvd_seq_unpin_after has not completed), -EOPNOTSUPP (a daemon older than KVD_1.9),
+ * -ENOENT, -ECONNRESET, -ECHILD, -ESTALE.
+ * Since KVD_1.9.
+ */
+KVD_EXPORT int kvd_seq_truncate(kvd_seq *s, uint32_t n);
 
 /*
  * Releases the sequence: its blocks go back to the daemon, chunks that became empty are

@@ -1182,6 +1182,25 @@ static PyObject *seq_grow(PyObject *self, PyObject *args) {
 	return seq_result(so, r);
 }
 
+static PyObject *seq_truncate(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	unsigned int n;
+	int r;
+
+	if (!s || !PyArg_ParseTuple(args, "I", &n))
+		return NULL;
+	/* The dropped slots' blocks go back to the pool, and their chunks may be unmapped. */
+	if (so->views > 0) {
+		PyErr_Format(PyExc_BufferError,
+		             "%zd views of this sequence are alive: drop them (and the arrays and "
+		             "tensors made from them) first", so->views);
+		return NULL;
+	}
+	SEQ_CALL(so, r, kvd_seq_truncate(s, n));
+	return seq_result(so, r);
+}
+
 static PyObject *seq_pin(PyObject *self, PyObject *unused) {
 	SeqObject *so = (SeqObject *)self;
 	kvd_seq *s = seq_open(so);
@@ -1644,6 +1663,9 @@ static PyMethodDef seq_methods[] = {
 	{ "grow", seq_grow, METH_VARARGS,
 	  "grow(n)\n--\n\nAppends n token slots to every table (kvd_seq_grow); may wait for an "
 	  "eviction round, without the GIL." },
+	{ "truncate", seq_truncate, METH_VARARGS,
+	  "truncate(n)\n--\n\nDrops the last n positions (kvd_seq_truncate): a speculative "
+	  "decoder's rejected drafts. BufferError while views of the sequence live." },
 	{ "pin", seq_pin, METH_NOARGS,
 	  "pin()\n--\n\nKeeps rounds off the sequence (nested); returns what it found "
 	  "(kvd_seq_pin_recall): RECALL_NONE, RECALL_HOST or RECALL_FILE (brought back from the "
