@@ -165,6 +165,24 @@ class PagedTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             paged.PagedKV(self.client, m, kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_tokens=BT,
                           dtype=kvd.DTYPE_F16, layout=kvd.LAYOUT_PER_HEAD)
+        # A shape other than the registered one would put the V view at the wrong offset:
+        # refused, naming both.
+        m = self.client.register_model(LAYERS, Q_HEADS, 2, 64, kvd.DTYPE_F16, 16)
+        for wrong in ({"kv_heads": 1}, {"head_dim": 32}, {"block_tokens": 8},
+                      {"dtype": kvd.DTYPE_F32}):
+            with self.assertRaises(ValueError) as e:
+                paged.PagedKV(self.client, m, **wrong)
+            self.assertIn("kv_heads=2, head_dim=64, block_tokens=16", str(e.exception))
+            self.assertIn(f"{next(iter(wrong))}={next(iter(wrong.values()))}", str(e.exception))
+        # Nothing named: the registered shape.
+        cache = paged.PagedKV(self.client, m)
+        k, _ = cache.cache("HND")
+        self.assertEqual(tuple(k.shape[1:]), (2, 16, 64))
+        self.assertEqual(k.dtype, torch.float16)
+        cache.close()
+        del k
+        with self.assertRaises(ValueError):
+            paged.PagedKV(self.client, 999)
         m, cache = self.model()
         with self.assertRaises(BufferError):
             self.client.close()            # the cache holds the range

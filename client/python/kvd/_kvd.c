@@ -114,7 +114,7 @@ struct ClientObject {
 	Py_ssize_t views;   /* live Views of its memory: its block range, its sequences' */
 	int memory;         /* KVD_MEMORY_* */
 	int device;         /* CUDA ordinal, -1 on host */
-	PyObject *models;   /* model id -> (q_heads, window, head_dim), for the shapes of views
+	PyObject *models;   /* model id -> its shape (struct py_model, as a tuple), for the shapes of views
 	                     * and the size of W_o */
 };
 
@@ -449,6 +449,28 @@ static PyObject *client_exit(PyObject *self, PyObject *args) {
 		Py_END_ALLOW_THREADS   \
 	} while (0)
 
+/* A registered model's shape, as the client's models dict keeps it. */
+struct py_model {
+	unsigned int q_heads, window, head_dim, layers, kv_heads, dtype, block_tokens, layout;
+};
+
+/* The shape of model as registered through co; -1 with ValueError when it was not. */
+static int model_get(ClientObject *co, int model, struct py_model *ret) {
+	PyObject *key = PyLong_FromLong(model), *v;
+
+	v = key ? PyDict_GetItemWithError(co->models, key) : NULL;
+	Py_XDECREF(key);
+	if (!v) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_ValueError, "model %d was not registered through this client",
+			             model);
+		return -1;
+	}
+	return PyArg_ParseTuple(v, "IIIIIIII", &ret->q_heads, &ret->window, &ret->head_dim,
+	                        &ret->layers, &ret->kv_heads, &ret->dtype, &ret->block_tokens,
+	                        &ret->layout) ? 0 : -1;
+}
+
 static PyObject *client_register_model(PyObject *self, PyObject *args, PyObject *kwds) {
 	static char *kwlist[] = { "layers", "q_heads", "kv_heads", "head_dim", "dtype",
 	                          "block_tokens", "layout", "name", "unit", "window", "sinks",
@@ -474,8 +496,10 @@ static PyObject *client_register_model(PyObject *self, PyObject *args, PyObject 
 	if (r < 0)
 		return raise_kvd(c, r);
 	{
-		PyObject *key = PyLong_FromLong(r), *value = Py_BuildValue("(III)", p.spec.q_heads,
-		        p.eviction.window ? p.eviction.window : KVD_WINDOW_DEFAULT, p.spec.head_dim);
+		PyObject *key = PyLong_FromLong(r), *value = Py_BuildValue("(IIIIIIII)", p.spec.q_heads,
+		        p.eviction.window ? p.eviction.window : KVD_WINDOW_DEFAULT, p.spec.head_dim,
+		        p.spec.layers, p.spec.kv_heads, p.spec.dtype, p.spec.block_tokens,
+		        p.spec.layout);
 		int k = key && value ? PyDict_SetItem(((ClientObject *)self)->models, key, value) : -1;
 
 		Py_XDECREF(key);
@@ -486,11 +510,23 @@ static PyObject *client_register_model(PyObject *self, PyObject *args, PyObject 
 	return PyLong_FromLong(r);
 }
 
+static PyObject *client_model_spec(PyObject *self, PyObject *args) {
+	struct py_model m;
+	int model;
+
+	if (!client_open((ClientObject *)self) || !PyArg_ParseTuple(args, "i", &model) ||
+	    model_get((ClientObject *)self, model, &m) < 0)
+		return NULL;
+	return Py_BuildValue("{sIsIsIsIsIsIsIsI}", "layers", m.layers, "q_heads", m.q_heads,
+	                     "kv_heads", m.kv_heads, "head_dim", m.head_dim, "dtype", m.dtype,
+	                     "block_tokens", m.block_tokens, "layout", m.layout, "window", m.window);
+}
+
 static PyObject *client_output_proj(PyObject *self, PyObject *args) {
 	ClientObject *co = (ClientObject *)self;
 	kvd_client *c = client_open(co);
-	unsigned int layer, dtype, hidden, q_heads, window, head_dim;
-	PyObject *key, *shape_of;
+	unsigned int layer, dtype, hidden;
+	struct py_model m;
 	Py_buffer b;
 	size_t elem;
 	int model, r;
@@ -500,17 +536,14 @@ static PyObject *client_output_proj(PyObject *self, PyObject *args) {
 	if (!PyArg_ParseTuple(args, "iIIIy*", &model, &layer, &dtype, &hidden, &b))
 		return NULL;
 	/* libkvd reads hidden * q_heads * head_dim elements: the buffer must hold them. */
-	key = PyLong_FromLong(model);
-	shape_of = key ? PyDict_GetItemWithError(co->models, key) : NULL;
-	Py_XDECREF(key);
 	elem = dtype == KVD_DTYPE_F32 ? 4 : dtype == KVD_DTYPE_F16 || dtype == KVD_DTYPE_BF16 ? 2 : 0;
-	if (!shape_of || !PyArg_ParseTuple(shape_of, "III", &q_heads, &window, &head_dim) ||
-	    elem == 0 || (size_t)b.len != (size_t)hidden * q_heads * head_dim * elem) {
+	if (model_get(co, model, &m) < 0 || elem == 0 ||
+	    (size_t)b.len != (size_t)hidden * m.q_heads * m.head_dim * elem) {
 		PyBuffer_Release(&b);
 		if (!PyErr_Occurred())
-			PyErr_SetString(PyExc_ValueError, shape_of && elem ?
+			PyErr_SetString(PyExc_ValueError, elem ?
 			                "wo must hold hidden x q_heads * head_dim elements of dtype" :
-			                "unknown model (registered through another client?) or dtype");
+			                "unknown dtype");
 		return NULL;
 	}
 	CALL_NOGIL(r, kvd_model_output_proj(c, model, layer, dtype, hidden, b.buf));
@@ -1027,6 +1060,10 @@ static PyMethodDef client_methods[] = {
 	  "layout=LAYOUT_PER_LAYER, *, name=None, unit=UNIT_NONE, window=0, sinks=4, "
 	  "compensation=COMPENSATION_NONE, index_heads=0, index_dim=0)\n--\n\n"
 	  "Registers a model (kvd_model_register_params) and returns its id." },
+	{ "model_spec", client_model_spec, METH_VARARGS,
+	  "model_spec(model)\n--\n\nThe shape a model was registered with through this client: "
+	  "a dict of layers, q_heads, kv_heads, head_dim, dtype, block_tokens, layout and window "
+	  "(the default applied). ValueError for a model it did not register." },
 	{ "output_proj", client_output_proj, METH_VARARGS,
 	  "output_proj(model, layer, dtype, hidden, wo)\n--\n\n"
 	  "Gives the daemon layer's W_o (a buffer of hidden x q_heads*head_dim elements)." },
@@ -1527,8 +1564,8 @@ static PyObject *seq_window(PyObject *self, PyObject *args, bool index) {
 	SeqObject *so = (SeqObject *)self;
 	kvd_seq *s = seq_open(so);
 	const struct kvd_seq_desc *h;
-	PyObject *key, *shape_of;
-	unsigned int layer, q_heads, window, head_dim;
+	struct py_model m;
+	unsigned int layer;
 	Py_ssize_t shape[3];
 	ViewObject *v;
 	void *q;
@@ -1539,24 +1576,16 @@ static PyObject *seq_window(PyObject *self, PyObject *args, bool index) {
 	r = index ? kvd_seq_index_observation(s, layer, &q) : kvd_seq_observation(s, layer, &q);
 	if (r < 0)
 		return raise_kvd(so->client->c, r);
-	key = PyLong_FromLong(so->model);
-	shape_of = key ? PyDict_GetItemWithError(so->client->models, key) : NULL;
-	Py_XDECREF(key);
-	if (!shape_of) {
-		if (!PyErr_Occurred())
-			PyErr_SetString(PyExc_ValueError, "the model was not registered through this client");
-		return NULL;
-	}
-	if (!PyArg_ParseTuple(shape_of, "III", &q_heads, &window, &head_dim))
+	if (model_get(so->client, so->model, &m) < 0)
 		return NULL;
 	h = kvd_seq_header(s);
 	if (index) {
-		shape[0] = window;
+		shape[0] = m.window;
 		shape[1] = h->index_heads;
 		shape[2] = h->index_dim;
 	} else {
-		shape[0] = q_heads;
-		shape[1] = window;
+		shape[0] = m.q_heads;
+		shape[1] = m.window;
 		shape[2] = h->head_dim;
 	}
 	/* The observation buffer is the sequence's own (host memory, never a chunk): the view

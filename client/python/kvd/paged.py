@@ -30,13 +30,25 @@ class PagedKV:
     Holds the range's View, so the client cannot close while this lives: call close()
     (or drop it) first. On a GPU pool the tensors are CUDA tensors."""
 
-    def __init__(self, client, model, *, kv_heads, head_dim, block_tokens, dtype,
-                 layout=LAYOUT_PER_LAYER):
-        if layout != LAYOUT_PER_LAYER:
+    def __init__(self, client, model, *, kv_heads=None, head_dim=None, block_tokens=None,
+                 dtype=None, layout=None):
+        # The shape is the model's, as registered: what the caller names must match it,
+        # or the views would land at the wrong offsets.
+        spec = client.model_spec(model)
+        asked = {"kv_heads": kv_heads, "head_dim": head_dim, "block_tokens": block_tokens,
+                 "dtype": dtype, "layout": layout}
+        wrong = {k: v for k, v in asked.items() if v is not None and v != spec[k]}
+        if wrong:
+            given = ", ".join(f"{k}={v}" for k, v in asked.items() if v is not None)
+            registered = ", ".join(f"{k}={spec[k]}" for k in asked)
+            raise ValueError(f"PagedKV({given}) does not match model {model} as registered "
+                             f"({registered})")
+        if spec["layout"] != LAYOUT_PER_LAYER:
             raise ValueError("paged caches need per_layer blocks (all kv heads in a block)")
-        if dtype not in _TORCH_DTYPES:
-            raise ValueError(f"unknown dtype {dtype}")
-        self.dtype = _TORCH_DTYPES[dtype]
+        if spec["dtype"] not in _TORCH_DTYPES:
+            raise ValueError(f"unknown dtype {spec['dtype']}")
+        kv_heads, head_dim, block_tokens = spec["kv_heads"], spec["head_dim"], spec["block_tokens"]
+        self.dtype = _TORCH_DTYPES[spec["dtype"]]
         self.kv_heads, self.head_dim, self.block_tokens = kv_heads, head_dim, block_tokens
         view, stride = client.block_pool(model)
         item = torch.finfo(self.dtype).bits // 8
