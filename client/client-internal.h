@@ -242,6 +242,7 @@ struct kvd_seq {
 	pid_t pid;
 	uint64_t epoch;     /* the client's connection it was opened on */
 	uint64_t id;
+	int model_id;       /* the model it was opened (or claimed) with */
 	const struct kvd_seq_desc *desc; /* the daemon's mapping: counts and arrays */
 	size_t desc_bytes;
 	/* Its header as checked at open, zero-extended past what the daemon wrote: the geometry

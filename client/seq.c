@@ -282,7 +282,9 @@ static void seq_give_back(kvd_client *c, uint64_t seq_id) {
 	(void)client_request_unwaited(c, &env);
 }
 
-static int do_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
+/* Opens a sequence of model_id, or (fork_of not 0) a fork of sequence fork_of. */
+static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t fork_of,
+                    kvd_seq **ret) {
 	Kvd__V1__SeqOpen req = KVD__V1__SEQ_OPEN__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	_cleanup_(seq_freep) kvd_seq *s = NULL;
@@ -302,11 +304,14 @@ static int do_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq
 	s->client = kvd_client_ref(c);
 	s->epoch = c->epoch;
 	s->pid = c->pid;
+	s->model_id = model_id;
 
 	req.has_model_id = true;
 	req.model_id = (uint32_t)model_id;
 	req.has_max_tokens = true;
 	req.max_tokens = max_tokens;
+	req.has_fork_of = fork_of != 0;
+	req.fork_of = fork_of;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN;
 	env.seq_open = &req;
 
@@ -346,8 +351,31 @@ static int do_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq
 	return 0;
 }
 
+static int do_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
+	return seq_open(c, model_id, max_tokens, 0, ret);
+}
+
 int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
 	return (int)call_result(client_key(c), do_seq_open(c, model_id, max_tokens, ret), __func__);
+}
+
+static int do_seq_fork(kvd_seq *s, kvd_seq **ret) {
+	if (!s || !ret)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
+	if (!(s->client->features & KVD_FEATURE_FORK))
+		return client_error(s->client, -EOPNOTSUPP, "kvd_seq_fork: the daemon cannot fork "
+		                    "(it predates KVD_1.9)");
+	return seq_open(s->client, s->model_id, s->hdr.max_tokens, s->id, ret);
+}
+
+int kvd_seq_fork(kvd_seq *s, kvd_seq **ret) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_fork(s, ret), __func__);
 }
 
 /* Whether every block of the descriptor lies in a chunk mapped here. */
@@ -426,6 +454,7 @@ static int do_seq_claim(kvd_seq *s, int model_id) {
 		s->hdr = fresh.hdr;
 		s->block_stride = fresh.block_stride;
 		s->epoch = c->epoch;
+		s->model_id = model_id;
 	} else if (claimed) {
 		if (fresh.desc)
 			munmap((void *)fresh.desc, fresh.desc_bytes);

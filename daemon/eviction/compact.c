@@ -263,7 +263,8 @@ static int chunk_cmp_fullest(const void *a, const void *b) {
 }
 
 /*
- * Walks the blocks of seqs that lie in chunks of t. Without owners, counts them per chunk
+ * Walks the blocks of seqs that lie in chunks of t, but for shared ones, which never move
+ * (a chunk holding one is never emptied here). Without owners, counts them per chunk
  * id into count[]. With owners, files each block of a source chunk (one with entries
  * start[id] to start[id + 1]) there, with count[] (zeroed by the caller) as the cursor.
  */
@@ -280,7 +281,7 @@ static void blocks_walk(struct pool *p, const struct tenant *t, struct seq *cons
 			for (uint32_t e = 0; e < nb; e++) {
 				const struct chunk *c = pool_chunk(p, blocks[e].chunk_id);
 
-				if (c->owner != t)
+				if (c->owner != t || pool_block_shared(p, blocks[e]))
 					continue;
 				if (owners) {
 					if (start[c->id] == start[c->id + 1])

@@ -237,7 +237,7 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 		uint64_t stamp = obs_stamp(sq->obs, l);
 
 		q->tokens[t] = layout_tokens(d)[t];
-		q->sink_slots[t] = slots_below(d, t, m->sinks);
+		q->sink_slots[t] = MAX(slots_below(d, t, m->sinks), seq_shared_slots(sq, s->pool, t));
 		q->window_end[t] = stamp ? slots_below(d, t, stamp) : 0;
 		q->block_off[t] = nb;
 		nb += DIV_ROUND_UP(q->tokens[t], m->block_tokens);

@@ -197,6 +197,7 @@ struct pool *pool_free(struct pool *p) {
 		if (c->mem.fd >= 0)
 			p->ops->chunk_destroy(&c->mem);
 		free(c->used);
+		free(c->shares);
 		free(c->holders);
 	}
 	for (uint32_t i = 0; i < p->n_kept; i++)
@@ -295,6 +296,8 @@ static int chunk_acquire(struct pool *p, struct tenant *t, uint32_t device, uint
 	n_blocks = p->chunk_bytes / stride;
 	words = DIV_ROUND_UP(n_blocks, 64);
 	free(c->used);
+	free(c->shares);
+	c->shares = NULL;
 	c->used = calloc(words, sizeof(uint64_t));
 	if (!c->used)
 		return -ENOMEM;
@@ -385,6 +388,11 @@ bool pool_block_free(struct pool *p, struct chunk *c, uint32_t index) {
 	struct tenant *t = c->owner;
 	uint32_t w = index / 64;
 
+	if (c->shares && c->shares[index] > 0) {
+		c->shares[index]--;
+		p->shared_bytes -= c->block_bytes;
+		return false;
+	}
 	c->used[w] &= ~(UINT64_C(1) << (index % 64));
 	c->hint = MIN(c->hint, w);
 	c->used_blocks--;
@@ -395,6 +403,27 @@ bool pool_block_free(struct pool *p, struct chunk *c, uint32_t index) {
 	if (!c->partial)
 		partial_add(t, c);
 	return false;
+}
+
+int pool_block_share(struct pool *p, struct kvd_block_ref ref) {
+	struct chunk *c = pool_chunk(p, ref.chunk_id);
+
+	if (!c->shares) {
+		c->shares = calloc(c->n_blocks, sizeof(*c->shares));
+		if (!c->shares)
+			return -ENOMEM;
+	}
+	if (c->shares[ref.index] == UINT16_MAX)
+		return -EMLINK;
+	c->shares[ref.index]++;
+	p->shared_bytes += c->block_bytes;
+	return 0;
+}
+
+bool pool_block_shared(const struct pool *p, struct kvd_block_ref ref) {
+	const struct chunk *c = &p->chunks[ref.chunk_id];
+
+	return c->shares && c->shares[ref.index] > 0;
 }
 
 uint32_t pool_chunk_reclaim(struct pool *p, struct chunk *c) {
@@ -500,14 +529,16 @@ int pool_block_alloc_in(struct pool *p, struct chunk *c, uint32_t *ret_index) {
 }
 
 void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint64_t block_bytes,
-                        uint64_t *used) {
+                        uint64_t *used, uint16_t *shares) {
 	uint64_t stride = ALIGN_TO(block_bytes, LAYOUT_BLOCK_ALIGN);
 	uint32_t n_blocks = p->chunk_bytes / stride, used_blocks = 0;
 
 	for (uint32_t w = 0; w < DIV_ROUND_UP(n_blocks, 64); w++)
 		used_blocks += __builtin_popcountll(used[w]);
 	free(c->used);
+	free(c->shares);
 	c->used = used;
+	c->shares = shares;
 	/* Still on the free lists: pool_restore_done() makes them anew. */
 	chunk_charge(p, c, t, CHUNK_OWNED);
 	c->last_owner = t;
@@ -518,6 +549,8 @@ void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint6
 	c->hint = 0;
 	p->block_bytes += (uint64_t)used_blocks * block_bytes;
 	t->block_bytes += (uint64_t)used_blocks * block_bytes;
+	for (uint32_t i = 0; shares && i < n_blocks; i++)
+		p->shared_bytes += (uint64_t)shares[i] * block_bytes;
 	c->next = c->prev = NULL;
 	c->partial = false;
 	if (used_blocks < n_blocks)

@@ -59,6 +59,9 @@ struct chunk {
 	uint64_t stride;              /* block_bytes rounded up to LAYOUT_BLOCK_ALIGN */
 	uint32_t n_blocks, used_blocks;
 	uint64_t *used;               /* bitmap of blocks in use */
+	/* Per block, the sequences past the first that hold it (a fork shares its parent's
+	 * full blocks): freed when the last lets go. NULL until one of its blocks is shared. */
+	uint16_t *shares;
 	uint32_t hint;                /* first bitmap word that may have a free block */
 	uint64_t *holders;            /* ids of the connections that have it mapped */
 	uint32_t n_holders, cap_holders;
@@ -97,6 +100,9 @@ struct pool {
 	uint32_t device_free[BACKEND_DEVICES_MAX]; /* chunks_free, per device */
 	uint32_t device_draining[BACKEND_DEVICES_MAX]; /* chunks_draining, per device */
 	uint64_t used_bytes, block_bytes;
+	/* Bytes of the holds of shared blocks past each block's first (pool_block_share()):
+	 * held without being taken again. */
+	uint64_t shared_bytes;
 	uint64_t grants_refused;
 	uint64_t grants;              /* chunks handed to a tenant from the free list */
 	uint64_t grants_own;          /* of which its own memory object, as it was */
@@ -164,9 +170,17 @@ int pool_set_budget(struct pool *p, uint64_t bytes);
 int pool_block_alloc(struct pool *p, struct tenant *t, uint32_t device, uint64_t block_bytes,
                      struct chunk **ret_chunk, uint32_t *ret_index);
 
-/* Frees a block. Returns true when it was the chunk's last one: the caller must then
- * reclaim the chunk with pool_chunk_reclaim(). */
+/* Frees a block, or one sequence's hold of a shared one. Returns true when it was the
+ * chunk's last block: the caller must then reclaim the chunk with pool_chunk_reclaim(). */
 bool pool_block_free(struct pool *p, struct chunk *c, uint32_t index);
+
+/* One more sequence holds block ref (in use): it is freed when the last one lets go, and
+ * counted once. Returns 0, -ENOMEM, or -EMLINK (UINT16_MAX holders already). */
+int pool_block_share(struct pool *p, struct kvd_block_ref ref);
+
+/* Whether more than one sequence holds block ref. Shared blocks are never written, moved
+ * or evicted: every sharer reads them as they were (docs/engines.md, "Fork"). */
+bool pool_block_shared(const struct pool *p, struct kvd_block_ref ref);
 
 /*
  * Starts giving back an empty chunk: with no holder it is FREE at once (returns 0);
@@ -207,12 +221,13 @@ int pool_block_alloc_in(struct pool *p, struct chunk *c, uint32_t *ret_index);
 /*
  * Restoring after a restart (keep.h): chunk c, FREE and with its memory already set, becomes
  * t's, carved for block_bytes, with the blocks whose bits are set in used (allocated, one
- * bit per block, taken over) in use, and charged as pool_block_alloc() would have. Unknown
+ * bit per block, taken over) in use, shared as shares says (NULL: none; taken over),
+ * and charged as pool_block_alloc() would have. Unknown
  * processes of t may still map it: its memory is t's, as any chunk's is its last owner's.
  * Once every chunk is restored, pool_restore_done() rebuilds the free list.
  */
 void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint64_t block_bytes,
-                        uint64_t *used);
+                        uint64_t *used, uint16_t *shares);
 void pool_restore_done(struct pool *p);
 
 /* Tries to make the memory of PINNED chunks again: each that gets it is FREE, and no

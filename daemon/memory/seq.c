@@ -107,6 +107,17 @@ static uint32_t table_grow_blocks(const struct kvd_seq_desc *d, uint32_t tokens,
 	                  DIV_ROUND_UP(tokens, d->block_tokens));
 }
 
+/* Whether table t's last block is partly filled and shared: a grow would write the next
+ * slots into another sequence's block, so it copies the block first (copy on write). Only
+ * a truncate into a fork's shared blocks leaves one so. */
+static bool table_cow(const struct seq *s, const struct pool *p, uint32_t t) {
+	const struct kvd_seq_desc *d = s->desc;
+	uint32_t tokens = layout_tokens(d)[t];
+
+	return tokens % d->block_tokens != 0 &&
+	       pool_block_shared(p, layout_blocks(d, t)[tokens / d->block_tokens]);
+}
+
 /* The compensation blocks come with the first grow, so that their chunks reach the client
  * the way every chunk does. */
 static uint32_t first_grow_moments(const struct kvd_seq_desc *d) {
@@ -124,12 +135,12 @@ int seq_grow_check(const struct seq *s, uint32_t n) {
 	return 0;
 }
 
-uint64_t seq_grow_bytes(const struct seq *s, uint32_t n) {
+uint64_t seq_grow_bytes(const struct seq *s, const struct pool *p, uint32_t n) {
 	const struct kvd_seq_desc *d = s->desc;
 	uint64_t blocks = 0;
 
 	for (uint32_t t = 0; t < d->n_tables; t++)
-		blocks += table_grow_blocks(d, layout_tokens(d)[t], n);
+		blocks += table_grow_blocks(d, layout_tokens(d)[t], n) + table_cow(s, p, t);
 	return blocks * s->model->block_bytes + (uint64_t)first_grow_moments(d) * d->moments_bytes;
 }
 
@@ -200,6 +211,7 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 	struct kvd_seq_desc *d = s->desc;
 	uint32_t bt = d->block_tokens;
 	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
+	_cleanup_(freep) bool *cow = NULL;
 	/* The compensation blocks are the first `moments` of refs. */
 	uint32_t moments = first_grow_moments(d);
 	uint64_t total = moments, done;
@@ -212,9 +224,10 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 	if (r < 0)
 		return r;
 	/* After an eviction the tables may hold different numbers of tokens: each grows from
-	 * its own count, so each may need a different number of blocks. */
+	 * its own count, so each may need a different number of blocks, and one more for a
+	 * shared last block it copies. */
 	for (uint32_t t = 0; t < d->n_tables; t++)
-		total += table_grow_blocks(d, desc_tokens(d)[t], n);
+		total += table_grow_blocks(d, desc_tokens(d)[t], n) + table_cow(s, p, t);
 	if (total > 0) {
 		refs = malloc(total * sizeof(*refs));
 		if (!refs)
@@ -240,6 +253,24 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 			return r;
 		}
 	}
+	/* The copies of shared last blocks, each the first block a table takes. */
+	cow = calloc(d->n_tables, sizeof(*cow));
+	r = cow ? 0 : -ENOMEM;
+	done = moments;
+	for (uint32_t t = 0; r == 0 && t < d->n_tables; t++) {
+		uint32_t tokens = desc_tokens(d)[t];
+
+		cow[t] = table_cow(s, p, t);
+		if (cow[t])
+			r = p->ops->copy(s->device, pool_block_addr(p, refs[done]),
+			                 pool_block_addr(p, desc_blocks(d, t)[tokens / bt]),
+			                 s->model->block_bytes);
+		done += cow[t] + table_grow_blocks(d, tokens, n);
+	}
+	if (r < 0) {
+		seq_alloc_undo(p, conn_id, refs, total, &g, emptied);
+		return r;
+	}
 	grants->n = g.n;
 
 	desc_write_begin(d);
@@ -253,6 +284,13 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		uint32_t old_blocks = DIV_ROUND_UP(tokens, bt);
 		uint32_t per = table_grow_blocks(d, tokens, n);
 
+		if (cow[t]) {
+			struct kvd_block_ref *last = &desc_blocks(d, t)[old_blocks - 1];
+
+			/* Lets go of the shared block (never its last holder: nothing empties). */
+			pool_block_free(p, pool_chunk(p, last->chunk_id), last->index);
+			*last = refs[done++];
+		}
 		/* A grow that stays inside the last blocks takes none, and refs may be NULL. */
 		if (per > 0)
 			memcpy(desc_blocks(d, t) + old_blocks, refs + done, per * sizeof(*refs));
@@ -262,6 +300,82 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		desc_tokens(d)[t] = tokens + n;
 	}
 	d->next_position += n;
+	desc_write_end(d);
+	return 0;
+}
+
+int seq_fork(struct seq *s, const struct seq *parent, struct pool *p, uint64_t conn_id,
+             struct seq_grants *grants, struct seq_emptied *emptied) {
+	struct kvd_seq_desc *d = s->desc;
+	const struct kvd_seq_desc *pd = parent->desc;
+	const struct kvd_block_ref *pm = (const void *)((const char *)pd + pd->moments_offset);
+	uint32_t bt = d->block_tokens, moments = pd->moments_blocks, shared = 0;
+	struct seq_granted g = { .chunks = grants->chunks, .max = ELEMENTSOF(grants->chunks) };
+	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
+	uint64_t total = moments, done;
+	int r = 0;
+
+	grants->n = 0;
+	grants->short_bytes = 0;
+	if (s->model != parent->model)
+		return -EINVAL;
+	for (uint32_t t = 0; t < d->n_tables; t++) {
+		if (layout_tokens(pd)[t] > d->max_tokens)
+			return -EFBIG;
+		total += layout_tokens(pd)[t] % bt != 0;
+	}
+	refs = malloc(MAX(total, 1u) * sizeof(*refs));
+	if (!refs)
+		return -ENOMEM;
+	/* The new blocks: copies of the moments and of each table's partly filled last block,
+	 * which both sequences' next grows write. */
+	r = seq_alloc_blocks(s, p, conn_id, moments, total, refs, &g, emptied);
+	grants->short_bytes = g.short_bytes;
+	if (r < 0)
+		return r;
+	for (uint32_t i = 0; r == 0 && i < moments; i++)
+		r = p->ops->copy(s->device, pool_block_addr(p, refs[i]),
+		                 pool_block_addr(p, pm[i]), d->moments_bytes);
+	done = moments;
+	for (uint32_t t = 0; r == 0 && t < d->n_tables; t++) {
+		uint32_t tokens = layout_tokens(pd)[t];
+
+		if (tokens % bt != 0)
+			r = p->ops->copy(s->device, pool_block_addr(p, refs[done++]),
+			                 pool_block_addr(p, layout_blocks(pd, t)[tokens / bt]),
+			                 s->model->block_bytes);
+	}
+	/* The full blocks are shared: held by both, written by neither. */
+	for (uint32_t t = 0; r == 0 && t < d->n_tables; t++)
+		for (uint32_t b = 0; r == 0 && b < layout_tokens(pd)[t] / bt; b++, shared++)
+			r = pool_block_share(p, layout_blocks(pd, t)[b]);
+	if (r < 0) {
+		/* Gives back the holds taken, table by table in the same order. */
+		for (uint32_t t = 0; shared > 0 && t < d->n_tables; t++)
+			for (uint32_t b = 0; shared > 0 && b < layout_tokens(pd)[t] / bt; b++, shared--) {
+				struct kvd_block_ref ref = layout_blocks(pd, t)[b];
+
+				pool_block_free(p, pool_chunk(p, ref.chunk_id), ref.index);
+			}
+		seq_alloc_undo(p, conn_id, refs, total, &g, emptied);
+		return r;
+	}
+	grants->n = g.n;
+
+	desc_write_begin(d);
+	memcpy(desc_moments(d), refs, moments * sizeof(*refs));
+	d->moments_blocks = moments;
+	done = moments;
+	for (uint32_t t = 0; t < d->n_tables; t++) {
+		uint32_t tokens = layout_tokens(pd)[t], full = tokens / bt;
+
+		memcpy(desc_blocks(d, t), layout_blocks(pd, t), full * sizeof(*refs));
+		if (tokens % bt != 0)
+			desc_blocks(d, t)[full] = refs[done++];
+		memcpy(desc_positions(d, t), layout_positions(pd, t), tokens * sizeof(uint32_t));
+		desc_tokens(d)[t] = tokens;
+	}
+	d->next_position = pd->next_position;
 	desc_write_end(d);
 	return 0;
 }
@@ -321,6 +435,24 @@ static const void *daemon_block_addr(void *userdata, struct kvd_block_ref ref) {
 
 int seq_digest(const struct seq *s, struct pool *p, uint64_t *ret_digest, uint64_t *ret_bytes) {
 	return layout_digest(s->desc, s->desc, daemon_block_addr, p, ret_digest, ret_bytes);
+}
+
+uint32_t seq_shared_slots(const struct seq *s, const struct pool *p, uint32_t t) {
+	const struct kvd_seq_desc *d = s->desc;
+	const struct kvd_block_ref *blocks = layout_blocks(d, t);
+	uint32_t tokens = layout_tokens(d)[t];
+
+	for (uint32_t b = DIV_ROUND_UP(tokens, d->block_tokens); b > 0; b--)
+		if (pool_block_shared(p, blocks[b - 1]))
+			return MIN(b * d->block_tokens, tokens);
+	return 0;
+}
+
+bool seq_shares(const struct seq *s, const struct pool *p) {
+	for (uint32_t t = 0; t < s->desc->n_tables; t++)
+		if (seq_shared_slots(s, p, t) > 0)
+			return true;
+	return false;
 }
 
 uint64_t seq_resident_bytes(const struct seq *s) {

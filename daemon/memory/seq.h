@@ -134,9 +134,23 @@ void seq_blocks_free(struct pool *p, const struct kvd_block_ref *refs, uint64_t 
 
 /* Bytes of the new blocks a grow by n would take (with the moments blocks of a first
  * grow): 0 when its tokens fit in the blocks the tables hold. n must not pass max_tokens. */
-uint64_t seq_grow_bytes(const struct seq *s, uint32_t n);
+uint64_t seq_grow_bytes(const struct seq *s, const struct pool *p, uint32_t n);
 /* Whether s may grow by n tokens: 0, -EINVAL (n is 0) or -EFBIG (past max_tokens). */
 int seq_grow_check(const struct seq *s, uint32_t n);
+
+/*
+ * Makes s, new and empty (seq_new() with parent's model), a fork of parent: every full
+ * block of parent's tables is shared (pool_block_share(): counted once, written and moved
+ * by neither, freed by the last to let go), each partly filled last block and the moments
+ * blocks are copied into new blocks (chunks that conn_id does not hold yet are listed in
+ * *grants and conn_id is made their holder), positions and next_position are parent's.
+ * All or nothing. Returns 0, or -EINVAL (another model), -EFBIG (a table of parent holds
+ * more than s's max_tokens), -E2BIG, -ENOSPC, -EDQUOT (grants->short_bytes), -ENOMEM,
+ * -EMLINK (a block is shared by too many), the backend's copy error; on failure the chunks
+ * the attempt emptied are in *emptied.
+ */
+int seq_fork(struct seq *s, const struct seq *parent, struct pool *p, uint64_t conn_id,
+             struct seq_grants *grants, struct seq_emptied *emptied);
 
 /*
  * Drops the last n positions of s: each table keeps its slots of positions below
@@ -149,6 +163,14 @@ int seq_truncate(struct seq *s, struct pool *p, uint32_t n, struct seq_emptied *
 /* Frees every block of the sequence and the sequence itself; chunks left empty are added
  * to *emptied. */
 void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied);
+
+/* Slots of table t up to the end of its last shared block (pool_block_shared()): what no
+ * round may evict nor move, since another sequence reads those blocks too. */
+uint32_t seq_shared_slots(const struct seq *s, const struct pool *p, uint32_t t);
+
+/* Whether s holds a block another sequence holds too: such a sequence is never moved to a
+ * tier (a move frees nothing the sharers hold, and the recall would copy the shared part). */
+bool seq_shares(const struct seq *s, const struct pool *p);
 
 /* Bytes of the blocks that hold the sequence's resident tokens (and its moments). */
 uint64_t seq_resident_bytes(const struct seq *s);

@@ -337,6 +337,7 @@ struct rchunk {
 	uint64_t block_bytes, stride;
 	uint32_t n_blocks;
 	uint64_t *used;
+	uint16_t *shares;             /* per block, sequences past the first (NULL: none) */
 };
 
 struct restore {
@@ -567,10 +568,21 @@ static int restore_seq(struct restore *rs, uint64_t id, struct tenant *t,
 				return inconsistent(rs, "chunk %u serves two tenants or block sizes",
 				                    refs[b].chunk_id);
 			}
+			/* Forks share their parent's blocks (pool_block_share()): a block one
+			 * tenant's sequences name again is shared, not inconsistent. */
 			if (rc->used[index / 64] & (UINT64_C(1) << (index % 64))) {
-				orphan_forget(q);
-				return inconsistent(rs, "block (%u, %u) is used twice", refs[b].chunk_id,
-				                    index);
+				if (!rc->shares)
+					rc->shares = calloc(rc->n_blocks, sizeof(*rc->shares));
+				if (!rc->shares) {
+					orphan_forget(q);
+					return -ENOMEM;
+				}
+				if (rc->shares[index] == UINT16_MAX) {
+					orphan_forget(q);
+					return inconsistent(rs, "block (%u, %u) is shared too often",
+					                    refs[b].chunk_id, index);
+				}
+				rc->shares[index]++;
 			}
 			rc->used[index / 64] |= UINT64_C(1) << (index % 64);
 		}
@@ -661,6 +673,7 @@ static void restore_undo(struct restore *rs) {
 		if (rs->chunks[i].mem.addr)
 			p->ops->chunk_destroy(&rs->chunks[i].mem);
 		free(rs->chunks[i].used);
+		free(rs->chunks[i].shares);
 		rs->chunks[i] = (struct rchunk){};
 	}
 	if (rs->j)
@@ -714,7 +727,8 @@ static void restore_commit(struct restore *rs) {
 		c->mem = rc->mem;
 		c->mem.fd = TAKE_FD(st->chunks[i]);
 		rc->mem = (struct backend_chunk){ .fd = -EBADF };
-		pool_chunk_restore(p, c, rc->owner, rc->block_bytes, TAKE_PTR(rc->used));
+		pool_chunk_restore(p, c, rc->owner, rc->block_bytes, TAKE_PTR(rc->used),
+		                   TAKE_PTR(rc->shares));
 		chunks++;
 	}
 	pool_restore_done(p);

@@ -56,12 +56,36 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 	struct server *s = c->srv;
 	Kvd__V1__SeqOpenReply rep = KVD__V1__SEQ_OPEN_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
-	struct seq *q;
+	struct seq *q, *parent = NULL;
+	struct seq_grants g = {};
 	int r;
 
 	if (!req->has_model_id || req->model_id < 1 || req->model_id > c->n_models) {
 		envelope_reply_error(c, id, -EINVAL, "unknown model");
 		return;
+	}
+	if (req->has_fork_of) {
+		parent = conn_seq(c, req->fork_of);
+		if (!parent) {
+			envelope_reply_error(c, id, -ENOENT, "no such sequence on this connection to fork");
+			return;
+		}
+		if (parent->model != &c->models[req->model_id - 1]) {
+			envelope_reply_error(c, id, -EINVAL, "a fork has its parent's model");
+			return;
+		}
+		/* Its blocks are the tier's or the mover's now, or a recall trades them. */
+		if (parent->tiered || parent->move || parent->recalling) {
+			envelope_reply_error(c, id, -EBUSY, "the sequence to fork is %s; pin it first",
+			                     parent->recalling ? "being recalled into" : "in its host tier");
+			return;
+		}
+		/* Its last blocks are copied: not while the engine's kernels may still write
+		 * them. */
+		if (!evict_engine_done(s, parent)) {
+			envelope_reply_error(c, id, -EAGAIN, "the engine's event of its last unpin has not completed");
+			return;
+		}
 	}
 	if (!req->has_max_tokens || req->max_tokens < 1 || req->max_tokens > s->limits.max_seq_tokens) {
 		if (req->has_max_tokens && req->max_tokens > s->limits.max_seq_tokens)
@@ -133,10 +157,34 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 		envelope_reply_error(c, id, r, "out of memory");
 		return;
 	}
+	if (parent) {
+		struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
+
+		r = seq_fork(q, parent, s->pool, c->id, &g, &emptied);
+		if (r < 0) {
+			conn_seq_remove(c, q);
+			seq_free(q, s->pool, &emptied);
+			unmap_reclaim(s, &emptied, NULL, NULL);
+			envelope_reply_error(c, id, r, "cannot fork sequence %llu: %s",
+			                     (unsigned long long)parent->id, strerror(-r));
+			return;
+		}
+		s->forks++;
+	}
 	s->next_seq_id++;
 	registry_seq_opened(s, q);
 	/* While the descriptor's fd is still open, for the fd store. */
 	keep_seq_opened(s->keep, q, s->next_seq_id);
+	if (g.n > 0) {
+		struct envelope_grants grants;
+
+		/* The fork's new chunks, ahead of the reply (as a claim's). */
+		envelope_grants(&grants, s->pool, c->device, g.chunks, g.n);
+		envelope_event_grants(c, &grants);
+		/* Closing dropped the sequence with the connection's state. */
+		if (c->closing)
+			return;
+	}
 
 	rep.has_seq_id = true;
 	rep.seq_id = q->id;
@@ -441,11 +489,11 @@ void step_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t
 	 * tenant's unpin) are not taken by whoever asks next; in a retry pass, behind those
 	 * retried before it that wait on. */
 	if (tokens > 0 && waits && evict_grants_queued(s->evictor, c->device) > 0 &&
-	    c->outstanding < s->limits.max_outstanding && seq_grow_bytes(q, tokens) > 0 &&
-	    park_grow(c, &req, false, seq_grow_bytes(q, tokens), wait_until_ms, since_us != 0))
+	    c->outstanding < s->limits.max_outstanding && seq_grow_bytes(q, s->pool, tokens) > 0 &&
+	    park_grow(c, &req, false, seq_grow_bytes(q, s->pool, tokens), wait_until_ms, since_us != 0))
 		return;
 	/* A pinned sequence's grow is held to max-pinned-percent, once it is a grow at all. */
-	r = seq_grow_check(q, tokens) < 0 ? 0 : pins_may_grow(s, q, seq_grow_bytes(q, tokens),
+	r = seq_grow_check(q, tokens) < 0 ? 0 : pins_may_grow(s, q, seq_grow_bytes(q, s->pool, tokens),
 	                                                      why, WHY_MAX);
 	if (r < 0) {
 		reply_step(c, ring, id, r, why);

@@ -134,6 +134,7 @@ struct server {
 	uint64_t uid_connections_refused; /* connections over max-connections-per-uid */
 	uint64_t pins_overdue;        /* pins held past pin-report (pins.h) */
 	uint64_t truncates, truncated_tokens; /* SeqTruncates applied, positions dropped */
+	uint64_t forks;               /* SeqOpens that forked a sequence */
 	uint64_t pin_disconnects;     /* connections closed for a pin past pin-timeout */
 	uint64_t refused[_LIMIT_MAX];     /* refusals at each limit */
 	uint64_t unmap_scan_ms;       /* the tick that last counted struct conn's unmap_late */

@@ -40,6 +40,8 @@ READER(pins_overdue, s->pins_overdue)
 READER(pin_disconnects, s->pin_disconnects)
 READER(truncates, s->truncates)
 READER(truncated_tokens, s->truncated_tokens)
+READER(forks, s->forks)
+READER(shared_bytes, s->pool->shared_bytes)
 READER(rounds_total, evict_rounds_total(s->evictor))
 READER(last_round_us, evict_last_round_us(s->evictor))
 READER(rounds_failed, evict_rounds_failed(s->evictor))
@@ -143,6 +145,10 @@ const struct node_value node_values[] = {
 	  "SeqTruncates applied: sequences rolled back by engines.", read_truncates },
 	{ "truncated_tokens", "kvd_truncated_tokens_total", COUNTER,
 	  "Token positions SeqTruncates dropped.", read_truncated_tokens },
+	{ "forks", "kvd_forks_total", COUNTER, "Sequences forked: opened sharing a sequence's "
+	  "full blocks.", read_forks },
+	{ "shared_bytes", "kvd_shared_bytes", GAUGE, "Block bytes sequences hold through forks "
+	  "without having taken them: what sharing saves.", read_shared_bytes },
 	{ "unmap_timeouts", "kvd_unmap_timeouts_total", COUNTER,
 	  "Connections that did not unmap a chunk the daemon took back within unmap-timeout.",
 	  read_unmap_timeouts },

@@ -820,6 +820,44 @@ TEST(round_races_truncate) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* A fork shares its parent's full blocks: rounds take nothing from them (each sharer would
+ * lose it), only from what the fork grew itself; both keep their bytes. */
+TEST(fork_shared_blocks_never_evicted) {
+	struct fixture f;
+	kvd_client *admin;
+	struct eng a;
+
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	admin = fixture_connect(&f, NULL);
+	eng_start(&f, &a, "sampler", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 13);
+	eng_grow(&a, 1024, 512);
+	ASSERT_OK(kvd_seq_fork(a.s[0], &a.s[1]));
+	a.n = 2;
+	ASSERT_OK(eng_step(&a, 1, 512));
+	ASSERT_OK(eng_step(&a, 1, 512));
+	ASSERT_OK(kvd_evict(admin, "sampler", 128u << 10, NULL));
+	eng_drain(&a);
+	ASSERT_TRUE(fixture_status(&f, "sampler", "evicted_tokens") > 0);
+	for (uint32_t i = 0; i < 2; i++) {
+		ASSERT_OK(kvd_seq_pin(a.s[i]));
+		for (uint32_t l = 0; l < LAYERS; l++) {
+			ASSERT_TRUE(kvd_seq_tokens(a.s[i], l, 0) >= 1024);
+			for (uint32_t j = 0; j < 1024; j++)
+				ASSERT_EQ(kvd_seq_position(a.s[i], l, 0, j), (int64_t)j);
+		}
+		ASSERT_OK(kvd_seq_unpin(a.s[i]));
+	}
+	/* The parent lost nothing at all; the fork, some of its own. */
+	for (uint32_t l = 0; l < LAYERS; l++) {
+		ASSERT_EQ(kvd_seq_tokens(a.s[0], l, 0), 1024);
+		ASSERT_TRUE(kvd_seq_tokens(a.s[1], l, 0) < 2048);
+	}
+	eng_check(&a);
+	eng_stop(&a);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* A dry run asked for while a round runs is planned after it, on what it left: not on use
  * as it was when asked. */
 TEST(plan_waits_for_the_running_round) {

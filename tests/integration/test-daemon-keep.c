@@ -462,6 +462,54 @@ TEST(kept_across_two_crashes) {
 	fixture_cleanup(&f);
 }
 
+/* A fork and its parent share blocks: both come back after a crash, still sharing (the
+ * blocks counted once), and each keeps its bytes when the other goes. */
+TEST(kept_forks_share_across_a_crash) {
+	struct fixture f;
+	struct store st;
+	uint64_t blocks, shared, da, db;
+	kvd_client *c;
+	kvd_seq *a, *b;
+	int m;
+
+	fixture_setup(&f, NULL, true);
+	store_start(&st, &f);
+	launch(&f, &st, "--restore-claim=10000");
+	c = fixture_connect(&f, "engine");
+	m = kvd_model_register(c, &shape);
+	ASSERT_OK(m);
+	a = open_filled(c, m, 1024, 300, 8);
+	ASSERT_OK(kvd_seq_fork(a, &b));
+	ASSERT_OK(kvd_seq_grow(b, 40));
+	fill_seq_from(b, 9, 300);
+	da = digest(a);
+	db = digest(b);
+	blocks = fixture_status(&f, "engine", "block_bytes");
+	shared = fixture_status(&f, NULL, "shared_bytes");
+	ASSERT_TRUE(shared > 0);
+
+	crash(&f, &st);
+	launch(&f, &st, "--restore-claim=10000");
+	ASSERT_EQ(fixture_status(&f, "engine", "block_bytes"), blocks);
+	ASSERT_EQ(fixture_status(&f, NULL, "shared_bytes"), shared);
+	lose(c);
+	m = kvd_model_register(c, &shape);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_seq_claim(a, m));
+	ASSERT_OK(kvd_seq_claim(b, m));
+	ASSERT_EQ(digest(a), da);
+	ASSERT_EQ(digest(b), db);
+	ASSERT_OK(kvd_seq_release(a));
+	ASSERT_EQ(digest(b), db);
+	ASSERT_EQ(fixture_status(&f, NULL, "shared_bytes"), 0u);
+	ASSERT_OK(kvd_seq_release(b));
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_halt(&f), 0);
+	store_stop(&st);
+	fixture_cleanup(&f);
+}
+
 /* A damaged journal: an empty start, never a crash, and nothing of the old K/V shows. */
 static void damaged(off_t offset) {
 	struct fixture f;

@@ -152,6 +152,33 @@ class BindingTest(DaemonTest):
         self.assertEqual(e.exception.errno, errno.EINVAL)
         s.release()
 
+    @cpu_memory
+    def test_fork_shares_the_prompt(self):
+        s = self.client.open(self.model, 1024)
+        s.grow(40)
+        blk = np.asarray(s.block(1, 0)).view(np.uint8)
+        blk[:] = 5
+        del blk
+        kid = s.fork()
+        self.assertEqual(kid.model, s.model)
+        kid_blocks, kid_pos, _ = kid.block_table(1)
+        blocks, pos, _ = s.block_table(1)
+        self.assertEqual(list(np.asarray(kid_pos)), list(range(40)))
+        # The full blocks are the parent's own, the partly filled last one a copy.
+        self.assertEqual(list(np.asarray(kid_blocks)[:2]), list(np.asarray(blocks)[:2]))
+        self.assertNotEqual(np.asarray(kid_blocks)[2], np.asarray(blocks)[2])
+        del kid_blocks, kid_pos, blocks, pos
+        blk = np.asarray(kid.block(1, 0)).view(np.uint8)
+        self.assertTrue((blk == 5).all())
+        del blk
+        self.assertGreater(self.client.status().get("shared_bytes"), 0)
+        s.release()
+        blk = np.asarray(kid.block(1, 0)).view(np.uint8)
+        self.assertTrue((blk == 5).all())
+        del blk
+        kid.release()
+
+    @cpu_memory
     def test_views_keep_their_client(self):
         # Closing or reconnecting unmaps every chunk: a live view of a sequence's K/V (not
         # only of the block range) refuses both, and the view stays readable.

@@ -449,6 +449,25 @@ KVD_EXPORT int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kv
 KVD_EXPORT int kvd_seq_grow(kvd_seq *s, uint32_t n);
 
 /*
+ * Opens a fork of s, as parallel sampling and beam search branch a prompt: a new sequence of
+ * s's model and max_tokens, with s's tokens, positions and K/V. Every full block of s is
+ * shared, held by both and counted once against the budget; the partly filled last blocks
+ * (and the moments blocks) are copied, so both grow and write their new slots
+ * independently. A shared block is read-only for both: an engine writes only the slots its
+ * grows add, and a truncate into shared blocks makes the next grow copy the last one first.
+ * Rounds never evict, move nor compact shared blocks, nor move a sequence that holds one to
+ * a tier; releasing either leaves the other's bytes intact (docs/engines.md, "Fork"). Kept
+ * tokens (token recall) stay s's. Blocks until the daemon made the fork (its new chunks
+ * mapped). Returns 0 with the fork in *ret, or -EOPNOTSUPP (a daemon older than KVD_1.9),
+ * -EBUSY (s is moved out of the pool or being recalled into: pin it first), -EAGAIN (the
+ * event of s's last kvd_seq_unpin_after has not completed), -ENOSPC, -EDQUOT (no room for
+ * the copied blocks), the refusals of kvd_seq_open (limits), -ENOENT, -ECONNRESET, -ECHILD,
+ * -ESTALE.
+ * Since KVD_1.9.
+ */
+KVD_EXPORT int kvd_seq_fork(kvd_seq *s, kvd_seq **ret);
+
+/*
  * Drops the last n positions of the sequence: what a speculative decoder does with the draft
  * tokens it rejected. Every table keeps its slots of the positions before
  * next_position - n (a table that lost some of those to eviction keeps fewer), the blocks

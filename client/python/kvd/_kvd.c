@@ -1219,6 +1219,20 @@ static PyObject *seq_grow(PyObject *self, PyObject *args) {
 	return seq_result(so, r);
 }
 
+static PyObject *seq_fork(PyObject *self, PyObject *unused) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so), *child = NULL;
+	int r;
+
+	(void)unused;
+	if (!s)
+		return NULL;
+	SEQ_CALL(so, r, kvd_seq_fork(s, &child));
+	if (r < 0)
+		return raise_kvd(so->client->c, r);
+	return seq_wrap(so->client, child, so->model);
+}
+
 static PyObject *seq_truncate(PyObject *self, PyObject *args) {
 	SeqObject *so = (SeqObject *)self;
 	kvd_seq *s = seq_open(so);
@@ -1692,6 +1706,9 @@ static PyMethodDef seq_methods[] = {
 	{ "grow", seq_grow, METH_VARARGS,
 	  "grow(n)\n--\n\nAppends n token slots to every table (kvd_seq_grow); may wait for an "
 	  "eviction round, without the GIL." },
+	{ "fork", seq_fork, METH_NOARGS,
+	  "fork()\n--\n\nA new Seq sharing this one's full blocks, its last ones copied "
+	  "(kvd_seq_fork): parallel samples and beams from one prompt." },
 	{ "truncate", seq_truncate, METH_VARARGS,
 	  "truncate(n)\n--\n\nDrops the last n positions (kvd_seq_truncate): a speculative "
 	  "decoder's rejected drafts. BufferError while views of the sequence live." },

@@ -33,6 +33,7 @@ extern "C" {
 #define KVD_FEATURE_TENANT_POLICY (UINT64_C(1) << 3) /* TenantSet.policy is applied */
 #define KVD_FEATURE_TIERS (UINT64_C(1) << 4)         /* host tier: TenantSet.tier, recalls */
 #define KVD_FEATURE_RECALL (UINT64_C(1) << 5)        /* token recall: TenantSet.recall, SeqRecall */
+#define KVD_FEATURE_FORK (UINT64_C(1) << 6)          /* SeqOpen.fork_of: forks share blocks */
 
 /* What a pin found (kvd_seq_pin_recall; SeqPinReply.recall; the ring's completion flags):
  * the sequence was resident; it was brought back from the host tier; it had been moved out
