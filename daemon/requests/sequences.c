@@ -169,6 +169,10 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 			                     (unsigned long long)parent->id, strerror(-r));
 			return;
 		}
+		/* A round scored, or a plan made, before the fork knew nothing of the shared
+		 * blocks it might now rewrite: neither applies (evict.h). */
+		parent->epoch++;
+		parent->pending = evict_plan_drop(s->evictor, parent->pending);
 		s->forks++;
 	}
 	s->next_seq_id++;

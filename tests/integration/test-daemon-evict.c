@@ -820,6 +820,39 @@ TEST(round_races_truncate) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* The engine forks while a round scores the parent: the round's plan predates the shared
+ * blocks and is dropped, and parent and fork keep their bytes. */
+TEST(round_races_fork) {
+	struct last_round lr;
+	struct fixture f;
+	struct eng a;
+	char gate[64];
+	pid_t pid;
+	int fd;
+
+	TEST_NEEDS_HOOKS();
+	gate_make(&f, gate, sizeof(gate));
+	eng_start(&f, &a, "sampler", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 1, 14);
+	eng_grow(&a, 2048, 512);
+	pid = evict_async(&f, "sampler", 128u << 10);
+	fd = fixture_gate_wait(gate);
+	ASSERT_OK(kvd_seq_fork(a.s[0], &a.s[1]));
+	a.n = 2;
+	fixture_gate_release(fd);
+	ASSERT_EQ(wait_exit(pid), 0);
+	ASSERT_EQ(fixture_status(&f, "sampler", "evicted_tokens"), 0u);
+	last_round(&f, &lr);
+	ASSERT_TRUE(lr.planned > 0);
+	ASSERT_EQ(lr.dropped, lr.planned);
+	for (uint32_t i = 0; i < 2; i++)
+		for (uint32_t l = 0; l < LAYERS; l++)
+			ASSERT_EQ(kvd_seq_tokens(a.s[i], l, 0), 2048);
+	eng_check(&a);
+	eng_stop(&a);
+	unlink(gate);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* A fork shares its parent's full blocks: rounds take nothing from them (each sharer would
  * lose it), only from what the fork grew itself; both keep their bytes. */
 TEST(fork_shared_blocks_never_evicted) {
