@@ -113,6 +113,46 @@ static struct tenant *conn_tenant_of(uint64_t conn_id) {
 	return c ? c->tenant : NULL;
 }
 
+/* Every block a sequence names is in use, and held as often as sequences name it: once, or
+ * once more per share (forks). */
+static void check_block_holds(void) {
+	struct pool *p = h.pool;
+	uint32_t per_chunk = (uint32_t)(CHUNK_BYTES / 64);
+	uint32_t *named = calloc((size_t)p->n_chunks * per_chunk, sizeof(*named));
+	uint64_t shared = 0;
+
+	FUZZ_CHECK(named);
+	for (struct conn *c = h.srv->conns; c; c = c->next)
+		for (struct seq *q = c->seqs; q; q = q->next) {
+			const struct kvd_seq_desc *d = q->desc;
+
+			for (uint32_t t = 0; t < d->n_tables; t++)
+				for (uint32_t b = 0; b < DIV_ROUND_UP(layout_tokens(d)[t], d->block_tokens); b++) {
+					struct kvd_block_ref ref = layout_blocks(d, t)[b];
+
+					FUZZ_CHECK(pool_block_addr(p, ref), "sequence %llu names a block not "
+					           "in use", (unsigned long long)q->id);
+					named[(size_t)ref.chunk_id * per_chunk + ref.index]++;
+				}
+		}
+	for (uint32_t i = 0; i < p->n_chunks; i++) {
+		const struct chunk *c = &p->chunks[i];
+
+		for (uint32_t b = 0; c->state == CHUNK_OWNED && b < c->n_blocks; b++) {
+			uint32_t shares = c->shares ? c->shares[b] : 0, n = named[(size_t)i * per_chunk + b];
+
+			/* Blocks no open sequence names: a kept one's (keep.h) or the moments'. */
+			if (n > 0)
+				FUZZ_CHECK(n == 1 + shares, "block (%u, %u): named %u times, %u shares", i, b,
+				           n, shares);
+			shared += (uint64_t)shares * c->block_bytes;
+		}
+	}
+	FUZZ_CHECK(shared == p->shared_bytes, "%llu shared bytes, the pool counts %llu",
+	           (unsigned long long)shared, (unsigned long long)p->shared_bytes);
+	free(named);
+}
+
 static void check_state(bool all_closed) {
 	struct pool *p = h.pool;
 	struct server *s = h.srv;
@@ -214,6 +254,7 @@ static void check_state(bool all_closed) {
 	FUZZ_CHECK(t_used == p->used_bytes && t_chunks == owned + draining && t_blocks == p->block_bytes,
 	           "tenants hold %llu bytes, the pool counts %llu", (unsigned long long)t_used,
 	           (unsigned long long)p->used_bytes);
+	check_block_holds();
 	if (all_closed) {
 		FUZZ_CHECK(!s->conns && s->n_conns == 0);
 		FUZZ_CHECK(p->used_bytes == 0 && p->block_bytes == 0, "%llu bytes leaked",

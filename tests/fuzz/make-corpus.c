@@ -135,6 +135,20 @@ static void seq_open(uint64_t id, uint32_t model, uint32_t max_tokens) {
 	FINISH();
 }
 
+/* A fork of sequence parent (SeqOpen.fork_of). */
+static void seq_fork(uint64_t id, uint32_t model, uint32_t max_tokens, uint64_t parent) {
+	Kvd__V1__SeqOpen m = KVD__V1__SEQ_OPEN__INIT;
+	ENVELOPE(id);
+
+	m.has_model_id = m.has_max_tokens = m.has_fork_of = true;
+	m.model_id = model;
+	m.max_tokens = max_tokens;
+	m.fork_of = parent;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN;
+	env.seq_open = &m;
+	FINISH();
+}
+
 static void seq_grow(uint64_t id, uint64_t seq, uint32_t tokens) {
 	Kvd__V1__SeqGrow m = KVD__V1__SEQ_GROW__INIT;
 	ENVELOPE(id);
@@ -716,6 +730,10 @@ static void sequences(void) {
 	seq_recall(6, 1);
 	req(0);
 	seq_truncate(6, 1, 100);
+	req(0);
+	seq_fork(6, 1, 4096, 1);
+	req(0);
+	seq_grow(6, 2, 20);
 	req(0);
 	status(7);
 	req(0);
