@@ -448,6 +448,16 @@ uint32_t seq_shared_slots(const struct seq *s, const struct pool *p, uint32_t t)
 	return 0;
 }
 
+uint64_t seq_shared_bytes(const struct seq *s, const struct pool *p) {
+	const struct kvd_seq_desc *d = s->desc;
+	uint64_t n = 0;
+
+	for (uint32_t t = 0; t < d->n_tables; t++)
+		for (uint32_t b = 0; b < DIV_ROUND_UP(layout_tokens(d)[t], d->block_tokens); b++)
+			n += pool_block_shared(p, layout_blocks(d, t)[b]);
+	return n * s->model->block_bytes;
+}
+
 bool seq_shares(const struct seq *s, const struct pool *p) {
 	for (uint32_t t = 0; t < s->desc->n_tables; t++)
 		if (seq_shared_slots(s, p, t) > 0)

@@ -168,6 +168,9 @@ void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied);
  * round may evict nor move, since another sequence reads those blocks too. */
 uint32_t seq_shared_slots(const struct seq *s, const struct pool *p, uint32_t t);
 
+/* Bytes of the blocks of s that other sequences hold too. */
+uint64_t seq_shared_bytes(const struct seq *s, const struct pool *p);
+
 /* Whether s holds a block another sequence holds too: such a sequence is never moved to a
  * tier (a move frees nothing the sharers hold, and the recall would copy the shared part). */
 bool seq_shares(const struct seq *s, const struct pool *p);

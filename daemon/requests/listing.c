@@ -213,6 +213,8 @@ void listing_sequences(struct conn *c, uint64_t id, const Envelope *request, int
 		r->kv_heads = q->model->kv_heads;
 		r->head_dim = q->model->head_dim;
 		r->place = (char *)tier_place(q);
+		r->has_shared_bytes = true;
+		r->shared_bytes = seq_shared_bytes(q, s->pool);
 		ptrs[i] = r;
 	}
 	rep.n_sequences = page;

@@ -68,6 +68,23 @@ TEST(fork_shares_full_blocks) {
 	ASSERT_EQ(fixture_status(&f, "sampler", "block_bytes"), (3 + 1) * LAYERS * per);
 	ASSERT_EQ(fixture_status(&f, NULL, "shared_bytes"), 2 * LAYERS * per);
 	ASSERT_EQ(fixture_status(&f, NULL, "forks"), 1u);
+	/* kvdctl seqs: each holds 3 blocks a layer, 2 of them shared. */
+	{
+		kvd_client *admin = fixture_connect(&f, NULL);
+		kvd_table *t = NULL;
+		uint64_t v;
+
+		ASSERT_OK(kvd_sequences_get(admin, "sampler", &t));
+		ASSERT_EQ(kvd_table_rows(t), 2u);
+		for (uint32_t row = 0; row < 2; row++) {
+			ASSERT_OK(kvd_table_u64(t, row, "shared_bytes", &v));
+			ASSERT_EQ(v, 2 * LAYERS * per);
+			ASSERT_OK(kvd_table_u64(t, row, "bytes", &v));
+			ASSERT_EQ(v, 3 * LAYERS * per);
+		}
+		kvd_table_free(t);
+		kvd_client_unref(admin);
+	}
 
 	/* Each grows and writes its own next slots: the other's bytes do not change. */
 	ASSERT_OK(kvd_seq_grow(parent, 10));

@@ -37,7 +37,7 @@ static const struct column sequence_columns[] = {
 	{ "MAX", "max_tokens", COL_U64 },    { "PINS", "pins", COL_U64 },
 	{ "BYTES", "bytes", COL_SIZE },      { "EVICTABLE", "evictable", COL_FLAG },
 	{ "EVICTED", "evicted_bytes", COL_SIZE }, { "WAITING", "waiting_bytes", COL_SIZE },
-	{ "PLACE", "place", COL_STR },
+	{ "SHARED", "shared_bytes", COL_SIZE }, { "PLACE", "place", COL_STR },
 };
 
 /* Columns past the table's: JSON has every value a row carries, tables what fits. */
