@@ -515,24 +515,23 @@ int kvdlm_kvd_register_indexed(kvd_client *client, const struct kvdlm_model *m, 
 	return 0;
 }
 
-int kvdlm_cache_kvd_new(const struct kvdlm_kvd_model *km, const struct kvdlm_config *cfg,
-                        uint32_t max_tokens, struct kvdlm_cache **ret) {
+/* A cache over sequence seq of km (taken, even on failure), opened or forked. */
+static int kvd_cache_new(const struct kvdlm_kvd_model *km, const struct kvdlm_config *cfg,
+                         uint32_t max_tokens, kvd_seq *seq, struct kvdlm_cache **ret) {
 	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *c = NULL;
 	const struct kvd_seq_desc *d;
 	int r;
 
-	if (!km || !km->client || km->window == 0)
-		return -EINVAL;
 	r = cache_alloc(cfg, max_tokens, &c);
-	if (r < 0)
+	if (r < 0) {
+		kvd_seq_release(seq);
 		return r;
+	}
 	c->ops = &kvd_ops;
 	c->client = km->client;
 	c->window = km->window;
 	c->observe = km->observe;
-	r = kvd_seq_open(km->client, km->model_id, max_tokens, &c->seq);
-	if (r < 0)
-		return r;
+	c->seq = seq;
 	d = kvd_seq_descriptor(c->seq);
 	/* What forward.c relies on: the shape it registered, and f32 rows in per-head blocks. */
 	if (!d || d->layers != c->layers || d->kv_heads != c->kv_heads || d->head_dim != c->head_dim ||
@@ -576,6 +575,40 @@ int kvdlm_cache_kvd_new(const struct kvdlm_kvd_model *km, const struct kvdlm_con
 			.v = &c->vblk[(size_t)t * c->max_blocks],
 			.ik = c->iblk ? &c->iblk[(size_t)t * c->max_blocks] : NULL,
 		};
+	c->next_pos = d->next_position;
+	*ret = TAKE_PTR(c);
+	return 0;
+}
+
+int kvdlm_cache_kvd_new(const struct kvdlm_kvd_model *km, const struct kvdlm_config *cfg,
+                        uint32_t max_tokens, struct kvdlm_cache **ret) {
+	kvd_seq *s;
+	int r;
+
+	if (!km || !km->client || km->window == 0)
+		return -EINVAL;
+	r = kvd_seq_open(km->client, km->model_id, max_tokens, &s);
+	return r < 0 ? r : kvd_cache_new(km, cfg, max_tokens, s, ret);
+}
+
+int kvdlm_cache_kvd_fork(const struct kvdlm_kvd_model *km, const struct kvdlm_config *cfg,
+                         const struct kvdlm_cache *parent, struct kvdlm_cache **ret) {
+	_cleanup_(kvdlm_cache_freep) struct kvdlm_cache *c = NULL;
+	kvd_seq *s;
+	int r;
+
+	if (!km || !km->client || km->window == 0 || !parent || !parent->seq || parent->in_step)
+		return -EINVAL;
+	r = kvd_seq_fork(parent->seq, &s);
+	if (r < 0)
+		return r;
+	r = kvd_cache_new(km, cfg, parent->max_tokens, s, &c);
+	if (r < 0)
+		return r;
+	/* The queries it has seen are its parent's: its windows go on from theirs. */
+	r = kvdlm_cache_copy_queries(c, parent);
+	if (r < 0)
+		return r;
 	*ret = TAKE_PTR(c);
 	return 0;
 }

@@ -129,6 +129,14 @@ int kvdlm_kvd_register_indexed(kvd_client *client, const struct kvdlm_model *m, 
 int kvdlm_cache_kvd_new(const struct kvdlm_kvd_model *km, const struct kvdlm_config *cfg,
                         uint32_t max_tokens, struct kvdlm_cache **ret);
 
+/*
+ * A cache over a fork of kvd cache parent's sequence (kvd_seq_fork(): its full blocks
+ * shared), with parent's positions and recent queries, between steps. Returns 0, or
+ * -EINVAL, the errors of kvd_seq_fork(), -ENOMEM.
+ */
+int kvdlm_cache_kvd_fork(const struct kvdlm_kvd_model *km, const struct kvdlm_config *cfg,
+                         const struct kvdlm_cache *parent, struct kvdlm_cache **ret);
+
 /* Frees c (kvd: releases the sequence); accepts NULL; returns NULL. */
 struct kvdlm_cache *kvdlm_cache_free(struct kvdlm_cache *c);
 

@@ -239,6 +239,94 @@ TEST(same_as_full_after_recalls) {
 }
 
 /* Runs command (a shell line), its stdout into out[n]; returns the exit status. */
+#define SAMPLES 4
+
+/* Decodes GREEDY_STEPS tokens of sample i over c (after a prompt whose last logits are
+ * last): each sample branches from the greedy choice by i, then goes greedy. */
+static void decode_sample(struct kvdlm_cache *c, uint32_t i, const float *last, float *logits) {
+	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
+
+	ASSERT_OK(kvdlm_session_new(model, c, &(struct kvdlm_session_opts){ THREADS, 0 }, &s));
+	for (uint32_t k = 0; k < GREEDY_STEPS; k++) {
+		const float *prev = k ? logits + (size_t)(k - 1) * KVDLM_BYTE_VOCAB : last;
+		uint32_t tok = kvdlm_argmax(prev, KVDLM_BYTE_VOCAB);
+
+		if (k == 0)
+			tok = (tok + i) % KVDLM_BYTE_VOCAB;
+		ASSERT_OK(kvdlm_decode(s, tok, logits + (size_t)k * KVDLM_BYTE_VOCAB));
+	}
+}
+
+/* Parallel sampling by fork: SAMPLES samples of one prompt, the prompt prefilled once and
+ * forked, give bit for bit the logits of samples run each on its own sequence, and hold
+ * one copy of the prompt's full blocks. */
+TEST(forked_samples_same_as_separate) {
+	struct fixture f;
+	_cleanup_(freep) uint32_t *tokens = NULL;
+	_cleanup_(freep) float *last = NULL, *sep = NULL, *forked = NULL;
+	uint32_t n = prompt_tokens(3, &tokens);
+	size_t dn = (size_t)GREEDY_STEPS * KVDLM_BYTE_VOCAB;
+	uint64_t one_prompt = 0, separate, shared, per_block;
+	struct kvdlm_cache *caches[SAMPLES] = {};
+	struct kvdlm_kvd_model km;
+	kvd_client *c;
+
+	last = malloc(KVDLM_BYTE_VOCAB * sizeof(float));
+	sep = malloc(SAMPLES * dn * sizeof(float));
+	forked = malloc(SAMPLES * dn * sizeof(float));
+	ASSERT_TRUE(last && sep && forked);
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	c = fixture_connect(&f, "lm");
+	ASSERT_OK(kvdlm_kvd_register_compensated(c, model, "kvd-lm-test", KVD_UNIT_HEAD_TOKEN,
+	                                         WINDOW, KVD_COMPENSATION_NONE, &km));
+
+	/* Each sample on its own sequence, its prompt prefilled again. */
+	for (uint32_t i = 0; i < SAMPLES; i++) {
+		_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
+
+		ASSERT_OK(kvdlm_cache_kvd_new(&km, &model->cfg, n + GREEDY_STEPS, &caches[i]));
+		ASSERT_OK(kvdlm_session_new(model, caches[i], &(struct kvdlm_session_opts){ THREADS, 0 }, &s));
+		ASSERT_OK(kvdlm_prefill(s, tokens, n, KVDLM_LOGITS_LAST, last));
+		if (i == 0)
+			one_prompt = fixture_status(&f, "lm", "block_bytes");
+		decode_sample(caches[i], i, last, sep + i * dn);
+	}
+	separate = fixture_status(&f, "lm", "block_bytes");
+	for (uint32_t i = 0; i < SAMPLES; i++)
+		caches[i] = kvdlm_cache_free(caches[i]);
+
+	/* The prompt once, then forks: nothing prefilled again. */
+	{
+		_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
+
+		ASSERT_OK(kvdlm_cache_kvd_new(&km, &model->cfg, n + GREEDY_STEPS, &caches[0]));
+		ASSERT_OK(kvdlm_session_new(model, caches[0], &(struct kvdlm_session_opts){ THREADS, 0 }, &s));
+		ASSERT_OK(kvdlm_prefill(s, tokens, n, KVDLM_LOGITS_LAST, last));
+	}
+	for (uint32_t i = 1; i < SAMPLES; i++)
+		ASSERT_OK(kvdlm_cache_kvd_fork(&km, &model->cfg, caches[0], &caches[i]));
+	for (uint32_t i = 0; i < SAMPLES; i++)
+		decode_sample(caches[i], i, last, forked + i * dn);
+	shared = fixture_status(&f, "lm", "block_bytes");
+	ASSERT_TRUE(memcmp(sep, forked, SAMPLES * dn * sizeof(float)) == 0);
+	ASSERT_EQ(fixture_status(&f, "lm", "evicted_tokens"), 0u);
+
+	/* One copy of the prompt's blocks, and each sample's own: what its steps grew and
+	 * its copy of the prompt's partly filled last block, per table. */
+	per_block = kvd_seq_descriptor(kvdlm_cache_seq(caches[0]))->block_bytes *
+	            model->cfg.layers * model->cfg.kv_heads;
+	printf("# %u samples of a %u-token prompt: %" PRIu64 " block bytes on their own "
+	       "sequences, %" PRIu64 " forked (one prompt: %" PRIu64 "); %u prefill tokens "
+	       "skipped\n", SAMPLES, n, separate, shared, one_prompt, (SAMPLES - 1) * n);
+	ASSERT_TRUE(shared <= one_prompt + SAMPLES * per_block *
+	                      (1 + DIV_ROUND_UP(GREEDY_STEPS, KVDLM_KVD_BLOCK_TOKENS)));
+	ASSERT_TRUE(shared * 2 < separate);
+	for (uint32_t i = 0; i < SAMPLES; i++)
+		caches[i] = kvdlm_cache_free(caches[i]);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 static int run_capture(const char *command, char *out, size_t n) {
 	FILE *p = popen(command, "re");
 	size_t k;
