@@ -17,10 +17,16 @@ as a plain dense attention, and fails when the two differ. With --compensation m
 and attention adds them as one more softmax entry, as the C engine does (README.md,
 "Compensation"). With --no-daemon the cache is kvdlm.py's private full cache.
 
+With --draft K, it decodes speculatively (docs/engines.md, "Rollback"): each step feeds the
+next token and K draft tokens (prompt lookup: what followed the last earlier occurrence of
+the current token), keeps the drafts the model agrees with, and drops the rest from the
+sequence with Seq.truncate; the text is plain decoding's.
+
     kvd-lm-torch.py --model FILE [--socket PATH | --no-daemon] [--prompt TEXT]
                     [--max-new N] [--chunk N] [--unit head|layer|block|none]
                     [--window W] [--compensation none|moments|moments-mass|moments-bounded]
-                    [--evict-every N [--evict-bytes B]] [--print-logits] [--check] [--stats]
+                    [--evict-every N [--evict-bytes B]] [--draft K] [--print-logits] [--check]
+                    [--stats]
 
 Output as kvd-lm's: with --print-logits a line 'logits POSITION TOKEN' and the 260 logits
 per generated token, then the text (special tokens as <eos> and so on). Not supported:
@@ -174,6 +180,13 @@ class KvdCache:
         del obs
         self.seq.observe(layer)
 
+    def truncate(self, n):
+        """Drops the last n positions (rejected drafts), and their queries from the windows:
+        the window then holds fewer until the next steps fill it again."""
+        self.seq.truncate(n)
+        self.next_pos -= n
+        self.ring = [r[:-n] for r in self.ring]
+
     def end(self):
         self.seq.unpin()
         while (ev := self.client.next_event()) is not None:
@@ -198,8 +211,9 @@ def dense_attention(q, q_pos, k, v, k_pos, extra=None):
     return torch.einsum("tgn,nd->tgd", w[..., :-1], v) + w[..., -1:] * extra[1]
 
 
-def step_kvd(model, cache, tokens):
-    """One step of the engine on kvd: tokens [n] -> the last token's logits [vocab]."""
+def step_kvd(model, cache, tokens, every=False):
+    """One step of the engine on kvd: tokens [n] -> the last token's logits [vocab], or with
+    every, each token's [n][vocab]."""
     cfg = model.cfg
     n, hd, group = len(tokens), cfg.head_dim, cfg.q_heads // cfg.kv_heads
     pos0 = cache.begin(n)
@@ -220,10 +234,60 @@ def step_kvd(model, cache, tokens):
             h = h + F.linear(o.reshape(n, -1), L.wo)
             m = kvdlm.rmsnorm(h, L.ffn_norm, cfg.norm_eps)
             h = h + F.linear(F.silu(F.linear(m, L.w_gate)) * F.linear(m, L.w_up), L.w_down)
-        h = kvdlm.rmsnorm(h[-1:], model.final_norm, cfg.norm_eps)
-        return F.linear(h, model.lm_head)[0]
+        h = kvdlm.rmsnorm(h if every else h[-1:], model.final_norm, cfg.norm_eps)
+        logits = F.linear(h, model.lm_head)
+        return logits if every else logits[0]
     finally:
         cache.end()
+
+
+def draft_tokens(context, k):
+    """Prompt lookup: the k tokens that followed the last earlier occurrence of context's
+    last token (fewer at the end, none without one)."""
+    last = context[-1]
+    for i in range(len(context) - 2, -1, -1):
+        if context[i] == last:
+            return context[i + 1:i + 1 + k]
+    return []
+
+
+def speculate(model, cache, tokens, logits, args):
+    """Greedy decoding with drafts, from the prompt's last logits: each step feeds the next
+    token and its drafts, keeps the drafts the model's own choices agree with, and truncates
+    the rest from the sequence. Returns (tokens out, drafts fed, drafts kept)."""
+    context, out = list(tokens), []
+    drafted = accepted = 0
+
+    def emit(tok, lg):
+        """Appends tok, chosen by logits lg; says whether decoding goes on (plain
+        decoding's stops)."""
+        if args.print_logits:
+            print(f"logits {len(tokens) + len(out)} {tok} " +
+                  " ".join(f"{float(x):.9g}" for x in lg))
+        out.append(tok)
+        context.append(tok)
+        return not (tok == kvdlm.EOS or (tok == ord("\n") and not args.no_stop) or
+                    len(out) == args.max_new)
+
+    nxt = int(torch.argmax(logits))
+    going = emit(nxt, logits)
+    while going:
+        drafts = draft_tokens(context, args.draft)[:args.max_new - len(out)]
+        every = step_kvd(model, cache, [nxt] + drafts, every=True)
+        drafted += len(drafts)
+        kept = 0
+        # every[i]: the logits after nxt and the first i drafts, which choose the next.
+        while going and kept < len(drafts) and int(torch.argmax(every[kept])) == drafts[kept]:
+            going = emit(drafts[kept], every[kept])
+            kept += 1
+        accepted += kept
+        if kept < len(drafts):
+            cache.truncate(len(drafts) - kept)
+        if going:
+            logits = every[kept]
+            nxt = int(torch.argmax(logits))
+            going = emit(nxt, logits)
+    return out, drafted, accepted
 
 
 def main(argv=None):
@@ -245,6 +309,8 @@ def main(argv=None):
                     "eviction round of --evict-bytes on this tenant (as kvd-lm's)")
     ap.add_argument("--evict-bytes", type=int, default=0, metavar="B",
                     help="bytes each of those rounds frees (default: one chunk)")
+    ap.add_argument("--draft", type=int, default=0, metavar="K",
+                    help="decode speculatively with K draft tokens a step (needs the daemon)")
     ap.add_argument("--print-logits", action="store_true")
     ap.add_argument("--check", action="store_true",
                     help="check every attention against a dense one over Seq.block reads")
@@ -257,6 +323,8 @@ def main(argv=None):
         ap.error("--evict-every needs the daemon and a --unit other than none")
     if args.compensation != "none" and (args.no_daemon or args.unit == "none"):
         ap.error("--compensation needs the daemon and a --unit other than none")
+    if not 0 <= args.draft <= 64 or (args.draft and (args.no_daemon or args.evict_every)):
+        ap.error("--draft is 0..64, needs the daemon, and is not for --evict-every")
 
     torch.set_num_threads(1)    # the same summation order from run to run
     model = kvdlm.load(args.model)
@@ -279,8 +347,14 @@ def main(argv=None):
 
         for c0 in range(0, len(tokens), args.chunk):
             logits = step(tokens[c0:c0 + args.chunk])
-        position, out = len(tokens), []       # kvd-lm's: the tokens processed
-        while len(out) < args.max_new:
+        out = []
+        if args.draft and args.max_new:
+            out, drafted, accepted = speculate(model, cache, tokens, logits, args)
+            if args.stats:
+                print(f"kvd-lm-torch: {accepted} of {drafted} draft tokens accepted",
+                      file=sys.stderr)
+        position = len(tokens)       # kvd-lm's: the tokens processed
+        while not args.draft and len(out) < args.max_new:
             nxt = int(torch.argmax(logits))
             if args.print_logits:
                 print(f"logits {position} {nxt} " + " ".join(f"{float(x):.9g}" for x in logits))

@@ -12,7 +12,9 @@ the C engine (kvd-lm) and its own private-cache run, on the trained model:
 - with the moments of the evicted tokens added to attention (--compensation moments-mass,
   then moments-bounded), the same, and the moments change the logits;
 - every attention of its runs is checked against a dense one over the same tokens read
-  another way (--check: Seq.block and Seq.position, not the block tables).
+  another way (--check: Seq.block and Seq.position, not the block tables);
+- decoding speculatively (--draft: draft tokens fed with each step, the rejected ones
+  truncated from the sequence), its tokens and logits are plain decoding's.
 
 Environment (meson): KVD_DAEMON, KVD_LM (the C engine), KVD_LM_TORCH (the script),
 KVD_LM_MODELS (eval/kvd-lm/models).
@@ -111,6 +113,27 @@ class TorchEngineTest(unittest.TestCase):
         full = logits_of(full)
         self.assertTrue(any(float((t[p][1] - full[p][1]).abs().max()) > 1e-2 for p in t
                             if p in full))
+
+    def test_speculative_drafts_truncated(self):
+        argv = [sys.executable, os.environ["KVD_LM_TORCH"], "--model", MODEL, "--prompt",
+                self.prompt, "--max-new", "24", "--no-stop", "--print-logits", "--unit",
+                "layer", "--chunk", "128", "--check"]
+        plain, _ = self.run_engine(argv)
+        daemon = Daemon("--chunk-size", "256KiB")
+        try:
+            out = subprocess.run(argv + ["--draft", "4", "--stats", "--socket", daemon.socket],
+                                 capture_output=True, text=True, timeout=300)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            with kvd.Client(daemon.socket) as admin:
+                truncates = admin.status().get("truncates")
+        finally:
+            self.assertEqual(daemon.stop(), 0)
+        self.assertGreater(truncates, 0)
+        self.assertIn("draft tokens accepted", out.stderr)
+        self.assertEqual(out.stdout.splitlines()[-1], plain.splitlines()[-1])
+        spec = logits_of(out.stdout)
+        self.assertEqual(len(spec), 24)
+        self.assert_same_logits(spec, logits_of(plain))
 
     def test_moments_compensation(self):
         evict = ["--evict-every", "4", "--evict-bytes", str(256 << 10)]
