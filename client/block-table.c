@@ -166,3 +166,36 @@ int kvd_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head, int32_t *b
 
 	return (int)call_result(key, do_seq_block_table(s, layer, kv_head, blocks, max_blocks, positions, max_positions, ret_generation), __func__);
 }
+
+static int do_seq_block_tables(kvd_seq *const *seqs, uint32_t n, uint32_t first_layer,
+                               uint32_t layers, uint32_t kv_head, int32_t *tables,
+                               uint32_t width, int32_t *seq_lens) {
+	int widest = 0;
+
+	if (!seqs || n == 0 || layers == 0 || !tables || width == 0 || !seq_lens ||
+	    first_layer + (uint64_t)layers > UINT32_MAX)
+		return -EINVAL;
+	for (uint32_t l = 0; l < layers; l++)
+		for (uint32_t i = 0; i < n; i++) {
+			int32_t *row = tables + ((size_t)l * n + i) * width;
+			int r = do_seq_block_table(seqs[i], first_layer + l, kv_head, row, width, NULL,
+			                           0, NULL);
+			uint32_t nb;
+
+			if (r < 0)
+				return r;
+			nb = DIV_ROUND_UP((uint32_t)r, seqs[i]->hdr.block_tokens);
+			memset(row + nb, 0, (size_t)(width - nb) * sizeof(*row));
+			seq_lens[(size_t)l * n + i] = r;
+			widest = MAX(widest, (int)nb);
+		}
+	return widest;
+}
+
+int kvd_seq_block_tables(kvd_seq *const *seqs, uint32_t n, uint32_t first_layer, uint32_t layers,
+                         uint32_t kv_head, int32_t *tables, uint32_t width, int32_t *seq_lens) {
+	uint64_t key = seqs && n > 0 && seqs[0] ? client_key(seqs[0]->client) : 0;
+
+	return (int)call_result(key, do_seq_block_tables(seqs, n, first_layer, layers, kv_head, tables,
+	                                                 width, seq_lens), __func__);
+}

@@ -115,6 +115,45 @@ TEST(table_names_the_blocks) {
 	tables_stop(&t);
 }
 
+/* A batch's tables for every layer in one call: each row what kvd_seq_block_table gives,
+ * zero-padded to the width, with its tokens. */
+TEST(batch_tables_in_one_call) {
+	static int32_t tables[2 * 3 * MAX_BLOCKS], row[MAX_BLOCKS];
+	int32_t lens[2 * 3];
+	struct tables t;
+	kvd_seq *c3, *seqs[3];
+
+	tables_start(&t, &per_layer);
+	ASSERT_OK(kvd_seq_open(t.c, t.m, 4096, &c3));
+	ASSERT_OK(kvd_seq_grow(c3, 17));
+	seqs[0] = t.a, seqs[1] = c3, seqs[2] = t.b;
+	memset(tables, 0x7f, sizeof(tables));
+	ASSERT_EQ(kvd_seq_block_tables(seqs, 3, 0, 2, 0, tables, MAX_BLOCKS, lens),
+	          (int)DIV_ROUND_UP(TOKENS, 16));
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t i = 0; i < 3; i++) {
+			const int32_t *got = tables + ((size_t)l * 3 + i) * MAX_BLOCKS;
+			int n = kvd_seq_block_table(seqs[i], l, 0, row, MAX_BLOCKS, NULL, 0, NULL);
+			uint32_t nb = DIV_ROUND_UP((uint32_t)n, 16);
+
+			ASSERT_EQ(lens[l * 3 + i], n);
+			ASSERT_TRUE(memcmp(got, row, nb * sizeof(*row)) == 0);
+			for (uint32_t j = nb; j < MAX_BLOCKS; j++)
+				ASSERT_EQ(got[j], 0);
+		}
+	ASSERT_EQ(lens[1], 17);
+	/* One layer from the second; too narrow; nothing to do. */
+	ASSERT_EQ(kvd_seq_block_tables(seqs, 3, 1, 1, 0, tables, MAX_BLOCKS, lens),
+	          (int)DIV_ROUND_UP(TOKENS, 16));
+	ASSERT_ERRNO(kvd_seq_block_tables(seqs, 3, 0, 2, 0, tables, DIV_ROUND_UP(TOKENS, 16) - 1,
+	                                  lens), -ENOBUFS);
+	ASSERT_ERRNO(kvd_seq_block_tables(seqs, 3, 1, 2, 0, tables, MAX_BLOCKS, lens), -EINVAL);
+	ASSERT_ERRNO(kvd_seq_block_tables(seqs, 0, 0, 1, 0, tables, MAX_BLOCKS, lens), -EINVAL);
+	ASSERT_ERRNO(kvd_seq_block_tables(seqs, 3, 0, 1, 0, NULL, MAX_BLOCKS, lens), -EINVAL);
+	ASSERT_OK(kvd_seq_release(c3));
+	tables_stop(&t);
+}
+
 TEST(per_head_tables) {
 	struct tables t;
 

@@ -114,6 +114,38 @@ class PagedTest(unittest.TestCase):
             del k, v, block, hnd_k, hnd_v, nhd_k
         cache.close()
 
+    def test_every_layer_in_one_call(self):
+        m, cache = self.model()
+        seqs = [self.client.open(m, 512) for _ in range(3)]
+        for i, s in enumerate(seqs):
+            s.grow(20 + 30 * i)
+        tables, lens = paged.block_tables_layers(seqs, 0, LAYERS)
+        self.assertEqual(tuple(tables.shape), (LAYERS, 3, (80 + BT - 1) // BT))
+        for layer in range(LAYERS):
+            table, seq_lens, positions = paged.block_tables(seqs, layer)
+            self.assertTrue(torch.equal(tables[layer], table))
+            self.assertTrue(torch.equal(lens[layer], seq_lens))
+            self.assertEqual([len(p) for p in positions], [20, 50, 80])
+            one, _, none = paged.block_tables(seqs, layer, positions=False)
+            self.assertTrue(torch.equal(one, table))
+            self.assertIsNone(none)
+            for i, s in enumerate(seqs):
+                blocks, _, _ = s.block_table(layer)
+                want = torch.from_dlpack(blocks).tolist()
+                n = len(want)
+                self.assertEqual(table[i, :n].tolist(), want)
+                self.assertTrue(bool((table[i, n:] == 0).all()))
+                del blocks
+        other = kvd.Client(self.daemon.socket, "other")
+        try:
+            with self.assertRaises(ValueError):
+                other.block_tables(seqs, 0)
+        finally:
+            other.close()
+        for s in seqs:
+            s.release()
+        cache.close()
+
     def test_attention_equals_dense(self):
         for layout in ("HND", "NHD"):
             m, cache = self.model()

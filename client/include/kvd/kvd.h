@@ -715,6 +715,22 @@ KVD_EXPORT int kvd_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head,
                                    uint32_t max_positions, uint64_t *ret_generation);
 
 /*
+ * The block tables of a batch, in one call: for each of layers layers from first_layer
+ * (kv_head as kvd_seq_block_table's) and each of the n sequences (tables of one client's
+ * connection, whose blocks share one range), row (l, i) of tables, [layers][n][width] int32,
+ * gets kvd_seq_block_table's blocks of seqs[i] for layer first_layer + l, then zeros, and
+ * seq_lens[l * n + i] its resident tokens (tables of a layer may differ after evictions).
+ * What a decode step hands a paged-attention kernel for every layer. Returns the most
+ * blocks a row holds, or -EINVAL (NULL arrays, n, layers or width 0), -ENOBUFS (a row needs
+ * more than width blocks; tables and seq_lens are then partly written), and the errors of
+ * kvd_seq_block_table. Pin the sequences around the step that uses the tables.
+ * Since KVD_1.9.
+ */
+KVD_EXPORT int kvd_seq_block_tables(kvd_seq *const *seqs, uint32_t n, uint32_t first_layer,
+                                    uint32_t layers, uint32_t kv_head, int32_t *tables,
+                                    uint32_t width, int32_t *seq_lens);
+
+/*
  * Digest of the sequence's resident K/V, once computed by the daemon through its own
  * mapping and once here through this process's mapping; equal digests mean both sides see
  * the same bytes. Either output may be NULL. The traversal is, for each layer, kv head and

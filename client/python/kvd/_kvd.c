@@ -569,6 +569,96 @@ static PyObject *client_open_seq(PyObject *self, PyObject *args) {
 	return seq_wrap((ClientObject *)self, s, model);
 }
 
+static kvd_seq *seq_open(SeqObject *so);
+
+static PyObject *client_block_tables(PyObject *self, PyObject *args, PyObject *kwds) {
+	static char *kwlist[] = { "seqs", "layer", "layers", "kv_head", NULL };
+	ClientObject *co = (ClientObject *)self;
+	struct module_state *st = state_any();
+	unsigned int layer, layers = 1, head = 0, width = 1;
+	kvd_seq **seqs = NULL;
+	int32_t *tables = NULL, *lens = NULL;
+	PyObject *list, *ret = NULL;
+	ViewObject *tv = NULL, *lv;
+	Py_ssize_t n, shape[3];
+	int r;
+
+	if (!client_open(co) || !PyArg_ParseTupleAndKeywords(args, kwds, "OI|II", kwlist, &list,
+	                                                     &layer, &layers, &head))
+		return NULL;
+	n = PySequence_Size(list);
+	if (n < 0)
+		return NULL;
+	if (n == 0 || layers == 0) {
+		PyErr_SetString(PyExc_ValueError, "no sequences, or no layers");
+		return NULL;
+	}
+	seqs = calloc((size_t)n, sizeof(*seqs));
+	if (!seqs)
+		return PyErr_NoMemory();
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *o = PySequence_GetItem(list, i);
+		bool ours = o && PyObject_TypeCheck(o, st->seq_type) && ((SeqObject *)o)->client == co;
+
+		/* The list holds its items; a borrowed pointer to each is enough. */
+		if (ours)
+			seqs[i] = seq_open((SeqObject *)o);
+		Py_XDECREF(o);
+		if (!ours) {
+			if (!PyErr_Occurred())
+				PyErr_SetString(PyExc_ValueError, "seqs must be this client's Seq objects");
+			goto out;
+		}
+		if (!seqs[i])
+			goto out;
+		/* Room for the widest row as the tables are now, and a block more. */
+		for (unsigned int l = layer; l < layer + layers; l++) {
+			int64_t tokens = kvd_seq_tokens(seqs[i], l, head);
+			uint32_t bt = kvd_seq_header(seqs[i])->block_tokens;
+
+			if (tokens < 0) {
+				raise_kvd(co->c, (int)tokens);
+				goto out;
+			}
+			if ((tokens + bt - 1) / bt + 1 > width)
+				width = (unsigned int)((tokens + bt - 1) / bt + 1);
+		}
+	}
+	tables = malloc((size_t)layers * n * width * sizeof(*tables));
+	lens = malloc((size_t)layers * n * sizeof(*lens));
+	if (!tables || !lens) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	r = kvd_seq_block_tables(seqs, (uint32_t)n, layer, layers, head, tables, width, lens);
+	if (r < 0) {
+		raise_kvd(co->c, r);
+		goto out;
+	}
+	/* Rows as wide as the widest: the spare column goes. */
+	for (size_t k = 1; k < (size_t)layers * n; k++)
+		memmove(tables + k * r, tables + k * width, (size_t)r * sizeof(*tables));
+	shape[0] = layers, shape[1] = n, shape[2] = r;
+	tv = view_new(NULL, tables, DT_I32, 3, shape, false);
+	if (!tv)
+		goto out;
+	tv->owns_data = true;
+	tables = NULL;
+	lv = view_new(NULL, lens, DT_I32, 2, shape, false);
+	if (!lv)
+		goto out;
+	lv->owns_data = true;
+	lens = NULL;
+	ret = Py_BuildValue("(NN)", (PyObject *)tv, (PyObject *)lv);
+	tv = NULL;
+out:
+	Py_XDECREF((PyObject *)tv);
+	free(seqs);
+	free(tables);
+	free(lens);
+	return ret;
+}
+
 static PyObject *client_block_pool(PyObject *self, PyObject *args) {
 	ClientObject *co = (ClientObject *)self;
 	kvd_client *c = client_open(co);
@@ -1069,6 +1159,13 @@ static PyMethodDef client_methods[] = {
 	  "Gives the daemon layer's W_o (a buffer of hidden x q_heads*head_dim elements)." },
 	{ "open", client_open_seq, METH_VARARGS,
 	  "open(model, max_tokens)\n--\n\nOpens an empty sequence (kvd_seq_open)." },
+	{ "block_tables", (PyCFunction)(void (*)(void))client_block_tables,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "block_tables(seqs, layer, layers=1, kv_head=0)\n--\n\n(tables, seq_lens) of this "
+	  "client's sequences seqs for layers layer .. layer + layers - 1, in one call "
+	  "(kvd_seq_block_tables): Views of int32 [layers][len(seqs)][width], each row a "
+	  "sequence's block indices then zeros, and int32 [layers][len(seqs)], its resident "
+	  "tokens. Pin the sequences around the step that uses them." },
 	{ "block_pool", client_block_pool, METH_VARARGS,
 	  "block_pool(model)\n--\n\n(View of uint8[n_blocks][stride] at the range's base, "
 	  "stride): block index b of a block table is row b. Only the connection's blocks are "
@@ -1692,6 +1789,11 @@ static PyObject *seq_get_model(PyObject *self, void *closure) {
 	return PyLong_FromLong(((SeqObject *)self)->model);
 }
 
+static PyObject *seq_get_client(PyObject *self, void *closure) {
+	(void)closure;
+	return Py_NewRef((PyObject *)((SeqObject *)self)->client);
+}
+
 static PyObject *seq_get_views(PyObject *self, void *closure) {
 	(void)closure;
 	return PyLong_FromSsize_t(((SeqObject *)self)->views);
@@ -1775,6 +1877,7 @@ static PyGetSetDef seq_getset[] = {
 	{ "generation", seq_get_generation, NULL, "The descriptor's generation now.", NULL },
 	{ "model", seq_get_model, NULL, "The model id it was opened (or claimed) with.", NULL },
 	{ "views", seq_get_views, NULL, "Views of its memory alive now.", NULL },
+	{ "client", seq_get_client, NULL, "The Client it was opened on.", NULL },
 	{ "released", seq_get_released, NULL, "Whether release() was called.", NULL },
 	{ NULL },
 };

@@ -77,24 +77,32 @@ class PagedKV:
         self.kv = None
 
 
-def block_tables(seqs, layer, device=None):
-    """Layer `layer`'s tables of seqs, padded: (block_table int32 [batch][max_blocks], seq_lens
-    int32 [batch], positions: a list of int64 tensors, each sequence's slots' original
-    positions). Pin the sequences first: a table holds until the sequence changes."""
-    tables, lens, positions = [], [], []
-    for s in seqs:
-        blocks, pos, _ = s.block_table(layer)
-        tables.append(torch.from_dlpack(blocks))
-        lens.append(pos.shape[0])
-        positions.append(torch.from_dlpack(pos).to(torch.int64))
-    width = max((len(t) for t in tables), default=0)
-    table = torch.zeros((len(seqs), width), dtype=torch.int32)
-    for i, t in enumerate(tables):
-        table[i, :len(t)] = t
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
+def block_tables(seqs, layer, device=None, positions=True):
+    """Layer `layer`'s tables of seqs (one client's), padded: (block_table int32
+    [batch][max_blocks], seq_lens int32 [batch], positions: a list of int64 tensors, each
+    sequence's slots' original positions; None with positions=False, which saves a call per
+    sequence). Pin the sequences first: a table holds until the sequence changes."""
+    table, seq_lens = block_tables_layers(seqs, layer, 1, device)
+    pos = None
+    if positions:
+        pos = [torch.from_dlpack(s.block_table(layer)[1]).to(torch.int64) for s in seqs]
+    return table[0], seq_lens[0], pos
+
+
+def block_tables_layers(seqs, layer, layers, device=None):
+    """The tables of seqs (one client's) for layers layer .. layer + layers - 1 in one call
+    (Client.block_tables, kvd_seq_block_tables): (block_tables int32 [layers][batch]
+    [max_blocks], zero-padded, seq_lens int32 [layers][batch]). What a decode step hands
+    the attention of every layer; pin the sequences first."""
+    if not seqs:
+        return (torch.zeros((layers, 0, 0), dtype=torch.int32),
+                torch.zeros((layers, 0), dtype=torch.int32))
+    tables, lens = seqs[0].client.block_tables(seqs, layer, layers)
+    # Tensors of their own: the Views' memory is the call's, freed with them.
+    table, seq_lens = torch.from_dlpack(tables).clone(), torch.from_dlpack(lens).clone()
     if device is not None:
         table, seq_lens = table.to(device), seq_lens.to(device)
-    return table, seq_lens, positions
+    return table, seq_lens
 
 
 def slot_mapping(block_table, seq_lens, new_tokens, block_tokens):
