@@ -114,7 +114,7 @@ static bool table_cow(const struct seq *s, const struct pool *p, uint32_t t) {
 	const struct kvd_seq_desc *d = s->desc;
 	uint32_t tokens = layout_tokens(d)[t];
 
-	return tokens % d->block_tokens != 0 &&
+	return p->shared_bytes > 0 && tokens % d->block_tokens != 0 &&
 	       pool_block_shared(p, layout_blocks(d, t)[tokens / d->block_tokens]);
 }
 
@@ -211,7 +211,6 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 	struct kvd_seq_desc *d = s->desc;
 	uint32_t bt = d->block_tokens;
 	_cleanup_(freep) struct kvd_block_ref *refs = NULL;
-	_cleanup_(freep) bool *cow = NULL;
 	/* The compensation blocks are the first `moments` of refs. */
 	uint32_t moments = first_grow_moments(d);
 	uint64_t total = moments, done;
@@ -254,18 +253,16 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		}
 	}
 	/* The copies of shared last blocks, each the first block a table takes. */
-	cow = calloc(d->n_tables, sizeof(*cow));
-	r = cow ? 0 : -ENOMEM;
 	done = moments;
 	for (uint32_t t = 0; r == 0 && t < d->n_tables; t++) {
 		uint32_t tokens = desc_tokens(d)[t];
+		bool cow = table_cow(s, p, t);
 
-		cow[t] = table_cow(s, p, t);
-		if (cow[t])
+		if (cow)
 			r = p->ops->copy(s->device, pool_block_addr(p, refs[done]),
 			                 pool_block_addr(p, desc_blocks(d, t)[tokens / bt]),
 			                 s->model->block_bytes);
-		done += cow[t] + table_grow_blocks(d, tokens, n);
+		done += cow + table_grow_blocks(d, tokens, n);
 	}
 	if (r < 0) {
 		seq_alloc_undo(p, conn_id, refs, total, &g, emptied);
@@ -284,7 +281,8 @@ int seq_grow(struct seq *s, struct pool *p, uint64_t conn_id, uint32_t n,
 		uint32_t old_blocks = DIV_ROUND_UP(tokens, bt);
 		uint32_t per = table_grow_blocks(d, tokens, n);
 
-		if (cow[t]) {
+		/* Still what the copies found: each table's last block is its own to let go. */
+		if (table_cow(s, p, t)) {
 			struct kvd_block_ref *last = &desc_blocks(d, t)[old_blocks - 1];
 
 			/* Lets go of the shared block (never its last holder: nothing empties). */
@@ -442,6 +440,9 @@ uint32_t seq_shared_slots(const struct seq *s, const struct pool *p, uint32_t t)
 	const struct kvd_block_ref *blocks = layout_blocks(d, t);
 	uint32_t tokens = layout_tokens(d)[t];
 
+	/* Each round's snapshot and each tick's offload ask: without a fork, no walk. */
+	if (p->shared_bytes == 0)
+		return 0;
 	for (uint32_t b = DIV_ROUND_UP(tokens, d->block_tokens); b > 0; b--)
 		if (pool_block_shared(p, blocks[b - 1]))
 			return MIN(b * d->block_tokens, tokens);

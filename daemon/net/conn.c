@@ -529,8 +529,7 @@ void conn_close(struct conn *c, const char *why) {
 	idmap_del(&s->conn_ids, c->id);
 	s->n_conns--;
 	/* An fd comes free (once the connection's last operation completes). */
-	if (s->handlers.closed)
-		s->handlers.closed(s);
+	s->handlers.closed(s);
 	/* Its pending operations still refer to it; listed so that a stop which ends the
 	 * loop before they complete can still free it. */
 	c->closed_next = s->closed;

@@ -182,6 +182,6 @@ struct conn_handlers {
 	void (*ring)(struct conn *c, const struct kvd_ring_sqe *sqe);
 	/* Drops the session state of a closing connection. */
 	void (*disconnect)(struct conn *c);
-	/* After a connection closed, with the server's state updated; may be NULL. */
+	/* After a connection closed, with the server's state updated. */
 	void (*closed)(struct server *s);
 };

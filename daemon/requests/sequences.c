@@ -50,6 +50,25 @@ static int refuse_if_unmap_late(struct conn *c, char why[static WHY_MAX]) {
 	              (unsigned long long)c->srv->limits.unmap_timeout_ms);
 }
 
+/*
+ * Refuses request id, which reads or frees q's blocks (a fork, a truncate), while they are
+ * not q's to touch: -EBUSY while they are the tier's or the mover's, or a recall's round
+ * trades them (a pin brings q back, and the round ends); -EAGAIN while the engine's
+ * kernels may still write them (the event of its last unpin). Returns whether it did.
+ */
+static bool refuse_if_blocks_busy(struct conn *c, uint64_t id, struct seq *q) {
+	if (q->tiered || q->move || q->recalling) {
+		envelope_reply_error(c, id, -EBUSY, "the sequence is %s; pin it first",
+		                     q->recalling ? "being recalled into" : "in its host tier");
+		return true;
+	}
+	if (!evict_engine_done(c->srv, q)) {
+		envelope_reply_error(c, id, -EAGAIN, "the engine's event of its last unpin has not completed");
+		return true;
+	}
+	return false;
+}
+
 void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
                      int request_fd _unused_) {
 	const Kvd__V1__SeqOpen *req = request->seq_open;
@@ -74,18 +93,9 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 			envelope_reply_error(c, id, -EINVAL, "a fork has its parent's model");
 			return;
 		}
-		/* Its blocks are the tier's or the mover's now, or a recall trades them. */
-		if (parent->tiered || parent->move || parent->recalling) {
-			envelope_reply_error(c, id, -EBUSY, "the sequence to fork is %s; pin it first",
-			                     parent->recalling ? "being recalled into" : "in its host tier");
+		/* Its last blocks are copied. */
+		if (refuse_if_blocks_busy(c, id, parent))
 			return;
-		}
-		/* Its last blocks are copied: not while the engine's kernels may still write
-		 * them. */
-		if (!evict_engine_done(s, parent)) {
-			envelope_reply_error(c, id, -EAGAIN, "the engine's event of its last unpin has not completed");
-			return;
-		}
 	}
 	if (!req->has_max_tokens || req->max_tokens < 1 || req->max_tokens > s->limits.max_seq_tokens) {
 		if (req->has_max_tokens && req->max_tokens > s->limits.max_seq_tokens)
@@ -694,19 +704,9 @@ void handle_seq_truncate(struct conn *c, uint64_t id, const Envelope *request,
 		                     "sequence has", q->desc->next_position);
 		return;
 	}
-	/* Its blocks are the tier's or the mover's now, or a recall's round holds its kept
-	 * tokens: a pin brings it back, and the round ends. */
-	if (q->tiered || q->move || q->recalling) {
-		envelope_reply_error(c, id, -EBUSY, "the sequence is %s; pin it first",
-		                     q->recalling ? "being recalled into" : "in its host tier");
+	/* Its blocks go back to the pool. */
+	if (refuse_if_blocks_busy(c, id, q))
 		return;
-	}
-	/* The blocks go back to the pool: not while the engine's kernels may still write
-	 * them. */
-	if (!evict_engine_done(s, q)) {
-		envelope_reply_error(c, id, -EAGAIN, "the engine's event of its last unpin has not completed");
-		return;
-	}
 	r = seq_truncate(q, s->pool, req->tokens, &emptied);
 	if (r < 0) {
 		envelope_reply_error(c, id, r, "cannot truncate: %s", strerror(-r));

@@ -123,27 +123,16 @@ static void register_model(uint64_t id, uint32_t layers, uint32_t kv_heads, uint
 	FINISH();
 }
 
-static void seq_open(uint64_t id, uint32_t model, uint32_t max_tokens) {
+/* fork_of: a sequence to fork (SeqOpen.fork_of), or 0. */
+static void seq_open(uint64_t id, uint32_t model, uint32_t max_tokens, uint64_t fork_of) {
 	Kvd__V1__SeqOpen m = KVD__V1__SEQ_OPEN__INIT;
 	ENVELOPE(id);
 
 	m.has_model_id = m.has_max_tokens = true;
 	m.model_id = model;
 	m.max_tokens = max_tokens;
-	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN;
-	env.seq_open = &m;
-	FINISH();
-}
-
-/* A fork of sequence parent (SeqOpen.fork_of). */
-static void seq_fork(uint64_t id, uint32_t model, uint32_t max_tokens, uint64_t parent) {
-	Kvd__V1__SeqOpen m = KVD__V1__SEQ_OPEN__INIT;
-	ENVELOPE(id);
-
-	m.has_model_id = m.has_max_tokens = m.has_fork_of = true;
-	m.model_id = model;
-	m.max_tokens = max_tokens;
-	m.fork_of = parent;
+	m.has_fork_of = fork_of != 0;
+	m.fork_of = fork_of;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN;
 	env.seq_open = &m;
 	FINISH();
@@ -472,7 +461,7 @@ static void frames(void) {
 	frame_whole("hello", 0);
 	register_model(2, 2, 2, 64, KVD__V1__DTYPE__DTYPE_F16, 16, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	frame_whole("register-model", 0);
-	seq_open(3, 1, 1024);
+	seq_open(3, 1, 1024, 0);
 	frame_whole("seq-open", 0);
 	seq_grow(4, 1, 64);
 	frame_whole("seq-grow", 0);
@@ -502,7 +491,7 @@ static void frames(void) {
 	frame_whole("error-status", 0);
 
 	/* fds: pushed with the piece, in a control message, and a truncated one. */
-	seq_open(3, 1, 1024);
+	seq_open(3, 1, 1024, 0);
 	frame_whole("fds-request", 2);
 	grow_reply(3);
 	frame_whole("fds-grow-reply", 3);
@@ -527,7 +516,7 @@ static void frames(void) {
 	put_frame(&s, 0);
 	register_model(2, 2, 2, 64, KVD__V1__DTYPE__DTYPE_F16, 16, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	put_frame(&s, 0);
-	seq_open(3, 1, 1024);
+	seq_open(3, 1, 1024, 0);
 	put_frame(&s, 1);
 	grow_reply(2);
 	put_frame(&s, 2);
@@ -651,7 +640,7 @@ static void session(unsigned slot, const char *tenant, uint64_t seq_id) {
 	req(slot);
 	register_model(2, 2, 2, 64, KVD__V1__DTYPE__DTYPE_F16, 16, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	req(slot);
-	seq_open(3, 1, 4096);
+	seq_open(3, 1, 4096, 0);
 	req(slot);
 	(void)seq_id;
 }
@@ -675,7 +664,7 @@ static void nested_reclaim(unsigned fill) {
 	req(0);
 	register_model(2, 2, 2, 64, KVD__V1__DTYPE__DTYPE_F16, 16, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	req(0);
-	seq_open(3, 1, 4096);
+	seq_open(3, 1, 4096, 0);
 	req(0);
 	hello(1, "a", 1, 1);
 	req(1);
@@ -683,9 +672,9 @@ static void nested_reclaim(unsigned fill) {
 	req(1);
 	register_model(2, 2, 2, 32, KVD__V1__DTYPE__DTYPE_F16, 16, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	req(1);
-	seq_open(3, 1, 4096);
+	seq_open(3, 1, 4096, 0);
 	req(1);
-	seq_open(3, 2, 4096);
+	seq_open(3, 2, 4096, 0);
 	req(1);
 	seq_grow(4, 1, 48);   /* A: 6 blocks of chunk 0 */
 	req(0);
@@ -731,7 +720,7 @@ static void sequences(void) {
 	req(0);
 	seq_truncate(6, 1, 100);
 	req(0);
-	seq_fork(6, 1, 4096, 1);
+	seq_open(6, 1, 4096, 1);
 	req(0);
 	seq_grow(6, 2, 20);
 	req(0);
@@ -773,7 +762,7 @@ static void sequences(void) {
 	req(0);
 	status(9);
 	req(0);
-	seq_open(10, 1, 16);
+	seq_open(10, 1, 16, 0);
 	req(0);
 	finish("admin");
 
@@ -852,7 +841,7 @@ static void sequences(void) {
 	req(0);
 	register_model(4, 2, 2, 4096, KVD__V1__DTYPE__DTYPE_F32, 65536, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	req(0);
-	seq_open(5, 9, 16);
+	seq_open(5, 9, 16, 0);
 	req(0);
 	seq_grow(6, 99, 16);
 	req(0);
@@ -870,7 +859,7 @@ static void sequences(void) {
 	send_op(0, OP_SOCKET, 0);
 	register_model(2, 1, 4, 32, KVD__V1__DTYPE__DTYPE_BF16, 8, KVD__V1__LAYOUT__LAYOUT_PER_HEAD);
 	send_op(0, OP_SOCKET, 0);
-	seq_open(3, 1, 512);
+	seq_open(3, 1, 512, 0);
 	send_op(0, OP_SOCKET, 0);
 	seq_grow(4, 1, 40);
 	send_op(0, OP_SOCKET, 0);
@@ -921,9 +910,9 @@ static void sequences(void) {
 	req(0);
 	register_model(5, 1, 1, 64, KVD__V1__DTYPE__DTYPE_F32, 4, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	req(0);
-	seq_open(6, 2, 64);
+	seq_open(6, 2, 64, 0);
 	req(0);
-	seq_open(7, 2, 64);
+	seq_open(7, 2, 64, 0);
 	req(0);
 	hello(1, "b", 1, 1);
 	req(1);

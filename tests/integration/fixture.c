@@ -540,6 +540,36 @@ int raw_hello(int fd, struct wire_rx *rx, const char *tenant, uint32_t min, uint
 	return rep->status->code;
 }
 
+int raw_call(int fd, struct wire_rx *rx, Envelope *env, uint64_t id) {
+	Envelope *rep;
+
+	env->has_id = true;
+	env->id = id;
+	ASSERT_OK(raw_send(fd, env));
+	ASSERT_EQ(raw_recv(fd, rx, 5000, &rep), 1);
+	ASSERT_EQ(rep->id, id);
+	ASSERT_TRUE(rep->status);
+	return rep->status->code;
+}
+
+int raw_register_model(int fd, struct wire_rx *rx, const kvd_model_spec *spec, uint64_t id) {
+	Kvd__V1__RegisterModel rm = KVD__V1__REGISTER_MODEL__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	rm.has_layers = rm.has_q_heads = rm.has_kv_heads = rm.has_head_dim = true;
+	rm.has_dtype = rm.has_block_tokens = rm.has_layout = true;
+	rm.layers = spec->layers;
+	rm.q_heads = spec->q_heads;
+	rm.kv_heads = spec->kv_heads;
+	rm.head_dim = spec->head_dim;
+	rm.dtype = (Kvd__V1__Dtype)spec->dtype;
+	rm.block_tokens = spec->block_tokens;
+	rm.layout = (Kvd__V1__Layout)spec->layout;
+	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL;
+	env.register_model = &rm;
+	return raw_call(fd, rx, &env, id);
+}
+
 static int cmp_u64(const void *a, const void *b) {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
 
@@ -734,6 +764,18 @@ static uint64_t local_digest(kvd_seq *s) {
 			}
 		}
 	return h;
+}
+
+void assert_positions_upto(kvd_seq *s, uint32_t tokens) {
+	const struct kvd_seq_desc *d = kvd_seq_descriptor(s);
+
+	ASSERT_EQ(d->next_position, tokens);
+	for (uint32_t l = 0; l < d->layers; l++)
+		for (uint32_t h = 0; h < (d->layout == KVD_LAYOUT_PER_HEAD ? d->kv_heads : 1); h++) {
+			ASSERT_EQ(kvd_seq_tokens(s, l, h), (int64_t)tokens);
+			for (uint32_t j = 0; j < tokens; j++)
+				ASSERT_EQ(kvd_seq_position(s, l, h, j), (int64_t)j);
+		}
 }
 
 uint64_t assert_digests_agree(kvd_seq *s) {

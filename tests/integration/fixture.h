@@ -120,6 +120,12 @@ int raw_recv_fds(int fd, struct wire_rx *rx, int timeout_ms, Envelope **ret,
                  int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds);
 /* Sends hello as tenant (NULL: admin) with the given versions; returns the reply code. */
 int raw_hello(int fd, struct wire_rx *rx, const char *tenant, uint32_t min, uint32_t max);
+/* Sends env as request id (set here) and returns its reply's code; fails the test unless
+ * the reply, with a status, comes within 5 s. */
+int raw_call(int fd, struct wire_rx *rx, Envelope *env, uint64_t id);
+/* RegisterModel of spec as request id; returns the reply's code (a connection's first model
+ * is model 1). */
+int raw_register_model(int fd, struct wire_rx *rx, const kvd_model_spec *spec, uint64_t id);
 
 /* inode numbers of the kvd chunk memfds process pid has mapped, sorted; returns count. */
 size_t mapped_chunk_inodes(pid_t pid, uint64_t *inodes, size_t max);
@@ -160,5 +166,8 @@ void fill_seq(kvd_seq *s, uint32_t tag);
 void fill_seq_from(kvd_seq *s, uint32_t tag, uint64_t from);
 /* Counts the resident bytes of s that differ from fill_seq(s, tag). */
 uint64_t check_seq(kvd_seq *s, uint32_t tag);
+/* Asserts that every table of s holds the positions 0 .. tokens - 1, one a slot, and that
+ * tokens is its next position: a sequence nothing was evicted from. */
+void assert_positions_upto(kvd_seq *s, uint32_t tokens);
 /* Asserts that the daemon's and this process's digests of s agree; returns the digest. */
 uint64_t assert_digests_agree(kvd_seq *s);

@@ -23,15 +23,6 @@ static const char *const args[] = { "--pool-size", "16MiB", "--chunk-size", "1Mi
 static const kvd_model_spec spec = { "fork", LAYERS, 2, 2, 64, KVD_DTYPE_F16, BLOCK_TOKENS,
 	                             KVD_LAYOUT_PER_LAYER };
 
-static void assert_tables(kvd_seq *s, uint32_t tokens) {
-	ASSERT_EQ(kvd_seq_descriptor(s)->next_position, tokens);
-	for (uint32_t l = 0; l < LAYERS; l++) {
-		ASSERT_EQ(kvd_seq_tokens(s, l, 0), (int64_t)tokens);
-		for (uint32_t j = 0; j < tokens; j++)
-			ASSERT_EQ(kvd_seq_position(s, l, 0, j), (int64_t)j);
-	}
-}
-
 /* Resident bytes of s whose original position is at least from. */
 static uint64_t bytes_from(kvd_seq *s, uint32_t from) {
 	const struct kvd_seq_desc *d = kvd_seq_descriptor(s);
@@ -62,7 +53,7 @@ TEST(fork_shares_full_blocks) {
 
 	/* 40 tokens a layer: 2 full blocks shared, the third copied. */
 	ASSERT_OK(kvd_seq_fork(parent, &child));
-	assert_tables(child, 40);
+	assert_positions_upto(child, 40);
 	ASSERT_EQ(check_seq(child, 1), 0u);
 	assert_digests_agree(child);
 	ASSERT_EQ(fixture_status(&f, "sampler", "block_bytes"), (3 + 1) * LAYERS * per);
@@ -91,8 +82,8 @@ TEST(fork_shares_full_blocks) {
 	fill_seq_from(parent, 1, 40);
 	ASSERT_OK(kvd_seq_grow(child, 20));
 	fill_seq_from(child, 2, 40);
-	assert_tables(parent, 50);
-	assert_tables(child, 60);
+	assert_positions_upto(parent, 50);
+	assert_positions_upto(child, 60);
 	ASSERT_EQ(check_seq(parent, 1), 0u);
 	ASSERT_EQ(check_seq(child, 1), bytes_from(child, 40));
 	ASSERT_EQ(check_seq(child, 2), bytes_from(child, 0) - bytes_from(child, 40));
@@ -167,10 +158,10 @@ TEST(grow_after_truncate_into_shared_copies) {
 	fill_seq(parent, 1);
 	ASSERT_OK(kvd_seq_fork(parent, &child));
 	ASSERT_OK(kvd_seq_truncate(child, 30));
-	assert_tables(child, 10);
+	assert_positions_upto(child, 10);
 	ASSERT_OK(kvd_seq_grow(child, 5));
 	fill_seq_from(child, 2, 10);
-	assert_tables(child, 15);
+	assert_positions_upto(child, 15);
 	ASSERT_EQ(check_seq(parent, 1), 0u);
 	assert_digests_agree(parent);
 	ASSERT_EQ(check_seq(child, 2), bytes_from(child, 0) - bytes_from(child, 10));
@@ -184,41 +175,25 @@ TEST(grow_after_truncate_into_shared_copies) {
 
 /* Opens on a raw connection of tenant a fork of seq_id with model 1; returns the code. */
 static int raw_fork(struct fixture *f, const char *tenant, uint64_t seq_id) {
-	Kvd__V1__RegisterModel reg = KVD__V1__REGISTER_MODEL__INIT;
 	Kvd__V1__SeqOpen req = KVD__V1__SEQ_OPEN__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
 	struct wire_rx *rx = calloc(1, sizeof(*rx));
 	int fd = raw_connect(f), code;
 
 	ASSERT_NOT_NULL(rx);
 	wire_rx_init(rx);
 	ASSERT_EQ(raw_hello(fd, rx, tenant, 1, 1), 0);
-	reg.has_layers = reg.has_q_heads = reg.has_kv_heads = reg.has_head_dim = true;
-	reg.has_dtype = reg.has_block_tokens = reg.has_layout = true;
-	reg.layers = spec.layers, reg.q_heads = spec.q_heads, reg.kv_heads = spec.kv_heads;
-	reg.head_dim = spec.head_dim, reg.dtype = spec.dtype;
-	reg.block_tokens = spec.block_tokens, reg.layout = spec.layout;
-	env.has_id = true;
-	env.id = 6;
-	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL;
-	env.register_model = &reg;
-	ASSERT_OK(raw_send(fd, &env));
-	ASSERT_EQ(raw_recv(fd, rx, 10000, &reply), 1);
-	ASSERT_EQ(reply->status->code, 0);
+	ASSERT_EQ(raw_register_model(fd, rx, &spec, 6), 0);
 	req.has_model_id = req.has_max_tokens = req.has_fork_of = true;
 	req.model_id = 1;
 	req.max_tokens = 1024;
 	req.fork_of = seq_id;
-	env.id = 7;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN;
 	env.seq_open = &req;
-	ASSERT_OK(raw_send(fd, &env));
-	ASSERT_EQ(raw_recv(fd, rx, 10000, &reply), 1);
-	ASSERT_EQ(reply->id, 7u);
-	ASSERT_NOT_NULL(reply->status);
-	code = reply->status->code;
-	close(fd);
+	code = raw_call(fd, rx, &env, 7);
+	wire_rx_done(rx);
 	free(rx);
+	close(fd);
 	return code;
 }
 

@@ -294,43 +294,21 @@ static uint64_t digest(kvd_seq *s) {
 
 /* SeqClaim over a raw connection, for a tenant that holds no handle: its status code. */
 static int raw_claim(struct fixture *f, const char *tenant, uint64_t seq_id) {
-	Kvd__V1__RegisterModel rm = KVD__V1__REGISTER_MODEL__INIT;
 	Kvd__V1__SeqClaim cl = KVD__V1__SEQ_CLAIM__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT, *rep;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
 	struct wire_rx *rx = calloc(1, sizeof(*rx));
 	int fd = raw_connect(f), code;
 
 	ASSERT_TRUE(rx);
 	wire_rx_init(rx);
 	ASSERT_EQ(raw_hello(fd, rx, tenant, 1, 1), 0);
-	rm.has_layers = rm.has_q_heads = rm.has_kv_heads = rm.has_head_dim = true;
-	rm.layers = shape.layers;
-	rm.q_heads = shape.q_heads;
-	rm.kv_heads = shape.kv_heads;
-	rm.head_dim = shape.head_dim;
-	rm.has_dtype = rm.has_block_tokens = rm.has_layout = true;
-	rm.dtype = (Kvd__V1__Dtype)shape.dtype;
-	rm.block_tokens = shape.block_tokens;
-	rm.layout = (Kvd__V1__Layout)shape.layout;
-	env.has_id = true;
-	env.id = 2;
-	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL;
-	env.register_model = &rm;
-	ASSERT_OK(raw_send(fd, &env));
-	ASSERT_EQ(raw_recv(fd, rx, 5000, &rep), 1);
-	ASSERT_EQ(rep->status->code, 0);
+	ASSERT_EQ(raw_register_model(fd, rx, &shape, 2), 0);
 	cl.has_seq_id = cl.has_model_id = true;
 	cl.seq_id = seq_id;
 	cl.model_id = 1;
-	env = (Envelope)KVD__V1__ENVELOPE__INIT;
-	env.has_id = true;
-	env.id = 3;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_CLAIM;
 	env.seq_claim = &cl;
-	ASSERT_OK(raw_send(fd, &env));
-	ASSERT_EQ(raw_recv(fd, rx, 5000, &rep), 1);
-	ASSERT_EQ(rep->id, 3u);
-	code = rep->status->code;
+	code = raw_call(fd, rx, &env, 3);
 	wire_rx_done(rx);
 	free(rx);
 	close(fd);

@@ -28,15 +28,6 @@ static uint64_t block_bytes(const kvd_seq *s) {
 	return kvd_seq_descriptor(s)->block_bytes;
 }
 
-static void assert_tables(kvd_seq *s, uint32_t tokens) {
-	ASSERT_EQ(kvd_seq_descriptor(s)->next_position, tokens);
-	for (uint32_t l = 0; l < LAYERS; l++) {
-		ASSERT_EQ(kvd_seq_tokens(s, l, 0), (int64_t)tokens);
-		for (uint32_t j = 0; j < tokens; j++)
-			ASSERT_EQ(kvd_seq_position(s, l, 0, j), (int64_t)j);
-	}
-}
-
 TEST(truncate_drops_the_last_positions) {
 	struct fixture f;
 	kvd_client *c;
@@ -57,14 +48,14 @@ TEST(truncate_drops_the_last_positions) {
 
 	/* Back to 30: still 2 blocks a layer, the rest intact. */
 	ASSERT_OK(kvd_seq_truncate(s, 10));
-	assert_tables(s, 30);
+	assert_positions_upto(s, 30);
 	ASSERT_EQ(check_seq(s, 1), 0u);
 	assert_digests_agree(s);
 	ASSERT_EQ(fixture_status(&f, "drafter", "block_bytes"), 2 * LAYERS * per);
 
 	/* The next grow continues at 30, and the new slots are the caller's to write. */
 	ASSERT_OK(kvd_seq_grow(s, 5));
-	assert_tables(s, 35);
+	assert_positions_upto(s, 35);
 	fill_seq_from(s, 1, 30);
 	ASSERT_EQ(check_seq(s, 1), 0u);
 	assert_digests_agree(s);
@@ -73,18 +64,18 @@ TEST(truncate_drops_the_last_positions) {
 	ASSERT_EQ(kvd_seq_truncate(s, 0), -EINVAL);
 	ASSERT_EQ(kvd_seq_truncate(s, 36), -EINVAL);
 	ASSERT_TRUE(strstr(kvd_client_last_error(c), "1..35"));
-	assert_tables(s, 35);
+	assert_positions_upto(s, 35);
 
 	/* All of it: the tables are empty, the chunk goes back once this process unmapped it
 	 * (the call answered the daemon's request), and the sequence grows again from 0. */
 	ASSERT_OK(kvd_seq_truncate(s, 35));
-	assert_tables(s, 0);
+	assert_positions_upto(s, 0);
 	ASSERT_EQ(fixture_status(&f, "drafter", "block_bytes"), 0u);
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));
 	ASSERT_EQ(fixture_status(&f, NULL, "truncates"), 2u);
 	ASSERT_EQ(fixture_status(&f, NULL, "truncated_tokens"), 45u);
 	ASSERT_OK(kvd_seq_grow(s, 20));
-	assert_tables(s, 20);
+	assert_positions_upto(s, 20);
 	fill_seq(s, 2);
 	ASSERT_EQ(check_seq(s, 2), 0u);
 	ASSERT_OK(kvd_seq_release(s));
@@ -111,7 +102,7 @@ TEST(truncate_pinned_keeps_the_pin) {
 	ASSERT_OK(kvd_seq_pin(s));
 	ASSERT_EQ(fixture_status(&f, "drafter", "pinned_bytes"), 4 * LAYERS * per);
 	ASSERT_OK(kvd_seq_truncate(s, 17));
-	assert_tables(s, 47);
+	assert_positions_upto(s, 47);
 	ASSERT_EQ(fixture_status(&f, "drafter", "pinned_bytes"), 3 * LAYERS * per);
 	ASSERT_OK(kvd_seq_unpin(s));
 	ASSERT_EQ(fixture_status(&f, "drafter", "pinned_bytes"), 0u);
@@ -123,7 +114,7 @@ TEST(truncate_pinned_keeps_the_pin) {
 /* Sends SeqTruncate of seq_id on a raw connection of tenant; returns the reply's code. */
 static int raw_truncate(struct fixture *f, const char *tenant, uint64_t seq_id, uint32_t n) {
 	Kvd__V1__SeqTruncate req = KVD__V1__SEQ_TRUNCATE__INIT;
-	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
 	struct wire_rx *rx = calloc(1, sizeof(*rx));
 	int fd = raw_connect(f), code;
 
@@ -133,17 +124,12 @@ static int raw_truncate(struct fixture *f, const char *tenant, uint64_t seq_id, 
 	req.has_seq_id = req.has_tokens = true;
 	req.seq_id = seq_id;
 	req.tokens = n;
-	env.has_id = true;
-	env.id = 7;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_TRUNCATE;
 	env.seq_truncate = &req;
-	ASSERT_OK(raw_send(fd, &env));
-	ASSERT_EQ(raw_recv(fd, rx, 10000, &reply), 1);
-	ASSERT_EQ(reply->id, 7u);
-	ASSERT_NOT_NULL(reply->status);
-	code = reply->status->code;
-	close(fd);
+	code = raw_call(fd, rx, &env, 7);
+	wire_rx_done(rx);
 	free(rx);
+	close(fd);
 	return code;
 }
 
@@ -165,7 +151,7 @@ TEST(truncate_of_another_connections_sequence_refused) {
 	ASSERT_EQ(raw_truncate(&f, "attacker", kvd_seq_id(s), 10), -ENOENT);
 	ASSERT_EQ(raw_truncate(&f, "victim", kvd_seq_id(s), 10), -ENOENT);
 	ASSERT_EQ(raw_truncate(&f, NULL, kvd_seq_id(s), 10), -EPERM);
-	assert_tables(s, 40);
+	assert_positions_upto(s, 40);
 	ASSERT_EQ(check_seq(s, 3), 0u);
 	ASSERT_EQ(fixture_status(&f, NULL, "truncates"), 0u);
 	ASSERT_OK(kvd_seq_release(s));

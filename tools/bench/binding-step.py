@@ -13,15 +13,12 @@ asserts on timings.
 """
 
 import argparse
-import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 
+import benchdaemon
 import kvd
 
 LAYERS = 4
@@ -48,18 +45,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2000, help="steps timed (default 2000)")
     args = ap.parse_args()
 
-    tmp = tempfile.mkdtemp(prefix="kvd-step-")
-    sock = os.path.join(tmp, "kvd.sock")
-    daemon = subprocess.Popen([args.kvd, "--backend", "host", "--socket", sock, "--config",
-                               "/dev/null", "--state-dir", os.path.join(tmp, "state"),
-                               "--pool-size", "1GiB"], stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(500):
-            try:
-                kvd.Client(sock).close()
-                break
-            except kvd.KvdError:
-                time.sleep(0.02)
+    with benchdaemon.daemon(args.kvd, "1GiB") as sock:
         with kvd.Client(sock, "bench-step-py") as c:
             m = c.register_model(LAYERS, 32, 8, 128, kvd.DTYPE_F16, 16,
                                  unit=kvd.UNIT_LAYER_TOKEN, window=32)
@@ -81,10 +67,6 @@ def main():
         print(f"Python step (the same calls): p50 {py50:.1f} us  p99 {py99:.1f} us  "
               f"({args.steps} steps)")
         print(f"Python / C: p50 {py50 / c50:.2f}x  p99 {py99 / c99:.2f}x (target: within 3x)")
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -12,16 +12,12 @@ on timings; the last line sets what the batch costs beside one sequence's tables
 """
 
 import argparse
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 
+import benchdaemon
 import kvd
 import kvd.paged as paged
 
@@ -54,18 +50,7 @@ def main():
     ap.add_argument("--steps", type=int, default=100, help="steps timed (100)")
     args = ap.parse_args()
 
-    tmp = tempfile.mkdtemp(prefix="kvd-tables-")
-    sock = os.path.join(tmp, "kvd.sock")
-    daemon = subprocess.Popen([args.kvd, "--backend", "host", "--socket", sock, "--config",
-                               "/dev/null", "--state-dir", os.path.join(tmp, "state"),
-                               "--pool-size", "8GiB"], stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(500):
-            try:
-                kvd.Client(sock).close()
-                break
-            except kvd.KvdError:
-                time.sleep(0.02)
+    with benchdaemon.daemon(args.kvd, "8GiB") as sock:
         with kvd.Client(sock, "bench-tables") as c:
             # Llama-3.1-8B's KV: 8 kv heads of 128, f16, blocks of 16 tokens.
             m = c.register_model(args.layers, 32, 8, 128, kvd.DTYPE_F16, 16)
@@ -96,10 +81,6 @@ def main():
             print(f"  {name:38s} {p50:9.1f} / {p99:9.1f}   {base / p50:6.1f}x the first's speed")
         print(f"  the batch in one call / one sequence in one call: "
               f"{results[2][1] / results[3][1]:.2f}x")
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1330,6 +1330,16 @@ static PyObject *seq_fork(PyObject *self, PyObject *unused) {
 	return seq_wrap(so->client, child, so->model);
 }
 
+/* Whether views of so's memory live (BufferError set): what a release or a truncate, which
+ * may unmap it, must not pull out from under them. */
+static bool seq_views_alive(const SeqObject *so) {
+	if (so->views == 0)
+		return false;
+	PyErr_Format(PyExc_BufferError, "%zd views of this sequence are alive: drop them (and the "
+	             "arrays and tensors made from them) first", so->views);
+	return true;
+}
+
 static PyObject *seq_truncate(PyObject *self, PyObject *args) {
 	SeqObject *so = (SeqObject *)self;
 	kvd_seq *s = seq_open(so);
@@ -1339,12 +1349,8 @@ static PyObject *seq_truncate(PyObject *self, PyObject *args) {
 	if (!s || !PyArg_ParseTuple(args, "I", &n))
 		return NULL;
 	/* The dropped slots' blocks go back to the pool, and their chunks may be unmapped. */
-	if (so->views > 0) {
-		PyErr_Format(PyExc_BufferError,
-		             "%zd views of this sequence are alive: drop them (and the arrays and "
-		             "tensors made from them) first", so->views);
+	if (seq_views_alive(so))
 		return NULL;
-	}
 	SEQ_CALL(so, r, kvd_seq_truncate(s, n));
 	return seq_result(so, r);
 }
@@ -1422,12 +1428,8 @@ static PyObject *seq_release(PyObject *self, PyObject *unused) {
 	(void)unused;
 	if (!s)
 		Py_RETURN_NONE;
-	if (so->views > 0) {
-		PyErr_Format(PyExc_BufferError,
-		             "%zd views of this sequence are alive: drop them (and the arrays and "
-		             "tensors made from them) first", so->views);
+	if (seq_views_alive(so))
 		return NULL;
-	}
 	if (so->inflight > 0) {
 		PyErr_SetString(PyExc_RuntimeError, "another thread is in a call on this sequence");
 		return NULL;
