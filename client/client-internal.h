@@ -220,7 +220,9 @@ void client_tell_unmapped(kvd_client *c, uint32_t *ids, uint32_t n);
 #define KVD_BUDGET_PARAMS_SIZE_1_6 24u
 #define KVD_TENANT_PARAMS_SIZE_1_7 48u
 #define KVD_TENANT_PARAMS_SIZE_1_8 56u
+#define KVD_OPEN_PARAMS_SIZE_1_10 24u
 _Static_assert(sizeof(kvd_connect_params) == KVD_CONNECT_PARAMS_SIZE_1_4, "kvd_connect_params");
+_Static_assert(sizeof(kvd_open_params) == KVD_OPEN_PARAMS_SIZE_1_10, "kvd_open_params");
 _Static_assert(sizeof(kvd_model_params) == KVD_MODEL_PARAMS_SIZE_1_4, "kvd_model_params");
 _Static_assert(sizeof(kvd_tenant_params) == KVD_TENANT_PARAMS_SIZE_1_8, "kvd_tenant_params");
 _Static_assert(sizeof(kvd_budget_params) == KVD_BUDGET_PARAMS_SIZE_1_6, "kvd_budget_params");
@@ -336,8 +338,13 @@ int client_call(kvd_client *c, Envelope *env, int want, bool stop_after_send,
 		Envelope **ret_reply, int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds);
 
 /* client_call() for a request that carries send_fd (the daemon receives a copy; send_fd
- * stays the caller's) and whose reply is a status only. */
-int client_call_fd(kvd_client *c, Envelope *env, int send_fd);
+ * stays the caller's). */
+int client_call_fd(kvd_client *c, Envelope *env, int send_fd, int want, Envelope **ret_reply,
+                   int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds);
+
+/* A memfd called name holding the n bytes at p, sealed against every change (the daemon
+ * then reads what it checked). Returns 0 with the fd in *ret_fd, or -errno. */
+int client_sealed_memfd(const char *name, const void *p, uint64_t n, int *ret_fd);
 
 /* ---- the rings (ring.c) ---- */
 

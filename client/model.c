@@ -227,38 +227,12 @@ int kvd_model_register_indexed(kvd_client *c, const kvd_model_spec *spec,
 	return (int)call_result(client_key(c), do_model_register_indexed(c, spec, ev, compensation, ix), __func__);
 }
 
-/* A sealed memfd holding the n bytes at p. */
-static int sealed_memfd(const char *name, const void *p, uint64_t n, int *ret_fd) {
-	_cleanup_(closep) int fd = -EBADF;
-	uint64_t done = 0;
-
-	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return negative_errno();
-	while (done < n) {
-		ssize_t k = write(fd, (const char *)p + done, MIN(n - done, (uint64_t)SSIZE_MAX));
-
-		if (k < 0) {
-			if (errno == EINTR)
-				continue;
-			return negative_errno();
-		}
-		if (k == 0)
-			return -EIO; /* cannot happen on a memfd; guards the loop */
-		done += k;
-	}
-	/* Sealed, the bytes the daemon checks are the bytes it uses, whatever we do next. */
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-		return negative_errno();
-	*ret_fd = TAKE_FD(fd);
-	return 0;
-}
-
 static int do_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uint32_t dtype,
 			  uint32_t hidden, const void *wo) {
 	Kvd__V1__ModelOutputProj req = KVD__V1__MODEL_OUTPUT_PROJ__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
 	_cleanup_(closep) int fd = -EBADF;
+	int fds[WIRE_FDS_MAX];
 	const struct model *m;
 	uint64_t bytes = 0;
 	int r;
@@ -282,7 +256,7 @@ static int do_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uin
 		return r;
 
 	/* Copied without the lock: up to a GiB, which other threads need not wait for. */
-	r = sealed_memfd("kvd-output-proj", wo, bytes, &fd);
+	r = client_sealed_memfd("kvd-output-proj", wo, bytes, &fd);
 	if (r < 0)
 		return r;
 
@@ -298,7 +272,7 @@ static int do_model_output_proj(kvd_client *c, int model_id, uint32_t layer, uin
 	env.model_output_proj = &req;
 
 	client_lock(c);
-	r = client_call_fd(c, &env, fd);
+	r = client_call_fd(c, &env, fd, BODY_ANY, NULL, fds, NULL);
 	client_unlock(c);
 	return r;
 }

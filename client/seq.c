@@ -282,22 +282,34 @@ static void seq_give_back(kvd_client *c, uint64_t seq_id) {
 	(void)client_request_unwaited(c, &env);
 }
 
-/* Opens a sequence of model_id, or (fork_of not 0) a fork of sequence fork_of. */
+/* Opens a sequence of model_id: a fork of sequence fork_of (not 0), or one starting with
+ * the blocks of its n_keys prefix keys that the daemon finds. */
 static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t fork_of,
-                    kvd_seq **ret) {
+                    const uint8_t *keys, uint32_t n_keys, kvd_seq **ret) {
 	Kvd__V1__SeqOpen req = KVD__V1__SEQ_OPEN__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	_cleanup_(seq_freep) kvd_seq *s = NULL;
+	_cleanup_(closep) int keys_fd = -EBADF;
 	const Kvd__V1__SeqOpenReply *rep;
 	int fds[WIRE_FDS_MAX];
 	bool opened = false;
 	uint32_t nfds = 0;
 	int r;
 
-	if (!c || !ret || model_id < 0 || max_tokens == 0)
+	if (!c || !ret || model_id < 0 || max_tokens == 0 || (n_keys > 0 && !keys))
 		return -EINVAL;
 	if (client_forked(c))
 		return -ECHILD;
+	if (n_keys > 0 && !(c->features & KVD_FEATURE_PREFIX))
+		return client_error(c, -EOPNOTSUPP, "kvd_seq_open_params: the daemon cannot share "
+		                    "prefixes (it predates KVD_1.10)");
+	/* The keys travel in a memfd: 2,048 of them (a 32k-token prompt) pass a frame. */
+	if (n_keys > 0) {
+		r = client_sealed_memfd("kvd-prefix-keys", keys, (uint64_t)n_keys * KVD_KEY_BYTES,
+		                        &keys_fd);
+		if (r < 0)
+			return r;
+	}
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
@@ -312,11 +324,14 @@ static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t f
 	req.max_tokens = max_tokens;
 	req.has_fork_of = fork_of != 0;
 	req.fork_of = fork_of;
+	req.has_prefix_blocks = n_keys > 0;
+	req.prefix_blocks = n_keys;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN;
 	env.seq_open = &req;
 
 	client_lock(c);
-	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_SEQ_OPEN_REPLY, false, &reply, fds, &nfds);
+	r = client_call_fd(c, &env, keys_fd, KVD__V1__ENVELOPE__BODY_SEQ_OPEN_REPLY, &reply, fds,
+	                   &nfds);
 	if (r >= 0) {
 		const struct model *m = model_find(c, model_id);
 		uint64_t obs_bytes;
@@ -352,11 +367,25 @@ static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t f
 }
 
 static int do_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
-	return seq_open(c, model_id, max_tokens, 0, ret);
+	return seq_open(c, model_id, max_tokens, 0, NULL, 0, ret);
 }
 
 int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
 	return (int)call_result(client_key(c), do_seq_open(c, model_id, max_tokens, ret), __func__);
+}
+
+static int do_seq_open_params(kvd_client *c, const kvd_open_params *params, kvd_seq **ret) {
+	kvd_open_params p;
+	int r;
+
+	r = params_copy(&p, sizeof(p), params, KVD_OPEN_PARAMS_SIZE_1_10);
+	if (r < 0)
+		return r;
+	return seq_open(c, p.model_id, p.max_tokens, 0, p.prefix_keys, p.n_prefix_keys, ret);
+}
+
+int kvd_seq_open_params(kvd_client *c, const kvd_open_params *p, kvd_seq **ret) {
+	return (int)call_result(client_key(c), do_seq_open_params(c, p, ret), __func__);
 }
 
 static int do_seq_fork(kvd_seq *s, kvd_seq **ret) {
@@ -369,7 +398,7 @@ static int do_seq_fork(kvd_seq *s, kvd_seq **ret) {
 	if (!(s->client->features & KVD_FEATURE_FORK))
 		return client_error(s->client, -EOPNOTSUPP, "kvd_seq_fork: the daemon cannot fork "
 		                    "(it predates KVD_1.9)");
-	return seq_open(s->client, s->model_id, s->hdr.max_tokens, s->id, ret);
+	return seq_open(s->client, s->model_id, s->hdr.max_tokens, s->id, NULL, 0, ret);
 }
 
 int kvd_seq_fork(kvd_seq *s, kvd_seq **ret) {
@@ -776,6 +805,33 @@ int kvd_seq_truncate(kvd_seq *s, uint32_t n) {
 	uint64_t key = s ? client_key(s->client) : 0;
 
 	return (int)call_result(key, do_seq_truncate(s, n), __func__);
+}
+
+static int do_seq_publish(kvd_seq *s, uint32_t blocks) {
+	Kvd__V1__SeqPublish req = KVD__V1__SEQ_PUBLISH__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!s)
+		return -EINVAL;
+	if (seq_forked(s))
+		return -ECHILD;
+	if (seq_stale(s))
+		return -ESTALE;
+	if (!(s->client->features & KVD_FEATURE_PREFIX))
+		return client_error(s->client, -EOPNOTSUPP, "kvd_seq_publish: the daemon cannot "
+		                    "share prefixes (it predates KVD_1.10)");
+	req.has_seq_id = req.has_blocks = true;
+	req.seq_id = s->id;
+	req.blocks = blocks;
+	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_PUBLISH;
+	env.seq_publish = &req;
+	return seq_simple_call(s, &env);
+}
+
+int kvd_seq_publish(kvd_seq *s, uint32_t blocks) {
+	uint64_t key = s ? client_key(s->client) : 0;
+
+	return (int)call_result(key, do_seq_publish(s, blocks), __func__);
 }
 
 /* kvd_seq_unpin, with an event id of the connection (0: none). */

@@ -12,11 +12,13 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/types.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -598,11 +600,38 @@ int client_call(kvd_client *c, Envelope *env, int want, bool stop_after_send,
 	return client_transact(c, env, -EBADF, want, stop_after_send, ret_reply, fds, ret_nfds);
 }
 
-int client_call_fd(kvd_client *c, Envelope *env, int send_fd) {
-	int fds[WIRE_FDS_MAX];
-
-	return client_transact(c, env, send_fd, BODY_ANY, false, NULL, fds, NULL);
+int client_call_fd(kvd_client *c, Envelope *env, int send_fd, int want, Envelope **ret_reply,
+                   int fds[static WIRE_FDS_MAX], uint32_t *ret_nfds) {
+	return client_transact(c, env, send_fd, want, false, ret_reply, fds, ret_nfds);
 }
+
+/* See client-internal.h. */
+int client_sealed_memfd(const char *name, const void *p, uint64_t n, int *ret_fd) {
+	_cleanup_(closep) int fd = -EBADF;
+	uint64_t done = 0;
+
+	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return negative_errno();
+	while (done < n) {
+		ssize_t k = write(fd, (const char *)p + done, MIN(n - done, (uint64_t)SSIZE_MAX));
+
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			return negative_errno();
+		}
+		if (k == 0)
+			return -EIO; /* cannot happen on a memfd; guards the loop */
+		done += k;
+	}
+	/* Sealed, the bytes the daemon checks are the bytes it uses, whatever we do next. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		return negative_errno();
+	*ret_fd = TAKE_FD(fd);
+	return 0;
+}
+
 
 /* ---- the rings' follow-ups (ring.c does the rings themselves) ---- */
 

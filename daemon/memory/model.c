@@ -135,3 +135,13 @@ int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
 	m->moments_bytes = comp_bytes;
 	return 0;
 }
+
+bool model_same_kv(const struct model *a, const struct model *b) {
+	if (a == b)
+		return a->name[0] != '\0';
+	return a->name[0] != '\0' && strcmp(a->name, b->name) == 0 && a->layers == b->layers &&
+	       a->kv_heads == b->kv_heads && a->head_dim == b->head_dim && a->dtype == b->dtype &&
+	       a->block_tokens == b->block_tokens && a->layout == b->layout &&
+	       a->block_bytes == b->block_bytes && a->index_heads == b->index_heads &&
+	       a->index_dim == b->index_dim;
+}

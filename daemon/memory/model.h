@@ -6,6 +6,7 @@
  * belong to the connection that registered them.
  */
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kvd.pb-c.h"
@@ -41,6 +42,10 @@ struct model {
  */
 int model_from_request(const Kvd__V1__RegisterModel *req, uint64_t chunk_bytes,
                        uint64_t max_obs_bytes, struct model *m, const char **ret_why);
+
+/* Whether blocks of a and b hold the same K/V for the same content (a key of one names a
+ * block of the other: prefix.h): both named, the same name, and the same block layout. */
+bool model_same_kv(const struct model *a, const struct model *b);
 
 /* Size of an observation buffer for the shape (index queries included when index_dim is
  * not 0), and its header in *ret (may be NULL). */

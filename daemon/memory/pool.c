@@ -391,6 +391,7 @@ bool pool_block_free(struct pool *p, struct chunk *c, uint32_t index) {
 	if (c->shares && c->shares[index] > 0) {
 		c->shares[index]--;
 		p->shared_bytes -= c->block_bytes;
+		t->shared_bytes -= c->block_bytes;
 		return false;
 	}
 	c->used[w] &= ~(UINT64_C(1) << (index % 64));
@@ -417,6 +418,7 @@ int pool_block_share(struct pool *p, struct kvd_block_ref ref) {
 		return -EMLINK;
 	c->shares[ref.index]++;
 	p->shared_bytes += c->block_bytes;
+	c->owner->shared_bytes += c->block_bytes;
 	return 0;
 }
 
@@ -549,8 +551,10 @@ void pool_chunk_restore(struct pool *p, struct chunk *c, struct tenant *t, uint6
 	c->hint = 0;
 	p->block_bytes += (uint64_t)used_blocks * block_bytes;
 	t->block_bytes += (uint64_t)used_blocks * block_bytes;
-	for (uint32_t i = 0; shares && i < n_blocks; i++)
+	for (uint32_t i = 0; shares && i < n_blocks; i++) {
 		p->shared_bytes += (uint64_t)shares[i] * block_bytes;
+		t->shared_bytes += (uint64_t)shares[i] * block_bytes;
+	}
 	c->next = c->prev = NULL;
 	c->partial = false;
 	if (used_blocks < n_blocks)

@@ -378,6 +378,78 @@ int seq_fork(struct seq *s, const struct seq *parent, struct pool *p, uint64_t c
 	return 0;
 }
 
+/* Lets go of the first `shared` blocks that seq_attach_prefix took, block by block over
+ * the tables, and of the holds of list[from, *n). */
+static void attach_undo(struct pool *p, struct seq *const *src, uint32_t n_tables,
+                        uint64_t shared, uint64_t conn_id, struct chunk **list, uint32_t from,
+                        uint32_t *n) {
+	for (uint32_t b = 0; shared > 0; b++)
+		for (uint32_t t = 0; shared > 0 && t < n_tables; t++, shared--) {
+			struct kvd_block_ref ref = layout_blocks(src[b]->desc, t)[b];
+
+			pool_block_free(p, pool_chunk(p, ref.chunk_id), ref.index);
+		}
+	while (*n > from)
+		pool_chunk_drop_holder(p, list[--*n], conn_id);
+}
+
+int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uint64_t conn_id,
+                      uint32_t max, struct chunk **list, uint32_t *n, uint32_t *ret_found) {
+	struct kvd_seq_desc *d = s->desc;
+	uint32_t bt = d->block_tokens, found = 0, from = *n;
+	_cleanup_(freep) struct seq **src = NULL;
+	uint64_t shared = 0;
+	int r = 0;
+
+	*ret_found = 0;
+	max = MIN(max, s->prefix.n);
+	if (max == 0)
+		return 0;
+	src = malloc(max * sizeof(*src));
+	if (!src)
+		return -ENOMEM;
+	/* Keys chain: past the first miss nothing can match. */
+	while (found < max && (src[found] = prefix_find(x, s, found, s->prefix.keys[found])))
+		found++;
+	for (uint32_t b = 0; r == 0 && b < found; b++)
+		for (uint32_t t = 0; r == 0 && t < d->n_tables; t++) {
+			struct kvd_block_ref ref = layout_blocks(src[b]->desc, t)[b];
+			struct chunk *c = pool_chunk(p, ref.chunk_id);
+
+			r = pool_block_share(p, ref);
+			if (r < 0)
+				break;
+			shared++;
+			if (chunk_has_holder(c, conn_id))
+				continue;
+			r = chunk_add_holder(c, conn_id);
+			if (r == 0)
+				list[(*n)++] = c;
+		}
+	if (r < 0) {
+		attach_undo(p, src, d->n_tables, shared, conn_id, list, from, n);
+		return r;
+	}
+
+	desc_write_begin(d);
+	for (uint32_t t = 0; t < d->n_tables; t++) {
+		uint32_t *pos = desc_positions(d, t);
+
+		for (uint32_t b = 0; b < found; b++)
+			desc_blocks(d, t)[b] = layout_blocks(src[b]->desc, t)[b];
+		for (uint32_t i = 0; i < found * bt; i++)
+			pos[i] = i;
+		desc_tokens(d)[t] = found * bt;
+	}
+	d->next_position = found * bt;
+	desc_write_end(d);
+	/* Its own entries, so that the blocks stay found when the sequences it found them in
+	 * go; without memory for them they are found there only, which costs no correctness. */
+	(void)prefix_publish(x, s, found);
+	*ret_found = found;
+	return 0;
+}
+
 int seq_truncate(struct seq *s, struct pool *p, uint32_t n, struct seq_emptied *emptied) {
 	struct kvd_seq_desc *d = s->desc;
 	uint32_t bt = d->block_tokens, end;
@@ -399,6 +471,8 @@ int seq_truncate(struct seq *s, struct pool *p, uint32_t n, struct seq_emptied *
 	}
 	d->next_position = end;
 	desc_write_end(d);
+	/* The blocks from the first one the truncate reaches into will hold other tokens. */
+	prefix_forget(s, end / bt);
 	/* Plans and rounds made before no longer fit its tables (evict.h). */
 	s->epoch++;
 	return 0;
@@ -410,6 +484,7 @@ void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied) {
 	if (!s)
 		return;
 	d = s->desc;
+	prefix_forget(s, 0);
 	for (uint32_t t = 0; t < d->n_tables; t++)
 		seq_blocks_free(p, desc_blocks(d, t), DIV_ROUND_UP(desc_tokens(d)[t], d->block_tokens),
 		            emptied);

@@ -14,6 +14,7 @@
 #include "kvd/kvd-abi.h"
 #include "model.h"
 #include "pool.h"
+#include "prefix.h"
 
 struct obs;
 struct plan;
@@ -64,6 +65,8 @@ struct seq {
 	bool recalling;
 	/* Kept across a restart (keep.h): 1 + its journal slot; 0: not kept. */
 	uint32_t keep_slot;
+	/* Content keys of its prompt's blocks, given at a prefix open (prefix.h). */
+	struct prefix_keys prefix;
 	/* What its metadata may take of the daemon's memory, at most: the descriptor, the
 	 * observation buffer, the smoothed costs (a float per slot of each table, with an
 	 * eviction unit) and this struct. Counted in server.metadata_bytes. */
@@ -151,6 +154,19 @@ int seq_grow_check(const struct seq *s, uint32_t n);
  */
 int seq_fork(struct seq *s, const struct seq *parent, struct pool *p, uint64_t conn_id,
              struct seq_grants *grants, struct seq_emptied *emptied);
+
+/*
+ * Makes s, new and empty, start with the leading blocks of its prompt that other
+ * sequences published (prefix.h): for each of s's keys in turn, a block found in the index
+ * is shared (pool_block_share(), as a fork's), until the first key not found or `max`
+ * blocks. Chunks of those blocks that conn_id does not hold yet go into list (room for
+ * every chunk of the pool), at *n, and conn_id is made their holder. Then s holds
+ * found * block_tokens tokens at positions 0 onwards, and those blocks are published as
+ * its own too. All or nothing; returns 0 with the blocks found in *ret_found, or -ENOMEM,
+ * -EMLINK (a block is shared by too many).
+ */
+int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uint64_t conn_id,
+                      uint32_t max, struct chunk **list, uint32_t *n, uint32_t *ret_found);
 
 /*
  * Drops the last n positions of s: each table keeps its slots of positions below

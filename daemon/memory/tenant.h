@@ -61,6 +61,11 @@ struct tenant {
 	uint64_t pinned_bytes, pins_overdue;
 	/* Token recall: slots brought back by its sequences' recalls, all together. */
 	uint64_t recalled_tokens;
+	/* Sharing: block bytes its sequences hold beyond each block's first holder (pool.h,
+	 * pool_block_share); its prefix opens that found blocks and that found none, and the
+	 * tokens found. */
+	uint64_t shared_bytes;
+	uint64_t prefix_hits, prefix_misses, prefix_tokens;
 	bool tier_degraded;
 	struct chunk *partial;        /* owned chunks with at least one free block */
 	/* FREE chunks whose memory object is its own (pool.h), per device. */

@@ -94,7 +94,7 @@ static const struct request_type request_types[] = {
 	REQUEST(REGISTER_MODEL, handle_register_model, REQUEST_NEEDS_TENANT, REGISTER_MODEL),
 	REQUEST(MODEL_OUTPUT_PROJ, handle_model_output_proj,
 	        REQUEST_NEEDS_TENANT | REQUEST_TAKES_FD, MODEL_OUTPUT_PROJ),
-	REQUEST(SEQ_OPEN, handle_seq_open, REQUEST_NEEDS_TENANT, SEQ_OPEN),
+	REQUEST(SEQ_OPEN, handle_seq_open, REQUEST_NEEDS_TENANT | REQUEST_TAKES_FD, SEQ_OPEN),
 	REQUEST(SEQ_GROW, handle_seq_grow, REQUEST_NEEDS_TENANT, SEQ_GROW),
 	REQUEST(SEQ_RELEASE, handle_seq_release, REQUEST_NEEDS_TENANT, SEQ_RELEASE),
 	REQUEST(CHUNKS_UNMAPPED, handle_chunks_unmapped, REQUEST_NEEDS_TENANT, CHUNKS_UNMAPPED),
@@ -117,6 +117,7 @@ static const struct request_type request_types[] = {
 	REQUEST(PLAN, handle_plan, 0, PLAN),
 	REQUEST(SEQ_RECALL, handle_seq_recall, REQUEST_NEEDS_TENANT, SEQ_RECALL),
 	REQUEST(SEQ_TRUNCATE, handle_seq_truncate, REQUEST_NEEDS_TENANT, SEQ_TRUNCATE),
+	REQUEST(SEQ_PUBLISH, handle_seq_publish, REQUEST_NEEDS_TENANT, SEQ_PUBLISH),
 #undef REQUEST
 };
 

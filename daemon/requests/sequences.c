@@ -4,16 +4,13 @@
  * operations (grow, pin, unpin, release), the same code serving the socket and the rings.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "config.h"
@@ -69,19 +66,92 @@ static bool refuse_if_blocks_busy(struct conn *c, uint64_t id, struct seq *q) {
 	return false;
 }
 
+/*
+ * Reads the n content keys of a prefix open from fd, which must be a memfd sealed against
+ * writing and shrinking (so that reading it can neither block nor fault) of at least
+ * n * PREFIX_KEY_BYTES bytes, into a new array in *ret. Returns 0, or -EINVAL with why.
+ */
+static int read_prefix_keys(int fd, uint32_t n, uint8_t (**ret)[PREFIX_KEY_BYTES],
+                            char why[static WHY_MAX]) {
+	_cleanup_(freep) uint8_t (*keys)[PREFIX_KEY_BYTES] = NULL;
+	size_t bytes = (size_t)n * PREFIX_KEY_BYTES;
+	int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+	struct stat st;
+	ssize_t k;
+
+	if (seals < 0 || (seals & (F_SEAL_WRITE | F_SEAL_SHRINK)) != (F_SEAL_WRITE | F_SEAL_SHRINK))
+		return refuse(why, -EINVAL, "the prefix keys must come in a memfd sealed against "
+		              "writing and shrinking");
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < bytes)
+		return refuse(why, -EINVAL, "the prefix keys' memfd holds fewer than %u keys of %d bytes",
+		              n, PREFIX_KEY_BYTES);
+	keys = malloc(bytes);
+	if (!keys)
+		return refuse(why, -ENOMEM, "out of memory");
+	k = pread(fd, keys, bytes, 0);
+	if (k < 0 || (size_t)k != bytes)
+		return refuse(why, -EINVAL, "cannot read the prefix keys");
+	*ret = TAKE_PTR(keys);
+	return 0;
+}
+
+/*
+ * The prefix part of a SeqOpen: the checks before anything is made, and the keys in
+ * *ret_keys (NULL without a prefix). Returns 0, or an error with why.
+ */
+static int open_prefix_check(struct conn *c, const Kvd__V1__SeqOpen *req, int fd,
+                             uint8_t (**ret_keys)[PREFIX_KEY_BYTES], char why[static WHY_MAX]) {
+	const struct model *m = &c->models[req->model_id - 1];
+
+	*ret_keys = NULL;
+	if (!req->has_prefix_blocks) {
+		if (fd >= 0)
+			return refuse(why, -EINVAL, "an open carries an fd only with prefix_blocks");
+		return 0;
+	}
+	if (req->has_fork_of)
+		return refuse(why, -EINVAL, "a fork takes its parent's blocks, not a prefix");
+	if (m->name[0] == '\0')
+		return refuse(why, -EINVAL, "prefix sharing needs the model's name: keys are found "
+		              "among models of the same name and block layout");
+	if (req->prefix_blocks == 0 || !req->has_max_tokens ||
+	    req->prefix_blocks > req->max_tokens / m->block_tokens)
+		return refuse(why, -EINVAL, "prefix_blocks must be 1..max_tokens / block_tokens (%u)",
+		              req->has_max_tokens ? req->max_tokens / m->block_tokens : 0);
+	return read_prefix_keys(fd, req->prefix_blocks, ret_keys, why);
+}
+
 void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
-                     int request_fd _unused_) {
+                     int request_fd) {
 	const Kvd__V1__SeqOpen *req = request->seq_open;
 	struct server *s = c->srv;
 	Kvd__V1__SeqOpenReply rep = KVD__V1__SEQ_OPEN_REPLY__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT;
+	_cleanup_(freep) uint8_t (*keys)[PREFIX_KEY_BYTES] = NULL;
+	_cleanup_(freep) struct chunk **list = NULL;
 	struct seq *q, *parent = NULL;
 	struct seq_grants g = {};
+	uint32_t found = 0, n_list = 0;
+	char why[WHY_MAX];
 	int r;
 
 	if (!req->has_model_id || req->model_id < 1 || req->model_id > c->n_models) {
 		envelope_reply_error(c, id, -EINVAL, "unknown model");
 		return;
+	}
+	r = open_prefix_check(c, req, request_fd, &keys, why);
+	if (r < 0) {
+		envelope_reply_error(c, id, r, "%s", why);
+		return;
+	}
+	/* Attached blocks make this connection the holder of their chunks. */
+	if (keys) {
+		r = refuse_if_unmap_late(c, why);
+		list = r < 0 ? NULL : malloc(s->pool->n_chunks * sizeof(*list));
+		if (r < 0 || !list) {
+			envelope_reply_error(c, id, r < 0 ? r : -ENOMEM, "%s", r < 0 ? why : "out of memory");
+			return;
+		}
 	}
 	if (req->has_fork_of) {
 		parent = conn_seq(c, req->fork_of);
@@ -136,6 +206,9 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 		envelope_reply_error(c, id, r, "cannot create the sequence descriptor");
 		return;
 	}
+	/* The keys and their index entries are the sequence's metadata too. */
+	if (keys)
+		q->meta_bytes += prefix_keys_bytes(req->prefix_blocks);
 	if (s->metadata_bytes + q->meta_bytes > registry_metadata_max(s)) {
 		struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
 
@@ -185,6 +258,29 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 		parent->pending = evict_plan_drop(s->evictor, parent->pending);
 		s->forks++;
 	}
+	if (keys) {
+		r = prefix_keys_set(q, (const void *)keys, req->prefix_blocks);
+		if (r == 0)
+			r = seq_attach_prefix(q, &s->prefix, s->pool, c->id, req->prefix_blocks, list,
+			                      &n_list, &found);
+		if (r < 0) {
+			struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
+
+			conn_seq_remove(c, q);
+			seq_free(q, s->pool, &none);
+			envelope_reply_error(c, id, r, "cannot attach the prefix: %s", strerror(-r));
+			return;
+		}
+		if (found > 0) {
+			s->prefix_hits++;
+			c->tenant->prefix_hits++;
+		} else {
+			s->prefix_misses++;
+			c->tenant->prefix_misses++;
+		}
+		s->prefix_tokens += (uint64_t)found * q->model->block_tokens;
+		c->tenant->prefix_tokens += (uint64_t)found * q->model->block_tokens;
+	}
 	s->next_seq_id++;
 	registry_seq_opened(s, q);
 	/* While the descriptor's fd is still open, for the fd store. */
@@ -199,9 +295,20 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 		if (c->closing)
 			return;
 	}
+	/* The chunks of the attached blocks, as a claim's: as many grants as they need. */
+	for (uint32_t i = 0; i < n_list; i += WIRE_FDS_MAX) {
+		struct envelope_grants grants;
+
+		envelope_grants(&grants, s->pool, c->device, list + i, MIN(n_list - i, WIRE_FDS_MAX));
+		envelope_event_grants(c, &grants);
+		if (c->closing)
+			return;
+	}
 
 	rep.has_seq_id = true;
 	rep.seq_id = q->id;
+	rep.has_prefix_tokens = keys != NULL;
+	rep.prefix_tokens = found * q->model->block_tokens;
 	rep.has_descriptor_bytes = true;
 	rep.descriptor_bytes = q->desc->total_bytes;
 	if (q->obs) {
@@ -722,6 +829,38 @@ void handle_seq_truncate(struct conn *c, uint64_t id, const Envelope *request,
 	/* Chunks left empty are asked back with events, which libkvd answers while it waits
 	 * for the reply. */
 	unmap_reclaim(s, &emptied, NULL, NULL);
+	envelope_reply(c, id, NULL, NULL, 0);
+}
+
+void handle_seq_publish(struct conn *c, uint64_t id, const Envelope *request,
+                        int request_fd _unused_) {
+	const Kvd__V1__SeqPublish *req = request->seq_publish;
+	struct seq *q = req->has_seq_id ? conn_seq(c, req->seq_id) : NULL;
+	int r;
+
+	if (!q) {
+		envelope_reply_error(c, id, -ENOENT, "no such sequence on this connection");
+		return;
+	}
+	if (!req->has_blocks || req->blocks > q->prefix.n) {
+		envelope_reply_error(c, id, -EINVAL, "blocks must be 0..%u, the keys its open gave",
+		                     q->prefix.n);
+		return;
+	}
+	/* Published blocks must hold what the engine wrote: not while its kernels may still
+	 * write them, nor while they are out of the pool. */
+	if (refuse_if_blocks_busy(c, id, q))
+		return;
+	r = prefix_publish(&c->srv->prefix, q, req->blocks);
+	if (r == -EINVAL) {
+		envelope_reply_error(c, id, r, "a block below %u is not whole in every table: not "
+		                     "grown yet, or a round evicted tokens of it", req->blocks);
+		return;
+	}
+	if (r < 0) {
+		envelope_reply_error(c, id, r, "cannot publish: %s", strerror(-r));
+		return;
+	}
 	envelope_reply(c, id, NULL, NULL, 0);
 }
 

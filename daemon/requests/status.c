@@ -147,6 +147,12 @@ void handle_status(struct conn *c, uint64_t id, const Envelope *request _unused_
 		ts[i].has_pinned_bytes = ts[i].has_pins_overdue = true;
 		ts[i].pinned_bytes = t->pinned_bytes;
 		ts[i].pins_overdue = t->pins_overdue;
+		ts[i].has_shared_bytes = ts[i].has_prefix_hits = true;
+		ts[i].has_prefix_misses = ts[i].has_prefix_tokens = true;
+		ts[i].shared_bytes = t->shared_bytes;
+		ts[i].prefix_hits = t->prefix_hits;
+		ts[i].prefix_misses = t->prefix_misses;
+		ts[i].prefix_tokens = t->prefix_tokens;
 		tp[i] = &ts[i];
 	}
 	rep.n_tenants = n;

@@ -526,6 +526,8 @@ struct server *server_free(struct server *s) {
 		s->pool->ops->host_unregister(s->tier->base);
 	s->tier = tier_free(s->tier);
 	tenant_table_done(&s->tenants);
+	/* Last: every sequence freed took its entries out. */
+	prefix_index_done(&s->prefix);
 	free(s->scratch);
 	free(s);
 	return NULL;

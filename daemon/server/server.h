@@ -109,6 +109,8 @@ struct server {
 	/* By id: the open connections, and their sequences (idmap.h): what registry_conn()
 	 * and registry_seq() look up. */
 	struct idmap conn_ids, seq_ids;
+	/* The content keys sequences published, per tenant and model (prefix.h). */
+	struct prefix_index prefix;
 	/* Closed, but an operation still refers to them: freed when it completes, or by
 	 * server_free() when the loop stopped first. */
 	struct conn *closed;
@@ -135,6 +137,8 @@ struct server {
 	uint64_t pins_overdue;        /* pins held past pin-report (pins.h) */
 	uint64_t truncates, truncated_tokens; /* SeqTruncates applied, positions dropped */
 	uint64_t forks;               /* SeqOpens that forked a sequence */
+	/* Prefix opens that found blocks, that found none; the tokens they found. */
+	uint64_t prefix_hits, prefix_misses, prefix_tokens;
 	uint64_t pin_disconnects;     /* connections closed for a pin past pin-timeout */
 	uint64_t refused[_LIMIT_MAX];     /* refusals at each limit */
 	uint64_t unmap_scan_ms;       /* the tick that last counted struct conn's unmap_late */

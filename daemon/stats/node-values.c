@@ -42,6 +42,9 @@ READER(truncates, s->truncates)
 READER(truncated_tokens, s->truncated_tokens)
 READER(forks, s->forks)
 READER(shared_bytes, s->pool->shared_bytes)
+READER(prefix_hits, s->prefix_hits)
+READER(prefix_misses, s->prefix_misses)
+READER(prefix_tokens, s->prefix_tokens)
 READER(rounds_total, evict_rounds_total(s->evictor))
 READER(last_round_us, evict_last_round_us(s->evictor))
 READER(rounds_failed, evict_rounds_failed(s->evictor))
@@ -148,7 +151,13 @@ const struct node_value node_values[] = {
 	{ "forks", "kvd_forks_total", COUNTER, "Sequences forked: opened sharing a sequence's "
 	  "full blocks.", read_forks },
 	{ "shared_bytes", "kvd_shared_bytes", GAUGE, "Block bytes sequences hold through forks "
-	  "without having taken them: what sharing saves.", read_shared_bytes },
+	  "and prefix opens without having taken them: what sharing saves.", read_shared_bytes },
+	{ "prefix_hits", "kvd_prefix_hits_total", COUNTER, "Prefix opens that found blocks of "
+	  "their prompt to share.", read_prefix_hits },
+	{ "prefix_misses", "kvd_prefix_misses_total", COUNTER, "Prefix opens that found no "
+	  "block of their prompt.", read_prefix_misses },
+	{ "prefix_tokens", "kvd_prefix_tokens_total", COUNTER, "Tokens prefix opens found: "
+	  "prefill the engines skipped.", read_prefix_tokens },
 	{ "unmap_timeouts", "kvd_unmap_timeouts_total", COUNTER,
 	  "Connections that did not unmap a chunk the daemon took back within unmap-timeout.",
 	  read_unmap_timeouts },

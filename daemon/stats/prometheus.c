@@ -142,6 +142,7 @@ enum tenant_field {
 	TENANT_FILE_TIER,
 	TENANT_TIER_DEGRADED,
 	TENANT_PINNED,
+	TENANT_SHARED,
 	_TENANT_FIELD_MAX,
 };
 
@@ -184,6 +185,10 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 		[TENANT_PINNED] = { "kvd_tenant_pinned_bytes",
 		                    "Resident bytes of the tenant's pinned sequences: nothing a round "
 		                    "can take." },
+		[TENANT_SHARED] = { "kvd_tenant_shared_bytes",
+		                    "Block bytes the tenant's sequences hold through forks and prefix "
+		                    "opens without having taken them (each block counted once in "
+		                    "kvd_tenant_block_bytes)." },
 		[TENANT_TIER_DEGRADED] = { "kvd_tenant_tier_degraded",
 		                           "1 when the file tier failed the tenant (an I/O error, a full "
 		                           "disk): it drops until its tier is set again." },
@@ -242,6 +247,9 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 			case TENANT_PINNED:
 				v = t->pinned_bytes;
 				break;
+			case TENANT_SHARED:
+				v = t->shared_bytes;
+				break;
 			}
 			fprintf(f, "%" PRIu64 "\n", v);
 		}
@@ -250,6 +258,15 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 	               "The tenant's sequences lost from the host tier (full, a failed checksum, "
 	               "no memory for the recall): as if evicted whole.",
 	               offsetof(struct tenant, tier_lost));
+	tenant_counter(f, tt, "kvd_tenant_prefix_hits_total",
+	               "The tenant's prefix opens that found blocks of their prompt to share.",
+	               offsetof(struct tenant, prefix_hits));
+	tenant_counter(f, tt, "kvd_tenant_prefix_misses_total",
+	               "The tenant's prefix opens that found no block of their prompt.",
+	               offsetof(struct tenant, prefix_misses));
+	tenant_counter(f, tt, "kvd_tenant_prefix_tokens_total",
+	               "Tokens the tenant's prefix opens found: prefill its engines skipped.",
+	               offsetof(struct tenant, prefix_tokens));
 	tenant_counter(f, tt, "kvd_tenant_pins_overdue_total",
 	               "The tenant's sequences held pinned past pin-report.",
 	               offsetof(struct tenant, pins_overdue));

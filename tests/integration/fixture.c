@@ -565,6 +565,7 @@ int raw_register_model(int fd, struct wire_rx *rx, const kvd_model_spec *spec, u
 	rm.dtype = (Kvd__V1__Dtype)spec->dtype;
 	rm.block_tokens = spec->block_tokens;
 	rm.layout = (Kvd__V1__Layout)spec->layout;
+	rm.name = (char *)spec->name;
 	env.body_case = KVD__V1__ENVELOPE__BODY_REGISTER_MODEL;
 	env.register_model = &rm;
 	return raw_call(fd, rx, &env, id);

@@ -85,7 +85,7 @@ extern "C" {
 /* The library's version this header belongs to (libkvd.so.MAJOR.MINOR; symbols versioned
  * KVD_MAJOR.MINOR in libkvd.sym): a program may test for a function with it. */
 #define KVD_VERSION_MAJOR 1
-#define KVD_VERSION_MINOR 9
+#define KVD_VERSION_MINOR 10
 
 #if defined(__GNUC__)
 #define KVD_EXPORT __attribute__((visibility("default")))
@@ -466,6 +466,78 @@ KVD_EXPORT int kvd_seq_grow(kvd_seq *s, uint32_t n);
  * Since KVD_1.9.
  */
 KVD_EXPORT int kvd_seq_fork(kvd_seq *s, kvd_seq **ret);
+
+/*
+ * Prefix sharing (docs/engines.md, "Prefix sharing"). A full block's content key is the
+ * SHA-256 of the canonical CBOR encoding of (parent key, token ids, extra keys): vLLM's
+ * sha256_cbor block hash, so that kvd's keys are the ones vLLM-family routers compute. The
+ * first block's parent is the root key (kvd_key_root), which every process of a fleet
+ * derives from one shared seed, as vLLM derives it from PYTHONHASHSEED. A sequence opened
+ * with its prompt's keys (kvd_seq_open_params) starts with the longest leading run of
+ * blocks that sequences of the same tenant published (kvd_seq_publish) for a model of the
+ * same name and block layout; it shares them, so the engine prefills only the rest.
+ */
+#define KVD_KEY_BYTES 32
+
+/* One extra key of a block (vLLM's extra_keys: a LoRA id, a multimodal input's hash, the
+ * cache salt): the text when text is not NULL, else the integer. */
+typedef struct kvd_key_extra {
+	const char *text;
+	int64_t integer;
+} kvd_key_extra;
+
+/* The root key for a seed: the SHA-256 of the seed's CBOR encoding (vLLM's NONE_HASH with
+ * PYTHONHASHSEED=seed). Returns 0, or -EINVAL (NULL). Since KVD_1.10. */
+KVD_EXPORT int kvd_key_root(const char *seed, uint8_t out[KVD_KEY_BYTES]);
+
+/* The key of one full block: its parent's key (the root key for the first block), its n
+ * token ids and n_extra extra keys (0: vLLM's None). Returns 0, or -EINVAL (NULL pointers
+ * where n or n_extra are not 0). Since KVD_1.10. */
+KVD_EXPORT int kvd_block_key(const uint8_t parent[KVD_KEY_BYTES], const uint32_t *tokens,
+                             uint32_t n, const kvd_key_extra *extra, uint32_t n_extra,
+                             uint8_t out[KVD_KEY_BYTES]);
+
+/* The keys of the full blocks of n_tokens token ids, block_tokens each, chained from root,
+ * with cache_salt (NULL: none) as the first block's one extra key, as vLLM keys a request
+ * without LoRA or multimodal inputs; at most max_keys into out (KVD_KEY_BYTES each).
+ * Returns the number of keys written, or -EINVAL. Since KVD_1.10. */
+KVD_EXPORT int64_t kvd_prefix_keys(const uint8_t root[KVD_KEY_BYTES], const uint32_t *tokens,
+                                   uint64_t n_tokens, uint32_t block_tokens,
+                                   const char *cache_salt, uint8_t *out, uint64_t max_keys);
+
+typedef struct kvd_open_params {
+	uint32_t size;             /* sizeof(kvd_open_params) */
+	int model_id;
+	uint32_t max_tokens;
+	uint32_t n_prefix_keys;    /* keys at prefix_keys: of the prompt's first full blocks */
+	const uint8_t *prefix_keys; /* n_prefix_keys * KVD_KEY_BYTES, or NULL */
+} kvd_open_params;
+
+/*
+ * kvd_seq_open with parameters (see "Parameter structs"). With prefix keys (at most
+ * max_tokens / block_tokens; the model must have a name), the new sequence starts with the
+ * blocks of the longest leading run of those keys that this tenant's sequences published
+ * for a model of the same name and block layout: kvd_seq_tokens() says how many tokens
+ * (whole blocks, positions 0 onwards), and the engine prefills the rest. Those blocks are
+ * shared, as a fork's (kvd_seq_fork): counted once, read-only for every sharer, never
+ * evicted nor moved while shared; a grow after a truncate into them copies the last one.
+ * The keys stay with the sequence for kvd_seq_publish. Returns what kvd_seq_open returns,
+ * and -EINVAL (a bad p, too many keys, a model without a name), -E2BIG, -EOPNOTSUPP (a
+ * daemon older than KVD_1.10, with keys), -ETIMEDOUT (as kvd_seq_grow's), an error of
+ * memfd_create(2). Since KVD_1.10.
+ */
+KVD_EXPORT int kvd_seq_open_params(kvd_client *c, const kvd_open_params *p, kvd_seq **ret);
+
+/*
+ * Says that the first `blocks` full blocks of a sequence opened with prefix keys hold the
+ * K/V of their keys (the engine wrote them; call after the prefill's kernels completed):
+ * from now on this tenant's prefix opens may share them. A block stays published until a
+ * truncate reaches it or the sequence is released; a round that evicts tokens of it makes
+ * it no longer found. Returns 0, or -EINVAL (more blocks than keys, or a block not whole in
+ * every table: not grown yet, or evicted from), -EBUSY, -EAGAIN (as kvd_seq_truncate's),
+ * -EOPNOTSUPP, -ENOENT, -ECONNRESET, -ECHILD, -ESTALE. Since KVD_1.10.
+ */
+KVD_EXPORT int kvd_seq_publish(kvd_seq *s, uint32_t blocks);
 
 /*
  * Drops the last n positions of the sequence: what a speculative decoder does with the draft

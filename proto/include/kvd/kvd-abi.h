@@ -34,6 +34,7 @@ extern "C" {
 #define KVD_FEATURE_TIERS (UINT64_C(1) << 4)         /* host tier: TenantSet.tier, recalls */
 #define KVD_FEATURE_RECALL (UINT64_C(1) << 5)        /* token recall: TenantSet.recall, SeqRecall */
 #define KVD_FEATURE_FORK (UINT64_C(1) << 6)          /* SeqOpen.fork_of: forks share blocks */
+#define KVD_FEATURE_PREFIX (UINT64_C(1) << 7)        /* SeqOpen.prefix_blocks, SeqPublish */
 
 /* What a pin found (kvd_seq_pin_recall; SeqPinReply.recall; the ring's completion flags):
  * the sequence was resident; it was brought back from the host tier; it had been moved out
