@@ -179,6 +179,58 @@ class BindingTest(DaemonTest):
         kid.release()
 
     @cpu_memory
+    def test_prefix_open_shares_published_blocks(self):
+        import cbor2
+        import hashlib
+
+        def sha256_cbor(x):
+            return hashlib.sha256(cbor2.dumps(x, canonical=True)).digest()
+
+        # The keys are vLLM's sha256_cbor chain, here recomputed from its definition.
+        tokens = np.arange(1000, 1100, dtype=np.uint32)
+        root = kvd.key_root("0")
+        self.assertEqual(root, sha256_cbor("0"))
+        keys = kvd.prefix_keys(tokens, 16, root)
+        want, parent = b"", root
+        for b in range(6):
+            parent = sha256_cbor((parent, tuple(int(t) for t in tokens[16 * b:16 * b + 16]), None))
+            want += parent
+        self.assertEqual(keys, want)
+        salted = kvd.prefix_keys(tokens, 16, root, cache_salt="s")
+        self.assertEqual(salted[:32], sha256_cbor((root, tuple(int(t) for t in tokens[:16]), ("s",))))
+        self.assertEqual(kvd.prefix_keys(tokens[:15], 16, root), b"")
+        with self.assertRaises(ValueError):
+            kvd.prefix_keys(tokens, 16, b"short")
+
+        model = self.client.register_model(2, 4, 2, 64, F16, 16, name="py-chat")
+        a = self.client.open(model, 1024, prefix_keys=keys)
+        self.assertEqual(a.tokens(), 0)
+        a.grow(100)
+        blk = np.asarray(a.block(1, 0)).view(np.uint8)
+        blk[:] = 9
+        del blk
+        a.publish(6)
+        with kvd.Client(self.daemon.socket, "py") as other:
+            m2 = other.register_model(2, 4, 2, 64, F16, 16, name="py-chat")
+            b = other.open(m2, 1024, prefix_keys=keys)
+            self.assertEqual(b.tokens(), 96)
+            self.assertEqual(b.tokens(1, 0), 96)
+            blk = np.asarray(b.block(1, 0)).view(np.uint8)
+            self.assertTrue((blk == 9).all())
+            del blk
+            st = self.client.status()
+            self.assertEqual(st.tenant("py", "prefix_hits"), 1)
+            self.assertEqual(st.tenant("py", "prefix_tokens"), 96)
+            self.assertGreater(st.tenant("py", "shared_bytes"), 0)
+            b.release()
+        with self.assertRaises(kvd.KvdError) as e:
+            a.publish(7)
+        self.assertEqual(e.exception.errno, errno.EINVAL)
+        with self.assertRaises(ValueError):
+            self.client.open(model, 1024, prefix_keys=keys[:31])
+        a.release()
+
+    @cpu_memory
     def test_views_keep_their_client(self):
         # Closing or reconnecting unmaps every chunk: a live view of a sequence's K/V (not
         # only of the block range) refuses both, and the view stays readable.

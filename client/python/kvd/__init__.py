@@ -50,12 +50,15 @@ from ._kvd import (  # noqa: F401
     Seq,
     Status,
     View,
+    key_root,
     kvd_version,
+    prefix_keys,
     strerror,
 )
 
 __all__ = [
     "Client", "Seq", "Status", "View", "KvdError", "strerror", "kvd_version",
+    "key_root", "prefix_keys",
     "DEFAULT_SOCKET", "DTYPE_F16", "DTYPE_BF16", "DTYPE_F32", "LAYOUT_PER_LAYER",
     "LAYOUT_PER_HEAD", "UNIT_NONE", "UNIT_HEAD_TOKEN", "UNIT_LAYER_TOKEN", "UNIT_BLOCK",
     "COMPENSATION_NONE", "COMPENSATION_MOMENTS", "COMPENSATION_LATENT", "EVENT_STOPPING",

@@ -553,20 +553,35 @@ static PyObject *client_output_proj(PyObject *self, PyObject *args) {
 
 static PyObject *seq_wrap(ClientObject *client, kvd_seq *s, int model);
 
-static PyObject *client_open_seq(PyObject *self, PyObject *args) {
+static PyObject *client_open_seq(PyObject *self, PyObject *args, PyObject *kwds) {
+	static char *kwlist[] = { "model", "max_tokens", "prefix_keys", NULL };
 	kvd_client *c = client_open((ClientObject *)self);
-	unsigned int max_tokens;
+	kvd_open_params p = { .size = sizeof(p) };
+	Py_buffer keys = { .buf = NULL };
 	kvd_seq *s = NULL;
-	int model, r;
+	int r;
 
 	if (!c)
 		return NULL;
-	if (!PyArg_ParseTuple(args, "iI", &model, &max_tokens))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "iI|y*", kwlist, &p.model_id, &p.max_tokens,
+	                                 &keys))
 		return NULL;
-	CALL_NOGIL(r, kvd_seq_open(c, model, max_tokens, &s));
+	if (keys.buf) {
+		if (keys.len == 0 || keys.len % KVD_KEY_BYTES != 0 ||
+		    keys.len / KVD_KEY_BYTES > UINT32_MAX) {
+			PyBuffer_Release(&keys);
+			PyErr_SetString(PyExc_ValueError, "prefix_keys must be keys of 32 bytes, end to end");
+			return NULL;
+		}
+		p.prefix_keys = keys.buf;
+		p.n_prefix_keys = (uint32_t)(keys.len / KVD_KEY_BYTES);
+	}
+	CALL_NOGIL(r, kvd_seq_open_params(c, &p, &s));
+	if (keys.buf)
+		PyBuffer_Release(&keys);
 	if (r < 0)
 		return raise_kvd(c, r);
-	return seq_wrap((ClientObject *)self, s, model);
+	return seq_wrap((ClientObject *)self, s, p.model_id);
 }
 
 static kvd_seq *seq_open(SeqObject *so);
@@ -1157,8 +1172,11 @@ static PyMethodDef client_methods[] = {
 	{ "output_proj", client_output_proj, METH_VARARGS,
 	  "output_proj(model, layer, dtype, hidden, wo)\n--\n\n"
 	  "Gives the daemon layer's W_o (a buffer of hidden x q_heads*head_dim elements)." },
-	{ "open", client_open_seq, METH_VARARGS,
-	  "open(model, max_tokens)\n--\n\nOpens an empty sequence (kvd_seq_open)." },
+	{ "open", (PyCFunction)(void (*)(void))client_open_seq, METH_VARARGS | METH_KEYWORDS,
+	  "open(model, max_tokens, prefix_keys=None)\n--\n\nOpens a sequence (kvd_seq_open_params): "
+	  "empty, or with prefix_keys (bytes: the prompt's block keys end to end, see kvd.prefix_keys) "
+	  "starting with the blocks of them this tenant published; seq.tokens() says how many "
+	  "tokens it found." },
 	{ "block_tables", (PyCFunction)(void (*)(void))client_block_tables,
 	  METH_VARARGS | METH_KEYWORDS,
 	  "block_tables(seqs, layer, layers=1, kv_head=0)\n--\n\n(tables, seq_lens) of this "
@@ -1352,6 +1370,18 @@ static PyObject *seq_truncate(PyObject *self, PyObject *args) {
 	if (seq_views_alive(so))
 		return NULL;
 	SEQ_CALL(so, r, kvd_seq_truncate(s, n));
+	return seq_result(so, r);
+}
+
+static PyObject *seq_publish(PyObject *self, PyObject *args) {
+	SeqObject *so = (SeqObject *)self;
+	kvd_seq *s = seq_open(so);
+	unsigned int blocks;
+	int r;
+
+	if (!s || !PyArg_ParseTuple(args, "I", &blocks))
+		return NULL;
+	SEQ_CALL(so, r, kvd_seq_publish(s, blocks));
 	return seq_result(so, r);
 }
 
@@ -1813,6 +1843,10 @@ static PyMethodDef seq_methods[] = {
 	{ "fork", seq_fork, METH_NOARGS,
 	  "fork()\n--\n\nA new Seq sharing this one's full blocks, its last ones copied "
 	  "(kvd_seq_fork): parallel samples and beams from one prompt." },
+	{ "publish", seq_publish, METH_VARARGS,
+	  "publish(blocks)\n--\n\nSays that the first blocks full blocks hold the K/V of the "
+	  "prefix keys the open gave (kvd_seq_publish): the tenant's prefix opens may share them "
+	  "from now on." },
 	{ "truncate", seq_truncate, METH_VARARGS,
 	  "truncate(n)\n--\n\nDrops the last n positions (kvd_seq_truncate): a speculative "
 	  "decoder's rejected drafts. BufferError while views of the sequence live." },
@@ -2049,7 +2083,61 @@ static PyObject *module_strerror(PyObject *self, PyObject *args) {
 	return PyUnicode_FromString(kvd_strerror(code < 0 ? code : -code));
 }
 
+static PyObject *module_key_root(PyObject *self, PyObject *args) {
+	uint8_t key[KVD_KEY_BYTES];
+	const char *seed;
+
+	if (!PyArg_ParseTuple(args, "s", &seed))
+		return NULL;
+	(void)kvd_key_root(seed, key);
+	return PyBytes_FromStringAndSize((const char *)key, KVD_KEY_BYTES);
+}
+
+static PyObject *module_prefix_keys(PyObject *self, PyObject *args, PyObject *kwds) {
+	static char *kwlist[] = { "tokens", "block_tokens", "root", "cache_salt", NULL };
+	const char *salt = NULL;
+	Py_buffer tokens, root;
+	PyObject *out = NULL;
+	unsigned int bt;
+	int64_t n;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*Iy*|z", kwlist, &tokens, &bt, &root, &salt))
+		return NULL;
+	if (tokens.len % sizeof(uint32_t) != 0 || root.len != KVD_KEY_BYTES || bt == 0) {
+		PyErr_SetString(PyExc_ValueError, "tokens must be uint32 token ids, root 32 bytes and "
+		                "block_tokens at least 1");
+		goto done;
+	}
+	n = (int64_t)(tokens.len / sizeof(uint32_t) / bt);
+	out = PyBytes_FromStringAndSize(NULL, n * KVD_KEY_BYTES);
+	if (!out)
+		goto done;
+	{
+		uint8_t *keys = (uint8_t *)PyBytes_AsString(out);
+
+		Py_BEGIN_ALLOW_THREADS
+		n = kvd_prefix_keys(root.buf, tokens.buf, tokens.len / sizeof(uint32_t), bt, salt,
+		                    keys, (uint64_t)n);
+		Py_END_ALLOW_THREADS
+	}
+	if (n < 0) {
+		Py_CLEAR(out);
+		raise_kvd(NULL, (int)n);
+	}
+done:
+	PyBuffer_Release(&tokens);
+	PyBuffer_Release(&root);
+	return out;
+}
+
 static PyMethodDef module_methods[] = {
+	{ "key_root", module_key_root, METH_VARARGS,
+	  "key_root(seed)\n--\n\nThe root key of a seed (kvd_key_root): vLLM's NONE_HASH with "
+	  "PYTHONHASHSEED=seed under sha256_cbor." },
+	{ "prefix_keys", (PyCFunction)(void (*)(void))module_prefix_keys, METH_VARARGS | METH_KEYWORDS,
+	  "prefix_keys(tokens, block_tokens, root, cache_salt=None)\n--\n\nThe content keys of the "
+	  "full blocks of tokens (a buffer of uint32 token ids, e.g. numpy uint32), chained from "
+	  "root, as bytes of 32 per block (kvd_prefix_keys): vLLM's sha256_cbor block hashes." },
 	{ "strerror", module_strerror, METH_VARARGS,
 	  "strerror(errno)\n--\n\nWhat an errno from kvd means (kvd_strerror)." },
 	{ NULL },
