@@ -21,6 +21,7 @@ struct kvdlm_cache {
 	const struct cache_ops *ops;
 	uint32_t layers, q_heads, kv_heads, head_dim, tables, max_tokens;
 	uint32_t next_pos;
+	uint32_t prefix_blocks;      /* kvd: the keys its open gave (kvdlm_cache_kvd_publish) */
 	bool in_step;
 	struct kvdlm_kv_view *views; /* [tables] */
 
@@ -589,6 +590,44 @@ int kvdlm_cache_kvd_new(const struct kvdlm_kvd_model *km, const struct kvdlm_con
 		return -EINVAL;
 	r = kvd_seq_open(km->client, km->model_id, max_tokens, &s);
 	return r < 0 ? r : kvd_cache_new(km, cfg, max_tokens, s, ret);
+}
+
+int kvdlm_cache_kvd_open_prefix(const struct kvdlm_kvd_model *km, const struct kvdlm_config *cfg,
+                                uint32_t max_tokens, const uint32_t *tokens, uint32_t n,
+                                struct kvdlm_cache **ret) {
+	kvd_open_params p = { .size = sizeof(p), .max_tokens = max_tokens };
+	_cleanup_(freep) uint8_t *keys = NULL;
+	uint8_t root[KVD_KEY_BYTES];
+	int64_t n_keys;
+	kvd_seq *s;
+	int r;
+
+	if (!km || !km->client || km->window == 0 || (n > 0 && !tokens))
+		return -EINVAL;
+	keys = malloc(MAX(n / KVDLM_KVD_BLOCK_TOKENS, 1u) * KVD_KEY_BYTES);
+	if (!keys)
+		return -ENOMEM;
+	(void)kvd_key_root("kvd-lm", root);
+	n_keys = kvd_prefix_keys(root, tokens, n, KVDLM_KVD_BLOCK_TOKENS, NULL, keys,
+	                         MIN(n, max_tokens) / KVDLM_KVD_BLOCK_TOKENS);
+	if (n_keys < 0)
+		return (int)n_keys;
+	p.model_id = km->model_id;
+	p.n_prefix_keys = (uint32_t)n_keys;
+	p.prefix_keys = n_keys > 0 ? keys : NULL;
+	r = kvd_seq_open_params(km->client, &p, &s);
+	if (r < 0)
+		return r;
+	r = kvd_cache_new(km, cfg, max_tokens, s, ret);
+	if (r == 0)
+		(*ret)->prefix_blocks = (uint32_t)n_keys;
+	return r;
+}
+
+int kvdlm_cache_kvd_publish(struct kvdlm_cache *c) {
+	if (!c || !c->seq)
+		return -EINVAL;
+	return kvd_seq_publish(c->seq, c->prefix_blocks);
 }
 
 int kvdlm_cache_kvd_fork(const struct kvdlm_kvd_model *km, const struct kvdlm_config *cfg,

@@ -130,6 +130,20 @@ int kvdlm_cache_kvd_new(const struct kvdlm_kvd_model *km, const struct kvdlm_con
                         uint32_t max_tokens, struct kvdlm_cache **ret);
 
 /*
+ * A cache whose kvd sequence starts with the blocks of the prompt tokens[n] that sequences
+ * of this tenant published (kvd_seq_open_params with the prompt's keys, from the root of
+ * seed "kvd-lm"); kvd_seq_tokens() of kvdlm_cache_seq() says how many tokens it found, and the caller
+ * prefills the rest. Publish the prompt's blocks with kvdlm_cache_kvd_publish() once
+ * prefilled. Returns 0, or -EINVAL, the errors of kvd_seq_open_params(), -ENOMEM.
+ */
+int kvdlm_cache_kvd_open_prefix(const struct kvdlm_kvd_model *km, const struct kvdlm_config *cfg,
+                                uint32_t max_tokens, const uint32_t *tokens, uint32_t n,
+                                struct kvdlm_cache **ret);
+
+/* Publishes the full blocks of the prompt c was opened with (kvd_seq_publish()). */
+int kvdlm_cache_kvd_publish(struct kvdlm_cache *c);
+
+/*
  * A cache over a fork of kvd cache parent's sequence (kvd_seq_fork(): its full blocks
  * shared), with parent's positions and recent queries, between steps. Returns 0, or
  * -EINVAL, the errors of kvd_seq_fork(), -ENOMEM.

@@ -327,6 +327,90 @@ TEST(forked_samples_same_as_separate) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* Prefill of tokens[from, n) over c, then GREEDY_STEPS greedy steps: logits into out. */
+static void run_request(struct kvdlm_cache *c, const uint32_t *tokens, uint32_t from, uint32_t n,
+                        float *out) {
+	_cleanup_(kvdlm_session_freep) struct kvdlm_session *s = NULL;
+	_cleanup_(freep) float *last = malloc(KVDLM_BYTE_VOCAB * sizeof(float));
+
+	ASSERT_NOT_NULL(last);
+	ASSERT_OK(kvdlm_session_new(model, c, &(struct kvdlm_session_opts){ THREADS, 0 }, &s));
+	ASSERT_OK(kvdlm_prefill(s, tokens + from, n - from, KVDLM_LOGITS_LAST, last));
+	for (uint32_t k = 0; k < GREEDY_STEPS; k++) {
+		const float *prev = k ? out + (size_t)(k - 1) * KVDLM_BYTE_VOCAB : last;
+
+		ASSERT_OK(kvdlm_decode(s, kvdlm_argmax(prev, KVDLM_BYTE_VOCAB),
+		                       out + (size_t)k * KVDLM_BYTE_VOCAB));
+	}
+}
+
+/* Two requests with one system prompt and their own questions: the second, opened with its
+ * prompt's keys after the first published, finds the system prompt's full blocks, prefills
+ * only the rest, and gives bit for bit the logits of a run without sharing. */
+TEST(prefix_open_same_as_full_prefill) {
+	static const char *const questions[2] = { " Which tiers hold it?", " How are keys made?" };
+	struct fixture f;
+	_cleanup_(freep) uint32_t *sys = NULL;
+	_cleanup_(freep) uint32_t *prompt[2] = {};
+	_cleanup_(freep) float *alone = NULL, *shared = NULL;
+	size_t dn = (size_t)GREEDY_STEPS * KVDLM_BYTE_VOCAB;
+	uint32_t n_sys = prompt_tokens(3, &sys), n[2], found;
+	uint64_t separate, together;
+	struct kvdlm_cache *a, *b;
+	struct kvdlm_kvd_model km;
+	kvd_client *c;
+
+	alone = malloc(dn * sizeof(float));
+	shared = malloc(dn * sizeof(float));
+	ASSERT_TRUE(alone && shared);
+	for (int i = 0; i < 2; i++) {
+		n[i] = n_sys + (uint32_t)strlen(questions[i]);
+		prompt[i] = malloc(n[i] * sizeof(uint32_t));
+		ASSERT_NOT_NULL(prompt[i]);
+		memcpy(prompt[i], sys, n_sys * sizeof(uint32_t));
+		for (uint32_t j = n_sys; j < n[i]; j++)
+			prompt[i][j] = (uint8_t)questions[i][j - n_sys];
+	}
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	c = fixture_connect(&f, "lm");
+	ASSERT_OK(kvdlm_kvd_register_compensated(c, model, "kvd-lm-test", KVD_UNIT_HEAD_TOKEN,
+	                                         WINDOW, KVD_COMPENSATION_NONE, &km));
+
+	/* Request 1, then request 2 on its own sequence, each prefilled whole. */
+	ASSERT_OK(kvdlm_cache_kvd_new(&km, &model->cfg, n[0] + GREEDY_STEPS, &a));
+	run_request(a, prompt[0], 0, n[0], shared);
+	ASSERT_OK(kvdlm_cache_kvd_new(&km, &model->cfg, n[1] + GREEDY_STEPS, &b));
+	run_request(b, prompt[1], 0, n[1], alone);
+	separate = fixture_status(&f, "lm", "block_bytes");
+	a = kvdlm_cache_free(a);
+	b = kvdlm_cache_free(b);
+
+	/* Request 1 publishes its prompt; request 2 finds the system prompt's full blocks. */
+	ASSERT_OK(kvdlm_cache_kvd_open_prefix(&km, &model->cfg, n[0] + GREEDY_STEPS, prompt[0], n[0], &a));
+	ASSERT_EQ(kvd_seq_tokens(kvdlm_cache_seq(a), 0, 0), 0);
+	run_request(a, prompt[0], 0, n[0], shared);
+	ASSERT_OK(kvdlm_cache_kvd_publish(a));
+	ASSERT_OK(kvdlm_cache_kvd_open_prefix(&km, &model->cfg, n[1] + GREEDY_STEPS, prompt[1], n[1], &b));
+	found = (uint32_t)kvd_seq_tokens(kvdlm_cache_seq(b), 0, 0);
+	ASSERT_EQ(found, n_sys / KVDLM_KVD_BLOCK_TOKENS * KVDLM_KVD_BLOCK_TOKENS);
+	run_request(b, prompt[1], found, n[1], shared);
+	together = fixture_status(&f, "lm", "block_bytes");
+	ASSERT_TRUE(memcmp(alone, shared, dn * sizeof(float)) == 0);
+	ASSERT_EQ(fixture_status(&f, "lm", "evicted_tokens"), 0u);
+	ASSERT_EQ(fixture_status(&f, "lm", "prefix_tokens"), found);
+	printf("# 2 requests of a %u-token system prompt and a question each: %" PRIu64 " block "
+	       "bytes on their own, %" PRIu64 " sharing; %u of %u prefill tokens skipped\n",
+	       n_sys, separate, together, found, n[0] + n[1]);
+	/* The second holds only what follows the shared blocks. */
+	ASSERT_EQ(separate - together, (uint64_t)found / KVDLM_KVD_BLOCK_TOKENS *
+	          kvd_seq_descriptor(kvdlm_cache_seq(b))->block_bytes * model->cfg.layers *
+	          model->cfg.kv_heads);
+	kvdlm_cache_free(a);
+	kvdlm_cache_free(b);
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 static int run_capture(const char *command, char *out, size_t n) {
 	FILE *p = popen(command, "re");
 	size_t k;
