@@ -348,6 +348,9 @@ int client_sealed_memfd(const char *name, const void *p, uint64_t n, int *ret_fd
 
 /* ---- the rings (ring.c) ---- */
 
+/* The most ring requests client_ring_calls() submits at once. */
+#define RING_BATCH_MAX 64
+
 /* A ring request's answer. */
 struct ring_done {
 	struct kvd_ring_cqe cqe;
@@ -366,14 +369,15 @@ struct client_ring *client_ring_free(struct client_ring *r, bool forked);
 void client_ring_break(struct client_ring *r, int why);
 
 /*
- * Submits req (user_data is filled in) and waits for its completion, without the client's
- * lock. With stop_after_submit, raises SIGSTOP in between (test hook). Returns 0 with the
- * answer in *ret, -EAGAIN when the ring is not to be used (none, turned off, or every slot
- * in flight: use the socket), or -ECONNRESET, -EPROTO (the connection is lost: the caller
- * fails the client).
+ * Submits the first of the n requests at reqs (user_data is filled in) that slots are free
+ * for, all behind one doorbell, and waits for their completions, without the client's
+ * lock. With stop_after_submit, raises SIGSTOP in between (test hook). Returns how many it
+ * submitted (1 or more), their answers in rets[]; -EAGAIN when the ring is not to be used
+ * (none, turned off, or every slot in flight: use the socket), or -ECONNRESET, -EPROTO (the
+ * connection is lost: the caller fails the client).
  */
-int client_ring_call(kvd_client *c, const struct kvd_ring_sqe *req, bool stop_after_submit,
-                     struct ring_done *ret);
+int client_ring_calls(kvd_client *c, const struct kvd_ring_sqe *reqs, uint32_t n,
+                      bool stop_after_submit, struct ring_done *rets);
 
 /*
  * What a ring request returns: the daemon's result, with its message kept for

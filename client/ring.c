@@ -295,13 +295,11 @@ static int ring_wait(kvd_client *c, struct client_ring *r, struct ring_slot *slo
 	}
 }
 
-int client_ring_call(kvd_client *c, const struct kvd_ring_sqe *req, bool stop_after_submit,
-                     struct ring_done *ret) {
-	struct ring_slot *slot;
+int client_ring_calls(kvd_client *c, const struct kvd_ring_sqe *reqs, uint32_t n,
+                      bool stop_after_submit, struct ring_done *rets) {
+	uint32_t index[RING_BATCH_MAX], m;
 	struct client_ring *r;
-	struct kvd_ring_sqe *e;
-	uint32_t index;
-	int k;
+	int k = 0;
 
 	if (!__atomic_load_n(&c->want_ring, __ATOMIC_RELAXED))
 		return -EAGAIN;
@@ -314,29 +312,42 @@ int client_ring_call(kvd_client *c, const struct kvd_ring_sqe *req, bool stop_af
 
 	pthread_mutex_lock(&r->sq_lock);
 	k = __atomic_load_n(&r->broken, __ATOMIC_ACQUIRE);
-	if (k < 0 || r->n_free == 0) {
+	if (k < 0 || r->n_free == 0 || n == 0) {
 		pthread_mutex_unlock(&r->sq_lock);
 		pthread_rwlock_unlock(&c->ring_lock);
 		return k < 0 ? k : -EAGAIN;
 	}
-	index = r->free_slots[--r->n_free];
-	slot = &r->slots[index];
-	__atomic_store_n(&slot->serial, slot->serial + 1, __ATOMIC_RELAXED);
-	__atomic_store_n(&slot->done, 0, __ATOMIC_RELAXED);
-	__atomic_store_n(&slot->busy, 1, __ATOMIC_RELAXED);
-	SLOT_HANDED_OVER(slot);
-	e = ring_sqe_at(r->sh, &r->geo, r->sq_tail);
-	*e = *req;
-	e->user_data = (uint64_t)slot->serial << 32 | index;
-	ring_store_release(&r->sh->sq_tail, ++r->sq_tail);
+	m = MIN(MIN(n, r->n_free), (uint32_t)RING_BATCH_MAX);
+	for (uint32_t i = 0; i < m; i++) {
+		struct ring_slot *slot;
+		struct kvd_ring_sqe *e;
+
+		index[i] = r->free_slots[--r->n_free];
+		slot = &r->slots[index[i]];
+		__atomic_store_n(&slot->serial, slot->serial + 1, __ATOMIC_RELAXED);
+		__atomic_store_n(&slot->done, 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&slot->busy, 1, __ATOMIC_RELAXED);
+		SLOT_HANDED_OVER(slot);
+		e = ring_sqe_at(r->sh, &r->geo, r->sq_tail);
+		*e = reqs[i];
+		e->user_data = (uint64_t)slot->serial << 32 | index[i];
+		r->sq_tail++;
+	}
+	/* One store publishes them all: the daemon wakes once for the batch. */
+	ring_store_release(&r->sh->sq_tail, r->sq_tail);
 	pthread_mutex_unlock(&r->sq_lock);
 	if (ring_wake_needed(&r->sh->sq_wake))
 		ring_bell(r);
 
 	if (stop_after_submit)
 		raise(SIGSTOP);
-	k = ring_wait(c, r, slot, __atomic_load_n(&c->spin_ns, __ATOMIC_RELAXED));
-	if (k >= 0) {
+	for (uint32_t i = 0; i < m && k >= 0; i++) {
+		struct ring_slot *slot = &r->slots[index[i]];
+		struct ring_done *ret = &rets[i];
+
+		k = ring_wait(c, r, slot, __atomic_load_n(&c->spin_ns, __ATOMIC_RELAXED));
+		if (k < 0)
+			break;
 		/* Stored before the completion was published, loaded after it was found. */
 		ret->frames = __atomic_load_n(&r->sh->frames.v, __ATOMIC_ACQUIRE);
 		ret->cqe = slot->cqe;
@@ -346,10 +357,10 @@ int client_ring_call(kvd_client *c, const struct kvd_ring_sqe *req, bool stop_af
 			ret->msg[0] = '\0';
 		pthread_mutex_lock(&r->sq_lock);
 		__atomic_store_n(&slot->busy, 0, __ATOMIC_RELAXED);
-		r->free_slots[r->n_free++] = index;
+		r->free_slots[r->n_free++] = index[i];
 		pthread_mutex_unlock(&r->sq_lock);
 	}
-	/* On failure the slot stays taken: the ring is broken and goes with the connection. */
+	/* On failure the slots stay taken: the ring is broken and goes with the connection. */
 	pthread_rwlock_unlock(&c->ring_lock);
-	return k;
+	return k < 0 ? k : (int)m;
 }

@@ -560,7 +560,7 @@ static int seq_ring_call_flags(kvd_seq *s, uint8_t op, uint32_t arg, bool stop_a
 		if (r < 0)
 			return r;
 	}
-	r = client_ring_call(s->client, &req, stop_after_submit, &done);
+	r = client_ring_calls(s->client, &req, 1, stop_after_submit, &done);
 	if (r == -EAGAIN)
 		return r;
 	if (r < 0)
@@ -866,6 +866,105 @@ int kvd_seq_unpin(kvd_seq *s) {
 	uint64_t key = s ? client_key(s->client) : 0;
 
 	return (int)call_result(key, do_seq_unpin(s), __func__);
+}
+
+/* One sequence's step on the socket (the ring refused it): its result, as seqs_step's. */
+static int seq_step_alone(kvd_seq *s, uint8_t op, uint32_t tokens) {
+	int recall = KVD_RECALL_NONE, r;
+
+	switch (op) {
+	case KVD_RING_OP_GROW:
+		return do_seq_grow(s, tokens);
+	case KVD_RING_OP_PIN:
+		r = do_seq_pin(s, &recall);
+		return r < 0 ? r : recall;
+	default:
+		return seq_unpin(s, 0);
+	}
+}
+
+/*
+ * One step (op: a grow by tokens, a pin, an unpin) of the n sequences at seqs, all of one
+ * client: on the ring as batches behind one doorbell each, else one by one on the socket.
+ * codes[i] (may be NULL) gets each one's result. Returns 0, or the first error.
+ */
+static int seqs_step(kvd_seq *const *seqs, uint32_t n, uint8_t op, uint32_t tokens, int *codes) {
+	struct kvd_ring_sqe reqs[RING_BATCH_MAX];
+	struct ring_done done[RING_BATCH_MAX];
+	kvd_client *c;
+	uint32_t i = 0;
+	int first = 0, r;
+
+	if (!seqs || n == 0 || !seqs[0])
+		return -EINVAL;
+	c = seqs[0]->client;
+	for (uint32_t k = 0; k < n; k++) {
+		if (!seqs[k] || seqs[k]->client != c)
+			return client_error(c, -EINVAL, "the sequences of a batch are of one client");
+		if (seq_forked(seqs[k]))
+			return -ECHILD;
+		if (seq_stale(seqs[k]))
+			return -ESTALE;
+	}
+	if (op == KVD_RING_OP_GROW && tokens == 0)
+		return client_error(c, -EINVAL, "kvd_seqs_grow: tokens is 0 (grow by 1 or more)");
+	/* What went on the socket before goes first, as it would on the socket alone. */
+	if (__atomic_load_n(&c->want_ring, __ATOMIC_RELAXED)) {
+		r = client_ring_barrier(c);
+		if (r < 0)
+			return r;
+	}
+	while (i < n) {
+		uint32_t m = MIN(n - i, (uint32_t)RING_BATCH_MAX);
+		int got;
+
+		for (uint32_t k = 0; k < m; k++)
+			reqs[k] = (struct kvd_ring_sqe){ .op = op, .arg = op == KVD_RING_OP_GROW ? tokens : 0,
+			                                 .seq_id = seqs[i + k]->id };
+		got = client_ring_calls(c, reqs, m, false, done);
+		if (got == -EAGAIN) {
+			/* No ring, or every slot in flight: this one on the socket. */
+			got = 1;
+			r = seq_step_alone(seqs[i], op, tokens);
+			if (codes)
+				codes[i] = r;
+			if (r < 0 && first == 0)
+				first = r;
+		} else if (got < 0) {
+			return client_ring_lost(c, got);
+		} else {
+			for (int k = 0; k < got; k++) {
+				r = client_ring_finish(c, &done[k], false);
+				if (r >= 0 && op == KVD_RING_OP_PIN)
+					r = (int)((done[k].cqe.flags & KVD_RING_CQE_F_RECALL_MASK) >>
+					          KVD_RING_CQE_F_RECALL_SHIFT);
+				if (codes)
+					codes[i + k] = r;
+				if (r < 0 && first == 0)
+					first = r;
+			}
+		}
+		i += (uint32_t)got;
+	}
+	return first;
+}
+
+int kvd_seqs_grow(kvd_seq *const *seqs, uint32_t n, uint32_t tokens, int *codes) {
+	uint64_t key = seqs && n > 0 && seqs[0] ? client_key(seqs[0]->client) : 0;
+
+	return (int)call_result(key, seqs_step(seqs, n, KVD_RING_OP_GROW, tokens, codes), __func__);
+}
+
+int kvd_seqs_pin(kvd_seq *const *seqs, uint32_t n, int *codes) {
+	uint64_t key = seqs && n > 0 && seqs[0] ? client_key(seqs[0]->client) : 0;
+
+	return (int)call_result(key, seqs_step(seqs, n, KVD_RING_OP_PIN, 0, codes), __func__);
+}
+
+int kvd_seqs_unpin(kvd_seq *const *seqs, uint32_t n, int *codes) {
+	uint64_t key = seqs && n > 0 && seqs[0] ? client_key(seqs[0]->client) : 0;
+
+	return (int)call_result(key, seqs_step(seqs, n, KVD_RING_OP_UNPIN, 0, codes), __func__);
 }
 
 static int do_seq_unpin_after(kvd_seq *s, void *cuda_event) {

@@ -116,6 +116,81 @@ TEST(rings_used_when_offered) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* More sequences than a ring batch (64): kvd_seqs_* submit them in several. */
+#define BATCH 70
+
+/* One decode step's calls for BATCH sequences at once, through whatever path c uses: each
+ * sequence's result as its own call's, a refusal of one leaving the others done. */
+static void batch_through(kvd_client *c, kvd_client *other, int m, uint32_t tag) {
+	kvd_seq *s[BATCH], *mixed[2];
+	int codes[BATCH];
+
+	for (int i = 0; i < BATCH; i++)
+		ASSERT_OK(kvd_seq_open(c, m, i == 5 ? 64 : 4096, &s[i]));
+	ASSERT_OK(kvd_seqs_grow(s, BATCH, 40, codes));
+	for (int i = 0; i < BATCH; i++)
+		ASSERT_EQ(codes[i], 0);
+	/* Sequence 5 holds at most 64 tokens: refused alone. */
+	ASSERT_ERRNO(kvd_seqs_grow(s, BATCH, 40, codes), -EFBIG);
+	for (int i = 0; i < BATCH; i++) {
+		ASSERT_EQ(codes[i], i == 5 ? -EFBIG : 0);
+		ASSERT_EQ(kvd_seq_tokens(s[i], 1, 1), i == 5 ? 40 : 80);
+	}
+	ASSERT_OK(kvd_seqs_pin(s, BATCH, codes));
+	for (int i = 0; i < BATCH; i++) {
+		ASSERT_EQ(codes[i], KVD_RECALL_NONE);
+		fill_seq(s[i], tag + (uint32_t)i);
+	}
+	ASSERT_OK(kvd_seqs_unpin(s, BATCH, NULL));
+	ASSERT_ERRNO(kvd_seqs_unpin(s, BATCH, codes), -EINVAL);
+	for (int i = 0; i < BATCH; i++)
+		ASSERT_EQ(codes[i], -EINVAL);
+	/* Nothing is sent for a batch of two clients' sequences, or none at all. */
+	mixed[0] = s[0];
+	ASSERT_OK(kvd_seq_open(other, kvd_model_register(other, &shape), 64, &mixed[1]));
+	ASSERT_ERRNO(kvd_seqs_pin(mixed, 2, NULL), -EINVAL);
+	ASSERT_ERRNO(kvd_seqs_grow(s, 0, 1, NULL), -EINVAL);
+	ASSERT_ERRNO(kvd_seqs_grow(s, BATCH, 0, NULL), -EINVAL);
+	ASSERT_OK(kvd_seq_release(mixed[1]));
+	for (int i = 0; i < BATCH; i++) {
+		ASSERT_EQ(check_seq(s[i], tag + (uint32_t)i), 0u);
+		assert_digests_agree(s[i]);
+		ASSERT_OK(kvd_seq_release(s[i]));
+	}
+}
+
+TEST(batch_steps) {
+	struct fixture f;
+	kvd_client *c, *other;
+	int m;
+
+	fixture_start(&f, (const char *const[]){ "--pool-size", "64MiB", "--chunk-size", "1MiB", NULL });
+	c = fixture_connect(&f, "ring");
+	other = fixture_connect(&f, "ring");
+	m = kvd_model_register(c, &shape);
+	ASSERT_OK(m);
+	ASSERT_EQ(kvd_client_get_ring(c), 1);
+	batch_through(c, other, m, 10);
+	/* The same on the socket. */
+	ASSERT_OK(kvd_client_set_ring(c, 0));
+	batch_through(c, other, m, 100);
+	kvd_client_unref(c);
+	kvd_client_unref(other);
+	ASSERT_EQ(fixture_stop(&f), 0);
+
+	/* A ring smaller than a batch: what it has room for at a time. */
+	fixture_start(&f, (const char *const[]){ "--pool-size", "64MiB", "--chunk-size", "1MiB",
+	                                         "--ring-entries", "8", NULL });
+	c = fixture_connect(&f, "ring");
+	other = fixture_connect(&f, "ring");
+	m = kvd_model_register(c, &shape);
+	ASSERT_OK(m);
+	batch_through(c, other, m, 200);
+	kvd_client_unref(c);
+	kvd_client_unref(other);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 TEST(ring_entries_checked) {
 	char out[4096];
 

@@ -230,6 +230,25 @@ class BindingTest(DaemonTest):
             self.client.open(model, 1024, prefix_keys=keys[:31])
         a.release()
 
+    def test_batch_steps(self):
+        seqs = [self.client.open(self.model, 64 if i == 2 else 1024) for i in range(5)]
+        self.assertEqual(self.client.grow_batch(seqs, 40), [0] * 5)
+        # The third holds at most 64 tokens: refused alone, the others grown.
+        self.assertEqual(self.client.grow_batch(seqs, 40), [0, 0, -errno.EFBIG, 0, 0])
+        self.assertEqual([s.tokens() for s in seqs], [80, 80, 40, 80, 80])
+        self.assertEqual(self.client.pin_batch(seqs), [kvd.RECALL_NONE] * 5)
+        self.assertEqual(self.client.unpin_batch(seqs), [0] * 5)
+        self.assertEqual(self.client.unpin_batch(seqs), [-errno.EINVAL] * 5)
+        with self.assertRaises(ValueError):
+            self.client.grow_batch(seqs, 0)
+        with self.assertRaises(ValueError):
+            self.client.pin_batch([])
+        with kvd.Client(self.daemon.socket, "py") as other:
+            with self.assertRaises(ValueError):
+                other.pin_batch(seqs)
+        for s in seqs:
+            s.release()
+
     @cpu_memory
     def test_views_keep_their_client(self):
         # Closing or reconnecting unmaps every chunk: a live view of a sequence's K/V (not

@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
-"""What a decode step's block tables cost through kvd.paged, for a batch of sequences and
-every layer: one Seq.block_table call per sequence and layer, padded into a tensor (what
-kvd.paged.block_tables did before kvd_seq_block_tables), per layer in one call
-(kvd.paged.block_tables, positions=False), and every layer in one call
-(kvd.paged.block_tables_layers). Starts a kvd of its own (host
-backend); prints the median and p99 of each and their ratios. A benchmark: nothing asserts
-on timings; the last line sets what the batch costs beside one sequence's tables.
+"""What a decode step's kvd calls cost through the binding and kvd.paged, for a batch of
+sequences and every layer. The block tables: one Seq.block_table call per sequence and
+layer, padded into a tensor (what kvd.paged.block_tables did before kvd_seq_block_tables),
+per layer in one call (kvd.paged.block_tables, positions=False), and every layer in one
+call (kvd.paged.block_tables_layers). Then the whole step, each sequence grown by a token
+and pinned, the tables, each unpinned: per sequence (Seq.grow, Seq.pin, the tables per
+sequence and layer, Seq.unpin) against the batch calls (Client.grow_batch, pin_batch,
+block_tables_layers, unpin_batch), and those for one sequence. Starts a kvd of its own
+(host backend); prints the median and p99 of each and their ratios. A benchmark: nothing
+asserts on timings; the last lines set what the batch costs beside one sequence's.
 
     PYTHONPATH=build/client/python tools/bench/paged-tables.py --kvd build/daemon/kvd
 """
@@ -29,6 +32,24 @@ def per_sequence(seqs, layer):
     for i, t in enumerate(tables):
         table[i, :len(t)] = t
     return table
+
+
+def step_per_sequence(seqs, layers):
+    for s in seqs:
+        s.grow(1)
+        s.pin()
+    for layer in range(layers):
+        per_sequence(seqs, layer)
+    for s in seqs:
+        s.unpin()
+
+
+def step_batched(client, seqs, layers):
+    if any(client.grow_batch(seqs, 1)) or any(client.pin_batch(seqs)):
+        raise RuntimeError("a grow or pin of the batch was refused")
+    paged.block_tables_layers(seqs, 0, layers)
+    if any(client.unpin_batch(seqs)):
+        raise RuntimeError("an unpin of the batch was refused")
 
 
 def timed(fn, steps):
@@ -54,7 +75,8 @@ def main():
         with kvd.Client(sock, "bench-tables") as c:
             # Llama-3.1-8B's KV: 8 kv heads of 128, f16, blocks of 16 tokens.
             m = c.register_model(args.layers, 32, 8, 128, kvd.DTYPE_F16, 16)
-            seqs = [c.open(m, args.tokens + 16) for _ in range(args.seqs)]
+            # Each step of the step rows grows every sequence by a token (warm-ups included).
+            seqs = [c.open(m, args.tokens + 3 * (args.steps + 1)) for _ in range(args.seqs)]
             for s in seqs:
                 s.grow(args.tokens)
                 s.pin()
@@ -73,14 +95,25 @@ def main():
                 results.append((name, *timed(fn, args.steps)))
             for s in seqs:
                 s.unpin()
+            steps = [
+                ("step, per sequence", lambda: step_per_sequence(seqs, args.layers)),
+                ("step, batch calls", lambda: step_batched(c, seqs, args.layers)),
+                ("step, batch calls, one sequence", lambda: step_batched(c, seqs[:1], args.layers)),
+            ]
+            for name, fn in steps:
+                fn()
+                results.append((name, *timed(fn, args.steps)))
+            for s in seqs:
                 s.release()
         print(f"paged-tables: {args.seqs} sequences of {args.tokens} tokens, {args.layers} "
               f"layers, {args.steps} steps (median / p99, us a step):")
-        base = results[0][1]
-        for name, p50, p99 in results:
+        for k, (name, p50, p99) in enumerate(results):
+            base = results[0 if k < 4 else 4][1]
             print(f"  {name:38s} {p50:9.1f} / {p99:9.1f}   {base / p50:6.1f}x the first's speed")
-        print(f"  the batch in one call / one sequence in one call: "
+        print(f"  tables: the batch in one call / one sequence in one call: "
               f"{results[2][1] / results[3][1]:.2f}x")
+        print(f"  step: the batch in batch calls / one sequence in them: "
+              f"{results[5][1] / results[6][1]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -540,6 +540,21 @@ KVD_EXPORT int kvd_seq_open_params(kvd_client *c, const kvd_open_params *p, kvd_
 KVD_EXPORT int kvd_seq_publish(kvd_seq *s, uint32_t blocks);
 
 /*
+ * One decode step's calls for a whole batch: kvd_seq_grow (by `tokens`), kvd_seq_pin and
+ * kvd_seq_unpin of the n sequences at seqs, all of one client, each as the call alone
+ * would do it, in order. On the ring (see "Rings") a batch of up to 64 is submitted behind
+ * one doorbell and its completions reaped together, so the daemon wakes once per batch;
+ * without a ring each goes on the socket. codes (NULL, or room for n) gets each one's
+ * result: 0 or a negative errno, and for a pin the KVD_RECALL_* it found (as
+ * kvd_seq_pin_recall). Returns 0 when every one succeeded, else the first error; -EINVAL
+ * (NULL, n 0, sequences of different clients, tokens 0), -ECHILD, -ESTALE before any is
+ * sent. Since KVD_1.10.
+ */
+KVD_EXPORT int kvd_seqs_grow(kvd_seq *const *seqs, uint32_t n, uint32_t tokens, int *codes);
+KVD_EXPORT int kvd_seqs_pin(kvd_seq *const *seqs, uint32_t n, int *codes);
+KVD_EXPORT int kvd_seqs_unpin(kvd_seq *const *seqs, uint32_t n, int *codes);
+
+/*
  * Drops the last n positions of the sequence: what a speculative decoder does with the draft
  * tokens it rejected. Every table keeps its slots of the positions before
  * next_position - n (a table that lost some of those to eviction keeps fewer), the blocks

@@ -23,6 +23,7 @@
 
 #include <dlpack/dlpack.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -586,10 +587,105 @@ static PyObject *client_open_seq(PyObject *self, PyObject *args, PyObject *kwds)
 
 static kvd_seq *seq_open(SeqObject *so);
 
+/* The open sequences of list, a non-empty sequence of co's Seq objects, into a new array in
+ * *ret (n of them): borrowed, since the list holds its items. Returns 0, or -1 with an
+ * exception. */
+static int seqs_of(ClientObject *co, PyObject *list, kvd_seq ***ret, Py_ssize_t *ret_n) {
+	struct module_state *st = state_any();
+	Py_ssize_t n = PySequence_Size(list);
+	kvd_seq **seqs;
+
+	if (n < 0)
+		return -1;
+	if (n == 0) {
+		PyErr_SetString(PyExc_ValueError, "no sequences");
+		return -1;
+	}
+	seqs = calloc((size_t)n, sizeof(*seqs));
+	if (!seqs) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *o = PySequence_GetItem(list, i);
+		bool ours = o && PyObject_TypeCheck(o, st->seq_type) && ((SeqObject *)o)->client == co;
+
+		if (ours)
+			seqs[i] = seq_open((SeqObject *)o);
+		Py_XDECREF(o);
+		if (!ours && !PyErr_Occurred())
+			PyErr_SetString(PyExc_ValueError, "seqs must be this client's Seq objects");
+		if (!ours || !seqs[i]) {
+			free(seqs);
+			return -1;
+		}
+	}
+	*ret = seqs;
+	*ret_n = n;
+	return 0;
+}
+
+/* kvd_seqs_grow (tokens > 0), kvd_seqs_pin (pin) or kvd_seqs_unpin of the sequences of
+ * list: each one's result in a list. */
+static PyObject *client_step(ClientObject *co, PyObject *list, uint32_t tokens, bool pin) {
+	PyObject *ret = NULL;
+	kvd_seq **seqs;
+	int *codes;
+	Py_ssize_t n;
+	int r;
+
+	if (!client_open(co) || seqs_of(co, list, &seqs, &n) < 0)
+		return NULL;
+	codes = n <= UINT32_MAX ? malloc((size_t)n * sizeof(*codes)) : NULL;
+	if (!codes) {
+		free(seqs);
+		return PyErr_NoMemory();
+	}
+	/* No result is positive but a pin's recall, at most KVD_RECALL_FILE. */
+	codes[0] = INT_MAX;
+	CALL_NOGIL(r, tokens ? kvd_seqs_grow(seqs, (uint32_t)n, tokens, codes) :
+	              pin ? kvd_seqs_pin(seqs, (uint32_t)n, codes) :
+	                    kvd_seqs_unpin(seqs, (uint32_t)n, codes));
+	/* Refused before anything was sent. */
+	if (r < 0 && codes[0] == INT_MAX)
+		raise_kvd(co->c, r);
+	else
+		ret = PyList_New(n);
+	for (Py_ssize_t i = 0; ret && i < n; i++) {
+		PyObject *v = PyLong_FromLong(codes[i]);
+
+		if (!v || PyList_SetItem(ret, i, v) < 0)
+			Py_CLEAR(ret);
+	}
+	free(codes);
+	free(seqs);
+	return ret;
+}
+
+static PyObject *client_grow_batch(PyObject *self, PyObject *args) {
+	unsigned int tokens;
+	PyObject *list;
+
+	if (!PyArg_ParseTuple(args, "OI", &list, &tokens))
+		return NULL;
+	if (tokens == 0) {
+		PyErr_SetString(PyExc_ValueError, "tokens must be 1 or more");
+		return NULL;
+	}
+	return client_step((ClientObject *)self, list, tokens, false);
+}
+
+static PyObject *client_pin_batch(PyObject *self, PyObject *list) {
+	return client_step((ClientObject *)self, list, 0, true);
+}
+
+static PyObject *client_unpin_batch(PyObject *self, PyObject *list) {
+	return client_step((ClientObject *)self, list, 0, false);
+}
+
 static PyObject *client_block_tables(PyObject *self, PyObject *args, PyObject *kwds) {
 	static char *kwlist[] = { "seqs", "layer", "layers", "kv_head", NULL };
 	ClientObject *co = (ClientObject *)self;
-	struct module_state *st = state_any();
 	unsigned int layer, layers = 1, head = 0, width = 1;
 	kvd_seq **seqs = NULL;
 	int32_t *tables = NULL, *lens = NULL;
@@ -601,31 +697,13 @@ static PyObject *client_block_tables(PyObject *self, PyObject *args, PyObject *k
 	if (!client_open(co) || !PyArg_ParseTupleAndKeywords(args, kwds, "OI|II", kwlist, &list,
 	                                                     &layer, &layers, &head))
 		return NULL;
-	n = PySequence_Size(list);
-	if (n < 0)
-		return NULL;
-	if (n == 0 || layers == 0) {
-		PyErr_SetString(PyExc_ValueError, "no sequences, or no layers");
+	if (layers == 0) {
+		PyErr_SetString(PyExc_ValueError, "no layers");
 		return NULL;
 	}
-	seqs = calloc((size_t)n, sizeof(*seqs));
-	if (!seqs)
-		return PyErr_NoMemory();
+	if (seqs_of(co, list, &seqs, &n) < 0)
+		return NULL;
 	for (Py_ssize_t i = 0; i < n; i++) {
-		PyObject *o = PySequence_GetItem(list, i);
-		bool ours = o && PyObject_TypeCheck(o, st->seq_type) && ((SeqObject *)o)->client == co;
-
-		/* The list holds its items; a borrowed pointer to each is enough. */
-		if (ours)
-			seqs[i] = seq_open((SeqObject *)o);
-		Py_XDECREF(o);
-		if (!ours) {
-			if (!PyErr_Occurred())
-				PyErr_SetString(PyExc_ValueError, "seqs must be this client's Seq objects");
-			goto out;
-		}
-		if (!seqs[i])
-			goto out;
 		/* Room for the widest row as the tables are now, and a block more. */
 		for (unsigned int l = layer; l < layer + layers; l++) {
 			int64_t tokens = kvd_seq_tokens(seqs[i], l, head);
@@ -1177,6 +1255,16 @@ static PyMethodDef client_methods[] = {
 	  "empty, or with prefix_keys (bytes: the prompt's block keys end to end, see kvd.prefix_keys) "
 	  "starting with the blocks of them this tenant published; seq.tokens() says how many "
 	  "tokens it found." },
+	{ "grow_batch", client_grow_batch, METH_VARARGS,
+	  "grow_batch(seqs, tokens)\n--\n\nGrows each of this client's sequences seqs by tokens "
+	  "(kvd_seqs_grow: on the ring, up to 64 behind one doorbell): a list of each one's result, "
+	  "0 or a negative errno (a refused one is unchanged, the others grown)." },
+	{ "pin_batch", client_pin_batch, METH_O,
+	  "pin_batch(seqs)\n--\n\nPins each of seqs (kvd_seqs_pin): a list of each one's result, "
+	  "a RECALL_* value or a negative errno." },
+	{ "unpin_batch", client_unpin_batch, METH_O,
+	  "unpin_batch(seqs)\n--\n\nUnpins each of seqs (kvd_seqs_unpin): a list of each one's "
+	  "result, 0 or a negative errno." },
 	{ "block_tables", (PyCFunction)(void (*)(void))client_block_tables,
 	  METH_VARARGS | METH_KEYWORDS,
 	  "block_tables(seqs, layer, layers=1, kv_head=0)\n--\n\n(tables, seq_lens) of this "
