@@ -17,6 +17,16 @@ as a plain dense attention, and fails when the two differ. With --compensation m
 and attention adds them as one more softmax entry, as the C engine does (README.md,
 "Compensation"). With --no-daemon the cache is kvdlm.py's private full cache.
 
+With --samples N, it samples N continuations of the prompt in parallel (docs/engines.md,
+"Fork"): sample i starts from the i-th token after the greedy one, then goes greedy; on the
+daemon the prompt is prefilled once and forked (Seq.fork) for every sample but the first.
+With --question Q (repeated), each question is a request of its own whose prompt is the
+--prompt (a system prompt shared by all) and Q; on the daemon each opens with its prompt's
+block keys (kvd.prefix_keys, root seed "kvd-lm": "Prefix sharing"), prefills only what was
+not found, and publishes its blocks. --no-share runs both without sharing: every sample and
+request on a sequence of its own, its whole prompt prefilled. --stats reports the block
+bytes held with every sample or request open, and the prefill tokens skipped.
+
 With --draft K, it decodes speculatively (docs/engines.md, "Rollback"): each step feeds the
 next token and K draft tokens (prompt lookup: what followed the last earlier occurrence of
 the current token), keeps the drafts the model agrees with, and drops the rest from the
@@ -26,14 +36,17 @@ sequence with Seq.truncate; the text is plain decoding's.
                     [--max-new N] [--chunk N] [--unit head|layer|block|none]
                     [--window W] [--compensation none|moments|moments-mass|moments-bounded]
                     [--evict-every N [--evict-bytes B]] [--draft K] [--print-logits] [--check]
-                    [--stats]
+                    [--samples N | --question Q...] [--no-share] [--stats]
 
 Output as kvd-lm's: with --print-logits a line 'logits POSITION TOKEN' and the 260 logits
-per generated token, then the text (special tokens as <eos> and so on). Not supported:
+per generated token, then the text (special tokens as <eos> and so on); with --samples or
+--question, each sample's or request's, its lines prefixed 'sample I ' or 'request I '. Not supported:
 latent compensation and IndexMem (--indexmem), which only the C engine has.
 """
 
 import argparse
+import array
+import copy
 import errno
 import os
 import sys
@@ -59,7 +72,8 @@ MOMENTS_HEADER_BYTES = 64
 class KvdCache:
     """The sequence's K/V in kvd: per_head tables, read and written through the block range."""
 
-    def __init__(self, client, model, unit, window, max_tokens, check, compensation):
+    def __init__(self, client, model, unit, window, max_tokens, check, compensation,
+                 prefix_keys=None):
         cfg = model.cfg
         self.cfg, self.client, self.window, self.check = cfg, client, window, check
         self.compensation = compensation      # None, "moments", "moments-mass" or "moments-bounded"
@@ -83,11 +97,26 @@ class KvdCache:
         # A per_head block: K [block_tokens][head_dim], then V: [n_blocks][2][bt][hd].
         self.kv = torch.from_dlpack(pool).view(torch.float32)[:, :kv_elems].unflatten(
             1, (2, BLOCK_TOKENS, cfg.head_dim))
-        self.seq = client.open(self.model_id, max_tokens)
-        self.next_pos = 0
+        self.seq = client.open(self.model_id, max_tokens, prefix_keys=prefix_keys)
+        # A prefix open starts with the tokens it found.
+        self.next_pos = self.seq.tokens()
         self.changed = 0
         # The last `window` queries of each layer, oldest first once full (cache.c's ring).
         self.ring = [torch.zeros(0, cfg.q_heads * cfg.head_dim) for _ in range(cfg.layers)]
+
+    def fork(self):
+        """A cache over a fork of this one's sequence, with its windows, between steps."""
+        kid = copy.copy(self)
+        kid.seq, kid.ring, kid.changed = self.seq.fork(), list(self.ring), 0
+        return kid
+
+    def open_request(self, max_tokens, prefix_keys=None):
+        """A cache over a new sequence of the same model (with prefix_keys, a prefix open)."""
+        other = copy.copy(self)
+        other.seq = self.client.open(self.model_id, max_tokens, prefix_keys=prefix_keys)
+        other.next_pos, other.changed = other.seq.tokens(), 0
+        other.ring = [torch.zeros(0, self.cfg.q_heads * self.cfg.head_dim) for _ in self.ring]
+        return other
 
     def begin(self, n):
         """Appends n tokens: grow (which may wait for a round), then pin. Returns pos0."""
@@ -290,6 +319,94 @@ def speculate(model, cache, tokens, logits, args):
     return out, drafted, accepted
 
 
+def prefill(step, tokens, start, chunk):
+    """Feeds tokens[start:] in steps of chunk; returns the last one's logits."""
+    for c0 in range(start, len(tokens), chunk):
+        logits = step(tokens[c0:c0 + chunk])
+    return logits
+
+
+def greedy(step, logits, position, first, args):
+    """Greedy decoding from logits at position, the first token the first-th best:
+    [(position, token, logits)] with plain decoding's stops."""
+    out = []
+    while len(out) < args.max_new:
+        tok = int(torch.argsort(logits, descending=True)[first]) if not out else \
+            int(torch.argmax(logits))
+        out.append((position, tok, logits))
+        if tok == kvdlm.EOS or (tok == ord("\n") and not args.no_stop) or \
+                len(out) == args.max_new:
+            break
+        logits = step([tok])
+        position += 1
+    return out
+
+
+def run_shared(model, tokens, args):
+    """--samples and --question: several sequences of one engine, shared or not."""
+    prompts = [tokens] * args.samples if not args.question else \
+        [tokens + list(q.encode()) for q in args.question]
+    label = "request" if args.question else "sample"
+    outs, caches, skipped, held = [], [], 0, 0
+    with torch.no_grad():
+        if args.no_daemon:
+            private = [None] * model.cfg.layers
+            base = None
+            for i, toks in enumerate(prompts):
+                if args.question or i == 0:
+                    private = [None] * model.cfg.layers
+                    base = prefill(lambda t: model.forward(torch.tensor([t]), cache=private)[0, -1],
+                                   toks, 0, args.chunk)
+                mine = copy.deepcopy(private)
+                outs.append(greedy(lambda t: model.forward(torch.tensor([t]), cache=mine)[0, -1],
+                                   base, len(toks), 0 if args.question else i, args))
+        else:
+            client = kvd.Client(args.socket, args.tenant)
+            root = kvd.key_root("kvd-lm")
+            for i, toks in enumerate(prompts):
+                room = len(toks) + args.max_new + SEQ_SLACK
+                keys = None if args.no_share or not args.question else \
+                    kvd.prefix_keys(array.array("I", toks), BLOCK_TOKENS, root)
+                if not caches:
+                    cache = KvdCache(client, model, UNITS[args.unit], args.window, room,
+                                     args.check, None, prefix_keys=keys or None)
+                elif args.question or args.no_share:
+                    cache = caches[0].open_request(room, keys or None)
+                else:
+                    cache = caches[0].fork()
+                caches.append(cache)
+                if args.question or args.no_share or i == 0:
+                    skipped += cache.next_pos
+                    logits = prefill(lambda t: step_kvd(model, cache, t), toks, cache.next_pos,
+                                     args.chunk)
+                    if keys:
+                        cache.seq.publish(len(keys) // kvd.KEY_BYTES)
+                    if i == 0:
+                        first_logits = logits
+                else:
+                    skipped += len(toks)      # the fork's prompt is the first sample's
+                    logits = first_logits
+                # The samples branch before any of them decodes: each fork is of the prompt.
+                outs.append((cache, logits, len(toks), 0 if args.question else i))
+            outs = [greedy(lambda t, c=c: step_kvd(model, c, t), lg, pos, first, args)
+                    for c, lg, pos, first in outs]
+            held = client.status().tenant(args.tenant, "block_bytes")
+            for cache in caches:
+                cache.close()
+            client.close()
+    for i, out in enumerate(outs):
+        if args.print_logits:
+            for pos, tok, lg in out:
+                print(f"{label} {i} logits {pos} {tok} " + " ".join(f"{float(x):.9g}" for x in lg))
+        text = model.tok.decode([tok for _, tok, _ in out])
+        print(f"{label} {i} " + text.decode("utf-8", "replace").replace("\n", "\\n"))
+    if args.stats and not args.no_daemon:
+        print(f"kvd-lm-torch: {held} block bytes held by {len(prompts)} {label}s, "
+              f"{skipped} of {sum(len(p) for p in prompts)} prompt tokens not prefilled",
+              file=sys.stderr)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -311,6 +428,12 @@ def main(argv=None):
                     help="bytes each of those rounds frees (default: one chunk)")
     ap.add_argument("--draft", type=int, default=0, metavar="K",
                     help="decode speculatively with K draft tokens a step (needs the daemon)")
+    ap.add_argument("--samples", type=int, default=1, metavar="N",
+                    help="N samples of the prompt, forked on the daemon (1..64)")
+    ap.add_argument("--question", action="append", default=[], metavar="Q",
+                    help="a request of --prompt and Q (repeat it), by prefix open on the daemon")
+    ap.add_argument("--no-share", action="store_true",
+                    help="samples and requests each on its own sequence, prefilled whole")
     ap.add_argument("--print-logits", action="store_true")
     ap.add_argument("--check", action="store_true",
                     help="check every attention against a dense one over Seq.block reads")
@@ -325,10 +448,16 @@ def main(argv=None):
         ap.error("--compensation needs the daemon and a --unit other than none")
     if not 0 <= args.draft <= 64 or (args.draft and (args.no_daemon or args.evict_every)):
         ap.error("--draft is 0..64, needs the daemon, and is not for --evict-every")
+    if not 1 <= args.samples <= 64 or (args.samples > 1 and args.question) or \
+            ((args.samples > 1 or args.question) and (args.draft or args.evict_every)):
+        ap.error("--samples is 1..64, not with --question, and neither with --draft or "
+                 "--evict-every")
 
     torch.set_num_threads(1)    # the same summation order from run to run
     model = kvdlm.load(args.model)
     tokens = kvdlm.encode(args.prompt, model.tok)   # BOS + the prompt's tokens
+    if args.samples > 1 or args.question:
+        return run_shared(model, tokens, args)
     cache, client = None, None
     with torch.no_grad():
         if args.no_daemon:

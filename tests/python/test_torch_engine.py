@@ -14,7 +14,11 @@ the C engine (kvd-lm) and its own private-cache run, on the trained model:
 - every attention of its runs is checked against a dense one over the same tokens read
   another way (--check: Seq.block and Seq.position, not the block tables);
 - decoding speculatively (--draft: draft tokens fed with each step, the rejected ones
-  truncated from the sequence), its tokens and logits are plain decoding's.
+  truncated from the sequence), its tokens and logits are plain decoding's;
+- 4 samples forked from the prompt's sequence give bit for bit the samples run on
+  sequences of their own, holding less than half the memory; a second request of a shared
+  system prompt, opened with its prompt's keys, prefills only what was not found and gives
+  the logits of the unshared run.
 
 Environment (meson): KVD_DAEMON, KVD_LM (the C engine), KVD_LM_TORCH (the script),
 KVD_LM_MODELS (eval/kvd-lm/models).
@@ -134,6 +138,56 @@ class TorchEngineTest(unittest.TestCase):
         spec = logits_of(out.stdout)
         self.assertEqual(len(spec), 24)
         self.assert_same_logits(spec, logits_of(plain))
+
+    def shared_run(self, extra):
+        """The engine with its samples or requests (extra) sharing, then not: (logits of
+        each, keyed by label and position; what --stats said)."""
+        runs = []
+        for share in ([], ["--no-share"]):
+            daemon = Daemon("--chunk-size", "256KiB")
+            try:
+                out = subprocess.run([sys.executable, os.environ["KVD_LM_TORCH"], "--model", MODEL,
+                                      "--prompt", self.prompt, "--max-new", "8", "--no-stop",
+                                      "--print-logits", "--unit", "layer", "--chunk", "128",
+                                      "--check", "--stats", "--socket", daemon.socket] + extra +
+                                     share, capture_output=True, text=True, timeout=300)
+                self.assertEqual(out.returncode, 0, out.stderr)
+            finally:
+                self.assertEqual(daemon.stop(), 0)
+            rows = {}
+            for line in out.stdout.splitlines():
+                f = line.split()
+                if len(f) > 2 and f[2] == "logits":
+                    rows[(f[0], int(f[1]), int(f[3]))] = (int(f[4]), line)
+            stats = [int(w) for w in out.stderr.split("kvd-lm-torch: ")[-1].split()
+                     if w.isdigit()]
+            runs.append((rows, stats))
+        return runs
+
+    def test_fork_samples_and_prefix_requests(self):
+        # 4 samples of the prompt, forked: bit for bit the samples on their own sequences,
+        # in about a quarter of the memory.
+        (forked, fs), (alone, as_) = self.shared_run(["--samples", "4"])
+        self.assertEqual(len(forked), 4 * 8)
+        self.assertEqual(forked, alone)
+        self.assertLess(fs[0] * 2, as_[0])           # block bytes held
+        self.assertEqual(fs[2], 3 * (fs[3] // 4))    # 3 prompts' tokens not prefilled
+        self.assertEqual(as_[2], 0)
+        # Two requests with the prompt as their system prompt: the second finds its full
+        # blocks, and its logits are the unshared run's (within TOL: skipping the prefix
+        # moves the prefill's chunk boundaries, and torch's sums follow the chunk's size).
+        (shared, ss), (plain, ps) = self.shared_run(["--question", " What is the key?",
+                                                     "--question", " Where is it kept?"])
+        self.assertEqual(sorted(shared), sorted(plain))
+        for key, (token, line) in plain.items():
+            self.assertEqual(shared[key][0], token, key)
+            got = torch.tensor([float(x) for x in shared[key][1].split()[5:]])
+            want = torch.tensor([float(x) for x in line.split()[5:]])
+            self.assertLessEqual(float((got - want).abs().max()),
+                                 TOL * max(1.0, float(want.abs().max())), key)
+        self.assertGreater(ss[2], 0)                 # prompt tokens not prefilled
+        self.assertEqual(ps[2], 0)
+        self.assertLess(ss[0], ps[0])
 
     def test_moments_compensation(self):
         evict = ["--evict-every", "4", "--evict-bytes", str(256 << 10)]

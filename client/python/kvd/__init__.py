@@ -33,6 +33,7 @@ from ._kvd import (  # noqa: F401
     EVENT_DISCONNECTED,
     EVENT_SEQ_CHANGED,
     EVENT_STOPPING,
+    KEY_BYTES,
     LAYOUT_PER_HEAD,
     LAYOUT_PER_LAYER,
     RECALL_FILE,
@@ -58,7 +59,7 @@ from ._kvd import (  # noqa: F401
 
 __all__ = [
     "Client", "Seq", "Status", "View", "KvdError", "strerror", "kvd_version",
-    "key_root", "prefix_keys",
+    "key_root", "prefix_keys", "KEY_BYTES",
     "DEFAULT_SOCKET", "DTYPE_F16", "DTYPE_BF16", "DTYPE_F32", "LAYOUT_PER_LAYER",
     "LAYOUT_PER_HEAD", "UNIT_NONE", "UNIT_HEAD_TOKEN", "UNIT_LAYER_TOKEN", "UNIT_BLOCK",
     "COMPENSATION_NONE", "COMPENSATION_MOMENTS", "COMPENSATION_LATENT", "EVENT_STOPPING",

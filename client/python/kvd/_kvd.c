@@ -559,13 +559,16 @@ static PyObject *client_open_seq(PyObject *self, PyObject *args, PyObject *kwds)
 	kvd_client *c = client_open((ClientObject *)self);
 	kvd_open_params p = { .size = sizeof(p) };
 	Py_buffer keys = { .buf = NULL };
+	PyObject *key_obj = Py_None;
 	kvd_seq *s = NULL;
 	int r;
 
 	if (!c)
 		return NULL;
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "iI|y*", kwlist, &p.model_id, &p.max_tokens,
-	                                 &keys))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "iI|O", kwlist, &p.model_id, &p.max_tokens,
+	                                 &key_obj))
+		return NULL;
+	if (key_obj != Py_None && PyObject_GetBuffer(key_obj, &keys, PyBUF_SIMPLE) < 0)
 		return NULL;
 	if (keys.buf) {
 		if (keys.len == 0 || keys.len % KVD_KEY_BYTES != 0 ||
@@ -2299,6 +2302,7 @@ PyMODINIT_FUNC PyInit__kvd(void) {
 		{ "EVENT_DISCONNECTED", KVD_EVENT_DISCONNECTED },
 		{ "RECALL_NONE", KVD_RECALL_NONE }, { "RECALL_HOST", KVD_RECALL_HOST },
 		{ "RECALL_LOST", KVD_RECALL_LOST }, { "RECALL_FILE", KVD_RECALL_FILE },
+		{ "KEY_BYTES", KVD_KEY_BYTES },
 		{ "VERSION_MAJOR", KVD_VERSION_MAJOR }, { "VERSION_MINOR", KVD_VERSION_MINOR },
 	};
 	struct module_state *st;
