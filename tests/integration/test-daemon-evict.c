@@ -891,6 +891,62 @@ TEST(fork_shared_blocks_never_evicted) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* A published block that nobody shares is evicted like any: once a round took tokens of
+ * it, a prefix open no longer finds it (nor those after it), while the blocks of a
+ * sequence sharing them are never evicted. */
+TEST(prefix_published_blocks_evicted_then_not_found) {
+	static uint8_t keys[2048 / BLOCK_TOKENS][KVD_KEY_BYTES];
+	kvd_open_params p = { .size = sizeof(p), .max_tokens = 1 << 16,
+		              .n_prefix_keys = 2048 / BLOCK_TOKENS, .prefix_keys = &keys[0][0] };
+	uint32_t tokens[2048];
+	uint8_t root[KVD_KEY_BYTES];
+	struct fixture f;
+	kvd_client *admin;
+	kvd_seq *probe;
+	struct eng a;
+
+	for (uint32_t i = 0; i < 2048; i++)
+		tokens[i] = i * 3;
+	ASSERT_OK(kvd_key_root("0", root));
+	ASSERT_EQ(kvd_prefix_keys(root, tokens, 2048, BLOCK_TOKENS, NULL, &keys[0][0], 2048 / BLOCK_TOKENS),
+	          2048 / BLOCK_TOKENS);
+	fixture_start(&f, (const char *const[]){ POOL, CHUNK, NULL });
+	admin = fixture_connect(&f, NULL);
+	eng_start(&f, &a, "chat", KVD_UNIT_LAYER_TOKEN, KVD_LAYOUT_PER_LAYER, 0, 17);
+	p.model_id = a.model;
+	ASSERT_OK(kvd_seq_open_params(a.c, &p, &a.s[0]));
+	a.n = 1;
+	eng_grow(&a, 2048, 512);
+	ASSERT_OK(kvd_seq_publish(a.s[0], 2048 / BLOCK_TOKENS));
+	ASSERT_OK(kvd_seq_open_params(a.c, &p, &probe));
+	ASSERT_EQ(kvd_seq_tokens(probe, 0, 0), 2048);
+	ASSERT_OK(kvd_seq_release(probe));
+	/* Nothing shares them now: a round evicts from them. */
+	ASSERT_OK(kvd_evict(admin, "chat", 256u << 10, NULL));
+	eng_drain(&a);
+	ASSERT_TRUE(fixture_status(&f, "chat", "evicted_tokens") > 0);
+	ASSERT_OK(kvd_seq_open_params(a.c, &p, &probe));
+	ASSERT_TRUE(kvd_seq_tokens(probe, 0, 0) < 2048);
+	/* What it found is the prompt's, every byte (positions from 0, the first sequence's
+	 * bytes), and shared: a second round leaves it whole in both. */
+	for (int64_t j = 0; j < kvd_seq_tokens(probe, 0, 0); j++)
+		ASSERT_EQ(kvd_seq_position(probe, 0, 0, (uint32_t)j), j);
+	ASSERT_EQ(check_seq(probe, a.tag), 0u);
+	{
+		int64_t found = kvd_seq_tokens(probe, 0, 0);
+
+		ASSERT_OK(kvd_evict(admin, "chat", 128u << 10, NULL));
+		eng_drain(&a);
+		ASSERT_EQ(kvd_seq_tokens(probe, 0, 0), found);
+		ASSERT_EQ(check_seq(probe, a.tag), 0u);
+	}
+	ASSERT_OK(kvd_seq_release(probe));
+	eng_check(&a);
+	eng_stop(&a);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* A dry run asked for while a round runs is planned after it, on what it left: not on use
  * as it was when asked. */
 TEST(plan_waits_for_the_running_round) {
