@@ -219,6 +219,7 @@ static int client_hello(kvd_client *c, const char *tenant) {
 	hello.has_features = true;
 	hello.features = KVD_FEATURE_SEQ_HEADER | KVD_FEATURE_TENANT_POLICY | KVD_FEATURE_TIERS |
 	                 KVD_FEATURE_RECALL | KVD_FEATURE_FORK | KVD_FEATURE_PREFIX |
+	                 KVD_FEATURE_GROUPS |
 	                 (c->no_ring ? 0 : KVD_FEATURE_RING);
 #ifdef KVD_HAVE_CUDA
 	hello.features |= KVD_FEATURE_DEVICE_CHUNKS;

@@ -285,7 +285,8 @@ static void seq_give_back(kvd_client *c, uint64_t seq_id) {
 /* Opens a sequence of model_id: a fork of sequence fork_of (not 0), or one starting with
  * the blocks of its n_keys prefix keys that the daemon finds. */
 static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t fork_of,
-                    const uint8_t *keys, uint32_t n_keys, kvd_seq **ret) {
+                    const uint8_t *keys, uint32_t n_keys, uint32_t group_size, uint64_t group_of,
+                    kvd_seq **ret) {
 	Kvd__V1__SeqOpen req = KVD__V1__SEQ_OPEN__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	_cleanup_(seq_freep) kvd_seq *s = NULL;
@@ -303,6 +304,9 @@ static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t f
 	if (n_keys > 0 && !(c->features & KVD_FEATURE_PREFIX))
 		return client_error(c, -EOPNOTSUPP, "kvd_seq_open_params: the daemon cannot share "
 		                    "prefixes (it predates KVD_1.10)");
+	if ((group_size || group_of) && !(c->features & KVD_FEATURE_GROUPS))
+		return client_error(c, -EOPNOTSUPP, "kvd_seq_open_params: the daemon has no "
+		                    "sequence groups (it predates KVD_1.10)");
 	/* The keys travel in a memfd: 2,048 of them (a 32k-token prompt) pass a frame. */
 	if (n_keys > 0) {
 		r = client_sealed_memfd("kvd-prefix-keys", keys, (uint64_t)n_keys * KVD_KEY_BYTES,
@@ -326,6 +330,10 @@ static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t f
 	req.fork_of = fork_of;
 	req.has_prefix_blocks = n_keys > 0;
 	req.prefix_blocks = n_keys;
+	req.has_group_size = group_size != 0;
+	req.group_size = group_size;
+	req.has_group_of = group_of != 0;
+	req.group_of = group_of;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN;
 	env.seq_open = &req;
 
@@ -367,7 +375,7 @@ static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t f
 }
 
 static int do_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
-	return seq_open(c, model_id, max_tokens, 0, NULL, 0, ret);
+	return seq_open(c, model_id, max_tokens, 0, NULL, 0, 0, 0, ret);
 }
 
 int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
@@ -381,7 +389,10 @@ static int do_seq_open_params(kvd_client *c, const kvd_open_params *params, kvd_
 	r = params_copy(&p, sizeof(p), params, KVD_OPEN_PARAMS_SIZE_1_10);
 	if (r < 0)
 		return r;
-	return seq_open(c, p.model_id, p.max_tokens, 0, p.prefix_keys, p.n_prefix_keys, ret);
+	if (p.reserved != 0)
+		return -EINVAL;
+	return seq_open(c, p.model_id, p.max_tokens, 0, p.prefix_keys, p.n_prefix_keys,
+	                p.group_size, p.group_of, ret);
 }
 
 int kvd_seq_open_params(kvd_client *c, const kvd_open_params *p, kvd_seq **ret) {
@@ -398,7 +409,7 @@ static int do_seq_fork(kvd_seq *s, kvd_seq **ret) {
 	if (!(s->client->features & KVD_FEATURE_FORK))
 		return client_error(s->client, -EOPNOTSUPP, "kvd_seq_fork: the daemon cannot fork "
 		                    "(it predates KVD_1.9)");
-	return seq_open(s->client, s->model_id, s->hdr.max_tokens, s->id, NULL, 0, ret);
+	return seq_open(s->client, s->model_id, s->hdr.max_tokens, s->id, NULL, 0, 0, 0, ret);
 }
 
 int kvd_seq_fork(kvd_seq *s, kvd_seq **ret) {

@@ -30,7 +30,8 @@ static bool qualifies(struct server *s, struct seq *q, uint64_t now, uint64_t id
 	       !q->recalling &&
 	       q->pins == 0 && !q->pending &&
 	       now - q->used_ms >= idle_ms && (device < 0 || q->device == (uint32_t)device) &&
-	       seq_resident_bytes(q) > 0 && evict_engine_done(s, q) && !seq_shares(q, s->pool);
+	       seq_resident_bytes(q) > 0 && evict_engine_done(s, q) && !seq_shares(q, s->pool) &&
+	       !q->group;
 }
 
 /* Starts moving out the sequences that qualify with idle_ms, least recently used first,

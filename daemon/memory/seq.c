@@ -485,6 +485,7 @@ void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied) {
 		return;
 	d = s->desc;
 	prefix_forget(s, 0);
+	group_leave(s);
 	for (uint32_t t = 0; t < d->n_tables; t++)
 		seq_blocks_free(p, desc_blocks(d, t), DIV_ROUND_UP(desc_tokens(d)[t], d->block_tokens),
 		            emptied);

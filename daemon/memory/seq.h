@@ -14,6 +14,7 @@
 #include "kvd/kvd-abi.h"
 #include "model.h"
 #include "pool.h"
+#include "group.h"
 #include "prefix.h"
 
 struct obs;
@@ -67,6 +68,9 @@ struct seq {
 	uint32_t keep_slot;
 	/* Content keys of its prompt's blocks, given at a prefix open (prefix.h). */
 	struct prefix_keys prefix;
+	/* Its tensor-parallel group and its rank there (group.h); NULL: none. */
+	struct seq_group *group;
+	uint32_t rank;
 	/* What its metadata may take of the daemon's memory, at most: the descriptor, the
 	 * observation buffer, the smoothed costs (a float per slot of each table, with an
 	 * eviction unit) and this struct. Counted in server.metadata_bytes. */

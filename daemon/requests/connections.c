@@ -224,7 +224,8 @@ static void hello_reply(struct conn *c, uint64_t id, const Kvd__V1__Hello *req) 
 		/* Every descriptor carries header_bytes; a client that offers the bit reads it. */
 		rep.features |= req->features & (KVD_FEATURE_SEQ_HEADER | KVD_FEATURE_TENANT_POLICY |
 		                                 KVD_FEATURE_TIERS | KVD_FEATURE_RECALL |
-		                                 KVD_FEATURE_FORK | KVD_FEATURE_PREFIX);
+		                                 KVD_FEATURE_FORK | KVD_FEATURE_PREFIX |
+		                                 KVD_FEATURE_GROUPS);
 		if (s->pool->ops->memory != BACKEND_MEMORY_HOST)
 			rep.features |= req->features & KVD_FEATURE_DEVICE_CHUNKS;
 	}

@@ -130,6 +130,7 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 	_cleanup_(freep) uint8_t (*keys)[PREFIX_KEY_BYTES] = NULL;
 	_cleanup_(freep) struct chunk **list = NULL;
 	struct seq *q, *parent = NULL;
+	struct seq_group *group = NULL;
 	struct seq_grants g = {};
 	uint32_t found = 0, n_list = 0;
 	char why[WHY_MAX];
@@ -150,6 +151,29 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 		list = r < 0 ? NULL : malloc(s->pool->n_chunks * sizeof(*list));
 		if (r < 0 || !list) {
 			envelope_reply_error(c, id, r < 0 ? r : -ENOMEM, "%s", r < 0 ? why : "out of memory");
+			return;
+		}
+	}
+	if (req->has_group_size + req->has_group_of + req->has_fork_of + (keys != NULL) > 1 ||
+	    (req->has_group_size && (req->group_size < 2 || req->group_size > SEQ_GROUP_MAX))) {
+		envelope_reply_error(c, id, -EINVAL, "an open is one of a fork, a prefix open, a "
+		                     "group's first member (group_size 2..%d) or a member joining",
+		                     SEQ_GROUP_MAX);
+		return;
+	}
+	if (req->has_group_of) {
+		struct seq *first = idmap_get(&s->seq_ids, req->group_of);
+
+		/* Another tenant's sequence reads as none at all. */
+		group = first && first->tenant == c->tenant ? first->group : NULL;
+		if (!group || group->id != req->group_of) {
+			envelope_reply_error(c, id, -ENOENT, "no group %llu of this tenant",
+			                     (unsigned long long)req->group_of);
+			return;
+		}
+		if (group->broken || group->n == group->size) {
+			envelope_reply_error(c, id, -EBUSY, "group %llu is %s",
+			                     (unsigned long long)group->id, group->broken ? "broken" : "full");
 			return;
 		}
 	}
@@ -257,6 +281,18 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 		parent->epoch++;
 		parent->pending = evict_plan_drop(s->evictor, parent->pending);
 		s->forks++;
+	}
+	if (req->has_group_size || group) {
+		r = group ? group_join(group, q) : group_new(q, req->group_size);
+		if (r < 0) {
+			struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
+
+			conn_seq_remove(c, q);
+			seq_free(q, s->pool, &none);
+			envelope_reply_error(c, id, r, r == -EBUSY ? "the group's members have grown: "
+			                     "every member joins before its first step" : "out of memory");
+			return;
+		}
 	}
 	if (keys) {
 		r = prefix_keys_set(q, (const void *)keys, req->prefix_blocks);
@@ -581,6 +617,77 @@ static void grow_answer(struct conn *c, uint64_t id, bool ring, const struct seq
 	envelope_reply(c, id, &env, grants.fds, grants.n);
 }
 
+/*
+ * A grow of q, a member of a tensor-parallel group (group.h): claims what a step of the
+ * group already grew it by, or makes the step for every member, all or none; the other
+ * members' new chunks go to their connections as grant events. Parks as a grow does when
+ * the step waits for memory.
+ */
+static void grow_group(struct conn *c, struct seq *q, const struct parked_grow *req,
+                       uint64_t wait_until_ms) {
+	struct server *s = c->srv;
+	struct pool *p = s->pool;
+	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
+	_cleanup_(freep) struct seq_grants *g = calloc(SEQ_GROUP_MAX, sizeof(*g));
+	struct seq_group *group = q->group;
+	bool grown, budget_full;
+	char why[WHY_MAX];
+	int r;
+
+	if (!g) {
+		reply_step(c, req->ring, req->id, -ENOMEM, "out of memory");
+		return;
+	}
+	r = group_grow(q, p, req->tokens, g, &emptied, &grown);
+	if (r < 0) {
+		budget_full = !pool_budget_has_room(p);
+		unmap_reclaim(s, &emptied, NULL, NULL);
+		if ((r == -ENOSPC || r == -EDQUOT) && wait_until_ms > now_ms()) {
+			if (c->outstanding >= s->limits.max_outstanding)
+				conn_refused(c, LIMIT_OUTSTANDING);
+			else if (park_grow(c, req, r == -EDQUOT, g[q->rank].short_bytes, wait_until_ms,
+			                   req->since_us != 0))
+				return;
+		}
+		if (r == -EPIPE)
+			refuse(why, r, "a member of group %llu went away: release this sequence",
+			       (unsigned long long)group->id);
+		else if (r == -EAGAIN)
+			refuse(why, r, "group %llu has %u of its %u members: they join before it grows",
+			       (unsigned long long)group->id, group->n, group->size);
+		else if (r == -EINVAL && group->pending[q->rank] > 0)
+			refuse(why, r, "the group's step grew this sequence by %u tokens, not %u",
+			       group->pending[q->rank], req->tokens);
+		else if (r == -EINVAL)
+			refuse(why, r, "a member has yet to claim the group's last step: every rank "
+			       "grows by the step's tokens before the next step");
+		else
+			grow_refusal(c, q, r, budget_full, why);
+		reply_step(c, req->ring, req->id, r, why);
+		return;
+	}
+	if (grown) {
+		/* The other members' chunks: on their connections, ahead of their own grows. */
+		for (uint32_t i = 0; i < group->n; i++) {
+			struct seq *m = group->members[i];
+			struct conn *mc = m && m != q ? registry_conn(s, m->conn_id) : NULL;
+			struct envelope_grants grants;
+
+			if (!mc)
+				continue;
+			pins_recharge(m);
+			if (g[i].n == 0 || mc->closing)
+				continue;
+			envelope_grants(&grants, p, mc->device, g[i].chunks, g[i].n);
+			envelope_event_grants(mc, &grants);
+		}
+		s->group_steps++;
+	}
+	pins_recharge(q);
+	grow_answer(c, req->id, req->ring, q, &g[q->rank]);
+	evict_kick(s->evictor, ROUND_WATERMARK);
+}
+
 void step_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t tokens,
                uint64_t wait_until_ms, uint64_t since_us) {
 	struct server *s = c->srv;
@@ -605,6 +712,10 @@ void step_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t
 		return;
 	}
 	q->used_ms = now_ms();
+	if (q->group) {
+		grow_group(c, q, &req, wait_until_ms);
+		return;
+	}
 	/* Grows that wait for the pool are served in order: one that needs blocks queues
 	 * behind them, so that the chunks a round frees for a waiting grow (often at another
 	 * tenant's unpin) are not taken by whoever asks next; in a retry pass, behind those

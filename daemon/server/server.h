@@ -137,6 +137,7 @@ struct server {
 	uint64_t pins_overdue;        /* pins held past pin-report (pins.h) */
 	uint64_t truncates, truncated_tokens; /* SeqTruncates applied, positions dropped */
 	uint64_t forks;               /* SeqOpens that forked a sequence */
+	uint64_t group_steps;         /* steps tensor-parallel groups made (group.h) */
 	/* Prefix opens that found blocks, that found none; the tokens they found. */
 	uint64_t prefix_hits, prefix_misses, prefix_tokens;
 	uint64_t pin_disconnects;     /* connections closed for a pin past pin-timeout */

@@ -45,6 +45,7 @@ READER(shared_bytes, s->pool->shared_bytes)
 READER(prefix_hits, s->prefix_hits)
 READER(prefix_misses, s->prefix_misses)
 READER(prefix_tokens, s->prefix_tokens)
+READER(group_steps, s->group_steps)
 READER(rounds_total, evict_rounds_total(s->evictor))
 READER(last_round_us, evict_last_round_us(s->evictor))
 READER(rounds_failed, evict_rounds_failed(s->evictor))
@@ -158,6 +159,8 @@ const struct node_value node_values[] = {
 	  "block of their prompt.", read_prefix_misses },
 	{ "prefix_tokens", "kvd_prefix_tokens_total", COUNTER, "Tokens prefix opens found: "
 	  "prefill the engines skipped.", read_prefix_tokens },
+	{ "group_steps", "kvd_group_steps_total", COUNTER, "Steps tensor-parallel sequence "
+	  "groups made: each grew every member of its group, or none.", read_group_steps },
 	{ "unmap_timeouts", "kvd_unmap_timeouts_total", COUNTER,
 	  "Connections that did not unmap a chunk the daemon took back within unmap-timeout.",
 	  read_unmap_timeouts },

@@ -124,9 +124,10 @@ static void register_model(uint64_t id, uint32_t layers, uint32_t kv_heads, uint
 }
 
 /* fork_of: a sequence to fork (SeqOpen.fork_of), or 0. */
-/* prefix_blocks without the memfd of keys it needs: the replay sends no fds. */
+/* prefix_blocks without the memfd of keys it needs: the replay sends no fds. group_of
+ * joins a group (group_size 2 when it is 1: a new group). */
 static void seq_open(uint64_t id, uint32_t model, uint32_t max_tokens, uint64_t fork_of,
-                     uint32_t prefix_blocks) {
+                     uint32_t prefix_blocks, uint64_t group_of) {
 	Kvd__V1__SeqOpen m = KVD__V1__SEQ_OPEN__INIT;
 	ENVELOPE(id);
 
@@ -137,6 +138,10 @@ static void seq_open(uint64_t id, uint32_t model, uint32_t max_tokens, uint64_t 
 	m.fork_of = fork_of;
 	m.has_prefix_blocks = prefix_blocks != 0;
 	m.prefix_blocks = prefix_blocks;
+	m.has_group_size = group_of == 1;
+	m.group_size = 2;
+	m.has_group_of = group_of > 1;
+	m.group_of = group_of;
 	env.body_case = KVD__V1__ENVELOPE__BODY_SEQ_OPEN;
 	env.seq_open = &m;
 	FINISH();
@@ -477,7 +482,7 @@ static void frames(void) {
 	frame_whole("hello", 0);
 	register_model(2, 2, 2, 64, KVD__V1__DTYPE__DTYPE_F16, 16, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	frame_whole("register-model", 0);
-	seq_open(3, 1, 1024, 0, 0);
+	seq_open(3, 1, 1024, 0, 0, 0);
 	frame_whole("seq-open", 0);
 	seq_grow(4, 1, 64);
 	frame_whole("seq-grow", 0);
@@ -507,7 +512,7 @@ static void frames(void) {
 	frame_whole("error-status", 0);
 
 	/* fds: pushed with the piece, in a control message, and a truncated one. */
-	seq_open(3, 1, 1024, 0, 0);
+	seq_open(3, 1, 1024, 0, 0, 0);
 	frame_whole("fds-request", 2);
 	grow_reply(3);
 	frame_whole("fds-grow-reply", 3);
@@ -532,7 +537,7 @@ static void frames(void) {
 	put_frame(&s, 0);
 	register_model(2, 2, 2, 64, KVD__V1__DTYPE__DTYPE_F16, 16, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	put_frame(&s, 0);
-	seq_open(3, 1, 1024, 0, 0);
+	seq_open(3, 1, 1024, 0, 0, 0);
 	put_frame(&s, 1);
 	grow_reply(2);
 	put_frame(&s, 2);
@@ -656,7 +661,7 @@ static void session(unsigned slot, const char *tenant, uint64_t seq_id) {
 	req(slot);
 	register_model(2, 2, 2, 64, KVD__V1__DTYPE__DTYPE_F16, 16, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	req(slot);
-	seq_open(3, 1, 4096, 0, 0);
+	seq_open(3, 1, 4096, 0, 0, 0);
 	req(slot);
 	(void)seq_id;
 }
@@ -680,7 +685,7 @@ static void nested_reclaim(unsigned fill) {
 	req(0);
 	register_model(2, 2, 2, 64, KVD__V1__DTYPE__DTYPE_F16, 16, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	req(0);
-	seq_open(3, 1, 4096, 0, 0);
+	seq_open(3, 1, 4096, 0, 0, 0);
 	req(0);
 	hello(1, "a", 1, 1);
 	req(1);
@@ -688,9 +693,9 @@ static void nested_reclaim(unsigned fill) {
 	req(1);
 	register_model(2, 2, 2, 32, KVD__V1__DTYPE__DTYPE_F16, 16, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	req(1);
-	seq_open(3, 1, 4096, 0, 0);
+	seq_open(3, 1, 4096, 0, 0, 0);
 	req(1);
-	seq_open(3, 2, 4096, 0, 0);
+	seq_open(3, 2, 4096, 0, 0, 0);
 	req(1);
 	seq_grow(4, 1, 48);   /* A: 6 blocks of chunk 0 */
 	req(0);
@@ -738,9 +743,15 @@ static void sequences(void) {
 	req(0);
 	seq_publish(6, 1, 2);
 	req(0);
-	seq_open(6, 1, 4096, 0, 4);
+	seq_open(6, 1, 4096, 0, 4, 0);
 	req(0);
-	seq_open(6, 1, 4096, 1, 0);
+	seq_open(6, 1, 4096, 0, 0, 1);
+	req(0);
+	seq_open(6, 1, 4096, 0, 0, 2);
+	req(0);
+	seq_grow(6, 2, 16);
+	req(0);
+	seq_open(6, 1, 4096, 1, 0, 0);
 	req(0);
 	seq_grow(6, 2, 20);
 	req(0);
@@ -782,7 +793,7 @@ static void sequences(void) {
 	req(0);
 	status(9);
 	req(0);
-	seq_open(10, 1, 16, 0, 0);
+	seq_open(10, 1, 16, 0, 0, 0);
 	req(0);
 	finish("admin");
 
@@ -861,7 +872,7 @@ static void sequences(void) {
 	req(0);
 	register_model(4, 2, 2, 4096, KVD__V1__DTYPE__DTYPE_F32, 65536, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	req(0);
-	seq_open(5, 9, 16, 0, 0);
+	seq_open(5, 9, 16, 0, 0, 0);
 	req(0);
 	seq_grow(6, 99, 16);
 	req(0);
@@ -879,7 +890,7 @@ static void sequences(void) {
 	send_op(0, OP_SOCKET, 0);
 	register_model(2, 1, 4, 32, KVD__V1__DTYPE__DTYPE_BF16, 8, KVD__V1__LAYOUT__LAYOUT_PER_HEAD);
 	send_op(0, OP_SOCKET, 0);
-	seq_open(3, 1, 512, 0, 0);
+	seq_open(3, 1, 512, 0, 0, 0);
 	send_op(0, OP_SOCKET, 0);
 	seq_grow(4, 1, 40);
 	send_op(0, OP_SOCKET, 0);
@@ -930,9 +941,9 @@ static void sequences(void) {
 	req(0);
 	register_model(5, 1, 1, 64, KVD__V1__DTYPE__DTYPE_F32, 4, KVD__V1__LAYOUT__LAYOUT_PER_LAYER);
 	req(0);
-	seq_open(6, 2, 64, 0, 0);
+	seq_open(6, 2, 64, 0, 0, 0);
 	req(0);
-	seq_open(7, 2, 64, 0, 0);
+	seq_open(7, 2, 64, 0, 0, 0);
 	req(0);
 	hello(1, "b", 1, 1);
 	req(1);

@@ -230,6 +230,24 @@ class BindingTest(DaemonTest):
             self.client.open(model, 1024, prefix_keys=keys[:31])
         a.release()
 
+    def test_tensor_parallel_group(self):
+        first = self.client.open(self.model, 1024, group_size=2)
+        with kvd.Client(self.daemon.socket, "py") as rank1:
+            m1 = rank1.register_model(2, 4, 2, 64, F16, 16)
+            second = rank1.open(m1, 1024, group_of=first.id)
+            first.grow(20)
+            self.assertEqual(second.tokens(), 20)
+            second.grow(20)           # claims the step rank 0 made
+            with self.assertRaises(kvd.KvdError) as e:
+                second.grow(5)
+                first.grow(6)
+            self.assertEqual(e.exception.errno, errno.EINVAL)
+            second.release()
+        with self.assertRaises(kvd.KvdError) as e:
+            first.grow(1)
+        self.assertEqual(e.exception.errno, errno.EPIPE)
+        first.release()
+
     def test_batch_steps(self):
         seqs = [self.client.open(self.model, 64 if i == 2 else 1024) for i in range(5)]
         self.assertEqual(self.client.grow_batch(seqs, 40), [0] * 5)

@@ -511,6 +511,9 @@ typedef struct kvd_open_params {
 	uint32_t max_tokens;
 	uint32_t n_prefix_keys;    /* keys at prefix_keys: of the prompt's first full blocks */
 	const uint8_t *prefix_keys; /* n_prefix_keys * KVD_KEY_BYTES, or NULL */
+	uint32_t group_size;       /* 2..16: the first member of a tensor-parallel group */
+	uint32_t reserved;         /* 0 */
+	uint64_t group_of;         /* a group's id (its first member's kvd_seq_id): join it */
 } kvd_open_params;
 
 /*
@@ -521,10 +524,23 @@ typedef struct kvd_open_params {
  * (whole blocks, positions 0 onwards), and the engine prefills the rest. Those blocks are
  * shared, as a fork's (kvd_seq_fork): counted once, read-only for every sharer, never
  * evicted nor moved while shared; a grow after a truncate into them copies the last one.
- * The keys stay with the sequence for kvd_seq_publish. Returns what kvd_seq_open returns,
- * and -EINVAL (a bad p, too many keys, a model without a name), -E2BIG, -EOPNOTSUPP (a
- * daemon older than KVD_1.10, with keys), -ETIMEDOUT (as kvd_seq_grow's), an error of
- * memfd_create(2). Since KVD_1.10.
+ * The keys stay with the sequence for kvd_seq_publish.
+ *
+ * With group_size or group_of, a member of a tensor-parallel group (docs/engines.md,
+ * "Tensor-parallel groups"): one sequence per rank, each on its rank's connection and model
+ * (its kv heads), all of one tenant. Rank 0 opens with group_size, the number of ranks, and
+ * gives its kvd_seq_id to the others, which open with group_of = that id before any member
+ * grows. Then a step's grows are admitted all or none: the first member to grow by n grows
+ * every member by n (their new chunks reach their processes as grants) or none, and each
+ * other member's own kvd_seq_grow by n claims what the step made. When a member is
+ * released, or its process exits, the others' grows fail with -EPIPE: release them too.
+ * Rounds evict per member, each rank's tables on their own.
+ *
+ * Returns what kvd_seq_open returns, and -EINVAL (a bad p, too many keys, a model without
+ * a name, group_size not 2..16, more than one of keys, group_size and group_of), -ENOENT (no
+ * such group of this tenant), -EBUSY (the group is full, broken, or has grown), -E2BIG,
+ * -EOPNOTSUPP (a daemon older than KVD_1.10, with keys or a group), -ETIMEDOUT (as
+ * kvd_seq_grow's), an error of memfd_create(2). Since KVD_1.10.
  */
 KVD_EXPORT int kvd_seq_open_params(kvd_client *c, const kvd_open_params *p, kvd_seq **ret);
 

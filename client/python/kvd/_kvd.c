@@ -555,7 +555,8 @@ static PyObject *client_output_proj(PyObject *self, PyObject *args) {
 static PyObject *seq_wrap(ClientObject *client, kvd_seq *s, int model);
 
 static PyObject *client_open_seq(PyObject *self, PyObject *args, PyObject *kwds) {
-	static char *kwlist[] = { "model", "max_tokens", "prefix_keys", NULL };
+	static char *kwlist[] = { "model", "max_tokens", "prefix_keys", "group_size", "group_of",
+		                  NULL };
 	kvd_client *c = client_open((ClientObject *)self);
 	kvd_open_params p = { .size = sizeof(p) };
 	Py_buffer keys = { .buf = NULL };
@@ -565,8 +566,8 @@ static PyObject *client_open_seq(PyObject *self, PyObject *args, PyObject *kwds)
 
 	if (!c)
 		return NULL;
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "iI|O", kwlist, &p.model_id, &p.max_tokens,
-	                                 &key_obj))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "iI|O$IK", kwlist, &p.model_id, &p.max_tokens,
+	                                 &key_obj, &p.group_size, &p.group_of))
 		return NULL;
 	if (key_obj != Py_None && PyObject_GetBuffer(key_obj, &keys, PyBUF_SIMPLE) < 0)
 		return NULL;
@@ -1254,10 +1255,12 @@ static PyMethodDef client_methods[] = {
 	  "output_proj(model, layer, dtype, hidden, wo)\n--\n\n"
 	  "Gives the daemon layer's W_o (a buffer of hidden x q_heads*head_dim elements)." },
 	{ "open", (PyCFunction)(void (*)(void))client_open_seq, METH_VARARGS | METH_KEYWORDS,
-	  "open(model, max_tokens, prefix_keys=None)\n--\n\nOpens a sequence (kvd_seq_open_params): "
-	  "empty, or with prefix_keys (bytes: the prompt's block keys end to end, see kvd.prefix_keys) "
-	  "starting with the blocks of them this tenant published; seq.tokens() says how many "
-	  "tokens it found." },
+	  "open(model, max_tokens, prefix_keys=None, *, group_size=0, group_of=0)\n--\n\nOpens a "
+	  "sequence (kvd_seq_open_params): empty, or with prefix_keys (bytes: the prompt's block "
+	  "keys end to end, see kvd.prefix_keys) starting with the blocks of them this tenant "
+	  "published (seq.tokens() says how many tokens it found); with group_size, the first "
+	  "member of a tensor-parallel group whose id is its seq.id, with group_of, a member "
+	  "joining that group." },
 	{ "grow_batch", client_grow_batch, METH_VARARGS,
 	  "grow_batch(seqs, tokens)\n--\n\nGrows each of this client's sequences seqs by tokens "
 	  "(kvd_seqs_grow: on the ring, up to 64 behind one doorbell): a list of each one's result, "

@@ -35,6 +35,7 @@ extern "C" {
 #define KVD_FEATURE_RECALL (UINT64_C(1) << 5)        /* token recall: TenantSet.recall, SeqRecall */
 #define KVD_FEATURE_FORK (UINT64_C(1) << 6)          /* SeqOpen.fork_of: forks share blocks */
 #define KVD_FEATURE_PREFIX (UINT64_C(1) << 7)        /* SeqOpen.prefix_blocks, SeqPublish */
+#define KVD_FEATURE_GROUPS (UINT64_C(1) << 8)        /* SeqOpen.group_size, group_of */
 
 /* What a pin found (kvd_seq_pin_recall; SeqPinReply.recall; the ring's completion flags):
  * the sequence was resident; it was brought back from the host tier; it had been moved out
