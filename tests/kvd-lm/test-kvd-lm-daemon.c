@@ -351,7 +351,7 @@ TEST(prefix_open_same_as_full_prefill) {
 	static const char *const questions[2] = { " Which tiers hold it?", " How are keys made?" };
 	struct fixture f;
 	_cleanup_(freep) uint32_t *sys = NULL;
-	_cleanup_(freep) uint32_t *prompt[2] = {};
+	uint32_t *prompt[2] = {};
 	_cleanup_(freep) float *alone = NULL, *shared = NULL;
 	size_t dn = (size_t)GREEDY_STEPS * KVDLM_BYTE_VOCAB;
 	uint32_t n_sys = prompt_tokens(3, &sys), n[2], found;
@@ -407,6 +407,8 @@ TEST(prefix_open_same_as_full_prefill) {
 	          model->cfg.kv_heads);
 	kvdlm_cache_free(a);
 	kvdlm_cache_free(b);
+	for (int i = 0; i < 2; i++)
+		free(prompt[i]);
 	kvd_client_unref(c);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
