@@ -164,7 +164,7 @@ class TorchEngineTest(unittest.TestCase):
             runs.append((rows, stats))
         return runs
 
-    def test_fork_samples_and_prefix_requests(self):
+    def test_fork_samples(self):
         # 4 samples of the prompt, forked: bit for bit the samples on their own sequences,
         # in about a quarter of the memory.
         (forked, fs), (alone, as_) = self.shared_run(["--samples", "4"])
@@ -173,6 +173,8 @@ class TorchEngineTest(unittest.TestCase):
         self.assertLess(fs[0] * 2, as_[0])           # block bytes held
         self.assertEqual(fs[2], 3 * (fs[3] // 4))    # 3 prompts' tokens not prefilled
         self.assertEqual(as_[2], 0)
+
+    def test_prefix_requests(self):
         # Two requests with the prompt as their system prompt: the second finds its full
         # blocks, and its logits are the unshared run's (within TOL: skipping the prefix
         # moves the prefill's chunk boundaries, and torch's sums follow the chunk's size).
