@@ -10,6 +10,7 @@
 #include "basic/macro.h"
 #include "basic/size.h"
 #include "conn.h"
+#include "evict.h"
 #include "log.h"
 #include "policy.h"
 #include "recall.h"
@@ -48,6 +49,7 @@ void admin_limits(const struct settings *s, struct server_limits *ret) {
 		.unmap_timeout_ms = s->unmap_timeout_ms,
 		.unmap_grace_ms = s->unmap_grace_ms,
 		.max_pinned_percent = s->max_pinned_percent,
+		.max_cached_percent = s->max_cached_percent,
 		.tier_max_percent = s->tier_max_percent,
 		.pin_report_ms = s->pin_report_ms,
 		.pin_timeout_ms = s->pin_timeout_ms,
@@ -409,6 +411,8 @@ void admin_reload(struct admin *a) {
 	s->limits.unmap_timeout_ms = a->cfg.unmap_timeout_ms;
 	s->limits.unmap_grace_ms = a->cfg.unmap_grace_ms;
 	s->limits.max_pinned_percent = a->cfg.max_pinned_percent;
+	s->limits.max_cached_percent = a->cfg.max_cached_percent;
+	s->prefix.max_percent = a->cfg.max_cached_percent;
 	s->limits.tier_max_percent = a->cfg.tier_max_percent;
 	s->limits.pin_report_ms = a->cfg.pin_report_ms;
 	s->limits.pin_timeout_ms = a->cfg.pin_timeout_ms;
@@ -515,6 +519,9 @@ int admin_tenant_delete(struct admin *a, const char *name, char *why, size_t why
 		snprintf(why, why_n, "no tenant %s", name);
 		return -ENOENT;
 	}
+	/* Its prefix cache goes with it; its chunks then drain as any tenant's. */
+	if (t->connections == 0 && t->sequences == 0)
+		evict_shed_cache(a->srv, t, UINT64_MAX);
 	if (!tenant_holds_nothing(t)) {
 		snprintf(why, why_n, "tenant %s holds %u connections, %u sequences, %u chunks", name,
 		         t->connections, t->sequences, t->chunks);

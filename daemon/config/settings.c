@@ -196,6 +196,10 @@ static const struct setting node_table[] = {
 	  "of the budget one tenant may hold pinned (its pinned sequences' resident bytes); past "
 	  "it a first pin, or a grow of a pinned sequence, is refused",
 	  NODE(max_pinned_percent), 1, 100 },
+	{ "max-cached-percent", SETTING_U32, SETTING_RUNTIME, "PERCENT", "25", NULL,
+	  "of the budget one tenant's prefix cache may hold: blocks kept after their last "
+	  "sequence for later prefix opens (0: none kept); past it its least recently used go",
+	  NODE(max_cached_percent), 0, 100 },
 	{ "pin-report", SETTING_MS, SETTING_RUNTIME, "MS", "600000", NULL,
 	  "a sequence pinned this long is reported (a warning naming the holder, pins_overdue); "
 	  "0: never", NODE(pin_report_ms), 0, UINT32_MAX },

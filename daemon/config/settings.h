@@ -187,6 +187,7 @@ struct settings {
 	uint64_t unmap_timeout_ms;    /* 0: wait forever */
 	uint64_t unmap_grace_ms;
 	uint32_t max_pinned_percent;
+	uint32_t max_cached_percent;
 	uint32_t tier_max_percent;
 	uint64_t pin_report_ms;       /* 0: never */
 	uint64_t pin_timeout_ms;      /* 0: never */

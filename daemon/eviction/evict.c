@@ -1170,6 +1170,29 @@ static bool start_request(struct evictor *e) {
  * a cap set below use, use past the high watermark, or the interval. Returns whether one
  * started.
  */
+uint64_t evict_shed_cache(struct server *s, const struct tenant *t, uint64_t need) {
+	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
+	uint64_t dropped = 0;
+
+	/* One entry at a time: a chunk comes free only when its every block went. */
+	while (s->prefix.cached_blocks > 0 && (uint64_t)emptied.n * s->pool->chunk_bytes < need) {
+		uint64_t k = prefix_shed(&s->prefix, s->pool, t, 1, &emptied);
+
+		if (k == 0)
+			break;
+		dropped += k;
+		/* A tenant at its max gets room from its own blocks, chunk or not. */
+		if (t && dropped >= need)
+			break;
+	}
+	if (dropped > 0)
+		log_debug("prefix cache: dropped %llu bytes of cached blocks for memory",
+		          (unsigned long long)dropped);
+	need = (uint64_t)emptied.n * s->pool->chunk_bytes;
+	unmap_reclaim(s, &emptied, NULL, NULL);
+	return t ? dropped : need;
+}
+
 static bool start_pressure(struct evictor *e) {
 	struct server *s = e->srv;
 	struct pool *p = s->pool;
@@ -1177,7 +1200,7 @@ static bool start_pressure(struct evictor *e) {
 	enum round_trigger why;
 	int device = -1;
 
-	if (!evictable_exists(s))
+	if (!evictable_exists(s) && s->prefix.cached_blocks == 0)
 		return false;
 	high = size_percent(p->budget_bytes, s->limits.high_watermark);
 	low = size_percent(p->budget_bytes, s->limits.low_watermark);
@@ -1217,10 +1240,14 @@ static bool start_pressure(struct evictor *e) {
 		device = full_device(e);
 	e->budget_lowered = false;
 	e->cap_lowered = false;
-	/* Idle sequences leave whole before any token is evicted: those on their way out
-	 * count as freed, as bytes awaiting unmap do, and a round runs for the rest. */
+	/* Cached blocks (prefix.h) go first, then idle sequences leave whole, before any
+	 * token is evicted: those on their way out count as freed, as bytes awaiting unmap
+	 * do, and a round runs for the rest. */
 	if (why != ROUND_INTERVAL && why != ROUND_CAP) {
 		uint64_t coming = mover_out_bytes(s->mover);
+
+		if (coming < target)
+			coming += evict_shed_cache(s, NULL, target - coming);
 
 		if (coming < target)
 			coming += offload_for_pressure(s, target - coming, device);

@@ -146,6 +146,13 @@ int evict_plan(struct evictor *e, struct conn *c, uint64_t id, enum round_trigge
                struct tenant *only, uint64_t bytes, const struct evict_patch *patch,
                evict_done_fn done);
 
+/*
+ * Drops cached blocks (prefix.h), the least recently used first: of tenant t (NULL: any)
+ * until `need` bytes of them went, or (t NULL) until chunks of `need` bytes came free.
+ * Chunks emptied are reclaimed. Returns the bytes dropped (t), or of the chunks emptied.
+ */
+uint64_t evict_shed_cache(struct server *s, const struct tenant *t, uint64_t need);
+
 /* What kvd_evict without a size sets out to free: down to the low watermark. */
 uint64_t evict_default_target(const struct evictor *e);
 

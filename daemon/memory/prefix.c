@@ -4,9 +4,11 @@
 #include <string.h>
 
 #include "basic/macro.h"
+#include "basic/size.h"
 #include "common/layout.h"
 #include "prefix.h"
 #include "seq.h"
+#include "tenant.h"
 
 uint64_t prefix_keys_bytes(uint32_t n) {
 	return (uint64_t)n * (PREFIX_KEY_BYTES + sizeof(struct prefix_ref));
@@ -144,8 +146,9 @@ void prefix_forget(struct seq *s, uint32_t from) {
 	}
 }
 
-struct seq *prefix_find(const struct prefix_index *x, const struct seq *asker, uint32_t b,
-                        const uint8_t key[PREFIX_KEY_BYTES]) {
+/* A sequence of x that holds key as its block b for asker to share, or NULL. */
+static struct seq *find_seq(const struct prefix_index *x, const struct seq *asker, uint32_t b,
+                            const uint8_t key[PREFIX_KEY_BYTES]) {
 	for (const struct prefix_ref *ref = idmap_get(&x->map, key_id(asker, key)); ref;
 	     ref = ref->next) {
 		struct seq *q = ref->seq;
@@ -165,6 +168,162 @@ struct seq *prefix_find(const struct prefix_index *x, const struct seq *asker, u
 	return NULL;
 }
 
+/* The cached block of key as block b in asker's namespace, or NULL. */
+static struct prefix_cached *find_cached(const struct prefix_index *x, const struct seq *asker,
+                                         uint32_t b, const uint8_t key[PREFIX_KEY_BYTES]) {
+	uint64_t ns = namespace_of(asker);
+
+	for (struct prefix_cached *e = idmap_get(&x->cached, key_id(asker, key)); e; e = e->next)
+		if (e->ns == ns && e->tenant == asker->tenant && e->block == b &&
+		    e->device == asker->device && e->n_tables == asker->desc->n_tables &&
+		    memcmp(e->key, key, PREFIX_KEY_BYTES) == 0)
+			return e;
+	return NULL;
+}
+
+/* Recency list. */
+static void lru_unlink(struct prefix_index *x, struct prefix_cached *e) {
+	*(e->older ? &e->older->newer : &x->oldest) = e->newer;
+	*(e->newer ? &e->newer->older : &x->newest) = e->older;
+	e->older = e->newer = NULL;
+}
+
+static void lru_push(struct prefix_index *x, struct prefix_cached *e) {
+	e->older = x->newest;
+	e->newer = NULL;
+	*(x->newest ? &x->newest->newer : &x->oldest) = e;
+	x->newest = e;
+}
+
+bool prefix_find(struct prefix_index *x, const struct seq *asker, uint32_t b,
+                 const uint8_t key[PREFIX_KEY_BYTES], struct prefix_hit *ret) {
+	*ret = (struct prefix_hit){ .seq = find_seq(x, asker, b, key) };
+	if (ret->seq)
+		return true;
+	ret->cached = find_cached(x, asker, b, key);
+	if (!ret->cached)
+		return false;
+	ret->cached->hits++;
+	lru_unlink(x, ret->cached);
+	lru_push(x, ret->cached);
+	return true;
+}
+
+bool prefix_holds(struct prefix_index *x, const struct seq *asker, uint32_t b,
+                  const uint8_t key[PREFIX_KEY_BYTES]) {
+	return find_seq(x, asker, b, key) || find_cached(x, asker, b, key);
+}
+
+struct kvd_block_ref prefix_hit_ref(const struct prefix_hit *h, uint32_t t, uint32_t b) {
+	return h->seq ? layout_blocks(h->seq->desc, t)[b] : h->cached->refs[t];
+}
+
+/* Drops cached entry e: its holds go (blocks left with no holder are freed, chunks
+ * emptied into *emptied). */
+static void cached_drop(struct prefix_index *x, struct pool *p, struct prefix_cached *e,
+                        struct seq_emptied *emptied) {
+	struct prefix_cached *head = idmap_get(&x->cached, e->id), **pp = &head;
+
+	while (*pp && *pp != e)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = e->next;
+	if (head)
+		(void)idmap_put(&x->cached, e->id, head);
+	else
+		idmap_del(&x->cached, e->id);
+	lru_unlink(x, e);
+	seq_blocks_free(p, e->refs, e->n_tables, emptied);
+	x->cached_bytes -= e->bytes;
+	x->cached_blocks--;
+	x->dropped++;
+	e->tenant->cached_bytes -= e->bytes;
+	free(e);
+}
+
+uint64_t prefix_shed(struct prefix_index *x, struct pool *p, const struct tenant *t,
+                     uint64_t bytes, struct seq_emptied *emptied) {
+	uint64_t done = 0;
+
+	for (struct prefix_cached *e = x->oldest, *newer; e && (bytes == 0 || done < bytes); e = newer) {
+		newer = e->newer;
+		if (t && e->tenant != t)
+			continue;
+		done += e->bytes;
+		cached_drop(x, p, e, emptied);
+	}
+	return done;
+}
+
+/* Whether s is the last holder of every table's block b. */
+static bool held_last(const struct seq *s, const struct pool *p, uint32_t b) {
+	for (uint32_t t = 0; t < s->desc->n_tables; t++)
+		if (pool_block_shared(p, layout_blocks(s->desc, t)[b]))
+			return false;
+	return true;
+}
+
+void prefix_retire(struct prefix_index *x, struct seq *s, struct pool *p,
+                   struct seq_emptied *emptied) {
+	const struct prefix_keys *pk = &s->prefix;
+	uint32_t n_tables = s->desc->n_tables;
+	uint64_t cap = size_percent(p->budget_bytes, x->max_percent);
+	uint64_t bytes = (uint64_t)n_tables * s->model->block_bytes;
+
+	/* Kept sequences leave for the keeper, not for good; moved ones hold no blocks. */
+	if (pk->published == 0 || bytes > cap || s->tiered || s->move)
+		return;
+	for (uint32_t b = 0; b < pk->published; b++) {
+		struct prefix_cached *e;
+		uint32_t t;
+
+		if (!prefix_block_intact(s, b) || !held_last(s, p, b) ||
+		    find_cached(x, s, b, pk->keys[b]))
+			continue;
+		if (s->tenant->cached_bytes + bytes > cap)
+			prefix_shed(x, p, s->tenant, s->tenant->cached_bytes + bytes - cap, emptied);
+		e = calloc(1, sizeof(*e) + n_tables * sizeof(e->refs[0]));
+		if (!e)
+			return;
+		for (t = 0; t < n_tables; t++) {
+			e->refs[t] = layout_blocks(s->desc, t)[b];
+			/* The cache's own hold: s's free then lets go of s's alone. */
+			if (pool_block_share(p, e->refs[t]) < 0)
+				break;
+		}
+		if (t < n_tables) {
+			while (t-- > 0)
+				pool_block_free(p, pool_chunk(p, e->refs[t].chunk_id), e->refs[t].index);
+			free(e);
+			return;
+		}
+		e->id = key_id(s, pk->keys[b]);
+		e->ns = namespace_of(s);
+		memcpy(e->key, pk->keys[b], PREFIX_KEY_BYTES);
+		e->tenant = s->tenant;
+		e->device = s->device;
+		e->block = b;
+		e->n_tables = n_tables;
+		e->bytes = bytes;
+		e->next = idmap_get(&x->cached, e->id);
+		if (idmap_put(&x->cached, e->id, e) < 0) {
+			seq_blocks_free(p, e->refs, n_tables, emptied);
+			free(e);
+			return;
+		}
+		lru_push(x, e);
+		x->cached_bytes += bytes;
+		x->cached_blocks++;
+		s->tenant->cached_bytes += bytes;
+	}
+}
+
 void prefix_index_done(struct prefix_index *x) {
+	/* The pool goes with the daemon: only the entries are freed. */
+	for (struct prefix_cached *e = x->oldest, *newer; e; e = newer) {
+		newer = e->newer;
+		free(e);
+	}
 	idmap_done(&x->map);
+	idmap_done(&x->cached);
 }

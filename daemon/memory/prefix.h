@@ -13,16 +13,26 @@
  * sequence is resident and every table still holds exactly the block's positions (an
  * eviction round that took tokens of it makes it another content), so nothing has to
  * follow rounds, compactions or tier moves to keep the index true.
+ *
+ * Cached blocks: when a sequence goes, each published block of it that it held last (and
+ * intact) stays, held by a cache entry instead, and later opens find it as they find a
+ * sequence's. The cache keeps each tenant's cached bytes within its cap, and sheds its
+ * least recently used entries (a hit makes an entry recent) whenever memory is short,
+ * before any round evicts a token: an unreferenced prefix goes before anything live.
  */
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "idmap.h"
+#include "kvd/kvd-abi.h"
 
 #define PREFIX_KEY_BYTES 32
 
+struct pool;
 struct seq;
+struct seq_emptied;
+struct tenant;
 
 /* One published block: an entry of the index, chained with the others whose ids collide
  * (ids are 64 bits of the key mixed with the namespace; the full key is compared). */
@@ -32,8 +42,34 @@ struct prefix_ref {
 	struct prefix_ref *next;
 };
 
+/* A cached block: the block of every table that held key's content, now held by the
+ * cache alone (or with the sequences that attached it since). */
+struct prefix_cached {
+	uint64_t id;                  /* its index id */
+	uint64_t ns;                  /* its namespace (key_id's) */
+	uint8_t key[PREFIX_KEY_BYTES];
+	struct tenant *tenant;
+	uint32_t device, block, n_tables;
+	uint64_t bytes;               /* of its blocks */
+	uint64_t hits;
+	struct prefix_cached *next;   /* its id's chain */
+	struct prefix_cached *older, *newer; /* recency: the least recently used first */
+	struct kvd_block_ref refs[];  /* n_tables */
+};
+
 struct prefix_index {
 	struct idmap map;             /* id -> the first prefix_ref of its chain */
+	struct idmap cached;          /* id -> the first prefix_cached of its chain */
+	struct prefix_cached *oldest, *newest;
+	uint64_t cached_bytes, cached_blocks;
+	uint32_t max_percent;         /* of the budget, each tenant's cached bytes at most */
+	uint64_t dropped;             /* cached blocks dropped, since the start */
+};
+
+/* Where a prefix open found a block: a sequence's, or a cached one. */
+struct prefix_hit {
+	struct seq *seq;
+	struct prefix_cached *cached;
 };
 
 /* A sequence's keys: given at its open, published up to `published`; refs[b] is block b's
@@ -64,8 +100,30 @@ void prefix_forget(struct seq *s, uint32_t from);
 bool prefix_block_intact(const struct seq *s, uint32_t b);
 
 /* A sequence that published key as its block b and can share it now with asker (same
- * tenant, model identity and device; resident, not moving, the block intact), or NULL. */
-struct seq *prefix_find(const struct prefix_index *x, const struct seq *asker, uint32_t b,
-                        const uint8_t key[PREFIX_KEY_BYTES]);
+ * tenant, model identity and device; resident, not moving, the block intact), else a
+ * cached block of key (made the most recent), into *ret. Returns whether one was found. */
+bool prefix_find(struct prefix_index *x, const struct seq *asker, uint32_t b,
+                 const uint8_t key[PREFIX_KEY_BYTES], struct prefix_hit *ret);
+
+/* The block of table t of a hit of block b. */
+struct kvd_block_ref prefix_hit_ref(const struct prefix_hit *h, uint32_t t, uint32_t b);
+
+/* Whether asker's tenant holds key as its block b for asker's model, without counting it
+ * as a hit (a lookup). */
+bool prefix_holds(struct prefix_index *x, const struct seq *asker, uint32_t b,
+                  const uint8_t key[PREFIX_KEY_BYTES]);
+
+/*
+ * When s goes: keeps each published, intact block that s holds last (no other sequence
+ * does) as a cached block, within its tenant's cap (the tenant's oldest entries dropped
+ * for room, into *emptied). Call before s's blocks are freed: the cache takes its own hold.
+ */
+void prefix_retire(struct prefix_index *x, struct seq *s, struct pool *p,
+                   struct seq_emptied *emptied);
+
+/* Drops cached blocks, the least recently used first, of tenant t (NULL: any), until
+ * `bytes` of them went (0: all); chunks emptied into *emptied. Returns the bytes dropped. */
+uint64_t prefix_shed(struct prefix_index *x, struct pool *p, const struct tenant *t,
+                     uint64_t bytes, struct seq_emptied *emptied);
 
 void prefix_index_done(struct prefix_index *x);

@@ -380,12 +380,12 @@ int seq_fork(struct seq *s, const struct seq *parent, struct pool *p, uint64_t c
 
 /* Lets go of the first `shared` blocks that seq_attach_prefix took, block by block over
  * the tables, and of the holds of list[from, *n). */
-static void attach_undo(struct pool *p, struct seq *const *src, uint32_t n_tables,
+static void attach_undo(struct pool *p, const struct prefix_hit *hits, uint32_t n_tables,
                         uint64_t shared, uint64_t conn_id, struct chunk **list, uint32_t from,
                         uint32_t *n) {
 	for (uint32_t b = 0; shared > 0; b++)
 		for (uint32_t t = 0; shared > 0 && t < n_tables; t++, shared--) {
-			struct kvd_block_ref ref = layout_blocks(src[b]->desc, t)[b];
+			struct kvd_block_ref ref = prefix_hit_ref(&hits[b], t, b);
 
 			pool_block_free(p, pool_chunk(p, ref.chunk_id), ref.index);
 		}
@@ -394,26 +394,27 @@ static void attach_undo(struct pool *p, struct seq *const *src, uint32_t n_table
 }
 
 int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uint64_t conn_id,
-                      uint32_t max, struct chunk **list, uint32_t *n, uint32_t *ret_found) {
+                      uint32_t max, struct chunk **list, uint32_t *n, uint32_t *ret_found,
+                      uint32_t *ret_cached) {
 	struct kvd_seq_desc *d = s->desc;
-	uint32_t bt = d->block_tokens, found = 0, from = *n;
-	_cleanup_(freep) struct seq **src = NULL;
+	uint32_t bt = d->block_tokens, found = 0, from = *n, cached = 0;
+	_cleanup_(freep) struct prefix_hit *hits = NULL;
 	uint64_t shared = 0;
 	int r = 0;
 
-	*ret_found = 0;
+	*ret_found = *ret_cached = 0;
 	max = MIN(max, s->prefix.n);
 	if (max == 0)
 		return 0;
-	src = malloc(max * sizeof(*src));
-	if (!src)
+	hits = malloc(max * sizeof(*hits));
+	if (!hits)
 		return -ENOMEM;
 	/* Keys chain: past the first miss nothing can match. */
-	while (found < max && (src[found] = prefix_find(x, s, found, s->prefix.keys[found])))
-		found++;
+	while (found < max && prefix_find(x, s, found, s->prefix.keys[found], &hits[found]))
+		cached += hits[found++].cached != NULL;
 	for (uint32_t b = 0; r == 0 && b < found; b++)
 		for (uint32_t t = 0; r == 0 && t < d->n_tables; t++) {
-			struct kvd_block_ref ref = layout_blocks(src[b]->desc, t)[b];
+			struct kvd_block_ref ref = prefix_hit_ref(&hits[b], t, b);
 			struct chunk *c = pool_chunk(p, ref.chunk_id);
 
 			r = pool_block_share(p, ref);
@@ -427,7 +428,7 @@ int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uin
 				list[(*n)++] = c;
 		}
 	if (r < 0) {
-		attach_undo(p, src, d->n_tables, shared, conn_id, list, from, n);
+		attach_undo(p, hits, d->n_tables, shared, conn_id, list, from, n);
 		return r;
 	}
 
@@ -436,7 +437,7 @@ int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uin
 		uint32_t *pos = desc_positions(d, t);
 
 		for (uint32_t b = 0; b < found; b++)
-			desc_blocks(d, t)[b] = layout_blocks(src[b]->desc, t)[b];
+			desc_blocks(d, t)[b] = prefix_hit_ref(&hits[b], t, b);
 		for (uint32_t i = 0; i < found * bt; i++)
 			pos[i] = i;
 		desc_tokens(d)[t] = found * bt;
@@ -447,6 +448,7 @@ int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uin
 	 * go; without memory for them they are found there only, which costs no correctness. */
 	(void)prefix_publish(x, s, found);
 	*ret_found = found;
+	*ret_cached = cached;
 	return 0;
 }
 
@@ -484,6 +486,8 @@ void seq_free(struct seq *s, struct pool *p, struct seq_emptied *emptied) {
 	if (!s)
 		return;
 	d = s->desc;
+	if (s->prefix.index)
+		prefix_retire(s->prefix.index, s, p, emptied);
 	prefix_forget(s, 0);
 	group_leave(s);
 	for (uint32_t t = 0; t < d->n_tables; t++)

@@ -166,11 +166,13 @@ int seq_fork(struct seq *s, const struct seq *parent, struct pool *p, uint64_t c
  * blocks. Chunks of those blocks that conn_id does not hold yet go into list (room for
  * every chunk of the pool), at *n, and conn_id is made their holder. Then s holds
  * found * block_tokens tokens at positions 0 onwards, and those blocks are published as
- * its own too. All or nothing; returns 0 with the blocks found in *ret_found, or -ENOMEM,
- * -EMLINK (a block is shared by too many).
+ * its own too. All or nothing; returns 0 with the blocks found in *ret_found (of them
+ * cached ones, held by no sequence, in *ret_cached), or -ENOMEM, -EMLINK (a block is shared
+ * by too many).
  */
 int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uint64_t conn_id,
-                      uint32_t max, struct chunk **list, uint32_t *n, uint32_t *ret_found);
+                      uint32_t max, struct chunk **list, uint32_t *n, uint32_t *ret_found,
+                      uint32_t *ret_cached);
 
 /*
  * Drops the last n positions of s: each table keeps its slots of positions below

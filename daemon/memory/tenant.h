@@ -66,6 +66,8 @@ struct tenant {
 	 * tokens found. */
 	uint64_t shared_bytes;
 	uint64_t prefix_hits, prefix_misses, prefix_tokens;
+	/* Bytes of its blocks the prefix cache holds after their last sequence (prefix.h). */
+	uint64_t cached_bytes;
 	bool tier_degraded;
 	struct chunk *partial;        /* owned chunks with at least one free block */
 	/* FREE chunks whose memory object is its own (pool.h), per device. */

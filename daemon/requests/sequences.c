@@ -132,7 +132,7 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 	struct seq *q, *parent = NULL;
 	struct seq_group *group = NULL;
 	struct seq_grants g = {};
-	uint32_t found = 0, n_list = 0;
+	uint32_t found = 0, cached = 0, n_list = 0;
 	char why[WHY_MAX];
 	int r;
 
@@ -298,7 +298,7 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 		r = prefix_keys_set(q, (const void *)keys, req->prefix_blocks);
 		if (r == 0)
 			r = seq_attach_prefix(q, &s->prefix, s->pool, c->id, req->prefix_blocks, list,
-			                      &n_list, &found);
+			                      &n_list, &found, &cached);
 		if (r < 0) {
 			struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
 
@@ -315,6 +315,7 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 			c->tenant->prefix_misses++;
 		}
 		s->prefix_tokens += (uint64_t)found * q->model->block_tokens;
+		s->prefix_cached_hits += cached;
 		c->tenant->prefix_tokens += (uint64_t)found * q->model->block_tokens;
 	}
 	s->next_seq_id++;
@@ -732,6 +733,18 @@ void step_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t
 		return;
 	}
 	r = seq_grow(q, p, c->id, tokens, &g, &emptied);
+	/* At its max, a tenant's cached blocks make room for its grows first: its least
+	 * recently used, twice as many each try, so that no more go than the grow needs (a
+	 * chunk they empty would go back to the pool, not to the grow). */
+	for (uint64_t shed = q->model->block_bytes; r == -EDQUOT && c->tenant->cached_bytes > 0;
+	     shed *= 2) {
+		/* The shedding's list takes the same scratch: this one goes first. */
+		unmap_reclaim(s, &emptied, NULL, NULL);
+		emptied.n = 0;
+		if (evict_shed_cache(s, c->tenant, shed) == 0)
+			break;
+		r = seq_grow(q, p, c->id, tokens, &g, &emptied);
+	}
 	if (r < 0) {
 		/* Before the reclaim, which may give the budget room again: the refusal says
 		 * what was short when the grow failed. */

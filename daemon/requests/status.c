@@ -153,6 +153,8 @@ void handle_status(struct conn *c, uint64_t id, const Envelope *request _unused_
 		ts[i].prefix_hits = t->prefix_hits;
 		ts[i].prefix_misses = t->prefix_misses;
 		ts[i].prefix_tokens = t->prefix_tokens;
+		ts[i].has_cached_bytes = true;
+		ts[i].cached_bytes = t->cached_bytes;
 		tp[i] = &ts[i];
 	}
 	rep.n_tenants = n;

@@ -145,18 +145,25 @@ static uint64_t tick_interval(const struct server *s) {
 static void forget_tick(struct server *s, uint64_t now) {
 	for (uint32_t i = 0; i < s->tenants.n;) {
 		struct tenant *t = s->tenants.tenants[i];
-		bool idle = tenant_holds_nothing(t) && !admin_tenant_declared(s->admin, t->name);
+		bool declared = admin_tenant_declared(s->admin, t->name);
+		bool idle = tenant_holds_nothing(t) && !declared;
+		/* Gone but for its prefix cache, which nobody of it will read. */
+		bool cache_only = !declared && t->cached_bytes > 0 && t->connections == 0 &&
+		                  t->sequences == 0;
 
-		if (!idle)
+		if (!idle && !cache_only)
 			t->idle_since_ms = 0;
 		else if (t->idle_since_ms == 0)
 			t->idle_since_ms = now;
-		if (idle && s->limits.tenant_forget_ms > 0 &&
-		    now - t->idle_since_ms >= s->limits.tenant_forget_ms)
+		if (!(idle || cache_only) || s->limits.tenant_forget_ms == 0 ||
+		    now - t->idle_since_ms < s->limits.tenant_forget_ms)
+			i++;
+		else if (cache_only)
+			/* Forgotten at a later tick, once its chunks are back. */
+			i++, evict_shed_cache(s, t, UINT64_MAX);
+		else
 			/* The next tenant moves into slot i. */
 			registry_forget_tenant(s, t, "it held nothing for tenant-forget");
-		else
-			i++;
 	}
 }
 
@@ -376,6 +383,7 @@ int server_new_local(struct pool *pool, const struct server_limits *limits, stru
 	s->handlers.closed = listen_resume;
 	s->pool = pool;
 	s->limits = *limits;
+	s->prefix.max_percent = limits->max_cached_percent;
 	s->socket_path = "(in process)";
 	s->start_ms = now_ms();
 #if KVD_TEST_HOOKS

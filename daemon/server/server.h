@@ -50,6 +50,7 @@ struct server_limits {
 	uint64_t unmap_timeout_ms;    /* 0: holders of a draining chunk may take forever */
 	uint64_t unmap_grace_ms;      /* past unmap_timeout_ms, before the disconnect */
 	uint32_t max_pinned_percent;  /* of the budget, per tenant (pins.h) */
+	uint32_t max_cached_percent;  /* of the budget, per tenant (prefix.h) */
 	uint32_t tier_max_percent;    /* of each tier, per tenant (tier.h) */
 	uint64_t pin_report_ms;       /* 0: never */
 	uint64_t pin_timeout_ms;      /* 0: never */
@@ -140,6 +141,7 @@ struct server {
 	uint64_t group_steps;         /* steps tensor-parallel groups made (group.h) */
 	/* Prefix opens that found blocks, that found none; the tokens they found. */
 	uint64_t prefix_hits, prefix_misses, prefix_tokens;
+	uint64_t prefix_cached_hits;  /* blocks prefix opens found cached (prefix.h) */
 	uint64_t pin_disconnects;     /* connections closed for a pin past pin-timeout */
 	uint64_t refused[_LIMIT_MAX];     /* refusals at each limit */
 	uint64_t unmap_scan_ms;       /* the tick that last counted struct conn's unmap_late */

@@ -46,6 +46,10 @@ READER(prefix_hits, s->prefix_hits)
 READER(prefix_misses, s->prefix_misses)
 READER(prefix_tokens, s->prefix_tokens)
 READER(group_steps, s->group_steps)
+READER(cached_bytes, s->prefix.cached_bytes)
+READER(cached_blocks, s->prefix.cached_blocks)
+READER(cache_hits, s->prefix_cached_hits)
+READER(cache_dropped, s->prefix.dropped)
 READER(rounds_total, evict_rounds_total(s->evictor))
 READER(last_round_us, evict_last_round_us(s->evictor))
 READER(rounds_failed, evict_rounds_failed(s->evictor))
@@ -161,6 +165,14 @@ const struct node_value node_values[] = {
 	  "prefill the engines skipped.", read_prefix_tokens },
 	{ "group_steps", "kvd_group_steps_total", COUNTER, "Steps tensor-parallel sequence "
 	  "groups made: each grew every member of its group, or none.", read_group_steps },
+	{ "cached_bytes", "kvd_cached_bytes", GAUGE, "Bytes of blocks the prefix cache holds "
+	  "after their last sequence went, for later prefix opens.", read_cached_bytes },
+	{ "cached_blocks", "kvd_cached_blocks", GAUGE, "Blocks (of every table) the prefix "
+	  "cache holds.", read_cached_blocks },
+	{ "cache_hits", "kvd_cache_hits_total", COUNTER, "Blocks prefix opens found in the "
+	  "prefix cache, held by no sequence.", read_cache_hits },
+	{ "cache_dropped", "kvd_cache_dropped_total", COUNTER, "Blocks the prefix cache "
+	  "dropped: for memory, or past a tenant's max-cached-percent.", read_cache_dropped },
 	{ "unmap_timeouts", "kvd_unmap_timeouts_total", COUNTER,
 	  "Connections that did not unmap a chunk the daemon took back within unmap-timeout.",
 	  read_unmap_timeouts },

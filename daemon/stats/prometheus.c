@@ -143,6 +143,7 @@ enum tenant_field {
 	TENANT_TIER_DEGRADED,
 	TENANT_PINNED,
 	TENANT_SHARED,
+	TENANT_CACHED,
 	_TENANT_FIELD_MAX,
 };
 
@@ -189,6 +190,9 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 		                    "Block bytes the tenant's sequences hold through forks and prefix "
 		                    "opens without having taken them (each block counted once in "
 		                    "kvd_tenant_block_bytes)." },
+		[TENANT_CACHED] = { "kvd_tenant_cached_bytes",
+		                    "Bytes of the tenant's blocks the prefix cache holds after their "
+		                    "last sequence went." },
 		[TENANT_TIER_DEGRADED] = { "kvd_tenant_tier_degraded",
 		                           "1 when the file tier failed the tenant (an I/O error, a full "
 		                           "disk): it drops until its tier is set again." },
@@ -249,6 +253,9 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 				break;
 			case TENANT_SHARED:
 				v = t->shared_bytes;
+				break;
+			case TENANT_CACHED:
+				v = t->cached_bytes;
 				break;
 			}
 			fprintf(f, "%" PRIu64 "\n", v);

@@ -31,14 +31,19 @@ static const kvd_model_spec spec = { "prefix-model", LAYERS, 2, 2, 64, KVD_DTYPE
 static uint32_t prompt[PROMPT];
 static uint8_t keys[KEYS][KVD_KEY_BYTES];
 
-static void make_keys(uint32_t first_changed) {
+/* The prompt from token id base on, with the tokens from first_changed on one higher. */
+static void make_keys_from(uint32_t base, uint32_t first_changed) {
 	uint8_t root[KVD_KEY_BYTES];
 
 	for (uint32_t i = 0; i < PROMPT; i++)
-		prompt[i] = 1000 + 7 * i + (i >= first_changed);
+		prompt[i] = base + 7 * i + (i >= first_changed);
 	ASSERT_OK(kvd_key_root("0", root));
 	ASSERT_EQ(kvd_prefix_keys(root, prompt, PROMPT, BLOCK_TOKENS, NULL, &keys[0][0], KEYS),
 	          (int64_t)KEYS);
+}
+
+static void make_keys(uint32_t first_changed) {
+	make_keys_from(1000, first_changed);
 }
 
 static int open_prefix(kvd_client *c, int m, uint32_t n_keys, kvd_seq **ret) {
@@ -108,12 +113,80 @@ TEST(prefix_shared_across_connections) {
 	ASSERT_EQ(check_seq(sc, 1), 0u);
 	ASSERT_OK(kvd_seq_release(sb));
 	ASSERT_OK(kvd_seq_release(sc));
-	ASSERT_EQ(fixture_status(&f, "chat", "block_bytes"), 0u);
 	ASSERT_EQ(fixture_status(&f, NULL, "shared_bytes"), 0u);
-	/* b, idle, answers the daemon's asks to unmap only when it calls or goes. */
+	/* The prompt's 6 blocks outlive their last sequence, in the prefix cache, and a later
+	 * open finds them there: the same bytes. */
+	ASSERT_EQ(fixture_status(&f, "chat", "block_bytes"), KEYS * LAYERS * per);
+	ASSERT_EQ(fixture_status(&f, "chat", "cached_bytes"), KEYS * LAYERS * per);
+	ASSERT_EQ(fixture_status(&f, NULL, "cached_blocks"), (uint64_t)KEYS);
+	ASSERT_OK(open_prefix(b, mb, KEYS, &sb));
+	ASSERT_EQ(kvd_seq_tokens(sb, 0, 0), KEYS * BLOCK_TOKENS);
+	ASSERT_EQ(check_seq(sb, 1), 0u);
+	ASSERT_EQ(fixture_status(&f, NULL, "cache_hits"), (uint64_t)KEYS);
+	ASSERT_EQ(fixture_status(&f, "chat", "block_bytes"), KEYS * LAYERS * per);
+	ASSERT_OK(kvd_seq_release(sb));
 	kvd_client_unref(a);
 	kvd_client_unref(b);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
+/* The prefix cache: kept within a tenant's max-cached-percent, shed (least recently used
+ * first) for a grow that needs the memory before anything live goes, and dropped with a
+ * tenant that left. */
+TEST(prefix_cache_kept_and_shed) {
+	static const char *const cache_args[] = { "--pool-size", "16MiB", "--chunk-size", "1MiB",
+		                                  "--max-cached-percent", "10", "--grant-wait", "0",
+		                                  "--tenant-forget", "100", NULL };
+	struct fixture f;
+	kvd_client *a, *admin;
+	kvd_seq *s, *big;
+	uint64_t per;
+	int m;
+
+	make_keys(PROMPT);
+	fixture_start(&f, cache_args);
+	admin = fixture_connect(&f, NULL);
+	a = fixture_connect(&f, "chat");
+	m = kvd_model_register(a, &spec);
+	ASSERT_OK(m);
+	s = prefill(a, m, 1);
+	per = kvd_seq_descriptor(s)->block_bytes;
+	ASSERT_OK(kvd_seq_release(s));
+	ASSERT_EQ(fixture_status(&f, "chat", "cached_bytes"), KEYS * LAYERS * per);
+	/* A tenant at its max: the cache makes room for its grow, nothing live is touched. */
+	ASSERT_OK(kvd_tenant_set(admin, "chat", 0, fixture_status(&f, "chat", "used_bytes"), 0));
+	ASSERT_OK(kvd_seq_open(a, m, 8192, &big));
+	/* The tenant's chunk: 128 blocks of 8 KiB, 12 of them cached (6 a layer). 60 blocks a
+	 * layer take 4 of those: the 2 oldest entries go, the rest stays. */
+	ASSERT_OK(kvd_seq_grow(big, 60 * BLOCK_TOKENS));
+	ASSERT_TRUE(fixture_status(&f, "chat", "cached_bytes") < KEYS * LAYERS * per);
+	ASSERT_TRUE(fixture_status(&f, "chat", "cached_bytes") > 0);
+	ASSERT_TRUE(fixture_status(&f, NULL, "cache_dropped") > 0);
+	ASSERT_EQ(fixture_status(&f, "chat", "used_bytes"), 1u << 20);
+	ASSERT_OK(kvd_seq_release(big));
+	/* Settings of its own would keep the tenant (and its cache) past tenant-forget. */
+	ASSERT_OK(kvd_tenant_reset(admin, "chat"));
+	/* Past the cap (10% of 16 MiB: 1.6 MiB), the oldest go: 40 prompts' worth of blocks
+	 * are offered, the cache keeps what fits. */
+	for (uint32_t k = 0; k < 40; k++) {
+		make_keys_from(100000 + 1000 * k, PROMPT);
+		s = prefill(a, m, 2);
+		ASSERT_OK(kvd_seq_release(s));
+		ASSERT_TRUE(fixture_status(&f, "chat", "cached_bytes") <= (16u << 20) / 10);
+	}
+	/* The newest prompt is still there, the oldest not. */
+	ASSERT_OK(open_prefix(a, m, KEYS, &s));
+	ASSERT_EQ(kvd_seq_tokens(s, 0, 0), KEYS * BLOCK_TOKENS);
+	ASSERT_OK(kvd_seq_release(s));
+	make_keys_from(100000, PROMPT);
+	ASSERT_OK(open_prefix(a, m, KEYS, &s));
+	ASSERT_EQ(kvd_seq_tokens(s, 0, 0), 0);
+	ASSERT_OK(kvd_seq_release(s));
+	/* The tenant leaves: after tenant-forget its cache goes, then the tenant. */
+	kvd_client_unref(a);
+	ASSERT_TRUE(fixture_wait_status(&f, NULL, "cached_bytes", 0));
 	ASSERT_TRUE(fixture_wait_status(&f, NULL, "used_bytes", 0));
+	kvd_client_unref(admin);
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
