@@ -399,6 +399,53 @@ int kvd_seq_open_params(kvd_client *c, const kvd_open_params *p, kvd_seq **ret) 
 	return (int)call_result(client_key(c), do_seq_open_params(c, p, ret), __func__);
 }
 
+static int64_t do_prefix_lookup(kvd_client *c, int model_id, const uint8_t *keys,
+                                uint32_t n_keys, uint32_t *ret_cached) {
+	Kvd__V1__PrefixLookup req = KVD__V1__PREFIX_LOOKUP__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	_cleanup_(closep) int fd = -EBADF;
+	const Kvd__V1__PrefixLookupReply *rep;
+	int fds[WIRE_FDS_MAX];
+	int64_t r;
+
+	if (!c || model_id < 0 || n_keys == 0 || !keys)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	if (!(c->features & KVD_FEATURE_PREFIX))
+		return client_error(c, -EOPNOTSUPP, "kvd_prefix_lookup: the daemon cannot share "
+		                    "prefixes (it predates KVD_1.10)");
+	r = client_sealed_memfd("kvd-prefix-keys", keys, (uint64_t)n_keys * KVD_KEY_BYTES, &fd);
+	if (r < 0)
+		return r;
+	req.has_model_id = req.has_prefix_blocks = true;
+	req.model_id = (uint32_t)model_id;
+	req.prefix_blocks = n_keys;
+	env.body_case = KVD__V1__ENVELOPE__BODY_PREFIX_LOOKUP;
+	env.prefix_lookup = &req;
+	client_lock(c);
+	r = client_call_fd(c, &env, fd, KVD__V1__ENVELOPE__BODY_PREFIX_LOOKUP_REPLY, &reply, fds,
+	                   NULL);
+	if (r >= 0) {
+		rep = reply->prefix_lookup_reply;
+		if (!rep->has_blocks || rep->blocks > n_keys || rep->cached_blocks > rep->blocks)
+			r = -EPROTO;
+		else {
+			r = rep->blocks;
+			if (ret_cached)
+				*ret_cached = rep->cached_blocks;
+		}
+	}
+	client_unlock(c);
+	return r;
+}
+
+int64_t kvd_prefix_lookup(kvd_client *c, int model_id, const uint8_t *keys, uint32_t n_keys,
+                          uint32_t *ret_cached) {
+	return call_result(client_key(c), do_prefix_lookup(c, model_id, keys, n_keys, ret_cached),
+	                   __func__);
+}
+
 static int do_seq_fork(kvd_seq *s, kvd_seq **ret) {
 	if (!s || !ret)
 		return -EINVAL;

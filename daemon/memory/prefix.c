@@ -23,26 +23,38 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 	return h;
 }
 
-/* The namespace of s's keys: its tenant and its model's identity (model_same_kv). */
-static uint64_t namespace_of(const struct seq *s) {
-	const struct model *m = s->model;
+/* The namespace of w's keys: its tenant and its model's identity (model_same_kv). */
+static uint64_t namespace_of(const struct prefix_who *w) {
+	const struct model *m = w->model;
 	uint32_t shape[] = { m->layers, m->kv_heads, m->head_dim, m->dtype, m->block_tokens,
 	                     m->layout, m->index_heads, m->index_dim };
 	uint64_t h = UINT64_C(0xcbf29ce484222325);
 
-	h = fnv(h, &s->tenant, sizeof(s->tenant));
+	h = fnv(h, &w->tenant, sizeof(w->tenant));
 	h = fnv(h, m->name, strlen(m->name));
 	return fnv(h, shape, sizeof(shape));
 }
 
-/* The index id of key in s's namespace: keys are SHA-256 outputs, so 8 of their bytes are
+/* The index id of key in w's namespace: keys are SHA-256 outputs, so 8 of their bytes are
  * as good as any hash of them. */
-static uint64_t key_id(const struct seq *s, const uint8_t key[PREFIX_KEY_BYTES]) {
+static uint64_t key_id(const struct prefix_who *w, const uint8_t key[PREFIX_KEY_BYTES]) {
 	uint64_t k, id;
 
 	memcpy(&k, key, sizeof(k));
-	id = k ^ namespace_of(s);
+	id = k ^ w->ns;
 	return id ? id : 1;
+}
+
+void prefix_who_init(struct prefix_who *w) {
+	w->ns = namespace_of(w);
+}
+
+struct prefix_who prefix_who_of(const struct seq *s) {
+	struct prefix_who w = { .tenant = s->tenant, .model = s->model, .device = s->device,
+		                .self = s };
+
+	prefix_who_init(&w);
+	return w;
 }
 
 int prefix_keys_set(struct seq *s, const uint8_t (*keys)[PREFIX_KEY_BYTES], uint32_t n) {
@@ -79,7 +91,8 @@ bool prefix_block_intact(const struct seq *s, uint32_t b) {
 /* Takes block b's entry out of its chain. */
 static void unlink_ref(struct seq *s, uint32_t b) {
 	struct prefix_keys *pk = &s->prefix;
-	uint64_t id = key_id(s, pk->keys[b]);
+	struct prefix_who who = prefix_who_of(s);
+	uint64_t id = key_id(&who, pk->keys[b]);
 	struct prefix_ref *head = idmap_get(&pk->index->map, id), **p = &head;
 
 	while (*p && *p != &pk->refs[b])
@@ -107,6 +120,7 @@ static void unlink_range(struct seq *s, uint32_t from, uint32_t to) {
 
 int prefix_publish(struct prefix_index *x, struct seq *s, uint32_t blocks) {
 	struct prefix_keys *pk = &s->prefix;
+	struct prefix_who who = prefix_who_of(s);
 	uint32_t b;
 	int r;
 
@@ -117,7 +131,7 @@ int prefix_publish(struct prefix_index *x, struct seq *s, uint32_t blocks) {
 			return -EINVAL;
 	pk->index = x;
 	for (b = pk->published; b < blocks; b++) {
-		uint64_t id = key_id(s, pk->keys[b]);
+		uint64_t id = key_id(&who, pk->keys[b]);
 		struct prefix_ref *ref = &pk->refs[b];
 
 		*ref = (struct prefix_ref){ .seq = s, .block = b, .next = idmap_get(&x->map, id) };
@@ -147,13 +161,13 @@ void prefix_forget(struct seq *s, uint32_t from) {
 }
 
 /* A sequence of x that holds key as its block b for asker to share, or NULL. */
-static struct seq *find_seq(const struct prefix_index *x, const struct seq *asker, uint32_t b,
-                            const uint8_t key[PREFIX_KEY_BYTES]) {
+static struct seq *find_seq(const struct prefix_index *x, const struct prefix_who *asker,
+                            uint32_t b, const uint8_t key[PREFIX_KEY_BYTES]) {
 	for (const struct prefix_ref *ref = idmap_get(&x->map, key_id(asker, key)); ref;
 	     ref = ref->next) {
 		struct seq *q = ref->seq;
 
-		if (ref->block != b || q == asker || q->tenant != asker->tenant ||
+		if (ref->block != b || q == asker->self || q->tenant != asker->tenant ||
 		    q->device != asker->device || !model_same_kv(q->model, asker->model) ||
 		    memcmp(q->prefix.keys[b], key, PREFIX_KEY_BYTES) != 0)
 			continue;
@@ -169,13 +183,12 @@ static struct seq *find_seq(const struct prefix_index *x, const struct seq *aske
 }
 
 /* The cached block of key as block b in asker's namespace, or NULL. */
-static struct prefix_cached *find_cached(const struct prefix_index *x, const struct seq *asker,
-                                         uint32_t b, const uint8_t key[PREFIX_KEY_BYTES]) {
-	uint64_t ns = namespace_of(asker);
-
+static struct prefix_cached *find_cached(const struct prefix_index *x,
+                                         const struct prefix_who *asker, uint32_t b,
+                                         const uint8_t key[PREFIX_KEY_BYTES]) {
 	for (struct prefix_cached *e = idmap_get(&x->cached, key_id(asker, key)); e; e = e->next)
-		if (e->ns == ns && e->tenant == asker->tenant && e->block == b &&
-		    e->device == asker->device && e->n_tables == asker->desc->n_tables &&
+		if (e->ns == asker->ns && e->tenant == asker->tenant && e->block == b &&
+		    e->device == asker->device && e->n_tables == asker->model->n_tables &&
 		    memcmp(e->key, key, PREFIX_KEY_BYTES) == 0)
 			return e;
 	return NULL;
@@ -195,23 +208,20 @@ static void lru_push(struct prefix_index *x, struct prefix_cached *e) {
 	x->newest = e;
 }
 
-bool prefix_find(struct prefix_index *x, const struct seq *asker, uint32_t b,
+bool prefix_find(const struct prefix_index *x, const struct prefix_who *asker, uint32_t b,
                  const uint8_t key[PREFIX_KEY_BYTES], struct prefix_hit *ret) {
 	*ret = (struct prefix_hit){ .seq = find_seq(x, asker, b, key) };
-	if (ret->seq)
-		return true;
-	ret->cached = find_cached(x, asker, b, key);
-	if (!ret->cached)
-		return false;
-	ret->cached->hits++;
-	lru_unlink(x, ret->cached);
-	lru_push(x, ret->cached);
-	return true;
+	if (!ret->seq)
+		ret->cached = find_cached(x, asker, b, key);
+	return ret->seq || ret->cached;
 }
 
-bool prefix_holds(struct prefix_index *x, const struct seq *asker, uint32_t b,
-                  const uint8_t key[PREFIX_KEY_BYTES]) {
-	return find_seq(x, asker, b, key) || find_cached(x, asker, b, key);
+void prefix_used(struct prefix_index *x, const struct prefix_hit *h) {
+	if (!h->cached)
+		return;
+	h->cached->hits++;
+	lru_unlink(x, h->cached);
+	lru_push(x, h->cached);
 }
 
 struct kvd_block_ref prefix_hit_ref(const struct prefix_hit *h, uint32_t t, uint32_t b) {
@@ -266,6 +276,7 @@ static bool held_last(const struct seq *s, const struct pool *p, uint32_t b) {
 void prefix_retire(struct prefix_index *x, struct seq *s, struct pool *p,
                    struct seq_emptied *emptied) {
 	const struct prefix_keys *pk = &s->prefix;
+	struct prefix_who who = prefix_who_of(s);
 	uint32_t n_tables = s->desc->n_tables;
 	uint64_t cap = size_percent(p->budget_bytes, x->max_percent);
 	uint64_t bytes = (uint64_t)n_tables * s->model->block_bytes;
@@ -273,12 +284,14 @@ void prefix_retire(struct prefix_index *x, struct seq *s, struct pool *p,
 	/* Kept sequences leave for the keeper, not for good; moved ones hold no blocks. */
 	if (pk->published == 0 || bytes > cap || s->tiered || s->move)
 		return;
-	for (uint32_t b = 0; b < pk->published; b++) {
+	/* The last block first, so that it is the older: a chain loses its tail before its
+	 * head, without which the tail is never found. */
+	for (uint32_t b = pk->published; b-- > 0;) {
 		struct prefix_cached *e;
 		uint32_t t;
 
 		if (!prefix_block_intact(s, b) || !held_last(s, p, b) ||
-		    find_cached(x, s, b, pk->keys[b]))
+		    find_cached(x, &who, b, pk->keys[b]))
 			continue;
 		if (s->tenant->cached_bytes + bytes > cap)
 			prefix_shed(x, p, s->tenant, s->tenant->cached_bytes + bytes - cap, emptied);
@@ -297,8 +310,8 @@ void prefix_retire(struct prefix_index *x, struct seq *s, struct pool *p,
 			free(e);
 			return;
 		}
-		e->id = key_id(s, pk->keys[b]);
-		e->ns = namespace_of(s);
+		e->id = key_id(&who, pk->keys[b]);
+		e->ns = who.ns;
 		memcpy(e->key, pk->keys[b], PREFIX_KEY_BYTES);
 		e->tenant = s->tenant;
 		e->device = s->device;

@@ -29,6 +29,7 @@
 
 #define PREFIX_KEY_BYTES 32
 
+struct model;
 struct pool;
 struct seq;
 struct seq_emptied;
@@ -66,6 +67,20 @@ struct prefix_index {
 	uint64_t dropped;             /* cached blocks dropped, since the start */
 };
 
+/* Who asks for keys: a tenant's model on a device, and the sequence asking (NULL: none,
+ * a lookup). */
+struct prefix_who {
+	const struct tenant *tenant;
+	const struct model *model;
+	uint32_t device;
+	const struct seq *self;
+	uint64_t ns;                  /* the namespace's hash: prefix_who_init() */
+};
+
+/* Sets w->ns from the rest; prefix_who_of() does it for a sequence. */
+void prefix_who_init(struct prefix_who *w);
+struct prefix_who prefix_who_of(const struct seq *s);
+
 /* Where a prefix open found a block: a sequence's, or a cached one. */
 struct prefix_hit {
 	struct seq *seq;
@@ -101,17 +116,16 @@ bool prefix_block_intact(const struct seq *s, uint32_t b);
 
 /* A sequence that published key as its block b and can share it now with asker (same
  * tenant, model identity and device; resident, not moving, the block intact), else a
- * cached block of key (made the most recent), into *ret. Returns whether one was found. */
-bool prefix_find(struct prefix_index *x, const struct seq *asker, uint32_t b,
+ * cached block of key, into *ret. Returns whether one was found. */
+bool prefix_find(const struct prefix_index *x, const struct prefix_who *asker, uint32_t b,
                  const uint8_t key[PREFIX_KEY_BYTES], struct prefix_hit *ret);
+
+/* Counts a hit's use: a cached block becomes the most recent. An open marks its hits from
+ * the last to the first, so that a chain's head stays the more recent. */
+void prefix_used(struct prefix_index *x, const struct prefix_hit *h);
 
 /* The block of table t of a hit of block b. */
 struct kvd_block_ref prefix_hit_ref(const struct prefix_hit *h, uint32_t t, uint32_t b);
-
-/* Whether asker's tenant holds key as its block b for asker's model, without counting it
- * as a hit (a lookup). */
-bool prefix_holds(struct prefix_index *x, const struct seq *asker, uint32_t b,
-                  const uint8_t key[PREFIX_KEY_BYTES]);
 
 /*
  * When s goes: keeps each published, intact block that s holds last (no other sequence

@@ -399,6 +399,7 @@ int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uin
 	struct kvd_seq_desc *d = s->desc;
 	uint32_t bt = d->block_tokens, found = 0, from = *n, cached = 0;
 	_cleanup_(freep) struct prefix_hit *hits = NULL;
+	struct prefix_who who = prefix_who_of(s);
 	uint64_t shared = 0;
 	int r = 0;
 
@@ -410,7 +411,7 @@ int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uin
 	if (!hits)
 		return -ENOMEM;
 	/* Keys chain: past the first miss nothing can match. */
-	while (found < max && prefix_find(x, s, found, s->prefix.keys[found], &hits[found]))
+	while (found < max && prefix_find(x, &who, found, s->prefix.keys[found], &hits[found]))
 		cached += hits[found++].cached != NULL;
 	for (uint32_t b = 0; r == 0 && b < found; b++)
 		for (uint32_t t = 0; r == 0 && t < d->n_tables; t++) {
@@ -431,6 +432,8 @@ int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uin
 		attach_undo(p, hits, d->n_tables, shared, conn_id, list, from, n);
 		return r;
 	}
+	for (uint32_t b = found; b-- > 0;)
+		prefix_used(x, &hits[b]);
 
 	desc_write_begin(d);
 	for (uint32_t t = 0; t < d->n_tables; t++) {

@@ -118,6 +118,8 @@ static const struct request_type request_types[] = {
 	REQUEST(SEQ_RECALL, handle_seq_recall, REQUEST_NEEDS_TENANT, SEQ_RECALL),
 	REQUEST(SEQ_TRUNCATE, handle_seq_truncate, REQUEST_NEEDS_TENANT, SEQ_TRUNCATE),
 	REQUEST(SEQ_PUBLISH, handle_seq_publish, REQUEST_NEEDS_TENANT, SEQ_PUBLISH),
+	REQUEST(PREFIX_LOOKUP, handle_prefix_lookup, REQUEST_NEEDS_TENANT | REQUEST_TAKES_FD,
+	        PREFIX_LOOKUP),
 #undef REQUEST
 };
 

@@ -988,6 +988,54 @@ void handle_seq_publish(struct conn *c, uint64_t id, const Envelope *request,
 	envelope_reply(c, id, NULL, NULL, 0);
 }
 
+void handle_prefix_lookup(struct conn *c, uint64_t id, const Envelope *request, int fd) {
+	const Kvd__V1__PrefixLookup *req = request->prefix_lookup;
+	Kvd__V1__PrefixLookupReply rep = KVD__V1__PREFIX_LOOKUP_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	_cleanup_(freep) uint8_t (*keys)[PREFIX_KEY_BYTES] = NULL;
+	struct prefix_who who = { .tenant = c->tenant, .device = c->device };
+	char why[WHY_MAX];
+	uint32_t n = 0, cached = 0;
+	int r;
+
+	if (!req->has_model_id || req->model_id < 1 || req->model_id > c->n_models) {
+		envelope_reply_error(c, id, -EINVAL, "unknown model");
+		return;
+	}
+	who.model = &c->models[req->model_id - 1];
+	prefix_who_init(&who);
+	if (who.model->name[0] == '\0') {
+		envelope_reply_error(c, id, -EINVAL, "prefix sharing needs the model's name");
+		return;
+	}
+	if (!req->has_prefix_blocks || req->prefix_blocks == 0 ||
+	    req->prefix_blocks > c->srv->limits.max_seq_tokens / who.model->block_tokens) {
+		envelope_reply_error(c, id, -EINVAL, "prefix_blocks must be 1..max-seq-tokens / "
+		                     "block_tokens (%u)",
+		                     c->srv->limits.max_seq_tokens / who.model->block_tokens);
+		return;
+	}
+	r = read_prefix_keys(fd, req->prefix_blocks, &keys, why);
+	if (r < 0) {
+		envelope_reply_error(c, id, r, "%s", why);
+		return;
+	}
+	/* Keys chain: past the first miss nothing can match. */
+	for (; n < req->prefix_blocks; n++) {
+		struct prefix_hit h;
+
+		if (!prefix_find(&c->srv->prefix, &who, n, keys[n], &h))
+			break;
+		cached += h.cached != NULL;
+	}
+	rep.has_blocks = rep.has_cached_blocks = true;
+	rep.blocks = n;
+	rep.cached_blocks = cached;
+	env.body_case = KVD__V1__ENVELOPE__BODY_PREFIX_LOOKUP_REPLY;
+	env.prefix_lookup_reply = &rep;
+	envelope_reply(c, id, &env, NULL, 0);
+}
+
 void handle_seq_digest(struct conn *c, uint64_t id, const Envelope *request,
                        int request_fd _unused_) {
 	const Kvd__V1__SeqDigest *req = request->seq_digest;

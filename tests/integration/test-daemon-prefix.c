@@ -83,6 +83,16 @@ TEST(prefix_shared_across_connections) {
 	sa = prefill(a, ma, 1);
 	per = kvd_seq_descriptor(sa)->block_bytes;
 
+	/* A lookup says so without opening, and counts nothing; of another model, nothing. */
+	{
+		uint32_t cached = 7;
+
+		ASSERT_EQ(kvd_prefix_lookup(b, mb, &keys[0][0], KEYS, &cached), (int64_t)KEYS);
+		ASSERT_EQ(cached, 0u);
+		ASSERT_EQ(kvd_prefix_lookup(b, mb, &keys[1][0], KEYS - 1, NULL), 0);
+		ASSERT_EQ(kvd_prefix_lookup(b, mb, &keys[0][0], 0, NULL), -EINVAL);
+		ASSERT_EQ(fixture_status(&f, "chat", "prefix_hits"), 0u);
+	}
 	/* Another engine of the tenant finds the 6 full blocks: 96 tokens, the same bytes. */
 	ASSERT_OK(open_prefix(b, mb, KEYS, &sb));
 	assert_positions_upto(sb, KEYS * BLOCK_TOKENS);
@@ -119,6 +129,12 @@ TEST(prefix_shared_across_connections) {
 	ASSERT_EQ(fixture_status(&f, "chat", "block_bytes"), KEYS * LAYERS * per);
 	ASSERT_EQ(fixture_status(&f, "chat", "cached_bytes"), KEYS * LAYERS * per);
 	ASSERT_EQ(fixture_status(&f, NULL, "cached_blocks"), (uint64_t)KEYS);
+	{
+		uint32_t cached = 0;
+
+		ASSERT_EQ(kvd_prefix_lookup(a, ma, &keys[0][0], KEYS, &cached), (int64_t)KEYS);
+		ASSERT_EQ(cached, (uint32_t)KEYS);
+	}
 	ASSERT_OK(open_prefix(b, mb, KEYS, &sb));
 	ASSERT_EQ(kvd_seq_tokens(sb, 0, 0), KEYS * BLOCK_TOKENS);
 	ASSERT_EQ(check_seq(sb, 1), 0u);
@@ -260,6 +276,7 @@ TEST(prefix_found_only_where_it_should) {
 	hostile = fixture_connect(&f, "other");
 	m2 = kvd_model_register(hostile, &spec);
 	ASSERT_OK(m2);
+	ASSERT_EQ(kvd_prefix_lookup(hostile, m2, &keys[0][0], KEYS, NULL), 0);
 	ASSERT_OK(open_prefix(hostile, m2, KEYS, &s));
 	ASSERT_EQ(kvd_seq_tokens(s, 0, 0), 0);
 	ASSERT_EQ(fixture_status(&f, "other", "prefix_misses"), 1u);

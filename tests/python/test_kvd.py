@@ -212,6 +212,8 @@ class BindingTest(DaemonTest):
         a.publish(6)
         with kvd.Client(self.daemon.socket, "py") as other:
             m2 = other.register_model(2, 4, 2, 64, F16, 16, name="py-chat")
+            self.assertEqual(other.lookup(m2, keys), (6, 0))
+            self.assertEqual(other.lookup(m2, keys[32:]), (0, 0))
             b = other.open(m2, 1024, prefix_keys=keys)
             self.assertEqual(b.tokens(), 96)
             self.assertEqual(b.tokens(1, 0), 96)

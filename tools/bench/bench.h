@@ -57,3 +57,11 @@ int bench_step(int argc, char **argv);
  * daemon with a host tier. argv[0] is "tier"; returns the process exit status.
  */
 int bench_tier(int argc, char **argv);
+
+/*
+ * `kvd-bench lookup` (lookup.c): kvd_prefix_lookup of a long prompt by keys and by token
+ * ids, held by a sequence and by the prefix cache, and a prefix open that finds the prompt
+ * cached against an open and grow, against a running daemon. argv[0] is "lookup"; returns
+ * the process exit status.
+ */
+int bench_lookup(int argc, char **argv);

@@ -1586,6 +1586,7 @@ static void help(void) {
 	       "       kvd-bench table [OPTIONS]   (see kvd-bench table --help)\n"
 	       "       kvd-bench step [OPTIONS]    (see kvd-bench step --help)\n"
 	       "       kvd-bench tier [OPTIONS]    (see kvd-bench tier --help)\n"
+	       "       kvd-bench lookup [OPTIONS]  (see kvd-bench lookup --help)\n"
 	       "\n"
 	       "Load generator and end-to-end checker for kvd: forks one client process per\n"
 	       "tenant (bench-0, bench-1, ...); each registers its own model shape, opens\n"
@@ -1678,6 +1679,8 @@ int main(int argc, char **argv) {
 		return bench_step(argc - 1, argv + 1);
 	if (argc > 1 && strcmp(argv[1], "tier") == 0)
 		return bench_tier(argc - 1, argv + 1);
+	if (argc > 1 && strcmp(argv[1], "lookup") == 0)
+		return bench_lookup(argc - 1, argv + 1);
 
 	arg_socket = getenv("KVD_SOCKET");
 	if (!arg_socket || !*arg_socket)
@@ -1689,11 +1692,12 @@ int main(int argc, char **argv) {
 		case 1:
 			if (strcmp(optarg, "score") == 0 || strcmp(optarg, "evict") == 0 ||
 			    strcmp(optarg, "ipc") == 0 || strcmp(optarg, "table") == 0 ||
-			    strcmp(optarg, "step") == 0 || strcmp(optarg, "tier") == 0)
+			    strcmp(optarg, "step") == 0 || strcmp(optarg, "tier") == 0 ||
+			    strcmp(optarg, "lookup") == 0)
 				return usage_error("'%s' must come first: kvd-bench %s [OPTIONS]", optarg,
 						   optarg);
 			if (strcmp(optarg, "load") != 0 || load)
-				return usage_error("unknown command '%s' (commands: load, score, evict, ipc, table, step, tier)",
+				return usage_error("unknown command '%s' (commands: load, score, evict, ipc, table, step, tier, lookup)",
 						   optarg);
 			load = 1;
 			break;

@@ -545,6 +545,18 @@ typedef struct kvd_open_params {
 KVD_EXPORT int kvd_seq_open_params(kvd_client *c, const kvd_open_params *p, kvd_seq **ret);
 
 /*
+ * How many leading blocks of the n_keys keys at keys this tenant holds for model_id, as a
+ * prefix open would attach them now (what vLLM's KV connector asks with
+ * get_num_new_matched_tokens), without opening anything or counting a hit; *ret_cached (may
+ * be NULL) gets how many of them only the prefix cache holds. Returns the blocks, or
+ * -EINVAL (unknown model, one without a name, n_keys 0 or more than max-seq-tokens holds),
+ * -EOPNOTSUPP (a daemon older than KVD_1.10), an error of memfd_create(2), -ECONNRESET,
+ * -ECHILD. Since KVD_1.10.
+ */
+KVD_EXPORT int64_t kvd_prefix_lookup(kvd_client *c, int model_id, const uint8_t *keys,
+                                     uint32_t n_keys, uint32_t *ret_cached);
+
+/*
  * Says that the first `blocks` full blocks of a sequence opened with prefix keys hold the
  * K/V of their keys (the engine wrote them; call after the prefill's kernels completed):
  * from now on this tenant's prefix opens may share them. A block stays published until a

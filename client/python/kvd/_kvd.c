@@ -589,6 +589,28 @@ static PyObject *client_open_seq(PyObject *self, PyObject *args, PyObject *kwds)
 	return seq_wrap((ClientObject *)self, s, p.model_id);
 }
 
+static PyObject *client_lookup(PyObject *self, PyObject *args) {
+	kvd_client *c = client_open((ClientObject *)self);
+	uint32_t cached = 0;
+	Py_buffer keys;
+	int model;
+	int64_t r;
+
+	if (!c || !PyArg_ParseTuple(args, "iy*", &model, &keys))
+		return NULL;
+	if (keys.len == 0 || keys.len % KVD_KEY_BYTES != 0 || keys.len / KVD_KEY_BYTES > UINT32_MAX) {
+		PyBuffer_Release(&keys);
+		PyErr_SetString(PyExc_ValueError, "keys must be keys of 32 bytes, end to end");
+		return NULL;
+	}
+	CALL_NOGIL(r, kvd_prefix_lookup(c, model, keys.buf, (uint32_t)(keys.len / KVD_KEY_BYTES),
+	                                &cached));
+	PyBuffer_Release(&keys);
+	if (r < 0)
+		return raise_kvd(c, (int)r);
+	return Py_BuildValue("(LI)", (long long)r, cached);
+}
+
 static kvd_seq *seq_open(SeqObject *so);
 
 /* The open sequences of list, a non-empty sequence of co's Seq objects, into a new array in
@@ -1261,6 +1283,10 @@ static PyMethodDef client_methods[] = {
 	  "published (seq.tokens() says how many tokens it found); with group_size, the first "
 	  "member of a tensor-parallel group whose id is its seq.id, with group_of, a member "
 	  "joining that group." },
+	{ "lookup", client_lookup, METH_VARARGS,
+	  "lookup(model, keys)\n--\n\n(blocks, cached_blocks): the leading blocks of keys (bytes of "
+	  "32 a key) this tenant holds for model, as a prefix open would attach them now, and how "
+	  "many of them only the prefix cache holds (kvd_prefix_lookup)." },
 	{ "grow_batch", client_grow_batch, METH_VARARGS,
 	  "grow_batch(seqs, tokens)\n--\n\nGrows each of this client's sequences seqs by tokens "
 	  "(kvd_seqs_grow: on the ring, up to 64 behind one doorbell): a list of each one's result, "
