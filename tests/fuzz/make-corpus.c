@@ -217,6 +217,19 @@ static void seq_publish(uint64_t id, uint64_t seq, uint32_t blocks) {
 	FINISH();
 }
 
+/* Without the memfd of keys it needs: the replay sends no fds. */
+static void prefix_lookup(uint64_t id, uint32_t model, uint32_t blocks) {
+	Kvd__V1__PrefixLookup m = KVD__V1__PREFIX_LOOKUP__INIT;
+	ENVELOPE(id);
+
+	m.has_model_id = m.has_prefix_blocks = true;
+	m.model_id = model;
+	m.prefix_blocks = blocks;
+	env.body_case = KVD__V1__ENVELOPE__BODY_PREFIX_LOOKUP;
+	env.prefix_lookup = &m;
+	FINISH();
+}
+
 static void chunks_unmapped(uint64_t id, uint32_t first, uint32_t n) {
 	Kvd__V1__ChunksUnmapped m = KVD__V1__CHUNKS_UNMAPPED__INIT;
 	uint32_t ids[16];
@@ -742,6 +755,8 @@ static void sequences(void) {
 	seq_truncate(6, 1, 100);
 	req(0);
 	seq_publish(6, 1, 2);
+	req(0);
+	prefix_lookup(6, 1, 4);
 	req(0);
 	seq_open(6, 1, 4096, 0, 4, 0);
 	req(0);
