@@ -220,7 +220,7 @@ void client_tell_unmapped(kvd_client *c, uint32_t *ids, uint32_t n);
 #define KVD_BUDGET_PARAMS_SIZE_1_6 24u
 #define KVD_TENANT_PARAMS_SIZE_1_7 48u
 #define KVD_TENANT_PARAMS_SIZE_1_8 56u
-#define KVD_OPEN_PARAMS_SIZE_1_10 40u
+#define KVD_OPEN_PARAMS_SIZE_1_10 48u
 _Static_assert(sizeof(kvd_connect_params) == KVD_CONNECT_PARAMS_SIZE_1_4, "kvd_connect_params");
 _Static_assert(sizeof(kvd_open_params) == KVD_OPEN_PARAMS_SIZE_1_10, "kvd_open_params");
 _Static_assert(sizeof(kvd_model_params) == KVD_MODEL_PARAMS_SIZE_1_4, "kvd_model_params");

@@ -285,8 +285,8 @@ static void seq_give_back(kvd_client *c, uint64_t seq_id) {
 /* Opens a sequence of model_id: a fork of sequence fork_of (not 0), or one starting with
  * the blocks of its n_keys prefix keys that the daemon finds. */
 static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t fork_of,
-                    const uint8_t *keys, uint32_t n_keys, uint32_t group_size, uint64_t group_of,
-                    kvd_seq **ret) {
+                    const uint8_t *keys, uint32_t n_keys, const uint32_t *tokens,
+                    uint32_t group_size, uint64_t group_of, kvd_seq **ret) {
 	Kvd__V1__SeqOpen req = KVD__V1__SEQ_OPEN__INIT;
 	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
 	_cleanup_(seq_freep) kvd_seq *s = NULL;
@@ -307,10 +307,27 @@ static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t f
 	if ((group_size || group_of) && !(c->features & KVD_FEATURE_GROUPS))
 		return client_error(c, -EOPNOTSUPP, "kvd_seq_open_params: the daemon has no "
 		                    "sequence groups (it predates KVD_1.10)");
-	/* The keys travel in a memfd: 2,048 of them (a 32k-token prompt) pass a frame. */
+	/* The keys travel in a memfd: 2,048 of them (a 32k-token prompt) pass a frame. The
+	 * token ids follow them. */
 	if (n_keys > 0) {
-		r = client_sealed_memfd("kvd-prefix-keys", keys, (uint64_t)n_keys * KVD_KEY_BYTES,
-		                        &keys_fd);
+		const struct model *m;
+		_cleanup_(freep) uint8_t *buf = NULL;
+		uint64_t key_bytes = (uint64_t)n_keys * KVD_KEY_BYTES, tok_bytes = 0;
+
+		client_lock(c);
+		m = model_find(c, model_id);
+		if (tokens && m)
+			tok_bytes = (uint64_t)n_keys * m->block_tokens * sizeof(*tokens);
+		client_unlock(c);
+		if (tokens && !m)
+			return -EINVAL;
+		buf = malloc(key_bytes + tok_bytes);
+		if (!buf)
+			return -ENOMEM;
+		memcpy(buf, keys, key_bytes);
+		if (tok_bytes)
+			memcpy(buf + key_bytes, tokens, tok_bytes);
+		r = client_sealed_memfd("kvd-prefix-keys", buf, key_bytes + tok_bytes, &keys_fd);
 		if (r < 0)
 			return r;
 	}
@@ -330,6 +347,8 @@ static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t f
 	req.fork_of = fork_of;
 	req.has_prefix_blocks = n_keys > 0;
 	req.prefix_blocks = n_keys;
+	req.has_prefix_tokens = n_keys > 0 && tokens;
+	req.prefix_tokens = n_keys > 0 && tokens;
 	req.has_group_size = group_size != 0;
 	req.group_size = group_size;
 	req.has_group_of = group_of != 0;
@@ -375,7 +394,7 @@ static int seq_open(kvd_client *c, int model_id, uint32_t max_tokens, uint64_t f
 }
 
 static int do_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
-	return seq_open(c, model_id, max_tokens, 0, NULL, 0, 0, 0, ret);
+	return seq_open(c, model_id, max_tokens, 0, NULL, 0, NULL, 0, 0, ret);
 }
 
 int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kvd_seq **ret) {
@@ -392,7 +411,7 @@ static int do_seq_open_params(kvd_client *c, const kvd_open_params *params, kvd_
 	if (p.reserved != 0)
 		return -EINVAL;
 	return seq_open(c, p.model_id, p.max_tokens, 0, p.prefix_keys, p.n_prefix_keys,
-	                p.group_size, p.group_of, ret);
+	                p.prefix_tokens, p.group_size, p.group_of, ret);
 }
 
 int kvd_seq_open_params(kvd_client *c, const kvd_open_params *p, kvd_seq **ret) {
@@ -456,7 +475,7 @@ static int do_seq_fork(kvd_seq *s, kvd_seq **ret) {
 	if (!(s->client->features & KVD_FEATURE_FORK))
 		return client_error(s->client, -EOPNOTSUPP, "kvd_seq_fork: the daemon cannot fork "
 		                    "(it predates KVD_1.9)");
-	return seq_open(s->client, s->model_id, s->hdr.max_tokens, s->id, NULL, 0, 0, 0, ret);
+	return seq_open(s->client, s->model_id, s->hdr.max_tokens, s->id, NULL, 0, NULL, 0, 0, ret);
 }
 
 int kvd_seq_fork(kvd_seq *s, kvd_seq **ret) {

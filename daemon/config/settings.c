@@ -284,6 +284,16 @@ static const struct setting node_table[] = {
 	{ "metrics-listen", SETTING_STRING, 0, "ADDR", "", "",
 	  "Prometheus endpoint: 127.0.0.1:PORT, [::1]:PORT or unix:PATH; off by default",
 	  NODE(metrics_listen), 0, 0, .check = http_address_check },
+	{ "kv-events", SETTING_STRING, 0, "ADDR", "", "",
+	  "publish KV events (blocks stored and removed) on this ZeroMQ PUB address, as vLLM "
+	  "does: tcp://127.0.0.1:PORT or ipc://PATH; off by default",
+	  NODE(kv_events), 0, 0 },
+	{ "kv-events-replay", SETTING_STRING, 0, "ADDR", "", "",
+	  "ZeroMQ ROUTER address where a subscriber asks for the event batches it missed",
+	  NODE(kv_events_replay), 0, 0 },
+	{ "kv-events-topic", SETTING_STRING, 0, "TOPIC", "", "",
+	  "the topic (first frame) of every KV events message",
+	  NODE(kv_events_topic), 0, 0 },
 	{ "metrics-remote", SETTING_ENUM, 0, "YES|NO", "no", NULL,
 	  "let metrics-listen be an address other machines reach: the endpoint has no "
 	  "authentication and its metrics name every tenant",

@@ -211,6 +211,7 @@ struct settings {
 	int log_level;                /* LOG_ERR..LOG_DEBUG */
 	char *state_dir;
 	char *metrics_listen;         /* "": off */
+	char *kv_events, *kv_events_replay, *kv_events_topic; /* "": off */
 	int metrics_remote;           /* enum settings_yes_no: may metrics_listen be reachable
 	                               * from other machines */
 	char *config;

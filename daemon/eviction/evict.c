@@ -543,6 +543,8 @@ static int64_t apply_drops(struct evictor *e, struct seq *q, const uint32_t *dro
 		log_error("sequence %llu: a K/V copy of its compaction failed: %s; its K/V are not to "
 		          "be trusted", (unsigned long long)q->id, strerror(-copy_error));
 	fold_compensation(e, q, fold, fold_count);
+	/* Its published blocks from the first one that lost tokens hold other content now. */
+	prefix_recheck(q);
 	q->evicted_tokens += slots;
 	q->evicted_bytes += slots * slot_bytes(m);
 	q->tenant->evicted_tokens += slots;

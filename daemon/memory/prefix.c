@@ -10,8 +10,9 @@
 #include "seq.h"
 #include "tenant.h"
 
-uint64_t prefix_keys_bytes(uint32_t n) {
-	return (uint64_t)n * (PREFIX_KEY_BYTES + sizeof(struct prefix_ref));
+uint64_t prefix_keys_bytes(uint32_t n, uint32_t block_tokens) {
+	return (uint64_t)n * (PREFIX_KEY_BYTES + sizeof(struct prefix_ref) +
+	                      (uint64_t)block_tokens * sizeof(uint32_t));
 }
 
 /* FNV-1a over n bytes, from h. */
@@ -57,20 +58,26 @@ struct prefix_who prefix_who_of(const struct seq *s) {
 	return w;
 }
 
-int prefix_keys_set(struct seq *s, const uint8_t (*keys)[PREFIX_KEY_BYTES], uint32_t n) {
+int prefix_keys_set(struct seq *s, const uint8_t (*keys)[PREFIX_KEY_BYTES], const uint32_t *tokens,
+                    uint32_t n) {
 	struct prefix_keys *pk = &s->prefix;
+	size_t n_tokens = (size_t)n * s->model->block_tokens;
 
 	if (n == 0)
 		return 0;
 	pk->keys = malloc((size_t)n * PREFIX_KEY_BYTES);
 	pk->refs = calloc(n, sizeof(*pk->refs));
-	if (!pk->keys || !pk->refs) {
+	pk->tokens = tokens ? malloc(n_tokens * sizeof(*tokens)) : NULL;
+	if (!pk->keys || !pk->refs || (tokens && !pk->tokens)) {
 		free(pk->keys);
 		free(pk->refs);
+		free(pk->tokens);
 		*pk = (struct prefix_keys){};
 		return -ENOMEM;
 	}
 	memcpy(pk->keys, keys, (size_t)n * PREFIX_KEY_BYTES);
+	if (tokens)
+		memcpy(pk->tokens, tokens, n_tokens * sizeof(*tokens));
 	pk->n = n;
 	pk->published = 0;
 	return 0;
@@ -86,6 +93,25 @@ bool prefix_block_intact(const struct seq *s, uint32_t b) {
 		if (layout_tokens(d)[t] <= last || layout_positions(d, t)[last] != last)
 			return false;
 	return true;
+}
+
+/* Whether namespace ns holds key as block b: a sequence's entry or a cached block. */
+static bool present(const struct prefix_index *x, uint64_t id, uint64_t ns, uint32_t b,
+                    const uint8_t key[PREFIX_KEY_BYTES]) {
+	for (const struct prefix_ref *ref = idmap_get(&x->map, id); ref; ref = ref->next)
+		if (ref->block == b && memcmp(ref->seq->prefix.keys[b], key, PREFIX_KEY_BYTES) == 0 &&
+		    prefix_who_of(ref->seq).ns == ns)
+			return true;
+	for (const struct prefix_cached *e = idmap_get(&x->cached, id); e; e = e->next)
+		if (e->ns == ns && e->block == b && memcmp(e->key, key, PREFIX_KEY_BYTES) == 0)
+			return true;
+	return false;
+}
+
+static void notify_removed(const struct prefix_index *x, uint64_t id, uint64_t ns, uint32_t b,
+                           const uint8_t key[PREFIX_KEY_BYTES]) {
+	if (x->notify && !present(x, id, ns, b, key))
+		x->notify(x->userdata, false, key, NULL, NULL, 0, 0);
 }
 
 /* Takes block b's entry out of its chain. */
@@ -105,6 +131,7 @@ static void unlink_ref(struct seq *s, uint32_t b) {
 		(void)idmap_put(&pk->index->map, id, head);
 	else
 		idmap_del(&pk->index->map, id);
+	notify_removed(pk->index, id, who.ns, b, pk->keys[b]);
 }
 
 /* Takes the entries of blocks [from, to) out of the index. */
@@ -134,6 +161,8 @@ int prefix_publish(struct prefix_index *x, struct seq *s, uint32_t blocks) {
 		uint64_t id = key_id(&who, pk->keys[b]);
 		struct prefix_ref *ref = &pk->refs[b];
 
+		bool known = x->notify && present(x, id, who.ns, b, pk->keys[b]);
+
 		*ref = (struct prefix_ref){ .seq = s, .block = b, .next = idmap_get(&x->map, id) };
 		r = idmap_put(&x->map, id, ref);
 		if (r < 0) {
@@ -142,9 +171,25 @@ int prefix_publish(struct prefix_index *x, struct seq *s, uint32_t blocks) {
 			unlink_range(s, pk->published, b);
 			return r;
 		}
+		if (x->notify && !known) {
+			uint32_t bt = s->model->block_tokens;
+
+			x->notify(x->userdata, true, pk->keys[b], b > 0 ? pk->keys[b - 1] : NULL,
+			          pk->tokens ? pk->tokens + (size_t)b * bt : NULL, pk->tokens ? bt : 0, bt);
+		}
 	}
 	pk->published = MAX(pk->published, blocks);
 	return 0;
+}
+
+void prefix_recheck(struct seq *s) {
+	struct prefix_keys *pk = &s->prefix;
+	uint32_t b = 0;
+
+	while (b < pk->published && prefix_block_intact(s, b))
+		b++;
+	unlink_range(s, b, pk->published);
+	pk->published = MIN(pk->published, b);
 }
 
 void prefix_forget(struct seq *s, uint32_t from) {
@@ -156,6 +201,7 @@ void prefix_forget(struct seq *s, uint32_t from) {
 	if (pk->n == 0) {
 		free(pk->keys);
 		free(pk->refs);
+		free(pk->tokens);
 		*pk = (struct prefix_keys){};
 	}
 }
@@ -243,6 +289,7 @@ static void cached_drop(struct prefix_index *x, struct pool *p, struct prefix_ca
 	else
 		idmap_del(&x->cached, e->id);
 	lru_unlink(x, e);
+	notify_removed(x, e->id, e->ns, e->block, e->key);
 	seq_blocks_free(p, e->refs, e->n_tables, emptied);
 	x->cached_bytes -= e->bytes;
 	x->cached_blocks--;

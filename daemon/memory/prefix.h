@@ -65,6 +65,12 @@ struct prefix_index {
 	uint64_t cached_bytes, cached_blocks;
 	uint32_t max_percent;         /* of the budget, each tenant's cached bytes at most */
 	uint64_t dropped;             /* cached blocks dropped, since the start */
+	/* Told when a key becomes findable in its namespace (stored) and when its last holder
+	 * there goes (KV events); NULL: nobody. tokens may be NULL (n_tokens 0). */
+	void (*notify)(void *userdata, bool stored, const uint8_t key[PREFIX_KEY_BYTES],
+	               const uint8_t *parent, const uint32_t *tokens, uint32_t n_tokens,
+	               uint32_t block_tokens);
+	void *userdata;
 };
 
 /* Who asks for keys: a tenant's model on a device, and the sequence asking (NULL: none,
@@ -91,20 +97,28 @@ struct prefix_hit {
  * entry once published. */
 struct prefix_keys {
 	uint8_t (*keys)[PREFIX_KEY_BYTES];
+	uint32_t *tokens;             /* the blocks' token ids, when the open gave them; NULL */
 	struct prefix_ref *refs;
 	uint32_t n, published;
 	struct prefix_index *index;   /* where refs are (NULL before the first publish) */
 };
 
-/* Bytes of daemon memory the keys of n blocks take (counted in the sequence's metadata). */
-uint64_t prefix_keys_bytes(uint32_t n);
+/* Bytes of daemon memory the keys of n blocks (and their token ids) take, at most (counted
+ * in the sequence's metadata). */
+uint64_t prefix_keys_bytes(uint32_t n, uint32_t block_tokens);
 
-/* Gives s the n keys at keys (copied); none published. Returns 0, -ENOMEM. */
-int prefix_keys_set(struct seq *s, const uint8_t (*keys)[PREFIX_KEY_BYTES], uint32_t n);
+/* Gives s the n keys at keys (copied), and their blocks' token ids (NULL: none; else n x
+ * block_tokens, copied); none published. Returns 0, -ENOMEM. */
+int prefix_keys_set(struct seq *s, const uint8_t (*keys)[PREFIX_KEY_BYTES], const uint32_t *tokens,
+                    uint32_t n);
 
 /* Adds s's blocks [published, blocks) to the index. Returns 0, or -EINVAL (blocks past the
  * keys or past a block s holds whole in every table), -ENOMEM (nothing added). */
 int prefix_publish(struct prefix_index *x, struct seq *s, uint32_t blocks);
+
+/* After a round changed s's tables: unpublishes its blocks from the first one no longer
+ * intact (an eviction shifts every later slot, so none after it is either). */
+void prefix_recheck(struct seq *s);
 
 /* Drops s's keys of blocks `from` onwards (from the index too): a truncate rewrote them,
  * or the sequence goes (from 0, which frees the keys). */

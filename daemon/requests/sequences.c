@@ -69,12 +69,13 @@ static bool refuse_if_blocks_busy(struct conn *c, uint64_t id, struct seq *q) {
 /*
  * Reads the n content keys of a prefix open from fd, which must be a memfd sealed against
  * writing and shrinking (so that reading it can neither block nor fault) of at least
- * n * PREFIX_KEY_BYTES bytes, into a new array in *ret. Returns 0, or -EINVAL with why.
+ * n * PREFIX_KEY_BYTES bytes, and then n_tokens token ids when n_tokens is not 0, into a new
+ * array in *ret (the token ids right after the keys). Returns 0, or -EINVAL with why.
  */
-static int read_prefix_keys(int fd, uint32_t n, uint8_t (**ret)[PREFIX_KEY_BYTES],
-                            char why[static WHY_MAX]) {
+static int read_prefix_keys(int fd, uint32_t n, uint64_t n_tokens,
+                            uint8_t (**ret)[PREFIX_KEY_BYTES], char why[static WHY_MAX]) {
 	_cleanup_(freep) uint8_t (*keys)[PREFIX_KEY_BYTES] = NULL;
-	size_t bytes = (size_t)n * PREFIX_KEY_BYTES;
+	size_t bytes = (size_t)n * PREFIX_KEY_BYTES + n_tokens * sizeof(uint32_t);
 	int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
 	struct stat st;
 	ssize_t k;
@@ -83,8 +84,8 @@ static int read_prefix_keys(int fd, uint32_t n, uint8_t (**ret)[PREFIX_KEY_BYTES
 		return refuse(why, -EINVAL, "the prefix keys must come in a memfd sealed against "
 		              "writing and shrinking");
 	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < bytes)
-		return refuse(why, -EINVAL, "the prefix keys' memfd holds fewer than %u keys of %d bytes",
-		              n, PREFIX_KEY_BYTES);
+		return refuse(why, -EINVAL, "the prefix keys' memfd holds fewer than %u keys of %d bytes"
+		              "%s", n, PREFIX_KEY_BYTES, n_tokens ? " and their blocks' token ids" : "");
 	keys = malloc(bytes);
 	if (!keys)
 		return refuse(why, -ENOMEM, "out of memory");
@@ -118,7 +119,9 @@ static int open_prefix_check(struct conn *c, const Kvd__V1__SeqOpen *req, int fd
 	    req->prefix_blocks > req->max_tokens / m->block_tokens)
 		return refuse(why, -EINVAL, "prefix_blocks must be 1..max_tokens / block_tokens (%u)",
 		              req->has_max_tokens ? req->max_tokens / m->block_tokens : 0);
-	return read_prefix_keys(fd, req->prefix_blocks, ret_keys, why);
+	return read_prefix_keys(fd, req->prefix_blocks,
+	                        req->has_prefix_tokens && req->prefix_tokens ?
+	                        (uint64_t)req->prefix_blocks * m->block_tokens : 0, ret_keys, why);
 }
 
 void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
@@ -232,7 +235,7 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 	}
 	/* The keys and their index entries are the sequence's metadata too. */
 	if (keys)
-		q->meta_bytes += prefix_keys_bytes(req->prefix_blocks);
+		q->meta_bytes += prefix_keys_bytes(req->prefix_blocks, q->model->block_tokens);
 	if (s->metadata_bytes + q->meta_bytes > registry_metadata_max(s)) {
 		struct seq_emptied none = { .chunks = s->scratch + s->scratch_used };
 
@@ -295,7 +298,9 @@ void handle_seq_open(struct conn *c, uint64_t id, const Envelope *request,
 		}
 	}
 	if (keys) {
-		r = prefix_keys_set(q, (const void *)keys, req->prefix_blocks);
+		r = prefix_keys_set(q, (const void *)keys, req->has_prefix_tokens && req->prefix_tokens ?
+		                    (const uint32_t *)(keys + req->prefix_blocks) : NULL,
+		                    req->prefix_blocks);
 		if (r == 0)
 			r = seq_attach_prefix(q, &s->prefix, s->pool, c->id, req->prefix_blocks, list,
 			                      &n_list, &found, &cached);
@@ -1015,7 +1020,7 @@ void handle_prefix_lookup(struct conn *c, uint64_t id, const Envelope *request, 
 		                     c->srv->limits.max_seq_tokens / who.model->block_tokens);
 		return;
 	}
-	r = read_prefix_keys(fd, req->prefix_blocks, &keys, why);
+	r = read_prefix_keys(fd, req->prefix_blocks, 0, &keys, why);
 	if (r < 0) {
 		envelope_reply_error(c, id, r, "%s", why);
 		return;

@@ -28,6 +28,7 @@
 #include "dispatch.h"
 #include "envelope.h"
 #include "evict.h"
+#include "kv-events.h"
 #include "keep.h"
 #include "pins.h"
 #include "recall.h"
@@ -135,6 +136,18 @@ static uint64_t tick_interval(const struct server *s) {
 	if (s->watchdog_usec)
 		ms = MIN(ms, MAX(s->watchdog_usec / 2000, 1));
 	return ms;
+}
+
+/* The prefix index's news, as KV events: a key stored in the pool or gone from it. */
+static void notify_kv_event(void *userdata, bool stored, const uint8_t key[PREFIX_KEY_BYTES],
+                            const uint8_t *parent, const uint32_t *tokens, uint32_t n_tokens,
+                            uint32_t block_tokens) {
+	struct server *s = userdata;
+
+	if (stored)
+		kv_events_stored(s->events, key, parent, tokens, n_tokens, block_tokens, "GPU");
+	else
+		kv_events_removed(s->events, key, "GPU");
 }
 
 /*
@@ -487,6 +500,23 @@ int server_new(struct pool *pool, const struct server_limits *limits, const char
 			goto fail;
 		}
 	}
+	if (limits->kv_events && *limits->kv_events) {
+		const char *why;
+
+		r = kv_events_new(limits->kv_events, limits->kv_events_replay, limits->kv_events_topic,
+		                  &s->events, &why);
+		if (r < 0) {
+			log_error_errno(r, "cannot publish KV events on %s%s%s: %s", limits->kv_events,
+			                limits->kv_events_replay && *limits->kv_events_replay ? " and " : "",
+			                limits->kv_events_replay ? limits->kv_events_replay : "",
+			                why ? why : strerror(-r));
+			goto fail;
+		}
+		s->prefix.notify = notify_kv_event;
+		s->prefix.userdata = s;
+		/* Whatever a subscriber remembers of an earlier daemon is gone. */
+		kv_events_cleared(s->events);
+	}
 	r = listen_open(s, socket_path, sockets, n_sockets);
 	n_sockets = 0;
 	if (r < 0)
@@ -534,8 +564,9 @@ struct server *server_free(struct server *s) {
 		s->pool->ops->host_unregister(s->tier->base);
 	s->tier = tier_free(s->tier);
 	tenant_table_done(&s->tenants);
-	/* Last: every sequence freed took its entries out. */
+	/* Last: every sequence freed took its entries out (and told the events). */
 	prefix_index_done(&s->prefix);
+	s->events = kv_events_free(s->events);
 	free(s->scratch);
 	free(s);
 	return NULL;

@@ -58,6 +58,8 @@ struct server_limits {
 	uint64_t max_tx_bytes;        /* queued replies and events per connection */
 	uint32_t max_violations;      /* protocol errors before a disconnect */
 	const char *metrics_listen;   /* --metrics-listen: NULL or "" for no metrics endpoint */
+	/* --kv-events, --kv-events-replay, --kv-events-topic: "" or NULL for no events */
+	const char *kv_events, *kv_events_replay, *kv_events_topic;
 	bool metrics_remote;          /* --metrics-remote: it may be reachable from elsewhere */
 	const char *socket_group;     /* --socket-group: NULL or "" for the daemon's group */
 	/* Eviction (evict.h). */
@@ -112,6 +114,7 @@ struct server {
 	struct idmap conn_ids, seq_ids;
 	/* The content keys sequences published, per tenant and model (prefix.h). */
 	struct prefix_index prefix;
+	struct kv_events *events;     /* KV events' publisher (kv-events.h); NULL: off */
 	/* Closed, but an operation still refers to them: freed when it completes, or by
 	 * server_free() when the loop stopped first. */
 	struct conn *closed;

@@ -3,6 +3,7 @@
 
 #include "basic/macro.h"
 #include "evict.h"
+#include "kv-events.h"
 #include "node-values.h"
 #include "pool.h"
 #include "mover.h"
@@ -50,6 +51,9 @@ READER(cached_bytes, s->prefix.cached_bytes)
 READER(cached_blocks, s->prefix.cached_blocks)
 READER(cache_hits, s->prefix_cached_hits)
 READER(cache_dropped, s->prefix.dropped)
+READER(kv_events, kv_events_count(s->events))
+READER(kv_event_batches, kv_events_batches(s->events))
+READER(kv_events_dropped, kv_events_dropped(s->events))
 READER(rounds_total, evict_rounds_total(s->evictor))
 READER(last_round_us, evict_last_round_us(s->evictor))
 READER(rounds_failed, evict_rounds_failed(s->evictor))
@@ -173,6 +177,12 @@ const struct node_value node_values[] = {
 	  "prefix cache, held by no sequence.", read_cache_hits },
 	{ "cache_dropped", "kvd_cache_dropped_total", COUNTER, "Blocks the prefix cache "
 	  "dropped: for memory, or past a tenant's max-cached-percent.", read_cache_dropped },
+	{ "kv_events", "kvd_kv_events_total", COUNTER, "KV events queued for the publisher "
+	  "(kv-events).", read_kv_events },
+	{ "kv_event_batches", "kvd_kv_event_batches_total", COUNTER, "KV event batches "
+	  "published.", read_kv_event_batches },
+	{ "kv_events_dropped", "kvd_kv_events_dropped_total", COUNTER, "KV events dropped: the "
+	  "publisher's queue was full.", read_kv_events_dropped },
 	{ "unmap_timeouts", "kvd_unmap_timeouts_total", COUNTER,
 	  "Connections that did not unmap a chunk the daemon took back within unmap-timeout.",
 	  read_unmap_timeouts },

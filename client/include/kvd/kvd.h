@@ -514,6 +514,8 @@ typedef struct kvd_open_params {
 	uint32_t group_size;       /* 2..16: the first member of a tensor-parallel group */
 	uint32_t reserved;         /* 0 */
 	uint64_t group_of;         /* a group's id (its first member's kvd_seq_id): join it */
+	const uint32_t *prefix_tokens; /* with prefix_keys, NULL or their blocks' token ids:
+	                            * n_prefix_keys x block_tokens, for the KV events */
 } kvd_open_params;
 
 /*

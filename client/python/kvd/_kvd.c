@@ -556,19 +556,37 @@ static PyObject *seq_wrap(ClientObject *client, kvd_seq *s, int model);
 
 static PyObject *client_open_seq(PyObject *self, PyObject *args, PyObject *kwds) {
 	static char *kwlist[] = { "model", "max_tokens", "prefix_keys", "group_size", "group_of",
-		                  NULL };
+		                  "prefix_tokens", NULL };
 	kvd_client *c = client_open((ClientObject *)self);
 	kvd_open_params p = { .size = sizeof(p) };
 	Py_buffer keys = { .buf = NULL };
-	PyObject *key_obj = Py_None;
+	PyObject *key_obj = Py_None, *tok_obj = Py_None;
+	Py_buffer toks = { .buf = NULL };
 	kvd_seq *s = NULL;
 	int r;
 
 	if (!c)
 		return NULL;
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "iI|O$IK", kwlist, &p.model_id, &p.max_tokens,
-	                                 &key_obj, &p.group_size, &p.group_of))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "iI|O$IKO", kwlist, &p.model_id, &p.max_tokens,
+	                                 &key_obj, &p.group_size, &p.group_of, &tok_obj))
 		return NULL;
+	if (tok_obj != Py_None) {
+		struct py_model spec;
+
+		if (PyObject_GetBuffer(tok_obj, &toks, PyBUF_SIMPLE) < 0)
+			return NULL;
+		/* The blocks' token ids, uint32: as many as the keys' blocks hold. */
+		if (key_obj == Py_None || model_get((ClientObject *)self, p.model_id, &spec) < 0 ||
+		    (size_t)toks.len != PyObject_Length(key_obj) / KVD_KEY_BYTES * spec.block_tokens *
+		                        sizeof(uint32_t)) {
+			PyBuffer_Release(&toks);
+			if (!PyErr_Occurred())
+				PyErr_SetString(PyExc_ValueError, "prefix_tokens must be the uint32 token ids "
+				                "of the prefix keys' blocks");
+			return NULL;
+		}
+		p.prefix_tokens = toks.buf;
+	}
 	if (key_obj != Py_None && PyObject_GetBuffer(key_obj, &keys, PyBUF_SIMPLE) < 0)
 		return NULL;
 	if (keys.buf) {
@@ -584,6 +602,8 @@ static PyObject *client_open_seq(PyObject *self, PyObject *args, PyObject *kwds)
 	CALL_NOGIL(r, kvd_seq_open_params(c, &p, &s));
 	if (keys.buf)
 		PyBuffer_Release(&keys);
+	if (toks.buf)
+		PyBuffer_Release(&toks);
 	if (r < 0)
 		return raise_kvd(c, r);
 	return seq_wrap((ClientObject *)self, s, p.model_id);
