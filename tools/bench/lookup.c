@@ -4,7 +4,9 @@
  * (kvd_prefix_lookup), against a running daemon: by keys computed beforehand, and by token
  * ids (kvd_prefix_keys, then the lookup), with the prompt held by a live sequence and then
  * by the prefix cache alone; and a prefix open that finds the whole prompt in the cache
- * against a plain open and grow of the same tokens. The model is Llama-3.1-8B's KV (8 kv
+ * against a plain open and grow of the same tokens; then --engines processes of one tenant
+ * serving requests of one system prompt and a turn each, without and with prefix opens:
+ * block bytes held, prefill tokens computed, hits. The model is Llama-3.1-8B's KV (8 kv
  * heads of 128, f16, blocks of 16 tokens) with --layers layers. Figures in
  * docs/benchmarks.md. A benchmark: nothing asserts on timings.
  */
@@ -15,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "basic/macro.h"
 #include "basic/number.h"
@@ -42,6 +46,9 @@ static int usage(FILE *f) {
 	        "  --tokens N        Tokens of the prompt, 16..%u (default: 32768)\n"
 	        "  --layers N        Layers of the model, 1..64 (default: 8)\n"
 	        "  --iterations N    Lookups timed of each kind, 1..%u (default: 1000)\n"
+	        "  --engines N       Engine processes of the system-prompt scenario, 0..64\n"
+	        "                    (default: 8; 0: none): a 2048-token system prompt and a\n"
+	        "                    256-token turn each\n"
 	        "  -h, --help        Show this help\n",
 	        KVD_DEFAULT_SOCKET, TOKENS_MAX, ITERATIONS_MAX);
 	return f == stdout ? 0 : 2;
@@ -78,18 +85,132 @@ static int time_lookups(kvd_client *c, int m, const uint32_t *tokens, uint32_t n
 	return 0;
 }
 
+#define SYSTEM_TOKENS 2048
+#define TURN_TOKENS 256
+
+/* One engine of the scenario, a child process: opens its request (with its prompt's keys
+ * when sharing), prefills what it did not find, publishes, reports what it found on done_fd
+ * and holds the sequence until go_fd closes. Exits 0, or 1 on a failure. */
+static int engine(const char *socket, const kvd_model_spec *spec, const uint32_t *prompt,
+                  uint32_t n, bool share, int done_fd, int go_fd) {
+	uint32_t n_keys = n / BLOCK_TOKENS, found;
+	uint8_t root[KVD_KEY_BYTES], *keys = malloc((size_t)n_keys * KVD_KEY_BYTES);
+	kvd_client *c = NULL;
+	kvd_seq *s = NULL;
+	char x;
+	int m, r;
+
+	if (!keys || kvd_client_connect(socket, "bench-prefix", &c) < 0)
+		return 1;
+	m = kvd_model_register(c, spec);
+	(void)kvd_key_root("0", root);
+	(void)kvd_prefix_keys(root, prompt, n, BLOCK_TOKENS, NULL, keys, n_keys);
+	{
+		kvd_open_params p = { .size = sizeof(p), .model_id = m, .max_tokens = n,
+			              .n_prefix_keys = share ? n_keys : 0, .prefix_keys = keys };
+
+		r = m < 0 ? m : kvd_seq_open_params(c, &p, &s);
+	}
+	found = r >= 0 ? (uint32_t)kvd_seq_tokens(s, 0, 0) : 0;
+	/* The prefill of the rest; the engine's own K/V writes are not what is measured. */
+	for (uint32_t done = found; r >= 0 && done < n; done += 1024)
+		r = kvd_seq_grow(s, MIN(1024u, n - done));
+	if (r >= 0 && share)
+		r = kvd_seq_publish(s, n_keys);
+	if (r < 0) {
+		fprintf(stderr, "kvd-bench lookup: engine: %s %s\n", kvd_strerror(r),
+		        kvd_client_last_error(c));
+		return 1;
+	}
+	if (write(done_fd, &found, sizeof(found)) != sizeof(found))
+		return 1;
+	(void)!read(go_fd, &x, 1);
+	kvd_seq_release(s);
+	kvd_client_unref(c);
+	free(keys);
+	return 0;
+}
+
+/* The scenario without (share false) and with prefix opens: each engine's request starts
+ * after the previous one's prefill. */
+static int engines_run(const char *socket, uint32_t layers, uint32_t n_engines, bool share) {
+	kvd_model_spec spec = { share ? "bench-prefix-shared" : "bench-prefix", layers, 32, 8,
+		                128, KVD_DTYPE_F16, BLOCK_TOKENS, KVD_LAYOUT_PER_LAYER };
+	uint32_t n = SYSTEM_TOKENS + TURN_TOKENS, prompt[SYSTEM_TOKENS + TURN_TOKENS];
+	uint64_t computed = 0, hits = 0, bytes = 0, block_bytes = (uint64_t)layers * 65536;
+	uint64_t one_copy = ((uint64_t)SYSTEM_TOKENS / BLOCK_TOKENS +
+	                     (uint64_t)n_engines * TURN_TOKENS / BLOCK_TOKENS) * block_bytes;
+	pid_t pids[64];
+	int go[2], rc = 0;
+	kvd_client *admin = NULL;
+	kvd_status *st = NULL;
+
+	if (pipe(go) < 0)
+		return -errno;
+	for (uint32_t i = 0; i < n_engines; i++) {
+		int done[2];
+		uint32_t found = 0;
+
+		/* The system prompt, then this engine's own turn. */
+		for (uint32_t k = 0; k < n; k++)
+			prompt[k] = k < SYSTEM_TOKENS ? (k * 2654435761u) % 128256 : 100000 + i * 1000 + k;
+		if (pipe(done) < 0)
+			return -errno;
+		pids[i] = fork();
+		if (pids[i] == 0) {
+			close(go[1]);
+			close(done[0]);
+			_exit(engine(socket, &spec, prompt, n, share, done[1], go[0]));
+		}
+		close(done[1]);
+		if (pids[i] < 0 || read(done[0], &found, sizeof(found)) != sizeof(found))
+			rc = -EIO;
+		close(done[0]);
+		if (rc < 0)
+			break;
+		computed += n - found;
+		hits += found > 0;
+	}
+	if (rc == 0 && kvd_client_connect(socket, NULL, &admin) == 0 && kvd_status_get(admin, &st) == 0)
+		for (uint32_t t = 0; t < kvd_status_tenants(st); t++) {
+			const char *name;
+
+			if (kvd_status_tenant_name(st, t, &name) == 0 && strcmp(name, "bench-prefix") == 0)
+				(void)kvd_status_tenant_u64(st, t, "block_bytes", &bytes);
+		}
+	close(go[0]);
+	close(go[1]);
+	for (uint32_t i = 0; i < n_engines; i++) {
+		int status;
+
+		if (pids[i] > 0 && (waitpid(pids[i], &status, 0) < 0 || !WIFEXITED(status) ||
+		                     WEXITSTATUS(status) != 0))
+			rc = -EIO;
+	}
+	kvd_status_free(st);
+	kvd_client_unref(admin);
+	if (rc < 0)
+		return rc;
+	printf("  %-22s %10.1f MiB held (%.3fx one copy of the prompt and the turns), "
+	       "%" PRIu64 " prefill tokens computed, %" PRIu64 " of %u opens hit\n",
+	       share ? "with prefix opens" : "without", bytes / 1048576.0,
+	       (double)bytes / (double)one_copy, computed, hits, n_engines);
+	return 0;
+}
+
 int bench_lookup(int argc, char **argv) {
-	enum { OPT_SOCKET = 256, OPT_TOKENS, OPT_LAYERS, OPT_ITERATIONS };
+	enum { OPT_SOCKET = 256, OPT_TOKENS, OPT_LAYERS, OPT_ITERATIONS, OPT_ENGINES };
 	static const struct option options[] = {
 		{ "socket", required_argument, NULL, OPT_SOCKET },
 		{ "tokens", required_argument, NULL, OPT_TOKENS },
 		{ "layers", required_argument, NULL, OPT_LAYERS },
+		{ "engines", required_argument, NULL, OPT_ENGINES },
 		{ "iterations", required_argument, NULL, OPT_ITERATIONS },
 		{ "help", no_argument, NULL, 'h' },
 		{},
 	};
 	const char *socket = getenv("KVD_SOCKET");
-	uint32_t n_tokens = 32768, layers = 8, iterations = 1000, n_keys;
+	uint32_t n_tokens = 32768, layers = 8, iterations = 1000, n_engines = 8, n_keys;
 	_cleanup_(freep) uint64_t *ns = NULL;
 	_cleanup_(freep) uint32_t *tokens = NULL;
 	_cleanup_(freep) uint8_t *keys = NULL;
@@ -110,10 +231,13 @@ int bench_lookup(int argc, char **argv) {
 			break;
 		case OPT_TOKENS:
 		case OPT_LAYERS:
-		case OPT_ITERATIONS: {
-			uint32_t lo = opt == OPT_TOKENS ? BLOCK_TOKENS : 1;
-			uint32_t hi = opt == OPT_TOKENS ? TOKENS_MAX : opt == OPT_LAYERS ? 64 : ITERATIONS_MAX;
-			uint32_t *v = opt == OPT_TOKENS ? &n_tokens : opt == OPT_LAYERS ? &layers : &iterations;
+		case OPT_ITERATIONS:
+		case OPT_ENGINES: {
+			uint32_t lo = opt == OPT_TOKENS ? BLOCK_TOKENS : opt == OPT_ENGINES ? 0 : 1;
+			uint32_t hi = opt == OPT_TOKENS ? TOKENS_MAX : opt == OPT_LAYERS ? 64 :
+			              opt == OPT_ENGINES ? 64 : ITERATIONS_MAX;
+			uint32_t *v = opt == OPT_TOKENS ? &n_tokens : opt == OPT_LAYERS ? &layers :
+			              opt == OPT_ENGINES ? &n_engines : &iterations;
 
 			if (number_parse_u32(optarg, lo, hi, v) < 0) {
 				fprintf(stderr, "kvd-bench lookup: '%s' is not in %u..%u\n", optarg, lo, hi);
@@ -212,6 +336,17 @@ int bench_lookup(int argc, char **argv) {
 			}
 		}
 		print_row(kind ? "open and grow of as many tokens" : "prefix open, prompt cached", ns, n);
+	}
+	if (n_engines > 0) {
+		printf("%u engines of tenant bench-prefix, a request each: a %u-token system prompt "
+		       "and a %u-token turn of its own:\n", n_engines, SYSTEM_TOKENS, TURN_TOKENS);
+		for (int share = 0; share < 2; share++) {
+			r = engines_run(socket, layers, n_engines, share);
+			if (r < 0) {
+				fprintf(stderr, "kvd-bench lookup: the engines: %s\n", kvd_strerror(r));
+				goto out;
+			}
+		}
 	}
 	rc = 0;
 out:
