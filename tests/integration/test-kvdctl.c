@@ -468,6 +468,9 @@ TEST(status_host_tier) {
 	ASSERT_EXIT(r, 0);
 	ASSERT_CONTAINS(r->out, "host tier 0 B of 4.0 MiB");
 	ASSERT_CONTAINS(r->out, "HOST TIER");
+	/* The prefix cache's columns: nothing cached, no prefix open yet. */
+	ASSERT_CONTAINS(line_starting(r->out, "TENANT "), "CACHED");
+	ASSERT_CONTAINS(line_starting(r->out, "TENANT "), "HIT%");
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 

@@ -149,12 +149,14 @@ enum {
 	TOP_REFUSED,
 	TOP_EVICTED,
 	TOP_TIER,
+	TOP_CACHED,
+	TOP_HITS,
 	TOP_COLS,
 };
 
 static const char *const top_title[TOP_COLS] = {
 	"TENANT", "USED", "%BUDGET", "USED/s", "MAX", "SEQS", "CONNS", "GRANTS/s", "REFUSED/s",
-	"EVICTED/s", "HOST TIER",
+	"EVICTED/s", "HOST TIER", "CACHED", "HIT%",
 };
 
 static int top_row(const struct frame *fr, uint32_t t, uint64_t budget, char (*cells)[CELL_MAX]) {
@@ -226,6 +228,21 @@ static int top_row(const struct frame *fr, uint32_t t, uint64_t budget, char (*c
 		size_format(v, cells[TOP_TIER], CELL_MAX);
 	else
 		snprintf(cells[TOP_TIER], CELL_MAX, "-");
+	/* Its prefix cache, and the share of its prefix opens that found blocks (since the
+	 * start; "-" before any). */
+	if (status_tenant_u64(st, t, "cached_bytes", &v) == 0)
+		size_format(v, cells[TOP_CACHED], CELL_MAX);
+	else
+		snprintf(cells[TOP_CACHED], CELL_MAX, "-");
+	{
+		uint64_t hits, misses;
+
+		if (status_tenant_u64(st, t, "prefix_hits", &hits) == 0 &&
+		    status_tenant_u64(st, t, "prefix_misses", &misses) == 0 && hits + misses > 0)
+			snprintf(cells[TOP_HITS], CELL_MAX, "%.0f", 100.0 * hits / (hits + misses));
+		else
+			snprintf(cells[TOP_HITS], CELL_MAX, "-");
+	}
 	return 0;
 }
 
