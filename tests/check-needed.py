@@ -28,6 +28,7 @@ ALLOWED = {
     "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1",
     "libgcc_s.so.1", "libstdc++.so.6",
     "liburing.so.2", "libprotobuf-c.so.1", "libsystemd.so.0", "libinih.so.1",
+    "libzmq.so.5",  # the KV events publisher (Debian's libzmq5)
     "libkvd.so.1",
 }
 
