@@ -1457,6 +1457,8 @@ static int64_t recall_apply(struct evictor *e, struct round *r, struct seq *q,
 	k = recall_swap(q, e->srv->pool, st, trades, &copy_error);
 	if (k < 0)
 		return k;
+	/* As after a round: its published blocks that traded slots hold other content. */
+	prefix_recheck(q);
 	if (copy_error < 0)
 		log_error("sequence %llu: a K/V copy of its recall failed: %s; its K/V are not to be "
 		          "trusted", (unsigned long long)q->id, strerror(-copy_error));
