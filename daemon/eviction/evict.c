@@ -1176,8 +1176,11 @@ uint64_t evict_shed_cache(struct server *s, const struct tenant *t, uint64_t nee
 	struct seq_emptied emptied = { .chunks = s->scratch + s->scratch_used };
 	uint64_t dropped = 0;
 
-	/* One entry at a time: a chunk comes free only when its every block went. */
-	while (s->prefix.cached_blocks > 0 && (uint64_t)emptied.n * s->pool->chunk_bytes < need) {
+	/* One entry at a time: a chunk comes free only when its every block went. Cached
+	 * blocks that share chunks with live ones free no chunk: past twice the bytes sought,
+	 * the rest is left to the round. */
+	while (s->prefix.cached_blocks > 0 && (uint64_t)emptied.n * s->pool->chunk_bytes < need &&
+	       (t || dropped / 2 < need)) {
 		uint64_t k = prefix_shed(&s->prefix, s->pool, t, 1, &emptied);
 
 		if (k == 0)

@@ -206,6 +206,44 @@ TEST(prefix_cache_kept_and_shed) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* A grow of another tenant waiting for memory gets it from the cache first: a cached
+ * prompt goes before any round. */
+TEST(prefix_cache_gives_way_to_grows) {
+	struct fixture f;
+	kvd_client *a, *b, *admin;
+	kvd_seq *s, *big;
+	int ma, mb;
+
+	make_keys(PROMPT);
+	fixture_start(&f, args);
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_budget_set(admin, 4u << 20));
+	a = fixture_connect(&f, "chat");
+	ma = kvd_model_register(a, &spec);
+	ASSERT_OK(ma);
+	s = prefill(a, ma, 1);
+	ASSERT_OK(kvd_seq_release(s));
+	/* Nobody maps its chunk once its engine is gone: dropping its blocks frees it. */
+	kvd_client_unref(a);
+	ASSERT_EQ(fixture_status(&f, NULL, "used_bytes"), 1u << 20);
+	ASSERT_TRUE(fixture_status(&f, NULL, "cached_bytes") > 0);
+	b = fixture_connect(&f, "batch");
+	mb = kvd_model_register(b, &spec);
+	ASSERT_OK(mb);
+	ASSERT_OK(kvd_seq_open(b, mb, 8192, &big));
+	/* 1024 tokens a chunk (2 tables of 8 KiB blocks): 3 chunks fit beside the cache, the
+	 * 4th only in its place. */
+	ASSERT_OK(kvd_seq_grow(big, 3 * 1024));
+	ASSERT_OK(kvd_seq_grow(big, 1024));
+	ASSERT_EQ(fixture_status(&f, NULL, "cached_bytes"), 0u);
+	ASSERT_TRUE(fixture_status(&f, NULL, "cache_dropped") > 0);
+	ASSERT_EQ(fixture_status(&f, "batch", "evicted_tokens"), 0u);
+	ASSERT_OK(kvd_seq_release(big));
+	kvd_client_unref(b);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /* Only the leading run of keys the tenant published for this model is found. */
 TEST(prefix_found_only_where_it_should) {
 	static const kvd_model_spec other_name = { "other-model", LAYERS, 2, 2, 64, KVD_DTYPE_F16,
