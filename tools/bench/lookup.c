@@ -144,9 +144,14 @@ static int engines_run(const char *socket, uint32_t layers, uint32_t n_engines, 
 	int go[2], rc = 0;
 	kvd_client *admin = NULL;
 	kvd_status *st = NULL;
+	uint64_t t0 = now_ns(), events = 0, events0 = 0;
 
 	if (pipe(go) < 0)
 		return -errno;
+	/* The daemon's KV events before, to count those the scenario makes (with --kv-events). */
+	if (kvd_client_connect(socket, NULL, &admin) == 0 && kvd_status_get(admin, &st) == 0)
+		(void)kvd_status_u64(st, "kv_events", &events0);
+	st = kvd_status_free(st);
 	for (uint32_t i = 0; i < n_engines; i++) {
 		int done[2];
 		uint32_t found = 0;
@@ -171,13 +176,15 @@ static int engines_run(const char *socket, uint32_t layers, uint32_t n_engines, 
 		computed += n - found;
 		hits += found > 0;
 	}
-	if (rc == 0 && kvd_client_connect(socket, NULL, &admin) == 0 && kvd_status_get(admin, &st) == 0)
+	if (rc == 0 && admin && kvd_status_get(admin, &st) == 0)
 		for (uint32_t t = 0; t < kvd_status_tenants(st); t++) {
 			const char *name;
 
 			if (kvd_status_tenant_name(st, t, &name) == 0 && strcmp(name, "bench-prefix") == 0)
 				(void)kvd_status_tenant_u64(st, t, "block_bytes", &bytes);
 		}
+	if (st)
+		(void)kvd_status_u64(st, "kv_events", &events);
 	close(go[0]);
 	close(go[1]);
 	for (uint32_t i = 0; i < n_engines; i++) {
@@ -195,6 +202,11 @@ static int engines_run(const char *socket, uint32_t layers, uint32_t n_engines, 
 	       "%" PRIu64 " prefill tokens computed, %" PRIu64 " of %u opens hit\n",
 	       share ? "with prefix opens" : "without", bytes / 1048576.0,
 	       (double)bytes / (double)one_copy, computed, hits, n_engines);
+	/* With the daemon's --kv-events: what the scenario made it publish. */
+	if (events > events0)
+		printf("  %-22s %" PRIu64 " KV events in %.3f s: %.0f a second\n", "",
+		       events - events0, (now_ns() - t0) / 1e9,
+		       (events - events0) / ((now_ns() - t0) / 1e9));
 	return 0;
 }
 
