@@ -11,8 +11,8 @@
  * of one shape never share, nor do two layouts of one name). The index holds what the
  * sequences published and checks the rest when asked: a block is found only while its
  * sequence is resident and every table still holds exactly the block's positions (an
- * eviction round that took tokens of it makes it another content), so nothing has to
- * follow rounds, compactions or tier moves to keep the index true.
+ * eviction round that took tokens of it makes it another content: rounds and recalls
+ * unpublish what they change, prefix_recheck(), so that the KV events say so too).
  *
  * Cached blocks: when a sequence goes, each published block of it that it held last (and
  * intact) stays, held by a cache entry instead, and later opens find it as they find a
