@@ -730,6 +730,28 @@ void step_grow(struct conn *c, uint64_t id, bool ring, uint64_t seq_id, uint32_t
 	    c->outstanding < s->limits.max_outstanding && seq_grow_bytes(q, s->pool, tokens) > 0 &&
 	    park_grow(c, &req, false, seq_grow_bytes(q, s->pool, tokens), wait_until_ms, since_us != 0))
 		return;
+	/* A grow that can never be served says so, with its size, rather than wait for memory
+	 * and be refused as if the node were full: more new chunks than one frame maps
+	 * (kvd.h: -E2BIG), or more bytes than the whole budget. */
+	if (tokens > 0 && seq_grow_check(q, tokens) == 0) {
+		uint64_t need = seq_grow_bytes(q, p, tokens);
+
+		if (DIV_ROUND_UP(need, p->chunk_bytes) > WIRE_FDS_MAX + 1) {
+			refuse(why, -E2BIG, "a grow by %u tokens needs about %llu chunks of %llu bytes; one "
+			       "grow maps at most %d new chunks: grow in smaller steps", tokens,
+			       (unsigned long long)DIV_ROUND_UP(need, p->chunk_bytes),
+			       (unsigned long long)p->chunk_bytes, WIRE_FDS_MAX);
+			reply_step(c, ring, id, -E2BIG, why);
+			return;
+		}
+		if (need > p->budget_bytes) {
+			refuse(why, -ENOSPC, "a grow by %u tokens needs %llu bytes, more than the whole "
+			       "node budget (%llu bytes): grow in smaller steps, or raise the budget",
+			       tokens, (unsigned long long)need, (unsigned long long)p->budget_bytes);
+			reply_step(c, ring, id, -ENOSPC, why);
+			return;
+		}
+	}
 	/* A pinned sequence's grow is held to max-pinned-percent, once it is a grow at all. */
 	r = seq_grow_check(q, tokens) < 0 ? 0 : pins_may_grow(s, q, seq_grow_bytes(q, s->pool, tokens),
 	                                                      why, WHY_MAX);

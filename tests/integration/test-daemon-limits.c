@@ -116,6 +116,35 @@ TEST(sequences_and_tokens) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* A grow that can never be served says why, with its size: more new chunks than one grow
+ * maps (-E2BIG, as kvd.h documents), or more than the whole budget (-ENOSPC, not "node
+ * budget exhausted"). */
+TEST(grows_too_large_say_so) {
+	struct fixture f;
+	kvd_client *c;
+	kvd_seq *s;
+	int m;
+
+	fixture_start(&f, (const char *const[]){ "--pool-size", "16MiB", "--chunk-size", "1MiB",
+	                                         "--max-seq-tokens=2100000", NULL });
+	c = fixture_connect(&f, "t");
+	m = kvd_model_register(c, &small);
+	ASSERT_OK(m);
+	ASSERT_OK(kvd_seq_open(c, m, 2100000, &s));
+	/* 256 bytes a token (4 tables of 1 KiB blocks of 16 tokens): 2M tokens are 512 chunks. */
+	ASSERT_ERRNO(kvd_seq_grow(s, 2000000), -E2BIG);
+	ASSERT_TRUE(strstr(kvd_client_last_error(c), "needs about 489 chunks"));
+	/* 100k tokens: 25 MiB, more than the 16 MiB budget, in fewer chunks than a grow maps. */
+	ASSERT_ERRNO(kvd_seq_grow(s, 100000), -ENOSPC);
+	ASSERT_TRUE(strstr(kvd_client_last_error(c), "more than the whole node budget"));
+	ASSERT_EQ(kvd_seq_tokens(s, 0, 0), 0);
+	/* What fits still grows. */
+	ASSERT_OK(kvd_seq_grow(s, 1000));
+	ASSERT_OK(kvd_seq_release(s));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 /*
  * The node's sequences, every tenant's together, stop short of what kvd can map: 16
  * connections x 4096 sequences used to reach vm.max_map_count (65,530) in 2.4 s, after

@@ -440,7 +440,7 @@ KVD_EXPORT int kvd_seq_open(kvd_client *c, int model_id, uint32_t max_tokens, kv
  * -ENOMEM, is returned and the tokens are resident but kvd_seq_kv refuses the slots in
  * that chunk: release the sequence.)
  * Returns 0, or -EINVAL (n is 0), -EFBIG (past max_tokens), -ENOSPC (the node budget or the
- * pool is exhausted), -EDQUOT (the tenant's max is reached), -E2BIG (one grow would need
+ * pool is exhausted, or the grow alone needs more than the whole budget), -EDQUOT (the tenant's max is reached), -E2BIG (one grow would need
  * more than 253 new chunks: grow in smaller steps), -ETIMEDOUT (this connection did not
  * answer the daemon's request to unmap a chunk within kvd's unmap-timeout: handle events,
  * see kvd_client_next_event(); the call handled them, so a retry may succeed), -ENOMEM,
