@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "basic/time-util.h"
+#include "config.h"
 #include "fixture.h"
 #include "test.h"
 
@@ -342,7 +343,7 @@ TEST(scrape_matches_status) {
 	for (const char *r = "budget\0pool\0tenant_max\0error\0"; *r; r += strlen(r) + 1)
 		refused += metricf_u64(body, "kvd_grants_refused_total{reason=\"%s\"}%s", r, "");
 	ASSERT_EQ(refused, status_u64(st, "grants_refused"));
-	ASSERT_EQ(metric(body, "kvd_build_info{version=\"0.1.0\",backend=\"host\"}"), 1.0);
+	ASSERT_EQ(metric(body, "kvd_build_info{version=\"" KVD_VERSION "\",backend=\"host\"}"), 1.0);
 
 	for (uint32_t i = 0; i < kvd_status_tenants(st); i++) {
 		static const char *const keys[][2] = {

@@ -219,8 +219,9 @@ typedef struct kvd_event {
 	uint64_t arg;
 } kvd_event;
 
-/* The kvd release this library comes from, e.g. "0.1.0" (the library's own version is
- * KVD_VERSION_MAJOR.KVD_VERSION_MINOR). Never NULL. */
+/* The kvd release this library comes from, e.g. "1.10.0": the daemon's, kvdctl's and the
+ * library's one version, whose major and minor are KVD_VERSION_MAJOR.KVD_VERSION_MINOR.
+ * Never NULL. */
 KVD_EXPORT const char *kvd_version(void);
 
 /*
