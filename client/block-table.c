@@ -41,8 +41,16 @@ static int pool_geometry(const kvd_client *c, uint64_t stride, char **ret_base,
 	uint64_t bytes = 0;
 	char *base = client_range(c, &bytes);
 
-	if (!base || stride == 0 || c->chunk_bytes % stride != 0)
-		return -EOPNOTSUPP;
+	if (!base)
+		return client_error(c, -EOPNOTSUPP, "this client maps no contiguous range of the "
+		                    "pool (a daemon without one, or a GPU pool without a libkvd "
+		                    "range): no block indices");
+	if (stride == 0 || c->chunk_bytes % stride != 0)
+		return client_error(c, -EOPNOTSUPP, "blocks of %llu bytes (the model's, aligned to "
+		                    "%d) do not divide the chunk size of %llu bytes, so the pool is "
+		                    "no array of equal blocks: register a shape whose aligned block "
+		                    "size divides it (powers of two do)", (unsigned long long)stride,
+		                    LAYOUT_BLOCK_ALIGN, (unsigned long long)c->chunk_bytes);
 	if (bytes / stride > INT32_MAX)
 		return -EOVERFLOW;
 	*ret_base = base;
@@ -136,7 +144,10 @@ static int do_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head, int3
 	d = &s->hdr;
 	if (layer >= d->layers || kv_head >= d->kv_heads ||
 	    (d->layout == KVD_LAYOUT_PER_LAYER && kv_head != 0))
-		return -EINVAL;
+		return client_error(s->client, -EINVAL, "layer %u, kv head %u: the sequence's "
+		                    "tables are of layers 0..%u and kv heads 0..%u", layer, kv_head,
+		                    d->layers - 1,
+		                    d->layout == KVD_LAYOUT_PER_LAYER ? 0 : d->kv_heads - 1);
 	r = pool_geometry(s->client, s->block_stride, &base, &per_chunk, NULL);
 	if (r < 0)
 		return r;
@@ -154,6 +165,14 @@ static int do_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head, int3
 			continue;
 		if (r >= 0 && ret_generation)
 			*ret_generation = g;
+		if (r == -ENOBUFS) {
+			uint32_t n = layout_tokens_at(d, s->desc)[layout_table(d, layer, kv_head)];
+
+			return client_error(s->client, r, "the table holds %u tokens in %u blocks; the "
+			                    "buffers have room for %u blocks%s", n,
+			                    DIV_ROUND_UP(n, d->block_tokens), max_blocks,
+			                    positions ? " and a position per token" : "");
+		}
 		return r;
 	}
 	return -EAGAIN;

@@ -333,7 +333,9 @@ int kvd_client_connect(const char *socket_path, const char *tenant, kvd_client *
 	return kvd_client_connect_params(&p, ret);
 }
 
-int kvd_client_connect_params(const kvd_connect_params *params, kvd_client **ret) {
+/* kvd_client_connect_params; *ret_key gets the serial of the client it made, if any. */
+static int do_client_connect_params(const kvd_connect_params *params, kvd_client **ret,
+                                    uint64_t *ret_key) {
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	const char *socket_path, *tenant;
@@ -363,12 +365,14 @@ int kvd_client_connect_params(const kvd_connect_params *params, kvd_client **ret
 	if (len >= sizeof(sa.sun_path))
 		return -ENAMETOOLONG;
 	if (tenant && !tenant_name_valid(tenant))
-		return -EINVAL;
+		return client_error(NULL, -EINVAL, "tenant name '%.64s' is not valid: 1 to %u of "
+		                    "A-Z a-z 0-9 _ . -", tenant, KVD_TENANT_NAME_MAX);
 	memcpy(sa.sun_path, socket_path, len);
 
 	r = client_new(&c);
 	if (r < 0)
 		return r;
+	*ret_key = c->serial;
 	if (p.flags & KVD_CONNECT_NO_RING)
 		c->no_ring = true, c->want_ring = false;
 	c->connect_timeout_ms = p.timeout_ms;
@@ -384,6 +388,19 @@ int kvd_client_connect_params(const kvd_connect_params *params, kvd_client **ret
 
 	*ret = TAKE_PTR(c);
 	return 0;
+}
+
+int kvd_client_connect_params(const kvd_connect_params *params, kvd_client **ret) {
+	uint64_t key = 0;
+	int r = do_client_connect_params(params, ret, &key);
+
+	if (r >= 0)
+		return r;
+	/* The client it made is gone with the failure: its message is the thread's, for
+	 * kvd_client_last_error(NULL). */
+	if (key != 0 && call_error.client == key)
+		call_error.client = 0;
+	return (int)call_result(0, r, "kvd_client_connect");
 }
 
 /* KVD_CONNECT_TIMEOUT_MS, when it is a number in range; else the default. */

@@ -49,7 +49,10 @@ const char *kvd_strerror(int code) {
 }
 
 const char *kvd_client_last_error(kvd_client *c) {
-	if (!c || client_forked(c) || call_error.client != c->serial)
+	/* NULL: a call that had no client, or whose client the failure took (a connect). */
+	if (!c)
+		return call_error.client == 0 ? call_error.msg : "";
+	if (client_forked(c) || call_error.client != c->serial)
 		return "";
 	return call_error.msg;
 }

@@ -106,10 +106,22 @@ TEST(table_names_the_blocks) {
 	/* Exactly big enough, one short, positions optional. */
 	ASSERT_EQ(kvd_seq_block_table(t.a, 1, 0, blocks, nb, NULL, 0, NULL), (int)TOKENS);
 	ASSERT_ERRNO(kvd_seq_block_table(t.a, 1, 0, blocks, nb - 1, NULL, 0, NULL), -ENOBUFS);
+	/* The message has the numbers: what the table holds, what the buffers have room for. */
+	{
+		char want[160];
+
+		snprintf(want, sizeof(want), "the table holds %u tokens in %u blocks; the buffers "
+		         "have room for %u blocks", TOKENS, nb, nb - 1);
+		ASSERT_TRUE(strstr(kvd_client_last_error(t.c), want));
+	}
 	ASSERT_ERRNO(kvd_seq_block_table(t.a, 1, 0, blocks, nb, positions, TOKENS - 1, NULL), -ENOBUFS);
-	/* Out of range, and a kv head with a per-layer layout. */
+	/* Out of range, and a kv head with a per-layer layout, with the bounds. */
 	ASSERT_ERRNO(kvd_seq_block_table(t.a, 2, 0, blocks, nb, NULL, 0, NULL), -EINVAL);
+	ASSERT_TRUE(strstr(kvd_client_last_error(t.c), "layers 0..1 and kv heads 0..0"));
 	ASSERT_ERRNO(kvd_seq_block_table(t.a, 0, 1, blocks, nb, NULL, 0, NULL), -EINVAL);
+	ASSERT_ERRNO(kvd_seq_tokens(t.a, 5, 0), -EINVAL);
+	ASSERT_TRUE(strstr(kvd_client_last_error(t.c), "layer 5, kv head 0: the sequence's model "
+	                                                "has layers 0..1"));
 	ASSERT_ERRNO(kvd_seq_block_table(t.a, 0, 0, NULL, nb, NULL, 0, NULL), -EINVAL);
 	ASSERT_ERRNO(kvd_model_block_pool(t.c, t.m + 1, &base, &stride, NULL), -EINVAL);
 	tables_stop(&t);
@@ -215,7 +227,7 @@ TEST(stride_that_does_not_divide_the_chunk_is_refused) {
 
 	fixture_start(&f, pool);
 	c = fixture_connect(&f, "engine");
-	m = kvd_model_register(c, &odd);
+	m = kvd_model_register(c, &wide);
 	ASSERT_OK(m);
 	ASSERT_ERRNO(kvd_model_block_pool(c, m, &base, &stride, NULL), -EOPNOTSUPP);
 	ASSERT_OK(kvd_seq_open(c, m, 4096, &s));
@@ -270,4 +282,30 @@ TEST(released_chunks_stay_reserved) {
 	open_two(t.c, t.m, &t.a, &t.b);
 	assert_tables(t.a, t.base, t.stride);
 	tables_stop(&t);
+}
+
+/* Refusals say their numbers: a block size that does not divide the chunk (head_dim 80:
+ * 10240-byte blocks), and a connect that fails before any client exists, whose message
+ * kvd_client_last_error(NULL) keeps. */
+TEST(refusals_say_their_numbers) {
+	static const kvd_model_spec wide = { "wide", 2, 4, 2, 80, KVD_DTYPE_F16, 16,
+		                            KVD_LAYOUT_PER_LAYER };
+	struct fixture f;
+	kvd_client *c, *none = NULL;
+	uint64_t stride;
+	void *base;
+	int m;
+
+	fixture_start(&f, (const char *const[]){ "--pool-size", "8MiB", "--chunk-size", "1MiB", NULL });
+	c = fixture_connect(&f, "t");
+	m = kvd_model_register(c, &wide);
+	ASSERT_OK(m);
+	ASSERT_ERRNO(kvd_model_block_pool(c, m, &base, &stride, NULL), -EOPNOTSUPP);
+	ASSERT_TRUE(strstr(kvd_client_last_error(c), "blocks of 10240 bytes"));
+	ASSERT_TRUE(strstr(kvd_client_last_error(c), "chunk size of 1048576 bytes"));
+	ASSERT_ERRNO(kvd_client_connect(f.socket, "no spaces", &none), -EINVAL);
+	ASSERT_NULL(none);
+	ASSERT_TRUE(strstr(kvd_client_last_error(NULL), "tenant name 'no spaces' is not valid"));
+	kvd_client_unref(c);
+	ASSERT_EQ(fixture_stop(&f), 0);
 }

@@ -309,7 +309,10 @@ KVD_EXPORT kvd_client *kvd_client_unref(kvd_client *c);
  * or the function's name and kvd_strerror()'s words). "" when none failed (and after fork).
  * A call that succeeds leaves it, except one that succeeds with a caveat (kvd_tenant_set()
  * returning 1 with the daemon's words). Per thread since KVD_1.5, before which it was
- * per client and kept the daemon's refusals only. Copy it before this thread's next call. */
+ * per client and kept the daemon's refusals only. Copy it before this thread's next call.
+ * With NULL: the message of this thread's last failed call that had no client, or whose
+ * client the failure freed (kvd_client_connect: "tenant name ... is not valid", the
+ * daemon's refusal of the hello); since KVD_1.10. */
 KVD_EXPORT const char *kvd_client_last_error(kvd_client *c);
 
 /*

@@ -52,9 +52,15 @@ static struct module_state *state_any(void) {
 
 /* Raises KvdError(errno, message) for libkvd's code r: the message is what
  * kvd_client_last_error() says about the failed call (c may be NULL), else kvd_strerror(). */
+static PyObject *raise_kvd_msg(int r, const char *msg);
+
 static PyObject *raise_kvd(kvd_client *c, int r) {
+	return raise_kvd_msg(r, c ? kvd_client_last_error(c) : "");
+}
+
+/* raise_kvd() with the message given (NULL or "": kvd_strerror()'s). */
+static PyObject *raise_kvd_msg(int r, const char *msg) {
 	struct module_state *st = state_any();
-	const char *msg = c ? kvd_client_last_error(c) : "";
 	PyObject *args;
 
 	if (!msg || !*msg)
@@ -370,8 +376,9 @@ static PyObject *client_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
 	Py_BEGIN_ALLOW_THREADS
 	r = kvd_client_connect_params(&p, &c);
 	Py_END_ALLOW_THREADS
+	/* The failed connect's message has no client to ask: libkvd keeps it for NULL. */
 	if (r < 0)
-		return raise_kvd(NULL, r);
+		return raise_kvd_msg(r, kvd_client_last_error(NULL));
 	memory = kvd_client_memory(c, &device);
 	self = (ClientObject *)PyType_GenericAlloc(type, 0);
 	if (!self) {
