@@ -227,7 +227,7 @@ TEST(stride_that_does_not_divide_the_chunk_is_refused) {
 
 	fixture_start(&f, pool);
 	c = fixture_connect(&f, "engine");
-	m = kvd_model_register(c, &wide);
+	m = kvd_model_register(c, &odd);
 	ASSERT_OK(m);
 	ASSERT_ERRNO(kvd_model_block_pool(c, m, &base, &stride, NULL), -EOPNOTSUPP);
 	ASSERT_OK(kvd_seq_open(c, m, 4096, &s));
