@@ -42,11 +42,11 @@ static int pool_geometry(const kvd_client *c, uint64_t stride, char **ret_base,
 	char *base = client_range(c, &bytes);
 
 	if (!base)
-		return client_error(c, -EOPNOTSUPP, "this client maps no contiguous range of the "
+		return client_refuse(c, -EOPNOTSUPP, "this client maps no contiguous range of the "
 		                    "pool (a daemon without one, or a GPU pool without a libkvd "
 		                    "range): no block indices");
 	if (stride == 0 || c->chunk_bytes % stride != 0)
-		return client_error(c, -EOPNOTSUPP, "blocks of %llu bytes (the model's, aligned to "
+		return client_refuse(c, -EOPNOTSUPP, "blocks of %llu bytes (the model's, aligned to "
 		                    "%d) do not divide the chunk size of %llu bytes, so the pool is "
 		                    "no array of equal blocks: register a shape whose aligned block "
 		                    "size divides it (powers of two do)", (unsigned long long)stride,
@@ -144,7 +144,7 @@ static int do_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head, int3
 	d = &s->hdr;
 	if (layer >= d->layers || kv_head >= d->kv_heads ||
 	    (d->layout == KVD_LAYOUT_PER_LAYER && kv_head != 0))
-		return client_error(s->client, -EINVAL, "layer %u, kv head %u: the sequence's "
+		return client_refuse(s->client, -EINVAL, "layer %u, kv head %u: the sequence's "
 		                    "tables are of layers 0..%u and kv heads 0..%u", layer, kv_head,
 		                    d->layers - 1,
 		                    d->layout == KVD_LAYOUT_PER_LAYER ? 0 : d->kv_heads - 1);
@@ -168,7 +168,7 @@ static int do_seq_block_table(kvd_seq *s, uint32_t layer, uint32_t kv_head, int3
 		if (r == -ENOBUFS) {
 			uint32_t n = layout_tokens_at(d, s->desc)[layout_table(d, layer, kv_head)];
 
-			return client_error(s->client, r, "the table holds %u tokens in %u blocks; the "
+			return client_refuse(s->client, r, "the table holds %u tokens in %u blocks; the "
 			                    "buffers have room for %u blocks%s", n,
 			                    DIV_ROUND_UP(n, d->block_tokens), max_blocks,
 			                    positions ? " and a position per token" : "");

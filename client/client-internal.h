@@ -175,6 +175,7 @@ struct call_error {
 	uint64_t client;
 	int code;
 	bool fresh;
+	bool prefix;               /* the failed call's name goes before msg (client_refuse) */
 	char msg[LAST_ERROR_MAX];
 };
 extern _Thread_local struct call_error call_error;
@@ -189,6 +190,10 @@ static inline uint64_t client_key(const kvd_client *c) {
 void client_set_error(const kvd_client *c, int code, const char *message);
 /* The same in the library's own words, formatted; returns code. */
 int client_error(const kvd_client *c, int code, const char *format, ...)
+	__attribute__((format(printf, 3, 4)));
+/* client_error() for a helper shared by several calls: the public call that fails puts its
+ * name before the message ("kvd_seq_kv: layer 5, ..."). */
+int client_refuse(const kvd_client *c, int code, const char *format, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Records a public call's failure on the client of key (see error.c). */
 void call_failed(uint64_t key, int code, const char *function);

@@ -365,7 +365,7 @@ static int do_client_connect_params(const kvd_connect_params *params, kvd_client
 	if (len >= sizeof(sa.sun_path))
 		return -ENAMETOOLONG;
 	if (tenant && !tenant_name_valid(tenant))
-		return client_error(NULL, -EINVAL, "tenant name '%.64s' is not valid: 1 to %u of "
+		return client_refuse(NULL, -EINVAL, "tenant name '%.64s' is not valid: 1 to %u of "
 		                    "A-Z a-z 0-9 _ . -", tenant, KVD_TENANT_NAME_MAX);
 	memcpy(sa.sun_path, socket_path, len);
 

@@ -58,15 +58,30 @@ const char *kvd_client_last_error(kvd_client *c) {
 }
 
 
+static int error_v(const kvd_client *c, int code, bool prefix, const char *format, va_list ap) {
+	vsnprintf(call_error.msg, sizeof(call_error.msg), format, ap);
+	call_error.client = client_key(c);
+	call_error.code = code;
+	call_error.fresh = true;
+	call_error.prefix = prefix;
+	return code;
+}
+
 int client_error(const kvd_client *c, int code, const char *format, ...) {
 	va_list ap;
 
 	va_start(ap, format);
-	vsnprintf(call_error.msg, sizeof(call_error.msg), format, ap);
+	code = error_v(c, code, false, format, ap);
 	va_end(ap);
-	call_error.client = client_key(c);
-	call_error.code = code;
-	call_error.fresh = true;
+	return code;
+}
+
+int client_refuse(const kvd_client *c, int code, const char *format, ...) {
+	va_list ap;
+
+	va_start(ap, format);
+	code = error_v(c, code, true, format, ap);
+	va_end(ap);
 	return code;
 }
 
@@ -80,6 +95,14 @@ void call_failed(uint64_t key, int code, const char *function) {
 	bool kept = call_error.fresh && call_error.client == key && call_error.code == code;
 
 	call_error.fresh = false;
+	if (kept && call_error.prefix) {
+		char msg[LAST_ERROR_MAX];
+
+		/* Cut short when both do not fit: the end of a long message matters least. */
+		if (snprintf(msg, sizeof(msg), "%s: %s", function, call_error.msg) >= 0)
+			memcpy(call_error.msg, msg, sizeof(msg));
+		call_error.prefix = false;
+	}
 	if (kept)
 		return;
 	call_error.client = key;

@@ -1191,7 +1191,7 @@ static int64_t seq_table_tokens(const kvd_seq *s, uint32_t layer, uint32_t kv_he
 	uint32_t t, n;
 
 	if (layer >= d->layers || kv_head >= d->kv_heads)
-		return client_error(s->client, -EINVAL, "layer %u, kv head %u: the sequence's model "
+		return client_refuse(s->client, -EINVAL, "layer %u, kv head %u: the sequence's model "
 		                    "has layers 0..%u and kv heads 0..%u", layer, kv_head,
 		                    d->layers - 1, d->kv_heads - 1);
 	t = layout_table(d, layer, kv_head);
