@@ -206,6 +206,10 @@ class PagedTest(unittest.TestCase):
                 paged.PagedKV(self.client, m, **wrong)
             self.assertIn("kv_heads=2, head_dim=64, block_tokens=16", str(e.exception))
             self.assertIn(f"{next(iter(wrong))}={next(iter(wrong.values()))}", str(e.exception))
+        # torch's name of the registered dtype is the same dtype; another is refused.
+        paged.PagedKV(self.client, m, dtype=torch.float16).close()
+        with self.assertRaises(ValueError):
+            paged.PagedKV(self.client, m, dtype=torch.bfloat16)
         # Nothing named: the registered shape.
         cache = paged.PagedKV(self.client, m)
         k, _ = cache.cache("HND")

@@ -1292,10 +1292,13 @@ static PyMethodDef client_methods[] = {
 	{ "__exit__", client_exit, METH_VARARGS, NULL },
 	{ "register_model", (PyCFunction)(void (*)(void))client_register_model,
 	  METH_VARARGS | METH_KEYWORDS,
-	  "register_model(layers, q_heads, kv_heads, head_dim, dtype, block_tokens, "
-	  "layout=LAYOUT_PER_LAYER, *, name=None, unit=UNIT_NONE, window=0, sinks=4, "
-	  "compensation=COMPENSATION_NONE, index_heads=0, index_dim=0)\n--\n\n"
-	  "Registers a model (kvd_model_register_params) and returns its id." },
+	  "register_model($self, layers, q_heads, kv_heads, head_dim, dtype, block_tokens, "
+	  "layout=1, *, name=None, unit=0, window=0, sinks=4, compensation=0, index_heads=0, "
+	  "index_dim=0)\n--\n\n"
+	  "Registers a model (kvd_model_register_params) and returns its id: layers, q_heads, "
+	  "kv_heads, head_dim, dtype (DTYPE_*), block_tokens; layout LAYOUT_PER_LAYER (1) or "
+	  "LAYOUT_PER_HEAD; name (needed for prefix sharing); eviction: unit (UNIT_*, 0: none), "
+	  "window, sinks; compensation (COMPENSATION_*); the indexer's index_heads, index_dim." },
 	{ "model_spec", client_model_spec, METH_VARARGS,
 	  "model_spec(model)\n--\n\nThe shape a model was registered with through this client: "
 	  "a dict of layers, q_heads, kv_heads, head_dim, dtype, block_tokens, layout and window "

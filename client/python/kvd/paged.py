@@ -35,6 +35,8 @@ class PagedKV:
         # The shape is the model's, as registered: what the caller names must match it,
         # or the views would land at the wrong offsets.
         spec = client.model_spec(model)
+        # A dtype may be named as kvd's (DTYPE_F16) or as torch's (torch.float16).
+        dtype = {t: d for d, t in _TORCH_DTYPES.items()}.get(dtype, dtype)
         asked = {"kv_heads": kv_heads, "head_dim": head_dim, "block_tokens": block_tokens,
                  "dtype": dtype, "layout": layout}
         wrong = {k: v for k, v in asked.items() if v is not None and v != spec[k]}
