@@ -290,6 +290,23 @@ def main():
     for cmd in doc_commands:
         if cmd not in commands:
             fail(f"kvdctl.8.scd: an entry for '{cmd}', which kvdctl --help does not list")
+    # The SYNOPSIS names every command with every option `kvdctl --help` gives it.
+    synopsis = [line for line in section(scd, "kvdctl.8.scd", "SYNOPSIS").splitlines()
+                if line.startswith("*kvdctl*")]
+    for lead, text in command_entries:
+        words = re.match(r"^([a-z]+)(?: ([a-z]+)\b)?", lead)
+        if not words:
+            continue
+        marks = [f"*{w}*" for w in words.groups() if w]
+        lines = [line for line in synopsis if all(m in line for m in marks)]
+        if not lines:
+            fail(f"kvdctl.8.scd: SYNOPSIS has no line for '{' '.join(w for w in words.groups() if w)}'")
+            continue
+        for opt in re.findall(r"(?:^|\[)--([a-z][a-z0-9-]*)", lead + " " + text) + \
+                re.findall(r" \[?--([a-z][a-z0-9-]*)", lead):
+            if not any(f"*--{opt}*" in line for line in lines):
+                fail(f"kvdctl.8.scd: SYNOPSIS of '{' '.join(w for w in words.groups() if w)}' "
+                     f"lacks --{opt}")
     doc_options = set(re.findall(r"\*--([a-z][a-z0-9-]*)\*", scd))
     for opt in sorted(ctl_options - doc_options):
         fail(f"kvdctl.8.scd: --{opt} (kvdctl --help or kvdctl score --help) is not documented")

@@ -907,8 +907,8 @@ KVD_EXPORT int kvd_budget_set_params(kvd_client *c, const kvd_budget_params *p);
  * over the config file until reset.
  * kvd_budget_reset: the budget goes back to the daemon's --budget, the config file's value,
  * or the pool size.
- * kvd_tenant_reset: the tenant's min, max and weight go back to the config file's (or the
- * defaults); the tenant stays known.
+ * kvd_tenant_reset: the tenant's min, max, weight, policy, tier and recall go back to the
+ * config file's (or the defaults); the tenant stays known.
  * Return 0; 1 as for kvd_budget_set; or -ENOENT (kvd_tenant_reset: unknown tenant),
  * -EINVAL, -ECONNRESET, -ECHILD.
  */
