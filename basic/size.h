@@ -26,6 +26,7 @@ static inline int size_parse(const char *s, uint64_t *ret) {
 		{ "GiB", 30 }, { "T", 40 },    { "TB", 40 }, { "TiB", 40 },
 	};
 	unsigned long long v;
+	uint64_t frac = 0, denom = 1;
 	char *end;
 
 	if (!s || !isdigit((unsigned char)*s))
@@ -34,12 +35,31 @@ static inline int size_parse(const char *s, uint64_t *ret) {
 	v = strtoull(s, &end, 10);
 	if (errno == ERANGE)
 		return -ERANGE;
+	/* A fraction of a unit (1.5GiB), to 9 digits; rounded down to a byte. */
+	if (*end == '.') {
+		end++;
+		if (!isdigit((unsigned char)*end))
+			return -EINVAL;
+		for (; isdigit((unsigned char)*end); end++)
+			if (denom < UINT64_C(1000000000)) {
+				frac = frac * 10 + (uint64_t)(*end - '0');
+				denom *= 10;
+			}
+	}
 	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+		uint64_t part;
+
 		if (strcasecmp(end, units[i].suffix) != 0)
 			continue;
+		/* A fraction of a byte is no size. */
+		if (denom > 1 && units[i].shift == 0)
+			return -EINVAL;
 		if (units[i].shift && v > (UINT64_MAX >> units[i].shift))
 			return -ERANGE;
-		*ret = (uint64_t)v << units[i].shift;
+		part = (uint64_t)(((unsigned __int128)frac << units[i].shift) / denom);
+		if (((uint64_t)v << units[i].shift) > UINT64_MAX - part)
+			return -ERANGE;
+		*ret = ((uint64_t)v << units[i].shift) + part;
 		return 0;
 	}
 	return -EINVAL;

@@ -39,6 +39,13 @@ TEST(parse_accepts) {
 	ASSERT_EQ(parse_ok("18446744073709551615"), UINT64_MAX);
 	ASSERT_EQ(parse_ok("17179869183G"), (UINT64_C(17179869183)) << 30);
 	ASSERT_EQ(parse_ok("16777215TiB"), UINT64_C(16777215) << 40);
+	/* Fractions of a unit, rounded down to a byte. */
+	ASSERT_EQ(parse_ok("1.5GiB"), UINT64_C(3) << 29);
+	ASSERT_EQ(parse_ok("0.5K"), 512u);
+	ASSERT_EQ(parse_ok("2.25M"), 9u << 18);
+	ASSERT_EQ(parse_ok("1.000976563K"), 1025u);
+	ASSERT_EQ(parse_ok("0.1K"), 102u);
+	ASSERT_EQ(parse_ok("1.5000000001G"), UINT64_C(3) << 29);   /* past 9 digits: ignored */
 }
 
 TEST(parse_rejects) {
@@ -47,7 +54,11 @@ TEST(parse_rejects) {
 	parse_fails("+1", -EINVAL);
 	parse_fails("1X", -EINVAL);
 	parse_fails("K", -EINVAL);
-	parse_fails("1.5G", -EINVAL);
+	parse_fails("1.5", -EINVAL);
+	parse_fails("1.5B", -EINVAL);
+	parse_fails("1.G", -EINVAL);
+	parse_fails("1..5G", -EINVAL);
+	parse_fails(".5G", -EINVAL);
 	parse_fails(" 1G", -EINVAL);
 	parse_fails("1G ", -EINVAL);
 	parse_fails("1 G", -EINVAL);
@@ -62,6 +73,9 @@ TEST(parse_overflow) {
 	parse_fails("17179869184G", -ERANGE);
 	parse_fails("16777216T", -ERANGE);
 	parse_fails("18446744073709551615K", -ERANGE);
+	/* The largest whole number of a unit with a fraction still fits (a fraction is less
+	 * than the unit). */
+	ASSERT_EQ(parse_ok("17179869183.5G"), (UINT64_C(17179869183) << 30) + (UINT64_C(1) << 29));
 	/* Overflows before any suffix. */
 	parse_fails("18446744073709551616", -ERANGE);
 	parse_fails("99999999999999999999", -ERANGE);
