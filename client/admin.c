@@ -180,6 +180,23 @@ int kvd_budget_reset(kvd_client *c) {
 	return (int)call_result(client_key(c), do_budget_reset(c), __func__);
 }
 
+static int do_reload(kvd_client *c) {
+	Kvd__V1__Reload req = KVD__V1__RELOAD__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+
+	if (!c)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	env.body_case = KVD__V1__ENVELOPE__BODY_RELOAD;
+	env.reload = &req;
+	return client_simple_call(c, &env);
+}
+
+int kvd_reload(kvd_client *c) {
+	return (int)call_result(client_key(c), do_reload(c), __func__);
+}
+
 /* A request that names one tenant (env's body holds the name): checks it, then calls. */
 static int tenant_call(kvd_client *c, const char *tenant, Envelope *env) {
 	if (!c || !tenant)

@@ -55,6 +55,7 @@ struct kvd_status {
 	char *state_error;
 	char *warnings;
 	char *devices;
+	char *last_reload_error;
 	uint32_t n_tenants;
 	struct status_tenant *tenants;
 };
@@ -106,6 +107,8 @@ static int status_copy(const Kvd__V1__StatusReply *rep, kvd_status *st) {
 	if (rep->budget_source && !(st->budget_source = strdup(rep->budget_source)))
 		return -ENOMEM;
 	if (rep->warnings && !(st->warnings = strdup(rep->warnings)))
+		return -ENOMEM;
+	if (rep->last_reload_error && !(st->last_reload_error = strdup(rep->last_reload_error)))
 		return -ENOMEM;
 	if (rep->devices && !(st->devices = strdup(rep->devices)))
 		return -ENOMEM;
@@ -171,6 +174,7 @@ kvd_status *kvd_status_free(kvd_status *st) {
 	}
 	free(st->tenants);
 	free(st->daemon_version);
+	free(st->last_reload_error);
 	free(st->backend);
 	free(st->budget_source);
 	free(st->state_error);
@@ -257,6 +261,8 @@ int kvd_status_str(const kvd_status *st, const char *key, const char **ret) {
 		v = st->warnings;
 	else if (strcmp(key, "devices") == 0)
 		v = st->devices;
+	else if (strcmp(key, "last_reload_error") == 0)
+		v = st->last_reload_error;
 	if (!v)
 		return -ENOENT;
 	*ret = v;

@@ -9,6 +9,7 @@
 #include "admin.h"
 #include "basic/macro.h"
 #include "basic/size.h"
+#include "basic/time-util.h"
 #include "conn.h"
 #include "evict.h"
 #include "log.h"
@@ -321,16 +322,41 @@ struct admin *admin_free(struct admin *a) {
 
 /* ---- reload ---- */
 
-static void log_errors(struct inifile_errors *e, const char *path) {
+/* Logs a failed reload's errors, and puts them in why: the count, then as many as fit. */
+static void log_errors(struct inifile_errors *e, const char *path, char *why, size_t why_n) {
+	size_t k;
+
 	for (unsigned i = 0; i < e->n; i++)
 		log_error("%s", e->msg[i]);
 	if (e->dropped)
 		log_error("%u more errors", e->dropped);
 	log_error("reload failed: %u error%s in %s; the running settings stay",
 	          inifile_errors_count(e), inifile_errors_count(e) == 1 ? "" : "s", path);
+	k = (size_t)snprintf(why, why_n, "reload failed: %u error%s in %s; the running settings "
+	                     "stay", inifile_errors_count(e), inifile_errors_count(e) == 1 ? "" : "s",
+	                     path);
+	for (unsigned i = 0; i < e->n && k < why_n; i++)
+		k += (size_t)snprintf(why + k, why_n - k, "\n%s", e->msg[i]);
 }
 
-void admin_reload(struct admin *a) {
+/* A reload's result, for status and metrics. */
+static int reload_done(struct admin *a, int r, const char *why) {
+	struct server *s = a->srv;
+
+	s->reloads++;
+	s->last_reload_ms = now_ms() - s->start_ms;
+	s->last_reload_failed = r < 0;
+	if (r < 0) {
+		s->reload_failures++;
+		/* The first line: the count and the file. */
+		snprintf(s->last_reload_error, sizeof(s->last_reload_error), "%.*s",
+		         (int)strcspn(why, "\n"), why);
+	} else
+		s->last_reload_error[0] = '\0';
+	return r;
+}
+
+int admin_reload(struct admin *a, const char *by, char *why, size_t why_n) {
 	struct server *s = a->srv;
 	struct inifile_errors e = {};
 	struct settings next, old;
@@ -340,16 +366,19 @@ void admin_reload(struct admin *a) {
 	char was[512], now[512];
 	int r;
 
-	log_info("SIGHUP: reloading %s", a->cfg.path ? a->cfg.path : a->cfg.config);
+	why[0] = '\0';
+	log_info("%s: reloading %s", by, a->cfg.path ? a->cfg.path : a->cfg.config);
 	r = settings_init(&next);
 	if (r >= 0)
 		r = settings_load(&next, a->flags, NULL, &e);
 	if (r == -ENOMEM) {
 		log_error("reload failed: out of memory; the running settings stay");
+		snprintf(why, why_n, "reload failed: out of memory; the running settings stay");
 		goto done;
 	}
 	if (r < 0) {
-		log_errors(&e, next.path ? next.path : a->cfg.config);
+		log_errors(&e, next.path ? next.path : a->cfg.config, why, why_n);
+		r = -EINVAL;
 		goto done;
 	}
 
@@ -383,7 +412,8 @@ void admin_reload(struct admin *a) {
 		for (size_t i = 0; i < n; i++)
 			if (!(table[i].flags & SETTING_RUNTIME))
 				settings_swap(&next, &a->cfg, i);
-		log_errors(&e, next.path ? next.path : "the config file");
+		log_errors(&e, next.path ? next.path : "the config file", why, why_n);
+		r = -EINVAL;
 		goto done;
 	}
 
@@ -436,9 +466,11 @@ void admin_reload(struct admin *a) {
 	log_notice("reloaded %s: budget %s (%s), %" PRIu32 " tenants in the file",
 	           config_name(a), size_format(s->pool->budget_bytes, now, sizeof(now)),
 	           admin_budget_source(a), a->cfg.n_tenants);
+	r = 0;
 done:
 	settings_done(&next);
 	inifile_errors_done(&e);
+	return reload_done(a, r, why);
 }
 
 /* ---- live changes ---- */

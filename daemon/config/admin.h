@@ -57,8 +57,14 @@ int admin_new(struct server *s, struct settings *cfg, const struct settings *fla
               struct admin **ret);
 struct admin *admin_free(struct admin *a);
 
-/* SIGHUP: reads the config file again and applies what can change while running. */
-void admin_reload(struct admin *a);
+/*
+ * SIGHUP, or kvdctl reload: reads the config file again and applies what can change while
+ * running; by is who asked ("SIGHUP", "kvdctl (pid N, uid U)"), for the log. Counts it in
+ * the server (reloads, reload_failures, last_reload_ms, last_reload_error). Returns 0, or
+ * -EINVAL (errors in the file: the running settings stay) or -ENOMEM, with the errors in
+ * why (the first ones and how many more).
+ */
+int admin_reload(struct admin *a, const char *by, char *why, size_t why_n);
 
 /*
  * Live changes and their resets. Each returns 0 when applied and saved, 1 when applied but

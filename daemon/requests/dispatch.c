@@ -120,6 +120,7 @@ static const struct request_type request_types[] = {
 	REQUEST(SEQ_PUBLISH, handle_seq_publish, REQUEST_NEEDS_TENANT, SEQ_PUBLISH),
 	REQUEST(PREFIX_LOOKUP, handle_prefix_lookup, REQUEST_NEEDS_TENANT | REQUEST_TAKES_FD,
 	        PREFIX_LOOKUP),
+	REQUEST(RELOAD, handle_reload, REQUEST_NEEDS_ADMIN, RELOAD),
 #undef REQUEST
 };
 

@@ -255,3 +255,17 @@ void handle_tenant_delete(struct conn *c, uint64_t id, const Envelope *request,
 		           (unsigned)c->cred.uid);
 	reply_live(c, id, r, why);
 }
+
+void handle_reload(struct conn *c, uint64_t id, const Envelope *request _unused_,
+                   int request_fd _unused_) {
+	char by[96], why[1024];
+	int r;
+
+	snprintf(by, sizeof(by), "kvdctl reload (pid %d, uid %u)", (int)c->cred.pid,
+	         (unsigned)c->cred.uid);
+	r = admin_reload(c->srv->admin, by, why, sizeof(why));
+	if (r < 0)
+		envelope_reply_error(c, id, r, "%s", why);
+	else
+		envelope_reply(c, id, NULL, NULL, 0);
+}

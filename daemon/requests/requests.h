@@ -65,6 +65,7 @@ void handle_seq_unpin(struct conn *c, uint64_t id, const Envelope *request, int 
 void handle_seq_truncate(struct conn *c, uint64_t id, const Envelope *request, int fd);
 void handle_seq_publish(struct conn *c, uint64_t id, const Envelope *request, int fd);
 void handle_prefix_lookup(struct conn *c, uint64_t id, const Envelope *request, int fd);
+void handle_reload(struct conn *c, uint64_t id, const Envelope *request, int fd);
 
 /* operator.c */
 int budget_change(const struct server *s, const Kvd__V1__BudgetSet *req, uint64_t *ret,

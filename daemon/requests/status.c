@@ -83,6 +83,7 @@ void handle_status(struct conn *c, uint64_t id, const Envelope *request _unused_
 		return;
 	}
 	rep.daemon_version = (char *)KVD_VERSION;
+	rep.last_reload_error = s->last_reload_error;
 	rep.backend = (char *)p->ops->name;
 	node_values_status(s, &rep);
 	for (unsigned i = 0; i < _LIMIT_MAX; i++) {

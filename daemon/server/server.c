@@ -59,7 +59,9 @@ static void on_signal(struct loop_op *op, int res, bool more) {
 		clock_gettime(CLOCK_MONOTONIC, &ts);
 		sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu",
 		           (unsigned long long)ts.tv_sec * 1000000 + (unsigned long long)ts.tv_nsec / 1000);
-		admin_reload(s->admin);
+		char why[1024];
+
+		(void)admin_reload(s->admin, "SIGHUP", why, sizeof(why));
 		sd_notify(0, "READY=1");
 	} else if (res == (int)sizeof(s->siginfo)) {
 		log_info("received %s, stopping", strsignal((int)s->siginfo.ssi_signo));

@@ -142,6 +142,11 @@ struct server {
 	uint64_t truncates, truncated_tokens; /* SeqTruncates applied, positions dropped */
 	uint64_t forks;               /* SeqOpens that forked a sequence */
 	uint64_t group_steps;         /* steps tensor-parallel groups made (group.h) */
+	/* Config reloads (admin_reload: SIGHUP, kvdctl reload), those that failed, when the
+	 * last ran (ms since the start), whether it failed and its first error line. */
+	uint64_t reloads, reload_failures, last_reload_ms;
+	bool last_reload_failed;
+	char last_reload_error[256];
 	/* Prefix opens that found blocks, that found none; the tokens they found. */
 	uint64_t prefix_hits, prefix_misses, prefix_tokens;
 	uint64_t prefix_cached_hits;  /* blocks prefix opens found cached (prefix.h) */

@@ -54,6 +54,10 @@ READER(cache_dropped, s->prefix.dropped)
 READER(kv_events, kv_events_count(s->events))
 READER(kv_event_batches, kv_events_batches(s->events))
 READER(kv_events_dropped, kv_events_dropped(s->events))
+READER(reloads, s->reloads)
+READER(reload_failures, s->reload_failures)
+READER(last_reload_ms, s->last_reload_ms)
+READER(last_reload_failed, s->last_reload_failed)
 READER(rounds_total, evict_rounds_total(s->evictor))
 READER(last_round_us, evict_last_round_us(s->evictor))
 READER(rounds_failed, evict_rounds_failed(s->evictor))
@@ -183,6 +187,13 @@ const struct node_value node_values[] = {
 	  "published.", read_kv_event_batches },
 	{ "kv_events_dropped", "kvd_kv_events_dropped_total", COUNTER, "KV events dropped: the "
 	  "publisher's queue was full.", read_kv_events_dropped },
+	{ "reloads", "kvd_reloads_total", COUNTER, "Config reloads (SIGHUP, kvdctl reload).",
+	  read_reloads },
+	{ "reload_failures", "kvd_reload_failures_total", COUNTER, "Config reloads that failed: "
+	  "the running settings stayed.", read_reload_failures },
+	{ "last_reload_ms", NULL, GAUGE, NULL, read_last_reload_ms },
+	{ NULL, "kvd_reload_failed", GAUGE, "1 when the last config reload failed (its errors: "
+	  "kvdctl status, the log).", read_last_reload_failed },
 	{ "unmap_timeouts", "kvd_unmap_timeouts_total", COUNTER,
 	  "Connections that did not unmap a chunk the daemon took back within unmap-timeout.",
 	  read_unmap_timeouts },

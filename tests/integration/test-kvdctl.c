@@ -678,6 +678,47 @@ static bool reset_supported(const struct run *r, const char **why) {
 	"[[t[k] for k in ('min_source', 'max_source', 'weight_source')] for t in d['tenants'] " \
 	"if t['name'] == '" name "'][0]"
 
+/* kvdctl reload: the config file read again, and the result told (what ExecReload needs):
+ * errors exit 1 with the file's errors and leave the running settings; status counts. */
+TEST(reload_reports_its_result) {
+	static const char *const args[] = { "--pool-size", "16MiB", "--chunk-size", "1MiB", NULL };
+	struct fixture f;
+	struct run *r;
+
+	fixture_setup(&f, "[kvd]\nbudget = 12MiB\n", false);
+	fixture_launch(&f, args);
+	fixture_write_config(&f, "[kvd]\nbudget = 10MiB\n");
+	r = kvdctl(f.socket, "reload");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "reloaded");
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 10u << 20);
+	/* A bad edit: refused, said, counted; the budget stays. */
+	fixture_write_config(&f, "[kvd]\nbudget = lots\n");
+	r = kvdctl(f.socket, "reload");
+	ASSERT_EXIT(r, 1);
+	ASSERT_CONTAINS(r->err, "reload failed: 1 error in");
+	ASSERT_CONTAINS(r->err, "budget");
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 10u << 20);
+	ASSERT_EQ(fixture_status(&f, NULL, "reloads"), 2u);
+	ASSERT_EQ(fixture_status(&f, NULL, "reload_failures"), 1u);
+	{
+		char buf[256];
+
+		ASSERT_TRUE(strstr(fixture_status_str(&f, NULL, "last_reload_error", buf, sizeof(buf)),
+		                   "reload failed: 1 error"));
+	}
+	/* Fixed: the error goes from the status. */
+	fixture_write_config(&f, "[kvd]\nbudget = 8MiB\n");
+	ASSERT_EXIT(kvdctl(f.socket, "reload"), 0);
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 8u << 20);
+	{
+		char buf[256];
+
+		ASSERT_STREQ(fixture_status_str(&f, NULL, "last_reload_error", buf, sizeof(buf)), "");
+	}
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 TEST(budget_and_tenant_reset) {
 	static const char *const config = "[kvd]\n"
 					  "budget = 12MiB\n"

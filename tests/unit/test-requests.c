@@ -26,7 +26,7 @@ static bool named(const char *name, const char *const *list) {
 
 TEST(every_request_and_only_requests) {
 	static const char *const admin[] = { "budget_set", "budget_reset", "tenant_set",
-		                             "tenant_reset", "tenant_delete", NULL };
+		                             "tenant_reset", "tenant_delete", "reload", NULL };
 	static const char *const anyone[] = { "hello", "status_request", "evict",
 		                              "evictions_request", "connections_request",
 		                              "sequences_request", "disconnect", "plan", NULL };

@@ -54,6 +54,9 @@ void help(void) {
 	       "                           sequence or chunk) and is not in the config file,\n"
 	       "                           with its live values; kvd forgets idle ones by itself\n"
 	       "                           after its tenant-forget time\n"
+	       "  reload                   Make kvd read its config file again (as SIGHUP does);\n"
+	       "                           exits 1 with the errors when that failed, the\n"
+	       "                           running settings staying\n"
 	       "  top [--interval SECONDS] [--once] [--json]\n"
 	       "                           Per-tenant usage, share of the budget and rates,\n"
 	       "                           redrawn in place until q or Ctrl-C\n"
@@ -603,6 +606,41 @@ static void budget_report(kvd_client *c, const char *done) {
 	}
 	printf("%s: budget %s (%" PRIu64 " bytes, source: %s)\n", done,
 	       size_format(v, buf, sizeof(buf)), v, budget_source(st));
+}
+
+/* kvdctl reload: the daemon reads its config file again; the exit status says whether
+ * that worked, which a service manager's reload (ExecReload) reports. */
+static int cmd_reload(int argc, char **argv) {
+	static const struct option options[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "help", no_argument, NULL, 'h' },
+		{},
+	};
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	int opt, r;
+
+	optind = 0;
+	while ((opt = getopt_long(argc, argv, "h", options, NULL)) >= 0)
+		switch (opt) {
+		case 's':
+			arg_socket = optarg;
+			break;
+		case 'h':
+			help();
+			return EXIT_OK;
+		default:
+			return usage_error("reload: bad option");
+		}
+	if (optind != argc)
+		return usage_error("reload: takes no arguments");
+	r = connect_admin(&c);
+	if (r != EXIT_OK)
+		return r;
+	r = kvd_reload(c);
+	if (r < 0)
+		return request_error(c, r, "reload");
+	printf("reloaded: kvd applied its config file\n");
+	return EXIT_OK;
 }
 
 static int cmd_budget(int argc, char **argv) {
@@ -1342,7 +1380,7 @@ int main(int argc, char **argv) {
 		{ "top", cmd_top, true },	  { "score", cmd_score, false },
 		{ "evict", cmd_evict, false },	  { "evictions", cmd_evictions, true },
 		{ "connections", cmd_connections, true }, { "seqs", cmd_seqs, true },
-		{ "disconnect", cmd_disconnect, false },
+		{ "disconnect", cmd_disconnect, false }, { "reload", cmd_reload, false },
 	};
 	int opt;
 

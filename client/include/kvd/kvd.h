@@ -877,6 +877,16 @@ KVD_EXPORT int kvd_seq_digest(kvd_seq *s, uint64_t *ret_daemon, uint64_t *ret_lo
  * -EUSERS (too many tenants), -ENOMEM, -ECONNRESET, -ECHILD.
  */
 KVD_EXPORT int kvd_budget_set(kvd_client *c, uint64_t bytes);
+
+/*
+ * Makes the daemon read its config file again and apply it, as SIGHUP does, and says
+ * whether that worked (what a service manager's reload needs: `kvdctl reload`). Returns 0,
+ * or -EINVAL (errors in the file: the running settings stay; kvd_client_last_error() has
+ * them, the count and file first, then the errors a line each), -EPERM (not an
+ * administrative connection with the rights), -EOPNOTSUPP (a daemon older than KVD_1.10),
+ * -ENOMEM, -ECONNRESET, -ECHILD. Since KVD_1.10.
+ */
+KVD_EXPORT int kvd_reload(kvd_client *c);
 KVD_EXPORT int kvd_tenant_set(kvd_client *c, const char *tenant, uint64_t min_bytes,
 		              uint64_t max_bytes, uint32_t weight);
 
@@ -967,7 +977,9 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           be saved (present only while they cannot), and "warnings": the daemon's
  *           standing warnings about its settings, one per line (present only while there
  *           are some; see kvd(8), WARNINGS), and "devices": the pooled GPUs, one per line,
- *           "GPU <n> <uuid> <pci bus id> <key>=<value>..." (on GPU pools only; kvd(8), GPU);
+ *           "GPU <n> <uuid> <pci bus id> <key>=<value>..." (on GPU pools only; kvd(8), GPU),
+ *           and "last_reload_error": the first line of the last config reload's errors
+ *           ("" when it worked; since KVD_1.10);
  *   tenant: "used_bytes", "block_bytes", "min_bytes", "max_bytes" (UINT64_MAX: no cap),
  *           "weight", "sequences", "connections", "chunks", "evicted_bytes" (block bytes
  *           evicted from it), "evicted_tokens" (token slots, summed over tables),
