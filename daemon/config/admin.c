@@ -322,6 +322,45 @@ struct admin *admin_free(struct admin *a) {
 
 /* ---- reload ---- */
 
+/* After a reload: a tenant value edited in the file that a live value still shadows gets
+ * said, or the edit would seem to do nothing. old: the settings before the reload. */
+static void log_shadowed(struct admin *a, const struct settings *old) {
+	for (uint32_t i = 0; i < a->cfg.n_tenants; i++) {
+		const struct settings_tenant *ct = &a->cfg.tenants[i];
+		const struct settings_tenant *was = settings_tenant_find(old, ct->name);
+		const struct state_tenant *lt = state_tenant_find(a->state, ct->name);
+		const struct {
+			const char *key;
+			unsigned index;
+			bool live;
+			uint64_t now, before;
+		} f[] = {
+			{ "min", SETTINGS_TENANT_MIN, lt && lt->has_min, ct->min_bytes,
+			  was ? was->min_bytes : 0 },
+			{ "max", SETTINGS_TENANT_MAX, lt && lt->has_max, ct->max_bytes,
+			  was ? was->max_bytes : 0 },
+			{ "weight", SETTINGS_TENANT_WEIGHT, lt && lt->has_weight, ct->weight,
+			  was ? was->weight : 0 },
+			{ "policy", SETTINGS_TENANT_POLICY, lt && lt->has_policy, (uint64_t)ct->policy,
+			  was ? (uint64_t)was->policy : 0 },
+			{ "tier", SETTINGS_TENANT_TIER, lt && lt->has_tier, (uint64_t)ct->tier,
+			  was ? (uint64_t)was->tier : 0 },
+			{ "recall", SETTINGS_TENANT_RECALL, lt && lt->has_recall, ct->recall,
+			  was ? was->recall : 0 },
+		};
+
+		for (size_t k = 0; k < ELEMENTSOF(f); k++) {
+			bool set_now = ct->source[f[k].index] == SOURCE_CONFIG;
+			bool set_before = was && was->source[f[k].index] == SOURCE_CONFIG;
+
+			if (f[k].live && (set_now != set_before || (set_now && f[k].now != f[k].before)))
+				log_notice("%s: tenant %s: %s changed in the file, but the live value set "
+				           "with kvdctl stays until kvdctl tenant reset %s", config_name(a),
+				           ct->name, f[k].key, ct->name);
+		}
+	}
+}
+
 /* Logs a failed reload's errors, and puts them in why: the count, then as many as fit. */
 static void log_errors(struct inifile_errors *e, const char *path, char *why, size_t why_n) {
 	size_t k;
@@ -461,6 +500,7 @@ int admin_reload(struct admin *a, const char *by, char *why, size_t why_n) {
 			log_error("cannot add tenant %s, ignoring", a->cfg.tenants[i].name);
 	}
 	apply_tenants(a, true);
+	log_shadowed(a, &old);
 	warnings_update(s);
 	settings_done(&old);
 	log_notice("reloaded %s: budget %s (%s), %" PRIu32 " tenants in the file",

@@ -310,6 +310,27 @@ TEST(bad_reload_changes_nothing) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* An edit of a tenant's value in the file that a live value shadows is said at the reload,
+ * and the live value stays (it wins until kvdctl tenant reset). */
+TEST(live_value_shadowing_an_edit_is_said) {
+	struct fixture f;
+	kvd_client *admin;
+
+	fixture_setup(&f, "[kvd]\npool-size = 16MiB\n[tenant t]\nmax = 4MiB\nweight = 2\n", true);
+	fixture_launch(&f, small);
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_tenant_set(admin, "t", 0, 2 * MiB, 0));
+	fixture_write_config(&f, "[kvd]\npool-size = 16MiB\n[tenant t]\nmax = 8MiB\nweight = 3\n");
+	reload(&f, "reloaded", 1);
+	ASSERT_EQ(fixture_log_count(&f, "tenant t: max changed in the file, but the live value set "
+	                                "with kvdctl stays until kvdctl tenant reset t"), 1u);
+	/* The weight is not live: the file's new value applies, and nothing is said of it. */
+	ASSERT_EQ(fixture_log_count(&f, "tenant t: weight changed in the file"), 0u);
+	assert_tenant(&f, "t", 0, "live", 2 * MiB, "live", 3, "config");
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 static bool file_contains(const char *path, const char *needle) {
 	char buf[4096];
 	size_t k;
