@@ -85,6 +85,9 @@ static const struct shape default_shapes[] = {
 
 static const char *arg_socket;
 static unsigned arg_tenants = 3;
+/* --tenant NAME (repeated): the tenants' names, in order; the others are bench-<i>. */
+static const char *arg_tenant_names[TENANTS_MAX];
+static unsigned arg_n_tenant_names;
 static unsigned arg_seqs = 8;
 static unsigned arg_tokens = 4096;
 static unsigned arg_step = 16;
@@ -1018,13 +1021,23 @@ static void child_hold(struct child *ch) {
 	}
 }
 
+/* Tenant i's name: the i-th --tenant, else bench-<i>. */
+static const char *tenant_name(unsigned i) {
+	static char buf[TENANTS_MAX][24];
+
+	if (i < arg_n_tenant_names)
+		return arg_tenant_names[i];
+	snprintf(buf[i % TENANTS_MAX], sizeof(buf[0]), "bench-%u", i);
+	return buf[i % TENANTS_MAX];
+}
+
 static int child_main(unsigned index, int out_fd, int go_fd) {
 	uint64_t grows = (uint64_t)arg_seqs * DIV_ROUND_UP(arg_tokens, arg_step);
 	struct child ch = { .index = index, .shape = shape_of_tenant(index) };
 	char byte;
 	int r;
 
-	snprintf(ch.tenant, sizeof(ch.tenant), "bench-%u", index);
+	snprintf(ch.tenant, sizeof(ch.tenant), "%s", tenant_name(index));
 	ch.row_bytes = (uint64_t)ch.shape.head_dim * layout_dtype_bytes(ch.shape.dtype);
 	ch.seqs = calloc(arg_seqs, sizeof(*ch.seqs));
 	ch.grow_lat = calloc(grows, sizeof(uint64_t));
@@ -1148,7 +1161,7 @@ static void read_phase(struct tenant_result *t, unsigned i, char want) {
 		if (r >= 0)
 			return;
 	}
-	fprintf(stderr, "kvd-bench: bench-%u: lost contact with the child process%s%s\n", i,
+	fprintf(stderr, "kvd-bench: %s: lost contact with the child process%s%s\n", tenant_name(i),
 		r < 0 ? ": " : "", r < 0 ? strerror(-r) : "");
 	t->failed = 1;
 }
@@ -1325,7 +1338,7 @@ static void report_eviction(const struct tenant_result *t) {
 		if (!t[i].have_report)
 			continue;
 		snprintf(kept, sizeof(kept), "%.1f%%", percent(resident, rep->tokens));
-		printf("bench-%-3u %9" PRIu64 " %9" PRIu64 " %6s", i, rep->tokens, resident, kept);
+		printf("%-9s %9" PRIu64 " %9" PRIu64 " %6s", tenant_name(i), rep->tokens, resident, kept);
 		if (arg_observe) {
 			snprintf(kept, sizeof(kept), "%.1f%%", percent(rep->needles_resident, rep->needles));
 			printf(" %7s", kept);
@@ -1334,7 +1347,7 @@ static void report_eviction(const struct tenant_result *t) {
 		       rep->evicted_tokens, size_format(rep->evicted_bytes, a, sizeof(a)), rep->rounds,
 		       rep->grows_waited, rep->grows_failed, rep->seq_changed);
 		if (rep->grows_waited + rep->grows_failed > 0)
-			printf("bench-%-3u waited %.3f s in all for refused grows to be granted\n", i,
+			printf("%-9s waited %.3f s in all for refused grows to be granted\n", tenant_name(i),
 			       (double)rep->wait_ns / 1e9);
 	}
 }
@@ -1437,7 +1450,7 @@ static int run_load(void) {
 		else if (r >= 0)
 			r = -EPROTO;
 		if (r < 0) {
-			fprintf(stderr, "kvd-bench: bench-%u: no report from the child process: %s\n", i,
+			fprintf(stderr, "kvd-bench: %s: no report from the child process: %s\n", tenant_name(i),
 				strerror(-r));
 			t[i].failed = 1;
 		}
@@ -1457,7 +1470,7 @@ static int run_load(void) {
 			}
 		if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
 			if (status != -1 && WIFSIGNALED(status))
-				fprintf(stderr, "kvd-bench: bench-%u: child killed by signal %d (%s)\n", i,
+				fprintf(stderr, "kvd-bench: %s: child killed by signal %d (%s)\n", tenant_name(i),
 					WTERMSIG(status), strsignal(WTERMSIG(status)));
 			t[i].failed = 1;
 		}
@@ -1479,7 +1492,7 @@ static int run_load(void) {
 		char s[SHAPE_MAX], a[32], b[32];
 
 		shape_format(&sh, s, sizeof(s));
-		printf("bench-%-3u %-*s %5" PRIu64 " %9" PRIu64 " %11s %11s\n", i, shape_width, s,
+		printf("%-9s %-*s %5" PRIu64 " %9" PRIu64 " %11s %11s\n", tenant_name(i), shape_width, s,
 		       rep->sequences, rep->sequences ? rep->tokens / rep->sequences : 0,
 		       size_format(rep->kv_bytes, a, sizeof(a)), size_format(rep->tenant_used_bytes, b, sizeof(b)));
 		if (t[i].failed || rep->error != 0)
@@ -1595,7 +1608,10 @@ static void help(void) {
 	       "\n"
 	       "Options:\n"
 	       "  --socket PATH    Daemon socket (default: $KVD_SOCKET if set, else %s)\n"
-	       "  --tenants N      Client processes, one tenant each, 1..%u (default: 3)\n"
+	       "  --tenants N      Client processes, one tenant each, 1..%u (default: 3, or\n"
+	       "                   as many as --tenant names)\n"
+	       "  --tenant NAME    A tenant's name, repeatable, in order (the others are\n"
+	       "                   bench-<i>): load-test a node's real tenants\n"
 	       "  --seqs M         Sequences per tenant, 1..%u (default: 8)\n"
 	       "  --tokens T       Tokens per sequence, 1..%u (default: 4096)\n"
 	       "  --step S         Tokens per grow call, a prefill chunk (default: 16)\n"
@@ -1643,11 +1659,12 @@ static void help(void) {
 #define usage_error(...) cli_usage_error("kvd-bench", __VA_ARGS__)
 
 int main(int argc, char **argv) {
-	enum { OPT_SOCKET = 0x100, OPT_TENANTS, OPT_SEQS, OPT_TOKENS, OPT_STEP, OPT_VERIFY,
+	enum { OPT_SOCKET = 0x100, OPT_TENANTS, OPT_TENANT, OPT_SEQS, OPT_TOKENS, OPT_STEP, OPT_VERIFY,
 	       OPT_MODEL, OPT_HOLD, OPT_UNIT, OPT_WINDOW, OPT_OBSERVE, OPT_OVER_BUDGET, OPT_VERSION };
 	static const struct option options[] = {
 		{ "socket", required_argument, NULL, OPT_SOCKET },
 		{ "tenants", required_argument, NULL, OPT_TENANTS },
+		{ "tenant", required_argument, NULL, OPT_TENANT },
 		{ "seqs", required_argument, NULL, OPT_SEQS },
 		{ "tokens", required_argument, NULL, OPT_TOKENS },
 		{ "step", required_argument, NULL, OPT_STEP },
@@ -1663,6 +1680,7 @@ int main(int argc, char **argv) {
 		{},
 	};
 	int load = 0, window = 0, opt;
+	bool tenants_given = false;
 	uint32_t v;
 
 	/* score and evict have options of their own (--tokens is a list in score): they must
@@ -1708,6 +1726,17 @@ int main(int argc, char **argv) {
 			if (number_parse_u32(optarg, 1, TENANTS_MAX, &v) < 0)
 				return usage_error("--tenants: '%s' is not in 1..%u", optarg, TENANTS_MAX);
 			arg_tenants = v;
+			tenants_given = true;
+			break;
+		case OPT_TENANT:
+			if (arg_n_tenant_names == TENANTS_MAX)
+				return usage_error("--tenant: at most %u", TENANTS_MAX);
+			if (!*optarg || strlen(optarg) > KVD_TENANT_NAME_MAX ||
+			    strspn(optarg, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+			                   "0123456789_.-") != strlen(optarg))
+				return usage_error("--tenant: '%s' is not a tenant name ([A-Za-z0-9_.-], "
+				                   "1 to %u)", optarg, KVD_TENANT_NAME_MAX);
+			arg_tenant_names[arg_n_tenant_names++] = optarg;
 			break;
 		case OPT_SEQS:
 			if (number_parse_u32(optarg, 1, SEQS_MAX, &v) < 0)
@@ -1775,6 +1804,15 @@ int main(int argc, char **argv) {
 		}
 	if (!load)
 		return usage_error("missing command: load, score, evict or ipc");
+	/* --tenant names the tenants: as many as it names, unless --tenants says more. */
+	if (!tenants_given && arg_n_tenant_names > 0)
+		arg_tenants = arg_n_tenant_names;
+	if (arg_n_tenant_names > arg_tenants)
+		return usage_error("%u --tenant names for %u tenants", arg_n_tenant_names, arg_tenants);
+	for (unsigned i = 0; i < arg_n_tenant_names; i++)
+		for (unsigned j = 0; j < i; j++)
+			if (strcmp(arg_tenant_names[i], arg_tenant_names[j]) == 0)
+				return usage_error("--tenant %s given twice", arg_tenant_names[i]);
 	if (arg_n_models > arg_tenants)
 		return usage_error("%u --model options for %u tenants", arg_n_models, arg_tenants);
 	if (arg_unit == KVD_UNIT_NONE && (window || arg_observe || arg_over_budget))
