@@ -464,6 +464,11 @@ TEST(status_host_tier) {
 	ASSERT_JSON(r->out, "d['tenants'][0]['recall']", "64");
 	ASSERT_JSON(r->out, "d['tenants'][0]['recall_source']", "live");
 	ASSERT_JSON(r->out, "d['recall_kept_tokens']", "0");
+	/* The tenant table says each tenant's tier, marked as the other live values are. */
+	r = kvdctl(f.socket, "tenants");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(line_starting(r->out, "TENANT "), "TIER");
+	ASSERT_CONTAINS(line_starting(r->out, "alpha "), "host*");
 	r = kvdctl(f.socket, "top --once --interval 0.1");
 	ASSERT_EXIT(r, 0);
 	ASSERT_CONTAINS(r->out, "host tier 0 B of 4.0 MiB");

@@ -181,6 +181,7 @@ enum {
 	COL_MAX,
 	COL_WEIGHT,
 	COL_POLICY,
+	COL_TIER,
 	COL_SEQS,
 	COL_CONNS,
 	COL_EVICTED, /* last: left out for a daemon that does not evict */
@@ -188,15 +189,16 @@ enum {
 };
 
 static const char *const col_title[COL_MAX_] = {
-	"TENANT", "USED", "%BUDGET", "BLOCKS", "MIN", "MAX", "WEIGHT", "POLICY", "SEQS", "CONNS",
-	"EVICTED",
+	"TENANT", "USED", "%BUDGET", "BLOCKS", "MIN", "MAX", "WEIGHT", "POLICY", "TIER", "SEQS",
+	"CONNS", "EVICTED",
 };
 /* The same titles with room for the source marker. */
 static const char *const col_title_marked[COL_MAX_] = {
-	"TENANT", "USED", "%BUDGET", "BLOCKS", "MIN ", "MAX ", "WEIGHT ", "POLICY", "SEQS", "CONNS",
-	"EVICTED",
+	"TENANT", "USED", "%BUDGET", "BLOCKS", "MIN ", "MAX ", "WEIGHT ", "POLICY", "TIER", "SEQS",
+	"CONNS", "EVICTED",
 };
-static const unsigned char col_left[COL_MAX_] = { [COL_NAME] = 1, [COL_POLICY] = 1 };
+static const unsigned char col_left[COL_MAX_] = { [COL_NAME] = 1, [COL_POLICY] = 1,
+	                                          [COL_TIER] = 1 };
 
 /*
  * Where a tenant's min, max or weight comes from, as the daemon says it, and the marker the
@@ -233,6 +235,7 @@ static const struct {
 	{ COL_MAX, "max_source" },
 	{ COL_WEIGHT, "weight_source" },
 	{ COL_POLICY, "policy_source" },
+	{ COL_TIER, "tier_source" },
 };
 
 /* Sets cell to the size of the tenant's key, "-" for KVD_TENANT_NO_CAP with no_cap, "?"
@@ -330,6 +333,25 @@ static int tenant_row(const kvd_status *st, uint32_t t, uint64_t budget, int mar
 	if (r < 0)
 		return r;
 	snprintf(cells[COL_POLICY], CELL_MAX, "%s", r > 0 || !*s ? "-" : s);
+	/* What memory pressure does with it, and what its sequences moved out hold of the host
+	 * and file tiers (outside USED, which counts the pool's chunks). */
+	r = status_tenant_str(st, t, "tier", &s);
+	if (r < 0)
+		return r;
+	if (r > 0 || !*s)
+		snprintf(cells[COL_TIER], CELL_MAX, "-");
+	else {
+		uint64_t host = 0, file = 0;
+		char size[32];
+
+		(void)status_tenant_u64(st, t, "tier_bytes", &host);
+		(void)status_tenant_u64(st, t, "tier_file_bytes", &file);
+		if (host + file > 0)
+			snprintf(cells[COL_TIER], CELL_MAX, "%s %s", s,
+			         size_format(host + file, size, sizeof(size)));
+		else
+			snprintf(cells[COL_TIER], CELL_MAX, "%s", s);
+	}
 	if (evicted && (r = cell_evicted(st, t, cells[COL_EVICTED])) < 0)
 		return r;
 
