@@ -138,6 +138,11 @@ static const struct setting node_table[] = {
 	  "group (name or number) whose members may change the budget and tenants, besides root; "
 	  "a group that does not exist leaves it to root", NODE(admin_group), 1,
 	  SETTINGS_LIST_NAME_MAX - 1 },
+	{ "admin-on-tenant-connections", SETTING_ENUM, SETTING_RUNTIME, "YES|NO", "yes", NULL,
+	  "whether root and admin-group may change the budget and tenants from a connection that "
+	  "acts for a tenant (an engine's); no: only from administrative connections (kvdctl's)",
+	  NODE(admin_on_tenant_connections), .enum_name = settings_yes_no_to_string,
+	  .enum_n = _SETTINGS_YES_NO_MAX },
 	{ "tenant-create", SETTING_ENUM, SETTING_RUNTIME, "WHO", "any", NULL,
 	  "who may act as a tenant the config file does not declare: any peer, admin (root and "
 	  "admin-group) or none (root only); production configs should say none",

@@ -167,6 +167,7 @@ struct settings {
 	char *socket;
 	char *socket_group;           /* "": the daemon's group */
 	char *admin_group;
+	int admin_on_tenant_connections; /* enum settings_yes_no */
 	int tenant_create;            /* enum settings_tenant_create */
 	uint64_t pool_size;
 	uint64_t chunk_size;

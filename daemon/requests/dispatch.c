@@ -182,6 +182,19 @@ static void dispatch_request(struct conn *c, const Envelope *env, int *fds, uint
 		            "budget and tenants", c->srv->admin->cfg.admin_group);
 		return;
 	}
+	/* An engine (a tenant's connection) changes no node setting, whatever its uid, where
+	 * the operator says so. */
+	if ((rt->flags & REQUEST_NEEDS_ADMIN) && c->tenant &&
+	    c->srv->admin->cfg.admin_on_tenant_connections == SETTINGS_NO) {
+		c->srv->access_refused++;
+		log_warning("connection %llu: pid %d uid %u (tenant %s) refused an admin request: "
+		            "admin-on-tenant-connections = no", (unsigned long long)c->id,
+		            (int)c->cred.pid, (unsigned)c->cred.uid, c->tenant->name);
+		envelope_reply_error(c, id, -EPERM, "the budget and tenants change only from "
+		                     "administrative connections (kvdctl's), not a tenant's "
+		                     "(admin-on-tenant-connections = no)");
+		return;
+	}
 	rt->handler(c, id, env, fd);
 }
 

@@ -397,3 +397,33 @@ TEST(tenants_per_uid) {
 	ASSERT_TRUE(fixture_wait_log(&f, "refused at limit tenants_per_uid", 1));
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
+
+/* admin-on-tenant-connections = no: an engine's connection changes no node setting, even as
+ * root (an engine's error probe once set the budget); kvdctl's administrative connection
+ * still does. The default lets root do it from either. */
+TEST(admin_only_from_administrative_connections) {
+	struct fixture f;
+	kvd_client *engine, *admin;
+
+	fixture_start(&f, (const char *const[]){ "--pool-size", "16MiB", "--chunk-size", "1MiB",
+	                                         "--admin-on-tenant-connections", "no", NULL });
+	engine = fixture_connect(&f, "engine");
+	admin = fixture_connect(&f, NULL);
+	ASSERT_ERRNO(kvd_budget_set(engine, 1u << 20), -EPERM);
+	ASSERT_TRUE(strstr(kvd_client_last_error(engine), "admin-on-tenant-connections = no"));
+	ASSERT_ERRNO(kvd_tenant_set(engine, "engine", 0, 1u << 20, 0), -EPERM);
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 16u << 20);
+	ASSERT_OK(kvd_budget_set(admin, 8u << 20));
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 8u << 20);
+	kvd_client_unref(engine);
+	kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+
+	/* By default root may, from a tenant's connection too. */
+	fixture_start(&f, (const char *const[]){ "--pool-size", "16MiB", "--chunk-size", "1MiB", NULL });
+	engine = fixture_connect(&f, "engine");
+	ASSERT_OK(kvd_budget_set(engine, 4u << 20));
+	ASSERT_EQ(fixture_status(&f, NULL, "budget_bytes"), 4u << 20);
+	kvd_client_unref(engine);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
