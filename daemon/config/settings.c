@@ -852,9 +852,9 @@ int settings_load(struct settings *s, const struct settings *flags, const char *
 		s->source[i] = SOURCE_FLAG;
 		s->line[i] = 0;
 	}
-	/* Values that do not fit together would only add noise to a file that does not parse. */
-	if (inifile_errors_count(e) == before)
-		settings_check(s, e);
+	/* Every error at once: the values that did parse are checked together too (one that
+	 * did not keeps its default, so no error here names it). */
+	settings_check(s, e);
 	return inifile_errors_count(e) == before ? 0 : -EINVAL;
 }
 
@@ -1049,6 +1049,8 @@ void settings_format(const struct settings *s, size_t i, char *buf, size_t n) {
 	case SETTING_SIZE:
 		if (*CFIELD(s, e, uint64_t) == SETTINGS_UNSET)
 			snprintf(buf, n, "%s", e->def_help ? e->def_help : "none");
+		else if ((e->flags & SETTING_PERCENT) && (*CFIELD(s, e, uint64_t) & SETTINGS_PERCENT))
+			snprintf(buf, n, "%" PRIu64 "%%", *CFIELD(s, e, uint64_t) & ~SETTINGS_PERCENT);
 		else
 			size_format(*CFIELD(s, e, uint64_t), buf, n);
 		break;

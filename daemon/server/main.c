@@ -5,6 +5,7 @@
  * settings.h) and wires the parts together.
  */
 #include <errno.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@
 #include "server.h"
 #include "settings.h"
 #include "tier.h"
+#include "warnings.h"
 
 #define EXIT_USAGE 2
 
@@ -38,9 +40,17 @@ static void print_errors(const struct inifile_errors *e) {
 		fprintf(stderr, "kvd: %u more errors\n", e->dropped);
 }
 
-/* --check-config: every error, or what the file declares. */
-static int check_config(const struct settings *s, const struct inifile_errors *e, int r) {
-	char min[32], max[32];
+/*
+ * --check-config: every error, or what a start would do with the settings: the warnings
+ * it would log, the backend and pool, every [kvd] value with where it comes from, and
+ * what the file declares for each tenant.
+ */
+static int check_config(const struct settings *s, const struct inifile_errors *e, int r,
+                        const struct backend_ops *ops, uint64_t pool_bytes, const char *backend) {
+	char min[32], max[32], value[256], where[PATH_MAX + 64], warnings[WARNINGS_MAX];
+	const struct setting *table;
+	uint64_t mins = 0;
+	size_t n;
 
 	if (r < 0) {
 		print_errors(e);
@@ -50,6 +60,29 @@ static int check_config(const struct settings *s, const struct inifile_errors *e
 		printf("%s: OK\n", s->path);
 	else
 		printf("no %s: the defaults and flags are OK\n", s->config);
+	for (uint32_t i = 0; i < s->n_tenants; i++)
+		mins += s->tenants[i].min_bytes;
+	warnings_of_settings(ops->host_access, pool_bytes,
+	                     MIN(settings_budget(s, pool_bytes), pool_bytes), mins, warnings);
+	for (const char *l = warnings, *end; *l; l = end + 1) {
+		end = strchr(l, '\n');
+		printf("warning: %.*s\n", (int)(end - l), l);
+	}
+	printf("backend %s: %s; pool %llu MiB\n", settings_backend_to_string(s->backend), backend,
+	       (unsigned long long)(pool_bytes >> 20));
+	/* The effective values, as a start takes them (kvd.conf(5) says what each means). */
+	printf("[kvd]\n");
+	table = settings_table(&n);
+	for (size_t i = 0; i < n; i++) {
+		if (table[i].flags & SETTING_FLAG_ONLY)
+			continue;
+		settings_format(s, i, value, sizeof(value));
+		if (s->source[i] == SOURCE_CONFIG)
+			snprintf(where, sizeof(where), "%s:%u", s->path ? s->path : "?", s->line[i]);
+		else
+			snprintf(where, sizeof(where), "%s", s->source[i] == SOURCE_FLAG ? "flag" : "default");
+		printf("%s = %s  (%s)\n", table[i].name, value, where);
+	}
 	for (uint32_t i = 0; i < s->n_tenants; i++) {
 		const struct settings_tenant *t = &s->tenants[i];
 
@@ -159,10 +192,13 @@ int main(int argc, char *argv[]) {
 	if (r >= 0)
 		r = settings_load(&cfg, &arg_flags, NULL, &errors);
 	/* The backend and the pool as this start makes them, and the file against them: the
-	 * same verdict for --check-config as for a start on this machine. */
-	if (r >= 0) {
-		r = resolve_pool(&cfg, &ops, &n_devices, &pool_bytes, why, sizeof(why));
-		if (r < 0) {
+	 * same verdict for --check-config as for a start on this machine, every error at once
+	 * (a file with errors is still checked against the pool, with what did parse). */
+	if (r >= 0 || r == -EINVAL) {
+		int q = resolve_pool(&cfg, &ops, &n_devices, &pool_bytes, why, sizeof(why));
+
+		if (q < 0) {
+			print_errors(&errors);
 			if (arg_flags.check_config)
 				fprintf(stderr, "kvd: %s\n", why);
 			else
@@ -178,10 +214,7 @@ int main(int argc, char *argv[]) {
 	}
 	if (arg_flags.check_config || r < 0) {
 		if (arg_flags.check_config) {
-			r = check_config(&cfg, &errors, r);
-			if (r == EXIT_SUCCESS)
-				printf("backend %s: %s; pool %llu MiB\n", settings_backend_to_string(cfg.backend),
-				       why, (unsigned long long)((pool_bytes * n_devices) >> 20));
+			r = check_config(&cfg, &errors, r, ops, pool_bytes * n_devices, why);
 		} else {
 			print_errors(&errors);
 			r = r == -ENOMEM ? EXIT_FAILURE : EXIT_USAGE;

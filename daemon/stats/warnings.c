@@ -63,9 +63,33 @@ static uint64_t unevictable_bytes(const struct server *s, const struct tenant *t
 	return bytes;
 }
 
+/* What the pool's size and the tenants' minimums alone make wrong. */
+static void sizes(struct text *t, bool host_pool, uint64_t pool_bytes, uint64_t budget_bytes,
+                  uint64_t mins) {
+	uint64_t mem = physical_memory();
+	char a[32], b[32];
+
+	if (host_pool && mem && pool_bytes > mem)
+		add(t, "the host pool (%s) is larger than physical memory (%s): chunks written "
+		    "past it swap, or the OOM killer ends a process",
+		    size_format(pool_bytes, a, sizeof(a)), size_format(mem, b, sizeof(b)));
+	if (mins > budget_bytes)
+		add(t, "the tenants' guaranteed minimums (%s together) exceed the budget (%s): "
+		    "eviction cannot honour them all",
+		    size_format(mins, a, sizeof(a)), size_format(budget_bytes, b, sizeof(b)));
+}
+
+void warnings_of_settings(bool host_pool, uint64_t pool_bytes, uint64_t budget_bytes,
+                          uint64_t mins, char buf[WARNINGS_MAX]) {
+	struct text t = { .buf = buf };
+
+	buf[0] = 0;
+	sizes(&t, host_pool, pool_bytes, budget_bytes, mins);
+}
+
 static void compute(const struct server *s, struct text *t) {
 	const struct pool *p = s->pool;
-	uint64_t mem = physical_memory(), mins = 0;
+	uint64_t mins = 0;
 	char a[32], b[32];
 
 	if (s->gpu_unreachable[0])
@@ -85,16 +109,9 @@ static void compute(const struct server *s, struct text *t) {
 			    "it, the KV kept across a restart is lost when no engine holds the GPU "
 			    "while kvd restarts (kvd(8) GPU)", dev->index);
 	}
-	if (p->ops->host_access && mem && p->pool_bytes > mem)
-		add(t, "the host pool (%s) is larger than physical memory (%s): chunks written "
-		    "past it swap, or the OOM killer ends a process",
-		    size_format(p->pool_bytes, a, sizeof(a)), size_format(mem, b, sizeof(b)));
 	for (uint32_t i = 0; i < s->tenants.n; i++)
 		mins += s->tenants.tenants[i]->min_bytes;
-	if (mins > p->budget_bytes)
-		add(t, "the tenants' guaranteed minimums (%s together) exceed the budget (%s): "
-		    "eviction cannot honour them all",
-		    size_format(mins, a, sizeof(a)), size_format(p->budget_bytes, b, sizeof(b)));
+	sizes(t, p->ops->host_access, p->pool_bytes, p->budget_bytes, mins);
 	/* A live recall outlives a restart without a host tier (the file's is refused): its
 	 * rounds then keep nothing, and say so per sequence; one standing line says why. */
 	for (uint32_t i = 0; s->tier->budget_bytes == 0 && i < s->tenants.n; i++) {

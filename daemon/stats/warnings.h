@@ -13,6 +13,9 @@
  *     an eviction unit): it stays above its cap until it releases them.
  */
 
+#include <stdbool.h>
+#include <stdint.h>
+
 struct server;
 
 /* At most this many bytes of text; more is cut with a note. */
@@ -22,3 +25,9 @@ void warnings_update(struct server *s);
 
 /* The warnings, one per line, or NULL when there are none. */
 const char *warnings_text(const struct server *s);
+
+/* The warnings a start gives from its settings alone (a pool of pool_bytes, host memory
+ * when host_pool, the budget, the tenants' minimums together), so that --check-config
+ * gives them before a start: into buf, one per line; "" when none. */
+void warnings_of_settings(bool host_pool, uint64_t pool_bytes, uint64_t budget_bytes,
+                          uint64_t mins, char buf[WARNINGS_MAX]);

@@ -6,6 +6,7 @@
  * and win over the file until reset, and status says where each value comes from.
  */
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +144,43 @@ TEST(check_config) {
 	fputs("[kvd]\npool-size = 16MiB\nchunk-size = 1MiB\n[tenant t]\nmax = 2MiB\nweight = 2\n", file);
 	fclose(file);
 
+	/* What a start would say, said before it: the warnings it would log, the effective
+	 * values with where each comes from. */
+	file = fopen(path, "we");
+	ASSERT_TRUE(file);
+	fputs("[kvd]\npool-size = 128MiB\nchunk-size = 1MiB\nbudget = 96MiB\n"
+	      "[tenant a]\nmin = 64MiB\n[tenant b]\nmin = 64MiB\n", file);
+	fclose(file);
+	snprintf(args, sizeof(args), "--check-config %s --backend host --max-seqs 7", path);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
+	assert_contains(out, "warning: the tenants' guaranteed minimums (128.0 MiB together) exceed "
+	                "the budget (96.0 MiB)");
+	snprintf(args, sizeof(args), "\nbudget = 96.0 MiB  (%s:4)\n", path);
+	assert_contains(out, args);
+	assert_contains(out, "\nbackend = host  (flag)\n");
+	assert_contains(out, "\nmax-seqs = 7  (flag)\n");
+	assert_contains(out, "\nmax-cached-percent = 25  (default)\n");
+	ASSERT_TRUE(!strstr(out, "check-config ="));
+	/* Every error at once: one in parsing does not hide those of the values together, nor
+	 * those against the pool. */
+	file = fopen(path, "we");
+	ASSERT_TRUE(file);
+	fputs("[kvd]\npool-size = 16MiB\nchunk-size = 1MiB\nbudget = 32MiB\nnope = 1\n"
+	      "[tenant t]\nmin = 8MiB\nmax = 4MiB\n", file);
+	fclose(file);
+	snprintf(args, sizeof(args), "--check-config %s --backend host", path);
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
+	snprintf(args, sizeof(args), "%s:5: unknown key 'nope' in [kvd]", path);
+	assert_contains(out, args);
+	snprintf(args, sizeof(args), "%s:7: tenant t: min above max", path);
+	assert_contains(out, args);
+	snprintf(args, sizeof(args), "%s:4: budget must be at most the pool (16.0 MiB)", path);
+	assert_contains(out, args);
+	file = fopen(path, "we");
+	ASSERT_TRUE(file);
+	fputs("[kvd]\npool-size = 16MiB\nchunk-size = 1MiB\n[tenant t]\nmax = 2MiB\nweight = 2\n", file);
+	fclose(file);
+
 	/* A bad command line says where to look. */
 	ASSERT_EQ(fixture_run_daemon("--bogus", out, sizeof(out)), 2);
 	assert_contains(out, "unrecognized option '--bogus'");
@@ -224,6 +262,17 @@ TEST(check_config) {
 	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 2);
 	unlink(path);
 	rmdir(dir);
+}
+
+/* The example kvd.conf installed with kvd is one a start takes. */
+TEST(example_config_is_valid) {
+	char args[PATH_MAX + 64], out[8192];
+
+	snprintf(args, sizeof(args), "--check-config %s --backend host", getenv("KVD_EXAMPLE_CONF"));
+	ASSERT_EQ(fixture_run_daemon(args, out, sizeof(out)), 0);
+	assert_contains(out, "kvd.conf.example: OK");
+	assert_contains(out, "tenant chat: min 256.0 MiB, max 768.0 MiB, weight 2");
+	ASSERT_TRUE(!strstr(out, "warning: the"));
 }
 
 TEST(sighup_reloads_without_dropping_clients) {
