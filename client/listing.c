@@ -2,7 +2,7 @@
 /*
  * Who holds what: kvd_connections_get, kvd_sequences_get (the daemon's listings, fetched a
  * page at a time and kept as a kvd_table of rows whose values are read by name), and
- * kvd_disconnect.
+ * kvd_disconnect; the daemon's settings as such a table (kvd_config_get).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -222,4 +222,34 @@ static int do_disconnect(kvd_client *c, uint64_t connection) {
 
 int kvd_disconnect(kvd_client *c, uint64_t connection) {
 	return (int)call_result(client_key(c), do_disconnect(c, connection), __func__);
+}
+
+static int do_config_get(kvd_client *c, kvd_table **ret) {
+	_cleanup_(kvd_table_freep) kvd_table *t = NULL;
+	Kvd__V1__ConfigRequest req = KVD__V1__CONFIG_REQUEST__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT, *reply;
+	int fds[WIRE_FDS_MAX], r;
+
+	if (!c || !ret)
+		return -EINVAL;
+	if (client_forked(c))
+		return -ECHILD;
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	env.body_case = KVD__V1__ENVELOPE__BODY_CONFIG_REQUEST;
+	env.config_request = &req;
+	client_lock(c);
+	r = client_call(c, &env, KVD__V1__ENVELOPE__BODY_CONFIG_REPLY, false, &reply, fds, NULL);
+	for (size_t i = 0; r >= 0 && i < reply->config_reply->n_settings; i++)
+		r = table_add(t, &reply->config_reply->settings[i]->base);
+	client_unlock(c);
+	if (r < 0)
+		return r;
+	*ret = TAKE_PTR(t);
+	return 0;
+}
+
+int kvd_config_get(kvd_client *c, kvd_table **ret) {
+	return (int)call_result(client_key(c), do_config_get(c, ret), __func__);
 }

@@ -40,6 +40,7 @@ static const char *const request_names[_METRICS_REQUEST_MAX] = {
 	[METRICS_REQUEST_SEQ_PUBLISH] = "seq_publish",
 	[METRICS_REQUEST_PREFIX_LOOKUP] = "prefix_lookup",
 	[METRICS_REQUEST_RELOAD] = "reload",
+	[METRICS_REQUEST_CONFIG] = "config",
 	[METRICS_REQUEST_OTHER] = "other",
 };
 

@@ -121,6 +121,7 @@ static const struct request_type request_types[] = {
 	REQUEST(PREFIX_LOOKUP, handle_prefix_lookup, REQUEST_NEEDS_TENANT | REQUEST_TAKES_FD,
 	        PREFIX_LOOKUP),
 	REQUEST(RELOAD, handle_reload, REQUEST_NEEDS_ADMIN, RELOAD),
+	REQUEST(CONFIG_REQUEST, handle_config, 0, CONFIG),
 #undef REQUEST
 };
 

@@ -1,21 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * An operator's live changes (kvdctl budget, tenant set, reset, delete): checked, applied
- * through admin.h, and answered with whether they were saved.
+ * through admin.h, and answered with whether they were saved; reloads, and the settings
+ * the daemon runs with (kvdctl config).
  */
 #include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
+#include "access.h"
 #include "admin.h"
+#include "basic/size.h"
 #include "config.h"
 #include "conn.h"
 #include "envelope.h"
@@ -268,4 +267,77 @@ void handle_reload(struct conn *c, uint64_t id, const Envelope *request _unused_
 		envelope_reply_error(c, id, r, "%s", why);
 	else
 		envelope_reply(c, id, NULL, NULL, 0);
+}
+
+/* One [kvd] value as the daemon runs with it, and where it comes from: the budget may be
+ * live (kvdctl budget), then the pool's. */
+static void config_value(const struct server *s, const struct admin *a, size_t i,
+                         char *value, size_t value_n, char *source, size_t source_n) {
+	const struct settings *cfg = &a->cfg;
+
+	if ((int)i == settings_index("budget") && a->budget_source == SOURCE_LIVE) {
+		size_format(s->pool->budget_bytes, value, value_n);
+		snprintf(source, source_n, "live");
+		return;
+	}
+	settings_format(cfg, i, value, value_n);
+	if ((int)i == settings_index("budget") && cfg->budget != SETTINGS_UNSET &&
+	    (cfg->budget & SETTINGS_PERCENT)) {
+		size_t k = strlen(value);
+		char b[32];
+
+		snprintf(value + k, value_n - k, " (%s)", size_format(s->pool->budget_bytes, b, sizeof(b)));
+	}
+	if (cfg->source[i] == SOURCE_CONFIG)
+		snprintf(source, source_n, "%s:%u", cfg->path ? cfg->path : "?", cfg->line[i]);
+	else
+		snprintf(source, source_n, "%s", setting_source_to_string(cfg->source[i]));
+}
+
+void handle_config(struct conn *c, uint64_t id, const Envelope *request _unused_,
+                   int request_fd _unused_) {
+	const struct admin *a = c->srv->admin;
+	Kvd__V1__ConfigReply rep = KVD__V1__CONFIG_REPLY__INIT;
+	Envelope env = KVD__V1__ENVELOPE__INIT;
+	_cleanup_(freep) Kvd__V1__Setting *rows = NULL;
+	_cleanup_(freep) Kvd__V1__Setting **ptrs = NULL;
+	_cleanup_(freep) char *text = NULL;
+	const struct setting *table;
+	size_t n, k = 0;
+	/* A value is at most a path or a list of names; its source a path and a line. */
+	enum { VALUE_MAX = PATH_MAX + 32 };
+
+	/* The settings name paths, users and groups of every tenant: the operator's. */
+	if (!access_admin(&a->cfg, c->fd, &c->cred)) {
+		c->srv->access_refused++;
+		envelope_reply_error(c, id, -EPERM, "only root and members of admin-group (%s) may "
+		                     "read the daemon's settings", a->cfg.admin_group);
+		return;
+	}
+	table = settings_table(&n);
+	rows = calloc(n, sizeof(*rows));
+	ptrs = calloc(n, sizeof(*ptrs));
+	text = malloc(n * 2 * VALUE_MAX);
+	if (!rows || !ptrs || !text) {
+		envelope_reply_error(c, id, -ENOMEM, "out of memory");
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		char *value = text + 2 * i * VALUE_MAX, *source = value + VALUE_MAX;
+
+		if (table[i].flags & SETTING_FLAG_ONLY)
+			continue;
+		kvd__v1__setting__init(&rows[k]);
+		config_value(c->srv, a, i, value, VALUE_MAX, source, VALUE_MAX);
+		rows[k].name = (char *)table[i].name;
+		rows[k].value = value;
+		rows[k].source = source;
+		ptrs[k] = &rows[k];
+		k++;
+	}
+	rep.n_settings = k;
+	rep.settings = ptrs;
+	env.body_case = KVD__V1__ENVELOPE__BODY_CONFIG_REPLY;
+	env.config_reply = &rep;
+	envelope_reply(c, id, &env, NULL, 0);
 }

@@ -66,6 +66,7 @@ void handle_seq_truncate(struct conn *c, uint64_t id, const Envelope *request, i
 void handle_seq_publish(struct conn *c, uint64_t id, const Envelope *request, int fd);
 void handle_prefix_lookup(struct conn *c, uint64_t id, const Envelope *request, int fd);
 void handle_reload(struct conn *c, uint64_t id, const Envelope *request, int fd);
+void handle_config(struct conn *c, uint64_t id, const Envelope *request, int fd);
 
 /* operator.c */
 int budget_change(const struct server *s, const Kvd__V1__BudgetSet *req, uint64_t *ret,

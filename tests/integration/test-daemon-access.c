@@ -57,6 +57,7 @@ enum op {
 	OP_LIST_OWN,                  /* as tenant: its listing has its own tenant only; then
 	                               * kvd_sequences_get of tenant open */
 	OP_DISCONNECT,                /* as tenant (or admin), kvd_disconnect(disconnect_target) */
+	OP_CONFIG,                    /* kvd_config_get, as tenant (NULL: administrative) */
 	OP_NEW_TENANTS,               /* hellos as tenant-0, tenant-1, ... tenant-3 (tenant is
 	                               * the prefix), one after the other: the first error */
 };
@@ -110,6 +111,16 @@ static int run_as(struct fixture *f, uid_t uid, gid_t gid, const gid_t *groups, 
 			    kvd_status_get(c[0], &st);
 			kvd_status_free(st);
 			break;
+		case OP_CONFIG: {
+			kvd_table *t = NULL;
+
+			r = kvd_client_connect(f->socket, tenant, &c[0]);
+			if (r < 0)
+				_exit(201);
+			r = kvd_config_get(c[0], &t);
+			kvd_table_free(t);
+			break;
+		}
 		case OP_LIST:
 		case OP_LIST_OWN:
 		case OP_DISCONNECT: {
@@ -273,7 +284,7 @@ TEST(admin_requests_need_root_or_admin_group) {
 }
 
 /* Who holds what, and closing a connection: a tenant's user sees and closes only its own
- * tenant's; an admin connection needs root or admin-group. */
+ * tenant's; an admin connection needs root or admin-group; so does reading the settings. */
 TEST(listing_and_disconnect_are_administrative) {
 	static const gid_t sock[] = { SOCK_GID }, admin[] = { SOCK_GID, ADMIN_GID };
 	kvd_table *t = NULL;
@@ -297,6 +308,10 @@ TEST(listing_and_disconnect_are_administrative) {
 	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_LIST_OWN, "alpha"), -EPERM);
 	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_DISCONNECT, "alpha"), -EPERM);
 	ASSERT_EQ(fixture_status(&f, "open", "connections"), 1u);
+	/* The settings name paths, users and groups: the operator's to read. */
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_CONFIG, NULL), -EPERM);
+	ASSERT_EQ(run_as(&f, USER_A, USER_A, sock, 1, OP_CONFIG, "alpha"), -EPERM);
+	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, admin, 2, OP_CONFIG, NULL), 0);
 	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, admin, 2, OP_LIST, NULL), 0);
 	ASSERT_EQ(run_as(&f, NOBODY, NOBODY, admin, 2, OP_DISCONNECT, NULL), 0);
 	ASSERT_TRUE(fixture_wait_status(&f, "open", "connections", 0));

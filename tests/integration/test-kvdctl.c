@@ -724,6 +724,43 @@ TEST(reload_reports_its_result) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* kvdctl config: each running value with its source, live and restart-bound ones too. */
+TEST(config_shows_values_and_sources) {
+	static const char *const args[] = { "--pool-size", "16MiB", "--chunk-size", "1MiB",
+		                            "--tier-idle", "1234", NULL };
+	struct fixture f;
+	struct run *r;
+	char line[512];
+
+	fixture_setup(&f, "[kvd]\nbudget = 50%\nmax-seqs = 99\n", false);
+	fixture_launch(&f, args);
+	r = kvdctl(f.socket, "config");
+	ASSERT_EXIT(r, 0);
+	snprintf(line, sizeof(line), "%s:2\n", f.config);
+	ASSERT_CONTAINS(r->out, "50% (8.0 MiB)");
+	ASSERT_CONTAINS(r->out, line);
+	ASSERT_CONTAINS(r->out, "1234 ms");
+	ASSERT_CONTAINS(r->out, "max-seqs-per-tenant");
+	r = kvdctl(f.socket, "config --json");
+	ASSERT_EXIT(r, 0);
+	snprintf(line, sizeof(line), "{\"name\": \"max-seqs\", \"value\": \"99\", \"source\": "
+	         "\"%s:3\"}", f.config);
+	ASSERT_CONTAINS(r->out, line);
+	ASSERT_CONTAINS(r->out, "{\"name\": \"tier-idle\", \"value\": \"1234 ms\", \"source\": \"flag\"}");
+	ASSERT_CONTAINS(r->out, "{\"name\": \"max-tenants\", \"value\": \"64\", \"source\": \"default\"}");
+	ASSERT_TRUE(!strstr(r->out, "check-config"));
+	/* A live budget says so; a file edit that needs a restart leaves the running value. */
+	ASSERT_EXIT(kvdctl(f.socket, "budget set 4MiB"), 0);
+	fixture_write_config(&f, "[kvd]\nbudget = 50%\nmax-seqs = 99\nmax-tenants = 7\n");
+	ASSERT_EXIT(kvdctl(f.socket, "reload"), 0);
+	r = kvdctl(f.socket, "config --json");
+	ASSERT_EXIT(r, 0);
+	ASSERT_CONTAINS(r->out, "{\"name\": \"budget\", \"value\": \"4.0 MiB\", \"source\": \"live\"}");
+	ASSERT_CONTAINS(r->out, "{\"name\": \"max-tenants\", \"value\": \"64\", \"source\": \"default\"}");
+	ASSERT_EXIT(kvdctl(f.socket, "config extra"), 2);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 TEST(budget_and_tenant_reset) {
 	static const char *const config = "[kvd]\n"
 					  "budget = 12MiB\n"

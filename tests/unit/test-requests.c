@@ -29,7 +29,8 @@ TEST(every_request_and_only_requests) {
 		                             "tenant_reset", "tenant_delete", "reload", NULL };
 	static const char *const anyone[] = { "hello", "status_request", "evict",
 		                              "evictions_request", "connections_request",
-		                              "sequences_request", "disconnect", "plan", NULL };
+		                              "sequences_request", "disconnect", "plan",
+		                              "config_request", NULL };
 	const ProtobufCMessageDescriptor *d = &kvd__v1__envelope__descriptor;
 	unsigned served = 0;
 

@@ -57,6 +57,8 @@ void help(void) {
 	       "  reload                   Make kvd read its config file again (as SIGHUP does);\n"
 	       "                           exits 1 with the errors when that failed, the\n"
 	       "                           running settings staying\n"
+	       "  config [--json]          The settings kvd runs with ([kvd] of kvd.conf), each\n"
+	       "                           with its source: default, flag, live or FILE:LINE\n"
 	       "  top [--interval SECONDS] [--once] [--json]\n"
 	       "                           Per-tenant usage, share of the budget and rates,\n"
 	       "                           redrawn in place until q or Ctrl-C\n"
@@ -83,9 +85,9 @@ void help(void) {
 	       "  --socket PATH       Daemon socket, before or after the command (default:\n"
 	       "                      $KVD_SOCKET if set, else %s)\n"
 	       "  --json              With status, tenants, budget get and top --once: print one\n"
-	       "                      JSON object for scripts; with evictions, connections\n"
-	       "                      and seqs, one array (default: text for people); before\n"
-	       "                      or after the command\n"
+	       "                      JSON object for scripts; with evictions, connections,\n"
+	       "                      seqs and config, one array (default: text for people);\n"
+	       "                      before or after the command\n"
 	       "  --min SIZE          With tenant set: guaranteed minimum (default: unchanged)\n"
 	       "  --max SIZE|none     With tenant set: cap, or none for no cap (default:\n"
 	       "                      unchanged)\n"
@@ -643,6 +645,75 @@ static int cmd_reload(int argc, char **argv) {
 		return request_error(c, r, "reload");
 	printf("reloaded: kvd applied its config file\n");
 	return EXIT_OK;
+}
+
+/* kvdctl config: the settings kvd runs with, each with its source, as --check-config
+ * prints a file's before a start. */
+static int config_text(FILE *f, const void *userdata) {
+	const kvd_table *t = userdata;
+	int width = 0;
+
+	for (uint32_t i = 0; i < kvd_table_rows(t); i++) {
+		const char *name;
+
+		if (kvd_table_str(t, i, "name", &name) == 0 && (int)strlen(name) > width)
+			width = (int)strlen(name);
+	}
+	for (uint32_t i = 0; i < kvd_table_rows(t); i++) {
+		const char *name = "?", *value = "?", *source = "?";
+
+		(void)kvd_table_str(t, i, "name", &name);
+		(void)kvd_table_str(t, i, "value", &value);
+		(void)kvd_table_str(t, i, "source", &source);
+		fprintf(f, "%-*s  %-24s  %s\n", width, name, value, source);
+	}
+	return 0;
+}
+
+static int config_json(FILE *f, const void *userdata) {
+	const kvd_table *t = userdata;
+
+	fputs("[", f);
+	for (uint32_t i = 0; i < kvd_table_rows(t); i++) {
+		static const char *const keys[] = { "name", "value", "source" };
+
+		fputs(i ? ",\n  {" : "\n  {", f);
+		for (size_t k = 0; k < ELEMENTSOF(keys); k++) {
+			const char *v = "";
+
+			(void)kvd_table_str(t, i, keys[k], &v);
+			fprintf(f, "%s\"%s\": ", k ? ", " : "", keys[k]);
+			json_string(f, v);
+		}
+		fputs("}", f);
+	}
+	fputs(kvd_table_rows(t) ? "\n]\n" : "]\n", f);
+	return 0;
+}
+
+static int cmd_config(int argc, char **argv) {
+	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;
+	_cleanup_(kvd_table_freep) kvd_table *t = NULL;
+	struct common_args a;
+	int r;
+
+	r = parse_common(argc, argv, "config", ARGS_JSON, &a);
+	if (r >= 0)
+		return r;
+	if (optind < argc)
+		return usage_error("config: unexpected argument '%s'", argv[optind]);
+	r = connect_admin(&c);
+	if (r != EXIT_OK)
+		return r;
+	r = kvd_config_get(c, &t);
+	if (r < 0)
+		return request_error(c, r, "config");
+	r = output_emit(a.json ? config_json : config_text, t);
+	if (r < 0) {
+		fprintf(stderr, "kvdctl: config: cannot read the daemon's answer: %s\n", strerror(-r));
+		return EXIT_FAIL;
+	}
+	return output_flush();
 }
 
 static int cmd_budget(int argc, char **argv) {
@@ -1383,6 +1454,7 @@ int main(int argc, char **argv) {
 		{ "evict", cmd_evict, false },	  { "evictions", cmd_evictions, true },
 		{ "connections", cmd_connections, true }, { "seqs", cmd_seqs, true },
 		{ "disconnect", cmd_disconnect, false }, { "reload", cmd_reload, false },
+		{ "config", cmd_config, true },
 	};
 	int opt;
 
@@ -1410,8 +1482,9 @@ int main(int argc, char **argv) {
 			return usage_error("bad option");
 		}
 	if (optind >= argc)
-		return usage_error("missing command (status, tenants, budget, tenant, top, evict, "
-				   "evictions, score)");
+		return usage_error("missing command (status, tenants, budget, tenant, reload, "
+				   "config, top, evict, evictions, connections, seqs, disconnect, "
+				   "score)");
 
 	for (size_t i = 0; i < ELEMENTSOF(commands); i++)
 		if (strcmp(argv[optind], commands[i].name) == 0) {

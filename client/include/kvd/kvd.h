@@ -1125,6 +1125,17 @@ KVD_EXPORT int kvd_table_str(const kvd_table *t, uint32_t row, const char *key, 
 KVD_EXPORT int kvd_disconnect(kvd_client *c, uint64_t connection);
 
 /*
+ * The settings the daemon runs with: a row per key of kvd.conf's [kvd] section, in
+ * kvd --help's order, with str "name", "value" (as kvd(8) writes it: "8.0 MiB", "5000 ms",
+ * "auto"; a budget given in percent also in bytes) and "source": "default", "flag",
+ * "live" (kvdctl budget) or "FILE:LINE". A value a reload could not apply (one that needs
+ * a restart) is the running one. Root and the daemon's admin group only. Returns 0, or
+ * -EPERM, -EOPNOTSUPP (a daemon older than KVD_1.10), -ENOMEM, -ECONNRESET, -ECHILD.
+ * Since KVD_1.10.
+ */
+KVD_EXPORT int kvd_config_get(kvd_client *c, kvd_table **ret);
+
+/*
  * Chunks currently mapped by this client: *ret_n gets their number; with ids non-NULL, up
  * to n ids are written, in increasing order. Either pointer may be NULL. Returns 0 or
  * -ECHILD.
