@@ -51,7 +51,7 @@ def scrape(kvd):
 
 
 # Labels whose values are names of things on the node, not a fixed set.
-OPEN_LABELS = {"tenant", "version", "backend", "device", "le"}
+OPEN_LABELS = {"tenant", "version", "backend", "device", "le", "policy", "tier"}
 
 
 def metric_families(text):

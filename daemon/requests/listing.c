@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "access.h"
-#include "common/layout.h"
 #include "evict.h"
 #include "model.h"
 #include "admin.h"
@@ -201,7 +200,7 @@ void listing_sequences(struct conn *c, uint64_t id, const Envelope *request, int
 		r->id = q->id;
 		r->connection = list[i].conn_id;
 		r->tenant = (char *)q->tenant->name;
-		r->tokens = layout_tokens(q->desc)[0];
+		r->tokens = tier_seq_tokens(q);
 		r->max_tokens = q->desc->max_tokens;
 		r->pins = q->pins;
 		r->bytes = seq_resident_bytes(q);

@@ -12,8 +12,10 @@
 #include "evict.h"
 #include "metrics.h"
 #include "node-values.h"
+#include "policy.h"
 #include "prometheus.h"
 #include "server.h"
+#include "tier.h"
 
 static const char *const phase_names[_METRICS_PHASE_MAX] = {
 	[METRICS_PHASE_SCORE] = "score",
@@ -260,6 +262,19 @@ static void render_tenants(FILE *f, const struct tenant_table *tt) {
 			}
 			fprintf(f, "%" PRIu64 "\n", v);
 		}
+	}
+	/* The tenant's settings that are names, as labels of one series worth 1 (Prometheus'
+	 * info pattern): on the other families they would start new series at every change. */
+	family(f, "kvd_tenant_info", "gauge",
+	       "1 per tenant, labelled with its eviction policy and its tier (drop, host, "
+	       "host+file): join on tenant to break the other families down by them.");
+	for (uint32_t i = 0; i < tt->n; i++) {
+		const struct tenant *t = tt->tenants[i];
+
+		fputs("kvd_tenant_info{tenant=\"", f);
+		prometheus_label_value(f, t->name);
+		fprintf(f, "\",policy=\"%s\",tier=\"%s\"} 1\n",
+		        kvd_policy_to_string((enum kvd_policy)t->policy), tier_mode_to_string(t->tier));
 	}
 	tenant_counter(f, tt, "kvd_tenant_tier_lost_total",
 	               "The tenant's sequences lost from the host tier (full, a failed checksum, "

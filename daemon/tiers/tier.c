@@ -7,6 +7,7 @@
 #include "basic/macro.h"
 #include "basic/size.h"
 #include "basic/time-util.h"
+#include "common/layout.h"
 #include "config.h"
 #include "tier-file.h"
 #include "tier.h"
@@ -279,6 +280,10 @@ const char *tier_place(const struct seq *q) {
 	if (q->tiered->returning)
 		return "returning";
 	return q->tiered->in_file ? "file" : "host";
+}
+
+uint32_t tier_seq_tokens(const struct seq *q) {
+	return q->tiered ? q->tiered->tokens[0] : layout_tokens(q->desc)[0];
 }
 
 void tier_forget(struct tier *tr, struct seq *q) {

@@ -205,6 +205,9 @@ void tier_lose(struct tier *tr, struct seq *q);
 /* Where q's K/V are, for listings: "pool", "host", "file" (on its way there too),
  * "leaving" (moving out) or "returning" (being brought back). */
 const char *tier_place(const struct seq *q);
+/* q's tokens in its first table, wherever they are: the pool's, or those moved out with
+ * it (its descriptor shows 0 until the recall). */
+uint32_t tier_seq_tokens(const struct seq *q);
 
 /* Drops q's entry, if any, as q goes away (released, its connection closed). */
 void tier_forget(struct tier *tr, struct seq *q);

@@ -364,6 +364,16 @@ TEST(scrape_matches_status) {
 			ASSERT_OK(kvd_status_tenant_u64(st, i, keys[k][1], &v));
 			ASSERT_EQ(metricf_u64(body, "%s{tenant=\"%s\"}", keys[k][0], name), v);
 		}
+		/* Its policy and tier, as labels of its info series. */
+		{
+			const char *policy, *tier;
+
+			ASSERT_OK(kvd_status_tenant_str(st, i, "policy", &policy));
+			ASSERT_OK(kvd_status_tenant_str(st, i, "tier", &tier));
+			snprintf(series, sizeof(series), "kvd_tenant_info{tenant=\"%s\",policy=\"%s\","
+			         "tier=\"%s\"}", name, policy, tier);
+			ASSERT_EQ(metric_u64(body, series), 1u);
+		}
 		ASSERT_OK(kvd_status_tenant_u64(st, i, "max_bytes", &max));
 		snprintf(series, sizeof(series), "kvd_tenant_max_bytes{tenant=\"%s\"}", name);
 		if (max == UINT64_MAX)

@@ -94,16 +94,20 @@ static void assert_same_picture(kvd_seq *s, const struct picture *want) {
 	ASSERT_EQ(now.digest, want->digest);
 }
 
-/* The one open sequence's place (kvd_sequences_get), as an operator sees it. */
-static void assert_place(struct fixture *f, const char *want) {
+/* The one open sequence's place and tokens (kvd_sequences_get), as an operator sees them:
+ * its tokens wherever they are, not the empty tables of a sequence moved out. */
+static void assert_place(struct fixture *f, const char *want, uint64_t tokens) {
 	kvd_client *admin = fixture_connect(f, NULL);
 	kvd_table *t = NULL;
 	const char *place;
+	uint64_t n;
 
 	ASSERT_OK(kvd_sequences_get(admin, NULL, &t));
 	ASSERT_EQ(kvd_table_rows(t), 1);
 	ASSERT_OK(kvd_table_str(t, 0, "place", &place));
 	ASSERT_STREQ(place, want);
+	ASSERT_OK(kvd_table_u64(t, 0, "tokens", &n));
+	ASSERT_EQ(n, tokens);
 	kvd_table_free(t);
 	kvd_client_unref(admin);
 }
@@ -150,11 +154,11 @@ static void idle_round_trip(bool ring) {
 	ASSERT_EQ(fixture_status(&f, "t", "block_bytes"), 0);
 	/* Out of the pool, the tables are empty, and the listing says where it is. */
 	ASSERT_EQ(kvd_seq_tokens(s, 0, 0), 0);
-	assert_place(&f, "host");
+	assert_place(&f, "host", 300);
 
 	ASSERT_OK(kvd_seq_pin_recall(s, &recall));
 	ASSERT_EQ(recall, KVD_RECALL_HOST);
-	assert_place(&f, "pool");
+	assert_place(&f, "pool", 300);
 	ASSERT_EQ(check_seq(s, 7), 0);
 	assert_same_picture(s, &before);
 	ASSERT_EQ(fixture_status(&f, NULL, "host_tier_sequences"), 0);

@@ -1094,7 +1094,8 @@ KVD_EXPORT int kvd_evict_plan(kvd_client *c, const char *tenant, uint64_t bytes,
  *   kvd_disconnect of its id ends that charge); str "tenant" (absent: administrative),
  *   "process" (its hello's name).
  * kvd_sequences_get: a row per open sequence (of `tenant` only, unless NULL), in
- *   (connection, id) order: u64 "id", "connection", "tokens" (resident, first table),
+ *   (connection, id) order: u64 "id", "connection", "tokens" (first table; of a sequence
+ *   moved out to a tier, those it holds there, since KVD_1.10),
  *   "max_tokens", "pins", "bytes", "evictable" (1: its model has an eviction unit),
  *   "evicted_tokens", "evicted_bytes", "waiting_bytes" (an eviction plan waiting for its
  *   unpin), "layers", "kv_heads", "head_dim"; str "tenant", "place" (since KVD_1.7:
