@@ -226,10 +226,12 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 	q->tokens = malloc(m->n_tables * sizeof(uint32_t));
 	q->sink_slots = malloc(m->n_tables * sizeof(uint32_t));
 	q->window_end = malloc(m->n_tables * sizeof(uint32_t));
+	q->written_end = malloc(m->n_tables * sizeof(uint32_t));
 	q->block_off = malloc((m->n_tables + 1) * sizeof(uint64_t));
 	q->grams = calloc(m->layers, sizeof(*q->grams));
 	q->smooth_in = sq->smooth ? calloc(q->rows, sizeof(float *)) : NULL;
-	if (!q->tokens || !q->sink_slots || !q->window_end || !q->block_off || !q->grams ||
+	if (!q->tokens || !q->sink_slots || !q->window_end || !q->written_end || !q->block_off ||
+	    !q->grams ||
 	    (sq->smooth && !q->smooth_in))
 		return -ENOMEM;
 	for (uint32_t t = 0; t < m->n_tables; t++) {
@@ -239,6 +241,7 @@ static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struc
 		q->tokens[t] = layout_tokens(d)[t];
 		q->sink_slots[t] = MAX(slots_below(d, t, m->sinks), seq_shared_slots(sq, s->pool, t));
 		q->window_end[t] = stamp ? slots_below(d, t, stamp) : 0;
+		q->written_end[t] = slots_below(d, t, sq->written_pos);
 		q->block_off[t] = nb;
 		nb += DIV_ROUND_UP(q->tokens[t], m->block_tokens);
 	}

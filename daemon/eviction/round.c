@@ -356,8 +356,10 @@ static void row_range(const struct round_seq *q, uint32_t rw, uint32_t *ret_lo, 
 	uint32_t t = round_table_of_row(q, rw), n = q->tokens[t], end = q->window_end[t];
 	uint32_t hi = end > q->window ? end - q->window : (n > q->window ? n - q->window : 0);
 
-	/* The open tail block is the engine's to fill. */
+	/* The open tail block is the engine's to fill; slots grown since its last unpin are
+	 * not written yet (their K/V would score as nothing, and go first). */
 	hi = MIN(hi, n - n % q->block_tokens);
+	hi = MIN(hi, q->written_end[t]);
 	*ret_lo = MIN(q->sink_slots[t], hi);
 	*ret_hi = hi;
 }
@@ -1008,7 +1010,8 @@ static int recall_heads(struct round *r, struct round_seq *q, uint32_t l, uint32
 	for (uint32_t m = 0; m < M; m++) {
 		if (sc.src[m] < 0)
 			K[nk++] = m;
-		else if ((uint32_t)sc.src[m] >= q->sink_slots[t0])
+		else if ((uint32_t)sc.src[m] >= q->sink_slots[t0] &&
+		         (uint32_t)sc.src[m] < q->written_end[t0])
 			E[ne++] = m;
 	}
 	qsort_r(E, ne, sizeof(*E), cmp_cost, x);
@@ -1182,6 +1185,7 @@ static void round_seq_done(struct round_seq *q) {
 	free(q->tokens);
 	free(q->sink_slots);
 	free(q->window_end);
+	free(q->written_end);
 	free(q->block_off);
 	free(q->block_addr);
 	free(q->block_chunk);

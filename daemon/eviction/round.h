@@ -73,10 +73,11 @@ struct round_seq {
 	uint32_t index_heads, index_dim;
 	uint64_t index_offset;
 	/* Per table, at the snapshot: resident slots, slots below the sinks, slots before the
-	 * end of the layer's published window (0: none), and the first entry of its blocks
-	 * in block_addr (the daemon's address of each block in use, in slot order: a device
-	 * address on cuda, read through round.read). */
-	uint32_t *tokens, *sink_slots, *window_end;
+	 * end of the layer's published window (0: none), slots the engine has written (those
+	 * below seq.written_pos: a round takes none above, nor a recall), and the first entry
+	 * of its blocks in block_addr (the daemon's address of each block in use, in slot
+	 * order: a device address on cuda, read through round.read). */
+	uint32_t *tokens, *sink_slots, *window_end, *written_end;
 	uint64_t *block_off;
 	const uint8_t **block_addr;
 	uint32_t *block_chunk;        /* each block's chunk, alongside block_addr */

@@ -374,6 +374,7 @@ int seq_fork(struct seq *s, const struct seq *parent, struct pool *p, uint64_t c
 		desc_tokens(d)[t] = tokens;
 	}
 	d->next_position = pd->next_position;
+	s->written_pos = parent->written_pos;
 	desc_write_end(d);
 	return 0;
 }
@@ -446,6 +447,7 @@ int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uin
 		desc_tokens(d)[t] = found * bt;
 	}
 	d->next_position = found * bt;
+	s->written_pos = found * bt;
 	desc_write_end(d);
 	/* Its own entries, so that the blocks stay found when the sequences it found them in
 	 * go; without memory for them they are found there only, which costs no correctness. */
@@ -475,6 +477,7 @@ int seq_truncate(struct seq *s, struct pool *p, uint32_t n, struct seq_emptied *
 		desc_tokens(d)[t] = keep;
 	}
 	d->next_position = end;
+	s->written_pos = MIN(s->written_pos, end);
 	desc_write_end(d);
 	/* The blocks from the first one the truncate reaches into will hold other tokens. */
 	prefix_forget(s, end / bt);

@@ -39,6 +39,11 @@ struct seq {
 	struct obs *obs;              /* observation buffer, shared with rounds (observe.h) */
 	int obs_fd;                   /* kept until the open reply took a copy */
 	uint32_t pins;                /* kvd_seq_pin nesting */
+	/* Positions below it hold what the engine wrote: next_position at its last unpin (the
+	 * engine writes pinned), or what an open, fork or restore brought written. Rounds
+	 * and recalls take no slot above it: grown slots wait for the unpin after the step
+	 * that writes them. */
+	uint32_t written_pos;
 	/* While pinned (pins.h): the bytes charged to its tenant's pinned_bytes, since when,
 	 * and whether pin-report reported it. */
 	uint64_t pin_charge, pinned_ms;

@@ -594,6 +594,8 @@ static int restore_seq(struct restore *rs, uint64_t id, struct tenant *t,
 	       h.total_bytes - h.tokens_offset);
 	q->desc->next_position = h.next_position;
 	desc_write_end(q->desc);
+	/* Its engine wrote it before the restart, or has it pinned now and its unpin says so. */
+	q->written_pos = h.next_position;
 	o->seq = q;
 	return 0;
 }

@@ -1176,6 +1176,7 @@ int step_unpin(struct conn *c, uint64_t seq_id, uint32_t event_id, char why[stat
 	 * its unpin returns. */
 	q->used_ms = now_ms();
 	if (--q->pins == 0) {
+		q->written_pos = q->desc->next_position;
 		pins_release(q);
 		evict_apply_pending(c->srv->evictor, q);
 	}

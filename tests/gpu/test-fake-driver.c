@@ -445,6 +445,9 @@ TEST(full_device_gets_its_own_round) {
 		ASSERT_OK(kvd_seq_grow(t.sb, 2048));
 	for (int i = 0; i < 8; i++)
 		ASSERT_OK(kvd_seq_grow(t.sa, 2048));
+	/* Written, as an engine does it: a round takes no slot grown since the last unpin. */
+	ASSERT_OK(kvd_seq_pin(t.sa));
+	ASSERT_OK(kvd_seq_unpin(t.sa));
 	ASSERT_EQ(fixture_status(&t.f, "a", "used_bytes"), 16 * MiB);
 	ASSERT_EQ(fixture_status(&t.f, NULL, "rounds_total"), 0u);
 	/* GPU 0 is full; the budget (32 MiB, 24 in use) has room: the grow waits for a round
@@ -471,8 +474,12 @@ TEST(device_watermark_round) {
 	/* b: one chunk of GPU 1 (older tokens); a: six of GPU 0 at most, 75% of its pool. The
 	 * node holds 28 of 64 MiB at most, below its own high watermark (50%). */
 	ASSERT_OK(kvd_seq_grow(t.sb, 2048));
-	for (int i = 0; i < 12; i++)
+	/* Each step written pinned, as an engine does (rounds take only written slots). */
+	for (int i = 0; i < 12; i++) {
 		ASSERT_OK(kvd_seq_grow(t.sa, 2048));
+		ASSERT_OK(kvd_seq_pin(t.sa));
+		ASSERT_OK(kvd_seq_unpin(t.sa));
+	}
 	/* Chunks a round empties come back once a unmaps them (its events). */
 	for (int i = 0; i < 500 && fixture_status(&t.f, "a", "used_bytes") > 16 * MiB; i++) {
 		kvd_event event;

@@ -514,6 +514,9 @@ class BindingTest(DaemonTest):
         m = self.client.register_model(2, 4, 2, 64, F16, 16, unit=kvd.UNIT_LAYER_TOKEN, window=8)
         s = self.client.open(m, 4096)
         s.grow(2048)
+        # Written: a round takes only what an unpin said was.
+        s.pin()
+        s.unpin()
         with kvd.Client(self.daemon.socket) as admin:
             conns = {c.get("tenant"): c for c in admin.connections()}
             self.assertEqual(conns["py"]["pid"], os.getpid())

@@ -59,6 +59,9 @@ class PagedTest(unittest.TestCase):
         for n in steps:
             for i, s in enumerate(seqs):
                 s.grow(n)
+                # Written pinned, as an engine does: rounds take no slot grown and not yet
+                # unpinned after its write.
+                s.pin()
                 for layer in range(LAYERS):
                     table, lens, positions = paged.block_tables([s], layer)
                     slots = paged.slot_mapping(table, lens, [n], BT)
@@ -68,6 +71,7 @@ class PagedTest(unittest.TestCase):
                     kk, vv, pp = kept[layer][i]
                     kept[layer][i] = (torch.cat([kk, k]), torch.cat([vv, v]),
                                       torch.cat([pp, positions[0][-n:]]))
+                s.unpin()
 
     def check_attention(self, cache, seqs, kept, layout, atol):
         k_cache, v_cache = cache.cache(layout)

@@ -115,7 +115,10 @@ typedef struct kvd_model_spec {
  * original positions but move to lower slots, and the generation changes. Engines read the
  * descriptor (or call kvd_seq_tokens & co.) after pinning, and get a KVD_EVENT_SEQ_CHANGED
  * event after each rewrite. Protected, never evicted: positions below `sinks`, each table's
- * last `window` slots, the slots of its open (partially filled) tail block.
+ * last `window` slots, the slots of its open (partially filled) tail block, and the slots
+ * grown since the sequence's last unpin (kvd_seq_unpin: the engine writes a step's K/V
+ * pinned, so a round between a grow and the pin that writes it leaves the new slots
+ * alone; since KVD_1.10). A sequence grown and never unpinned is therefore not evicted.
  * The same holds for every model of a tenant whose tier is host (kvd_seq_pin_recall):
  * the daemon may move an unpinned sequence out of the pool whole, so such an engine
  * writes and reads K/V only while the sequence is pinned, whatever the model's unit.
