@@ -222,8 +222,7 @@ static struct seq *find_seq(const struct prefix_index *x, const struct prefix_wh
 		 * connection has claimed. */
 		if (q->conn_id == 0 || q->tiered || q->move || q->recalling)
 			continue;
-		if (prefix_block_intact(q, b))
-			return q;
+		return q;
 	}
 	return NULL;
 }
@@ -255,7 +254,15 @@ static void lru_push(struct prefix_index *x, struct prefix_cached *e) {
 }
 
 bool prefix_find(const struct prefix_index *x, const struct prefix_who *asker, uint32_t b,
-                 const uint8_t key[PREFIX_KEY_BYTES], struct prefix_hit *ret) {
+                 const uint8_t key[PREFIX_KEY_BYTES], const struct prefix_hit *prev,
+                 struct prefix_hit *ret) {
+	const struct seq *q = prev ? prev->seq : NULL;
+
+	/* The sequence that held block b - 1 passed every check but the block's own. */
+	if (q && b < q->prefix.published && memcmp(q->prefix.keys[b], key, PREFIX_KEY_BYTES) == 0) {
+		*ret = (struct prefix_hit){ .seq = prev->seq };
+		return true;
+	}
 	*ret = (struct prefix_hit){ .seq = find_seq(x, asker, b, key) };
 	if (!ret->seq)
 		ret->cached = find_cached(x, asker, b, key);

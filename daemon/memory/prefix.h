@@ -128,11 +128,18 @@ void prefix_forget(struct seq *s, uint32_t from);
  * untouched by eviction. */
 bool prefix_block_intact(const struct seq *s, uint32_t b);
 
-/* A sequence that published key as its block b and can share it now with asker (same
- * tenant, model identity and device; resident, not moving, the block intact), else a
- * cached block of key, into *ret. Returns whether one was found. */
+/*
+ * A sequence that published key as its block b and can share it now with asker (same
+ * tenant, model identity and device; resident, not moving), else a cached block of key,
+ * into *ret. Returns whether one was found. A published block is intact: whatever
+ * rewrites a table unpublishes what it touched (prefix_recheck, prefix_forget), so the
+ * find does not look at the tables. prev: the hit of block b - 1 of the same keys, or
+ * NULL: a prompt found in a sequence is usually found there whole, which saves the
+ * index's lookups of a long prompt's blocks.
+ */
 bool prefix_find(const struct prefix_index *x, const struct prefix_who *asker, uint32_t b,
-                 const uint8_t key[PREFIX_KEY_BYTES], struct prefix_hit *ret);
+                 const uint8_t key[PREFIX_KEY_BYTES], const struct prefix_hit *prev,
+                 struct prefix_hit *ret);
 
 /* Counts a hit's use: a cached block becomes the most recent. An open marks its hits from
  * the last to the first, so that a chain's head stays the more recent. */

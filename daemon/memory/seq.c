@@ -412,7 +412,8 @@ int seq_attach_prefix(struct seq *s, struct prefix_index *x, struct pool *p, uin
 	if (!hits)
 		return -ENOMEM;
 	/* Keys chain: past the first miss nothing can match. */
-	while (found < max && prefix_find(x, &who, found, s->prefix.keys[found], &hits[found]))
+	while (found < max && prefix_find(x, &who, found, s->prefix.keys[found],
+	                                  found ? &hits[found - 1] : NULL, &hits[found]))
 		cached += hits[found++].cached != NULL;
 	for (uint32_t b = 0; r == 0 && b < found; b++)
 		for (uint32_t t = 0; r == 0 && t < d->n_tables; t++) {

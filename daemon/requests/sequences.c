@@ -1048,10 +1048,8 @@ void handle_prefix_lookup(struct conn *c, uint64_t id, const Envelope *request, 
 		return;
 	}
 	/* Keys chain: past the first miss nothing can match. */
-	for (; n < req->prefix_blocks; n++) {
-		struct prefix_hit h;
-
-		if (!prefix_find(&c->srv->prefix, &who, n, keys[n], &h))
+	for (struct prefix_hit h, prev = {}; n < req->prefix_blocks; n++, prev = h) {
+		if (!prefix_find(&c->srv->prefix, &who, n, keys[n], n ? &prev : NULL, &h))
 			break;
 		cached += h.cached != NULL;
 	}
