@@ -64,7 +64,8 @@ struct kvd_cuda_kernels *kvd_cuda_kernels_free(struct kvd_cuda_kernels *k) {
 	return NULL;
 }
 
-int kvd_cuda_kernels_new(const struct cuda_dl *cu, struct kvd_cuda_kernels **ret) {
+int kvd_cuda_kernels_new(const struct cuda_dl *cu, struct kvd_cuda_kernels **ret,
+                         CUresult *ret_cr) {
 	static const char *const names[_KFN_MAX] = {
 #define KFN_NAME(name) [KFN_##name] = "kvd_cu_" #name,
 		KVD_CUDA_KERNELS(KFN_NAME)
@@ -80,6 +81,8 @@ int kvd_cuda_kernels_new(const struct cuda_dl *cu, struct kvd_cuda_kernels **ret
 		return -ENOMEM;
 	k->cu = cu;
 	cr = cu->cuModuleLoadData(&k->mod, kvd_cuda_fatbin);
+	if (ret_cr)
+		*ret_cr = cr;
 	if (cr != CUDA_SUCCESS) {
 		k->mod = NULL;
 		kvd_cuda_kernels_free(k);
@@ -90,6 +93,8 @@ int kvd_cuda_kernels_new(const struct cuda_dl *cu, struct kvd_cuda_kernels **ret
 	}
 	for (int i = 0; i < _KFN_MAX; i++) {
 		cr = cu->cuModuleGetFunction(&k->fn[i], k->mod, names[i]);
+		if (ret_cr)
+			*ret_cr = cr;
 		if (cr != CUDA_SUCCESS) {
 			kvd_cuda_kernels_free(k);
 			return cuda_dl_errno(cr);

@@ -54,14 +54,22 @@
 
 #define KVD_CUDA_DIM_MAX 512u
 
+/* The driver the kernels need (cuDriverGetVersion's 1000 * major + 10 * minor): the
+ * toolkit's that built them, whose cubins and PTX older drivers cannot load (CUDA 13.0:
+ * an R580 driver). The backend's own driver calls need far less (docs/gpu.md). */
+#define KVD_CUDA_KERNELS_DRIVER CUDA_VERSION
+
 struct kvd_cuda_kernels;
 
 /*
  * Loads the embedded module into the current context and resolves every kernel. Returns 0
  * and the handle in *ret, -ENODEV if the module has no code this GPU can run (no matching
- * SASS and a driver too old for the PTX), -ENOMEM, or another cuda_dl_errno() value.
+ * SASS and a driver too old for the PTX), -ENOMEM, or another cuda_dl_errno() value; then
+ * *ret_cr (may be NULL) holds the driver's result, which names the cause (a driver older
+ * than the kernels need says so only there: KVD_CUDA_KERNELS_DRIVER).
  */
-int kvd_cuda_kernels_new(const struct cuda_dl *cu, struct kvd_cuda_kernels **ret);
+int kvd_cuda_kernels_new(const struct cuda_dl *cu, struct kvd_cuda_kernels **ret,
+                         CUresult *ret_cr);
 /* Unloads the module (current context as at _new). Accepts NULL; returns NULL. */
 struct kvd_cuda_kernels *kvd_cuda_kernels_free(struct kvd_cuda_kernels *k);
 

@@ -983,14 +983,14 @@ static struct round_gpu *const *gpus(struct evictor *e) {
 		return NULL;
 	for (uint32_t d = 0; !e->gpu_tried && d < p->n_devices; d++) {
 		const struct backend_device *dev = backend_device(d);
-		const char *why = NULL;
+		char why[256] = "";
 		int k;
 
 #if KVD_TEST_HOOKS
 		if (getenv("KVD_TEST_ROUND_CPU"))
-			why = "KVD_TEST_ROUND_CPU is set";
+			snprintf(why, sizeof(why), "KVD_TEST_ROUND_CPU is set");
 #endif
-		k = why ? -ENODEV : round_gpu_new(d, &e->gpu[d], &why);
+		k = why[0] ? -ENODEV : round_gpu_new(d, &e->gpu[d], why, sizeof(why));
 		if (k < 0)
 			log_info("GPU %d: rounds score on the CPU, with the K/V copied there: %s",
 			         dev ? dev->index : (int)d, why);
@@ -1784,6 +1784,13 @@ int evictor_new(struct server *s, struct evictor **ret) {
 #if KVD_TEST_HOOKS
 	e->gate = getenv("KVD_TEST_ROUND_GATE");
 #endif
+	/* Said once at start: the first round would only say it then. */
+	if (!s->pool->ops->host_access) {
+		char why[320];
+
+		if (!round_gpu_driver_ok(why, sizeof(why)))
+			log_warning("%s", why);
+	}
 	e->last_interval_ms = now_ms();
 	*ret = e;
 	return 0;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Scoring on the GPU for rounds on a cuda pool (round-gpu.h). UNVERIFIED ON HARDWARE. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "backend-cuda.h"
@@ -65,19 +66,19 @@ static int dbuf_fit(const struct round_gpu *g, struct dbuf *b, uint64_t bytes) {
 	return 0;
 }
 
-int round_gpu_new(uint32_t device, struct round_gpu **ret, const char **ret_why) {
+int round_gpu_new(uint32_t device, struct round_gpu **ret, char *why, size_t why_n) {
+	const char *dl_why = NULL;
 	struct round_gpu *g;
-	CUresult cr;
+	CUresult cr = CUDA_SUCCESS;
 	int r;
 
 	g = calloc(1, sizeof(*g));
 	if (!g)
 		return -ENOMEM;
 	g->ctx = backend_cuda_context(device);
-	r = cuda_dl_load(&g->cu, ret_why);
+	r = cuda_dl_load(&g->cu, &dl_why);
 	if (r < 0 || !g->ctx) {
-		if (!g->ctx && ret_why)
-			*ret_why = "not a device of the cuda backend";
+		snprintf(why, why_n, "%s", !g->ctx ? "not a device of the cuda backend" : dl_why);
 		free(g);
 		return -ENODEV;
 	}
@@ -89,10 +90,18 @@ int round_gpu_new(uint32_t device, struct round_gpu **ret, const char **ret_why)
 		r = cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "cuStreamCreate");
 	}
 	if (r >= 0) {
-		r = kvd_cuda_kernels_new(g->cu, &g->k);
-		if (r < 0 && ret_why)
-			*ret_why = r == -ENODEV ? "the kernels have no code for this GPU"
-			                        : "the kernels did not load";
+		r = kvd_cuda_kernels_new(g->cu, &g->k, &cr);
+		/* The driver's own word for it, and whether it is older than the kernels need
+		 * (the likeliest cause on a machine that runs the backend). */
+		if (r < 0 && g->cu->driver_version < KVD_CUDA_KERNELS_DRIVER)
+			snprintf(why, why_n, "the kernels did not load (%s): they need a CUDA %d.%d "
+			         "driver or newer, this one is %d.%d (docs/gpu.md, Drivers)",
+			         cuda_dl_strerror(cr), KVD_CUDA_KERNELS_DRIVER / 1000,
+			         KVD_CUDA_KERNELS_DRIVER % 1000 / 10, g->cu->driver_version / 1000,
+			         g->cu->driver_version % 1000 / 10);
+		else if (r < 0)
+			snprintf(why, why_n, "the kernels did not load (%s)%s", cuda_dl_strerror(cr),
+			         r == -ENODEV ? ": they have no code for this GPU" : "");
 	}
 	if (r < 0) {
 		round_gpu_free(g);
@@ -100,6 +109,20 @@ int round_gpu_new(uint32_t device, struct round_gpu **ret, const char **ret_why)
 	}
 	*ret = g;
 	return 0;
+}
+
+bool round_gpu_driver_ok(char *why, size_t why_n) {
+	const struct cuda_dl *cu;
+	const char *dl_why;
+
+	if (cuda_dl_load(&cu, &dl_why) < 0 || cu->driver_version >= KVD_CUDA_KERNELS_DRIVER)
+		return true;
+	snprintf(why, why_n, "CUDA driver %d.%d: kvd's GPU memory works with it (11.4 or newer), "
+	         "but its scoring kernels need %d.%d or newer: rounds will "
+	         "score on the CPU, with the K/V copied there (docs/gpu.md, Drivers)",
+	         cu->driver_version / 1000, cu->driver_version % 1000 / 10,
+	         KVD_CUDA_KERNELS_DRIVER / 1000, KVD_CUDA_KERNELS_DRIVER % 1000 / 10);
+	return false;
 }
 
 struct round_gpu *round_gpu_free(struct round_gpu *g) {

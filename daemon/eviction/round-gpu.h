@@ -21,7 +21,9 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "gather.h"
 #include "policy.h"
@@ -33,9 +35,14 @@ struct round_gpu;
 
 #ifdef KVD_HAVE_CUDA_KERNELS
 /* Loads the kernels on device (of the cuda backend). Returns 0, -ENODEV (no code for this
- * GPU, or not the cuda backend), -ENOMEM, or the driver's -errno; *ret_why (may be NULL)
- * then says why, for the log. */
-int round_gpu_new(uint32_t device, struct round_gpu **ret, const char **ret_why);
+ * GPU, or not the cuda backend), -ENOMEM, or the driver's -errno; why then says why, for
+ * the log: the driver's error name, and the driver the kernels need when this one is
+ * older. */
+int round_gpu_new(uint32_t device, struct round_gpu **ret, char *why, size_t why_n);
+/* Whether the CUDA driver is recent enough for the kernels (KVD_CUDA_KERNELS_DRIVER), said
+ * at start on a cuda pool, before the first round finds out; why says what applies when
+ * not. */
+bool round_gpu_driver_ok(char *why, size_t why_n);
 struct round_gpu *round_gpu_free(struct round_gpu *g);
 
 /* Device buffers for a layer's gathered K and V, bytes each, valid until the next call.
@@ -67,11 +74,15 @@ int round_gpu_score_layer(void *g, const struct kvd_attn_in *in, const float *gr
                           const float *gram_group, const struct kvd_score_params *sp,
                           float *scores);
 #else
-static inline int round_gpu_new(uint32_t device, struct round_gpu **ret, const char **ret_why) {
+static inline int round_gpu_new(uint32_t device, struct round_gpu **ret, char *why,
+                                size_t why_n) {
 	(void)device, (void)ret;
-	if (ret_why)
-		*ret_why = "this kvd was built without the CUDA kernels (no nvcc)";
+	snprintf(why, why_n, "this kvd was built without the CUDA kernels (no nvcc)");
 	return -ENODEV;
+}
+static inline bool round_gpu_driver_ok(char *why, size_t why_n) {
+	(void)why, (void)why_n;
+	return true;
 }
 static inline struct round_gpu *round_gpu_free(struct round_gpu *g) {
 	(void)g;

@@ -36,6 +36,8 @@
  * (above), KVD_FAKE_CUDA_TRACE=1 to print every refused call to stderr,
  * KVD_FAKE_CUDA_COUNT=PATH (read at cuInit) to count the driver calls (below),
  * KVD_FAKE_CUDA_LEDGER=DIR (read at each use) for device memory shared by processes (below),
+ * KVD_FAKE_CUDA_DRIVER_VERSION=12040 (cuDriverGetVersion's value, default the toolkit's; an
+ * older one refuses the kernels' module as an older driver does),
  * KVD_FAKE_CUDA_PCI_BUS=41,1 (hex, one per ordinal; default ordinal + 1) the devices' PCI
  * buses (domain and device numbers are 0), KVD_FAKE_CUDA_PITCH_ALIGN (2D copies, below),
  * KVD_FAKE_CUDA_RDMA=0 for devices without GPUDirect RDMA on VMM memory (default 1; then
@@ -633,12 +635,25 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
 	return CUDA_SUCCESS;
 }
 
-/* Works before cuInit, as in the driver. The toolkit's version: the headers we match. */
+/* The version this fake says it is: the toolkit's (the headers we match), an older one as
+ * KVD_FAKE_CUDA_DRIVER_VERSION says (12040: CUDA 12.4, an R550 driver), or 12040 when built
+ * as a driver before CUDA 12.8. */
+static int driver_version(void) {
+#ifdef FAKE_CUDA_PRE_12_8
+	long def = 12040;
+#else
+	long def = CUDA_VERSION;
+#endif
+
+	return (int)env_long("KVD_FAKE_CUDA_DRIVER_VERSION", def, 11040, CUDA_VERSION);
+}
+
+/* Works before cuInit, as in the driver. */
 CUresult CUDAAPI cuDriverGetVersion(int *driverVersion) {
 	COUNT(0);
 	if (!driverVersion)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuDriverGetVersion", "NULL");
-	*driverVersion = CUDA_VERSION;
+	*driverVersion = driver_version();
 	return CUDA_SUCCESS;
 }
 
@@ -656,6 +671,7 @@ static const struct {
 	E(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"),
 	E(CUDA_ERROR_INVALID_CONTEXT, "invalid device context"),
 	E(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device"),
+	E(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "the provided PTX was compiled with an unsupported toolchain."),
 	E(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"),
 	E(CUDA_ERROR_NOT_READY, "device not ready"),
 	E(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered"),
@@ -1975,7 +1991,8 @@ CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUeven
 /* ---- modules and kernels: a fake cannot run SASS or PTX ---- */
 
 /* What the driver says to a module with no code for this GPU: callers treat it as "no
- * usable kernels" (kvd_cuda_kernels_new returns -ENODEV). */
+ * usable kernels" (kvd_cuda_kernels_new returns -ENODEV); a driver older than the
+ * toolkit that built the module says its PTX is too new. */
 CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
 	CUresult r = need_ctx("cuModuleLoadData", NULL);
 
@@ -1984,6 +2001,9 @@ CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
 		return r;
 	if (!module || !image)
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuModuleLoadData", "NULL");
+	if (driver_version() < CUDA_VERSION)
+		return fail(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "cuModuleLoadData",
+		            "a module built for a newer driver");
 	return fail(CUDA_ERROR_NO_BINARY_FOR_GPU, "cuModuleLoadData", "the fake driver runs no kernels");
 }
 

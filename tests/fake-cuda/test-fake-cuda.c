@@ -278,7 +278,11 @@ TEST(streams_events_modules) {
 	ASSERT_EQ(cu->cuEventDestroy(b), CUDA_SUCCESS);
 	ASSERT_EQ(cu->cuStreamDestroy(s), CUDA_SUCCESS);
 	ASSERT_EQ(cu->cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
-	ASSERT_EQ(cu->cuModuleLoadData(&m, "x"), CUDA_ERROR_NO_BINARY_FOR_GPU);
+	/* A driver older than the toolkit (the fake built as a pre-12.8 one says 12.4) refuses
+	 * the module as too new; a current one has no code for it. */
+	ASSERT_EQ(cu->cuModuleLoadData(&m, "x"), cu->driver_version < CUDA_VERSION ?
+	                                         CUDA_ERROR_UNSUPPORTED_PTX_VERSION :
+	                                         CUDA_ERROR_NO_BINARY_FOR_GPU);
 	ASSERT_STREQ(cuda_dl_strerror(CUDA_ERROR_NO_BINARY_FOR_GPU), "CUDA_ERROR_NO_BINARY_FOR_GPU");
 }
 

@@ -19,8 +19,11 @@ struct kvd_cuda_kernels {
 	int unused;
 };
 
-int kvd_cuda_kernels_new(const struct cuda_dl *cu, struct kvd_cuda_kernels **ret) {
+int kvd_cuda_kernels_new(const struct cuda_dl *cu, struct kvd_cuda_kernels **ret,
+                         CUresult *ret_cr) {
 	(void)cu;
+	if (ret_cr)
+		*ret_cr = CUDA_SUCCESS;
 	*ret = calloc(1, sizeof(**ret));
 	return *ret ? 0 : -ENOMEM;
 }

@@ -73,6 +73,37 @@ TEST(auto_picks_cuda) {
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
+/* A driver older than the kernels need: kvd pools its GPU memory, says at start that
+ * rounds will score on the CPU, and the first round says why in the driver's words. */
+TEST(old_driver_said_at_start) {
+	static const char *const args[] = { "--backend=cuda", "--pool-size=16MiB",
+		                            "--chunk-size=4MiB", NULL };
+	_cleanup_(kvd_client_unrefp) kvd_client *admin = NULL;
+	struct fixture f;
+	uint64_t freed = 0;
+	char want[256];
+
+	/* The kernels need the toolkit's driver (CUDA_VERSION): 12.4 is older than CUDA 13's. */
+	if (CUDA_VERSION <= 12040)
+		TEST_SKIP("built with a CUDA 12.4 toolkit or older: its kernels load on 12.4");
+	setenv("KVD_FAKE_CUDA_DRIVER_VERSION", "12040", 1);
+	start(&f, "1", args);
+	unsetenv("KVD_FAKE_CUDA_DRIVER_VERSION");
+	snprintf(want, sizeof(want), "CUDA driver 12.4: kvd's GPU memory works with it (11.4 or "
+	         "newer), but its scoring kernels need %d.%d or newer", CUDA_VERSION / 1000,
+	         CUDA_VERSION % 1000 / 10);
+	ASSERT_TRUE(fixture_wait_log(&f, want, 1));
+	admin = fixture_connect(&f, NULL);
+	ASSERT_OK(kvd_evict(admin, NULL, 1 << 20, &freed));
+	snprintf(want, sizeof(want), "rounds score on the CPU, with the K/V copied there: the "
+	         "kernels did not load (CUDA_ERROR_UNSUPPORTED_PTX_VERSION): they need a CUDA "
+	         "%d.%d driver or newer, this one is 12.4", CUDA_VERSION / 1000,
+	         CUDA_VERSION % 1000 / 10);
+	ASSERT_TRUE(fixture_wait_log(&f, want, 1));
+	admin = kvd_client_unref(admin);
+	ASSERT_EQ(fixture_stop(&f), 0);
+}
+
 TEST(auto_falls_back_without_device) {
 	static const char *const args[] = { "--backend=auto", "--pool-size=8MiB", NULL };
 	_cleanup_(kvd_client_unrefp) kvd_client *c = NULL;

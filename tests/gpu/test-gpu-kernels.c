@@ -52,7 +52,7 @@ static void dev_sync(void) {
 }
 
 int test_setup(void) {
-	return kvd_cuda_kernels_new(NULL, &K);
+	return kvd_cuda_kernels_new(NULL, &K, NULL);
 }
 #else
 #include "cuda-kernels-internal.h"
@@ -91,6 +91,7 @@ static void dev_sync(void) {
 
 int test_setup(void) {
 	const char *why = NULL;
+	CUresult cr = CUDA_SUCCESS;
 	CUdevice dev;
 	int r;
 
@@ -106,10 +107,12 @@ int test_setup(void) {
 		return EXIT_TEST_SKIP;
 	}
 	gpu_test_ran_on(cu, why);
-	r = kvd_cuda_kernels_new(cu, &K);
+	r = kvd_cuda_kernels_new(cu, &K, &cr);
 	if (r < 0)
-		printf("loading the kernels (built for sm %s): %s\n", kvd_cuda_kernels_arch(),
-		       strerror(-r));
+		printf("loading the kernels (built for sm %s, needing a CUDA %d.%d driver; this one "
+		       "is %d.%d): %s\n", kvd_cuda_kernels_arch(), KVD_CUDA_KERNELS_DRIVER / 1000,
+		       KVD_CUDA_KERNELS_DRIVER % 1000 / 10, cu->driver_version / 1000,
+		       cu->driver_version % 1000 / 10, cuda_dl_strerror(cr));
 	return r;
 }
 

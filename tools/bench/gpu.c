@@ -292,6 +292,7 @@ int main(int argc, char **argv) {
 	const char *tokens = "32768,131072", *why = NULL;
 	unsigned reps = 3, iters = 20, chunk_mib = 64;
 	struct kvd_cuda_kernels *k = NULL;
+	CUresult cr = CUDA_SUCCESS;
 	int c, clock_khz = 0, bus_bits = 0, major = 0, minor = 0, failed = 0;
 	char name[128] = "?", *list, *tok, *save = NULL;
 	CUcontext ctx;
@@ -348,9 +349,9 @@ int main(int argc, char **argv) {
 		peak = 1;
 		failed = 1;
 	}
-	c = kvd_cuda_kernels_new(cu, &k);
+	c = kvd_cuda_kernels_new(cu, &k, &cr);
 	if (c < 0) {
-		fprintf(stderr, "kvd-bench-gpu: loading the kernels: %s\n", strerror(-c));
+		fprintf(stderr, "kvd-bench-gpu: loading the kernels: %s\n", cuda_dl_strerror(cr));
 		return 1;
 	}
 	if (bench_chunk(dev, chunk_mib, iters) < 0)
