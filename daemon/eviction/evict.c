@@ -93,6 +93,7 @@ struct evictor {
 	uint64_t last_interval_ms;
 
 	uint64_t next_id, rounds_total, rounds_failed, last_round_us;
+	uint64_t gpu_layers, gpu_fallbacks; /* struct round's, summed */
 	struct evict_record history[EVICT_HISTORY];
 	uint32_t history_n, history_head;
 };
@@ -1598,6 +1599,12 @@ static void on_round_done(struct loop_op *op, int res, bool more) {
 		log_warning("reading the round's eventfd failed: %s", strerror(-res));
 	pthread_join(e->thread, NULL);
 	e->running = NULL;
+	if (r->gpu_fallbacks > 0 && e->gpu_fallbacks == 0)
+		log_warning("round %llu: %u layer(s) meant for the GPU were scored on the CPU after a "
+		            "device error (%s); status gpu_fallbacks counts every such layer",
+		            (unsigned long long)r->id, r->gpu_fallbacks, strerror(-r->gpu_error));
+	e->gpu_layers += r->gpu_layers;
+	e->gpu_fallbacks += r->gpu_fallbacks;
 	if (r->recall) {
 		recall_done(e, r);
 		round_free(r);
@@ -1827,6 +1834,14 @@ uint64_t evict_rounds_total(const struct evictor *e) {
 
 uint64_t evict_rounds_failed(const struct evictor *e) {
 	return e->rounds_failed;
+}
+
+uint64_t evict_gpu_layers(const struct evictor *e) {
+	return e->gpu_layers;
+}
+
+uint64_t evict_gpu_fallbacks(const struct evictor *e) {
+	return e->gpu_fallbacks;
 }
 
 uint32_t evict_grants_waiting(const struct evictor *e) {

@@ -224,6 +224,10 @@ bool evict_running(const struct evictor *e);
 /* Statistics and history for status and EvictionsReply. */
 uint64_t evict_rounds_total(const struct evictor *e);
 uint64_t evict_rounds_failed(const struct evictor *e);
+/* Layers rounds scored on a GPU, and those meant for it that the CPU scored after a device
+ * error (struct round's gpu_layers and gpu_fallbacks, summed since the start). */
+uint64_t evict_gpu_layers(const struct evictor *e);
+uint64_t evict_gpu_fallbacks(const struct evictor *e);
 /* Grows waiting for a round now. */
 uint32_t evict_grants_waiting(const struct evictor *e);
 /* Those of them a new grow on device queues behind: waiting for memory of that device's

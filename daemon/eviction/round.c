@@ -240,8 +240,18 @@ static int score_heads(struct round *r, struct round_seq *q, uint32_t l, uint32_
 	/* The GPU scores where it can, the K/V staying there; where it cannot (its memory, a
 	 * limit of its kernels), the CPU scores the layer. */
 	if (r->gpu && r->gpu[q->device] && kvd_policy_scores_via_layer(policy) &&
-	    q->head_dim <= ROUND_GPU_DIM_MAX)
+	    q->head_dim <= ROUND_GPU_DIM_MAX) {
+		int none = 0;
+
 		k = layer_scores(r, q, l, kh0, nkv, policy, L, r->gpu[q->device], sc);
+		/* Counted either way: a fallback must never pass for GPU scoring (status
+		 * gpu_fallbacks, a warning at the first). */
+		if (k >= 0)
+			__atomic_fetch_add(&r->gpu_layers, 1, __ATOMIC_RELAXED);
+		else if (__atomic_fetch_add(&r->gpu_fallbacks, 1, __ATOMIC_RELAXED) == 0)
+			__atomic_compare_exchange_n(&r->gpu_error, &none, k, false, __ATOMIC_RELAXED,
+			                            __ATOMIC_RELAXED);
+	}
 	if (k < 0)
 		k = layer_scores(r, q, l, kh0, nkv, policy, L, NULL, sc);
 	if (k < 0)

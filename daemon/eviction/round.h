@@ -138,6 +138,10 @@ struct round {
 	uint64_t score_us, select_us, fold_us;
 	uint64_t units, selected_bytes;
 	double predicted_error;       /* sum of the evicted units' S, unweighted */
+	/* Layers (a kv-head group of one) scored on a GPU, those meant for it that the CPU
+	 * scored after a device error, and the first such error; atomics (worker threads). */
+	uint32_t gpu_layers, gpu_fallbacks;
+	int gpu_error;
 };
 
 /* Scores, smooths and selects: fills the results of r. Runs on any thread. */

@@ -59,6 +59,8 @@ READER(reload_failures, s->reload_failures)
 READER(last_reload_ms, s->last_reload_ms)
 READER(last_reload_failed, s->last_reload_failed)
 READER(rounds_total, evict_rounds_total(s->evictor))
+READER(gpu_scored_layers, evict_gpu_layers(s->evictor))
+READER(gpu_fallbacks, evict_gpu_fallbacks(s->evictor))
 READER(last_round_us, evict_last_round_us(s->evictor))
 READER(rounds_failed, evict_rounds_failed(s->evictor))
 READER(grants_waiting, evict_grants_waiting(s->evictor))
@@ -210,6 +212,12 @@ const struct node_value node_values[] = {
 	{ "rounds_total", "kvd_eviction_rounds_total", COUNTER,
 	  "Eviction rounds run, failed ones included.", read_rounds_total },
 	{ "last_round_us", NULL, GAUGE, NULL, read_last_round_us },
+	{ "gpu_scored_layers", "kvd_round_gpu_layers_total", COUNTER,
+	  "Layers (of a sequence, a kv-head group) eviction rounds scored on a GPU.",
+	  read_gpu_scored_layers },
+	{ "gpu_fallbacks", "kvd_round_gpu_fallbacks_total", COUNTER,
+	  "Layers meant to be scored on a GPU that the CPU scored after a device error (its "
+	  "memory, a launch): never counted as scored on the GPU.", read_gpu_fallbacks },
 	{ NULL, "kvd_eviction_rounds_failed_total", COUNTER,
 	  "Eviction rounds that failed (out of memory, a device error): nothing was applied.",
 	  read_rounds_failed },

@@ -36,6 +36,7 @@
  * (above), KVD_FAKE_CUDA_TRACE=1 to print every refused call to stderr,
  * KVD_FAKE_CUDA_COUNT=PATH (read at cuInit) to count the driver calls (below),
  * KVD_FAKE_CUDA_LEDGER=DIR (read at each use) for device memory shared by processes (below),
+ * KVD_FAKE_CUDA_ALLOC_MAX_KIB (read at each cuMemAlloc: larger ones fail as out of memory),
  * KVD_FAKE_CUDA_DRIVER_VERSION=12040 (cuDriverGetVersion's value, default the toolkit's; an
  * older one refuses the kernels' module as an older driver does),
  * KVD_FAKE_CUDA_PCI_BUS=41,1 (hex, one per ordinal; default ordinal + 1) the devices' PCI
@@ -981,6 +982,10 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
 	size = (bytesize + 4095) & ~(size_t)4095;
 	if (size < bytesize)
 		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc", "%zu bytes", bytesize);
+	/* A device an engine filled: its last KiB are all a cuMemAlloc may take. */
+	if (size > (size_t)env_long("KVD_FAKE_CUDA_ALLOC_MAX_KIB", LONG_MAX / 1024, 0, LONG_MAX / 1024) * 1024)
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc", "%zu bytes (KVD_FAKE_CUDA_ALLOC_MAX_KIB)",
+		            bytesize);
 	pthread_mutex_lock(&lock);
 	if (size > fk.total - fk.used[ordinal]) {
 		pthread_mutex_unlock(&lock);

@@ -266,7 +266,8 @@ TEST(two_processes_share_and_scrub) {
  * publishing windows, so that pressure rounds score the K/V the daemon reads from the GPU
  * and compact it there. Survivors must read back bit-exact at their original positions
  * (a compaction copy that went wrong shows here), and the daemon's digest, read through its
- * own mapping, must equal this process's.
+ * own mapping, must equal this process's. The tenant's policy (laprox) scores on the GPU
+ * where the kernels loaded (a GPU, kvd-hostkernels): every layer there, none fallen back.
  */
 TEST(rounds_evict_and_compact_on_the_device) {
 	static const char *const args[] = { "--backend=cuda", "--pool-size=64MiB",
@@ -287,7 +288,8 @@ TEST(rounds_evict_and_compact_on_the_device) {
 	/* Small finite f16 queries (0.5, -0.5, 1, ...), so that attention is real. */
 	for (uint64_t i = 0; i < row; i++)
 		q[i] = (uint16_t[]){ 0x3800, 0xb800, 0x3c00, 0x0000 }[i % 4];
-	fixture_start(&f, args);
+	fixture_setup(&f, "[tenant a]\npolicy = laprox\n", true);
+	fixture_launch(&f, args);
 	/* On the last GPU: where the daemon pools several (the fake driver's two, in CI), the
 	 * device current at connect chooses the connection's. */
 	ASSERT_EQ(cu->cuDeviceGet(&dev, cu->device_count - 1), CUDA_SUCCESS);
@@ -319,6 +321,11 @@ TEST(rounds_evict_and_compact_on_the_device) {
 		}
 	ASSERT_GT(fixture_status(&f, NULL, "rounds_total"), 0u);
 	ASSERT_GT(fixture_status(&f, "a", "evicted_tokens"), 0u);
+	ASSERT_EQ(fixture_status(&f, NULL, "gpu_fallbacks"), 0u);
+	if (fixture_log_count(&f, "rounds score restkv and laprox there") > 0)
+		ASSERT_GT(fixture_status(&f, NULL, "gpu_scored_layers"), 0u);
+	else
+		ASSERT_EQ(fixture_status(&f, NULL, "gpu_scored_layers"), 0u);
 	ASSERT_TRUE(fixture_status(&f, NULL, "used_bytes") <= (8u << 20));
 	for (int i = 0; i < 2; i++) {
 		ASSERT_OK(kvd_seq_pin(s[i]));

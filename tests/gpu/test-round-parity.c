@@ -125,8 +125,10 @@ static void run_policy(struct fixture *f, kvd_client *admin, uint32_t pi, struct
 }
 
 /* Every policy on daemon `daemon`, host or cuda backend; with cuda, the daemon's log must
- * say where rounds score (`scored`: its first line naming GPU 0's choice). */
-static void run(const char *daemon, bool cuda, const char *scored, struct kept *out) {
+ * say where rounds score (`scored`: its first line naming GPU 0's choice), and with
+ * `fallback` every layer meant for the GPU must have fallen back to the CPU, said. */
+static void run(const char *daemon, bool cuda, const char *scored, bool fallback,
+                struct kept *out) {
 	static const char *const args[] = { "--pool-size=64MiB", "--chunk-size=2MiB", NULL };
 	_cleanup_(kvd_client_unrefp) kvd_client *admin = NULL;
 	char config[512];
@@ -152,9 +154,21 @@ static void run(const char *daemon, bool cuda, const char *scored, struct kept *
 	for (uint32_t i = 0; i < N_POLICIES; i++)
 		run_policy(&f, admin, i, out);
 	admin = kvd_client_unref(admin);
-	/* Otherwise a path that fell back would compare the CPU with itself. */
+	/* Otherwise a path that fell back would compare the CPU with itself: the start-up line,
+	 * and every layer meant for the GPU scored there (restkv and laprox: 2 policies x 2
+	 * layers x one kv-head group each). */
 	if (scored && fixture_log_count(&f, scored) != 1)
 		test_fail(__FILE__, __LINE__, "the daemon's log does not say \"%s\"", scored);
+	{
+		bool gpu = cuda && strcmp(daemon, getenv("KVD_DAEMON_GPU")) == 0 &&
+		           !getenv("KVD_TEST_ROUND_CPU");
+
+		ASSERT_EQ(fixture_status(&f, NULL, "gpu_fallbacks"), fallback ? 2u * LAYERS : 0u);
+		ASSERT_EQ(fixture_status(&f, NULL, "gpu_scored_layers"),
+		          gpu && !fallback ? 2u * LAYERS : 0u);
+		ASSERT_EQ(fixture_log_count(&f, "meant for the GPU were scored on the CPU after a "
+		                                "device error (Cannot allocate memory)"), fallback ? 1 : 0);
+	}
 	ASSERT_EQ(fixture_stop(&f), 0);
 }
 
@@ -199,9 +213,9 @@ TEST(same_tokens_on_every_path) {
 		test_fail(__FILE__, __LINE__, "KVD_DAEMON_PLAIN and KVD_DAEMON_GPU are not set "
 		          "(run the test through meson)");
 	ASSERT_TRUE(host && copied && scored);
-	run(plain, false, NULL, host);
-	run(plain, true, "GPU 0: rounds score on the CPU, with the K/V copied there", copied);
-	run(gpu, true, "GPU 0: rounds score restkv and laprox there", scored);
+	run(plain, false, NULL, false, host);
+	run(plain, true, "GPU 0: rounds score on the CPU, with the K/V copied there", false, copied);
+	run(gpu, true, "GPU 0: rounds score restkv and laprox there", false, scored);
 	/* The copies move bytes: exact everywhere. */
 	assert_same(host, copied, "cuda, scored on the CPU", 0);
 	assert_same(host, scored, "cuda, scored on the GPU", tolerance);
@@ -224,11 +238,32 @@ TEST(same_tokens_when_the_driver_refuses_pitches) {
 	if (!plain || !gpu || !getenv("KVD_FAKE_CUDA_DEVICES"))
 		TEST_SKIP("needs the fake driver (run the test through meson)");
 	ASSERT_TRUE(host && copied && scored);
-	run(plain, false, NULL, host);
+	run(plain, false, NULL, false, host);
 	setenv("KVD_FAKE_CUDA_PITCH_ALIGN", "1073741824", 1);
-	run(plain, true, refused, copied);
-	run(gpu, true, refused, scored);
+	run(plain, true, refused, false, copied);
+	run(gpu, true, refused, false, scored);
 	unsetenv("KVD_FAKE_CUDA_PITCH_ALIGN");
 	assert_same(host, copied, "cuda, scored on the CPU, unaligned copies", 0);
 	assert_same(host, scored, "cuda, scored on the GPU, unaligned copies", 0);
+}
+
+/*
+ * A GPU with no memory left for the round's buffers (an engine filled it): every layer meant
+ * for it is scored on the CPU, keeps the same tokens, and is counted and said as a fallback,
+ * never as GPU scoring. The fake refuses larger cuMemAllocs with KVD_FAKE_CUDA_ALLOC_MAX_KIB.
+ */
+TEST(fallbacks_counted_and_said) {
+	const char *plain = getenv("KVD_DAEMON_PLAIN"), *gpu = getenv("KVD_DAEMON_GPU");
+	_cleanup_(freep) struct kept *host = calloc(1, sizeof(*host));
+	_cleanup_(freep) struct kept *fell = calloc(1, sizeof(*fell));
+
+	TEST_NEEDS_HOOKS();
+	if (!plain || !gpu || !getenv("KVD_FAKE_CUDA_DEVICES"))
+		TEST_SKIP("needs the fake driver (run the test through meson)");
+	ASSERT_TRUE(host && fell);
+	run(plain, false, NULL, false, host);
+	setenv("KVD_FAKE_CUDA_ALLOC_MAX_KIB", "4", 1);
+	run(gpu, true, "GPU 0: rounds score restkv and laprox there", true, fell);
+	unsetenv("KVD_FAKE_CUDA_ALLOC_MAX_KIB");
+	assert_same(host, fell, "cuda, GPU scoring fallen back to the CPU", 0);
 }

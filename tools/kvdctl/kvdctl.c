@@ -271,7 +271,8 @@ static const char *const node_u64_keys[] = {
 	"tier_demotes",     "tier_demote_bytes", "tier_demote_us",   "tier_file_recalls",
 	"tier_file_recall_bytes", "tier_file_recall_us", "tier_file_read_us", "tier_lost_io",
 	"recall_kept_tokens", "recall_kept_bytes", "recall_lost_tokens", "recalls",
-	"recalled_tokens", "recall_scored_tokens", "recall_us",
+	"recalled_tokens", "recall_scored_tokens", "recall_us", "gpu_scored_layers",
+	"gpu_fallbacks",
 };
 
 static const char *const node_str_keys[] = {

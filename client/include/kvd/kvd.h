@@ -948,6 +948,8 @@ KVD_EXPORT int kvd_tenant_delete(kvd_client *c, const char *tenant);
  *           "access_refused" (hellos and admin requests refused for want of rights),
  *           "uid_connections_refused" (connections over kvd's max-connections-per-uid),
  *           "rounds_total" (eviction rounds run), "last_round_us" (the last one's duration),
+ *           "gpu_scored_layers" (layers rounds scored on a GPU), "gpu_fallbacks" (layers
+ *           meant for a GPU that the CPU scored after a device error; since KVD_1.10),
  *           "unmap_timeouts" (connections that did not unmap a chunk within kvd's
  *           unmap-timeout), "unmap_disconnects" (those disconnected for it),
  *           "engine_events_done" (waits for engines' events, kvd_seq_unpin_after),
