@@ -132,8 +132,10 @@ static int device_open(struct cuda_dev *d, int index, const struct visible *v, C
 	}
 	cr = cu->cuCtxSetCurrent(d->ctx);
 	if (cr == CUDA_SUCCESS)
-		/* Non-blocking: engines' work on the legacy default stream must not wait for
-		 * the daemon's scrubs, nor the other way round. */
+		/* Non-blocking: the daemon's own legacy-stream copies order themselves (they
+		 * wait until they landed: legacy_landed()), so its scrubs need not wait for
+		 * every one of them. Engines' streams are in their own processes' contexts and
+		 * never wait on the daemon's, whatever the flag. */
 		cr = cu->cuStreamCreate(&d->stream, CU_STREAM_NON_BLOCKING);
 	if (cr != CUDA_SUCCESS) {
 		snprintf(why, why_n, "device %d: no stream: %s", index, cuda_dl_strerror(cr));
@@ -462,7 +464,19 @@ static int cuda_chunk_scrub(struct backend_chunk *c) {
  * from whichever thread asks. Ordering with the engines needs nothing more: the daemon only
  * reads or moves a sequence's K/V while it is not pinned, and an engine unpins after its
  * writes have completed.
+ *
+ * A device-to-device copy on the legacy stream returns before it lands (the driver does no
+ * host-side synchronisation for those), and the daemon's streams do not wait for the
+ * legacy one: so each waits until it landed, for what follows to see it done on any
+ * stream and thread: a scrub of the chunk it emptied, a kernel reading what it staged, the
+ * engine told of the compaction it was part of.
  */
+static int legacy_landed(void) {
+	CUresult cr = cuda.cu->cuStreamSynchronize(CU_STREAM_LEGACY);
+
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuStreamSynchronize");
+}
+
 static int cuda_read(uint32_t device, const void *src, void *dst, uint64_t bytes) {
 	int r = use(device);
 	CUresult cr;
@@ -474,13 +488,15 @@ static int cuda_read(uint32_t device, const void *src, void *dst, uint64_t bytes
 }
 
 int backend_cuda_copy_2d(const CUDA_MEMCPY2D *m, CUstream stream) {
+	bool d2d = m->srcMemoryType == CU_MEMORYTYPE_DEVICE && m->dstMemoryType == CU_MEMORYTYPE_DEVICE;
 	static bool said;
 	CUresult cr;
 
 	cr = stream ? cuda.cu->cuMemcpy2DAsync(m, stream) : cuda.cu->cuMemcpy2D(m);
-	if (cr != CUDA_ERROR_INVALID_VALUE || m->srcMemoryType != CU_MEMORYTYPE_DEVICE ||
-	    m->dstMemoryType != CU_MEMORYTYPE_DEVICE)
-		return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, stream ? "cuMemcpy2DAsync" : "cuMemcpy2D");
+	if (cr == CUDA_SUCCESS)
+		return !stream && d2d ? legacy_landed() : 0;
+	if (cr != CUDA_ERROR_INVALID_VALUE || !d2d)
+		return cu_fail(cr, stream ? "cuMemcpy2DAsync" : "cuMemcpy2D");
 	/* The driver may refuse intra-device pitches that cuMemAllocPitch did not make (ours
 	 * are block strides); cuMemcpy2DUnaligned takes any, synchronously on the legacy
 	 * stream, so the work queued on stream must be done before it overwrites what that
@@ -495,7 +511,8 @@ int backend_cuda_copy_2d(const CUDA_MEMCPY2D *m, CUstream stream) {
 			return cu_fail(cr, "cuStreamSynchronize");
 	}
 	cr = cuda.cu->cuMemcpy2DUnaligned(m);
-	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpy2DUnaligned");
+	/* Before the stream's next work reads what it wrote. */
+	return cr == CUDA_SUCCESS ? legacy_landed() : cu_fail(cr, "cuMemcpy2DUnaligned");
 }
 
 /* The row forms: one synchronous 2D copy in device's context. */
@@ -536,7 +553,7 @@ static int cuda_copy(uint32_t device, void *dst, const void *src, uint64_t bytes
 	if (r < 0)
 		return r;
 	cr = cuda.cu->cuMemcpyDtoD((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes);
-	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuMemcpyDtoD");
+	return cr == CUDA_SUCCESS ? legacy_landed() : cu_fail(cr, "cuMemcpyDtoD");
 }
 
 static int cuda_copy_rows(uint32_t device, void *dst, const void *src, uint64_t pitch,

@@ -62,6 +62,17 @@
  * is the exported symbol, the versioned one where cuda.h maps the call to one
  * (cuMemcpyHtoD_v2 for cuMemcpyHtoD). A child forked after cuInit starts from zero.
  *
+ * Late copies: device-to-device copies on the legacy default stream (cuMemcpyDtoD, and
+ * cuMemcpy2D, cuMemcpy2DUnaligned, cuMemcpyDtoDAsync and cuMemcpy2DAsync between device
+ * memory with that stream) return before they land, as the driver documents (no host-side
+ * synchronisation for device-to-device transfers). They land, in order, when something
+ * waits for the legacy stream: a copy with host memory on it, work on it or on a blocking
+ * stream (made without CU_STREAM_NON_BLOCKING, or the per-thread one), cuStreamSynchronize
+ * of either, cuCtxSynchronize, an event recorded on either; and before memory is unmapped
+ * or freed. Work on a non-blocking stream does not wait for them, as on a GPU: a program
+ * that copies on the legacy stream and then works on a non-blocking stream of its own
+ * without synchronising reads or overwrites memory the copy has not finished with.
+ *
  * Thread-safe: one mutex guards every table (the daemon calls from several threads); the
  * context stack is per thread, as in the driver. Not installed: a test double only.
  */
@@ -141,6 +152,14 @@ struct mapping {
 	void *host;                   /* where copies reach it: va, or (strict) a private view */
 };
 
+/* A device-to-device copy on the legacy stream that has not landed yet (copy2d): rows of
+ * width bytes, height of them, each pitch apart. */
+struct late_copy {
+	struct late_copy *next;
+	uintptr_t dst, src;
+	size_t width, height, dpitch, spitch;
+};
+
 /* A cuMemAlloc allocation. */
 struct devmem {
 	struct devmem *next;
@@ -166,8 +185,13 @@ static struct {
 	struct CUstream_st *streams;
 	struct CUevent_st *events;
 	uint64_t event_serial;
+	struct late_copy *late, **late_tail; /* in queue order */
 } fk;
 static struct CUctx_st primary[FAKE_DEVICES_MAX];
+
+/* Late copies (above): landed where something waits for the legacy stream. */
+static void land_late_locked(void);
+static void land_late(void);
 
 /* The driver's context stack is per thread: a thread starts with none current. */
 static __thread CUcontext ctx_stack[CTX_STACK_MAX];
@@ -943,8 +967,12 @@ CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
 
 /* Everything already happened; only the context is checked. */
 CUresult CUDAAPI cuCtxSynchronize(void) {
+	CUresult r = need_ctx("cuCtxSynchronize", NULL);
+
 	COUNT(0);
-	return need_ctx("cuCtxSynchronize", NULL);
+	if (r == CUDA_SUCCESS)
+		land_late();
+	return r;
 }
 
 /* ---- memory: information, cuMemAlloc ---- */
@@ -1018,6 +1046,7 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
 	if (r != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&lock);
+	land_late_locked(); /* before the memory goes */
 	for (struct devmem **pp = &fk.devmems; *pp; pp = &(*pp)->next)
 		if ((uintptr_t)(*pp)->p == (uintptr_t)dptr) {
 			d = *pp;
@@ -1133,6 +1162,7 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
 	COUNT(0);
 	NEED_INIT("cuMemRelease");
 	pthread_mutex_lock(&lock);
+	land_late_locked(); /* before the memory goes */
 	for (struct handle **pp = &fk.handles; *pp; pp = &(*pp)->next)
 		if ((*pp)->id == handle) {
 			h = *pp;
@@ -1307,6 +1337,7 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 	COUNT(0);
 	NEED_INIT("cuMemAddressFree");
 	pthread_mutex_lock(&lock);
+	land_late_locked(); /* before the memory goes */
 	for (pp = &fk.reservations; *pp; pp = &(*pp)->next)
 		if ((*pp)->va == (uintptr_t)ptr && (*pp)->size == size) {
 			res = *pp;
@@ -1404,6 +1435,7 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
 	COUNT(0);
 	NEED_INIT("cuMemUnmap");
 	pthread_mutex_lock(&lock);
+	land_late_locked(); /* before the memory goes */
 	if (!whole_mappings(va, size)) {
 		pthread_mutex_unlock(&lock);
 		return fail(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap",
@@ -1491,6 +1523,61 @@ static CUresult stream_check(const char *call, CUstream s) {
 	return ok ? CUDA_SUCCESS : fail(CUDA_ERROR_INVALID_HANDLE, call, "unknown stream %p", (void *)s);
 }
 
+/* The legacy default stream itself (late copies queue on it). */
+static bool is_legacy(CUstream s) {
+	return !s || s == CU_STREAM_LEGACY;
+}
+
+/* Whether work on s waits for the legacy stream's: s is it, or a blocking stream. Lock held. */
+static bool waits_for_legacy(CUstream s) {
+	if (is_legacy(s) || s == CU_STREAM_PER_THREAD)
+		return true;
+	for (struct CUstream_st *p = fk.streams; p; p = p->next)
+		if (p == s)
+			return !(p->flags & CU_STREAM_NON_BLOCKING);
+	return true;
+}
+
+static CUresult copy_locked(const char *call, void *dst, const void *src, size_t n,
+                            uintptr_t dev_dst, uintptr_t dev_src);
+
+/* The late copies land, oldest first (their ranges were checked when queued, and memory is
+ * never unmapped or freed before they land). Lock held. */
+static void land_late_locked(void) {
+	while (fk.late) {
+		struct late_copy *c = fk.late;
+
+		for (size_t y = 0; y < c->height; y++)
+			(void)copy_locked("a late device-to-device copy", NULL, NULL, c->width,
+			                  c->dst + y * c->dpitch, c->src + y * c->spitch);
+		fk.late = c->next;
+		free(c);
+	}
+	fk.late_tail = &fk.late;
+}
+
+static void land_late(void) {
+	pthread_mutex_lock(&lock);
+	land_late_locked();
+	pthread_mutex_unlock(&lock);
+}
+
+/* Queues a device-to-device copy on the legacy stream. Lock held. */
+static CUresult queue_late_locked(const char *call, uintptr_t dst, uintptr_t src, size_t width,
+                                  size_t height, size_t dpitch, size_t spitch) {
+	struct late_copy *c = malloc(sizeof(*c));
+
+	if (!c)
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, call, "no memory for a queued copy");
+	*c = (struct late_copy){ .dst = dst, .src = src, .width = width, .height = height,
+	                         .dpitch = dpitch, .spitch = spitch };
+	if (!fk.late_tail)
+		fk.late_tail = &fk.late;
+	*fk.late_tail = c;
+	fk.late_tail = &c->next;
+	return CUDA_SUCCESS;
+}
+
 /*
  * Copies n bytes to dst (or device address dev_dst, when not 0) from src (or dev_src),
  * through dev_host: a range may run over several mappings, each with its own view. A
@@ -1529,8 +1616,10 @@ static CUresult copy_locked(const char *call, void *dst, const void *src, size_t
 	return CUDA_SUCCESS;
 }
 
+/* A 1D copy on stream s (the synchronous calls: the legacy stream); device-to-device on
+ * the legacy stream, it lands late. */
 static CUresult copy(const char *call, void *dst, const void *src, size_t n, CUdeviceptr dev_dst,
-                     CUdeviceptr dev_src, bool dst_dev, bool src_dev) {
+                     CUdeviceptr dev_src, bool dst_dev, bool src_dev, CUstream s) {
 	CUresult r = need_ctx(call, NULL);
 
 	if (r != CUDA_SUCCESS)
@@ -1542,16 +1631,21 @@ static CUresult copy(const char *call, void *dst, const void *src, size_t n, CUd
 		r = dev_range(call, dev_dst, n, true);
 	if (r == CUDA_SUCCESS && src_dev)
 		r = dev_range(call, dev_src, n, false);
-	if (r == CUDA_SUCCESS && n)
+	if (r == CUDA_SUCCESS && n && dst_dev && src_dev && is_legacy(s))
+		r = queue_late_locked(call, (uintptr_t)dev_dst, (uintptr_t)dev_src, n, 1, 0, 0);
+	else if (r == CUDA_SUCCESS && n) {
+		if (waits_for_legacy(s))
+			land_late_locked();
 		r = copy_locked(call, dst, src, n, dst_dev ? (uintptr_t)dev_dst : 0,
 		                src_dev ? (uintptr_t)dev_src : 0);
+	}
 	pthread_mutex_unlock(&lock);
 	return r;
 }
 
 CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
 	COUNT(ByteCount);
-	return copy("cuMemcpyHtoD", NULL, srcHost, ByteCount, dstDevice, 0, true, false);
+	return copy("cuMemcpyHtoD", NULL, srcHost, ByteCount, dstDevice, 0, true, false, NULL);
 }
 
 /* Pinning changes nothing here but the count: host memory is host memory to the fake. */
@@ -1575,12 +1669,12 @@ CUresult CUDAAPI cuMemHostUnregister(void *p) {
 
 CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
 	COUNT(ByteCount);
-	return copy("cuMemcpyDtoH", dstHost, NULL, ByteCount, 0, srcDevice, false, true);
+	return copy("cuMemcpyDtoH", dstHost, NULL, ByteCount, 0, srcDevice, false, true, NULL);
 }
 
 CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
 	COUNT(ByteCount);
-	return copy("cuMemcpyDtoD", NULL, NULL, ByteCount, dstDevice, srcDevice, true, true);
+	return copy("cuMemcpyDtoD", NULL, NULL, ByteCount, dstDevice, srcDevice, true, true, NULL);
 }
 
 CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
@@ -1589,7 +1683,7 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, s
 
 	COUNT(ByteCount);
 	return r != CUDA_SUCCESS ? r :
-	       copy("cuMemcpyHtoDAsync", NULL, srcHost, ByteCount, dstDevice, 0, true, false);
+	       copy("cuMemcpyHtoDAsync", NULL, srcHost, ByteCount, dstDevice, 0, true, false, hStream);
 }
 
 CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
@@ -1598,7 +1692,7 @@ CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t 
 
 	COUNT(ByteCount);
 	return r != CUDA_SUCCESS ? r :
-	       copy("cuMemcpyDtoHAsync", dstHost, NULL, ByteCount, 0, srcDevice, false, true);
+	       copy("cuMemcpyDtoHAsync", dstHost, NULL, ByteCount, 0, srcDevice, false, true, hStream);
 }
 
 CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
@@ -1607,7 +1701,8 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 
 	COUNT(ByteCount);
 	return r != CUDA_SUCCESS ? r :
-	       copy("cuMemcpyDtoDAsync", NULL, NULL, ByteCount, dstDevice, srcDevice, true, true);
+	       copy("cuMemcpyDtoDAsync", NULL, NULL, ByteCount, dstDevice, srcDevice, true, true,
+	            hStream);
 }
 
 /*
@@ -1652,7 +1747,7 @@ static CUresult side_check(const char *call, const char *side, CUmemorytype type
 	return CUDA_SUCCESS;
 }
 
-static CUresult copy2d(const char *call, const CUDA_MEMCPY2D *p, bool unaligned) {
+static CUresult copy2d(const char *call, const CUDA_MEMCPY2D *p, bool unaligned, CUstream s) {
 	bool dst_dev, src_dev;
 	uintptr_t dst, src;
 	CUresult r = need_ctx(call, NULL);
@@ -1687,11 +1782,19 @@ static CUresult copy2d(const char *call, const CUDA_MEMCPY2D *p, bool unaligned)
 		if (r == CUDA_SUCCESS && src_dev)
 			r = dev_range(call, (CUdeviceptr)(src + y * p->srcPitch), p->WidthInBytes, false);
 	}
+	if (r == CUDA_SUCCESS && dst_dev && src_dev && is_legacy(s)) {
+		r = queue_late_locked(call, dst, src, p->WidthInBytes, p->Height, p->dstPitch,
+		                      p->srcPitch);
+		pthread_mutex_unlock(&lock);
+		return r;
+	}
+	if (r == CUDA_SUCCESS && waits_for_legacy(s))
+		land_late_locked();
 	for (size_t y = 0; r == CUDA_SUCCESS && y < p->Height; y++) {
-		uintptr_t d = dst + y * p->dstPitch, s = src + y * p->srcPitch;
+		uintptr_t d = dst + y * p->dstPitch, sr = src + y * p->srcPitch;
 
-		r = copy_locked(call, dst_dev ? NULL : (void *)d, src_dev ? NULL : (const void *)s,
-		                p->WidthInBytes, dst_dev ? d : 0, src_dev ? s : 0);
+		r = copy_locked(call, dst_dev ? NULL : (void *)d, src_dev ? NULL : (const void *)sr,
+		                p->WidthInBytes, dst_dev ? d : 0, src_dev ? sr : 0);
 	}
 	pthread_mutex_unlock(&lock);
 	return r;
@@ -1699,20 +1802,20 @@ static CUresult copy2d(const char *call, const CUDA_MEMCPY2D *p, bool unaligned)
 
 CUresult CUDAAPI cuMemcpy2D(const CUDA_MEMCPY2D *pCopy) {
 	COUNT(pCopy ? (unsigned long long)pCopy->WidthInBytes * pCopy->Height : 0);
-	return copy2d("cuMemcpy2D", pCopy, false);
+	return copy2d("cuMemcpy2D", pCopy, false, NULL);
 }
 
 CUresult CUDAAPI cuMemcpy2DAsync(const CUDA_MEMCPY2D *pCopy, CUstream hStream) {
 	CUresult r = stream_check("cuMemcpy2DAsync", hStream);
 
 	COUNT(pCopy ? (unsigned long long)pCopy->WidthInBytes * pCopy->Height : 0);
-	return r != CUDA_SUCCESS ? r : copy2d("cuMemcpy2DAsync", pCopy, false);
+	return r != CUDA_SUCCESS ? r : copy2d("cuMemcpy2DAsync", pCopy, false, hStream);
 }
 
 /* Any pitches (KVD_FAKE_CUDA_PITCH_ALIGN does not apply), as the driver's. */
 CUresult CUDAAPI cuMemcpy2DUnaligned(const CUDA_MEMCPY2D *pCopy) {
 	COUNT(pCopy ? (unsigned long long)pCopy->WidthInBytes * pCopy->Height : 0);
-	return copy2d("cuMemcpy2DUnaligned", pCopy, true);
+	return copy2d("cuMemcpy2DUnaligned", pCopy, true, NULL);
 }
 
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
@@ -1724,6 +1827,8 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t
 	if (r != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&lock);
+	if (waits_for_legacy(hStream))
+		land_late_locked();
 	r = dev_range("cuMemsetD8Async", dstDevice, N, true);
 	for (size_t done = 0, run; r == CUDA_SUCCESS && done < N; done += run) {
 		void *h = dev_host((uintptr_t)dstDevice + done, N - done, &run);
@@ -1780,12 +1885,21 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
 	return CUDA_SUCCESS;
 }
 
-/* Work is done when it is queued: nothing to wait for. */
+/* Work is done when it is queued, but for the late copies, which a stream that waits for
+ * the legacy one waits for. */
 CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
 	CUresult r = need_ctx("cuStreamSynchronize", NULL);
 
 	COUNT(0);
-	return r != CUDA_SUCCESS ? r : stream_check("cuStreamSynchronize", hStream);
+	if (r == CUDA_SUCCESS)
+		r = stream_check("cuStreamSynchronize", hStream);
+	if (r == CUDA_SUCCESS) {
+		pthread_mutex_lock(&lock);
+		if (waits_for_legacy(hStream))
+			land_late_locked();
+		pthread_mutex_unlock(&lock);
+	}
+	return r;
 }
 
 CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
@@ -1851,6 +1965,9 @@ CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
 		r = fail(CUDA_ERROR_INVALID_HANDLE, "cuEventRecord", "unknown stream %p",
 		         (void *)hStream);
 	else {
+		/* Recorded after what its stream waits for. */
+		if (waits_for_legacy(hStream))
+			land_late_locked();
 		hEvent->recorded = true;
 		hEvent->at = now;
 	}
