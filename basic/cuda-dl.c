@@ -94,6 +94,21 @@ const char *cuda_dl_strerror(CUresult r) {
 	return buf;
 }
 
+bool cuda_dl_sticky(CUresult r) {
+	switch (r) {
+	case CUDA_ERROR_ILLEGAL_ADDRESS:
+	case CUDA_ERROR_HARDWARE_STACK_ERROR:
+	case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+	case CUDA_ERROR_MISALIGNED_ADDRESS:
+	case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+	case CUDA_ERROR_INVALID_PC:
+	case CUDA_ERROR_LAUNCH_FAILED:
+		return true;
+	default:
+		return false;
+	}
+}
+
 int cuda_dl_errno(CUresult r) {
 	switch (r) {
 	case CUDA_SUCCESS:

@@ -19,6 +19,7 @@
  */
 
 #include <cuda.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 /* Every driver entry point kvd uses, in one list: the struct, the symbol table and the
@@ -114,3 +115,8 @@ const char *cuda_dl_strerror(CUresult r);
 /* An errno for a CUresult, for the -errno convention: -ENOMEM for out-of-memory errors,
  * -EINVAL for invalid values and handles, -ENODEV for lost devices, -EIO otherwise. */
 int cuda_dl_errno(CUresult r);
+
+/* Whether r is a sticky error: one after which the context is lost, every later call in
+ * it failing the same way until the process ends (a kernel's illegal address, a launch
+ * failure, an illegal instruction and their kin). */
+bool cuda_dl_sticky(CUresult r);

@@ -196,6 +196,14 @@ static uint32_t slots_below(const struct kvd_seq_desc *d, uint32_t t, uint64_t p
 	return layout_slots_below(layout_positions(d, t), layout_tokens(d)[t], pos);
 }
 
+/* Whether the daemon lost its context on the pool's device d (backend_device.failed): no
+ * K/V can be read or moved there. */
+static bool device_lost(uint32_t d) {
+	const struct backend_device *dev = backend_device(d);
+
+	return dev && __atomic_load_n(&dev->failed, __ATOMIC_RELAXED) != 0;
+}
+
 static int snapshot_seq(struct server *s, struct seq *sq, uint32_t tenant, struct round_seq *q) {
 	const struct model *m = sq->model;
 	const struct kvd_seq_desc *d = sq->desc;
@@ -327,7 +335,7 @@ static int snapshot(struct evictor *e, struct round *r) {
 			 * another device frees nothing where the round is aimed. */
 			if (q->model->unit == KVD_UNIT_NONE || q->pending ||
 			    (r->device >= 0 && q->device != (uint32_t)r->device) ||
-			    (only && q->tenant != only))
+			    (only && q->tenant != only) || device_lost(q->device))
 				continue;
 			/* The round reads its K/V: the engine's last step must be done (a pinned
 			 * one is read as it is written anyway; its plan waits for the unpin). */
@@ -999,6 +1007,10 @@ static struct round_gpu *const *gpus(struct evictor *e) {
 			log_info("GPU %d: rounds score restkv and laprox there", dev ? dev->index : (int)d);
 	}
 	e->gpu_tried = true;
+	/* A device whose context was lost scores nothing more (no round runs now). */
+	for (uint32_t d = 0; d < p->n_devices; d++)
+		if (e->gpu[d] && device_lost(d))
+			e->gpu[d] = round_gpu_free(e->gpu[d]);
 	return e->gpu;
 }
 
@@ -1320,6 +1332,9 @@ static int recall_refusal(struct evictor *e, struct seq *q, const char **why) {
 		return *why = "the sequence is moved out of the pool, or moving: pin it first", -EAGAIN;
 	if (!evict_engine_done(e->srv, q))
 		return *why = "the engine's last step on the sequence has not completed", -EAGAIN;
+	if (device_lost(q->device))
+		return *why = "the daemon lost its context on the sequence's GPU (a sticky error)",
+		       -ENODEV;
 	return 0;
 }
 

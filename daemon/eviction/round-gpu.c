@@ -20,6 +20,7 @@ struct dbuf {
 };
 
 struct round_gpu {
+	uint32_t device;              /* of the pool (backend.h) */
 	const struct cuda_dl *cu;
 	CUcontext ctx;
 	CUstream stream;              /* the rounds': scrubs keep the backend's own */
@@ -35,15 +36,17 @@ struct round_gpu {
  * and a staging buffer the device cannot give sends compaction to the copies. */
 #define GATHER_BATCH_SLOTS 1024u
 
-static int cu_errno(CUresult cr, const char *call) {
+/* A failed driver call: a sticky error marks the device failed (backend_cuda_failed). */
+static int cu_errno(const struct round_gpu *g, CUresult cr, const char *call) {
 	log_debug("round on the GPU: %s failed: %s", call, cuda_dl_strerror(cr));
+	backend_cuda_failed(g->device, cr, call);
 	return cuda_dl_errno(cr);
 }
 
 static int use(const struct round_gpu *g) {
 	CUresult cr = g->cu->cuCtxSetCurrent(g->ctx);
 
-	return cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "cuCtxSetCurrent");
+	return cr == CUDA_SUCCESS ? 0 : cu_errno(g, cr, "cuCtxSetCurrent");
 }
 
 /* Makes b hold at least bytes (its contents are lost when it grows). */
@@ -61,7 +64,7 @@ static int dbuf_fit(const struct round_gpu *g, struct dbuf *b, uint64_t bytes) {
 	bytes = bytes < 4096 ? 4096 : bytes + bytes / 2;
 	cr = g->cu->cuMemAlloc(&b->p, bytes);
 	if (cr != CUDA_SUCCESS)
-		return cu_errno(cr, "cuMemAlloc");
+		return cu_errno(g, cr, "cuMemAlloc");
 	b->bytes = bytes;
 	return 0;
 }
@@ -75,6 +78,7 @@ int round_gpu_new(uint32_t device, struct round_gpu **ret, char *why, size_t why
 	g = calloc(1, sizeof(*g));
 	if (!g)
 		return -ENOMEM;
+	g->device = device;
 	g->ctx = backend_cuda_context(device);
 	r = cuda_dl_load(&g->cu, &dl_why);
 	if (r < 0 || !g->ctx) {
@@ -87,7 +91,7 @@ int round_gpu_new(uint32_t device, struct round_gpu **ret, char *why, size_t why
 		cr = g->cu->cuStreamCreate(&g->stream, CU_STREAM_NON_BLOCKING);
 		if (cr == CUDA_SUCCESS)
 			cr = g->cu->cuStreamCreate(&g->gather_stream, CU_STREAM_NON_BLOCKING);
-		r = cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "cuStreamCreate");
+		r = cr == CUDA_SUCCESS ? 0 : cu_errno(g, cr, "cuStreamCreate");
 	}
 	if (r >= 0) {
 		r = kvd_cuda_kernels_new(g->cu, &g->k, &cr);
@@ -201,7 +205,7 @@ int round_gpu_gather(struct round_gpu *g, const struct kvd_gather_table *t,
 		cr = g->cu->cuMemcpyHtoDAsync(g->keep.p, keep, (uint64_t)n_keep * sizeof(uint32_t),
 		                              g->gather_stream);
 	if (cr != CUDA_SUCCESS)
-		return cu_errno(cr, "cuMemcpyHtoDAsync");
+		return cu_errno(g, cr, "cuMemcpyHtoDAsync");
 	/* Sizes refused before anything is enqueued (-EINVAL, -ENOBUFS: cuda-kernels.h) moved
 	 * nothing either; a launch that failed after earlier batches may have moved some. */
 	r = kvd_cuda_gather(g->k, t, (const uint64_t *)(uintptr_t)g->blocks.p, NULL,
@@ -211,7 +215,7 @@ int round_gpu_gather(struct round_gpu *g, const struct kvd_gather_table *t,
 	if (r < 0)
 		return r;
 	cr = g->cu->cuStreamSynchronize(g->gather_stream);
-	return cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "cuStreamSynchronize");
+	return cr == CUDA_SUCCESS ? 0 : cu_errno(g, cr, "cuStreamSynchronize");
 }
 
 int round_gpu_score_layer(void *userdata, const struct kvd_attn_in *in, const float *gram,
@@ -243,7 +247,7 @@ int round_gpu_score_layer(void *userdata, const struct kvd_attn_in *in, const fl
 	if (cr == CUDA_SUCCESS && gram)
 		cr = g->cu->cuMemcpyHtoDAsync(g->gram.p, gram, gram_bytes, g->stream);
 	if (cr != CUDA_SUCCESS)
-		return cu_errno(cr, "cuMemcpyHtoDAsync");
+		return cu_errno(g, cr, "cuMemcpyHtoDAsync");
 	din.q = (const void *)(uintptr_t)g->q.p;
 	r = kvd_cuda_score_layer(g->k, &din, gram ? (const float *)(uintptr_t)g->gram.p : NULL, NULL,
 	                         sp, (void *)(uintptr_t)g->scratch.p,
@@ -253,5 +257,5 @@ int round_gpu_score_layer(void *userdata, const struct kvd_attn_in *in, const fl
 	cr = g->cu->cuMemcpyDtoHAsync(scores, g->scores.p, score_bytes, g->stream);
 	if (cr == CUDA_SUCCESS)
 		cr = g->cu->cuStreamSynchronize(g->stream);
-	return cr == CUDA_SUCCESS ? 0 : cu_errno(cr, "scores back to the host");
+	return cr == CUDA_SUCCESS ? 0 : cu_errno(g, cr, "scores back to the host");
 }

@@ -44,8 +44,27 @@ static struct {
 
 /* Logs a failed driver call at debug level (the caller logs the errno once, where it
  * handles it) and returns it as -errno. */
+/* The device whose context use() last made current on this thread: a failure's device. */
+static __thread int used_device = -1;
+
+void backend_cuda_failed(uint32_t i, CUresult cr, const char *call) {
+	int none = 0;
+
+	if (i >= cuda.n || !cuda_dl_sticky(cr) ||
+	    !__atomic_compare_exchange_n(&cuda.d[i].info.failed, &none, (int)cr, false,
+	                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		return;
+	log_error("GPU %d: %s failed with %s, an error that loses the daemon's context there for "
+	          "good: rounds no longer read or score K/V on it, and its memory stays pooled "
+	          "and counted; restart kvd (and the engines on that GPU, whose contexts may be "
+	          "lost too) to use it again (docs/gpu.md, Sticky errors)",
+	          cuda.d[i].info.index, call, cuda_dl_strerror(cr));
+}
+
 static int cu_fail(CUresult cr, const char *call) {
 	log_debug("cuda: %s failed: %s", call, cuda_dl_strerror(cr));
+	if (used_device >= 0)
+		backend_cuda_failed((uint32_t)used_device, cr, call);
 	return cuda_dl_errno(cr);
 }
 
@@ -313,6 +332,7 @@ static int use(uint32_t device) {
 
 	if (device >= cuda.n)
 		return -EINVAL;
+	used_device = (int)device;
 	cr = cuda.cu->cuCtxSetCurrent(cuda.d[device].ctx);
 	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "cuCtxSetCurrent");
 }

@@ -25,6 +25,9 @@ const struct backend_device *backend_cuda_device(uint32_t i);
 void backend_cuda_close(void);
 /* Device i's primary context (retained while the backend is open), or NULL. */
 CUcontext backend_cuda_context(uint32_t i);
+/* A driver call on device i failed with cr: when it is a sticky error, the device is marked
+ * failed (backend_device.failed) and that is logged, once. Any thread. */
+void backend_cuda_failed(uint32_t i, CUresult cr, const char *call);
 /*
  * A 2D copy in the current context: on stream (asynchronous), or synchronous when stream is
  * NULL. The driver may refuse a device-to-device copy whose pitches cuMemAllocPitch did not

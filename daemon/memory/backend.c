@@ -11,6 +11,9 @@
 #include "backend.h"
 #include "backend-cuda.h"
 #include "basic/macro.h"
+#ifdef KVD_HAVE_CUDA
+#include "basic/cuda-dl.h"
+#endif
 
 /* Device numbers beyond this are typos, not GPUs. */
 #define DEVICE_INDEX_MAX 255
@@ -196,13 +199,28 @@ void backend_devices_text(char *buf, size_t n) {
 		for (char *p = name; *p; p++)
 			if (*p == ' ' || *p < 0x20 || *p > 0x7e)
 				*p = '_';
+		int failed = __atomic_load_n(&dev->failed, __ATOMIC_RELAXED);
+
 		w += (size_t)snprintf(buf + w, n - w, "%sGPU %d %s %s name=%s memory_mib=%llu rdma=%s "
-		                      "persistence=%s ipc_events=%s", i ? "\n" : "", dev->index, uuid,
-		                      dev->pci_bus_id, name, (unsigned long long)(dev->total_bytes >> 20),
+		                      "persistence=%s ipc_events=%s failed=%s", i ? "\n" : "",
+		                      dev->index, uuid, dev->pci_bus_id, name,
+		                      (unsigned long long)(dev->total_bytes >> 20),
 		                      dev->rdma ? "yes" : "no", dev->persistence > 0 ? "on" :
 		                      dev->persistence == 0 ? "off" : "unknown",
-		                      dev->ipc_events ? "yes" : "no");
+		                      dev->ipc_events ? "yes" : "no",
+		                      failed ? backend_error_name(failed) : "no");
 	}
+}
+
+const char *backend_error_name(int failed) {
+#ifdef KVD_HAVE_CUDA
+	return cuda_dl_strerror((CUresult)failed);
+#else
+	static __thread char buf[24];
+
+	snprintf(buf, sizeof(buf), "error %d", failed);
+	return buf;
+#endif
 }
 
 void backend_close(void) {

@@ -110,6 +110,9 @@ struct backend_device {
 	int persistence;              /* persistence mode when opened (nvml.h): 1 on, 0 off, -1
 	                               * unknown */
 	bool ipc_events;              /* engines' interprocess events can be opened here */
+	/* 0, or the sticky error (cuda_dl_sticky) that lost the daemon's context on it: no
+	 * round reads or scores K/V there any more (backend_cuda_failed). */
+	int failed;
 };
 
 /* "GPU-" and the UUID's 16 bytes in hex, dashed 8-4-4-4-12, as nvidia-smi prints it. */
@@ -162,6 +165,9 @@ bool backend_nvidia_driver_loaded(void);
 uint32_t backend_n_devices(void);
 /* Device i of the open backend (0 to backend_n_devices() - 1), or NULL (host). */
 const struct backend_device *backend_device(uint32_t i);
+
+/* The driver's name for backend_device.failed's error ("CUDA_ERROR_ILLEGAL_ADDRESS"). */
+const char *backend_error_name(int failed);
 
 /* The open backend's devices for status, one line each (kvd.proto StatusReply.devices),
  * into buf (truncated to n); "" on host. */

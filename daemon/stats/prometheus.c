@@ -351,6 +351,15 @@ int prometheus_render(struct server *s, char **ret, size_t *ret_size) {
 		fprintf(f, "kvd_device_free_chunks{device=\"%d\"} %" PRIu32 "\n", dev ? dev->index : 0,
 		        pool_device_free_chunks(p, i));
 	}
+	family(f, "kvd_gpu_failed", "gauge",
+	       "1 when the daemon lost its context on the device to a sticky error (status "
+	       "devices says which): rounds no longer read or score K/V there; 0 on host.");
+	for (uint32_t i = 0; i < p->n_devices; i++) {
+		const struct backend_device *dev = backend_device(i);
+
+		fprintf(f, "kvd_gpu_failed{device=\"%d\"} %d\n", dev ? dev->index : 0,
+		        dev && __atomic_load_n(&dev->failed, __ATOMIC_RELAXED) != 0);
+	}
 
 	family(f, "kvd_grants_memory_total", "counter",
 	       "Chunk grants by the memory they gave: own (the tenant's own freed memory object), "

@@ -92,6 +92,15 @@ static void compute(const struct server *s, struct text *t) {
 	uint64_t mins = 0;
 	char a[32], b[32];
 
+	for (uint32_t i = 0; i < p->n_devices; i++) {
+		const struct backend_device *dev = backend_device(i);
+		int failed = dev ? __atomic_load_n(&dev->failed, __ATOMIC_RELAXED) : 0;
+
+		if (failed)
+			add(t, "GPU %d: the daemon's context there was lost to a sticky error (%s): "
+			    "rounds no longer read or score K/V on it; restart kvd and the engines on "
+			    "it (docs/gpu.md, Sticky errors)", dev->index, backend_error_name(failed));
+	}
 	if (s->gpu_unreachable[0])
 		add(t, "this machine has the NVIDIA driver, but %s: GPU engines cannot use this pool "
 		    "(under systemd: the unit's DeviceAllow= and nvidia-uvm, kvd(8) GPU)",

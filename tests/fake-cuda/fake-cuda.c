@@ -37,6 +37,9 @@
  * KVD_FAKE_CUDA_COUNT=PATH (read at cuInit) to count the driver calls (below),
  * KVD_FAKE_CUDA_LEDGER=DIR (read at each use) for device memory shared by processes (below),
  * KVD_FAKE_CUDA_ALLOC_MAX_KIB (read at each cuMemAlloc: larger ones fail as out of memory),
+ * KVD_FAKE_CUDA_STICKY_ON=CALL (the process's first call of that entry point fails with
+ * CUDA_ERROR_ILLEGAL_ADDRESS, and so does every later call needing that context, as after
+ * a kernel's illegal address on a GPU: a sticky error; other devices' contexts go on),
  * KVD_FAKE_CUDA_DRIVER_VERSION=12040 (cuDriverGetVersion's value, default the toolkit's; an
  * older one refuses the kernels' module as an older driver does),
  * KVD_FAKE_CUDA_PCI_BUS=41,1 (hex, one per ordinal; default ordinal + 1) the devices' PCI
@@ -186,6 +189,8 @@ static struct {
 	struct CUevent_st *events;
 	uint64_t event_serial;
 	struct late_copy *late, **late_tail; /* in queue order */
+	bool sticky[FAKE_DEVICES_MAX];   /* the context had a sticky error (need_ctx) */
+	bool sticky_fired;               /* KVD_FAKE_CUDA_STICKY_ON fires once a process */
 } fk;
 static struct CUctx_st primary[FAKE_DEVICES_MAX];
 
@@ -354,6 +359,18 @@ static CUresult need_ctx(const char *call, int *ret_ordinal) {
 	if (refs == 0)
 		return fail(CUDA_ERROR_INVALID_CONTEXT, call,
 		            "the current context (device %d's primary) was released", ctx->ordinal);
+	/* A sticky error: the context is lost for every later call, as after a kernel's
+	 * illegal address on a GPU. */
+	{
+		const char *on = getenv("KVD_FAKE_CUDA_STICKY_ON");
+
+		if (on && strcmp(on, call) == 0 &&
+		    !__atomic_exchange_n(&fk.sticky_fired, true, __ATOMIC_RELAXED))
+			__atomic_store_n(&fk.sticky[ctx->ordinal], true, __ATOMIC_RELAXED);
+		if (__atomic_load_n(&fk.sticky[ctx->ordinal], __ATOMIC_RELAXED))
+			return fail(CUDA_ERROR_ILLEGAL_ADDRESS, call, "device %d's context had a sticky "
+			            "error (KVD_FAKE_CUDA_STICKY_ON)", ctx->ordinal);
+	}
 	if (ret_ordinal)
 		*ret_ordinal = ctx->ordinal;
 	return CUDA_SUCCESS;

@@ -298,9 +298,11 @@ TEST(status_lists_gpus_and_rdma) {
 	start(&f, "2", args);
 	ASSERT_STREQ(fixture_status_str(&f, NULL, "devices", text, sizeof(text)),
 	             "GPU 0 GPU-6b76642d-6661-6b65-2d63-7564612d30fa 0000:01:00.0 "
-	             "name=kvd_fake_CUDA_device_0 memory_mib=1024 rdma=yes persistence=on ipc_events=yes\n"
+	             "name=kvd_fake_CUDA_device_0 memory_mib=1024 rdma=yes persistence=on ipc_events=yes "
+	             "failed=no\n"
 	             "GPU 1 GPU-6b76642d-6661-6b65-2d63-7564612d31fa 0000:02:00.0 "
-	             "name=kvd_fake_CUDA_device_1 memory_mib=1024 rdma=yes persistence=on ipc_events=yes");
+	             "name=kvd_fake_CUDA_device_1 memory_mib=1024 rdma=yes persistence=on ipc_events=yes "
+	             "failed=no");
 	ASSERT_EQ(fixture_stop(&f), 0);
 
 	setenv("KVD_FAKE_CUDA_RDMA", "0", 1);
@@ -457,6 +459,58 @@ static void two_gpus_stop(struct two_gpus *t) {
 	t->a = kvd_client_unref(t->a);
 	t->b = kvd_client_unref(t->b);
 	ASSERT_EQ(fixture_stop(&t->f), 0);
+}
+
+/* Grows s by n tokens and pins and unpins it, as an engine's step that writes them (this
+ * process cannot touch device memory: strict mode). */
+static void step(kvd_seq *s, uint32_t n) {
+	ASSERT_OK(kvd_seq_grow(s, n));
+	ASSERT_OK(kvd_seq_pin(s));
+	ASSERT_OK(kvd_seq_unpin(s));
+}
+
+/*
+ * A sticky error (a kernel's illegal address, here the fake's on the first 2D copy, which a
+ * round's read of GPU 0's K/V makes) loses the daemon's context there: said once, with the
+ * driver's error, in the log, status (devices, a standing warning); later rounds leave GPU
+ * 0's sequences alone instead of failing again; GPU 1 goes on evicting.
+ */
+TEST(sticky_error_loses_one_gpu) {
+	static const char *const args[] = { "--backend=cuda", "--chunk-size=4MiB", "--pool-size=16MiB",
+		                            "--high-watermark=100", NULL };
+	_cleanup_(kvd_client_unrefp) kvd_client *admin = NULL;
+	uint64_t freed = 0;
+	unsigned failed;
+	struct two_gpus t;
+	char text[2048];
+
+	setenv("KVD_FAKE_CUDA_STICKY_ON", "cuMemcpy2D", 1);
+	two_gpus_start(&t, args);
+	unsetenv("KVD_FAKE_CUDA_STICKY_ON");
+	step(t.sa, 2048);
+	step(t.sb, 2048);
+	admin = fixture_connect(&t.f, NULL);
+	(void)kvd_evict(admin, "a", 1 << 20, &freed);
+	ASSERT_TRUE(fixture_wait_log(&t.f, "GPU 0: cuMemcpy2D failed with CUDA_ERROR_ILLEGAL_ADDRESS, "
+	                                   "an error that loses the daemon's context there", 1));
+	ASSERT_TRUE(strstr(fixture_status_str(&t.f, NULL, "devices", text, sizeof(text)),
+	                   "ipc_events=yes failed=CUDA_ERROR_ILLEGAL_ADDRESS\nGPU 1 "));
+	ASSERT_TRUE(strstr(text, "failed=no"));
+	ASSERT_TRUE(strstr(fixture_status_str(&t.f, NULL, "warnings", text, sizeof(text)),
+	                   "GPU 0: the daemon's context there was lost to a sticky error "
+	                   "(CUDA_ERROR_ILLEGAL_ADDRESS)"));
+	/* No round fails on it again: its sequences are left alone. */
+	failed = fixture_log_count(&t.f, " failed: ");
+	ASSERT_OK(kvd_evict(admin, "a", 1 << 20, &freed));
+	ASSERT_EQ(freed, 0u);
+	ASSERT_OK(kvd_evict(admin, NULL, 1 << 20, &freed));
+	ASSERT_EQ(fixture_log_count(&t.f, " failed: "), failed);
+	/* GPU 1 goes on: its tenant's tokens are evicted, its sequence still grows. */
+	ASSERT_GT(fixture_status(&t.f, "b", "evicted_tokens"), 0u);
+	step(t.sb, 64);
+	ASSERT_EQ(fixture_log_count(&t.f, "an error that loses the daemon's context"), 1);
+	admin = kvd_client_unref(admin);
+	two_gpus_stop(&t);
 }
 
 /*
