@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The optimised Gram blocks: the C x nh*d slice X of wo is converted to fp32 once, in both
- * orientations, and G = X^T X is one gemm. Only the upper triangle is needed in principle,
+ * The optimised Gram blocks: the C x nh*d slice X of wo is converted to fp32 once (read in
+ * place when it is fp32), transposed once, and G = X^T X is one gemm. Only the upper triangle is needed in principle,
  * but this runs once per model and layer, so the simpler full product is kept.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,25 +15,30 @@
 
 int kvd_gram(const struct kvd_wo *wo, uint32_t h0, uint32_t nh, float *g) {
 	const struct kvd_simd_ops *ops = kvd_simd();
+	bool f32 = wo && wo->dtype == KVD_DTYPE_F32;
+	const float *b;
 	uint32_t C, n;
-	size_t es;
+	size_t es, ldb;
 	float *x, *xt;
 
 	if (kvd_wo_check(wo) < 0 || !g || nh == 0 || h0 >= wo->heads || nh > wo->heads - h0)
 		return -EINVAL;
 	C = wo->c_out, n = nh * wo->dim, es = kvd_dtype_size(wo->dtype);
-	x = malloc((size_t)C * n * sizeof(float) * 2);
+	/* fp32 input is read where it is (the gemm takes its row stride); others converted. */
+	x = malloc((size_t)C * n * sizeof(float) * (f32 ? 1 : 2));
 	if (!x)
 		return -ENOMEM;
-	xt = x + (size_t)C * n;
-	for (uint32_t c = 0; c < C; c++) {
-		const char *row = (const char *)wo->w + (c * wo->row_stride + (size_t)h0 * wo->dim) * es;
-
-		ops->to_f32(row, wo->dtype, n, 1.0f, x + (size_t)c * n);
-		for (uint32_t a = 0; a < n; a++)
-			xt[(size_t)a * C + c] = x[(size_t)c * n + a];
-	}
-	ops->gemm(n, n, C, xt, C, x, n, g, n, 0);
+	xt = f32 ? x : x + (size_t)C * n;
+	b = f32 ? (const float *)wo->w + (size_t)h0 * wo->dim : x;
+	ldb = f32 ? wo->row_stride : n;
+	if (!f32)
+		for (uint32_t c = 0; c < C; c++)
+			ops->to_f32((const char *)wo->w + (c * wo->row_stride + (size_t)h0 * wo->dim) * es,
+			            wo->dtype, n, 1.0f, x + (size_t)c * n);
+	/* X^T in register blocks: element by element, its writes a row apart missed the cache
+	 * at every one (two thirds of a Gram's time, with C 4096). */
+	ops->to_f32_t(b, KVD_DTYPE_F32, ldb, C, n, 1.0f, xt, C);
+	ops->gemm(n, n, C, xt, C, b, ldb, g, n, 0);
 	free(x);
 	return 0;
 }

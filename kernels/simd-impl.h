@@ -106,8 +106,15 @@ static inline void gemm_vec(uint32_t k, const float *a, const float *b, size_t l
 	vstore(c, acc);
 }
 
-static void gemm(uint32_t m, uint32_t n, uint32_t k, const float *a, size_t lda, const float *b,
-		 size_t ldb, float *c, size_t ldc, int accumulate) {
+/*
+ * Rows of b (the k of a block) a pass of gemm_block() runs over: its KC x NV*W panel of b
+ * (32 KiB on AVX-512) stays in L1 for all rows of a. A longer k (the Gram matrices' C,
+ * thousands) streamed the whole k x NV*W panel from memory for every MR rows.
+ */
+#define GEMM_KC 128u
+
+static void gemm_block(uint32_t m, uint32_t n, uint32_t k, const float *a, size_t lda,
+		       const float *b, size_t ldb, float *c, size_t ldc, int accumulate) {
 	uint32_t nt = n / (SIMD_NV * W) * (SIMD_NV * W), n2 = nt + (n - nt) / (2 * W) * (2 * W);
 	uint32_t nv = n / W * W, i = 0;
 
@@ -139,6 +146,16 @@ static void gemm(uint32_t m, uint32_t n, uint32_t k, const float *a, size_t lda,
 			c[i * ldc + j] = s;
 		}
 	}
+}
+
+/* c = a b (+ c), in passes over GEMM_KC rows of b: each element's sum runs over p in the
+ * same order as in one pass (a pass ends by storing it, the next starts from it), so the
+ * result is the same to the bit. */
+static void gemm(uint32_t m, uint32_t n, uint32_t k, const float *a, size_t lda, const float *b,
+		 size_t ldb, float *c, size_t ldc, int accumulate) {
+	for (uint32_t p0 = 0; p0 < k || p0 == 0; p0 += GEMM_KC)
+		gemm_block(m, n, k - p0 < GEMM_KC ? k - p0 : GEMM_KC, a + p0, lda, b + p0 * ldb, ldb,
+			   c, ldc, accumulate || p0 > 0);
 }
 
 /* ---- quadratic forms ---- */
